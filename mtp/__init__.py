@@ -1,0 +1,5 @@
+"""mtp: multi-token prediction pretraining and self-speculative decoding."""
+
+from mtp.model import MTPConfig, MTPModel
+
+__all__ = ["MTPConfig", "MTPModel"]
