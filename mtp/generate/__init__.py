@@ -1,0 +1,1 @@
+"""Self-speculative generation with the multi-token heads."""

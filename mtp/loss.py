@@ -1,0 +1,179 @@
+"""Multi-token prediction loss: label shifting for n heads, and three ways to backpropagate.
+
+All three modes compute the same numbers, the sum over heads of each head's mean
+cross-entropy (optionally weighted), and give the same gradients; they differ in which
+logits are alive at once.
+
+- `naive`: every head's logits (B, T, n, V) materialised, one backward. For tests and
+  comparison: peak memory grows as n * V per token.
+- `headwise` (Gloeckle et al. 2024, section 2): the trunk runs once; its output is detached;
+  each head runs forward and backward in turn, accumulating into the detached output's
+  gradient and freeing its logits; one backward through the trunk ends the step. Only one
+  head's logits are alive at a time, so memory is O(V + d) per token instead of O(nV + d).
+- `chunked`: headwise, and each head's norm + unembedding + cross-entropy also runs over
+  chunks of `chunk_size` tokens, so not even one head's full (B, T, V) logits exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mtp.model import MTPModel
+
+IGNORE_INDEX = -100
+LossMode = Literal["naive", "headwise", "chunked"]
+LOSS_MODES: tuple[str, ...] = ("naive", "headwise", "chunked")
+
+
+class BackwardFn(Protocol):
+    """`tensor.backward(gradient)`, or Lightning's `manual_backward`, which takes the same."""
+
+    def __call__(self, tensor: Tensor, gradient: Tensor | None = None) -> None: ...
+
+
+def autograd_backward(tensor: Tensor, gradient: Tensor | None = None) -> None:
+    tensor.backward(gradient)
+
+
+def shift_targets(tokens: Tensor, seq_len: int, n_future: int,
+                  ignore_index: int = IGNORE_INDEX) -> tuple[Tensor, Tensor]:
+    """Split a block of tokens into model inputs and every head's targets.
+
+    Head i at position t predicts tokens[:, t + i + 1]; a target past the end of the block is
+    `ignore_index`, so it never trains. Worked example, seq_len=3, n_future=2:
+
+        tokens  = [[10, 11, 12, 13, 14]]
+        inputs  = [[10, 11, 12]]
+        targets = [[[11, 12, 13],    # head 0: the next token
+                    [12, 13, 14]]]   # head 1: the one after
+
+    With tokens = [[10, 11, 12, 13]] (one look-ahead token short) head 1's last target is
+    ignore_index: [[[11, 12, 13], [12, 13, -100]]].
+
+    Args:
+        tokens: (B, L) token ids with L >= seq_len; the data pipeline gives L = seq_len + n.
+    Returns:
+        inputs (B, seq_len) and targets (B, n_future, seq_len).
+    """
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
+    if not 1 <= seq_len <= tokens.shape[1]:
+        raise ValueError(f"seq_len={seq_len} must be in [1, {tokens.shape[1]}] "
+                         f"(the block length)")
+    if n_future < 1:
+        raise ValueError(f"n_future must be >= 1, got {n_future}")
+    missing = seq_len + n_future - tokens.shape[1]
+    padded = F.pad(tokens, (0, max(missing, 0)), value=ignore_index)
+    targets = torch.stack([padded[:, i + 1:i + 1 + seq_len] for i in range(n_future)], dim=1)
+    return tokens[:, :seq_len], targets
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """Detached results of one loss computation; `loss` is the weighted sum over heads."""
+
+    loss: Tensor  # ()
+    head_losses: Tensor  # (n,) mean cross-entropy of each head
+    head_correct: Tensor  # (n,) top-1 hits
+    head_count: Tensor  # (n,) targets that count (not ignore_index)
+
+    @property
+    def head_accuracy(self) -> Tensor:
+        return self.head_correct / self.head_count.clamp(min=1)
+
+
+def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tensor, Tensor]:
+    """Summed cross-entropy over (N, V) logits divided by `denominator`, and top-1 hits."""
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    loss = F.cross_entropy(wide, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    correct = ((logits.argmax(-1) == targets) & (targets != IGNORE_INDEX)).sum()
+    return loss / denominator, correct
+
+
+def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
+             mode: LossMode = "headwise", weights: Sequence[float] | None = None,
+             backward: BackwardFn | None = None, chunk_size: int = 4096) -> LossOutput:
+    """Loss of every head on a block of tokens, and (with `backward`) its gradients.
+
+    Args:
+        tokens: (B, L) ids; inputs are the first `seq_len` (default L - n_future).
+        mode: "naive", "headwise" or "chunked" (module docstring); same loss, same gradients.
+        weights: per-head loss weights (default all 1).
+        backward: called on each tensor to backpropagate (Lightning's `manual_backward`, or
+            `autograd_backward`); None computes the loss only, e.g. for validation.
+        chunk_size: tokens per unembedding chunk in "chunked" mode.
+    """
+    n = model.config.n_future
+    if mode not in LOSS_MODES:
+        raise ValueError(f"loss mode {mode!r} is not one of {LOSS_MODES}")
+    weights = [1.0] * n if weights is None else [float(w) for w in weights]
+    if len(weights) != n or any(w < 0 for w in weights):
+        raise ValueError(f"weights must be {n} non-negative numbers (one per head), "
+                         f"got {weights}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    seq_len = tokens.shape[1] - n if seq_len is None else seq_len
+    inputs, targets = shift_targets(tokens, seq_len, n)
+    counts = (targets != IGNORE_INDEX).sum(dim=(0, 2))  # (n,)
+    denominators = counts.clamp(min=1).tolist()
+    head_targets = [targets[:, i].flatten() for i in range(n)]  # (B*T,) each
+
+    if mode == "naive":
+        logits = model(inputs)  # (B, T, n, V)
+        results = [_head_loss(logits[:, :, i].flatten(0, 1), head_targets[i], denominators[i])
+                   for i in range(n)]
+        total = sum(w * loss for w, (loss, _) in zip(weights, results))
+        if backward is not None:
+            backward(total)
+        losses, correct = zip(*results)
+    else:
+        trunk_out = model.trunk(inputs)  # (B, T, D)
+        # Heads backpropagate into this detached copy; the trunk's backward runs once at the end.
+        detached = trunk_out.detach().requires_grad_(trunk_out.requires_grad)
+        losses, correct = [], []
+        for i in range(n):
+            head_out = model.head(detached, i)  # (B, T, D)
+            if mode == "headwise":
+                loss, hits = _head_loss(model.unembed(head_out).flatten(0, 1), head_targets[i],
+                                        denominators[i])
+                if backward is not None:
+                    backward(weights[i] * loss)
+            else:
+                loss, hits = _chunked_head_loss(model, head_out.flatten(0, 1), head_targets[i],
+                                                denominators[i], weights[i], backward,
+                                                chunk_size)
+            losses.append(loss.detach())
+            correct.append(hits)
+        if backward is not None and detached.grad is not None:
+            backward(trunk_out, detached.grad)
+    head_losses = torch.stack([loss.detach() for loss in losses])
+    total = sum(w * loss for w, loss in zip(weights, head_losses))
+    return LossOutput(loss=total, head_losses=head_losses,
+                      head_correct=torch.stack(list(correct)), head_count=counts)
+
+
+def _chunked_head_loss(model: MTPModel, head_out: Tensor, targets: Tensor, denominator: int,
+                       weight: float, backward: BackwardFn | None,
+                       chunk_size: int) -> tuple[Tensor, Tensor]:
+    """One head's loss over token chunks of (N, D) `head_out`, backpropagating per chunk."""
+    # Chunks backpropagate into this detached copy; the head's blocks run backward once.
+    detached = head_out.detach().requires_grad_(head_out.requires_grad)
+    losses, hits = [], []
+    for start in range(0, detached.shape[0], chunk_size):
+        end = start + chunk_size
+        chunk_loss, chunk_hits = _head_loss(model.unembed(detached[start:end]),
+                                            targets[start:end], denominator)
+        if backward is not None:
+            backward(weight * chunk_loss)
+        losses.append(chunk_loss.detach())
+        hits.append(chunk_hits)
+    if backward is not None and detached.grad is not None:
+        backward(head_out, detached.grad)
+    return torch.stack(losses).sum(), torch.stack(hits).sum()
+

@@ -1,0 +1,306 @@
+"""The multi-token prediction transformer: a shared trunk feeding n future-token heads.
+
+Design choices
+- Llama-style decoder blocks: pre-norm RMSNorm, rotary position embeddings (interleaved
+  pairs, as Meta's Llama code), SwiGLU MLP, grouped-query attention through
+  `scaled_dot_product_attention`. No biases.
+- The layout of the released MTP checkpoints (Gloeckle et al. 2024): `layers` (the trunk),
+  then `heads`, n_future parallel stacks of `head_layers` blocks that all read the same trunk
+  output, then one shared final `norm` and one shared unembedding `output`. Head i predicts
+  the token i + 1 positions ahead, so trunk + head 0 is exactly a Llama model.
+- Embedding and unembedding are untied by default, as in the paper.
+- Fair comparisons: `MTPConfig.compute_matched(depth=...)` takes n_future - 1 layers off the
+  trunk when heads are added, so n = 1 and n > 1 models cost the same per token.
+- This module has no loss, no sampling and no parallelism: `loss.py`, `generate/` and
+  `parallel.py` own those. The forward takes an optional `KVCache` for decoding.
+- Residual output projections are initialised with std / sqrt(2 * depth) (GPT-2), which keeps
+  the residual stream's scale independent of depth.
+
+Shapes in comments: B batch, T sequence, D model width, H query heads, K key/value heads,
+hd head width, V vocabulary, n heads used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from mtp.generate.kv_cache import KVCache
+
+
+def _round_up(value: float, multiple: int) -> int:
+    return multiple * math.ceil(value / multiple)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MTPConfig:
+    """Architecture of an `MTPModel`. Validated at construction; never mutated afterwards."""
+
+    vocab_size: int
+    dim: int = 256
+    n_layers: int = 4  # trunk layers; the heads' layers come on top
+    n_heads: int = 8
+    n_kv_heads: int | None = None  # None: as many as n_heads (plain multi-head attention)
+    ffn_hidden: int | None = None  # None: 8/3 * dim rounded up to a multiple of 64 (Llama)
+    max_seq_len: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    n_future: int = 1  # number of heads; head i predicts token t + i + 1
+    head_layers: int = 1  # transformer blocks per head
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        # Defaults derived from other fields are filled in here, during construction only.
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", _round_up(8 * self.dim / 3, 64))
+        for name in ("vocab_size", "dim", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len",
+                     "n_future", "head_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"MTPConfig.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.n_layers, int) or self.n_layers < 0:
+            raise ValueError(f"MTPConfig.n_layers must be an integer >= 0, got {self.n_layers!r}")
+        if self.dim % self.n_heads:
+            raise ValueError(
+                f"MTPConfig.dim={self.dim} must be divisible by n_heads={self.n_heads}")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError(
+                f"MTPConfig.dim // n_heads = {self.dim // self.n_heads} must be even for rotary "
+                f"embeddings (dim={self.dim}, n_heads={self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"MTPConfig.n_heads={self.n_heads} must be divisible by "
+                f"n_kv_heads={self.n_kv_heads}")
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"MTPConfig.{name} must be > 0, got {getattr(self, name)!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def n_blocks(self) -> int:
+        """Transformer blocks in the model: trunk plus every head's."""
+        return self.n_layers + self.n_future * self.head_layers
+
+    @classmethod
+    def compute_matched(cls, *, depth: int, n_future: int = 1, head_layers: int = 1,
+                        **fields: Any) -> MTPConfig:
+        """A config whose trunk + head 0 has `depth` blocks minus the extra heads' blocks.
+
+        The paper's fair comparison: a next-token model of `depth` layers becomes, with n heads,
+        a trunk of depth - n * head_layers layers plus n heads, so both run `depth` blocks per
+        token. `depth=8, n_future=4` gives a 4-layer trunk and 4 one-layer heads.
+        """
+        n_layers = depth - n_future * head_layers
+        if n_layers < 0:
+            raise ValueError(
+                f"depth={depth} is too shallow for n_future={n_future} heads of "
+                f"head_layers={head_layers} block(s): the trunk would have {n_layers} layers")
+        return cls(n_layers=n_layers, n_future=n_future, head_layers=head_layers, **fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> MTPConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown MTPConfig field(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in float32 so bf16 activations keep their precision.
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, max_len: int, theta: float,
+                device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, each (max_len, head_dim // 2), in float32."""
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    angles = torch.outer(torch.arange(max_len, device=device).float(), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate consecutive pairs of x (B, T, heads, hd) by position; cos/sin (T or B×T, hd/2)."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # (B, T, heads, hd/2, 2)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: MTPConfig, block_index: int) -> None:
+        super().__init__()
+        self.block_index = block_index  # its slot in the KV cache
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            config.n_heads, config.n_kv_heads, config.head_dim)
+        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
+        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
+        gqa = self.n_kv_heads != self.n_heads
+        if cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            k, v = cache.update(self.block_index, k, v)  # (B, K, L, hd): history + these T
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.attention_mask(),
+                                                 enable_gqa=gqa)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: MTPConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # gate
+        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # up
+        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)  # down
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: MTPConfig, block_index: int) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention = Attention(config, block_index)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class MTPModel(nn.Module):
+    """Trunk, n_future heads, shared final norm and unembedding. See the module docstring."""
+
+    def __init__(self, config: MTPConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.heads = nn.ModuleList(
+            nn.ModuleList(
+                Block(config, config.n_layers + head * config.head_layers + j)
+                for j in range(config.head_layers))
+            for head in range(config.n_future))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        # Rotary tables are derived state: not saved, and kept in float32 whatever the
+        # parameters' dtype (see _apply).
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self._build_rope()
+        if self.output.weight.device.type != "meta":
+            self.init_weights()
+
+    def _build_rope(self) -> None:
+        cfg = self.config
+        self.rope_cos, self.rope_sin = rope_tables(
+            cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.output.weight.device)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> MTPModel:
+        # .to(bfloat16), .cuda() and to_empty() all pass through here: rebuild the rotary
+        # tables afterwards so they stay exact float32 on the right device.
+        super()._apply(fn, recurse)
+        self._build_rope()
+        return self
+
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter and the rotary tables, e.g. after `to_empty`."""
+        cfg = self.config
+        self._build_rope()
+        residual_std = cfg.init_std / math.sqrt(2 * (cfg.n_layers + cfg.head_layers))
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(param)
+            elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+                nn.init.normal_(param, std=residual_std)
+            else:
+                nn.init.normal_(param, std=cfg.init_std)
+
+    def _rope(self, T: int, cache: KVCache | None) -> tuple[Tensor, Tensor]:
+        if cache is None:
+            if T > self.config.max_seq_len:
+                raise ValueError(
+                    f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
+            return self.rope_cos[:T], self.rope_sin[:T]
+        positions = cache.positions(T)  # (B, T) absolute positions of the new tokens
+        return self.rope_cos[positions], self.rope_sin[positions]
+
+    def trunk(self, tokens: Tensor, *, cache: KVCache | None = None) -> Tensor:
+        """Embed tokens (B, T) and run the trunk: (B, T, D). Does not advance `cache`."""
+        cos, sin = self._rope(tokens.shape[1], cache)
+        h = self.tok_embeddings(tokens)  # (B, T, D)
+        for block in self.layers:
+            h = block(h, cos, sin, cache)
+        return h
+
+    def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None) -> Tensor:
+        """Head `index`'s blocks on the trunk output: (B, T, D), before the shared norm."""
+        cos, sin = self._rope(trunk_out.shape[1], cache)
+        h = trunk_out
+        for block in self.heads[index]:
+            h = block(h, cos, sin, cache)
+        return h
+
+    def unembed(self, h: Tensor) -> Tensor:
+        """Shared final norm and unembedding: (..., D) -> (..., V)."""
+        return self.output(self.norm(h))
+
+    def forward(self, tokens: Tensor, *, cache: KVCache | None = None,
+                heads: Sequence[int] | None = None) -> Tensor:
+        """Logits of the chosen heads (default all): (B, T, n, V).
+
+        With a cache, `tokens` are the new positions after the cached ones; the cache is
+        advanced by T once every block has appended its keys and values.
+        """
+        heads = range(self.config.n_future) if heads is None else heads
+        h = self.trunk(tokens, cache=cache)
+        logits = torch.stack([self.unembed(self.head(h, i, cache=cache)) for i in heads],
+                             dim=2)  # (B, T, n, V)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
+        return logits
+
+    def num_params(self, *, embeddings: bool = True) -> int:
+        """Parameter count; `embeddings=False` leaves out the input embedding table."""
+        total = sum(p.numel() for p in self.parameters())
+        if not embeddings and not self.config.tie_embeddings:
+            total -= self.tok_embeddings.weight.numel()
+        return total

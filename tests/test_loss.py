@@ -1,0 +1,96 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mtp.loss import IGNORE_INDEX, autograd_backward, mtp_loss, shift_targets
+from mtp.model import MTPConfig, MTPModel
+
+
+def test_shift_targets_worked_example():
+    tokens = torch.tensor([[10, 11, 12, 13, 14]])
+    inputs, targets = shift_targets(tokens, seq_len=3, n_future=2)
+    assert inputs.tolist() == [[10, 11, 12]]
+    assert targets.tolist() == [[[11, 12, 13], [12, 13, 14]]]
+
+
+def test_shift_targets_ignores_targets_past_the_end():
+    inputs, targets = shift_targets(torch.tensor([[10, 11, 12, 13]]), seq_len=3, n_future=2)
+    assert inputs.tolist() == [[10, 11, 12]]
+    assert targets.tolist() == [[[11, 12, 13], [12, 13, IGNORE_INDEX]]]
+    _, targets = shift_targets(torch.tensor([[1, 2, 3]]), seq_len=3, n_future=3)
+    assert targets.tolist() == [[[2, 3, -100], [3, -100, -100], [-100, -100, -100]]]
+
+
+@pytest.mark.parametrize("seq_len", [0, 6])
+def test_shift_targets_rejects_impossible_lengths(seq_len):
+    with pytest.raises(ValueError, match=f"seq_len={seq_len}"):
+        shift_targets(torch.zeros(1, 5, dtype=torch.long), seq_len, 2)
+
+
+def _gradients(model: MTPModel, tokens: torch.Tensor, **kwargs) -> tuple[float, dict]:
+    model.zero_grad(set_to_none=True)
+    out = mtp_loss(model, tokens, backward=autograd_backward, **kwargs)
+    return out, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("n_future", [1, 2, 4, 8])
+def test_naive_headwise_and_chunked_give_equal_losses_and_gradients(n_future):
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       max_seq_len=64, n_future=n_future)
+    model = MTPModel(config).double()
+    tokens = torch.randint(0, 262, (2, 12 + n_future))
+    weights = [1.0 / (i + 1) for i in range(n_future)]
+    naive, naive_grads = _gradients(model, tokens, mode="naive", weights=weights)
+    for mode in ("headwise", "chunked"):
+        out, grads = _gradients(model, tokens, mode=mode, weights=weights, chunk_size=5)
+        torch.testing.assert_close(out.loss, naive.loss, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out.head_losses, naive.head_losses, rtol=1e-12, atol=1e-12)
+        assert torch.equal(out.head_correct, naive.head_correct)
+        assert grads.keys() == naive_grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, naive_grads[name], rtol=1e-10, atol=1e-12,
+                                       msg=f"{mode}: gradient of {name}")
+    assert all(g.abs().sum() > 0 for g in naive_grads.values())
+
+
+def test_one_head_is_the_plain_language_model_loss():
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
+    model = MTPModel(config).double()
+    tokens = torch.randint(0, 262, (3, 17))
+    logits = model(tokens[:, :-1])[:, :, 0]  # (B, T, V)
+    expected = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    for mode in ("naive", "headwise", "chunked"):
+        out = mtp_loss(model, tokens, mode=mode)
+        torch.testing.assert_close(out.loss, expected)
+        assert out.head_count.tolist() == [3 * 16]
+
+
+def test_accuracy_counts_top1_hits_on_real_targets_only(tiny_config):
+    model = MTPModel(tiny_config)
+    tokens = torch.randint(0, 262, (2, 10))
+    out = mtp_loss(model, tokens, seq_len=8, mode="naive")  # heads 2, 3 run out of targets
+    assert out.head_count.tolist() == [16, 16, 14, 12]
+    inputs, targets = shift_targets(tokens, 8, 4)
+    with torch.no_grad():
+        predictions = model(inputs).argmax(-1).permute(0, 2, 1)  # (B, n, T)
+    hits = ((predictions == targets) & (targets != IGNORE_INDEX)).sum(dim=(0, 2))
+    assert out.head_correct.tolist() == hits.tolist()
+
+
+def test_zero_weight_head_gets_no_gradient(tiny_config):
+    model = MTPModel(tiny_config)
+    mtp_loss(model, torch.randint(0, 262, (2, 12)), weights=[1, 1, 0, 1],
+             backward=autograd_backward)
+    assert all(p.grad.abs().sum() == 0 for p in model.heads[2].parameters())
+    assert all(p.grad.abs().sum() > 0 for p in model.heads[3].parameters())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mode="fast"), "loss mode 'fast'"),
+    (dict(weights=[1.0, 2.0]), "weights must be 4"),
+    (dict(weights=[1.0, -1.0, 1.0, 1.0]), "non-negative"),
+    (dict(chunk_size=0), "chunk_size must be >= 1"),
+])
+def test_bad_loss_arguments_are_named(tiny_config, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        mtp_loss(MTPModel(tiny_config), torch.zeros(1, 8, dtype=torch.long), **kwargs)
