@@ -1,0 +1,333 @@
+"""Byte-level and BPE tokenizers behind one interface.
+
+Both expose ``vocab_size``, ``bos_id``/``eos_id``/``pad_id``, ``encode``/``decode``,
+an ``incremental_decoder()`` for streaming generation, and ``save``/``load_tokenizer``
+so the tokenizer travels with every checkpoint.
+
+Choices:
+- ``encode`` never adds special tokens and never produces one from text: a document
+  containing the literal string ``<|eos|>`` stays text. The data pipeline places EOS.
+- ``decode`` skips special tokens. The byte tokenizer decodes with ``errors="replace"``
+  so the result is always printable; ``decode_bytes`` is the exact inverse of ``encode``
+  (any byte string, valid UTF-8 or not).
+- Byte ids: 0..255 are the raw bytes, then pad=256, bos=257, eos=258 and three
+  reserved ids 259..261 (vocab 262).
+- BPE is byte-level (no unknown token, any text encodes), trained with ``tokenizers``
+  and saved as ``tokenizer.json``; any existing ``tokenizer.json`` (Llama, CodeLlama,
+  GPT-2, ...) loads too, its bos/eos/pad found by name.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+META_FILE = "mtp_tokenizer.json"  # our small header, next to tokenizer.json for BPE
+BPE_FILE = "tokenizer.json"
+
+# Names tried, in order, when a tokenizer.json comes without our header.
+_SPECIAL_CANDIDATES = {
+    "bos": ("<|bos|>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "<|endoftext|>"),
+    "eos": ("<|eos|>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>"),
+    "pad": ("<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>"),
+}
+
+
+class IncrementalDecoder(Protocol):
+    """Turns a stream of ids into text, emitting only complete characters."""
+
+    def push(self, ids: Iterable[int]) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+class Tokenizer(ABC):
+    """The interface every tokenizer implements."""
+
+    name: str
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+    pad_id: int
+
+    @abstractmethod
+    def encode(self, text: str | bytes) -> list[int]:
+        """Token ids of ``text``, without special tokens."""
+
+    def encode_batch(self, texts: Sequence[str | bytes]) -> list[list[int]]:
+        """``encode`` applied to each text."""
+        return [self.encode(text) for text in texts]
+
+    @abstractmethod
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``; special tokens are skipped."""
+
+    @abstractmethod
+    def incremental_decoder(self) -> IncrementalDecoder:
+        """A fresh streaming decoder (see ``IncrementalDecoder``)."""
+
+    @abstractmethod
+    def save(self, directory: str | Path) -> None:
+        """Write the files ``load_tokenizer(directory)`` reads back."""
+
+    @property
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """Short string that changes whenever encoding would change (names caches)."""
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset((self.bos_id, self.eos_id, self.pad_id))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as tokens: exact round trip for any byte string."""
+
+    name = "byte"
+    vocab_size = 262
+    pad_id, bos_id, eos_id = 256, 257, 258
+
+    def encode(self, text: str | bytes) -> list[int]:
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        return list(data)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The exact bytes behind ``ids`` (special tokens skipped)."""
+        out = bytearray()
+        for i in ids:
+            i = int(i)
+            if 0 <= i < 256:
+                out.append(i)
+            elif not 256 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is outside the byte vocabulary [0, {self.vocab_size})")
+        return bytes(out)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def incremental_decoder(self) -> IncrementalDecoder:
+        return _Utf8IncrementalDecoder(self)
+
+    def save(self, directory: str | Path) -> None:
+        _write_meta(directory, {"kind": "byte"})
+
+    @property
+    def fingerprint(self) -> str:
+        return "byte"
+
+
+class _Utf8IncrementalDecoder:
+    """Holds back a partial multi-byte UTF-8 sequence until its last byte arrives."""
+
+    def __init__(self, tokenizer: ByteTokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, ids: Iterable[int]) -> str:
+        return self._utf8.decode(self._tokenizer.decode_bytes(ids))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class BPETokenizer(Tokenizer):
+    """A Hugging Face ``tokenizers.Tokenizer`` (byte-level BPE when we train it)."""
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        pad_token: str | None = None,
+        name: str = "bpe",
+    ) -> None:
+        self._tok = tokenizer
+        # Text that spells a special token stays text, as with the byte tokenizer.
+        self._tok.encode_special_tokens = True
+        self.name = name
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.bos_token = bos_token or _find_special(tokenizer, "bos")
+        self.eos_token = eos_token or _find_special(tokenizer, "eos")
+        # Many released tokenizers (Llama) have no pad token; EOS is the usual stand-in,
+        # and pads never reach a loss here anyway.
+        self.pad_token = pad_token or _find_special(tokenizer, "pad", default=self.eos_token)
+        self.bos_id = _token_id(tokenizer, self.bos_token)
+        self.eos_id = _token_id(tokenizer, self.eos_token)
+        self.pad_id = _token_id(tokenizer, self.pad_token)
+
+    @classmethod
+    def train(
+        cls, texts: Iterable[str], vocab_size: int = 32_000, *, min_frequency: int = 2
+    ) -> BPETokenizer:
+        """Train a byte-level BPE on ``texts`` with pad, bos and eos as ids 0, 1, 2."""
+        specials = ["<|pad|>", "<|bos|>", "<|eos|>"]
+        base = 256 + len(specials)
+        if vocab_size < base:
+            raise ValueError(f"vocab_size={vocab_size} must be at least {base} (256 bytes + specials)")
+        tok = tokenizers.Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok, pad_token=specials[0], bos_token=specials[1], eos_token=specials[2])
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> BPETokenizer:
+        """Load a ``tokenizer.json`` (or a folder holding one), e.g. a Llama tokenizer."""
+        path = Path(path)
+        file = path / BPE_FILE if path.is_dir() else path
+        if not file.is_file():
+            raise FileNotFoundError(f"no tokenizer.json at {file}")
+        meta = _read_json(file.parent / META_FILE) or _hf_specials(file.parent / "tokenizer_config.json")
+        return cls(
+            tokenizers.Tokenizer.from_file(str(file)),
+            bos_token=meta.get("bos_token"),
+            eos_token=meta.get("eos_token"),
+            pad_token=meta.get("pad_token"),
+            name=meta.get("name", "bpe"),
+        )
+
+    def encode(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"BPE tokenizer needs UTF-8 text; got invalid bytes ({e})") from e
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str | bytes]) -> list[list[int]]:
+        if any(isinstance(t, bytes) for t in texts):
+            return super().encode_batch(texts)
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def incremental_decoder(self) -> IncrementalDecoder:
+        return _TextIncrementalDecoder(self)
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(directory / BPE_FILE))
+        _write_meta(
+            directory,
+            {
+                "kind": "bpe",
+                "name": self.name,
+                "bos_token": self.bos_token,
+                "eos_token": self.eos_token,
+                "pad_token": self.pad_token,
+            },
+        )
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.blake2b(self._tok.to_str().encode(), digest_size=8).hexdigest()
+
+
+class _TextIncrementalDecoder:
+    """Generic streaming decode: re-decode a short window, emit once no character is cut.
+
+    Decoding a window that starts one emission back (rather than the new ids alone)
+    keeps context-dependent decoders (Llama's leading-space rule) correct; a trailing
+    U+FFFD means the last id ended inside a multi-byte character, so we wait.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the window re-decoded for context
+        self._read = 0  # ids before this were already emitted
+
+    def push(self, ids: Iterable[int]) -> str:
+        self._ids.extend(int(i) for i in ids)
+        text = self._pending()
+        if not text or text.endswith("\ufffd"):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return text
+
+    def flush(self) -> str:
+        text = self._pending()
+        self._prefix = self._read = len(self._ids)
+        return text
+
+    def _pending(self) -> str:
+        done = self._tokenizer.decode(self._ids[self._prefix : self._read])
+        full = self._tokenizer.decode(self._ids[self._prefix :])
+        return full[len(done) :]
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load what ``Tokenizer.save`` wrote, or any folder or file with a ``tokenizer.json``."""
+    path = Path(path)
+    meta = _read_json(path / META_FILE) if path.is_dir() else None
+    if meta is not None and meta.get("kind") == "byte":
+        return ByteTokenizer()
+    if (path / BPE_FILE).is_file() or path.is_file():
+        return BPETokenizer.from_file(path)
+    raise FileNotFoundError(
+        f"no tokenizer at {path}: looked for {path / META_FILE} (kind 'byte') and {path / BPE_FILE}"
+    )
+
+
+def _write_meta(directory: str | Path, meta: dict) -> None:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / META_FILE).write_text(json.dumps({"format_version": 1, **meta}, indent=2) + "\n")
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _hf_specials(path: Path) -> dict:
+    """bos/eos/pad names from a Hugging Face ``tokenizer_config.json``, if there is one."""
+    config = _read_json(path) or {}
+    out = {}
+    for key in ("bos_token", "eos_token", "pad_token"):
+        value = config.get(key)
+        if isinstance(value, dict):  # {"content": "<s>", ...} in older configs
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def _find_special(tok: tokenizers.Tokenizer, role: str, default: str | None = None) -> str:
+    for candidate in _SPECIAL_CANDIDATES[role]:
+        if tok.token_to_id(candidate) is not None:
+            return candidate
+    if default is not None:
+        return default
+    raise ValueError(
+        f"cannot find a {role} token: tried {list(_SPECIAL_CANDIDATES[role])}; "
+        f"pass {role}_token=... to BPETokenizer"
+    )
+
+
+def _token_id(tok: tokenizers.Tokenizer, token: str) -> int:
+    token_id = tok.token_to_id(token)
+    if token_id is None:
+        raise ValueError(f"special token {token!r} is not in the vocabulary")
+    return token_id
+
