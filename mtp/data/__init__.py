@@ -1,0 +1,19 @@
+"""Data: sources through ``datasets``, tokenise + split + pack, and the LightningDataModule.
+
+- ``sources``: ``StdlibSource`` (the embedded default), ``LocalSource``, ``HubSource``.
+- ``pipeline``: ``prepare`` (cached tokenisation, deterministic split, token streams,
+  statistics) and ``build_tokenizer``.
+- ``packing``: blocks of ``seq_len + n_future`` tokens that overlap by ``n_future``.
+- ``module``: ``MTPDataModule``, rank-aware and resumable.
+"""
+
+from mtp.data.module import MTPDataModule, ResumableDataLoader, ResumableSampler, StreamingBlocks
+from mtp.data.packing import PackedBlocks, num_blocks, pack_iter
+from mtp.data.pipeline import PreparedCorpus, build_tokenizer, is_validation, prepare
+from mtp.data.sources import Corpus, HubSource, LocalSource, Source, StdlibSource, data_dir
+
+__all__ = [
+    "Corpus", "HubSource", "LocalSource", "MTPDataModule", "PackedBlocks", "PreparedCorpus",
+    "ResumableDataLoader", "ResumableSampler", "Source", "StdlibSource", "StreamingBlocks",
+    "build_tokenizer", "data_dir", "is_validation", "num_blocks", "pack_iter", "prepare",
+]

@@ -1,0 +1,58 @@
+"""Fixed-length training blocks cut from a token stream.
+
+Block j of a stream ``s`` is ``s[j*T : j*T + T + n_future]`` (T = ``seq_len``): the T
+inputs plus ``n_future`` look-ahead tokens, so every target any head sees is the real
+next token (no padding, no masks). Consecutive blocks overlap by exactly those
+``n_future`` tokens and ``blocks[:, :T]`` concatenated is the stream. What is left,
+``len(s) - blocks * T`` tokens (fewer than ``T + n_future``), is the reported remainder.
+Documents longer than a block simply span blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+
+
+def check_block_args(seq_len: int, n_future: int) -> None:
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+    if not isinstance(n_future, int) or n_future < 1:
+        raise ValueError(f"n_future must be a positive integer, got {n_future!r}")
+
+
+def num_blocks(n_tokens: int, seq_len: int, n_future: int) -> int:
+    """How many full blocks a stream of ``n_tokens`` holds."""
+    return max(0, (n_tokens - n_future) // seq_len)
+
+
+class PackedBlocks(torch.utils.data.Dataset):
+    """Map-style dataset of the blocks of one (memory-mapped) token stream."""
+
+    def __init__(self, stream: np.ndarray, seq_len: int, n_future: int) -> None:
+        check_block_args(seq_len, n_future)
+        self.stream, self.seq_len, self.n_future = stream, seq_len, n_future
+
+    def __len__(self) -> int:
+        return num_blocks(len(self.stream), self.seq_len, self.n_future)
+
+    def __getitem__(self, j: int) -> dict[str, torch.Tensor]:
+        if not 0 <= j < len(self):
+            raise IndexError(f"block {j} out of range for {len(self)} blocks")
+        start = j * self.seq_len
+        block = np.asarray(self.stream[start : start + self.seq_len + self.n_future], dtype=np.int64)
+        return {"tokens": torch.from_numpy(block)}  # (T + n_future,)
+
+
+def pack_iter(documents: Iterable[list[int]], seq_len: int, n_future: int) -> Iterator[torch.Tensor]:
+    """The same blocks as ``PackedBlocks`` from a stream of tokenised documents (streaming)."""
+    check_block_args(seq_len, n_future)
+    buffer: list[int] = []
+    width = seq_len + n_future
+    for ids in documents:
+        buffer.extend(ids)
+        while len(buffer) >= width:
+            yield torch.tensor(buffer[:width], dtype=torch.long)
+            del buffer[:seq_len]  # keep the n_future look-ahead: it starts the next block
