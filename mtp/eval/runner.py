@@ -1,0 +1,225 @@
+"""An evaluation run: generate samples (or read a samples file), execute them, report pass@k.
+
+Generation and execution overlap: each problem's samples go to the sandbox as soon as they
+are generated, and every executed sample is appended to the results file at once, so an
+interrupted run resumes where it stopped (`mtp.eval.results`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tqdm import tqdm
+
+from mtp.eval.passk import check_ks, mean_pass_at_k
+from mtp.eval.results import ResultsFile, read_samples
+from mtp.eval.sandbox import ExecResult, Limits, Sandbox
+from mtp.eval.tasks import Problem, Task, load_task
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """One evaluation; mirrors `conf/eval.yaml`. Exactly one of `checkpoint` and `samples`."""
+
+    task: Literal["humaneval", "mbpp"]
+    output: str  # per-sample results (JSON lines); rerun with the same path to resume
+    checkpoint: str | None = None
+    samples: str | None = None  # score this JSON-lines file of {"task_id", "completion"}
+    data_file: str | None = None
+    few_shot: int = 0
+    samples_per_problem: int = 1
+    k: Sequence[int] = (1,)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    decoding: Literal["speculative", "autoregressive"] = "speculative"
+    max_new_tokens: int = 512
+    batch_size: int = 8
+    limit: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    timeout: float = Limits.timeout
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.checkpoint is None) == (self.samples is None):
+            raise ValueError(
+                f"give exactly one of checkpoint= (generate) and samples= (score a file), got "
+                f"checkpoint={self.checkpoint!r}, samples={self.samples!r}"
+            )
+        if self.decoding not in ("speculative", "autoregressive"):
+            raise ValueError(f"decoding={self.decoding!r}: expected 'speculative' or 'autoregressive'")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}: expected one of {DTYPES}")
+        for name in ("samples_per_problem", "max_new_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit={self.limit} must be at least 1 (or null for all problems)")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+        if self.checkpoint is not None:
+            check_ks(self.k, self.samples_per_problem)
+            if self.temperature == 0 and self.samples_per_problem > 1:
+                raise ValueError(
+                    f"samples_per_problem={self.samples_per_problem} at temperature=0 repeats one "
+                    "greedy sample: set temperature > 0 (e.g. 0.8) for pass@k with k > 1"
+                )
+
+    def run_fields(self) -> dict[str, Any]:
+        """What identifies this run in its results file; a resumed run must match it."""
+        generating = self.checkpoint is not None
+        return {
+            "task": self.task,
+            "checkpoint": _absolute(self.checkpoint),
+            "samples_file": _absolute(self.samples),
+            "decoding": self.decoding if generating else None,
+            "temperature": self.temperature if generating else None,
+            "top_p": self.top_p if generating else None,
+            "few_shot": self.few_shot,
+        }
+
+
+def evaluate(config: EvalConfig) -> dict[str, Any]:
+    """Run `config`: print a table and a final JSON line; return that summary."""
+    task = load_task(config.task, config.data_file, config.few_shot)
+    problems = list(task.problems.values())[: config.limit]
+    limits = Limits(timeout=config.timeout, cpu_seconds=max(1, round(config.timeout)))
+    with ResultsFile(config.output, config.run_fields()) as results, Sandbox(limits, config.workers) as sandbox:
+        if config.samples is not None:
+            problems = _score_samples(config.samples, config.k, task, problems, results, sandbox)
+        else:
+            _generate_and_score(config, task, problems, results, sandbox)
+    summary = summarize(config, results.records, problems)
+    print_summary(summary)
+    return summary
+
+
+def _score_samples(path: str, k: Sequence[int], task: Task, problems: list[Problem],
+                   results: ResultsFile, sandbox: Sandbox) -> list[Problem]:
+    """Execute a samples file's completions; return the problems it attempts."""
+    samples = read_samples(path)
+    unknown = sorted({task_id for task_id, _ in samples} - task.problems.keys())
+    if unknown:
+        raise ValueError(f"{path}: task ids not in {task.name}: {_listing(unknown)}")
+    per_task = Counter(task_id for task_id, _ in samples)
+    check_ks(k, min(per_task.values()))
+    chosen = {str(p.task_id) for p in problems}
+    missing = [key for key in task.problems if key in chosen and key not in per_task]
+    if missing:
+        print(f"warning: {path} has no samples for {len(missing)} of {len(chosen)} problems: "
+              f"{_listing(missing)}; pass@k covers the {len(chosen) - len(missing)} attempted",
+              file=sys.stderr)
+    done = results.done()
+    seen: Counter[str] = Counter()
+    for task_id, completion in samples:
+        index, seen[task_id] = seen[task_id], seen[task_id] + 1
+        if task_id in chosen and (task_id, index) not in done:
+            problem = task.problems[task_id]
+            sandbox.submit((problem, index, completion, {}), problem.program(completion))
+    _record(sandbox.finished(wait=True), results, tqdm(total=len(sandbox), desc=task.name))
+    return [p for p in problems if str(p.task_id) in per_task]
+
+
+def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
+                        results: ResultsFile, sandbox: Sandbox) -> None:
+    from mtp.checkpoint import load
+    from mtp.generate import SamplingConfig, generate
+
+    model, tokenizer = load(config.checkpoint, device=config.device, dtype=_torch_dtype(config.dtype))
+    sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p)
+    done = results.done()
+    todo = [(p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])
+            for p in problems]
+    progress = tqdm(total=sum(len(indices) for _, indices in todo), desc=task.name)
+    for problem, indices in todo:
+        for start in range(0, len(indices), config.batch_size):
+            batch = indices[start : start + config.batch_size]
+            began = time.perf_counter()
+            generations = generate(
+                model, tokenizer, [problem.prompt] * len(batch),
+                max_new_tokens=config.max_new_tokens,
+                k=None if config.decoding == "speculative" else 1,
+                sampling=sampling, stop=task.stop,
+                seed=zlib.crc32(f"{config.seed}/{problem.task_id}/{batch[0]}".encode()),
+            )
+            share = (time.perf_counter() - began) / len(batch)  # each sample's part of the call
+            for index, generation in zip(batch, generations):
+                stats = {
+                    "finish_reason": generation.finish_reason,
+                    "new_tokens": generation.stats.new_tokens,
+                    "forward_passes": generation.stats.forward_passes,
+                    "tokens_per_forward": generation.stats.tokens_per_forward,
+                    "seconds": share,
+                }
+                sandbox.submit((problem, index, generation.text, stats), problem.program(generation.text))
+            _record(sandbox.finished(), results, progress)
+    _record(sandbox.finished(wait=True), results, progress)
+
+
+def _record(finished: Iterator[tuple[Any, ExecResult]], results: ResultsFile, progress: tqdm) -> None:
+    """Append each executed sample to the results file as it arrives."""
+    for (problem, index, completion, stats), outcome in finished:
+        results.append({
+            "task_id": problem.task_id, "sample": index, "completion": completion,
+            "passed": outcome.passed, "result": outcome.describe(), **stats,
+        })
+        progress.update()
+
+
+def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[Problem]) -> dict[str, Any]:
+    """pass@k over `problems` from their records, with problem/sample counts and decoding speed."""
+    keys = {str(p.task_id) for p in problems}
+    mine = [r for r in records if str(r["task_id"]) in keys]
+    if not mine:
+        raise ValueError(f"{config.output}: no executed samples to score")
+    counts: dict[str, tuple[int, int]] = {}
+    for r in mine:
+        n, c = counts.get(str(r["task_id"]), (0, 0))
+        counts[str(r["task_id"])] = (n + 1, c + r["passed"])
+    summary: dict[str, Any] = {"task": config.task}
+    summary.update({f"pass@{k}": v for k, v in mean_pass_at_k(counts, config.k).items()})
+    summary.update(problems=len(counts), samples=len(mine))
+    if config.checkpoint is not None:
+        seconds = sum(r["seconds"] for r in mine)
+        summary.update(
+            decoding=config.decoding,
+            tokens_per_second=sum(r["new_tokens"] for r in mine) / seconds if seconds else None,
+            tokens_per_forward=sum(r["tokens_per_forward"] for r in mine) / len(mine),
+        )
+    summary["output"] = str(config.output)
+    return summary
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """A two-column table, then the summary as one JSON line (the last line of output)."""
+    width = max(map(len, summary))
+    for key, value in summary.items():
+        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        print(f"{key:<{width}}  {shown}")
+    print(json.dumps(summary), flush=True)
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _absolute(path: str | None) -> str | None:
+    return None if path is None else str(Path(path).resolve())
+
+
+def _listing(items: Sequence[str], most: int = 5) -> str:
+    shown = ", ".join(items[:most])
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")

@@ -1,0 +1,116 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtp.eval.runner import EvalConfig, evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Hand-written HumanEval samples: HumanEval/0 passes 1 of 4, HumanEval/2 passes 3 of 4. Then
+# pass@1 = (1/4 + 3/4) / 2 = 0.5 and pass@2 = ((1 - C(3,2)/C(4,2)) + 1) / 2 = 0.75.
+SAMPLES = [
+    ("HumanEval/0", "    return any(abs(a - b) < threshold\n"
+                    "               for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"),
+    ("HumanEval/0", "    return False\n"),
+    ("HumanEval/0", "    return True\n"),
+    ("HumanEval/0", "    return (\n"),  # syntax error
+    ("HumanEval/2", "    return number % 1.0\n"),
+    ("HumanEval/2", "    return number - int(number)\n"),
+    ("HumanEval/2", "    import math\n    return number - math.floor(number)\n"),
+    ("HumanEval/2", "    return number\n"),
+]
+
+
+def write_samples(path: Path, samples: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(json.dumps({"task_id": t, "completion": c}) + "\n" for t, c in samples))
+    return path
+
+
+def score(samples: Path, output: Path, **overrides) -> dict:
+    return evaluate(EvalConfig(task="humaneval", samples=str(samples), output=str(output), **overrides))
+
+
+def test_scoring_a_samples_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    summary = score(write_samples(tmp_path / "s.jsonl", SAMPLES), tmp_path / "r.jsonl", k=[1, 2])
+    assert summary["pass@1"] == pytest.approx(0.5) and summary["pass@2"] == pytest.approx(0.75)
+    assert (summary["problems"], summary["samples"]) == (2, 8)
+    out = capsys.readouterr()
+    assert json.loads(out.out.splitlines()[-1]) == summary
+    assert "no samples for 162 of 164 problems" in out.err
+    records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    by_key = {(r["task_id"], r["sample"]): r for r in records}
+    assert len(by_key) == 8 and by_key[("HumanEval/2", 3)]["passed"] is False
+    assert by_key[("HumanEval/0", 3)]["result"].startswith("failed: SyntaxError")
+    assert by_key[("HumanEval/2", 0)]["result"] == "passed"
+
+
+def test_interrupted_run_resumes_without_redoing_samples(tmp_path: Path) -> None:
+    samples = write_samples(tmp_path / "s.jsonl", SAMPLES)
+    output = tmp_path / "r.jsonl"
+    score(samples, output)
+    lines = output.read_text().splitlines()
+    kept = [json.loads(line) | {"result": "kept"} for line in lines[:3]]
+    # As if killed while writing the fourth line: three records and a torn one.
+    output.write_text("".join(json.dumps(r) + "\n" for r in kept) + lines[3][:20])
+    summary = score(samples, output)
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    assert records[:3] == kept and len(records) == 8
+    assert len({(r["task_id"], r["sample"]) for r in records}) == 8
+    assert summary["pass@1"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="holds results of another run"):
+        score(write_samples(tmp_path / "other.jsonl", SAMPLES), output)
+
+
+def test_bad_samples_files(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=f"{empty}: no samples"):
+        score(empty, out)
+    malformed = tmp_path / "bad.jsonl"
+    malformed.write_text('{"task_id": "HumanEval/0", "completion": "x"}\n{"task_id": \n')
+    with pytest.raises(ValueError, match=f"{malformed}:2: not valid JSON"):
+        score(malformed, out)
+    no_completion = write_samples(tmp_path / "nc.jsonl", [])
+    no_completion.write_text('\n{"task_id": "HumanEval/0"}\n')
+    with pytest.raises(ValueError, match=f"{no_completion}:2: needs a 'task_id' and a string"):
+        score(no_completion, out)
+    unknown = write_samples(tmp_path / "u.jsonl", [("HumanEval/0", "x"), ("HumanEval/999", "x")])
+    with pytest.raises(ValueError, match="task ids not in humaneval: HumanEval/999"):
+        score(unknown, out)
+    with pytest.raises(ValueError, match=r"k=\[1, 5\]: every k must lie in 1..4"):
+        score(write_samples(tmp_path / "s.jsonl", SAMPLES), out, k=[1, 5])
+    assert not out.exists() or out.read_text() == ""
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({}, "exactly one of checkpoint="),
+        ({"checkpoint": "c", "samples": "s"}, "exactly one of checkpoint="),
+        ({"checkpoint": "c", "decoding": "greedy"}, "decoding='greedy'"),
+        ({"checkpoint": "c", "k": [1, 10], "samples_per_problem": 5, "temperature": 0.8}, r"k=\[1, 10\]"),
+        ({"checkpoint": "c", "samples_per_problem": 4}, "samples_per_problem=4 at temperature=0"),
+        ({"checkpoint": "c", "limit": 0}, "limit=0"),
+        ({"checkpoint": "c", "dtype": "int8"}, "dtype='int8'"),
+    ],
+)
+def test_bad_settings_fail_before_any_work(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EvalConfig(task="mbpp", output="unused.jsonl", **overrides)
+
+
+def test_cli_scores_a_samples_file(tmp_path: Path) -> None:
+    samples = write_samples(tmp_path / "s.jsonl", SAMPLES[4:])
+    run = subprocess.run(
+        [sys.executable, "-m", "mtp.eval", "task=humaneval", f"samples={samples}", "k=[1,4]",
+         f"output={tmp_path / 'r.jsonl'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout.splitlines()[-1])
+    assert summary["pass@1"] == pytest.approx(0.75) and summary["pass@4"] == 1.0
+    assert "pass@1    0.7500" in run.stdout
