@@ -1,0 +1,138 @@
+"""Peak memory and time of one training step: next-token vs n-token (naive, headwise, chunked).
+
+Each variant runs in a fresh process, so one variant's allocator state never leaks into
+another's peak. On CPU the figure is resident memory (peak RSS, from getrusage); on a GPU it
+is `torch.cuda.max_memory_allocated`. "step" is the peak minus what the process held just
+before the step (interpreter, torch, model weights and the batch): the memory the forward and
+backward themselves need, which is what the loss modes change. The ratios use it.
+
+    python scripts/bench_memory.py                      # vocabulary 32,000, n = 4, ~1 min
+    python scripts/bench_memory.py --n-future 8 --batch 2 --seq-len 1024 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VARIANTS = ("ntp", "naive", "headwise", "chunked")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def run_variant(args: argparse.Namespace) -> dict:
+    """One forward + backward of the chosen variant in this process; its memory and time."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from mtp.loss import autograd_backward, mtp_loss
+    from mtp.model import MTPConfig, MTPModel
+
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    n_future = 1 if args.variant == "ntp" else args.n_future
+    config = MTPConfig(vocab_size=args.vocab_size, dim=args.dim, n_layers=args.n_layers,
+                       n_heads=args.n_heads, max_seq_len=args.seq_len, n_future=n_future)
+    device = torch.device(args.device)
+    model = MTPModel(config).to(device)
+    tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + n_future),
+                           device=device)
+    mode = "naive" if args.variant == "ntp" else args.variant
+
+    def step() -> float:
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        mtp_loss(model, tokens, mode=mode, backward=autograd_backward,
+                 chunk_size=args.chunk_size)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    if device.type == "cuda":
+        step()  # warm-up: kernels and allocator pools
+        model.zero_grad(set_to_none=True)
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        seconds = step()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        # The first step is the measured one: afterwards the allocator keeps freed pages, and
+        # a second step's RSS peak would hide in them.
+        before = _rss_bytes()
+        seconds = step()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        seconds = min(seconds, step())
+    return {"variant": args.variant, "n_future": n_future, "peak_bytes": peak,
+            "step_bytes": peak - before, "seconds": seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab-size", type=int, default=32_000)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--n-layers", type=int, default=4, help="trunk layers")
+    parser.add_argument("--n-heads", type=int, default=8)
+    parser.add_argument("--n-future", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--chunk-size", type=int, default=512,
+                        help="tokens per unembedding chunk for the chunked variant")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # child mode
+    args = parser.parse_args()
+    if args.n_future < 2:
+        parser.error(f"--n-future must be >= 2 to compare with next-token, got {args.n_future}")
+
+    if args.variant:
+        print(json.dumps(run_variant(args)))
+        return
+
+    results = {}
+    shape = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
+             if key not in ("variants", "variant")]
+    for variant in args.variants:
+        child = subprocess.run([sys.executable, __file__, *shape, "--variant", variant],
+                               capture_output=True, text=True)
+        if child.returncode != 0:
+            sys.exit(f"variant {variant} failed:\n{child.stderr}")
+        results[variant] = json.loads(child.stdout.strip().splitlines()[-1])
+
+    unit = "allocated" if args.device.startswith("cuda") else "RSS"
+    print(f"one training step: vocab {args.vocab_size}, dim {args.dim}, trunk {args.n_layers} "
+          f"layers, batch {args.batch} x seq {args.seq_len}, device {args.device}")
+    print(f"{'variant':<10}{'n':>3}{'peak ' + unit + ' MiB':>18}{'step MiB':>11}"
+          f"{'step/ntp':>10}{'time s':>9}{'time/ntp':>10}")
+    ntp = results.get("ntp")
+    for variant, r in results.items():
+        mem_ratio = r["step_bytes"] / ntp["step_bytes"] if ntp else float("nan")
+        time_ratio = r["seconds"] / ntp["seconds"] if ntp else float("nan")
+        print(f"{variant:<10}{r['n_future']:>3}{r['peak_bytes'] / 2**20:>18.0f}"
+              f"{r['step_bytes'] / 2**20:>11.0f}{mem_ratio:>10.2f}{r['seconds']:>9.2f}"
+              f"{time_ratio:>10.2f}")
+
+    summary: dict = {"n_future": args.n_future, "vocab_size": args.vocab_size,
+                     "batch": args.batch, "seq_len": args.seq_len, "device": args.device}
+    for variant, r in results.items():
+        summary[f"{variant}_peak_bytes"] = r["peak_bytes"]
+        summary[f"{variant}_step_bytes"] = r["step_bytes"]
+        summary[f"{variant}_seconds"] = round(r["seconds"], 4)
+        if ntp:
+            summary[f"{variant}_over_ntp"] = round(r["step_bytes"] / ntp["step_bytes"], 3)
+            summary[f"{variant}_time_over_ntp"] = round(r["seconds"] / ntp["seconds"], 3)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
