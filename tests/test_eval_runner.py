@@ -114,3 +114,62 @@ def test_cli_scores_a_samples_file(tmp_path: Path) -> None:
     summary = json.loads(run.stdout.splitlines()[-1])
     assert summary["pass@1"] == pytest.approx(0.75) and summary["pass@4"] == 1.0
     assert "pass@1    0.7500" in run.stdout
+
+
+MBPP_FILE = REPO.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl"
+needs_mbpp = pytest.mark.skipif(not MBPP_FILE.exists(), reason=f"MBPP data not found at {MBPP_FILE}")
+
+
+@pytest.fixture
+def tiny_model(monkeypatch: pytest.MonkeyPatch):
+    """A random tiny byte-level model, served by a stand-in for `mtp.checkpoint.load`."""
+    import types
+
+    import torch
+
+    from mtp.model import MTPConfig, MTPModel
+    from mtp.tokenizers import ByteTokenizer
+
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       max_seq_len=640, n_future=4, head_layers=1)
+    model = MTPModel(config).eval()
+    tokenizer = ByteTokenizer()
+    fake = types.ModuleType("mtp.checkpoint")
+    fake.load = lambda path, device="cpu", dtype=torch.float32: (model, tokenizer)
+    monkeypatch.setitem(sys.modules, "mtp.checkpoint", fake)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a width-32 model: more threads only spin against each other
+    yield model
+    torch.set_num_threads(threads)
+
+
+@needs_mbpp
+@pytest.mark.parametrize("decoding", ["speculative", "autoregressive"])
+def test_generating_with_a_tiny_model(tmp_path: Path, tiny_model, decoding: str) -> None:
+    output = tmp_path / "r.jsonl"
+    config = EvalConfig(task="mbpp", checkpoint=str(tmp_path / "ckpt"), data_file=str(MBPP_FILE),
+                        output=str(output), limit=2, samples_per_problem=2, k=[1, 2],
+                        temperature=0.8, decoding=decoding, max_new_tokens=8, batch_size=2)
+    summary = evaluate(config)
+    assert (summary["problems"], summary["samples"], summary["decoding"]) == (2, 4, decoding)
+    assert summary["pass@1"] == 0.0  # random weights write no working code
+    assert summary["tokens_per_second"] > 0
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    assert sorted((r["task_id"], r["sample"]) for r in records) == [(t, i) for t in (11, 12) for i in range(2)]
+    assert all(0 < r["new_tokens"] <= 8 and r["finish_reason"] in ("length", "stop", "eos") for r in records)
+    if decoding == "autoregressive":
+        assert all(r["forward_passes"] == r["new_tokens"] for r in records)
+        assert summary["tokens_per_forward"] == 1.0
+    assert evaluate(config) == summary  # everything done: a rerun only re-reads the results
+
+
+@needs_mbpp
+def test_prompts_longer_than_the_context_count_as_failed(tmp_path: Path, tiny_model,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    summary = evaluate(EvalConfig(task="mbpp", checkpoint="ckpt", data_file=str(MBPP_FILE),
+                                  output=str(tmp_path / "r.jsonl"), limit=2, few_shot=3,
+                                  max_new_tokens=8))
+    assert summary["pass@1"] == 0.0 and summary["samples"] == 2
+    assert "2 prompts do not fit the model's context of 640 tokens" in capsys.readouterr().err
+    record = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+    assert record["finish_reason"] == "context" and "leaves no room in max_seq_len=640" in record["result"]

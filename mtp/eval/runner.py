@@ -127,7 +127,9 @@ def _score_samples(path: str, k: Sequence[int], task: Task, problems: list[Probl
         if task_id in chosen and (task_id, index) not in done:
             problem = task.problems[task_id]
             sandbox.submit((problem, index, completion, {}), problem.program(completion))
-    _record(sandbox.finished(wait=True), results, tqdm(total=len(sandbox), desc=task.name))
+    progress = tqdm(total=len(sandbox), desc=task.name)
+    _record(sandbox.finished(wait=True), results, progress)
+    progress.close()
     return [p for p in problems if str(p.task_id) in per_task]
 
 
@@ -138,11 +140,23 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
 
     model, tokenizer = load(config.checkpoint, device=config.device, dtype=_torch_dtype(config.dtype))
     sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p)
+    context = model.config.max_seq_len
     done = results.done()
     todo = [(p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])
             for p in problems]
     progress = tqdm(total=sum(len(indices) for _, indices in todo), desc=task.name)
+    too_long = []
     for problem, indices in todo:
+        # generate() starts each prompt with an EOS and needs room for one new token after it.
+        prompt_tokens = len(tokenizer.encode(problem.prompt)) + 1
+        if indices and prompt_tokens >= context:
+            too_long.append(str(problem.task_id))
+            reason = f"failed: prompt of {prompt_tokens} tokens leaves no room in max_seq_len={context}"
+            for index in indices:
+                _append(results, progress, problem, index, "", False, reason, {
+                    "finish_reason": "context", "new_tokens": 0, "forward_passes": 0,
+                    "tokens_per_forward": 0.0, "seconds": 0.0})
+            continue
         for start in range(0, len(indices), config.batch_size):
             batch = indices[start : start + config.batch_size]
             began = time.perf_counter()
@@ -165,16 +179,23 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                 sandbox.submit((problem, index, generation.text, stats), problem.program(generation.text))
             _record(sandbox.finished(), results, progress)
     _record(sandbox.finished(wait=True), results, progress)
+    progress.close()
+    if too_long:
+        print(f"warning: {len(too_long)} prompts do not fit the model's context of {context} tokens "
+              f"and count as failed: {_listing(too_long)}", file=sys.stderr)
 
 
 def _record(finished: Iterator[tuple[Any, ExecResult]], results: ResultsFile, progress: tqdm) -> None:
     """Append each executed sample to the results file as it arrives."""
     for (problem, index, completion, stats), outcome in finished:
-        results.append({
-            "task_id": problem.task_id, "sample": index, "completion": completion,
-            "passed": outcome.passed, "result": outcome.describe(), **stats,
-        })
-        progress.update()
+        _append(results, progress, problem, index, completion, outcome.passed, outcome.describe(), stats)
+
+
+def _append(results: ResultsFile, progress: tqdm, problem: Problem, index: int, completion: str,
+            passed: bool, result: str, stats: dict[str, Any]) -> None:
+    results.append({"task_id": problem.task_id, "sample": index, "completion": completion,
+                    "passed": passed, "result": result, **stats})
+    progress.update()
 
 
 def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[Problem]) -> dict[str, Any]:
@@ -191,11 +212,14 @@ def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[
     summary.update({f"pass@{k}": v for k, v in mean_pass_at_k(counts, config.k).items()})
     summary.update(problems=len(counts), samples=len(mine))
     if config.checkpoint is not None:
+        # Pooled over samples, as DecodeStats.pooled does: totals, then one ratio.
+        tokens = sum(r["new_tokens"] for r in mine)
         seconds = sum(r["seconds"] for r in mine)
+        forwards = sum(r["forward_passes"] for r in mine)
         summary.update(
             decoding=config.decoding,
-            tokens_per_second=sum(r["new_tokens"] for r in mine) / seconds if seconds else None,
-            tokens_per_forward=sum(r["tokens_per_forward"] for r in mine) / len(mine),
+            tokens_per_second=tokens / seconds if seconds else None,
+            tokens_per_forward=tokens / forwards if forwards else None,
         )
     summary["output"] = str(config.output)
     return summary
