@@ -1,0 +1,198 @@
+"""The LightningModule: manual optimisation around `mtp.loss.mtp_loss`.
+
+Manual optimisation, because the headwise loss runs its own backward passes (one per head,
+then one through the trunk) through `manual_backward`; Lightning's automatic loop would want
+a single loss tensor and so the naive, n-times-the-logits-memory backward.
+
+One optimizer step = `accumulate` micro-batches; each is weighted 1/accumulate so the
+gradient is the mean over them. `trainer.global_step` counts optimizer steps, so
+`trainer.max_steps` and the LR schedule are in optimizer steps. Under FSDP2 the model is
+built on the meta device, sharded by `mtp.parallel.parallelize` and then initialised.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from torch.distributed.fsdp import FSDPModule
+
+from mtp.loss import LOSS_MODES, LossOutput, mtp_loss
+from mtp.model import MTPConfig, MTPModel
+from mtp.optim import build_optimizer, build_scheduler
+from mtp.parallel import parallelize
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when a step's loss or gradient norm is not finite; no bad state is saved."""
+
+
+class MTPLitModule(L.LightningModule):
+    """Trains an `MTPModel` with the multi-token loss.
+
+    Args:
+        model: `MTPConfig.to_dict()` of the model to train (JSON-safe, saved in checkpoints).
+        seq_len: input tokens per block; batches are (B, seq_len + n_future).
+        loss_mode: "headwise", "naive" or "chunked" (see `mtp.loss`); same gradients.
+        loss_weights: per-head weights (default all 1).
+        lr, weight_decay, betas, eps: AdamW; no decay on norm gains or biases.
+        warmup_steps, min_lr_ratio: linear warm-up, then cosine down to lr * min_lr_ratio at
+            `max_steps` (default: the trainer's max_steps).
+        grad_clip: max global gradient norm (0 turns clipping off).
+        accumulate: micro-batches per optimizer step.
+        compile: `torch.compile` every transformer block.
+        tokenizer_files: the tokenizer's saved files (name -> text), stored in every
+            checkpoint so a `.ckpt` alone can be loaded for inference.
+    """
+
+    def __init__(self, model: dict[str, Any], *, seq_len: int, loss_mode: str = "headwise",
+                 loss_weights: list[float] | None = None, lr: float = 3e-3,
+                 weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
+                 eps: float = 1e-8, warmup_steps: int = 100, min_lr_ratio: float = 0.1,
+                 max_steps: int | None = None, grad_clip: float = 1.0, accumulate: int = 1,
+                 compile: bool = False, tokenizer_files: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["tokenizer_files"])
+        self.config = MTPConfig.from_dict(dict(model))
+        if not isinstance(seq_len, int) or not 1 <= seq_len <= self.config.max_seq_len:
+            raise ValueError(f"seq_len={seq_len!r} must be an integer in "
+                             f"[1, model.max_seq_len={self.config.max_seq_len}]")
+        if loss_mode not in LOSS_MODES:
+            raise ValueError(f"loss_mode={loss_mode!r} is not one of {LOSS_MODES}")
+        if loss_weights is not None and len(loss_weights) != self.config.n_future:
+            raise ValueError(f"loss_weights={list(loss_weights)} must have one weight per head "
+                             f"(model.n_future={self.config.n_future})")
+        if not isinstance(accumulate, int) or accumulate < 1:
+            raise ValueError(f"accumulate={accumulate!r} must be a positive integer")
+        if grad_clip < 0:
+            raise ValueError(f"grad_clip={grad_clip!r} must be >= 0")
+        self.automatic_optimization = False
+        self.tokenizer_files = dict(tokenizer_files or {})
+        self.model: MTPModel | None = None
+        self._step_started: float | None = None
+
+    # -- model ------------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        """Build the model: plain, or on the meta device and FSDP2-sharded under a mesh."""
+        if self.model is not None:  # Lightning may call this more than once
+            return
+        mesh = self._device_mesh
+        if mesh is None:
+            model = MTPModel(self.config)
+            self._maybe_compile(model)
+        else:
+            if mesh.ndim > 1 and mesh["tensor_parallel"].size() > 1:
+                raise ValueError(f"tensor parallelism is not supported: the strategy's mesh is "
+                                 f"{dict(zip(mesh.mesh_dim_names, mesh.shape))}; set "
+                                 f"strategy.tensor_parallel_size=1")
+            with torch.device("meta"):
+                model = MTPModel(self.config)
+            self._maybe_compile(model)
+            parallelize(model, mesh["data_parallel"] if mesh.ndim > 1 else mesh)
+            model.to_empty(device=self.device)
+            model.init_weights()
+        self.model = model
+
+    def _maybe_compile(self, model: MTPModel) -> None:
+        if self.hparams.compile:
+            # Per block (torchtitan's choice): FSDP2 units stay intact, compile time is one
+            # block's, and parameter names are unchanged (checkpoints stay portable).
+            for block in [*model.layers, *(b for head in model.heads for b in head)]:
+                block.compile()
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        max_steps = hp.max_steps or self.trainer.max_steps
+        if max_steps is None or max_steps < 1:
+            raise ValueError(f"the LR schedule needs a step budget: set trainer.max_steps "
+                             f"(got {max_steps!r})")
+        optimizer = build_optimizer(self.model, lr=hp.lr, weight_decay=hp.weight_decay,
+                                    betas=tuple(hp.betas), eps=hp.eps)
+        scheduler = build_scheduler(optimizer, warmup_steps=hp.warmup_steps,
+                                    total_steps=max_steps, min_lr_ratio=hp.min_lr_ratio)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler,
+                                                         "interval": "step"}}
+
+    def on_fit_start(self) -> None:
+        if "16-mixed" == str(self.trainer.precision):
+            raise ValueError("precision=16-mixed needs a gradient scaler, which manual "
+                             "optimisation here does not run: use bf16-mixed or 32-true")
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _loss(self, tokens: torch.Tensor, *, train: bool) -> LossOutput:
+        hp = self.hparams
+        expected = hp.seq_len + self.config.n_future
+        if tokens.ndim != 2 or tokens.shape[1] != expected:
+            raise ValueError(f"batch['tokens'] has shape {tuple(tokens.shape)}; expected "
+                             f"(batch, seq_len + n_future = {hp.seq_len} + "
+                             f"{self.config.n_future} = {expected})")
+        weights = hp.loss_weights or [1.0] * self.config.n_future
+        if train:  # the mean over micro-batches, not the sum
+            weights = [w / hp.accumulate for w in weights]
+        out = mtp_loss(self.model, tokens, seq_len=hp.seq_len, mode=hp.loss_mode,
+                       weights=weights, backward=self.manual_backward if train else None)
+        return out
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        hp = self.hparams
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        first = batch_idx % hp.accumulate == 0
+        last = (batch_idx + 1) % hp.accumulate == 0
+        if first:
+            self._step_started = time.perf_counter()
+        if isinstance(self.model, FSDPModule):
+            # Reduce-scatter gradients only on the step's last micro-batch.
+            self.model.set_requires_gradient_sync(last)
+        out = self._loss(batch["tokens"], train=True)
+        loss = out.loss * hp.accumulate  # undo the 1/accumulate weighting for the log
+        self._check_finite("loss", loss, out)
+        self.log("train/loss", loss, prog_bar=True)
+        for i, head_loss in enumerate(out.head_losses):
+            self.log(f"train/loss_head{i}", head_loss)
+        if not last:
+            return
+
+        if hp.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), hp.grad_clip)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            self._check_finite("gradient norm", norm, out)
+            self.log("train/grad_norm", norm)
+        self.log("train/lr", scheduler.get_last_lr()[0], prog_bar=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+
+        seconds = time.perf_counter() - (self._step_started or time.perf_counter())
+        tokens = hp.accumulate * batch["tokens"].shape[0] * hp.seq_len * self.trainer.world_size
+        self.log("train/tokens_per_sec", tokens / max(seconds, 1e-9), prog_bar=True)
+
+    def _check_finite(self, what: str, value: torch.Tensor, out: LossOutput) -> None:
+        bad = not torch.isfinite(value).item()
+        if self.trainer.world_size > 1:  # every rank must stop together
+            bad = self.trainer.strategy.reduce_boolean_decision(bad, all=False)
+        if bad:
+            raise NonFiniteLossError(
+                f"non-finite {what} ({value.item()}) at step {self.global_step}, "
+                f"per-head losses {out.head_losses.tolist()}; stopping without saving this "
+                f"state. Lower optim.lr or raise optim.warmup_steps, and resume from the last "
+                f"good checkpoint (ckpt_path=.../checkpoints/last.ckpt).")
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        out = self._loss(batch["tokens"], train=False)
+        size = batch["tokens"].shape[0]
+        self.log("val/loss", out.loss, prog_bar=True, sync_dist=True, batch_size=size)
+        for i, (head_loss, accuracy) in enumerate(zip(out.head_losses, out.head_accuracy)):
+            self.log(f"val/loss_head{i}", head_loss, sync_dist=True, batch_size=size)
+            self.log(f"val/acc_head{i}", accuracy, sync_dist=True, batch_size=size)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["tokenizer_files"] = self.tokenizer_files
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.tokenizer_files = checkpoint.get("tokenizer_files", self.tokenizer_files)

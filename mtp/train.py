@@ -1,0 +1,151 @@
+"""`python -m mtp.train +experiment=byte8`: compose the config, train, export, summarise.
+
+`train(cfg)` is the whole job (tests call it with a composed config): settings are checked
+before anything heavy runs, the tokenizer is built (or loaded), the data prepared, the model
+trained with Lightning, validated once more, and exported for inference (`mtp.load`).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from mtp.checkpoint import check_vocab, export, tokenizer_files
+from mtp.data import build_tokenizer
+from mtp.lit import MTPLitModule
+from mtp.model import MTPConfig
+from mtp.paths import CONF_DIR
+from mtp.tokenizers import Tokenizer
+
+
+def _world_size(num_nodes: int, devices: Any) -> int:
+    """Ranks of a run: `trainer.devices` may be "auto" (every visible GPU)."""
+    per_node = torch.cuda.device_count() if devices in ("auto", -1) else int(devices)
+    return int(num_nodes) * per_node
+
+
+OmegaConf.register_new_resolver("mtp.world_size", _world_size, replace=True)
+
+
+def model_config(cfg: DictConfig, tokenizer: Tokenizer) -> MTPConfig:
+    """The model's `MTPConfig` from `cfg.model`, its vocabulary the tokenizer's."""
+    fields = OmegaConf.to_container(cfg.model, resolve=True)
+    if fields.get("vocab_size") is not None and fields["vocab_size"] != tokenizer.vocab_size:
+        raise ValueError(f"model.vocab_size={fields['vocab_size']} does not match "
+                         f"tokenizer={tokenizer.name}'s vocab_size={tokenizer.vocab_size}; "
+                         f"leave model.vocab_size=null to take the tokenizer's")
+    fields["vocab_size"] = tokenizer.vocab_size
+    config = instantiate(fields)
+    check_vocab(config, tokenizer)
+    return config
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """Settings that disagree with each other, caught before any data or model work."""
+    max_seq_len = cfg.model.max_seq_len
+    if not isinstance(cfg.seq_len, int) or not 1 <= cfg.seq_len <= max_seq_len:
+        raise ValueError(f"seq_len={cfg.seq_len} must be an integer in "
+                         f"[1, model.max_seq_len={max_seq_len}]")
+    weights = cfg.loss.weights
+    if weights is not None and len(weights) != cfg.model.n_future:
+        raise ValueError(f"loss.weights={list(weights)} needs one weight per head "
+                         f"(model.n_future={cfg.model.n_future})")
+    if cfg.trainer.get("max_steps", -1) in (None, -1) or cfg.trainer.max_steps < 1:
+        raise ValueError(f"trainer.max_steps={cfg.trainer.get('max_steps')} must be a positive "
+                         f"step budget: the learning-rate schedule is laid out over it")
+    val_every = cfg.trainer.get("val_check_interval")
+    if isinstance(val_every, int) and val_every > cfg.trainer.max_steps * cfg.optim.accumulate:
+        raise ValueError(f"trainer.val_check_interval={val_every} batches is more than the "
+                         f"run's trainer.max_steps={cfg.trainer.max_steps} x "
+                         f"optim.accumulate={cfg.optim.accumulate}")
+
+
+def _logger(cfg: DictConfig) -> Any:
+    if not cfg.logger or cfg.logger.get("_target_") is None:
+        return False
+    # Offline unless the user chose otherwise: no login and no network needed.
+    os.environ.setdefault("WANDB_MODE", "offline")
+    return instantiate(cfg.logger)
+
+
+def _checkpointing(cfg: DictConfig, run_dir: Path) -> ModelCheckpoint:
+    return ModelCheckpoint(
+        dirpath=run_dir / "checkpoints", filename="step{step:07d}", auto_insert_metric_name=False,
+        every_n_train_steps=cfg.checkpoint.every_n_steps, save_top_k=cfg.checkpoint.keep,
+        monitor="step", mode="max", save_last=True)
+
+
+@rank_zero_only
+def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: Path,
+                   last_ckpt: str) -> None:
+    if metrics:
+        lines = ["", "head  predicts  val loss  val acc"]
+        for i in range(n_future):
+            lines.append(f"{i:>4}  t+{i + 1:<7} {metrics[0][f'val/loss_head{i}']:>8.4f}  "
+                         f"{metrics[0][f'val/acc_head{i}']:>7.4f}")
+    else:
+        lines = ["", "no validation data (raise data.val_fraction for a per-head summary)"]
+    lines += ["", f"resume:   ckpt_path={last_ckpt}", f"exported: {export_dir}",
+              f"   load:  mtp.load({str(export_dir)!r})"]
+    print("\n".join(lines), flush=True)
+
+
+def train(cfg: DictConfig) -> Path:
+    """Train as `cfg` (the composed `conf/config.yaml`) says; return the export directory."""
+    check_settings(cfg)
+    # Lightning warns that manual optimisation checkpoints hold the post-step state: that is
+    # what resuming wants, since global_step counts the step as done.
+    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.set_float32_matmul_precision("high")
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    run_dir = Path(cfg.run_dir)
+
+    tokenizer = build_tokenizer(
+        **OmegaConf.to_container(cfg.tokenizer, resolve=True),
+        source=instantiate(cfg.data.source), val_fraction=cfg.data.val_fraction,
+        seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
+    config = model_config(cfg, tokenizer)
+    lit = MTPLitModule(
+        config.to_dict(), seq_len=cfg.seq_len, loss_mode=cfg.loss.mode,
+        loss_weights=cfg.loss.weights and list(cfg.loss.weights), lr=cfg.optim.lr,
+        weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
+        warmup_steps=cfg.optim.warmup_steps, min_lr_ratio=cfg.optim.min_lr_ratio,
+        max_steps=cfg.trainer.max_steps, grad_clip=cfg.optim.grad_clip,
+        accumulate=cfg.optim.accumulate, compile=cfg.compile,
+        tokenizer_files=tokenizer_files(tokenizer))
+    datamodule = instantiate(cfg.data, tokenizer=tokenizer, seq_len=cfg.seq_len,
+                             n_future=config.n_future)
+
+    logger = _logger(cfg)
+    checkpointing = _checkpointing(cfg, run_dir)
+    trainer: L.Trainer = instantiate(cfg.trainer, logger=logger, callbacks=[checkpointing],
+                                     default_root_dir=str(run_dir))
+    if logger:
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    trainer.fit(lit, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    metrics = trainer.validate(lit, datamodule=datamodule, verbose=False)
+
+    export_dir = export(lit.model, tokenizer, run_dir / "export")
+    _print_summary(metrics, config.n_future, export_dir, checkpointing.last_model_path)
+    return export_dir
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> None:
+    train(cfg)
+
+
+if __name__ == "__main__":
+    main()
