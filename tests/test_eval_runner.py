@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,33 +122,27 @@ needs_mbpp = pytest.mark.skipif(not MBPP_FILE.exists(), reason=f"MBPP data not f
 
 
 @pytest.fixture
-def tiny_model(monkeypatch: pytest.MonkeyPatch):
-    """A random tiny byte-level model, served by a stand-in for `mtp.checkpoint.load`."""
-    import types
-
+def tiny_checkpoint(tmp_path: Path) -> str:
+    """A random tiny byte-level model, exported as `python -m mtp.train` would."""
     import torch
 
+    from mtp.checkpoint import export
     from mtp.model import MTPConfig, MTPModel
     from mtp.tokenizers import ByteTokenizer
 
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
                        max_seq_len=640, n_future=4, head_layers=1)
-    model = MTPModel(config).eval()
-    tokenizer = ByteTokenizer()
-    fake = types.ModuleType("mtp.checkpoint")
-    fake.load = lambda path, device="cpu", dtype=torch.float32: (model, tokenizer)
-    monkeypatch.setitem(sys.modules, "mtp.checkpoint", fake)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a width-32 model: more threads only spin against each other
-    yield model
+    yield str(export(MTPModel(config), ByteTokenizer(), tmp_path / "tiny"))
     torch.set_num_threads(threads)
 
 
 @needs_mbpp
 @pytest.mark.parametrize("decoding", ["speculative", "autoregressive"])
-def test_generating_with_a_tiny_model(tmp_path: Path, tiny_model, decoding: str) -> None:
+def test_generating_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str, decoding: str) -> None:
     output = tmp_path / "r.jsonl"
-    config = EvalConfig(task="mbpp", checkpoint=str(tmp_path / "ckpt"), data_file=str(MBPP_FILE),
+    config = EvalConfig(task="mbpp", checkpoint=tiny_checkpoint, data_file=str(MBPP_FILE),
                         output=str(output), limit=2, samples_per_problem=2, k=[1, 2],
                         temperature=0.8, decoding=decoding, max_new_tokens=8, batch_size=2)
     summary = evaluate(config)
@@ -164,12 +159,30 @@ def test_generating_with_a_tiny_model(tmp_path: Path, tiny_model, decoding: str)
 
 
 @needs_mbpp
-def test_prompts_longer_than_the_context_count_as_failed(tmp_path: Path, tiny_model,
+def test_prompts_longer_than_the_context_count_as_failed(tmp_path: Path, tiny_checkpoint: str,
                                                          capsys: pytest.CaptureFixture) -> None:
-    summary = evaluate(EvalConfig(task="mbpp", checkpoint="ckpt", data_file=str(MBPP_FILE),
+    summary = evaluate(EvalConfig(task="mbpp", checkpoint=tiny_checkpoint, data_file=str(MBPP_FILE),
                                   output=str(tmp_path / "r.jsonl"), limit=2, few_shot=3,
                                   max_new_tokens=8))
     assert summary["pass@1"] == 0.0 and summary["samples"] == 2
     assert "2 prompts do not fit the model's context of 640 tokens" in capsys.readouterr().err
     record = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
     assert record["finish_reason"] == "context" and "leaves no room in max_seq_len=640" in record["result"]
+
+
+@needs_mbpp
+def test_cli_end_to_end_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str) -> None:
+    output = tmp_path / "r.jsonl"
+    run = subprocess.run(
+        [sys.executable, "-m", "mtp.eval", "task=mbpp", f"checkpoint={tiny_checkpoint}",
+         f"data_file={MBPP_FILE}", "limit=2", "samples_per_problem=2", "temperature=0.8",
+         "k=[1,2]", "max_new_tokens=8", f"output={output}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout.splitlines()[-1])
+    assert {k: summary[k] for k in ("task", "problems", "samples", "decoding", "pass@1", "pass@2")} == {
+        "task": "mbpp", "problems": 2, "samples": 4, "decoding": "speculative", "pass@1": 0.0, "pass@2": 0.0}
+    assert summary["tokens_per_forward"] >= 1 and summary["tokens_per_second"] > 0
+    assert len(output.read_text().splitlines()) == 4
+    assert "mbpp: 100%" in run.stderr  # the progress bar

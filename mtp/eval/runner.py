@@ -13,7 +13,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -136,10 +136,8 @@ def _score_samples(path: str, k: Sequence[int], task: Task, problems: list[Probl
 def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                         results: ResultsFile, sandbox: Sandbox) -> None:
     from mtp.checkpoint import load
-    from mtp.generate import SamplingConfig, generate
 
     model, tokenizer = load(config.checkpoint, device=config.device, dtype=_torch_dtype(config.dtype))
-    sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p)
     context = model.config.max_seq_len
     done = results.done()
     todo = [(p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])
@@ -159,30 +157,37 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
             continue
         for start in range(0, len(indices), config.batch_size):
             batch = indices[start : start + config.batch_size]
-            began = time.perf_counter()
-            generations = generate(
-                model, tokenizer, [problem.prompt] * len(batch),
-                max_new_tokens=config.max_new_tokens,
-                k=None if config.decoding == "speculative" else 1,
-                sampling=sampling, stop=task.stop,
-                seed=zlib.crc32(f"{config.seed}/{problem.task_id}/{batch[0]}".encode()),
-            )
-            share = (time.perf_counter() - began) / len(batch)  # each sample's part of the call
-            for index, generation in zip(batch, generations):
-                stats = {
-                    "finish_reason": generation.finish_reason,
-                    "new_tokens": generation.stats.new_tokens,
-                    "forward_passes": generation.stats.forward_passes,
-                    "tokens_per_forward": generation.stats.tokens_per_forward,
-                    "seconds": share,
-                }
-                sandbox.submit((problem, index, generation.text, stats), problem.program(generation.text))
+            for index, (completion, stats) in zip(batch, _sample(config, model, tokenizer, task, problem, batch)):
+                sandbox.submit((problem, index, completion, stats), problem.program(completion))
             _record(sandbox.finished(), results, progress)
     _record(sandbox.finished(wait=True), results, progress)
     progress.close()
     if too_long:
         print(f"warning: {len(too_long)} prompts do not fit the model's context of {context} tokens "
               f"and count as failed: {_listing(too_long)}", file=sys.stderr)
+
+
+def _sample(config: EvalConfig, model, tokenizer, task: Task, problem: Problem,
+            indices: list[int]) -> list[tuple[str, dict[str, Any]]]:
+    """Generate samples `indices` of `problem` in one batch: (completion, stats) of each."""
+    from mtp.generate import SamplingConfig, generate
+
+    began = time.perf_counter()
+    generations = generate(
+        model, tokenizer, [problem.prompt] * len(indices),
+        max_new_tokens=config.max_new_tokens,
+        k=None if config.decoding == "speculative" else 1,
+        sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
+        stop=task.stop,
+        # Seeded by problem and first sample, not call order: reruns repeat their draws, and a
+        # resumed run's batches do not replay earlier ones.
+        seed=zlib.crc32(f"{config.seed}/{problem.task_id}/{indices[0]}".encode()),
+    )
+    share = (time.perf_counter() - began) / len(indices)  # each sample's part of the call
+    return [(g.text, {"finish_reason": g.finish_reason, "new_tokens": g.stats.new_tokens,
+                      "forward_passes": g.stats.forward_passes,
+                      "tokens_per_forward": g.stats.tokens_per_forward, "seconds": share})
+            for g in generations]
 
 
 def _record(finished: Iterator[tuple[Any, ExecResult]], results: ResultsFile, progress: tqdm) -> None:
