@@ -142,3 +142,40 @@ def test_configs_compose_and_build(data, tokenizer, corpus_dir, tmp_path):
     dm.prepare_data()
     dm.setup("fit")
     assert next(iter(dm.train_dataloader()))["tokens"].max() < tok.vocab_size
+
+
+class _Recorder(__import__("lightning").LightningModule):
+    """The smallest trainable module; remembers the first token of every batch it trains on."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def training_step(self, batch, _):
+        self.seen.append(batch["tokens"][:, :8].clone())
+        return (self.w * batch["tokens"].float().mean()).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_lightning_resumes_mid_epoch_at_the_next_batch(corpus_dir, tmp_path):
+    """Lightning saves the loader's position in a mid-epoch checkpoint and restores it."""
+    import lightning as L
+
+    def fit(ckpt_path=None):
+        module = _Recorder()
+        every3 = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+        trainer = L.Trainer(max_steps=6, accelerator="cpu", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, limit_val_batches=0, callbacks=[every3])
+        dm = MTPDataModule(LocalSource(paths=[str(corpus_dir)]), ByteTokenizer(), SEQ, N, batch_size=2,
+                           val_fraction=0.1, seed=3, cache_dir=tmp_path)
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+        return module.seen
+
+    full = fit()
+    (mid,) = (tmp_path / "ckpt").glob("*step=3.ckpt")
+    resumed = fit(ckpt_path=mid)
+    assert len(full) == 6 and len(resumed) == 3
+    assert all(torch.equal(a, b) for a, b in zip(resumed, full[3:]))
