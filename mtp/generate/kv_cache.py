@@ -91,6 +91,17 @@ class KVCache:
         self.lengths = list(lengths)
         self._step = None
 
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only the sequences at batch `rows`, in that order (drop finished ones)."""
+        if not rows or any(not 0 <= row < self.batch_size for row in rows):
+            raise ValueError(f"rows must be a non-empty list of batch indices in "
+                             f"[0, {self.batch_size}), got {list(rows)}")
+        index = torch.tensor(rows, device=self.keys.device)
+        self.keys = self.keys.index_select(1, index)
+        self.values = self.values.index_select(1, index)
+        self.lengths = [self.lengths[row] for row in rows]
+        self._step = None
+
     def _require_step(self) -> tuple[int, Tensor, Tensor | None]:
         if self._step is None:
             raise RuntimeError("call positions() before update(): the model's forward does")

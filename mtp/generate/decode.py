@@ -1,0 +1,198 @@
+"""`generate`: prompts in, continuations out, by autoregressive or self-speculative decoding.
+
+- Prompts: training packs documents into one stream, each document followed by EOS, so a
+  document starts right after an EOS. A prompt is therefore encoded as [EOS] + its tokens:
+  the model continues the start of a new document. There is no BOS.
+- Batches: prompts of different lengths are right-padded and prefilled together, then the
+  cache rolls back to each prompt's own length; every sequence then accepts its own number
+  of tokens per step. A finished sequence leaves the batch (its cache rows are dropped), so
+  it costs nothing afterwards.
+- The context limit: a sequence holds at most `max_seq_len` tokens, the EOS and the prompt
+  included. One that reaches it stops with finish_reason "context"; a prompt that leaves no
+  room is a ValueError.
+- k = 1 runs `autoregressive_decode`, the baseline every speedup is measured against: one
+  forward pass of the trunk and head 0 per token on the cache, one host synchronisation per
+  token (the stopping rules need the token). k > 1 runs `speculative_decode`, whose loop is
+  the `draft`, `verify`, `accept` steps of `speculative.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from mtp.generate.kv_cache import KVCache
+from mtp.generate.output import Generation, SequenceOutput, TextCallback
+from mtp.generate.sampling import SamplingConfig, probabilities, sample
+from mtp.generate.speculative import accept, draft, verify
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
+
+
+def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
+             max_new_tokens: int = 256, k: int | None = None,
+             sampling: SamplingConfig = SamplingConfig(), stop: Sequence[str] | str = (),
+             seed: int | None = None, on_text: TextCallback | None = None) -> list[Generation]:
+    """Continue each prompt; one `Generation` per prompt, in order.
+
+    Args:
+        k: tokens per forward pass at most: heads 0..k-1 draft, head 0 verifies. None uses
+            every head (model.config.n_future); 1 is plain autoregressive decoding.
+        sampling: temperature (0: greedy), top-k and top-p of head 0's distribution. Greedy
+            output is identical for every k; sampled output has the same distribution.
+        stop: strings that end a generation; the returned text stops before them.
+        seed: seeds this call's random draws (None: torch's global generator).
+        on_text: called as on_text(prompt_index, text) with each new piece of text.
+    """
+    config = model.config
+    k = config.n_future if k is None else k
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    _check_arguments(config.n_future, config.vocab_size, tokenizer, prompts, max_new_tokens, k,
+                     sampling, stop)
+    encoded = [[tokenizer.eos_id, *ids] for ids in tokenizer.encode_batch(prompts)]
+    for index, ids in enumerate(encoded):
+        if len(ids) >= config.max_seq_len:
+            raise ValueError(
+                f"prompt {index} is {len(ids)} tokens (with the EOS that starts a document), "
+                f"which leaves no room in the model's context of max_seq_len="
+                f"{config.max_seq_len} tokens")
+
+    started = time.perf_counter()
+    outputs = []
+    for index, ids in enumerate(encoded):
+        room = config.max_seq_len - len(ids)
+        outputs.append(SequenceOutput(
+            index, tokenizer, budget=min(max_new_tokens, room),
+            budget_reason="length" if max_new_tokens <= room else "context", stop=stop,
+            n_heads=k, on_text=on_text, started=started))
+    param = next(model.parameters())
+    max_len = min(config.max_seq_len, max(map(len, encoded)) + max_new_tokens + k)
+    cache = KVCache(config, len(encoded), max_len, device=param.device, dtype=param.dtype)
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=param.device).manual_seed(seed)
+    with torch.inference_mode():
+        if k == 1:
+            autoregressive_decode(model, cache, encoded, outputs, sampling, generator,
+                                  pad_id=tokenizer.pad_id)
+        else:
+            speculative_decode(model, cache, encoded, outputs, k, sampling, generator,
+                               pad_id=tokenizer.pad_id)
+    return [output.result() for output in outputs]
+
+
+def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]], n_heads: int,
+            pad_id: int) -> Tensor:
+    """Cache the prompts in the trunk and heads 0..n_heads-1: logits (B, n_heads, V).
+
+    The logits are the heads' at each prompt's last token; only those are unembedded.
+    """
+    lengths = [len(ids) for ids in prompts]
+    device = cache.keys.device
+    tokens = torch.full((len(prompts), max(lengths)), pad_id, dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        tokens[row, :len(ids)] = torch.tensor(ids)
+    rows = torch.arange(len(prompts), device=device)
+    last = torch.tensor(lengths, device=device) - 1
+    hidden = model.trunk(tokens.to(device), cache=cache)  # (B, T, D)
+    heads = [model.head(hidden, i, cache=cache)[rows, last] for i in range(n_heads)]
+    cache.advance(tokens.shape[1])
+    cache.rollback(lengths)  # right padding: each prompt keeps its own length
+    return model.unembed(torch.stack(heads, dim=1))  # (B, n_heads, V)
+
+
+def autoregressive_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]],
+                          outputs: list[SequenceOutput], sampling: SamplingConfig,
+                          generator: torch.Generator | None, *, pad_id: int) -> None:
+    """Head 0 alone, one token per forward pass, on an empty `cache`; fills `outputs`."""
+    logits = prefill(model, cache, prompts, 1, pad_id)[:, 0]  # (B, V)
+    live = list(range(len(prompts)))
+    while True:
+        token = sample(probabilities(logits, sampling), generator)  # (B,)
+        ids = token.tolist()
+        keep = _commit(cache, outputs, live, [[t] for t in ids], [0] * len(ids), 1)
+        if not keep:
+            return
+        if len(keep) < len(ids):
+            token = token[keep]
+        logits = model(token[:, None], cache=cache, heads=(0,))[:, 0, 0]  # (B, V)
+
+
+def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]],
+                       outputs: list[SequenceOutput], k: int, sampling: SamplingConfig,
+                       generator: torch.Generator | None, *, pad_id: int) -> None:
+    """Draft with heads 1..k-1, verify with head 0, accept; on an empty `cache`.
+
+    The cache holds every accepted token but the last; `pending` is that last token and the
+    drafts after it (see the worked example in `speculative.py`).
+    """
+    last = prefill(model, cache, prompts, k, pad_id)  # (B, k, V): every head, last position
+    tokens = sample(probabilities(last[:, 0], sampling), generator)[:, None]  # (B, 1)
+    n_accepted = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)
+    m = 1  # tokens in the last forward pass (the prefill counts as verifying one)
+    live = list(range(len(prompts)))
+    while True:
+        drafts = draft(last[:, 1:], sampling, generator)
+        pending = torch.cat([tokens.gather(1, n_accepted[:, None]), drafts.tokens], dim=1)
+        host = torch.cat([n_accepted[:, None], tokens], dim=1).tolist()  # the one sync
+        keep = _commit(cache, outputs, live, [row[1:] for row in host],
+                       [row[0] for row in host], m)
+        if not keep:
+            return
+        if len(keep) < len(host):
+            rows = torch.tensor(keep, device=pending.device)
+            pending, drafts = pending[rows], drafts[rows]
+        m = min(k, cache.max_len - max(cache.lengths))  # fewer near the end of the cache
+        logits = verify(model, cache, pending[:, :m], k)  # (B, m, k, V)
+        n_accepted, tokens = accept(drafts.first(m - 1),
+                                    probabilities(logits[:, :, 0], sampling), generator)
+        last = logits[torch.arange(len(keep), device=logits.device), n_accepted]  # (B, k, V)
+
+
+def _commit(cache: KVCache, outputs: list[SequenceOutput], live: list[int],
+            tokens: list[list[int]], n_accepted: list[int], m: int) -> list[int]:
+    """Give each live sequence its new tokens and drop the finished ones from the batch.
+
+    After a forward pass over m pending tokens, sequence b keeps n_accepted[b] drafts and one
+    token of head 0: tokens[b][:n_accepted[b] + 1]. The cache rolls back to the accepted
+    prefix. `live` maps batch rows to outputs and is updated; returns the rows kept.
+    """
+    if m > 1:
+        cache.rollback([length - m + n + 1 for length, n in zip(cache.lengths, n_accepted)])
+    keep = []
+    for row, (index, ids, n) in enumerate(zip(live, tokens, n_accepted)):
+        output = outputs[index]
+        output.count_forward(min(n + 1, m - 1), n)
+        if not output.add(ids[:n + 1]):
+            keep.append(row)
+    if len(keep) < len(live):
+        live[:] = [live[row] for row in keep]
+        if keep:
+            cache.keep(keep)
+    return keep
+
+
+def _check_arguments(n_future: int, vocab_size: int, tokenizer: Tokenizer, prompts: list[str],
+                     max_new_tokens: int, k: int, sampling: SamplingConfig,
+                     stop: tuple[str, ...]) -> None:
+    if tokenizer.vocab_size != vocab_size:
+        raise ValueError(f"the tokenizer ({tokenizer!r}) has {tokenizer.vocab_size} tokens but "
+                         f"the model's vocab_size is {vocab_size}: they do not belong together")
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of strings, got {prompts!r:.80}")
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"prompt {index} must be a non-empty string, got {prompt!r:.80}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= n_future:
+        raise ValueError(f"k must be an integer from 1 to n_future={n_future}, got {k!r}")
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) \
+            or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not isinstance(sampling, SamplingConfig):
+        raise ValueError(f"sampling must be a SamplingConfig, got {sampling!r}")
+    for string in stop:
+        if not isinstance(string, str) or not string:
+            raise ValueError(f"stop strings must be non-empty strings, got {string!r}")

@@ -1,0 +1,71 @@
+"""Turning logits into a next-token distribution, and drawing from it.
+
+One `probabilities` function applies temperature, top-k and top-p, and one `sample` function
+draws from the result; the autoregressive and the speculative decoders both use exactly these
+two, so their distributions cannot drift apart. Greedy decoding is temperature 0: the
+distribution is one-hot on the argmax, which lets the speculative acceptance rule treat greedy
+and sampling alike (a draft is accepted with probability p(draft) / q(draft), which is 1 or 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """How a token is chosen from head 0's logits (and the drafts from the other heads')."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_k: int | None = None  # keep the k most likely tokens; None: all
+    top_p: float = 1.0  # keep the smallest set of tokens with this much probability mass
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int)
+                                       or isinstance(self.top_k, bool) or self.top_k < 1):
+            raise ValueError(f"top_k must be None or an integer >= 1, got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probabilities(logits: Tensor, config: SamplingConfig) -> Tensor:
+    """The distribution (..., V) that `config` samples from, given logits (..., V).
+
+    Computed in float32 at least (float64 logits stay float64, which the exactness tests use).
+    """
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if config.greedy:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / config.temperature
+    if config.top_k is not None and config.top_k < logits.shape[-1]:
+        kth = logits.topk(config.top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if config.top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token once the mass before it already reaches top_p; the first always stays.
+        drop = cumulative - sorted_logits.softmax(-1) >= config.top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, -math.inf))
+    return logits.softmax(-1)
+
+
+def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One token per row of `probs` (..., V): (...). Exact for one-hot rows (greedy).
+
+    Rows need not sum to 1: a token is drawn in proportion to its weight. An exponential race, argmax(p / E) with E ~ Exp(1), is a draw from p that needs no
+    cumulative sums, works on any device and never leaves it (no host synchronisation).
+    """
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(-1)

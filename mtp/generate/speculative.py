@@ -1,0 +1,110 @@
+"""Blockwise self-speculative decoding (Stern et al. 2018, as Gloeckle et al. 2024 use it).
+
+The three steps of the decode loop, each a function:
+
+- `draft`: at the last accepted position t, head j (1 <= j < k) predicts token t + j + 1;
+  those k - 1 tokens are the proposals, drawn from the heads' own distributions q_j.
+- `verify`: one forward pass over `pending` = [the last accepted token, the k - 1 drafts]
+  through the trunk and heads 0..k-1. Head 0 at pending position i gives the target
+  distribution p_i of the token after it, which verifies draft i + 1; every head at every
+  position also gives the material for the next drafts.
+- `accept`: speculative sampling (Leviathan et al. 2023, Chen et al. 2023) draft by draft:
+  keep draft d with probability min(1, p(d) / q(d)); at the first rejection draw the
+  correction from normalise(max(p - q, 0)), and when every draft is kept draw a bonus token
+  from head 0 at the last pending position. Each token then has exactly head 0's
+  distribution. Greedy is the same rule with one-hot p and q: a draft is kept iff it is
+  head 0's argmax, and the correction is head 0's argmax.
+
+Worked example, k = 4. The cache holds the accepted tokens x_0..x_9 except the last, x_9.
+The previous step left drafts d_1, d_2, d_3 for positions 10, 11, 12 (from heads 1, 2, 3 at
+position 8, the position before x_9). Pending is [x_9, d_1, d_2, d_3] at positions 9..12:
+
+    pending position  i        0     1     2     3
+    token                      x_9   d_1   d_2   d_3
+    head 0 predicts position   10    11    12    13     p_i verifies d_{i+1}
+    head j predicts position   10+j  11+j  12+j  13+j
+
+Say d_1 and d_2 are accepted and d_3 is rejected: n_accepted = 2, the new tokens are d_1,
+d_2 and the correction c drawn at pending position 2 (position 12). The step produced
+n_accepted + 1 = 3 tokens with one forward pass. The cache rolls back to hold x_9, d_1, d_2
+(positions 9..11; d_3's entry is dropped), c is the new last accepted token, and heads
+1..3 at pending position 2 (the position of d_2) propose positions 13, 14, 15: the next
+pending is [c, d'_1, d'_2, d'_3]. With every draft accepted (n_accepted = 3) the bonus token
+comes from head 0 at pending position 3 and the next drafts from the heads there too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mtp.generate.kv_cache import KVCache
+from mtp.generate.sampling import SamplingConfig, probabilities, sample
+from mtp.model import MTPModel
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """Proposed tokens (B, k - 1) and the distributions q they were drawn from (B, k - 1, V)."""
+
+    tokens: Tensor
+    probs: Tensor
+
+    def __getitem__(self, rows: Tensor | slice) -> Drafts:
+        return Drafts(self.tokens[rows], self.probs[rows])
+
+    def first(self, n: int) -> Drafts:
+        """The first n drafts of every sequence."""
+        return Drafts(self.tokens[:, :n], self.probs[:, :n])
+
+
+def draft(head_logits: Tensor, config: SamplingConfig,
+          generator: torch.Generator | None = None) -> Drafts:
+    """Drafts from heads 1..k-1 at the last accepted position: logits (B, k - 1, V)."""
+    probs = probabilities(head_logits, config)  # (B, k - 1, V)
+    return Drafts(sample(probs, generator), probs)
+
+
+def verify(model: MTPModel, cache: KVCache, pending: Tensor, n_heads: int) -> Tensor:
+    """One forward pass over `pending` (B, m) with heads 0..n_heads-1: logits (B, m, n, V).
+
+    The cache must hold every accepted token before pending[:, 0]; it advances by m.
+    """
+    return model(pending, cache=cache, heads=range(n_heads))
+
+
+def accept(drafts: Drafts, target: Tensor,
+           generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """The speculative-sampling rule over m - 1 drafts and head 0's m target distributions.
+
+    Args:
+        drafts: tokens (B, m - 1) and proposal distributions (B, m - 1, V).
+        target: head 0's distributions (B, m, V) at the m pending positions; target[:, i]
+            verifies drafts.tokens[:, i].
+    Returns:
+        n_accepted (B,): how many leading drafts were kept, and tokens (B, m): the kept
+        drafts, then at index n_accepted the correction (or bonus) token; later entries are
+        leftover drafts, not output.
+    """
+    batch, m, _ = target.shape
+    rows = torch.arange(batch, device=target.device)
+    draft_ids = drafts.tokens.unsqueeze(-1)  # (B, m - 1, 1)
+    p = target[:, :-1].gather(-1, draft_ids).squeeze(-1)  # (B, m - 1)
+    q = drafts.probs.gather(-1, draft_ids).squeeze(-1)  # (B, m - 1)
+    uniform = torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype)
+    kept = uniform * q < p  # probability min(1, p / q)
+    n_accepted = kept.long().cumprod(-1).sum(-1)  # (B,) length of the accepted prefix
+
+    # The first rejected draft's residual; past the last draft there is no q (bonus token).
+    proposal = torch.cat([drafts.probs, torch.zeros_like(target[:, :1])], dim=1)  # (B, m, V)
+    p_next, q_next = target[rows, n_accepted], proposal[rows, n_accepted]  # (B, V) each
+    residual = (p_next - q_next).clamp(min=0)
+    # An all-zero residual means p == q, where rejection has probability 0 (rounding only).
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
+    correction = sample(residual, generator)  # (B,); sample() needs no normalisation
+
+    tokens = torch.cat([drafts.tokens, correction[:, None]], dim=1)  # (B, m)
+    tokens[rows, n_accepted] = correction
+    return n_accepted, tokens

@@ -1,0 +1,192 @@
+"""generate(): greedy speculative equals autoregressive, batching, stopping, streaming, errors."""
+
+import pytest
+import torch
+
+from mtp.generate import DecodeStats, SamplingConfig, generate
+from mtp.generate.decode import prefill
+from mtp.generate.kv_cache import KVCache
+from mtp.generate.output import SequenceOutput
+from mtp.loss import autograd_backward, mtp_loss
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import ByteTokenizer
+
+DOCS = ["def add(a, b):\n    return a + b\n", "print('héllo wörld €')\n",
+        "for i in range(10):\n    print(i)\n"]
+TOKENIZER = ByteTokenizer()
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A 4-head byte model trained for a few seconds to recite DOCS (EOS after each)."""
+    torch.manual_seed(0)
+    stream = torch.tensor([t for _ in range(20) for doc in DOCS
+                           for t in TOKENIZER.encode(doc) + [TOKENIZER.eos_id]])
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=96,
+                       n_future=4)
+    model = MTPModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: more threads only contend
+    try:
+        for _ in range(120):
+            starts = torch.randint(0, len(stream) - 36, (16,)).tolist()
+            mtp_loss(model, torch.stack([stream[s:s + 36] for s in starts]),
+                     backward=autograd_backward)
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    return model.double().eval()
+
+
+@pytest.fixture
+def random_model(tiny_config):
+    return MTPModel(tiny_config).double().eval()
+
+
+def _ids(generations):
+    return [g.token_ids for g in generations]
+
+
+@torch.no_grad()
+def test_prefill_equals_full_recomputation_for_ragged_prompts(random_model):
+    prompts = [[258, 1, 2, 3, 4, 5], [258, 9, 8]]
+    cache = KVCache(random_model.config, 2, 16, dtype=torch.float64)
+    last = prefill(random_model, cache, prompts, 3, pad_id=256)  # (B, 3, V)
+    for row, ids in enumerate(prompts):
+        full = random_model(torch.tensor([ids]))[0, -1, :3]  # (3, V)
+        torch.testing.assert_close(last[row], full)
+    assert cache.lengths == [6, 3]
+
+
+@torch.no_grad()
+def test_cache_keep_drops_finished_sequences(random_model):
+    a, b = torch.randint(0, 262, (1, 7)), torch.randint(0, 262, (1, 7))
+    cache = KVCache(random_model.config, 2, 16, dtype=torch.float64)
+    random_model(torch.cat([a[:, :5], b[:, :5]]), cache=cache)
+    cache.keep([1])
+    torch.testing.assert_close(random_model(b[:, 5:], cache=cache), random_model(b)[:, 5:])
+    with pytest.raises(ValueError, match=r"rows must be .* in \[0, 1\), got \[1\]"):
+        cache.keep([1])
+
+
+def test_greedy_speculative_equals_autoregressive_on_a_random_model(random_model):
+    prompts = ["def f(x):", "a", "import torch\nimport numpy"]
+    reference = generate(random_model, TOKENIZER, prompts, max_new_tokens=24, k=1)
+    for k in range(2, random_model.config.n_future + 1):
+        generations = generate(random_model, TOKENIZER, prompts, max_new_tokens=24, k=k)
+        assert _ids(generations) == _ids(reference), f"k={k}"
+        assert [g.text for g in generations] == [g.text for g in reference]
+        for g in generations:
+            assert 1 <= g.stats.tokens_per_forward <= k
+
+
+def test_greedy_speculative_equals_autoregressive_on_a_trained_model(trained):
+    prompts = ["def add(", "print('h", "for i", "zzz"]  # the last is off-distribution
+    reference = generate(trained, TOKENIZER, prompts, max_new_tokens=48, k=1)
+    assert reference[0].text == "a, b):\n    return a + b\n"
+    assert reference[0].finish_reason == "eos" and reference[0].token_ids[-1] == 258
+    for k in range(2, 5):
+        generations = generate(trained, TOKENIZER, prompts, max_new_tokens=48, k=k)
+        assert _ids(generations) == _ids(reference), f"k={k}"
+    # The heads have learnt the documents: most drafts are kept.
+    assert generations[0].stats.tokens_per_forward > 2.5
+    assert min(generations[0].stats.head_acceptance) > 0.5
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_ragged_batch_equals_one_by_one(trained, k):
+    prompts = ["for i in range(", "d", "print('héllo", "qq"]
+    together = generate(trained, TOKENIZER, prompts, max_new_tokens=30, k=k)
+    alone = [generate(trained, TOKENIZER, [p], max_new_tokens=30, k=k)[0] for p in prompts]
+    assert _ids(together) == _ids(alone)
+    assert [g.finish_reason for g in together] == [g.finish_reason for g in alone]
+
+
+def test_stop_string_spanning_accepted_tokens_is_cut(trained):
+    streamed = []
+    outputs = {k: generate(trained, TOKENIZER, ["def add("], k=k, stop=["return", "zz"],
+                           on_text=lambda i, text: streamed.append(text))[0] for k in (1, 4)}
+    for g in outputs.values():
+        assert g.text == "a, b):\n    "
+        assert g.finish_reason == "stop"
+        assert TOKENIZER.decode(g.token_ids).endswith("return")  # ends where the stop does
+    assert outputs[4].token_ids == outputs[1].token_ids
+    assert outputs[4].stats.tokens_per_forward > 1  # several tokens were accepted at once
+    # Text that turned out to be a stop string was never streamed.
+    assert "".join(streamed) == "a, b):\n    " * 2
+
+
+def test_max_new_tokens_is_never_exceeded(trained):
+    for k in (1, 4):
+        [g] = generate(trained, TOKENIZER, ["for i"], max_new_tokens=5, k=k)
+        assert g.text == " in r" and g.finish_reason == "length"
+        assert g.stats.new_tokens == 5
+
+
+def test_context_limit_stops_without_crashing(trained):
+    prompt = "def add(a, b):\n    return a + b\n" * 2 + "for i in range(10):\n"  # 85 bytes
+    for k in (1, 4):
+        [g] = generate(trained, TOKENIZER, [prompt], max_new_tokens=50, k=k)
+        assert g.finish_reason == "context"
+        assert 1 + len(prompt) + len(g.token_ids) == trained.config.max_seq_len
+
+
+def test_byte_model_streams_only_whole_characters(trained):
+    pieces = []
+    [g] = generate(trained, TOKENIZER, ["print('h"], k=4,
+                   on_text=lambda i, text: pieces.append(text))
+    assert g.text == "éllo wörld €')\n"
+    assert "".join(pieces) == g.text and all("\ufffd" not in p for p in pieces)
+
+
+def test_incomplete_utf8_is_held_back():
+    pieces = []
+    output = SequenceOutput(0, TOKENIZER, budget=10, budget_reason="length", stop=(),
+                            n_heads=1, on_text=lambda i, text: pieces.append(text), started=0.0)
+    euro = list("€".encode())  # three bytes
+    output.add(euro[:1])
+    output.add(euro[1:2])
+    assert pieces == []
+    output.add(euro[2:] + [ord("!")])
+    assert pieces == ["€!"]
+
+
+def test_statistics(trained):
+    ar, spec = (generate(trained, TOKENIZER, ["def add(", "for i"], k=k) for k in (1, 4))
+    for g in ar:
+        assert g.stats.forward_passes == g.stats.new_tokens and g.stats.tokens_per_forward == 1
+    for g in spec:
+        s = g.stats
+        assert s.forward_passes < s.new_tokens <= 4 * s.forward_passes
+        assert len(s.head_acceptance) == 4 and s.head_acceptance[0] == 1.0
+        assert s.head_verified[0] == s.forward_passes >= s.head_verified[1] >= s.head_verified[3]
+        assert s.seconds > 0
+    pooled = DecodeStats.pooled([g.stats for g in spec])
+    assert pooled.new_tokens == sum(g.stats.new_tokens for g in spec)
+    assert pooled.tokens_per_forward == pooled.new_tokens / pooled.forward_passes
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"prompts": [""]}, "prompt 0 must be a non-empty string, got ''"),
+    ({"prompts": "def f():"}, "prompts must be a non-empty list of strings"),
+    ({"prompts": []}, "prompts must be a non-empty list of strings"),
+    ({"prompts": ["x" * 64]}, "prompt 0 is 65 tokens .* max_seq_len=64"),
+    ({"k": 0}, "k must be an integer from 1 to n_future=4, got 0"),
+    ({"k": 5}, "k must be an integer from 1 to n_future=4, got 5"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
+    ({"stop": ["ok", ""]}, "stop strings must be non-empty strings, got ''"),
+])
+def test_bad_arguments_are_clear_errors(random_model, kwargs, message):
+    arguments = {"prompts": ["def f():"], **kwargs}
+    with pytest.raises(ValueError, match=message):
+        generate(random_model, TOKENIZER, arguments.pop("prompts"), **arguments)
+
+
+def test_tokenizer_must_match_the_model(tiny_config):
+    model = MTPModel(MTPConfig(**{**tiny_config.to_dict(), "vocab_size": 300}))
+    with pytest.raises(ValueError, match="has 262 tokens but the model's vocab_size is 300"):
+        generate(model, TOKENIZER, ["x"])
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got -1"):
+        generate(model, TOKENIZER, ["x"], sampling=SamplingConfig(temperature=-1))
