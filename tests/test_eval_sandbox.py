@@ -29,6 +29,9 @@ def test_passing_and_failing_programs() -> None:
     failed = run_program("assert 1 == 2, 'one is not two'")
     assert failed.status == "failed" and failed.describe() == "failed: AssertionError: one is not two"
     assert run_program("def f(:\n    pass").reason.startswith("SyntaxError")
+    assert run_program("import sys\nsys.exit(3)").reason == "exit status 3"
+    assert run_program("import sys\nsys.exit(250)").reason == "exit status 250"
+    assert run_program("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)").reason == "killed by SIGTERM"
 
 
 @pytest.mark.parametrize("exit_call", ["import sys; sys.exit(0)", "import os; os._exit(0)",

@@ -52,6 +52,8 @@ class EvalConfig:
     workers: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.k, int):  # k=10 on the command line means [10]
+            object.__setattr__(self, "k", (self.k,))
         if (self.checkpoint is None) == (self.samples is None):
             raise ValueError(
                 f"give exactly one of checkpoint= (generate) and samples= (score a file), got "

@@ -46,10 +46,18 @@ from typing import Any, Literal
 Status = Literal["passed", "failed", "timed out"]
 
 # Runs as `python -I -S -c LAUNCHER LIMITS_JSON` in the sandbox's working directory: sets the
-# limits, becomes a subreaper, runs `program.py` in a fresh interpreter and relays its exit.
+# limits, becomes a subreaper, runs `program.py` in a fresh interpreter and relays its exit
+# status or the signal that killed it.
 LAUNCHER = r"""
 import ctypes, json, os, resource, signal, sys
 limits = json.loads(sys.argv[1])
+# RLIMIT_NPROC counts every task (thread) of the user, not just ours: allow `processes` more.
+for p in os.listdir("/proc"):
+    try:
+        if p.isdigit() and os.stat(f"/proc/{p}").st_uid == os.getuid():
+            limits["RLIMIT_NPROC"] += len(os.listdir(f"/proc/{p}/task"))
+    except OSError:
+        pass  # gone already
 for name, value in limits.items():
     resource.setrlimit(getattr(resource, name), (value, value))
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
@@ -85,8 +93,10 @@ while True:
             os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             break
-sys.stdout.flush()
-os._exit(os.waitstatus_to_exitcode(status) % 256 if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+if os.WIFSIGNALED(status):  # die of the same signal, so the evaluator sees what happened
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+os._exit(os.waitstatus_to_exitcode(status))
 """
 
 
@@ -98,7 +108,7 @@ class Limits:
     cpu_seconds: int = 10
     memory_bytes: int = 1 << 30
     file_bytes: int = 16 << 20
-    processes: int = 16
+    processes: int = 16  # beyond those the user already runs; not enforced for root
     max_output_bytes: int = 64 << 10
 
     def __post_init__(self) -> None:
@@ -249,8 +259,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _failure_reason(output: str, returncode: int) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    if returncode > 128:
-        return f"killed by {signal.Signals(returncode - 128).name}"
     if returncode < 0:
         return f"killed by {signal.Signals(-returncode).name}"
     if returncode == 0:
