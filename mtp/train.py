@@ -37,6 +37,15 @@ def _world_size(num_nodes: int, devices: Any) -> int:
 OmegaConf.register_new_resolver("mtp.world_size", _world_size, replace=True)
 
 
+def compose(overrides: list[str] = ()) -> DictConfig:
+    """The config `python -m mtp.train *overrides` would run (for notebooks and tests).
+
+    Outside a Hydra run there is no run directory: pass `run_dir=...` among the overrides.
+    """
+    with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra.compose(config_name="config", overrides=list(overrides))
+
+
 def model_config(cfg: DictConfig, tokenizer: Tokenizer) -> MTPConfig:
     """The model's `MTPConfig` from `cfg.model`, its vocabulary the tokenizer's."""
     fields = OmegaConf.to_container(cfg.model, resolve=True)

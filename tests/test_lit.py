@@ -1,0 +1,106 @@
+"""The LightningModule on hand-made batches: it learns, accumulates, and stops on NaN."""
+
+import json
+import os
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DataLoader
+
+from mtp.lit import MTPLitModule, NonFiniteLossError
+from mtp.model import MTPConfig
+
+SEQ_LEN = 32
+CURVE = Path(__file__).parent / "data" / "tiny_loss_curve.json"
+
+
+def _blocks(n_future: int) -> list[dict[str, torch.Tensor]]:
+    """Overlapping blocks of a repetitive byte stream, as the data pipeline cuts them."""
+    stream = torch.tensor(list(b"def add(a, b):\n    return a + b\n\n" * 120))
+    width = SEQ_LEN + n_future
+    return [{"tokens": stream[i:i + width]} for i in range(0, len(stream) - width, SEQ_LEN)]
+
+
+class _Losses(Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        self.losses.append(trainer.callback_metrics["train/loss"].item())
+
+
+def _fit(config: MTPConfig, steps: int, *, batch_size: int = 4, **kwargs: object
+         ) -> tuple[MTPLitModule, list[float]]:
+    L.seed_everything(0, verbose=False)
+    lit = MTPLitModule(config.to_dict(), seq_len=SEQ_LEN, lr=1e-2, warmup_steps=2, **kwargs)
+    losses = _Losses()
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, callbacks=[losses],
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    loader = DataLoader(_blocks(config.n_future), batch_size=batch_size, shuffle=False)
+    trainer.fit(lit, loader)
+    return lit, losses.losses
+
+
+def test_a_few_steps_lower_every_heads_loss(tiny_config: MTPConfig) -> None:
+    lit, losses = _fit(tiny_config, 30)
+    assert len(losses) == 30
+    assert losses[-1] < 0.7 * losses[0]
+    with torch.no_grad():
+        out = lit._loss(torch.stack([b["tokens"] for b in _blocks(4)[:8]]), train=False)
+    assert (out.head_losses < 3.0).all()  # every head learned, not just the first
+
+
+def test_loss_curve_matches_the_stored_one(tiny_config: MTPConfig) -> None:
+    """Catches silent numerics changes. Regenerate: MTP_WRITE_CURVE=1 pytest tests/test_lit.py"""
+    _, losses = _fit(tiny_config, 10)
+    if not CURVE.exists() or os.environ.get("MTP_WRITE_CURVE"):
+        CURVE.write_text(json.dumps({"steps": 10, "losses": losses}, indent=1) + "\n")
+    stored = json.loads(CURVE.read_text())["losses"]
+    assert losses == pytest.approx(stored, rel=1e-3)
+
+
+def test_accumulation_equals_the_larger_batch(tiny_config: MTPConfig) -> None:
+    big, _ = _fit(tiny_config, 1, batch_size=8)
+    accumulated, _ = _fit(tiny_config, 1, batch_size=4, accumulate=2)
+    for (name, a), b in zip(big.model.named_parameters(), accumulated.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["naive", "chunked"])
+def test_loss_modes_train_alike(tiny_config: MTPConfig, mode: str) -> None:
+    headwise, _ = _fit(tiny_config, 2)
+    other, _ = _fit(tiny_config, 2, loss_mode=mode)
+    for a, b in zip(headwise.model.parameters(), other.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_non_finite_loss_stops_the_run(tiny_config: MTPConfig) -> None:
+    class Poison(Callback):
+        def on_train_batch_start(self, trainer: L.Trainer, lit: MTPLitModule, batch: object,
+                                 batch_idx: int) -> None:
+            if batch_idx == 3:
+                with torch.no_grad():
+                    lit.model.output.weight.fill_(float("nan"))
+
+    lit = MTPLitModule(tiny_config.to_dict(), seq_len=SEQ_LEN, warmup_steps=1)
+    trainer = L.Trainer(max_steps=10, accelerator="cpu", logger=False, callbacks=[Poison()],
+                        enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(NonFiniteLossError, match="non-finite loss .* at step 3"):
+        trainer.fit(lit, DataLoader(_blocks(4), batch_size=4))
+    assert trainer.global_step == 3  # the bad step was never applied
+
+
+def test_bad_settings_are_named(tiny_config: MTPConfig) -> None:
+    with pytest.raises(ValueError, match=r"seq_len=128 .*max_seq_len=64"):
+        MTPLitModule(tiny_config.to_dict(), seq_len=128)
+    with pytest.raises(ValueError, match=r"loss_weights=\[1.0\] .*n_future=4"):
+        MTPLitModule(tiny_config.to_dict(), seq_len=32, loss_weights=[1.0])
+    lit = MTPLitModule(tiny_config.to_dict(), seq_len=32)
+    lit.configure_model()
+    short = torch.zeros(2, 34, dtype=torch.long)  # 2 spare tokens for 4 heads
+    with pytest.raises(ValueError, match=r"shape \(2, 34\).*32 \+ 4 = 36"):
+        lit._loss(short, train=False)
