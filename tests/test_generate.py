@@ -16,6 +16,15 @@ DOCS = ["def add(a, b):\n    return a + b\n", "print('héllo wörld €')\n",
 TOKENIZER = ByteTokenizer()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matrices: a second thread only contends (badly so on a shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def trained():
     """A 4-head byte model trained for a few seconds to recite DOCS (EOS after each)."""
@@ -26,17 +35,12 @@ def trained():
                        n_future=4)
     model = MTPModel(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: more threads only contend
-    try:
-        for _ in range(120):
-            starts = torch.randint(0, len(stream) - 36, (16,)).tolist()
-            mtp_loss(model, torch.stack([stream[s:s + 36] for s in starts]),
-                     backward=autograd_backward)
-            optimizer.step()
-            optimizer.zero_grad()
-    finally:
-        torch.set_num_threads(threads)
+    for _ in range(120):
+        starts = torch.randint(0, len(stream) - 36, (16,)).tolist()
+        mtp_loss(model, torch.stack([stream[s:s + 36] for s in starts]),
+                 backward=autograd_backward)
+        optimizer.step()
+        optimizer.zero_grad()
     return model.double().eval()
 
 

@@ -1,0 +1,107 @@
+"""End to end: sampled generations have exactly the autoregressive distribution of head 0.
+
+A 4-token model is small enough to enumerate every continuation of 3 tokens and its exact
+probability under autoregressive sampling; 10,000 sampled generations must match it.
+"""
+
+import pytest
+import torch
+
+from mtp.generate import SamplingConfig, generate
+from mtp.generate.sampling import probabilities
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import Tokenizer
+
+N = 10_000
+EOS = 3
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matrices: a second thread only contends (badly so on a shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class DigitTokenizer(Tokenizer):
+    """Ids 0..2 are the digits '0'..'2'; 3 is EOS (and BOS and padding)."""
+
+    name, vocab_size, bos_id, eos_id, pad_id = "digits", 4, EOS, EOS, EOS
+
+    def encode(self, text):
+        return [int(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(str(i) for i in ids if i != EOS)
+
+    def incremental_decoder(self):
+        tokenizer = self
+
+        class Decoder:
+            def push(self, ids):
+                return tokenizer.decode(ids)
+
+            def flush(self):
+                return ""
+
+        return Decoder()
+
+    def save(self, directory):
+        raise NotImplementedError
+
+    @property
+    def fingerprint(self):
+        return "digits"
+
+
+@pytest.fixture
+def model():
+    config = MTPConfig(vocab_size=4, dim=16, n_layers=1, n_heads=2, max_seq_len=16,
+                       n_future=3, init_std=0.15)  # large weights: peaked, disagreeing heads
+    return MTPModel(config).double().eval()
+
+
+@torch.no_grad()
+def _exact(model, prefix, sampling, depth):
+    """Probability of every continuation (up to EOS or `depth` tokens) of `prefix`."""
+    outcomes = {(): 1.0}
+    for _ in range(depth):
+        grown = {}
+        for tokens, prob in outcomes.items():
+            if tokens and tokens[-1] == EOS:
+                grown[tokens] = prob
+                continue
+            logits = model(torch.tensor([prefix + list(tokens)]))[0, -1, 0]
+            for token, p in enumerate(probabilities(logits, sampling).tolist()):
+                grown[tokens + (token,)] = prob * p
+        outcomes = grown
+    return outcomes
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0),
+                                      SamplingConfig(temperature=0.7, top_p=0.9, top_k=3)])
+def test_sampled_generations_follow_head_0(model, k, sampling):
+    exact = _exact(model, [EOS, 0, 1], sampling, depth=3)
+    generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3, k=k,
+                           sampling=sampling, seed=0)
+    counts = {}
+    for g in generations:
+        counts[tuple(g.token_ids)] = counts.get(tuple(g.token_ids), 0) + 1
+    assert set(counts) <= {o for o, p in exact.items() if p > 0}
+    # Within 4.5 standard errors, cell by cell (and a count of 3 for the rarest cells).
+    for outcome, p in exact.items():
+        error = abs(counts.get(outcome, 0) / N - p)
+        assert error <= 4.5 * (p * (1 - p) / N) ** 0.5 + 3 / N, (outcome, p, error)
+    if k == 3:  # the heads disagree often, so the rejection rule was exercised
+        rate = [g.stats.head_acceptance[1] for g in generations if g.stats.head_verified[1]]
+        assert 0.1 < sum(rate) / len(rate) < 0.9
+
+
+def test_exact_enumeration_is_a_distribution(model):
+    exact = _exact(model, [EOS, 0], SamplingConfig(temperature=1.0), depth=3)
+    assert abs(sum(exact.values()) - 1) < 1e-9
+    assert all(len(o) == 3 or o[-1] == EOS for o in exact)
+    assert max(exact.values()) < 0.5  # spread out enough to be a test
