@@ -7,6 +7,9 @@ import torch
 
 from mtp.model import MTPConfig
 
+# Tiny models on a shared 2-core machine: one thread avoids spinning, and is faster.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _fixed_seeds() -> None:
