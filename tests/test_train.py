@@ -1,0 +1,99 @@
+"""`train(cfg)` end to end on a tiny model and corpus; resuming after SIGKILL; early errors."""
+
+import csv
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import mtp
+from mtp.paths import REPO_ROOT
+from mtp.train import compose, train
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small local corpus: this package's own source files."""
+    root = tmp_path_factory.mktemp("corpus")
+    for path in sorted((REPO_ROOT / "mtp").rglob("*.py")):
+        shutil.copy(path, root / f"{path.parent.name}_{path.name}")
+    return root
+
+
+def _overrides(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
+    return ["+experiment=byte8", "model=tiny", "data=local", f"data.source.paths=[{corpus}]",
+            f"data.cache_dir={corpus.parent / 'cache'}", "data.val_fraction=0.3",
+            "data.batch_size=4", "seq_len=64", "logger=csv", "trainer.log_every_n_steps=1",
+            "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false",
+            "optim.warmup_steps=5", "optim.lr=1e-2", f"run_dir={run_dir}", *extra]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    with open(run_dir / "logs" / "metrics.csv") as f:
+        return {int(row["step"]): float(row["train/loss"])
+                for row in csv.DictReader(f) if row.get("train/loss")}
+
+
+def test_train_exports_a_model_that_learned(corpus: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    cfg = compose(_overrides(corpus, tmp_path, "trainer.max_steps=30",
+                             "trainer.val_check_interval=15", "checkpoint.every_n_steps=15"))
+    export_dir = train(cfg)
+    losses = _losses(tmp_path)
+    first, last = losses[min(losses)], losses[max(losses)]
+    assert last < 0.8 * first
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "last.ckpt", "step0000015.ckpt", "step0000030.ckpt"]
+    model, tokenizer = mtp.load(export_dir)
+    assert model.config.n_future == 8 and tokenizer.vocab_size == 262
+    ckpt_model, _ = mtp.load(tmp_path / "checkpoints" / "last.ckpt")
+    tokens = torch.tensor([tokenizer.encode("def f(x):")])
+    torch.testing.assert_close(model(tokens), ckpt_model(tokens), rtol=0, atol=0)
+    summary = capsys.readouterr().out
+    assert "head  predicts  val loss  val acc" in summary and "   7  t+8" in summary
+    assert str(export_dir) in summary
+
+
+def test_vocab_mismatch_fails_before_any_training(corpus: Path, tmp_path: Path) -> None:
+    cfg = compose(_overrides(corpus, tmp_path, "model.vocab_size=300"))
+    with pytest.raises(ValueError, match="model.vocab_size=300 does not match"):
+        train(cfg)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_continues_the_same_run(corpus: Path, tmp_path: Path) -> None:
+    """Killed after a checkpoint and resumed, the run ends where an unbroken one does."""
+    common = ["trainer.max_steps=40", "trainer.val_check_interval=40",
+              "checkpoint.every_n_steps=10"]
+
+    def run(name: str, *extra: str) -> subprocess.Popen:
+        overrides = _overrides(corpus, tmp_path / name, *common, *extra)
+        return subprocess.Popen([sys.executable, "-m", "mtp.train", *overrides],
+                                cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+
+    killed = run("killed")
+    first_checkpoint = tmp_path / "killed" / "checkpoints" / "step0000010.ckpt"
+    while not first_checkpoint.exists() and killed.poll() is None:
+        time.sleep(0.01)
+    time.sleep(0.3)  # let last.ckpt be written too
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    resumed_from = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    assert 10 <= resumed_from < 40
+
+    assert run("resumed", f"ckpt_path={last}").wait() == 0
+    assert run("unbroken").wait() == 0
+    resumed, unbroken = _losses(tmp_path / "resumed"), _losses(tmp_path / "unbroken")
+    assert resumed and min(resumed) >= resumed_from  # nothing trained twice
+    assert max(resumed) == max(unbroken)
+    for step, loss in resumed.items():  # same batches, same weights, same optimizer state
+        assert loss == pytest.approx(unbroken[step], rel=1e-4), step
