@@ -1,0 +1,98 @@
+"""`python -m mtp.generate checkpoint=DIR prompt='def fib(n):' k=8 temperature=0`.
+
+Arguments are key=value overrides with Hydra's grammar, as in `mtp.train` and `mtp.eval`
+(quote values with spaces or punctuation: prompt='def fib(n):'). Streams each continuation
+to stdout as it is decoded, then prints its statistics to stderr.
+
+  checkpoint       an exported directory or a Lightning .ckpt (required)
+  prompt           the prompt; or prompt_file=PATH (.jsonl: one prompt per line)
+  max_new_tokens   256
+  k                tokens per forward pass at most; null: every head; 1: autoregressive
+  temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
+  stop             list of stop strings, e.g. stop='["\\n\\n"]'
+  seed             null
+  device, dtype    cpu, float32 (e.g. device=cuda dtype=bfloat16)
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from mtp.checkpoint import load
+from mtp.generate.decode import generate
+from mtp.generate.output import DecodeStats
+from mtp.generate.prompts import read_prompts
+from mtp.generate.sampling import SamplingConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class GenerateArgs:
+    checkpoint: str = MISSING
+    prompt: str | None = None
+    prompt_file: str | None = None
+    max_new_tokens: int = 256
+    k: int | None = None
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+def parse_args(argv: list[str]) -> GenerateArgs:
+    """key=value overrides (Hydra's grammar) on top of `GenerateArgs`' defaults."""
+    try:
+        values = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(argv)}
+        merged = OmegaConf.merge(OmegaConf.structured(GenerateArgs), values)
+        args: GenerateArgs = OmegaConf.to_object(merged)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ValueError(f"bad arguments {argv}: {e}") from e
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise ValueError("give exactly one of prompt=... and prompt_file=...")
+    if args.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
+    return args
+
+
+def describe(stats: DecodeStats, k: int) -> str:
+    """One line of decoding statistics."""
+    rate = stats.new_tokens / stats.seconds if stats.seconds else float("nan")
+    heads = " ".join(f"{a:.2f}" for a in stats.head_acceptance)
+    return (f"k={k}: {stats.new_tokens} tokens in {stats.forward_passes} forward passes "
+            f"({stats.tokens_per_forward:.2f} tokens/forward), {stats.seconds:.2f} s, "
+            f"{rate:.1f} tokens/s; head acceptance {heads}")
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
+    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES[args.dtype])
+    k = model.config.n_future if args.k is None else args.k
+    for index, prompt in enumerate(prompts):
+        if len(prompts) > 1:
+            print(f"\n### prompt {index}", flush=True)
+        print(prompt, end="", flush=True)
+        [result] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens, k=k,
+                            sampling=sampling, stop=args.stop, seed=args.seed,
+                            on_text=lambda _, text: print(text, end="", flush=True))
+        print(flush=True)
+        print(f"[{result.finish_reason}] {describe(result.stats, k)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"error: {error}")

@@ -1,0 +1,73 @@
+"""`python -m mtp.generate`: arguments, streaming output, statistics, clear errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mtp.checkpoint import export
+from mtp.generate import generate
+from mtp.generate.__main__ import main, parse_args
+from mtp.generate.prompts import read_prompts
+from mtp.model import MTPModel
+from mtp.tokenizers import ByteTokenizer
+
+
+@pytest.fixture
+def checkpoint(tiny_config, tmp_path):
+    model = MTPModel(tiny_config)
+    return export(model, ByteTokenizer(), tmp_path / "export"), model
+
+
+def test_streams_the_same_text_as_generate(checkpoint, capsys):
+    directory, model = checkpoint
+    main([f"checkpoint={directory}", "prompt='def fib(n):'", "max_new_tokens=12", "k=3"])
+    out, err = capsys.readouterr()
+    [expected] = generate(model.eval(), ByteTokenizer(), ["def fib(n):"], max_new_tokens=12)
+    assert out == "def fib(n):" + expected.text + "\n"
+    assert err.startswith("[length] k=3: 12 tokens in ") and "head acceptance 1.00 " in err
+
+
+def test_prompt_file_with_several_prompts(checkpoint, tmp_path, capsys):
+    directory, _ = checkpoint
+    file = tmp_path / "prompts.jsonl"
+    file.write_text(json.dumps({"prompt": "import os\n"}) + "\n\n" + json.dumps("x = 1") + "\n")
+    assert read_prompts(file) == ["import os\n", "x = 1"]
+    main([f"checkpoint={directory}", f"prompt_file={file}", "max_new_tokens=3", "k=1",
+          "temperature=0.8", "seed=1"])
+    out, err = capsys.readouterr()
+    assert "### prompt 0\nimport os\n" in out and "### prompt 1\nx = 1" in out
+    assert err.count("k=1: 3 tokens in 3 forward passes (1.00 tokens/forward)") == 2
+
+
+def test_argument_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="give exactly one of prompt=... and prompt_file=..."):
+        parse_args(["checkpoint=x"])
+    with pytest.raises(ValueError, match="bad arguments"):
+        parse_args(["checkpoint=x", "prompt=a", "k=many"])
+    with pytest.raises(ValueError, match="bad arguments"):
+        parse_args(["checkpoint=x", "prompt=a", "tempreature=1"])
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        parse_args(["checkpoint=x", "prompt=a", "dtype=int8"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt key"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1 must be a JSON string or an object"):
+        read_prompts(bad)
+
+
+def test_missing_or_corrupt_checkpoint_is_one_line_error(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    for path in (tmp_path / "missing", tmp_path):
+        result = subprocess.run(
+            [sys.executable, "-m", "mtp.generate", f"checkpoint={path}", "prompt=x"],
+            capture_output=True, text=True, check=False)
+        assert result.returncode == 1
+        assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+def test_bf16_generation_runs(checkpoint):
+    _, model = checkpoint
+    [g] = generate(model.to(torch.bfloat16), ByteTokenizer(), ["ab"], max_new_tokens=5)
+    assert g.stats.new_tokens == 5
