@@ -57,7 +57,7 @@ def _ids(generations):
 def test_prefill_equals_full_recomputation_for_ragged_prompts(random_model):
     prompts = [[258, 1, 2, 3, 4, 5], [258, 9, 8]]
     cache = KVCache(random_model.config, 2, 16, dtype=torch.float64)
-    last = prefill(random_model, cache, prompts, 3, pad_id=256)  # (B, 3, V)
+    last = random_model.unembed(prefill(random_model, cache, prompts, 3, pad_id=256))
     for row, ids in enumerate(prompts):
         full = random_model(torch.tensor([ids]))[0, -1, :3]  # (3, V)
         torch.testing.assert_close(last[row], full)

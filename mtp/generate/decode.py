@@ -27,7 +27,7 @@ from torch import Tensor
 from mtp.generate.kv_cache import KVCache
 from mtp.generate.output import Generation, SequenceOutput, TextCallback
 from mtp.generate.sampling import SamplingConfig, probabilities, sample
-from mtp.generate.speculative import accept, draft, verify
+from mtp.generate.speculative import accept, draft, hidden_states, verify
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -86,29 +86,25 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
 
 def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]], n_heads: int,
             pad_id: int) -> Tensor:
-    """Cache the prompts in the trunk and heads 0..n_heads-1: logits (B, n_heads, V).
+    """Cache the prompts in the trunk and heads 0..n_heads-1: hidden states (B, n_heads, D).
 
-    The logits are the heads' at each prompt's last token; only those are unembedded.
+    The heads' outputs (before the shared norm and unembedding) at each prompt's last token.
     """
     lengths = [len(ids) for ids in prompts]
-    device = cache.keys.device
     tokens = torch.full((len(prompts), max(lengths)), pad_id, dtype=torch.long)
     for row, ids in enumerate(prompts):
         tokens[row, :len(ids)] = torch.tensor(ids)
-    rows = torch.arange(len(prompts), device=device)
-    last = torch.tensor(lengths, device=device) - 1
-    hidden = model.trunk(tokens.to(device), cache=cache)  # (B, T, D)
-    heads = [model.head(hidden, i, cache=cache)[rows, last] for i in range(n_heads)]
-    cache.advance(tokens.shape[1])
+    hidden = hidden_states(model, cache, tokens.to(cache.keys.device), n_heads)  # (B, T, n, D)
     cache.rollback(lengths)  # right padding: each prompt keeps its own length
-    return model.unembed(torch.stack(heads, dim=1))  # (B, n_heads, V)
+    rows = torch.arange(len(prompts), device=hidden.device)
+    return hidden[rows, torch.tensor(lengths, device=hidden.device) - 1]
 
 
 def autoregressive_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]],
                           outputs: list[SequenceOutput], sampling: SamplingConfig,
                           generator: torch.Generator | None, *, pad_id: int) -> None:
     """Head 0 alone, one token per forward pass, on an empty `cache`; fills `outputs`."""
-    logits = prefill(model, cache, prompts, 1, pad_id)[:, 0]  # (B, V)
+    logits = model.unembed(prefill(model, cache, prompts, 1, pad_id)[:, 0])  # (B, V)
     live = list(range(len(prompts)))
     while True:
         token = sample(probabilities(logits, sampling), generator)  # (B,)
@@ -129,13 +125,13 @@ def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]]
     The cache holds every accepted token but the last; `pending` is that last token and the
     drafts after it (see the worked example in `speculative.py`).
     """
-    last = prefill(model, cache, prompts, k, pad_id)  # (B, k, V): every head, last position
-    tokens = sample(probabilities(last[:, 0], sampling), generator)[:, None]  # (B, 1)
+    last = prefill(model, cache, prompts, k, pad_id)  # (B, k, D): every head, last position
+    tokens = sample(probabilities(model.unembed(last[:, 0]), sampling), generator)[:, None]
     n_accepted = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)
     m = 1  # tokens in the last forward pass (the prefill counts as verifying one)
     live = list(range(len(prompts)))
     while True:
-        drafts = draft(last[:, 1:], sampling, generator)
+        drafts = draft(model.unembed(last[:, 1:]), sampling, generator)
         pending = torch.cat([tokens.gather(1, n_accepted[:, None]), drafts.tokens], dim=1)
         host = torch.cat([n_accepted[:, None], tokens], dim=1).tolist()  # the one sync
         keep = _commit(cache, outputs, live, [row[1:] for row in host],
@@ -146,10 +142,10 @@ def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]]
             rows = torch.tensor(keep, device=pending.device)
             pending, drafts = pending[rows], drafts[rows]
         m = min(k, cache.max_len - max(cache.lengths))  # fewer near the end of the cache
-        logits = verify(model, cache, pending[:, :m], k)  # (B, m, k, V)
-        n_accepted, tokens = accept(drafts.first(m - 1),
-                                    probabilities(logits[:, :, 0], sampling), generator)
-        last = logits[torch.arange(len(keep), device=logits.device), n_accepted]  # (B, k, V)
+        target, hidden = verify(model, cache, pending[:, :m], k)  # (B, m, V), (B, m, k, D)
+        n_accepted, tokens = accept(drafts.first(m - 1), probabilities(target, sampling),
+                                    generator)
+        last = hidden[torch.arange(len(keep), device=hidden.device), n_accepted]  # (B, k, D)
 
 
 def _commit(cache: KVCache, outputs: list[SequenceOutput], live: list[int],

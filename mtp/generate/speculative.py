@@ -62,17 +62,34 @@ class Drafts:
 
 def draft(head_logits: Tensor, config: SamplingConfig,
           generator: torch.Generator | None = None) -> Drafts:
-    """Drafts from heads 1..k-1 at the last accepted position: logits (B, k - 1, V)."""
+    """Drafts from the logits (B, k - 1, V) of heads 1..k-1 at the last accepted position."""
     probs = probabilities(head_logits, config)  # (B, k - 1, V)
     return Drafts(sample(probs, generator), probs)
 
 
-def verify(model: MTPModel, cache: KVCache, pending: Tensor, n_heads: int) -> Tensor:
-    """One forward pass over `pending` (B, m) with heads 0..n_heads-1: logits (B, m, n, V).
+def hidden_states(model: MTPModel, cache: KVCache, tokens: Tensor, n_heads: int) -> Tensor:
+    """Trunk and heads 0..n_heads-1 over `tokens` (B, T) on the cache: (B, T, n, D).
 
+    The heads' outputs before the shared norm and unembedding, which callers apply only where
+    they need logits: the unembedding is the costliest layer of a large-vocabulary model.
+    The cache advances by T.
+    """
+    trunk = model.trunk(tokens, cache=cache)  # (B, T, D)
+    hidden = torch.stack([model.head(trunk, i, cache=cache) for i in range(n_heads)], dim=2)
+    cache.advance(tokens.shape[1])
+    return hidden
+
+
+def verify(model: MTPModel, cache: KVCache, pending: Tensor,
+           n_heads: int) -> tuple[Tensor, Tensor]:
+    """One forward pass over `pending` (B, m) with heads 0..n_heads-1.
+
+    Returns head 0's logits (B, m, V) at every pending position, to verify the drafts, and
+    every head's hidden states (B, m, n, D), of which the next drafts need one position.
     The cache must hold every accepted token before pending[:, 0]; it advances by m.
     """
-    return model(pending, cache=cache, heads=range(n_heads))
+    hidden = hidden_states(model, cache, pending, n_heads)  # (B, m, n, D)
+    return model.unembed(hidden[:, :, 0]), hidden
 
 
 def accept(drafts: Drafts, target: Tensor,
