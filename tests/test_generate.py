@@ -16,15 +16,6 @@ DOCS = ["def add(a, b):\n    return a + b\n", "print('héllo wörld €')\n",
 TOKENIZER = ByteTokenizer()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: a second thread only contends (badly so on a shared 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def trained():
     """A 4-head byte model trained for a few seconds to recite DOCS (EOS after each)."""

@@ -16,15 +16,6 @@ N = 10_000
 EOS = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: a second thread only contends (badly so on a shared 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class DigitTokenizer(Tokenizer):
     """Ids 0..2 are the digits '0'..'2'; 3 is EOS (and BOS and padding)."""
 
