@@ -13,7 +13,9 @@
 - k = 1 runs `autoregressive_decode`, the baseline every speedup is measured against: one
   forward pass of the trunk and head 0 per token on the cache, one host synchronisation per
   token (the stopping rules need the token). k > 1 runs `speculative_decode`, whose loop is
-  the `draft`, `verify`, `accept` steps of `speculative.py`.
+  the `draft`, `verify`, `accept` steps of `speculative.py`, with heads 0..k-1 run as one
+  batched block (`StackedHeads`): at batch 1 a verify forward then costs the trunk and about
+  one block's overhead, not k blocks'.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from mtp.generate.kv_cache import KVCache
 from mtp.generate.output import Generation, SequenceOutput, TextCallback
 from mtp.generate.sampling import SamplingConfig, probabilities, sample
 from mtp.generate.speculative import accept, draft, hidden_states, verify
+from mtp.generate.stacked_heads import StackedHeads
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -84,17 +87,18 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     return [output.result() for output in outputs]
 
 
-def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]], n_heads: int,
-            pad_id: int) -> Tensor:
-    """Cache the prompts in the trunk and heads 0..n_heads-1: hidden states (B, n_heads, D).
+def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
+            heads: int | StackedHeads, pad_id: int) -> Tensor:
+    """Cache the prompts in the trunk and heads 0..n-1: hidden states (B, n, D).
 
-    The heads' outputs (before the shared norm and unembedding) at each prompt's last token.
+    The heads' outputs (before the shared norm and unembedding) at each prompt's last token;
+    `heads` as in `hidden_states`.
     """
     lengths = [len(ids) for ids in prompts]
     tokens = torch.full((len(prompts), max(lengths)), pad_id, dtype=torch.long)
     for row, ids in enumerate(prompts):
         tokens[row, :len(ids)] = torch.tensor(ids)
-    hidden = hidden_states(model, cache, tokens.to(cache.keys.device), n_heads)  # (B, T, n, D)
+    hidden = hidden_states(model, cache, tokens.to(cache.keys.device), heads)  # (B, T, n, D)
     cache.rollback(lengths)  # right padding: each prompt keeps its own length
     rows = torch.arange(len(prompts), device=hidden.device)
     return hidden[rows, torch.tensor(lengths, device=hidden.device) - 1]
@@ -114,7 +118,7 @@ def autoregressive_decode(model: MTPModel, cache: KVCache, prompts: list[list[in
             return
         if len(keep) < len(ids):
             token = token[keep]
-        logits = model(token[:, None], cache=cache, heads=(0,))[:, 0, 0]  # (B, V)
+        logits = model.unembed(hidden_states(model, cache, token[:, None], 1)[:, 0, 0])
 
 
 def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]],
@@ -125,7 +129,8 @@ def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]]
     The cache holds every accepted token but the last; `pending` is that last token and the
     drafts after it (see the worked example in `speculative.py`).
     """
-    last = prefill(model, cache, prompts, k, pad_id)  # (B, k, D): every head, last position
+    heads = StackedHeads(model, k)  # heads 0..k-1 as one batched block per head layer
+    last = prefill(model, cache, prompts, heads, pad_id)  # (B, k, D): last position
     tokens = sample(probabilities(model.unembed(last[:, 0]), sampling), generator)[:, None]
     n_accepted = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)
     m = 1  # tokens in the last forward pass (the prefill counts as verifying one)
@@ -142,7 +147,7 @@ def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]]
             rows = torch.tensor(keep, device=pending.device)
             pending, drafts = pending[rows], drafts[rows]
         m = min(k, cache.max_len - max(cache.lengths))  # fewer near the end of the cache
-        target, hidden = verify(model, cache, pending[:, :m], k)  # (B, m, V), (B, m, k, D)
+        target, hidden = verify(model, cache, pending[:, :m], heads)  # (B, m, V), (B, m, k, D)
         n_accepted, tokens = accept(drafts.first(m - 1), probabilities(target, sampling),
                                     generator)
         last = hidden[torch.arange(len(keep), device=hidden.device), n_accepted]  # (B, k, D)

@@ -56,17 +56,22 @@ class KVCache:
         self._step = (new, positions, None if uniform and new == 1 else mask[:, None])
         return positions
 
-    def update(self, block: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this step's keys/values (B, K, new, hd) for `block`; return all up to the end."""
+    def update(self, block: int | slice, keys: Tensor,
+               values: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this step's keys/values (B, K, new, hd) for `block`; return all up to the end.
+
+        `block` may also be a slice of n blocks (a view of the cache), with keys and values
+        (n, B, K, new, hd): the stacked heads write all their blocks of one layer at once.
+        """
         new, positions, _ = self._require_step()
         if len(set(self.lengths)) == 1:
             start = self.lengths[0]
             self.keys[block, :, :, start:start + new] = keys
             self.values[block, :, :, start:start + new] = values
         else:
-            index = positions[:, None, :, None].expand_as(keys)
-            self.keys[block].scatter_(2, index, keys)
-            self.values[block].scatter_(2, index, values)
+            index = positions[:, None, :, None].expand_as(keys)  # broadcasts over blocks
+            self.keys[block].scatter_(-2, index, keys)
+            self.values[block].scatter_(-2, index, values)
         end = max(self.lengths) + new
         return self.keys[block, :, :, :end], self.values[block, :, :, :end]
 

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from mtp.generate.kv_cache import KVCache
 from mtp.generate.sampling import SamplingConfig, probabilities, sample
+from mtp.generate.stacked_heads import StackedHeads
 from mtp.model import MTPModel
 
 
@@ -67,28 +68,35 @@ def draft(head_logits: Tensor, config: SamplingConfig,
     return Drafts(sample(probs, generator), probs)
 
 
-def hidden_states(model: MTPModel, cache: KVCache, tokens: Tensor, n_heads: int) -> Tensor:
-    """Trunk and heads 0..n_heads-1 over `tokens` (B, T) on the cache: (B, T, n, D).
+def hidden_states(model: MTPModel, cache: KVCache, tokens: Tensor,
+                  heads: int | StackedHeads) -> Tensor:
+    """Trunk and heads 0..n-1 over `tokens` (B, T) on the cache: (B, T, n, D).
 
     The heads' outputs before the shared norm and unembedding, which callers apply only where
     they need logits: the unembedding is the costliest layer of a large-vocabulary model.
-    The cache advances by T.
+    `heads` is n, to run the model's heads one by one, or a `StackedHeads` of n heads, which
+    computes the same in one batched block per head layer. The cache advances by T.
     """
     trunk = model.trunk(tokens, cache=cache)  # (B, T, D)
-    hidden = torch.stack([model.head(trunk, i, cache=cache) for i in range(n_heads)], dim=2)
+    if isinstance(heads, StackedHeads):
+        hidden = heads(trunk, cache=cache)
+    elif heads == 1:
+        hidden = model.head(trunk, 0, cache=cache)[:, :, None]
+    else:
+        hidden = torch.stack([model.head(trunk, i, cache=cache) for i in range(heads)], dim=2)
     cache.advance(tokens.shape[1])
     return hidden
 
 
 def verify(model: MTPModel, cache: KVCache, pending: Tensor,
-           n_heads: int) -> tuple[Tensor, Tensor]:
-    """One forward pass over `pending` (B, m) with heads 0..n_heads-1.
+           heads: int | StackedHeads) -> tuple[Tensor, Tensor]:
+    """One forward pass over `pending` (B, m) with heads 0..n-1 (see `hidden_states`).
 
     Returns head 0's logits (B, m, V) at every pending position, to verify the drafts, and
     every head's hidden states (B, m, n, D), of which the next drafts need one position.
     The cache must hold every accepted token before pending[:, 0]; it advances by m.
     """
-    hidden = hidden_states(model, cache, pending, n_heads)  # (B, m, n, D)
+    hidden = hidden_states(model, cache, pending, heads)  # (B, m, n, D)
     return model.unembed(hidden[:, :, 0]), hidden
 
 

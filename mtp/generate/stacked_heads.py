@@ -1,0 +1,132 @@
+"""Heads 0..k-1 run as one batched block per head layer, for decoding.
+
+Every head reads the same trunk output, so the k heads' layer j can run as one block whose
+weights are stacked along a leading head dimension: one batched matmul per projection instead
+of k, and one attention call with the heads folded into the batch. At batch 1 on a CPU a
+block's small ops cost about as much in dispatch as in arithmetic, so a verify forward with k
+separate heads costs trunk + k blocks of overhead; stacked it costs trunk + about one block of
+overhead (the k heads' weights still have to be read).
+
+Design choices
+- Inference only: the weights are copied once per `generate()` call (`StackedHeads(model,
+  k)`), not shared with the model; training never sees this module.
+- Weights are stored (k, in, out), contiguous, and applied as x @ W: reading a weight along
+  its rows is markedly faster on a CPU than nn.Linear's x @ W^T once the weights fall out of
+  cache. wq/wk/wv are one matmul, and so are w1/w3 (gate and up).
+- The same function as `MTPModel.head(trunk, i)` for every head: the same RMSNorm (float32
+  normalisation), rotary positions (from the cache), grouped-query attention and SwiGLU. The
+  first layer normalises the shared trunk output once and only scales it per head.
+- The cache slots of head i's layer j are block n_layers + i * head_layers + j (see `Block`
+  in model.py), so layer j of heads 0..k-1 is the strided slice n_layers + j :: head_layers of
+  the cache's blocks: one write and one read for all k heads (`KVCache.update` with a slice).
+
+Shapes in comments: k heads, B batch, T new positions, D width, H query heads, K key/value
+heads, hd head width, L cached positions up to the end of this step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mtp.generate.kv_cache import KVCache
+from mtp.model import MTPModel, apply_rope
+
+
+def _normalise(x: Tensor, eps: float) -> Tensor:
+    """RMSNorm without its weight, exactly as `mtp.model.RMSNorm` (float32 statistics)."""
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return normed.type_as(x)
+
+
+class _StackedLayer:
+    """Layer j of k heads: each weight (k, in, out), each norm weight (k, 1, D)."""
+
+    def __init__(self, blocks: list, slot: slice) -> None:
+        def stack(get) -> Tensor:
+            return torch.stack([get(block).detach() for block in blocks]).contiguous()
+
+        self.slot = slot  # cache blocks of this layer, heads 0..k-1
+        self.attention_norm = stack(lambda b: b.attention_norm.weight[None])  # (k, 1, D)
+        self.ffn_norm = stack(lambda b: b.ffn_norm.weight[None])  # (k, 1, D)
+        self.wqkv = stack(lambda b: torch.cat([b.attention.wq.weight, b.attention.wk.weight,
+                                               b.attention.wv.weight]).T)  # (k, D, (H+2K)hd)
+        self.wo = stack(lambda b: b.attention.wo.weight.T)  # (k, H*hd, D)
+        self.w13 = stack(lambda b: torch.cat([b.feed_forward.w1.weight,
+                                              b.feed_forward.w3.weight]).T)  # (k, D, 2F)
+        self.w2 = stack(lambda b: b.feed_forward.w2.weight.T)  # (k, F, D)
+
+
+class StackedHeads:
+    """Heads 0..n_heads-1 of `model` as one batched block per head layer (inference only).
+
+    `StackedHeads(model, k)(trunk_out, cache=cache)` equals
+    `torch.stack([model.head(trunk_out, i, cache=cache) for i in range(k)], dim=2)`.
+    """
+
+    def __init__(self, model: MTPModel, n_heads: int) -> None:
+        config = model.config
+        if not 1 <= n_heads <= config.n_future:
+            raise ValueError(f"n_heads must be from 1 to n_future={config.n_future}, "
+                             f"got {n_heads!r}")
+        self.model = model
+        self.n_heads = n_heads
+        self.n_q, self.n_kv, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.eps = config.norm_eps
+        first, stride = config.n_layers, config.head_layers
+        with torch.no_grad():
+            self.layers = [
+                _StackedLayer([model.heads[i][j] for i in range(n_heads)],
+                              slice(first + j, first + j + n_heads * stride, stride))
+                for j in range(config.head_layers)]
+
+    def __call__(self, trunk_out: Tensor, *, cache: KVCache | None = None) -> Tensor:
+        """Heads 0..k-1 on the trunk output (B, T, D): (B, T, k, D), before the shared norm.
+
+        With a cache, like `MTPModel.head`: writes this step's keys and values, does not
+        advance the cache.
+        """
+        B, T, D = trunk_out.shape
+        k, rope_cos, rope_sin = self.n_heads, self.model.rope_cos, self.model.rope_sin
+        mask = None
+        if cache is None:
+            cos, sin = rope_cos[:T], rope_sin[:T]  # (T, hd/2)
+        else:
+            positions = cache.positions(T)  # (B, T), the trunk's
+            cos, sin = rope_cos[positions], rope_sin[positions]  # (B, T, hd/2)
+            if (mask := cache.attention_mask()) is not None:
+                mask = mask.repeat(k, 1, 1, 1)  # (B, 1, T, L) -> (k*B, 1, T, L), head-major
+        h = trunk_out.reshape(B * T, D)
+        # The first layer's input is the trunk's, the same for every head: normalise it once.
+        normed = _normalise(h, self.eps)  # (B*T, D), then (k, B*T, D)
+        for j, layer in enumerate(self.layers):
+            if j:
+                normed = _normalise(h, self.eps)
+            h = h + self._attention(layer, normed * layer.attention_norm, B, T, cos, sin, mask,
+                                    cache)  # (k, B*T, D)
+            gate, up = (_normalise(h, self.eps) * layer.ffn_norm @ layer.w13).chunk(2, dim=-1)
+            h = h + (F.silu(gate) * up) @ layer.w2  # (k, B*T, D)
+        return h.view(k, B, T, D).permute(1, 2, 0, 3)  # (B, T, k, D)
+
+    def _attention(self, layer: _StackedLayer, x: Tensor, B: int, T: int, cos: Tensor,
+                   sin: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
+        """Attention of layer `layer` for all k heads; x (k, B*T, D) -> (k, B*T, D)."""
+        k, H, K, hd = self.n_heads, self.n_q, self.n_kv, self.head_dim
+        qkv = (x @ layer.wqkv).view(k, B, T, H + 2 * K, hd)
+        qk = apply_rope(qkv[..., :H + K, :], cos, sin)  # one rotation for queries and keys
+        q = qk[..., :H, :].transpose(2, 3)  # (k, B, H, T, hd)
+        keys = qk[..., H:, :].transpose(2, 3)  # (k, B, K, T, hd)
+        values = qkv[..., H + K:, :].transpose(2, 3)  # (k, B, K, T, hd)
+        gqa = K != H
+        if cache is None:
+            out = F.scaled_dot_product_attention(
+                q.flatten(0, 1), keys.flatten(0, 1), values.flatten(0, 1), is_causal=True,
+                enable_gqa=gqa)
+        else:
+            keys, values = cache.update(layer.slot, keys, values)  # (k, B, K, L, hd)
+            out = F.scaled_dot_product_attention(
+                q.flatten(0, 1), keys.flatten(0, 1), values.flatten(0, 1), attn_mask=mask,
+                enable_gqa=gqa)  # (k*B, H, T, hd)
+        out = out.unflatten(0, (k, B)).transpose(2, 3).reshape(k, B * T, H * hd)
+        return out @ layer.wo

@@ -1,0 +1,83 @@
+"""StackedHeads computes exactly what model.head does, head by head, with and without a cache."""
+
+import pytest
+import torch
+
+from mtp.generate.kv_cache import KVCache
+from mtp.generate.speculative import hidden_states
+from mtp.generate.stacked_heads import StackedHeads
+from mtp.model import MTPConfig, MTPModel
+
+EXACT = {"atol": 1e-12, "rtol": 1e-12}
+
+
+def _model(head_layers: int, n_kv_heads: int) -> MTPModel:
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
+                       max_seq_len=64, n_future=4, head_layers=head_layers)
+    model = MTPModel(config).double().eval()
+    with torch.no_grad():  # distinct norm weights and larger weights: every head differs
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    return model
+
+
+SHAPES = pytest.mark.parametrize("head_layers,n_kv_heads", [(1, 4), (1, 2), (2, 4), (2, 1)])
+
+
+@SHAPES
+@torch.no_grad()
+def test_equals_each_head_without_a_cache(head_layers, n_kv_heads):
+    model = _model(head_layers, n_kv_heads)
+    trunk = torch.randn(2, 7, 32, dtype=torch.float64)
+    for k in (1, 3, 4):
+        reference = torch.stack([model.head(trunk, i) for i in range(k)], dim=2)
+        torch.testing.assert_close(StackedHeads(model, k)(trunk), reference, **EXACT)
+
+
+@SHAPES
+@pytest.mark.parametrize("ragged", [False, True])
+@torch.no_grad()
+def test_equals_each_head_on_a_cache_over_steps_with_rollback(head_layers, n_kv_heads, ragged):
+    """Prefill, verify steps of several widths, roll-backs (ragged or not), a dropped row."""
+    model, k = _model(head_layers, n_kv_heads), 3
+    stacked = StackedHeads(model, k)
+    caches = [KVCache(model.config, 3, 40, dtype=torch.float64) for _ in range(2)]
+    steps = [(6, [6, 4, 5] if ragged else [5, 5, 5]), (3, [7, 5, 8] if ragged else [7, 7, 7]),
+             (1, None), (3, [10, 9] if ragged else [10, 10]), (2, None)]
+    for number, (width, lengths) in enumerate(steps):
+        tokens = torch.randint(0, 262, (caches[0].batch_size, width))
+        hidden = []
+        for cache, run in zip(caches, ("each", "stacked")):
+            trunk = model.trunk(tokens, cache=cache)
+            if run == "each":
+                hidden.append(torch.stack([model.head(trunk, i, cache=cache)
+                                           for i in range(k)], dim=2))
+            else:
+                hidden.append(stacked(trunk, cache=cache))
+            cache.advance(width)
+            if lengths is not None:
+                cache.rollback(lengths)
+            if number == 2:
+                cache.keep([2, 0])
+        torch.testing.assert_close(hidden[1], hidden[0], **EXACT)
+        assert caches[0].lengths == caches[1].lengths
+        torch.testing.assert_close(caches[1].keys, caches[0].keys, **EXACT)
+        torch.testing.assert_close(caches[1].values, caches[0].values, **EXACT)
+
+
+@torch.no_grad()
+def test_hidden_states_takes_stacked_heads_and_leaves_the_other_heads_slots_alone():
+    model = _model(2, 2)
+    tokens = torch.randint(0, 262, (2, 5))
+    caches = [KVCache(model.config, 2, 16, dtype=torch.float64) for _ in range(2)]
+    each = hidden_states(model, caches[0], tokens, 3)
+    stacked = hidden_states(model, caches[1], tokens, StackedHeads(model, 3))
+    torch.testing.assert_close(stacked, each, **EXACT)
+    assert caches[1].lengths == [5, 5]
+    assert caches[1].keys[model.config.n_layers + 3 * 2:].abs().sum() == 0  # head 3 unused
+
+
+def test_n_heads_is_checked(tiny_config):
+    model = MTPModel(tiny_config)
+    with pytest.raises(ValueError, match="n_heads must be from 1 to n_future=4, got 5"):
+        StackedHeads(model, 5)
