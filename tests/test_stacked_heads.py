@@ -5,7 +5,7 @@ import torch
 
 from mtp.generate.kv_cache import KVCache
 from mtp.generate.speculative import hidden_states
-from mtp.generate.stacked_heads import StackedHeads
+from mtp.generate.stacked_heads import StackedHeads, stacked_heads
 from mtp.model import MTPConfig, MTPModel
 
 EXACT = {"atol": 1e-12, "rtol": 1e-12}
@@ -81,3 +81,22 @@ def test_n_heads_is_checked(tiny_config):
     model = MTPModel(tiny_config)
     with pytest.raises(ValueError, match="n_heads must be from 1 to n_future=4, got 5"):
         StackedHeads(model, 5)
+
+
+@torch.no_grad()
+def test_stacked_heads_are_reused_until_a_head_parameter_changes():
+    model = _model(1, 2)
+    trunk = torch.randn(1, 4, 32, dtype=torch.float64)
+    heads = stacked_heads(model, 3)
+    assert stacked_heads(model, 3) is heads
+    assert stacked_heads(model, 2) is not heads  # another k
+    model.heads[1][0].feed_forward.w2.weight.mul_(2)  # in place, as an optimiser step
+    updated = stacked_heads(model, 2)
+    assert stacked_heads(model, 2) is updated
+    torch.testing.assert_close(updated(trunk)[:, :, 1], model.head(trunk, 1), **EXACT)
+    wq = model.heads[0][0].attention.wq
+    wq.weight = torch.nn.Parameter(torch.randn_like(wq.weight))  # another tensor
+    torch.testing.assert_close(stacked_heads(model, 2)(trunk)[:, :, 0], model.head(trunk, 0),
+                               **EXACT)
+    model.heads[2][0].attention.wo.weight.zero_()  # a head that is not used: no rebuild
+    assert stacked_heads(model, 2) is stacked_heads(model, 2)

@@ -30,7 +30,7 @@ from mtp.generate.kv_cache import KVCache
 from mtp.generate.output import Generation, SequenceOutput, TextCallback
 from mtp.generate.sampling import SamplingConfig, probabilities, sample
 from mtp.generate.speculative import accept, draft, hidden_states, verify
-from mtp.generate.stacked_heads import StackedHeads
+from mtp.generate.stacked_heads import StackedHeads, stacked_heads
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -129,7 +129,7 @@ def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]]
     The cache holds every accepted token but the last; `pending` is that last token and the
     drafts after it (see the worked example in `speculative.py`).
     """
-    heads = StackedHeads(model, k)  # heads 0..k-1 as one batched block per head layer
+    heads = stacked_heads(model, k)  # heads 0..k-1 as one batched block per head layer
     last = prefill(model, cache, prompts, heads, pad_id)  # (B, k, D): last position
     tokens = sample(probabilities(model.unembed(last[:, 0]), sampling), generator)[:, None]
     n_accepted = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)

@@ -46,14 +46,21 @@ class KVCache:
             raise ValueError(f"{new} new tokens after {max(self.lengths)} cached ones exceed "
                              f"the cache's max_len={self.max_len}")
         device = self.keys.device
-        starts = torch.tensor(self.lengths, device=device)
-        positions = starts[:, None] + torch.arange(new, device=device)  # (B, new)
-        # Attend to every cached key at or before the query's own position; keys past a
-        # sequence's length are stale (rolled back, or another sequence's padding).
-        key_pos = torch.arange(end, device=device)
-        mask = key_pos <= positions[:, :, None]  # (B, new, end)
         uniform = len(set(self.lengths)) == 1
-        self._step = (new, positions, None if uniform and new == 1 else mask[:, None])
+        if uniform:  # the common case (batch 1): one op, no copy from the host
+            start = self.lengths[0]
+            positions = torch.arange(start, start + new, device=device)
+            positions = positions.expand(self.batch_size, new)  # (B, new)
+        else:
+            starts = torch.tensor(self.lengths, device=device)
+            positions = starts[:, None] + torch.arange(new, device=device)  # (B, new)
+        mask = None  # one new token after equal histories sees every cached key
+        if new > 1 or not uniform:
+            # Attend to every cached key at or before the query's own position; keys past a
+            # sequence's length are stale (rolled back, or another sequence's padding).
+            key_pos = torch.arange(end, device=device)
+            mask = (key_pos <= positions[:, :, None])[:, None]  # (B, 1, new, end)
+        self._step = (new, positions, mask)
         return positions
 
     def update(self, block: int | slice, keys: Tensor,
