@@ -9,7 +9,10 @@ latency measurements. After a warm-up, every repeat runs autoregressive decoding
 speculative decoding with each k, alternating, so slow drifts of the machine hit all alike;
 figures are medians over repeats of tokens per second over all prompts. Prints a table, then
 one JSON line: the best k's figures and a per-k list. `identical` says whether every greedy
-speculative output equalled the autoregressive one token for token.
+speculative output equalled the autoregressive one token for token. `forward_cost` is the time
+of one speculative step (a verify forward with k heads, drafting and acceptance) over the time
+of one autoregressive step: it is also the break-even tokens per forward, the acceptance a
+model needs before speculative decoding beats autoregressive (speedup = tok/fwd / cost).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ def newest_byte8_export(root: Path) -> Path:
 
 
 def random_model(device: str, dtype: torch.dtype) -> tuple[MTPModel, ByteTokenizer]:
-    """The byte8 shape (conf/model/small.yaml, 8 heads), untrained."""
+    """The byte8 shape (conf/model/small.yaml, 8 heads), untrained; the same every run."""
+    torch.manual_seed(0)
     config = MTPConfig.compute_matched(depth=12, n_future=8, vocab_size=262, dim=256,
                                        n_heads=8, max_seq_len=1024)
     return MTPModel(config).to(device=device, dtype=dtype).eval(), ByteTokenizer()
@@ -111,20 +115,25 @@ def main() -> None:
                 identical[k] = identical.get(k, True) and ids == ar_ids
 
     ar = statistics.median(speed[1])
+    # Seconds per forward pass relative to autoregressive decoding's (whose tok/fwd is 1).
+    cost = {k: ar / stats[1].tokens_per_forward * stats[k].tokens_per_forward
+            / statistics.median(speed[k]) for k in speed}
     rows = [{"k": k, "tokens_per_second": round(statistics.median(speed[k]), 1),
              "speedup": round(statistics.median(speed[k]) / ar, 3),
              "tokens_per_forward": round(stats[k].tokens_per_forward, 3),
+             "forward_cost": round(cost[k], 3),
              "head_acceptance": [round(a, 3) for a in stats[k].head_acceptance],
              "identical": identical.get(k, True)} for k in [1, *ks]]
     print(f"checkpoint {checkpoint}  device {args.device} {args.dtype}  "
           f"threads {torch.get_num_threads()}  prompts {len(prompts)} x "
           f"{args.max_new_tokens} new tokens  repeats {args.repeats}")
-    print(f"{'k':>3} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} {'identical':>9}  "
-          f"head acceptance")
+    print(f"{'k':>3} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} {'fwd cost':>8} "
+          f"{'identical':>9}  head acceptance")
     for row in rows:
         heads = " ".join(f"{a:.2f}" for a in row["head_acceptance"])
         print(f"{row['k']:>3} {row['tokens_per_second']:>9.1f} {row['speedup']:>7.2f}x "
-              f"{row['tokens_per_forward']:>8.2f} {str(row['identical']):>9}  {heads}")
+              f"{row['tokens_per_forward']:>8.2f} {row['forward_cost']:>7.2f}x "
+              f"{str(row['identical']):>9}  {heads}")
     best = max(rows[1:], key=lambda row: row["speedup"])
     print(json.dumps({
         "tokens_per_second_ar": round(ar, 1), "tokens_per_second_spec": best["tokens_per_second"],
