@@ -34,7 +34,22 @@ def _world_size(num_nodes: int, devices: Any) -> int:
     return int(num_nodes) * per_node
 
 
+def cpu_precision() -> str:
+    """bf16-mixed where the CPU multiplies bf16 natively (AVX512-BF16, AMX), else 32-true.
+
+    On such CPUs bf16 matrix products run about 3x faster than float32 (measured on the
+    2-core AMD EPYC of docs/benchmarks.md), and a training step about 1.7x; elsewhere bf16
+    is emulated and slower than float32.
+    """
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: no reliable way to tell, so stay exact
+        return "32-true"
+    return "bf16-mixed" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "32-true"
+
+
 OmegaConf.register_new_resolver("mtp.world_size", _world_size, replace=True)
+OmegaConf.register_new_resolver("mtp.cpu_precision", cpu_precision, replace=True)
 
 
 def compose(overrides: list[str] = ()) -> DictConfig:
