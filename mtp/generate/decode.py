@@ -14,8 +14,8 @@
   forward pass of the trunk and head 0 per token on the cache, one host synchronisation per
   token (the stopping rules need the token). k > 1 runs `speculative_decode`, whose loop is
   the `draft`, `verify`, `accept` steps of `speculative.py`, with heads 0..k-1 run as one
-  batched block (`StackedHeads`): at batch 1 a verify forward then costs the trunk and about
-  one block's overhead, not k blocks'.
+  batched block (`StackedHeads`): a verify forward pays one block's per-op overhead for the
+  heads, not k blocks'. It still reads k heads' weights, which bounds its cost at batch 1.
 """
 
 from __future__ import annotations

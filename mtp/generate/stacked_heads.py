@@ -2,10 +2,10 @@
 
 Every head reads the same trunk output, so the k heads' layer j can run as one block whose
 weights are stacked along a leading head dimension: one batched matmul per projection instead
-of k, and one attention call with the heads folded into the batch. At batch 1 on a CPU a
-block's small ops cost about as much in dispatch as in arithmetic, so a verify forward with k
-separate heads costs trunk + k blocks of overhead; stacked it costs trunk + about one block of
-overhead (the k heads' weights still have to be read).
+of k, and one attention call with the heads folded into the batch. At batch 1 every one of a
+block's few dozen small ops costs dispatch overhead: k separate heads pay it k times, stacked
+heads about once. Stacking cannot save reading the k heads' weights, which at batch 1 on a
+CPU is most of a block's time (`scripts/bench_decode.py` reports the cost per k).
 
 Design choices
 - Inference only: the weights are copies, not shared with the model; training never sees
