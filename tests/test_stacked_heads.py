@@ -1,5 +1,8 @@
 """StackedHeads computes exactly what model.head does, head by head, with and without a cache."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -100,3 +103,14 @@ def test_stacked_heads_are_reused_until_a_head_parameter_changes():
                                **EXACT)
     model.heads[2][0].attention.wo.weight.zero_()  # a head that is not used: no rebuild
     assert stacked_heads(model, 2) is stacked_heads(model, 2)
+    model.float()  # new data in the same Parameter objects, version counters unchanged
+    assert stacked_heads(model, 2)(trunk.float()).dtype == torch.float32
+
+
+def test_cached_stacked_heads_do_not_keep_their_model_alive():
+    model = _model(1, 4)
+    stacked_heads(model, 2)
+    reference = weakref.ref(model)
+    del model
+    gc.collect()
+    assert reference() is None

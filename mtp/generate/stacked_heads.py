@@ -74,7 +74,7 @@ class StackedHeads:
         if not 1 <= n_heads <= config.n_future:
             raise ValueError(f"n_heads must be from 1 to n_future={config.n_future}, "
                              f"got {n_heads!r}")
-        self.model = model
+        self._model = weakref.ref(model)  # for its rotary tables; no cycle via `_built`
         self.n_heads = n_heads
         self.n_q, self.n_kv, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.eps = config.norm_eps
@@ -92,7 +92,8 @@ class StackedHeads:
         advance the cache.
         """
         B, T, D = trunk_out.shape
-        k, rope_cos, rope_sin = self.n_heads, self.model.rope_cos, self.model.rope_sin
+        model = self._model()
+        k, rope_cos, rope_sin = self.n_heads, model.rope_cos, model.rope_sin
         mask = None
         if cache is None:
             cos, sin = rope_cos[:T], rope_sin[:T]  # (T, hd/2)
@@ -143,14 +144,15 @@ _built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def stacked_heads(model: MTPModel, n_heads: int) -> StackedHeads:
     """`StackedHeads(model, n_heads)`, reused while heads 0..n_heads-1 are unchanged.
 
-    A parameter counts as changed when it is another tensor or was updated in place (its
-    version counter moved, as an optimiser step or `load_state_dict` does). Parameters made
-    under `torch.inference_mode` have no version counter: those heads are rebuilt every time.
+    A parameter counts as changed when it is another tensor, was updated in place (its
+    version counter moved, as an optimiser step or `load_state_dict` does) or got new data
+    (`model.to(...)` keeps the Parameter objects). Parameters made under
+    `torch.inference_mode` have no version counter: those heads are rebuilt every time.
     """
     params = [p for i in range(min(n_heads, len(model.heads))) for p in model.heads[i].parameters()]
     if any(p.is_inference() for p in params):
         return StackedHeads(model, n_heads)
-    versions = [p._version for p in params]
+    versions = [(p._version, p.data_ptr(), p.dtype, p.device) for p in params]
     entry = _built.get(model)
     if entry is not None:
         (built_n, refs, built_versions), heads = entry
