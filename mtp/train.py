@@ -38,7 +38,7 @@ def cpu_precision() -> str:
     """bf16-mixed where the CPU multiplies bf16 natively (AVX512-BF16, AMX), else 32-true.
 
     On such CPUs bf16 matrix products run about 3x faster than float32 (measured on the
-    2-core AMD EPYC of docs/benchmarks.md), and a training step about 1.7x; elsewhere bf16
+    2-core AMD EPYC of docs/benchmarks.md), and a training step about 1.4x; elsewhere bf16
     is emulated and slower than float32.
     """
     try:
