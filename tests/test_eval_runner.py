@@ -97,6 +97,7 @@ def test_bad_samples_files(tmp_path: Path) -> None:
         ({"checkpoint": "c", "samples_per_problem": 4}, "samples_per_problem=4 at temperature=0"),
         ({"checkpoint": "c", "limit": 0}, "limit=0"),
         ({"checkpoint": "c", "dtype": "int8"}, "dtype='int8'"),
+        ({"checkpoint": "c", "spec_k": 0}, "spec_k=0"),
     ],
 )
 def test_bad_settings_fail_before_any_work(overrides: dict, message: str) -> None:
@@ -139,12 +140,15 @@ def tiny_checkpoint(tmp_path: Path) -> str:
 
 
 @needs_mbpp
-@pytest.mark.parametrize("decoding", ["speculative", "autoregressive"])
-def test_generating_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str, decoding: str) -> None:
+@pytest.mark.parametrize(("decoding", "spec_k"),
+                         [("speculative", None), ("speculative", 1), ("autoregressive", None)])
+def test_generating_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str, decoding: str,
+                                      spec_k: int | None) -> None:
     output = tmp_path / "r.jsonl"
     config = EvalConfig(task="mbpp", checkpoint=tiny_checkpoint, data_file=str(MBPP_FILE),
                         output=str(output), limit=2, samples_per_problem=2, k=[1, 2],
-                        temperature=0.8, decoding=decoding, max_new_tokens=8, batch_size=2)
+                        temperature=0.8, decoding=decoding, spec_k=spec_k, max_new_tokens=8,
+                        batch_size=2)
     summary = evaluate(config)
     assert (summary["problems"], summary["samples"], summary["decoding"]) == (2, 4, decoding)
     assert summary["pass@1"] == 0.0  # random weights write no working code
@@ -152,7 +156,7 @@ def test_generating_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str, deco
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted((r["task_id"], r["sample"]) for r in records) == [(t, i) for t in (11, 12) for i in range(2)]
     assert all(0 < r["new_tokens"] <= 8 and r["finish_reason"] in ("length", "stop", "eos") for r in records)
-    if decoding == "autoregressive":
+    if decoding == "autoregressive" or spec_k == 1:  # one token per forward pass
         assert all(r["forward_passes"] == r["new_tokens"] for r in records)
         assert summary["tokens_per_forward"] == 1.0
     assert evaluate(config) == summary  # everything done: a rerun only re-reads the results

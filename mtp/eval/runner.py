@@ -42,6 +42,7 @@ class EvalConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     decoding: Literal["speculative", "autoregressive"] = "speculative"
+    spec_k: int | None = None  # speculative: tokens per forward pass at most; None: every head
     max_new_tokens: int = 512
     batch_size: int = 8
     limit: int | None = None
@@ -61,6 +62,8 @@ class EvalConfig:
             )
         if self.decoding not in ("speculative", "autoregressive"):
             raise ValueError(f"decoding={self.decoding!r}: expected 'speculative' or 'autoregressive'")
+        if self.spec_k is not None and self.spec_k < 1:
+            raise ValueError(f"spec_k={self.spec_k} must be at least 1 (or null for every head)")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: expected one of {DTYPES}")
         for name in ("samples_per_problem", "max_new_tokens", "batch_size"):
@@ -178,7 +181,7 @@ def _sample(config: EvalConfig, model, tokenizer, task: Task, problem: Problem,
     generations = generate(
         model, tokenizer, [problem.prompt] * len(indices),
         max_new_tokens=config.max_new_tokens,
-        k=None if config.decoding == "speculative" else 1,
+        k=config.spec_k if config.decoding == "speculative" else 1,
         sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
         stop=task.stop,
         # Seeded by problem and first sample, not call order: reruns repeat their draws, and a
