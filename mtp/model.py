@@ -123,6 +123,13 @@ class MTPConfig:
         return cls(**values)
 
 
+def rms_normalise(x: Tensor, eps: float) -> Tensor:
+    """x / RMS(x) over the last dimension, without a gain; statistics in float32."""
+    # Normalise in float32 so bf16 activations keep their precision.
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return normed.type_as(x)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -130,9 +137,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        # Normalise in float32 so bf16 activations keep their precision.
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        return rms_normalise(x, self.eps) * self.weight
 
 
 def rope_tables(head_dim: int, max_len: int, theta: float,

@@ -9,11 +9,22 @@ sequence's length is either overwritten by the next step or hidden by the causal
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from mtp.model import MTPConfig
+
+
+class _Step(NamedTuple):
+    """One forward pass over `new` tokens, worked out once for the trunk and every head."""
+
+    new: int
+    positions: Tensor  # (B, new) absolute positions
+    mask: Tensor | None  # (B, 1, new, end), or None where nothing must be hidden
+    start: int | None  # the shared length when every sequence has the same one
+    end: int  # cached positions after this step, in the longest sequence
 
 
 class KVCache:
@@ -31,7 +42,7 @@ class KVCache:
         # Lengths live on the host: the decode loop decides them there, and reading them never
         # forces a device synchronisation.
         self.lengths: list[int] = [0] * batch_size
-        self._step: tuple[int, Tensor, Tensor | None] | None = None
+        self._step: _Step | None = None
 
     @property
     def batch_size(self) -> int:
@@ -39,8 +50,8 @@ class KVCache:
 
     def positions(self, new: int) -> Tensor:
         """Absolute positions (B, new) of the next `new` tokens; prepares this step's writes."""
-        if self._step is not None and self._step[0] == new:
-            return self._step[1]  # the trunk and every head share one step
+        if self._step is not None and self._step.new == new:
+            return self._step.positions  # the trunk and every head share one step
         end = max(self.lengths) + new
         if end > self.max_len:
             raise ValueError(f"{new} new tokens after {max(self.lengths)} cached ones exceed "
@@ -60,7 +71,7 @@ class KVCache:
             # sequence's length are stale (rolled back, or another sequence's padding).
             key_pos = torch.arange(end, device=device)
             mask = (key_pos <= positions[:, :, None])[:, None]  # (B, 1, new, end)
-        self._step = (new, positions, mask)
+        self._step = _Step(new, positions, mask, self.lengths[0] if uniform else None, end)
         return positions
 
     def update(self, block: int | slice, keys: Tensor,
@@ -70,25 +81,23 @@ class KVCache:
         `block` may also be a slice of n blocks (a view of the cache), with keys and values
         (n, B, K, new, hd): the stacked heads write all their blocks of one layer at once.
         """
-        new, positions, _ = self._require_step()
-        if len(set(self.lengths)) == 1:
-            start = self.lengths[0]
-            self.keys[block, :, :, start:start + new] = keys
-            self.values[block, :, :, start:start + new] = values
+        step = self._require_step()
+        if step.start is not None:  # equal lengths: a slice, no index tensor
+            self.keys[block, :, :, step.start:step.end] = keys
+            self.values[block, :, :, step.start:step.end] = values
         else:
-            index = positions[:, None, :, None].expand_as(keys)  # broadcasts over blocks
+            index = step.positions[:, None, :, None].expand_as(keys)  # broadcasts over blocks
             self.keys[block].scatter_(-2, index, keys)
             self.values[block].scatter_(-2, index, values)
-        end = max(self.lengths) + new
-        return self.keys[block, :, :, :end], self.values[block, :, :, :end]
+        return self.keys[block, :, :, :step.end], self.values[block, :, :, :step.end]
 
     def attention_mask(self) -> Tensor | None:
         """Boolean mask (B, 1, new, end) for this step, or None where nothing must be hidden."""
-        return self._require_step()[2]
+        return self._require_step().mask
 
     def advance(self, new: int) -> None:
         """Commit a step of `new` tokens to every sequence (called by the model's forward)."""
-        if self._step is None or self._step[0] != new:
+        if self._step is None or self._step.new != new:
             raise RuntimeError("advance() must follow a forward over the same number of tokens")
         self.lengths = [length + new for length in self.lengths]
         self._step = None
@@ -114,7 +123,7 @@ class KVCache:
         self.lengths = [self.lengths[row] for row in rows]
         self._step = None
 
-    def _require_step(self) -> tuple[int, Tensor, Tensor | None]:
+    def _require_step(self) -> _Step:
         if self._step is None:
             raise RuntimeError("call positions() before update(): the model's forward does")
         return self._step

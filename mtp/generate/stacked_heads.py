@@ -35,13 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.generate.kv_cache import KVCache
-from mtp.model import MTPModel, apply_rope
-
-
-def _normalise(x: Tensor, eps: float) -> Tensor:
-    """RMSNorm without its weight, exactly as `mtp.model.RMSNorm` (float32 statistics)."""
-    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-    return normed.type_as(x)
+from mtp.model import MTPModel, apply_rope, rms_normalise
 
 
 class _StackedLayer:
@@ -104,13 +98,13 @@ class StackedHeads:
                 mask = mask.repeat(k, 1, 1, 1)  # (B, 1, T, L) -> (k*B, 1, T, L), head-major
         h = trunk_out.reshape(B * T, D)
         # The first layer's input is the trunk's, the same for every head: normalise it once.
-        normed = _normalise(h, self.eps)  # (B*T, D), then (k, B*T, D)
+        normed = rms_normalise(h, self.eps)  # (B*T, D), then (k, B*T, D)
         for j, layer in enumerate(self.layers):
             if j:
-                normed = _normalise(h, self.eps)
+                normed = rms_normalise(h, self.eps)
             h = h + self._attention(layer, normed * layer.attention_norm, B, T, cos, sin, mask,
                                     cache)  # (k, B*T, D)
-            gate, up = (_normalise(h, self.eps) * layer.ffn_norm @ layer.w13).chunk(2, dim=-1)
+            gate, up = (rms_normalise(h, self.eps) * layer.ffn_norm @ layer.w13).chunk(2, dim=-1)
             h = h + (F.silu(gate) * up) @ layer.w2  # (k, B*T, D)
         return h.view(k, B, T, D).permute(1, 2, 0, 3)  # (B, T, k, D)
 
