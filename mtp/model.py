@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from mtp.generate.kv_cache import KVCache
+    from mtp.kv_cache import KVCache
 
 
 def _round_up(value: float, multiple: int) -> int:

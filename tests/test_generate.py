@@ -5,7 +5,7 @@ import torch
 
 from mtp.generate import DecodeStats, SamplingConfig, generate
 from mtp.generate.decode import prefill
-from mtp.generate.kv_cache import KVCache
+from mtp.kv_cache import KVCache
 from mtp.generate.output import SequenceOutput
 from mtp.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mtp.generate.kv_cache import KVCache
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 
 

@@ -6,7 +6,7 @@ import weakref
 import pytest
 import torch
 
-from mtp.generate.kv_cache import KVCache
+from mtp.kv_cache import KVCache
 from mtp.generate.speculative import hidden_states
 from mtp.generate.stacked_heads import StackedHeads, stacked_heads
 from mtp.model import MTPConfig, MTPModel

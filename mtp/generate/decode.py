@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mtp.generate.kv_cache import KVCache
+from mtp.kv_cache import KVCache
 from mtp.generate.output import Generation, SequenceOutput, TextCallback
 from mtp.generate.sampling import SamplingConfig, probabilities, sample
 from mtp.generate.speculative import accept, draft, hidden_states, verify

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtp.generate.kv_cache import KVCache
+from mtp.kv_cache import KVCache
 from mtp.generate.sampling import SamplingConfig, probabilities, sample
 from mtp.generate.stacked_heads import StackedHeads
 from mtp.model import MTPModel

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.generate.kv_cache import KVCache
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel, apply_rope, rms_normalise
 
 
