@@ -4,7 +4,8 @@ Arguments are key=value overrides with Hydra's grammar, as in `mtp.train` and `m
 (quote values with spaces or punctuation: prompt='def fib(n):'). Streams each continuation
 to stdout as it is decoded, then prints its statistics to stderr.
 
-  checkpoint       an exported directory or a Lightning .ckpt (required)
+  checkpoint       anything mtp.load reads: an export, a Lightning .ckpt, a Hugging Face Llama
+                   directory, Meta's multi-token-prediction layout (required)
   prompt           the prompt; or prompt_file=PATH (.jsonl: one prompt per line)
   max_new_tokens   256
   drafter          auto (default: measures the candidates, keeps the fastest), autoregressive,
@@ -17,7 +18,7 @@ to stdout as it is decoded, then prints its statistics to stderr.
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   stop             list of stop strings, e.g. stop='["\\n\\n"]'
   seed             null
-  device, dtype    cpu, float32 (e.g. device=cuda dtype=bfloat16)
+  device, dtype    cpu, null (the checkpoint's dtype); e.g. device=cuda dtype=bfloat16
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class GenerateArgs:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str | None = None
 
 
 def parse_args(argv: list[str]) -> GenerateArgs:
@@ -78,7 +79,7 @@ def parse_args(argv: list[str]) -> GenerateArgs:
     if args.k is not None and args.k != "auto" and not isinstance(args.k, int):
         raise ValueError(f"bad arguments {argv}: k must be an integer, auto or null, "
                          f"got {args.k!r}")
-    if args.dtype not in DTYPES:
+    if args.dtype is not None and args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
     return args
 
@@ -96,7 +97,7 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
-    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES[args.dtype])
+    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES.get(args.dtype))
     drafter = drafter_from_options(
         model, args.drafter, k=args.k, draft_model=args.draft_model, num_draft=args.num_draft,
         max_ngram=args.max_ngram, min_ngram=args.min_ngram,
