@@ -90,7 +90,7 @@ class Auto:
             self.draft_model.check(model, tokenizer)
         key = self._key(model, len(prompts), sampling)
         label = _chosen.get(model, {}).get(key) or self._read(key)
-        if label is None or not self._rebuild(label, candidates):
+        if label is None or (label != AUTOREGRESSIVE and not self._rebuild(label, candidates)):
             label = self._measure(model, tokenizer, prompts, sampling, max_new_tokens,
                                   candidates)
             self._write(key, label)
@@ -129,8 +129,8 @@ class Auto:
 
     def _rebuild(self, label: str, candidates: dict[str, Drafter | None]) -> Drafter | None:
         """The drafter a label names, or None if it is not among the candidates."""
-        if label == AUTOREGRESSIVE or label in candidates and candidates[label] is not None:
-            return candidates.get(label)
+        if candidates.get(label) is not None:
+            return candidates[label]
         first, _, rest = label.partition("+")
         if rest == repr(self.prompt_lookup) and isinstance(candidates.get(first), HeadsDrafter):
             return Combined(candidates[first], self.prompt_lookup)
