@@ -15,9 +15,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.data import DataLoader
 
 import mtp
-from mtp.checkpoint import export
+from mtp.checkpoint import export, export_hf
 from mtp.finetune import grow_heads, grown_config
 from mtp.generate import generate
+from mtp.interop.hf import HEADS_LAYOUT_FILE
 from mtp.lit import MTPLitModule
 from mtp.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
@@ -270,6 +271,21 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
         generations = generate(loaded, tokenizer, prompts, max_new_tokens=40, k=k)
         assert [g.token_ids for g in generations] == [g.token_ids for g in reference], k
     assert generations[0].stats.tokens_per_forward > 1.25  # random heads: about 1
+
+
+@pytest.mark.parametrize("head_type", ["resblock", "linear"])
+def test_hugging_face_export_records_the_head_type_and_loads_back(tmp_path: Path,
+                                                                   head_type: str) -> None:
+    config = grown_config(_base().config, n_future=3, head_type=head_type)
+    model = MTPModel(config).eval()
+    export_hf(model, ByteTokenizer(), tmp_path)
+    layout = json.loads((tmp_path / HEADS_LAYOUT_FILE).read_text())
+    assert (layout["layout"], layout["n_future"]) == (head_type, 3)
+    loaded, _ = mtp.load(tmp_path)
+    assert loaded.config == config
+    tokens = torch.randint(0, 262, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=1e-5)
 
 
 # -- FSDP2 on 2 CPU ranks --------------------------------------------------------------------
