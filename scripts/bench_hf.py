@@ -10,8 +10,8 @@ greedy) by
 - transformers' `generate`,
 - transformers' prompt-lookup assisted generation (`prompt_lookup_num_tokens`),
 - mtp with k = 1 (autoregressive) and with every k from 2 to n_future (self-speculative).
-mtp starts a prompt with EOS (see mtp/generate/decode.py); transformers gets exactly the same
-input ids, and both stop at EOS or after --max-new-tokens. After a warm-up, repeats run every
+mtp starts a prompt with `tokenizer.document_start_id` (EOS for models mtp trained, see
+mtp/generate/decode.py); transformers gets exactly the same input ids, and both stop at EOS or after --max-new-tokens. After a warm-up, repeats run every
 method in turn (slow drifts of the machine hit all alike); figures are medians over repeats of
 new tokens per second over all prompts. `identical` says whether every method produced the
 same token ids for every prompt. `distinct_4grams` (distinct / total 4-grams of the outputs)
@@ -130,7 +130,7 @@ def main() -> None:
         checkpoint = str(args.checkpoint)
         model, tokenizer = load(args.checkpoint, dtype=dtype)
     prompts = humaneval_prompts(args.humaneval) if args.humaneval else read_prompts(args.prompts)
-    inputs = [[tokenizer.eos_id, *tokenizer.encode(p)] for p in prompts]  # as mtp's generate
+    inputs = [[tokenizer.document_start_id, *tokenizer.encode(p)] for p in prompts]  # as mtp's
     with tempfile.TemporaryDirectory() as tmp:
         export_hf(model, tokenizer, tmp)
         hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype).eval()
