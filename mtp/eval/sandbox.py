@@ -179,6 +179,9 @@ def _namespaces_missing() -> str | None:
 class Sandbox:
     """Runs programs in parallel worker threads (one process each); results come as they finish.
 
+    `isolation` is resolved once, here (`resolve_isolation`); `self.isolation` is the level
+    every program of this sandbox runs at, "namespaces" or "none".
+
     ```
     with Sandbox(Limits(timeout=3)) as sandbox:
         sandbox.submit("a", "assert 1 + 1 == 2")
