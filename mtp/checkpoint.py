@@ -6,8 +6,9 @@ An exported directory holds
 - the tokenizer's own files (`Tokenizer.save`).
 
 `load` reads such a directory, or a Lightning `.ckpt` written by `mtp.train` (its
-hyperparameters carry the model config and the checkpoint embeds the tokenizer's files), with
-neither Lightning nor Hydra involved.
+hyperparameters carry the model config and the checkpoint embeds the tokenizer's files): a
+single file, or the sharded folder of `trainer=fsdp` (`mtp.sharded`), with neither Lightning
+nor Hydra involved.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from mtp.model import MTPConfig, MTPModel
+from mtp.sharded import is_sharded_checkpoint, read_sharded_checkpoint
 from mtp.tokenizers import Tokenizer, load_tokenizer
 
 FORMAT_VERSION = 1
@@ -86,17 +88,18 @@ def export(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path
 
 def load(path: str | Path, device: str | torch.device = "cpu",
          dtype: torch.dtype = torch.float32) -> tuple[MTPModel, Tokenizer]:
-    """The model (in eval mode) and tokenizer from an exported directory or a `.ckpt` file."""
+    """The model (in eval mode) and tokenizer from an export or a Lightning checkpoint."""
     path = Path(path)
     if path.is_dir() and (path / CONFIG_FILE).is_file():
         config, state, tokenizer = _read_export(path)
     elif path.is_file():
         config, state, tokenizer = _read_lightning(path)
+    elif is_sharded_checkpoint(path):
+        config, state, tokenizer = _from_lightning(read_sharded_checkpoint(path), path)
     elif path.is_dir():
         raise FileNotFoundError(
-            f"{path} is a directory without {CONFIG_FILE}: neither an export (mtp.checkpoint."
-            f"export) nor a single-file checkpoint; a sharded FSDP checkpoint folder must be "
-            f"consolidated first (torch.distributed.checkpoint.format_utils.dcp_to_torch_save)")
+            f"{path} is a directory without {CONFIG_FILE} (not an export) that is not a sharded "
+            f"trainer=fsdp checkpoint either (no meta.pt and .metadata)")
     else:
         raise FileNotFoundError(f"no checkpoint at {path}: expected an exported directory "
                                 f"(with {CONFIG_FILE} and {WEIGHTS_FILE}) or a Lightning .ckpt")
@@ -137,6 +140,11 @@ def _read_lightning(path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tok
         checkpoint: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many kinds for a truncated or foreign file
         raise ValueError(f"cannot read {path} as a Lightning checkpoint: {e}") from e
+    return _from_lightning(checkpoint, path)
+
+
+def _from_lightning(checkpoint: dict[str, Any],
+                    path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
     hparams = checkpoint.get("hyper_parameters", {})
     if "model" not in hparams or "state_dict" not in checkpoint:
         raise ValueError(f"{path} is not an mtp.train checkpoint: no model config in its "

@@ -161,8 +161,11 @@ class MTPLitModule(L.LightningModule):
             out = self._loss(batch["tokens"], train=True)
         loss = out.loss * hp.accumulate  # undo the 1/accumulate weighting for the log
         self._check_finite("loss", loss, out)
+        # The whole batch's losses, not rank 0's share: one all-reduce over ranks.
+        loss, *head_losses = self.trainer.strategy.reduce(
+            torch.stack([loss, *out.head_losses]), reduce_op="mean")
         self.log("train/loss", loss, prog_bar=True)
-        for i, head_loss in enumerate(out.head_losses):
+        for i, head_loss in enumerate(head_losses):
             self.log(f"train/loss_head{i}", head_loss)
         if not last:
             return
