@@ -44,7 +44,7 @@ def test_sharded_folder_loads_like_the_model(tmp_path: Path, tiny_config: MTPCon
 
 
 def test_folders_that_are_not_checkpoints_are_named(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="not a sharded trainer=fsdp checkpoint"):
+    with pytest.raises(FileNotFoundError, match="none of the layouts.*sharded trainer=fsdp"):
         load(tmp_path)
     (tmp_path / META_FILE).write_bytes(b"not a checkpoint")
     (tmp_path / ".metadata").write_bytes(b"")
