@@ -74,6 +74,12 @@ def parallelize(model: MTPModel, mesh: DeviceMesh, *,
     fully_shard(model, reshard_after_forward=False, **kwargs)
     # The headwise loss calls `model.trunk`, never `model.forward`: let it gather the root.
     register_fsdp_forward_method(model, "trunk")
+    # FSDP2 prefetches the next unit in backward from the forward order, which it forgets at
+    # the end of every backward call: by the trunk's (the headwise loss's last) none is left.
+    # Name each trunk block's predecessor instead, so its all-gather overlaps the backward.
+    trunk = [model, *reversed(model.layers)]  # backward order: the root holds the trunk output
+    for unit, previous in zip(trunk, trunk[1:]):
+        unit.set_modules_to_backward_prefetch([previous])
     return model
 
 
