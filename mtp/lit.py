@@ -18,12 +18,12 @@ from typing import Any
 import lightning as L
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import FSDPModule
 
 from mtp.loss import LOSS_MODES, LossOutput, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.optim import build_optimizer, build_scheduler
-from mtp.parallel import parallelize
+from mtp.parallel import (apply_activation_checkpointing, check_options, gradient_sync,
+                          mixed_precision, parallelize)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -44,6 +44,10 @@ class MTPLitModule(L.LightningModule):
         grad_clip: max global gradient norm (0 turns clipping off).
         accumulate: micro-batches per optimizer step.
         compile: `torch.compile` every transformer block.
+        activation_checkpointing: "none", "trunk" or "all": blocks that recompute their
+            activations in backward (`mtp.parallel.apply_activation_checkpointing`).
+        param_dtype, reduce_dtype: FSDP2's mixed precision under a device mesh
+            (`mtp.parallel.mixed_precision`; "auto" follows the trainer's precision).
         tokenizer_files: the tokenizer's saved files (name -> text), stored in every
             checkpoint so a `.ckpt` alone can be loaded for inference.
         init_state: initial weights (a full state dict, e.g. `mtp.finetune.grow_heads`)
@@ -60,7 +64,9 @@ class MTPLitModule(L.LightningModule):
                  weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  max_steps: int | None = None, grad_clip: float = 1.0, accumulate: int = 1,
-                 compile: bool = False, tokenizer_files: dict[str, str] | None = None,
+                 compile: bool = False, activation_checkpointing: str = "none",
+                 param_dtype: str = "auto", reduce_dtype: str = "float32",
+                 tokenizer_files: dict[str, str] | None = None,
                  init_state: dict[str, torch.Tensor] | None = None, freeze_trunk: bool = False,
                  trunk_lr_mult: float = 1.0, heads_only_steps: int = 0) -> None:
         super().__init__()
@@ -78,6 +84,8 @@ class MTPLitModule(L.LightningModule):
             raise ValueError(f"accumulate={accumulate!r} must be a positive integer")
         if grad_clip < 0:
             raise ValueError(f"grad_clip={grad_clip!r} must be >= 0")
+        check_options(activation_checkpointing=activation_checkpointing,
+                      param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         if freeze_trunk and (trunk_lr_mult != 1.0 or heads_only_steps):
             raise ValueError(f"a frozen trunk has no optimizer group: trunk_lr_mult="
                              f"{trunk_lr_mult} and heads_only_steps={heads_only_steps} would "
@@ -99,6 +107,7 @@ class MTPLitModule(L.LightningModule):
         mesh = self._device_mesh
         if mesh is None:
             model = MTPModel(self.config)
+            apply_activation_checkpointing(model, self.hparams.activation_checkpointing)
             self._maybe_compile(model)
         else:
             if mesh.ndim > 1 and mesh["tensor_parallel"].size() > 1:
@@ -107,8 +116,11 @@ class MTPLitModule(L.LightningModule):
                                  f"strategy.tensor_parallel_size=1")
             with torch.device("meta"):
                 model = MTPModel(self.config)
+            apply_activation_checkpointing(model, self.hparams.activation_checkpointing)
             self._maybe_compile(model)
-            parallelize(model, mesh["data_parallel"] if mesh.ndim > 1 else mesh)
+            policy = mixed_precision(self.trainer.precision, param_dtype=self.hparams.param_dtype,
+                                     reduce_dtype=self.hparams.reduce_dtype)
+            parallelize(model, mesh["data_parallel"] if mesh.ndim > 1 else mesh, mp_policy=policy)
             model.to_empty(device=self.device)
             model.init_weights()
         if self._init_state is not None:
@@ -162,8 +174,12 @@ class MTPLitModule(L.LightningModule):
             weights = [w / hp.accumulate for w in weights]
         out = mtp_loss(self.model, tokens, seq_len=hp.seq_len, mode=hp.loss_mode,
                        weights=weights, backward=self.manual_backward if train else None,
-                       train_trunk=self.global_step >= hp.heads_only_steps)
+                       train_trunk=self._trains_trunk())
         return out
+
+    def _trains_trunk(self) -> bool:
+        """Whether this step backpropagates through the trunk (not frozen, not warming up)."""
+        return not self.hparams.freeze_trunk and self.global_step >= self.hparams.heads_only_steps
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         hp = self.hparams
@@ -172,14 +188,19 @@ class MTPLitModule(L.LightningModule):
         last = (batch_idx + 1) % hp.accumulate == 0
         if first:
             self._step_started = time.perf_counter()
-        if isinstance(self.model, FSDPModule):
-            # Reduce-scatter gradients only on the step's last micro-batch.
-            self.model.set_requires_gradient_sync(last)
-        out = self._loss(batch["tokens"], train=True)
+        # Under FSDP, one reduce-scatter per parameter per step, in the last micro-batch. The
+        # headwise deferral waits for the trunk's backward: without one (frozen trunk, heads-only
+        # warm-up) every unit syncs in each of its backwards, FSDP's plain rule.
+        headwise = hp.loss_mode != "naive" and self._trains_trunk()
+        with gradient_sync(self.model, sync=last, headwise=headwise):
+            out = self._loss(batch["tokens"], train=True)
         loss = out.loss * hp.accumulate  # undo the 1/accumulate weighting for the log
         self._check_finite("loss", loss, out)
+        # The whole batch's losses, not rank 0's share: one all-reduce over ranks.
+        loss, *head_losses = self.trainer.strategy.reduce(
+            torch.stack([loss, *out.head_losses]), reduce_op="mean")
         self.log("train/loss", loss, prog_bar=True)
-        for i, head_loss in enumerate(out.head_losses):
+        for i, head_loss in enumerate(head_losses):
             self.log(f"train/loss_head{i}", head_loss)
         if not last:
             return
