@@ -8,8 +8,10 @@ Each prompt of data/prompts/code.jsonl is decoded alone (batch 1, greedy), as in
 latency measurements. After a warm-up, every repeat runs autoregressive decoding (k = 1) and
 speculative decoding with each k, alternating, so slow drifts of the machine hit all alike;
 figures are medians over repeats of tokens per second over all prompts. Prints a table, then
-one JSON line: the best k's figures and a per-k list. `identical` says whether every greedy
-speculative output equalled the autoregressive one token for token. `forward_cost` is the time
+one JSON line: the best k's figures and a per-k list. `distinct_4grams` (distinct / total
+4-grams of the autoregressive outputs, as in bench_hf.py) says how repetitive the text is:
+looping text is easy to draft, so speed-ups on it are not representative. `identical` says
+whether every greedy speculative output equalled the autoregressive one token for token. `forward_cost` is the time
 of one speculative step (a verify forward with k heads, drafting and acceptance) over the time
 of one autoregressive step: it is also the break-even tokens per forward, the acceptance a
 model needs before speculative decoding beats autoregressive (speedup = tok/fwd / cost).
@@ -29,6 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_hf import distinct_4grams  # noqa: E402
 from mtp.checkpoint import load  # noqa: E402
 from mtp.generate import DecodeStats, generate  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
@@ -124,9 +127,11 @@ def main() -> None:
              "forward_cost": round(cost[k], 3),
              "head_acceptance": [round(a, 3) for a in stats[k].head_acceptance],
              "identical": identical.get(k, True)} for k in [1, *ks]]
+    distinct = round(distinct_4grams(ar_ids), 3)  # low: looping text, easy to draft
     print(f"checkpoint {checkpoint}  device {args.device} {args.dtype}  "
           f"threads {torch.get_num_threads()}  prompts {len(prompts)} x "
-          f"{args.max_new_tokens} new tokens  repeats {args.repeats}")
+          f"{args.max_new_tokens} new tokens  repeats {args.repeats}  "
+          f"distinct 4-grams {distinct}")
     print(f"{'k':>3} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} {'fwd cost':>8} "
           f"{'identical':>9}  head acceptance")
     for row in rows:
@@ -141,7 +146,8 @@ def main() -> None:
         best["tokens_per_forward"], "identical": all(identical.values()),
         "checkpoint": str(checkpoint), "device": args.device, "dtype": args.dtype,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "per_k": rows}))
+        "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
+        "distinct_4grams": distinct, "per_k": rows}))
 
 
 if __name__ == "__main__":

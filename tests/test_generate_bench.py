@@ -27,5 +27,6 @@ def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
                 "tokens_per_forward", "identical"):
         assert key in summary
     assert summary["identical"] is True and summary["k"] in (2, 4)
+    assert 0 < summary["distinct_4grams"] <= 1
     assert [row["k"] for row in summary["per_k"]] == [1, 2, 4]
     assert any(line.split()[:1] == ["4"] for line in table)
