@@ -210,6 +210,16 @@ def test_medusa1_end_to_end_keeps_head_0_and_records_the_head_type(tmp_path: Pat
     assert not torch.equal(model.heads[1][0].weight, torch.zeros(32, 32))
 
 
+def test_medusa2_end_to_end_trains_the_base_too(tmp_path: Path, base_export: Path) -> None:
+    cfg = compose(_overrides(tmp_path, base_export, "optim.heads_only_steps=1")[1:]
+                  + ["+experiment=medusa2"])
+    assert list(cfg.loss.weights) == pytest.approx([1, 0.8, 0.64, 0.512])
+    model, _ = mtp.load(train(cfg))
+    base, _ = mtp.load(base_export)
+    assert not torch.equal(model.layers[0].attention.wq.weight,
+                           base.layers[0].attention.wq.weight)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["tokenizer=bpe"], r"has a byte tokenizer \(vocab_size=262\) but tokenizer=bpe"),
     (["model.vocab_size=300"], "model.vocab_size=300 does not match"),
