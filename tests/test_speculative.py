@@ -1,8 +1,27 @@
-"""The acceptance rule on stub distributions: agreeing, disagreeing, and exact in distribution."""
+"""The acceptance rule on stub distributions: agreeing, disagreeing, and exact in distribution.
+
+Head 0's target distributions are given as probabilities; their logs are the logits that
+`accept` takes (log 0 = -inf keeps one-hot rows one-hot).
+"""
 
 import torch
 
-from mtp.generate.speculative import Drafts, accept
+from mtp.generate.acceptance import Accepted, Drafts
+from mtp.generate.acceptance import accept as accept_tree
+from mtp.generate.sampling import SamplingConfig
+from mtp.generate.tree import Tree
+
+GREEDY, SAMPLING = SamplingConfig(), SamplingConfig(temperature=1.0)
+
+
+def accept(drafts, target, generator=None):
+    """The chain rule: n_accepted (B,) and tokens (B, m) for m - 1 chained drafts."""
+    chain = Tree.chain(drafts.tokens.shape[1])
+    one_hot = target.eq(1).sum(-1).eq(1).all() and drafts.probs is not None \
+        and drafts.probs.eq(1).sum(-1).eq(1).all()
+    result: Accepted = accept_tree(drafts, target.log(), chain, GREEDY if one_hot else SAMPLING,
+                                   generator)
+    return result.n_accepted, result.tokens
 
 N = 40_000  # rows sampled at once; each a frequency's standard error is below 0.0025
 

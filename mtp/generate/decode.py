@@ -26,11 +26,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mtp.kv_cache import KVCache
+from mtp.generate.acceptance import ACCEPTANCE, TypicalAcceptance, accept
 from mtp.generate.output import Generation, SequenceOutput, TextCallback
 from mtp.generate.sampling import SamplingConfig, probabilities, sample
-from mtp.generate.speculative import accept, draft, hidden_states, verify
+from mtp.generate.speculative import draft, hidden_states, verify
 from mtp.generate.stacked_heads import StackedHeads, stacked_heads
+from mtp.generate.tree import Tree, resolve_tree
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -38,12 +40,22 @@ from mtp.tokenizers import Tokenizer
 def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
              max_new_tokens: int = 256, k: int | None = None,
              sampling: SamplingConfig = SamplingConfig(), stop: Sequence[str] | str = (),
-             seed: int | None = None, on_text: TextCallback | None = None) -> list[Generation]:
+             seed: int | None = None, on_text: TextCallback | None = None,
+             tree: Tree | str | Sequence[Sequence[int]] | None = None,
+             acceptance: str = "exact",
+             typical: TypicalAcceptance = TypicalAcceptance()) -> list[Generation]:
     """Continue each prompt; one `Generation` per prompt, in order.
 
     Args:
-        k: tokens per forward pass at most: heads 0..k-1 draft, head 0 verifies. None uses
-            every head (model.config.n_future); 1 is plain autoregressive decoding.
+        k: heads used at most: heads 1..k-1 draft, head 0 verifies. None uses every head
+            (model.config.n_future); 1 is plain autoregressive decoding. Without a tree,
+            the chain of k - 1 drafts (k tokens per forward pass at most).
+        tree: verify a candidate tree of the heads' top-k instead of the chain (`tree.py`):
+            "chain", "tree8", "tree16", "tree32", "tree64", a list of rank paths, a `Tree`
+            (e.g. from `Calibration.load(...)` for "auto:N"), or a .json file of rank paths.
+            Presets fit within k heads; a tree deeper than k - 1 is a ValueError.
+        acceptance: "exact" (lossless; greedy equals autoregressive) or "typical" (Medusa's
+            typical acceptance with `typical`'s thresholds; not lossless when sampling).
         sampling: temperature (0: greedy), top-k and top-p of head 0's distribution. Greedy
             output is identical for every k; sampled output has the same distribution.
         stop: strings that end a generation; the returned text stops before them.
@@ -55,6 +67,11 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     _check_arguments(config.n_future, config.vocab_size, tokenizer, prompts, max_new_tokens, k,
                      sampling, stop)
+    if acceptance not in ACCEPTANCE:
+        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
+    if tree is None:
+        tree = Tree.chain(k - 1)
+    tree = resolve_tree(tree, n_heads=k, vocab_size=config.vocab_size)
     encoded = [[tokenizer.eos_id, *ids] for ids in tokenizer.encode_batch(prompts)]
     for index, ids in enumerate(encoded):
         if len(ids) >= config.max_seq_len:
@@ -70,20 +87,20 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
         outputs.append(SequenceOutput(
             index, tokenizer, budget=min(max_new_tokens, room),
             budget_reason="length" if max_new_tokens <= room else "context", stop=stop,
-            n_heads=k, on_text=on_text, started=started))
+            n_heads=tree.depth + 1, on_text=on_text, started=started))
     param = next(model.parameters())
-    max_len = min(config.max_seq_len, max(map(len, encoded)) + max_new_tokens + k)
+    max_len = min(config.max_seq_len, max(map(len, encoded)) + max_new_tokens + tree.n_nodes)
     cache = KVCache(config, len(encoded), max_len, device=param.device, dtype=param.dtype)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=param.device).manual_seed(seed)
     with torch.inference_mode():
-        if k == 1:
+        if tree.n_nodes == 1:
             autoregressive_decode(model, cache, encoded, outputs, sampling, generator,
                                   pad_id=tokenizer.pad_id)
         else:
-            speculative_decode(model, cache, encoded, outputs, k, sampling, generator,
-                               pad_id=tokenizer.pad_id)
+            speculative_decode(model, cache, encoded, outputs, tree, sampling, generator,
+                               pad_id=tokenizer.pad_id, acceptance=acceptance, typical=typical)
     return [output.result() for output in outputs]
 
 
@@ -113,7 +130,7 @@ def autoregressive_decode(model: MTPModel, cache: KVCache, prompts: list[list[in
     while True:
         token = sample(probabilities(logits, sampling), generator)  # (B,)
         ids = token.tolist()
-        keep = _commit(cache, outputs, live, [[t] for t in ids], [0] * len(ids), 1)
+        keep = _commit(cache, outputs, live, [[t] for t in ids], [0] * len(ids))
         if not keep:
             return
         if len(keep) < len(ids):
@@ -122,51 +139,60 @@ def autoregressive_decode(model: MTPModel, cache: KVCache, prompts: list[list[in
 
 
 def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]],
-                       outputs: list[SequenceOutput], k: int, sampling: SamplingConfig,
-                       generator: torch.Generator | None, *, pad_id: int) -> None:
-    """Draft with heads 1..k-1, verify with head 0, accept; on an empty `cache`.
+                       outputs: list[SequenceOutput], tree: Tree, sampling: SamplingConfig,
+                       generator: torch.Generator | None, *, pad_id: int,
+                       acceptance: str = "exact",
+                       typical: TypicalAcceptance = TypicalAcceptance()) -> None:
+    """Draft `tree` with heads 1..depth, verify with head 0, accept; on an empty `cache`.
 
-    The cache holds every accepted token but the last; `pending` is that last token and the
-    drafts after it (see the worked example in `speculative.py`).
+    The cache holds every accepted token but the last; `pending` is that last token (the
+    tree's root) and the drafts after it (see the worked example in `speculative.py`).
     """
-    heads = stacked_heads(model, k)  # heads 0..k-1 as one batched block per head layer
-    last = prefill(model, cache, prompts, heads, pad_id)  # (B, k, D): last position
+    heads = stacked_heads(model, tree.depth + 1)  # one batched block per head layer
+    last = prefill(model, cache, prompts, heads, pad_id)  # (B, n, D): last position
     tokens = sample(probabilities(model.unembed(last[:, 0]), sampling), generator)[:, None]
-    n_accepted = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)
-    m = 1  # tokens in the last forward pass (the prefill counts as verifying one)
+    n_accepted = node = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)
+    step = None  # the tree of the last forward pass (the prefill verified only a root)
     live = list(range(len(prompts)))
     while True:
-        drafts = draft(model.unembed(last[:, 1:]), sampling, generator)
-        pending = torch.cat([tokens.gather(1, n_accepted[:, None]), drafts.tokens], dim=1)
-        host = torch.cat([n_accepted[:, None], tokens], dim=1).tolist()  # the one sync
-        keep = _commit(cache, outputs, live, [row[1:] for row in host],
-                       [row[0] for row in host], m)
+        drafts = draft(model.unembed(last[:, 1:]), tree, sampling, generator)
+        root = tokens.gather(1, n_accepted[:, None])  # (B, 1)
+        host = torch.cat([n_accepted[:, None], node[:, None], tokens], dim=1).tolist()  # sync
+        keep = _commit(cache, outputs, live, [row[2:] for row in host],
+                       [row[0] for row in host], [row[1] for row in host], step)
         if not keep:
             return
         if len(keep) < len(host):
-            rows = torch.tensor(keep, device=pending.device)
-            pending, drafts = pending[rows], drafts[rows]
-        m = min(k, cache.max_len - max(cache.lengths))  # fewer near the end of the cache
-        target, hidden = verify(model, cache, pending[:, :m], heads)  # (B, m, V), (B, m, k, D)
-        n_accepted, tokens = accept(drafts.first(m - 1), probabilities(target, sampling),
-                                    generator)
-        last = hidden[torch.arange(len(keep), device=hidden.device), n_accepted]  # (B, k, D)
+            rows = torch.tensor(keep, device=root.device)
+            root, drafts = root[rows], drafts[rows]
+        step = tree.first(cache.max_len - max(cache.lengths))  # smaller near the cache's end
+        target, hidden = verify(model, cache, torch.cat([root, drafts.first(
+            step.n_nodes - 1).tokens], dim=1), heads, step)  # (B, m, V), (B, m, n, D)
+        result = accept(drafts.first(step.n_nodes - 1), target, step, sampling, generator,
+                        acceptance=acceptance, typical=typical)
+        n_accepted, node, tokens = result.n_accepted, result.node, result.tokens
+        last = hidden[torch.arange(len(keep), device=hidden.device), node]  # (B, n, D)
 
 
 def _commit(cache: KVCache, outputs: list[SequenceOutput], live: list[int],
-            tokens: list[list[int]], n_accepted: list[int], m: int) -> list[int]:
+            tokens: list[list[int]], n_accepted: list[int], nodes: list[int] | None = None,
+            tree: Tree | None = None) -> list[int]:
     """Give each live sequence its new tokens and drop the finished ones from the batch.
 
-    After a forward pass over m pending tokens, sequence b keeps n_accepted[b] drafts and one
-    token of head 0: tokens[b][:n_accepted[b] + 1]. The cache rolls back to the accepted
-    prefix. `live` maps batch rows to outputs and is updated; returns the rows kept.
+    After a forward pass over `tree`'s nodes (None: one token per sequence, nothing to
+    undo), sequence b accepted the path to nodes[b], n_accepted[b] drafts, and one token of
+    head 0 after them: tokens[b][:n_accepted[b] + 1]. The cache keeps the root and that
+    path. `live` maps batch rows to outputs and is updated; returns the rows kept.
     """
-    if m > 1:
-        cache.rollback([length - m + n + 1 for length, n in zip(cache.lengths, n_accepted)])
+    if tree is not None:
+        cache.compact([tree.ancestors[node] for node in nodes])
     keep = []
     for row, (index, ids, n) in enumerate(zip(live, tokens, n_accepted)):
         output = outputs[index]
-        output.count_forward(min(n + 1, m - 1), n)
+        if tree is None:
+            output.count_forward(0, 0, nodes=1)
+        else:  # the depth after the accepted node was verified iff it has children
+            output.count_forward(n + tree.has_children[nodes[row]], n, nodes=tree.n_nodes)
         if not output.add(ids[:n + 1]):
             keep.append(row)
     if len(keep) < len(live):

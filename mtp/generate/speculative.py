@@ -1,19 +1,19 @@
-"""Blockwise self-speculative decoding (Stern et al. 2018, as Gloeckle et al. 2024 use it).
+"""Self-speculative decoding with the heads (Stern et al. 2018; Medusa; Gloeckle et al. 2024).
 
 The three steps of the decode loop, each a function:
 
-- `draft`: at the last accepted position t, head j (1 <= j < k) predicts token t + j + 1;
-  those k - 1 tokens are the proposals, drawn from the heads' own distributions q_j.
-- `verify`: one forward pass over `pending` = [the last accepted token, the k - 1 drafts]
-  through the trunk and heads 0..k-1. Head 0 at pending position i gives the target
-  distribution p_i of the token after it, which verifies draft i + 1; every head at every
-  position also gives the material for the next drafts.
-- `accept`: speculative sampling (Leviathan et al. 2023, Chen et al. 2023) draft by draft:
-  keep draft d with probability min(1, p(d) / q(d)); at the first rejection draw the
-  correction from normalise(max(p - q, 0)), and when every draft is kept draw a bonus token
-  from head 0 at the last pending position. Each token then has exactly head 0's
-  distribution. Greedy is the same rule with one-hot p and q: a draft is kept iff it is
-  head 0's argmax, and the correction is head 0's argmax.
+- `draft`: at the last accepted position t, head j (1 <= j < k) predicts token t + j + 1.
+  A candidate tree (`tree.py`) says which of each head's top candidates to verify and how
+  they chain: the chain of k - 1 top-1 drafts is blockwise speculative decoding, a wider
+  tree (Medusa) also tries head j's second or third choice.
+- `verify`: one forward pass over `pending` = [the last accepted token (the root), the tree's
+  drafts] through the trunk and heads 0..k-1, each node at its depth and seeing only its
+  ancestors. Head 0 at node i gives the target distribution p_i of the token after it,
+  which verifies node i's children; every head at every node also gives the material for
+  the next drafts.
+- `accept` (`acceptance.py`): the longest path that head 0 agrees with, by speculative
+  sampling: lossless, and for greedy decoding exactly the autoregressive output. The cache
+  keeps that path's entries (`KVCache.compact`) and drops the rest.
 
 Worked example, k = 4. The cache holds the accepted tokens x_0..x_9 except the last, x_9.
 The previous step left drafts d_1, d_2, d_3 for positions 10, 11, 12 (from heads 1, 2, 3 at
@@ -31,41 +31,52 @@ n_accepted + 1 = 3 tokens with one forward pass. The cache rolls back to hold x_
 1..3 at pending position 2 (the position of d_2) propose positions 13, 14, 15: the next
 pending is [c, d'_1, d'_2, d'_3]. With every draft accepted (n_accepted = 3) the bonus token
 comes from head 0 at pending position 3 and the next drafts from the heads there too.
+
+A tree works alike: with the tree [0], [1], [0, 0] pending is [x_9, a, b, c] where a and b
+are head 1's two best guesses for position 10 (both at position 10, each seeing x_9 only)
+and c is head 2's best guess for position 11, seen after a. If head 0 after x_9 says b, the
+path x_9 -> b is accepted (c is not: it followed a), the cache keeps x_9 and b at positions
+9 and 10, and head 0 after b gives the next token.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from mtp.kv_cache import KVCache
-from mtp.generate.sampling import SamplingConfig, probabilities, sample
+from mtp.generate.acceptance import Drafts
+from mtp.generate.sampling import SamplingConfig, probabilities
 from mtp.generate.stacked_heads import StackedHeads
+from mtp.generate.tree import Tree
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 
 
-@dataclass(frozen=True)
-class Drafts:
-    """Proposed tokens (B, k - 1) and the distributions q they were drawn from (B, k - 1, V)."""
-
-    tokens: Tensor
-    probs: Tensor
-
-    def __getitem__(self, rows: Tensor | slice) -> Drafts:
-        return Drafts(self.tokens[rows], self.probs[rows])
-
-    def first(self, n: int) -> Drafts:
-        """The first n drafts of every sequence."""
-        return Drafts(self.tokens[:, :n], self.probs[:, :n])
-
-
-def draft(head_logits: Tensor, config: SamplingConfig,
+def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
           generator: torch.Generator | None = None) -> Drafts:
-    """Drafts from the logits (B, k - 1, V) of heads 1..k-1 at the last accepted position."""
-    probs = probabilities(head_logits, config)  # (B, k - 1, V)
-    return Drafts(sample(probs, generator), probs)
+    """The heads' proposal for `tree`'s nodes 1..m-1, from the logits (B, depth, V) of heads
+    1..depth at the last accepted position.
+
+    The node at depth d and rank r gets head d's r-th candidate: its r-th most likely token
+    when greedy (deterministic drafts), else its r-th draw without replacement from head d's
+    distribution q (an exponential race: the order of q / E with E ~ Exp(1)), which comes
+    with the distribution it was drawn from, q without the earlier draws, renormalised. Nodes
+    at the same depth and rank share a token: every head reads the same position.
+    """
+    index = tree.buffers(head_logits.device).draft_index  # (m - 1,)
+    ranks = max(tree.n_ranks, 1)
+    if config.greedy:
+        candidates = head_logits.topk(ranks, dim=-1).indices  # (B, depth, ranks)
+        return Drafts(candidates.flatten(1)[:, index])
+    q = probabilities(head_logits, config)  # (B, depth, V)
+    race = q / torch.empty_like(q).exponential_(generator=generator)
+    candidates = race.topk(ranks, dim=-1).indices  # (B, depth, ranks) in draw order
+    drawn = torch.zeros(*candidates.shape, q.shape[-1], dtype=q.dtype, device=q.device)
+    drawn.scatter_(-1, candidates[..., None], 1.0)  # (B, depth, ranks, V) one-hot draws
+    earlier = drawn.cumsum(2) - drawn  # the draws before each rank
+    remaining = q[:, :, None] * (1 - earlier)  # (B, depth, ranks, V)
+    remaining = remaining / remaining.sum(-1, keepdim=True).clamp(min=1e-30)
+    return Drafts(candidates.flatten(1)[:, index], remaining.flatten(1, 2)[:, index])
 
 
 def hidden_states(model: MTPModel, cache: KVCache, tokens: Tensor,
@@ -88,48 +99,18 @@ def hidden_states(model: MTPModel, cache: KVCache, tokens: Tensor,
     return hidden
 
 
-def verify(model: MTPModel, cache: KVCache, pending: Tensor,
-           heads: int | StackedHeads) -> tuple[Tensor, Tensor]:
-    """One forward pass over `pending` (B, m) with heads 0..n-1 (see `hidden_states`).
+def verify(model: MTPModel, cache: KVCache, pending: Tensor, heads: int | StackedHeads,
+           tree: Tree) -> tuple[Tensor, Tensor]:
+    """One forward pass over `pending` (B, m), `tree`'s nodes, with heads 0..n-1.
 
-    Returns head 0's logits (B, m, V) at every pending position, to verify the drafts, and
-    every head's hidden states (B, m, n, D), of which the next drafts need one position.
-    The cache must hold every accepted token before pending[:, 0]; it advances by m.
+    The nodes sit at their depths after the cached prefix and each sees the prefix and its
+    own ancestors (`KVCache.masked_step`). Returns head 0's logits (B, m, V) at every node,
+    to verify the drafts, and every head's hidden states (B, m, n, D) (see `hidden_states`),
+    of which the next drafts need one node's. The cache must hold every accepted token
+    before pending[:, 0] (the root); it advances by m: `KVCache.compact` then keeps the
+    accepted path.
     """
+    buffers = tree.buffers(pending.device)
+    cache.masked_step(buffers.depths, buffers.visible)
     hidden = hidden_states(model, cache, pending, heads)  # (B, m, n, D)
     return model.unembed(hidden[:, :, 0]), hidden
-
-
-def accept(drafts: Drafts, target: Tensor,
-           generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """The speculative-sampling rule over m - 1 drafts and head 0's m target distributions.
-
-    Args:
-        drafts: tokens (B, m - 1) and proposal distributions (B, m - 1, V).
-        target: head 0's distributions (B, m, V) at the m pending positions; target[:, i]
-            verifies drafts.tokens[:, i].
-    Returns:
-        n_accepted (B,): how many leading drafts were kept, and tokens (B, m): the kept
-        drafts, then at index n_accepted the correction (or bonus) token; later entries are
-        leftover drafts, not output.
-    """
-    batch, m, _ = target.shape
-    rows = torch.arange(batch, device=target.device)
-    draft_ids = drafts.tokens.unsqueeze(-1)  # (B, m - 1, 1)
-    p = target[:, :-1].gather(-1, draft_ids).squeeze(-1)  # (B, m - 1)
-    q = drafts.probs.gather(-1, draft_ids).squeeze(-1)  # (B, m - 1)
-    uniform = torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype)
-    kept = uniform * q < p  # probability min(1, p / q)
-    n_accepted = kept.long().cumprod(-1).sum(-1)  # (B,) length of the accepted prefix
-
-    # The first rejected draft's residual; past the last draft there is no q (bonus token).
-    proposal = torch.cat([drafts.probs, torch.zeros_like(target[:, :1])], dim=1)  # (B, m, V)
-    p_next, q_next = target[rows, n_accepted], proposal[rows, n_accepted]  # (B, V) each
-    residual = (p_next - q_next).clamp(min=0)
-    # An all-zero residual means p == q, where rejection has probability 0 (rounding only).
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
-    correction = sample(residual, generator)  # (B,); sample() needs no normalisation
-
-    tokens = torch.cat([drafts.tokens, correction[:, None]], dim=1)  # (B, m)
-    tokens[rows, n_accepted] = correction
-    return n_accepted, tokens
