@@ -1,13 +1,14 @@
 """End to end: sampled generations have exactly the autoregressive distribution of head 0.
 
 A 4-token model is small enough to enumerate every continuation of 3 tokens and its exact
-probability under autoregressive sampling; 10,000 sampled generations must match it.
+probability under autoregressive sampling; 10,000 sampled generations must match it, for
+the chain and for a tree (SpecInfer's multi-candidate rule).
 """
 
 import pytest
 import torch
 
-from mtp.generate import SamplingConfig, generate
+from mtp.generate import DecodeStats, SamplingConfig, generate
 from mtp.generate.sampling import probabilities
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
@@ -71,13 +72,22 @@ def _exact(model, prefix, sampling, depth):
     return outcomes
 
 
-@pytest.mark.parametrize("k", [1, 3])
-@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0),
-                                      SamplingConfig(temperature=0.7, top_p=0.9, top_k=3)])
-def test_sampled_generations_follow_head_0(model, k, sampling):
+# Siblings at both depths, a rank (2) that top_k=3 leaves only sometimes drawable, and a
+# path that continues from a second choice.
+TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
+
+
+PLAIN, FILTERED = SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9,
+                                                                 top_k=3)
+
+
+@pytest.mark.parametrize("k, tree, sampling", [
+    (1, None, PLAIN), (1, None, FILTERED), (3, None, PLAIN), (3, None, FILTERED),
+    (3, TREE, FILTERED)], ids=["ar", "ar-filtered", "chain", "chain-filtered", "tree-filtered"])
+def test_sampled_generations_follow_head_0(model, k, tree, sampling):
     exact = _exact(model, [EOS, 0, 1], sampling, depth=3)
     generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3, k=k,
-                           sampling=sampling, seed=0)
+                           sampling=sampling, seed=0, tree=tree)
     counts = {}
     for g in generations:
         counts[tuple(g.token_ids)] = counts.get(tuple(g.token_ids), 0) + 1
@@ -86,9 +96,15 @@ def test_sampled_generations_follow_head_0(model, k, sampling):
     for outcome, p in exact.items():
         error = abs(counts.get(outcome, 0) / N - p)
         assert error <= 4.5 * (p * (1 - p) / N) ** 0.5 + 3 / N, (outcome, p, error)
-    if k == 3:  # the heads disagree often, so the rejection rule was exercised
+    if k == 3 and tree is None:  # the heads disagree often, so the rejection rule was exercised
         rate = [g.stats.head_acceptance[1] for g in generations if g.stats.head_verified[1]]
         assert 0.1 < sum(rate) / len(rate) < 0.9
+    if tree is not None:  # a second or third sibling was accepted often
+        chain_rate = DecodeStats.pooled([g.stats for g in generate(
+            model, DigitTokenizer(), ["01"] * 2000, max_new_tokens=3, k=k, sampling=sampling,
+            seed=1)]).head_acceptance[1]
+        assert DecodeStats.pooled([g.stats for g in generations]).head_acceptance[1] \
+            > chain_rate + 0.1
 
 
 def test_exact_enumeration_is_a_distribution(model):
