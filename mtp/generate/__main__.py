@@ -4,14 +4,15 @@ Arguments are key=value overrides with Hydra's grammar, as in `mtp.train` and `m
 (quote values with spaces or punctuation: prompt='def fib(n):'). Streams each continuation
 to stdout as it is decoded, then prints its statistics to stderr.
 
-  checkpoint       an exported directory or a Lightning .ckpt (required)
+  checkpoint       anything mtp.load reads: an export, a Lightning .ckpt, a Hugging Face Llama
+                   directory, Meta's multi-token-prediction layout (required)
   prompt           the prompt; or prompt_file=PATH (.jsonl: one prompt per line)
   max_new_tokens   256
   k                tokens per forward pass at most; null: every head; 1: autoregressive
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   stop             list of stop strings, e.g. stop='["\\n\\n"]'
   seed             null
-  device, dtype    cpu, float32 (e.g. device=cuda dtype=bfloat16)
+  device, dtype    cpu, null (the checkpoint's dtype); e.g. device=cuda dtype=bfloat16
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class GenerateArgs:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str | None = None
 
 
 def parse_args(argv: list[str]) -> GenerateArgs:
@@ -60,7 +61,7 @@ def parse_args(argv: list[str]) -> GenerateArgs:
         raise ValueError(f"bad arguments {argv}: {e}") from e
     if (args.prompt is None) == (args.prompt_file is None):
         raise ValueError("give exactly one of prompt=... and prompt_file=...")
-    if args.dtype not in DTYPES:
+    if args.dtype is not None and args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
     return args
 
@@ -78,7 +79,7 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
-    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES[args.dtype])
+    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES.get(args.dtype))
     k = model.config.n_future if args.k is None else args.k
     for index, prompt in enumerate(prompts):
         if len(prompts) > 1:
