@@ -82,9 +82,9 @@ def test_trees_the_model_cannot_draft_name_the_path():
 
 def test_calibration_round_trip_and_mismatch(tmp_path):
     rates = [[0.5, 0.2], [0.6, 0.1], [0.7, 0.05]]
-    Calibration(rates, n_future=4, vocab_size=262, fastest="auto:8").save(tmp_path)
+    Calibration(rates, n_future=4, vocab_size=262, fastest={"k": 4, "tree": "auto:8"}).save(tmp_path)
     found = find_calibration(tmp_path, n_future=4, vocab_size=262)
-    assert found.rates == rates and found.fastest == "auto:8"
+    assert found.rates == rates and found.fastest == {"k": 4, "tree": "auto:8"}
     tree = resolve_tree("auto:5", n_heads=4, vocab_size=262, calibration=found)
     assert tree.n_nodes == 5 and tree.paths == Tree.from_rates(rates, 5).paths
     assert resolve_tree("auto:9", n_heads=2, vocab_size=262, calibration=found).depth == 1

@@ -223,14 +223,15 @@ class Calibration:
 
     `rates[d][r]`: how often head d + 1's rank-r token was the token that greedy decoding
     produced, over positions where heads 1..d were right within their top ranks (see
-    `mtp.generate.calibrate`). `fastest`: the tree (or "chain") that decoded fastest when
-    calibrated, which `generate`'s command line and `eval` use by default.
+    `mtp.generate.calibrate`). `fastest`: {"k": ..., "tree": ... or None for the chain}, the
+    configuration that decoded fastest when calibrated, which `generate`'s command line and
+    `eval` use when given neither k nor tree.
     """
 
     rates: list[list[float]]
     n_future: int
     vocab_size: int
-    fastest: str | None = None
+    fastest: dict[str, Any] | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
     def save(self, directory: str | Path) -> Path:
