@@ -1,26 +1,19 @@
-"""The acceptance rule on stub distributions: agreeing, disagreeing, and exact in distribution.
-
-Head 0's target distributions are given as probabilities; their logs are the logits that
-`accept` takes (log 0 = -inf keeps one-hot rows one-hot).
-"""
+"""The acceptance rule on stub distributions: agreeing, disagreeing, and exact in distribution."""
 
 import torch
 
-from mtp.generate.acceptance import Accepted, Drafts
-from mtp.generate.acceptance import accept as accept_tree
+from mtp.generate.acceptance import accept as accept_drafts
+from mtp.generate.drafter import Drafts
 from mtp.generate.sampling import SamplingConfig
-from mtp.generate.tree import Tree
-
-GREEDY, SAMPLING = SamplingConfig(), SamplingConfig(temperature=1.0)
 
 
 def accept(drafts, target, generator=None):
-    """The chain rule: n_accepted (B,) and tokens (B, m) for m - 1 chained drafts."""
-    chain = Tree.chain(drafts.tokens.shape[1])
-    one_hot = target.eq(1).sum(-1).eq(1).all() and drafts.probs is not None \
-        and drafts.probs.eq(1).sum(-1).eq(1).all()
-    result: Accepted = accept_tree(drafts, target.log(), chain, GREEDY if one_hot else SAMPLING,
-                                   generator)
+    """The rule on target distributions (B, m, V); their logs are the logits `accept` takes
+    (log 0 = -inf keeps one-hot rows one-hot, which is greedy decoding)."""
+    greedy = bool(target.eq(1).sum(-1).eq(1).all()) and (
+        drafts.probs is None or bool(drafts.probs.eq(1).sum(-1).eq(1).all()))
+    result = accept_drafts(drafts, target.log(), SamplingConfig(temperature=0 if greedy else 1),
+                           generator)
     return result.n_accepted, result.tokens
 
 N = 40_000  # rows sampled at once; each a frequency's standard error is below 0.0025

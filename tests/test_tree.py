@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from mtp.generate.acceptance import Drafts, TypicalAcceptance, accept
+from mtp.generate.acceptance import TypicalAcceptance, accept
+from mtp.generate.drafter import Drafts
 from mtp.generate.sampling import SamplingConfig
-from mtp.generate.speculative import draft
+from mtp.generate.heads_drafter import draft
 from mtp.generate.tree import Calibration, Tree, find_calibration, resolve_tree
 
 MEDUSA_LIKE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
@@ -82,9 +83,9 @@ def test_trees_the_model_cannot_draft_name_the_path():
 
 def test_calibration_round_trip_and_mismatch(tmp_path):
     rates = [[0.5, 0.2], [0.6, 0.1], [0.7, 0.05]]
-    Calibration(rates, n_future=4, vocab_size=262, fastest={"k": 4, "tree": "auto:8"}).save(tmp_path)
+    Calibration(rates, n_future=4, vocab_size=262, details={"prompts": 3}).save(tmp_path)
     found = find_calibration(tmp_path, n_future=4, vocab_size=262)
-    assert found.rates == rates and found.fastest == {"k": 4, "tree": "auto:8"}
+    assert found.rates == rates and found.details == {"prompts": 3}
     tree = resolve_tree("auto:5", n_heads=4, vocab_size=262, calibration=found)
     assert tree.n_nodes == 5 and tree.paths == Tree.from_rates(rates, 5).paths
     assert resolve_tree("auto:9", n_heads=2, vocab_size=262, calibration=found).depth == 1
@@ -108,11 +109,12 @@ def test_greedy_acceptance_takes_the_path_head_0_agrees_with():
     predicted = [7, 1, 3, 1, 2, 1]
     target = torch.full((1, 6, 10), -1.0, dtype=torch.float64)
     target[0, torch.arange(6), torch.tensor(predicted)] = 0.0
-    drafts = Drafts(torch.tensor([[5, 7, 3, 2, 3]]))  # node 2 (=7) and then node 5 (=3) agree
-    result = accept(drafts, target, tree, SamplingConfig())
+    drafts = Drafts(torch.tensor([[5, 7, 3, 2, 3]]), tree=tree)  # node 2 (7), then 5 (3) agree
+    result = accept(drafts, target, SamplingConfig())
     assert result.node.tolist() == [5] and result.n_accepted.tolist() == [2]
     assert result.tokens[0, :3].tolist() == [7, 3, 1]  # the path, then head 0 after node 5
-    nothing = accept(Drafts(torch.tensor([[0, 0, 0, 0, 0]])), target, tree, SamplingConfig())
+    nothing = accept(Drafts(torch.tensor([[0, 0, 0, 0, 0]]), tree=tree), target,
+                     SamplingConfig())
     assert nothing.node.tolist() == [0] and nothing.tokens[0, 0].item() == 7
 
 
@@ -123,10 +125,10 @@ def test_typical_acceptance_keeps_likely_drafts_and_is_greedy_at_temperature_0()
     typical = TypicalAcceptance(epsilon=0.09, alpha=0.3)
     # threshold: min(0.09, 0.3 * exp(-H)) = 0.09 here; both 0 and 1 pass, 2 does not
     for tokens, node in (([0, 1], 1), ([2, 1], 2), ([2, 2], 0)):
-        result = accept(Drafts(torch.tensor([tokens])), target, tree,
+        result = accept(Drafts(torch.tensor([tokens]), tree=tree), target,
                         SamplingConfig(temperature=1.0), acceptance="typical", typical=typical)
         assert result.node.tolist() == [node]
-    greedy = accept(Drafts(torch.tensor([[1, 0]])), target, tree, SamplingConfig(),
+    greedy = accept(Drafts(torch.tensor([[1, 0]]), tree=tree), target, SamplingConfig(),
                     acceptance="typical")
     assert greedy.node.tolist() == [2]  # only head 0's argmax (token 0, node 2) is kept
 
@@ -143,7 +145,7 @@ def test_sibling_candidates_keep_head_0s_distribution():
     drafts = draft(head_logits, tree, sampling, generator)
     assert (drafts.tokens[:, 0] != drafts.tokens[:, 1]).all()  # without replacement
     target = p.log().expand(n, 4, vocab)  # after each sibling: p again (a stationary source)
-    result = accept(drafts, target, tree, sampling, generator)
+    result = accept(drafts, target, sampling, generator)
     first = torch.bincount(result.tokens[:, 0], minlength=vocab).double() / n
     torch.testing.assert_close(first, p, atol=0.01, rtol=0)
     # The test has power: accepting each sibling with p(x)/q(x) but resampling from p
@@ -151,8 +153,8 @@ def test_sibling_candidates_keep_head_0s_distribution():
     accepted = (result.n_accepted == 1).double().mean()
     assert accepted > torch.minimum(p, q).sum() + 0.1
     # Deterministic (one-hot) siblings, as the greedy top-k would give: also exact.
-    fixed = Drafts(torch.tensor([[4, 3, 0]]).expand(n, 3))
-    result = accept(fixed, target, tree, sampling, generator)
+    fixed = Drafts(torch.tensor([[4, 3, 0]]).expand(n, 3), tree=tree)
+    result = accept(fixed, target, sampling, generator)
     first = torch.bincount(result.tokens[:, 0], minlength=vocab).double() / n
     torch.testing.assert_close(first, p, atol=0.01, rtol=0)
     assert (result.n_accepted == 1).double().mean() == pytest.approx(0.4 + 0.25 + 0.05,

@@ -1,4 +1,4 @@
-"""`python -m mtp.generate checkpoint=DIR prompt='def fib(n):' k=8 temperature=0`.
+"""`python -m mtp.generate checkpoint=DIR prompt='def fib(n):' drafter=auto temperature=0`.
 
 Arguments are key=value overrides with Hydra's grammar, as in `mtp.train` and `mtp.eval`
 (quote values with spaces or punctuation: prompt='def fib(n):'). Streams each continuation
@@ -8,11 +8,17 @@ to stdout as it is decoded, then prints its statistics to stderr.
                    directory, Meta's multi-token-prediction layout (required)
   prompt           the prompt; or prompt_file=PATH (.jsonl: one prompt per line)
   max_new_tokens   256
-  k                heads used at most; null: every head; 1: autoregressive
-  tree             null (the chain of k - 1 drafts), chain, tree8/16/32/64, auto:N (needs the
-                   checkpoint's tree.json: python -m mtp.generate.calibrate), a .json file of
-                   rank paths, or a list of rank paths, e.g. tree='[[0],[1],[0,0]]'. With
-                   neither k nor tree, the fastest configuration tree.json recorded, if any
+  drafter          auto (default: measures the candidates, keeps the fastest), autoregressive,
+                   heads, prompt_lookup, heads+prompt_lookup, draft_model
+  k                the heads' tokens per forward pass at most; null: every head; auto
+  draft_model      a checkpoint sharing the tokenizer (drafter=draft_model, or a candidate of auto)
+  num_draft        drafts per step of prompt lookup (8) or the draft model (4)
+  max_ngram, min_ngram   prompt lookup's n-gram sizes (4, 2)
+  calibration      auto's cache file (default: under ~/.cache/mtp, per checkpoint)
+  tree             the heads' candidate tree: chain, tree8/16/32/64, auto:N (needs the
+                   checkpoint's tree.json, from python -m mtp.generate.calibrate), a .json file
+                   of rank paths, or a list, e.g. tree='[[0],[1],[0,0]]'. Without it, auto
+                   also measures the auto:N trees of a calibrated checkpoint
   acceptance       exact (lossless) or typical (Medusa's; not lossless when sampling)
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   stop             list of stop strings, e.g. stop='["\\n\\n"]'
@@ -33,11 +39,13 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mtp.checkpoint import load
+from mtp.generate.auto import Auto, default_calibration
 from mtp.generate.decode import generate
+from mtp.generate.names import drafter_from_options
 from mtp.generate.output import DecodeStats
 from mtp.generate.prompts import read_prompts
 from mtp.generate.sampling import SamplingConfig
-from mtp.generate.tree import Tree, find_calibration, resolve_tree
+from mtp.generate.tree import find_calibration
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,8 +56,14 @@ class GenerateArgs:
     prompt: str | None = None
     prompt_file: str | None = None
     max_new_tokens: int = 256
-    k: int | None = None
-    tree: Any = None
+    drafter: str = "auto"
+    k: Any = None  # an int, "auto" or None
+    draft_model: str | None = None
+    num_draft: int | None = None
+    max_ngram: int | None = None
+    min_ngram: int | None = None
+    calibration: str | None = None
+    tree: Any = None  # a name, a .json file or a list of rank paths
     acceptance: str = "exact"
     temperature: float = 0.0
     top_k: int | None = None
@@ -77,40 +91,26 @@ def parse_args(argv: list[str]) -> GenerateArgs:
     args = parse_overrides(argv, GenerateArgs)
     if (args.prompt is None) == (args.prompt_file is None):
         raise ValueError("give exactly one of prompt=... and prompt_file=...")
+    if args.k is not None and args.k != "auto" and not isinstance(args.k, int):
+        raise ValueError(f"bad arguments {argv}: k must be an integer, auto or null, "
+                         f"got {args.k!r}")
     if args.dtype is not None and args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
     return args
 
 
-def describe(stats: DecodeStats, k: int, tree: Tree | None = None) -> str:
+def describe(stats: DecodeStats, drafter: str) -> str:
     """One line of decoding statistics."""
     rate = stats.new_tokens / stats.seconds if stats.seconds else float("nan")
-    heads = " ".join(f"{a:.2f}" for a in stats.head_acceptance)
-    line = (f"k={k}: {stats.new_tokens} tokens in {stats.forward_passes} forward passes "
+    drafts = " ".join(f"{a:.2f}" for a in stats.head_acceptance[1:])
+    line = (f"{drafter}: {stats.new_tokens} tokens in {stats.forward_passes} forward passes "
             f"({stats.tokens_per_forward:.2f} tokens/forward), {stats.seconds:.2f} s, "
-            f"{rate:.1f} tokens/s; head acceptance {heads}")
-    if tree is not None:
+            f"{rate:.1f} tokens/s" + (f"; draft acceptance {drafts}" if drafts else ""))
+    if stats.nodes_per_forward > 1:
         depths = " ".join(map(str, stats.accepted_depths))
-        line += (f"; tree {tree.name} ({tree.n_nodes} nodes, {stats.nodes_per_forward:.1f} "
-                 f"verified per forward), accepted depths 0.. {depths}")
+        line += (f"; {stats.nodes_per_forward:.1f} tokens verified per forward; forward "
+                 f"passes by drafts accepted (0, 1, ...): {depths}")
     return line
-
-
-def choose_decoding(checkpoint: str, config: Any, k: int | None,
-                    tree: Any) -> tuple[int, Tree | None]:
-    """k and tree for a checkpoint: as given, else the fastest its tree.json measured.
-
-    Without a tree.json and with neither given: the chain of every head.
-    """
-    calibration = find_calibration(checkpoint, n_future=config.n_future,
-                                   vocab_size=config.vocab_size)
-    if k is None and tree is None and calibration is not None and calibration.fastest:
-        k, tree = calibration.fastest["k"], calibration.fastest["tree"]
-    k = config.n_future if k is None else k
-    if tree is None:
-        return k, None
-    return k, resolve_tree(tree, n_heads=k, vocab_size=config.vocab_size,
-                           calibration=calibration)
 
 
 def main(argv: list[str]) -> None:
@@ -118,17 +118,24 @@ def main(argv: list[str]) -> None:
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
     model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES.get(args.dtype))
-    k, tree = choose_decoding(args.checkpoint, model.config, args.k, args.tree)
+    drafter = drafter_from_options(
+        model, args.drafter, k=args.k, draft_model=args.draft_model, num_draft=args.num_draft,
+        max_ngram=args.max_ngram, min_ngram=args.min_ngram,
+        calibration=args.calibration or default_calibration(args.checkpoint), tree=args.tree,
+        trees=find_calibration(args.checkpoint, n_future=model.config.n_future,
+                               vocab_size=model.config.vocab_size))
     for index, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(f"\n### prompt {index}", flush=True)
         print(prompt, end="", flush=True)
-        [result] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens, k=k,
-                            sampling=sampling, stop=args.stop, seed=args.seed,
-                            on_text=lambda _, text: print(text, end="", flush=True), tree=tree,
+        [result] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens,
+                            drafter=drafter, sampling=sampling, stop=args.stop, seed=args.seed,
+                            on_text=lambda _, text: print(text, end="", flush=True),
                             acceptance=args.acceptance)
         print(flush=True)
-        print(f"[{result.finish_reason}] {describe(result.stats, k, tree)}", file=sys.stderr)
+        name = (f"auto -> {drafter.choice}" if isinstance(drafter, Auto)
+                else str(drafter))
+        print(f"[{result.finish_reason}] {describe(result.stats, name)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

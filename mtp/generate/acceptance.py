@@ -1,10 +1,11 @@
 """Acceptance: which drafted path of a tree one verify pass keeps, and the token after it.
 
-The verifier does not know who drafted: it gets the draft tokens of a tree's nodes 1..m-1
-(the root, node 0, is the last accepted token), the distribution each draft was drawn from
-(or none, for deterministic drafts, which count as one-hot), and head 0's logits at every
-node, which give the target distribution p of the token after that node. A chain is the
-tree with one path.
+The verifier does not know who drafted: it gets `Drafts` (drafter.py), the draft tokens of
+a tree's nodes 1..m-1 (the root, node 0, is the last accepted token), the distribution each
+draft was drawn from (or none, for deterministic drafts, which count as one-hot), and head
+0's logits at every node, which give the target distribution p of the token after that
+node. A chain is the tree with one path. Padding drafts (past a row's `lengths`) are never
+kept and leave the target untouched.
 
 - `exact` (the default). Greedy (temperature 0): a draft is kept iff it is head 0's argmax
   after its parent; the output is the longest such path plus head 0's argmax after it, which
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mtp.generate.drafter import Drafts
 from mtp.generate.sampling import SamplingConfig, probabilities, sample
 from mtp.generate.tree import Tree
 
@@ -53,25 +55,6 @@ class TypicalAcceptance:
 
 
 @dataclass(frozen=True)
-class Drafts:
-    """A drafter's proposal for a tree's nodes 1..m-1 (the tree supplies the parent links).
-
-    tokens (B, m - 1); probs (B, m - 1, V): the distribution each token was drawn from given
-    the siblings drawn before it, or None for deterministic drafts (one-hot).
-    """
-
-    tokens: Tensor
-    probs: Tensor | None = None
-
-    def __getitem__(self, rows: Tensor | slice) -> Drafts:
-        return Drafts(self.tokens[rows], None if self.probs is None else self.probs[rows])
-
-    def first(self, n: int) -> Drafts:
-        """The first n nodes' drafts (the nodes of `Tree.first(n + 1)`)."""
-        return Drafts(self.tokens[:, :n], None if self.probs is None else self.probs[:, :n])
-
-
-@dataclass(frozen=True)
 class Accepted:
     """Per sequence: the last accepted node, its depth, and the new tokens.
 
@@ -84,17 +67,21 @@ class Accepted:
     tokens: Tensor  # (B, depth + 1)
 
 
-def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
+def accept(drafts: Drafts, target: Tensor, sampling: SamplingConfig,
            generator: torch.Generator | None = None, *, acceptance: str = "exact",
            typical: TypicalAcceptance = TypicalAcceptance()) -> Accepted:
-    """Verify `drafts` of `tree`'s nodes against head 0's logits `target` (B, m, V)."""
+    """Verify `drafts` (a chain, or a tree's nodes) against head 0's logits `target` (B, m, V)."""
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
+    tree = drafts.shape()
     buffers = tree.buffers(target.device)
     rows = torch.arange(target.shape[0], device=target.device)
+    real = None  # (B, m - 1): which drafts are not padding
+    if drafts.lengths is not None:
+        real = torch.arange(drafts.count, device=target.device) < drafts.lengths[:, None]
     if sampling.greedy:
         predicted = target.argmax(-1)  # (B, m) head 0's token after each node
-        node = _deepest_kept(drafts.tokens == predicted[:, buffers.parents], tree)
+        node = _deepest_kept(_and(drafts.tokens == predicted[:, buffers.parents], real), tree)
         next_token = predicted[rows, node]
     elif acceptance == "typical":
         p = probabilities(target, sampling)  # (B, m, V)
@@ -102,11 +89,11 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
         threshold = torch.minimum(typical.alpha * torch.exp(-entropy),
                                   torch.full_like(entropy, typical.epsilon))
         p_draft = p[:, buffers.parents].gather(-1, drafts.tokens[..., None]).squeeze(-1)
-        node = _deepest_kept(p_draft > threshold[:, buffers.parents], tree)
+        node = _deepest_kept(_and(p_draft > threshold[:, buffers.parents], real), tree)
         next_token = sample(p[rows, node], generator)
     else:
         node, residual = _recursive_rejection(drafts, probabilities(target, sampling), tree,
-                                              generator)
+                                              real, generator)
         next_token = sample(residual, generator)
     path = buffers.ancestors[node][:, 1:]  # (B, depth): the accepted nodes, then padding
     tokens = drafts.tokens.gather(1, (path - 1).clamp(min=0))
@@ -116,6 +103,10 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
     return Accepted(node, n_accepted, tokens)
 
 
+def _and(kept: Tensor, real: Tensor | None) -> Tensor:
+    return kept if real is None else kept & real
+
+
 def _deepest_kept(kept: Tensor, tree: Tree) -> Tensor:
     """The deepest node (B,) whose whole path is kept; kept (B, m - 1) for nodes 1..m-1.
 
@@ -123,12 +114,13 @@ def _deepest_kept(kept: Tensor, tree: Tree) -> Tensor:
     distinct tokens, so at most one path is kept.
     """
     buffers = tree.buffers(kept.device)
-    kept = torch.cat([torch.ones_like(kept[:, :1]), kept], dim=1)  # the root is always kept
+    root = torch.ones(kept.shape[0], 1, dtype=torch.bool, device=kept.device)
+    kept = torch.cat([root, kept], dim=1)  # the root is always kept
     on_path = kept[:, buffers.ancestors].all(-1)  # (B, m)
     return (on_path * (buffers.depths + 1)).argmax(-1)  # argmax returns the first maximum
 
 
-def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree,
+def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree, real: Tensor | None,
                          generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """SpecInfer's rule: the last accepted node (B,) and the distribution (B, V) after it."""
     buffers = tree.buffers(p_all.device)
@@ -153,6 +145,8 @@ def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree,
             # A draft its own proposal could not have drawn (e.g. a rank past top_k) was
             # never proposed: skip it without touching the target.
             trying = descending & (child >= 0) & (chosen < 0) & (q_token > 0)
+            if real is not None:
+                trying &= real[rows, index]
             kept = trying & (uniform * q_token < p_token)  # probability min(1, p / q)
             chosen = torch.where(kept, child, chosen)
             residual = (p - q).clamp(min=0)

@@ -10,27 +10,23 @@ verified when its parent was accepted, and heads agree more often after their pr
 did). Medusa's construction (`Tree.from_rates`) turns the rates into the N-node tree of the
 largest expected accepted length.
 
-With speed=true (the default) it then times, on the first `speed_prompts` prompts at batch 1,
-autoregressive decoding, the chain at every k, and `auto:N` for each of `sizes`, and records
-the fastest as `fastest`, which `python -m mtp.generate` and `python -m mtp.eval` use when
-given neither k nor tree. Calibrate on prompts that you do not benchmark on.
+Whether a tree pays is a question of speed, not only of acceptance: `drafter=auto` (the
+command lines' default) measures the auto:N trees of a calibrated checkpoint against the
+chain and keeps the fastest. Calibrate on prompts that you do not benchmark on.
 
   checkpoint       an exported directory (required)
   prompt_file      data/prompts/calibration.jsonl (MBPP validation-split signatures)
   max_new_tokens   128 greedy tokens per prompt
   ranks            8: ranks measured per head
-  sizes            [8, 16, 32, 64]: the auto:N trees timed
-  speed            true; speed_prompts 16
   output           where tree.json goes (default: the checkpoint's directory)
   device, dtype    cpu, float32
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +35,8 @@ from omegaconf import MISSING
 
 from mtp.checkpoint import load
 from mtp.generate.decode import generate
-from mtp.generate.output import DecodeStats
 from mtp.generate.prompts import read_prompts
-from mtp.generate.tree import Calibration, Tree, resolve_tree
+from mtp.generate.tree import Calibration, Tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -55,9 +50,6 @@ class CalibrateArgs:
     prompt_file: str = str(REPO / "data/prompts/calibration.jsonl")
     max_new_tokens: int = 128
     ranks: int = 8
-    sizes: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
-    speed: bool = True
-    speed_prompts: int = 16
     output: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
@@ -104,30 +96,8 @@ def acceptance_rates(ranks: torch.Tensor, n_ranks: int) -> list[list[float]]:
     return rates
 
 
-def time_configurations(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
-                        candidates: dict[str, tuple[int, Tree | None]],
-                        max_new_tokens: int, repeats: int = 2) -> dict[str, dict[str, float]]:
-    """Tokens/s (median of `repeats`, interleaved) and tokens/forward of each candidate."""
-    results: dict[str, list[float]] = {name: [] for name in candidates}
-    pooled = {}
-    for name, (k, tree) in candidates.items():  # warm-up
-        generate(model, tokenizer, prompts[:1], max_new_tokens=8, k=k, tree=tree)
-    for _ in range(repeats):
-        for name, (k, tree) in candidates.items():
-            began, outputs = time.perf_counter(), []
-            for prompt in prompts:
-                outputs += generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens,
-                                    k=k, tree=tree)
-            stats = DecodeStats.pooled([g.stats for g in outputs])
-            results[name].append(stats.new_tokens / (time.perf_counter() - began))
-            pooled[name] = stats
-    return {name: {"tokens_per_second": round(statistics.median(speeds), 1),
-                   "tokens_per_forward": round(pooled[name].tokens_per_forward, 3)}
-            for name, speeds in results.items()}
-
-
 def calibrate(args: CalibrateArgs) -> tuple[Calibration, Path]:
-    """Measure, optionally time, and write tree.json; returns it and its path."""
+    """Measure the rates and write tree.json; returns the calibration and its path."""
     model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES[args.dtype])
     config = model.config
     if config.n_future < 2:
@@ -141,23 +111,6 @@ def calibrate(args: CalibrateArgs) -> tuple[Calibration, Path]:
         "max_new_tokens": args.max_new_tokens, "device": args.device, "dtype": args.dtype,
         "threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - began, 1)}
     calibration = Calibration(rates, config.n_future, config.vocab_size, details=details)
-    fastest = None
-    if args.speed:
-        candidates: dict[str, tuple[int, Tree | None]] = {
-            f"chain k={k}": (k, None) for k in range(1, config.n_future + 1)}
-        for size in args.sizes:
-            tree = resolve_tree(f"auto:{size}", n_heads=config.n_future,
-                                vocab_size=config.vocab_size, calibration=calibration)
-            candidates[f"auto:{size}"] = (config.n_future, tree)
-        timings = time_configurations(model, tokenizer, prompts[:args.speed_prompts],
-                                      candidates, args.max_new_tokens)
-        best = max(timings, key=lambda name: timings[name]["tokens_per_second"])
-        fastest = ({"k": candidates[best][0], "tree": None} if best.startswith("chain")
-                   else {"k": config.n_future, "tree": best})
-        details["timings"] = timings
-        details["speed_prompts"] = min(args.speed_prompts, len(prompts))
-    calibration = Calibration(rates, config.n_future, config.vocab_size, fastest=fastest,
-                              details=details)
     output = Path(args.output) if args.output else Path(args.checkpoint)
     return calibration, calibration.save(output)
 
@@ -172,10 +125,18 @@ def main(argv: list[str]) -> None:
     print("head  " + " ".join(f"rank{r:<2}" for r in range(args.ranks)))
     for head, row in enumerate(calibration.rates, start=1):
         print(f"{head:>4}  " + " ".join(f"{p:6.3f}" for p in row))
-    for name, timing in calibration.details.get("timings", {}).items():
-        print(f"{name:>10}: {timing['tokens_per_second']:7.1f} tokens/s, "
-              f"{timing['tokens_per_forward']:.2f} tokens/forward")
-    print(f"fastest: {calibration.fastest}; wrote {path}")
+    for size in (8, 16, 32, 64):
+        tree = Tree.from_rates(calibration.rates, size)
+        expected = 1 + sum(_path_probability(calibration.rates, p) for p in tree.paths)
+        print(f"auto:{size}: depth {tree.depth}, expected {expected:.2f} tokens per forward")
+    print(f"wrote {path}")
+
+
+def _path_probability(rates: list[list[float]], path: tuple[int, ...]) -> float:
+    probability = 1.0
+    for depth, rank in enumerate(path):
+        probability *= rates[depth][rank]
+    return probability
 
 
 def _device(model: MTPModel) -> torch.device:

@@ -1,19 +1,26 @@
-"""Self-speculative decoding with the heads (Stern et al. 2018; Medusa; Gloeckle et al. 2024).
+"""Verification and acceptance, shared by every drafter (`drafter.py`).
 
-The three steps of the decode loop, each a function:
+The three steps of the decode loop, each a function; the worked example below uses the
+model's own heads as the drafter (blockwise self-speculative decoding, Stern et al. 2018, as
+Gloeckle et al. 2024 use it), but `verify` and `accept` do not know who drafted:
 
-- `draft`: at the last accepted position t, head j (1 <= j < k) predicts token t + j + 1.
-  A candidate tree (`tree.py`) says which of each head's top candidates to verify and how
-  they chain: the chain of k - 1 top-1 drafts is blockwise speculative decoding, a wider
-  tree (Medusa) also tries head j's second or third choice.
-- `verify`: one forward pass over `pending` = [the last accepted token (the root), the tree's
-  drafts] through the trunk and heads 0..k-1, each node at its depth and seeing only its
-  ancestors. Head 0 at node i gives the target distribution p_i of the token after it,
-  which verifies node i's children; every head at every node also gives the material for
-  the next drafts.
-- `accept` (`acceptance.py`): the longest path that head 0 agrees with, by speculative
-  sampling: lossless, and for greedy decoding exactly the autoregressive output. The cache
-  keeps that path's entries (`KVCache.compact`) and drops the rest.
+- draft (`heads_drafter.draft`): at the last accepted position t, head j (1 <= j < k)
+  predicts token t + j + 1; those k - 1 tokens are the proposals, drawn from the heads' own
+  distributions q_j. With a candidate tree (`tree.py`, Medusa) the heads also propose their
+  second or third choices, with parent links. Other drafters propose their own tokens and q
+  (`Drafts`).
+- `verify`: one forward pass over `pending` = [the last accepted token, the k - 1 drafts]
+  through the trunk and heads 0..k-1. Head 0 at pending position i gives the target
+  distribution p_i of the token after it, which verifies draft i + 1; every head at every
+  position also gives the material for the next drafts. A tree's nodes each sit at their
+  depth and see only their ancestors.
+- `accept` (`acceptance.py`): speculative sampling (Leviathan et al. 2023, Chen et al. 2023)
+  draft by draft: keep draft d with probability min(1, p(d) / q(d)); at the first rejection
+  draw the correction from normalise(max(p - q, 0)), and when every draft is kept draw a
+  bonus token from head 0 at the last pending position. Each token then has exactly head
+  0's distribution. Greedy is the same rule with one-hot p and q: a draft is kept iff it is
+  head 0's argmax, and the correction is head 0's argmax. A tree tries a node's children
+  in turn (SpecInfer); the cache then keeps the accepted path (`KVCache.compact`).
 
 Worked example, k = 4. The cache holds the accepted tokens x_0..x_9 except the last, x_9.
 The previous step left drafts d_1, d_2, d_3 for positions 10, 11, 12 (from heads 1, 2, 3 at
@@ -44,39 +51,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mtp.generate.acceptance import Drafts
-from mtp.generate.sampling import SamplingConfig, probabilities
 from mtp.generate.stacked_heads import StackedHeads
 from mtp.generate.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
-
-
-def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
-          generator: torch.Generator | None = None) -> Drafts:
-    """The heads' proposal for `tree`'s nodes 1..m-1, from the logits (B, depth, V) of heads
-    1..depth at the last accepted position.
-
-    The node at depth d and rank r gets head d's r-th candidate: its r-th most likely token
-    when greedy (deterministic drafts), else its r-th draw without replacement from head d's
-    distribution q (an exponential race: the order of q / E with E ~ Exp(1)), which comes
-    with the distribution it was drawn from, q without the earlier draws, renormalised. Nodes
-    at the same depth and rank share a token: every head reads the same position.
-    """
-    index = tree.buffers(head_logits.device).draft_index  # (m - 1,)
-    ranks = max(tree.n_ranks, 1)
-    if config.greedy:
-        candidates = head_logits.topk(ranks, dim=-1).indices  # (B, depth, ranks)
-        return Drafts(candidates.flatten(1)[:, index])
-    q = probabilities(head_logits, config)  # (B, depth, V)
-    race = q / torch.empty_like(q).exponential_(generator=generator)
-    candidates = race.topk(ranks, dim=-1).indices  # (B, depth, ranks) in draw order
-    drawn = torch.zeros(*candidates.shape, q.shape[-1], dtype=q.dtype, device=q.device)
-    drawn.scatter_(-1, candidates[..., None], 1.0)  # (B, depth, ranks, V) one-hot draws
-    earlier = drawn.cumsum(2) - drawn  # the draws before each rank
-    remaining = q[:, :, None] * (1 - earlier)  # (B, depth, ranks, V)
-    remaining = remaining / remaining.sum(-1, keepdim=True).clamp(min=1e-30)
-    return Drafts(candidates.flatten(1)[:, index], remaining.flatten(1, 2)[:, index])
 
 
 def hidden_states(model: MTPModel, cache: KVCache, tokens: Tensor,
@@ -99,18 +77,35 @@ def hidden_states(model: MTPModel, cache: KVCache, tokens: Tensor,
     return hidden
 
 
-def verify(model: MTPModel, cache: KVCache, pending: Tensor, heads: int | StackedHeads,
-           tree: Tree) -> tuple[Tensor, Tensor]:
-    """One forward pass over `pending` (B, m), `tree`'s nodes, with heads 0..n-1.
+def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
+            heads: int | StackedHeads, pad_id: int) -> Tensor:
+    """Cache the prompts in the trunk and heads 0..n-1: hidden states (B, n, D).
 
-    The nodes sit at their depths after the cached prefix and each sees the prefix and its
-    own ancestors (`KVCache.masked_step`). Returns head 0's logits (B, m, V) at every node,
-    to verify the drafts, and every head's hidden states (B, m, n, D) (see `hidden_states`),
-    of which the next drafts need one node's. The cache must hold every accepted token
-    before pending[:, 0] (the root); it advances by m: `KVCache.compact` then keeps the
-    accepted path.
+    The heads' outputs (before the shared norm and unembedding) at each prompt's last token;
+    `heads` as in `hidden_states`.
     """
-    buffers = tree.buffers(pending.device)
-    cache.masked_step(buffers.depths, buffers.visible)
+    lengths = [len(ids) for ids in prompts]
+    tokens = torch.full((len(prompts), max(lengths)), pad_id, dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        tokens[row, :len(ids)] = torch.tensor(ids)
+    hidden = hidden_states(model, cache, tokens.to(cache.keys.device), heads)  # (B, T, n, D)
+    cache.rollback(lengths)  # right padding: each prompt keeps its own length
+    rows = torch.arange(len(prompts), device=hidden.device)
+    return hidden[rows, torch.tensor(lengths, device=hidden.device) - 1]
+
+
+def verify(model: MTPModel, cache: KVCache, pending: Tensor, heads: int | StackedHeads,
+           tree: Tree | None = None) -> tuple[Tensor, Tensor]:
+    """One forward pass over `pending` (B, m) with heads 0..n-1 (see `hidden_states`).
+
+    Returns head 0's logits (B, m, V) at every pending position, to verify the drafts, and
+    every head's hidden states (B, m, n, D), of which the next drafts need one position.
+    The cache must hold every accepted token before pending[:, 0]; it advances by m. With a
+    `tree`, pending is the root and the tree's nodes: each sits at its depth and sees only
+    its ancestors (`KVCache.masked_step`), and `KVCache.compact` then keeps the accepted path.
+    """
+    if tree is not None:
+        buffers = tree.buffers(pending.device)
+        cache.masked_step(buffers.depths, buffers.visible)
     hidden = hidden_states(model, cache, pending, heads)  # (B, m, n, D)
     return model.unembed(hidden[:, :, 0]), hidden

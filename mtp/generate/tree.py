@@ -30,6 +30,7 @@ root-to-node path) and the children of each node.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 from collections.abc import Sequence
@@ -92,7 +93,12 @@ class Tree:
     @classmethod
     def chain(cls, depth: int) -> Tree:
         """The rank-0 chain of `depth` drafts: blockwise speculative decoding's k = depth + 1."""
-        return cls(tuple((0,) * d for d in range(1, depth + 1)), name="chain")
+        return _chain(depth)
+
+    @property
+    def is_chain(self) -> bool:
+        """One path of rank-0 drafts (no tree mask or path compaction needed)."""
+        return all(path == (0,) * len(path) for path in self.paths)
 
     @classmethod
     def from_rates(cls, rates: Sequence[Sequence[float]], n_nodes: int,
@@ -198,7 +204,7 @@ class Tree:
         for node, parent in enumerate(self.parents[1:], start=1):
             kids[parent].append(node)  # nodes are in rank order among siblings
         width = max(map(len, kids))
-        children = torch.tensor([k + [-1] * (width - len(k)) for k in kids])
+        children = torch.tensor([k + [-1] * (width - len(k)) for k in kids], dtype=torch.long)
         return TreeBuffers(
             depths=torch.tensor([0] + [len(p) for p in self.paths], device=device),
             visible=visible.to(device),
@@ -209,6 +215,12 @@ class Tree:
 
     def to_json(self) -> list[list[int]]:
         return [list(p) for p in self.paths]
+
+
+@functools.lru_cache(maxsize=None)
+def _chain(depth: int) -> Tree:
+    # One instance per depth: its buffers are then built once for every decode step.
+    return Tree(tuple((0,) * d for d in range(1, depth + 1)), name="chain")
 
 
 def fixed_prior(n_heads: int) -> list[list[float]]:
@@ -223,15 +235,12 @@ class Calibration:
 
     `rates[d][r]`: how often head d + 1's rank-r token was the token that greedy decoding
     produced, over positions where heads 1..d were right within their top ranks (see
-    `mtp.generate.calibrate`). `fastest`: {"k": ..., "tree": ... or None for the chain}, the
-    configuration that decoded fastest when calibrated, which `generate`'s command line and
-    `eval` use when given neither k nor tree.
+    `mtp.generate.calibrate`). `details`: how they were measured.
     """
 
     rates: list[list[float]]
     n_future: int
     vocab_size: int
-    fastest: dict[str, Any] | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
     def save(self, directory: str | Path) -> Path:
@@ -239,7 +248,7 @@ class Calibration:
         trees = {str(n): Tree.from_rates(self.rates, n).to_json() for n in FIXED_SIZES}
         path.write_text(json.dumps({
             "n_future": self.n_future, "vocab_size": self.vocab_size, "rates": self.rates,
-            "fastest": self.fastest, "details": self.details, "trees": trees}, indent=1) + "\n")
+            "details": self.details, "trees": trees}, indent=1) + "\n")
         return path
 
     @classmethod
@@ -249,7 +258,7 @@ class Calibration:
             data = json.loads(Path(path).read_text())
             rates = [[float(p) for p in row] for row in data["rates"]]
             calibration = cls(rates, int(data["n_future"]), int(data["vocab_size"]),
-                              data.get("fastest"), data.get("details", {}))
+                              data.get("details", {}))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path} is not a tree calibration file: {e}") from e
         if (calibration.n_future, calibration.vocab_size) != (n_future, vocab_size):
