@@ -159,3 +159,11 @@ def test_sibling_candidates_keep_head_0s_distribution():
     torch.testing.assert_close(first, p, atol=0.01, rtol=0)
     assert (result.n_accepted == 1).double().mean() == pytest.approx(0.4 + 0.25 + 0.05,
                                                                       abs=0.01)
+
+
+def test_a_tree_drafter_cannot_be_combined():
+    from mtp.generate import Combined, HeadsDrafter, PromptLookup
+
+    with pytest.raises(ValueError, match=r"not the candidate tree of heads\(tree=custom\)"):
+        Combined(HeadsDrafter(4, Tree(((0,), (1,)))), PromptLookup())
+    Combined(HeadsDrafter(4), PromptLookup())  # the chain is fine
