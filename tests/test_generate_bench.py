@@ -34,6 +34,7 @@ def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
 METHODS = SCRIPT.parent / "bench_methods.py"
 
 
+@pytest.mark.slow  # ~15 s: two subprocess-free loads, every method, auto calibration
 def test_bench_methods_table_plot_and_json(tiny_config, tmp_path):
     from mtp.model import MTPConfig
 
