@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mtp.checkpoint import export
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
