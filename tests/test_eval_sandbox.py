@@ -326,7 +326,7 @@ AS_NOBODY = LOAD + """
 launcher = load("launcher")
 launcher.check(launcher.libc.unshare(launcher.CLONE_NEWNS), "unshare")
 launcher.mount(None, "/", None, launcher.MS_REC | launcher.MS_PRIVATE)
-launcher.expose_python()
+launcher.expose({path: os.open(path, os.O_PATH) for path in launcher.python_dirs()})
 os.setgroups([])
 os.setresgid(65534, 65534, 65534)
 os.setresuid(65534, 65534, 65534)
