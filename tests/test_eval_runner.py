@@ -124,7 +124,7 @@ def test_cli_scores_a_samples_file(tmp_path: Path) -> None:
 def test_summary_states_the_weakest_isolation_any_sample_ran_in(tmp_path: Path) -> None:
     samples = write_samples(tmp_path / "s.jsonl", SAMPLES)
     output = tmp_path / "r.jsonl"
-    level = resolve_isolation("auto", warn=False)
+    level = resolve_isolation("auto")
     assert score(samples, tmp_path / "fresh.jsonl")["isolation"] == level
     assert score(samples, output, isolation="none")["isolation"] == "none"
     lines = output.read_text().splitlines()
