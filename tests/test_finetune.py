@@ -280,6 +280,8 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     for k in (2, 4):
         generations = generate(loaded, tokenizer, prompts, max_new_tokens=40, k=k)
         assert [g.token_ids for g in generations] == [g.token_ids for g in reference], k
+    trees = generate(loaded, tokenizer, prompts, max_new_tokens=40, tree="tree8")
+    assert [g.token_ids for g in trees] == [g.token_ids for g in reference]
     assert generations[0].stats.tokens_per_forward > 1.25  # random heads: about 1
 
 
