@@ -17,12 +17,13 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.distributed.fsdp import FSDPModule
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from mtp.loss import LOSS_MODES, LossOutput, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.optim import build_optimizer, build_scheduler
-from mtp.parallel import parallelize
+from mtp.parallel import (apply_activation_checkpointing, check_options, gradient_sync,
+                          mixed_precision, parallelize)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -43,8 +44,19 @@ class MTPLitModule(L.LightningModule):
         grad_clip: max global gradient norm (0 turns clipping off).
         accumulate: micro-batches per optimizer step.
         compile: `torch.compile` every transformer block.
+        activation_checkpointing: "none", "trunk" or "all": blocks that recompute their
+            activations in backward (`mtp.parallel.apply_activation_checkpointing`).
+        param_dtype, reduce_dtype: FSDP2's mixed precision under a device mesh
+            (`mtp.parallel.mixed_precision`; "auto" follows the trainer's precision).
         tokenizer_files: the tokenizer's saved files (name -> text), stored in every
             checkpoint so a `.ckpt` alone can be loaded for inference.
+        init_state: initial weights (a full state dict, e.g. `mtp.finetune.grow_heads`)
+            instead of random ones; not saved in the hyperparameters.
+        freeze_trunk: Medusa-1: the base model (`MTPModel.is_base_parameter`) gets no
+            gradients, no optimizer state and no backward pass; only heads 1..n-1 train.
+        trunk_lr_mult: the base model's learning rate over the heads' (Medusa-2).
+        heads_only_steps: optimizer steps at the start in which only heads 1..n-1 train (the
+            trunk is not backpropagated and the base's learning rate is 0).
     """
 
     def __init__(self, model: dict[str, Any], *, seq_len: int, loss_mode: str = "headwise",
@@ -52,9 +64,13 @@ class MTPLitModule(L.LightningModule):
                  weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  max_steps: int | None = None, grad_clip: float = 1.0, accumulate: int = 1,
-                 compile: bool = False, tokenizer_files: dict[str, str] | None = None) -> None:
+                 compile: bool = False, activation_checkpointing: str = "none",
+                 param_dtype: str = "auto", reduce_dtype: str = "float32",
+                 tokenizer_files: dict[str, str] | None = None,
+                 init_state: dict[str, torch.Tensor] | None = None, freeze_trunk: bool = False,
+                 trunk_lr_mult: float = 1.0, heads_only_steps: int = 0) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["tokenizer_files"])
+        self.save_hyperparameters(ignore=["tokenizer_files", "init_state"])
         self.config = MTPConfig.from_dict(dict(model))
         if not isinstance(seq_len, int) or not 1 <= seq_len <= self.config.max_seq_len:
             raise ValueError(f"seq_len={seq_len!r} must be an integer in "
@@ -68,7 +84,16 @@ class MTPLitModule(L.LightningModule):
             raise ValueError(f"accumulate={accumulate!r} must be a positive integer")
         if grad_clip < 0:
             raise ValueError(f"grad_clip={grad_clip!r} must be >= 0")
+        check_options(activation_checkpointing=activation_checkpointing,
+                      param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        if freeze_trunk and (trunk_lr_mult != 1.0 or heads_only_steps):
+            raise ValueError(f"a frozen trunk has no optimizer group: trunk_lr_mult="
+                             f"{trunk_lr_mult} and heads_only_steps={heads_only_steps} would "
+                             f"train it (leave them unset, or freeze_trunk=False for Medusa-2)")
+        if freeze_trunk and self.config.n_future == 1:
+            raise ValueError("freeze_trunk=True with model.n_future=1 leaves nothing to train")
         self.automatic_optimization = False
+        self._init_state = init_state
         self.tokenizer_files = dict(tokenizer_files or {})
         self.model: MTPModel | None = None
         self._step_started: float | None = None
@@ -82,6 +107,7 @@ class MTPLitModule(L.LightningModule):
         mesh = self._device_mesh
         if mesh is None:
             model = MTPModel(self.config)
+            apply_activation_checkpointing(model, self.hparams.activation_checkpointing)
             self._maybe_compile(model)
         else:
             if mesh.ndim > 1 and mesh["tensor_parallel"].size() > 1:
@@ -90,10 +116,21 @@ class MTPLitModule(L.LightningModule):
                                  f"strategy.tensor_parallel_size=1")
             with torch.device("meta"):
                 model = MTPModel(self.config)
+            apply_activation_checkpointing(model, self.hparams.activation_checkpointing)
             self._maybe_compile(model)
-            parallelize(model, mesh["data_parallel"] if mesh.ndim > 1 else mesh)
+            policy = mixed_precision(self.trainer.precision, param_dtype=self.hparams.param_dtype,
+                                     reduce_dtype=self.hparams.reduce_dtype)
+            parallelize(model, mesh["data_parallel"] if mesh.ndim > 1 else mesh, mp_policy=policy)
             model.to_empty(device=self.device)
             model.init_weights()
+        if self._init_state is not None:
+            set_model_state_dict(model, self._init_state,
+                                 options=StateDictOptions(full_state_dict=True, strict=True))
+            self._init_state = None  # the weights are in the model now; free the copy
+        if self.hparams.freeze_trunk:
+            for name, param in model.named_parameters():
+                if MTPModel.is_base_parameter(name):
+                    param.requires_grad_(False)
         self.model = model
 
     def _maybe_compile(self, model: MTPModel) -> None:
@@ -110,9 +147,11 @@ class MTPLitModule(L.LightningModule):
             raise ValueError(f"the LR schedule needs a step budget: set trainer.max_steps "
                              f"(got {max_steps!r})")
         optimizer = build_optimizer(self.model, lr=hp.lr, weight_decay=hp.weight_decay,
-                                    betas=tuple(hp.betas), eps=hp.eps)
+                                    betas=tuple(hp.betas), eps=hp.eps,
+                                    trunk_lr_mult=hp.trunk_lr_mult)
         scheduler = build_scheduler(optimizer, warmup_steps=hp.warmup_steps,
-                                    total_steps=max_steps, min_lr_ratio=hp.min_lr_ratio)
+                                    total_steps=max_steps, min_lr_ratio=hp.min_lr_ratio,
+                                    heads_only_steps=hp.heads_only_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler,
                                                          "interval": "step"}}
 
@@ -134,8 +173,13 @@ class MTPLitModule(L.LightningModule):
         if train:  # the mean over micro-batches, not the sum
             weights = [w / hp.accumulate for w in weights]
         out = mtp_loss(self.model, tokens, seq_len=hp.seq_len, mode=hp.loss_mode,
-                       weights=weights, backward=self.manual_backward if train else None)
+                       weights=weights, backward=self.manual_backward if train else None,
+                       train_trunk=self._trains_trunk())
         return out
+
+    def _trains_trunk(self) -> bool:
+        """Whether this step backpropagates through the trunk (not frozen, not warming up)."""
+        return not self.hparams.freeze_trunk and self.global_step >= self.hparams.heads_only_steps
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         hp = self.hparams
@@ -144,14 +188,19 @@ class MTPLitModule(L.LightningModule):
         last = (batch_idx + 1) % hp.accumulate == 0
         if first:
             self._step_started = time.perf_counter()
-        if isinstance(self.model, FSDPModule):
-            # Reduce-scatter gradients only on the step's last micro-batch.
-            self.model.set_requires_gradient_sync(last)
-        out = self._loss(batch["tokens"], train=True)
+        # Under FSDP, one reduce-scatter per parameter per step, in the last micro-batch. The
+        # headwise deferral waits for the trunk's backward: without one (frozen trunk, heads-only
+        # warm-up) every unit syncs in each of its backwards, FSDP's plain rule.
+        headwise = hp.loss_mode != "naive" and self._trains_trunk()
+        with gradient_sync(self.model, sync=last, headwise=headwise):
+            out = self._loss(batch["tokens"], train=True)
         loss = out.loss * hp.accumulate  # undo the 1/accumulate weighting for the log
         self._check_finite("loss", loss, out)
+        # The whole batch's losses, not rank 0's share: one all-reduce over ranks.
+        loss, *head_losses = self.trainer.strategy.reduce(
+            torch.stack([loss, *out.head_losses]), reduce_op="mean")
         self.log("train/loss", loss, prog_bar=True)
-        for i, head_loss in enumerate(out.head_losses):
+        for i, head_loss in enumerate(head_losses):
             self.log(f"train/loss_head{i}", head_loss)
         if not last:
             return
@@ -161,7 +210,11 @@ class MTPLitModule(L.LightningModule):
             norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
             self._check_finite("gradient norm", norm, out)
             self.log("train/grad_norm", norm)
-        self.log("train/lr", scheduler.get_last_lr()[0], prog_bar=True)
+        lrs = dict(zip((group["name"] for group in optimizer.param_groups),
+                       scheduler.get_last_lr()))
+        self.log("train/lr", lrs.get("heads", lrs.get("base")), prog_bar=True)
+        if hp.trunk_lr_mult != 1.0 or hp.heads_only_steps:
+            self.log("train/lr_trunk", lrs["base"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()

@@ -29,6 +29,9 @@ TextCallback = Callable[[int, str], None]
 class DecodeStats:
     """How a sequence was decoded. Head j's acceptance rate is over the drafts it got verified.
 
+    With another drafter than the heads, "head j" is draft position j of a step (the j-th
+    draft after the last accepted token).
+
     `head_acceptance[0]` is 1.0 (head 0's token is always kept); `head_verified[j]` counts the
     drafts of head j that reached verification (head j's draft is verified only when the
     drafts of heads 1..j-1 before it were accepted), so rates can be pooled across sequences.
