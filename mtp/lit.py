@@ -6,8 +6,11 @@ a single loss tensor and so the naive, n-times-the-logits-memory backward.
 
 One optimizer step = `accumulate` micro-batches; each is weighted 1/accumulate so the
 gradient is the mean over them. `trainer.global_step` counts optimizer steps, so
-`trainer.max_steps` and the LR schedule are in optimizer steps. Under FSDP2 the model is
-built on the meta device, sharded by `mtp.parallel.parallelize` and then initialised.
+`trainer.max_steps` and the LR schedule are in optimizer steps. The schedule also ends by
+`trainer.max_time` when that comes first (`mtp.optim.lr_factor`): its clock is Lightning's
+`Timer`, which checkpoints restore, so a resumed run continues the same schedule.
+Under FSDP2 the model is built on the meta device, sharded by `mtp.parallel.parallelize`
+and then initialised.
 """
 
 from __future__ import annotations
@@ -17,12 +20,22 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 from torch.distributed.fsdp import FSDPModule
 
+from mtp.flops import flops_per_token, mfu
 from mtp.loss import LOSS_MODES, LossOutput, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.optim import build_optimizer, build_scheduler
+from mtp.optim import LRSchedule, build_optimizer, build_scheduler
 from mtp.parallel import parallelize
+
+
+def compile_blocks(model: MTPModel) -> None:
+    """`torch.compile` every transformer block of `model` in place (trunk and heads)."""
+    # Per block (torchtitan's choice): FSDP2 units stay intact, compile time is one block's,
+    # and parameter names are unchanged (checkpoints stay portable).
+    for block in [*model.layers, *(b for head in model.heads for b in head)]:
+        block.compile()
 
 
 class NonFiniteLossError(RuntimeError):
@@ -39,10 +52,13 @@ class MTPLitModule(L.LightningModule):
         loss_weights: per-head weights (default all 1).
         lr, weight_decay, betas, eps: AdamW; no decay on norm gains or biases.
         warmup_steps, min_lr_ratio: linear warm-up, then cosine down to lr * min_lr_ratio at
-            `max_steps` (default: the trainer's max_steps).
+            `max_steps` (default: the trainer's max_steps) or at the trainer's `max_time`,
+            whichever comes first.
         grad_clip: max global gradient norm (0 turns clipping off).
         accumulate: micro-batches per optimizer step.
         compile: `torch.compile` every transformer block.
+        peak_flops: the hardware's peak FLOPs/s per device, to log `train/mfu` against
+            (`mtp.flops`); None logs no MFU.
         tokenizer_files: the tokenizer's saved files (name -> text), stored in every
             checkpoint so a `.ckpt` alone can be loaded for inference.
     """
@@ -52,7 +68,8 @@ class MTPLitModule(L.LightningModule):
                  weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  max_steps: int | None = None, grad_clip: float = 1.0, accumulate: int = 1,
-                 compile: bool = False, tokenizer_files: dict[str, str] | None = None) -> None:
+                 compile: bool = False, peak_flops: float | None = None,
+                 tokenizer_files: dict[str, str] | None = None) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer_files"])
         self.config = MTPConfig.from_dict(dict(model))
@@ -68,10 +85,14 @@ class MTPLitModule(L.LightningModule):
             raise ValueError(f"accumulate={accumulate!r} must be a positive integer")
         if grad_clip < 0:
             raise ValueError(f"grad_clip={grad_clip!r} must be >= 0")
+        if peak_flops is not None and not peak_flops > 0:
+            raise ValueError(f"peak_flops={peak_flops!r} must be > 0 FLOPs/s (or None)")
         self.automatic_optimization = False
         self.tokenizer_files = dict(tokenizer_files or {})
         self.model: MTPModel | None = None
         self._step_started: float | None = None
+        self._schedule: LRSchedule | None = None
+        self._flops_per_token = flops_per_token(self.config, seq_len)
 
     # -- model ------------------------------------------------------------------------------
 
@@ -98,10 +119,7 @@ class MTPLitModule(L.LightningModule):
 
     def _maybe_compile(self, model: MTPModel) -> None:
         if self.hparams.compile:
-            # Per block (torchtitan's choice): FSDP2 units stay intact, compile time is one
-            # block's, and parameter names are unchanged (checkpoints stay portable).
-            for block in [*model.layers, *(b for head in model.heads for b in head)]:
-                block.compile()
+            compile_blocks(model)
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
@@ -111,10 +129,30 @@ class MTPLitModule(L.LightningModule):
                              f"(got {max_steps!r})")
         optimizer = build_optimizer(self.model, lr=hp.lr, weight_decay=hp.weight_decay,
                                     betas=tuple(hp.betas), eps=hp.eps)
+        timer = self._timer()
         scheduler = build_scheduler(optimizer, warmup_steps=hp.warmup_steps,
-                                    total_steps=max_steps, min_lr_ratio=hp.min_lr_ratio)
+                                    total_steps=max_steps, min_lr_ratio=hp.min_lr_ratio,
+                                    time_budget=timer and timer.time_remaining())
+        self._schedule = scheduler.lr_lambdas[0]
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler,
                                                          "interval": "step"}}
+
+    def _timer(self) -> Timer | None:
+        """The trainer's `max_time` guard, when it has one."""
+        timers = [cb for cb in self.trainer.callbacks
+                  if isinstance(cb, Timer) and cb.time_remaining() is not None]
+        return timers[0] if timers else None
+
+    def _update_schedule_clock(self) -> None:
+        """Give the LR schedule the training time so far (rank 0's, so every rank agrees)."""
+        timer = self._timer()
+        if timer is None or self._schedule is None:
+            return
+        elapsed = timer.time_elapsed()
+        if self.trainer.world_size > 1:
+            elapsed = self.trainer.strategy.broadcast(elapsed)
+        self._schedule.elapsed = elapsed
+        self._schedule.time_budget = elapsed + timer.time_remaining()
 
     def on_fit_start(self) -> None:
         if "16-mixed" == str(self.trainer.precision):
@@ -151,8 +189,9 @@ class MTPLitModule(L.LightningModule):
         loss = out.loss * hp.accumulate  # undo the 1/accumulate weighting for the log
         self._check_finite("loss", loss, out)
         self.log("train/loss", loss, prog_bar=True)
-        for i, head_loss in enumerate(out.head_losses):
+        for i, (head_loss, accuracy) in enumerate(zip(out.head_losses, out.head_accuracy)):
             self.log(f"train/loss_head{i}", head_loss)
+            self.log(f"train/acc_head{i}", accuracy)
         if not last:
             return
 
@@ -164,11 +203,16 @@ class MTPLitModule(L.LightningModule):
         self.log("train/lr", scheduler.get_last_lr()[0], prog_bar=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        self._update_schedule_clock()
         scheduler.step()
 
         seconds = time.perf_counter() - (self._step_started or time.perf_counter())
         tokens = hp.accumulate * batch["tokens"].shape[0] * hp.seq_len * self.trainer.world_size
-        self.log("train/tokens_per_sec", tokens / max(seconds, 1e-9), prog_bar=True)
+        rate = tokens / max(seconds, 1e-9)
+        self.log("train/tokens_per_sec", rate, prog_bar=True)
+        if hp.peak_flops:
+            peak = hp.peak_flops * self.trainer.world_size
+            self.log("train/mfu", mfu(rate, self._flops_per_token, peak))
 
     def _check_finite(self, what: str, value: torch.Tensor, out: LossOutput) -> None:
         bad = not torch.isfinite(value).item()
