@@ -2,13 +2,16 @@
 
 `train(cfg)` is the whole job (tests call it with a composed config): settings are checked
 before anything heavy runs, the tokenizer is built (or loaded), the data prepared, the model
-trained with Lightning, validated once more, and exported for inference (`mtp.load`).
+trained with Lightning, validated once more, exported for inference (`mtp.load`), and its
+per-head curves plotted to `<run>/plots/`. The summary says when and why a run stopped before
+`trainer.max_steps` (e.g. the `trainer.max_time` guard).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +19,17 @@ import hydra
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from mtp.checkpoint import check_vocab, export, tokenizer_files
 from mtp.data import build_tokenizer
+from mtp.flops import resolve_peak_flops
 from mtp.lit import MTPLitModule
 from mtp.model import MTPConfig
 from mtp.paths import CONF_DIR
+from mtp.plots import MetricsHistory, write_plots
 from mtp.tokenizers import Tokenizer
 
 
@@ -87,11 +92,6 @@ def check_settings(cfg: DictConfig) -> None:
     if cfg.trainer.get("max_steps", -1) in (None, -1) or cfg.trainer.max_steps < 1:
         raise ValueError(f"trainer.max_steps={cfg.trainer.get('max_steps')} must be a positive "
                          f"step budget: the learning-rate schedule is laid out over it")
-    val_every = cfg.trainer.get("val_check_interval")
-    if isinstance(val_every, int) and val_every > cfg.trainer.max_steps * cfg.optim.accumulate:
-        raise ValueError(f"trainer.val_check_interval={val_every} batches is more than the "
-                         f"run's trainer.max_steps={cfg.trainer.max_steps} x "
-                         f"optim.accumulate={cfg.optim.accumulate}")
 
 
 def _logger(cfg: DictConfig) -> Any:
@@ -109,9 +109,35 @@ def _checkpointing(cfg: DictConfig, run_dir: Path) -> ModelCheckpoint:
         monitor="step", mode="max", save_last=True)
 
 
+def early_stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
+    """Why `trainer.fit` ended before `max_steps` optimizer steps; None if it did not."""
+    if trainer.global_step >= max_steps:
+        return None
+    timers = [cb for cb in trainer.callbacks
+              if isinstance(cb, Timer) and cb.time_remaining() is not None]
+    if timers and timers[0].time_remaining() <= 0:
+        elapsed = timers[0].time_elapsed()
+        budget = elapsed + timers[0].time_remaining()
+        return (f"the trainer.max_time guard ({timedelta(seconds=round(budget))}) stopped "
+                f"training after {timedelta(seconds=round(elapsed))}")
+    if trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs:
+        return f"the data ran out after trainer.max_epochs={trainer.max_epochs} epoch(s)"
+    return "a callback asked the trainer to stop"
+
+
+def _stop_line(trainer: L.Trainer, max_steps: int, peak_lr: float) -> str | None:
+    reason = early_stop_reason(trainer, max_steps)
+    if reason is None:
+        return None
+    lr = trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0]
+    return (f"stopped early at step {trainer.global_step} of trainer.max_steps={max_steps}:\n"
+            f"  {reason};\n  the learning rate had come down to {lr:.3g} ({lr / peak_lr:.0%} of "
+            f"its peak): the schedule ends by the time budget too")
+
+
 @rank_zero_only
 def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: Path,
-                   last_ckpt: str) -> None:
+                   last_ckpt: str, stopped: str | None, plots: Path) -> None:
     if metrics:
         lines = ["", "head  predicts  val loss  val acc"]
         for i in range(n_future):
@@ -119,8 +145,10 @@ def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: P
                          f"{metrics[0][f'val/acc_head{i}']:>7.4f}")
     else:
         lines = ["", "no validation data (raise data.val_fraction for a per-head summary)"]
+    if stopped:
+        lines += ["", stopped]
     lines += ["", f"resume:   ckpt_path={last_ckpt}", f"exported: {export_dir}",
-              f"   load:  mtp.load({str(export_dir)!r})"]
+              f"   load:  mtp.load({str(export_dir)!r})", f"plots:    {plots}"]
     print("\n".join(lines), flush=True)
 
 
@@ -148,13 +176,17 @@ def train(cfg: DictConfig) -> Path:
         warmup_steps=cfg.optim.warmup_steps, min_lr_ratio=cfg.optim.min_lr_ratio,
         max_steps=cfg.trainer.max_steps, grad_clip=cfg.optim.grad_clip,
         accumulate=cfg.optim.accumulate, compile=cfg.compile,
+        peak_flops=resolve_peak_flops(cfg.trainer.get("peak_flops"), str(cfg.trainer.precision)),
         tokenizer_files=tokenizer_files(tokenizer))
     datamodule = instantiate(cfg.data, tokenizer=tokenizer, seq_len=cfg.seq_len,
                              n_future=config.n_future)
 
     logger = _logger(cfg)
-    checkpointing = _checkpointing(cfg, run_dir)
-    trainer: L.Trainer = instantiate(cfg.trainer, logger=logger, callbacks=[checkpointing],
+    checkpointing, history = _checkpointing(cfg, run_dir), MetricsHistory()
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_cfg.pop("peak_flops", None)  # mtp's setting (for train/mfu), not a Trainer argument
+    trainer: L.Trainer = instantiate(trainer_cfg, logger=logger,
+                                     callbacks=[checkpointing, history],
                                      default_root_dir=str(run_dir))
     if logger:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -162,7 +194,11 @@ def train(cfg: DictConfig) -> Path:
     metrics = trainer.validate(lit, datamodule=datamodule, verbose=False)
 
     export_dir = export(lit.model, tokenizer, run_dir / "export")
-    _print_summary(metrics, config.n_future, export_dir, checkpointing.last_model_path)
+    plots = run_dir / "plots"
+    if trainer.is_global_zero:
+        write_plots(history.history, plots)
+    _print_summary(metrics, config.n_future, export_dir, checkpointing.last_model_path,
+                   _stop_line(trainer, cfg.trainer.max_steps, cfg.optim.lr), plots)
     return export_dir
 
 
