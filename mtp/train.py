@@ -109,6 +109,13 @@ def _checkpointing(cfg: DictConfig, run_dir: Path) -> ModelCheckpoint:
         monitor="step", mode="max", save_last=True)
 
 
+def build_trainer(cfg: DictConfig, **kwargs: Any) -> L.Trainer:
+    """The `lightning.Trainer` that `cfg.trainer` describes, with `kwargs` (logger, callbacks)."""
+    fields = OmegaConf.to_container(cfg.trainer, resolve=True)
+    fields.pop("peak_flops", None)  # mtp's setting (the MFU denominator), not the Trainer's
+    return instantiate(fields, **kwargs)
+
+
 def early_stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
     """Why `trainer.fit` ended before `max_steps` optimizer steps; None if it did not."""
     if trainer.global_step >= max_steps:
@@ -183,11 +190,8 @@ def train(cfg: DictConfig) -> Path:
 
     logger = _logger(cfg)
     checkpointing, history = _checkpointing(cfg, run_dir), MetricsHistory()
-    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_cfg.pop("peak_flops", None)  # mtp's setting (for train/mfu), not a Trainer argument
-    trainer: L.Trainer = instantiate(trainer_cfg, logger=logger,
-                                     callbacks=[checkpointing, history],
-                                     default_root_dir=str(run_dir))
+    trainer = build_trainer(cfg, logger=logger, callbacks=[checkpointing, history],
+                            default_root_dir=str(run_dir))
     if logger:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     trainer.fit(lit, datamodule=datamodule, ckpt_path=cfg.ckpt_path)

@@ -1,7 +1,9 @@
 """The LightningModule on hand-made batches: it learns, accumulates, and stops on NaN."""
 
 import json
+import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -32,12 +34,22 @@ class _Losses(Callback):
         self.losses.append(trainer.callback_metrics["train/loss"].item())
 
 
-def _fit(config: MTPConfig, steps: int, *, batch_size: int = 4, **kwargs: object
+class _Gradients(Callback):
+    """The gradients an optimizer step is about to apply (after clipping, if any)."""
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, lit: MTPLitModule,
+                                 *args: object) -> None:
+        self.grads = {name: p.grad.clone() for name, p in lit.model.named_parameters()}
+
+
+def _fit(config: MTPConfig, steps: int, *, batch_size: int = 4,
+         callbacks: list[Callback] = (), precision: str = "32-true", **kwargs: object
          ) -> tuple[MTPLitModule, list[float]]:
     L.seed_everything(0, verbose=False)
     lit = MTPLitModule(config.to_dict(), seq_len=SEQ_LEN, lr=1e-2, warmup_steps=2, **kwargs)
     losses = _Losses()
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, callbacks=[losses],
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False,
+                        callbacks=[losses, *callbacks], precision=precision,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     loader = DataLoader(_blocks(config.n_future), batch_size=batch_size, shuffle=False)
@@ -54,20 +66,68 @@ def test_a_few_steps_lower_every_heads_loss(tiny_config: MTPConfig) -> None:
     assert (out.head_losses < 3.0).all()  # every head learned, not just the first
 
 
-def test_loss_curve_matches_the_stored_one(tiny_config: MTPConfig) -> None:
-    """Catches silent numerics changes. Regenerate: MTP_WRITE_CURVE=1 pytest tests/test_lit.py"""
-    _, losses = _fit(tiny_config, 10)
-    if not CURVE.exists() or os.environ.get("MTP_WRITE_CURVE"):
-        CURVE.write_text(json.dumps({"steps": 10, "losses": losses}, indent=1) + "\n")
-    stored = json.loads(CURVE.read_text())["losses"]
+def _check_curve(losses: list[float], path: Path) -> None:
+    """Compare with the stored curve; MTP_WRITE_CURVE=1 (re)writes it, nothing else does."""
+    if os.environ.get("MTP_WRITE_CURVE"):
+        path.write_text(json.dumps({"steps": len(losses), "losses": losses}, indent=1) + "\n")
+    if not path.exists():
+        pytest.fail(f"the reference loss curve {path} is missing; if that is intended, "
+                    f"regenerate it: MTP_WRITE_CURVE=1 pytest tests/test_lit.py")
+    stored = json.loads(path.read_text())["losses"]
     assert losses == pytest.approx(stored, rel=1e-3)
 
 
-def test_accumulation_equals_the_larger_batch(tiny_config: MTPConfig) -> None:
-    big, _ = _fit(tiny_config, 1, batch_size=8)
-    accumulated, _ = _fit(tiny_config, 1, batch_size=4, accumulate=2)
-    for (name, a), b in zip(big.model.named_parameters(), accumulated.model.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+def test_loss_curve_matches_the_stored_one(tiny_config: MTPConfig) -> None:
+    """Catches silent numerics changes. Regenerate: MTP_WRITE_CURVE=1 pytest tests/test_lit.py"""
+    _, losses = _fit(tiny_config, 10)
+    _check_curve(losses, CURVE)
+
+
+def test_a_missing_reference_curve_fails_instead_of_being_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MTP_WRITE_CURVE", raising=False)
+    with pytest.raises(pytest.fail.Exception, match="reference loss curve .* is missing"):
+        _check_curve([1.0, 0.5], tmp_path / "curve.json")
+    assert not (tmp_path / "curve.json").exists()
+
+
+def test_accumulation_gives_the_larger_batchs_gradients(tiny_config: MTPConfig) -> None:
+    """Gradients, not weights after AdamW (which would hide a wrong 1/accumulate scale); no
+    clipping, which would too."""
+    big, accumulated = _Gradients(), _Gradients()
+    _fit(tiny_config, 1, batch_size=8, grad_clip=0.0, callbacks=[big])
+    _fit(tiny_config, 1, batch_size=4, accumulate=2, grad_clip=0.0, callbacks=[accumulated])
+    assert big.grads.keys() == accumulated.grads.keys()
+    for name, grad in big.grads.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(accumulated.grads[name], grad, rtol=1e-4, atol=1e-7,
+                                   msg=name)
+
+
+def test_a_bf16_mixed_step_runs_under_autocast(tiny_config: MTPConfig) -> None:
+    dtypes = []
+
+    class Dtypes(Callback):
+        def on_train_batch_start(self, trainer: L.Trainer, lit: MTPLitModule,
+                                 *args: object) -> None:
+            if not dtypes:
+                lit.model.output.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+
+    lit, losses = _fit(tiny_config, 8, precision="bf16-mixed", callbacks=[Dtypes()])
+    _, exact = _fit(tiny_config, 1)
+    assert set(dtypes) == {torch.bfloat16}  # the unembedding ran in bf16
+    assert all(p.dtype == torch.float32 for p in lit.model.parameters())  # master weights
+    assert losses[0] == pytest.approx(exact[0], rel=2e-2) and losses[0] != exact[0]
+    assert all(map(math.isfinite, losses)) and losses[-1] < 0.9 * losses[0]
+
+
+@pytest.mark.slow
+def test_compiled_blocks_train_like_eager_ones(tiny_config: MTPConfig) -> None:
+    config = replace(tiny_config, n_layers=1, n_future=2)  # fewer blocks: a quicker compile
+    compiled, compiled_losses = _fit(config, 3, compile=True)
+    _, eager_losses = _fit(config, 3)
+    assert all(hasattr(block, "_compiled_call_impl") for block in compiled.model.layers)
+    assert compiled_losses == pytest.approx(eager_losses, rel=1e-4)
 
 
 @pytest.mark.parametrize("mode", ["naive", "chunked"])
