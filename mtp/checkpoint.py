@@ -5,9 +5,16 @@ An exported directory holds
 - `config.json`: `{"format_version", "model": MTPConfig.to_dict(), "tokenizer": {...}}`;
 - the tokenizer's own files (`Tokenizer.save`).
 
-`load` reads such a directory, or a Lightning `.ckpt` written by `mtp.train` (its
-hyperparameters carry the model config and the checkpoint embeds the tokenizer's files), with
-neither Lightning nor Hydra involved.
+`export_hf` writes a Hugging Face `LlamaForCausalLM` directory instead (`mtp.interop.hf`).
+
+`load` reads, with neither Lightning nor Hydra involved, any of these layouts:
+- such an export;
+- a Lightning `.ckpt` written by `mtp.train` (its hyperparameters carry the model config and
+  the checkpoint embeds the tokenizer's files);
+- a Hugging Face Llama directory, with mtp's heads file if `export_hf` wrote it;
+- Meta's multi-token-prediction release (`mtp.interop.meta`).
+The model is built on the meta device and takes the loaded tensors as its parameters
+(no second copy), in their stored dtype unless `dtype` is given; loading is strict.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from mtp.interop import hf, meta
+from mtp.interop.fields import read_json_object
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer, load_tokenizer
 
@@ -63,14 +72,22 @@ def _tokenizer_from_files(files: dict[str, str], source: Path) -> Tokenizer:
         return load_tokenizer(tmp)
 
 
+def _state_to_write(model: MTPModel, tokenizer: Tokenizer) -> dict[str, torch.Tensor] | None:
+    """The full weights on the rank that writes them (None elsewhere; a collective)."""
+    check_vocab(model.config, tokenizer)
+    state = full_state_dict(model)
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return None
+    return state
+
+
 def export(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
     """Write `model` and `tokenizer` to `directory` (see the module docstring); return it.
 
     Under FSDP this gathers the full weights, so call it on every rank; rank 0 writes.
     """
-    check_vocab(model.config, tokenizer)
-    state = full_state_dict(model)
-    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+    state = _state_to_write(model, tokenizer)
+    if state is None:
         return Path(directory)
     if model.config.tie_embeddings:
         del state[_TIED]
@@ -84,44 +101,79 @@ def export(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path
     return directory
 
 
+def export_hf(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
+    """Write a Hugging Face `LlamaForCausalLM` directory (trunk + head 0), heads 1..n-1 in
+    mtp's heads file beside it, and tokenizer files `AutoTokenizer` loads; return it.
+
+    Weights keep the model's dtype. Under FSDP call it on every rank; rank 0 writes.
+    """
+    state = _state_to_write(model, tokenizer)
+    if state is not None:
+        hf.write_hf(model.config, state, tokenizer, Path(directory))
+    return Path(directory)
+
+
+# What `load` recognises, in the order it tries them (named in its error for anything else).
+LAYOUTS = (
+    f"an mtp export (a directory with {CONFIG_FILE} holding format_version and model)",
+    "a Lightning .ckpt written by mtp.train (a file)",
+    f"a Hugging Face Llama directory ({hf.CONFIG_FILE} with model_type 'llama', "
+    f"{hf.WEIGHTS_FILE} or {hf.INDEX_FILE}, tokenizer.json or tokenizer.model)",
+    f"Meta's multi-token-prediction layout ({meta.PARAMS_FILE}, {meta.WEIGHTS_FILE}, "
+    f"tokenizer.model)",
+)
+
+
 def load(path: str | Path, device: str | torch.device = "cpu",
-         dtype: torch.dtype = torch.float32) -> tuple[MTPModel, Tokenizer]:
-    """The model (in eval mode) and tokenizer from an exported directory or a `.ckpt` file."""
+         dtype: torch.dtype | None = None) -> tuple[MTPModel, Tokenizer]:
+    """The model (in eval mode) and tokenizer from any layout in `LAYOUTS`.
+
+    dtype None keeps the stored dtype. The weights are loaded once and become the model's
+    parameters (no second copy); every key must match the model, and shapes must agree.
+    """
     path = Path(path)
-    if path.is_dir() and (path / CONFIG_FILE).is_file():
-        config, state, tokenizer = _read_export(path)
-    elif path.is_file():
-        config, state, tokenizer = _read_lightning(path)
-    elif path.is_dir():
-        raise FileNotFoundError(
-            f"{path} is a directory without {CONFIG_FILE}: neither an export (mtp.checkpoint."
-            f"export) nor a single-file checkpoint; a sharded FSDP checkpoint folder must be "
-            f"consolidated first (torch.distributed.checkpoint.format_utils.dcp_to_torch_save)")
-    else:
-        raise FileNotFoundError(f"no checkpoint at {path}: expected an exported directory "
-                                f"(with {CONFIG_FILE} and {WEIGHTS_FILE}) or a Lightning .ckpt")
+    config, state, tokenizer = _read(path)
     check_vocab(config, tokenizer)
     if config.tie_embeddings:
         state.setdefault(_TIED, state["tok_embeddings.weight"])
     with torch.device("meta"):
         model = MTPModel(config)
-    model.to_empty(device=device)  # also builds the rotary tables on `device`
     try:
-        model.load_state_dict(state)
+        model.load_state_dict(state, assign=True)
     except RuntimeError as e:
         raise ValueError(f"weights in {path} do not fit the model config: {e}") from e
-    return model.to(dtype=dtype).eval(), tokenizer
+    del state
+    model.tie_weights()  # assign gave the output its own Parameter
+    model.init_rope()  # made on the meta device
+    return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+def _read(path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
+    """Dispatch on the layout at `path`."""
+    if path.is_file():
+        return _read_lightning(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint at {path}: expected one of: "
+                                + "; ".join(LAYOUTS))
+    if (path / CONFIG_FILE).is_file() and not hf.is_hf_llama(path):
+        return _read_export(path)
+    if hf.is_hf_llama(path):
+        return hf.read_hf(path)
+    if meta.is_meta(path):
+        return meta.read_meta(path)
+    raise FileNotFoundError(
+        f"{path} is a directory in none of the layouts mtp loads; looked for: "
+        + "; ".join(LAYOUTS) + ". A sharded FSDP checkpoint folder must be consolidated "
+        "first (torch.distributed.checkpoint.format_utils.dcp_to_torch_save)")
 
 
 def _read_export(directory: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
-    try:
-        meta = json.loads((directory / CONFIG_FILE).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"corrupt {directory / CONFIG_FILE}: {e}") from e
-    version = meta.get("format_version")
-    if version != FORMAT_VERSION or "model" not in meta:
-        raise ValueError(f"{directory / CONFIG_FILE} has format_version={version!r}; this "
-                         f"version of mtp reads format_version={FORMAT_VERSION}")
+    path = directory / CONFIG_FILE
+    header = read_json_object(path)
+    version = header.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"{path} has format_version={version!r}; this version of mtp reads "
+                         f"format_version={FORMAT_VERSION}")
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"no {WEIGHTS_FILE} in {directory}")
@@ -129,7 +181,11 @@ def _read_export(directory: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], T
         state = load_file(str(weights))
     except SafetensorError as e:
         raise ValueError(f"corrupt weights file {weights}: {e}") from e
-    return MTPConfig.from_dict(meta["model"]), state, load_tokenizer(directory)
+    try:
+        config = MTPConfig.from_dict(header.get("model"))
+    except ValueError as e:
+        raise ValueError(f"{path}: field 'model': {e}") from e
+    return config, state, load_tokenizer(directory)
 
 
 def _read_lightning(path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:

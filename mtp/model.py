@@ -69,7 +69,8 @@ class MTPConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"MTPConfig.{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.n_layers, int) or self.n_layers < 0:
+        if not isinstance(self.n_layers, int) or isinstance(self.n_layers, bool) \
+                or self.n_layers < 0:
             raise ValueError(f"MTPConfig.n_layers must be an integer >= 0, got {self.n_layers!r}")
         if self.dim % self.n_heads:
             raise ValueError(
@@ -83,8 +84,12 @@ class MTPConfig:
                 f"MTPConfig.n_heads={self.n_heads} must be divisible by "
                 f"n_kv_heads={self.n_kv_heads}")
         for name in ("rope_theta", "norm_eps", "init_std"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"MTPConfig.{name} must be > 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"MTPConfig.{name} must be a number > 0, got {value!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"MTPConfig.tie_embeddings must be true or false, got "
+                             f"{self.tie_embeddings!r}")
 
     @property
     def head_dim(self) -> int:
@@ -116,10 +121,17 @@ class MTPConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> MTPConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(values, dict):
+            raise ValueError(f"an MTPConfig needs a mapping of fields, got {values!r:.80}")
+        fields = dataclasses.fields(cls)
+        known = {f.name for f in fields}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown MTPConfig field(s) {unknown}; known: {sorted(known)}")
+        missing = [f.name for f in fields if f.default is dataclasses.MISSING
+                   and f.name not in values]
+        if missing:
+            raise ValueError(f"MTPConfig field(s) {missing} missing")
         return cls(**values)
 
 
@@ -224,17 +236,27 @@ class MTPModel(nn.Module):
             for head in range(config.n_future))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
-        if config.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        self.tie_weights()
         # Rotary tables are derived state: not saved, and kept in float32 whatever the
         # parameters' dtype (see _apply).
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
-        self._build_rope()
+        self.init_rope()
         if self.output.weight.device.type != "meta":
             self.init_weights()
 
-    def _build_rope(self) -> None:
+    def tie_weights(self) -> None:
+        """Make `output.weight` the embedding Parameter itself when embeddings are tied.
+
+        Loading with `load_state_dict(assign=True)` gives each module its own Parameter; call
+        this afterwards so an optimiser step keeps the two one tensor.
+        """
+        if self.config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def init_rope(self) -> None:
+        """(Re)build the rotary tables on the parameters' device, e.g. after loading weights
+        into a model made on the meta device."""
         cfg = self.config
         self.rope_cos, self.rope_sin = rope_tables(
             cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.output.weight.device)
@@ -243,13 +265,13 @@ class MTPModel(nn.Module):
         # .to(bfloat16), .cuda() and to_empty() all pass through here: rebuild the rotary
         # tables afterwards so they stay exact float32 on the right device.
         super()._apply(fn, recurse)
-        self._build_rope()
+        self.init_rope()
         return self
 
     def init_weights(self) -> None:
         """(Re)initialise every parameter and the rotary tables, e.g. after `to_empty`."""
         cfg = self.config
-        self._build_rope()
+        self.init_rope()
         residual_std = cfg.init_std / math.sqrt(2 * (cfg.n_layers + cfg.head_layers))
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):

@@ -5,7 +5,9 @@ import random
 import pytest
 import torch
 
-from mtp.model import MTPConfig
+from mtp.loss import autograd_backward, mtp_loss
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import ByteTokenizer
 
 # Tiny models on a shared 2-core machine: one thread avoids spinning, and is faster.
 torch.set_num_threads(1)
@@ -22,3 +24,38 @@ def tiny_config() -> MTPConfig:
     """2 trunk layers, width 32, byte vocabulary (262), 4 heads of one block each."""
     return MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
                      max_seq_len=64, n_future=4, head_layers=1)
+
+
+DOCS = ["def add(a, b):\n    return a + b\n", "print('héllo wörld €')\n",
+        "for i in range(10):\n    print(i)\n"]
+
+
+def recite_docs(n_future: int, dim: int, steps: int) -> MTPModel:
+    """A byte model trained for a few seconds to recite DOCS (EOS after each), float64."""
+    torch.manual_seed(0)
+    tokenizer = ByteTokenizer()
+    stream = torch.tensor([t for _ in range(20) for doc in DOCS
+                           for t in tokenizer.encode(doc) + [tokenizer.eos_id]])
+    config = MTPConfig(vocab_size=262, dim=dim, n_layers=2, n_heads=4, max_seq_len=96,
+                       n_future=n_future)
+    model = MTPModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    for _ in range(steps):
+        starts = torch.randint(0, len(stream) - 36, (16,)).tolist()
+        mtp_loss(model, torch.stack([stream[s:s + 36] for s in starts]),
+                 backward=autograd_backward)
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.double().eval()
+
+
+@pytest.fixture(scope="session")
+def trained() -> MTPModel:
+    """4 heads that have learnt DOCS: most of their drafts are kept."""
+    return recite_docs(n_future=4, dim=32, steps=120)
+
+
+@pytest.fixture(scope="session")
+def trained_draft() -> MTPModel:
+    """A smaller one-head model trained briefly on DOCS: a draft model that often agrees."""
+    return recite_docs(n_future=1, dim=16, steps=60)

@@ -1,5 +1,6 @@
 """Portable export and load: identical logits, clear errors for broken or foreign files."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def test_missing_and_corrupt_checkpoints_are_named(tmp_path: Path,
                                                    tiny_config: MTPConfig) -> None:
     with pytest.raises(FileNotFoundError, match="no checkpoint at .*nowhere"):
         load(tmp_path / "nowhere")
-    with pytest.raises(FileNotFoundError, match="without config.json"):
+    with pytest.raises(FileNotFoundError, match="none of the layouts mtp loads"):
         load(tmp_path)
     export(MTPModel(tiny_config), ByteTokenizer(), tmp_path / "export")
     (tmp_path / "export" / WEIGHTS_FILE).write_bytes(b"not safetensors")
@@ -80,4 +81,39 @@ def test_weights_that_do_not_fit_the_config_are_named(tmp_path: Path,
         (tmp_path / "config.json").read_text().replace('"dim": 32', '"dim": 64'))
     assert MTPConfig.from_dict(bigger).dim == 64
     with pytest.raises(ValueError, match="do not fit the model config"):
+        load(tmp_path)
+
+
+def test_tied_embeddings_load_as_one_parameter(tmp_path: Path, tiny_config: MTPConfig) -> None:
+    config = MTPConfig.from_dict({**tiny_config.to_dict(), "tie_embeddings": True})
+    export(MTPModel(config), ByteTokenizer(), tmp_path / "a")
+    model, tokenizer = load(tmp_path / "a")
+    assert model.output.weight is model.tok_embeddings.weight
+    optimiser = torch.optim.SGD(model.parameters(), lr=1.0)
+    model(torch.randint(0, 262, (1, 8))).sum().backward()
+    optimiser.step()
+    export(model, tokenizer, tmp_path / "b")  # stores tok_embeddings.weight only
+    reloaded, _ = load(tmp_path / "b")
+    tokens = torch.randint(0, 262, (1, 8))
+    torch.testing.assert_close(reloaded(tokens), model(tokens), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda meta: [meta], r"must hold a JSON object, got list"),
+    (lambda meta: {**meta, "model": None}, r"field 'model'.*mapping of fields, got None"),
+    (lambda meta: {**meta, "model": {k: v for k, v in meta["model"].items()
+                                     if k != "vocab_size"}}, r"field 'model'.*\['vocab_size'\]"),
+    (lambda meta: {**meta, "model": {**meta["model"], "rope_theta": "10000"}},
+     r"rope_theta must be a number > 0, got '10000'"),
+    (lambda meta: {**meta, "model": {**meta["model"], "norm_eps": None}},
+     r"norm_eps must be a number > 0, got None"),
+    (lambda meta: {**meta, "model": {**meta["model"], "tie_embeddings": "false"}},
+     r"tie_embeddings must be true or false, got 'false'"),
+])
+def test_malformed_config_json_is_a_value_error_naming_file_field_value(
+        tmp_path: Path, tiny_config: MTPConfig, edit, message: str) -> None:
+    export(MTPModel(tiny_config), ByteTokenizer(), tmp_path)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    with pytest.raises(ValueError, match=f"config.json.*{message}"):
         load(tmp_path)

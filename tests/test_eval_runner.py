@@ -92,12 +92,13 @@ def test_bad_samples_files(tmp_path: Path) -> None:
     [
         ({}, "exactly one of checkpoint="),
         ({"checkpoint": "c", "samples": "s"}, "exactly one of checkpoint="),
-        ({"checkpoint": "c", "decoding": "greedy"}, "decoding='greedy'"),
+        ({"checkpoint": "c", "drafter": "greedy"}, "drafter='greedy': choose one of auto, "),
         ({"checkpoint": "c", "k": [1, 10], "samples_per_problem": 5, "temperature": 0.8}, r"k=\[1, 10\]"),
         ({"checkpoint": "c", "samples_per_problem": 4}, "samples_per_problem=4 at temperature=0"),
         ({"checkpoint": "c", "limit": 0}, "limit=0"),
         ({"checkpoint": "c", "dtype": "int8"}, "dtype='int8'"),
         ({"checkpoint": "c", "spec_k": 0}, "spec_k=0"),
+        ({"checkpoint": "c", "spec_k": "many"}, "spec_k='many'"),
     ],
 )
 def test_bad_settings_fail_before_any_work(overrides: dict, message: str) -> None:
@@ -116,6 +117,19 @@ def test_cli_scores_a_samples_file(tmp_path: Path) -> None:
     summary = json.loads(run.stdout.splitlines()[-1])
     assert summary["pass@1"] == pytest.approx(0.75) and summary["pass@4"] == 1.0
     assert "pass@1    0.7500" in run.stdout
+
+
+def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+    malformed = tmp_path / "bad.jsonl"
+    malformed.write_text('{"task_id": \n')
+    run = subprocess.run(
+        [sys.executable, "-m", "mtp.eval", "task=humaneval", f"samples={malformed}",
+         f"output={tmp_path / 'r.jsonl'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 1
+    assert run.stderr == f"error: {malformed}:1: not valid JSON (Expecting value): " \
+                         f"'{{\"task_id\":'\n"
 
 
 MBPP_FILE = REPO.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl"
@@ -140,15 +154,18 @@ def tiny_checkpoint(tmp_path: Path) -> str:
 
 
 @needs_mbpp
-@pytest.mark.parametrize(("decoding", "spec_k"),
-                         [("speculative", None), ("speculative", 1), ("autoregressive", None)])
-def test_generating_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str, decoding: str,
-                                      spec_k: int | None) -> None:
+@pytest.mark.parametrize(("drafter", "spec_k", "decoding"),
+                         [("heads", None, "heads(k=4)"), ("heads", 1, "autoregressive"),
+                          ("autoregressive", None, "autoregressive"),
+                          ("prompt_lookup", None, "prompt_lookup(num_draft=8, max_ngram=4, "
+                                                  "min_ngram=2)")])
+def test_generating_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str, drafter: str,
+                                      spec_k: int | None, decoding: str) -> None:
     output = tmp_path / "r.jsonl"
     config = EvalConfig(task="mbpp", checkpoint=tiny_checkpoint, data_file=str(MBPP_FILE),
                         output=str(output), limit=2, samples_per_problem=2, k=[1, 2],
-                        temperature=0.8, decoding=decoding, spec_k=spec_k, max_new_tokens=8,
-                        batch_size=2)
+                        temperature=0.8, drafter=drafter, spec_k=spec_k, max_new_tokens=8,
+                        batch_size=3)  # one batch holds two problems
     summary = evaluate(config)
     assert (summary["problems"], summary["samples"], summary["decoding"]) == (2, 4, decoding)
     assert summary["pass@1"] == 0.0  # random weights write no working code
@@ -156,7 +173,7 @@ def test_generating_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str, deco
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted((r["task_id"], r["sample"]) for r in records) == [(t, i) for t in (11, 12) for i in range(2)]
     assert all(0 < r["new_tokens"] <= 8 and r["finish_reason"] in ("length", "stop", "eos") for r in records)
-    if decoding == "autoregressive" or spec_k == 1:  # one token per forward pass
+    if decoding == "autoregressive":  # one token per forward pass
         assert all(r["forward_passes"] == r["new_tokens"] for r in records)
         assert summary["tokens_per_forward"] == 1.0
     assert evaluate(config) == summary  # everything done: a rerun only re-reads the results
@@ -181,12 +198,15 @@ def test_cli_end_to_end_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str) 
         [sys.executable, "-m", "mtp.eval", "task=mbpp", f"checkpoint={tiny_checkpoint}",
          f"data_file={MBPP_FILE}", "limit=2", "samples_per_problem=2", "temperature=0.8",
          "k=[1,2]", "max_new_tokens=8", f"output={output}", f"hydra.run.dir={tmp_path / 'hydra'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MTP_CACHE": str(tmp_path / "cache")},
     )
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout.splitlines()[-1])
-    assert {k: summary[k] for k in ("task", "problems", "samples", "decoding", "pass@1", "pass@2")} == {
-        "task": "mbpp", "problems": 2, "samples": 4, "decoding": "speculative", "pass@1": 0.0, "pass@2": 0.0}
+    assert {k: summary[k] for k in ("task", "problems", "samples", "pass@1", "pass@2")} == {
+        "task": "mbpp", "problems": 2, "samples": 4, "pass@1": 0.0, "pass@2": 0.0}
+    assert summary["decoding"].startswith("auto: ")  # the default measured its candidates
+    assert list((tmp_path / "cache" / "calibration").glob("*.json"))
     assert summary["tokens_per_forward"] >= 1 and summary["tokens_per_second"] > 0
     assert len(output.read_text().splitlines()) == 4
     assert "mbpp: 100%" in run.stderr  # the progress bar

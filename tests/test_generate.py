@@ -7,32 +7,10 @@ from mtp.generate import DecodeStats, SamplingConfig, generate
 from mtp.generate.decode import prefill
 from mtp.kv_cache import KVCache
 from mtp.generate.output import SequenceOutput
-from mtp.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 
-DOCS = ["def add(a, b):\n    return a + b\n", "print('héllo wörld €')\n",
-        "for i in range(10):\n    print(i)\n"]
 TOKENIZER = ByteTokenizer()
-
-
-@pytest.fixture(scope="module")
-def trained():
-    """A 4-head byte model trained for a few seconds to recite DOCS (EOS after each)."""
-    torch.manual_seed(0)
-    stream = torch.tensor([t for _ in range(20) for doc in DOCS
-                           for t in TOKENIZER.encode(doc) + [TOKENIZER.eos_id]])
-    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=96,
-                       n_future=4)
-    model = MTPModel(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
-    for _ in range(120):
-        starts = torch.randint(0, len(stream) - 36, (16,)).tolist()
-        mtp_loss(model, torch.stack([stream[s:s + 36] for s in starts]),
-                 backward=autograd_backward)
-        optimizer.step()
-        optimizer.zero_grad()
-    return model.double().eval()
 
 
 @pytest.fixture
@@ -168,8 +146,8 @@ def test_statistics(trained):
     ({"prompts": "def f():"}, "prompts must be a non-empty list of strings"),
     ({"prompts": []}, "prompts must be a non-empty list of strings"),
     ({"prompts": ["x" * 64]}, "prompt 0 is 65 tokens .* max_seq_len=64"),
-    ({"k": 0}, "k must be an integer from 1 to n_future=4, got 0"),
-    ({"k": 5}, "k must be an integer from 1 to n_future=4, got 5"),
+    ({"k": 0}, "k must be an integer from 1 to n_future=4, .auto. or None, got 0"),
+    ({"k": 5}, "k must be an integer from 1 to n_future=4, .auto. or None, got 5"),
     ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
     ({"stop": ["ok", ""]}, "stop strings must be non-empty strings, got ''"),
 ])

@@ -27,7 +27,7 @@ def test_streams_the_same_text_as_generate(checkpoint, capsys):
     out, err = capsys.readouterr()
     [expected] = generate(model.eval(), ByteTokenizer(), ["def fib(n):"], max_new_tokens=12)
     assert out == "def fib(n):" + expected.text + "\n"
-    assert err.startswith("[length] k=3: 12 tokens in ") and "head acceptance 1.00 " in err
+    assert err.startswith("[length] heads(k=3): 12 tokens in ") and "draft acceptance " in err
 
 
 def test_prompt_file_with_several_prompts(checkpoint, tmp_path, capsys):
@@ -39,7 +39,7 @@ def test_prompt_file_with_several_prompts(checkpoint, tmp_path, capsys):
           "temperature=0.8", "seed=1"])
     out, err = capsys.readouterr()
     assert "### prompt 0\nimport os\n" in out and "### prompt 1\nx = 1" in out
-    assert err.count("k=1: 3 tokens in 3 forward passes (1.00 tokens/forward)") == 2
+    assert err.count("autoregressive: 3 tokens in 3 forward passes (1.00 tokens/forward)") == 2
 
 
 def test_argument_errors_are_clear(tmp_path):

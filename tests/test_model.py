@@ -72,7 +72,7 @@ def test_compute_matched_takes_the_extra_heads_off_the_trunk():
     (dict(vocab_size=-1), "vocab_size must be a positive integer, got -1"),
     (dict(n_layers=-2), "n_layers must be an integer >= 0, got -2"),
     (dict(dim=24, n_heads=8), "must be even for rotary"),
-    (dict(norm_eps=0.0), "norm_eps must be > 0, got 0.0"),
+    (dict(norm_eps=0.0), "norm_eps must be a number > 0, got 0.0"),
 ])
 def test_invalid_configs_name_the_field_and_value(fields, message):
     with pytest.raises(ValueError, match=message):

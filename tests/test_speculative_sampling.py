@@ -1,13 +1,14 @@
 """End to end: sampled generations have exactly the autoregressive distribution of head 0.
 
 A 4-token model is small enough to enumerate every continuation of 3 tokens and its exact
-probability under autoregressive sampling; 10,000 sampled generations must match it.
+probability under autoregressive sampling; 10,000 sampled generations must match it, whoever
+drafts: the heads, a separate draft model (its own q), prompt lookup (one-hot q).
 """
 
 import pytest
 import torch
 
-from mtp.generate import SamplingConfig, generate
+from mtp.generate import DraftModel, PromptLookup, SamplingConfig, generate
 from mtp.generate.sampling import probabilities
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
@@ -71,13 +72,25 @@ def _exact(model, prefix, sampling, depth):
     return outcomes
 
 
-@pytest.mark.parametrize("k", [1, 3])
-@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0),
-                                      SamplingConfig(temperature=0.7, top_p=0.9, top_k=3)])
-def test_sampled_generations_follow_head_0(model, k, sampling):
+def _draft_model():
+    torch.manual_seed(1)  # another model than the target: it disagrees with it often
+    config = MTPConfig(vocab_size=4, dim=8, n_layers=1, n_heads=2, max_seq_len=16,
+                       init_std=0.15)
+    return DraftModel(MTPModel(config).double().eval(), DigitTokenizer(), num_draft=2)
+
+
+T1, NUCLEUS = SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9, top_k=3)
+
+
+@pytest.mark.parametrize("drafter, sampling", [
+    ("k=1", T1), ("k=1", NUCLEUS), ("k=3", T1), ("k=3", NUCLEUS), ("draft_model", NUCLEUS),
+    ("prompt_lookup", T1)])
+def test_sampled_generations_follow_head_0(model, drafter, sampling):
     exact = _exact(model, [EOS, 0, 1], sampling, depth=3)
-    generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3, k=k,
-                           sampling=sampling, seed=0)
+    how = {"k=1": {"k": 1}, "k=3": {"k": 3}, "draft_model": {"drafter": _draft_model()},
+           "prompt_lookup": {"drafter": PromptLookup(num_draft=2, max_ngram=1, min_ngram=1)}}
+    generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
+                           sampling=sampling, seed=0, **how[drafter])
     counts = {}
     for g in generations:
         counts[tuple(g.token_ids)] = counts.get(tuple(g.token_ids), 0) + 1
@@ -86,7 +99,7 @@ def test_sampled_generations_follow_head_0(model, k, sampling):
     for outcome, p in exact.items():
         error = abs(counts.get(outcome, 0) / N - p)
         assert error <= 4.5 * (p * (1 - p) / N) ** 0.5 + 3 / N, (outcome, p, error)
-    if k == 3:  # the heads disagree often, so the rejection rule was exercised
+    if drafter != "k=1":  # drafts are rejected often, so the rejection rule was exercised
         rate = [g.stats.head_acceptance[1] for g in generations if g.stats.head_verified[1]]
         assert 0.1 < sum(rate) / len(rate) < 0.9
 

@@ -41,8 +41,10 @@ class EvalConfig:
     k: Sequence[int] = (1,)
     temperature: float = 0.0
     top_p: float = 1.0
-    decoding: Literal["speculative", "autoregressive"] = "speculative"
-    spec_k: int | None = None  # speculative: tokens per forward pass at most; None: every head
+    drafter: str = "auto"  # see mtp.generate.DRAFTERS; auto measures them and keeps the fastest
+    spec_k: int | str | None = None  # the heads' tokens per forward at most; None: all; "auto"
+    draft_model: str | None = None  # a checkpoint sharing the tokenizer (drafter=draft_model)
+    num_draft: int | None = None  # drafts per step of prompt lookup or the draft model
     max_new_tokens: int = 512
     batch_size: int = 8
     limit: int | None = None
@@ -60,10 +62,14 @@ class EvalConfig:
                 f"give exactly one of checkpoint= (generate) and samples= (score a file), got "
                 f"checkpoint={self.checkpoint!r}, samples={self.samples!r}"
             )
-        if self.decoding not in ("speculative", "autoregressive"):
-            raise ValueError(f"decoding={self.decoding!r}: expected 'speculative' or 'autoregressive'")
-        if self.spec_k is not None and self.spec_k < 1:
-            raise ValueError(f"spec_k={self.spec_k} must be at least 1 (or null for every head)")
+        from mtp.generate.names import DRAFTERS
+
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter={self.drafter!r}: choose one of {', '.join(DRAFTERS)}")
+        if self.spec_k is not None and self.spec_k != "auto" and (
+                not isinstance(self.spec_k, int) or self.spec_k < 1):
+            raise ValueError(f"spec_k={self.spec_k!r} must be an integer >= 1, auto or null "
+                             f"(every head)")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: expected one of {DTYPES}")
         for name in ("samples_per_problem", "max_new_tokens", "batch_size"):
@@ -88,7 +94,7 @@ class EvalConfig:
             "task": self.task,
             "checkpoint": _absolute(self.checkpoint),
             "samples_file": _absolute(self.samples),
-            "decoding": self.decoding if generating else None,
+            "decoding": self.drafter if generating else None,
             "temperature": self.temperature if generating else None,
             "top_p": self.top_p if generating else None,
             "few_shot": self.few_shot,
@@ -101,11 +107,12 @@ def evaluate(config: EvalConfig) -> dict[str, Any]:
     problems = list(task.problems.values())[: config.limit]
     limits = Limits(timeout=config.timeout, cpu_seconds=max(1, round(config.timeout)))
     with ResultsFile(config.output, config.run_fields()) as results, Sandbox(limits, config.workers) as sandbox:
+        decoding = None
         if config.samples is not None:
             problems = _score_samples(config.samples, config.k, task, problems, results, sandbox)
         else:
-            _generate_and_score(config, task, problems, results, sandbox)
-    summary = summarize(config, results.records, problems)
+            decoding = _generate_and_score(config, task, problems, results, sandbox)
+    summary = summarize(config, results.records, problems, decoding)
     print_summary(summary)
     return summary
 
@@ -139,16 +146,23 @@ def _score_samples(path: str, k: Sequence[int], task: Task, problems: list[Probl
 
 
 def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
-                        results: ResultsFile, sandbox: Sandbox) -> None:
+                        results: ResultsFile, sandbox: Sandbox) -> str:
+    """Generate the missing samples in batches of `batch_size` (several problems and several
+    samples of one problem together) and execute them; returns the decoding used."""
     from mtp.checkpoint import load
+    from mtp.generate.auto import Auto, default_calibration
+    from mtp.generate.names import drafter_from_options
 
     model, tokenizer = load(config.checkpoint, device=config.device, dtype=_torch_dtype(config.dtype))
+    drafter = drafter_from_options(
+        model, config.drafter, k=config.spec_k, draft_model=config.draft_model,
+        num_draft=config.num_draft, calibration=default_calibration(config.checkpoint))
     context = model.config.max_seq_len
     done = results.done()
     todo = [(p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])
             for p in problems]
     progress = tqdm(total=sum(len(indices) for _, indices in todo), desc=task.name)
-    too_long = []
+    too_long, items = [], []
     for problem, indices in todo:
         # generate() starts each prompt with an EOS and needs room for one new token after it.
         prompt_tokens = len(tokenizer.encode(problem.prompt)) + 1
@@ -160,35 +174,40 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                     "finish_reason": "context", "new_tokens": 0, "forward_passes": 0,
                     "tokens_per_forward": 0.0, "seconds": 0.0})
             continue
-        for start in range(0, len(indices), config.batch_size):
-            batch = indices[start : start + config.batch_size]
-            for index, (completion, stats) in zip(batch, _sample(config, model, tokenizer, task, problem, batch)):
-                sandbox.submit((problem, index, completion, stats), problem.program(completion))
-            _record(sandbox.finished(), results, progress)
+        items += [(problem, index) for index in indices]
+    for start in range(0, len(items), config.batch_size):
+        batch = items[start : start + config.batch_size]
+        for (problem, index), (completion, stats) in zip(batch, _sample(config, model, tokenizer, task, batch, drafter)):
+            sandbox.submit((problem, index, completion, stats), problem.program(completion))
+        _record(sandbox.finished(), results, progress)
     _record(sandbox.finished(wait=True), results, progress)
     progress.close()
     if too_long:
         print(f"warning: {len(too_long)} prompts do not fit the model's context of {context} tokens "
               f"and count as failed: {_listing(too_long)}", file=sys.stderr)
+    if isinstance(drafter, Auto):
+        return f"auto: {drafter.choice}" if drafter.choice else "auto"
+    return str(drafter)
 
 
-def _sample(config: EvalConfig, model, tokenizer, task: Task, problem: Problem,
-            indices: list[int]) -> list[tuple[str, dict[str, Any]]]:
-    """Generate samples `indices` of `problem` in one batch: (completion, stats) of each."""
+def _sample(config: EvalConfig, model, tokenizer, task: Task, batch: list[tuple[Problem, int]],
+            drafter) -> list[tuple[str, dict[str, Any]]]:
+    """Generate the samples `batch` of (problem, sample index) in one batch: (completion,
+    stats) of each."""
     from mtp.generate import SamplingConfig, generate
 
     began = time.perf_counter()
+    first, index = batch[0]
     generations = generate(
-        model, tokenizer, [problem.prompt] * len(indices),
-        max_new_tokens=config.max_new_tokens,
-        k=config.spec_k if config.decoding == "speculative" else 1,
+        model, tokenizer, [problem.prompt for problem, _ in batch],
+        max_new_tokens=config.max_new_tokens, drafter=drafter,
         sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
         stop=task.stop,
-        # Seeded by problem and first sample, not call order: reruns repeat their draws, and a
-        # resumed run's batches do not replay earlier ones.
-        seed=zlib.crc32(f"{config.seed}/{problem.task_id}/{indices[0]}".encode()),
+        # Seeded by the batch's first problem and sample, not call order: reruns repeat their
+        # draws, and a resumed run's batches do not replay earlier ones.
+        seed=zlib.crc32(f"{config.seed}/{first.task_id}/{index}".encode()),
     )
-    share = (time.perf_counter() - began) / len(indices)  # each sample's part of the call
+    share = (time.perf_counter() - began) / len(batch)  # each sample's part of the call
     return [(g.text, {"finish_reason": g.finish_reason, "new_tokens": g.stats.new_tokens,
                       "forward_passes": g.stats.forward_passes,
                       "tokens_per_forward": g.stats.tokens_per_forward, "seconds": share})
@@ -208,8 +227,10 @@ def _append(results: ResultsFile, progress: tqdm, problem: Problem, index: int, 
     progress.update()
 
 
-def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[Problem]) -> dict[str, Any]:
-    """pass@k over `problems` from their records, with problem/sample counts and decoding speed."""
+def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[Problem],
+              decoding: str | None = None) -> dict[str, Any]:
+    """pass@k over `problems` from their records, with problem/sample counts and decoding speed
+    (`decoding`: the drafter that generated them, e.g. what `auto` chose)."""
     keys = {str(p.task_id) for p in problems}
     mine = [r for r in records if str(r["task_id"]) in keys]
     if not mine:
@@ -227,7 +248,7 @@ def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[
         seconds = sum(r["seconds"] for r in mine)
         forwards = sum(r["forward_passes"] for r in mine)
         summary.update(
-            decoding=config.decoding,
+            decoding=decoding or config.drafter,
             tokens_per_second=tokens / seconds if seconds else None,
             tokens_per_forward=tokens / forwards if forwards else None,
         )

@@ -1,23 +1,31 @@
-"""`python -m mtp.generate checkpoint=DIR prompt='def fib(n):' k=8 temperature=0`.
+"""`python -m mtp.generate checkpoint=DIR prompt='def fib(n):' drafter=auto temperature=0`.
 
 Arguments are key=value overrides with Hydra's grammar, as in `mtp.train` and `mtp.eval`
 (quote values with spaces or punctuation: prompt='def fib(n):'). Streams each continuation
 to stdout as it is decoded, then prints its statistics to stderr.
 
-  checkpoint       an exported directory or a Lightning .ckpt (required)
+  checkpoint       anything mtp.load reads: an export, a Lightning .ckpt, a Hugging Face Llama
+                   directory, Meta's multi-token-prediction layout (required)
   prompt           the prompt; or prompt_file=PATH (.jsonl: one prompt per line)
   max_new_tokens   256
-  k                tokens per forward pass at most; null: every head; 1: autoregressive
+  drafter          auto (default: measures the candidates, keeps the fastest), autoregressive,
+                   heads, prompt_lookup, heads+prompt_lookup, draft_model
+  k                the heads' tokens per forward pass at most; null: every head; auto
+  draft_model      a checkpoint sharing the tokenizer (drafter=draft_model, or a candidate of auto)
+  num_draft        drafts per step of prompt lookup (8) or the draft model (4)
+  max_ngram, min_ngram   prompt lookup's n-gram sizes (4, 2)
+  calibration      auto's cache file (default: under ~/.cache/mtp, per checkpoint)
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   stop             list of stop strings, e.g. stop='["\\n\\n"]'
   seed             null
-  device, dtype    cpu, float32 (e.g. device=cuda dtype=bfloat16)
+  device, dtype    cpu, null (the checkpoint's dtype); e.g. device=cuda dtype=bfloat16
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -26,7 +34,9 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mtp.checkpoint import load
+from mtp.generate.auto import Auto, default_calibration
 from mtp.generate.decode import generate
+from mtp.generate.names import drafter_from_options
 from mtp.generate.output import DecodeStats
 from mtp.generate.prompts import read_prompts
 from mtp.generate.sampling import SamplingConfig
@@ -40,14 +50,20 @@ class GenerateArgs:
     prompt: str | None = None
     prompt_file: str | None = None
     max_new_tokens: int = 256
-    k: int | None = None
+    drafter: str = "auto"
+    k: Any = None  # an int, "auto" or None
+    draft_model: str | None = None
+    num_draft: int | None = None
+    max_ngram: int | None = None
+    min_ngram: int | None = None
+    calibration: str | None = None
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str | None = None
 
 
 def parse_args(argv: list[str]) -> GenerateArgs:
@@ -60,35 +76,43 @@ def parse_args(argv: list[str]) -> GenerateArgs:
         raise ValueError(f"bad arguments {argv}: {e}") from e
     if (args.prompt is None) == (args.prompt_file is None):
         raise ValueError("give exactly one of prompt=... and prompt_file=...")
-    if args.dtype not in DTYPES:
+    if args.k is not None and args.k != "auto" and not isinstance(args.k, int):
+        raise ValueError(f"bad arguments {argv}: k must be an integer, auto or null, "
+                         f"got {args.k!r}")
+    if args.dtype is not None and args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
     return args
 
 
-def describe(stats: DecodeStats, k: int) -> str:
+def describe(stats: DecodeStats, drafter: str) -> str:
     """One line of decoding statistics."""
     rate = stats.new_tokens / stats.seconds if stats.seconds else float("nan")
-    heads = " ".join(f"{a:.2f}" for a in stats.head_acceptance)
-    return (f"k={k}: {stats.new_tokens} tokens in {stats.forward_passes} forward passes "
+    drafts = " ".join(f"{a:.2f}" for a in stats.head_acceptance[1:])
+    return (f"{drafter}: {stats.new_tokens} tokens in {stats.forward_passes} forward passes "
             f"({stats.tokens_per_forward:.2f} tokens/forward), {stats.seconds:.2f} s, "
-            f"{rate:.1f} tokens/s; head acceptance {heads}")
+            f"{rate:.1f} tokens/s" + (f"; draft acceptance {drafts}" if drafts else ""))
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
-    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES[args.dtype])
-    k = model.config.n_future if args.k is None else args.k
+    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES.get(args.dtype))
+    drafter = drafter_from_options(
+        model, args.drafter, k=args.k, draft_model=args.draft_model, num_draft=args.num_draft,
+        max_ngram=args.max_ngram, min_ngram=args.min_ngram,
+        calibration=args.calibration or default_calibration(args.checkpoint))
     for index, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(f"\n### prompt {index}", flush=True)
         print(prompt, end="", flush=True)
-        [result] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens, k=k,
-                            sampling=sampling, stop=args.stop, seed=args.seed,
+        [result] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens,
+                            drafter=drafter, sampling=sampling, stop=args.stop, seed=args.seed,
                             on_text=lambda _, text: print(text, end="", flush=True))
         print(flush=True)
-        print(f"[{result.finish_reason}] {describe(result.stats, k)}", file=sys.stderr)
+        name = (f"auto -> {drafter.choice}" if isinstance(drafter, Auto)
+                else str(drafter))
+        print(f"[{result.finish_reason}] {describe(result.stats, name)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

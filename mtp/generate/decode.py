@@ -1,4 +1,4 @@
-"""`generate`: prompts in, continuations out, by autoregressive or self-speculative decoding.
+"""`generate`: prompts in, continuations out, by autoregressive or speculative decoding.
 
 - Prompts: training packs documents into one stream, each document followed by EOS, so a
   document starts right after an EOS. A prompt is therefore encoded as [EOS] + its tokens:
@@ -10,12 +10,16 @@
 - The context limit: a sequence holds at most `max_seq_len` tokens, the EOS and the prompt
   included. One that reaches it stops with finish_reason "context"; a prompt that leaves no
   room is a ValueError.
-- k = 1 runs `autoregressive_decode`, the baseline every speedup is measured against: one
-  forward pass of the trunk and head 0 per token on the cache, one host synchronisation per
-  token (the stopping rules need the token). k > 1 runs `speculative_decode`, whose loop is
-  the `draft`, `verify`, `accept` steps of `speculative.py`, with heads 0..k-1 run as one
-  batched block (`StackedHeads`): a verify forward pays one block's per-op overhead for the
-  heads, not k blocks'. It still reads k heads' weights, which bounds its cost at batch 1.
+- No drafter (k = 1, drafter="autoregressive") runs `autoregressive_decode`, the baseline
+  every speedup is measured against: one forward pass of the trunk and head 0 per token on
+  the cache, one host synchronisation per token (the stopping rules need the token). Any
+  drafter runs `speculative_decode`, whose loop is the propose, `verify`, `accept` steps:
+  the drafter (`drafter.py`: the model's heads, a draft model, prompt lookup, or several)
+  proposes, the target verifies in one forward pass, the shared acceptance rule keeps a
+  prefix, and the drafter is told what was kept. With the heads as drafter, heads 0..k-1 run
+  as one batched block (`StackedHeads`): a verify forward pays one block's per-op overhead
+  for the heads, not k blocks'. It still reads k heads' weights, which bounds its cost at
+  batch 1.
 """
 
 from __future__ import annotations
@@ -24,37 +28,45 @@ import time
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
 
-from mtp.kv_cache import KVCache
+from mtp.generate.auto import Auto
+from mtp.generate.drafter import Drafter, Verified
+from mtp.generate.names import resolve_drafter
 from mtp.generate.output import Generation, SequenceOutput, TextCallback
 from mtp.generate.sampling import SamplingConfig, probabilities, sample
-from mtp.generate.speculative import accept, draft, hidden_states, verify
-from mtp.generate.stacked_heads import StackedHeads, stacked_heads
+from mtp.generate.speculative import accept, hidden_states, prefill, verify
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
 
 def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
-             max_new_tokens: int = 256, k: int | None = None,
+             max_new_tokens: int = 256, k: int | str | None = None,
+             drafter: Drafter | Auto | str | None = None,
              sampling: SamplingConfig = SamplingConfig(), stop: Sequence[str] | str = (),
              seed: int | None = None, on_text: TextCallback | None = None) -> list[Generation]:
     """Continue each prompt; one `Generation` per prompt, in order.
 
     Args:
-        k: tokens per forward pass at most: heads 0..k-1 draft, head 0 verifies. None uses
-            every head (model.config.n_future); 1 is plain autoregressive decoding.
+        k: the heads drafter's tokens per forward pass at most: heads 1..k-1 draft, head 0
+            verifies. None uses every head (model.config.n_future); 1 is plain autoregressive
+            decoding; "auto" measures k = 1..n_future on the first steps and keeps the fastest.
+        drafter: who proposes the drafts: None or "heads" (the model's heads, with k), a
+            `Drafter` (`HeadsDrafter`, `DraftModel`, `PromptLookup`, `Combined`), a name
+            ("autoregressive", "heads", "prompt_lookup", "heads+prompt_lookup", "auto"), or
+            `Auto(...)`, which measures candidate drafters and keeps the fastest.
         sampling: temperature (0: greedy), top-k and top-p of head 0's distribution. Greedy
-            output is identical for every k; sampled output has the same distribution.
+            output is identical for every drafter; sampled output has the same distribution.
         stop: strings that end a generation; the returned text stops before them.
         seed: seeds this call's random draws (None: torch's global generator).
         on_text: called as on_text(prompt_index, text) with each new piece of text.
     """
     config = model.config
-    k = config.n_future if k is None else k
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    _check_arguments(config.n_future, config.vocab_size, tokenizer, prompts, max_new_tokens, k,
-                     sampling, stop)
+    _check_arguments(config.vocab_size, tokenizer, prompts, max_new_tokens, sampling, stop)
+    chosen = resolve_drafter(model, drafter, k)
+    if isinstance(chosen, Drafter):
+        chosen.check(model, tokenizer)
     encoded = [[tokenizer.eos_id, *ids] for ids in tokenizer.encode_batch(prompts)]
     for index, ids in enumerate(encoded):
         if len(ids) >= config.max_seq_len:
@@ -62,7 +74,12 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
                 f"prompt {index} is {len(ids)} tokens (with the EOS that starts a document), "
                 f"which leaves no room in the model's context of max_seq_len="
                 f"{config.max_seq_len} tokens")
+    if isinstance(chosen, Auto):  # measures its candidates with generate() on these prompts
+        chosen = chosen.choose(model, tokenizer, prompts, sampling=sampling,
+                               max_new_tokens=max_new_tokens)
 
+    param = next(model.parameters())
+    width = 1 if chosen is None else chosen.max_drafts + 1  # tokens per forward at most
     started = time.perf_counter()
     outputs = []
     for index, ids in enumerate(encoded):
@@ -70,38 +87,21 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
         outputs.append(SequenceOutput(
             index, tokenizer, budget=min(max_new_tokens, room),
             budget_reason="length" if max_new_tokens <= room else "context", stop=stop,
-            n_heads=k, on_text=on_text, started=started))
-    param = next(model.parameters())
-    max_len = min(config.max_seq_len, max(map(len, encoded)) + max_new_tokens + k)
+            n_heads=width, on_text=on_text, started=started))
+    max_len = min(config.max_seq_len, max(map(len, encoded)) + max_new_tokens + width)
     cache = KVCache(config, len(encoded), max_len, device=param.device, dtype=param.dtype)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=param.device).manual_seed(seed)
     with torch.inference_mode():
-        if k == 1:
+        if chosen is None:
             autoregressive_decode(model, cache, encoded, outputs, sampling, generator,
                                   pad_id=tokenizer.pad_id)
         else:
-            speculative_decode(model, cache, encoded, outputs, k, sampling, generator,
+            chosen.start(model, encoded, max_len, sampling, generator)
+            speculative_decode(model, cache, encoded, outputs, chosen, sampling, generator,
                                pad_id=tokenizer.pad_id)
     return [output.result() for output in outputs]
-
-
-def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
-            heads: int | StackedHeads, pad_id: int) -> Tensor:
-    """Cache the prompts in the trunk and heads 0..n-1: hidden states (B, n, D).
-
-    The heads' outputs (before the shared norm and unembedding) at each prompt's last token;
-    `heads` as in `hidden_states`.
-    """
-    lengths = [len(ids) for ids in prompts]
-    tokens = torch.full((len(prompts), max(lengths)), pad_id, dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        tokens[row, :len(ids)] = torch.tensor(ids)
-    hidden = hidden_states(model, cache, tokens.to(cache.keys.device), heads)  # (B, T, n, D)
-    cache.rollback(lengths)  # right padding: each prompt keeps its own length
-    rows = torch.arange(len(prompts), device=hidden.device)
-    return hidden[rows, torch.tensor(lengths, device=hidden.device) - 1]
 
 
 def autoregressive_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]],
@@ -122,52 +122,58 @@ def autoregressive_decode(model: MTPModel, cache: KVCache, prompts: list[list[in
 
 
 def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]],
-                       outputs: list[SequenceOutput], k: int, sampling: SamplingConfig,
-                       generator: torch.Generator | None, *, pad_id: int) -> None:
-    """Draft with heads 1..k-1, verify with head 0, accept; on an empty `cache`.
+                       outputs: list[SequenceOutput], drafter: Drafter,
+                       sampling: SamplingConfig, generator: torch.Generator | None, *,
+                       pad_id: int) -> None:
+    """Propose with `drafter`, verify with head 0, accept; on an empty `cache`.
 
     The cache holds every accepted token but the last; `pending` is that last token and the
-    drafts after it (see the worked example in `speculative.py`).
+    drafts after it (see the worked example in `speculative.py`). The prefill counts as a
+    step that verified the prompt's last token.
     """
-    heads = stacked_heads(model, k)  # heads 0..k-1 as one batched block per head layer
-    last = prefill(model, cache, prompts, heads, pad_id)  # (B, k, D): last position
+    heads = drafter.verify_heads(model)  # an int, or the heads drafter's StackedHeads
+    last = prefill(model, cache, prompts, heads, pad_id)  # (B, n, D): last prompt position
+    hidden = last[:, None]  # (B, 1, n, D)
+    pending = torch.tensor([ids[-1:] for ids in prompts], device=last.device)  # (B, 1)
     tokens = sample(probabilities(model.unembed(last[:, 0]), sampling), generator)[:, None]
     n_accepted = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)
-    m = 1  # tokens in the last forward pass (the prefill counts as verifying one)
+    n_drafts = [0] * len(prompts)  # real drafts each row had verified in the last forward
     live = list(range(len(prompts)))
     while True:
-        drafts = draft(model.unembed(last[:, 1:]), sampling, generator)
-        pending = torch.cat([tokens.gather(1, n_accepted[:, None]), drafts.tokens], dim=1)
         host = torch.cat([n_accepted[:, None], tokens], dim=1).tolist()  # the one sync
-        keep = _commit(cache, outputs, live, [row[1:] for row in host],
-                       [row[0] for row in host], m)
+        new_ids = [row[1:row[0] + 2] for row in host]
+        drafter.update(Verified(pending, n_accepted, tokens, hidden, new_ids))
+        keep = _commit(cache, outputs, live, new_ids, n_drafts, pending.shape[1])
         if not keep:
             return
         if len(keep) < len(host):
-            rows = torch.tensor(keep, device=pending.device)
-            pending, drafts = pending[rows], drafts[rows]
-        m = min(k, cache.max_len - max(cache.lengths))  # fewer near the end of the cache
-        target, hidden = verify(model, cache, pending[:, :m], heads)  # (B, m, V), (B, m, k, D)
-        n_accepted, tokens = accept(drafts.first(m - 1), probabilities(target, sampling),
-                                    generator)
-        last = hidden[torch.arange(len(keep), device=hidden.device), n_accepted]  # (B, k, D)
+            drafter.keep(keep)
+            rows = torch.tensor(keep, device=tokens.device)
+            tokens, n_accepted = tokens[rows], n_accepted[rows]
+        room = cache.max_len - max(cache.lengths) - 1  # fewer drafts near the end of the cache
+        drafts = drafter.propose(max(0, min(drafter.max_drafts, room)))
+        n_drafts = drafts.real()
+        pending = torch.cat([tokens.gather(1, n_accepted[:, None]), drafts.tokens], dim=1)
+        target, hidden = verify(model, cache, pending, heads)  # (B, m, V), (B, m, n, D)
+        n_accepted, tokens = accept(drafts, probabilities(target, sampling), generator)
 
 
 def _commit(cache: KVCache, outputs: list[SequenceOutput], live: list[int],
-            tokens: list[list[int]], n_accepted: list[int], m: int) -> list[int]:
+            new_ids: list[list[int]], n_drafts: list[int], m: int) -> list[int]:
     """Give each live sequence its new tokens and drop the finished ones from the batch.
 
-    After a forward pass over m pending tokens, sequence b keeps n_accepted[b] drafts and one
-    token of head 0: tokens[b][:n_accepted[b] + 1]. The cache rolls back to the accepted
-    prefix. `live` maps batch rows to outputs and is updated; returns the rows kept.
+    After a forward pass over m pending tokens, sequence b keeps the n = len(new_ids[b]) - 1
+    drafts it accepted and one token of the target (`new_ids[b]`), out of n_drafts[b] real
+    drafts (draft i counts as verified when drafts 1..i-1 were accepted). The cache rolls back to the accepted prefix. `live` maps batch rows to
+    outputs and is updated; returns the rows kept.
     """
     if m > 1:
-        cache.rollback([length - m + n + 1 for length, n in zip(cache.lengths, n_accepted)])
+        cache.rollback([length - m + len(ids) for length, ids in zip(cache.lengths, new_ids)])
     keep = []
-    for row, (index, ids, n) in enumerate(zip(live, tokens, n_accepted)):
+    for row, (index, ids, verified) in enumerate(zip(live, new_ids, n_drafts)):
         output = outputs[index]
-        output.count_forward(min(n + 1, m - 1), n)
-        if not output.add(ids[:n + 1]):
+        output.count_forward(min(len(ids), verified), len(ids) - 1)
+        if not output.add(ids):
             keep.append(row)
     if len(keep) < len(live):
         live[:] = [live[row] for row in keep]
@@ -176,8 +182,8 @@ def _commit(cache: KVCache, outputs: list[SequenceOutput], live: list[int],
     return keep
 
 
-def _check_arguments(n_future: int, vocab_size: int, tokenizer: Tokenizer, prompts: list[str],
-                     max_new_tokens: int, k: int, sampling: SamplingConfig,
+def _check_arguments(vocab_size: int, tokenizer: Tokenizer, prompts: list[str],
+                     max_new_tokens: int, sampling: SamplingConfig,
                      stop: tuple[str, ...]) -> None:
     if tokenizer.vocab_size != vocab_size:
         raise ValueError(f"the tokenizer ({tokenizer!r}) has {tokenizer.vocab_size} tokens but "
@@ -187,8 +193,6 @@ def _check_arguments(n_future: int, vocab_size: int, tokenizer: Tokenizer, promp
     for index, prompt in enumerate(prompts):
         if not isinstance(prompt, str) or not prompt:
             raise ValueError(f"prompt {index} must be a non-empty string, got {prompt!r:.80}")
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= n_future:
-        raise ValueError(f"k must be an integer from 1 to n_future={n_future}, got {k!r}")
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) \
             or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")

@@ -1,9 +1,12 @@
-"""Blockwise self-speculative decoding (Stern et al. 2018, as Gloeckle et al. 2024 use it).
+"""Verification and acceptance, shared by every drafter (`drafter.py`).
 
-The three steps of the decode loop, each a function:
+The three steps of the decode loop, each a function; the worked example below uses the
+model's own heads as the drafter (blockwise self-speculative decoding, Stern et al. 2018, as
+Gloeckle et al. 2024 use it), but `verify` and `accept` do not know who drafted:
 
-- `draft`: at the last accepted position t, head j (1 <= j < k) predicts token t + j + 1;
-  those k - 1 tokens are the proposals, drawn from the heads' own distributions q_j.
+- draft (`heads_drafter.draft`): at the last accepted position t, head j (1 <= j < k)
+  predicts token t + j + 1; those k - 1 tokens are the proposals, drawn from the heads' own
+  distributions q_j. Other drafters propose their own tokens and q (`Drafts`).
 - `verify`: one forward pass over `pending` = [the last accepted token, the k - 1 drafts]
   through the trunk and heads 0..k-1. Head 0 at pending position i gives the target
   distribution p_i of the token after it, which verifies draft i + 1; every head at every
@@ -35,37 +38,14 @@ comes from head 0 at pending position 3 and the next drafts from the heads there
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from mtp.kv_cache import KVCache
-from mtp.generate.sampling import SamplingConfig, probabilities, sample
+from mtp.generate.drafter import Drafts
+from mtp.generate.sampling import sample
 from mtp.generate.stacked_heads import StackedHeads
 from mtp.model import MTPModel
-
-
-@dataclass(frozen=True)
-class Drafts:
-    """Proposed tokens (B, k - 1) and the distributions q they were drawn from (B, k - 1, V)."""
-
-    tokens: Tensor
-    probs: Tensor
-
-    def __getitem__(self, rows: Tensor | slice) -> Drafts:
-        return Drafts(self.tokens[rows], self.probs[rows])
-
-    def first(self, n: int) -> Drafts:
-        """The first n drafts of every sequence."""
-        return Drafts(self.tokens[:, :n], self.probs[:, :n])
-
-
-def draft(head_logits: Tensor, config: SamplingConfig,
-          generator: torch.Generator | None = None) -> Drafts:
-    """Drafts from the logits (B, k - 1, V) of heads 1..k-1 at the last accepted position."""
-    probs = probabilities(head_logits, config)  # (B, k - 1, V)
-    return Drafts(sample(probs, generator), probs)
 
 
 def hidden_states(model: MTPModel, cache: KVCache, tokens: Tensor,
@@ -88,6 +68,23 @@ def hidden_states(model: MTPModel, cache: KVCache, tokens: Tensor,
     return hidden
 
 
+def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
+            heads: int | StackedHeads, pad_id: int) -> Tensor:
+    """Cache the prompts in the trunk and heads 0..n-1: hidden states (B, n, D).
+
+    The heads' outputs (before the shared norm and unembedding) at each prompt's last token;
+    `heads` as in `hidden_states`.
+    """
+    lengths = [len(ids) for ids in prompts]
+    tokens = torch.full((len(prompts), max(lengths)), pad_id, dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        tokens[row, :len(ids)] = torch.tensor(ids)
+    hidden = hidden_states(model, cache, tokens.to(cache.keys.device), heads)  # (B, T, n, D)
+    cache.rollback(lengths)  # right padding: each prompt keeps its own length
+    rows = torch.arange(len(prompts), device=hidden.device)
+    return hidden[rows, torch.tensor(lengths, device=hidden.device) - 1]
+
+
 def verify(model: MTPModel, cache: KVCache, pending: Tensor,
            heads: int | StackedHeads) -> tuple[Tensor, Tensor]:
     """One forward pass over `pending` (B, m) with heads 0..n-1 (see `hidden_states`).
@@ -102,28 +99,30 @@ def verify(model: MTPModel, cache: KVCache, pending: Tensor,
 
 def accept(drafts: Drafts, target: Tensor,
            generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """The speculative-sampling rule over m - 1 drafts and head 0's m target distributions.
+    """The speculative-sampling rule over m - 1 drafts and the target's m distributions.
 
     Args:
-        drafts: tokens (B, m - 1) and proposal distributions (B, m - 1, V).
-        target: head 0's distributions (B, m, V) at the m pending positions; target[:, i]
-            verifies drafts.tokens[:, i].
+        drafts: tokens (B, m - 1), their proposal distributions (one-hot when the drafter
+            gives none) and, optionally, how many of each row's drafts are real.
+        target: the target's distributions (B, m, V) at the m pending positions;
+            target[:, i] verifies drafts.tokens[:, i].
     Returns:
         n_accepted (B,): how many leading drafts were kept, and tokens (B, m): the kept
         drafts, then at index n_accepted the correction (or bonus) token; later entries are
         leftover drafts, not output.
     """
-    batch, m, _ = target.shape
+    batch, m, vocab = target.shape
     rows = torch.arange(batch, device=target.device)
     draft_ids = drafts.tokens.unsqueeze(-1)  # (B, m - 1, 1)
+    proposal = drafts.proposal(vocab).to(target.dtype)  # (B, m - 1, V); padding rows are 0
     p = target[:, :-1].gather(-1, draft_ids).squeeze(-1)  # (B, m - 1)
-    q = drafts.probs.gather(-1, draft_ids).squeeze(-1)  # (B, m - 1)
+    q = proposal.gather(-1, draft_ids).squeeze(-1)  # (B, m - 1)
     uniform = torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype)
-    kept = uniform * q < p  # probability min(1, p / q)
+    kept = (uniform * q < p) & (q > 0)  # probability min(1, p / q); padding never
     n_accepted = kept.long().cumprod(-1).sum(-1)  # (B,) length of the accepted prefix
 
     # The first rejected draft's residual; past the last draft there is no q (bonus token).
-    proposal = torch.cat([drafts.probs, torch.zeros_like(target[:, :1])], dim=1)  # (B, m, V)
+    proposal = torch.cat([proposal, torch.zeros_like(target[:, :1])], dim=1)  # (B, m, V)
     p_next, q_next = target[rows, n_accepted], proposal[rows, n_accepted]  # (B, V) each
     residual = (p_next - q_next).clamp(min=0)
     # An all-zero residual means p == q, where rejection has probability 0 (rounding only).

@@ -1,0 +1,172 @@
+"""`drafter=auto` / `k=auto`: measure candidate drafters on the first steps, keep the fastest.
+
+Which drafter pays depends on the model (how well its heads or a draft model agree with it),
+the text (prompt lookup pays where it repeats), the batch size, sampling and the machine (the
+cost of a verify forward with k tokens relative to one token). So it is measured, not
+guessed: each candidate decodes the call's own prompts for `tokens` new tokens, twice, and
+the best tokens/s of each counts. Autoregressive decoding is always a candidate and any other
+must beat it by `margin`, so the choice is never slower than autoregressive decoding by
+more than the measurement noise.
+
+Candidates: autoregressive, the heads with every k from 2 to n_future, prompt lookup, the
+fastest heads k combined with prompt lookup, and the draft model when one is given
+(`k=auto`: autoregressive and the heads only). The choice is cached per model in memory and,
+with `calibration=PATH`, in a JSON file (for example beside the checkpoint), keyed by what it
+depends on: model, device, dtype, threads, batch size (in powers of two) and greedy vs
+sampled decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from mtp.generate.combined import Combined
+from mtp.generate.draft_model import DraftModel
+from mtp.generate.drafter import Drafter, check_positive
+from mtp.generate.heads_drafter import HeadsDrafter
+from mtp.generate.prompt_lookup import PromptLookup
+from mtp.generate.sampling import SamplingConfig
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
+
+AUTOREGRESSIVE = "autoregressive"
+
+# model -> {calibration key: chosen label}; an entry goes when its model does.
+_chosen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def default_calibration(checkpoint: str | Path) -> Path:
+    """Where the command lines cache `auto`'s choice for a checkpoint: under $MTP_CACHE
+    (default ~/.cache/mtp), one file per checkpoint path, so checkpoints stay read-only."""
+    root = Path(os.environ.get("MTP_CACHE", Path.home() / ".cache" / "mtp"))
+    name = hashlib.sha1(str(Path(checkpoint).resolve()).encode()).hexdigest()[:16]
+    return root / "calibration" / f"{name}.json"
+
+
+@dataclass
+class Auto:
+    """Chooses the fastest drafter by measurement (see the module docstring)."""
+
+    heads_only: bool = False  # k=auto: autoregressive and the heads' k only
+    draft_model: DraftModel | None = None
+    prompt_lookup: PromptLookup = field(default_factory=PromptLookup)
+    calibration: str | Path | None = None  # a JSON file that caches the choice
+    tokens: int = 64  # new tokens per measurement
+    margin: float = 1.03  # a drafter must beat autoregressive decoding by this factor
+    measured: dict[str, float] = field(default_factory=dict)  # tokens/s of the last calibration
+    choice: str | None = None  # the label of the last choice
+
+    def __post_init__(self) -> None:
+        check_positive("tokens", self.tokens)
+        if not self.margin >= 1:
+            raise ValueError(f"margin must be >= 1, got {self.margin!r}")
+        if self.draft_model is not None and not isinstance(self.draft_model, DraftModel):
+            raise ValueError(f"draft_model must be a DraftModel, got {self.draft_model!r}")
+
+    def candidates(self, model: MTPModel) -> dict[str, Drafter | None]:
+        """Label -> drafter (None: autoregressive), before the combination with lookup."""
+        found: dict[str, Drafter | None] = {AUTOREGRESSIVE: None}
+        for k in range(2, model.config.n_future + 1):
+            found[f"heads(k={k})"] = HeadsDrafter(k)
+        if not self.heads_only:
+            found[repr(self.prompt_lookup)] = self.prompt_lookup
+            if self.draft_model is not None:
+                found[repr(self.draft_model)] = self.draft_model
+        return found
+
+    def choose(self, model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
+               sampling: SamplingConfig, max_new_tokens: int) -> Drafter | None:
+        """The fastest drafter for these prompts (None: autoregressive decoding)."""
+        candidates = self.candidates(model)
+        if self.draft_model is not None:
+            self.draft_model.check(model, tokenizer)
+        key = self._key(model, len(prompts), sampling)
+        label = _chosen.get(model, {}).get(key) or self._read(key)
+        if label is None or (label != AUTOREGRESSIVE and not self._rebuild(label, candidates)):
+            label = self._measure(model, tokenizer, prompts, sampling, max_new_tokens,
+                                  candidates)
+            self._write(key, label)
+        _chosen.setdefault(model, {})[key] = label
+        self.choice = label
+        return self._rebuild(label, candidates) if label != AUTOREGRESSIVE else None
+
+    def _measure(self, model, tokenizer, prompts, sampling, max_new_tokens,
+                 candidates: dict[str, Drafter | None]) -> str:
+        from mtp.generate.decode import generate  # generate() calls choose(): no cycle at import
+
+        tokens = min(self.tokens, max_new_tokens)
+
+        def speed(drafter: Drafter | None) -> float:
+            run = dict(drafter=drafter or AUTOREGRESSIVE, sampling=sampling, seed=0)
+            generate(model, tokenizer, prompts, max_new_tokens=2, **run)  # warm-up, builds
+            began = time.perf_counter()
+            done = generate(model, tokenizer, prompts, max_new_tokens=tokens, **run)
+            return sum(g.stats.new_tokens for g in done) / (time.perf_counter() - began)
+
+        measured: dict[str, float] = {}
+        for _ in range(2):  # best of two rounds: noise only ever slows a run down
+            for label, drafter in candidates.items():
+                measured[label] = max(measured.get(label, 0.0), speed(drafter))
+            heads = [label for label in measured if label.startswith("heads(")]
+            if heads and not self.heads_only:
+                best = max(heads, key=measured.get)
+                label = f"{best}+{self.prompt_lookup!r}"
+                candidates[label] = Combined(candidates[best], self.prompt_lookup)
+                measured[label] = max(measured.get(label, 0.0), speed(candidates[label]))
+        self.measured = measured
+        best = max(measured, key=measured.get)
+        if measured[best] < self.margin * measured[AUTOREGRESSIVE]:
+            return AUTOREGRESSIVE
+        return best
+
+    def _rebuild(self, label: str, candidates: dict[str, Drafter | None]) -> Drafter | None:
+        """The drafter a label names, or None if it is not among the candidates."""
+        if candidates.get(label) is not None:
+            return candidates[label]
+        first, _, rest = label.partition("+")
+        if rest == repr(self.prompt_lookup) and isinstance(candidates.get(first), HeadsDrafter):
+            return Combined(candidates[first], self.prompt_lookup)
+        return None
+
+    def _key(self, model: MTPModel, batch: int, sampling: SamplingConfig) -> str:
+        param = next(model.parameters())
+        config = json.dumps(model.config.to_dict(), sort_keys=True)
+        model_id = hashlib.sha1(config.encode()).hexdigest()[:12]
+        bucket = 1 << (batch - 1).bit_length()  # 1, 2, 4, 8, ...
+        parts = [model_id, str(param.device), str(param.dtype).removeprefix("torch."),
+                 f"threads={torch.get_num_threads()}", f"batch<={bucket}",
+                 "greedy" if sampling.greedy else "sampled",
+                 "heads" if self.heads_only else "all",
+                 repr(self.prompt_lookup), repr(self.draft_model)]
+        return "|".join(parts)
+
+    def _read(self, key: str) -> str | None:
+        if self.calibration is None or not Path(self.calibration).is_file():
+            return None
+        try:
+            entry = json.loads(Path(self.calibration).read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            return None  # an unreadable cache is remeasured, and rewritten
+        return entry.get("choice") if isinstance(entry, dict) else None
+
+    def _write(self, key: str, label: str) -> None:
+        if self.calibration is None:
+            return
+        path = Path(self.calibration)
+        try:
+            table = json.loads(path.read_text()) if path.is_file() else {}
+            table = table if isinstance(table, dict) else {}
+        except (OSError, ValueError):
+            table = {}
+        table[key] = {"choice": label, "tokens_per_second": {
+            name: round(rate, 1) for name, rate in self.measured.items()}}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(table, indent=1) + "\n")

@@ -1,0 +1,84 @@
+"""Several drafters at once: each sequence takes the longest draft any of them proposes.
+
+The pair that pays is the heads plus prompt lookup: where the context repeats, lookup proposes
+a long continuation (more than the heads' k - 1); elsewhere it proposes nothing and the heads'
+draft is used. Ties go to the drafter listed first. Every drafter is told every accepted
+token, whoever drafted it, so each stays in step; the verify forward runs as many heads as the
+most demanding one needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mtp.generate.drafter import Drafter, Drafts, Verified
+from mtp.generate.sampling import SamplingConfig
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
+
+
+class Combined(Drafter):
+    """The longest draft per sequence among `drafters` (ties: the earlier one)."""
+
+    def __init__(self, *drafters: Drafter) -> None:
+        if len(drafters) < 2 or not all(isinstance(d, Drafter) for d in drafters):
+            raise ValueError(f"Combined needs two or more drafters, got {drafters!r}")
+        self.drafters = drafters
+        self.name = "+".join(d.name for d in drafters)
+
+    @property
+    def max_drafts(self) -> int:
+        return max(d.max_drafts for d in self.drafters)
+
+    def verify_heads(self, model: MTPModel):
+        return max((d.verify_heads(model) for d in self.drafters), key=_head_count)
+
+    def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
+        for drafter in self.drafters:
+            drafter.check(model, tokenizer)
+
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        self._vocab = model.config.vocab_size
+        for drafter in self.drafters:
+            drafter.start(model, prompts, max_len, sampling, generator)
+
+    def update(self, step: Verified) -> None:
+        for drafter in self.drafters:
+            drafter.update(step)
+
+    def keep(self, rows: list[int]) -> None:
+        for drafter in self.drafters:
+            drafter.keep(rows)
+
+    def propose(self, limit: int) -> Drafts:
+        proposals = [d.propose(min(limit, d.max_drafts)) for d in self.drafters]
+        width = max(p.count for p in proposals)
+        lengths = torch.stack([_lengths(p) for p in proposals])  # (n_drafters, B)
+        choice = lengths.argmax(0)  # (B,): the first of the longest
+        batch = choice.shape[0]
+        qs = [p.proposal(self._vocab) for p in proposals]
+        dtype = max((q.dtype for q in qs), key=lambda t: torch.finfo(t).bits)
+        tokens = torch.zeros(batch, width, dtype=torch.long, device=choice.device)
+        probs = torch.zeros(batch, width, self._vocab, device=choice.device, dtype=dtype)
+        for index, (p, q) in enumerate(zip(proposals, qs)):
+            rows = choice == index
+            tokens[rows, :p.count] = p.tokens[rows]
+            probs[rows, :p.count] = q[rows].to(dtype)
+        chosen = lengths.gather(0, choice[None])[0]
+        return Drafts(tokens, probs, None if chosen.eq(width).all() else chosen)
+
+    def __repr__(self) -> str:
+        return "+".join(map(repr, self.drafters))
+
+
+def _lengths(drafts: Drafts) -> torch.Tensor:
+    if drafts.lengths is not None:
+        return drafts.lengths
+    return torch.full((drafts.tokens.shape[0],), drafts.count, device=drafts.tokens.device)
+
+
+def _head_count(heads) -> int:
+    return heads if isinstance(heads, int) else heads.n_heads

@@ -1,0 +1,104 @@
+"""A separate, smaller draft model proposes γ tokens per step (Leviathan et al. 2023, Chen et
+al. 2023; transformers' `assistant_model=`, vLLM's draft-model speculator).
+
+Any model that `mtp.load` reads and that shares the target's tokenizer will do (its head 0
+drafts). It keeps its own KV cache in step with the target's accepted tokens:
+
+- Invariant at `propose`: the draft cache holds every accepted token but the last two; those
+  two are fed together in the first draft forward (T = 2). That one static shape serves every
+  case: after a step that kept all γ drafts, the last draft (never fed to the draft model) and
+  the bonus token are the two; otherwise the cache rolls back over the rejected drafts.
+- Each draft d_i is drawn from q_i = the draft model's distribution under the same
+  temperature/top-k/top-p as the target, so the acceptance rule keeps the target's
+  distribution exactly; greedy drafts are the draft model's argmax.
+
+γ draft forwards and one verify forward per step: it pays when the draft model is much
+cheaper than the target and agrees with it often.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
+from mtp.generate.sampling import SamplingConfig, probabilities, sample
+from mtp.generate.speculative import hidden_states, prefill
+from mtp.kv_cache import KVCache
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
+
+
+class DraftModel(Drafter):
+    """`model` (with its `tokenizer`, which must be the target's) drafts `num_draft` tokens."""
+
+    name = "draft_model"
+
+    def __init__(self, model: MTPModel, tokenizer: Tokenizer, num_draft: int = 4) -> None:
+        if not isinstance(model, MTPModel):
+            raise ValueError(f"the draft model must be an MTPModel (see mtp.load), got "
+                             f"{type(model).__name__}")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.num_draft = check_positive("num_draft", num_draft)
+        self._cache: KVCache | None = None
+
+    @property
+    def max_drafts(self) -> int:
+        return self.num_draft
+
+    def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
+        if tokenizer.fingerprint != self.tokenizer.fingerprint:
+            raise ValueError(f"the draft model's tokenizer ({self.tokenizer!r}) differs from the "
+                             f"target's ({tokenizer!r}): a draft model must share the tokenizer")
+        if self.model.config.vocab_size != model.config.vocab_size:
+            raise ValueError(f"the draft model's vocab_size={self.model.config.vocab_size} "
+                             f"differs from the target's {model.config.vocab_size}")
+        mine, theirs = next(self.model.parameters()), next(model.parameters())
+        if mine.device != theirs.device:
+            raise ValueError(f"the draft model is on {mine.device} but the target on "
+                             f"{theirs.device}: move them to one device")
+
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        config = self.model.config
+        if max_len > config.max_seq_len:
+            raise ValueError(f"the draft model's max_seq_len={config.max_seq_len} is shorter "
+                             f"than this call needs ({max_len} tokens: prompt, new tokens and "
+                             f"drafts); lower max_new_tokens")
+        param = next(self.model.parameters())
+        self._sampling, self._generator = sampling, generator
+        self._cache = KVCache(config, len(prompts), max_len, device=param.device,
+                              dtype=param.dtype)
+        # Every prompt token but the last: `propose` feeds it with the first new token.
+        prefill(self.model, self._cache, [ids[:-1] for ids in prompts], 1,
+                pad_id=self.tokenizer.pad_id)
+        self._lengths = [len(ids) for ids in prompts]  # accepted tokens, on the host
+        self._tail: Tensor | None = None  # (B, 2): the last two accepted tokens
+
+    def update(self, step: Verified) -> None:
+        self._tail = step.last_two()
+        self._lengths = [n + len(ids) for n, ids in zip(self._lengths, step.new_ids)]
+
+    def keep(self, rows: list[int]) -> None:
+        self._cache.keep(rows)
+        self._tail = self._tail[torch.tensor(rows, device=self._tail.device)]
+        self._lengths = [self._lengths[row] for row in rows]
+
+    def propose(self, limit: int) -> Drafts:
+        if limit == 0:
+            return Drafts.none(len(self._lengths), self._tail.device)
+        cache = self._cache
+        cache.rollback([n - 2 for n in self._lengths])
+        tokens, all_probs, fed = [], [], self._tail  # (B, 2), then (B, 1)
+        for _ in range(min(limit, self.num_draft)):
+            hidden = hidden_states(self.model, cache, fed, 1)[:, -1, 0]  # (B, D)
+            probs = probabilities(self.model.unembed(hidden), self._sampling)  # (B, V)
+            fed = sample(probs, self._generator)[:, None]  # (B, 1)
+            tokens.append(fed)
+            all_probs.append(probs)
+        return Drafts(torch.cat(tokens, dim=1), torch.stack(all_probs, dim=1))
+
+    def __repr__(self) -> str:
+        return f"draft_model(num_draft={self.num_draft})"

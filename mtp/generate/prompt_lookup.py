@@ -1,0 +1,93 @@
+"""Prompt lookup (n-gram) drafting: propose what followed the last n-gram where it occurred before.
+
+Saxena 2023; transformers' `prompt_lookup_num_tokens`, vLLM's n-gram speculator. The last n
+tokens of the context (the prompt and the text generated so far), for n from `max_ngram` down
+to `min_ngram`, are looked up among the context's earlier n-grams; at the most recent earlier
+occurrence of the longest one that occurs, the `num_draft` tokens that followed it are the
+drafts. Code repeats its identifiers, signatures and boilerplate, so this often pays there;
+no extra model, and deterministic drafts (one-hot q) keep greedy and sampled decoding exact.
+
+Each row keeps an index n-gram -> where its latest occurrence ends, updated as tokens arrive,
+so a lookup costs one dictionary probe per n rather than a scan of the context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
+from mtp.generate.sampling import SamplingConfig
+from mtp.model import MTPModel
+
+
+class NgramIndex:
+    """The context of one sequence and, per n-gram size, each n-gram's latest continuation."""
+
+    def __init__(self, ids: Sequence[int], min_ngram: int, max_ngram: int) -> None:
+        self.ids: list[int] = []
+        self.sizes = range(max_ngram, min_ngram - 1, -1)  # longest first
+        self.index: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token after it
+        self.extend(ids)
+
+    def extend(self, ids: Sequence[int]) -> None:
+        for token in ids:
+            # The n-grams ending just before this token now have a continuation: this token.
+            end = len(self.ids)
+            for n in self.sizes:
+                if end >= n:
+                    self.index[tuple(self.ids[end - n:end])] = end
+            self.ids.append(token)
+
+    def lookup(self, num_draft: int) -> list[int]:
+        """The continuation of the longest suffix n-gram seen before (most recent), or []."""
+        end = len(self.ids)
+        for n in self.sizes:
+            if end >= n and (at := self.index.get(tuple(self.ids[end - n:]))) is not None:
+                return self.ids[at:at + num_draft]
+        return []
+
+
+class PromptLookup(Drafter):
+    """Drafts `num_draft` tokens by n-gram lookup in the context (`max_ngram`..`min_ngram`)."""
+
+    name = "prompt_lookup"
+
+    def __init__(self, num_draft: int = 8, max_ngram: int = 4, min_ngram: int = 2) -> None:
+        self.num_draft = check_positive("num_draft", num_draft)
+        self.min_ngram = check_positive("min_ngram", min_ngram)
+        self.max_ngram = check_positive("max_ngram", max_ngram)
+        if max_ngram < min_ngram:
+            raise ValueError(f"max_ngram={max_ngram} must be >= min_ngram={min_ngram}")
+        self._rows: list[NgramIndex] = []
+
+    @property
+    def max_drafts(self) -> int:
+        return self.num_draft
+
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        self._device = next(model.parameters()).device
+        self._rows = [NgramIndex(ids, self.min_ngram, self.max_ngram) for ids in prompts]
+
+    def update(self, step: Verified) -> None:
+        for row, ids in zip(self._rows, step.new_ids):
+            row.extend(ids)
+
+    def keep(self, rows: list[int]) -> None:
+        self._rows = [self._rows[row] for row in rows]
+
+    def propose(self, limit: int) -> Drafts:
+        found = [row.lookup(min(limit, self.num_draft)) for row in self._rows]
+        width = max(map(len, found))
+        if width == 0:
+            return Drafts.none(len(found), self._device)
+        tokens = torch.tensor([ids + [0] * (width - len(ids)) for ids in found])
+        lengths = torch.tensor([len(ids) for ids in found])
+        return Drafts(tokens.to(self._device), None,
+                      None if lengths.eq(width).all() else lengths.to(self._device))
+
+    def __repr__(self) -> str:
+        return (f"prompt_lookup(num_draft={self.num_draft}, max_ngram={self.max_ngram}, "
+                f"min_ngram={self.min_ngram})")

@@ -1,0 +1,54 @@
+"""Typed reads of JSON configuration files, with errors that name the file, field and value."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+_REQUIRED = object()
+_KINDS = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "object": lambda v: isinstance(v, dict),
+    "list": lambda v: isinstance(v, list),
+}
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; a ValueError naming the file if it is not one."""
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"corrupt {path}: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(value).__name__} "
+                         f"{value!r:.80}")
+    return value
+
+
+def field(values: dict[str, Any], path: Path, name: str, kind: str,
+          default: Any = _REQUIRED) -> Any:
+    """values[name], checked to be of `kind` (see _KINDS); `default` when absent or null."""
+    value = values.get(name)
+    if value is None:
+        if default is _REQUIRED:
+            problem = "is missing" if name not in values else "is null"
+            raise ValueError(f"{path}: field {name!r} {problem}; it must be a {kind}")
+        return default
+    if not _KINDS[kind](value):
+        raise ValueError(f"{path}: field {name!r} must be a {kind}, got {value!r}")
+    return value
+
+
+def require(module: str, purpose: str, package: str | None = None) -> ModuleType:
+    """Import an optional module, or fail naming its package and the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"{purpose} needs the {package or module!r} package, which is not "
+                          f"installed: pip install 'mtp[hf]'") from e

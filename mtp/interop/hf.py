@@ -1,0 +1,304 @@
+"""Hugging Face transformers' Llama layout (`LlamaForCausalLM`), both ways.
+
+An mtp model's trunk + head 0 is exactly a Llama model: trunk layer l is Llama layer l and
+head 0's blocks are the last `head_layers` Llama layers. Heads 1..n-1 have no place in a
+`LlamaForCausalLM`; they go beside it, in `mtp_heads.safetensors` (keys
+`heads.{i}.{j}.<Llama layer sub-key>`, the same names and rotary layout as the Llama layers)
+with a small `mtp_heads.json` naming the layout, so a transformers user gets an ordinary
+next-token model and `mtp.load` gets every head back.
+
+Rotary embeddings: mtp (like Meta's Llama code) rotates interleaved pairs (x0, x1), (x2, x3),
+...; transformers rotates halves (x_i, x_{i + hd/2}). Rotating the rows of the query and key
+projections of each attention head converts one into the other (the `permute` of
+transformers' convert_llama_weights_to_hf.py goes from interleaved to halves).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from mtp.interop.fields import field, read_json_object
+from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
+from mtp.model import MTPConfig
+from mtp.tokenizers import Tokenizer
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+HEADS_FILE = "mtp_heads.safetensors"
+HEADS_LAYOUT_FILE = "mtp_heads.json"
+# The heads file's layout JSON: {"format": HEADS_FORMAT, "format_version": 1, "layout":
+# "block", "n_future", "head_layers", "weights"}. "block": each head is `head_layers` Llama
+# decoder layers on the trunk output, like head 0.
+HEADS_FORMAT = "mtp-heads"
+HEADS_FORMAT_VERSION = 1
+HEADS_LAYOUTS = ("block",)
+
+# A block's parameters: mtp name -> transformers' Llama name.
+BLOCK_KEYS = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+_EMBEDDINGS, _OUTPUT = "model.embed_tokens.weight", "lm_head.weight"
+
+
+def is_hf_llama(directory: Path) -> bool:
+    """Whether `directory` has a transformers config.json (model_type or architectures)."""
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        return False
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
+
+
+def interleaved_to_rotate_half(weight: Tensor, n_heads: int) -> Tensor:
+    """Rows of a query/key projection (n_heads * hd, D): interleaved pairs -> halves."""
+    rows, cols = weight.shape
+    return weight.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def rotate_half_to_interleaved(weight: Tensor, n_heads: int) -> Tensor:
+    """The inverse of `interleaved_to_rotate_half`."""
+    rows, cols = weight.shape
+    return weight.view(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
+    """Every mtp parameter name -> (its transformers/heads-file name, rotary heads or None).
+
+    The rotary heads count is set for query (n_heads) and key (n_kv_heads) projections,
+    whose rows are permuted between the two rotary layouts. A tied output weight is left out.
+    """
+    names: dict[str, tuple[str, int | None]] = {"tok_embeddings.weight": (_EMBEDDINGS, None),
+                                                "norm.weight": ("model.norm.weight", None)}
+    if not config.tie_embeddings:
+        names["output.weight"] = (_OUTPUT, None)
+    rotary = {"attention.wq.weight": config.n_heads, "attention.wk.weight": config.n_kv_heads}
+    blocks = [(f"layers.{l}", f"model.layers.{l}") for l in range(config.n_layers)]
+    for i in range(config.n_future):
+        for j in range(config.head_layers):
+            theirs = f"model.layers.{config.n_layers + j}" if i == 0 else f"heads.{i}.{j}"
+            blocks.append((f"heads.{i}.{j}", theirs))
+    for ours, theirs in blocks:
+        for sub, hf_sub in BLOCK_KEYS.items():
+            names[f"{ours}.{sub}"] = (f"{theirs}.{hf_sub}", rotary.get(sub))
+    return names
+
+
+def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
+             directory: Path) -> None:
+    """Write a `LlamaForCausalLM` directory (and the heads file when n_future > 1)."""
+    model_state, heads_state = {}, {}
+    for ours, (theirs, n_rotary) in key_map(config).items():
+        tensor = state[ours]
+        if n_rotary is not None:
+            tensor = interleaved_to_rotate_half(tensor, n_rotary)
+        (heads_state if theirs.startswith("heads.") else model_state)[theirs] = tensor.contiguous()
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(model_state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    dtype = state["tok_embeddings.weight"].dtype
+    _write_json(directory / CONFIG_FILE, _llama_config(config, tokenizer, dtype))
+    _write_json(directory / "generation_config.json", {
+        "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+        "pad_token_id": tokenizer.pad_id})
+    for stale in (HEADS_FILE, HEADS_LAYOUT_FILE):  # a directory written before, with heads
+        (directory / stale).unlink(missing_ok=True)
+    if config.n_future > 1:
+        save_file(heads_state, str(directory / HEADS_FILE), metadata={"format": "pt"})
+        _write_json(directory / HEADS_LAYOUT_FILE, {
+            "format": HEADS_FORMAT, "format_version": HEADS_FORMAT_VERSION, "layout": "block",
+            "n_future": config.n_future, "head_layers": config.head_layers,
+            "weights": HEADS_FILE})
+    write_hf_tokenizer(tokenizer, directory, model_max_length=config.max_seq_len)
+
+
+def _llama_config(config: MTPConfig, tokenizer: Tokenizer, dtype: torch.dtype) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.dim,
+        "intermediate_size": config.ffn_hidden,
+        "num_hidden_layers": config.n_layers + config.head_layers,  # trunk + head 0
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_seq_len,
+        "rms_norm_eps": config.norm_eps,
+        # transformers >= 5 reads rope_parameters; older versions, vLLM and llama.cpp's
+        # converter read rope_theta.
+        "rope_theta": config.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "tie_word_embeddings": config.tie_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "initializer_range": config.init_std,
+        "bos_token_id": tokenizer.bos_id,
+        "eos_token_id": tokenizer.eos_id,
+        "pad_token_id": tokenizer.pad_id,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "use_cache": True,
+    }
+
+
+def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
+    """Config, weights (mtp names, stored dtype) and tokenizer of a transformers Llama dir."""
+    heads = _read_heads_layout(directory)
+    config = _mtp_config(directory / CONFIG_FILE, *heads)
+    theirs = _read_safetensors(directory)
+    if (directory / HEADS_FILE).is_file() or heads != (1, 1):
+        theirs.update(_load_safetensors(directory / HEADS_FILE))
+    if config.tie_embeddings and _OUTPUT in theirs:
+        # Some tied checkpoints store the output weight anyway; it must be the embeddings.
+        if not torch.equal(theirs.pop(_OUTPUT), theirs.get(_EMBEDDINGS, torch.empty(0))):
+            raise ValueError(f"{directory}: tie_word_embeddings is true but {_OUTPUT} differs "
+                             f"from {_EMBEDDINGS}")
+    names = key_map(config)
+    ours_of = {name: ours for ours, (name, _) in names.items()}
+    unknown = sorted(set(theirs) - set(ours_of))
+    missing = sorted(set(ours_of) - set(theirs))
+    if unknown or missing:
+        raise ValueError(f"weights in {directory} do not fit its config.json (and "
+                         f"{HEADS_LAYOUT_FILE}): unexpected keys {unknown[:8]}, missing keys "
+                         f"{missing[:8]}" + (" (more left out)" if max(len(unknown),
+                                                                       len(missing)) > 8 else ""))
+    state = {}
+    for ours, (name, n_rotary) in names.items():
+        tensor = theirs.pop(name)  # drop our reference as we go: one copy in memory
+        if n_rotary is not None:
+            expected = (n_rotary * config.head_dim, config.dim)
+            if tuple(tensor.shape) != expected:
+                raise ValueError(f"{directory}: {name} has shape {tuple(tensor.shape)}, the "
+                                 f"config says {expected}")
+            tensor = rotate_half_to_interleaved(tensor, n_rotary)
+        state[ours] = tensor
+    return config, state, read_hf_tokenizer(directory)
+
+
+def _read_heads_layout(directory: Path) -> tuple[int, int]:
+    """(n_future, head_layers) from mtp_heads.json; (1, 1) for a plain Llama directory."""
+    path = directory / HEADS_LAYOUT_FILE
+    if not path.is_file():
+        return 1, 1
+    layout = read_json_object(path)
+    if field(layout, path, "format", "str") != HEADS_FORMAT:
+        raise ValueError(f"{path}: field 'format' must be {HEADS_FORMAT!r}, got "
+                         f"{layout['format']!r}")
+    version = field(layout, path, "format_version", "int")
+    if version != HEADS_FORMAT_VERSION:
+        raise ValueError(f"{path}: format_version={version} is not one this version of mtp "
+                         f"reads ({HEADS_FORMAT_VERSION})")
+    kind = field(layout, path, "layout", "str")
+    if kind not in HEADS_LAYOUTS:
+        raise ValueError(f"{path}: field 'layout' must be one of {list(HEADS_LAYOUTS)}, got "
+                         f"{kind!r}")
+    weights = field(layout, path, "weights", "str", HEADS_FILE)
+    if weights != HEADS_FILE:
+        raise ValueError(f"{path}: field 'weights' must be {HEADS_FILE!r}, got {weights!r}")
+    return field(layout, path, "n_future", "int"), field(layout, path, "head_layers", "int")
+
+
+def _mtp_config(path: Path, n_future: int, head_layers: int) -> MTPConfig:
+    """An MTPConfig from a transformers Llama config.json; unsupported variants are refused."""
+    values = read_json_object(path)
+    model_type = field(values, path, "model_type", "str", "llama")
+    architectures = field(values, path, "architectures", "list", ["LlamaForCausalLM"])
+    if model_type != "llama" or not set(architectures) <= {"LlamaForCausalLM", "LlamaModel"}:
+        raise ValueError(f"{path}: only Llama models load (model_type 'llama', architectures "
+                         f"['LlamaForCausalLM']), got model_type={model_type!r}, "
+                         f"architectures={architectures!r}")
+    for name, allowed in (("hidden_act", "silu"), ("attention_bias", False),
+                          ("mlp_bias", False)):
+        value = values.get(name, allowed)
+        if value != allowed or type(value) is not type(allowed):
+            raise ValueError(f"{path}: field {name!r} must be {allowed!r} (mtp's Llama block), "
+                             f"got {value!r}")
+    n_heads = field(values, path, "num_attention_heads", "int")
+    dim = field(values, path, "hidden_size", "int")
+    head_dim = field(values, path, "head_dim", "int", dim // n_heads)
+    if head_dim * n_heads != dim:
+        raise ValueError(f"{path}: field 'head_dim' must be hidden_size / num_attention_heads = "
+                         f"{dim / n_heads:g}, got {head_dim!r}")
+    n_blocks = field(values, path, "num_hidden_layers", "int")
+    if n_blocks < head_layers:
+        raise ValueError(f"{path}: field 'num_hidden_layers' must be at least head_layers="
+                         f"{head_layers} ({HEADS_LAYOUT_FILE}), got {n_blocks}")
+    try:
+        return MTPConfig(
+            vocab_size=field(values, path, "vocab_size", "int"),
+            dim=dim,
+            n_layers=n_blocks - head_layers,
+            n_heads=n_heads,
+            n_kv_heads=field(values, path, "num_key_value_heads", "int", n_heads),
+            ffn_hidden=field(values, path, "intermediate_size", "int"),
+            max_seq_len=field(values, path, "max_position_embeddings", "int", 2048),
+            rope_theta=_rope_theta(values, path),
+            norm_eps=field(values, path, "rms_norm_eps", "number", 1e-6),
+            n_future=n_future,
+            head_layers=head_layers,
+            tie_embeddings=field(values, path, "tie_word_embeddings", "bool", False),
+            init_std=field(values, path, "initializer_range", "number", 0.02))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+def _rope_theta(values: dict[str, Any], path: Path) -> float:
+    """rope_theta from transformers >= 5's rope_parameters or the older top-level fields."""
+    parameters = field(values, path, "rope_parameters", "object", None)
+    scaling = field(values, path, "rope_scaling", "object", None)
+    for name, rope in (("rope_parameters", parameters), ("rope_scaling", scaling)):
+        kind = (rope or {}).get("rope_type", (rope or {}).get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"{path}: field {name!r} has rope_type {kind!r}; mtp implements "
+                             f"only the default rotary embedding")
+    if parameters is not None and "rope_theta" in parameters:
+        return field(parameters, path, "rope_theta", "number")
+    return field(values, path, "rope_theta", "number", 10000.0)
+
+
+def _read_safetensors(directory: Path) -> dict[str, Tensor]:
+    """Every tensor of model.safetensors, or of the shards its index names."""
+    index_path = directory / INDEX_FILE
+    if not index_path.is_file():
+        return _load_safetensors(directory / WEIGHTS_FILE)
+    weight_map = field(read_json_object(index_path), index_path, "weight_map", "object")
+    tensors: dict[str, Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        tensors.update(_load_safetensors(directory / shard))
+    listed, found = set(weight_map), set(tensors)
+    if listed != found:
+        raise ValueError(f"{index_path} does not match its shards: listed but absent "
+                         f"{sorted(listed - found)[:8]}, present but unlisted "
+                         f"{sorted(found - listed)[:8]}")
+    return tensors
+
+
+def _load_safetensors(path: Path) -> dict[str, Tensor]:
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path.name} in {path.parent}")
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:
+        raise ValueError(f"corrupt weights file {path}: {e}") from e
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")

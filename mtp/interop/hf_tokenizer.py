@@ -1,0 +1,94 @@
+"""Tokenizer files that transformers' `AutoTokenizer` loads, and SentencePiece conversion.
+
+- BPE: mtp's `tokenizer.json` is a `tokenizers` file already; a `tokenizer_config.json`
+  naming `PreTrainedTokenizerFast` and the special tokens makes `AutoTokenizer` load it.
+- Bytes: ids 0..255 are raw bytes, then pad, bos, eos and three reserved ids. The same ids
+  come from a `tokenizers` BPE with no merges whose vocabulary is the 256 byte-level symbols
+  in byte order (GPT-2's byte-to-unicode table), without the GPT-2 split regex, plus the
+  six specials: `AutoTokenizer` then encodes any text to exactly `ByteTokenizer`'s ids.
+- SentencePiece `tokenizer.model` (Meta's Llama releases, older Hugging Face repos) converts
+  to a `tokenizers` file through transformers (needs sentencepiece and protobuf too). The
+  ids are SentencePiece's except for text that starts with whitespace, where transformers'
+  conversion adds no dummy-prefix "▁" before the leading spaces.
+
+mtp's own header (`mtp_tokenizer.json`) is written beside these, so `mtp.load` gets back
+exactly the tokenizer that was exported.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+from mtp.interop.fields import require
+from mtp.tokenizers import (BPE_FILE, META_FILE, BPETokenizer, ByteTokenizer, Tokenizer,
+                            load_tokenizer)
+
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SENTENCEPIECE_FILE = "tokenizer.model"
+BYTE_SPECIALS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|reserved_0|>", "<|reserved_1|>",
+                 "<|reserved_2|>")  # ids 256..261, in ByteTokenizer's order
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters (byte-level BPE symbols)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    shifted = iter(range(256, 512))
+    return {b: chr(b if b in printable else next(shifted)) for b in range(256)}
+
+
+def byte_tokenizer_json() -> tokenizers.Tokenizer:
+    """A `tokenizers.Tokenizer` giving `ByteTokenizer`'s ids for any text."""
+    vocab = {symbol: byte for byte, symbol in byte_to_unicode().items()}
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(name, special=True) for name in BYTE_SPECIALS])
+    return tok
+
+
+def write_hf_tokenizer(tokenizer: Tokenizer, directory: Path, *, model_max_length: int) -> None:
+    """Write `tokenizer` as files `AutoTokenizer` and `mtp.load` both read."""
+    tokenizer.save(directory)  # mtp's header (+ tokenizer.json for BPE)
+    if isinstance(tokenizer, ByteTokenizer):
+        byte_tokenizer_json().save(str(directory / BPE_FILE))
+        pad, bos, eos = (BYTE_SPECIALS[i - 256] for i in (tokenizer.pad_id, tokenizer.bos_id,
+                                                          tokenizer.eos_id))
+    elif isinstance(tokenizer, BPETokenizer):
+        pad, bos, eos = tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token
+    else:
+        raise ValueError(f"no Hugging Face form for tokenizer {tokenizer!r}")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
+              "pad_token": pad, "model_max_length": model_max_length,
+              "add_bos_token": False, "add_eos_token": False,
+              "clean_up_tokenization_spaces": False,
+              # mtp never makes a special token from text (see mtp.tokenizers); nor will this.
+              "split_special_tokens": True}
+    (directory / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def read_hf_tokenizer(directory: Path) -> Tokenizer:
+    """mtp's tokenizer files, a tokenizer.json, or a SentencePiece tokenizer.model."""
+    if (directory / META_FILE).is_file() or (directory / BPE_FILE).is_file():
+        return load_tokenizer(directory)
+    if (directory / SENTENCEPIECE_FILE).is_file():
+        return sentencepiece_tokenizer(directory)
+    raise FileNotFoundError(f"no tokenizer in {directory}: looked for {META_FILE}, {BPE_FILE} "
+                            f"and {SENTENCEPIECE_FILE}")
+
+
+def sentencepiece_tokenizer(directory: Path) -> BPETokenizer:
+    """The `tokenizer.model` in `directory`, converted as transformers converts Llama's."""
+    purpose = f"converting the SentencePiece {directory / SENTENCEPIECE_FILE}"
+    require("sentencepiece", purpose)
+    require("google.protobuf", purpose, package="protobuf")
+    transformers = require("transformers", purpose)
+    # transformers.LlamaTokenizer reads tokenizer.model itself and builds the equivalent
+    # `tokenizers` pipeline (byte fallback, the leading-space rule).
+    slow = transformers.LlamaTokenizer.from_pretrained(str(directory))
+    return BPETokenizer(slow.backend_tokenizer, bos_token=slow.bos_token,
+                        eos_token=slow.eos_token, name="sentencepiece")

@@ -1,0 +1,188 @@
+"""Every drafter: greedy output equals autoregressive, ragged batches, the n-gram index, auto,
+and bad input."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from mtp.generate import (Auto, Combined, DraftModel, HeadsDrafter, PromptLookup,
+                          SamplingConfig, generate)
+from mtp.generate.names import drafter_from_options
+from mtp.generate.prompt_lookup import NgramIndex
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import BPETokenizer, ByteTokenizer
+
+TOKENIZER = ByteTokenizer()
+PROMPTS = ["def add(", "print('h", "for i", "zzz", "for i in range(10):\n    print(i)\nfor"]
+
+
+def _ids(generations):
+    return [g.token_ids for g in generations]
+
+
+@pytest.fixture
+def random_model(tiny_config):
+    return MTPModel(tiny_config).double().eval()
+
+
+@pytest.fixture
+def random_draft():
+    config = MTPConfig(vocab_size=262, dim=16, n_layers=1, n_heads=2, max_seq_len=64)
+    return MTPModel(config).double().eval()
+
+
+def _drafters(draft_model):
+    return {
+        "prompt_lookup": PromptLookup(num_draft=5, max_ngram=3, min_ngram=1),
+        "draft_model": DraftModel(draft_model, TOKENIZER, num_draft=3),
+        "heads+prompt_lookup": Combined(HeadsDrafter(3), PromptLookup(num_draft=6)),
+        "heads+draft_model": Combined(HeadsDrafter(2), DraftModel(draft_model, TOKENIZER, 4)),
+    }
+
+
+@pytest.mark.parametrize("name", ["prompt_lookup", "draft_model", "heads+prompt_lookup",
+                                  "heads+draft_model"])
+def test_greedy_equals_autoregressive_on_a_random_model(random_model, random_draft, name):
+    reference = generate(random_model, TOKENIZER, PROMPTS[:3], max_new_tokens=24, k=1)
+    drafter = _drafters(random_draft)[name]
+    together = generate(random_model, TOKENIZER, PROMPTS[:3], max_new_tokens=24, drafter=drafter)
+    assert _ids(together) == _ids(reference)
+    alone = [generate(random_model, TOKENIZER, [p], max_new_tokens=24, drafter=drafter)[0]
+             for p in PROMPTS[:3]]
+    assert _ids(alone) == _ids(reference)
+
+
+@pytest.mark.parametrize("name", ["prompt_lookup", "draft_model", "heads+prompt_lookup",
+                                  "heads+draft_model"])
+def test_greedy_equals_autoregressive_on_a_trained_model(trained, trained_draft, name):
+    reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40, k=1)
+    drafter = _drafters(trained_draft)[name]
+    generations = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)
+    assert _ids(generations) == _ids(reference)
+    assert [g.finish_reason for g in generations] == [g.finish_reason for g in reference]
+    # The repeated loop body, or the trained draft model, give several tokens per forward.
+    assert max(g.stats.tokens_per_forward for g in generations) > 1.5
+    for g in generations:
+        assert g.stats.forward_passes <= g.stats.new_tokens
+
+
+def test_stop_strings_and_budget_with_a_draft_model(trained, trained_draft):
+    drafter = DraftModel(trained_draft, TOKENIZER, num_draft=4)
+    for kwargs in ({"stop": ["return"]}, {"max_new_tokens": 5}):
+        expected = generate(trained, TOKENIZER, ["def add("], k=1, **kwargs)
+        got = generate(trained, TOKENIZER, ["def add("], drafter=drafter, **kwargs)
+        assert _ids(got) == _ids(expected) and got[0].text == expected[0].text
+
+
+def _plain_lookup(ids, num_draft, min_ngram, max_ngram):
+    """The most recent earlier occurrence of the longest suffix n-gram, by scanning."""
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if len(ids) < n:
+            continue
+        suffix = ids[-n:]
+        for start in range(len(ids) - n - 1, -1, -1):
+            if ids[start:start + n] == suffix:
+                return ids[start + n:start + n + num_draft]
+    return []
+
+
+def test_ngram_index_matches_a_plain_scan():
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        low, high = rng.randrange(1, 4), rng.randrange(1, 6)
+        low, high = min(low, high), max(low, high)
+        index = NgramIndex(ids[:rng.randrange(len(ids) + 1)], low, high)
+        index.extend(ids[len(index.ids):])
+        assert index.lookup(5) == _plain_lookup(ids, 5, low, high), (ids, low, high)
+
+
+def test_prompt_lookup_proposes_a_repeated_ngrams_continuation(random_model):
+    drafter = PromptLookup(num_draft=4, max_ngram=3, min_ngram=2)
+    prompt = TOKENIZER.encode("x = foo(bar)\ny = foo(")
+    drafter.start(random_model, [prompt, TOKENIZER.encode("abc")], 64, SamplingConfig(), None)
+    drafts = drafter.propose(4)
+    assert TOKENIZER.decode(drafts.tokens[0].tolist()) == "bar)"
+    assert drafts.lengths.tolist() == [4, 0]  # "bc" never occurred before: nothing proposed
+    drafter.keep([1])
+    assert drafter.propose(4).count == 0
+
+
+def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
+    calibration = tmp_path / "calibration.json"
+    auto = Auto(calibration=calibration, tokens=8)
+    reference = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12, k=1)
+    got = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12, drafter=auto)
+    assert _ids(got) == _ids(reference)
+    assert auto.choice in auto.measured
+    assert auto.measured["autoregressive"] > 0 and "heads(k=4)" in auto.measured
+    best = max(auto.measured, key=auto.measured.get)
+    if auto.choice != "autoregressive":  # a drafter wins only by the margin over AR
+        assert auto.choice == best
+        assert auto.measured[best] >= auto.margin * auto.measured["autoregressive"]
+    [entry] = json.loads(calibration.read_text()).values()
+    assert entry["choice"] == auto.choice
+    # Another process (an empty in-memory cache) reads the file instead of measuring again.
+    fresh = Auto(calibration=calibration, tokens=8)
+    fresh._measure = lambda *args: pytest.fail("measured again")
+    clone = MTPModel(random_model.config).double().eval()
+    clone.load_state_dict(random_model.state_dict())
+    generate(clone, TOKENIZER, PROMPTS[:2], max_new_tokens=4, drafter=fresh)
+    assert fresh.choice == auto.choice
+
+
+def test_k_auto_measures_the_heads_only(random_model):
+    auto = drafter_from_options(random_model, "auto", k="auto")
+    assert isinstance(auto, Auto) and auto.heads_only
+    generate(random_model, TOKENIZER, PROMPTS[:1], max_new_tokens=4, drafter=Auto(
+        heads_only=True, tokens=4))
+    assert generate(random_model, TOKENIZER, PROMPTS[:1], max_new_tokens=4, k="auto")
+
+
+def test_draft_model_with_another_tokenizer_is_refused_before_decoding(random_model,
+                                                                       random_draft):
+    other = BPETokenizer.train(["def f(x): return x"] * 4, vocab_size=262)
+    with pytest.raises(ValueError, match="tokenizer .* differs from the target's"):
+        generate(random_model, TOKENIZER, ["x"], drafter=DraftModel(random_draft, other))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: PromptLookup(min_ngram=0), "min_ngram must be an integer >= 1, got 0"),
+    (lambda: PromptLookup(max_ngram=0), "max_ngram must be an integer >= 1, got 0"),
+    (lambda: PromptLookup(max_ngram=2, min_ngram=3), "max_ngram=2 must be >= min_ngram=3"),
+    (lambda: PromptLookup(num_draft=0), "num_draft must be an integer >= 1, got 0"),
+    (lambda: HeadsDrafter(1), "k must be an integer >= 2, got 1"),
+])
+def test_bad_drafter_sizes(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"drafter": "medusa"}, "unknown drafter 'medusa': choose one of auto, autoregressive, "
+                            "heads, prompt_lookup"),
+    ({"drafter": "draft_model"}, "needs the draft model"),
+    ({"drafter": "prompt_lookup", "k": 2}, "k=2 sizes the heads drafter"),
+    ({"drafter": HeadsDrafter(5)}, "k from 2 to n_future=4, got k=5"),
+    ({"drafter": PromptLookup(), "k": 3}, "leave k=None"),
+])
+def test_bad_drafter_arguments(random_model, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate(random_model, TOKENIZER, ["x"], **kwargs)
+
+
+def test_command_line_drafter_options(random_model, tmp_path):
+    with pytest.raises(ValueError, match="unknown drafter 'ngram': choose one of"):
+        drafter_from_options(random_model, "ngram")
+    with pytest.raises(ValueError, match="needs draft_model=PATH"):
+        drafter_from_options(random_model, "draft_model")
+    with pytest.raises(ValueError, match="max_ngram configures prompt lookup"):
+        drafter_from_options(random_model, "heads", max_ngram=3)
+    lookup = drafter_from_options(random_model, "prompt_lookup", num_draft=3, max_ngram=5)
+    assert (lookup.num_draft, lookup.max_ngram, lookup.min_ngram) == (3, 5, 2)
+    assert drafter_from_options(random_model, "auto", k=1) == "autoregressive"
+    assert repr(drafter_from_options(random_model, "heads", k=3)) == "heads(k=3)"
+    both = drafter_from_options(random_model, "heads+prompt_lookup", num_draft=6)
+    assert repr(both).startswith("heads(k=4)+prompt_lookup(num_draft=6")

@@ -1,0 +1,158 @@
+"""Hugging Face Llama import/export: logits equal transformers' both ways, strict loading."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtp import export_hf, load
+from mtp.generate import generate
+from mtp.interop.hf import HEADS_FILE, HEADS_LAYOUT_FILE
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import BPETokenizer, ByteTokenizer
+
+transformers = pytest.importorskip("transformers")
+
+ATOL = 1e-4
+TEXT = "héllo wörld\n\tdef f(x): return x <|eos|> ✓"
+
+
+def _mtp_config(gqa: bool, tie: bool, n_future: int = 3, vocab_size: int = 262) -> MTPConfig:
+    return MTPConfig(vocab_size=vocab_size, dim=32, n_layers=2, n_heads=4,
+                     n_kv_heads=2 if gqa else 4, max_seq_len=64, n_future=n_future,
+                     tie_embeddings=tie, rope_theta=500.0, norm_eps=1e-6)
+
+
+def _hf_logits(directory: Path, tokens: torch.Tensor) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    with torch.no_grad():
+        return model.eval()(tokens).logits
+
+
+@pytest.mark.parametrize("gqa, tie", [(False, False), (True, False), (False, True),
+                                      (True, True)])
+def test_export_gives_head0_logits_in_transformers_and_every_head_back(
+        tmp_path: Path, gqa: bool, tie: bool) -> None:
+    model = MTPModel(_mtp_config(gqa, tie)).eval()
+    export_hf(model, ByteTokenizer(), tmp_path)
+    tokens = torch.randint(0, 262, (2, 24))
+    with torch.no_grad():
+        ours = model(tokens)  # (B, T, n, V)
+        assert (_hf_logits(tmp_path, tokens) - ours[:, :, 0]).abs().max() <= ATOL
+        loaded, tokenizer = load(tmp_path)
+        torch.testing.assert_close(loaded(tokens), ours, rtol=0, atol=ATOL)
+    assert loaded.config == model.config and isinstance(tokenizer, ByteTokenizer)
+    layout = json.loads((tmp_path / HEADS_LAYOUT_FILE).read_text())
+    assert layout["layout"] == "block" and layout["n_future"] == 3
+
+
+@pytest.mark.parametrize("tokenizer", [ByteTokenizer(), BPETokenizer.train(
+    ["def f(x):\n    return x + 1\n", "héllo wörld ✓"] * 20, vocab_size=300)],
+    ids=["byte", "bpe"])
+def test_auto_tokenizer_gives_mtp_ids(tmp_path: Path, tokenizer) -> None:
+    config = MTPConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=4)
+    export_hf(MTPModel(config), tokenizer, tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert theirs(TEXT)["input_ids"] == tokenizer.encode(TEXT)
+    assert (theirs.bos_token_id, theirs.eos_token_id, theirs.pad_token_id) == (
+        tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
+    assert theirs.decode(tokenizer.encode(TEXT)) == tokenizer.decode(tokenizer.encode(TEXT))
+
+
+def _random_llama(directory: Path, *, gqa: bool, tie: bool, dtype=torch.float32,
+                  shard: bool = False):
+    """A random transformers LlamaForCausalLM saved with a BPE tokenizer.json."""
+    tokenizer = BPETokenizer.train(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300)
+    config = transformers.LlamaConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2 if gqa else 4,
+        max_position_embeddings=64, rope_theta=1000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=tie)
+    model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    model.save_pretrained(directory, max_shard_size="20KB" if shard else "5GB")
+    tokenizer.save(directory)
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("gqa, tie, shard", [(False, False, False), (True, False, True),
+                                             (True, True, False)])
+def test_transformers_llama_loads_with_equal_logits(tmp_path: Path, gqa: bool, tie: bool,
+                                                    shard: bool) -> None:
+    reference, _ = _random_llama(tmp_path, gqa=gqa, tie=tie, shard=shard)
+    assert shard == (tmp_path / "model.safetensors.index.json").is_file()
+    model, tokenizer = load(tmp_path)
+    assert model.config.n_future == 1 and model.config.n_layers == 2
+    assert tokenizer.vocab_size == model.config.vocab_size
+    tokens = torch.randint(0, model.config.vocab_size, (2, 20))
+    with torch.no_grad():
+        assert (model(tokens)[:, :, 0] - reference(tokens).logits).abs().max() <= ATOL
+    if tie:
+        assert model.output.weight is model.tok_embeddings.weight
+
+
+def test_dtype_is_kept_unless_asked(tmp_path: Path) -> None:
+    _random_llama(tmp_path, gqa=True, tie=False, dtype=torch.bfloat16)
+    model, _ = load(tmp_path)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    model, _ = load(tmp_path, dtype=torch.float32)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_imported_model_trains(tmp_path: Path) -> None:
+    _random_llama(tmp_path, gqa=True, tie=True)
+    model, _ = load(tmp_path)
+    model.train()
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 16))
+    model(tokens).logsumexp(-1).mean().backward()
+    optimiser.step()
+    assert model.output.weight is model.tok_embeddings.weight  # still one Parameter
+
+
+def test_strict_loading_names_keys_and_shapes(tmp_path: Path) -> None:
+    model = MTPModel(_mtp_config(gqa=True, tie=False)).eval()
+    export_hf(model, ByteTokenizer(), tmp_path)
+    from safetensors.torch import load_file, save_file
+
+    weights = tmp_path / "model.safetensors"
+    state = load_file(weights)
+    save_file({**state, "model.layers.0.self_attn.q_proj.bias": torch.zeros(32)}, weights)
+    with pytest.raises(ValueError, match=r"unexpected keys \['model.layers.0.self_attn.q_proj"):
+        load(tmp_path)
+    del state["model.layers.1.mlp.up_proj.weight"]
+    save_file(state, weights)
+    with pytest.raises(ValueError, match=r"missing keys \['model.layers.1.mlp.up_proj.weight'"):
+        load(tmp_path)
+    state["model.layers.1.mlp.up_proj.weight"] = torch.zeros(model.config.ffn_hidden, 32)
+    state["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(32, 32)  # GQA: 16 rows
+    save_file(state, weights)
+    with pytest.raises(ValueError, match=r"model.layers.0.self_attn.k_proj.weight has shape"):
+        load(tmp_path)
+    (tmp_path / HEADS_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match=HEADS_FILE):
+        load(tmp_path)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "rope_type 'llama3'"),
+    ("hidden_act", "gelu", "'hidden_act' must be 'silu'"),
+    ("num_attention_heads", "4", "'num_attention_heads' must be a int, got '4'"),
+    ("tie_word_embeddings", "false", "'tie_word_embeddings' must be a bool"),
+    ("model_type", "mistral", "only Llama models load"),
+])
+def test_unsupported_or_malformed_llama_config_is_named(tmp_path: Path, field: str, value,
+                                                        message: str) -> None:
+    export_hf(MTPModel(_mtp_config(gqa=False, tie=False, n_future=1)), ByteTokenizer(),
+              tmp_path)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
+    with pytest.raises(ValueError, match=f"config.json.*{message}"):
+        load(tmp_path)
+
+
+def test_imported_llama_decodes(tmp_path: Path) -> None:
+    _random_llama(tmp_path, gqa=True, tie=False)
+    model, tokenizer = load(tmp_path)
+    [result] = generate(model, tokenizer, ["def f(x):"], max_new_tokens=8, k=1)
+    assert len(result.token_ids) == 8 or result.finish_reason == "eos"
