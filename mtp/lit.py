@@ -130,9 +130,11 @@ class MTPLitModule(L.LightningModule):
         optimizer = build_optimizer(self.model, lr=hp.lr, weight_decay=hp.weight_decay,
                                     betas=tuple(hp.betas), eps=hp.eps)
         timer = self._timer()
+        # The whole budget (elapsed + remaining): a resumed run's Timer may be restored already.
+        budget = timer and timer.time_elapsed() + timer.time_remaining()
         scheduler = build_scheduler(optimizer, warmup_steps=hp.warmup_steps,
                                     total_steps=max_steps, min_lr_ratio=hp.min_lr_ratio,
-                                    time_budget=timer and timer.time_remaining())
+                                    time_budget=budget)
         self._schedule = scheduler.lr_lambdas[0]
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler,
                                                          "interval": "step"}}
@@ -148,11 +150,11 @@ class MTPLitModule(L.LightningModule):
         timer = self._timer()
         if timer is None or self._schedule is None:
             return
+        budget = timer.time_elapsed() + timer.time_remaining()
         elapsed = timer.time_elapsed()
         if self.trainer.world_size > 1:
             elapsed = self.trainer.strategy.broadcast(elapsed)
-        self._schedule.elapsed = elapsed
-        self._schedule.time_budget = elapsed + timer.time_remaining()
+        self._schedule.elapsed, self._schedule.time_budget = elapsed, budget
 
     def on_fit_start(self) -> None:
         if "16-mixed" == str(self.trainer.precision):

@@ -20,6 +20,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 History = dict[str, list[tuple[int, float]]]  # metric name -> (optimizer step, value) points
 _HEAD_METRIC = re.compile(r"(train|val)/(loss|acc)_head(\d+)$")
@@ -126,6 +127,7 @@ def _plot_pair(history: History, kind: str, label: str, path: Path) -> Path:
         title = ("training (EMA-smoothed, weight 0.6)" if split == "train" else "validation")
         ax.set_title(f"{label}, {title}" if heads else f"{label}, {split}: not logged")
         ax.set_xlabel("optimizer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         if heads:

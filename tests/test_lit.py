@@ -167,37 +167,50 @@ def test_bad_settings_are_named(tiny_config: MTPConfig) -> None:
         lit._loss(short, train=False)
 
 
+class _SlowAndRecorded(Callback):
+    """A slow machine (the time budget, not the steps, sets the pace); records the LR."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_train_batch_start(self, *args: object) -> None:
+        time.sleep(0.3)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        self.lrs.append(trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0])
+
+
+def _fit_slowly(config: MTPConfig, steps: int, seconds: int, ckpt_path: Path | None = None
+                ) -> tuple[L.Trainer, list[float]]:
+    L.seed_everything(0, verbose=False)
+    lit = MTPLitModule(config.to_dict(), seq_len=SEQ_LEN, lr=1e-2, warmup_steps=1,
+                       max_steps=10_000)  # the steps alone would barely decay
+    recorded = _SlowAndRecorded()
+    trainer = L.Trainer(max_steps=steps, max_time={"seconds": seconds}, accelerator="cpu",
+                        logger=False, callbacks=[recorded], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(lit, DataLoader(_blocks(4), batch_size=4), ckpt_path=ckpt_path)
+    return trainer, recorded.lrs
+
+
 @pytest.mark.slow
 def test_a_resumed_run_continues_the_time_budgeted_schedule(tiny_config: MTPConfig,
                                                             tmp_path: Path) -> None:
     """The schedule's clock is Lightning's Timer, which checkpoints restore: a run resumed
     part-way into its time budget continues the decay instead of restarting it."""
-
-    class SlowAndRecorded(Callback):
-        def __init__(self) -> None:
-            self.lrs: list[float] = []
-
-        def on_train_batch_start(self, *args: object) -> None:
-            time.sleep(0.25)  # a slow machine: the time budget, not the steps, sets the pace
-
-        def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
-            self.lrs.append(trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0])
-
-    def fit(steps: int, ckpt_path: Path | None = None) -> tuple[L.Trainer, list[float]]:
-        L.seed_everything(0, verbose=False)
-        lit = MTPLitModule(tiny_config.to_dict(), seq_len=SEQ_LEN, lr=1e-2, warmup_steps=1,
-                           max_steps=10_000)  # the steps alone would barely decay
-        recorded = SlowAndRecorded()
-        trainer = L.Trainer(max_steps=steps, max_time={"seconds": 8}, accelerator="cpu",
-                            logger=False, callbacks=[recorded], enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False)
-        trainer.fit(lit, DataLoader(_blocks(4), batch_size=4), ckpt_path=ckpt_path)
-        return trainer, recorded.lrs
-
-    first, first_lrs = fit(5)
-    first.save_checkpoint(tmp_path / "half.ckpt")
-    _, resumed_lrs = fit(8, tmp_path / "half.ckpt")
+    first, first_lrs = _fit_slowly(tiny_config, 5, 20)
+    first.save_checkpoint(tmp_path / "part.ckpt")
+    _, resumed_lrs = _fit_slowly(tiny_config, 8, 20, tmp_path / "part.ckpt")
     assert len(first_lrs) == 5 and len(resumed_lrs) == 3
-    assert first_lrs[-1] < 0.97 * 1e-2  # part of the time budget is spent: decaying
+    assert first_lrs[-1] < 0.995 * 1e-2  # part of the time budget is spent: decaying
     lrs = first_lrs + resumed_lrs
     assert all(a >= b for a, b in zip(lrs, lrs[1:])), lrs  # no restart after resuming
+
+
+def test_resuming_a_run_its_time_guard_stopped_ends_at_once(tiny_config: MTPConfig,
+                                                            tmp_path: Path) -> None:
+    stopped, _ = _fit_slowly(tiny_config, 1000, 1)
+    assert 0 < stopped.global_step < 1000
+    stopped.save_checkpoint(tmp_path / "spent.ckpt")
+    resumed, lrs = _fit_slowly(tiny_config, 1000, 1, tmp_path / "spent.ckpt")
+    assert resumed.global_step == stopped.global_step and lrs == []  # the budget is spent
