@@ -10,7 +10,8 @@ An exported directory holds
 `load` reads, with neither Lightning nor Hydra involved, any of these layouts:
 - such an export;
 - a Lightning `.ckpt` written by `mtp.train` (its hyperparameters carry the model config and
-  the checkpoint embeds the tokenizer's files);
+  the checkpoint embeds the tokenizer's files): a single file, or the sharded folder of
+  `trainer=fsdp` (`mtp.sharded`);
 - a Hugging Face Llama directory, with mtp's heads file if `export_hf` wrote it;
 - Meta's multi-token-prediction release (`mtp.interop.meta`).
 The model is built on the meta device and takes the loaded tensors as its parameters
@@ -31,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from mtp.interop import hf, meta
 from mtp.interop.fields import read_json_object
 from mtp.model import MTPConfig, MTPModel
+from mtp.sharded import DCP_METADATA_FILE, META_FILE, is_sharded_checkpoint, read_sharded_checkpoint
 from mtp.tokenizers import Tokenizer, load_tokenizer
 
 FORMAT_VERSION = 1
@@ -117,6 +119,7 @@ def export_hf(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> P
 LAYOUTS = (
     f"an mtp export (a directory with {CONFIG_FILE} holding format_version and model)",
     "a Lightning .ckpt written by mtp.train (a file)",
+    f"a sharded trainer=fsdp checkpoint folder ({META_FILE} and {DCP_METADATA_FILE})",
     f"a Hugging Face Llama directory ({hf.CONFIG_FILE} with model_type 'llama', "
     f"{hf.WEIGHTS_FILE} or {hf.INDEX_FILE}, tokenizer.json or tokenizer.model)",
     f"Meta's multi-token-prediction layout ({meta.PARAMS_FILE}, {meta.WEIGHTS_FILE}, "
@@ -157,14 +160,15 @@ def _read(path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
                                 + "; ".join(LAYOUTS))
     if (path / CONFIG_FILE).is_file() and not hf.is_hf_llama(path):
         return _read_export(path)
+    if is_sharded_checkpoint(path):
+        return _from_lightning(read_sharded_checkpoint(path), path)
     if hf.is_hf_llama(path):
         return hf.read_hf(path)
     if meta.is_meta(path):
         return meta.read_meta(path)
     raise FileNotFoundError(
         f"{path} is a directory in none of the layouts mtp loads; looked for: "
-        + "; ".join(LAYOUTS) + ". A sharded FSDP checkpoint folder must be consolidated "
-        "first (torch.distributed.checkpoint.format_utils.dcp_to_torch_save)")
+        + "; ".join(LAYOUTS))
 
 
 def _read_export(directory: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
@@ -193,6 +197,11 @@ def _read_lightning(path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tok
         checkpoint: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many kinds for a truncated or foreign file
         raise ValueError(f"cannot read {path} as a Lightning checkpoint: {e}") from e
+    return _from_lightning(checkpoint, path)
+
+
+def _from_lightning(checkpoint: dict[str, Any],
+                    path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
     hparams = checkpoint.get("hyper_parameters", {})
     if "model" not in hparams or "state_dict" not in checkpoint:
         raise ValueError(f"{path} is not an mtp.train checkpoint: no model config in its "

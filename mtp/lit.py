@@ -21,13 +21,13 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Timer
-from torch.distributed.fsdp import FSDPModule
 
 from mtp.flops import flops_per_token, mfu
 from mtp.loss import LOSS_MODES, LossOutput, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.optim import LRSchedule, build_optimizer, build_scheduler
-from mtp.parallel import parallelize
+from mtp.parallel import (apply_activation_checkpointing, check_options, gradient_sync,
+                          mixed_precision, parallelize)
 
 
 def compile_blocks(model: MTPModel) -> None:
@@ -57,6 +57,10 @@ class MTPLitModule(L.LightningModule):
         grad_clip: max global gradient norm (0 turns clipping off).
         accumulate: micro-batches per optimizer step.
         compile: `torch.compile` every transformer block.
+        activation_checkpointing: "none", "trunk" or "all": blocks that recompute their
+            activations in backward (`mtp.parallel.apply_activation_checkpointing`).
+        param_dtype, reduce_dtype: FSDP2's mixed precision under a device mesh
+            (`mtp.parallel.mixed_precision`; "auto" follows the trainer's precision).
         peak_flops: the hardware's peak FLOPs/s per device, to log `train/mfu` against
             (`mtp.flops`); None logs no MFU.
         tokenizer_files: the tokenizer's saved files (name -> text), stored in every
@@ -68,7 +72,9 @@ class MTPLitModule(L.LightningModule):
                  weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  max_steps: int | None = None, grad_clip: float = 1.0, accumulate: int = 1,
-                 compile: bool = False, peak_flops: float | None = None,
+                 compile: bool = False, activation_checkpointing: str = "none",
+                 param_dtype: str = "auto", reduce_dtype: str = "float32",
+                 peak_flops: float | None = None,
                  tokenizer_files: dict[str, str] | None = None) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer_files"])
@@ -87,6 +93,8 @@ class MTPLitModule(L.LightningModule):
             raise ValueError(f"grad_clip={grad_clip!r} must be >= 0")
         if peak_flops is not None and not peak_flops > 0:
             raise ValueError(f"peak_flops={peak_flops!r} must be > 0 FLOPs/s (or None)")
+        check_options(activation_checkpointing=activation_checkpointing,
+                      param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         self.automatic_optimization = False
         self.tokenizer_files = dict(tokenizer_files or {})
         self.model: MTPModel | None = None
@@ -103,6 +111,7 @@ class MTPLitModule(L.LightningModule):
         mesh = self._device_mesh
         if mesh is None:
             model = MTPModel(self.config)
+            apply_activation_checkpointing(model, self.hparams.activation_checkpointing)
             self._maybe_compile(model)
         else:
             if mesh.ndim > 1 and mesh["tensor_parallel"].size() > 1:
@@ -111,8 +120,11 @@ class MTPLitModule(L.LightningModule):
                                  f"strategy.tensor_parallel_size=1")
             with torch.device("meta"):
                 model = MTPModel(self.config)
+            apply_activation_checkpointing(model, self.hparams.activation_checkpointing)
             self._maybe_compile(model)
-            parallelize(model, mesh["data_parallel"] if mesh.ndim > 1 else mesh)
+            policy = mixed_precision(self.trainer.precision, param_dtype=self.hparams.param_dtype,
+                                     reduce_dtype=self.hparams.reduce_dtype)
+            parallelize(model, mesh["data_parallel"] if mesh.ndim > 1 else mesh, mp_policy=policy)
             model.to_empty(device=self.device)
             model.init_weights()
         self.model = model
@@ -184,16 +196,19 @@ class MTPLitModule(L.LightningModule):
         last = (batch_idx + 1) % hp.accumulate == 0
         if first:
             self._step_started = time.perf_counter()
-        if isinstance(self.model, FSDPModule):
-            # Reduce-scatter gradients only on the step's last micro-batch.
-            self.model.set_requires_gradient_sync(last)
-        out = self._loss(batch["tokens"], train=True)
+        # Under FSDP, one reduce-scatter per parameter per step, in the last micro-batch.
+        with gradient_sync(self.model, sync=last, headwise=hp.loss_mode != "naive"):
+            out = self._loss(batch["tokens"], train=True)
         loss = out.loss * hp.accumulate  # undo the 1/accumulate weighting for the log
         self._check_finite("loss", loss, out)
+        # The whole batch's losses and accuracies, not rank 0's share: one all-reduce over ranks.
+        n = self.config.n_future
+        loss, *per_head = self.trainer.strategy.reduce(
+            torch.stack([loss, *out.head_losses, *out.head_accuracy]), reduce_op="mean")
         self.log("train/loss", loss, prog_bar=True)
-        for i, (head_loss, accuracy) in enumerate(zip(out.head_losses, out.head_accuracy)):
-            self.log(f"train/loss_head{i}", head_loss)
-            self.log(f"train/acc_head{i}", accuracy)
+        for i in range(n):
+            self.log(f"train/loss_head{i}", per_head[i])
+            self.log(f"train/acc_head{i}", per_head[n + i])
         if not last:
             return
 

@@ -84,6 +84,15 @@ class Tokenizer(ABC):
         """Short string that changes whenever encoding would change (names caches)."""
 
     @property
+    def document_start_id(self) -> int:
+        """The token a prompt starts with: the one the model saw before every document.
+
+        mtp packs training documents after EOS; models imported from elsewhere (Llama) saw
+        BOS. `BPETokenizer(document_start="bos")` says so.
+        """
+        return self.eos_id
+
+    @property
     def special_ids(self) -> frozenset[int]:
         return frozenset((self.bos_id, self.eos_id, self.pad_id))
 
@@ -152,8 +161,12 @@ class BPETokenizer(Tokenizer):
         eos_token: str | None = None,
         pad_token: str | None = None,
         name: str = "bpe",
+        document_start: str = "eos",
     ) -> None:
+        if document_start not in ("eos", "bos"):
+            raise ValueError(f"document_start must be 'eos' or 'bos', got {document_start!r}")
         self._tok = tokenizer
+        self.document_start = document_start
         # Text that spells a special token stays text, as with the byte tokenizer.
         self._tok.encode_special_tokens = True
         self.name = name
@@ -197,13 +210,26 @@ class BPETokenizer(Tokenizer):
         if not file.is_file():
             raise FileNotFoundError(f"no tokenizer.json at {file}")
         meta = _read_json(file.parent / META_FILE) or _hf_specials(file.parent / "tokenizer_config.json")
-        return cls(
-            tokenizers.Tokenizer.from_file(str(file)),
+        tok = tokenizers.Tokenizer.from_file(str(file))
+        tokenizer = cls(
+            tok,
             bos_token=meta.get("bos_token"),
             eos_token=meta.get("eos_token"),
             pad_token=meta.get("pad_token"),
             name=meta.get("name", "bpe"),
+            document_start=meta.get("document_start", "eos"),
         )
+        if "document_start" not in meta:
+            # A foreign tokenizer.json (Llama's) whose own pipeline puts BOS first: the model
+            # saw BOS before every document.
+            ids = tok.encode("a", add_special_tokens=True).ids
+            if ids and ids[0] == tokenizer.bos_id:
+                tokenizer.document_start = "bos"
+        return tokenizer
+
+    @property
+    def document_start_id(self) -> int:
+        return self.bos_id if self.document_start == "bos" else self.eos_id
 
     def encode(self, text: str | bytes) -> list[int]:
         if isinstance(text, bytes):
@@ -236,6 +262,7 @@ class BPETokenizer(Tokenizer):
                 "bos_token": self.bos_token,
                 "eos_token": self.eos_token,
                 "pad_token": self.pad_token,
+                "document_start": self.document_start,
             },
         )
 

@@ -28,6 +28,7 @@ from mtp.data import build_tokenizer
 from mtp.flops import resolve_peak_flops
 from mtp.lit import MTPLitModule
 from mtp.model import MTPConfig
+from mtp.parallel import check_options
 from mtp.paths import CONF_DIR
 from mtp.plots import MetricsHistory, write_plots
 from mtp.tokenizers import Tokenizer
@@ -162,6 +163,7 @@ def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: P
 def train(cfg: DictConfig) -> Path:
     """Train as `cfg` (the composed `conf/config.yaml`) says; return the export directory."""
     check_settings(cfg)
+    check_options(activation_checkpointing=cfg.activation_checkpointing, **cfg.fsdp)
     # Lightning warns that manual optimisation checkpoints hold the post-step state: that is
     # what resuming wants, since global_step counts the step as done.
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -183,6 +185,8 @@ def train(cfg: DictConfig) -> Path:
         warmup_steps=cfg.optim.warmup_steps, min_lr_ratio=cfg.optim.min_lr_ratio,
         max_steps=cfg.trainer.max_steps, grad_clip=cfg.optim.grad_clip,
         accumulate=cfg.optim.accumulate, compile=cfg.compile,
+        activation_checkpointing=cfg.activation_checkpointing,
+        param_dtype=cfg.fsdp.param_dtype, reduce_dtype=cfg.fsdp.reduce_dtype,
         peak_flops=resolve_peak_flops(cfg.trainer.get("peak_flops"), str(cfg.trainer.precision)),
         tokenizer_files=tokenizer_files(tokenizer))
     datamodule = instantiate(cfg.data, tokenizer=tokenizer, seq_len=cfg.seq_len,

@@ -1,5 +1,9 @@
 """Peak memory and time of one training step: next-token vs n-token (naive, headwise, chunked).
 
+With `--activation-checkpointing none trunk all` each variant also runs with its trunk (or
+every) block recomputing its activations in backward; those rows are named `headwise+ac=trunk`
+and their JSON keys `headwise_ac_trunk_*` (the `none` rows keep the plain names).
+
 Each variant runs in a fresh process, so one variant's allocator state never leaks into
 another's peak. On CPU the figure is resident memory (peak RSS, from getrusage); on a GPU it
 is `torch.cuda.max_memory_allocated`. "step" is the peak minus what the process held just
@@ -8,6 +12,7 @@ backward themselves need, which is what the loss modes change. The ratios use it
 
     python scripts/bench_memory.py                      # vocabulary 32,000, n = 4, ~1 min
     python scripts/bench_memory.py --n-future 8 --batch 2 --seq-len 1024 --device cuda
+    python scripts/bench_memory.py --variants headwise --activation-checkpointing none trunk all
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from pathlib import Path
 
 VARIANTS = ("ntp", "naive", "headwise", "chunked")
+CHECKPOINTING = ("none", "trunk", "all")
 
 
 def _rss_bytes() -> int:
@@ -35,6 +41,7 @@ def run_variant(args: argparse.Namespace) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from mtp.loss import autograd_backward, mtp_loss
     from mtp.model import MTPConfig, MTPModel
+    from mtp.parallel import apply_activation_checkpointing
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -43,6 +50,7 @@ def run_variant(args: argparse.Namespace) -> dict:
                        n_heads=args.n_heads, max_seq_len=args.seq_len, n_future=n_future)
     device = torch.device(args.device)
     model = MTPModel(config).to(device)
+    apply_activation_checkpointing(model, args.ac)
     tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + n_future),
                            device=device)
     mode = "naive" if args.variant == "ntp" else args.variant
@@ -72,7 +80,8 @@ def run_variant(args: argparse.Namespace) -> dict:
         seconds = step()
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         seconds = min(seconds, step())
-    return {"variant": args.variant, "n_future": n_future, "peak_bytes": peak,
+    return {"variant": args.variant, "activation_checkpointing": args.ac,
+            "n_future": n_future, "peak_bytes": peak,
             "step_bytes": peak - before, "seconds": seconds}
 
 
@@ -90,7 +99,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--activation-checkpointing", nargs="+", default=["none"],
+                        choices=CHECKPOINTING, help="run each variant with each of these")
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # child mode
+    parser.add_argument("--ac", choices=CHECKPOINTING, default="none", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.n_future < 2:
         parser.error(f"--n-future must be >= 2 to compare with next-token, got {args.n_future}")
@@ -101,30 +113,33 @@ def main() -> None:
 
     results = {}
     shape = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
-             if key not in ("variants", "variant")]
+             if key not in ("variants", "variant", "activation_checkpointing", "ac")]
     for variant in args.variants:
-        child = subprocess.run([sys.executable, __file__, *shape, "--variant", variant],
-                               capture_output=True, text=True)
-        if child.returncode != 0:
-            sys.exit(f"variant {variant} failed:\n{child.stderr}")
-        results[variant] = json.loads(child.stdout.strip().splitlines()[-1])
+        for ac in args.activation_checkpointing:
+            name = variant if ac == "none" else f"{variant}+ac={ac}"
+            child = subprocess.run([sys.executable, __file__, *shape, "--variant", variant,
+                                    "--ac", ac], capture_output=True, text=True)
+            if child.returncode != 0:
+                sys.exit(f"variant {name} failed:\n{child.stderr}")
+            results[name] = json.loads(child.stdout.strip().splitlines()[-1])
 
     unit = "allocated" if args.device.startswith("cuda") else "RSS"
     print(f"one training step: vocab {args.vocab_size}, dim {args.dim}, trunk {args.n_layers} "
           f"layers, batch {args.batch} x seq {args.seq_len}, device {args.device}")
-    print(f"{'variant':<10}{'n':>3}{'peak ' + unit + ' MiB':>18}{'step MiB':>11}"
+    print(f"{'variant':<18}{'n':>3}{'peak ' + unit + ' MiB':>18}{'step MiB':>11}"
           f"{'step/ntp':>10}{'time s':>9}{'time/ntp':>10}")
     ntp = results.get("ntp")
     for variant, r in results.items():
         mem_ratio = r["step_bytes"] / ntp["step_bytes"] if ntp else float("nan")
         time_ratio = r["seconds"] / ntp["seconds"] if ntp else float("nan")
-        print(f"{variant:<10}{r['n_future']:>3}{r['peak_bytes'] / 2**20:>18.0f}"
+        print(f"{variant:<18}{r['n_future']:>3}{r['peak_bytes'] / 2**20:>18.0f}"
               f"{r['step_bytes'] / 2**20:>11.0f}{mem_ratio:>10.2f}{r['seconds']:>9.2f}"
               f"{time_ratio:>10.2f}")
 
     summary: dict = {"n_future": args.n_future, "vocab_size": args.vocab_size,
                      "batch": args.batch, "seq_len": args.seq_len, "device": args.device}
-    for variant, r in results.items():
+    for name, r in results.items():
+        variant = name.replace("+ac=", "_ac_")
         summary[f"{variant}_peak_bytes"] = r["peak_bytes"]
         summary[f"{variant}_step_bytes"] = r["step_bytes"]
         summary[f"{variant}_seconds"] = round(r["seconds"], 4)

@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+from hypothesis import settings
 
 from mtp.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
@@ -11,6 +12,11 @@ from mtp.tokenizers import ByteTokenizer
 
 # Tiny models on a shared 2-core machine: one thread avoids spinning, and is faster.
 torch.set_num_threads(1)
+
+# Property tests check results, not timing: a per-example deadline fails them at random on a
+# loaded machine.
+settings.register_profile("mtp", deadline=None)
+settings.load_profile("mtp")
 
 
 @pytest.fixture(autouse=True)

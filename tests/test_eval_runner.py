@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mtp.eval.runner import EvalConfig, evaluate
+from mtp.eval.sandbox import resolve_isolation
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,7 +118,19 @@ def test_cli_scores_a_samples_file(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout.splitlines()[-1])
     assert summary["pass@1"] == pytest.approx(0.75) and summary["pass@4"] == 1.0
-    assert "pass@1    0.7500" in run.stdout
+    assert re.search(r"^pass@1 +0\.7500$", run.stdout, re.MULTILINE)
+
+
+def test_summary_states_the_weakest_isolation_any_sample_ran_in(tmp_path: Path) -> None:
+    samples = write_samples(tmp_path / "s.jsonl", SAMPLES)
+    output = tmp_path / "r.jsonl"
+    level = resolve_isolation("auto", warn=False)
+    assert score(samples, tmp_path / "fresh.jsonl")["isolation"] == level
+    assert score(samples, output, isolation="none")["isolation"] == "none"
+    lines = output.read_text().splitlines()
+    assert all(json.loads(line)["isolation"] == "none" for line in lines)
+    output.write_text("\n".join(lines[:4]) + "\n")  # half done without isolation, resumed with it
+    assert score(samples, output)["isolation"] == "none"
 
 
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:

@@ -1,14 +1,32 @@
-"""Adversarial tests: each hostile program is contained and the sandbox keeps working."""
+"""Adversarial tests: each hostile program is contained and the sandbox keeps working.
+
+The tests of isolation="namespaces" skip where the kernel does not allow namespaces. Those
+whose program would harm this machine without isolation (kill(-1), killpg, a fork bomb) run
+only after a harmless probe showed that programs run in a PID namespace of their own, as a
+non-root user.
+"""
 
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from mtp.eval.sandbox import Limits, Sandbox, run_program
+import mtp.eval.sandbox as sandbox_module
+from mtp.eval.sandbox import Limits, Sandbox, resolve_isolation, run_program
 
-FAST = Limits(timeout=1.5, cpu_seconds=2, memory_bytes=256 << 20)
+FAST = Limits(timeout=1.5, cpu_seconds=2, memory_bytes=256 << 20)  # for programs that time out
+SAFE = Limits(timeout=30, cpu_seconds=10, memory_bytes=256 << 20)  # ample on a loaded machine
+REPO = Path(__file__).resolve().parents[1]
+MISSING = sandbox_module._namespaces_missing()
+needs_namespaces = pytest.mark.skipif(MISSING is not None, reason=f"no namespaces here: {MISSING}")
+LEVELS = ["none", pytest.param("namespaces", marks=needs_namespaces)]
 
 
 def alive(pid: int) -> bool:
@@ -20,8 +38,35 @@ def alive(pid: int) -> bool:
     return state not in "ZX"
 
 
+def processes_of(uid: int) -> list[int]:
+    """Host PIDs of the live processes whose real uid is `uid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            uid_line = next(line for line in (entry / "status").read_text().splitlines()
+                            if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue  # not a process, or gone
+        if int(uid_line.split()[1]) == uid and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
 def printed_ints(output: str) -> list[int]:
     return [int(word) for word in output.split() if word.isdigit()]
+
+
+@pytest.fixture(scope="module")
+def pid_namespace() -> None:
+    """Skip unless a harmless probe shows programs run as PID 2 of their own namespace (under
+    its init), cannot see this test's process, and are not root."""
+    if MISSING is not None:
+        pytest.skip(f"no namespaces here: {MISSING}")
+    probe = run_program(f"import os\nprint(os.getpid(), os.getppid(), os.getuid(), "
+                        f"int(os.path.exists('/proc/{os.getpid()}')))", SAFE, "namespaces")
+    pid, parent, uid, sees_us = printed_ints(probe.output) if probe.passed else (0, 0, 0, 1)
+    if (pid, parent, sees_us) != (2, 1, 0) or uid == 0:
+        pytest.skip(f"programs do not run in a PID namespace of their own: {probe}")
 
 
 def test_passing_and_failing_programs() -> None:
@@ -49,7 +94,7 @@ def test_endless_programs_time_out(program: str) -> None:
 
 
 def test_unbounded_allocation_fails() -> None:
-    result = run_program("chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 24))", FAST)
+    result = run_program("chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 24))", SAFE)
     assert result.status == "failed" and "MemoryError" in result.reason
 
 
@@ -65,44 +110,248 @@ def test_writing_a_huge_file_fails() -> None:
     assert result.status == "failed" and "File too large" in result.reason
 
 
+def assert_nothing_left(result, isolation: str) -> None:
+    """The processes a program printed (its uid first, then PIDs) are all gone."""
+    uid, *pids = printed_ints(result.output)
+    time.sleep(0.2)
+    if isolation == "none":  # PIDs are the host's
+        assert [pid for pid in pids if alive(pid)] == []
+    else:  # PIDs are the namespace's; the sandbox's uid is its own
+        assert uid != 0 and processes_of(uid) == []
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
 @pytest.mark.parametrize("detach", ["", "os.setsid()"])
-def test_forked_children_are_all_killed(detach: str) -> None:
+def test_forked_children_are_all_killed(detach: str, isolation: str) -> None:
     program = (
         "import os, time\n"
-        "for _ in range(20):\n"
+        "print(os.getuid(), flush=True)\n"
+        "for _ in range(10):\n"
         "    pid = os.fork()\n"
         "    if pid == 0:\n"
         f"        {detach or 'pass'}\n"
         "        time.sleep(600)\n"
         "    print(pid, flush=True)\n"
     )
-    result = run_program(program, FAST)
-    pids = printed_ints(result.output)
-    assert result.passed and len(pids) == 20
-    time.sleep(0.2)
-    assert [pid for pid in pids if alive(pid)] == []
+    result = run_program(program, SAFE, isolation)
+    assert result.passed and len(printed_ints(result.output)) == 11
+    assert_nothing_left(result, isolation)
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_setsid_and_double_fork_do_not_escape(isolation: str) -> None:
+    program = (
+        "import os, time\n"
+        "print(os.getuid(), flush=True)\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"  # the grandchild, in its own session, orphaned at once
+        "        time.sleep(600)\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        "time.sleep(0.1)\n"
+        "print(*[p for p in os.listdir('/proc') if p.isdigit()], flush=True)\n"
+    )
+    result = run_program(program, SAFE, isolation)
+    assert result.passed
+    if isolation == "namespaces":  # the escapee, the program and the init: nothing else
+        assert len(printed_ints(result.output)) == 1 + 3
+        assert_nothing_left(result, isolation)
 
 
 def test_endless_forking_is_stopped_by_the_timeout() -> None:
     program = (
         "import os, time\n"
+        "print(os.getuid(), flush=True)\n"
         "while True:\n"
         "    if os.fork() == 0:\n"
         "        time.sleep(600)\n"
         "    time.sleep(0.005)\n"  # bounded rate: the test must not take the machine down
         "    print(os.getpid(), flush=True)\n"
     )
-    result = run_program(program, Limits(timeout=1, max_output_bytes=1 << 20))
+    result = run_program(program, Limits(timeout=1, max_output_bytes=1 << 20), "none")
     assert result.status == "timed out"
-    time.sleep(0.2)
-    assert not any(alive(pid) for pid in printed_ints(result.output))
+    assert_nothing_left(result, "none")
 
 
-def test_killing_its_parent_hits_the_launcher_not_the_evaluator() -> None:
-    result = run_program("import os, signal\nprint(os.getppid(), flush=True)\n"
-                         "os.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(5)", FAST)
-    assert result.status == "failed" and result.reason == "killed by SIGKILL"
+def test_fork_bomb_is_bounded_by_the_process_limit(pid_namespace: None) -> None:
+    limits = Limits(timeout=30, processes=8)
+    counting = (
+        "import os, time\n"
+        "children = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(600)\n"
+        "        children += 1\n"
+        "except BlockingIOError:\n"
+        "    print(children)\n"
+    )
+    result = run_program(counting, limits, "namespaces")
+    assert result.passed and printed_ints(result.output) == [limits.processes - 1]  # + itself
+    bomb = "import os\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n        os.fork()\n" \
+           "    except OSError:\n        pass\n"
+    result = run_program(bomb, Limits(timeout=1, cpu_seconds=2, processes=8), "namespaces")
+    assert result.status == "timed out"
+    assert_nothing_left(result, "namespaces")
+
+
+def test_kill_minus_one_reaches_only_the_sandbox(pid_namespace: None) -> None:
+    program = (
+        "import os, signal, time\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    time.sleep(600)\n"
+        "os.kill(-1, signal.SIGKILL)\n"  # every process it may signal but itself and the init
+        "print(os.waitpid(child, 0)[1], flush=True)\n"
+        "assert False, 'the tests fail'\n"
+    )
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        result = run_program(program, SAFE, "namespaces")
+        assert printed_ints(result.output) == [signal.SIGKILL]  # its child's wait status
+        assert result.status == "failed" and result.reason == "AssertionError: the tests fail"
+        assert bystander.poll() is None and run_program("pass", SAFE, "namespaces").passed
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_killpg_of_the_evaluators_group_finds_nothing(pid_namespace: None) -> None:
+    result = run_program(f"import os, signal\nos.killpg({os.getpgrp()}, signal.SIGKILL)", SAFE, "namespaces")
+    assert result.status == "failed" and result.reason.startswith("ProcessLookupError")
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_killing_its_parent_hits_the_launcher_or_the_init(isolation: str) -> None:
+    program = ("import os, signal, time\nprint(os.getppid(), flush=True)\n"
+               "os.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(0.5)")
+    result = run_program(program, SAFE, isolation)
     assert printed_ints(result.output) != [os.getpid()]
+    if isolation == "none":  # the launcher dies, and the program with it
+        assert result.status == "failed" and result.reason == "killed by SIGKILL"
+    else:  # the namespace's init ignores signals from inside
+        assert result.passed and printed_ints(result.output) == [1]
+
+
+@needs_namespaces
+def test_no_connection_even_to_the_hosts_loopback() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.setblocking(False)
+        program = f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=1)"
+        result = run_program(program, SAFE, "namespaces")
+        assert result.status == "failed" and "Error" in result.reason
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing came through
+        assert run_program(program, SAFE, "none").passed  # what the namespace prevents
+
+
+@pytest.fixture
+def victim() -> Path:
+    """A file outside the working directory that the sandbox's user could write and delete,
+    were the file system not read-only."""
+    folder = Path(tempfile.mkdtemp(dir=REPO))
+    try:
+        folder.chmod(0o777)
+        (folder / "victim").write_text("intact")
+        (folder / "victim").chmod(0o666)
+        yield folder / "victim"
+    finally:
+        shutil.rmtree(folder)
+
+
+@needs_namespaces
+@pytest.mark.parametrize("action", ["open({path!r}, 'a').write('changed')",
+                                    "open({new!r}, 'w').write('new')",
+                                    "os.remove({path!r})"])
+def test_files_outside_the_working_directory_are_read_only(victim: Path, action: str) -> None:
+    program = "import os\n" + action.format(path=str(victim), new=str(victim.with_name("new")))
+    result = run_program(program, SAFE, "namespaces")
+    assert result.status == "failed" and "Read-only file system" in result.reason
+    assert victim.read_text() == "intact" and sorted(victim.parent.iterdir()) == [victim]
+
+
+@needs_namespaces
+def test_etc_shadow_is_unreadable() -> None:
+    if not Path("/etc/shadow").exists():
+        pytest.skip("no /etc/shadow here")
+    result = run_program("print(open('/etc/shadow').read())", SAFE, "namespaces")
+    assert result.status == "failed" and result.reason.startswith("PermissionError")
+
+
+@needs_namespaces
+def test_filling_tmp_stops_at_its_size_and_stays_private() -> None:
+    limits = Limits(timeout=30, tmp_bytes=8 << 20)
+    program = (
+        "import os, tempfile\n"
+        "print(tempfile.gettempdir(), flush=True)\n"
+        "for i in range(1000):\n"
+        "    with open(f'/tmp/fill{i}', 'wb') as f:\n"
+        "        f.write(bytes(1 << 20))\n"
+    )
+    result = run_program(program, limits, "namespaces")
+    assert result.status == "failed" and "No space left on device" in result.reason
+    assert not list(Path(tempfile.gettempdir()).glob("fill*"))
+    assert run_program("import os\nassert not [f for f in os.listdir('/tmp') if f.startswith('fill')]",
+                       SAFE, "namespaces").passed  # the next program's /tmp is fresh
+
+
+@needs_namespaces
+def test_isolated_program_has_no_privileges() -> None:
+    program = "import os\nprint(os.getuid(), os.getgid(), len(os.getgroups()))\n" \
+              "print(*[line for line in open('/proc/self/status') if line.startswith(('Cap', 'NoNew'))])"
+    result = run_program(program, SAFE, "namespaces")
+    assert result.passed, result.output
+    uid, gid, groups, *_ = printed_ints(result.output)
+    assert uid != 0 and gid != 0 and groups == 0
+    for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert f"{field}:\t0000000000000000" in result.output
+    assert "NoNewPrivs:\t1" in result.output
+
+
+# Run by a root child in a private mount namespace where this Python is reachable by other
+# users: it becomes nobody, and then the sandbox must isolate through a user namespace.
+AS_NOBODY = """
+import importlib.util, os, sys
+def load(name):  # by path: importing the mtp package would import torch, slowly
+    spec = importlib.util.spec_from_file_location(name, os.path.join(sys.argv[2], name + ".py"))
+    sys.modules[name] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+launcher = load("launcher")
+launcher.check(launcher.libc.unshare(launcher.CLONE_NEWNS), "unshare")
+launcher.mount(None, "/", None, launcher.MS_REC | launcher.MS_PRIVATE)
+launcher.expose_python()
+os.setgroups([])
+os.setresgid(65534, 65534, 65534)
+os.setresuid(65534, 65534, 65534)
+if not os.access(launcher.__file__, os.R_OK):
+    sys.exit("SKIP: the checkout is not readable by other users")
+sandbox = load("sandbox")
+result = sandbox.run_program(sys.argv[1], sandbox.Limits(timeout=30), "namespaces")
+print(result.status, result.reason, result.output, sep="\\n")
+"""
+
+
+@needs_namespaces
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
+def test_an_unprivileged_user_gets_isolation_through_a_user_namespace() -> None:
+    program = (
+        "import os\n"
+        "print(os.getuid(), os.getppid(), open('/proc/self/uid_map').read().split()[1])\n"
+        "print(*[line for line in open('/proc/self/status') if line.startswith(('CapEff', 'CapBnd'))])\n"
+        "open('/etc/mtp-sandbox-test', 'w')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", AS_NOBODY, program, str(REPO / "mtp" / "eval")],
+                         capture_output=True, text=True, timeout=60)
+    if run.stderr.startswith("SKIP: "):
+        pytest.skip(run.stderr.strip().removeprefix("SKIP: "))
+    assert run.returncode == 0, run.stderr
+    status, reason, output = run.stdout.split("\n", 2)
+    assert status == "failed" and "Read-only file system" in reason, run.stdout
+    uid, parent, outer_uid = printed_ints(output)[:3]
+    assert uid != 0 and parent == 1 and outer_uid == 65534  # nobody, mapped; its own PID 1
+    assert "CapEff:\t0000000000000000" in output and "CapBnd:\t0000000000000000" in output
 
 
 def test_working_directory_is_fresh_and_removed_even_when_the_program_breaks_it() -> None:
@@ -125,10 +374,10 @@ def test_the_run_goes_on_after_hostile_programs() -> None:
     hostile = {
         "loop": "while True:\n    pass",
         "exit": "import os\nos._exit(0)",
-        "kill": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+        "kill": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(os.getpid(), signal.SIGKILL)",
         "flood": "while True:\n    print('y' * 4096)",
     }
-    with Sandbox(FAST, workers=2) as sandbox:
+    with Sandbox(Limits(timeout=4, cpu_seconds=4, memory_bytes=256 << 20), workers=2) as sandbox:
         for key, program in hostile.items():
             sandbox.submit(key, program)
         sandbox.submit("good", "assert sum(range(4)) == 6")
@@ -139,8 +388,28 @@ def test_the_run_goes_on_after_hostile_programs() -> None:
     }
 
 
-def test_bad_limits_are_rejected() -> None:
+def test_auto_falls_back_with_a_warning_naming_what_is_missing(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sandbox_module, "_namespaces_missing", lambda: "unshare: Operation not permitted")
+    assert resolve_isolation("auto") == "none"
+    warning = capsys.readouterr().err
+    assert warning.count("\n") == 1 and "unshare: Operation not permitted" in warning
+    with pytest.raises(RuntimeError, match="isolation=namespaces is unavailable here: unshare"):
+        Sandbox(isolation="namespaces")
+    assert resolve_isolation("none") == "none" and capsys.readouterr().err == ""
+
+
+@needs_namespaces
+def test_auto_uses_namespaces_where_they_work() -> None:
+    with Sandbox(SAFE, isolation="auto") as sandbox:
+        assert sandbox.isolation == "namespaces"
+
+
+def test_bad_arguments_are_rejected() -> None:
     with pytest.raises(ValueError, match="Limits.timeout must be positive, got 0"):
         Limits(timeout=0)
     with pytest.raises(ValueError, match="workers must be at least 1, got 0"):
         Sandbox(workers=0)
+    with pytest.raises(ValueError, match="isolation='docker': expected one of"):
+        Sandbox(isolation="docker")
+    with pytest.raises(ValueError, match="isolation='docker'"):
+        run_program("pass", isolation="docker")

@@ -156,3 +156,18 @@ def test_imported_llama_decodes(tmp_path: Path) -> None:
     model, tokenizer = load(tmp_path)
     [result] = generate(model, tokenizer, ["def f(x):"], max_new_tokens=8, k=1)
     assert len(result.token_ids) == 8 or result.finish_reason == "eos"
+
+
+def test_a_tokenizer_that_adds_bos_starts_prompts_with_bos(tmp_path: Path) -> None:
+    """A foreign tokenizer.json whose pipeline adds BOS (Llama's) marks documents with BOS."""
+    from tokenizers import processors
+
+    _, tokenizer = _random_llama(tmp_path, gqa=False, tie=False)
+    assert tokenizer.document_start_id == tokenizer.eos_id  # mtp-trained: documents follow EOS
+    raw = tokenizer._tok
+    raw.post_processor = processors.TemplateProcessing(
+        single="<|bos|> $A", special_tokens=[("<|bos|>", tokenizer.bos_id)])
+    raw.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "mtp_tokenizer.json").unlink()  # as a Hugging Face repo has it
+    _, loaded = load(tmp_path)
+    assert loaded.document_start_id == loaded.bos_id != loaded.eos_id

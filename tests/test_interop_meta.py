@@ -110,6 +110,7 @@ def test_sentencepiece_tokenizer_gives_sentencepiece_ids(meta_dir: Path) -> None
     for text in ["def add(a, b):\n    return a + b", "héllo ✓  wörld\n"]:
         assert tokenizer.encode(text) == processor.encode(text)
     assert (tokenizer.bos_id, tokenizer.eos_id) == (processor.bos_id(), processor.eos_id())
+    assert tokenizer.document_start_id == processor.bos_id()  # Llama saw BOS, not EOS
 
 
 def test_imported_heads_decode_self_speculatively_as_autoregressive(meta_dir: Path) -> None:
@@ -151,3 +152,4 @@ def test_convert_cli_writes_a_hf_llama_with_every_head(meta_dir: Path, tmp_path:
         torch.testing.assert_close(converted(tokens), original(tokens), rtol=0, atol=1e-5)
     theirs = transformers.AutoTokenizer.from_pretrained(out)
     assert theirs("def add(a, b):")["input_ids"] == tokenizer.encode("def add(a, b):")
+    assert tokenizer.document_start_id == tokenizer.bos_id

@@ -150,17 +150,36 @@ def test_resume_after_sigkill_continues_the_same_run(corpus: Path, tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_fsdp_preset_trains_two_cpu_ranks_through_lightning(corpus: Path, tmp_path: Path) -> None:
-    """trainer=fsdp (ModelParallelStrategy + FSDP2) end to end on 2 gloo ranks."""
-    overrides = _overrides(corpus, tmp_path, "trainer=fsdp", "trainer.accelerator=cpu",
-                           "trainer.devices=2", "trainer.max_steps=4",
-                           "trainer.val_check_interval=2", "checkpoint.every_n_steps=2")
-    done = subprocess.run([sys.executable, "-m", "mtp.train", *overrides], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    losses = _losses(tmp_path)
-    assert sorted(losses) == [0, 1, 2, 3] and all(map(torch.isfinite, map(torch.tensor,
-                                                                            losses.values())))
-    model, _ = mtp.load(tmp_path / "export")  # full weights, gathered from both ranks
-    assert model.config.n_future == 8
-    assert all(torch.isfinite(p).all() and p.abs().sum() > 0 for p in model.parameters())
+def test_fsdp_sharded_checkpoints_load_and_resume_on_other_rank_counts(corpus: Path,
+                                                                        tmp_path: Path) -> None:
+    """trainer=fsdp (ModelParallelStrategy + FSDP2) end to end on gloo ranks: a 2-rank run's
+    sharded checkpoint resumes on 1 rank, that run's on 2, both continuing the unbroken run's
+    losses (same global batch of 8), and mtp.load reads the sharded folder."""
+    def run(name: str, ranks: int, *extra: str) -> dict[int, float]:
+        overrides = _overrides(corpus, tmp_path / name, "trainer=fsdp", "trainer.accelerator=cpu",
+                               f"trainer.devices={ranks}", f"data.batch_size={8 // ranks}",
+                               "trainer.max_steps=6", "trainer.val_check_interval=6",
+                               "checkpoint.every_n_steps=2", "checkpoint.keep=-1", *extra)
+        done = subprocess.run([sys.executable, "-m", "mtp.train", *overrides], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return _losses(tmp_path / name)
+
+    unbroken = run("two", 2)
+    two_to_one = run("two-to-one", 1, f"ckpt_path={tmp_path / 'two/checkpoints/step0000002.ckpt'}")
+    one_to_two = run("one-to-two", 2,
+                     f"ckpt_path={tmp_path / 'two-to-one/checkpoints/step0000004.ckpt'}")
+    assert sorted(unbroken) == list(range(6))
+    assert sorted(two_to_one) == [2, 3, 4, 5] and sorted(one_to_two) == [4, 5]
+    for resumed in (two_to_one, one_to_two):
+        for step, loss in resumed.items():
+            assert loss == pytest.approx(unbroken[step], rel=1e-4), step
+
+    last = tmp_path / "two" / "checkpoints" / "last.ckpt"
+    assert last.is_dir()  # one DCP shard per rank, not a single file
+    exported, _ = mtp.load(tmp_path / "two" / "export")  # full weights gathered from both ranks
+    sharded, _ = mtp.load(last)
+    assert exported.config == sharded.config and exported.config.n_future == 8
+    for (name, p), q in zip(exported.named_parameters(), sharded.parameters()):
+        assert torch.equal(p, q), name
+        assert torch.isfinite(p).all() and p.abs().sum() > 0, name

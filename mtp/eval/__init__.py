@@ -6,10 +6,10 @@
 
 from mtp.eval.passk import pass_at_k
 from mtp.eval.runner import EvalConfig, evaluate
-from mtp.eval.sandbox import ExecResult, Limits, Sandbox, run_program
+from mtp.eval.sandbox import ExecResult, Limits, Sandbox, resolve_isolation, run_program
 from mtp.eval.tasks import Problem, Task, load_task
 
 __all__ = [
     "EvalConfig", "ExecResult", "Limits", "Problem", "Sandbox", "Task",
-    "evaluate", "load_task", "pass_at_k", "run_program",
+    "evaluate", "load_task", "pass_at_k", "resolve_isolation", "run_program",
 ]

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
-from mtp.eval.sandbox import ExecResult, Limits, Sandbox
+from mtp.eval.sandbox import ExecResult, Isolation, Limits, Sandbox
 from mtp.eval.tasks import Problem, Task, load_task
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -53,6 +53,7 @@ class EvalConfig:
     dtype: str = "float32"
     timeout: float = Limits.timeout
     workers: int | None = None
+    isolation: Isolation = "auto"  # sandbox: namespaces | none | auto (namespaces where they work)
 
     def __post_init__(self) -> None:
         if isinstance(self.k, int):  # k=10 on the command line means [10]
@@ -106,7 +107,8 @@ def evaluate(config: EvalConfig) -> dict[str, Any]:
     task = load_task(config.task, config.data_file, config.few_shot)
     problems = list(task.problems.values())[: config.limit]
     limits = Limits(timeout=config.timeout, cpu_seconds=max(1, round(config.timeout)))
-    with ResultsFile(config.output, config.run_fields()) as results, Sandbox(limits, config.workers) as sandbox:
+    with Sandbox(limits, config.workers, config.isolation) as sandbox, \
+            ResultsFile(config.output, {**config.run_fields(), "isolation": sandbox.isolation}) as results:
         decoding = None
         if config.samples is not None:
             problems = _score_samples(config.samples, config.k, task, problems, results, sandbox)
@@ -242,6 +244,9 @@ def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[
     summary: dict[str, Any] = {"task": config.task}
     summary.update({f"pass@{k}": v for k, v in mean_pass_at_k(counts, config.k).items()})
     summary.update(problems=len(counts), samples=len(mine))
+    # The weakest sandbox any counted sample ran in (records from before isolation existed: none).
+    levels = {r.get("isolation", "none") for r in mine}
+    summary["isolation"] = "namespaces" if levels == {"namespaces"} else "none"
     if config.checkpoint is not None:
         # Pooled over samples, as DecodeStats.pooled does: totals, then one ratio.
         tokens = sum(r["new_tokens"] for r in mine)

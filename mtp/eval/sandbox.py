@@ -1,11 +1,10 @@
-"""Run untrusted generated programs, each in its own process, with limits.
+"""Run untrusted generated programs, each in its own process, with limits and isolation.
 
 What it does, for each program:
-- a fresh temporary working directory (also HOME and TMPDIR), removed afterwards;
+- a fresh working directory (also HOME and TMPDIR), removed afterwards;
 - a new session, so the whole process group can be killed at the end; a disposable launcher
-  process between the evaluator and the program, so `os.kill(os.getppid(), ...)` hits the
-  launcher, not the evaluation run. The launcher is a child subreaper: descendants orphaned
-  by the program (even those that called `setsid`) come back to it and are killed with it;
+  process (`launcher.py`) between the evaluator and the program, so that what the program does
+  to its parent hits the launcher, not the evaluation run;
 - resource limits (setrlimit): CPU seconds, address space (memory), size of written files,
   number of processes, no core dumps; and a wall-clock timeout;
 - stdout and stderr captured together and bounded: a program that writes more than
@@ -13,17 +12,22 @@ What it does, for each program:
 - a pass needs exit status 0 *and* a random sentinel printed after the tests, so a program
   that exits early (`sys.exit(0)`, `os._exit(0)`) before its tests ran fails.
 
-What it does NOT protect against (run evaluations in a throwaway container or VM, as an
-unprivileged user, if that matters):
-- network access: programs can open sockets;
-- reading, writing or deleting any file the evaluating user may touch: there is no
-  filesystem isolation beyond the working directory;
-- privileges: nothing is dropped. As root, `RLIMIT_NPROC` is not enforced (fork bombs are
-  only ended by the timeout and the kills) and a program can signal any process, e.g.
-  `os.kill(-1, SIGKILL)`, which takes down the evaluator too;
-- a program that kills its launcher and detaches (`setsid`) at the same time may outlive the
-  run;
-- programs that game their tests (redefining `AssertionError`, patching builtins).
+Isolation (`isolation=`), on Linux as root or with unprivileged user namespaces:
+- "namespaces": each program runs in new network, PID, mount, IPC and UTS namespaces: no
+  network (only a loopback interface, down), it sees and can signal only its own processes (so
+  `os.kill(-1, SIGKILL)` ends the program, nothing else), and everything it started dies with
+  it. The file system is read-only except its working directory, which lives in a private
+  tmpfs /tmp of `Limits.tmp_bytes`, and a private /dev/shm. It runs as a uid/gid of its own
+  (or, without root, the evaluating user mapped in a user namespace), with no capabilities and
+  PR_SET_NO_NEW_PRIVS, so RLIMIT_NPROC bounds a fork bomb;
+- "none": only the list above. The launcher is a child subreaper that kills what the program
+  left behind (even after `setsid`), but programs can open sockets, read and write every file
+  the evaluating user can, and, as root, fork without limit and signal any process;
+- "auto" (the default): "namespaces" where they work, else "none" with a one-line warning that
+  names what is missing. `Sandbox.isolation` says which level is in force.
+
+Not prevented at any level: programs that game their tests (redefining `AssertionError`,
+patching builtins), and reading files that every user may read.
 """
 
 from __future__ import annotations
@@ -41,63 +45,18 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any, Literal
 
 Status = Literal["passed", "failed", "timed out"]
 
-# Runs as `python -I -S -c LAUNCHER LIMITS_JSON` in the sandbox's working directory: sets the
-# limits, becomes a subreaper, runs `program.py` in a fresh interpreter and relays its exit
-# status or the signal that killed it.
-LAUNCHER = r"""
-import ctypes, json, os, resource, signal, sys
-limits = json.loads(sys.argv[1])
-# RLIMIT_NPROC counts every task (thread) of the user, not just ours: allow `processes` more.
-for p in os.listdir("/proc"):
-    try:
-        if p.isdigit() and os.stat(f"/proc/{p}").st_uid == os.getuid():
-            limits["RLIMIT_NPROC"] += len(os.listdir(f"/proc/{p}/task"))
-    except OSError:
-        pass  # gone already
-for name, value in limits.items():
-    resource.setrlimit(getattr(resource, name), (value, value))
-ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-pid = os.fork()
-if pid == 0:
-    os.execv(sys.executable, [sys.executable, "-I", "program.py"])
-_, status = os.waitpid(pid, 0)
-me = str(os.getpid())
-
-def orphans():
-    found = []
-    for p in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[1] == me:
-                    found.append(int(p))
-        except (OSError, IndexError):
-            pass  # not a process, or it is already gone
-    return found
-
-# Kill what the program left behind; the children of those we kill come back to us in turn.
-while True:
-    found = orphans()
-    for child in found:
-        try:
-            os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for _ in found:
-        os.waitpid(-1, 0)
-    if not found:
-        try:
-            os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-if os.WIFSIGNALED(status):  # die of the same signal, so the evaluator sees what happened
-    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-    os.kill(os.getpid(), os.WTERMSIG(status))
-os._exit(os.waitstatus_to_exitcode(status))
-"""
+Isolation = Literal["auto", "namespaces", "none"]
+ISOLATION_LEVELS = ("auto", "namespaces", "none")
+LAUNCHER = str(Path(__file__).with_name("launcher.py"))
+# Each isolated program runs as a uid and gid of its own, drawn from these (owned by no one),
+# so RLIMIT_NPROC counts its processes alone, not those of programs running beside it.
+SANDBOX_IDS = range(1 << 30, (1 << 30) + (1 << 24))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,8 +67,9 @@ class Limits:
     cpu_seconds: int = 10
     memory_bytes: int = 1 << 30
     file_bytes: int = 16 << 20
-    processes: int = 16  # beyond those the user already runs; not enforced for root
+    processes: int = 16  # "none": beyond the user's; enforced only for non-root users
     max_output_bytes: int = 64 << 10
+    tmp_bytes: int = 64 << 20  # "namespaces": size of the private /tmp, working directory included
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -144,8 +104,16 @@ class ExecResult:
         return f"failed: {self.reason}" if self.status == "failed" else self.status
 
 
-def run_program(program: str, limits: Limits = Limits()) -> ExecResult:
-    """Run `program` in a fresh process and directory under `limits`; never raises for its faults."""
+def run_program(program: str, limits: Limits = Limits(), isolation: Isolation = "auto") -> ExecResult:
+    """Run `program` in a fresh process and directory under `limits`; never raises for its faults.
+
+    `isolation="auto"` resolves once per process (see `resolve_isolation`); "namespaces" where
+    they are unavailable fails the program with the reason.
+    """
+    if isolation == "auto":
+        isolation = resolve_isolation("auto", warn=False)
+    elif isolation not in ISOLATION_LEVELS:
+        raise ValueError(f"isolation={isolation!r}: expected one of {ISOLATION_LEVELS}")
     sentinel = f"__mtp_sandbox_done_{secrets.token_hex(8)}__"
     workdir = tempfile.mkdtemp(prefix="mtp-sandbox-")
     start = time.perf_counter()
@@ -154,8 +122,11 @@ def run_program(program: str, limits: Limits = Limits()) -> ExecResult:
             f.write(f"{program}\n\nprint({sentinel!r}, flush=True)\n")
         env = {"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "PYTHONHASHSEED": "0",
                "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+        sandbox_id = SANDBOX_IDS[secrets.randbelow(len(SANDBOX_IDS))]
+        config = {"rlimits": limits.rlimits(), "isolation": isolation, "tmp_bytes": limits.tmp_bytes,
+                  "uid": sandbox_id, "gid": sandbox_id}
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(limits.rlimits())],
+            [sys.executable, "-I", "-S", LAUNCHER, json.dumps(config)],
             cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -176,8 +147,40 @@ def run_program(program: str, limits: Limits = Limits()) -> ExecResult:
         shutil.rmtree(workdir, onerror=_make_writable_and_retry)
 
 
+def resolve_isolation(isolation: Isolation, warn: bool = True) -> Literal["namespaces", "none"]:
+    """The level to run at: "auto" becomes "namespaces" where they work, else "none" (with a
+    one-line warning on stderr if `warn`); "namespaces" where they do not work raises."""
+    if isolation not in ISOLATION_LEVELS:
+        raise ValueError(f"isolation={isolation!r}: expected one of {ISOLATION_LEVELS}")
+    if isolation == "none":
+        return "none"
+    missing = _namespaces_missing()
+    if missing is None:
+        return "namespaces"
+    if isolation == "namespaces":
+        raise RuntimeError(f"isolation=namespaces is unavailable here: {missing}")
+    if warn:
+        print(f"warning: sandbox isolation=auto fell back to none (no namespaces: {missing}); "
+              "programs can reach the network and every file this user can", file=sys.stderr)
+    return "none"
+
+
+@cache
+def _namespaces_missing() -> str | None:
+    """Why namespaces cannot isolate programs here, or None when they can (tried once)."""
+    if not sys.platform.startswith("linux"):
+        return f"they need Linux, this is {sys.platform}"
+    probe = run_program("pass", Limits(timeout=30), "namespaces")
+    if probe.passed:
+        return None
+    return probe.reason.removeprefix("sandbox setup failed: ") or probe.status
+
+
 class Sandbox:
     """Runs programs in parallel worker threads (one process each); results come as they finish.
+
+    `isolation` is resolved once, here (`resolve_isolation`); `self.isolation` is the level
+    every program of this sandbox runs at, "namespaces" or "none".
 
     ```
     with Sandbox(Limits(timeout=3)) as sandbox:
@@ -187,16 +190,18 @@ class Sandbox:
     ```
     """
 
-    def __init__(self, limits: Limits = Limits(), workers: int | None = None):
+    def __init__(self, limits: Limits = Limits(), workers: int | None = None,
+                 isolation: Isolation = "auto"):
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.limits = limits
+        self.isolation = resolve_isolation(isolation)
         self._pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1)
         self._pending: dict[Future, Any] = {}
 
     def submit(self, key: Any, program: str) -> None:
         """Queue `program`; its result comes back from `finished` under `key`."""
-        self._pending[self._pool.submit(run_program, program, self.limits)] = key
+        self._pending[self._pool.submit(run_program, program, self.limits, self.isolation)] = key
 
     def finished(self, wait: bool = False) -> Iterator[tuple[Any, ExecResult]]:
         """Yield `(key, result)` of finished programs; with `wait`, of all submitted ones."""

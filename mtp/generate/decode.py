@@ -2,7 +2,8 @@
 
 - Prompts: training packs documents into one stream, each document followed by EOS, so a
   document starts right after an EOS. A prompt is therefore encoded as [EOS] + its tokens:
-  the model continues the start of a new document. There is no BOS.
+  the model continues the start of a new document. (`tokenizer.document_start_id`: models
+  imported from elsewhere, e.g. Llama, start documents with BOS instead.)
 - Batches: prompts of different lengths are right-padded and prefilled together, then the
   cache rolls back to each prompt's own length; every sequence then accepts its own number
   of tokens per step. A finished sequence leaves the batch (its cache rows are dropped), so
@@ -67,11 +68,11 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     chosen = resolve_drafter(model, drafter, k)
     if isinstance(chosen, Drafter):
         chosen.check(model, tokenizer)
-    encoded = [[tokenizer.eos_id, *ids] for ids in tokenizer.encode_batch(prompts)]
+    encoded = [[tokenizer.document_start_id, *ids] for ids in tokenizer.encode_batch(prompts)]
     for index, ids in enumerate(encoded):
         if len(ids) >= config.max_seq_len:
             raise ValueError(
-                f"prompt {index} is {len(ids)} tokens (with the EOS that starts a document), "
+                f"prompt {index} is {len(ids)} tokens (with the token that starts a document), "
                 f"which leaves no room in the model's context of max_seq_len="
                 f"{config.max_seq_len} tokens")
     if isinstance(chosen, Auto):  # measures its candidates with generate() on these prompts

@@ -90,5 +90,6 @@ def sentencepiece_tokenizer(directory: Path) -> BPETokenizer:
     # transformers.LlamaTokenizer reads tokenizer.model itself and builds the equivalent
     # `tokenizers` pipeline (byte fallback, the leading-space rule).
     slow = transformers.LlamaTokenizer.from_pretrained(str(directory))
+    # Llama models saw BOS before every document.
     return BPETokenizer(slow.backend_tokenizer, bos_token=slow.bos_token,
-                        eos_token=slow.eos_token, name="sentencepiece")
+                        eos_token=slow.eos_token, name="sentencepiece", document_start="bos")

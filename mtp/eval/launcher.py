@@ -1,0 +1,289 @@
+"""The sandbox's launcher: `python -I -S launcher.py CONFIG_JSON`, run in a fresh directory
+holding `program.py`, starts that program under the limits and exits as it did.
+
+A standalone script (the standard library only, no `mtp` import): `sandbox.py` starts it in a
+new session, one per program, between the evaluator and the program, so that what the program
+does to its parent hits this disposable process. CONFIG_JSON holds `rlimits` (name -> value),
+`isolation` ("namespaces" or "none"), and for namespaces `uid`, `gid` and `tmp_bytes`.
+
+isolation="none": the launcher sets the limits, becomes a child subreaper, runs the program and
+then kills and reaps whatever the program left behind (even what called `setsid`).
+
+isolation="namespaces": the launcher unshares new mount, PID, network, IPC and UTS namespaces
+(and a user namespace when it is not root), then forks the new PID namespace's init, which
+- makes every mount private (nothing propagates back to the host) and the whole tree
+  read-only and nosuid, then mounts a fresh tmpfs of `tmp_bytes` on /tmp (the program's working
+  directory is in it), another on /dev/shm, and a /proc that shows only the sandbox;
+- drops to `uid`/`gid` (no supplementary groups), clears every capability including the
+  bounding set, sets PR_SET_NO_NEW_PRIVS and the limits, so RLIMIT_NPROC holds;
+- forks and execs the program, reaps every orphan, and on the program's exit writes its wait
+  status to the launcher and exits: the kernel then kills everything left in the namespace.
+The new network namespace has only a loopback interface, down: no connection goes anywhere.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 24, 36, 38
+SYS_MOUNT_SETATTR = 442  # the same number on every architecture (added in Linux 5.12)
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
+# mountinfo's per-mount options that a read-only remount must keep (the kernel refuses to clear
+# locked ones inside a user namespace).
+KEPT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+SETUP_FAILED = 125  # exit status when the sandbox itself could not be set up
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SetupError(Exception):
+    """A step of building the sandbox failed; the message names it."""
+
+
+def check(result: int, what: str) -> int:
+    """Raise SetupError naming `what` and the errno if a libc call returned -1."""
+    if result == -1:
+        errno = ctypes.get_errno()
+        raise SetupError(f"{what}: {os.strerror(errno)} (errno {errno})")
+    return result
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    args = [None if s is None else s.encode() for s in (source, target, fstype)]
+    check(libc.mount(*args, ctypes.c_ulong(flags), data and data.encode()),
+          f"mount {fstype or 'flags ' + hex(flags)} on {target}")
+
+
+def set_limits(rlimits: dict[str, int]) -> None:
+    for name, value in rlimits.items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+
+
+def relay(status: int) -> None:
+    """Exit as a process with wait status `status` did: the same exit code or signal."""
+    if os.WIFSIGNALED(status):  # die of the same signal, so the evaluator sees what happened
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def run_unisolated(config: dict) -> None:
+    rlimits = config["rlimits"]
+    # RLIMIT_NPROC counts every task (thread) of the user, not just ours: allow `processes` more.
+    rlimits["RLIMIT_NPROC"] += tasks_of(os.getuid())
+    set_limits(rlimits)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    pid = os.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-I", "program.py"])
+    _, status = os.waitpid(pid, 0)
+    # Kill what the program left behind; the children of those we kill come back to us in turn.
+    while True:
+        found = children_of(os.getpid())
+        for child in found:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for _ in found:
+            os.waitpid(-1, 0)
+        if not found:
+            try:
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+    relay(status)
+
+
+def tasks_of(uid: int) -> int:
+    count = 0
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and os.stat(f"/proc/{p}").st_uid == uid:
+                count += len(os.listdir(f"/proc/{p}/task"))
+        except OSError:
+            pass  # gone already
+    return count
+
+
+def children_of(parent: int) -> list[int]:
+    found = []
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[1] == str(parent):
+                    found.append(int(p))
+        except (OSError, IndexError):
+            pass  # not a process, or it is already gone
+    return found
+
+
+def run_isolated(config: dict) -> None:
+    with open("program.py", "rb") as f:
+        program = f.read()
+    workdir = os.path.join("/tmp", os.path.basename(os.getcwd()))
+    rlimits = config["rlimits"]
+    rlimits["RLIMIT_NPROC"] += 1  # the namespace's init, which runs as the sandbox user too
+    in_userns = os.getuid() != 0
+    if in_userns:  # the namespace's uid/gid maps to ours, which other processes of ours share
+        rlimits["RLIMIT_NPROC"] += tasks_of(os.getuid())
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    try:
+        check(libc.unshare(flags | (CLONE_NEWUSER if in_userns else 0)),
+              "unshare(mount, PID, network, IPC, UTS" + (", user)" if in_userns else ")"))
+        if in_userns:
+            map_ids(config["uid"], uid, config["gid"], gid)
+    except SetupError as e:
+        fail(e)
+    status_read, status_write = os.pipe()
+    init = os.fork()
+    if init == 0:
+        os.close(status_read)
+        try:
+            run_init(config, program, workdir, status_write, in_userns)
+        except SetupError as e:
+            fail(e)
+        except BaseException as e:  # noqa: BLE001: a bug here must not pass for the program's fault
+            fail(f"{type(e).__name__}: {e}")
+    os.close(status_write)
+    _, status = os.waitpid(init, 0)
+    reported = os.read(status_read, 32)
+    relay(int(reported) if reported else status)
+
+
+def map_ids(inner_uid: int, outer_uid: int, inner_gid: int, outer_gid: int) -> None:
+    for path, text in (("/proc/self/uid_map", f"{inner_uid} {outer_uid} 1"),
+                       ("/proc/self/setgroups", "deny"),
+                       ("/proc/self/gid_map", f"{inner_gid} {outer_gid} 1")):
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise SetupError(f"writing {path}: {e.strerror}") from None
+
+
+def run_init(config: dict, program: bytes, workdir: str, status_write: int, in_userns: bool) -> None:
+    """PID 1 of the new namespace: build the file system, drop privileges, run and reap."""
+    # Signals from inside reach an init only through a handler: Python's SIGINT one must go.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher gone: the sandbox goes
+    expose_python()
+    read_only_root()
+    tmpfs = f"size={config['tmp_bytes']},nr_inodes={max(64, config['tmp_bytes'] >> 12)},mode=1777"
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
+    if os.path.isdir("/dev/shm"):
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.mkdir(workdir, 0o700)
+    with open(os.path.join(workdir, "program.py"), "wb") as f:
+        f.write(program)
+    for path in (workdir, os.path.join(workdir, "program.py")):
+        os.chown(path, config["uid"], config["gid"])
+    os.chdir(workdir)
+    drop_privileges(config["uid"], config["gid"], in_userns)
+    set_limits(config["rlimits"])
+    env = dict(os.environ, HOME=workdir, TMPDIR=workdir)
+    pid = os.fork()
+    if pid == 0:
+        os.close(status_write)
+        os.execve(sys.executable, [sys.executable, "-I", "program.py"], env)
+    while True:  # init reaps every orphan until the program itself is done
+        done, status = os.wait()
+        if done == pid:
+            os.write(status_write, str(status).encode())
+            os._exit(0)
+
+
+def expose_python() -> None:
+    """Make this Python installation reachable by the sandbox user where it is not.
+
+    Python often lives under a directory other users cannot enter (pyenv or conda in root's
+    home): such a directory is covered by an empty tmpfs, into which only the installation's
+    directories are bind-mounted, so the rest of it stays out of reach.
+    """
+    dirs = {os.path.realpath(d) for d in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                          sys.base_exec_prefix, os.path.dirname(sys.executable))}
+    hidden: dict[str, list[str]] = {}
+    for path in sorted(dirs):  # parents before children
+        parts = path.split("/")
+        for depth in range(2, len(parts)):
+            ancestor = "/".join(parts[:depth])
+            if not os.stat(ancestor).st_mode & 0o001:  # others may not enter it
+                hidden.setdefault(ancestor, []).append(path)
+                break
+    for ancestor, paths in hidden.items():
+        fds = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in paths]
+        mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
+        for path, fd in zip(paths, fds):
+            os.makedirs(path, 0o755, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+            os.close(fd)
+
+
+def read_only_root() -> None:
+    """Every mount private, read-only and nosuid: one call on Linux >= 5.12, else one per mount."""
+
+    class MountAttr(ctypes.Structure):
+        _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                    ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+    attr = MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, MS_PRIVATE, 0)
+    if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
+                    ctypes.sizeof(attr)) == 0:
+        return
+    if ctypes.get_errno() != 38:  # ENOSYS: an older kernel; any other error is real
+        check(-1, "mount_setattr(/, read-only, private)")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split() for line in f]
+    for fields in mounts:  # mount point, then per-mount options
+        target = fields[4].encode().decode("unicode_escape")  # spaces come as \040
+        kept = sum(KEPT_OPTIONS.get(option, 0) for option in fields[5].split(","))
+        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | kept)
+
+
+def drop_privileges(uid: int, gid: int, in_userns: bool) -> None:
+    """No capabilities (bounding set included), no groups, `uid`/`gid`, no new privileges."""
+    cap = 0
+    while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+    if ctypes.get_errno() != 22:  # EINVAL marks the end of the kernel's capabilities
+        check(-1, f"dropping capability {cap} from the bounding set")
+    if not in_userns:  # a user namespace without a setgroups permission has none already
+        os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+    class CapHeader(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class CapData(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    # Leaving uid 0 clears them, but inside a user namespace we never were uid 0.
+    check(libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), ctypes.byref((CapData * 2)())),
+          "clearing capabilities")
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+
+
+def fail(error: object) -> None:
+    print(f"sandbox setup failed: {error}", file=sys.stderr, flush=True)
+    os._exit(SETUP_FAILED)
+
+
+if __name__ == "__main__":
+    settings = json.loads(sys.argv[1])
+    if settings["isolation"] == "namespaces":
+        run_isolated(settings)
+    else:
+        run_unisolated(settings)

