@@ -21,11 +21,12 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Timer
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from mtp.flops import flops_per_token, mfu
 from mtp.loss import LOSS_MODES, LossOutput, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.optim import LRSchedule, build_optimizer, build_scheduler
+from mtp.optim import LRSchedule, build_optimizer, build_scheduler, schedules
 from mtp.parallel import (apply_activation_checkpointing, check_options, gradient_sync,
                           mixed_precision, parallelize)
 
@@ -65,6 +66,13 @@ class MTPLitModule(L.LightningModule):
             (`mtp.flops`); None logs no MFU.
         tokenizer_files: the tokenizer's saved files (name -> text), stored in every
             checkpoint so a `.ckpt` alone can be loaded for inference.
+        init_state: initial weights (a full state dict, e.g. `mtp.finetune.grow_heads`)
+            instead of random ones; not saved in the hyperparameters.
+        freeze_trunk: Medusa-1: the base model (`MTPModel.is_base_parameter`) gets no
+            gradients, no optimizer state and no backward pass; only heads 1..n-1 train.
+        trunk_lr_mult: the base model's learning rate over the heads' (Medusa-2).
+        heads_only_steps: optimizer steps at the start in which only heads 1..n-1 train (the
+            trunk is not backpropagated and the base's learning rate is 0).
     """
 
     def __init__(self, model: dict[str, Any], *, seq_len: int, loss_mode: str = "headwise",
@@ -74,10 +82,12 @@ class MTPLitModule(L.LightningModule):
                  max_steps: int | None = None, grad_clip: float = 1.0, accumulate: int = 1,
                  compile: bool = False, activation_checkpointing: str = "none",
                  param_dtype: str = "auto", reduce_dtype: str = "float32",
-                 peak_flops: float | None = None,
-                 tokenizer_files: dict[str, str] | None = None) -> None:
+                 tokenizer_files: dict[str, str] | None = None,
+                 init_state: dict[str, torch.Tensor] | None = None, freeze_trunk: bool = False,
+                 trunk_lr_mult: float = 1.0, heads_only_steps: int = 0,
+                 peak_flops: float | None = None) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["tokenizer_files"])
+        self.save_hyperparameters(ignore=["tokenizer_files", "init_state"])
         self.config = MTPConfig.from_dict(dict(model))
         if not isinstance(seq_len, int) or not 1 <= seq_len <= self.config.max_seq_len:
             raise ValueError(f"seq_len={seq_len!r} must be an integer in "
@@ -95,11 +105,18 @@ class MTPLitModule(L.LightningModule):
             raise ValueError(f"peak_flops={peak_flops!r} must be > 0 FLOPs/s (or None)")
         check_options(activation_checkpointing=activation_checkpointing,
                       param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        if freeze_trunk and (trunk_lr_mult != 1.0 or heads_only_steps):
+            raise ValueError(f"a frozen trunk has no optimizer group: trunk_lr_mult="
+                             f"{trunk_lr_mult} and heads_only_steps={heads_only_steps} would "
+                             f"train it (leave them unset, or freeze_trunk=False for Medusa-2)")
+        if freeze_trunk and self.config.n_future == 1:
+            raise ValueError("freeze_trunk=True with model.n_future=1 leaves nothing to train")
         self.automatic_optimization = False
+        self._init_state = init_state
         self.tokenizer_files = dict(tokenizer_files or {})
         self.model: MTPModel | None = None
         self._step_started: float | None = None
-        self._schedule: LRSchedule | None = None
+        self._schedules: list[LRSchedule] = []
         self._flops_per_token = flops_per_token(self.config, seq_len)
 
     # -- model ------------------------------------------------------------------------------
@@ -127,6 +144,14 @@ class MTPLitModule(L.LightningModule):
             parallelize(model, mesh["data_parallel"] if mesh.ndim > 1 else mesh, mp_policy=policy)
             model.to_empty(device=self.device)
             model.init_weights()
+        if self._init_state is not None:
+            set_model_state_dict(model, self._init_state,
+                                 options=StateDictOptions(full_state_dict=True, strict=True))
+            self._init_state = None  # the weights are in the model now; free the copy
+        if self.hparams.freeze_trunk:
+            for name, param in model.named_parameters():
+                if MTPModel.is_base_parameter(name):
+                    param.requires_grad_(False)
         self.model = model
 
     def _maybe_compile(self, model: MTPModel) -> None:
@@ -140,14 +165,15 @@ class MTPLitModule(L.LightningModule):
             raise ValueError(f"the LR schedule needs a step budget: set trainer.max_steps "
                              f"(got {max_steps!r})")
         optimizer = build_optimizer(self.model, lr=hp.lr, weight_decay=hp.weight_decay,
-                                    betas=tuple(hp.betas), eps=hp.eps)
+                                    betas=tuple(hp.betas), eps=hp.eps,
+                                    trunk_lr_mult=hp.trunk_lr_mult)
         timer = self._timer()
         # The whole budget (elapsed + remaining): a resumed run's Timer may be restored already.
         budget = timer and timer.time_elapsed() + timer.time_remaining()
         scheduler = build_scheduler(optimizer, warmup_steps=hp.warmup_steps,
                                     total_steps=max_steps, min_lr_ratio=hp.min_lr_ratio,
-                                    time_budget=budget)
-        self._schedule = scheduler.lr_lambdas[0]
+                                    heads_only_steps=hp.heads_only_steps, time_budget=budget)
+        self._schedules = schedules(scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler,
                                                          "interval": "step"}}
 
@@ -160,13 +186,14 @@ class MTPLitModule(L.LightningModule):
     def _update_schedule_clock(self) -> None:
         """Give the LR schedule the training time so far (rank 0's, so every rank agrees)."""
         timer = self._timer()
-        if timer is None or self._schedule is None:
+        if timer is None or not self._schedules:
             return
         budget = timer.time_elapsed() + timer.time_remaining()
         elapsed = timer.time_elapsed()
         if self.trainer.world_size > 1:
             elapsed = self.trainer.strategy.broadcast(elapsed)
-        self._schedule.elapsed, self._schedule.time_budget = elapsed, budget
+        for schedule in self._schedules:
+            schedule.elapsed, schedule.time_budget = elapsed, budget
 
     def on_fit_start(self) -> None:
         if "16-mixed" == str(self.trainer.precision):
@@ -186,8 +213,13 @@ class MTPLitModule(L.LightningModule):
         if train:  # the mean over micro-batches, not the sum
             weights = [w / hp.accumulate for w in weights]
         out = mtp_loss(self.model, tokens, seq_len=hp.seq_len, mode=hp.loss_mode,
-                       weights=weights, backward=self.manual_backward if train else None)
+                       weights=weights, backward=self.manual_backward if train else None,
+                       train_trunk=self._trains_trunk())
         return out
+
+    def _trains_trunk(self) -> bool:
+        """Whether this step backpropagates through the trunk (not frozen, not warming up)."""
+        return not self.hparams.freeze_trunk and self.global_step >= self.hparams.heads_only_steps
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         hp = self.hparams
@@ -196,8 +228,11 @@ class MTPLitModule(L.LightningModule):
         last = (batch_idx + 1) % hp.accumulate == 0
         if first:
             self._step_started = time.perf_counter()
-        # Under FSDP, one reduce-scatter per parameter per step, in the last micro-batch.
-        with gradient_sync(self.model, sync=last, headwise=hp.loss_mode != "naive"):
+        # Under FSDP, one reduce-scatter per parameter per step, in the last micro-batch. The
+        # headwise deferral waits for the trunk's backward: without one (frozen trunk, heads-only
+        # warm-up) every unit syncs in each of its backwards, FSDP's plain rule.
+        headwise = hp.loss_mode != "naive" and self._trains_trunk()
+        with gradient_sync(self.model, sync=last, headwise=headwise):
             out = self._loss(batch["tokens"], train=True)
         loss = out.loss * hp.accumulate  # undo the 1/accumulate weighting for the log
         self._check_finite("loss", loss, out)
@@ -217,7 +252,11 @@ class MTPLitModule(L.LightningModule):
             norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
             self._check_finite("gradient norm", norm, out)
             self.log("train/grad_norm", norm)
-        self.log("train/lr", scheduler.get_last_lr()[0], prog_bar=True)
+        lrs = dict(zip((group["name"] for group in optimizer.param_groups),
+                       scheduler.get_last_lr()))
+        self.log("train/lr", lrs.get("heads", lrs.get("base")), prog_bar=True)
+        if hp.trunk_lr_mult != 1.0 or hp.heads_only_steps:
+            self.log("train/lr_trunk", lrs["base"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         self._update_schedule_clock()

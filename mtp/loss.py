@@ -12,6 +12,11 @@ logits are alive at once.
   head's logits are alive at a time, so memory is O(V + d) per token instead of O(nV + d).
 - `chunked`: headwise, and each head's norm + unembedding + cross-entropy also runs over
   chunks of `chunk_size` tokens, so not even one head's full (B, T, V) logits exist.
+
+Frozen parameters (Medusa-1: `requires_grad=False` on the base model) cost no backward: a
+loss that needs no gradient is not backpropagated, and with a frozen embedding and trunk the
+trunk output needs none, so the trunk's backward never runs. `train_trunk=False` detaches
+the trunk output for a step, for the heads-only warm-up of Medusa-2.
 """
 
 from __future__ import annotations
@@ -98,7 +103,8 @@ def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tenso
 
 def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
              mode: LossMode = "headwise", weights: Sequence[float] | None = None,
-             backward: BackwardFn | None = None, chunk_size: int = 4096) -> LossOutput:
+             backward: BackwardFn | None = None, chunk_size: int = 4096,
+             train_trunk: bool = True) -> LossOutput:
     """Loss of every head on a block of tokens, and (with `backward`) its gradients.
 
     Args:
@@ -108,6 +114,7 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
         backward: called on each tensor to backpropagate (Lightning's `manual_backward`, or
             `autograd_backward`); None computes the loss only, e.g. for validation.
         chunk_size: tokens per unembedding chunk in "chunked" mode.
+        train_trunk: False backpropagates into the heads only, not the trunk or embedding.
     """
     n = model.config.n_future
     if mode not in LOSS_MODES:
@@ -124,16 +131,18 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
     denominators = counts.clamp(min=1).tolist()
     head_targets = [targets[:, i].flatten() for i in range(n)]  # (B*T,) each
 
+    with torch.set_grad_enabled(train_trunk and torch.is_grad_enabled()):
+        trunk_out = model.trunk(inputs)  # (B, T, D); no graph unless the trunk trains
     if mode == "naive":
-        logits = model(inputs)  # (B, T, n, V)
+        logits = torch.stack([model.unembed(model.head(trunk_out, i)) for i in range(n)],
+                             dim=2)  # (B, T, n, V)
         results = [_head_loss(logits[:, :, i].flatten(0, 1), head_targets[i], denominators[i])
                    for i in range(n)]
         total = sum(w * loss for w, (loss, _) in zip(weights, results))
-        if backward is not None:
+        if backward is not None and total.requires_grad:
             backward(total)
         losses, correct = zip(*results)
     else:
-        trunk_out = model.trunk(inputs)  # (B, T, D)
         # Heads backpropagate into this detached copy; the trunk's backward runs once at the end.
         detached = trunk_out.detach().requires_grad_(trunk_out.requires_grad)
         losses, correct = [], []
@@ -142,7 +151,7 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
             if mode == "headwise":
                 loss, hits = _head_loss(model.unembed(head_out).flatten(0, 1), head_targets[i],
                                         denominators[i])
-                if backward is not None:
+                if backward is not None and loss.requires_grad:
                     backward(weights[i] * loss)
             else:
                 loss, hits = _chunked_head_loss(model, head_out.flatten(0, 1), head_targets[i],
@@ -169,7 +178,7 @@ def _chunked_head_loss(model: MTPModel, head_out: Tensor, targets: Tensor, denom
         end = start + chunk_size
         chunk_loss, chunk_hits = _head_loss(model.unembed(detached[start:end]),
                                             targets[start:end], denominator)
-        if backward is not None:
+        if backward is not None and chunk_loss.requires_grad:
             backward(weight * chunk_loss)
         losses.append(chunk_loss.detach())
         hits.append(chunk_hits)

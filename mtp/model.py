@@ -8,6 +8,15 @@ Design choices
   then `heads`, n_future parallel stacks of `head_layers` blocks that all read the same trunk
   output, then one shared final `norm` and one shared unembedding `output`. Head i predicts
   the token i + 1 positions ahead, so trunk + head 0 is exactly a Llama model.
+- Head types (`head_type`): `block` heads are `head_layers` transformer blocks each;
+  `resblock` heads are Medusa's x + SiLU(W x) layers (Cai et al. 2024) and `linear` heads
+  plain W x layers, `head_layers` of them, which have no attention and so no KV cache slots.
+  Head 0 is always a block head whatever the type: it is the base model's own last layer(s),
+  as Medusa keeps the base model's LM head, so trunk + head 0 stays a Llama model and a
+  next-token checkpoint grows cheap heads 1..n-1 without changing head 0. Every head reads
+  the trunk output (not head 0's, as Medusa's heads do): one layout for the loss, sharding
+  and decoding. The math of the attention-free layers is one function each (`resblock`,
+  `linear`), which the stacked heads of `generate/` call too.
 - Embedding and unembedding are untied by default, as in the paper.
 - Fair comparisons: `MTPConfig.compute_matched(depth=...)` takes n_future - 1 layers off the
   trunk when heads are added, so n = 1 and n > 1 models cost the same per token.
@@ -36,6 +45,9 @@ if TYPE_CHECKING:
     from mtp.kv_cache import KVCache
 
 
+HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear")
+
+
 def _round_up(value: float, multiple: int) -> int:
     return multiple * math.ceil(value / multiple)
 
@@ -54,7 +66,8 @@ class MTPConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     n_future: int = 1  # number of heads; head i predicts token t + i + 1
-    head_layers: int = 1  # transformer blocks per head
+    head_layers: int = 1  # layers per head (of head_type; head 0's are always blocks)
+    head_type: str = "block"  # block | resblock | linear: the layers of heads 1..n-1
     tie_embeddings: bool = False
     init_std: float = 0.02
 
@@ -83,6 +96,9 @@ class MTPConfig:
             raise ValueError(
                 f"MTPConfig.n_heads={self.n_heads} must be divisible by "
                 f"n_kv_heads={self.n_kv_heads}")
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"MTPConfig.head_type must be one of {HEAD_TYPES}, "
+                             f"got {self.head_type!r}")
         for name in ("rope_theta", "norm_eps", "init_std"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
@@ -96,25 +112,33 @@ class MTPConfig:
         return self.dim // self.n_heads
 
     @property
+    def block_heads(self) -> int:
+        """Heads made of transformer blocks: all of them, or head 0 alone (see head_type)."""
+        return self.n_future if self.head_type == "block" else 1
+
+    @property
     def n_blocks(self) -> int:
-        """Transformer blocks in the model: trunk plus every head's."""
-        return self.n_layers + self.n_future * self.head_layers
+        """Transformer blocks in the model (each has a KV cache slot): trunk plus heads'."""
+        return self.n_layers + self.block_heads * self.head_layers
 
     @classmethod
     def compute_matched(cls, *, depth: int, n_future: int = 1, head_layers: int = 1,
-                        **fields: Any) -> MTPConfig:
+                        head_type: str = "block", **fields: Any) -> MTPConfig:
         """A config whose trunk + head 0 has `depth` blocks minus the extra heads' blocks.
 
         The paper's fair comparison: a next-token model of `depth` layers becomes, with n heads,
         a trunk of depth - n * head_layers layers plus n heads, so both run `depth` blocks per
-        token. `depth=8, n_future=4` gives a 4-layer trunk and 4 one-layer heads.
+        token. `depth=8, n_future=4` gives a 4-layer trunk and 4 one-layer heads. Resblock and
+        linear heads are not blocks: only head 0's come off the trunk.
         """
-        n_layers = depth - n_future * head_layers
+        block_heads = n_future if head_type == "block" else 1
+        n_layers = depth - block_heads * head_layers
         if n_layers < 0:
             raise ValueError(
-                f"depth={depth} is too shallow for n_future={n_future} heads of "
+                f"depth={depth} is too shallow for {block_heads} block head(s) of "
                 f"head_layers={head_layers} block(s): the trunk would have {n_layers} layers")
-        return cls(n_layers=n_layers, n_future=n_future, head_layers=head_layers, **fields)
+        return cls(n_layers=n_layers, n_future=n_future, head_layers=head_layers,
+                   head_type=head_type, **fields)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -221,6 +245,43 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+def resblock(x: Tensor, weight: Tensor) -> Tensor:
+    """Medusa's head layer x + SiLU(x @ weight); weight (D, D), or (k, D, D) for k heads."""
+    return x + F.silu(x @ weight)
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """A linear head layer x @ weight; weight (D, D), or (k, D, D) for k heads."""
+    return x @ weight
+
+
+class HeadLayer(nn.Module):
+    """One attention-free head layer, `resblock` or `linear`: no positions, no cache.
+
+    The weight is stored (in, out) and applied as x @ W, the layout the stacked heads read.
+    """
+
+    def __init__(self, config: MTPConfig) -> None:
+        super().__init__()
+        self.kind = config.head_type
+        self.weight = nn.Parameter(torch.empty(config.dim, config.dim))
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
+        # Same signature as Block, so a head is a list of layers whatever its type.
+        return (resblock if self.kind == "resblock" else linear)(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, dim={self.weight.shape[0]}"
+
+
+def _head(config: MTPConfig, index: int) -> nn.ModuleList:
+    """Head `index`'s layers; a block head's blocks take cache slots after the trunk's."""
+    if index == 0 or config.head_type == "block":
+        first = config.n_layers + index * config.head_layers
+        return nn.ModuleList(Block(config, first + j) for j in range(config.head_layers))
+    return nn.ModuleList(HeadLayer(config) for _ in range(config.head_layers))
+
+
 class MTPModel(nn.Module):
     """Trunk, n_future heads, shared final norm and unembedding. See the module docstring."""
 
@@ -229,11 +290,7 @@ class MTPModel(nn.Module):
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
-        self.heads = nn.ModuleList(
-            nn.ModuleList(
-                Block(config, config.n_layers + head * config.head_layers + j)
-                for j in range(config.head_layers))
-            for head in range(config.n_future))
+        self.heads = nn.ModuleList(_head(config, i) for i in range(config.n_future))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.tie_weights()
@@ -299,7 +356,7 @@ class MTPModel(nn.Module):
         return h
 
     def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None) -> Tensor:
-        """Head `index`'s blocks on the trunk output: (B, T, D), before the shared norm."""
+        """Head `index`'s layers on the trunk output: (B, T, D), before the shared norm."""
         cos, sin = self._rope(trunk_out.shape[1], cache)
         h = trunk_out
         for block in self.heads[index]:
@@ -324,6 +381,15 @@ class MTPModel(nn.Module):
         if cache is not None:
             cache.advance(tokens.shape[1])
         return logits
+
+    @staticmethod
+    def is_base_parameter(name: str) -> bool:
+        """Whether parameter `name` belongs to the base next-token model, trunk + head 0.
+
+        The base is the embedding, the trunk, head 0 and the shared norm and unembedding:
+        what Medusa-1 freezes and Medusa-2 trains at a lower learning rate.
+        """
+        return not name.startswith("heads.") or name.startswith("heads.0.")
 
     def num_params(self, *, embeddings: bool = True) -> int:
         """Parameter count; `embeddings=False` leaves out the input embedding table."""

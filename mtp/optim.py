@@ -1,35 +1,60 @@
 """AdamW with weight decay on matrices only, and a linear warm-up then cosine learning rate
-that ends at the step budget or the time budget, whichever comes first."""
+that ends at the step budget or the time budget, whichever comes first.
+
+Parameters fall into the heads (heads 1..n-1) and the base model (`MTPModel.is_base_parameter`:
+the embedding, trunk, head 0, shared norm and unembedding), each split into decayed matrices
+and undecayed vectors. The base groups' learning rate is `trunk_lr_mult` times the heads'
+(Medusa-2 trains the base model at a lower rate) and can wait `heads_only_steps` before it
+starts its own warm-up (Medusa-2's heads-only warm-up). Frozen parameters get no group, so no
+optimizer state.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
+from mtp.model import MTPModel
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: matrices (decayed) and vectors such as norm gains and biases (not)."""
-    decay, no_decay = [], []
-    for param in model.parameters():
+
+def param_groups(model: nn.Module, weight_decay: float, *,
+                 trunk_lr_mult: float = 1.0) -> list[dict]:
+    """AdamW groups of the trainable parameters: heads then base, each decayed or not.
+
+    Each group carries its `name` ("heads", "heads_no_decay", "base", "base_no_decay") and
+    its `lr_mult`; empty groups are left out.
+    """
+    groups: dict[str, list] = {"heads": [], "heads_no_decay": [], "base": [],
+                               "base_no_decay": []}
+    for name, param in model.named_parameters():
         if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+            part = "base" if MTPModel.is_base_parameter(name) else "heads"
+            groups[part if param.ndim >= 2 else f"{part}_no_decay"].append(param)
+    return [{"name": name, "params": params,
+             "weight_decay": 0.0 if name.endswith("no_decay") else weight_decay,
+             "lr_mult": trunk_lr_mult if name.startswith("base") else 1.0}
+            for name, params in groups.items() if params]
 
 
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float = 0.1,
                     betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                    fused: bool | None = None) -> torch.optim.AdamW:
+                    fused: bool | None = None, trunk_lr_mult: float = 1.0) -> torch.optim.AdamW:
     """AdamW over `param_groups(model)`; `fused` as torch decides when None."""
     if not lr > 0:
         raise ValueError(f"optim.lr must be > 0, got {lr!r}")
     if weight_decay < 0:
         raise ValueError(f"optim.weight_decay must be >= 0, got {weight_decay!r}")
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas),
-                             eps=eps, fused=fused)
+    if not trunk_lr_mult >= 0:
+        raise ValueError(f"optim.trunk_lr_mult must be >= 0, got {trunk_lr_mult!r}")
+    groups = param_groups(model, weight_decay, trunk_lr_mult=trunk_lr_mult)
+    if not groups:
+        raise ValueError("no trainable parameters: every parameter is frozen")
+    for group in groups:
+        group["lr"] = lr * group["lr_mult"]
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
 
 
 def lr_factor(step: int, elapsed: float = 0.0, *, warmup_steps: int, total_steps: int,
@@ -71,6 +96,7 @@ class LRSchedule:
     warmup_steps: int
     total_steps: int
     min_lr_ratio: float = 0.1
+    delay_steps: int = 0  # steps at 0 before the warm-up (Medusa-2's heads-only start)
     time_budget: float | None = None  # seconds; None: steps only
     elapsed: float = 0.0  # seconds of training so far
 
@@ -78,25 +104,39 @@ class LRSchedule:
         if self.warmup_steps < 0 or self.total_steps < 1:
             raise ValueError(f"need warmup_steps >= 0 and total_steps >= 1, got "
                              f"warmup_steps={self.warmup_steps}, total_steps={self.total_steps}")
+        if not 0 <= self.delay_steps < self.total_steps:
+            raise ValueError(f"optim.heads_only_steps={self.delay_steps} must be in "
+                             f"[0, total_steps={self.total_steps})")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if self.time_budget is not None and not self.time_budget > 0:
             raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
 
     def __call__(self, step: int) -> float:
-        return lr_factor(step, self.elapsed, warmup_steps=self.warmup_steps,
-                         total_steps=self.total_steps, time_budget=self.time_budget,
-                         min_lr_ratio=self.min_lr_ratio)
+        if step < self.delay_steps:
+            return 0.0
+        return lr_factor(step - self.delay_steps, self.elapsed, warmup_steps=self.warmup_steps,
+                         total_steps=self.total_steps - self.delay_steps,
+                         time_budget=self.time_budget, min_lr_ratio=self.min_lr_ratio)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
-                    min_lr_ratio: float = 0.1, time_budget: float | None = None
-                    ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A `LambdaLR` applying an `LRSchedule`; step it once per optimizer step.
+                    min_lr_ratio: float = 0.1, heads_only_steps: int = 0,
+                    time_budget: float | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """A `LambdaLR` with an `LRSchedule` per group; step it once per optimizer step.
 
-    The schedule is `scheduler.lr_lambdas[0]`: update its `elapsed` before each step when
-    `time_budget` is set.
+    The base groups (see `param_groups`) stay at 0 for `heads_only_steps`, then warm up and
+    decay over the remaining steps. With a `time_budget`, set each schedule's `elapsed`
+    (`schedules(scheduler)`) before every step.
     """
-    schedule = LRSchedule(warmup_steps=warmup_steps, total_steps=total_steps,
-                          min_lr_ratio=min_lr_ratio, time_budget=time_budget)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    heads = LRSchedule(warmup_steps=warmup_steps, total_steps=total_steps,
+                       min_lr_ratio=min_lr_ratio, time_budget=time_budget)
+    base = replace(heads, delay_steps=heads_only_steps)
+    factors = [base if group.get("name", "base").startswith("base") else heads
+               for group in optimizer.param_groups]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+
+
+def schedules(scheduler: torch.optim.lr_scheduler.LambdaLR) -> list[LRSchedule]:
+    """The distinct `LRSchedule`s of a `build_scheduler` scheduler (for their clock)."""
+    return list({id(f): f for f in scheduler.lr_lambdas if isinstance(f, LRSchedule)}.values())

@@ -20,18 +20,19 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
-from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from mtp.checkpoint import check_vocab, export, tokenizer_files
+from mtp.checkpoint import check_vocab, export, load, tokenizer_files
 from mtp.data import build_tokenizer
+from mtp.finetune import NEW_HEADS, grow_heads, grown_config
 from mtp.flops import resolve_peak_flops
 from mtp.lit import MTPLitModule
 from mtp.model import MTPConfig
 from mtp.parallel import check_options
 from mtp.paths import CONF_DIR
 from mtp.plots import MetricsHistory, write_plots
-from mtp.tokenizers import Tokenizer
+from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 
 
 def _world_size(num_nodes: int, devices: Any) -> int:
@@ -54,7 +55,13 @@ def cpu_precision() -> str:
     return "bf16-mixed" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "32-true"
 
 
+def decaying_weights(decay: float, n_future: int) -> ListConfig:
+    """Per-head loss weights decay**i, i = 0..n_future-1 (Medusa-2's lambda^i)."""
+    return OmegaConf.create([float(decay) ** i for i in range(int(n_future))])
+
+
 OmegaConf.register_new_resolver("mtp.world_size", _world_size, replace=True)
+OmegaConf.register_new_resolver("mtp.decaying_weights", decaying_weights, replace=True)
 OmegaConf.register_new_resolver("mtp.cpu_precision", cpu_precision, replace=True)
 
 
@@ -80,6 +87,45 @@ def model_config(cfg: DictConfig, tokenizer: Tokenizer) -> MTPConfig:
     return config
 
 
+def check_init_tokenizer(cfg: DictConfig, tokenizer: Tokenizer) -> None:
+    """Fail unless the `init_from` checkpoint's tokenizer is the configured one."""
+    kind, source = cfg.tokenizer.kind, f"init_from={cfg.init_from}"
+    if (kind == "byte") != isinstance(tokenizer, ByteTokenizer):
+        raise ValueError(f"{source} has a {tokenizer.name} tokenizer (vocab_size="
+                         f"{tokenizer.vocab_size}) but tokenizer={kind} is configured: "
+                         f"choose the checkpoint's (tokenizer=byte or tokenizer=bpe)")
+    if kind == "bpe":
+        if cfg.tokenizer.get("path"):
+            configured = load_tokenizer(cfg.tokenizer.path)
+            if configured.fingerprint != tokenizer.fingerprint:
+                raise ValueError(f"{source} has another BPE tokenizer than tokenizer.path="
+                                 f"{cfg.tokenizer.path} (vocab_size {tokenizer.vocab_size} vs "
+                                 f"{configured.vocab_size}, or different merges)")
+        elif cfg.tokenizer.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"{source} has a BPE vocabulary of {tokenizer.vocab_size} tokens "
+                             f"but tokenizer.vocab_size={cfg.tokenizer.vocab_size} is configured")
+    vocab_size = cfg.model.get("vocab_size")
+    if vocab_size is not None and vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"model.vocab_size={vocab_size} does not match {source}'s vocab_size="
+                         f"{tokenizer.vocab_size}")
+
+
+def grown_model(cfg: DictConfig) -> tuple[Tokenizer, MTPConfig, dict[str, torch.Tensor]]:
+    """The `init_from` checkpoint's tokenizer, the grown config and its initial weights."""
+    base, tokenizer = load(cfg.init_from)
+    check_init_tokenizer(cfg, tokenizer)
+    config = grown_config(base.config, n_future=cfg.model.n_future,
+                          head_type=cfg.model.head_type, drop_heads=cfg.init.drop_heads)
+    state = grow_heads(base, config, new_heads=cfg.init.new_heads)
+    kept = min(config.n_future, base.config.n_future)
+    added = (f"heads {kept}..{config.n_future - 1} added ({config.head_type}, "
+             f"{cfg.init.new_heads})" if config.n_future > kept else "no heads added")
+    rank_zero_info(f"init_from {cfg.init_from}: {config.n_layers}-layer trunk and heads "
+                   f"0..{kept - 1} kept, {added}; the architecture is the checkpoint's "
+                   f"(model.* other than n_future and head_type is not used)")
+    return tokenizer, config, state
+
+
 def check_settings(cfg: DictConfig) -> None:
     """Settings that disagree with each other, caught before any data or model work."""
     max_seq_len = cfg.model.max_seq_len
@@ -93,6 +139,20 @@ def check_settings(cfg: DictConfig) -> None:
     if cfg.trainer.get("max_steps", -1) in (None, -1) or cfg.trainer.max_steps < 1:
         raise ValueError(f"trainer.max_steps={cfg.trainer.get('max_steps')} must be a positive "
                          f"step budget: the learning-rate schedule is laid out over it")
+    optim = cfg.optim
+    if optim.freeze_trunk and not cfg.init_from:
+        raise ValueError("optim.freeze_trunk=true needs init_from=<checkpoint>: freezing a "
+                         "random trunk trains heads on noise")
+    if optim.freeze_trunk and (optim.trunk_lr_mult is not None or optim.heads_only_steps):
+        raise ValueError(f"optim.freeze_trunk=true with optim.trunk_lr_mult="
+                         f"{optim.trunk_lr_mult} and optim.heads_only_steps="
+                         f"{optim.heads_only_steps}: a frozen trunk has no optimizer group "
+                         f"that could train it (Medusa-2 is freeze_trunk=false)")
+    if not 0 <= optim.heads_only_steps < cfg.trainer.get("max_steps", 0):
+        raise ValueError(f"optim.heads_only_steps={optim.heads_only_steps} must be in "
+                         f"[0, trainer.max_steps={cfg.trainer.get('max_steps')})")
+    if cfg.init.new_heads not in NEW_HEADS:
+        raise ValueError(f"init.new_heads={cfg.init.new_heads!r} is not one of {NEW_HEADS}")
 
 
 def _logger(cfg: DictConfig) -> Any:
@@ -133,13 +193,14 @@ def early_stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
     return "a callback asked the trainer to stop"
 
 
-def _stop_line(trainer: L.Trainer, max_steps: int, peak_lr: float) -> str | None:
+def _stop_line(trainer: L.Trainer, max_steps: int) -> str | None:
     reason = early_stop_reason(trainer, max_steps)
     if reason is None:
         return None
-    lr = trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0]
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    lr, peak = scheduler.get_last_lr()[0], scheduler.base_lrs[0]
     return (f"stopped early at step {trainer.global_step} of trainer.max_steps={max_steps}:\n"
-            f"  {reason};\n  the learning rate had come down to {lr:.3g} ({lr / peak_lr:.0%} of "
+            f"  {reason};\n  the learning rate had come down to {lr:.3g} ({lr / peak:.0%} of "
             f"its peak): the schedule ends by the time budget too")
 
 
@@ -173,11 +234,15 @@ def train(cfg: DictConfig) -> Path:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run_dir = Path(cfg.run_dir)
 
-    tokenizer = build_tokenizer(
-        **OmegaConf.to_container(cfg.tokenizer, resolve=True),
-        source=instantiate(cfg.data.source), val_fraction=cfg.data.val_fraction,
-        seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
-    config = model_config(cfg, tokenizer)
+    if cfg.init_from:
+        tokenizer, config, init_state = grown_model(cfg)
+    else:
+        tokenizer = build_tokenizer(
+            **OmegaConf.to_container(cfg.tokenizer, resolve=True),
+            source=instantiate(cfg.data.source), val_fraction=cfg.data.val_fraction,
+            seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
+        config, init_state = model_config(cfg, tokenizer), None
+    optim = cfg.optim
     lit = MTPLitModule(
         config.to_dict(), seq_len=cfg.seq_len, loss_mode=cfg.loss.mode,
         loss_weights=cfg.loss.weights and list(cfg.loss.weights), lr=cfg.optim.lr,
@@ -187,8 +252,10 @@ def train(cfg: DictConfig) -> Path:
         accumulate=cfg.optim.accumulate, compile=cfg.compile,
         activation_checkpointing=cfg.activation_checkpointing,
         param_dtype=cfg.fsdp.param_dtype, reduce_dtype=cfg.fsdp.reduce_dtype,
-        peak_flops=resolve_peak_flops(cfg.trainer.get("peak_flops"), str(cfg.trainer.precision)),
-        tokenizer_files=tokenizer_files(tokenizer))
+        tokenizer_files=tokenizer_files(tokenizer), init_state=init_state,
+        freeze_trunk=optim.freeze_trunk, heads_only_steps=optim.heads_only_steps,
+        trunk_lr_mult=1.0 if optim.trunk_lr_mult is None else optim.trunk_lr_mult,
+        peak_flops=resolve_peak_flops(cfg.trainer.get("peak_flops"), str(cfg.trainer.precision)))
     datamodule = instantiate(cfg.data, tokenizer=tokenizer, seq_len=cfg.seq_len,
                              n_future=config.n_future)
 
@@ -206,7 +273,7 @@ def train(cfg: DictConfig) -> Path:
     if trainer.is_global_zero:
         write_plots(history.history, plots)
     _print_summary(metrics, config.n_future, export_dir, checkpointing.last_model_path,
-                   _stop_line(trainer, cfg.trainer.max_steps, cfg.optim.lr), plots)
+                   _stop_line(trainer, cfg.trainer.max_steps), plots)
     return export_dir
 
 

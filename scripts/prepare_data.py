@@ -18,6 +18,17 @@ from mtp.data import HubSource, LocalSource, StdlibSource, build_tokenizer, prep
 from mtp.data.sources import Source
 
 
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options `make_source` reads (shared with scripts/distill_data.py)."""
+    parser.add_argument("--source", choices=("stdlib", "local", "hub"), default="stdlib")
+    parser.add_argument("--paths", nargs="+", help="local: files, folders or globs")
+    parser.add_argument("--name", help="hub: dataset name")
+    parser.add_argument("--config", help="hub: dataset config")
+    parser.add_argument("--split", default="train", help="hub: dataset split")
+    parser.add_argument("--revision", help="hub: dataset revision")
+    parser.add_argument("--text-field", default="text")
+
+
 def make_source(args: argparse.Namespace) -> Source:
     if args.source == "stdlib":
         return StdlibSource()
@@ -44,13 +55,7 @@ def table(stats: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", choices=("stdlib", "local", "hub"), default="stdlib")
-    parser.add_argument("--paths", nargs="+", help="local: files, folders or globs")
-    parser.add_argument("--name", help="hub: dataset name")
-    parser.add_argument("--config", help="hub: dataset config")
-    parser.add_argument("--split", default="train", help="hub: dataset split")
-    parser.add_argument("--revision", help="hub: dataset revision")
-    parser.add_argument("--text-field", default="text")
+    add_source_arguments(parser)
     parser.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte")
     parser.add_argument("--vocab-size", type=int, default=32_000, help="bpe: vocabulary to train")
     parser.add_argument("--tokenizer-path", help="bpe: load this tokenizer.json instead of training")

@@ -18,7 +18,10 @@ EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 TRAINERS = sorted(p.stem for p in (CONF_DIR / "trainer").glob("*.yaml"))
 LOGGERS = sorted(p.stem for p in (CONF_DIR / "logger").glob("*.yaml"))
-HEADS = {"byte8": 8, "byte1": 1, "bpe4": 4, "ntp": 1}
+HEADS = {"byte8": 8, "byte1": 1, "bpe4": 4, "ntp": 1, "medusa1": 4, "medusa2": 4}
+TOKENIZERS = {"bpe4": "bpe", "ntp": "bpe"}  # the others: byte (medusa*: the default)
+# Medusa experiments start from a checkpoint; composing and checking them reads none.
+NEEDS_INIT = {"medusa1": ["init_from=/unused/export"], "medusa2": ["init_from=/unused/export"]}
 
 
 def test_the_documented_presets_exist() -> None:
@@ -31,14 +34,15 @@ def test_the_documented_presets_exist() -> None:
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_and_model_composes(experiment: str, model: str) -> None:
-    cfg = compose([f"+experiment={experiment}", f"model={model}", "run_dir=/tmp/unused"])
+    cfg = compose([f"+experiment={experiment}", f"model={model}", "run_dir=/tmp/unused",
+                   *NEEDS_INIT.get(experiment, [])])
     OmegaConf.resolve(cfg)
     check_settings(cfg)
     config = model_config(cfg, ByteTokenizer())  # the vocabulary only scales the embeddings
     assert config.n_future == HEADS.get(experiment, config.n_future)
     # Compute matched: a token goes through `depth` blocks whatever the number of heads.
     assert config.n_blocks == cfg.model.depth
-    assert cfg.tokenizer.kind == ("byte" if experiment.startswith("byte") else "bpe")
+    assert cfg.tokenizer.kind == TOKENIZERS.get(experiment, "byte")
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)

@@ -311,17 +311,22 @@ def test_isolated_program_has_no_privileges() -> None:
 
 # Run by a root child in a private mount namespace where this Python is reachable by other
 # users: it becomes nobody, and then the sandbox must isolate through a user namespace.
-AS_NOBODY = """
+# Child programs load the sandbox's modules by path (argv[2]: their folder): importing the mtp
+# package would import torch, which takes long on a busy machine.
+LOAD = """
 import importlib.util, os, sys
-def load(name):  # by path: importing the mtp package would import torch, slowly
+def load(name):
     spec = importlib.util.spec_from_file_location(name, os.path.join(sys.argv[2], name + ".py"))
     sys.modules[name] = module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+"""
+EVAL_DIR = str(REPO / "mtp" / "eval")
+AS_NOBODY = LOAD + """
 launcher = load("launcher")
 launcher.check(launcher.libc.unshare(launcher.CLONE_NEWNS), "unshare")
 launcher.mount(None, "/", None, launcher.MS_REC | launcher.MS_PRIVATE)
-launcher.expose_python()
+launcher.expose({path: os.open(path, os.O_PATH) for path in launcher.python_dirs()})
 os.setgroups([])
 os.setresgid(65534, 65534, 65534)
 os.setresuid(65534, 65534, 65534)
@@ -342,7 +347,7 @@ def test_an_unprivileged_user_gets_isolation_through_a_user_namespace() -> None:
         "print(*[line for line in open('/proc/self/status') if line.startswith(('CapEff', 'CapBnd'))])\n"
         "open('/etc/mtp-sandbox-test', 'w')\n"
     )
-    run = subprocess.run([sys.executable, "-c", AS_NOBODY, program, str(REPO / "mtp" / "eval")],
+    run = subprocess.run([sys.executable, "-c", AS_NOBODY, program, EVAL_DIR],
                          capture_output=True, text=True, timeout=60)
     if run.stderr.startswith("SKIP: "):
         pytest.skip(run.stderr.strip().removeprefix("SKIP: "))
@@ -396,6 +401,19 @@ def test_auto_falls_back_with_a_warning_naming_what_is_missing(monkeypatch, caps
     with pytest.raises(RuntimeError, match="isolation=namespaces is unavailable here: unshare"):
         Sandbox(isolation="namespaces")
     assert resolve_isolation("none") == "none" and capsys.readouterr().err == ""
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_auto_falls_back_where_the_kernel_refuses_namespaces() -> None:
+    code = LOAD + "sandbox = load('sandbox')\nprint(sandbox.resolve_isolation('auto'))\n" \
+                  "print(sandbox.run_program('print(6 * 7)').output)\n"
+    # Root without CAP_SYS_ADMIN, as in a default Docker container: unshare is refused.
+    run = subprocess.run(["setpriv", "--bounding-set=-sys_admin", sys.executable, "-c", code, "_", EVAL_DIR],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["none", "42"]
+    assert run.stderr.count("\n") == 1 and "fell back to none" in run.stderr
+    assert "unshare(mount, PID, network, IPC, UTS): Operation not permitted" in run.stderr
 
 
 @needs_namespaces

@@ -71,3 +71,17 @@ def test_bf16_generation_runs(checkpoint):
     _, model = checkpoint
     [g] = generate(model.to(torch.bfloat16), ByteTokenizer(), ["ab"], max_new_tokens=5)
     assert g.stats.new_tokens == 5
+
+
+def test_default_drafter_is_auto_and_names_its_choice(checkpoint, tmp_path, capsys):
+    directory, _ = checkpoint
+    calibration = tmp_path / "calibration.json"
+    main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=6",
+          f"calibration={calibration}"])
+    err = capsys.readouterr().err
+    [entry] = json.loads(calibration.read_text()).values()
+    assert f"auto -> {entry['choice']}: 6 tokens in " in err
+    with pytest.raises(ValueError, match="unknown drafter 'medusa': choose one of auto, "):
+        main([f"checkpoint={directory}", "prompt=x", "drafter=medusa"])
+    with pytest.raises(ValueError, match="max_ngram must be an integer >= 1, got 0"):
+        main([f"checkpoint={directory}", "prompt=x", "drafter=prompt_lookup", "max_ngram=0"])

@@ -33,10 +33,11 @@ def _gradients(model: MTPModel, tokens: torch.Tensor, **kwargs) -> tuple[float, 
     return out, {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("n_future", [1, 2, 4, 8])
-def test_naive_headwise_and_chunked_give_equal_losses_and_gradients(n_future):
+@pytest.mark.parametrize("n_future,head_type", [
+    (1, "block"), (2, "block"), (4, "block"), (8, "block"), (4, "resblock"), (4, "linear")])
+def test_naive_headwise_and_chunked_give_equal_losses_and_gradients(n_future, head_type):
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                       max_seq_len=64, n_future=n_future)
+                       max_seq_len=64, n_future=n_future, head_type=head_type)
     model = MTPModel(config).double()
     tokens = torch.randint(0, 262, (2, 12 + n_future))
     weights = [1.0 / (i + 1) for i in range(n_future)]
@@ -114,3 +115,43 @@ def test_chunked_loss_with_ignore_index_targets_equals_naive(chunk_size):
     assert all(p.grad.abs().sum() == 0 for p in model.heads[3].parameters())
     for name, grad in grads.items():
         torch.testing.assert_close(grad, naive_grads[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def _freeze_base(model: MTPModel) -> None:
+    for name, param in model.named_parameters():
+        param.requires_grad_(not MTPModel.is_base_parameter(name))
+
+
+@pytest.mark.parametrize("mode", ["naive", "headwise", "chunked"])
+def test_a_frozen_base_gets_no_gradient_and_no_trunk_backward(mode):
+    """Medusa-1: only heads 1..n-1 train, and nothing runs backward through the trunk."""
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64,
+                       n_future=3, head_type="resblock")
+    model = MTPModel(config).double()
+    tokens = torch.randint(0, 262, (2, 15))
+    _, reference = _gradients(model, tokens, mode="naive")
+    _freeze_base(model)
+    trunk_outputs = []
+    model.layers[-1].register_forward_hook(lambda module, args, out: trunk_outputs.append(out))
+    model.zero_grad(set_to_none=True)
+    out = mtp_loss(model, tokens, mode=mode, backward=autograd_backward, chunk_size=5)
+    assert out.head_losses.shape == (3,) and torch.isfinite(out.head_losses).all()
+    assert trunk_outputs and not any(t.requires_grad for t in trunk_outputs)  # no graph at all
+    for name, param in model.named_parameters():
+        if MTPModel.is_base_parameter(name):
+            assert param.grad is None, name
+        else:  # the heads' gradients do not depend on the base being frozen
+            torch.testing.assert_close(param.grad, reference[name], rtol=1e-10, atol=1e-12)
+
+
+def test_train_trunk_false_backpropagates_into_the_heads_only(tiny_config):
+    model = MTPModel(tiny_config).double()
+    tokens = torch.randint(0, 262, (2, 12))
+    _, reference = _gradients(model, tokens)
+    model.zero_grad(set_to_none=True)
+    mtp_loss(model, tokens, backward=autograd_backward, train_trunk=False)
+    for name, param in model.named_parameters():
+        if name.startswith(("tok_embeddings.", "layers.")):
+            assert param.grad is None, name
+        else:
+            torch.testing.assert_close(param.grad, reference[name], rtol=1e-10, atol=1e-12)

@@ -14,9 +14,9 @@ from mtp.model import MTPConfig, MTPModel
 EXACT = {"atol": 1e-12, "rtol": 1e-12}
 
 
-def _model(head_layers: int, n_kv_heads: int) -> MTPModel:
+def _model(head_layers: int, n_kv_heads: int, head_type: str = "block") -> MTPModel:
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
-                       max_seq_len=64, n_future=4, head_layers=head_layers)
+                       max_seq_len=64, n_future=4, head_layers=head_layers, head_type=head_type)
     model = MTPModel(config).double().eval()
     with torch.no_grad():  # distinct norm weights and larger weights: every head differs
         for param in model.parameters():
@@ -24,13 +24,15 @@ def _model(head_layers: int, n_kv_heads: int) -> MTPModel:
     return model
 
 
-SHAPES = pytest.mark.parametrize("head_layers,n_kv_heads", [(1, 4), (1, 2), (2, 4), (2, 1)])
+SHAPES = pytest.mark.parametrize("head_layers,n_kv_heads,head_type", [
+    (1, 4, "block"), (1, 2, "block"), (2, 4, "block"), (2, 1, "block"),
+    (1, 2, "resblock"), (2, 1, "resblock"), (2, 2, "linear")])
 
 
 @SHAPES
 @torch.no_grad()
-def test_equals_each_head_without_a_cache(head_layers, n_kv_heads):
-    model = _model(head_layers, n_kv_heads)
+def test_equals_each_head_without_a_cache(head_layers, n_kv_heads, head_type):
+    model = _model(head_layers, n_kv_heads, head_type)
     trunk = torch.randn(2, 7, 32, dtype=torch.float64)
     for k in (1, 3, 4):
         reference = torch.stack([model.head(trunk, i) for i in range(k)], dim=2)
@@ -40,9 +42,10 @@ def test_equals_each_head_without_a_cache(head_layers, n_kv_heads):
 @SHAPES
 @pytest.mark.parametrize("ragged", [False, True])
 @torch.no_grad()
-def test_equals_each_head_on_a_cache_over_steps_with_rollback(head_layers, n_kv_heads, ragged):
+def test_equals_each_head_on_a_cache_over_steps_with_rollback(head_layers, n_kv_heads,
+                                                              head_type, ragged):
     """Prefill, verify steps of several widths, roll-backs (ragged or not), a dropped row."""
-    model, k = _model(head_layers, n_kv_heads), 3
+    model, k = _model(head_layers, n_kv_heads, head_type), 3
     stacked = StackedHeads(model, k)
     caches = [KVCache(model.config, 3, 40, dtype=torch.float64) for _ in range(2)]
     steps = [(6, [6, 4, 5] if ragged else [5, 5, 5]), (3, [7, 5, 8] if ragged else [7, 7, 7]),
@@ -78,6 +81,18 @@ def test_hidden_states_takes_stacked_heads_and_leaves_the_other_heads_slots_alon
     torch.testing.assert_close(stacked, each, **EXACT)
     assert caches[1].lengths == [5, 5]
     assert caches[1].keys[model.config.n_layers + 3 * 2:].abs().sum() == 0  # head 3 unused
+
+
+@torch.no_grad()
+def test_attention_free_heads_take_no_cache_slots():
+    """Resblock heads 1..n-1 beside block head 0: the cache holds the trunk's and head 0's."""
+    model = _model(2, 2, "resblock")
+    assert model.config.n_blocks == model.config.n_layers + 2
+    cache = KVCache(model.config, 1, 16, dtype=torch.float64)
+    assert cache.keys.shape[0] == model.config.n_blocks
+    hidden = hidden_states(model, cache, torch.randint(0, 262, (1, 5)), StackedHeads(model, 4))
+    assert hidden.shape == (1, 5, 4, 32)
+    assert (cache.keys[:, :, :, :5].abs().flatten(1).sum(1) > 0).all()  # every slot written
 
 
 def test_n_heads_is_checked(tiny_config):

@@ -176,13 +176,15 @@ def run_init(config: dict, program: bytes, workdir: str, status_write: int, in_u
     # Signals from inside reach an init only through a handler: Python's SIGINT one must go.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher gone: the sandbox goes
-    expose_python()
-    read_only_root()
+    python = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in python_dirs()}
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here propagates to the host
+    set_read_only("/")
     tmpfs = f"size={config['tmp_bytes']},nr_inodes={max(64, config['tmp_bytes'] >> 12)},mode=1777"
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
     if os.path.isdir("/dev/shm"):
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    expose(python)
     os.mkdir(workdir, 0o700)
     with open(os.path.join(workdir, "program.py"), "wb") as f:
         f.write(program)
@@ -203,52 +205,69 @@ def run_init(config: dict, program: bytes, workdir: str, status_write: int, in_u
             os._exit(0)
 
 
-def expose_python() -> None:
-    """Make this Python installation reachable by the sandbox user where it is not.
-
-    Python often lives under a directory other users cannot enter (pyenv or conda in root's
-    home): such a directory is covered by an empty tmpfs, into which only the installation's
-    directories are bind-mounted, so the rest of it stays out of reach.
-    """
-    dirs = {os.path.realpath(d) for d in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                          sys.base_exec_prefix, os.path.dirname(sys.executable))}
-    hidden: dict[str, list[str]] = {}
-    for path in sorted(dirs):  # parents before children
-        parts = path.split("/")
-        for depth in range(2, len(parts)):
-            ancestor = "/".join(parts[:depth])
-            if not os.stat(ancestor).st_mode & 0o001:  # others may not enter it
-                hidden.setdefault(ancestor, []).append(path)
-                break
-    for ancestor, paths in hidden.items():
-        fds = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in paths]
-        mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
-        for path, fd in zip(paths, fds):
-            os.makedirs(path, 0o755, exist_ok=True)
-            mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-            os.close(fd)
+def python_dirs() -> list[str]:
+    """The directories this Python needs: its installation, and its virtual environment."""
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    dirs = {sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.abspath(sys.executable))}
+    if os.path.exists(os.path.join(venv, "pyvenv.cfg")):  # `-S` leaves sys.prefix at the base
+        dirs.add(venv)
+    return sorted({os.path.realpath(d) for d in dirs})  # parents before children
 
 
-def read_only_root() -> None:
-    """Every mount private, read-only and nosuid: one call on Linux >= 5.12, else one per mount."""
+def expose(dirs: dict[str, int]) -> None:
+    """Make each of `dirs` (path -> an O_PATH descriptor opened before /tmp was replaced)
+    reachable, read-only, by the sandbox user where it is not: under /tmp, or under a directory
+    others may not enter (pyenv or conda in root's home). Such a directory is covered by an
+    empty tmpfs holding only bind mounts of `dirs`, so the rest of it stays out of reach."""
+    new_mounts = []
+    for path, fd in dirs.items():
+        hidden = unreachable_part(path)
+        if hidden is None:
+            continue
+        if os.path.isdir(hidden):  # a directory others may not enter
+            mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
+            new_mounts.append(hidden)
+        os.makedirs(path, 0o755, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        new_mounts.append(path)
+    for path in new_mounts:  # once all are in place: a read-only tmpfs takes no more folders
+        set_read_only(path)
+
+
+def unreachable_part(path: str) -> str | None:
+    """The first prefix of `path` that is missing or that others may not enter, if any."""
+    parts = path.split("/")
+    for depth in range(2, len(parts) + 1):
+        prefix = "/".join(parts[:depth])
+        try:
+            if not os.stat(prefix).st_mode & 0o001:
+                return prefix
+        except FileNotFoundError:
+            return prefix
+    return None
+
+
+def set_read_only(path: str) -> None:
+    """Make the mount at `path` and all below it read-only and nosuid: one call on Linux >=
+    5.12 (mount_setattr), else a remount of each."""
 
     class MountAttr(ctypes.Structure):
         _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
                     ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
-    attr = MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, MS_PRIVATE, 0)
-    if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
+    attr = MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
+    if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), AT_RECURSIVE, ctypes.byref(attr),
                     ctypes.sizeof(attr)) == 0:
         return
     if ctypes.get_errno() != 38:  # ENOSYS: an older kernel; any other error is real
-        check(-1, "mount_setattr(/, read-only, private)")
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
+        check(-1, f"mount_setattr({path}, read-only)")
     with open("/proc/self/mountinfo") as f:
         mounts = [line.split() for line in f]
     for fields in mounts:  # mount point, then per-mount options
         target = fields[4].encode().decode("unicode_escape")  # spaces come as \040
-        kept = sum(KEPT_OPTIONS.get(option, 0) for option in fields[5].split(","))
-        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | kept)
+        if target == path or target.startswith(path.rstrip("/") + "/"):
+            kept = sum(KEPT_OPTIONS.get(option, 0) for option in fields[5].split(","))
+            mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | kept)
 
 
 def drop_privileges(uid: int, gid: int, in_userns: bool) -> None:

@@ -107,11 +107,11 @@ class ExecResult:
 def run_program(program: str, limits: Limits = Limits(), isolation: Isolation = "auto") -> ExecResult:
     """Run `program` in a fresh process and directory under `limits`; never raises for its faults.
 
-    `isolation="auto"` resolves once per process (see `resolve_isolation`); "namespaces" where
-    they are unavailable fails the program with the reason.
+    `isolation="auto"` resolves as `resolve_isolation` says; "namespaces" where they do not
+    work fails the program with the reason.
     """
     if isolation == "auto":
-        isolation = resolve_isolation("auto", warn=False)
+        isolation = resolve_isolation("auto")
     elif isolation not in ISOLATION_LEVELS:
         raise ValueError(f"isolation={isolation!r}: expected one of {ISOLATION_LEVELS}")
     sentinel = f"__mtp_sandbox_done_{secrets.token_hex(8)}__"
@@ -147,9 +147,9 @@ def run_program(program: str, limits: Limits = Limits(), isolation: Isolation = 
         shutil.rmtree(workdir, onerror=_make_writable_and_retry)
 
 
-def resolve_isolation(isolation: Isolation, warn: bool = True) -> Literal["namespaces", "none"]:
+def resolve_isolation(isolation: Isolation) -> Literal["namespaces", "none"]:
     """The level to run at: "auto" becomes "namespaces" where they work, else "none" (with a
-    one-line warning on stderr if `warn`); "namespaces" where they do not work raises."""
+    one-line warning on stderr, once per process); "namespaces" where they do not work raises."""
     if isolation not in ISOLATION_LEVELS:
         raise ValueError(f"isolation={isolation!r}: expected one of {ISOLATION_LEVELS}")
     if isolation == "none":
@@ -159,10 +159,14 @@ def resolve_isolation(isolation: Isolation, warn: bool = True) -> Literal["names
         return "namespaces"
     if isolation == "namespaces":
         raise RuntimeError(f"isolation=namespaces is unavailable here: {missing}")
-    if warn:
-        print(f"warning: sandbox isolation=auto fell back to none (no namespaces: {missing}); "
-              "programs can reach the network and every file this user can", file=sys.stderr)
+    _warn_of_fallback(missing)
     return "none"
+
+
+@cache
+def _warn_of_fallback(missing: str) -> None:
+    print(f"warning: sandbox isolation=auto fell back to none (no namespaces: {missing}); "
+          "programs can reach the network and every file this user can", file=sys.stderr)
 
 
 @cache

@@ -21,6 +21,9 @@ Design choices
 - The cache slots of head i's layer j are block n_layers + i * head_layers + j (see `Block`
   in model.py), so layer j of heads 0..k-1 is the strided slice n_layers + j :: head_layers of
   the cache's blocks: one write and one read for all k heads (`KVCache.update` with a slice).
+- Resblock and linear heads (model.head_type) have no attention: head 0 (always a block) runs
+  as above, and heads 1..k-1 as one batched matmul per layer through the model's own
+  `resblock`/`linear` functions, weights (k - 1, D, D).
 
 Shapes in comments: k heads, B batch, T new positions, D width, H query heads, K key/value
 heads, hd head width, L cached positions up to the end of this step.
@@ -35,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.kv_cache import KVCache
-from mtp.model import MTPModel, apply_rope, rms_normalise
+from mtp.model import MTPModel, apply_rope, linear, resblock, rms_normalise
 
 
 class _StackedLayer:
@@ -73,11 +76,18 @@ class StackedHeads:
         self.n_q, self.n_kv, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.eps = config.norm_eps
         first, stride = config.n_layers, config.head_layers
+        n_block = min(n_heads, config.block_heads)  # heads 0..n_block-1 are blocks
         with torch.no_grad():
             self.layers = [
-                _StackedLayer([model.heads[i][j] for i in range(n_heads)],
-                              slice(first + j, first + j + n_heads * stride, stride))
+                _StackedLayer([model.heads[i][j] for i in range(n_block)],
+                              slice(first + j, first + j + n_block * stride, stride))
                 for j in range(config.head_layers)]
+            # Heads n_block..k-1: attention-free layers, (k - n_block, D, D) per layer.
+            self.light = [torch.stack([model.heads[i][j].weight.detach()
+                                       for i in range(n_block, n_heads)]).contiguous()
+                          for j in range(config.head_layers)] if n_heads > n_block else []
+        self.n_block = n_block
+        self.light_layer = resblock if config.head_type == "resblock" else linear
 
     def __call__(self, trunk_out: Tensor, *, cache: KVCache | None = None) -> Tensor:
         """Heads 0..k-1 on the trunk output (B, T, D): (B, T, k, D), before the shared norm.
@@ -86,8 +96,19 @@ class StackedHeads:
         advance the cache.
         """
         B, T, D = trunk_out.shape
+        h = trunk_out.reshape(B * T, D)
+        light = h
+        for weight in self.light:
+            light = self.light_layer(light, weight)  # (k - n_block, B*T, D)
+        blocks = self._blocks(h, B, T, cache)  # (n_block, B*T, D)
+        if self.light:
+            blocks = torch.cat([blocks, light])
+        return blocks.view(self.n_heads, B, T, D).permute(1, 2, 0, 3)  # (B, T, k, D)
+
+    def _blocks(self, h: Tensor, B: int, T: int, cache: KVCache | None) -> Tensor:
+        """The block heads on the trunk output h (B*T, D): (n_block, B*T, D)."""
         model = self._model()
-        k, rope_cos, rope_sin = self.n_heads, model.rope_cos, model.rope_sin
+        k, rope_cos, rope_sin = self.n_block, model.rope_cos, model.rope_sin
         mask = None
         if cache is None:
             cos, sin = rope_cos[:T], rope_sin[:T]  # (T, hd/2)
@@ -96,7 +117,6 @@ class StackedHeads:
             cos, sin = rope_cos[positions], rope_sin[positions]  # (B, T, hd/2)
             if (mask := cache.attention_mask()) is not None:
                 mask = mask.repeat(k, 1, 1, 1)  # (B, 1, T, L) -> (k*B, 1, T, L), head-major
-        h = trunk_out.reshape(B * T, D)
         # The first layer's input is the trunk's, the same for every head: normalise it once.
         normed = rms_normalise(h, self.eps)  # (B*T, D), then (k, B*T, D)
         for j, layer in enumerate(self.layers):
@@ -106,12 +126,12 @@ class StackedHeads:
                                     cache)  # (k, B*T, D)
             gate, up = (rms_normalise(h, self.eps) * layer.ffn_norm @ layer.w13).chunk(2, dim=-1)
             h = h + (F.silu(gate) * up) @ layer.w2  # (k, B*T, D)
-        return h.view(k, B, T, D).permute(1, 2, 0, 3)  # (B, T, k, D)
+        return h
 
     def _attention(self, layer: _StackedLayer, x: Tensor, B: int, T: int, cos: Tensor,
                    sin: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
         """Attention of layer `layer` for all k heads; x (k, B*T, D) -> (k, B*T, D)."""
-        k, H, K, hd = self.n_heads, self.n_q, self.n_kv, self.head_dim
+        k, H, K, hd = self.n_block, self.n_q, self.n_kv, self.head_dim
         qkv = (x @ layer.wqkv).view(k, B, T, H + 2 * K, hd)
         qk = apply_rope(qkv[..., :H + K, :], cos, sin)  # one rotation for queries and keys
         q = qk[..., :H, :].transpose(2, 3)  # (k, B, H, T, hd)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from mtp.interop.fields import field, read_json_object
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
-from mtp.model import MTPConfig
+from mtp.model import HEAD_TYPES, MTPConfig
 from mtp.tokenizers import Tokenizer
 
 CONFIG_FILE = "config.json"
@@ -35,11 +35,13 @@ INDEX_FILE = "model.safetensors.index.json"
 HEADS_FILE = "mtp_heads.safetensors"
 HEADS_LAYOUT_FILE = "mtp_heads.json"
 # The heads file's layout JSON: {"format": HEADS_FORMAT, "format_version": 1, "layout":
-# "block", "n_future", "head_layers", "weights"}. "block": each head is `head_layers` Llama
-# decoder layers on the trunk output, like head 0.
+# "block", "n_future", "head_layers", "weights"}. The layout is heads 1..n-1's type
+# (MTPConfig.head_type): "block": each head is `head_layers` Llama decoder layers on the trunk
+# output, like head 0; "resblock": `head_layers` layers x + SiLU(x @ W), and "linear": x @ W,
+# each W (in, out) stored as `heads.{i}.{j}.weight`.
 HEADS_FORMAT = "mtp-heads"
 HEADS_FORMAT_VERSION = 1
-HEADS_LAYOUTS = ("block",)
+HEADS_LAYOUTS = HEAD_TYPES
 
 # A block's parameters: mtp name -> transformers' Llama name.
 BLOCK_KEYS = {
@@ -95,7 +97,10 @@ def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
     for i in range(config.n_future):
         for j in range(config.head_layers):
             theirs = f"model.layers.{config.n_layers + j}" if i == 0 else f"heads.{i}.{j}"
-            blocks.append((f"heads.{i}.{j}", theirs))
+            if i < config.block_heads:
+                blocks.append((f"heads.{i}.{j}", theirs))
+            else:  # an attention-free layer: one weight, stored as it is
+                names[f"{theirs}.weight"] = (f"{theirs}.weight", None)
     for ours, theirs in blocks:
         for sub, hf_sub in BLOCK_KEYS.items():
             names[f"{ours}.{sub}"] = (f"{theirs}.{hf_sub}", rotary.get(sub))
@@ -123,7 +128,8 @@ def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
     if config.n_future > 1:
         save_file(heads_state, str(directory / HEADS_FILE), metadata={"format": "pt"})
         _write_json(directory / HEADS_LAYOUT_FILE, {
-            "format": HEADS_FORMAT, "format_version": HEADS_FORMAT_VERSION, "layout": "block",
+            "format": HEADS_FORMAT, "format_version": HEADS_FORMAT_VERSION,
+            "layout": config.head_type,
             "n_future": config.n_future, "head_layers": config.head_layers,
             "weights": HEADS_FILE})
     write_hf_tokenizer(tokenizer, directory, model_max_length=config.max_seq_len)
@@ -164,7 +170,7 @@ def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     heads = _read_heads_layout(directory)
     config = _mtp_config(directory / CONFIG_FILE, *heads)
     theirs = _read_safetensors(directory)
-    if (directory / HEADS_FILE).is_file() or heads != (1, 1):
+    if (directory / HEADS_FILE).is_file() or heads != (1, 1, "block"):
         theirs.update(_load_safetensors(directory / HEADS_FILE))
     if config.tie_embeddings and _OUTPUT in theirs:
         # Some tied checkpoints store the output weight anyway; it must be the embeddings.
@@ -193,11 +199,11 @@ def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     return config, state, read_hf_tokenizer(directory)
 
 
-def _read_heads_layout(directory: Path) -> tuple[int, int]:
-    """(n_future, head_layers) from mtp_heads.json; (1, 1) for a plain Llama directory."""
+def _read_heads_layout(directory: Path) -> tuple[int, int, str]:
+    """(n_future, head_layers, head_type) from mtp_heads.json; (1, 1, "block") without it."""
     path = directory / HEADS_LAYOUT_FILE
     if not path.is_file():
-        return 1, 1
+        return 1, 1, "block"
     layout = read_json_object(path)
     if field(layout, path, "format", "str") != HEADS_FORMAT:
         raise ValueError(f"{path}: field 'format' must be {HEADS_FORMAT!r}, got "
@@ -213,10 +219,12 @@ def _read_heads_layout(directory: Path) -> tuple[int, int]:
     weights = field(layout, path, "weights", "str", HEADS_FILE)
     if weights != HEADS_FILE:
         raise ValueError(f"{path}: field 'weights' must be {HEADS_FILE!r}, got {weights!r}")
-    return field(layout, path, "n_future", "int"), field(layout, path, "head_layers", "int")
+    return (field(layout, path, "n_future", "int"), field(layout, path, "head_layers", "int"),
+            kind)
 
 
-def _mtp_config(path: Path, n_future: int, head_layers: int) -> MTPConfig:
+def _mtp_config(path: Path, n_future: int, head_layers: int,
+                head_type: str) -> MTPConfig:
     """An MTPConfig from a transformers Llama config.json; unsupported variants are refused."""
     values = read_json_object(path)
     model_type = field(values, path, "model_type", "str", "llama")
@@ -254,6 +262,7 @@ def _mtp_config(path: Path, n_future: int, head_layers: int) -> MTPConfig:
             norm_eps=field(values, path, "rms_norm_eps", "number", 1e-6),
             n_future=n_future,
             head_layers=head_layers,
+            head_type=head_type,
             tie_embeddings=field(values, path, "tie_word_embeddings", "bool", False),
             init_std=field(values, path, "initializer_range", "number", 0.02))
     except ValueError as e:

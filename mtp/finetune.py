@@ -1,0 +1,74 @@
+"""Heads for a trained model: start from a checkpoint, keep its trunk and heads, add heads.
+
+Medusa (Cai et al. 2024) and the multi-token prediction paper (Gloeckle et al. 2024, section
+on finetuning) both grow a trained next-token model's prediction heads instead of
+pretraining from scratch. `grown_config` is the new model's config: the checkpoint's
+architecture with `n_future` heads of `head_type`; `grow_heads` its initial weights:
+
+- the base model (embedding, trunk, head 0, shared norm and unembedding) and any heads the
+  checkpoint already has, as they are;
+- each new head either at random (`MTPModel.init_weights`), or `copy`: a block head copies
+  head 0's blocks (the paper), so it starts predicting what head 0 predicts; a resblock or
+  linear head cannot copy a block and starts as the identity instead (Medusa zero-initialises
+  its ResBlock for the same reason: a new head first says what the layer below it says).
+
+Freezing and learning-rate groups are the training side (`lit.py`, `optim.py`); they split
+parameters with `MTPModel.is_base_parameter`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from mtp.model import MTPConfig, MTPModel
+
+NEW_HEADS: tuple[str, ...] = ("copy", "random")
+
+
+def grown_config(base: MTPConfig, *, n_future: int, head_type: str,
+                 drop_heads: bool = False) -> MTPConfig:
+    """`base` with `n_future` heads of `head_type`; its other fields stay the checkpoint's."""
+    if n_future < base.n_future and not drop_heads:
+        raise ValueError(f"model.n_future={n_future} is below the checkpoint's "
+                         f"{base.n_future} heads: set init.drop_heads=true to keep only heads "
+                         f"0..{n_future - 1}")
+    kept_heads = min(n_future, base.n_future)
+    if kept_heads > 1 and head_type != base.head_type:
+        raise ValueError(f"model.head_type={head_type!r} differs from the type of the "
+                         f"checkpoint's heads 1..{base.n_future - 1} ({base.head_type!r}): "
+                         f"keep head_type={base.head_type!r}, or start from a next-token "
+                         f"(one-head) checkpoint")
+    return dataclasses.replace(base, n_future=n_future, head_type=head_type)
+
+
+@torch.no_grad()
+def grow_heads(base: MTPModel, config: MTPConfig, *, new_heads: str = "copy",
+               ) -> dict[str, Tensor]:
+    """Initial weights (a state dict) of `MTPModel(config)` grown from the `base` model."""
+    if new_heads not in NEW_HEADS:
+        raise ValueError(f"init.new_heads={new_heads!r} is not one of {NEW_HEADS}")
+    model = MTPModel(config)  # random weights for whatever the base does not provide
+    state = model.state_dict()
+    kept = min(config.n_future, base.config.n_future)
+    for name, tensor in base.state_dict().items():
+        if not name.startswith("heads.") or int(name.split(".")[1]) < kept:
+            state[name] = tensor.to(state[name].dtype, copy=True)
+    if new_heads == "copy":
+        for head in range(kept, config.n_future):
+            prefix = f"heads.{head}."
+            for name in [n for n in state if n.startswith(prefix)]:
+                state[name] = _copied(state, name, prefix, config.head_type)
+    return state
+
+
+def _copied(state: dict[str, Tensor], name: str, prefix: str, head_type: str) -> Tensor:
+    """The `copy` initialisation of a new head's parameter `name` (module docstring)."""
+    if head_type == "block":
+        return state["heads.0." + name[len(prefix):]].clone()
+    weight = state[name]
+    if head_type == "resblock":  # x + SiLU(x @ 0) = x
+        return torch.zeros_like(weight)
+    return torch.eye(weight.shape[0], dtype=weight.dtype)  # linear: x @ I = x

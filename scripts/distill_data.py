@@ -1,0 +1,129 @@
+"""Self-distillation data: the base model's own continuations of a corpus's prompts (Medusa).
+
+    python scripts/distill_data.py --checkpoint runs/byte1/export --out data/distill/byte1.jsonl
+    python scripts/distill_data.py --checkpoint ... --temperature 0.7 --top-p 0.95 --prompts 2000
+    python scripts/distill_data.py --checkpoint ... --source local --paths 'corpus/**/*.py'
+    python -m mtp.train +experiment=medusa1 init_from=runs/byte1/export \\
+        data=local 'data.source.paths=[data/distill/byte1.jsonl]'
+
+When the base model's training data is unknown (or to teach the heads what the model will
+actually say rather than what the corpus says), Medusa trains its heads on the model's own
+outputs. Prompts are windows of `--prompt-chars` characters starting at a line of a
+training-split document (the validation split, as the data pipeline computes it, is left
+out), chosen with `--seed`; each is continued for `--max-new-tokens` tokens in batches of
+`--batch-size`, greedily or sampled (`--temperature`, `--top-k`, `--top-p`), with the
+model's heads drafting when it has several (same output distribution). Every record of the
+JSON lines file is {"text": prompt + continuation, "prompt", "continuation", "source",
+"finish_reason"}: `data=local` reads its "text". Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from mtp.checkpoint import load  # noqa: E402
+from mtp.data import is_validation  # noqa: E402
+from mtp.generate import SamplingConfig, generate  # noqa: E402
+from prepare_data import add_source_arguments, make_source  # noqa: E402
+
+
+def pick_prompts(texts: list[tuple[str, str]], n: int, chars: int, seed: int
+                 ) -> list[tuple[str, str]]:
+    """Up to n (source, prompt) pairs: `chars` characters from a random line start of a
+    random document (documents shorter than a prompt are skipped)."""
+    rng = random.Random(seed)
+    usable = [(source, text) for source, text in texts if len(text) > chars]
+    if not usable:
+        raise ValueError(f"no document is longer than --prompt-chars={chars}")
+    prompts = []
+    for source, text in (rng.choice(usable) for _ in range(n)):
+        starts = [0] + [i + 1 for i, c in enumerate(text[:len(text) - chars]) if c == "\n"]
+        start = rng.choice(starts)
+        prompts.append((source, text[start:start + chars]))
+    return prompts
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True,
+                        help="the base model: an export dir or .ckpt (anything mtp.load reads)")
+    parser.add_argument("--out", type=Path, required=True, help="JSON lines file to write")
+    add_source_arguments(parser)
+    parser.add_argument("--val-fraction", type=float, default=0.01,
+                        help="the data pipeline's split: its validation documents give no prompt")
+    parser.add_argument("--split-seed", type=int, default=0, help="the data pipeline's data.seed")
+    parser.add_argument("--prompts", type=int, default=512)
+    parser.add_argument("--prompt-chars", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--k", type=int, help="tokens per forward (default: every head)")
+    parser.add_argument("--seed", type=int, default=0, help="prompt choice and sampling")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    args = parser.parse_args(argv)
+    for name in ("prompts", "prompt_chars", "max_new_tokens", "batch_size"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
+    model, tokenizer = load(args.checkpoint, device=args.device)
+    documents = make_source(args).load().documents
+    ids = documents["id"] if "id" in documents.column_names else range(len(documents))
+    texts = [(str(i), t) for i, t in zip(ids, documents["text"])
+             if not is_validation(t, args.split_seed, args.val_fraction)]
+    prompts = pick_prompts(texts, args.prompts, args.prompt_chars, args.seed)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    started, new_tokens, forwards, reasons = time.perf_counter(), 0, 0, Counter()
+    with args.out.open("w") as f, tqdm(total=len(prompts), desc="distilling",
+                                       unit="prompt") as progress:
+        for first in range(0, len(prompts), args.batch_size):
+            batch = prompts[first:first + args.batch_size]
+            outputs = generate(model, tokenizer, [prompt for _, prompt in batch],
+                               max_new_tokens=args.max_new_tokens, k=args.k,
+                               sampling=sampling, seed=args.seed + first)
+            for (source, prompt), out in zip(batch, outputs):
+                f.write(json.dumps({"text": prompt + out.text, "prompt": prompt,
+                                    "continuation": out.text, "source": source,
+                                    "finish_reason": out.finish_reason}) + "\n")
+                new_tokens += out.stats.new_tokens
+                forwards += out.stats.forward_passes
+                reasons[out.finish_reason] += 1
+            progress.update(len(batch))
+    seconds = time.perf_counter() - started
+
+    stats = {"out": str(args.out), "checkpoint": str(args.checkpoint),
+             "documents": len(texts), "prompts": len(prompts), "new_tokens": new_tokens,
+             "tokens_per_second": round(new_tokens / seconds, 1),
+             "tokens_per_forward": round(new_tokens / max(forwards, 1), 3),
+             "finish_reasons": dict(reasons), "temperature": args.temperature,
+             "top_k": args.top_k, "top_p": args.top_p, "seconds": round(seconds, 1),
+             "device": args.device, "threads": torch.get_num_threads()}
+    print(f"checkpoint {args.checkpoint}  ->  {args.out}")
+    for key in ("documents", "prompts", "new_tokens", "tokens_per_second",
+                "tokens_per_forward", "finish_reasons", "seconds"):
+        print(f"{key:<20} {stats[key]}")
+    print(json.dumps(stats))
+    return stats
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""scripts/distill_data.py writes the base model's continuations as data=local reads them."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from mtp.checkpoint import export
+from mtp.data import LocalSource, prepare
+from mtp.generate import generate
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import ByteTokenizer
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "distill_data.py"
+spec = importlib.util.spec_from_file_location("distill_data", SCRIPT)
+distill_data = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(distill_data)
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path]:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(6):
+        (corpus / f"m{i}.py").write_text("".join(f"value_{i}_{j} = {j}\n" for j in range(20)))
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=128,
+                       n_future=2)
+    return export(MTPModel(config), ByteTokenizer(), tmp_path / "export"), corpus
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_writes_what_the_local_source_reads(setup: tuple[Path, Path], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture, sampled: bool):
+    checkpoint, corpus = setup
+    out = tmp_path / "distilled" / "data.jsonl"
+    argv = ["--checkpoint", str(checkpoint), "--out", str(out), "--source", "local",
+            "--paths", str(corpus), "--prompts", "5", "--prompt-chars", "40",
+            "--max-new-tokens", "12", "--batch-size", "2", "--val-fraction", "0"]
+    if sampled:
+        argv += ["--temperature", "0.8", "--top-p", "0.9"]
+    stats = distill_data.main(argv)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == stats
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == stats["prompts"] == 5
+    assert 0 < stats["new_tokens"] <= 5 * 12
+    sources = {p.name: p.read_text() for p in corpus.iterdir()}
+    for record in records:
+        assert record["text"] == record["prompt"] + record["continuation"]
+        assert len(record["prompt"]) == 40 and record["prompt"] in sources[Path(record["source"]).name]
+    if not sampled:  # greedy: exactly the model's own continuation
+        model, tokenizer = distill_data.load(checkpoint)
+        expected = generate(model, tokenizer, [records[0]["prompt"]], max_new_tokens=12, k=1)
+        assert records[0]["continuation"] == expected[0].text
+
+    corpus_read = LocalSource(paths=[str(out)]).load()
+    assert corpus_read.documents["text"] == [r["text"] for r in records]
+    prepared = prepare(corpus_read, ByteTokenizer(), val_fraction=0.0, seed=0,
+                       cache_dir=tmp_path / "cache")
+    assert prepared.stats(16, 2)["train"]["documents"] == 5
+
+
+def test_bad_arguments_are_named(setup: tuple[Path, Path], tmp_path: Path):
+    checkpoint, corpus = setup
+    common = ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "x.jsonl"),
+              "--source", "local", "--paths", str(corpus)]
+    with pytest.raises(SystemExit, match="--batch-size must be >= 1, got 0"):
+        distill_data.main([*common, "--batch-size", "0"])
+    with pytest.raises(ValueError, match="no document is longer than --prompt-chars=5000"):
+        distill_data.main([*common, "--prompt-chars", "5000"])
