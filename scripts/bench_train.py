@@ -1,4 +1,4 @@
-"""Training throughput, step time and MFU of the byte8 model shape: n=8 per loss mode vs n=1.
+r"""Training throughput, step time and MFU of the byte8 model shape: n=8 per loss mode vs n=1.
 
 A step is what `MTPLitModule.training_step` runs: the loss with its backward, gradient
 clipping and an AdamW step. Variants: n=8 in each loss mode (headwise, chunked, naive: the
@@ -12,7 +12,8 @@ JSON line.
     python scripts/bench_train.py                  # the byte8 shape, seq 256, batch 16
     python scripts/bench_train.py --precision bf16-mixed --compile
     python scripts/bench_train.py --steps 10 --threads 2 model=tiny
-    python scripts/bench_train.py --device cuda --precision bf16-mixed model=1b --peak-flops h100-bf16
+    python scripts/bench_train.py --device cuda --precision bf16-mixed --peak-flops h100-bf16 \
+        model=1b
 """
 
 from __future__ import annotations
