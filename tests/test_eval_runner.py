@@ -224,3 +224,12 @@ def test_cli_end_to_end_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str) 
     assert summary["tokens_per_forward"] >= 1 and summary["tokens_per_second"] > 0
     assert len(output.read_text().splitlines()) == 4
     assert "mbpp: 100%" in run.stderr  # the progress bar
+
+
+@needs_mbpp
+def test_generating_with_a_candidate_tree(tmp_path: Path, tiny_checkpoint: str) -> None:
+    config = EvalConfig(task="mbpp", checkpoint=tiny_checkpoint, data_file=str(MBPP_FILE),
+                        output=str(tmp_path / "r.jsonl"), limit=1, drafter="heads",
+                        tree="tree8", max_new_tokens=8)
+    summary = evaluate(config)
+    assert summary["decoding"] == "heads(tree=tree8)" and summary["samples"] == 1

@@ -5,6 +5,7 @@ import torch
 
 from mtp.generate import DecodeStats, SamplingConfig, generate
 from mtp.generate.decode import prefill
+from mtp.generate.tree import Calibration, resolve_tree
 from mtp.kv_cache import KVCache
 from mtp.generate.output import SequenceOutput
 from mtp.model import MTPConfig, MTPModel
@@ -66,6 +67,54 @@ def test_greedy_speculative_equals_autoregressive_on_a_trained_model(trained):
     # The heads have learnt the documents: most drafts are kept.
     assert generations[0].stats.tokens_per_forward > 2.5
     assert min(generations[0].stats.head_acceptance) > 0.5
+
+
+TREES = ["chain", "tree8", "tree16", "tree32", "tree64",
+         [[0], [1], [2], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 0, 1]]]
+
+
+@pytest.mark.parametrize("tree", TREES, ids=str)
+def test_greedy_tree_equals_autoregressive(random_model, trained, tree):
+    """Every preset on a random and a trained model, ragged batches, up to the context end."""
+    for model, prompts in ((random_model, ["def f(x):", "a", "import torch\nimport numpy"]),
+                           (trained, ["def add(", "print('h", "for i", "zzz"])):
+        reference = generate(model, TOKENIZER, prompts, max_new_tokens=48, k=1)
+        generations = generate(model, TOKENIZER, prompts, max_new_tokens=48, tree=tree)
+        assert _ids(generations) == _ids(reference), tree
+        [alone] = generate(model, TOKENIZER, prompts[:1], max_new_tokens=48, tree=tree)
+        assert alone.token_ids == reference[0].token_ids
+    if tree != "chain":  # the trained heads' second choices are sometimes right
+        stats = DecodeStats.pooled([g.stats for g in generations])
+        chain = DecodeStats.pooled([g.stats for g in generate(
+            trained, TOKENIZER, prompts, max_new_tokens=48, k=4)])
+        assert stats.tokens_per_forward >= chain.tokens_per_forward - 0.05
+
+
+def test_auto_tree_from_a_calibration_and_typical_greedy(trained):
+    rates = [[0.6, 0.2, 0.1], [0.7, 0.1, 0.05], [0.8, 0.1, 0.05]]
+    tree = resolve_tree("auto:12", n_heads=4, vocab_size=262,
+                        calibration=Calibration(rates, n_future=4, vocab_size=262))
+    prompts = ["for i in range(", "d"]
+    reference = generate(trained, TOKENIZER, prompts, max_new_tokens=40, k=1)
+    assert _ids(generate(trained, TOKENIZER, prompts, max_new_tokens=40, tree=tree)) \
+        == _ids(reference)
+    typical = generate(trained, TOKENIZER, prompts, max_new_tokens=40, tree=tree,
+                       acceptance="typical")
+    assert _ids(typical) == _ids(reference)  # at temperature 0 typical acceptance is greedy
+    sampled = generate(trained, TOKENIZER, prompts, max_new_tokens=40, tree=tree, seed=0,
+                       acceptance="typical", sampling=SamplingConfig(temperature=0.8))
+    assert all(g.stats.tokens_per_forward > 1 for g in sampled)
+
+
+def test_tree_statistics(trained):
+    [g] = generate(trained, TOKENIZER, ["def add("], tree="tree16", max_new_tokens=40)
+    s = g.stats
+    assert sum(s.accepted_depths) == s.forward_passes
+    # every forward pass gives its accepted drafts and one token (the last may be cut short)
+    assert s.new_tokens <= sum((d + 1) * count for d, count in enumerate(s.accepted_depths))
+    assert s.nodes_verified == 1 + 16 * (s.forward_passes - 1)
+    assert s.nodes_per_forward == s.nodes_verified / s.forward_passes
+    assert s.head_verified[0] == s.forward_passes >= s.head_verified[1]
 
 
 @pytest.mark.parametrize("k", [1, 4])
@@ -150,6 +199,10 @@ def test_statistics(trained):
     ({"k": 5}, "k must be an integer from 1 to n_future=4, .auto. or None, got 5"),
     ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
     ({"stop": ["ok", ""]}, "stop strings must be non-empty strings, got ''"),
+    ({"tree": [[0], [0, 0]], "k": 2}, r"path \[0, 0\] has depth 2, but heads 1..1"),
+    ({"tree": [[0], [300]]}, r"path \[300\] has rank 300, beyond the vocabulary of 262"),
+    ({"tree": "auto:16"}, "needs measured acceptance rates"),
+    ({"acceptance": "medusa"}, "acceptance must be one of"),
 ])
 def test_bad_arguments_are_clear_errors(random_model, kwargs, message):
     arguments = {"prompts": ["def f():"], **kwargs}

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mtp.checkpoint import export
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -19,7 +21,8 @@ def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--checkpoint", str(directory), "--prompts", str(prompts),
          "--max-new-tokens", "6",
-         "--ks", "2", "4", "--repeats", "1", "--threads", "1", "--device", "cpu"],
+         "--ks", "2", "4", "--trees", "tree8", "--plot", str(tmp_path / "trees.png"),
+         "--repeats", "1", "--threads", "1", "--device", "cpu"],
         capture_output=True, text=True, check=True)
     *table, last = result.stdout.strip().splitlines()
     summary = json.loads(last)
@@ -27,8 +30,14 @@ def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
                 "tokens_per_forward", "identical"):
         assert key in summary
     assert summary["identical"] is True and summary["k"] in (2, 4)
+    assert summary["tree_nodes"] == 8 and summary["tree_identical"] is True
+    for key in ("chain_tokens_per_forward", "tree_tokens_per_forward", "tree_speedup",
+                "repeated"):
+        assert key in summary
+    assert (tmp_path / "trees.png").stat().st_size > 0
     assert [row["k"] for row in summary["per_k"]] == [1, 2, 4]
-    assert any(line.split()[:1] == ["4"] for line in table)
+    assert any(line.split()[:1] == ["k=4"] for line in table)
+    assert any(line.split()[:2] == ["tree8", "8"] for line in table)
 
 
 METHODS = SCRIPT.parent / "bench_methods.py"

@@ -2,7 +2,19 @@
 
 import torch
 
-from mtp.generate.speculative import Drafts, accept
+from mtp.generate.acceptance import accept as accept_drafts
+from mtp.generate.drafter import Drafts
+from mtp.generate.sampling import SamplingConfig
+
+
+def accept(drafts, target, generator=None):
+    """The rule on target distributions (B, m, V); their logs are the logits `accept` takes
+    (log 0 = -inf keeps one-hot rows one-hot, which is greedy decoding)."""
+    greedy = bool(target.eq(1).sum(-1).eq(1).all()) and (
+        drafts.probs is None or bool(drafts.probs.eq(1).sum(-1).eq(1).all()))
+    result = accept_drafts(drafts, target.log(), SamplingConfig(temperature=0 if greedy else 1),
+                           generator)
+    return result.n_accepted, result.tokens
 
 N = 40_000  # rows sampled at once; each a frequency's standard error is below 0.0025
 

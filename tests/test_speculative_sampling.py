@@ -8,7 +8,7 @@ drafts: the heads, a separate draft model (its own q), prompt lookup (one-hot q)
 import pytest
 import torch
 
-from mtp.generate import DraftModel, PromptLookup, SamplingConfig, generate
+from mtp.generate import DecodeStats, DraftModel, PromptLookup, SamplingConfig, generate
 from mtp.generate.sampling import probabilities
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
@@ -82,12 +82,18 @@ def _draft_model():
 T1, NUCLEUS = SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9, top_k=3)
 
 
+# A tree of the heads' candidates: siblings at both depths, a rank (2) that top_k=3 and top_p
+# leave drawable only sometimes, and a path that continues from a second choice.
+TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
+
+
 @pytest.mark.parametrize("drafter, sampling", [
-    ("k=1", T1), ("k=1", NUCLEUS), ("k=3", T1), ("k=3", NUCLEUS), ("draft_model", NUCLEUS),
-    ("prompt_lookup", T1)])
+    ("k=1", T1), ("k=1", NUCLEUS), ("k=3", T1), ("k=3", NUCLEUS), ("tree", NUCLEUS),
+    ("draft_model", NUCLEUS), ("prompt_lookup", T1)])
 def test_sampled_generations_follow_head_0(model, drafter, sampling):
     exact = _exact(model, [EOS, 0, 1], sampling, depth=3)
-    how = {"k=1": {"k": 1}, "k=3": {"k": 3}, "draft_model": {"drafter": _draft_model()},
+    how = {"k=1": {"k": 1}, "k=3": {"k": 3}, "tree": {"tree": TREE},
+           "draft_model": {"drafter": _draft_model()},
            "prompt_lookup": {"drafter": PromptLookup(num_draft=2, max_ngram=1, min_ngram=1)}}
     generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
                            sampling=sampling, seed=0, **how[drafter])
@@ -99,7 +105,12 @@ def test_sampled_generations_follow_head_0(model, drafter, sampling):
     for outcome, p in exact.items():
         error = abs(counts.get(outcome, 0) / N - p)
         assert error <= 4.5 * (p * (1 - p) / N) ** 0.5 + 3 / N, (outcome, p, error)
-    if drafter != "k=1":  # drafts are rejected often, so the rejection rule was exercised
+    pooled = DecodeStats.pooled([g.stats for g in generations])
+    if drafter == "tree":  # with three siblings, some depth-1 draft is kept most of the time
+        assert pooled.head_acceptance[1] > 0.75
+        # every forward after the prefill (one node) verified the whole tree of 7 nodes
+        assert pooled.nodes_verified == 7 * pooled.forward_passes - 6 * len(generations)
+    elif drafter != "k=1":  # drafts are rejected often, so the rejection rule was exercised
         rate = [g.stats.head_acceptance[1] for g in generations if g.stats.head_verified[1]]
         assert 0.1 < sum(rate) / len(rate) < 0.9
 

@@ -47,6 +47,7 @@ class EvalConfig:
     num_draft: int | None = None  # drafts per step of prompt lookup or the draft model
     max_ngram: int | None = None  # prompt lookup's longest and shortest n-grams (4, 2)
     min_ngram: int | None = None
+    tree: Any = None  # the heads' candidate tree (mtp.generate.tree: chain, tree16, auto:N, ...)
     max_new_tokens: int = 512
     batch_size: int = 8
     limit: int | None = None
@@ -156,12 +157,15 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
     from mtp.checkpoint import load
     from mtp.generate.auto import Auto, default_calibration
     from mtp.generate.names import drafter_from_options
+    from mtp.generate.tree import find_calibration
 
     model, tokenizer = load(config.checkpoint, device=config.device, dtype=_torch_dtype(config.dtype))
     drafter = drafter_from_options(
         model, config.drafter, k=config.spec_k, draft_model=config.draft_model,
         num_draft=config.num_draft, max_ngram=config.max_ngram, min_ngram=config.min_ngram,
-        calibration=default_calibration(config.checkpoint))
+        calibration=default_calibration(config.checkpoint), tree=config.tree,
+        trees=find_calibration(config.checkpoint, n_future=model.config.n_future,
+                               vocab_size=model.config.vocab_size))
     context = model.config.max_seq_len
     done = results.done()
     todo = [(p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])

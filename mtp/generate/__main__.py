@@ -15,6 +15,11 @@ to stdout as it is decoded, then prints its statistics to stderr.
   num_draft        drafts per step of prompt lookup (8) or the draft model (4)
   max_ngram, min_ngram   prompt lookup's n-gram sizes (4, 2)
   calibration      auto's cache file (default: under ~/.cache/mtp, per checkpoint)
+  tree             the heads' candidate tree: chain, tree8/16/32/64, auto:N (needs the
+                   checkpoint's tree.json, from python -m mtp.generate.calibrate), a .json file
+                   of rank paths, or a list, e.g. tree='[[0],[1],[0,0]]'. Without it, auto
+                   also measures the auto:N trees of a calibrated checkpoint
+  acceptance       exact (lossless) or typical (Medusa's; not lossless when sampling)
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   stop             list of stop strings, e.g. stop='["\\n\\n"]'
   seed             null
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -40,6 +45,7 @@ from mtp.generate.names import drafter_from_options
 from mtp.generate.output import DecodeStats
 from mtp.generate.prompts import read_prompts
 from mtp.generate.sampling import SamplingConfig
+from mtp.generate.tree import find_calibration
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,6 +63,8 @@ class GenerateArgs:
     max_ngram: int | None = None
     min_ngram: int | None = None
     calibration: str | None = None
+    tree: Any = None  # a name, a .json file or a list of rank paths
+    acceptance: str = "exact"
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float = 1.0
@@ -66,14 +74,21 @@ class GenerateArgs:
     dtype: str | None = None
 
 
-def parse_args(argv: list[str]) -> GenerateArgs:
-    """key=value overrides (Hydra's grammar) on top of `GenerateArgs`' defaults."""
+Args = TypeVar("Args")
+
+
+def parse_overrides(argv: list[str], schema: type[Args]) -> Args:
+    """key=value overrides (Hydra's grammar) on top of a dataclass's defaults."""
     try:
         values = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(argv)}
-        merged = OmegaConf.merge(OmegaConf.structured(GenerateArgs), values)
-        args: GenerateArgs = OmegaConf.to_object(merged)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(f"bad arguments {argv}: {e}") from e
+
+
+def parse_args(argv: list[str]) -> GenerateArgs:
+    """key=value overrides (Hydra's grammar) on top of `GenerateArgs`' defaults."""
+    args = parse_overrides(argv, GenerateArgs)
     if (args.prompt is None) == (args.prompt_file is None):
         raise ValueError("give exactly one of prompt=... and prompt_file=...")
     if args.k is not None and args.k != "auto" and not isinstance(args.k, int):
@@ -88,9 +103,14 @@ def describe(stats: DecodeStats, drafter: str) -> str:
     """One line of decoding statistics."""
     rate = stats.new_tokens / stats.seconds if stats.seconds else float("nan")
     drafts = " ".join(f"{a:.2f}" for a in stats.head_acceptance[1:])
-    return (f"{drafter}: {stats.new_tokens} tokens in {stats.forward_passes} forward passes "
+    line = (f"{drafter}: {stats.new_tokens} tokens in {stats.forward_passes} forward passes "
             f"({stats.tokens_per_forward:.2f} tokens/forward), {stats.seconds:.2f} s, "
             f"{rate:.1f} tokens/s" + (f"; draft acceptance {drafts}" if drafts else ""))
+    if stats.nodes_per_forward > 1:
+        depths = " ".join(map(str, stats.accepted_depths))
+        line += (f"; {stats.nodes_per_forward:.1f} tokens verified per forward; forward "
+                 f"passes by drafts accepted (0, 1, ...): {depths}")
+    return line
 
 
 def main(argv: list[str]) -> None:
@@ -101,14 +121,17 @@ def main(argv: list[str]) -> None:
     drafter = drafter_from_options(
         model, args.drafter, k=args.k, draft_model=args.draft_model, num_draft=args.num_draft,
         max_ngram=args.max_ngram, min_ngram=args.min_ngram,
-        calibration=args.calibration or default_calibration(args.checkpoint))
+        calibration=args.calibration or default_calibration(args.checkpoint), tree=args.tree,
+        trees=find_calibration(args.checkpoint, n_future=model.config.n_future,
+                               vocab_size=model.config.vocab_size))
     for index, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(f"\n### prompt {index}", flush=True)
         print(prompt, end="", flush=True)
         [result] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens,
                             drafter=drafter, sampling=sampling, stop=args.stop, seed=args.seed,
-                            on_text=lambda _, text: print(text, end="", flush=True))
+                            on_text=lambda _, text: print(text, end="", flush=True),
+                            acceptance=args.acceptance)
         print(flush=True)
         name = (f"auto -> {drafter.choice}" if isinstance(drafter, Auto)
                 else str(drafter))

@@ -8,9 +8,10 @@ the best tokens/s of each counts. Autoregressive decoding is always a candidate 
 must beat it by `margin`, so the choice is never slower than autoregressive decoding by
 more than the measurement noise.
 
-Candidates: autoregressive, the heads with every k from 2 to n_future, prompt lookup, the
-fastest heads k combined with prompt lookup, and the draft model when one is given
-(`k=auto`: autoregressive and the heads only). The choice is cached per model in memory and,
+Candidates: autoregressive, the heads with every k from 2 to n_future, the heads with each
+of `trees` (candidate trees, e.g. the `auto:N` trees of a calibrated checkpoint), prompt
+lookup, the fastest heads k combined with prompt lookup, and the draft model when one is
+given (`k=auto`: autoregressive and the heads only). The choice is cached per model in memory and,
 with `calibration=PATH`, in a JSON file (for example beside the checkpoint), keyed by what it
 depends on: model, device, dtype, threads, batch size (in powers of two) and greedy vs
 sampled decoding.
@@ -34,6 +35,7 @@ from mtp.generate.drafter import Drafter, check_positive
 from mtp.generate.heads_drafter import HeadsDrafter
 from mtp.generate.prompt_lookup import PromptLookup
 from mtp.generate.sampling import SamplingConfig
+from mtp.generate.tree import Tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -59,6 +61,7 @@ class Auto:
     draft_model: DraftModel | None = None
     prompt_lookup: PromptLookup = field(default_factory=PromptLookup)
     calibration: str | Path | None = None  # a JSON file that caches the choice
+    trees: tuple[Tree, ...] = ()  # candidate trees for the heads (within n_future heads)
     tokens: int = 64  # new tokens per measurement
     margin: float = 1.03  # a drafter must beat autoregressive decoding by this factor
     measured: dict[str, float] = field(default_factory=dict)  # tokens/s of the last calibration
@@ -76,6 +79,9 @@ class Auto:
         found: dict[str, Drafter | None] = {AUTOREGRESSIVE: None}
         for k in range(2, model.config.n_future + 1):
             found[f"heads(k={k})"] = HeadsDrafter(k)
+        for tree in self.trees:
+            drafter = HeadsDrafter(model.config.n_future, tree)
+            found[repr(drafter)] = drafter
         if not self.heads_only:
             found[repr(self.prompt_lookup)] = self.prompt_lookup
             if self.draft_model is not None:
@@ -146,6 +152,7 @@ class Auto:
                  "greedy" if sampling.greedy else "sampled",
                  "heads" if self.heads_only else "all",
                  repr(self.prompt_lookup), repr(self.draft_model)]
+        parts += [f"tree={tree.name}:{len(tree.paths)}" for tree in self.trees]
         return "|".join(parts)
 
     def _read(self, key: str) -> str | None:

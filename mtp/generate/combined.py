@@ -25,6 +25,11 @@ class Combined(Drafter):
     def __init__(self, *drafters: Drafter) -> None:
         if len(drafters) < 2 or not all(isinstance(d, Drafter) for d in drafters):
             raise ValueError(f"Combined needs two or more drafters, got {drafters!r}")
+        trees = [d for d in drafters
+                 if getattr(d, "tree", None) is not None and not d.tree.is_chain]
+        if trees:  # the longest draft per row is a chain's notion; tree nodes are not a prefix
+            raise ValueError(f"Combined takes chains of drafts, not the candidate tree of "
+                             f"{trees[0]!r}")
         self.drafters = drafters
         self.name = "+".join(d.name for d in drafters)
 

@@ -35,7 +35,9 @@ from mtp.generate.drafter import Drafter, Verified
 from mtp.generate.names import resolve_drafter
 from mtp.generate.output import Generation, SequenceOutput, TextCallback
 from mtp.generate.sampling import SamplingConfig, probabilities, sample
-from mtp.generate.speculative import accept, hidden_states, prefill, verify
+from mtp.generate.acceptance import ACCEPTANCE, TypicalAcceptance, accept
+from mtp.generate.speculative import hidden_states, prefill, verify
+from mtp.generate.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -45,7 +47,10 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
              max_new_tokens: int = 256, k: int | str | None = None,
              drafter: Drafter | Auto | str | None = None,
              sampling: SamplingConfig = SamplingConfig(), stop: Sequence[str] | str = (),
-             seed: int | None = None, on_text: TextCallback | None = None) -> list[Generation]:
+             seed: int | None = None, on_text: TextCallback | None = None,
+             tree: Tree | str | Sequence[Sequence[int]] | None = None,
+             acceptance: str = "exact",
+             typical: TypicalAcceptance = TypicalAcceptance()) -> list[Generation]:
     """Continue each prompt; one `Generation` per prompt, in order.
 
     Args:
@@ -56,6 +61,12 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
             `Drafter` (`HeadsDrafter`, `DraftModel`, `PromptLookup`, `Combined`), a name
             ("autoregressive", "heads", "prompt_lookup", "heads+prompt_lookup", "auto"), or
             `Auto(...)`, which measures candidate drafters and keeps the fastest.
+        tree: the heads drafter verifies this candidate tree of the heads' top-k instead of
+            the chain (`tree.py`): "chain", "tree8", "tree16", "tree32", "tree64", a list of
+            rank paths, a .json file of them, or a `Tree` (e.g. `Calibration.load(...)` for
+            "auto:N"). Presets fit within k heads; a deeper tree is a ValueError.
+        acceptance: "exact" (lossless; greedy equals autoregressive) or "typical" (Medusa's
+            typical acceptance with `typical`'s thresholds; not lossless when sampling).
         sampling: temperature (0: greedy), top-k and top-p of head 0's distribution. Greedy
             output is identical for every drafter; sampled output has the same distribution.
         stop: strings that end a generation; the returned text stops before them.
@@ -65,7 +76,9 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     config = model.config
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     _check_arguments(config.vocab_size, tokenizer, prompts, max_new_tokens, sampling, stop)
-    chosen = resolve_drafter(model, drafter, k)
+    if acceptance not in ACCEPTANCE:
+        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
+    chosen = resolve_drafter(model, drafter, k, tree)
     if isinstance(chosen, Drafter):
         chosen.check(model, tokenizer)
     encoded = [[tokenizer.document_start_id, *ids] for ids in tokenizer.encode_batch(prompts)]
@@ -101,7 +114,7 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
         else:
             chosen.start(model, encoded, max_len, sampling, generator)
             speculative_decode(model, cache, encoded, outputs, chosen, sampling, generator,
-                               pad_id=tokenizer.pad_id)
+                               pad_id=tokenizer.pad_id, acceptance=acceptance, typical=typical)
     return [output.result() for output in outputs]
 
 
@@ -125,7 +138,8 @@ def autoregressive_decode(model: MTPModel, cache: KVCache, prompts: list[list[in
 def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]],
                        outputs: list[SequenceOutput], drafter: Drafter,
                        sampling: SamplingConfig, generator: torch.Generator | None, *,
-                       pad_id: int) -> None:
+                       pad_id: int, acceptance: str = "exact",
+                       typical: TypicalAcceptance = TypicalAcceptance()) -> None:
     """Propose with `drafter`, verify with head 0, accept; on an empty `cache`.
 
     The cache holds every accepted token but the last; `pending` is that last token and the
@@ -137,14 +151,16 @@ def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]]
     hidden = last[:, None]  # (B, 1, n, D)
     pending = torch.tensor([ids[-1:] for ids in prompts], device=last.device)  # (B, 1)
     tokens = sample(probabilities(model.unembed(last[:, 0]), sampling), generator)[:, None]
-    n_accepted = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)
+    n_accepted = node = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)
     n_drafts = [0] * len(prompts)  # real drafts each row had verified in the last forward
+    tree = None  # the last forward's tree, when the drafts were one
     live = list(range(len(prompts)))
     while True:
-        host = torch.cat([n_accepted[:, None], tokens], dim=1).tolist()  # the one sync
-        new_ids = [row[1:row[0] + 2] for row in host]
-        drafter.update(Verified(pending, n_accepted, tokens, hidden, new_ids))
-        keep = _commit(cache, outputs, live, new_ids, n_drafts, pending.shape[1])
+        host = torch.cat([n_accepted[:, None], node[:, None], tokens], dim=1).tolist()  # sync
+        new_ids = [row[2:row[0] + 3] for row in host]
+        drafter.update(Verified(pending, n_accepted, tokens, hidden, new_ids, node))
+        keep = _commit(cache, outputs, live, new_ids, n_drafts, pending.shape[1], tree,
+                       [row[1] for row in host])
         if not keep:
             return
         if len(keep) < len(host):
@@ -155,25 +171,34 @@ def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]]
         drafts = drafter.propose(max(0, min(drafter.max_drafts, room)))
         n_drafts = drafts.real()
         pending = torch.cat([tokens.gather(1, n_accepted[:, None]), drafts.tokens], dim=1)
-        target, hidden = verify(model, cache, pending, heads)  # (B, m, V), (B, m, n, D)
-        n_accepted, tokens = accept(drafts, probabilities(target, sampling), generator)
+        tree = drafts.tree
+        target, hidden = verify(model, cache, pending, heads, tree)  # (B, m, V), (B, m, n, D)
+        result = accept(drafts, target, sampling, generator, acceptance=acceptance,
+                        typical=typical)
+        n_accepted, node, tokens = result.n_accepted, result.node, result.tokens
 
 
 def _commit(cache: KVCache, outputs: list[SequenceOutput], live: list[int],
-            new_ids: list[list[int]], n_drafts: list[int], m: int) -> list[int]:
+            new_ids: list[list[int]], n_drafts: list[int], m: int, tree: Tree | None = None,
+            nodes: list[int] | None = None) -> list[int]:
     """Give each live sequence its new tokens and drop the finished ones from the batch.
 
     After a forward pass over m pending tokens, sequence b keeps the n = len(new_ids[b]) - 1
     drafts it accepted and one token of the target (`new_ids[b]`), out of n_drafts[b] real
-    drafts (draft i counts as verified when drafts 1..i-1 were accepted). The cache rolls back to the accepted prefix. `live` maps batch rows to
+    drafts (draft i counts as verified when drafts 1..i-1 were accepted). The cache rolls
+    back to the accepted prefix; after a `tree`, it keeps the root and the path to nodes[b]
+    (the depth after that node was verified iff it has children). `live` maps batch rows to
     outputs and is updated; returns the rows kept.
     """
-    if m > 1:
+    if tree is not None:
+        cache.compact([tree.ancestors[node] for node in nodes])
+        n_drafts = [len(ids) - 1 + tree.has_children[node] for ids, node in zip(new_ids, nodes)]
+    elif m > 1:
         cache.rollback([length - m + len(ids) for length, ids in zip(cache.lengths, new_ids)])
     keep = []
     for row, (index, ids, verified) in enumerate(zip(live, new_ids, n_drafts)):
         output = outputs[index]
-        output.count_forward(min(len(ids), verified), len(ids) - 1)
+        output.count_forward(min(len(ids), verified), len(ids) - 1, nodes=m)
         if not output.add(ids):
             keep.append(row)
     if len(keep) < len(live):

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from mtp.generate.sampling import SamplingConfig
+from mtp.generate.tree import Tree
 from mtp.model import MTPModel
 
 
@@ -40,15 +41,18 @@ class Drafts:
     """Draft tokens (B, n) and how they were proposed.
 
     probs: the proposal distributions q (B, n, V), or None for a deterministic drafter (q is
-        then one-hot on each draft).
+        then one-hot on each draft). For siblings of a tree: q given the earlier siblings.
     lengths: how many leading drafts of each row are real, or None when all n are. A row's
         drafts past its length are padding: never accepted, and with no q (the correction
         there is drawn from the target alone).
+    tree: the parent links when the drafts are a tree's nodes 1..n (`tree.py`), shared by
+        the batch; None for a chain (draft i follows draft i - 1).
     """
 
     tokens: Tensor
     probs: Tensor | None = None
     lengths: Tensor | None = None
+    tree: Tree | None = None
 
     @property
     def count(self) -> int:
@@ -63,12 +67,17 @@ class Drafts:
 
     def __getitem__(self, rows: Tensor | slice) -> Drafts:
         return Drafts(self.tokens[rows], None if self.probs is None else self.probs[rows],
-                      None if self.lengths is None else self.lengths[rows])
+                      None if self.lengths is None else self.lengths[rows], self.tree)
 
     def first(self, n: int) -> Drafts:
-        """The first n drafts of every sequence."""
+        """The first n drafts of every sequence (of a tree: its first n + 1 nodes' subtree)."""
         return Drafts(self.tokens[:, :n], None if self.probs is None else self.probs[:, :n],
-                      None if self.lengths is None else self.lengths.clamp(max=n))
+                      None if self.lengths is None else self.lengths.clamp(max=n),
+                      None if self.tree is None else self.tree.first(n + 1))
+
+    def shape(self) -> Tree:
+        """The tree these drafts fill: their own, or the chain of n drafts."""
+        return self.tree if self.tree is not None else Tree.chain(self.count)
 
     def proposal(self, vocab_size: int) -> Tensor:
         """q (B, n, V) with padding rows zero: one-hot where the drafter gave none."""
@@ -95,6 +104,8 @@ class Verified:
     pending: the verified tokens (B, m): the last accepted token, then the drafts.
     n_accepted: (B,) drafts kept; tokens (B, m): the kept drafts, then the correction (or
         bonus) token at index n_accepted.
+    node: (B,) the pending index of the last kept draft (0: none); n_accepted for a chain,
+        the accepted path's last node for a tree.
     hidden: the target's heads' hidden states (B, m, n_heads, D) at the pending positions.
     new_ids: each row's new tokens on the host (the kept drafts and the correction).
     The prefill counts as verifying the prompt's last token: m = 1, no drafts.
@@ -105,11 +116,17 @@ class Verified:
     tokens: Tensor
     hidden: Tensor
     new_ids: list[list[int]]
+    node: Tensor | None = None  # None: n_accepted
+
+    @property
+    def last_node(self) -> Tensor:
+        """(B,) the pending index whose hidden states predict the next tokens."""
+        return self.n_accepted if self.node is None else self.node
 
     def last_two(self) -> Tensor:
         """The last two accepted tokens of each row (B, 2): the one before the newest, and it."""
-        index = self.n_accepted[:, None]
-        return torch.cat([self.pending.gather(1, index), self.tokens.gather(1, index)], dim=1)
+        return torch.cat([self.pending.gather(1, self.last_node[:, None]),
+                          self.tokens.gather(1, self.n_accepted[:, None])], dim=1)
 
 
 class Drafter(ABC):

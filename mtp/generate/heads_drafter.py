@@ -1,9 +1,11 @@
-"""The model's own heads as the drafter: blockwise self-speculative decoding.
+"""The model's own heads as the drafter: blockwise self-speculative decoding, or a tree.
 
 Heads 1..k-1 at the last accepted position propose the k - 1 tokens after the next one; the
 verify forward runs heads 0..k-1 as one batched block (`StackedHeads`), so every pending
 position also yields the hidden states for the next drafts, at no extra forward pass. The
-worked example in `speculative.py` follows one step.
+worked example in `speculative.py` follows one step. With a candidate tree (`tree.py`) the
+heads propose their top candidates along the tree's rank paths (Medusa), with its parent
+links; the chain is the tree of rank-0 paths.
 """
 
 from __future__ import annotations
@@ -14,33 +16,63 @@ import torch
 from torch import Tensor
 
 from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
-from mtp.generate.sampling import SamplingConfig, probabilities, sample
+from mtp.generate.sampling import SamplingConfig, probabilities
 from mtp.generate.stacked_heads import StackedHeads, stacked_heads
+from mtp.generate.tree import Tree
 from mtp.model import MTPModel
 
 
-def draft(head_logits: Tensor, config: SamplingConfig,
+def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
           generator: torch.Generator | None = None) -> Drafts:
-    """Drafts from the logits (B, k - 1, V) of heads 1..k-1 at the last accepted position."""
-    probs = probabilities(head_logits, config)  # (B, k - 1, V)
-    return Drafts(sample(probs, generator), probs)
+    """The heads' proposal for `tree`'s nodes 1..m-1, from the logits (B, depth, V) of heads
+    1..depth at the last accepted position.
+
+    The node at depth d and rank r gets head d's r-th candidate: its r-th most likely token
+    when greedy (deterministic drafts), else its r-th draw without replacement from head d's
+    distribution q (an exponential race: the order of q / E with E ~ Exp(1); rank 0 is a
+    plain draw from q), which comes with the distribution it was drawn from: q without the
+    earlier draws, renormalised. Nodes of equal depth and rank share a token (every head
+    reads the same position). A chain's drafts carry no tree (`Drafts.tree` None).
+    """
+    index = tree.buffers(head_logits.device).draft_index  # (m - 1,)
+    ranks = max(tree.n_ranks, 1)
+    links = None if tree.is_chain else tree
+    if config.greedy:
+        candidates = head_logits.topk(ranks, dim=-1).indices  # (B, depth, ranks)
+        return Drafts(candidates.flatten(1)[:, index], tree=links)
+    q = probabilities(head_logits, config)  # (B, depth, V)
+    race = q / torch.empty_like(q).exponential_(generator=generator)
+    candidates = race.topk(ranks, dim=-1).indices  # (B, depth, ranks) in draw order
+    if ranks == 1:
+        return Drafts(candidates.flatten(1)[:, index], q[:, index], tree=links)
+    drawn = torch.zeros(*candidates.shape, q.shape[-1], dtype=q.dtype, device=q.device)
+    drawn.scatter_(-1, candidates[..., None], 1.0)  # (B, depth, ranks, V) one-hot draws
+    remaining = q[:, :, None] * (1 - (drawn.cumsum(2) - drawn))  # without the earlier draws
+    remaining = remaining / remaining.sum(-1, keepdim=True).clamp(min=1e-30)
+    return Drafts(candidates.flatten(1)[:, index], remaining.flatten(1, 2)[:, index],
+                  tree=links)
 
 
 class HeadsDrafter(Drafter):
-    """Heads 1..k-1 draft: k tokens per forward pass at most (2 <= k <= n_future)."""
+    """Heads 1..k-1 draft: k tokens per forward pass at most (2 <= k <= n_future), or the
+    nodes of `tree` (a `Tree`, resolved for the model: see `tree.resolve_tree`)."""
 
     name = "heads"
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, tree: Tree | None = None) -> None:
         self.k = check_positive("k", k, least=2)
-        self._last: Tensor | None = None  # (B, k - 1, D): heads 1..k-1 at the last position
+        self.tree = Tree.chain(k - 1) if tree is None else tree
+        if self.tree.depth > self.k - 1:
+            raise ValueError(f"tree {self.tree.name} has depth {self.tree.depth}, but k={k} "
+                             f"heads draft depths 1..{k - 1}")
+        self._last: Tensor | None = None  # (B, depth, D): heads 1..depth at the last position
 
     @property
     def max_drafts(self) -> int:
-        return self.k - 1
+        return self.tree.n_nodes - 1
 
     def verify_heads(self, model: MTPModel) -> StackedHeads:
-        return stacked_heads(model, self.k)  # heads 0..k-1, one batched block per layer
+        return stacked_heads(model, self.tree.depth + 1)  # one batched block per layer
 
     def check(self, model: MTPModel, tokenizer) -> None:
         n_future = model.config.n_future
@@ -48,6 +80,7 @@ class HeadsDrafter(Drafter):
             raise ValueError(f"the heads drafter needs k from 2 to n_future={n_future}, got "
                              f"k={self.k}" + (" (the model has one head: use another drafter)"
                                               if n_future == 1 else ""))
+        self.tree.check(self.k, model.config.vocab_size)
 
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
@@ -56,14 +89,15 @@ class HeadsDrafter(Drafter):
 
     def update(self, step: Verified) -> None:
         rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
-        self._last = step.hidden[rows, step.n_accepted, 1:]  # (B, k - 1, D)
+        self._last = step.hidden[rows, step.last_node, 1:]  # (B, depth, D)
 
     def keep(self, rows: list[int]) -> None:
         self._last = self._last[torch.tensor(rows, device=self._last.device)]
 
     def propose(self, limit: int) -> Drafts:
-        logits = self._model.unembed(self._last[:, :limit])  # (B, limit, V)
-        return draft(logits, self._sampling, self._generator)
+        tree = self.tree.first(limit + 1)  # smaller near the end of the cache
+        logits = self._model.unembed(self._last[:, :tree.depth])  # (B, depth, V)
+        return draft(logits, tree, self._sampling, self._generator)
 
     def __repr__(self) -> str:
-        return f"heads(k={self.k})"
+        return f"heads(k={self.k})" if self.tree.is_chain else f"heads(tree={self.tree.name})"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from mtp.generate.auto import AUTOREGRESSIVE, Auto
 from mtp.generate.combined import Combined
@@ -11,20 +12,32 @@ from mtp.generate.draft_model import DraftModel
 from mtp.generate.drafter import Drafter
 from mtp.generate.heads_drafter import HeadsDrafter
 from mtp.generate.prompt_lookup import PromptLookup
+from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 
 DRAFTERS = ("auto", AUTOREGRESSIVE, "heads", "prompt_lookup", "heads+prompt_lookup",
             "draft_model")
 _USES_K = ("auto", "heads", "heads+prompt_lookup")
+AUTO_TREE_SIZES = (16, 32, 64)  # the calibrated trees `auto` measures against the chain
 
 
 def resolve_drafter(model: MTPModel, drafter: Drafter | Auto | str | None,
-                    k: int | str | None) -> Drafter | Auto | None:
+                    k: int | str | None, tree: Any = None) -> Drafter | Auto | None:
     """What `generate` decodes with: a drafter, an `Auto` to measure, or None (autoregressive).
 
-    `k` sizes the heads drafter (None: every head, 1: autoregressive, "auto": measured).
+    `k` sizes the heads drafter (None: every head, 1: autoregressive, "auto": measured);
+    `tree` gives it a candidate tree (`tree.resolve_tree`) within k heads.
     """
     n_future = model.config.n_future
+    if tree is not None:
+        if drafter not in (None, "heads") or k == "auto":
+            raise ValueError(f"tree= is the heads drafter's candidate tree: use drafter=heads "
+                             f"(or None) and an integer k, not drafter={drafter!r}, k={k!r}")
+        heads = n_future if k is None else k
+        if not isinstance(heads, int) or isinstance(heads, bool) or not 2 <= heads <= n_future:
+            raise ValueError(f"a tree needs k from 2 to n_future={n_future}, got k={k!r}")
+        return HeadsDrafter(heads, resolve_tree(tree, n_heads=heads,
+                                                vocab_size=model.config.vocab_size))
     if k is not None and k != "auto" and (not isinstance(k, int) or isinstance(k, bool)
                                           or not 1 <= k <= n_future):
         raise ValueError(f"k must be an integer from 1 to n_future={n_future}, 'auto' or None, "
@@ -61,15 +74,25 @@ def resolve_drafter(model: MTPModel, drafter: Drafter | Auto | str | None,
 def drafter_from_options(model: MTPModel, name: str, *, k: int | str | None = None,
                          draft_model: str | None = None, num_draft: int | None = None,
                          max_ngram: int | None = None, min_ngram: int | None = None,
-                         calibration: str | Path | None = None) -> Drafter | Auto | str:
+                         calibration: str | Path | None = None, tree: Any = None,
+                         trees: Calibration | None = None) -> Drafter | Auto | str:
     """The command lines' drafter for `model`: a name plus its options (None: a default).
 
     `draft_model` is a checkpoint path, loaded onto the model's device and dtype; `num_draft`
     sizes prompt lookup or the draft model; `calibration` is where `auto` caches its choice.
+    `tree` gives the heads a candidate tree (drafter auto or heads); `trees`, a checkpoint's
+    tree calibration, resolves `auto:N` and makes its auto:N trees candidates of `auto`.
     Pass the result to `generate(drafter=...)` with k=None ("autoregressive" for no drafter).
     """
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
+    if tree is not None:
+        if name not in ("auto", "heads") or k == "auto":
+            raise ValueError(f"tree= is the heads drafter's candidate tree, not for "
+                             f"drafter={name!r}, k={k!r}")
+        heads = model.config.n_future if k is None else k
+        return resolve_drafter(model, "heads", heads, resolve_tree(
+            tree, n_heads=heads, vocab_size=model.config.vocab_size, calibration=trees))
     if name == "auto" and k is not None:  # k=3 (or k=auto) alone asks for the heads
         name = "heads"
     uses_lookup = name in ("auto", "prompt_lookup", "heads+prompt_lookup")
@@ -98,7 +121,7 @@ def drafter_from_options(model: MTPModel, name: str, *, k: int | str | None = No
                                    min_ngram=min_ngram))
     if name == "auto" or k == "auto":
         return Auto(heads_only=name != "auto", draft_model=drafts_model, prompt_lookup=lookup,
-                    calibration=calibration)
+                    calibration=calibration, trees=auto_trees(model, trees))
     if name == "prompt_lookup":
         if k is not None:
             raise ValueError(f"k={k!r} sizes the heads drafter: use num_draft= for prompt lookup")
@@ -107,6 +130,15 @@ def drafter_from_options(model: MTPModel, name: str, *, k: int | str | None = No
     if isinstance(resolved, Combined):  # heads+prompt_lookup with this lookup's options
         return Combined(resolved.drafters[0], lookup)
     return AUTOREGRESSIVE if resolved is None else resolved
+
+
+def auto_trees(model: MTPModel, calibration: Calibration | None) -> tuple[Tree, ...]:
+    """`auto`'s candidate trees: a calibrated checkpoint's auto:N for N in AUTO_TREE_SIZES."""
+    if calibration is None or model.config.n_future < 2:
+        return ()
+    return tuple(resolve_tree(f"auto:{size}", n_heads=model.config.n_future,
+                              vocab_size=model.config.vocab_size, calibration=calibration)
+                 for size in AUTO_TREE_SIZES)
 
 
 def _given(**options):

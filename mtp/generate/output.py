@@ -33,8 +33,11 @@ class DecodeStats:
     draft after the last accepted token).
 
     `head_acceptance[0]` is 1.0 (head 0's token is always kept); `head_verified[j]` counts the
-    drafts of head j that reached verification (head j's draft is verified only when the
-    drafts of heads 1..j-1 before it were accepted), so rates can be pooled across sequences.
+    steps where drafts of head j reached verification (head j's drafts are verified only when
+    drafts of heads 1..j-1 before them were accepted), so rates can be pooled across
+    sequences. With a tree, head j's acceptance is the rate at which some depth-j draft was
+    kept. `accepted_depths[d]` counts the forward passes that kept d drafts (the prefill
+    counts as one that kept none); `nodes_verified` counts the tokens of every forward pass.
     """
 
     forward_passes: int
@@ -43,6 +46,13 @@ class DecodeStats:
     head_acceptance: list[float]
     seconds: float
     head_verified: list[int] = field(default_factory=list)
+    accepted_depths: list[int] = field(default_factory=list)
+    nodes_verified: int = 0
+
+    @property
+    def nodes_per_forward(self) -> float:
+        """Tokens verified per forward pass (the tree's size, less near the context's end)."""
+        return self.nodes_verified / max(self.forward_passes, 1)
 
     @classmethod
     def pooled(cls, stats: Sequence[DecodeStats]) -> DecodeStats:
@@ -56,10 +66,13 @@ class DecodeStats:
                     for j in range(n_heads)]
         accepted = [sum(s.head_acceptance[j] * s.head_verified[j] for s in stats
                         if j < len(s.head_verified)) for j in range(n_heads)]
+        depths = [sum(s.accepted_depths[d] for s in stats if d < len(s.accepted_depths))
+                  for d in range(max(len(s.accepted_depths) for s in stats))]
         return cls(forward_passes=forwards, new_tokens=tokens,
                    tokens_per_forward=tokens / max(forwards, 1),
                    head_acceptance=[a / v if v else 0.0 for a, v in zip(accepted, verified)],
-                   seconds=max(s.seconds for s in stats), head_verified=verified)
+                   seconds=max(s.seconds for s in stats), head_verified=verified,
+                   accepted_depths=depths, nodes_verified=sum(s.nodes_verified for s in stats))
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,8 @@ class SequenceOutput:
         self._forwards = 0
         self._verified = [0] * n_heads
         self._accepted = [0] * n_heads
+        self._depths = [0] * n_heads  # forward passes by drafts accepted
+        self._nodes = 0
 
     @property
     def finished(self) -> bool:
@@ -114,9 +129,12 @@ class SequenceOutput:
         self._stream()
         return self.finished
 
-    def count_forward(self, verified_drafts: int, accepted_drafts: int) -> None:
-        """Record one forward pass that verified drafts of heads 1..verified_drafts."""
+    def count_forward(self, verified_drafts: int, accepted_drafts: int, nodes: int) -> None:
+        """Record one forward pass of `nodes` tokens that verified drafts of heads
+        1..verified_drafts and kept `accepted_drafts` of them."""
         self._forwards += 1
+        self._nodes += nodes
+        self._depths[accepted_drafts] += 1
         self._verified[0] += 1
         self._accepted[0] += 1
         for head in range(1, verified_drafts + 1):
@@ -131,7 +149,8 @@ class SequenceOutput:
             forward_passes=self._forwards, new_tokens=new,
             tokens_per_forward=new / max(self._forwards, 1),
             head_acceptance=[a / v if v else 0.0 for a, v in zip(self._accepted, self._verified)],
-            seconds=self._seconds, head_verified=list(self._verified))
+            seconds=self._seconds, head_verified=list(self._verified),
+            accepted_depths=list(self._depths), nodes_verified=self._nodes)
         return Generation(self.text, list(self.token_ids), self.finish_reason, stats)
 
     def _append_text(self, piece: str) -> None:

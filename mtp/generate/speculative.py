@@ -6,17 +6,21 @@ Gloeckle et al. 2024 use it), but `verify` and `accept` do not know who drafted:
 
 - draft (`heads_drafter.draft`): at the last accepted position t, head j (1 <= j < k)
   predicts token t + j + 1; those k - 1 tokens are the proposals, drawn from the heads' own
-  distributions q_j. Other drafters propose their own tokens and q (`Drafts`).
+  distributions q_j. With a candidate tree (`tree.py`, Medusa) the heads also propose their
+  second or third choices, with parent links. Other drafters propose their own tokens and q
+  (`Drafts`).
 - `verify`: one forward pass over `pending` = [the last accepted token, the k - 1 drafts]
   through the trunk and heads 0..k-1. Head 0 at pending position i gives the target
   distribution p_i of the token after it, which verifies draft i + 1; every head at every
-  position also gives the material for the next drafts.
-- `accept`: speculative sampling (Leviathan et al. 2023, Chen et al. 2023) draft by draft:
-  keep draft d with probability min(1, p(d) / q(d)); at the first rejection draw the
-  correction from normalise(max(p - q, 0)), and when every draft is kept draw a bonus token
-  from head 0 at the last pending position. Each token then has exactly head 0's
-  distribution. Greedy is the same rule with one-hot p and q: a draft is kept iff it is
-  head 0's argmax, and the correction is head 0's argmax.
+  position also gives the material for the next drafts. A tree's nodes each sit at their
+  depth and see only their ancestors.
+- `accept` (`acceptance.py`): speculative sampling (Leviathan et al. 2023, Chen et al. 2023)
+  draft by draft: keep draft d with probability min(1, p(d) / q(d)); at the first rejection
+  draw the correction from normalise(max(p - q, 0)), and when every draft is kept draw a
+  bonus token from head 0 at the last pending position. Each token then has exactly head
+  0's distribution. Greedy is the same rule with one-hot p and q: a draft is kept iff it is
+  head 0's argmax, and the correction is head 0's argmax. A tree tries a node's children
+  in turn (SpecInfer); the cache then keeps the accepted path (`KVCache.compact`).
 
 Worked example, k = 4. The cache holds the accepted tokens x_0..x_9 except the last, x_9.
 The previous step left drafts d_1, d_2, d_3 for positions 10, 11, 12 (from heads 1, 2, 3 at
@@ -34,6 +38,12 @@ n_accepted + 1 = 3 tokens with one forward pass. The cache rolls back to hold x_
 1..3 at pending position 2 (the position of d_2) propose positions 13, 14, 15: the next
 pending is [c, d'_1, d'_2, d'_3]. With every draft accepted (n_accepted = 3) the bonus token
 comes from head 0 at pending position 3 and the next drafts from the heads there too.
+
+A tree works alike: with the tree [0], [1], [0, 0] pending is [x_9, a, b, c] where a and b
+are head 1's two best guesses for position 10 (both at position 10, each seeing x_9 only)
+and c is head 2's best guess for position 11, seen after a. If head 0 after x_9 says b, the
+path x_9 -> b is accepted (c is not: it followed a), the cache keeps x_9 and b at positions
+9 and 10, and head 0 after b gives the next token.
 """
 
 from __future__ import annotations
@@ -41,10 +51,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mtp.kv_cache import KVCache
-from mtp.generate.drafter import Drafts
-from mtp.generate.sampling import sample
 from mtp.generate.stacked_heads import StackedHeads
+from mtp.generate.tree import Tree
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 
 
@@ -85,50 +94,18 @@ def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
     return hidden[rows, torch.tensor(lengths, device=hidden.device) - 1]
 
 
-def verify(model: MTPModel, cache: KVCache, pending: Tensor,
-           heads: int | StackedHeads) -> tuple[Tensor, Tensor]:
+def verify(model: MTPModel, cache: KVCache, pending: Tensor, heads: int | StackedHeads,
+           tree: Tree | None = None) -> tuple[Tensor, Tensor]:
     """One forward pass over `pending` (B, m) with heads 0..n-1 (see `hidden_states`).
 
     Returns head 0's logits (B, m, V) at every pending position, to verify the drafts, and
     every head's hidden states (B, m, n, D), of which the next drafts need one position.
-    The cache must hold every accepted token before pending[:, 0]; it advances by m.
+    The cache must hold every accepted token before pending[:, 0]; it advances by m. With a
+    `tree`, pending is the root and the tree's nodes: each sits at its depth and sees only
+    its ancestors (`KVCache.masked_step`), and `KVCache.compact` then keeps the accepted path.
     """
+    if tree is not None:
+        buffers = tree.buffers(pending.device)
+        cache.masked_step(buffers.depths, buffers.visible)
     hidden = hidden_states(model, cache, pending, heads)  # (B, m, n, D)
     return model.unembed(hidden[:, :, 0]), hidden
-
-
-def accept(drafts: Drafts, target: Tensor,
-           generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """The speculative-sampling rule over m - 1 drafts and the target's m distributions.
-
-    Args:
-        drafts: tokens (B, m - 1), their proposal distributions (one-hot when the drafter
-            gives none) and, optionally, how many of each row's drafts are real.
-        target: the target's distributions (B, m, V) at the m pending positions;
-            target[:, i] verifies drafts.tokens[:, i].
-    Returns:
-        n_accepted (B,): how many leading drafts were kept, and tokens (B, m): the kept
-        drafts, then at index n_accepted the correction (or bonus) token; later entries are
-        leftover drafts, not output.
-    """
-    batch, m, vocab = target.shape
-    rows = torch.arange(batch, device=target.device)
-    draft_ids = drafts.tokens.unsqueeze(-1)  # (B, m - 1, 1)
-    proposal = drafts.proposal(vocab).to(target.dtype)  # (B, m - 1, V); padding rows are 0
-    p = target[:, :-1].gather(-1, draft_ids).squeeze(-1)  # (B, m - 1)
-    q = proposal.gather(-1, draft_ids).squeeze(-1)  # (B, m - 1)
-    uniform = torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype)
-    kept = (uniform * q < p) & (q > 0)  # probability min(1, p / q); padding never
-    n_accepted = kept.long().cumprod(-1).sum(-1)  # (B,) length of the accepted prefix
-
-    # The first rejected draft's residual; past the last draft there is no q (bonus token).
-    proposal = torch.cat([proposal, torch.zeros_like(target[:, :1])], dim=1)  # (B, m, V)
-    p_next, q_next = target[rows, n_accepted], proposal[rows, n_accepted]  # (B, V) each
-    residual = (p_next - q_next).clamp(min=0)
-    # An all-zero residual means p == q, where rejection has probability 0 (rounding only).
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
-    correction = sample(residual, generator)  # (B,); sample() needs no normalisation
-
-    tokens = torch.cat([drafts.tokens, correction[:, None]], dim=1)  # (B, m)
-    tokens[rows, n_accepted] = correction
-    return n_accepted, tokens

@@ -1,0 +1,161 @@
+"""Acceptance: which drafted path of a tree one verify pass keeps, and the token after it.
+
+The verifier does not know who drafted: it gets `Drafts` (drafter.py), the draft tokens of
+a tree's nodes 1..m-1 (the root, node 0, is the last accepted token), the distribution each
+draft was drawn from (or none, for deterministic drafts, which count as one-hot), and head
+0's logits at every node, which give the target distribution p of the token after that
+node. A chain is the tree with one path. Padding drafts (past a row's `lengths`) are never
+kept and leave the target untouched.
+
+- `exact` (the default). Greedy (temperature 0): a draft is kept iff it is head 0's argmax
+  after its parent; the output is the longest such path plus head 0's argmax after it, which
+  is exactly autoregressive decoding. Sampling: SpecInfer's multi-candidate speculative
+  sampling (Miao et al. 2024), which is lossless. From the root, try the children of the
+  current node in rank order; child x drawn from q is kept with probability
+  min(1, p(x) / q(x)), and after a rejection the target becomes normalise(max(p - q, 0)).
+  The first kept child becomes the current node; when every child is rejected (or the node
+  is a leaf) the next token is drawn from the current target. Each step is a standard
+  speculative-sampling step whose output has the current target's distribution, so the
+  tokens have exactly head 0's distribution. Siblings drawn without replacement (the heads'
+  tree) carry the distribution they were drawn from given their earlier siblings: q with
+  those removed and renormalised (see `speculative.draft`). With one path this is the
+  blockwise rule of Leviathan et al. 2023.
+- `typical` (opt-in, Medusa's typical acceptance; NOT lossless): a draft is kept while
+  p(draft) > min(epsilon, alpha * exp(-H(p))) along its path; the longest kept path wins
+  (ties to the lower-ranked path) and the next token is drawn from p after it. It trades
+  the exact distribution for longer accepted paths at temperature > 0; at temperature 0 it
+  is the greedy rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mtp.generate.drafter import Drafts
+from mtp.generate.sampling import SamplingConfig, probabilities, sample
+from mtp.generate.tree import Tree
+
+ACCEPTANCE = ("exact", "typical")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TypicalAcceptance:
+    """Medusa's thresholds: keep a draft while p(draft) > min(epsilon, alpha * exp(-H(p)))."""
+
+    epsilon: float = 0.09
+    alpha: float = 0.3
+
+    def __post_init__(self) -> None:
+        if not (0 < self.epsilon <= 1 and 0 < self.alpha <= 1):
+            raise ValueError(f"typical acceptance needs 0 < epsilon, alpha <= 1, got "
+                             f"epsilon={self.epsilon!r}, alpha={self.alpha!r}")
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """Per sequence: the last accepted node, its depth, and the new tokens.
+
+    tokens (B, depth + 1): the kept drafts along the accepted path, then at index n_accepted
+    the correction or bonus token (the next root); later entries are not output.
+    """
+
+    node: Tensor  # (B,)
+    n_accepted: Tensor  # (B,)
+    tokens: Tensor  # (B, depth + 1)
+
+
+def accept(drafts: Drafts, target: Tensor, sampling: SamplingConfig,
+           generator: torch.Generator | None = None, *, acceptance: str = "exact",
+           typical: TypicalAcceptance = TypicalAcceptance()) -> Accepted:
+    """Verify `drafts` (a chain, or a tree's nodes) against head 0's logits `target` (B, m, V)."""
+    if acceptance not in ACCEPTANCE:
+        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
+    tree = drafts.shape()
+    buffers = tree.buffers(target.device)
+    rows = torch.arange(target.shape[0], device=target.device)
+    real = None  # (B, m - 1): which drafts are not padding
+    if drafts.lengths is not None:
+        real = torch.arange(drafts.count, device=target.device) < drafts.lengths[:, None]
+    if sampling.greedy:
+        predicted = target.argmax(-1)  # (B, m) head 0's token after each node
+        node = _deepest_kept(_and(drafts.tokens == predicted[:, buffers.parents], real), tree)
+        next_token = predicted[rows, node]
+    elif acceptance == "typical":
+        p = probabilities(target, sampling)  # (B, m, V)
+        entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, m)
+        threshold = torch.minimum(typical.alpha * torch.exp(-entropy),
+                                  torch.full_like(entropy, typical.epsilon))
+        p_draft = p[:, buffers.parents].gather(-1, drafts.tokens[..., None]).squeeze(-1)
+        node = _deepest_kept(_and(p_draft > threshold[:, buffers.parents], real), tree)
+        next_token = sample(p[rows, node], generator)
+    else:
+        node, residual = _recursive_rejection(drafts, probabilities(target, sampling), tree,
+                                              real, generator)
+        next_token = sample(residual, generator)
+    path = buffers.ancestors[node][:, 1:]  # (B, depth): the accepted nodes, then padding
+    tokens = drafts.tokens.gather(1, (path - 1).clamp(min=0))
+    tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, depth + 1)
+    n_accepted = buffers.depths[node]
+    tokens[rows, n_accepted] = next_token
+    return Accepted(node, n_accepted, tokens)
+
+
+def _and(kept: Tensor, real: Tensor | None) -> Tensor:
+    return kept if real is None else kept & real
+
+
+def _deepest_kept(kept: Tensor, tree: Tree) -> Tensor:
+    """The deepest node (B,) whose whole path is kept; kept (B, m - 1) for nodes 1..m-1.
+
+    Ties go to the lower node index (lower ranks); under greedy acceptance siblings are
+    distinct tokens, so at most one path is kept.
+    """
+    buffers = tree.buffers(kept.device)
+    root = torch.ones(kept.shape[0], 1, dtype=torch.bool, device=kept.device)
+    kept = torch.cat([root, kept], dim=1)  # the root is always kept
+    on_path = kept[:, buffers.ancestors].all(-1)  # (B, m)
+    return (on_path * (buffers.depths + 1)).argmax(-1)  # argmax returns the first maximum
+
+
+def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree, real: Tensor | None,
+                         generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """SpecInfer's rule: the last accepted node (B,) and the distribution (B, V) after it."""
+    buffers = tree.buffers(p_all.device)
+    batch, _, vocab = p_all.shape
+    rows = torch.arange(batch, device=p_all.device)
+    node = torch.zeros(batch, dtype=torch.long, device=p_all.device)
+    p = p_all[:, 0]  # (B, V) the current target
+    descending = torch.ones(batch, dtype=torch.bool, device=p_all.device)
+    for width in tree.widths:  # the most children of any node at each depth
+        children = buffers.children[node, :width]  # (B, width), -1 padded
+        chosen = torch.full_like(node, -1)
+        for rank in range(width):
+            child = children[:, rank]
+            index = (child - 1).clamp(min=0)
+            token = drafts.tokens[rows, index]  # (B,)
+            if drafts.probs is None:
+                q = torch.nn.functional.one_hot(token, vocab).to(p.dtype)
+            else:
+                q = drafts.probs[rows, index].to(p.dtype)  # (B, V)
+            q_token, p_token = q[rows, token], p[rows, token]
+            uniform = torch.rand(batch, generator=generator, device=p.device, dtype=p.dtype)
+            # A draft its own proposal could not have drawn (e.g. a rank past top_k) was
+            # never proposed: skip it without touching the target.
+            trying = descending & (child >= 0) & (chosen < 0) & (q_token > 0)
+            if real is not None:
+                trying &= real[rows, index]
+            kept = trying & (uniform * q_token < p_token)  # probability min(1, p / q)
+            chosen = torch.where(kept, child, chosen)
+            residual = (p - q).clamp(min=0)
+            total = residual.sum(-1, keepdim=True)
+            # An all-zero residual means p == q, where rejection has probability 0.
+            residual = torch.where(total > 0, residual / total.clamp(min=1e-30), p)
+            p = torch.where((trying & ~kept)[:, None], residual, p)
+        moved = chosen >= 0
+        node = torch.where(moved, chosen, node)
+        p = torch.where(moved[:, None], p_all[rows, node], p)
+        descending &= moved
+    return node, p

@@ -1,0 +1,150 @@
+"""`python -m mtp.generate.calibrate checkpoint=DIR`: measure the heads, write DIR/tree.json.
+
+What `tree=auto:N` needs: how often head d's rank-r token is right. For each calibration
+prompt the model decodes `max_new_tokens` tokens greedily; one teacher-forced forward pass
+over prompt + continuation then gives, at every position s of the continuation, the rank of
+the token that greedy decoding produced at s + d + 1 under head d's logits at s (the rank of
+the truth). rates[d - 1][r] is the fraction of positions where head d's rank was r, among
+positions where heads 1..d-1 were right within their top `ranks` (a node at depth d is only
+verified when its parent was accepted, and heads agree more often after their predecessors
+did). Medusa's construction (`Tree.from_rates`) turns the rates into the N-node tree of the
+largest expected accepted length.
+
+Whether a tree pays is a question of speed, not only of acceptance: `drafter=auto` (the
+command lines' default) measures the auto:N trees of a calibrated checkpoint against the
+chain and keeps the fastest. Calibrate on prompts that you do not benchmark on.
+
+  checkpoint       an exported directory (required)
+  prompt_file      data/prompts/calibration.jsonl (MBPP validation-split signatures)
+  max_new_tokens   128 greedy tokens per prompt
+  ranks            8: ranks measured per head
+  output           where tree.json goes (default: the checkpoint's directory)
+  device, dtype    cpu, float32
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import MISSING
+
+from mtp.checkpoint import load
+from mtp.generate.decode import generate
+from mtp.generate.prompts import read_prompts
+from mtp.generate.tree import Calibration, Tree
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class CalibrateArgs:
+    checkpoint: str = MISSING
+    prompt_file: str = str(REPO / "data/prompts/calibration.jsonl")
+    max_new_tokens: int = 128
+    ranks: int = 8
+    output: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+@torch.inference_mode()
+def truth_ranks(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
+                max_new_tokens: int) -> torch.Tensor:
+    """(positions, n_future - 1): the rank of the greedy continuation's token under heads 1..
+
+    Row s of a continuation holds, for head d, the rank of token s + d + 1 among head d's
+    logits at position s (0: its argmax); positions without that token are left out.
+    """
+    n_heads = model.config.n_future
+    rows = []
+    for prompt, generation in zip(prompts, generate(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens)):
+        prefix = [tokenizer.eos_id, *tokenizer.encode(prompt)]
+        ids = torch.tensor([prefix + generation.token_ids], device=_device(model))
+        logits = model(ids)[0].float()  # (T, n, V)
+        start, end = len(prefix) - 1, ids.shape[1] - n_heads  # every head's truth exists
+        if end <= start:
+            continue
+        ranks = []
+        for head in range(1, n_heads):
+            scores = logits[start:end, head]  # (S, V) head's logits at positions s
+            truth = ids[0, start + head + 1:end + head + 1]  # (S,) token s + head + 1
+            ranks.append((scores > scores.gather(1, truth[:, None])).sum(1))
+        rows.append(torch.stack(ranks, dim=1))  # (S, n - 1)
+    if not rows:
+        raise ValueError(f"no position to measure: give longer continuations than "
+                         f"max_new_tokens={max_new_tokens} for a model with {n_heads} heads")
+    return torch.cat(rows).cpu()
+
+
+def acceptance_rates(ranks: torch.Tensor, n_ranks: int) -> list[list[float]]:
+    """rates[d][r]: P(head d + 1 has rank r | heads 1..d ranked the truth below n_ranks)."""
+    rates = []
+    reachable = torch.ones(ranks.shape[0], dtype=torch.bool)
+    for head in range(ranks.shape[1]):
+        counts = torch.bincount(ranks[reachable, head].clamp(max=n_ranks), minlength=n_ranks + 1)
+        rates.append([round(c / max(int(reachable.sum()), 1), 4) for c in counts[:n_ranks].tolist()])
+        reachable &= ranks[:, head] < n_ranks
+    return rates
+
+
+def calibrate(args: CalibrateArgs) -> tuple[Calibration, Path]:
+    """Measure the rates and write tree.json; returns the calibration and its path."""
+    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES[args.dtype])
+    config = model.config
+    if config.n_future < 2:
+        raise ValueError(f"{args.checkpoint} has one head: there is nothing to draft with")
+    prompts = read_prompts(args.prompt_file)
+    began = time.perf_counter()
+    ranks = truth_ranks(model, tokenizer, prompts, args.max_new_tokens)
+    rates = acceptance_rates(ranks, args.ranks)
+    details: dict[str, Any] = {
+        "prompt_file": args.prompt_file, "prompts": len(prompts), "positions": ranks.shape[0],
+        "max_new_tokens": args.max_new_tokens, "device": args.device, "dtype": args.dtype,
+        "threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - began, 1)}
+    calibration = Calibration(rates, config.n_future, config.vocab_size, details=details)
+    output = Path(args.output) if args.output else Path(args.checkpoint)
+    return calibration, calibration.save(output)
+
+
+def main(argv: list[str]) -> None:
+    from mtp.generate.__main__ import parse_overrides
+
+    args = parse_overrides(argv, CalibrateArgs)
+    if args.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
+    calibration, path = calibrate(args)
+    print("head  " + " ".join(f"rank{r:<2}" for r in range(args.ranks)))
+    for head, row in enumerate(calibration.rates, start=1):
+        print(f"{head:>4}  " + " ".join(f"{p:6.3f}" for p in row))
+    for size in (8, 16, 32, 64):
+        tree = Tree.from_rates(calibration.rates, size)
+        expected = 1 + sum(_path_probability(calibration.rates, p) for p in tree.paths)
+        print(f"auto:{size}: depth {tree.depth}, expected {expected:.2f} tokens per forward")
+    print(f"wrote {path}")
+
+
+def _path_probability(rates: list[list[float]], path: tuple[int, ...]) -> float:
+    probability = 1.0
+    for depth, rank in enumerate(path):
+        probability *= rates[depth][rank]
+    return probability
+
+
+def _device(model: MTPModel) -> torch.device:
+    return next(model.parameters()).device
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"error: {error}")

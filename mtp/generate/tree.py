@@ -1,0 +1,336 @@
+"""Candidate trees for tree verification (Medusa, SpecInfer): rank paths and their buffers.
+
+A tree is a list of rank paths, as Medusa's `medusa_choices`: `[0]` is head 1's top-1 token,
+`[0, 1]` is head 1's top-1 followed by head 2's top-2, and so on. A node at depth d is a
+token drafted by head d at the last accepted position; its parent is the path without its
+last rank. The root, node 0, is the last accepted token itself (head 0's, never a draft).
+Every prefix of a path must be in the tree too.
+
+Nodes are numbered root first, then by depth, then by rank path (Medusa's order), so a
+parent always comes before its children. A tree of `n_nodes` nodes verifies `n_nodes` tokens
+(the root included) in one forward pass; the chain of k - 1 drafts is the tree
+`[0], [0, 0], ...` with k nodes.
+
+Which trees
+- `chain`: one path of rank-0 drafts, as deep as the heads allow (today's decoding).
+- `tree8`, `tree16`, `tree32`, `tree64`: fixed trees of that many nodes, built by the same
+  greedy construction as `auto:N` from a model-independent prior (`FIXED_PRIOR`).
+- `auto:N`: the N-node tree with the largest expected accepted length under per-head,
+  per-rank acceptance rates measured on calibration prompts (`mtp.generate.calibrate` writes
+  them as `tree.json` into an export directory; see `Calibration`). The construction is
+  Medusa's: a path's acceptance probability is the product of its (head, rank) rates, and
+  best-first search takes the N - 1 most probable paths; the product never grows along a
+  path, so the result is prefix-closed and optimal for those rates (Sequoia, EAGLE-2).
+
+`TreeBuffers` holds what one decoding step needs, computed once per tree and device
+(Medusa's `generate_medusa_buffers`): depths (the position offsets), the ancestor mask, the
+index of each node's draft among the heads' top-k, the ancestors of each node (its
+root-to-node path) and the children of each node.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+TREE_FILE = "tree.json"
+FIXED_SIZES = (8, 16, 32, 64)
+# The fixed presets' prior: every head is right at rank r with probability 0.6 * 0.4 ** r.
+# Not measured on any model: it only shapes trees that are wide near the root and deep along
+# the top-1 path. `auto:N` replaces it with measured rates.
+FIXED_PRIOR_TOP1, FIXED_PRIOR_DECAY, FIXED_PRIOR_RANKS = 0.6, 0.4, 8
+
+
+@dataclass(frozen=True)
+class TreeBuffers:
+    """A tree's tensors on one device (see the module docstring)."""
+
+    depths: Tensor  # (m,) the position offset of every node, 0 for the root
+    visible: Tensor  # (m, m) bool: node i sees node j iff j is i or one of its ancestors
+    parents: Tensor  # (m - 1,) the parent of nodes 1..m-1
+    draft_index: Tensor  # (m - 1,) node i's token is topk[(depth - 1) * ranks + rank]
+    ancestors: Tensor  # (m, depth + 1) the root-to-node path, padded with the node itself
+    children: Tensor  # (m, max children) the children of each node in rank order, -1 padded
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A candidate tree: its rank paths, validated, and the bookkeeping derived from them."""
+
+    paths: tuple[tuple[int, ...], ...]
+    name: str = "custom"
+    _buffers: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        paths = []
+        for path in self.paths:
+            if (isinstance(path, (str, bytes)) or not isinstance(path, Sequence) or not path
+                    or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
+                               for r in path)):
+                raise ValueError(f"tree {self.name}: path {path!r} must be a non-empty list of "
+                                 f"ranks (integers >= 0)")
+            paths.append(tuple(path))
+        seen = set()
+        for path in paths:
+            if path in seen:
+                raise ValueError(f"tree {self.name}: path {list(path)} appears twice")
+            seen.add(path)
+        for path in paths:
+            if len(path) > 1 and path[:-1] not in seen:
+                raise ValueError(f"tree {self.name}: path {list(path)} needs its parent "
+                                 f"{list(path[:-1])} in the tree too")
+        object.__setattr__(self, "paths", tuple(sorted(paths, key=lambda p: (len(p), p))))
+
+    @classmethod
+    def chain(cls, depth: int) -> Tree:
+        """The rank-0 chain of `depth` drafts: blockwise speculative decoding's k = depth + 1."""
+        return _chain(depth)
+
+    @property
+    def is_chain(self) -> bool:
+        """One path of rank-0 drafts (no tree mask or path compaction needed)."""
+        return all(path == (0,) * len(path) for path in self.paths)
+
+    @classmethod
+    def from_rates(cls, rates: Sequence[Sequence[float]], n_nodes: int,
+                   name: str | None = None) -> Tree:
+        """The `n_nodes`-node tree (root included) of the most probable paths under `rates`.
+
+        rates[d][r] is the probability that head d + 1's rank-r token is accepted (given its
+        parent was); a path's probability is the product along it. Ties go to shallower,
+        then lower-ranked, paths.
+        """
+        if not isinstance(n_nodes, int) or n_nodes < 1:
+            raise ValueError(f"a tree needs n_nodes >= 1 (the root), got {n_nodes!r}")
+        frontier = [(-float(p), (r,)) for r, p in enumerate(rates[0])] if rates else []
+        heapq.heapify(frontier)
+        chosen = []
+        while frontier and len(chosen) < n_nodes - 1:
+            value, path = heapq.heappop(frontier)
+            chosen.append(path)
+            if len(path) < len(rates):
+                for r, p in enumerate(rates[len(path)]):
+                    heapq.heappush(frontier, (value * float(p), path + (r,)))
+        return cls(tuple(chosen), name=name or f"rates:{n_nodes}")
+
+    @property
+    def n_nodes(self) -> int:
+        """Tokens verified per step: the root and every path's node."""
+        return len(self.paths) + 1
+
+    @property
+    def depth(self) -> int:
+        """The deepest node's depth: the tree needs heads 0..depth."""
+        return max((len(p) for p in self.paths), default=0)
+
+    @property
+    def n_ranks(self) -> int:
+        """The heads' top-k needed to draft every node."""
+        return max((r for p in self.paths for r in p), default=-1) + 1
+
+    @cached_property
+    def parents(self) -> list[int]:
+        """The parent of every node (the root's is -1)."""
+        index = {(): 0} | {path: i + 1 for i, path in enumerate(self.paths)}
+        return [-1] + [index[path[:-1]] for path in self.paths]
+
+    @cached_property
+    def ancestors(self) -> list[list[int]]:
+        """The root-to-node path of every node, both ends included."""
+        paths = [[0]]
+        for node, parent in enumerate(self.parents[1:], start=1):
+            paths.append(paths[parent] + [node])
+        return paths
+
+    @cached_property
+    def has_children(self) -> list[bool]:
+        """Whether each node has children (a leaf's path cannot be extended)."""
+        parents = set(self.parents)
+        return [node in parents for node in range(self.n_nodes)]
+
+    @cached_property
+    def widths(self) -> list[int]:
+        """The most children of any node at depth 0, 1, ..., depth - 1."""
+        counts: dict[tuple[int, ...], int] = {}
+        for path in self.paths:
+            counts[path[:-1]] = counts.get(path[:-1], 0) + 1
+        return [max(c for parent, c in counts.items() if len(parent) == d)
+                for d in range(self.depth)]
+
+    def first(self, n_nodes: int) -> Tree:
+        """The subtree of the first `n_nodes` nodes (parents come first: a valid tree)."""
+        if n_nodes >= self.n_nodes:
+            return self
+        key = ("first", n_nodes)
+        if key not in self._buffers:
+            self._buffers[key] = Tree(self.paths[:n_nodes - 1], name=f"{self.name}[:{n_nodes}]")
+        return self._buffers[key]
+
+    def check(self, n_heads: int, vocab_size: int) -> None:
+        """A ValueError naming the first path the model cannot draft."""
+        for path in self.paths:
+            if len(path) > n_heads - 1:
+                raise ValueError(f"tree {self.name}: path {list(path)} has depth {len(path)}, "
+                                 f"but heads 1..{n_heads - 1} draft depths 1..{n_heads - 1} "
+                                 f"({n_heads} heads used)")
+            if max(path) >= vocab_size:
+                raise ValueError(f"tree {self.name}: path {list(path)} has rank {max(path)}, "
+                                 f"beyond the vocabulary of {vocab_size} tokens")
+
+    def buffers(self, device: torch.device | str) -> TreeBuffers:
+        """This tree's tensors on `device`, built once."""
+        key = str(device)
+        if key not in self._buffers:
+            self._buffers[key] = self._build(device)
+        return self._buffers[key]
+
+    def _build(self, device: torch.device | str) -> TreeBuffers:
+        m, depth, ranks = self.n_nodes, self.depth, max(self.n_ranks, 1)
+        visible = torch.zeros(m, m, dtype=torch.bool)
+        ancestors = torch.zeros(m, depth + 1, dtype=torch.long)
+        for node, path in enumerate(self.ancestors):
+            visible[node, path] = True
+            ancestors[node] = torch.tensor(path + [node] * (depth + 1 - len(path)))
+        kids = [[] for _ in range(m)]
+        for node, parent in enumerate(self.parents[1:], start=1):
+            kids[parent].append(node)  # nodes are in rank order among siblings
+        width = max(map(len, kids))
+        children = torch.tensor([k + [-1] * (width - len(k)) for k in kids], dtype=torch.long)
+        return TreeBuffers(
+            depths=torch.tensor([0] + [len(p) for p in self.paths], device=device),
+            visible=visible.to(device),
+            parents=torch.tensor(self.parents[1:], dtype=torch.long, device=device),
+            draft_index=torch.tensor([(len(p) - 1) * ranks + p[-1] for p in self.paths],
+                                     dtype=torch.long, device=device),
+            ancestors=ancestors.to(device), children=children.to(device))
+
+    def to_json(self) -> list[list[int]]:
+        return [list(p) for p in self.paths]
+
+
+@functools.lru_cache(maxsize=None)
+def _chain(depth: int) -> Tree:
+    # One instance per depth: its buffers are then built once for every decode step.
+    return Tree(tuple((0,) * d for d in range(1, depth + 1)), name="chain")
+
+
+def fixed_prior(n_heads: int) -> list[list[float]]:
+    """`FIXED_PRIOR` for heads 1..n_heads-1: rank r accepted with 0.6 * 0.4 ** r."""
+    row = [FIXED_PRIOR_TOP1 * FIXED_PRIOR_DECAY ** r for r in range(FIXED_PRIOR_RANKS)]
+    return [row] * (n_heads - 1)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-head, per-rank acceptance rates of one model, as `tree.json` stores them.
+
+    `rates[d][r]`: how often head d + 1's rank-r token was the token that greedy decoding
+    produced, over positions where heads 1..d were right within their top ranks (see
+    `mtp.generate.calibrate`). `details`: how they were measured.
+    """
+
+    rates: list[list[float]]
+    n_future: int
+    vocab_size: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / TREE_FILE
+        trees = {str(n): Tree.from_rates(self.rates, n).to_json() for n in FIXED_SIZES}
+        path.write_text(json.dumps({
+            "n_future": self.n_future, "vocab_size": self.vocab_size, "rates": self.rates,
+            "details": self.details, "trees": trees}, indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, n_future: int, vocab_size: int) -> Calibration:
+        """Read `path` (a tree.json) and check that it belongs to a model of that shape."""
+        try:
+            data = json.loads(Path(path).read_text())
+            rates = [[float(p) for p in row] for row in data["rates"]]
+            calibration = cls(rates, int(data["n_future"]), int(data["vocab_size"]),
+                              data.get("details", {}))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a tree calibration file: {e}") from e
+        if (calibration.n_future, calibration.vocab_size) != (n_future, vocab_size):
+            raise ValueError(
+                f"{path} was calibrated for n_future={calibration.n_future}, vocab_size="
+                f"{calibration.vocab_size}, not this model's n_future={n_future}, "
+                f"vocab_size={vocab_size}")
+        if len(rates) != n_future - 1 or any(not 0 <= p <= 1 for row in rates for p in row):
+            raise ValueError(f"{path}: rates must be {n_future - 1} rows (heads 1..{n_future - 1}) "
+                             f"of probabilities")
+        return calibration
+
+
+def find_calibration(checkpoint: str | Path, *, n_future: int,
+                     vocab_size: int) -> Calibration | None:
+    """The `tree.json` beside an export (a directory, or a .ckpt's directory), if any."""
+    directory = Path(checkpoint)
+    directory = directory if directory.is_dir() else directory.parent
+    path = directory / TREE_FILE
+    if not path.is_file():
+        return None
+    return Calibration.load(path, n_future=n_future, vocab_size=vocab_size)
+
+
+def resolve_tree(spec: Tree | str | Sequence[Sequence[int]], *, n_heads: int, vocab_size: int,
+                 calibration: Calibration | None = None) -> Tree:
+    """The tree that `spec` names, checked against a model using heads 0..n_heads-1.
+
+    `spec`: a `Tree`; a list of rank paths; "chain"; "tree8", "tree16", "tree32", "tree64";
+    "auto:N" (needs `calibration`); or the path of a JSON file holding a list of rank paths.
+    """
+    if isinstance(spec, Tree):
+        tree = spec
+    elif isinstance(spec, str):
+        tree = _named_tree(spec, n_heads, calibration)
+    elif isinstance(spec, Sequence) and spec:
+        tree = Tree(tuple(spec))
+    else:
+        raise ValueError(f"tree must be a preset name, 'auto:N', a JSON file or a non-empty list "
+                         f"of rank paths, got {spec!r}")
+    tree.check(n_heads, vocab_size)
+    return tree
+
+
+def _named_tree(spec: str, n_heads: int, calibration: Calibration | None) -> Tree:
+    if spec == "chain":
+        return Tree.chain(n_heads - 1)
+    if spec.startswith("tree") and spec[4:] in {str(n) for n in FIXED_SIZES}:
+        return Tree.from_rates(fixed_prior(n_heads), int(spec[4:]), name=spec)
+    if spec.startswith("auto:"):
+        size = spec[5:]
+        if not size.isdigit() or int(size) < 1:
+            raise ValueError(f"tree={spec!r}: auto:N needs a node count N >= 1, e.g. auto:32")
+        if calibration is None:
+            raise ValueError(
+                f"tree={spec!r} needs measured acceptance rates: run `python -m "
+                f"mtp.generate.calibrate checkpoint=DIR` to write DIR/{TREE_FILE} (generate's "
+                f"command line and eval read it from the checkpoint's directory)")
+        return Tree.from_rates(calibration.rates[:n_heads - 1], int(size), name=spec)
+    path = Path(spec)
+    if path.suffix == ".json":
+        if not path.is_file():
+            raise ValueError(f"tree={spec!r}: no such file")
+        try:
+            paths = json.loads(path.read_text())
+        except ValueError as e:
+            raise ValueError(f"tree file {path} is not JSON: {e}") from e
+        if isinstance(paths, dict) and "rates" in paths:
+            raise ValueError(f"{path} is a calibration file: use tree=auto:N with its checkpoint")
+        if not isinstance(paths, list) or not paths:
+            raise ValueError(f"tree file {path} must hold a non-empty list of rank paths")
+        return Tree(tuple(paths), name=str(path))
+    raise ValueError(f"unknown tree {spec!r}: expected chain, "
+                     f"{', '.join(f'tree{n}' for n in FIXED_SIZES)}, auto:N, a .json file of "
+                     f"rank paths, or a list of rank paths")
