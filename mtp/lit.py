@@ -6,8 +6,11 @@ a single loss tensor and so the naive, n-times-the-logits-memory backward.
 
 One optimizer step = `accumulate` micro-batches; each is weighted 1/accumulate so the
 gradient is the mean over them. `trainer.global_step` counts optimizer steps, so
-`trainer.max_steps` and the LR schedule are in optimizer steps. Under FSDP2 the model is
-built on the meta device, sharded by `mtp.parallel.parallelize` and then initialised.
+`trainer.max_steps` and the LR schedule are in optimizer steps. The schedule also ends by
+`trainer.max_time` when that comes first (`mtp.optim.lr_factor`): its clock is Lightning's
+`Timer`, which checkpoints restore, so a resumed run continues the same schedule.
+Under FSDP2 the model is built on the meta device, sharded by `mtp.parallel.parallelize`
+and then initialised.
 """
 
 from __future__ import annotations
@@ -17,13 +20,23 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+from mtp.flops import flops_per_token, mfu
 from mtp.loss import LOSS_MODES, LossOutput, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.optim import build_optimizer, build_scheduler
+from mtp.optim import LRSchedule, build_optimizer, build_scheduler, schedules
 from mtp.parallel import (apply_activation_checkpointing, check_options, gradient_sync,
                           mixed_precision, parallelize)
+
+
+def compile_blocks(model: MTPModel) -> None:
+    """`torch.compile` every transformer block of `model` in place (trunk and heads)."""
+    # Per block (torchtitan's choice): FSDP2 units stay intact, compile time is one block's,
+    # and parameter names are unchanged (checkpoints stay portable).
+    for block in [*model.layers, *(b for head in model.heads for b in head)]:
+        block.compile()
 
 
 class NonFiniteLossError(RuntimeError):
@@ -40,7 +53,8 @@ class MTPLitModule(L.LightningModule):
         loss_weights: per-head weights (default all 1).
         lr, weight_decay, betas, eps: AdamW; no decay on norm gains or biases.
         warmup_steps, min_lr_ratio: linear warm-up, then cosine down to lr * min_lr_ratio at
-            `max_steps` (default: the trainer's max_steps).
+            `max_steps` (default: the trainer's max_steps) or at the trainer's `max_time`,
+            whichever comes first.
         grad_clip: max global gradient norm (0 turns clipping off).
         accumulate: micro-batches per optimizer step.
         compile: `torch.compile` every transformer block.
@@ -48,6 +62,8 @@ class MTPLitModule(L.LightningModule):
             activations in backward (`mtp.parallel.apply_activation_checkpointing`).
         param_dtype, reduce_dtype: FSDP2's mixed precision under a device mesh
             (`mtp.parallel.mixed_precision`; "auto" follows the trainer's precision).
+        peak_flops: the hardware's peak FLOPs/s per device, to log `train/mfu` against
+            (`mtp.flops`); None logs no MFU.
         tokenizer_files: the tokenizer's saved files (name -> text), stored in every
             checkpoint so a `.ckpt` alone can be loaded for inference.
         init_state: initial weights (a full state dict, e.g. `mtp.finetune.grow_heads`)
@@ -68,7 +84,8 @@ class MTPLitModule(L.LightningModule):
                  param_dtype: str = "auto", reduce_dtype: str = "float32",
                  tokenizer_files: dict[str, str] | None = None,
                  init_state: dict[str, torch.Tensor] | None = None, freeze_trunk: bool = False,
-                 trunk_lr_mult: float = 1.0, heads_only_steps: int = 0) -> None:
+                 trunk_lr_mult: float = 1.0, heads_only_steps: int = 0,
+                 peak_flops: float | None = None) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer_files", "init_state"])
         self.config = MTPConfig.from_dict(dict(model))
@@ -84,6 +101,8 @@ class MTPLitModule(L.LightningModule):
             raise ValueError(f"accumulate={accumulate!r} must be a positive integer")
         if grad_clip < 0:
             raise ValueError(f"grad_clip={grad_clip!r} must be >= 0")
+        if peak_flops is not None and not peak_flops > 0:
+            raise ValueError(f"peak_flops={peak_flops!r} must be > 0 FLOPs/s (or None)")
         check_options(activation_checkpointing=activation_checkpointing,
                       param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         if freeze_trunk and (trunk_lr_mult != 1.0 or heads_only_steps):
@@ -97,6 +116,8 @@ class MTPLitModule(L.LightningModule):
         self.tokenizer_files = dict(tokenizer_files or {})
         self.model: MTPModel | None = None
         self._step_started: float | None = None
+        self._schedules: list[LRSchedule] = []
+        self._flops_per_token = flops_per_token(self.config, seq_len)
 
     # -- model ------------------------------------------------------------------------------
 
@@ -135,10 +156,7 @@ class MTPLitModule(L.LightningModule):
 
     def _maybe_compile(self, model: MTPModel) -> None:
         if self.hparams.compile:
-            # Per block (torchtitan's choice): FSDP2 units stay intact, compile time is one
-            # block's, and parameter names are unchanged (checkpoints stay portable).
-            for block in [*model.layers, *(b for head in model.heads for b in head)]:
-                block.compile()
+            compile_blocks(model)
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
@@ -149,11 +167,33 @@ class MTPLitModule(L.LightningModule):
         optimizer = build_optimizer(self.model, lr=hp.lr, weight_decay=hp.weight_decay,
                                     betas=tuple(hp.betas), eps=hp.eps,
                                     trunk_lr_mult=hp.trunk_lr_mult)
+        timer = self._timer()
+        # The whole budget (elapsed + remaining): a resumed run's Timer may be restored already.
+        budget = timer and timer.time_elapsed() + timer.time_remaining()
         scheduler = build_scheduler(optimizer, warmup_steps=hp.warmup_steps,
                                     total_steps=max_steps, min_lr_ratio=hp.min_lr_ratio,
-                                    heads_only_steps=hp.heads_only_steps)
+                                    heads_only_steps=hp.heads_only_steps, time_budget=budget)
+        self._schedules = schedules(scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler,
                                                          "interval": "step"}}
+
+    def _timer(self) -> Timer | None:
+        """The trainer's `max_time` guard, when it has one."""
+        timers = [cb for cb in self.trainer.callbacks
+                  if isinstance(cb, Timer) and cb.time_remaining() is not None]
+        return timers[0] if timers else None
+
+    def _update_schedule_clock(self) -> None:
+        """Give the LR schedule the training time so far (rank 0's, so every rank agrees)."""
+        timer = self._timer()
+        if timer is None or not self._schedules:
+            return
+        budget = timer.time_elapsed() + timer.time_remaining()
+        elapsed = timer.time_elapsed()
+        if self.trainer.world_size > 1:
+            elapsed = self.trainer.strategy.broadcast(elapsed)
+        for schedule in self._schedules:
+            schedule.elapsed, schedule.time_budget = elapsed, budget
 
     def on_fit_start(self) -> None:
         if "16-mixed" == str(self.trainer.precision):
@@ -196,12 +236,14 @@ class MTPLitModule(L.LightningModule):
             out = self._loss(batch["tokens"], train=True)
         loss = out.loss * hp.accumulate  # undo the 1/accumulate weighting for the log
         self._check_finite("loss", loss, out)
-        # The whole batch's losses, not rank 0's share: one all-reduce over ranks.
-        loss, *head_losses = self.trainer.strategy.reduce(
-            torch.stack([loss, *out.head_losses]), reduce_op="mean")
+        # The whole batch's losses and accuracies, not rank 0's share: one all-reduce over ranks.
+        n = self.config.n_future
+        loss, *per_head = self.trainer.strategy.reduce(
+            torch.stack([loss, *out.head_losses, *out.head_accuracy]), reduce_op="mean")
         self.log("train/loss", loss, prog_bar=True)
-        for i, head_loss in enumerate(head_losses):
-            self.log(f"train/loss_head{i}", head_loss)
+        for i in range(n):
+            self.log(f"train/loss_head{i}", per_head[i])
+            self.log(f"train/acc_head{i}", per_head[n + i])
         if not last:
             return
 
@@ -217,11 +259,16 @@ class MTPLitModule(L.LightningModule):
             self.log("train/lr_trunk", lrs["base"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        self._update_schedule_clock()
         scheduler.step()
 
         seconds = time.perf_counter() - (self._step_started or time.perf_counter())
         tokens = hp.accumulate * batch["tokens"].shape[0] * hp.seq_len * self.trainer.world_size
-        self.log("train/tokens_per_sec", tokens / max(seconds, 1e-9), prog_bar=True)
+        rate = tokens / max(seconds, 1e-9)
+        self.log("train/tokens_per_sec", rate, prog_bar=True)
+        if hp.peak_flops:
+            peak = hp.peak_flops * self.trainer.world_size
+            self.log("train/mfu", mfu(rate, self._flops_per_token, peak))
 
     def _check_finite(self, what: str, value: torch.Tensor, out: LossOutput) -> None:
         bad = not torch.isfinite(value).item()

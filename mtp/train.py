@@ -2,13 +2,16 @@
 
 `train(cfg)` is the whole job (tests call it with a composed config): settings are checked
 before anything heavy runs, the tokenizer is built (or loaded), the data prepared, the model
-trained with Lightning, validated once more, and exported for inference (`mtp.load`).
+trained with Lightning, validated once more, exported for inference (`mtp.load`), and its
+per-head curves plotted to `<run>/plots/`. The summary says when and why a run stopped before
+`trainer.max_steps` (e.g. the `trainer.max_time` guard).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +19,19 @@ import hydra
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mtp.checkpoint import check_vocab, export, load, tokenizer_files
 from mtp.data import build_tokenizer
 from mtp.finetune import NEW_HEADS, grow_heads, grown_config
+from mtp.flops import resolve_peak_flops
 from mtp.lit import MTPLitModule
 from mtp.model import MTPConfig
 from mtp.parallel import check_options
 from mtp.paths import CONF_DIR
+from mtp.plots import MetricsHistory, write_plots
 from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 
 
@@ -148,11 +153,6 @@ def check_settings(cfg: DictConfig) -> None:
                          f"[0, trainer.max_steps={cfg.trainer.get('max_steps')})")
     if cfg.init.new_heads not in NEW_HEADS:
         raise ValueError(f"init.new_heads={cfg.init.new_heads!r} is not one of {NEW_HEADS}")
-    val_every = cfg.trainer.get("val_check_interval")
-    if isinstance(val_every, int) and val_every > cfg.trainer.max_steps * cfg.optim.accumulate:
-        raise ValueError(f"trainer.val_check_interval={val_every} batches is more than the "
-                         f"run's trainer.max_steps={cfg.trainer.max_steps} x "
-                         f"optim.accumulate={cfg.optim.accumulate}")
 
 
 def _logger(cfg: DictConfig) -> Any:
@@ -170,9 +170,43 @@ def _checkpointing(cfg: DictConfig, run_dir: Path) -> ModelCheckpoint:
         monitor="step", mode="max", save_last=True)
 
 
+def build_trainer(cfg: DictConfig, **kwargs: Any) -> L.Trainer:
+    """The `lightning.Trainer` that `cfg.trainer` describes, with `kwargs` (logger, callbacks)."""
+    fields = OmegaConf.to_container(cfg.trainer, resolve=True)
+    fields.pop("peak_flops", None)  # mtp's setting (the MFU denominator), not the Trainer's
+    return instantiate(fields, **kwargs)
+
+
+def early_stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
+    """Why `trainer.fit` ended before `max_steps` optimizer steps; None if it did not."""
+    if trainer.global_step >= max_steps:
+        return None
+    timers = [cb for cb in trainer.callbacks
+              if isinstance(cb, Timer) and cb.time_remaining() is not None]
+    if timers and timers[0].time_remaining() <= 0:
+        elapsed = timers[0].time_elapsed()
+        budget = elapsed + timers[0].time_remaining()
+        return (f"the trainer.max_time guard ({timedelta(seconds=round(budget))}) stopped "
+                f"training after {timedelta(seconds=round(elapsed))}")
+    if trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs:
+        return f"the data ran out after trainer.max_epochs={trainer.max_epochs} epoch(s)"
+    return "a callback asked the trainer to stop"
+
+
+def _stop_line(trainer: L.Trainer, max_steps: int) -> str | None:
+    reason = early_stop_reason(trainer, max_steps)
+    if reason is None:
+        return None
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    lr, peak = scheduler.get_last_lr()[0], scheduler.base_lrs[0]
+    return (f"stopped early at step {trainer.global_step} of trainer.max_steps={max_steps}:\n"
+            f"  {reason};\n  the learning rate had come down to {lr:.3g} ({lr / peak:.0%} of "
+            f"its peak): the schedule ends by the time budget too")
+
+
 @rank_zero_only
 def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: Path,
-                   last_ckpt: str) -> None:
+                   last_ckpt: str, stopped: str | None, plots: Path) -> None:
     if metrics:
         lines = ["", "head  predicts  val loss  val acc"]
         for i in range(n_future):
@@ -180,8 +214,10 @@ def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: P
                          f"{metrics[0][f'val/acc_head{i}']:>7.4f}")
     else:
         lines = ["", "no validation data (raise data.val_fraction for a per-head summary)"]
+    if stopped:
+        lines += ["", stopped]
     lines += ["", f"resume:   ckpt_path={last_ckpt}", f"exported: {export_dir}",
-              f"   load:  mtp.load({str(export_dir)!r})"]
+              f"   load:  mtp.load({str(export_dir)!r})", f"plots:    {plots}"]
     print("\n".join(lines), flush=True)
 
 
@@ -218,21 +254,26 @@ def train(cfg: DictConfig) -> Path:
         param_dtype=cfg.fsdp.param_dtype, reduce_dtype=cfg.fsdp.reduce_dtype,
         tokenizer_files=tokenizer_files(tokenizer), init_state=init_state,
         freeze_trunk=optim.freeze_trunk, heads_only_steps=optim.heads_only_steps,
-        trunk_lr_mult=1.0 if optim.trunk_lr_mult is None else optim.trunk_lr_mult)
+        trunk_lr_mult=1.0 if optim.trunk_lr_mult is None else optim.trunk_lr_mult,
+        peak_flops=resolve_peak_flops(cfg.trainer.get("peak_flops"), str(cfg.trainer.precision)))
     datamodule = instantiate(cfg.data, tokenizer=tokenizer, seq_len=cfg.seq_len,
                              n_future=config.n_future)
 
     logger = _logger(cfg)
-    checkpointing = _checkpointing(cfg, run_dir)
-    trainer: L.Trainer = instantiate(cfg.trainer, logger=logger, callbacks=[checkpointing],
-                                     default_root_dir=str(run_dir))
+    checkpointing, history = _checkpointing(cfg, run_dir), MetricsHistory()
+    trainer = build_trainer(cfg, logger=logger, callbacks=[checkpointing, history],
+                            default_root_dir=str(run_dir))
     if logger:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     trainer.fit(lit, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     metrics = trainer.validate(lit, datamodule=datamodule, verbose=False)
 
     export_dir = export(lit.model, tokenizer, run_dir / "export")
-    _print_summary(metrics, config.n_future, export_dir, checkpointing.last_model_path)
+    plots = run_dir / "plots"
+    if trainer.is_global_zero:
+        write_plots(history.history, plots)
+    _print_summary(metrics, config.n_future, export_dir, checkpointing.last_model_path,
+                   _stop_line(trainer, cfg.trainer.max_steps), plots)
     return export_dir
 
 

@@ -1,17 +1,25 @@
-"""Training throughput (tokens/s) of the byte8 model shape: n=8 per loss mode vs n=1.
+r"""Training throughput, step time and MFU of the byte8 model shape: n=8 per loss mode vs n=1.
 
 A step is what `MTPLitModule.training_step` runs: the loss with its backward, gradient
 clipping and an AdamW step. Variants: n=8 in each loss mode (headwise, chunked, naive: the
 same gradients), n=1 on the same trunk (4 blocks + 1 head: the cost of the extra heads), and
-n=1 compute-matched (11 blocks + 1 head: what byte1 trains). Prints a table, then one JSON line.
+n=1 compute-matched (11 blocks + 1 head: what byte1 trains). The step-time ratios compare
+n=8 headwise (the default) with each n=1 variant. MFU is model FLOPs (`mtp.flops`) per
+second over the peak: `--peak-flops` (a number or a preset such as h100-bf16), by default
+this device's measured matrix-product peak in the run's precision. Prints a table, then one
+JSON line.
 
     python scripts/bench_train.py                  # the byte8 shape, seq 256, batch 16
+    python scripts/bench_train.py --precision bf16-mixed --compile
     python scripts/bench_train.py --steps 10 --threads 2 model=tiny
+    python scripts/bench_train.py --device cuda --precision bf16-mixed --peak-flops h100-bf16 \
+        model=1b
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -21,27 +29,47 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mtp.flops import flops_per_token, measure_peak_flops, mfu, resolve_peak_flops  # noqa: E402
+from mtp.lit import compile_blocks  # noqa: E402
 from mtp.loss import autograd_backward, mtp_loss  # noqa: E402
 from mtp.model import MTPConfig, MTPModel  # noqa: E402
 from mtp.optim import build_optimizer  # noqa: E402
 from mtp.tokenizers import ByteTokenizer  # noqa: E402
 from mtp.train import compose, model_config  # noqa: E402
 
+PRECISIONS = ("32-true", "bf16-mixed")  # Lightning's names for what the trainer runs
 
-def tokens_per_second(config: MTPConfig, mode: str, *, batch: int, seq_len: int, steps: int,
-                      warmup: int) -> float:
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def seconds_per_step(config: MTPConfig, mode: str, *, batch: int, seq_len: int, steps: int,
+                     warmup: int, precision: str, compile: bool, device: str) -> float:
+    """Median wall time of one optimizer step after `warmup` steps (compilation included)."""
     torch.manual_seed(0)
-    model = MTPModel(config)
+    model = MTPModel(config).to(device)
+    if compile:
+        compile_blocks(model)
     optimizer = build_optimizer(model, lr=1e-3)
-    tokens = torch.randint(0, config.vocab_size, (batch, seq_len + config.n_future))
+    tokens = torch.randint(0, config.vocab_size, (batch, seq_len + config.n_future),
+                           device=device)
+    autocast = (torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed"
+                else contextlib.nullcontext())
+    times = []
     for step in range(warmup + steps):
-        if step == warmup:
-            start = time.perf_counter()
-        mtp_loss(model, tokens, mode=mode, backward=autograd_backward)
+        _sync(device)
+        start = time.perf_counter()
+        with autocast:  # as Lightning's bf16-mixed: forward and backward under autocast
+            mtp_loss(model, tokens, mode=mode, backward=autograd_backward)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return batch * seq_len * steps / (time.perf_counter() - start)
+        _sync(device)
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
@@ -52,9 +80,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--precision", choices=PRECISIONS, default="32-true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every block")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--peak-flops", default=None,
+                        help="FLOPs/s per device or a preset (h100-bf16, a100-bf16, ...); "
+                             "default: measured here (large matrix products, run's dtype)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.steps < 1 or args.warmup < 0:
+        raise ValueError(f"need --steps >= 1 and --warmup >= 0, got {args.steps}, "
+                         f"{args.warmup}")
+    dtype = torch.bfloat16 if args.precision == "bf16-mixed" else torch.float32
+    if args.peak_flops is None:
+        peak, peak_source = measure_peak_flops(
+            dtype, device=args.device, size=4096 if args.device == "cuda" else 2048,
+            seconds=2.0), "measured"
+    else:
+        value = args.peak_flops
+        peak = resolve_peak_flops(float(value) if value[0].isdigit() else value,
+                                  args.precision)
+        peak_source = value
+
     def shape(*overrides: str) -> MTPConfig:
         cfg = compose(["+experiment=byte8", "run_dir=unused", *args.overrides, *overrides])
         return model_config(cfg, ByteTokenizer())
@@ -65,18 +113,34 @@ def main() -> None:
     variants += [("n=1 same trunk", replace(byte8, n_future=1), "headwise"),
                  ("n=1 compute-matched", shape("model.n_future=1"), "headwise")]
     print(f"byte8 shape: dim {byte8.dim}, trunk {byte8.n_layers}, heads {byte8.n_future}; "
-          f"batch {args.batch} x seq {args.seq_len}; {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}")
-    print(f"{'variant':<22} {'blocks':>6} {'tokens/s':>9}")
-    results = {}
+          f"batch {args.batch} x seq {args.seq_len}; {args.device}, {args.precision}"
+          f"{', compiled' if args.compile else ''}; {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}; peak {peak / 1e9:,.1f} GFLOP/s ({peak_source})")
+    print(f"{'variant':<22} {'blocks':>6} {'tokens/s':>9} {'step ms':>8} {'MFU':>7}")
+    results, step_times, mfus = {}, {}, {}
     for name, config, mode in variants:
-        rate = tokens_per_second(config, mode, batch=args.batch, seq_len=args.seq_len,
-                                 steps=args.steps, warmup=args.warmup)
-        results[name] = round(rate, 1)
-        print(f"{name:<22} {config.n_blocks:>6} {rate:>9.0f}", flush=True)
+        seconds = seconds_per_step(config, mode, batch=args.batch, seq_len=args.seq_len,
+                                   steps=args.steps, warmup=args.warmup,
+                                   precision=args.precision, compile=args.compile,
+                                   device=args.device)
+        rate = args.batch * args.seq_len / seconds
+        results[name], step_times[name] = round(rate, 1), seconds
+        mfus[name] = mfu(rate, flops_per_token(config, args.seq_len), peak)
+        print(f"{name:<22} {config.n_blocks:>6} {rate:>9.0f} {seconds * 1e3:>8.1f} "
+              f"{mfus[name]:>7.2%}", flush=True)
+    default = f"n={byte8.n_future} headwise"
+    same = step_times[default] / step_times["n=1 same trunk"]
+    matched = step_times[default] / step_times["n=1 compute-matched"]
+    print(f"step time n={byte8.n_future} / n=1: {same:.3f}x same trunk, {matched:.3f}x "
+          f"compute-matched; MFU ({default}) {mfus[default]:.2%}")
     print(json.dumps({"benchmark": "train_tokens_per_sec", "batch": args.batch,
                       "seq_len": args.seq_len, "threads": torch.get_num_threads(),
-                      "results": results}))
+                      "results": results, "device": args.device, "precision": args.precision,
+                      "compile": args.compile, "peak_flops": peak, "peak_source": peak_source,
+                      "mfu": round(mfus[default], 5),
+                      "mfu_per_variant": {k: round(v, 5) for k, v in mfus.items()},
+                      "time_ratio_same_trunk": round(same, 4),
+                      "time_ratio_compute_matched": round(matched, 4)}))
 
 
 if __name__ == "__main__":

@@ -2,14 +2,17 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
+import lightning as L
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from mtp.paths import CONF_DIR
 from mtp.tokenizers import ByteTokenizer
-from mtp.train import check_settings, compose, model_config
+from mtp.train import build_trainer, check_settings, compose, model_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
@@ -51,6 +54,22 @@ def test_trainer_and_logger_presets_compose(trainer: str, logger: str) -> None:
     if trainer == "fsdp":
         assert cfg.trainer.strategy.data_parallel_size == 2  # num_nodes * devices
         assert cfg.trainer.strategy.tensor_parallel_size == 1
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_every_trainer_preset_instantiates_a_lightning_trainer(trainer: str,
+                                                                tmp_path: Path) -> None:
+    overrides = [f"trainer={trainer}", f"run_dir={tmp_path}"]
+    if OmegaConf.load(CONF_DIR / "trainer" / f"{trainer}.yaml").get("strategy") is not None:
+        overrides.append("trainer.devices=2")  # a sharded preset: two ranks (none started here)
+    if not torch.cuda.is_available():
+        overrides.append("trainer.accelerator=cpu")  # the GPU presets, everything else as is
+    cfg = compose(overrides)
+    built = build_trainer(cfg, logger=False, enable_checkpointing=False)
+    assert isinstance(built, L.Trainer)
+    assert built.max_steps == cfg.trainer.max_steps
+    assert str(built.precision) == str(OmegaConf.to_container(cfg.trainer, resolve=True)[
+        "precision"])
 
 
 def test_paper_scale_run_keeps_the_experiment_heads() -> None:

@@ -1,7 +1,10 @@
 """The LightningModule on hand-made batches: it learns, accumulates, and stops on NaN."""
 
 import json
+import math
 import os
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -32,12 +35,22 @@ class _Losses(Callback):
         self.losses.append(trainer.callback_metrics["train/loss"].item())
 
 
-def _fit(config: MTPConfig, steps: int, *, batch_size: int = 4, **kwargs: object
+class _Gradients(Callback):
+    """The gradients an optimizer step is about to apply (after clipping, if any)."""
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, lit: MTPLitModule,
+                                 *args: object) -> None:
+        self.grads = {name: p.grad.clone() for name, p in lit.model.named_parameters()}
+
+
+def _fit(config: MTPConfig, steps: int, *, batch_size: int = 4,
+         callbacks: list[Callback] = (), precision: str = "32-true", **kwargs: object
          ) -> tuple[MTPLitModule, list[float]]:
     L.seed_everything(0, verbose=False)
     lit = MTPLitModule(config.to_dict(), seq_len=SEQ_LEN, lr=1e-2, warmup_steps=2, **kwargs)
     losses = _Losses()
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, callbacks=[losses],
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False,
+                        callbacks=[losses, *callbacks], precision=precision,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     loader = DataLoader(_blocks(config.n_future), batch_size=batch_size, shuffle=False)
@@ -54,20 +67,68 @@ def test_a_few_steps_lower_every_heads_loss(tiny_config: MTPConfig) -> None:
     assert (out.head_losses < 3.0).all()  # every head learned, not just the first
 
 
-def test_loss_curve_matches_the_stored_one(tiny_config: MTPConfig) -> None:
-    """Catches silent numerics changes. Regenerate: MTP_WRITE_CURVE=1 pytest tests/test_lit.py"""
-    _, losses = _fit(tiny_config, 10)
-    if not CURVE.exists() or os.environ.get("MTP_WRITE_CURVE"):
-        CURVE.write_text(json.dumps({"steps": 10, "losses": losses}, indent=1) + "\n")
-    stored = json.loads(CURVE.read_text())["losses"]
+def _check_curve(losses: list[float], path: Path) -> None:
+    """Compare with the stored curve; MTP_WRITE_CURVE=1 (re)writes it, nothing else does."""
+    if os.environ.get("MTP_WRITE_CURVE"):
+        path.write_text(json.dumps({"steps": len(losses), "losses": losses}, indent=1) + "\n")
+    if not path.exists():
+        pytest.fail(f"the reference loss curve {path} is missing; if that is intended, "
+                    f"regenerate it: MTP_WRITE_CURVE=1 pytest tests/test_lit.py")
+    stored = json.loads(path.read_text())["losses"]
     assert losses == pytest.approx(stored, rel=1e-3)
 
 
-def test_accumulation_equals_the_larger_batch(tiny_config: MTPConfig) -> None:
-    big, _ = _fit(tiny_config, 1, batch_size=8)
-    accumulated, _ = _fit(tiny_config, 1, batch_size=4, accumulate=2)
-    for (name, a), b in zip(big.model.named_parameters(), accumulated.model.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+def test_loss_curve_matches_the_stored_one(tiny_config: MTPConfig) -> None:
+    """Catches silent numerics changes. Regenerate: MTP_WRITE_CURVE=1 pytest tests/test_lit.py"""
+    _, losses = _fit(tiny_config, 10)
+    _check_curve(losses, CURVE)
+
+
+def test_a_missing_reference_curve_fails_instead_of_being_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MTP_WRITE_CURVE", raising=False)
+    with pytest.raises(pytest.fail.Exception, match="reference loss curve .* is missing"):
+        _check_curve([1.0, 0.5], tmp_path / "curve.json")
+    assert not (tmp_path / "curve.json").exists()
+
+
+def test_accumulation_gives_the_larger_batchs_gradients(tiny_config: MTPConfig) -> None:
+    """Gradients, not weights after AdamW (which would hide a wrong 1/accumulate scale); no
+    clipping, which would too."""
+    big, accumulated = _Gradients(), _Gradients()
+    _fit(tiny_config, 1, batch_size=8, grad_clip=0.0, callbacks=[big])
+    _fit(tiny_config, 1, batch_size=4, accumulate=2, grad_clip=0.0, callbacks=[accumulated])
+    assert big.grads.keys() == accumulated.grads.keys()
+    for name, grad in big.grads.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(accumulated.grads[name], grad, rtol=1e-4, atol=1e-7,
+                                   msg=name)
+
+
+def test_a_bf16_mixed_step_runs_under_autocast(tiny_config: MTPConfig) -> None:
+    dtypes = []
+
+    class Dtypes(Callback):
+        def on_train_batch_start(self, trainer: L.Trainer, lit: MTPLitModule,
+                                 *args: object) -> None:
+            if not dtypes:
+                lit.model.output.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+
+    lit, losses = _fit(tiny_config, 8, precision="bf16-mixed", callbacks=[Dtypes()])
+    _, exact = _fit(tiny_config, 1)
+    assert set(dtypes) == {torch.bfloat16}  # the unembedding ran in bf16
+    assert all(p.dtype == torch.float32 for p in lit.model.parameters())  # master weights
+    assert losses[0] == pytest.approx(exact[0], rel=2e-2) and losses[0] != exact[0]
+    assert all(map(math.isfinite, losses)) and losses[-1] < 0.9 * losses[0]
+
+
+@pytest.mark.slow
+def test_compiled_blocks_train_like_eager_ones(tiny_config: MTPConfig) -> None:
+    config = replace(tiny_config, n_layers=1, n_future=2)  # fewer blocks: a quicker compile
+    compiled, compiled_losses = _fit(config, 3, compile=True)
+    _, eager_losses = _fit(config, 3)
+    assert all(hasattr(block, "_compiled_call_impl") for block in compiled.model.layers)
+    assert compiled_losses == pytest.approx(eager_losses, rel=1e-4)
 
 
 @pytest.mark.parametrize("mode", ["naive", "chunked"])
@@ -104,3 +165,52 @@ def test_bad_settings_are_named(tiny_config: MTPConfig) -> None:
     short = torch.zeros(2, 34, dtype=torch.long)  # 2 spare tokens for 4 heads
     with pytest.raises(ValueError, match=r"shape \(2, 34\).*32 \+ 4 = 36"):
         lit._loss(short, train=False)
+
+
+class _SlowAndRecorded(Callback):
+    """A slow machine (the time budget, not the steps, sets the pace); records the LR."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_train_batch_start(self, *args: object) -> None:
+        time.sleep(0.3)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        self.lrs.append(trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0])
+
+
+def _fit_slowly(config: MTPConfig, steps: int, seconds: int, ckpt_path: Path | None = None
+                ) -> tuple[L.Trainer, list[float]]:
+    L.seed_everything(0, verbose=False)
+    lit = MTPLitModule(config.to_dict(), seq_len=SEQ_LEN, lr=1e-2, warmup_steps=1,
+                       max_steps=10_000)  # the steps alone would barely decay
+    recorded = _SlowAndRecorded()
+    trainer = L.Trainer(max_steps=steps, max_time={"seconds": seconds}, accelerator="cpu",
+                        logger=False, callbacks=[recorded], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(lit, DataLoader(_blocks(4), batch_size=4), ckpt_path=ckpt_path)
+    return trainer, recorded.lrs
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_the_time_budgeted_schedule(tiny_config: MTPConfig,
+                                                            tmp_path: Path) -> None:
+    """The schedule's clock is Lightning's Timer, which checkpoints restore: a run resumed
+    part-way into its time budget continues the decay instead of restarting it."""
+    first, first_lrs = _fit_slowly(tiny_config, 5, 20)
+    first.save_checkpoint(tmp_path / "part.ckpt")
+    _, resumed_lrs = _fit_slowly(tiny_config, 8, 20, tmp_path / "part.ckpt")
+    assert len(first_lrs) == 5 and len(resumed_lrs) == 3
+    assert first_lrs[-1] < 0.995 * 1e-2  # part of the time budget is spent: decaying
+    lrs = first_lrs + resumed_lrs
+    assert all(a >= b for a, b in zip(lrs, lrs[1:])), lrs  # no restart after resuming
+
+
+def test_resuming_a_run_its_time_guard_stopped_ends_at_once(tiny_config: MTPConfig,
+                                                            tmp_path: Path) -> None:
+    stopped, _ = _fit_slowly(tiny_config, 1000, 1)
+    assert 0 < stopped.global_step < 1000
+    stopped.save_checkpoint(tmp_path / "spent.ckpt")
+    resumed, lrs = _fit_slowly(tiny_config, 1000, 1, tmp_path / "spent.ckpt")
+    assert resumed.global_step == stopped.global_step and lrs == []  # the budget is spent

@@ -97,6 +97,26 @@ def test_bad_loss_arguments_are_named(tiny_config, kwargs, message):
         mtp_loss(MTPModel(tiny_config), torch.zeros(1, 8, dtype=torch.long), **kwargs)
 
 
+@pytest.mark.parametrize("chunk_size", [1, 2, 16])
+def test_chunked_loss_with_ignore_index_targets_equals_naive(chunk_size):
+    """Blocks one look-ahead token long: heads 1..3 lose targets to ignore_index, head 3 has
+    none at all, and with small chunks whole chunks hold only ignore_index targets."""
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       max_seq_len=64, n_future=4)
+    model = MTPModel(config).double()
+    tokens = torch.randint(0, 262, (2, 4))  # seq_len 3 + 1 look-ahead token
+    naive, naive_grads = _gradients(model, tokens, seq_len=3, mode="naive")
+    chunked, grads = _gradients(model, tokens, seq_len=3, mode="chunked", chunk_size=chunk_size)
+    assert naive.head_count.tolist() == chunked.head_count.tolist() == [6, 4, 2, 0]
+    assert chunked.head_losses[3] == 0 and chunked.head_losses[:3].gt(0).all()
+    torch.testing.assert_close(chunked.loss, naive.loss, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(chunked.head_losses, naive.head_losses, rtol=1e-12, atol=1e-12)
+    assert torch.equal(chunked.head_correct, naive.head_correct)
+    assert all(p.grad.abs().sum() == 0 for p in model.heads[3].parameters())
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, naive_grads[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
 def _freeze_base(model: MTPModel) -> None:
     for name, param in model.named_parameters():
         param.requires_grad_(not MTPModel.is_base_parameter(name))

@@ -1,6 +1,7 @@
 """`train(cfg)` end to end on a tiny model and corpus; resuming after SIGKILL; early errors."""
 
 import csv
+import re
 import shutil
 import signal
 import subprocess
@@ -12,7 +13,9 @@ import pytest
 import torch
 
 import mtp
+from mtp.lit import MTPLitModule
 from mtp.paths import REPO_ROOT
+from mtp.plots import read_metrics_csv
 from mtp.train import compose, train
 
 
@@ -58,6 +61,52 @@ def test_train_exports_a_model_that_learned(corpus: Path, tmp_path: Path,
     summary = capsys.readouterr().out
     assert "head  predicts  val loss  val acc" in summary and "   7  t+8" in summary
     assert str(export_dir) in summary
+
+
+def test_a_run_shorter_than_the_validation_interval_validates_at_the_end(
+        corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`trainer.max_steps=3` under the preset's val_check_interval, with no logger at all."""
+    cfg = compose(_overrides(corpus, tmp_path, "trainer.max_steps=3", "logger=none",
+                             "trainer.val_check_interval=200"))
+    train(cfg)
+    summary = capsys.readouterr().out
+    assert "   7  t+8" in summary and "stopped early" not in summary
+    assert f"plots:    {tmp_path / 'plots'}" in summary
+    history = read_metrics_csv(tmp_path / "plots" / "metrics.csv")
+    assert [step for step, _ in history["val/acc_head7"]] == [3]
+    assert [step for step, _ in history["train/loss_head0"]] == [1, 2, 3]
+    assert {"loss.png", "accuracy.png", "lr.png"} <= {p.name for p in (tmp_path / "plots").iterdir()}
+
+
+@pytest.mark.slow
+def test_a_slow_machine_decays_the_lr_by_the_time_guard(
+        corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1000-step run with a 3-second guard and an artificial delay per step (issue 13)."""
+    step = MTPLitModule.training_step
+
+    def slow_step(self: MTPLitModule, *args: object) -> None:
+        time.sleep(0.05)
+        step(self, *args)
+
+    monkeypatch.setattr(MTPLitModule, "training_step", slow_step)
+    cfg = compose(_overrides(corpus, tmp_path, "trainer.max_steps=1000",
+                             "trainer.max_time=00:00:00:03", "trainer.val_check_interval=1000",
+                             "optim.min_lr_ratio=0.1", "optim.warmup_steps=2"))
+    train(cfg)
+    lrs = [lr for _, lr in read_metrics_csv(tmp_path / "plots" / "metrics.csv")["train/lr"]]
+    assert 1 <= len(lrs) < 1000
+    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))  # decaying after the warm-up
+    summary = capsys.readouterr().out
+    match = re.search(r"stopped early at step (\d+) of trainer.max_steps=1000:\n"
+                      r"  the trainer.max_time guard \(0:00:03\) stopped training after .*\n"
+                      r"  the learning rate had come down to (\S+) \((\d+)% of its peak\)",
+                      summary)
+    assert match, summary
+    assert int(match[1]) == len(lrs)
+    # At (nearly) the floor, lr * min_lr_ratio = 1e-3: the last update of the schedule's clock
+    # comes just before the guard's check; the step-only cosine would still be at ~100%.
+    assert float(match[2]) < 2e-3 and int(match[3]) <= 20
 
 
 def test_vocab_mismatch_fails_before_any_training(corpus: Path, tmp_path: Path) -> None:

@@ -1,0 +1,105 @@
+"""Model FLOPs per token and model FLOPs utilisation (MFU).
+
+FLOPs per token of an `MTPModel` in training, counting matrix products only (norms, rotary
+embeddings, activations and the softmax are elementwise and negligible at scale), with
+D = dim, H = n_heads, K = n_kv_heads, hd = head_dim, F = ffn_hidden, V = vocab_size,
+T = seq_len and a multiply-add as 2 FLOPs:
+
+    per block, forward     2 * D * hd * (2H + 2K)   q, k, v, o projections
+                         + 2 * 3 * D * F            SwiGLU: gate, up, down
+                         + 2 * 2 * T * H * hd       scores Q K^T and the weighted sum A V
+    per head, forward      2 * D * V                the shared unembedding, once per head
+    forward                (n_layers + n_future * head_layers) * block + n_future * unembedding
+    training               3 * forward              backward = 2 x forward (input and weight
+                                                    gradients of every product)
+
+The trunk runs once and each head once, so this holds for every loss mode (`mtp.loss`);
+the input embedding is a lookup (no FLOPs). Attention is counted over the full T x T
+score matrix, the convention of PaLM's MFU (Chowdhery et al. 2022, appendix B), torchtitan
+and `torch.utils.flop_counter`, although a causal kernel skips about half of it. This is
+the model's FLOPs, not the hardware's: recomputation (activation checkpointing) is not
+counted, so MFU does not reward it.
+
+MFU = achieved model FLOPs per second / peak FLOPs per second of the hardware used.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mtp.model import MTPConfig
+
+# Dense bf16 tensor-core peaks from the vendors' data sheets (no sparsity), per device.
+PEAK_FLOPS: dict[str, float] = {
+    "h100-bf16": 989.4e12,  # H100 SXM5
+    "h100-pcie-bf16": 756.0e12,
+    "a100-bf16": 312.0e12,
+}
+
+
+def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True) -> float:
+    """Model FLOPs per input token of a training step (or a forward when training=False).
+
+    See the module docstring for the formula. `seq_len` is the attention context T.
+    """
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} must be a positive integer")
+    D, hd, F, V = config.dim, config.head_dim, config.ffn_hidden, config.vocab_size
+    H, K = config.n_heads, config.n_kv_heads
+    projections = 2 * D * hd * (2 * H + 2 * K)
+    feed_forward = 2 * 3 * D * F
+    attention = 2 * 2 * seq_len * H * hd
+    block = projections + feed_forward + attention
+    unembedding = 2 * D * V
+    forward = config.n_blocks * block + config.n_future * unembedding
+    return 3.0 * forward if training else float(forward)
+
+
+def measure_peak_flops(dtype: torch.dtype = torch.float32, *, device: str = "cpu",
+                       size: int = 1024, seconds: float = 0.5) -> float:
+    """Measured matrix-product peak: FLOPs/s of the best of repeated (size x size) products.
+
+    What the hardware sustains on a large dense product in `dtype` with torch's threads
+    (oneDNN/MKL on CPUs), the practical ceiling for MFU where no data sheet applies.
+    """
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    torch.mm(a, b)  # warm-up: kernel selection, page faults
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        if device != "cpu":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        torch.mm(a, b)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best
+
+
+def resolve_peak_flops(peak: float | str | None, precision: str) -> float | None:
+    """`trainer.peak_flops` as FLOPs/s: a number, a `PEAK_FLOPS` preset, "cpu" or None.
+
+    "cpu" measures this CPU's matrix-product peak (`measure_peak_flops`, half a second) in
+    the run's precision: bfloat16 under bf16 autocast, float32 otherwise. None: no MFU.
+    """
+    if peak is None:
+        return None
+    if isinstance(peak, str):
+        if peak == "cpu":
+            dtype = torch.bfloat16 if "bf16" in precision else torch.float32
+            return measure_peak_flops(dtype)
+        if peak not in PEAK_FLOPS:
+            raise ValueError(f"trainer.peak_flops={peak!r} is not a number, 'cpu' or one of "
+                             f"{sorted(PEAK_FLOPS)}")
+        return PEAK_FLOPS[peak]
+    if not peak > 0:
+        raise ValueError(f"trainer.peak_flops={peak!r} must be > 0 FLOPs/s")
+    return float(peak)
+
+
+def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOPs/s over the peak (both for all devices)."""
+    return tokens_per_second * flops_per_token / peak_flops

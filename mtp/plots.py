@@ -1,0 +1,169 @@
+"""A run's metric history and its end-of-run plots: per-head loss and accuracy curves.
+
+`MetricsHistory` (a Lightning callback) keeps the metrics the plots need in memory, whatever
+the logger (none included), and saves them in checkpoints so a resumed run plots its whole
+history. At the end of a run `write_plots` writes `<run>/plots/`: `metrics.csv` (the
+history), `loss.png` and `accuracy.png` (training and validation, one curve per head) and
+`lr.png`. The same plots from a metrics CSV (this one, or Lightning's CSVLogger
+`<run>/logs/metrics.csv`): `python -m mtp.plots METRICS_CSV OUT_DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+History = dict[str, list[tuple[int, float]]]  # metric name -> (optimizer step, value) points
+_HEAD_METRIC = re.compile(r"(train|val)/(loss|acc)_head(\d+)$")
+
+
+class MetricsHistory(Callback):
+    """Records `train/*` metrics every `trainer.log_every_n_steps` optimizer steps and
+    `val/*` metrics after every validation, from `trainer.callback_metrics`."""
+
+    def __init__(self) -> None:
+        self.history: History = {}
+
+    def _record(self, trainer: L.Trainer, prefix: str) -> None:
+        step = trainer.global_step
+        for name, value in trainer.callback_metrics.items():
+            if not name.startswith(prefix) or value.numel() != 1:
+                continue
+            points = self.history.setdefault(name, [])
+            if points and points[-1][0] == step:  # validated twice at one step: keep the last
+                points.pop()
+            points.append((step, float(value)))
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        step = trainer.global_step
+        recorded = self.history.get("train/loss", [(-1, 0.0)])[-1][0]
+        # With gradient accumulation the step only advances on a window's last micro-batch.
+        if step != recorded and step % max(1, trainer.log_every_n_steps) == 0:
+            self._record(trainer, "train/")
+
+    def on_validation_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if not trainer.sanity_checking:
+            self._record(trainer, "val/")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": {name: list(points) for name, points in self.history.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = {name: [tuple(p) for p in points]
+                        for name, points in state_dict["history"].items()}
+
+
+def write_metrics_csv(history: History, path: Path) -> Path:
+    """The history as a CSV, one row per step and one column per metric (Lightning's layout)."""
+    names = sorted(history)
+    rows: dict[int, dict[str, float]] = {}
+    for name in names:
+        for step, value in history[name]:
+            rows.setdefault(step, {})[name] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["step", *names])
+        writer.writeheader()
+        for step in sorted(rows):
+            writer.writerow({"step": step, **rows[step]})
+    return path
+
+
+def read_metrics_csv(path: Path) -> History:
+    """A history from a metrics CSV: `write_metrics_csv`'s or Lightning's CSVLogger's (where
+    training and validation rows of one step may be separate, and empty cells are unset)."""
+    history: History = {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None or "step" not in reader.fieldnames:
+            raise ValueError(f"{path} has no 'step' column: not a metrics CSV")
+        for row in reader:
+            step = int(float(row["step"]))
+            for name, cell in row.items():
+                if name not in ("step", "epoch") and cell not in ("", None):
+                    history.setdefault(name, []).append((step, float(cell)))
+    return history
+
+
+def _heads(history: History, split: str, kind: str) -> dict[int, list[tuple[int, float]]]:
+    found = {}
+    for name, points in history.items():
+        match = _HEAD_METRIC.match(name)
+        if match and match[1] == split and match[2] == kind and points:
+            found[int(match[3])] = points
+    return dict(sorted(found.items()))
+
+
+def _smooth(values: list[float], weight: float) -> list[float]:
+    """Exponential moving average (TensorBoard's smoothing): one batch's metrics are noisy."""
+    out, average = [], values[0]
+    for value in values:
+        average = weight * average + (1 - weight) * value
+        out.append(average)
+    return out
+
+
+def _plot_pair(history: History, kind: str, label: str, path: Path) -> Path:
+    figure = Figure(figsize=(11, 4), layout="constrained")
+    for ax, split in zip(figure.subplots(1, 2), ("train", "val")):
+        heads = _heads(history, split, kind)
+        n = max(heads, default=0) + 1
+        for head, points in heads.items():
+            steps, values = zip(*points)
+            if split == "train":
+                values = _smooth(list(values), 0.6)
+            colour = colormaps["viridis"](head / max(1, n - 1) * 0.9)
+            ax.plot(steps, values, color=colour, marker="o" if split == "val" else None,
+                    markersize=3, label=f"head {head} (t+{head + 1})")
+        title = ("training (EMA-smoothed, weight 0.6)" if split == "train" else "validation")
+        ax.set_title(f"{label}, {title}" if heads else f"{label}, {split}: not logged")
+        ax.set_xlabel("optimizer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if heads:
+            ax.legend(fontsize="small", ncol=2)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def write_plots(history: History, out_dir: Path) -> list[Path]:
+    """Write `metrics.csv`, `loss.png`, `accuracy.png` and (when logged) `lr.png` to `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [write_metrics_csv(history, out_dir / "metrics.csv"),
+               _plot_pair(history, "loss", "cross-entropy", out_dir / "loss.png"),
+               _plot_pair(history, "acc", "top-1 accuracy", out_dir / "accuracy.png")]
+    if history.get("train/lr"):
+        figure = Figure(figsize=(5.5, 3.5), layout="constrained")
+        ax = figure.subplots()
+        ax.plot(*zip(*history["train/lr"]))
+        ax.set_title("learning rate")
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+        figure.savefig(out_dir / "lr.png", dpi=110)
+        written.append(out_dir / "lr.png")
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Plot a run's per-head curves from a metrics "
+                                                 "CSV (<run>/plots/metrics.csv or a CSVLogger's)")
+    parser.add_argument("metrics", type=Path)
+    parser.add_argument("out_dir", type=Path)
+    args = parser.parse_args()
+    for path in write_plots(read_metrics_csv(args.metrics), args.out_dir):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
