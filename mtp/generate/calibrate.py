@@ -8,7 +8,8 @@ the truth). rates[d - 1][r] is the fraction of positions where head d's rank was
 positions where heads 1..d-1 were right within their top `ranks` (a node at depth d is only
 verified when its parent was accepted, and heads agree more often after their predecessors
 did). Medusa's construction (`Tree.from_rates`) turns the rates into the N-node tree of the
-largest expected accepted length.
+largest expected accepted length. Positions followed by a run of one repeated token are left
+out (see `truth_ranks`).
 
 Whether a tree pays is a question of speed, not only of acceptance: `drafter=auto` (the
 command lines' default) measures the auto:N trees of a calibrated checkpoint against the
@@ -61,7 +62,9 @@ def truth_ranks(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
     """(positions, n_future - 1): the rank of the greedy continuation's token under heads 1..
 
     Row s of a continuation holds, for head d, the rank of token s + d + 1 among head d's
-    logits at position s (0: its argmax); positions without that token are left out.
+    logits at position s (0: its argmax); positions without that token are left out, and so
+    are positions followed by a run of one token (a small model's greedy output can loop on
+    spaces, which every head gets right and which would drown the rates in trivial cases).
     """
     n_heads = model.config.n_future
     rows = []
@@ -73,12 +76,14 @@ def truth_ranks(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
         start, end = len(prefix) - 1, ids.shape[1] - n_heads  # every head's truth exists
         if end <= start:
             continue
+        window = ids[0, start + 1:end + n_heads].unfold(0, n_heads, 1)  # (S, n) s+1..s+n
+        varied = (window != window[:, :1]).any(1)  # not a run of one token (spaces, "___")
         ranks = []
         for head in range(1, n_heads):
             scores = logits[start:end, head]  # (S, V) head's logits at positions s
             truth = ids[0, start + head + 1:end + head + 1]  # (S,) token s + head + 1
             ranks.append((scores > scores.gather(1, truth[:, None])).sum(1))
-        rows.append(torch.stack(ranks, dim=1))  # (S, n - 1)
+        rows.append(torch.stack(ranks, dim=1)[varied])  # (S', n - 1)
     if not rows:
         raise ValueError(f"no position to measure: give longer continuations than "
                          f"max_new_tokens={max_new_tokens} for a model with {n_heads} heads")
