@@ -184,14 +184,16 @@ class MTPLitModule(L.LightningModule):
         return timers[0] if timers else None
 
     def _update_schedule_clock(self) -> None:
-        """Give the LR schedule the training time so far (rank 0's, so every rank agrees)."""
+        """Give the LR schedule the training time so far.
+
+        Each rank reads its own Timer (started together, milliseconds apart): no collective
+        per step, and under FSDP each rank only updates its own shards anyway.
+        """
         timer = self._timer()
         if timer is None or not self._schedules:
             return
-        budget = timer.time_elapsed() + timer.time_remaining()
         elapsed = timer.time_elapsed()
-        if self.trainer.world_size > 1:
-            elapsed = self.trainer.strategy.broadcast(elapsed)
+        budget = elapsed + timer.time_remaining()
         for schedule in self._schedules:
             schedule.elapsed, schedule.time_budget = elapsed, budget
 

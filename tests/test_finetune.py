@@ -210,6 +210,16 @@ def test_medusa1_end_to_end_keeps_head_0_and_records_the_head_type(tmp_path: Pat
     assert not torch.equal(model.heads[1][0].weight, torch.zeros(32, 32))
 
 
+def test_medusa2_end_to_end_trains_the_base_too(tmp_path: Path, base_export: Path) -> None:
+    cfg = compose(_overrides(tmp_path, base_export, "optim.heads_only_steps=1")[1:]
+                  + ["+experiment=medusa2"])
+    assert list(cfg.loss.weights) == pytest.approx([1, 0.8, 0.64, 0.512])
+    model, _ = mtp.load(train(cfg))
+    base, _ = mtp.load(base_export)
+    assert not torch.equal(model.layers[0].attention.wq.weight,
+                           base.layers[0].attention.wq.weight)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["tokenizer=bpe"], r"has a byte tokenizer \(vocab_size=262\) but tokenizer=bpe"),
     (["model.vocab_size=300"], "model.vocab_size=300 does not match"),
@@ -270,6 +280,8 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     for k in (2, 4):
         generations = generate(loaded, tokenizer, prompts, max_new_tokens=40, k=k)
         assert [g.token_ids for g in generations] == [g.token_ids for g in reference], k
+    trees = generate(loaded, tokenizer, prompts, max_new_tokens=40, tree="tree8")
+    assert [g.token_ids for g in trees] == [g.token_ids for g in reference]
     assert generations[0].stats.tokens_per_forward > 1.25  # random heads: about 1
 
 
