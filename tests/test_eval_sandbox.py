@@ -251,7 +251,11 @@ def test_no_connection_even_to_the_hosts_loopback() -> None:
 def victim() -> Path:
     """A file outside the working directory that the sandbox's user could write and delete,
     were the file system not read-only."""
-    folder = Path(tempfile.mkdtemp(dir=REPO))
+    # On the host's root file system, whatever the checkout's place: a checkout under /tmp
+    # or under a home only root may enter is hidden from the program (a private /tmp, an
+    # empty mount) rather than shown read-only, which would not test the read-only mounts.
+    base = Path("/var/tmp") if os.access("/var/tmp", os.W_OK) else REPO
+    folder = Path(tempfile.mkdtemp(dir=base))
     try:
         folder.chmod(0o777)
         (folder / "victim").write_text("intact")
