@@ -39,20 +39,25 @@ DOCS = ["def add(a, b):\n    return a + b\n", "print('héllo wörld €')\n",
 def recite_docs(n_future: int, dim: int, steps: int) -> MTPModel:
     """A byte model trained for a few seconds to recite DOCS (EOS after each), float64."""
     torch.manual_seed(0)
-    tokenizer = ByteTokenizer()
-    stream = torch.tensor([t for _ in range(20) for doc in DOCS
-                           for t in tokenizer.encode(doc) + [tokenizer.eos_id]])
     config = MTPConfig(vocab_size=262, dim=dim, n_layers=2, n_heads=4, max_seq_len=96,
                        n_future=n_future)
     model = MTPModel(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    recite(model, DOCS, steps)
+    return model.double().eval()
+
+
+def recite(model: MTPModel, docs: list[str], steps: int) -> None:
+    """Train the model's trainable parameters to recite `docs` (bytes, EOS after each)."""
+    tokenizer = ByteTokenizer()
+    stream = torch.tensor([t for _ in range(20) for doc in docs
+                           for t in tokenizer.encode(doc) + [tokenizer.eos_id]])
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
     for _ in range(steps):
         starts = torch.randint(0, len(stream) - 36, (16,)).tolist()
         mtp_loss(model, torch.stack([stream[s:s + 36] for s in starts]),
                  backward=autograd_backward)
         optimizer.step()
         optimizer.zero_grad()
-    return model.double().eval()
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,8 @@ from mtp.paths import REPO_ROOT
 from mtp.tokenizers import ByteTokenizer
 from mtp.train import check_settings, compose, train
 
+from conftest import recite  # tests/ is on the path: the shared tiny-model trainer
+
 SEQ_LEN = 16
 
 
@@ -237,24 +239,11 @@ def test_init_from_mismatches_fail_before_training(tmp_path: Path, base_export: 
 DOCS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n"]
 
 
-def _train(model: MTPModel, steps: int) -> None:
-    tokenizer = ByteTokenizer()
-    stream = torch.tensor([t for _ in range(20) for doc in DOCS
-                           for t in tokenizer.encode(doc) + [tokenizer.eos_id]])
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
-    for _ in range(steps):
-        starts = torch.randint(0, len(stream) - 36, (16,)).tolist()
-        mtp_loss(model, torch.stack([stream[s:s + 36] for s in starts]),
-                 backward=autograd_backward)
-        optimizer.step()
-        optimizer.zero_grad()
-
-
 @pytest.fixture(scope="module")
 def next_token_model() -> MTPModel:
     torch.manual_seed(0)
     model = MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=96))
-    _train(model, 100)
+    recite(model, DOCS, 100)
     return model
 
 
@@ -270,7 +259,7 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     model.load_state_dict(grow_heads(next_token_model, config))
     for name, param in model.named_parameters():
         param.requires_grad_(not MTPModel.is_base_parameter(name))
-    _train(model, 60)
+    recite(model, DOCS, 60)
     export(model, ByteTokenizer(), tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model"]["head_type"] == head_type
     loaded, tokenizer = mtp.load(tmp_path, dtype=torch.float64)
