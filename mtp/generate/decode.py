@@ -94,6 +94,7 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
 
     param = next(model.parameters())
     width = 1 if chosen is None else chosen.max_drafts + 1  # tokens per forward at most
+    depth = 0 if chosen is None else chosen.max_depth  # drafts one forward may accept
     started = time.perf_counter()
     outputs = []
     for index, ids in enumerate(encoded):
@@ -101,7 +102,7 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
         outputs.append(SequenceOutput(
             index, tokenizer, budget=min(max_new_tokens, room),
             budget_reason="length" if max_new_tokens <= room else "context", stop=stop,
-            n_heads=width, on_text=on_text, started=started))
+            n_heads=depth + 1, on_text=on_text, started=started))
     max_len = min(config.max_seq_len, max(map(len, encoded)) + max_new_tokens + width)
     cache = KVCache(config, len(encoded), max_len, device=param.device, dtype=param.dtype)
     generator = None

@@ -140,6 +140,12 @@ class Drafter(ABC):
     def max_drafts(self) -> int:
         """The most drafts it proposes per step (the verify forward has one more token)."""
 
+    @property
+    def max_depth(self) -> int:
+        """The most drafts one step can accept: max_drafts for a chain, less for a tree (its
+        depth). Sizes the per-depth acceptance statistics."""
+        return self.max_drafts
+
     def verify_heads(self, model: MTPModel) -> int:
         """How many of the target's heads the verify forward must run (their hidden states
         reach `update`); only head 0 unless the drafter reads the others."""

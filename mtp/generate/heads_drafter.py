@@ -71,6 +71,10 @@ class HeadsDrafter(Drafter):
     def max_drafts(self) -> int:
         return self.tree.n_nodes - 1
 
+    @property
+    def max_depth(self) -> int:
+        return self.tree.depth
+
     def verify_heads(self, model: MTPModel) -> StackedHeads:
         return stacked_heads(model, self.tree.depth + 1)  # one batched block per layer
 
