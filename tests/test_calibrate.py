@@ -9,9 +9,9 @@ from mtp.checkpoint import export
 from mtp.generate import generate
 from mtp.generate.__main__ import main as generate_main
 from mtp.generate.auto import Auto
-from mtp.generate.calibrate import acceptance_rates, main, truth_ranks
+from mtp.generate.calibrate import acceptance_rates, main, path_frequencies, truth_ranks
 from mtp.generate.names import drafter_from_options
-from mtp.generate.tree import Calibration, find_calibration
+from mtp.generate.tree import Calibration, Tree, find_calibration
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
 
@@ -23,6 +23,32 @@ def test_rates_condition_on_the_earlier_heads():
     assert rates[0] == [0.5, 0.25]  # over all 4 positions (one ranks past 2)
     assert rates[1] == pytest.approx([2 / 3, 1 / 3], abs=1e-4)  # head 1 ranked within 2
     assert rates[2] == pytest.approx([2 / 3, 1 / 3], abs=1e-4)
+
+
+def test_path_frequencies_count_every_accepted_prefix():
+    ranks = torch.tensor([[0, 0, 1], [0, 1, 0], [1, 0, 0], [5, 0, 0]])
+    assert path_frequencies(ranks, n_ranks=2, limit=100) == [
+        ((0,), 0.5), ((1,), 0.25), ((0, 0), 0.25), ((0, 1), 0.25), ((1, 0), 0.25),
+        ((0, 0, 1), 0.25), ((0, 1, 0), 0.25), ((1, 0, 0), 0.25)]  # (5, ...) accepts nothing
+    assert path_frequencies(ranks, n_ranks=2, limit=3) == [((0,), 0.5), ((1,), 0.25),
+                                                           ((0, 0), 0.25)]
+
+
+def test_frequent_paths_beat_the_independent_heads_tree_when_heads_agree():
+    # 40% of positions: every head right at rank 0; 60%: head 1 right at rank 1, the others
+    # far off. Heads 2 and 3 are right exactly where head 1's top choice was: correlated.
+    ranks = torch.tensor([[0, 0, 0]] * 4 + [[1, 9, 9]] * 6)
+    rates = acceptance_rates(ranks, n_ranks=2)
+    calibration = Calibration(rates, n_future=4, vocab_size=262,
+                              paths=path_frequencies(ranks, n_ranks=2, limit=100))
+    frequent, medusa = calibration.tree(4), Tree.from_rates(rates, 4)
+    assert set(frequent.paths) == {(1,), (0,), (0, 0)}
+    assert set(medusa.paths) == {(1,), (0,), (1, 0)}  # independence: 0.6 * 0.4 > 0.4 * 0.4
+    assert calibration.expected_length(frequent) == pytest.approx(2.4)  # 1 + .6 + .4 + .4
+    assert calibration.expected_length(medusa) == pytest.approx(2.0)  # (1, 0) never accepted
+    # more nodes than paths seen: completed by the rates, still a valid tree of that size
+    big = calibration.tree(7)
+    assert big.n_nodes == 7 and {(1,), (0,), (0, 0), (0, 0, 0)} <= set(big.paths)
 
 
 @torch.no_grad()
@@ -53,6 +79,7 @@ def test_calibrate_writes_tree_json_that_generate_and_auto_read(tiny_config, tmp
     calibration = find_calibration(directory, n_future=4, vocab_size=262)
     assert len(calibration.rates) == 3 and all(len(row) == 4 for row in calibration.rates)
     assert 0 < calibration.details["positions"] <= 2 * (20 - 3)  # runs of one token left out
+    assert calibration.paths and calibration.paths[0][1] == max(f for _, f in calibration.paths)
     data = json.loads((directory / "tree.json").read_text())
     assert len(data["trees"]["16"]) == 15
     generate_main([f"checkpoint={directory}", "prompt=xy", "max_new_tokens=6",

@@ -97,6 +97,19 @@ def test_calibration_round_trip_and_mismatch(tmp_path):
         resolve_tree(str(tmp_path / "paths.json"), n_heads=4, vocab_size=262)
     (tmp_path / "empty").mkdir()
     assert find_calibration(tmp_path / "empty", n_future=4, vocab_size=262) is None
+    paths = [((0,), 0.7), ((0, 0), 0.5), ((1,), 0.2), ((0, 0, 0), 0.1)]
+    Calibration(rates, n_future=4, vocab_size=262, paths=paths).save(tmp_path / "empty")
+    found = find_calibration(tmp_path / "empty", n_future=4, vocab_size=262)
+    assert found.paths == paths
+    assert resolve_tree("auto:4", n_heads=4, vocab_size=262, calibration=found).paths == (
+        (0,), (1,), (0, 0))  # the three most frequent paths, not the rates' tree
+    assert set(resolve_tree("auto:3", n_heads=2, vocab_size=262, calibration=found).paths) == {
+        (0,), (1,)}  # within heads 0..1: depth 1 only
+    data = json.loads((tmp_path / "empty" / "tree.json").read_text())
+    data["paths"][1][0] = [0, 0, 0, 0]
+    (tmp_path / "empty" / "tree.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"paths must be \[rank path of depth 1..3"):
+        find_calibration(tmp_path / "empty", n_future=4, vocab_size=262)
 
 
 def _logits(probs):

@@ -4,12 +4,16 @@ What `tree=auto:N` needs: how often head d's rank-r token is right. For each cal
 prompt the model decodes `max_new_tokens` tokens greedily; one teacher-forced forward pass
 over prompt + continuation then gives, at every position s of the continuation, the rank of
 the token that greedy decoding produced at s + d + 1 under head d's logits at s (the rank of
-the truth). rates[d - 1][r] is the fraction of positions where head d's rank was r, among
-positions where heads 1..d-1 were right within their top `ranks` (a node at depth d is only
-verified when its parent was accepted, and heads agree more often after their predecessors
-did). Medusa's construction (`Tree.from_rates`) turns the rates into the N-node tree of the
-largest expected accepted length. Positions followed by a run of one repeated token are left
-out (see `truth_ranks`).
+the truth). Two summaries go into tree.json:
+- path frequencies: for every rank path (r_1, ..., r_d), the share of positions where heads
+  1..d ranked the truth exactly r_1..r_d, i.e. where that node of a tree would have been
+  accepted. auto:N takes the N - 1 most frequent paths, which maximises the accepted length
+  on these positions (`Tree.from_frequencies`); the `paths` most frequent are kept.
+- rates[d - 1][r]: the fraction of positions where head d's rank was r, among positions
+  where heads 1..d-1 were right within their top `ranks`: the per-head table to read, and
+  Medusa's construction (`Tree.from_rates`, which assumes heads independent) for files
+  without path counts.
+Positions followed by a run of one repeated token are left out (see `truth_ranks`).
 
 Whether a tree pays is a question of speed, not only of acceptance: `drafter=auto` (the
 command lines' default) measures the auto:N trees of a calibrated checkpoint against the
@@ -19,6 +23,7 @@ chain and keeps the fastest. Calibrate on prompts that you do not benchmark on.
   prompt_file      data/prompts/calibration.jsonl (MBPP validation-split signatures)
   max_new_tokens   128 greedy tokens per prompt
   ranks            8: ranks measured per head
+  paths            1024: the most frequent rank paths kept
   output           where tree.json goes (default: the checkpoint's directory)
   device, dtype    cpu, float32
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +57,7 @@ class CalibrateArgs:
     prompt_file: str = str(REPO / "data/prompts/calibration.jsonl")
     max_new_tokens: int = 128
     ranks: int = 8
+    paths: int = 1024
     output: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
@@ -101,6 +108,26 @@ def acceptance_rates(ranks: torch.Tensor, n_ranks: int) -> list[list[float]]:
     return rates
 
 
+def path_frequencies(ranks: torch.Tensor, n_ranks: int,
+                     limit: int) -> list[tuple[tuple[int, ...], float]]:
+    """The `limit` rank paths most often accepted, with the share of positions accepting each.
+
+    A position accepts the path (r_1, ..., r_d) when heads 1..d ranked the truth r_1..r_d:
+    every prefix of its ranks up to the first one past `n_ranks`. Most frequent first, ties
+    to shallower paths, so any leading slice is a valid tree.
+    """
+    counts: Counter[tuple[int, ...]] = Counter()
+    for row in ranks.tolist():
+        path: tuple[int, ...] = ()
+        for rank in row:
+            if rank >= n_ranks:
+                break
+            path += (rank,)
+            counts[path] += 1
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], len(item[0]), item[0]))
+    return [(path, round(count / ranks.shape[0], 6)) for path, count in ranked[:limit]]
+
+
 def calibrate(args: CalibrateArgs) -> tuple[Calibration, Path]:
     """Measure the rates and write tree.json; returns the calibration and its path."""
     model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES[args.dtype])
@@ -115,7 +142,8 @@ def calibrate(args: CalibrateArgs) -> tuple[Calibration, Path]:
         "prompt_file": args.prompt_file, "prompts": len(prompts), "positions": ranks.shape[0],
         "max_new_tokens": args.max_new_tokens, "device": args.device, "dtype": args.dtype,
         "threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - began, 1)}
-    calibration = Calibration(rates, config.n_future, config.vocab_size, details=details)
+    calibration = Calibration(rates, config.n_future, config.vocab_size, details=details,
+                              paths=path_frequencies(ranks, args.ranks, args.paths))
     output = Path(args.output) if args.output else Path(args.checkpoint)
     return calibration, calibration.save(output)
 
@@ -130,18 +158,13 @@ def main(argv: list[str]) -> None:
     print("head  " + " ".join(f"rank{r:<2}" for r in range(args.ranks)))
     for head, row in enumerate(calibration.rates, start=1):
         print(f"{head:>4}  " + " ".join(f"{p:6.3f}" for p in row))
-    for size in (8, 16, 32, 64):
-        tree = Tree.from_rates(calibration.rates, size)
-        expected = 1 + sum(_path_probability(calibration.rates, p) for p in tree.paths)
-        print(f"auto:{size}: depth {tree.depth}, expected {expected:.2f} tokens per forward")
+    for size in (8, 16, 32, 64, 128):
+        tree = calibration.tree(size)
+        medusa = Tree.from_rates(calibration.rates, size)
+        print(f"auto:{size}: depth {tree.depth}, {calibration.expected_length(tree):.2f} tokens "
+              f"per forward on these positions (the rates' independent-heads tree: "
+              f"{calibration.expected_length(medusa):.2f})")
     print(f"wrote {path}")
-
-
-def _path_probability(rates: list[list[float]], path: tuple[int, ...]) -> float:
-    probability = 1.0
-    for depth, rank in enumerate(path):
-        probability *= rates[depth][rank]
-    return probability
 
 
 def _device(model: MTPModel) -> torch.device:

@@ -15,12 +15,15 @@ Which trees
 - `chain`: one path of rank-0 drafts, as deep as the heads allow (today's decoding).
 - `tree8`, `tree16`, `tree32`, `tree64`: fixed trees of that many nodes, built by the same
   greedy construction as `auto:N` from a model-independent prior (`FIXED_PRIOR`).
-- `auto:N`: the N-node tree with the largest expected accepted length under per-head,
-  per-rank acceptance rates measured on calibration prompts (`mtp.generate.calibrate` writes
-  them as `tree.json` into an export directory; see `Calibration`). The construction is
-  Medusa's: a path's acceptance probability is the product of its (head, rank) rates, and
-  best-first search takes the N - 1 most probable paths; the product never grows along a
-  path, so the result is prefix-closed and optimal for those rates (Sequoia, EAGLE-2).
+- `auto:N`: the N-node tree with the largest expected accepted length on calibration
+  prompts (`mtp.generate.calibrate` writes `tree.json` into an export directory; see
+  `Calibration`). `calibrate` counts, for every rank path, how often its node would have
+  been accepted, and auto:N takes the N - 1 most frequent paths: a path is never accepted
+  more often than its parent, so the result is prefix-closed, and it is optimal on those
+  positions (a short calibration that saw fewer paths completes the tree by Medusa's rule). Heads are not independent (where head 1 is right, head 2 is right more often),
+  so this beats Medusa's construction, which multiplies per-(head, rank) rates along a path
+  and takes the most probable paths by best-first search (`Tree.from_rates`, also used for
+  calibration files without path counts and for the fixed presets).
 
 `TreeBuffers` holds what one decoding step needs, computed once per tree and device
 (Medusa's `generate_medusa_buffers`): depths (the position offsets), the ancestor mask, the
@@ -33,6 +36,7 @@ from __future__ import annotations
 import functools
 import heapq
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -231,24 +235,65 @@ def fixed_prior(n_heads: int) -> list[list[float]]:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Per-head, per-rank acceptance rates of one model, as `tree.json` stores them.
+    """Acceptance measured on calibration prompts for one model, as `tree.json` stores it.
 
     `rates[d][r]`: how often head d + 1's rank-r token was the token that greedy decoding
     produced, over positions where heads 1..d were right within their top ranks (see
-    `mtp.generate.calibrate`). `details`: how they were measured.
+    `mtp.generate.calibrate`). `paths`: the most frequent rank paths with the share of
+    positions where each path's node would have been accepted (heads 1..d ranked the truth
+    r_1..r_d), most frequent first; empty in files written before they were measured.
+    `details`: how they were measured.
     """
 
     rates: list[list[float]]
     n_future: int
     vocab_size: int
     details: dict[str, Any] = field(default_factory=dict)
+    paths: list[tuple[tuple[int, ...], float]] = field(default_factory=list)
+
+    def tree(self, n_nodes: int, n_heads: int | None = None, name: str | None = None) -> Tree:
+        """`auto:N`: the N-node tree for heads 0..n_heads-1 (default: all).
+
+        From the measured path frequencies when there are any (exact on the calibration
+        positions), else from the per-head rates under Medusa's independence assumption.
+        """
+        depth = (self.n_future if n_heads is None else n_heads) - 1
+        name = name or f"auto:{n_nodes}"
+        medusa = Tree.from_rates(self.rates[:depth], n_nodes, name=name)
+        if not self.paths:
+            return medusa
+        # A path is never accepted more often than its parent: the most frequent paths (ties
+        # to shallower) are prefix-closed.
+        frequent = sorted((-f, len(p), p) for p, f in self.paths if len(p) <= depth)
+        chosen = {path for _, _, path in frequent[:n_nodes - 1]}
+        # Calibration saw too few distinct paths (a short calibration): the rest by Medusa's
+        # rule, most probable first, so that parents come before their children.
+        for path in sorted(medusa.paths, key=lambda p: (-self._product(p), len(p), p)):
+            if len(chosen) >= n_nodes - 1:
+                break
+            if len(path) == 1 or path[:-1] in chosen:
+                chosen.add(path)
+        return Tree(tuple(chosen), name=name)
+
+    def _product(self, path: Sequence[int]) -> float:
+        """A path's acceptance probability under the rates, heads taken as independent."""
+        return math.prod(self.rates[d][r] for d, r in enumerate(path))
+
+    def expected_length(self, tree: Tree) -> float:
+        """Tokens per forward `tree` would accept on the calibration positions (its paths'
+        frequencies), or under the rates' independence assumption without them."""
+        if not self.paths:
+            return 1.0 + sum(map(self._product, tree.paths))
+        frequency = dict(self.paths)
+        return 1.0 + sum(frequency.get(path, 0.0) for path in tree.paths)
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / TREE_FILE
-        trees = {str(n): Tree.from_rates(self.rates, n).to_json() for n in FIXED_SIZES}
+        trees = {str(n): self.tree(n).to_json() for n in FIXED_SIZES}
         path.write_text(json.dumps({
             "n_future": self.n_future, "vocab_size": self.vocab_size, "rates": self.rates,
-            "details": self.details, "trees": trees}, indent=1) + "\n")
+            "paths": [[list(p), f] for p, f in self.paths], "details": self.details,
+            "trees": trees}, indent=1) + "\n")
         return path
 
     @classmethod
@@ -257,8 +302,9 @@ class Calibration:
         try:
             data = json.loads(Path(path).read_text())
             rates = [[float(p) for p in row] for row in data["rates"]]
+            paths = [(tuple(int(r) for r in p), float(f)) for p, f in data.get("paths", [])]
             calibration = cls(rates, int(data["n_future"]), int(data["vocab_size"]),
-                              data.get("details", {}))
+                              data.get("details", {}), paths)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path} is not a tree calibration file: {e}") from e
         if (calibration.n_future, calibration.vocab_size) != (n_future, vocab_size):
@@ -269,6 +315,10 @@ class Calibration:
         if len(rates) != n_future - 1 or any(not 0 <= p <= 1 for row in rates for p in row):
             raise ValueError(f"{path}: rates must be {n_future - 1} rows (heads 1..{n_future - 1}) "
                              f"of probabilities")
+        if any(not p or len(p) > n_future - 1 or min(p) < 0 or not 0 <= f <= 1
+               for p, f in calibration.paths):
+            raise ValueError(f"{path}: paths must be [rank path of depth 1..{n_future - 1}, "
+                             f"frequency] pairs")
         return calibration
 
 
@@ -317,7 +367,7 @@ def _named_tree(spec: str, n_heads: int, calibration: Calibration | None) -> Tre
                 f"tree={spec!r} needs measured acceptance rates: run `python -m "
                 f"mtp.generate.calibrate checkpoint=DIR` to write DIR/{TREE_FILE} (generate's "
                 f"command line and eval read it from the checkpoint's directory)")
-        return Tree.from_rates(calibration.rates[:n_heads - 1], int(size), name=spec)
+        return calibration.tree(int(size), n_heads, name=spec)
     path = Path(spec)
     if path.suffix == ".json":
         if not path.is_file():
