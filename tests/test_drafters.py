@@ -133,6 +133,30 @@ def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
     assert fresh.choice == auto.choice
 
 
+def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(random_model,
+                                                                         monkeypatch):
+    import mtp.generate.decode as decode
+
+    timed = []  # (drafter, prompts) of every timed generate call (warm-ups are 2 tokens)
+    real = decode.generate
+
+    def spy(model, tokenizer, prompts, **options):
+        if options["max_new_tokens"] != 2:
+            timed.append((repr(options["drafter"]), len(prompts)))
+        return real(model, tokenizer, prompts, **options)
+
+    monkeypatch.setattr(decode, "generate", spy)
+    auto = Auto(tokens=4, finalists=2)
+    auto.choose(random_model, TOKENIZER, PROMPTS[:3], sampling=SamplingConfig(),
+                max_new_tokens=4, batch_size=1)
+    assert {size for _, size in timed} == {1}  # three prompts, one at a time
+    runs = {label: [d for d, _ in timed].count(label) for label, _ in timed}
+    assert set(runs.values()) == {3, 6}  # once or twice over the three prompts
+    twice = {label for label, count in runs.items() if count == 6}
+    assert "'autoregressive'" in twice and 2 <= len(twice) <= 3  # AR and the 2 leaders
+    assert len(runs) == len(auto.measured)
+
+
 def test_k_auto_measures_the_heads_only(random_model):
     auto = drafter_from_options(random_model, "auto", k="auto")
     assert isinstance(auto, Auto) and auto.heads_only

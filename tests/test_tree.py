@@ -106,9 +106,9 @@ def test_calibration_round_trip_and_mismatch(tmp_path):
     assert set(resolve_tree("auto:3", n_heads=2, vocab_size=262, calibration=found).paths) == {
         (0,), (1,)}  # within heads 0..1: depth 1 only
     data = json.loads((tmp_path / "empty" / "tree.json").read_text())
-    data["paths"][1][0] = [0, 0, 0, 0]
+    data["paths"]["0,0,0,0"] = 0.05
     (tmp_path / "empty" / "tree.json").write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=r"paths must be \[rank path of depth 1..3"):
+    with pytest.raises(ValueError, match=r"paths must map rank paths of depth 1..3"):
         find_calibration(tmp_path / "empty", n_future=4, vocab_size=262)
 
 

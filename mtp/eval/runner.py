@@ -25,6 +25,7 @@ from mtp.eval.sandbox import ExecResult, Isolation, Limits, Sandbox
 from mtp.eval.tasks import Problem, Task, load_task
 
 DTYPES = ("float32", "bfloat16", "float16")
+AUTO_PROMPTS = 4  # drafter=auto measures its candidates on at least this many of the run's prompts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,6 +185,9 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                     "tokens_per_forward": 0.0, "seconds": 0.0})
             continue
         items += [(problem, index) for index in indices]
+    auto = drafter if isinstance(drafter, Auto) else None
+    if auto is not None and items:
+        drafter = _choose(config, model, tokenizer, auto, [p.prompt for p, _ in items])
     for start in range(0, len(items), config.batch_size):
         batch = items[start : start + config.batch_size]
         for (problem, index), (completion, stats) in zip(batch, _sample(config, model, tokenizer, task, batch, drafter)):
@@ -194,9 +198,27 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
     if too_long:
         print(f"warning: {len(too_long)} prompts do not fit the model's context of {context} tokens "
               f"and count as failed: {_listing(too_long)}", file=sys.stderr)
-    if isinstance(drafter, Auto):
-        return f"auto: {drafter.choice}" if drafter.choice else "auto"
+    if auto is not None:
+        return f"auto: {auto.choice}" if auto.choice else "auto"
     return str(drafter)
+
+
+def _choose(config: EvalConfig, model, tokenizer, auto, prompts: list[str]):
+    """`drafter=auto`: measure the candidates once, on the run's first prompts in batches of
+    `batch_size` (at least AUTO_PROMPTS prompts: one prompt's 64 tokens are no sample of a
+    task), and decode every batch with the choice, the last smaller batch included. The
+    choice is cached per checkpoint; the time it takes is reported, not counted in the
+    samples' tokens/s."""
+    from mtp.generate import SamplingConfig
+
+    began = time.perf_counter()
+    chosen = auto.choose(model, tokenizer, prompts[:max(AUTO_PROMPTS, config.batch_size)],
+                         sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
+                         max_new_tokens=config.max_new_tokens, batch_size=config.batch_size)
+    seconds = time.perf_counter() - began
+    how = f"measured in {seconds:.1f} s" if auto.measured else "cached"
+    print(f"auto: {auto.choice} ({how})", file=sys.stderr)
+    return chosen or "autoregressive"
 
 
 def _sample(config: EvalConfig, model, tokenizer, task: Task, batch: list[tuple[Problem, int]],

@@ -3,8 +3,9 @@
 Which drafter pays depends on the model (how well its heads or a draft model agree with it),
 the text (prompt lookup pays where it repeats), the batch size, sampling and the machine (the
 cost of a verify forward with k tokens relative to one token). So it is measured, not
-guessed: each candidate decodes the call's own prompts for `tokens` new tokens, twice, and
-the best tokens/s of each counts. Autoregressive decoding is always a candidate and any other
+guessed: each candidate decodes the call's own prompts (or more prompts, in batches of the
+call's size: `choose(..., batch_size=)`, which eval uses) for `tokens` new tokens, and the
+leaders decode them a second time, their better tokens/s counting. Autoregressive decoding is always a candidate and any other
 must beat it by `margin`, so the choice is never slower than autoregressive decoding by
 more than the measurement noise.
 
@@ -64,11 +65,13 @@ class Auto:
     trees: tuple[Tree, ...] = ()  # candidate trees for the heads (within n_future heads)
     tokens: int = 64  # new tokens per measurement
     margin: float = 1.03  # a drafter must beat autoregressive decoding by this factor
+    finalists: int = 3  # candidates measured a second time (with autoregressive decoding)
     measured: dict[str, float] = field(default_factory=dict)  # tokens/s of the last calibration
     choice: str | None = None  # the label of the last choice
 
     def __post_init__(self) -> None:
         check_positive("tokens", self.tokens)
+        check_positive("finalists", self.finalists)
         if not self.margin >= 1:
             raise ValueError(f"margin must be >= 1, got {self.margin!r}")
         if self.draft_model is not None and not isinstance(self.draft_model, DraftModel):
@@ -89,22 +92,31 @@ class Auto:
         return found
 
     def choose(self, model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
-               sampling: SamplingConfig, max_new_tokens: int) -> Drafter | None:
-        """The fastest drafter for these prompts (None: autoregressive decoding)."""
+               sampling: SamplingConfig, max_new_tokens: int,
+               batch_size: int | None = None) -> Drafter | None:
+        """The fastest drafter for these prompts (None: autoregressive decoding).
+
+        `batch_size`: the batch the drafter will decode (default: all `prompts` at once);
+        the prompts are measured in batches of that size, so that a caller can measure on
+        more prompts than one batch holds (e.g. eval at batch 1: one prompt is too few).
+        """
         candidates = self.candidates(model)
         if self.draft_model is not None:
             self.draft_model.check(model, tokenizer)
-        key = self._key(model, len(prompts), sampling)
+        batch_size = len(prompts) if batch_size is None else check_positive(
+            "batch_size", batch_size)
+        key = self._key(model, batch_size, sampling)
         label = _chosen.get(model, {}).get(key) or self._read(key)
         if label is None or (label != AUTOREGRESSIVE and not self._rebuild(label, candidates)):
-            label = self._measure(model, tokenizer, prompts, sampling, max_new_tokens,
+            batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+            label = self._measure(model, tokenizer, batches, sampling, max_new_tokens,
                                   candidates)
             self._write(key, label)
         _chosen.setdefault(model, {})[key] = label
         self.choice = label
         return self._rebuild(label, candidates) if label != AUTOREGRESSIVE else None
 
-    def _measure(self, model, tokenizer, prompts, sampling, max_new_tokens,
+    def _measure(self, model, tokenizer, batches: list[list[str]], sampling, max_new_tokens,
                  candidates: dict[str, Drafter | None]) -> str:
         from mtp.generate.decode import generate  # generate() calls choose(): no cycle at import
 
@@ -112,21 +124,27 @@ class Auto:
 
         def speed(drafter: Drafter | None) -> float:
             run = dict(drafter=drafter or AUTOREGRESSIVE, sampling=sampling, seed=0)
-            generate(model, tokenizer, prompts, max_new_tokens=2, **run)  # warm-up, builds
-            began = time.perf_counter()
-            done = generate(model, tokenizer, prompts, max_new_tokens=tokens, **run)
-            return sum(g.stats.new_tokens for g in done) / (time.perf_counter() - began)
+            generate(model, tokenizer, batches[0], max_new_tokens=2, **run)  # warm-up, builds
+            new, seconds = 0, 0.0
+            for prompts in batches:
+                began = time.perf_counter()
+                done = generate(model, tokenizer, prompts, max_new_tokens=tokens, **run)
+                seconds += time.perf_counter() - began
+                new += sum(g.stats.new_tokens for g in done)
+            return new / seconds
 
-        measured: dict[str, float] = {}
-        for _ in range(2):  # best of two rounds: noise only ever slows a run down
-            for label, drafter in candidates.items():
-                measured[label] = max(measured.get(label, 0.0), speed(drafter))
-            heads = [label for label in measured if label.startswith("heads(")]
-            if heads and not self.heads_only:
-                best = max(heads, key=measured.get)
-                label = f"{best}+{self.prompt_lookup!r}"
-                candidates[label] = Combined(candidates[best], self.prompt_lookup)
-                measured[label] = max(measured.get(label, 0.0), speed(candidates[label]))
+        measured = {label: speed(drafter) for label, drafter in candidates.items()}
+        heads = [label for label in measured if label.startswith("heads(")]
+        if heads and not self.heads_only:
+            best = max(heads, key=measured.get)
+            label = f"{best}+{self.prompt_lookup!r}"
+            candidates[label] = Combined(candidates[best], self.prompt_lookup)
+            measured[label] = speed(candidates[label])
+        # A second round for the leaders only, best of two: noise only ever slows a run down,
+        # and the runner-up gets its chance against the one that got lucky the first time.
+        leaders = sorted(measured, key=measured.get, reverse=True)[:self.finalists]
+        for label in {AUTOREGRESSIVE, *leaders}:
+            measured[label] = max(measured[label], speed(candidates[label]))
         self.measured = measured
         best = max(measured, key=measured.get)
         if measured[best] < self.margin * measured[AUTOREGRESSIVE]:

@@ -292,7 +292,7 @@ class Calibration:
         trees = {str(n): self.tree(n).to_json() for n in FIXED_SIZES}
         path.write_text(json.dumps({
             "n_future": self.n_future, "vocab_size": self.vocab_size, "rates": self.rates,
-            "paths": [[list(p), f] for p, f in self.paths], "details": self.details,
+            "paths": {",".join(map(str, p)): f for p, f in self.paths}, "details": self.details,
             "trees": trees}, indent=1) + "\n")
         return path
 
@@ -302,10 +302,11 @@ class Calibration:
         try:
             data = json.loads(Path(path).read_text())
             rates = [[float(p) for p in row] for row in data["rates"]]
-            paths = [(tuple(int(r) for r in p), float(f)) for p, f in data.get("paths", [])]
+            paths = [(tuple(int(r) for r in p.split(",")), float(f))
+                     for p, f in data.get("paths", {}).items()]
             calibration = cls(rates, int(data["n_future"]), int(data["vocab_size"]),
                               data.get("details", {}), paths)
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{path} is not a tree calibration file: {e}") from e
         if (calibration.n_future, calibration.vocab_size) != (n_future, vocab_size):
             raise ValueError(
@@ -317,8 +318,8 @@ class Calibration:
                              f"of probabilities")
         if any(not p or len(p) > n_future - 1 or min(p) < 0 or not 0 <= f <= 1
                for p, f in calibration.paths):
-            raise ValueError(f"{path}: paths must be [rank path of depth 1..{n_future - 1}, "
-                             f"frequency] pairs")
+            raise ValueError(f"{path}: paths must map rank paths of depth 1..{n_future - 1} "
+                             f"(\"0,1\") to frequencies")
         return calibration
 
 
