@@ -153,12 +153,12 @@ def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]]
     tokens = sample(probabilities(model.unembed(last[:, 0]), sampling), generator)[:, None]
     n_accepted = node = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)
     n_drafts = [0] * len(prompts)  # real drafts each row had verified in the last forward
-    tree = None  # the last forward's tree, when the drafts were one
+    tree = target = None  # the last forward's tree (when the drafts were one) and logits
     live = list(range(len(prompts)))
     while True:
         host = torch.cat([n_accepted[:, None], node[:, None], tokens], dim=1).tolist()  # sync
         new_ids = [row[2:row[0] + 3] for row in host]
-        drafter.update(Verified(pending, n_accepted, tokens, hidden, new_ids, node))
+        drafter.update(Verified(pending, n_accepted, tokens, hidden, new_ids, node, target))
         keep = _commit(cache, outputs, live, new_ids, n_drafts, pending.shape[1], tree,
                        [row[1] for row in host])
         if not keep:
