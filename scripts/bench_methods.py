@@ -4,8 +4,8 @@ forward, identical greedy output, and how repetitive the output is.
     python scripts/bench_methods.py --checkpoint /work/runs/byte8/export \
         --draft-model /work/runs/draft_small/export --humaneval 24 --max-new-tokens 128
 
-Methods: autoregressive; the heads (chain) for each k of --ks; prompt lookup; the fastest heads
-k combined with prompt lookup; the draft model (--draft-model: any checkpoint sharing the
+Methods: autoregressive; the heads (chain) for each k of --ks; prompt lookup; lookahead (Jacobi)
+decoding (--lookahead W N G); the fastest heads k combined with prompt lookup; the draft model (--draft-model: any checkpoint sharing the
 tokenizer); and auto, which measures those candidates on the first prompt and keeps the
 fastest (its calibration time is reported apart, and not counted in its tokens/s). The
 prompts are data/prompts/code.jsonl plus the first --humaneval HumanEval prompts (from the
@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from mtp.checkpoint import load  # noqa: E402
 from mtp.generate import (Auto, Combined, DecodeStats, DraftModel, HeadsDrafter,  # noqa: E402
-                          PromptLookup, SamplingConfig, generate)
+                          Lookahead, PromptLookup, SamplingConfig, generate)
 from mtp.generate.prompts import read_prompts  # noqa: E402
 
 DRAFT_MODEL_COMMAND = __doc__.rsplit("\n\n", 1)[1].strip()
@@ -134,6 +134,8 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", help="heads' k (default: 2, 4, n_future)")
     parser.add_argument("--num-draft", type=int, default=8, help="prompt lookup's drafts")
     parser.add_argument("--draft-tokens", type=int, default=4, help="the draft model's drafts")
+    parser.add_argument("--lookahead", type=int, nargs=3, default=[5, 4, 5],
+                        metavar=("W", "N", "G"), help="lookahead's window, n-gram size, guesses")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     parser.add_argument("--ngram", type=int, default=16, help="n-gram size of `repeated`")
     parser.add_argument("--plot", type=Path, help="write a bar chart (.png) here")
@@ -153,6 +155,7 @@ def main() -> None:
     methods: dict[str, object] = {"autoregressive": "autoregressive"}
     methods.update({f"heads(k={k})": HeadsDrafter(k) for k in ks})
     methods["prompt_lookup"] = lookup
+    methods["lookahead"] = Lookahead(*args.lookahead)
     draft = None
     if args.draft_model is not None:
         if not args.draft_model.exists():

@@ -58,8 +58,9 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
             verifies. None uses every head (model.config.n_future); 1 is plain autoregressive
             decoding; "auto" measures k = 1..n_future on the first steps and keeps the fastest.
         drafter: who proposes the drafts: None or "heads" (the model's heads, with k), a
-            `Drafter` (`HeadsDrafter`, `DraftModel`, `PromptLookup`, `Combined`), a name
-            ("autoregressive", "heads", "prompt_lookup", "heads+prompt_lookup", "auto"), or
+            `Drafter` (`HeadsDrafter`, `DraftModel`, `PromptLookup`, `Lookahead`, `Combined`), a
+            name ("autoregressive", "heads", "prompt_lookup", "heads+prompt_lookup",
+            "lookahead", "auto"), or
             `Auto(...)`, which measures candidate drafters and keeps the fastest.
         tree: the heads drafter verifies this candidate tree of the heads' top-k instead of
             the chain (`tree.py`): "chain", "tree8", "tree16", "tree32", "tree64", a list of
