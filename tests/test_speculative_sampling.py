@@ -2,13 +2,14 @@
 
 A 4-token model is small enough to enumerate every continuation of 3 tokens and its exact
 probability under autoregressive sampling; 10,000 sampled generations must match it, whoever
-drafts: the heads, a separate draft model (its own q), prompt lookup (one-hot q).
+drafts: the heads, a separate draft model (its own q), prompt lookup and lookahead (one-hot q).
 """
 
 import pytest
 import torch
 
-from mtp.generate import DecodeStats, DraftModel, PromptLookup, SamplingConfig, generate
+from mtp.generate import (DecodeStats, DraftModel, Lookahead, PromptLookup, SamplingConfig,
+                          generate)
 from mtp.generate.sampling import probabilities
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
@@ -89,12 +90,13 @@ TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
 
 @pytest.mark.parametrize("drafter, sampling", [
     ("k=1", T1), ("k=1", NUCLEUS), ("k=3", T1), ("k=3", NUCLEUS), ("tree", NUCLEUS),
-    ("draft_model", NUCLEUS), ("prompt_lookup", T1)])
+    ("draft_model", NUCLEUS), ("prompt_lookup", T1), ("lookahead", NUCLEUS)])
 def test_sampled_generations_follow_head_0(model, drafter, sampling):
     exact = _exact(model, [EOS, 0, 1], sampling, depth=3)
     how = {"k=1": {"k": 1}, "k=3": {"k": 3}, "tree": {"tree": TREE},
            "draft_model": {"drafter": _draft_model()},
-           "prompt_lookup": {"drafter": PromptLookup(num_draft=2, max_ngram=1, min_ngram=1)}}
+           "prompt_lookup": {"drafter": PromptLookup(num_draft=2, max_ngram=1, min_ngram=1)},
+           "lookahead": {"drafter": Lookahead(window=2, ngram=3, guesses=1)}}
     generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
                            sampling=sampling, seed=0, **how[drafter])
     counts = {}

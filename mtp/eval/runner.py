@@ -48,6 +48,9 @@ class EvalConfig:
     num_draft: int | None = None  # drafts per step of prompt lookup or the draft model
     max_ngram: int | None = None  # prompt lookup's longest and shortest n-grams (4, 2)
     min_ngram: int | None = None
+    window: int | None = None  # lookahead's Jacobi window W, n-gram size N and guesses G (5, 4, 5)
+    ngram: int | None = None
+    guesses: int | None = None
     tree: Any = None  # the heads' candidate tree (mtp.generate.tree: chain, tree16, auto:N, ...)
     max_new_tokens: int = 512
     batch_size: int = 8
@@ -166,7 +169,8 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
         num_draft=config.num_draft, max_ngram=config.max_ngram, min_ngram=config.min_ngram,
         calibration=default_calibration(config.checkpoint), tree=config.tree,
         trees=find_calibration(config.checkpoint, n_future=model.config.n_future,
-                               vocab_size=model.config.vocab_size))
+                               vocab_size=model.config.vocab_size),
+        window=config.window, ngram=config.ngram, guesses=config.guesses)
     context = model.config.max_seq_len
     done = results.done()
     todo = [(p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])

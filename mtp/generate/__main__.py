@@ -9,11 +9,13 @@ to stdout as it is decoded, then prints its statistics to stderr.
   prompt           the prompt; or prompt_file=PATH (.jsonl: one prompt per line)
   max_new_tokens   256
   drafter          auto (default: measures the candidates, keeps the fastest), autoregressive,
-                   heads, prompt_lookup, heads+prompt_lookup, draft_model
+                   heads, prompt_lookup, heads+prompt_lookup, draft_model, lookahead
   k                the heads' tokens per forward pass at most; null: every head; auto
   draft_model      a checkpoint sharing the tokenizer (drafter=draft_model, or a candidate of auto)
   num_draft        drafts per step of prompt lookup (8) or the draft model (4)
   max_ngram, min_ngram   prompt lookup's n-gram sizes (4, 2)
+  window, ngram, guesses  lookahead's Jacobi window W (5), n-gram size N (4) and the most
+                   n-grams G it verifies per step (5)
   calibration      auto's cache file (default: under ~/.cache/mtp, per checkpoint)
   tree             the heads' candidate tree: chain, tree8/16/32/64, auto:N (needs the
                    checkpoint's tree.json, from python -m mtp.generate.calibrate), a .json file
@@ -62,6 +64,9 @@ class GenerateArgs:
     num_draft: int | None = None
     max_ngram: int | None = None
     min_ngram: int | None = None
+    window: int | None = None
+    ngram: int | None = None
+    guesses: int | None = None
     calibration: str | None = None
     tree: Any = None  # a name, a .json file or a list of rank paths
     acceptance: str = "exact"
@@ -123,7 +128,8 @@ def main(argv: list[str]) -> None:
         max_ngram=args.max_ngram, min_ngram=args.min_ngram,
         calibration=args.calibration or default_calibration(args.checkpoint), tree=args.tree,
         trees=find_calibration(args.checkpoint, n_future=model.config.n_future,
-                               vocab_size=model.config.vocab_size))
+                               vocab_size=model.config.vocab_size),
+        window=args.window, ngram=args.ngram, guesses=args.guesses)
     for index, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(f"\n### prompt {index}", flush=True)

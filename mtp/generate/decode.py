@@ -58,8 +58,9 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
             verifies. None uses every head (model.config.n_future); 1 is plain autoregressive
             decoding; "auto" measures k = 1..n_future on the first steps and keeps the fastest.
         drafter: who proposes the drafts: None or "heads" (the model's heads, with k), a
-            `Drafter` (`HeadsDrafter`, `DraftModel`, `PromptLookup`, `Combined`), a name
-            ("autoregressive", "heads", "prompt_lookup", "heads+prompt_lookup", "auto"), or
+            `Drafter` (`HeadsDrafter`, `DraftModel`, `PromptLookup`, `Lookahead`, `Combined`), a
+            name ("autoregressive", "heads", "prompt_lookup", "heads+prompt_lookup",
+            "lookahead", "auto"), or
             `Auto(...)`, which measures candidate drafters and keeps the fastest.
         tree: the heads drafter verifies this candidate tree of the heads' top-k instead of
             the chain (`tree.py`): "chain", "tree8", "tree16", "tree32", "tree64", a list of
@@ -154,12 +155,12 @@ def speculative_decode(model: MTPModel, cache: KVCache, prompts: list[list[int]]
     tokens = sample(probabilities(model.unembed(last[:, 0]), sampling), generator)[:, None]
     n_accepted = node = torch.zeros(len(prompts), dtype=torch.long, device=tokens.device)
     n_drafts = [0] * len(prompts)  # real drafts each row had verified in the last forward
-    tree = None  # the last forward's tree, when the drafts were one
+    tree = target = None  # the last forward's tree (when the drafts were one) and logits
     live = list(range(len(prompts)))
     while True:
         host = torch.cat([n_accepted[:, None], node[:, None], tokens], dim=1).tolist()  # sync
         new_ids = [row[2:row[0] + 3] for row in host]
-        drafter.update(Verified(pending, n_accepted, tokens, hidden, new_ids, node))
+        drafter.update(Verified(pending, n_accepted, tokens, hidden, new_ids, node, target))
         keep = _commit(cache, outputs, live, new_ids, n_drafts, pending.shape[1], tree,
                        [row[1] for row in host])
         if not keep:

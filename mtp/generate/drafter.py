@@ -18,7 +18,8 @@ The decode loop's step, in the drafter's words:
         (verify pending = [last token, drafts]; accept a prefix)
 
 Drafters live one per file: `heads_drafter.py` (the model's own heads), `draft_model.py`,
-`prompt_lookup.py`, `combined.py` (several drafters, the longest draft per sequence);
+`prompt_lookup.py`, `lookahead.py` (Jacobi iteration and an n-gram pool), `combined.py`
+(several drafters, the longest draft per sequence);
 `auto.py` picks the fastest by measurement and `names.py` builds drafters from names.
 """
 
@@ -107,6 +108,7 @@ class Verified:
     node: (B,) the pending index of the last kept draft (0: none); n_accepted for a chain,
         the accepted path's last node for a tree.
     hidden: the target's heads' hidden states (B, m, n_heads, D) at the pending positions.
+    logits: head 0's logits (B, m, V) at the pending positions (None after the prefill).
     new_ids: each row's new tokens on the host (the kept drafts and the correction).
     The prefill counts as verifying the prompt's last token: m = 1, no drafts.
     """
@@ -117,6 +119,7 @@ class Verified:
     hidden: Tensor
     new_ids: list[list[int]]
     node: Tensor | None = None  # None: n_accepted
+    logits: Tensor | None = None
 
     @property
     def last_node(self) -> Tensor:

@@ -11,12 +11,13 @@ from mtp.generate.combined import Combined
 from mtp.generate.draft_model import DraftModel
 from mtp.generate.drafter import Drafter
 from mtp.generate.heads_drafter import HeadsDrafter
+from mtp.generate.lookahead import Lookahead
 from mtp.generate.prompt_lookup import PromptLookup
 from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 
 DRAFTERS = ("auto", AUTOREGRESSIVE, "heads", "prompt_lookup", "heads+prompt_lookup",
-            "draft_model")
+            "draft_model", "lookahead")
 _USES_K = ("auto", "heads", "heads+prompt_lookup")
 AUTO_TREE_SIZES = (16, 32, 64)  # the calibrated trees `auto` measures against the chain
 
@@ -61,6 +62,8 @@ def resolve_drafter(model: MTPModel, drafter: Drafter | Auto | str | None,
         return None
     if name == "prompt_lookup":
         return PromptLookup()
+    if name == "lookahead":
+        return Lookahead()
     k = n_future if k is None else k
     if k == 1:  # heads 1..k-1 draft nothing
         if name == "heads":
@@ -75,11 +78,14 @@ def drafter_from_options(model: MTPModel, name: str, *, k: int | str | None = No
                          draft_model: str | None = None, num_draft: int | None = None,
                          max_ngram: int | None = None, min_ngram: int | None = None,
                          calibration: str | Path | None = None, tree: Any = None,
-                         trees: Calibration | None = None) -> Drafter | Auto | str:
+                         trees: Calibration | None = None, window: int | None = None,
+                         ngram: int | None = None,
+                         guesses: int | None = None) -> Drafter | Auto | str:
     """The command lines' drafter for `model`: a name plus its options (None: a default).
 
     `draft_model` is a checkpoint path, loaded onto the model's device and dtype; `num_draft`
-    sizes prompt lookup or the draft model; `calibration` is where `auto` caches its choice.
+    sizes prompt lookup or the draft model; `window`, `ngram` and `guesses` size lookahead;
+    `calibration` is where `auto` caches its choice.
     `tree` gives the heads a candidate tree (drafter auto or heads); `trees`, a checkpoint's
     tree calibration, resolves `auto:N` and makes its auto:N trees candidates of `auto`.
     Pass the result to `generate(drafter=...)` with k=None ("autoregressive" for no drafter).
@@ -104,6 +110,14 @@ def drafter_from_options(model: MTPModel, name: str, *, k: int | str | None = No
                          f"drafter={name!r} (use k=)")
     if draft_model is not None and name not in ("draft_model", "auto"):
         raise ValueError(f"draft_model= is for drafter=draft_model or auto, not {name!r}")
+    lookahead = _given(window=window, ngram=ngram, guesses=guesses)
+    if lookahead and name != "lookahead":
+        raise ValueError(f"{next(iter(lookahead))}= configures lookahead, not drafter={name!r}")
+    if name == "lookahead":
+        if k is not None or num_draft is not None:
+            raise ValueError(f"lookahead is sized by window=, ngram= and guesses=, not "
+                             f"{'k' if k is not None else 'num_draft'}=")
+        return Lookahead(**lookahead)
     if name == "draft_model" and draft_model is None:
         raise ValueError("drafter=draft_model needs draft_model=PATH (a checkpoint that shares "
                          "the tokenizer)")

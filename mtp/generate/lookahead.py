@@ -1,0 +1,238 @@
+"""Lookahead decoding (Fu et al. 2024) as a drafter: Jacobi iteration fills an n-gram pool,
+and the n-grams that start with the last accepted token are the drafts. No extra model.
+
+Per sequence the drafter keeps a 2-D window of N - 1 rows by W columns, and a pool of
+n-grams. Row 0's column c sits c positions after the last accepted token (the root, which is
+R_0[0] itself); row l's column c sits l + c positions after it, so each column read
+downwards runs along the text:
+
+    offset   0     1     2     3     ...            R_l[c] at offset l + c
+    R_0      root  a_1   a_2   a_3                  (W = 4, N = 4)
+    R_1      b_0   b_1   b_2   b_3
+    R_2            c_0   c_1   c_2   c_3
+
+One forward pass verifies all of it as one tree rooted at the root (`tree.py`), with the
+pool's guesses (up to G n-grams that start with the root token, N - 1 tokens after it) as
+chains hanging from the root:
+
+- R_0[c]'s parent is R_0[c - 1]; R_l[c]'s parent (l >= 1) is R_{l-1}[c], so R_l[c] sees the
+  prefix, R_0[0..c] and R_1[c]..R_l[c] and sits at depth l + c, its offset. That is
+  lookahead decoding's attention mask: row 0 causal, then down the column.
+- Each node's head-0 argmax is a Jacobi update: the token after R_{N-2}[c] becomes new[c],
+  the next iterate at offset N - 1 + c, and column c yields the n-gram R_0[c], R_1[c], ...,
+  R_{N-2}[c], new[c], stored in the pool under its first token (at most G continuations per
+  token, least recently seen dropped first). The prompt's and the generated text's own
+  n-grams go into the pool too (lade's `fill_pool_with_prompt`); the newest come first.
+- After the step, with d tokens accepted, the rows shift so that every token keeps its
+  absolute position: the oldest row is dropped, rows move up (R'_l = R_{l+1}[d-1:]), new is
+  the last row (new[d-1:]), the new root replaces R'_0[0], and the columns that fell off the
+  end are refilled with tokens drawn from the context. Until the window has N - 1 rows (the
+  first N - 2 steps) rows are added instead of dropped (R'_l = R_l[d:], R'_L = new[d:]).
+
+Verification and acceptance are the shared tree machinery: every node is a deterministic
+draft (one-hot q), so greedy decoding keeps exactly the autoregressive tokens and sampling
+(SpecInfer's rule) keeps head 0's distribution, whatever the window holds. A window token
+that happens to be head 0's choice is accepted like a guess: Jacobi decoding's own gain.
+Guesses come first among the root's children (SpecInfer tries them in that order).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
+from mtp.generate.sampling import SamplingConfig
+from mtp.generate.tree import Tree
+from mtp.model import MTPModel
+
+
+class NgramPool:
+    """n-grams by first token: up to `size` continuations each, most recently seen last."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.grams: dict[int, list[tuple[int, ...]]] = {}
+
+    def add(self, key: int, continuation: tuple[int, ...]) -> None:
+        if self.size == 0:
+            return
+        seen = self.grams.setdefault(key, [])
+        if continuation in seen:
+            seen.remove(continuation)
+        elif len(seen) == self.size:
+            del seen[0]
+        seen.append(continuation)
+
+    def add_text(self, ids: Sequence[int], n: int, start: int = 0) -> None:
+        """Every n-gram of `ids` that ends at index `start` or later, in text order."""
+        for end in range(max(start, n - 1), len(ids)):
+            self.add(ids[end - n + 1], tuple(ids[end - n + 2:end + 1]))
+
+    def guesses(self, key: int) -> list[tuple[int, ...]]:
+        """The continuations of `key`, most recent first."""
+        return self.grams.get(key, [])[::-1]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One lookahead forward's tree and where each node's token comes from.
+
+    source[i]: node i + 1's index into a row's flat tokens (window rows, then the guesses'
+    tokens); top[c]: the node of R_{rows-1}[c], after which head 0 gives new[c].
+    """
+
+    tree: Tree
+    source: list[int]
+    top: list[int]
+
+
+@functools.lru_cache(maxsize=None)
+def layout(window: int, rows: int, guesses: int, length: int) -> Layout:
+    """The tree of `rows` window rows of `window` columns and `guesses` chains of `length`.
+
+    Rank paths: guess g is the chain (g, 0, 0, ...); R_0[c] is (guesses, 0, ..., 0) with c
+    entries; R_l[c] extends R_0[c] with rank 1 (rank guesses + 1 below the root), then 0s.
+    """
+    chain = [()] + [(guesses,) + (0,) * (c - 1) for c in range(1, window)]  # R_0[c]
+    flat = {}  # rank path -> index into the flat tokens
+    for c in range(1, window):
+        flat[chain[c]] = c
+    for row in range(1, rows):
+        for c in range(window):
+            down = (1,) if c else (guesses + 1,)
+            flat[chain[c] + down + (0,) * (row - 1)] = row * window + c
+    for g in range(guesses):
+        for j in range(length):
+            flat[(g,) + (0,) * j] = rows * window + g * length + j
+    tree = Tree(tuple(flat), name=f"lookahead(W={window}, rows={rows}, G={guesses})")
+    source = [flat[path] for path in tree.paths]
+    node = {index: i + 1 for i, index in enumerate(source)} | {0: 0}
+    return Layout(tree, source, [node[(rows - 1) * window + c] for c in range(window)])
+
+
+class _Sequence:
+    """One sequence's context, n-gram pool and Jacobi window (rows of W tokens)."""
+
+    def __init__(self, ids: Sequence[int], drafter: Lookahead, seed: int) -> None:
+        self.context = list(ids)
+        self.pool = NgramPool(drafter.guesses)
+        self.pool.add_text(self.context, drafter.ngram)
+        self.rng = random.Random(seed)  # its own: a sequence drafts alike alone or in a batch
+        self.width = drafter.window
+        # The prompt's last token is the root until the first token is accepted.
+        self.window = [self._refill([self.context[-1]])]
+
+    def _refill(self, row: list[int]) -> list[int]:
+        """`row` cut or topped up to W tokens drawn from the context (lade's `copy_from`)."""
+        missing = self.width - len(row)
+        return row[:self.width] + [self.rng.choice(self.context) for _ in range(missing)]
+
+    def advance(self, ids: list[int], new: list[int] | None, full: bool, n: int) -> None:
+        """Accept `ids` (d tokens, the last the new root); `new`: the next Jacobi row, if any.
+
+        Every window token keeps its absolute position: see the module docstring.
+        """
+        d = len(ids)
+        window = self.window
+        if new is None:  # no new row this step (the proposal was cut short): shift only
+            rows = [row[d:] for row in window]
+        elif full:
+            for c in range(self.width):  # column c's n-gram, keyed by its first token
+                self.pool.add(window[0][c], tuple(row[c] for row in window[1:]) + (new[c],))
+            rows = [row[d - 1:] for row in window[1:]] + [new[d - 1:]]
+        else:
+            rows = [row[d:] for row in window] + [new[d:]]
+        start = len(self.context)
+        self.context += ids
+        self.pool.add_text(self.context, n, start)  # after the window's: tried first
+        self.window = [self._refill(row) for row in rows]
+        self.window[0][0] = ids[-1]
+
+    def flat(self, rows: int, guesses: int, length: int) -> list[int]:
+        """The first `rows` window rows, then `guesses` guesses of `length` tokens each.
+
+        A sequence with fewer guesses repeats its own (or, with none, the window's row 0):
+        padding siblings are exact drafts too, merely useless.
+        """
+        found = self.pool.guesses(self.window[0][0])[:guesses]
+        if not found:
+            found = [tuple((self.window[0][1:] * length)[:length])]
+        tokens = [t for row in self.window[:rows] for t in row]
+        for g in range(guesses):
+            tokens += found[g % len(found)]
+        return tokens
+
+
+class Lookahead(Drafter):
+    """Lookahead decoding: a Jacobi window of `window` columns collects `ngram`-grams; up to
+    `guesses` of them that start with the last token are verified in the same forward pass.
+
+    `seed` seeds the tokens drawn from the context to refill the window (they only shape
+    the drafts: output is exact whatever they are).
+    """
+
+    name = "lookahead"
+
+    def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 5, seed: int = 0) -> None:
+        self.window = check_positive("window", window, least=2)
+        if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 2:
+            raise ValueError(f"ngram (the n-gram size N) must be an integer >= 2: a 1-gram has "
+                             f"no continuation to propose, got {ngram!r}")
+        self.ngram = ngram
+        self.guesses = check_positive("guesses", guesses, least=0)
+        self.seed = seed
+        # The full tree it verifies (`Combined` reads it: a tree does not combine).
+        self.tree = layout(window, ngram - 1, guesses, ngram - 1).tree
+        self._rows: list[_Sequence] = []
+
+    @property
+    def max_drafts(self) -> int:
+        return self.tree.n_nodes - 1  # (W - 1) + (N - 2) W + G (N - 1)
+
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        self._device = next(model.parameters()).device
+        self._rows = [_Sequence(ids, self, self.seed * 1_000_003 + index)
+                      for index, ids in enumerate(prompts)]
+        self._filled = 1  # window rows holding Jacobi iterates (the batch's shared shape)
+        self._top: list[int] | None = None  # the last proposal's R_{filled-1} nodes
+
+    def update(self, step: Verified) -> None:
+        new = None
+        if self._top is not None:
+            if step.logits is None:
+                raise ValueError("lookahead needs head 0's logits of the verify forward "
+                                 "(Verified.logits)")
+            new = step.logits[:, self._top].argmax(-1).tolist()  # (B, W): new[c]
+        full = self._filled == self.ngram - 1
+        for b, (row, ids) in enumerate(zip(self._rows, step.new_ids)):
+            row.advance(ids, None if new is None else new[b], full, self.ngram)
+        if new is not None and not full:
+            self._filled += 1
+        self._top = None
+
+    def keep(self, rows: list[int]) -> None:
+        self._rows = [self._rows[row] for row in rows]
+
+    def propose(self, limit: int) -> Drafts:
+        if limit == 0:
+            return Drafts.none(len(self._rows), self._device)
+        length = self.ngram - 1
+        guesses = min(self.guesses, max(len(row.pool.guesses(row.window[0][0]))
+                                        for row in self._rows))
+        plan = layout(self.window, self._filled, guesses, length)
+        flats = [row.flat(self._filled, guesses, length) for row in self._rows]
+        tokens = torch.tensor([[flat[i] for i in plan.source] for flat in flats])
+        drafts = Drafts(tokens.to(self._device), None, None, plan.tree)
+        if limit < drafts.count:  # near the end of the cache: the shallowest nodes
+            return drafts.first(limit)
+        self._top = plan.top
+        return drafts
+
+    def __repr__(self) -> str:
+        return f"lookahead(window={self.window}, ngram={self.ngram}, guesses={self.guesses})"
