@@ -6,10 +6,10 @@ n-grams. Row 0's column c sits c positions after the last accepted token (the ro
 R_0[0] itself); row l's column c sits l + c positions after it, so each column read
 downwards runs along the text:
 
-    offset   0     1     2     3     ...            R_l[c] at offset l + c
-    R_0      root  a_1   a_2   a_3                  (W = 4, N = 4)
-    R_1      b_0   b_1   b_2   b_3
-    R_2            c_0   c_1   c_2   c_3
+    offset   0     1     2     3     4     5        (W = 4, N = 4)
+    R_0      root  a_1   a_2   a_3
+    R_1            b_0   b_1   b_2   b_3
+    R_2                  c_0   c_1   c_2   c_3
 
 One forward pass verifies all of it as one tree rooted at the root (`tree.py`), with the
 pool's guesses (up to G n-grams that start with the root token, N - 1 tokens after it) as
