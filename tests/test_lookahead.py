@@ -53,6 +53,8 @@ def test_greedy_equals_autoregressive_on_a_trained_model(trained):
         assert [g.finish_reason for g in generations] == [g.finish_reason for g in reference]
         for g in generations:
             assert g.stats.forward_passes <= g.stats.new_tokens
+            # one histogram entry per acceptable depth (the tree's), not per node
+            assert len(g.stats.accepted_depths) == drafter.tree.depth + 1 <= drafter.max_drafts + 1
         if guesses:  # the recited loop body is in the prompt's n-grams: several tokens a step
             assert generations[-1].stats.tokens_per_forward > 1.5
 

@@ -197,6 +197,10 @@ class Lookahead(Drafter):
     def max_drafts(self) -> int:
         return self.tree.n_nodes - 1  # (W - 1) + (N - 2) W + G (N - 1)
 
+    @property
+    def max_depth(self) -> int:
+        return self.tree.depth  # a window row's last column, or a guess's last token
+
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._device = next(model.parameters()).device
