@@ -215,7 +215,7 @@ def main() -> None:
                                sampling=sampling, max_new_tokens=args.max_new_tokens,
                                batch_size=1)
                 auto_seconds[suffix or "greedy"] = time.perf_counter() - began
-                name = f"auto ({drafter.choice})"
+                name = f"auto ({drafter.choice.split('(num_draft=')[0]})"  # options aside
             speed, stats, ids = run(model, tokenizer, prompts, drafter, sampling,
                                     args.max_new_tokens)
             measured[name] = speed
