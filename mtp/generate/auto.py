@@ -5,9 +5,9 @@ the text (prompt lookup pays where it repeats), the batch size, sampling and the
 cost of a verify forward with k tokens relative to one token). So it is measured, not
 guessed: each candidate decodes the call's own prompts (or more prompts, in batches of the
 call's size: `choose(..., batch_size=)`, which eval uses) for `tokens` new tokens, and the
-leaders decode them a second time, their better tokens/s counting. Autoregressive decoding is always a candidate and any other
-must beat it by `margin`, so the choice is never slower than autoregressive decoding by
-more than the measurement noise.
+leaders decode them a second time, their better tokens/s counting. Autoregressive decoding
+is always a candidate and any other must beat it by `margin`, so the choice is never slower
+than autoregressive decoding by more than the measurement noise.
 
 Candidates: autoregressive, the heads with every k from 2 to n_future, the heads with each
 of `trees` (candidate trees, e.g. the `auto:N` trees of a calibrated checkpoint), prompt
@@ -143,7 +143,7 @@ class Auto:
         # A second round for the leaders only, best of two: noise only ever slows a run down,
         # and the runner-up gets its chance against the one that got lucky the first time.
         leaders = sorted(measured, key=measured.get, reverse=True)[:self.finalists]
-        for label in {AUTOREGRESSIVE, *leaders}:
+        for label in dict.fromkeys([AUTOREGRESSIVE, *leaders]):  # in order, once each
             measured[label] = max(measured[label], speed(candidates[label]))
         self.measured = measured
         best = max(measured, key=measured.get)

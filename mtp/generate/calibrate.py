@@ -8,7 +8,7 @@ the truth). Two summaries go into tree.json:
 - path frequencies: for every rank path (r_1, ..., r_d), the share of positions where heads
   1..d ranked the truth exactly r_1..r_d, i.e. where that node of a tree would have been
   accepted. auto:N takes the N - 1 most frequent paths, which maximises the accepted length
-  on these positions (`Tree.from_frequencies`); the `paths` most frequent are kept.
+  on these positions (`Calibration.tree`); the `paths` most frequent are kept.
 - rates[d - 1][r]: the fraction of positions where head d's rank was r, among positions
   where heads 1..d-1 were right within their top `ranks`: the per-head table to read, and
   Medusa's construction (`Tree.from_rates`, which assumes heads independent) for files

@@ -20,10 +20,11 @@ Which trees
   `Calibration`). `calibrate` counts, for every rank path, how often its node would have
   been accepted, and auto:N takes the N - 1 most frequent paths: a path is never accepted
   more often than its parent, so the result is prefix-closed, and it is optimal on those
-  positions (a short calibration that saw fewer paths completes the tree by Medusa's rule). Heads are not independent (where head 1 is right, head 2 is right more often),
-  so this beats Medusa's construction, which multiplies per-(head, rank) rates along a path
-  and takes the most probable paths by best-first search (`Tree.from_rates`, also used for
-  calibration files without path counts and for the fixed presets).
+  positions (a short calibration that saw fewer paths completes the tree by Medusa's rule).
+  Heads are not independent (where head 1 is right, head 2 is right more often), so this
+  beats Medusa's construction, which multiplies per-(head, rank) rates along a path and takes
+  the most probable paths by best-first search (`Tree.from_rates`, also used for calibration
+  files without path counts and for the fixed presets).
 
 `TreeBuffers` holds what one decoding step needs, computed once per tree and device
 (Medusa's `generate_medusa_buffers`): depths (the position offsets), the ancestor mask, the
