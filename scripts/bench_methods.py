@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 from mtp.checkpoint import load  # noqa: E402
 from mtp.generate import (Auto, Combined, DecodeStats, DraftModel, HeadsDrafter,  # noqa: E402
                           Lookahead, PromptLookup, SamplingConfig, generate)
-from mtp.generate.names import auto_trees  # noqa: E402
+from mtp.generate.auto import auto_trees  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
 from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
 
@@ -208,14 +208,14 @@ def main() -> None:
                 drafter = Combined(methods[best], lookup)
                 name = f"{best}+prompt_lookup"
             elif name == "auto":
-                drafter = Auto(draft_model=draft, prompt_lookup=lookup, calibration=auto_cache,
-                               trees=trees)
+                auto = Auto(draft_model=draft, prompt_lookup=lookup, calibration=auto_cache,
+                            trees=trees)
                 began = time.perf_counter()
-                drafter.choose(model, tokenizer, spread(prompts, args.auto_prompts),
-                               sampling=sampling, max_new_tokens=args.max_new_tokens,
-                               batch_size=1)
+                drafter = auto.choose(model, tokenizer, spread(prompts, args.auto_prompts),
+                                      sampling=sampling, max_new_tokens=args.max_new_tokens,
+                                      batch_size=1)
                 auto_seconds[suffix or "greedy"] = time.perf_counter() - began
-                name = f"auto ({drafter.choice.split('(num_draft=')[0]})"  # options aside
+                name = f"auto ({auto.choice.split('(num_draft=')[0]})"  # options aside
             speed, stats, ids = run(model, tokenizer, prompts, drafter, sampling,
                                     args.max_new_tokens)
             measured[name] = speed

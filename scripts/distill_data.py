@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from mtp.checkpoint import load  # noqa: E402
 from mtp.data import is_validation  # noqa: E402
-from mtp.generate import SamplingConfig, generate  # noqa: E402
+from mtp.generate import DrafterSpec, SamplingConfig, generate  # noqa: E402
 from prepare_data import add_source_arguments, make_source  # noqa: E402
 
 
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
         for first in range(0, len(prompts), args.batch_size):
             batch = prompts[first:first + args.batch_size]
             outputs = generate(model, tokenizer, [prompt for _, prompt in batch],
-                               max_new_tokens=args.max_new_tokens, k=args.k,
+                               max_new_tokens=args.max_new_tokens,
+                               drafter=DrafterSpec(drafter="heads", k=args.k),
                                sampling=sampling, seed=args.seed + first)
             for (source, prompt), out in zip(batch, outputs):
                 f.write(json.dumps({"text": prompt + out.text, "prompt": prompt,

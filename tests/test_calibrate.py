@@ -8,9 +8,9 @@ import torch
 from mtp.checkpoint import export
 from mtp.generate import generate
 from mtp.generate.__main__ import main as generate_main
-from mtp.generate.auto import Auto
+from mtp.generate import DrafterSpec
+from mtp.generate.auto import make_auto
 from mtp.generate.calibrate import acceptance_rates, main, path_frequencies, truth_ranks
-from mtp.generate.names import drafter_from_options
 from mtp.generate.tree import Calibration, Tree, find_calibration
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -85,11 +85,10 @@ def test_calibrate_writes_tree_json_that_generate_and_auto_read(tiny_config, tmp
     generate_main([f"checkpoint={directory}", "prompt=xy", "max_new_tokens=6",
                    "drafter=heads", "tree=auto:16"])
     assert "[length] heads(tree=auto:16): 6 tokens" in capsys.readouterr().err
-    auto = drafter_from_options(model, "auto", trees=calibration)
-    assert isinstance(auto, Auto)
+    auto = make_auto(model, DrafterSpec(), calibration=calibration)
     assert "heads(tree=auto:32)" in auto.candidates(model)
-    with pytest.raises(ValueError, match="tree= is the heads drafter's candidate tree"):
-        drafter_from_options(model, "prompt_lookup", tree="tree8")
+    with pytest.raises(ValueError, match="tree='tree8' sizes heads, not drafter='prompt_lookup'"):
+        DrafterSpec(drafter="prompt_lookup", tree="tree8")
 
 
 def test_a_calibration_for_another_model_is_refused(tiny_config, tmp_path):

@@ -50,7 +50,7 @@ def test_writes_what_the_local_source_reads(setup: tuple[Path, Path], tmp_path: 
         assert len(record["prompt"]) == 40 and record["prompt"] in sources[Path(record["source"]).name]
     if not sampled:  # greedy: exactly the model's own continuation
         model, tokenizer = distill_data.load(checkpoint)
-        expected = generate(model, tokenizer, [records[0]["prompt"]], max_new_tokens=12, k=1)
+        expected = generate(model, tokenizer, [records[0]["prompt"]], max_new_tokens=12)
         assert records[0]["continuation"] == expected[0].text
 
     corpus_read = LocalSource(paths=[str(out)]).load()

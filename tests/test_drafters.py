@@ -7,9 +7,8 @@ import random
 import pytest
 import torch
 
-from mtp.generate import (Auto, Combined, DraftModel, HeadsDrafter, PromptLookup,
-                          SamplingConfig, generate)
-from mtp.generate.names import drafter_from_options
+from mtp.generate import (Auto, Combined, DraftModel, DrafterSpec, HeadsDrafter, PromptLookup,
+                          SamplingConfig, choose_drafter, generate)
 from mtp.generate.prompt_lookup import NgramIndex
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import BPETokenizer, ByteTokenizer
@@ -45,7 +44,7 @@ def _drafters(draft_model):
 @pytest.mark.parametrize("name", ["prompt_lookup", "draft_model", "heads+prompt_lookup",
                                   "heads+draft_model"])
 def test_greedy_equals_autoregressive_on_a_random_model(random_model, random_draft, name):
-    reference = generate(random_model, TOKENIZER, PROMPTS[:3], max_new_tokens=24, k=1)
+    reference = generate(random_model, TOKENIZER, PROMPTS[:3], max_new_tokens=24)
     drafter = _drafters(random_draft)[name]
     together = generate(random_model, TOKENIZER, PROMPTS[:3], max_new_tokens=24, drafter=drafter)
     assert _ids(together) == _ids(reference)
@@ -57,7 +56,7 @@ def test_greedy_equals_autoregressive_on_a_random_model(random_model, random_dra
 @pytest.mark.parametrize("name", ["prompt_lookup", "draft_model", "heads+prompt_lookup",
                                   "heads+draft_model"])
 def test_greedy_equals_autoregressive_on_a_trained_model(trained, trained_draft, name):
-    reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40, k=1)
+    reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40)
     drafter = _drafters(trained_draft)[name]
     generations = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)
     assert _ids(generations) == _ids(reference)
@@ -73,7 +72,7 @@ def test_greedy_equals_autoregressive_on_a_trained_model(trained, trained_draft,
 def test_stop_strings_and_budget_with_a_draft_model(trained, trained_draft):
     drafter = DraftModel(trained_draft, TOKENIZER, num_draft=4)
     for kwargs in ({"stop": ["return"]}, {"max_new_tokens": 5}):
-        expected = generate(trained, TOKENIZER, ["def add("], k=1, **kwargs)
+        expected = generate(trained, TOKENIZER, ["def add("], **kwargs)
         got = generate(trained, TOKENIZER, ["def add("], drafter=drafter, **kwargs)
         assert _ids(got) == _ids(expected) and got[0].text == expected[0].text
 
@@ -105,18 +104,21 @@ def test_prompt_lookup_proposes_a_repeated_ngrams_continuation(random_model):
     drafter = PromptLookup(num_draft=4, max_ngram=3, min_ngram=2)
     prompt = TOKENIZER.encode("x = foo(bar)\ny = foo(")
     drafter.start(random_model, [prompt, TOKENIZER.encode("abc")], 64, SamplingConfig(), None)
-    drafts = drafter.propose(4)
+    drafts = drafter.propose()
     assert TOKENIZER.decode(drafts.tokens[0].tolist()) == "bar)"
     assert drafts.lengths.tolist() == [4, 0]  # "bc" never occurred before: nothing proposed
     drafter.keep([1])
-    assert drafter.propose(4).count == 0
+    drafts = drafter.propose()
+    assert drafts.count == 4 and drafts.lengths.tolist() == [0]  # padded: a fixed shape
 
 
 def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
     calibration = tmp_path / "calibration.json"
     auto = Auto(calibration=calibration, tokens=8)
-    reference = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12, k=1)
-    got = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12, drafter=auto)
+    reference = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12)
+    chosen = auto.choose(random_model, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(),
+                         max_new_tokens=12)
+    got = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12, drafter=chosen)
     assert _ids(got) == _ids(reference)
     assert auto.choice in auto.measured
     assert auto.measured["autoregressive"] > 0 and "heads(k=4)" in auto.measured
@@ -131,23 +133,23 @@ def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
     fresh._measure = lambda *args: pytest.fail("measured again")
     clone = MTPModel(random_model.config).double().eval()
     clone.load_state_dict(random_model.state_dict())
-    generate(clone, TOKENIZER, PROMPTS[:2], max_new_tokens=4, drafter=fresh)
+    fresh.choose(clone, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(), max_new_tokens=4)
     assert fresh.choice == auto.choice
 
 
 def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(random_model,
                                                                          monkeypatch):
-    import mtp.generate.decode as decode
+    import mtp.generate.auto as auto_module
 
     timed = []  # (drafter, prompts) of every timed generate call (warm-ups are 2 tokens)
-    real = decode.generate
+    real = auto_module.generate
 
     def spy(model, tokenizer, prompts, **options):
         if options["max_new_tokens"] != 2:
             timed.append((repr(options["drafter"]), len(prompts)))
         return real(model, tokenizer, prompts, **options)
 
-    monkeypatch.setattr(decode, "generate", spy)
+    monkeypatch.setattr(auto_module, "generate", spy)
     auto = Auto(tokens=4, finalists=2)
     auto.choose(random_model, TOKENIZER, PROMPTS[:3], sampling=SamplingConfig(),
                 max_new_tokens=4, batch_size=1)
@@ -155,16 +157,16 @@ def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(random
     runs = {label: [d for d, _ in timed].count(label) for label, _ in timed}
     assert set(runs.values()) == {3, 6}  # once or twice over the three prompts
     twice = {label for label, count in runs.items() if count == 6}
-    assert "'autoregressive'" in twice and 2 <= len(twice) <= 3  # AR and the 2 leaders
+    assert "None" in twice and 2 <= len(twice) <= 3  # autoregressive and the 2 leaders
     assert len(runs) == len(auto.measured)
 
 
 def test_k_auto_measures_the_heads_only(random_model):
-    auto = drafter_from_options(random_model, "auto", k="auto")
+    drafter, auto = choose_drafter(random_model, TOKENIZER, DrafterSpec(k="auto"), PROMPTS[:1],
+                                   sampling=SamplingConfig(), max_new_tokens=4)
     assert isinstance(auto, Auto) and auto.heads_only
-    generate(random_model, TOKENIZER, PROMPTS[:1], max_new_tokens=4, drafter=Auto(
-        heads_only=True, tokens=4))
-    assert generate(random_model, TOKENIZER, PROMPTS[:1], max_new_tokens=4, k="auto")
+    assert set(auto.measured) == {"autoregressive", "heads(k=2)", "heads(k=3)", "heads(k=4)"}
+    assert drafter is None or isinstance(drafter, HeadsDrafter)
 
 
 def test_draft_model_with_another_tokenizer_is_refused_before_decoding(random_model,
@@ -186,29 +188,47 @@ def test_bad_drafter_sizes(make, message):
         make()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"drafter": "medusa"}, "unknown drafter 'medusa': choose one of auto, autoregressive, "
-                            "heads, prompt_lookup"),
-    ({"drafter": "draft_model"}, "needs the draft model"),
-    ({"drafter": "prompt_lookup", "k": 2}, "k=2 sizes the heads drafter"),
-    ({"drafter": HeadsDrafter(5)}, "k from 2 to n_future=4, got k=5"),
-    ({"drafter": PromptLookup(), "k": 3}, "leave k=None"),
+@pytest.mark.parametrize("drafter, message", [
+    ("medusa", "unknown drafter 'medusa': choose one of auto, autoregressive, heads, "
+               "prompt_lookup"),
+    ("draft_model", "needs draft_model=PATH"),
+    (HeadsDrafter(5), "k from 2 to n_future=4, got k=5"),
+    (3, "drafter must be a Drafter, a DrafterSpec, a name or None, got 3"),
 ])
-def test_bad_drafter_arguments(random_model, kwargs, message):
+def test_bad_drafter_arguments(random_model, drafter, message):
     with pytest.raises(ValueError, match=message):
-        generate(random_model, TOKENIZER, ["x"], **kwargs)
+        generate(random_model, TOKENIZER, ["x"], drafter=drafter)
 
 
-def test_command_line_drafter_options(random_model, tmp_path):
-    with pytest.raises(ValueError, match="unknown drafter 'ngram': choose one of"):
-        drafter_from_options(random_model, "ngram")
-    with pytest.raises(ValueError, match="needs draft_model=PATH"):
-        drafter_from_options(random_model, "draft_model")
-    with pytest.raises(ValueError, match="max_ngram configures prompt lookup"):
-        drafter_from_options(random_model, "heads", max_ngram=3)
-    lookup = drafter_from_options(random_model, "prompt_lookup", num_draft=3, max_ngram=5)
+@pytest.mark.parametrize("options, message", [
+    ({"drafter": "ngram"}, "unknown drafter 'ngram': choose one of"),
+    ({"drafter": "draft_model"}, "needs draft_model=PATH"),
+    ({"drafter": "heads", "max_ngram": 3}, r"max_ngram=3 sizes prompt_lookup or "
+                                           r"heads\+prompt_lookup, not drafter='heads'"),
+    ({"drafter": "prompt_lookup", "k": 2}, r"k=2 sizes heads or heads\+prompt_lookup, not"),
+    ({"drafter": "lookahead", "num_draft": 2}, "num_draft=2 sizes prompt_lookup"),
+    ({"drafter": "heads", "k": 0}, "k must be an integer >= 1, 'auto' or None"),
+    ({"drafter": "heads", "k": [1, 10]}, r"k must be an integer >= 1, 'auto' or None .* got \[1, 10\]"),
+    ({"drafter": "prompt_lookup", "window": 3}, "window=3 sizes lookahead, not"),
+    ({"drafter": "heads+prompt_lookup", "k": 1}, "needs k >= 2"),
+    ({"drafter": "heads", "k": "auto", "tree": "tree8"}, "k='auto' measures chains"),
+])
+def test_drafter_spec_errors_name_the_option(options, message):
+    with pytest.raises(ValueError, match=message):
+        DrafterSpec(**options)
+
+
+def test_drafter_specs_build_the_drafter_they_name(random_model):
+    lookup = DrafterSpec(drafter="prompt_lookup", num_draft=3, max_ngram=5).build(random_model)
     assert (lookup.num_draft, lookup.max_ngram, lookup.min_ngram) == (3, 5, 2)
-    assert drafter_from_options(random_model, "auto", k=1) == "autoregressive"
-    assert repr(drafter_from_options(random_model, "heads", k=3)) == "heads(k=3)"
-    both = drafter_from_options(random_model, "heads+prompt_lookup", num_draft=6)
+    assert DrafterSpec(drafter="auto", k=1).build(random_model) is None  # k alone: the heads
+    assert DrafterSpec(drafter="autoregressive").build(random_model) is None
+    assert repr(DrafterSpec(drafter="heads", k=3).build(random_model)) == "heads(k=3)"
+    assert repr(DrafterSpec(drafter="heads").build(random_model)) == "heads(k=4)"
+    both = DrafterSpec(drafter="heads+prompt_lookup", num_draft=6).build(random_model)
     assert repr(both).startswith("heads(k=4)+prompt_lookup(num_draft=6")
+    tree = DrafterSpec(drafter="auto", tree="tree8").build(random_model)
+    assert repr(tree) == "heads(tree=tree8)" and tree.max_drafts == 7
+    assert DrafterSpec(drafter="auto").measured and DrafterSpec(k="auto").measured
+    with pytest.raises(ValueError, match="chosen by measurement"):
+        DrafterSpec().build(random_model)

@@ -37,7 +37,7 @@ def score(samples: Path, output: Path, **overrides) -> dict:
 
 
 def test_scoring_a_samples_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    summary = score(write_samples(tmp_path / "s.jsonl", SAMPLES), tmp_path / "r.jsonl", k=[1, 2])
+    summary = score(write_samples(tmp_path / "s.jsonl", SAMPLES), tmp_path / "r.jsonl", pass_k=[1, 2])
     assert summary["pass@1"] == pytest.approx(0.5) and summary["pass@2"] == pytest.approx(0.75)
     assert (summary["problems"], summary["samples"]) == (2, 8)
     out = capsys.readouterr()
@@ -85,7 +85,7 @@ def test_bad_samples_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="task ids not in humaneval: HumanEval/999"):
         score(unknown, out)
     with pytest.raises(ValueError, match=r"k=\[1, 5\]: every k must lie in 1..4"):
-        score(write_samples(tmp_path / "s.jsonl", SAMPLES), out, k=[1, 5])
+        score(write_samples(tmp_path / "s.jsonl", SAMPLES), out, pass_k=[1, 5])
     assert not out.exists() or out.read_text() == ""
 
 
@@ -94,13 +94,17 @@ def test_bad_samples_files(tmp_path: Path) -> None:
     [
         ({}, "exactly one of checkpoint="),
         ({"checkpoint": "c", "samples": "s"}, "exactly one of checkpoint="),
-        ({"checkpoint": "c", "drafter": "greedy"}, "drafter='greedy': choose one of auto, "),
-        ({"checkpoint": "c", "k": [1, 10], "samples_per_problem": 5, "temperature": 0.8}, r"k=\[1, 10\]"),
+        ({"checkpoint": "c", "drafter": "greedy"}, "unknown drafter 'greedy': choose one of auto, "),
+        ({"checkpoint": "c", "pass_k": [1, 10], "samples_per_problem": 5, "temperature": 0.8},
+         r"k=\[1, 10\]"),
+        ({"checkpoint": "c", "k": [1, 10]}, r"pass@k's list is pass_k=\[1, 10\]"),
         ({"checkpoint": "c", "samples_per_problem": 4}, "samples_per_problem=4 at temperature=0"),
         ({"checkpoint": "c", "limit": 0}, "limit=0"),
-        ({"checkpoint": "c", "dtype": "int8"}, "dtype='int8'"),
-        ({"checkpoint": "c", "spec_k": 0}, "spec_k=0"),
-        ({"checkpoint": "c", "spec_k": "many"}, "spec_k='many'"),
+        ({"checkpoint": "c", "dtype": "int8"}, "dtype must be one of .* got 'int8'"),
+        ({"checkpoint": "c", "k": 0}, "k must be an integer >= 1, 'auto' or None .* got 0"),
+        ({"checkpoint": "c", "k": "many"}, "k must be an integer >= 1, 'auto' or None"),
+        ({"checkpoint": "c", "drafter": "lookahead", "k": 2}, "k=2 sizes heads"),
+        ({"checkpoint": "c", "acceptance": "medusa"}, "acceptance must be one of"),
     ],
 )
 def test_bad_settings_fail_before_any_work(overrides: dict, message: str) -> None:
@@ -111,7 +115,7 @@ def test_bad_settings_fail_before_any_work(overrides: dict, message: str) -> Non
 def test_cli_scores_a_samples_file(tmp_path: Path) -> None:
     samples = write_samples(tmp_path / "s.jsonl", SAMPLES[4:])
     run = subprocess.run(
-        [sys.executable, "-m", "mtp.eval", "task=humaneval", f"samples={samples}", "k=[1,4]",
+        [sys.executable, "-m", "mtp.eval", "task=humaneval", f"samples={samples}", "pass_k=[1,4]",
          f"output={tmp_path / 'r.jsonl'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
@@ -168,18 +172,18 @@ def tiny_checkpoint(tmp_path: Path) -> str:
 
 
 @needs_mbpp
-@pytest.mark.parametrize(("drafter", "spec_k", "decoding"),
+@pytest.mark.parametrize(("drafter", "k", "decoding"),
                          [("heads", None, "heads(k=4)"), ("heads", 1, "autoregressive"),
                           ("autoregressive", None, "autoregressive"),
                           ("prompt_lookup", None, "prompt_lookup(num_draft=8, max_ngram=4, "
                                                   "min_ngram=2)"),
                           ("lookahead", None, "lookahead(window=5, ngram=4, guesses=5)")])
 def test_generating_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str, drafter: str,
-                                      spec_k: int | None, decoding: str) -> None:
+                                      k: int | None, decoding: str) -> None:
     output = tmp_path / "r.jsonl"
     config = EvalConfig(task="mbpp", checkpoint=tiny_checkpoint, data_file=str(MBPP_FILE),
-                        output=str(output), limit=2, samples_per_problem=2, k=[1, 2],
-                        temperature=0.8, drafter=drafter, spec_k=spec_k, max_new_tokens=8,
+                        output=str(output), limit=2, samples_per_problem=2, pass_k=[1, 2],
+                        temperature=0.8, drafter=drafter, k=k, max_new_tokens=8,
                         batch_size=3)  # one batch holds two problems
     summary = evaluate(config)
     assert (summary["problems"], summary["samples"], summary["decoding"]) == (2, 4, decoding)
@@ -212,7 +216,7 @@ def test_cli_end_to_end_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str) 
     run = subprocess.run(
         [sys.executable, "-m", "mtp.eval", "task=mbpp", f"checkpoint={tiny_checkpoint}",
          f"data_file={MBPP_FILE}", "limit=2", "samples_per_problem=2", "temperature=0.8",
-         "k=[1,2]", "max_new_tokens=8", f"output={output}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+         "pass_k=[1,2]", "max_new_tokens=8", f"output={output}", f"hydra.run.dir={tmp_path / 'hydra'}"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**os.environ, "OMP_NUM_THREADS": "1", "MTP_CACHE": str(tmp_path / "cache")},
     )

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import mtp
 from mtp.checkpoint import export, export_hf
 from mtp.finetune import grow_heads, grown_config
-from mtp.generate import generate
+from mtp.generate import DrafterSpec, HeadsDrafter, generate
 from mtp.interop.hf import HEADS_LAYOUT_FILE
 from mtp.lit import MTPLitModule
 from mtp.loss import autograd_backward, mtp_loss
@@ -264,12 +264,14 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     assert json.loads((tmp_path / "config.json").read_text())["model"]["head_type"] == head_type
     loaded, tokenizer = mtp.load(tmp_path, dtype=torch.float64)
     prompts = ["def add(", "for i", "zzz"]
-    reference = generate(loaded, tokenizer, prompts, max_new_tokens=40, k=1)
+    reference = generate(loaded, tokenizer, prompts, max_new_tokens=40)
     assert reference[0].text == "a, b):\n    return a + b\n"  # head 0 is the base model's
     for k in (2, 4):
-        generations = generate(loaded, tokenizer, prompts, max_new_tokens=40, k=k)
+        generations = generate(loaded, tokenizer, prompts, max_new_tokens=40,
+                               drafter=HeadsDrafter(k))
         assert [g.token_ids for g in generations] == [g.token_ids for g in reference], k
-    trees = generate(loaded, tokenizer, prompts, max_new_tokens=40, tree="tree8")
+    trees = generate(loaded, tokenizer, prompts, max_new_tokens=40,
+                     drafter=DrafterSpec(drafter="heads", tree="tree8"))
     assert [g.token_ids for g in trees] == [g.token_ids for g in reference]
     assert generations[0].stats.tokens_per_forward > 1.25  # random heads: about 1
 

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from mtp.generate import DecodeStats, SamplingConfig, generate
-from mtp.generate.decode import prefill
+from mtp.generate import DecodeStats, DrafterSpec, HeadsDrafter, SamplingConfig, generate
+from mtp.generate.engine import prefill
+from mtp.generate.output import SequenceOutput
 from mtp.generate.tree import Calibration, resolve_tree
 from mtp.kv_cache import KVCache
-from mtp.generate.output import SequenceOutput
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 
@@ -23,33 +23,33 @@ def _ids(generations):
     return [g.token_ids for g in generations]
 
 
+def heads(k):
+    """The heads drafter with k tokens per forward (1: autoregressive decoding)."""
+    return None if k == 1 else HeadsDrafter(k)
+
+
+def tree_drafter(tree, k=None):
+    return DrafterSpec(drafter="heads", tree=tree, k=k)
+
+
 @torch.no_grad()
 def test_prefill_equals_full_recomputation_for_ragged_prompts(random_model):
     prompts = [[258, 1, 2, 3, 4, 5], [258, 9, 8]]
     cache = KVCache(random_model.config, 2, 16, dtype=torch.float64)
-    last = random_model.unembed(prefill(random_model, cache, prompts, 3, pad_id=256))
+    lengths, hidden = prefill(random_model, cache, prompts, 3, pad_id=256)
+    last = random_model.unembed(hidden)
     for row, ids in enumerate(prompts):
         full = random_model(torch.tensor([ids]))[0, -1, :3]  # (3, V)
         torch.testing.assert_close(last[row], full)
-    assert cache.lengths == [6, 3]
-
-
-@torch.no_grad()
-def test_cache_keep_drops_finished_sequences(random_model):
-    a, b = torch.randint(0, 262, (1, 7)), torch.randint(0, 262, (1, 7))
-    cache = KVCache(random_model.config, 2, 16, dtype=torch.float64)
-    random_model(torch.cat([a[:, :5], b[:, :5]]), cache=cache)
-    cache.keep([1])
-    torch.testing.assert_close(random_model(b[:, 5:], cache=cache), random_model(b)[:, 5:])
-    with pytest.raises(ValueError, match=r"rows must be .* in \[0, 1\), got \[1\]"):
-        cache.keep([1])
+    assert lengths.tolist() == [6, 3]
 
 
 def test_greedy_speculative_equals_autoregressive_on_a_random_model(random_model):
     prompts = ["def f(x):", "a", "import torch\nimport numpy"]
-    reference = generate(random_model, TOKENIZER, prompts, max_new_tokens=24, k=1)
+    reference = generate(random_model, TOKENIZER, prompts, max_new_tokens=24)
     for k in range(2, random_model.config.n_future + 1):
-        generations = generate(random_model, TOKENIZER, prompts, max_new_tokens=24, k=k)
+        generations = generate(random_model, TOKENIZER, prompts, max_new_tokens=24,
+                               drafter=heads(k))
         assert _ids(generations) == _ids(reference), f"k={k}"
         assert [g.text for g in generations] == [g.text for g in reference]
         for g in generations:
@@ -58,11 +58,12 @@ def test_greedy_speculative_equals_autoregressive_on_a_random_model(random_model
 
 def test_greedy_speculative_equals_autoregressive_on_a_trained_model(trained):
     prompts = ["def add(", "print('h", "for i", "zzz"]  # the last is off-distribution
-    reference = generate(trained, TOKENIZER, prompts, max_new_tokens=48, k=1)
+    reference = generate(trained, TOKENIZER, prompts, max_new_tokens=48)
     assert reference[0].text == "a, b):\n    return a + b\n"
     assert reference[0].finish_reason == "eos" and reference[0].token_ids[-1] == 258
     for k in range(2, 5):
-        generations = generate(trained, TOKENIZER, prompts, max_new_tokens=48, k=k)
+        generations = generate(trained, TOKENIZER, prompts, max_new_tokens=48,
+                               drafter=heads(k))
         assert _ids(generations) == _ids(reference), f"k={k}"
     # The heads have learnt the documents: most drafts are kept.
     assert generations[0].stats.tokens_per_forward > 2.5
@@ -78,15 +79,17 @@ def test_greedy_tree_equals_autoregressive(random_model, trained, tree):
     """Every preset on a random and a trained model, ragged batches, up to the context end."""
     for model, prompts in ((random_model, ["def f(x):", "a", "import torch\nimport numpy"]),
                            (trained, ["def add(", "print('h", "for i", "zzz"])):
-        reference = generate(model, TOKENIZER, prompts, max_new_tokens=48, k=1)
-        generations = generate(model, TOKENIZER, prompts, max_new_tokens=48, tree=tree)
+        reference = generate(model, TOKENIZER, prompts, max_new_tokens=48)
+        generations = generate(model, TOKENIZER, prompts, max_new_tokens=48,
+                               drafter=tree_drafter(tree))
         assert _ids(generations) == _ids(reference), tree
-        [alone] = generate(model, TOKENIZER, prompts[:1], max_new_tokens=48, tree=tree)
+        [alone] = generate(model, TOKENIZER, prompts[:1], max_new_tokens=48,
+                               drafter=tree_drafter(tree))
         assert alone.token_ids == reference[0].token_ids
     if tree != "chain":  # the trained heads' second choices are sometimes right
         stats = DecodeStats.pooled([g.stats for g in generations])
         chain = DecodeStats.pooled([g.stats for g in generate(
-            trained, TOKENIZER, prompts, max_new_tokens=48, k=4)])
+            trained, TOKENIZER, prompts, max_new_tokens=48, drafter=heads(4))])
         assert stats.tokens_per_forward >= chain.tokens_per_forward - 0.05
 
 
@@ -95,19 +98,22 @@ def test_auto_tree_from_a_calibration_and_typical_greedy(trained):
     tree = resolve_tree("auto:12", n_heads=4, vocab_size=262,
                         calibration=Calibration(rates, n_future=4, vocab_size=262))
     prompts = ["for i in range(", "d"]
-    reference = generate(trained, TOKENIZER, prompts, max_new_tokens=40, k=1)
-    assert _ids(generate(trained, TOKENIZER, prompts, max_new_tokens=40, tree=tree)) \
+    reference = generate(trained, TOKENIZER, prompts, max_new_tokens=40)
+    assert _ids(generate(trained, TOKENIZER, prompts, max_new_tokens=40,
+                         drafter=HeadsDrafter(4, tree))) \
         == _ids(reference)
-    typical = generate(trained, TOKENIZER, prompts, max_new_tokens=40, tree=tree,
-                       acceptance="typical")
+    typical = generate(trained, TOKENIZER, prompts, max_new_tokens=40,
+                       drafter=HeadsDrafter(4, tree), acceptance="typical")
     assert _ids(typical) == _ids(reference)  # at temperature 0 typical acceptance is greedy
-    sampled = generate(trained, TOKENIZER, prompts, max_new_tokens=40, tree=tree, seed=0,
-                       acceptance="typical", sampling=SamplingConfig(temperature=0.8))
+    sampled = generate(trained, TOKENIZER, prompts, max_new_tokens=40,
+                       drafter=HeadsDrafter(4, tree), seed=0, acceptance="typical",
+                       sampling=SamplingConfig(temperature=0.8))
     assert all(g.stats.tokens_per_forward > 1 for g in sampled)
 
 
 def test_tree_statistics(trained):
-    [g] = generate(trained, TOKENIZER, ["def add("], tree="tree16", max_new_tokens=40)
+    [g] = generate(trained, TOKENIZER, ["def add("], drafter=tree_drafter("tree16"),
+                   max_new_tokens=40)
     s = g.stats
     assert sum(s.accepted_depths) == s.forward_passes
     # every forward pass gives its accepted drafts and one token (the last may be cut short)
@@ -123,15 +129,15 @@ def test_tree_statistics(trained):
 @pytest.mark.parametrize("k", [1, 4])
 def test_ragged_batch_equals_one_by_one(trained, k):
     prompts = ["for i in range(", "d", "print('héllo", "qq"]
-    together = generate(trained, TOKENIZER, prompts, max_new_tokens=30, k=k)
-    alone = [generate(trained, TOKENIZER, [p], max_new_tokens=30, k=k)[0] for p in prompts]
+    together = generate(trained, TOKENIZER, prompts, max_new_tokens=30, drafter=heads(k))
+    alone = [generate(trained, TOKENIZER, [p], max_new_tokens=30, drafter=heads(k))[0] for p in prompts]
     assert _ids(together) == _ids(alone)
     assert [g.finish_reason for g in together] == [g.finish_reason for g in alone]
 
 
 def test_stop_string_spanning_accepted_tokens_is_cut(trained):
     streamed = []
-    outputs = {k: generate(trained, TOKENIZER, ["def add("], k=k, stop=["return", "zz"],
+    outputs = {k: generate(trained, TOKENIZER, ["def add("], drafter=heads(k), stop=["return", "zz"],
                            on_text=lambda i, text: streamed.append(text))[0] for k in (1, 4)}
     for g in outputs.values():
         assert g.text == "a, b):\n    "
@@ -145,7 +151,7 @@ def test_stop_string_spanning_accepted_tokens_is_cut(trained):
 
 def test_max_new_tokens_is_never_exceeded(trained):
     for k in (1, 4):
-        [g] = generate(trained, TOKENIZER, ["for i"], max_new_tokens=5, k=k)
+        [g] = generate(trained, TOKENIZER, ["for i"], max_new_tokens=5, drafter=heads(k))
         assert g.text == " in r" and g.finish_reason == "length"
         assert g.stats.new_tokens == 5
 
@@ -153,14 +159,14 @@ def test_max_new_tokens_is_never_exceeded(trained):
 def test_context_limit_stops_without_crashing(trained):
     prompt = "def add(a, b):\n    return a + b\n" * 2 + "for i in range(10):\n"  # 85 bytes
     for k in (1, 4):
-        [g] = generate(trained, TOKENIZER, [prompt], max_new_tokens=50, k=k)
+        [g] = generate(trained, TOKENIZER, [prompt], max_new_tokens=50, drafter=heads(k))
         assert g.finish_reason == "context"
         assert 1 + len(prompt) + len(g.token_ids) == trained.config.max_seq_len
 
 
 def test_byte_model_streams_only_whole_characters(trained):
     pieces = []
-    [g] = generate(trained, TOKENIZER, ["print('h"], k=4,
+    [g] = generate(trained, TOKENIZER, ["print('h"], drafter=heads(4),
                    on_text=lambda i, text: pieces.append(text))
     assert g.text == "éllo wörld €')\n"
     assert "".join(pieces) == g.text and all("\ufffd" not in p for p in pieces)
@@ -179,7 +185,8 @@ def test_incomplete_utf8_is_held_back():
 
 
 def test_statistics(trained):
-    ar, spec = (generate(trained, TOKENIZER, ["def add(", "for i"], k=k) for k in (1, 4))
+    ar, spec = (generate(trained, TOKENIZER, ["def add(", "for i"], drafter=heads(k))
+                for k in (1, 4))
     for g in ar:
         assert g.stats.forward_passes == g.stats.new_tokens and g.stats.tokens_per_forward == 1
     for g in spec:
@@ -198,13 +205,14 @@ def test_statistics(trained):
     ({"prompts": "def f():"}, "prompts must be a non-empty list of strings"),
     ({"prompts": []}, "prompts must be a non-empty list of strings"),
     ({"prompts": ["x" * 64]}, "prompt 0 is 65 tokens .* max_seq_len=64"),
-    ({"k": 0}, "k must be an integer from 1 to n_future=4, .auto. or None, got 0"),
-    ({"k": 5}, "k must be an integer from 1 to n_future=4, .auto. or None, got 5"),
+    ({"drafter": DrafterSpec(drafter="heads", k=5)}, "k must be from 1 to n_future=4, got k=5"),
+    ({"drafter": "auto"}, "chosen by measurement: use mtp.generate.auto.choose_drafter"),
+    ({"drafter": "fast"}, "unknown drafter 'fast'"),
     ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
     ({"stop": ["ok", ""]}, "stop strings must be non-empty strings, got ''"),
-    ({"tree": [[0], [0, 0]], "k": 2}, r"path \[0, 0\] has depth 2, but heads 1..1"),
-    ({"tree": [[0], [300]]}, r"path \[300\] has rank 300, beyond the vocabulary of 262"),
-    ({"tree": "auto:16"}, "needs measured acceptance rates"),
+    ({"drafter": tree_drafter([[0], [0, 0]], k=2)}, r"path \[0, 0\] has depth 2, but heads 1..1"),
+    ({"drafter": tree_drafter([[0], [300]])}, r"path \[300\] has rank 300, beyond the vocab"),
+    ({"drafter": tree_drafter("auto:16")}, "needs measured acceptance rates"),
     ({"acceptance": "medusa"}, "acceptance must be one of"),
 ])
 def test_bad_arguments_are_clear_errors(random_model, kwargs, message):

@@ -45,8 +45,10 @@ def test_prompt_file_with_several_prompts(checkpoint, tmp_path, capsys):
 def test_argument_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match="give exactly one of prompt=... and prompt_file=..."):
         parse_args(["checkpoint=x"])
-    with pytest.raises(ValueError, match="bad arguments"):
+    with pytest.raises(ValueError, match="k must be an integer >= 1, 'auto' or None .* 'many'"):
         parse_args(["checkpoint=x", "prompt=a", "k=many"])
+    with pytest.raises(ValueError, match="window=3 sizes lookahead, not drafter='heads'"):
+        parse_args(["checkpoint=x", "prompt=a", "drafter=heads", "window=3"])
     with pytest.raises(ValueError, match="bad arguments"):
         parse_args(["checkpoint=x", "prompt=a", "tempreature=1"])
     with pytest.raises(ValueError, match="dtype must be one of"):

@@ -154,7 +154,7 @@ def test_unsupported_or_malformed_llama_config_is_named(tmp_path: Path, field: s
 def test_imported_llama_decodes(tmp_path: Path) -> None:
     _random_llama(tmp_path, gqa=True, tie=False)
     model, tokenizer = load(tmp_path)
-    [result] = generate(model, tokenizer, ["def f(x):"], max_new_tokens=8, k=1)
+    [result] = generate(model, tokenizer, ["def f(x):"], max_new_tokens=8)
     assert len(result.token_ids) == 8 or result.finish_reason == "eos"
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mtp import load
-from mtp.generate import generate
+from mtp.generate import HeadsDrafter, generate
 from mtp.interop.meta import ffn_hidden
 
 transformers = pytest.importorskip("transformers")
@@ -116,8 +116,8 @@ def test_sentencepiece_tokenizer_gives_sentencepiece_ids(meta_dir: Path) -> None
 def test_imported_heads_decode_self_speculatively_as_autoregressive(meta_dir: Path) -> None:
     model, tokenizer = load(meta_dir)
     prompts = ["def add(a, b):", "for i in"]
-    [ar, *_] = [generate(model, tokenizer, prompts, max_new_tokens=24, k=1)]
-    spec = generate(model, tokenizer, prompts, max_new_tokens=24, k=N_FUTURE)
+    [ar, *_] = [generate(model, tokenizer, prompts, max_new_tokens=24)]
+    spec = generate(model, tokenizer, prompts, max_new_tokens=24, drafter=HeadsDrafter(N_FUTURE))
     assert [r.token_ids for r in spec] == [r.token_ids for r in ar]
     assert sum(r.stats.forward_passes for r in spec) > 0
 

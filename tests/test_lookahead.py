@@ -5,15 +5,14 @@ import pytest
 import torch
 
 from mtp.checkpoint import export
-from mtp.generate import Combined, HeadsDrafter, Lookahead, generate
+from mtp.generate import Combined, DrafterSpec, HeadsDrafter, Lookahead, generate
 from mtp.generate.__main__ import main
 from mtp.generate.acceptance import accept
 from mtp.generate.drafter import Verified
+from mtp.generate.engine import hidden_states, prefill
 from mtp.generate.lookahead import NgramPool, layout
-from mtp.generate.names import drafter_from_options
 from mtp.generate.sampling import SamplingConfig
-from mtp.generate.speculative import prefill, verify
-from mtp.kv_cache import KVCache
+from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
 
@@ -34,7 +33,7 @@ def random_model(tiny_config):
 @pytest.mark.parametrize("window, ngram, guesses", SIZES)
 def test_greedy_equals_autoregressive_on_a_random_model(random_model, window, ngram, guesses):
     # 60 new tokens run past the context of 64: every sequence ends with "context".
-    reference = generate(random_model, TOKENIZER, PROMPTS[:4], max_new_tokens=60, k=1)
+    reference = generate(random_model, TOKENIZER, PROMPTS[:4], max_new_tokens=60)
     drafter = Lookahead(window, ngram, guesses)
     together = generate(random_model, TOKENIZER, PROMPTS[:4], max_new_tokens=60, drafter=drafter)
     assert _ids(together) == _ids(reference)
@@ -45,7 +44,7 @@ def test_greedy_equals_autoregressive_on_a_random_model(random_model, window, ng
 
 
 def test_greedy_equals_autoregressive_on_a_trained_model(trained):
-    reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40, k=1)
+    reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40)
     for window, ngram, guesses in SIZES[:3]:
         drafter = Lookahead(window, ngram, guesses)
         generations = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)
@@ -89,13 +88,14 @@ def _full_step(model, window, ngram, guesses, prompt="xabcxabdxab"):
     row.window = [row.window[0]] + [torch.randint(0, 262, (window,)).tolist()
                                     for _ in range(ngram - 2)]
     row.window[0][0] = ids[-1]  # the root
-    drafter._filled = ngram - 1
     cache = KVCache(model.config, 1, 64, dtype=torch.float64)
-    prefill(model, cache, [ids[:-1]], 1, TOKENIZER.pad_id)
-    drafts = drafter.propose(drafter.max_drafts)
+    lengths, _ = prefill(model, cache, [ids[:-1]], 1, TOKENIZER.pad_id)
+    drafts = drafter.propose()
     pending = torch.cat([torch.tensor([[ids[-1]]]), drafts.tokens], dim=1)
-    target, hidden = verify(model, cache, pending, 1, drafts.tree)
-    return ids[:-1], drafter, drafts, pending, target, hidden
+    buffers = drafter.tree.buffers("cpu")
+    step = cache_step(lengths, buffers.depths, buffers.visible, key_len=64)
+    hidden = hidden_states(model, pending, cache, step, 1)  # (1, m, 1, D)
+    return ids[:-1], drafter, drafts, pending, model.unembed(hidden[:, :, 0]), hidden
 
 
 @torch.no_grad()
@@ -109,7 +109,7 @@ def test_every_node_sees_exactly_its_own_sequence(random_model, window, ngram, g
                                                              guesses)
     rows = drafter._rows[0].window
     found = drafter._rows[0].pool.guesses(rows[0][0])
-    assert len(found) == guesses and drafts.tree.n_nodes == 1 + drafter.max_drafts
+    assert len(found) == guesses and drafter.tree.n_nodes == 1 + drafts.count
     # Each node's virtual sequence, built from the window and the pool alone.
     virtual = [rows[0][:c + 1] for c in range(window)]
     virtual += [rows[0][:c + 1] + [rows[r][c] for r in range(1, row + 1)]
@@ -132,11 +132,11 @@ def test_the_pool_collects_each_columns_ngram(random_model):
     prefix, drafter, drafts, pending, target, hidden = _full_step(random_model, window, ngram,
                                                                   guesses=8)
     old = [list(r) for r in drafter._rows[0].window]
-    result = accept(drafts, target, SamplingConfig())
+    result = accept(drafts, target, drafter.tree, SamplingConfig())
     n = int(result.n_accepted[0])
     new_ids = [result.tokens[0, :n + 1].tolist()]
-    drafter.update(Verified(pending, result.n_accepted, result.tokens, hidden, new_ids,
-                            result.node, target))
+    drafter.update(Verified(pending, result.node, result.n_accepted, result.tokens,
+                            hidden[0, result.node], new_ids, target.argmax(-1).tolist()))
     row = drafter._rows[0]
     new = []
     for c in range(window):  # the plain Jacobi step of column c
@@ -163,24 +163,17 @@ def test_ngram_pool_is_lru_per_first_token():
     assert text.guesses(5) == [(6, 8), (6, 7)]
 
 
-class Recording(Lookahead):
-    """Lookahead that records the draft limit of every step."""
-
-    def propose(self, limit):
-        self.limits.append(limit)
-        return super().propose(limit)
-
-
 def test_near_the_cache_end_and_after_finished_rows(trained):
-    reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=90, k=1, stop=["print"])
-    drafter = Recording(6, 5, 4)
-    drafter.limits = []
-    got = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=90, drafter=drafter,
+    """Rows finish at different steps (EOS, a stop string, the context's end); the last
+    steps' trees reach past the context, whose drafts are never kept."""
+    prompts = PROMPTS + ["def add(a, b):\n    return a + b\n" * 2 + "for i in range(10):\n"]
+    reference = generate(trained, TOKENIZER, prompts, max_new_tokens=90, stop=["print"])
+    got = generate(trained, TOKENIZER, prompts, max_new_tokens=90, drafter=Lookahead(6, 5, 4),
                    stop=["print"])
     assert _ids(got) == _ids(reference)
-    reasons = {g.finish_reason for g in reference}
-    assert {"stop", "context"} <= reasons  # rows left the batch early, others ran to the end
-    assert min(drafter.limits) < drafter.max_drafts  # the last steps had a cut-down tree
+    reasons = [g.finish_reason for g in reference]
+    assert {"stop", "context"} <= set(reasons)  # some rows finished early, one ran to the end
+    assert [g.finish_reason for g in got] == reasons
 
 
 def test_command_lines(tiny_config, tmp_path, capsys):
@@ -189,10 +182,10 @@ def test_command_lines(tiny_config, tmp_path, capsys):
     main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=10",
           "drafter=lookahead", "window=3", "ngram=3", "guesses=2"])
     out, err = capsys.readouterr()
-    [expected] = generate(model.eval(), TOKENIZER, ["def f(x):"], max_new_tokens=10, k=1)
+    [expected] = generate(model.eval(), TOKENIZER, ["def f(x):"], max_new_tokens=10)
     assert out == "def f(x):" + expected.text + "\n"
     assert err.startswith("[length] lookahead(window=3, ngram=3, guesses=2): 10 tokens in ")
-    drafter = drafter_from_options(model, "lookahead", ngram=2)
+    drafter = DrafterSpec(drafter="lookahead", ngram=2).build(model)
     assert (drafter.window, drafter.ngram, drafter.guesses) == (5, 2, 5)
     with pytest.raises(ValueError, match="window must be an integer >= 2, got 1"):
         main([f"checkpoint={directory}", "prompt=x", "drafter=lookahead", "window=1"])
@@ -212,13 +205,13 @@ def test_bad_sizes(make, message):
 
 
 @pytest.mark.parametrize("name, options, message", [
-    ("lookahead", {"k": 2}, "lookahead is sized by window=, ngram= and guesses=, not k="),
-    ("lookahead", {"num_draft": 3}, "not num_draft="),
-    ("lookahead", {"max_ngram": 3}, "max_ngram configures prompt lookup"),
-    ("heads", {"window": 3}, "window= configures lookahead, not drafter='heads'"),
-    ("prompt_lookup", {"guesses": 3}, "guesses= configures lookahead"),
+    ("lookahead", {"k": 2}, "k=2 sizes heads or heads.prompt_lookup, not drafter='lookahead'"),
+    ("lookahead", {"num_draft": 3}, "num_draft=3 sizes .*, not drafter='lookahead'"),
+    ("lookahead", {"max_ngram": 3}, "max_ngram=3 sizes prompt_lookup"),
+    ("heads", {"window": 3}, "window=3 sizes lookahead, not drafter='heads'"),
+    ("prompt_lookup", {"guesses": 3}, "guesses=3 sizes lookahead"),
     ("jacobi", {}, "unknown drafter 'jacobi': choose one of .*, lookahead"),
 ])
-def test_bad_options(random_model, name, options, message):
+def test_bad_options(name, options, message):
     with pytest.raises(ValueError, match=message):
-        drafter_from_options(random_model, name, **options)
+        DrafterSpec(drafter=name, **options)

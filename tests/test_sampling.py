@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from mtp.generate.sampling import SamplingConfig, probabilities, sample
+from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -22,7 +22,7 @@ def test_greedy_is_one_hot_on_the_argmax():
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
     probs = probabilities(logits, SamplingConfig(temperature=0))
     torch.testing.assert_close(probs, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
-    assert sample(probs).tolist() == [1, 0]
+    assert sample(probs, exponential(probs.shape, None, "cpu")).tolist() == [1, 0]
 
 
 def test_temperature_top_k_and_top_p():
@@ -42,7 +42,7 @@ def test_temperature_top_k_and_top_p():
 
 def test_sample_draws_from_the_distribution_even_unnormalised():
     weights = torch.tensor([3.0, 0.0, 1.0, 6.0]).expand(40_000, 4)  # sums to 10
-    draws = sample(weights, torch.Generator().manual_seed(0))
+    draws = sample(weights, exponential(weights.shape, torch.Generator().manual_seed(0), "cpu"))
     freq = torch.bincount(draws, minlength=4).double() / len(draws)
     torch.testing.assert_close(freq, torch.tensor([0.3, 0.0, 0.1, 0.6], dtype=torch.float64),
                                atol=0.01, rtol=0)

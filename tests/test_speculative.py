@@ -2,18 +2,22 @@
 
 import torch
 
+from mtp.generate.acceptance import Draws
 from mtp.generate.acceptance import accept as accept_drafts
 from mtp.generate.drafter import Drafts
 from mtp.generate.sampling import SamplingConfig
+from mtp.generate.tree import Tree
 
 
 def accept(drafts, target, generator=None):
-    """The rule on target distributions (B, m, V); their logs are the logits `accept` takes
-    (log 0 = -inf keeps one-hot rows one-hot, which is greedy decoding)."""
+    """The rule on target distributions (B, m, V) of a chain; their logs are the logits
+    `accept` takes (log 0 = -inf keeps one-hot rows one-hot, which is greedy decoding)."""
     greedy = bool(target.eq(1).sum(-1).eq(1).all()) and (
         drafts.probs is None or bool(drafts.probs.eq(1).sum(-1).eq(1).all()))
-    result = accept_drafts(drafts, target.log(), SamplingConfig(temperature=0 if greedy else 1),
-                           generator)
+    batch, nodes, vocab = target.shape
+    draws = None if greedy else Draws.draw(batch, nodes, vocab, generator, "cpu")
+    result = accept_drafts(drafts, target.log(), Tree.chain(drafts.count),
+                           SamplingConfig(temperature=0 if greedy else 1), draws)
     return result.n_accepted, result.tokens
 
 N = 40_000  # rows sampled at once; each a frequency's standard error is below 0.0025

@@ -8,9 +8,10 @@ drafts: the heads, a separate draft model (its own q), prompt lookup and lookahe
 import pytest
 import torch
 
-from mtp.generate import (DecodeStats, DraftModel, Lookahead, PromptLookup, SamplingConfig,
-                          generate)
+from mtp.generate import (DecodeStats, DraftModel, HeadsDrafter, Lookahead, PromptLookup,
+                          SamplingConfig, generate)
 from mtp.generate.sampling import probabilities
+from mtp.generate.tree import Tree
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -93,12 +94,12 @@ TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
     ("draft_model", NUCLEUS), ("prompt_lookup", T1), ("lookahead", NUCLEUS)])
 def test_sampled_generations_follow_head_0(model, drafter, sampling):
     exact = _exact(model, [EOS, 0, 1], sampling, depth=3)
-    how = {"k=1": {"k": 1}, "k=3": {"k": 3}, "tree": {"tree": TREE},
-           "draft_model": {"drafter": _draft_model()},
-           "prompt_lookup": {"drafter": PromptLookup(num_draft=2, max_ngram=1, min_ngram=1)},
-           "lookahead": {"drafter": Lookahead(window=2, ngram=3, guesses=1)}}
+    how = {"k=1": None, "k=3": HeadsDrafter(3), "tree": HeadsDrafter(3, Tree(TREE)),
+           "draft_model": _draft_model(),
+           "prompt_lookup": PromptLookup(num_draft=2, max_ngram=1, min_ngram=1),
+           "lookahead": Lookahead(window=2, ngram=3, guesses=1)}
     generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
-                           sampling=sampling, seed=0, **how[drafter])
+                           sampling=sampling, seed=0, drafter=how[drafter])
     counts = {}
     for g in generations:
         counts[tuple(g.token_ids)] = counts.get(tuple(g.token_ids), 0) + 1

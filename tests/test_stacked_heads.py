@@ -6,9 +6,9 @@ import weakref
 import pytest
 import torch
 
-from mtp.kv_cache import KVCache
-from mtp.generate.speculative import hidden_states
+from mtp.generate.engine import hidden_states
 from mtp.generate.stacked_heads import StackedHeads, stacked_heads
+from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPConfig, MTPModel
 
 EXACT = {"atol": 1e-12, "rtol": 1e-12}
@@ -48,25 +48,27 @@ def test_equals_each_head_on_a_cache_over_steps_with_rollback(head_layers, n_kv_
     model, k = _model(head_layers, n_kv_heads, head_type), 3
     stacked = StackedHeads(model, k)
     caches = [KVCache(model.config, 3, 40, dtype=torch.float64) for _ in range(2)]
+    # (tokens, the lengths kept afterwards: a roll-back, or None to keep them all)
     steps = [(6, [6, 4, 5] if ragged else [5, 5, 5]), (3, [7, 5, 8] if ragged else [7, 7, 7]),
              (1, None), (3, [10, 9] if ragged else [10, 10]), (2, None)]
-    for number, (width, lengths) in enumerate(steps):
+    lengths = torch.zeros(3, dtype=torch.long)
+    for number, (width, kept) in enumerate(steps):
         tokens = torch.randint(0, 262, (caches[0].batch_size, width))
+        step = cache_step(lengths, *causal(width), key_len=40)
         hidden = []
         for cache, run in zip(caches, ("each", "stacked")):
-            trunk = model.trunk(tokens, cache=cache)
+            trunk = model.trunk(tokens, cache=cache, step=step)
             if run == "each":
-                hidden.append(torch.stack([model.head(trunk, i, cache=cache)
+                hidden.append(torch.stack([model.head(trunk, i, cache=cache, step=step)
                                            for i in range(k)], dim=2))
             else:
-                hidden.append(stacked(trunk, cache=cache))
-            cache.advance(width)
-            if lengths is not None:
-                cache.rollback(lengths)
+                hidden.append(stacked(trunk, cache=cache, step=step))
             if number == 2:
-                cache.keep([2, 0])
+                cache.keep(torch.tensor([2, 0]))
+        lengths = lengths + width if kept is None else torch.tensor(kept)
+        if number == 2:
+            lengths = lengths[[2, 0]]
         torch.testing.assert_close(hidden[1], hidden[0], **EXACT)
-        assert caches[0].lengths == caches[1].lengths
         torch.testing.assert_close(caches[1].keys, caches[0].keys, **EXACT)
         torch.testing.assert_close(caches[1].values, caches[0].values, **EXACT)
 
@@ -76,10 +78,10 @@ def test_hidden_states_takes_stacked_heads_and_leaves_the_other_heads_slots_alon
     model = _model(2, 2)
     tokens = torch.randint(0, 262, (2, 5))
     caches = [KVCache(model.config, 2, 16, dtype=torch.float64) for _ in range(2)]
-    each = hidden_states(model, caches[0], tokens, 3)
-    stacked = hidden_states(model, caches[1], tokens, StackedHeads(model, 3))
+    step = cache_step(torch.zeros(2, dtype=torch.long), *causal(5), key_len=5)
+    each = hidden_states(model, tokens, caches[0], step, 3)
+    stacked = hidden_states(model, tokens, caches[1], step, StackedHeads(model, 3))
     torch.testing.assert_close(stacked, each, **EXACT)
-    assert caches[1].lengths == [5, 5]
     assert caches[1].keys[model.config.n_layers + 3 * 2:].abs().sum() == 0  # head 3 unused
 
 
@@ -90,7 +92,9 @@ def test_attention_free_heads_take_no_cache_slots():
     assert model.config.n_blocks == model.config.n_layers + 2
     cache = KVCache(model.config, 1, 16, dtype=torch.float64)
     assert cache.keys.shape[0] == model.config.n_blocks
-    hidden = hidden_states(model, cache, torch.randint(0, 262, (1, 5)), StackedHeads(model, 4))
+    step = cache_step(torch.zeros(1, dtype=torch.long), *causal(5), key_len=5)
+    hidden = hidden_states(model, torch.randint(0, 262, (1, 5)), cache, step,
+                           StackedHeads(model, 4))
     assert hidden.shape == (1, 5, 4, 32)
     assert (cache.keys[:, :, :, :5].abs().flatten(1).sum(1) > 0).all()  # every slot written
 

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from mtp.generate.acceptance import TypicalAcceptance, accept
+from mtp.generate.acceptance import Draws, TypicalAcceptance, accept
 from mtp.generate.drafter import Drafts
-from mtp.generate.sampling import SamplingConfig
 from mtp.generate.heads_drafter import draft
+from mtp.generate.sampling import SamplingConfig, exponential
 from mtp.generate.tree import Calibration, Tree, find_calibration, resolve_tree
 
 MEDUSA_LIKE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
@@ -29,7 +29,6 @@ def test_nodes_are_ordered_by_depth_then_rank_with_parent_links():
     assert buffers.children[1].tolist() == [4, 5, -1]
     # node (1, 0) is head 2's top-1: topk of heads (1, 2, 3) flattened with 3 ranks each
     assert buffers.draft_index.tolist() == [0, 1, 2, 3, 4, 3, 6]
-    assert tree.first(5).paths == tree.paths[:4]
 
 
 def test_chain_and_presets():
@@ -122,12 +121,11 @@ def test_greedy_acceptance_takes_the_path_head_0_agrees_with():
     predicted = [7, 1, 3, 1, 2, 1]
     target = torch.full((1, 6, 10), -1.0, dtype=torch.float64)
     target[0, torch.arange(6), torch.tensor(predicted)] = 0.0
-    drafts = Drafts(torch.tensor([[5, 7, 3, 2, 3]]), tree=tree)  # node 2 (7), then 5 (3) agree
-    result = accept(drafts, target, SamplingConfig())
+    drafts = Drafts(torch.tensor([[5, 7, 3, 2, 3]]))  # node 2 (7), then 5 (3) agree
+    result = accept(drafts, target, tree, SamplingConfig())
     assert result.node.tolist() == [5] and result.n_accepted.tolist() == [2]
     assert result.tokens[0, :3].tolist() == [7, 3, 1]  # the path, then head 0 after node 5
-    nothing = accept(Drafts(torch.tensor([[0, 0, 0, 0, 0]]), tree=tree), target,
-                     SamplingConfig())
+    nothing = accept(Drafts(torch.tensor([[0, 0, 0, 0, 0]])), target, tree, SamplingConfig())
     assert nothing.node.tolist() == [0] and nothing.tokens[0, 0].item() == 7
 
 
@@ -137,12 +135,13 @@ def test_typical_acceptance_keeps_likely_drafts_and_is_greedy_at_temperature_0()
     target = _logits([[p_root, [1 / 3] * 3, [1 / 3] * 3]])
     typical = TypicalAcceptance(epsilon=0.09, alpha=0.3)
     # threshold: min(0.09, 0.3 * exp(-H)) = 0.09 here; both 0 and 1 pass, 2 does not
+    draws = Draws.draw(1, 3, 3, None, "cpu")
     for tokens, node in (([0, 1], 1), ([2, 1], 2), ([2, 2], 0)):
-        result = accept(Drafts(torch.tensor([tokens]), tree=tree), target,
-                        SamplingConfig(temperature=1.0), acceptance="typical", typical=typical)
+        result = accept(Drafts(torch.tensor([tokens])), target, tree,
+                        SamplingConfig(temperature=1.0), draws, typical)
         assert result.node.tolist() == [node]
-    greedy = accept(Drafts(torch.tensor([[1, 0]]), tree=tree), target, SamplingConfig(),
-                    acceptance="typical")
+    greedy = accept(Drafts(torch.tensor([[1, 0]])), target, tree, SamplingConfig(),
+                    typical=TypicalAcceptance())
     assert greedy.node.tolist() == [2]  # only head 0's argmax (token 0, node 2) is kept
 
 
@@ -155,10 +154,10 @@ def test_sibling_candidates_keep_head_0s_distribution():
     generator = torch.Generator().manual_seed(0)
     head_logits = q.log().expand(n, 1, vocab)
     sampling = SamplingConfig(temperature=1.0)
-    drafts = draft(head_logits, tree, sampling, generator)
+    drafts = draft(head_logits, tree, sampling, exponential(head_logits.shape, generator, "cpu"))
     assert (drafts.tokens[:, 0] != drafts.tokens[:, 1]).all()  # without replacement
     target = p.log().expand(n, 4, vocab)  # after each sibling: p again (a stationary source)
-    result = accept(drafts, target, sampling, generator)
+    result = accept(drafts, target, tree, sampling, Draws.draw(n, 4, vocab, generator, "cpu"))
     first = torch.bincount(result.tokens[:, 0], minlength=vocab).double() / n
     torch.testing.assert_close(first, p, atol=0.01, rtol=0)
     # The test has power: accepting each sibling with p(x)/q(x) but resampling from p
@@ -166,8 +165,8 @@ def test_sibling_candidates_keep_head_0s_distribution():
     accepted = (result.n_accepted == 1).double().mean()
     assert accepted > torch.minimum(p, q).sum() + 0.1
     # Deterministic (one-hot) siblings, as the greedy top-k would give: also exact.
-    fixed = Drafts(torch.tensor([[4, 3, 0]]).expand(n, 3), tree=tree)
-    result = accept(fixed, target, sampling, generator)
+    fixed = Drafts(torch.tensor([[4, 3, 0]]).expand(n, 3))
+    result = accept(fixed, target, tree, sampling, Draws.draw(n, 4, vocab, generator, "cpu"))
     first = torch.bincount(result.tokens[:, 0], minlength=vocab).double() / n
     torch.testing.assert_close(first, p, atol=0.01, rtol=0)
     assert (result.n_accepted == 1).double().mean() == pytest.approx(0.4 + 0.25 + 0.05,

@@ -23,14 +23,18 @@ from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
 from mtp.eval.sandbox import ExecResult, Isolation, Limits, Sandbox
 from mtp.eval.tasks import Problem, Task, load_task
+from mtp.generate.spec import DrafterSpec
 
-DTYPES = ("float32", "bfloat16", "float16")
 AUTO_PROMPTS = 4  # drafter=auto measures its candidates on at least this many of the run's prompts
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalConfig:
-    """One evaluation; mirrors `conf/eval.yaml`. Exactly one of `checkpoint` and `samples`."""
+class EvalConfig(DrafterSpec):
+    """One evaluation; mirrors `conf/eval.yaml`. Exactly one of `checkpoint` and `samples`.
+
+    The drafter is a `DrafterSpec` (drafter, k, tree, ...: the same options as
+    `python -m mtp.generate`), which this extends.
+    """
 
     task: Literal["humaneval", "mbpp"]
     output: str  # per-sample results (JSON lines); rerun with the same path to resume
@@ -39,47 +43,38 @@ class EvalConfig:
     data_file: str | None = None
     few_shot: int = 0
     samples_per_problem: int = 1
-    k: Sequence[int] = (1,)
+    pass_k: Sequence[int] = (1,)  # pass@k for each k
     temperature: float = 0.0
     top_p: float = 1.0
-    drafter: str = "auto"  # see mtp.generate.DRAFTERS; auto measures them and keeps the fastest
-    spec_k: int | str | None = None  # the heads' tokens per forward at most; None: all; "auto"
-    draft_model: str | None = None  # a checkpoint sharing the tokenizer (drafter=draft_model)
-    num_draft: int | None = None  # drafts per step of prompt lookup or the draft model
-    max_ngram: int | None = None  # prompt lookup's longest and shortest n-grams (4, 2)
-    min_ngram: int | None = None
-    window: int | None = None  # lookahead's Jacobi window W, n-gram size N and guesses G (5, 4, 5)
-    ngram: int | None = None
-    guesses: int | None = None
-    tree: Any = None  # the heads' candidate tree (mtp.generate.tree: chain, tree16, auto:N, ...)
+    acceptance: str = "exact"  # exact | typical (Medusa's; not lossless when sampling)
+    compile: bool = False  # the decode step compiled (CUDA graphs on a GPU)
     max_new_tokens: int = 512
     batch_size: int = 8
     limit: int | None = None
     seed: int = 0
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str | None = None  # null: bfloat16 on a GPU, else the checkpoint's
     timeout: float = Limits.timeout
     workers: int | None = None
     isolation: Isolation = "auto"  # sandbox: namespaces | none | auto (namespaces where they work)
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, int):  # k=10 on the command line means [10]
-            object.__setattr__(self, "k", (self.k,))
+        if isinstance(self.pass_k, int):  # pass_k=10 on the command line means [10]
+            object.__setattr__(self, "pass_k", (self.pass_k,))
+        if isinstance(self.k, (list, tuple)):
+            raise ValueError(f"k={list(self.k)}: k is the heads' tokens per forward pass (as in "
+                             f"mtp.generate); pass@k's list is pass_k={list(self.k)}")
+        super().__post_init__()  # the drafter's options
         if (self.checkpoint is None) == (self.samples is None):
             raise ValueError(
                 f"give exactly one of checkpoint= (generate) and samples= (score a file), got "
                 f"checkpoint={self.checkpoint!r}, samples={self.samples!r}"
             )
-        from mtp.generate.names import DRAFTERS
+        from mtp.generate.acceptance import typical_thresholds
+        from mtp.generate.decode import decoding_dtype
 
-        if self.drafter not in DRAFTERS:
-            raise ValueError(f"drafter={self.drafter!r}: choose one of {', '.join(DRAFTERS)}")
-        if self.spec_k is not None and self.spec_k != "auto" and (
-                not isinstance(self.spec_k, int) or self.spec_k < 1):
-            raise ValueError(f"spec_k={self.spec_k!r} must be an integer >= 1, auto or null "
-                             f"(every head)")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r}: expected one of {DTYPES}")
+        typical_thresholds(self.acceptance)
+        decoding_dtype(self.device, self.dtype)
         for name in ("samples_per_problem", "max_new_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
@@ -88,7 +83,7 @@ class EvalConfig:
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
         if self.checkpoint is not None:
-            check_ks(self.k, self.samples_per_problem)
+            check_ks(self.pass_k, self.samples_per_problem)
             if self.temperature == 0 and self.samples_per_problem > 1:
                 raise ValueError(
                     f"samples_per_problem={self.samples_per_problem} at temperature=0 repeats one "
@@ -118,7 +113,8 @@ def evaluate(config: EvalConfig) -> dict[str, Any]:
             ResultsFile(config.output, {**config.run_fields(), "isolation": sandbox.isolation}) as results:
         decoding = None
         if config.samples is not None:
-            problems = _score_samples(config.samples, config.k, task, problems, results, sandbox)
+            problems = _score_samples(config.samples, config.pass_k, task, problems, results,
+                                      sandbox)
         else:
             decoding = _generate_and_score(config, task, problems, results, sandbox)
     summary = summarize(config, results.records, problems, decoding)
@@ -159,18 +155,10 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
     """Generate the missing samples in batches of `batch_size` (several problems and several
     samples of one problem together) and execute them; returns the decoding used."""
     from mtp.checkpoint import load
-    from mtp.generate.auto import Auto, default_calibration
-    from mtp.generate.names import drafter_from_options
-    from mtp.generate.tree import find_calibration
+    from mtp.generate.decode import decoding_dtype
 
-    model, tokenizer = load(config.checkpoint, device=config.device, dtype=_torch_dtype(config.dtype))
-    drafter = drafter_from_options(
-        model, config.drafter, k=config.spec_k, draft_model=config.draft_model,
-        num_draft=config.num_draft, max_ngram=config.max_ngram, min_ngram=config.min_ngram,
-        calibration=default_calibration(config.checkpoint), tree=config.tree,
-        trees=find_calibration(config.checkpoint, n_future=model.config.n_future,
-                               vocab_size=model.config.vocab_size),
-        window=config.window, ngram=config.ngram, guesses=config.guesses)
+    model, tokenizer = load(config.checkpoint, device=config.device,
+                            dtype=decoding_dtype(config.device, config.dtype))
     context = model.config.max_seq_len
     done = results.done()
     todo = [(p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])
@@ -189,9 +177,7 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                     "tokens_per_forward": 0.0, "seconds": 0.0})
             continue
         items += [(problem, index) for index in indices]
-    auto = drafter if isinstance(drafter, Auto) else None
-    if auto is not None and items:
-        drafter = _choose(config, model, tokenizer, auto, [p.prompt for p, _ in items])
+    drafter, auto = _choose(config, model, tokenizer, [p.prompt for p, _ in items])
     for start in range(0, len(items), config.batch_size):
         batch = items[start : start + config.batch_size]
         for (problem, index), (completion, stats) in zip(batch, _sample(config, model, tokenizer, task, batch, drafter)):
@@ -204,25 +190,36 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
               f"and count as failed: {_listing(too_long)}", file=sys.stderr)
     if auto is not None:
         return f"auto: {auto.choice}" if auto.choice else "auto"
-    return str(drafter)
+    return str(drafter or "autoregressive")
 
 
-def _choose(config: EvalConfig, model, tokenizer, auto, prompts: list[str]):
-    """`drafter=auto`: measure the candidates once, on the run's first prompts in batches of
-    `batch_size` (at least AUTO_PROMPTS prompts: one prompt's 64 tokens are no sample of a
-    task), and decode every batch with the choice, the last smaller batch included. The
-    choice is cached per checkpoint; the time it takes is reported, not counted in the
-    samples' tokens/s."""
+def _choose(config: EvalConfig, model, tokenizer, prompts: list[str]):
+    """The drafter and, for drafter=auto, the `Auto` that chose it.
+
+    auto measures the candidates once, on the run's first prompts in batches of `batch_size`
+    (at least AUTO_PROMPTS prompts: one prompt's 64 tokens are no sample of a task), and
+    every batch decodes with the choice, the last smaller batch included. The choice is
+    cached per checkpoint; the time it takes is reported, not counted in the samples'
+    tokens/s.
+    """
     from mtp.generate import SamplingConfig
+    from mtp.generate.auto import choose_drafter, default_calibration
+    from mtp.generate.tree import find_calibration
 
+    if config.measured and not prompts:  # every sample is done: nothing to measure on
+        return None, None
     began = time.perf_counter()
-    chosen = auto.choose(model, tokenizer, prompts[:max(AUTO_PROMPTS, config.batch_size)],
-                         sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
-                         max_new_tokens=config.max_new_tokens, batch_size=config.batch_size)
-    seconds = time.perf_counter() - began
-    how = f"measured in {seconds:.1f} s" if auto.measured else "cached"
-    print(f"auto: {auto.choice} ({how})", file=sys.stderr)
-    return chosen or "autoregressive"
+    drafter, auto = choose_drafter(
+        model, tokenizer, config, prompts[:max(AUTO_PROMPTS, config.batch_size)],
+        sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
+        max_new_tokens=config.max_new_tokens, batch_size=config.batch_size,
+        calibration=find_calibration(config.checkpoint, n_future=model.config.n_future,
+                                     vocab_size=model.config.vocab_size),
+        cache_file=default_calibration(config.checkpoint), compile=config.compile)
+    if auto is not None:
+        how = f"measured in {time.perf_counter() - began:.1f} s" if auto.measured else "cached"
+        print(f"auto: {auto.choice} ({how})", file=sys.stderr)
+    return drafter, auto
 
 
 def _sample(config: EvalConfig, model, tokenizer, task: Task, batch: list[tuple[Problem, int]],
@@ -237,7 +234,7 @@ def _sample(config: EvalConfig, model, tokenizer, task: Task, batch: list[tuple[
         model, tokenizer, [problem.prompt for problem, _ in batch],
         max_new_tokens=config.max_new_tokens, drafter=drafter,
         sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
-        stop=task.stop,
+        stop=task.stop, acceptance=config.acceptance, compile=config.compile,
         # Seeded by the batch's first problem and sample, not call order: reruns repeat their
         # draws, and a resumed run's batches do not replay earlier ones.
         seed=zlib.crc32(f"{config.seed}/{first.task_id}/{index}".encode()),
@@ -275,7 +272,7 @@ def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[
         n, c = counts.get(str(r["task_id"]), (0, 0))
         counts[str(r["task_id"])] = (n + 1, c + r["passed"])
     summary: dict[str, Any] = {"task": config.task}
-    summary.update({f"pass@{k}": v for k, v in mean_pass_at_k(counts, config.k).items()})
+    summary.update({f"pass@{k}": v for k, v in mean_pass_at_k(counts, config.pass_k).items()})
     summary.update(problems=len(counts), samples=len(mine))
     # The weakest sandbox any counted sample ran in (records from before isolation existed: none).
     levels = {r.get("isolation", "none") for r in mine}
@@ -301,12 +298,6 @@ def print_summary(summary: dict[str, Any]) -> None:
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
         print(f"{key:<{width}}  {shown}")
     print(json.dumps(summary), flush=True)
-
-
-def _torch_dtype(name: str):
-    import torch
-
-    return getattr(torch, name)
 
 
 def _absolute(path: str | None) -> str | None:

@@ -1,23 +1,26 @@
 """Speculative generation: the model's heads, a draft model, prompt lookup or lookahead
-(Jacobi) decoding draft; head 0 verifies.
+(Jacobi) decoding draft; head 0 verifies, in a decode step of fixed shapes (`engine.py`).
 
 `generate(model, tokenizer, prompts, drafter=..., sampling=SamplingConfig(...))` decodes a
-batch of prompts; with the heads (the default, sized by k), k = 1 is the autoregressive
-baseline and k > 1 blockwise self-speculative decoding. `drafter="auto"` measures the
-candidates and keeps the fastest. `python -m mtp.generate` is the command line.
+batch of prompts: with no drafter autoregressively (the baseline), with `HeadsDrafter(k)`
+by blockwise self-speculative decoding (heads 1..k-1 draft), and so on. `compile=True` runs
+the step compiled (CUDA graphs on a GPU). `choose_drafter` (or `Auto`) measures candidate
+drafters first and keeps the fastest. `python -m mtp.generate` is the command line.
 """
 
-from mtp.generate.auto import Auto
+from mtp.generate.acceptance import TypicalAcceptance
+from mtp.generate.auto import Auto, choose_drafter
 from mtp.generate.combined import Combined
 from mtp.generate.decode import generate
 from mtp.generate.draft_model import DraftModel
 from mtp.generate.drafter import Drafter, Drafts
 from mtp.generate.heads_drafter import HeadsDrafter
 from mtp.generate.lookahead import Lookahead
-from mtp.generate.names import DRAFTERS
 from mtp.generate.output import DecodeStats, Generation
 from mtp.generate.prompt_lookup import PromptLookup
 from mtp.generate.sampling import SamplingConfig
+from mtp.generate.spec import DRAFTERS, DrafterSpec
 
-__all__ = ["DRAFTERS", "Auto", "Combined", "DecodeStats", "DraftModel", "Drafter", "Drafts",
-           "Generation", "HeadsDrafter", "Lookahead", "PromptLookup", "SamplingConfig", "generate"]
+__all__ = ["DRAFTERS", "Auto", "Combined", "DecodeStats", "DraftModel", "Drafter", "DrafterSpec",
+           "Drafts", "Generation", "HeadsDrafter", "Lookahead", "PromptLookup", "SamplingConfig",
+           "TypicalAcceptance", "choose_drafter", "generate"]

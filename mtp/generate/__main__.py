@@ -22,17 +22,18 @@ to stdout as it is decoded, then prints its statistics to stderr.
                    of rank paths, or a list, e.g. tree='[[0],[1],[0,0]]'. Without it, auto
                    also measures the auto:N trees of a calibrated checkpoint
   acceptance       exact (lossless) or typical (Medusa's; not lossless when sampling)
+  compile          run the decode step compiled (CUDA graphs on a GPU); default false
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   stop             list of stop strings, e.g. stop='["\\n\\n"]'
   seed             null
-  device, dtype    cpu, null (the checkpoint's dtype); e.g. device=cuda dtype=bfloat16
+  device, dtype    cpu, null: bfloat16 on a GPU, else the checkpoint's dtype
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -41,35 +42,26 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mtp.checkpoint import load
-from mtp.generate.auto import Auto, default_calibration
-from mtp.generate.decode import generate
-from mtp.generate.names import drafter_from_options
+from mtp.generate.acceptance import typical_thresholds
+from mtp.generate.auto import choose_drafter, default_calibration
+from mtp.generate.decode import decoding_dtype, generate
 from mtp.generate.output import DecodeStats
 from mtp.generate.prompts import read_prompts
 from mtp.generate.sampling import SamplingConfig
+from mtp.generate.spec import DrafterSpec
 from mtp.generate.tree import find_calibration
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+@dataclass(frozen=True, kw_only=True)
+class GenerateArgs(DrafterSpec):
+    """The command line: a `DrafterSpec` (drafter, k, tree, ...) and how to decode what."""
 
-
-@dataclass
-class GenerateArgs:
     checkpoint: str = MISSING
     prompt: str | None = None
     prompt_file: str | None = None
     max_new_tokens: int = 256
-    drafter: str = "auto"
-    k: Any = None  # an int, "auto" or None
-    draft_model: str | None = None
-    num_draft: int | None = None
-    max_ngram: int | None = None
-    min_ngram: int | None = None
-    window: int | None = None
-    ngram: int | None = None
-    guesses: int | None = None
     calibration: str | None = None
-    tree: Any = None  # a name, a .json file or a list of rank paths
     acceptance: str = "exact"
+    compile: bool = False
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float = 1.0
@@ -96,11 +88,8 @@ def parse_args(argv: list[str]) -> GenerateArgs:
     args = parse_overrides(argv, GenerateArgs)
     if (args.prompt is None) == (args.prompt_file is None):
         raise ValueError("give exactly one of prompt=... and prompt_file=...")
-    if args.k is not None and args.k != "auto" and not isinstance(args.k, int):
-        raise ValueError(f"bad arguments {argv}: k must be an integer, auto or null, "
-                         f"got {args.k!r}")
-    if args.dtype is not None and args.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
+    decoding_dtype(args.device, args.dtype)  # errors before anything loads, as the spec's
+    typical_thresholds(args.acceptance)
     return args
 
 
@@ -122,14 +111,16 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
-    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES.get(args.dtype))
-    drafter = drafter_from_options(
-        model, args.drafter, k=args.k, draft_model=args.draft_model, num_draft=args.num_draft,
-        max_ngram=args.max_ngram, min_ngram=args.min_ngram,
-        calibration=args.calibration or default_calibration(args.checkpoint), tree=args.tree,
-        trees=find_calibration(args.checkpoint, n_future=model.config.n_future,
-                               vocab_size=model.config.vocab_size),
-        window=args.window, ngram=args.ngram, guesses=args.guesses)
+    model, tokenizer = load(args.checkpoint, device=args.device,
+                            dtype=decoding_dtype(args.device, args.dtype))
+    drafter, auto = choose_drafter(
+        model, tokenizer, args, prompts[:1], sampling=sampling,
+        max_new_tokens=args.max_new_tokens,
+        calibration=find_calibration(args.checkpoint, n_future=model.config.n_future,
+                                     vocab_size=model.config.vocab_size),
+        cache_file=args.calibration or default_calibration(args.checkpoint),
+        compile=args.compile)
+    name = f"auto -> {auto.choice}" if auto is not None else str(drafter or "autoregressive")
     for index, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(f"\n### prompt {index}", flush=True)
@@ -137,10 +128,8 @@ def main(argv: list[str]) -> None:
         [result] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens,
                             drafter=drafter, sampling=sampling, stop=args.stop, seed=args.seed,
                             on_text=lambda _, text: print(text, end="", flush=True),
-                            acceptance=args.acceptance)
+                            acceptance=args.acceptance, compile=args.compile)
         print(flush=True)
-        name = (f"auto -> {drafter.choice}" if isinstance(drafter, Auto)
-                else str(drafter))
         print(f"[{result.finish_reason}] {describe(result.stats, name)}", file=sys.stderr)
 
 

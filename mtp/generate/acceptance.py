@@ -2,10 +2,12 @@
 
 The verifier does not know who drafted: it gets `Drafts` (drafter.py), the draft tokens of
 a tree's nodes 1..m-1 (the root, node 0, is the last accepted token), the distribution each
-draft was drawn from (or none, for deterministic drafts, which count as one-hot), and head
-0's logits at every node, which give the target distribution p of the token after that
-node. A chain is the tree with one path. Padding drafts (past a row's `lengths`) are never
-kept and leave the target untouched.
+draft was drawn from (or none, for deterministic drafts, which count as one-hot), the tree
+(the drafter's fixed shape; a chain is the tree with one path), and head 0's logits at every
+node, which give the target distribution p of the token after that node. Padding drafts
+(past a row's `lengths`) are never kept and leave the target untouched. Everything runs on
+the device with fixed shapes, and the random numbers come in as `Draws`, drawn before the
+step: a captured step replays exactly.
 
 - `exact` (the default). Greedy (temperature 0): a draft is kept iff it is head 0's argmax
   after its parent; the output is the longest such path plus head 0's argmax after it, which
@@ -35,7 +37,7 @@ import torch
 from torch import Tensor
 
 from mtp.generate.drafter import Drafts
-from mtp.generate.sampling import SamplingConfig, probabilities, sample
+from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
 from mtp.generate.tree import Tree
 
 ACCEPTANCE = ("exact", "typical")
@@ -54,6 +56,37 @@ class TypicalAcceptance:
                              f"epsilon={self.epsilon!r}, alpha={self.alpha!r}")
 
 
+Acceptance = str | TypicalAcceptance  # "exact", "typical" (Medusa's thresholds), or its own
+
+
+def typical_thresholds(acceptance: Acceptance) -> TypicalAcceptance | None:
+    """The typical-acceptance thresholds `acceptance` asks for, or None for "exact"."""
+    if isinstance(acceptance, TypicalAcceptance):
+        return acceptance
+    if acceptance not in ACCEPTANCE:
+        raise ValueError(f"acceptance must be one of {ACCEPTANCE} or a TypicalAcceptance, got "
+                         f"{acceptance!r}")
+    return TypicalAcceptance() if acceptance == "typical" else None
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The random numbers of one step's acceptance, drawn before the step.
+
+    uniform (B, m - 1): one per draft node, for its test u * q < p; exponential (B, V): the
+    race that draws the correction or bonus token (`sampling.sample`).
+    """
+
+    uniform: Tensor
+    exponential: Tensor
+
+    @staticmethod
+    def draw(batch: int, nodes: int, vocab: int, generator: torch.Generator | None,
+             device: torch.device | str) -> Draws:
+        uniform = torch.rand((batch, nodes - 1), generator=generator, device=device)
+        return Draws(uniform, exponential((batch, vocab), generator, device))
+
+
 @dataclass(frozen=True)
 class Accepted:
     """Per sequence: the last accepted node, its depth, and the new tokens.
@@ -67,34 +100,39 @@ class Accepted:
     tokens: Tensor  # (B, depth + 1)
 
 
-def accept(drafts: Drafts, target: Tensor, sampling: SamplingConfig,
-           generator: torch.Generator | None = None, *, acceptance: str = "exact",
-           typical: TypicalAcceptance = TypicalAcceptance()) -> Accepted:
-    """Verify `drafts` (a chain, or a tree's nodes) against head 0's logits `target` (B, m, V)."""
-    if acceptance not in ACCEPTANCE:
-        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
-    tree = drafts.shape()
+def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
+           draws: Draws | None = None, typical: TypicalAcceptance | None = None) -> Accepted:
+    """Verify `drafts` (the nodes of `tree`) against head 0's logits `target` (B, m, V).
+
+    `draws` are needed when sampling; `typical` switches to Medusa's typical acceptance.
+    """
     buffers = tree.buffers(target.device)
-    rows = torch.arange(target.shape[0], device=target.device)
+    batch = target.shape[0]
+    rows = torch.arange(batch, device=target.device)
     real = None  # (B, m - 1): which drafts are not padding
     if drafts.lengths is not None:
         real = torch.arange(drafts.count, device=target.device) < drafts.lengths[:, None]
-    if sampling.greedy:
+    if tree.n_nodes == 1:  # no drafts: an autoregressive step
+        node = torch.zeros(batch, dtype=torch.long, device=target.device)
+        target0 = target[:, 0]
+        next_token = target0.argmax(-1) if sampling.greedy else sample(
+            probabilities(target0, sampling), draws.exponential)
+    elif sampling.greedy:
         predicted = target.argmax(-1)  # (B, m) head 0's token after each node
         node = _deepest_kept(_and(drafts.tokens == predicted[:, buffers.parents], real), tree)
         next_token = predicted[rows, node]
-    elif acceptance == "typical":
+    elif typical is not None:
         p = probabilities(target, sampling)  # (B, m, V)
         entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, m)
         threshold = torch.minimum(typical.alpha * torch.exp(-entropy),
                                   torch.full_like(entropy, typical.epsilon))
         p_draft = p[:, buffers.parents].gather(-1, drafts.tokens[..., None]).squeeze(-1)
         node = _deepest_kept(_and(p_draft > threshold[:, buffers.parents], real), tree)
-        next_token = sample(p[rows, node], generator)
+        next_token = sample(p[rows, node], draws.exponential)
     else:
         node, residual = _recursive_rejection(drafts, probabilities(target, sampling), tree,
-                                              real, generator)
-        next_token = sample(residual, generator)
+                                              real, draws.uniform)
+        next_token = sample(residual, draws.exponential)
     path = buffers.ancestors[node][:, 1:]  # (B, depth): the accepted nodes, then padding
     tokens = drafts.tokens.gather(1, (path - 1).clamp(min=0))
     tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, depth + 1)
@@ -121,8 +159,11 @@ def _deepest_kept(kept: Tensor, tree: Tree) -> Tensor:
 
 
 def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree, real: Tensor | None,
-                         generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """SpecInfer's rule: the last accepted node (B,) and the distribution (B, V) after it."""
+                         uniforms: Tensor) -> tuple[Tensor, Tensor]:
+    """SpecInfer's rule: the last accepted node (B,) and the distribution (B, V) after it.
+
+    uniforms (B, m - 1): node i's test draws uniforms[:, i - 1].
+    """
     buffers = tree.buffers(p_all.device)
     batch, _, vocab = p_all.shape
     rows = torch.arange(batch, device=p_all.device)
@@ -141,7 +182,7 @@ def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree, real: Tensor
             else:
                 q = drafts.probs[rows, index].to(p.dtype)  # (B, V)
             q_token, p_token = q[rows, token], p[rows, token]
-            uniform = torch.rand(batch, generator=generator, device=p.device, dtype=p.dtype)
+            uniform = uniforms[rows, index].to(p.dtype)
             # A draft its own proposal could not have drawn (e.g. a rank past top_k) was
             # never proposed: skip it without touching the target.
             trying = descending & (child >= 0) & (chosen < 0) & (q_token > 0)

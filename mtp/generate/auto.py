@@ -1,4 +1,4 @@
-"""`drafter=auto` / `k=auto`: measure candidate drafters on the first steps, keep the fastest.
+"""`drafter=auto` / `k=auto`: measure candidate drafters on the first prompts, keep the fastest.
 
 Which drafter pays depends on the model (how well its heads or a draft model agree with it),
 the text (prompt lookup pays where it repeats), the batch size, sampling and the machine (the
@@ -14,8 +14,11 @@ of `trees` (candidate trees, e.g. the `auto:N` trees of a calibrated checkpoint)
 lookup, the fastest heads k combined with prompt lookup, and the draft model when one is
 given (`k=auto`: autoregressive and the heads only). The choice is cached per model in memory and,
 with `calibration=PATH`, in a JSON file (for example beside the checkpoint), keyed by what it
-depends on: model, device, dtype, threads, batch size (in powers of two) and greedy vs
-sampled decoding.
+depends on: model, device, dtype, threads, batch size (in powers of two), greedy vs sampled
+decoding, and whether the step is compiled.
+
+This module sits above `generate` (it calls it to measure): `choose_drafter` turns a
+`DrafterSpec` into a drafter, measuring when the spec asks for it.
 """
 
 from __future__ import annotations
@@ -31,16 +34,18 @@ from pathlib import Path
 import torch
 
 from mtp.generate.combined import Combined
+from mtp.generate.decode import generate
 from mtp.generate.draft_model import DraftModel
 from mtp.generate.drafter import Drafter, check_positive
 from mtp.generate.heads_drafter import HeadsDrafter
 from mtp.generate.prompt_lookup import PromptLookup
 from mtp.generate.sampling import SamplingConfig
-from mtp.generate.tree import Tree
+from mtp.generate.spec import AUTOREGRESSIVE, DrafterSpec
+from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
-AUTOREGRESSIVE = "autoregressive"
+AUTO_TREE_SIZES = (16, 32, 64)  # the calibrated trees `auto` measures against the chain
 
 # model -> {calibration key: chosen label}; an entry goes when its model does.
 _chosen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -63,6 +68,7 @@ class Auto:
     prompt_lookup: PromptLookup = field(default_factory=PromptLookup)
     calibration: str | Path | None = None  # a JSON file that caches the choice
     trees: tuple[Tree, ...] = ()  # candidate trees for the heads (within n_future heads)
+    compile: bool = False  # measure (and later decode) with the compiled step
     tokens: int = 64  # new tokens per measurement
     margin: float = 1.03  # a drafter must beat autoregressive decoding by this factor
     finalists: int = 3  # candidates measured a second time (with autoregressive decoding)
@@ -118,12 +124,10 @@ class Auto:
 
     def _measure(self, model, tokenizer, batches: list[list[str]], sampling, max_new_tokens,
                  candidates: dict[str, Drafter | None]) -> str:
-        from mtp.generate.decode import generate  # generate() calls choose(): no cycle at import
-
         tokens = min(self.tokens, max_new_tokens)
 
         def speed(drafter: Drafter | None) -> float:
-            run = dict(drafter=drafter or AUTOREGRESSIVE, sampling=sampling, seed=0)
+            run = dict(drafter=drafter, sampling=sampling, seed=0, compile=self.compile)
             generate(model, tokenizer, batches[0], max_new_tokens=2, **run)  # warm-up, builds
             new, seconds = 0, 0.0
             for prompts in batches:
@@ -168,6 +172,7 @@ class Auto:
         parts = [model_id, str(param.device), str(param.dtype).removeprefix("torch."),
                  f"threads={torch.get_num_threads()}", f"batch<={bucket}",
                  "greedy" if sampling.greedy else "sampled",
+                 "compiled" if self.compile else "eager",
                  "heads" if self.heads_only else "all",
                  repr(self.prompt_lookup), repr(self.draft_model)]
         parts += [f"tree={tree.name}:{len(tree.paths)}" for tree in self.trees]
@@ -195,3 +200,45 @@ class Auto:
             name: round(rate, 1) for name, rate in self.measured.items()}}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(table, indent=1) + "\n")
+
+
+def auto_trees(model: MTPModel, calibration: Calibration | None) -> tuple[Tree, ...]:
+    """`auto`'s candidate trees: a calibrated checkpoint's auto:N for N in AUTO_TREE_SIZES."""
+    if calibration is None or model.config.n_future < 2:
+        return ()
+    return tuple(resolve_tree(f"auto:{size}", n_heads=model.config.n_future,
+                              vocab_size=model.config.vocab_size, calibration=calibration)
+                 for size in AUTO_TREE_SIZES)
+
+
+def make_auto(model: MTPModel, spec: DrafterSpec, *, calibration: Calibration | None = None,
+              cache_file: str | Path | None = None, compile: bool = False) -> Auto:
+    """The `Auto` a measured spec asks for: drafter=auto (every candidate, sized by the spec's
+    options) or k=auto (autoregressive and the heads' k)."""
+    draft_model = spec.load_draft_model(model) if spec.draft_model is not None else None
+    # With a draft model, num_draft sizes it; prompt lookup keeps its default.
+    lookup = DrafterSpec(drafter="prompt_lookup", max_ngram=spec.max_ngram,
+                         min_ngram=spec.min_ngram,
+                         num_draft=None if draft_model is not None else spec.num_draft)
+    return Auto(heads_only=spec.k == "auto", draft_model=draft_model,
+                prompt_lookup=lookup.prompt_lookup(), calibration=cache_file,
+                trees=auto_trees(model, calibration), compile=compile)
+
+
+def choose_drafter(model: MTPModel, tokenizer: Tokenizer, spec: DrafterSpec, prompts: list[str],
+                   *, sampling: SamplingConfig, max_new_tokens: int,
+                   batch_size: int | None = None, calibration: Calibration | None = None,
+                   cache_file: str | Path | None = None,
+                   compile: bool = False) -> tuple[Drafter | None, Auto | None]:
+    """The drafter `spec` names, measured on `prompts` when it asks for that (drafter=auto,
+    k=auto); also the `Auto` that measured (None when nothing was measured).
+
+    `calibration` (a checkpoint's tree.json) resolves tree=auto:N and gives auto its trees;
+    `cache_file` keeps auto's choice between runs.
+    """
+    if not spec.measured:
+        return spec.build(model, calibration), None
+    auto = make_auto(model, spec, calibration=calibration, cache_file=cache_file,
+                     compile=compile)
+    return auto.choose(model, tokenizer, prompts, sampling=sampling,
+                       max_new_tokens=max_new_tokens, batch_size=batch_size), auto

@@ -15,6 +15,7 @@ import torch
 
 from mtp.generate.drafter import Drafter, Drafts, Verified
 from mtp.generate.sampling import SamplingConfig
+from mtp.generate.tree import Tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -25,8 +26,7 @@ class Combined(Drafter):
     def __init__(self, *drafters: Drafter) -> None:
         if len(drafters) < 2 or not all(isinstance(d, Drafter) for d in drafters):
             raise ValueError(f"Combined needs two or more drafters, got {drafters!r}")
-        trees = [d for d in drafters
-                 if getattr(d, "tree", None) is not None and not d.tree.is_chain]
+        trees = [d for d in drafters if not d.tree.is_chain]
         if trees:  # the longest draft per row is a chain's notion; tree nodes are not a prefix
             raise ValueError(f"Combined takes chains of drafts, not the candidate tree of "
                              f"{trees[0]!r}")
@@ -34,11 +34,11 @@ class Combined(Drafter):
         self.name = "+".join(d.name for d in drafters)
 
     @property
-    def max_drafts(self) -> int:
-        return max(d.max_drafts for d in self.drafters)
+    def tree(self) -> Tree:
+        return Tree.chain(max(d.max_drafts for d in self.drafters))
 
-    def verify_heads(self, model: MTPModel):
-        return max((d.verify_heads(model) for d in self.drafters), key=_head_count)
+    def verify_heads(self, model: MTPModel) -> int:
+        return max(d.verify_heads(model) for d in self.drafters)
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         for drafter in self.drafters:
@@ -58,10 +58,10 @@ class Combined(Drafter):
         for drafter in self.drafters:
             drafter.keep(rows)
 
-    def propose(self, limit: int) -> Drafts:
-        proposals = [d.propose(min(limit, d.max_drafts)) for d in self.drafters]
-        width = max(p.count for p in proposals)
-        lengths = torch.stack([_lengths(p) for p in proposals])  # (n_drafters, B)
+    def propose(self) -> Drafts:
+        proposals = [d.propose() for d in self.drafters]
+        width = self.max_drafts
+        lengths = torch.stack([p.real() for p in proposals])  # (n_drafters, B)
         choice = lengths.argmax(0)  # (B,): the first of the longest
         batch = choice.shape[0]
         qs = [p.proposal(self._vocab) for p in proposals]
@@ -72,18 +72,8 @@ class Combined(Drafter):
             rows = choice == index
             tokens[rows, :p.count] = p.tokens[rows]
             probs[rows, :p.count] = q[rows].to(dtype)
-        chosen = lengths.gather(0, choice[None])[0]
-        return Drafts(tokens, probs, None if chosen.eq(width).all() else chosen)
+        return Drafts(tokens, probs, lengths.gather(0, choice[None])[0])
 
     def __repr__(self) -> str:
         return "+".join(map(repr, self.drafters))
 
-
-def _lengths(drafts: Drafts) -> torch.Tensor:
-    if drafts.lengths is not None:
-        return drafts.lengths
-    return torch.full((drafts.tokens.shape[0],), drafts.count, device=drafts.tokens.device)
-
-
-def _head_count(heads) -> int:
-    return heads if isinstance(heads, int) else heads.n_heads

@@ -7,7 +7,9 @@ drafts). It keeps its own KV cache in step with the target's accepted tokens:
 - Invariant at `propose`: the draft cache holds every accepted token but the last two; those
   two are fed together in the first draft forward (T = 2). That one static shape serves every
   case: after a step that kept all γ drafts, the last draft (never fed to the draft model) and
-  the bonus token are the two; otherwise the cache rolls back over the rejected drafts.
+  the bonus token are the two; otherwise the cache's lengths step back over the rejected
+  drafts. The cache is preallocated and written by index, like the target's (`engine.py`),
+  and its forwards have two shapes, (B, 2) and (B, 1).
 - Each draft d_i is drawn from q_i = the draft model's distribution under the same
   temperature/top-k/top-p as the target, so the acceptance rule keeps the target's
   distribution exactly; greedy drafts are the draft model's argmax.
@@ -21,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
 
 from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
-from mtp.generate.sampling import SamplingConfig, probabilities, sample
-from mtp.generate.speculative import hidden_states, prefill
+from mtp.generate.engine import cached_forward, key_width, prefill
+from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
+from mtp.generate.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -45,8 +47,8 @@ class DraftModel(Drafter):
         self._cache: KVCache | None = None
 
     @property
-    def max_drafts(self) -> int:
-        return self.num_draft
+    def tree(self) -> Tree:
+        return Tree.chain(self.num_draft)
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         if tokenizer.fingerprint != self.tokenizer.fingerprint:
@@ -63,10 +65,10 @@ class DraftModel(Drafter):
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         config = self.model.config
-        if max_len > config.max_seq_len:
-            raise ValueError(f"the draft model's max_seq_len={config.max_seq_len} is shorter "
-                             f"than this call needs ({max_len} tokens: prompt, new tokens and "
-                             f"drafts); lower max_new_tokens")
+        needed = max(map(len, prompts))
+        if needed >= config.max_seq_len:
+            raise ValueError(f"the draft model's max_seq_len={config.max_seq_len} cannot hold "
+                             f"a prompt of {needed} tokens")
         param = next(self.model.parameters())
         self._sampling, self._generator = sampling, generator
         self._cache = KVCache(config, len(prompts), max_len, device=param.device,
@@ -74,28 +76,32 @@ class DraftModel(Drafter):
         # Every prompt token but the last: `propose` feeds it with the first new token.
         prefill(self.model, self._cache, [ids[:-1] for ids in prompts], 1,
                 pad_id=self.tokenizer.pad_id)
-        self._lengths = [len(ids) for ids in prompts]  # accepted tokens, on the host
-        self._tail: Tensor | None = None  # (B, 2): the last two accepted tokens
+        self._accepted = [len(ids) for ids in prompts]  # accepted tokens, on the host
+        self._tail: torch.Tensor | None = None  # (B, 2): the last two accepted tokens
 
     def update(self, step: Verified) -> None:
         self._tail = step.last_two()
-        self._lengths = [n + len(ids) for n, ids in zip(self._lengths, step.new_ids)]
+        self._accepted = [n + len(ids) for n, ids in zip(self._accepted, step.new_ids)]
 
     def keep(self, rows: list[int]) -> None:
-        self._cache.keep(rows)
-        self._tail = self._tail[torch.tensor(rows, device=self._tail.device)]
-        self._lengths = [self._lengths[row] for row in rows]
+        index = torch.tensor(rows, device=self._tail.device)
+        self._cache.keep(index)
+        self._tail = self._tail[index]
+        self._accepted = [self._accepted[row] for row in rows]
 
-    def propose(self, limit: int) -> Drafts:
-        if limit == 0:
-            return Drafts.none(len(self._lengths), self._tail.device)
-        cache = self._cache
-        cache.rollback([n - 2 for n in self._lengths])
+    def propose(self) -> Drafts:
+        device = self._tail.device
+        # The draft model's context ends where its max_seq_len does: positions past it (only
+        # rows about to stop) are clamped, their drafts merely wrong.
+        lengths = torch.tensor(self._accepted, device=device) - 2
+        width = key_width(max(self._accepted) + self.num_draft, self._cache.max_len)
         tokens, all_probs, fed = [], [], self._tail  # (B, 2), then (B, 1)
-        for _ in range(min(limit, self.num_draft)):
-            hidden = hidden_states(self.model, cache, fed, 1)[:, -1, 0]  # (B, D)
-            probs = probabilities(self.model.unembed(hidden), self._sampling)  # (B, V)
-            fed = sample(probs, self._generator)[:, None]  # (B, 1)
+        for _ in range(self.num_draft):
+            hidden = cached_forward(self.model, self._cache, fed, lengths, width)  # (B, T, 1, D)
+            probs = probabilities(self.model.unembed(hidden[:, -1, 0]), self._sampling)
+            lengths = lengths + fed.shape[1]
+            fed = (probs.argmax(-1) if self._sampling.greedy else sample(
+                probs, exponential(probs.shape, self._generator, device)))[:, None]  # (B, 1)
             tokens.append(fed)
             all_probs.append(probs)
         return Drafts(torch.cat(tokens, dim=1), torch.stack(all_probs, dim=1))

@@ -2,25 +2,29 @@
 
 A drafter proposes draft tokens for every sequence of the batch, with the distributions q it
 drew them from (or none: a deterministic drafter's q is one-hot on its draft, for which the
-acceptance rule is still exact). The decode loop verifies them with the target model and
-accepts a prefix (`speculative.accept`); then it tells the drafter what happened, so that the
+acceptance rule is still exact). The decode step verifies them with the target model and
+accepts a path (`acceptance.accept`); then it tells the drafter what happened, so that the
 drafter can update its own state (a draft model's cache, prompt lookup's n-gram index, the
 heads' hidden states). Verification and acceptance never know who drafted, as in vLLM's
 proposer/scorer split and transformers' `CandidateGenerator`.
 
-The decode loop's step, in the drafter's words:
+Every drafter has a fixed shape, its `tree` (a chain of `max_drafts` drafts, or a tree of
+`max_drafts` nodes under the last accepted token), and proposes exactly `max_drafts` drafts
+per row at every step; a row with fewer real drafts pads, and `Drafts.lengths` says how
+many are real. So the verify forward has the same shape at every step (`engine.py`).
 
-    drafter.start(model, prompts, ...)           once, after the target's prefill
+The decode loop, in the drafter's words:
+
+    drafter.start(model, prompts, ...)           once, before the target's prefill
     loop:
-        drafter.update(step)                     what the last forward verified and accepted
-        drafter.keep(rows)                       finished sequences leave the batch
-        drafts = drafter.propose(limit)          at most `limit` drafts per sequence
-        (verify pending = [last token, drafts]; accept a prefix)
+        drafter.update(verified)                 what the last forward verified and accepted
+        drafter.keep(rows)                       now and then: finished sequences leave
+        drafts = drafter.propose()               max_drafts drafts per row
+        (verify [last token, drafts]; accept a path)
 
-Drafters live one per file: `heads_drafter.py` (the model's own heads), `draft_model.py`,
-`prompt_lookup.py`, `lookahead.py` (Jacobi iteration and an n-gram pool), `combined.py`
-(several drafters, the longest draft per sequence);
-`auto.py` picks the fastest by measurement and `names.py` builds drafters from names.
+Drafters: `heads_drafter.py` (the model's own heads), `draft_model.py`, `prompt_lookup.py`,
+`lookahead.py` (Jacobi iteration and an n-gram pool), `combined.py` (several drafters, the
+longest draft per sequence); `spec.py` builds them from names and options.
 """
 
 from __future__ import annotations
@@ -35,50 +39,34 @@ from torch import Tensor
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.tree import Tree
 from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)
 class Drafts:
-    """Draft tokens (B, n) and how they were proposed.
+    """Draft tokens (B, n): the nodes 1..n of the drafter's tree, for every row.
 
     probs: the proposal distributions q (B, n, V), or None for a deterministic drafter (q is
         then one-hot on each draft). For siblings of a tree: q given the earlier siblings.
-    lengths: how many leading drafts of each row are real, or None when all n are. A row's
-        drafts past its length are padding: never accepted, and with no q (the correction
-        there is drawn from the target alone).
-    tree: the parent links when the drafts are a tree's nodes 1..n (`tree.py`), shared by
-        the batch; None for a chain (draft i follows draft i - 1).
+    lengths: how many leading drafts of each row are real (B,), or None when all n are. A
+        row's drafts past its length are padding: never accepted, and with no q (the
+        correction there is drawn from the target alone).
     """
 
     tokens: Tensor
     probs: Tensor | None = None
     lengths: Tensor | None = None
-    tree: Tree | None = None
 
     @property
     def count(self) -> int:
         """Draft positions per row (n)."""
         return self.tokens.shape[1]
 
-    def real(self) -> list[int]:
-        """Real drafts of each row, on the host."""
-        if self.lengths is None:
-            return [self.count] * self.tokens.shape[0]
-        return self.lengths.tolist()
-
-    def __getitem__(self, rows: Tensor | slice) -> Drafts:
-        return Drafts(self.tokens[rows], None if self.probs is None else self.probs[rows],
-                      None if self.lengths is None else self.lengths[rows], self.tree)
-
-    def first(self, n: int) -> Drafts:
-        """The first n drafts of every sequence (of a tree: its first n + 1 nodes' subtree)."""
-        return Drafts(self.tokens[:, :n], None if self.probs is None else self.probs[:, :n],
-                      None if self.lengths is None else self.lengths.clamp(max=n),
-                      None if self.tree is None else self.tree.first(n + 1))
-
-    def shape(self) -> Tree:
-        """The tree these drafts fill: their own, or the chain of n drafts."""
-        return self.tree if self.tree is not None else Tree.chain(self.count)
+    def real(self) -> Tensor:
+        """Real drafts of each row (B,), on the device."""
+        if self.lengths is not None:
+            return self.lengths
+        return torch.full((self.tokens.shape[0],), self.count, device=self.tokens.device)
 
     def proposal(self, vocab_size: int) -> Tensor:
         """q (B, n, V) with padding rows zero: one-hot where the drafter gave none."""
@@ -92,43 +80,37 @@ class Drafts:
             probs = probs * real[..., None]
         return probs
 
-    @staticmethod
-    def none(batch: int, device: torch.device | str) -> Drafts:
-        """No drafts at all: the step verifies only the last token (an autoregressive step)."""
-        return Drafts(torch.zeros(batch, 0, dtype=torch.long, device=device))
-
 
 @dataclass(frozen=True)
 class Verified:
-    """What one forward pass of the target verified and what was accepted.
+    """What one forward pass of the target verified and accepted, for every row.
 
-    pending: the verified tokens (B, m): the last accepted token, then the drafts.
-    n_accepted: (B,) drafts kept; tokens (B, m): the kept drafts, then the correction (or
-        bonus) token at index n_accepted.
-    node: (B,) the pending index of the last kept draft (0: none); n_accepted for a chain,
-        the accepted path's last node for a tree.
-    hidden: the target's heads' hidden states (B, m, n_heads, D) at the pending positions.
-    logits: head 0's logits (B, m, V) at the pending positions (None after the prefill).
-    new_ids: each row's new tokens on the host (the kept drafts and the correction).
+    pending: the verified tokens (B, m): the last accepted token (the tree's root), then the
+        drafts.
+    node: (B,) the pending index of the last kept node (0: none kept); n_accepted (B,) its
+        depth, the drafts kept.
+    tokens: (B, depth + 1): the kept drafts, then at index n_accepted the correction (or
+        bonus) token, which is the next step's root.
+    hidden: (B, n_heads, D): the target's heads' hidden states at `node`, which predict the
+        tokens after the new root (heads 0..n_heads-1 as the drafter asked, `verify_heads`).
+    predicted: each row's head-0 argmax after every pending token, on the host (None after
+        the prefill); lookahead's Jacobi update.
+    new_ids: each row's new tokens on the host (the kept drafts and the new root); [] for a
+        row that had finished before this step.
     The prefill counts as verifying the prompt's last token: m = 1, no drafts.
     """
 
     pending: Tensor
+    node: Tensor
     n_accepted: Tensor
     tokens: Tensor
     hidden: Tensor
     new_ids: list[list[int]]
-    node: Tensor | None = None  # None: n_accepted
-    logits: Tensor | None = None
-
-    @property
-    def last_node(self) -> Tensor:
-        """(B,) the pending index whose hidden states predict the next tokens."""
-        return self.n_accepted if self.node is None else self.node
+    predicted: list[list[int]] | None = None
 
     def last_two(self) -> Tensor:
         """The last two accepted tokens of each row (B, 2): the one before the newest, and it."""
-        return torch.cat([self.pending.gather(1, self.last_node[:, None]),
+        return torch.cat([self.pending.gather(1, self.node[:, None]),
                           self.tokens.gather(1, self.n_accepted[:, None])], dim=1)
 
 
@@ -140,27 +122,33 @@ class Drafter(ABC):
 
     @property
     @abstractmethod
+    def tree(self) -> Tree:
+        """The fixed shape of every proposal: `Tree.chain(n)` for a chain of n drafts."""
+
+    @property
     def max_drafts(self) -> int:
-        """The most drafts it proposes per step (the verify forward has one more token)."""
+        """Drafts per step (the verify forward has one more token)."""
+        return self.tree.n_nodes - 1
 
     @property
     def max_depth(self) -> int:
-        """The most drafts one step can accept: max_drafts for a chain, less for a tree (its
-        depth). Sizes the per-depth acceptance statistics."""
-        return self.max_drafts
+        """The most drafts one step can accept: the tree's depth. Sizes the per-depth
+        acceptance statistics."""
+        return self.tree.depth
 
     def verify_heads(self, model: MTPModel) -> int:
-        """How many of the target's heads the verify forward must run (their hidden states
-        reach `update`); only head 0 unless the drafter reads the others."""
+        """How many of the target's heads the verify forward runs (their hidden states at the
+        kept node reach `update`); only head 0 unless the drafter reads the others."""
         return 1
 
-    def check(self, model: MTPModel, tokenizer) -> None:  # noqa: B027 (optional hook)
+    def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:  # noqa: B027 (optional)
         """Raise ValueError before any decoding if the drafter cannot serve this model."""
 
     @abstractmethod
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
-        """Begin a call: prompts as token ids (each starting with EOS), before any update."""
+        """Begin a call: prompts as token ids (each starting with its document token), before
+        any update. `max_len` bounds the tokens of any row, drafts included."""
 
     @abstractmethod
     def update(self, step: Verified) -> None:
@@ -171,8 +159,8 @@ class Drafter(ABC):
         """Keep only the sequences at batch `rows`, in that order."""
 
     @abstractmethod
-    def propose(self, limit: int) -> Drafts:
-        """Drafts for the next forward pass: at most `limit` per row (limit <= max_drafts)."""
+    def propose(self) -> Drafts:
+        """Drafts for the next forward pass: exactly `max_drafts` per row (padded)."""
 
     def __repr__(self) -> str:
         return self.name

@@ -1,9 +1,8 @@
 """The model's own heads as the drafter: blockwise self-speculative decoding, or a tree.
 
 Heads 1..k-1 at the last accepted position propose the k - 1 tokens after the next one; the
-verify forward runs heads 0..k-1 as one batched block (`StackedHeads`), so every pending
-position also yields the hidden states for the next drafts, at no extra forward pass. The
-worked example in `speculative.py` follows one step. With a candidate tree (`tree.py`) the
+verify forward runs heads 0..k-1, so the kept node also yields the hidden states for the
+next drafts, at no extra forward pass. The worked example in `engine.py` follows one step. With a candidate tree (`tree.py`) the
 heads propose their top candidates along the tree's rank paths (Medusa), with its parent
 links; the chain is the tree of rank-0 paths.
 """
@@ -16,14 +15,14 @@ import torch
 from torch import Tensor
 
 from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
-from mtp.generate.sampling import SamplingConfig, probabilities
-from mtp.generate.stacked_heads import StackedHeads, stacked_heads
+from mtp.generate.sampling import SamplingConfig, exponential, probabilities
 from mtp.generate.tree import Tree
 from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
 
 
 def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
-          generator: torch.Generator | None = None) -> Drafts:
+          noise: Tensor | None = None) -> Drafts:
     """The heads' proposal for `tree`'s nodes 1..m-1, from the logits (B, depth, V) of heads
     1..depth at the last accepted position.
 
@@ -32,25 +31,22 @@ def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
     distribution q (an exponential race: the order of q / E with E ~ Exp(1); rank 0 is a
     plain draw from q), which comes with the distribution it was drawn from: q without the
     earlier draws, renormalised. Nodes of equal depth and rank share a token (every head
-    reads the same position). A chain's drafts carry no tree (`Drafts.tree` None).
+    reads the same position). `noise`: Exp(1) draws like the logits, needed when sampling.
     """
     index = tree.buffers(head_logits.device).draft_index  # (m - 1,)
     ranks = max(tree.n_ranks, 1)
-    links = None if tree.is_chain else tree
     if config.greedy:
         candidates = head_logits.topk(ranks, dim=-1).indices  # (B, depth, ranks)
-        return Drafts(candidates.flatten(1)[:, index], tree=links)
+        return Drafts(candidates.flatten(1)[:, index])
     q = probabilities(head_logits, config)  # (B, depth, V)
-    race = q / torch.empty_like(q).exponential_(generator=generator)
-    candidates = race.topk(ranks, dim=-1).indices  # (B, depth, ranks) in draw order
+    candidates = (q / noise).topk(ranks, dim=-1).indices  # (B, depth, ranks) in draw order
     if ranks == 1:
-        return Drafts(candidates.flatten(1)[:, index], q[:, index], tree=links)
+        return Drafts(candidates.flatten(1)[:, index], q[:, index])
     drawn = torch.zeros(*candidates.shape, q.shape[-1], dtype=q.dtype, device=q.device)
     drawn.scatter_(-1, candidates[..., None], 1.0)  # (B, depth, ranks, V) one-hot draws
     remaining = q[:, :, None] * (1 - (drawn.cumsum(2) - drawn))  # without the earlier draws
     remaining = remaining / remaining.sum(-1, keepdim=True).clamp(min=1e-30)
-    return Drafts(candidates.flatten(1)[:, index], remaining.flatten(1, 2)[:, index],
-                  tree=links)
+    return Drafts(candidates.flatten(1)[:, index], remaining.flatten(1, 2)[:, index])
 
 
 class HeadsDrafter(Drafter):
@@ -61,24 +57,20 @@ class HeadsDrafter(Drafter):
 
     def __init__(self, k: int, tree: Tree | None = None) -> None:
         self.k = check_positive("k", k, least=2)
-        self.tree = Tree.chain(k - 1) if tree is None else tree
-        if self.tree.depth > self.k - 1:
-            raise ValueError(f"tree {self.tree.name} has depth {self.tree.depth}, but k={k} "
+        self._tree = Tree.chain(k - 1) if tree is None else tree
+        if self._tree.depth > self.k - 1:
+            raise ValueError(f"tree {self._tree.name} has depth {self._tree.depth}, but k={k} "
                              f"heads draft depths 1..{k - 1}")
         self._last: Tensor | None = None  # (B, depth, D): heads 1..depth at the last position
 
     @property
-    def max_drafts(self) -> int:
-        return self.tree.n_nodes - 1
+    def tree(self) -> Tree:
+        return self._tree
 
-    @property
-    def max_depth(self) -> int:
-        return self.tree.depth
+    def verify_heads(self, model: MTPModel) -> int:
+        return self.tree.depth + 1
 
-    def verify_heads(self, model: MTPModel) -> StackedHeads:
-        return stacked_heads(model, self.tree.depth + 1)  # one batched block per layer
-
-    def check(self, model: MTPModel, tokenizer) -> None:
+    def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         n_future = model.config.n_future
         if self.k > n_future:
             raise ValueError(f"the heads drafter needs k from 2 to n_future={n_future}, got "
@@ -92,16 +84,16 @@ class HeadsDrafter(Drafter):
         self._last = None
 
     def update(self, step: Verified) -> None:
-        rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
-        self._last = step.hidden[rows, step.last_node, 1:]  # (B, depth, D)
+        self._last = step.hidden[:, 1:self.tree.depth + 1]  # (B, depth, D)
 
     def keep(self, rows: list[int]) -> None:
         self._last = self._last[torch.tensor(rows, device=self._last.device)]
 
-    def propose(self, limit: int) -> Drafts:
-        tree = self.tree.first(limit + 1)  # smaller near the end of the cache
-        logits = self._model.unembed(self._last[:, :tree.depth])  # (B, depth, V)
-        return draft(logits, tree, self._sampling, self._generator)
+    def propose(self) -> Drafts:
+        logits = self._model.unembed(self._last)  # (B, depth, V)
+        noise = None if self._sampling.greedy else exponential(
+            logits.shape, self._generator, logits.device)
+        return draft(logits, self.tree, self._sampling, noise)
 
     def __repr__(self) -> str:
         return f"heads(k={self.k})" if self.tree.is_chain else f"heads(tree={self.tree.name})"

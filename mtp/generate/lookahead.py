@@ -25,9 +25,10 @@ chains hanging from the root:
   n-grams go into the pool too (lade's `fill_pool_with_prompt`); the newest come first.
 - After the step the window moves on by one position, however many tokens were accepted
   (lade's default): the oldest row is dropped, the rows move up (R'_l = R_{l+1}), new is the
-  last row, and the new root replaces R'_0[0]. Until the window has N - 1 rows (the first
-  N - 2 steps) a row is added instead (R'_l = R_l[1:], R'_L = new[1:]), and the columns that
-  fall off are refilled with tokens drawn from the context. After d > 1 accepted tokens the
+  last row, and the new root replaces R'_0[0]. The window starts with all N - 1 rows drawn
+  from the context (Jacobi decoding's arbitrary first iterate; lade instead grows it a row
+  per step), so that every step verifies the same tree, and one captured verify step
+  serves the whole generation. After d > 1 accepted tokens the
   iterates sit d - 1 positions before the text they were computed for; keeping positions
   instead (shift by d, refill the d - 1 columns that fall off) throws iterates away and gave
   fewer tokens per forward on the byte8 model's code prompts (2.84 against 3.08 at W=5, N=4,
@@ -129,35 +130,35 @@ class _Sequence:
         self.rng = random.Random(seed)  # its own: a sequence drafts alike alone or in a batch
         self.width = drafter.window
         # The prompt's last token is the root until the first token is accepted.
-        self.window = [self._refill([self.context[-1]])]
+        self.window = [self._refill([self.context[-1]])] + [
+            self._refill([]) for _ in range(drafter.ngram - 2)]
 
     def _refill(self, row: list[int]) -> list[int]:
         """`row` cut or topped up to W tokens drawn from the context (lade's `copy_from`)."""
         missing = self.width - len(row)
         return row[:self.width] + [self.rng.choice(self.context) for _ in range(missing)]
 
-    def advance(self, ids: list[int], new: list[int] | None, full: bool, n: int) -> None:
-        """Accept `ids` (the last is the new root); `new`: the next Jacobi row, if any.
+    def advance(self, ids: list[int], new: list[int] | None, n: int) -> None:
+        """Accept `ids` (the last is the new root); `new`: the next Jacobi row (None after
+        the prefill, which verified no window).
 
         The window moves on by one position (see the module docstring).
         """
         window = self.window
-        if new is None:  # no new row this step (the proposal was cut short): shift only
+        if new is None:
             rows = [row[1:] for row in window]
-        elif full:
+        else:
             for c in range(self.width):  # column c's n-gram, keyed by its first token
                 self.pool.add(window[0][c], tuple(row[c] for row in window[1:]) + (new[c],))
             rows = window[1:] + [new]
-        else:
-            rows = [row[1:] for row in window] + [new[1:]]
         start = len(self.context)
         self.context += ids
         self.pool.add_text(self.context, n, start)  # after the window's: tried first
         self.window = [self._refill(row) for row in rows]
         self.window[0][0] = ids[-1]
 
-    def flat(self, rows: int, guesses: int, length: int) -> list[int]:
-        """The first `rows` window rows, then `guesses` guesses of `length` tokens each.
+    def flat(self, guesses: int, length: int) -> list[int]:
+        """The window's rows, then `guesses` guesses of `length` tokens each.
 
         A sequence with fewer guesses repeats its own (or, with none, the window's row 0):
         padding siblings are exact drafts too, merely useless.
@@ -165,7 +166,7 @@ class _Sequence:
         found = self.pool.guesses(self.window[0][0])[:guesses]
         if not found:
             found = [tuple((self.window[0][1:] * length)[:length])]
-        tokens = [t for row in self.window[:rows] for t in row]
+        tokens = [t for row in self.window for t in row]
         for g in range(guesses):
             tokens += found[g % len(found)]
         return tokens
@@ -189,57 +190,37 @@ class Lookahead(Drafter):
         self.ngram = ngram
         self.guesses = check_positive("guesses", guesses, least=0)
         self.seed = seed
-        # The full tree it verifies (`Combined` reads it: a tree does not combine).
-        self.tree = layout(window, ngram - 1, guesses, ngram - 1).tree
+        # The tree every step verifies: (W - 1) + (N - 2) W + G (N - 1) drafts, as deep as
+        # a window row's last column or a guess's last token.
+        self._plan = layout(window, ngram - 1, guesses, ngram - 1)
         self._rows: list[_Sequence] = []
 
     @property
-    def max_drafts(self) -> int:
-        return self.tree.n_nodes - 1  # (W - 1) + (N - 2) W + G (N - 1)
-
-    @property
-    def max_depth(self) -> int:
-        return self.tree.depth  # a window row's last column, or a guess's last token
+    def tree(self) -> Tree:
+        return self._plan.tree
 
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._device = next(model.parameters()).device
         self._rows = [_Sequence(ids, self, self.seed * 1_000_003 + index)
                       for index, ids in enumerate(prompts)]
-        self._filled = 1  # window rows holding Jacobi iterates (the batch's shared shape)
-        self._top: list[int] | None = None  # the last proposal's R_{filled-1} nodes
 
     def update(self, step: Verified) -> None:
-        new = None
-        if self._top is not None:
-            if step.logits is None:
-                raise ValueError("lookahead needs head 0's logits of the verify forward "
-                                 "(Verified.logits)")
-            new = step.logits[:, self._top].argmax(-1).tolist()  # (B, W): new[c]
-        full = self._filled == self.ngram - 1
         for b, (row, ids) in enumerate(zip(self._rows, step.new_ids)):
-            row.advance(ids, None if new is None else new[b], full, self.ngram)
-        if new is not None and not full:
-            self._filled += 1
-        self._top = None
+            if not ids:  # a finished row
+                continue
+            # new[c]: head 0's token after R_{N-2}[c], the next Jacobi iterate of column c.
+            new = None if step.predicted is None else [step.predicted[b][node]
+                                                        for node in self._plan.top]
+            row.advance(ids, new, self.ngram)
 
     def keep(self, rows: list[int]) -> None:
         self._rows = [self._rows[row] for row in rows]
 
-    def propose(self, limit: int) -> Drafts:
-        if limit == 0:
-            return Drafts.none(len(self._rows), self._device)
-        length = self.ngram - 1
-        guesses = min(self.guesses, max(len(row.pool.guesses(row.window[0][0]))
-                                        for row in self._rows))
-        plan = layout(self.window, self._filled, guesses, length)
-        flats = [row.flat(self._filled, guesses, length) for row in self._rows]
-        tokens = torch.tensor([[flat[i] for i in plan.source] for flat in flats])
-        drafts = Drafts(tokens.to(self._device), None, None, plan.tree)
-        if limit < drafts.count:  # near the end of the cache: the shallowest nodes
-            return drafts.first(limit)
-        self._top = plan.top
-        return drafts
+    def propose(self) -> Drafts:
+        flats = [row.flat(self.guesses, self.ngram - 1) for row in self._rows]
+        tokens = torch.tensor([[flat[i] for i in self._plan.source] for flat in flats])
+        return Drafts(tokens.to(self._device))
 
     def __repr__(self) -> str:
         return f"lookahead(window={self.window}, ngram={self.ngram}, guesses={self.guesses})"

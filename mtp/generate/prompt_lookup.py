@@ -19,6 +19,7 @@ import torch
 
 from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
 from mtp.generate.sampling import SamplingConfig
+from mtp.generate.tree import Tree
 from mtp.model import MTPModel
 
 
@@ -63,8 +64,8 @@ class PromptLookup(Drafter):
         self._rows: list[NgramIndex] = []
 
     @property
-    def max_drafts(self) -> int:
-        return self.num_draft
+    def tree(self) -> Tree:
+        return Tree.chain(self.num_draft)
 
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
@@ -78,15 +79,12 @@ class PromptLookup(Drafter):
     def keep(self, rows: list[int]) -> None:
         self._rows = [self._rows[row] for row in rows]
 
-    def propose(self, limit: int) -> Drafts:
-        found = [row.lookup(min(limit, self.num_draft)) for row in self._rows]
-        width = max(map(len, found))
-        if width == 0:
-            return Drafts.none(len(found), self._device)
+    def propose(self) -> Drafts:
+        found = [row.lookup(self.num_draft) for row in self._rows]
+        width = self.num_draft  # padded: the verify forward's shape never changes
         tokens = torch.tensor([ids + [0] * (width - len(ids)) for ids in found])
         lengths = torch.tensor([len(ids) for ids in found])
-        return Drafts(tokens.to(self._device), None,
-                      None if lengths.eq(width).all() else lengths.to(self._device))
+        return Drafts(tokens.to(self._device), None, lengths.to(self._device))
 
     def __repr__(self) -> str:
         return (f"prompt_lookup(num_draft={self.num_draft}, max_ngram={self.max_ngram}, "

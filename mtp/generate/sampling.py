@@ -61,11 +61,19 @@ def probabilities(logits: Tensor, config: SamplingConfig) -> Tensor:
     return logits.softmax(-1)
 
 
-def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """One token per row of `probs` (..., V): (...). Exact for one-hot rows (greedy).
+def exponential(shape: tuple[int, ...], generator: torch.Generator | None,
+                device: torch.device | str) -> Tensor:
+    """Exp(1) draws of `shape` in float32: the noise `sample` turns into tokens."""
+    return torch.empty(shape, device=device).exponential_(generator=generator)
 
-    Rows need not sum to 1: a token is drawn in proportion to its weight. An exponential race, argmax(p / E) with E ~ Exp(1), is a draw from p that needs no
+
+def sample(probs: Tensor, noise: Tensor) -> Tensor:
+    """One token per row of `probs` (..., V): (...), given Exp(1) `noise` of the same shape.
+
+    An exponential race, argmax(p / E) with E ~ Exp(1), is a draw from p: it needs no
     cumulative sums, works on any device and never leaves it (no host synchronisation).
+    Rows need not sum to 1 (a token is drawn in proportion to its weight), and one-hot rows
+    (greedy) give their token whatever the noise. The noise is an input, drawn before a
+    decode step, so that a captured step draws nothing itself and replays exactly.
     """
-    noise = torch.empty_like(probs).exponential_(generator=generator)
     return (probs / noise).argmax(-1)

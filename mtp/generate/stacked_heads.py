@@ -16,11 +16,11 @@ Design choices
   its rows is markedly faster on a CPU than nn.Linear's x @ W^T once the weights fall out of
   cache. wq/wk/wv are one matmul, and so are w1/w3 (gate and up).
 - The same function as `MTPModel.head(trunk, i)` for every head: the same RMSNorm (float32
-  normalisation), rotary positions (from the cache), grouped-query attention and SwiGLU. The
+  normalisation), rotary positions (from the step), grouped-query attention and SwiGLU. The
   first layer normalises the shared trunk output once and only scales it per head.
 - The cache slots of head i's layer j are block n_layers + i * head_layers + j (see `Block`
   in model.py), so layer j of heads 0..k-1 is the strided slice n_layers + j :: head_layers of
-  the cache's blocks: one write and one read for all k heads (`KVCache.update` with a slice).
+  the cache's blocks: one write and one read for all k heads (`KVCache.write` with a slice).
 - Resblock and linear heads (model.head_type) have no attention: head 0 (always a block) runs
   as above, and heads 1..k-1 as one batched matmul per layer through the model's own
   `resblock`/`linear` functions, weights (k - 1, D, D).
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.kv_cache import KVCache
+from mtp.kv_cache import CacheStep, KVCache
 from mtp.model import MTPModel, apply_rope, linear, resblock, rms_normalise
 
 
@@ -62,8 +62,8 @@ class _StackedLayer:
 class StackedHeads:
     """Heads 0..n_heads-1 of `model` as one batched block per head layer (inference only).
 
-    `StackedHeads(model, k)(trunk_out, cache=cache)` equals
-    `torch.stack([model.head(trunk_out, i, cache=cache) for i in range(k)], dim=2)`.
+    `StackedHeads(model, k)(trunk_out, cache=cache, step=step)` equals
+    `torch.stack([model.head(trunk_out, i, cache=cache, step=step) for i in range(k)], dim=2)`.
     """
 
     def __init__(self, model: MTPModel, n_heads: int) -> None:
@@ -89,47 +89,44 @@ class StackedHeads:
         self.n_block = n_block
         self.light_layer = resblock if config.head_type == "resblock" else linear
 
-    def __call__(self, trunk_out: Tensor, *, cache: KVCache | None = None) -> Tensor:
+    def __call__(self, trunk_out: Tensor, *, cache: KVCache | None = None,
+                 step: CacheStep | None = None) -> Tensor:
         """Heads 0..k-1 on the trunk output (B, T, D): (B, T, k, D), before the shared norm.
 
-        With a cache, like `MTPModel.head`: writes this step's keys and values, does not
-        advance the cache.
+        With a cache, like `MTPModel.head`: writes this step's keys and values.
         """
         B, T, D = trunk_out.shape
         h = trunk_out.reshape(B * T, D)
         light = h
         for weight in self.light:
             light = self.light_layer(light, weight)  # (k - n_block, B*T, D)
-        blocks = self._blocks(h, B, T, cache)  # (n_block, B*T, D)
+        blocks = self._blocks(h, B, T, cache, step)  # (n_block, B*T, D)
         if self.light:
             blocks = torch.cat([blocks, light])
         return blocks.view(self.n_heads, B, T, D).permute(1, 2, 0, 3)  # (B, T, k, D)
 
-    def _blocks(self, h: Tensor, B: int, T: int, cache: KVCache | None) -> Tensor:
+    def _blocks(self, h: Tensor, B: int, T: int, cache: KVCache | None,
+                step: CacheStep | None) -> Tensor:
         """The block heads on the trunk output h (B*T, D): (n_block, B*T, D)."""
-        model = self._model()
-        k, rope_cos, rope_sin = self.n_block, model.rope_cos, model.rope_sin
+        k = self.n_block
+        cos, sin = self._model().rope(T, step)  # (T, hd/2), or (B, T, hd/2) placed by step
         mask = None
-        if cache is None:
-            cos, sin = rope_cos[:T], rope_sin[:T]  # (T, hd/2)
-        else:
-            positions = cache.positions(T)  # (B, T), the trunk's
-            cos, sin = rope_cos[positions], rope_sin[positions]  # (B, T, hd/2)
-            if (mask := cache.attention_mask()) is not None:
-                mask = mask.repeat(k, 1, 1, 1)  # (B, 1, T, L) -> (k*B, 1, T, L), head-major
+        if step is not None:
+            mask = step.mask.repeat(k, 1, 1, 1)  # (B, 1, T, L) -> (k*B, 1, T, L), head-major
         # The first layer's input is the trunk's, the same for every head: normalise it once.
         normed = rms_normalise(h, self.eps)  # (B*T, D), then (k, B*T, D)
         for j, layer in enumerate(self.layers):
             if j:
                 normed = rms_normalise(h, self.eps)
             h = h + self._attention(layer, normed * layer.attention_norm, B, T, cos, sin, mask,
-                                    cache)  # (k, B*T, D)
+                                    cache, step)  # (k, B*T, D)
             gate, up = (rms_normalise(h, self.eps) * layer.ffn_norm @ layer.w13).chunk(2, dim=-1)
             h = h + (F.silu(gate) * up) @ layer.w2  # (k, B*T, D)
         return h
 
     def _attention(self, layer: _StackedLayer, x: Tensor, B: int, T: int, cos: Tensor,
-                   sin: Tensor, mask: Tensor | None, cache: KVCache | None) -> Tensor:
+                   sin: Tensor, mask: Tensor | None, cache: KVCache | None,
+                   step: CacheStep | None) -> Tensor:
         """Attention of layer `layer` for all k heads; x (k, B*T, D) -> (k, B*T, D)."""
         k, H, K, hd = self.n_block, self.n_q, self.n_kv, self.head_dim
         qkv = (x @ layer.wqkv).view(k, B, T, H + 2 * K, hd)
@@ -143,7 +140,7 @@ class StackedHeads:
                 q.flatten(0, 1), keys.flatten(0, 1), values.flatten(0, 1), is_causal=True,
                 enable_gqa=gqa)
         else:
-            keys, values = cache.update(layer.slot, keys, values)  # (k, B, K, L, hd)
+            keys, values = cache.write(layer.slot, step, keys, values)  # (k, B, K, L, hd)
             out = F.scaled_dot_product_attention(
                 q.flatten(0, 1), keys.flatten(0, 1), values.flatten(0, 1), attn_mask=mask,
                 enable_gqa=gqa)  # (k*B, H, T, hd)

@@ -171,15 +171,6 @@ class Tree:
         return [max(c for parent, c in counts.items() if len(parent) == d)
                 for d in range(self.depth)]
 
-    def first(self, n_nodes: int) -> Tree:
-        """The subtree of the first `n_nodes` nodes (parents come first: a valid tree)."""
-        if n_nodes >= self.n_nodes:
-            return self
-        key = ("first", n_nodes)
-        if key not in self._buffers:
-            self._buffers[key] = Tree(self.paths[:n_nodes - 1], name=f"{self.name}[:{n_nodes}]")
-        return self._buffers[key]
-
     def check(self, n_heads: int, vocab_size: int) -> None:
         """A ValueError naming the first path the model cannot draft."""
         for path in self.paths:

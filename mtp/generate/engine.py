@@ -1,0 +1,327 @@
+"""The decode step: verify a fixed number of tokens per row, accept a path, compact the cache.
+
+One `Engine` serves one `generate` call. Its state lives on the device: the KV cache,
+preallocated for the whole generation; `lengths` (B,), the tokens each row has cached (every
+accepted token but the last); `root` (B,), each row's last accepted token; `active` (B,),
+the rows still decoding. A step takes the drafter's `Drafts` (always `max_drafts` per row,
+padded) and runs, with the same shapes every time:
+
+1. verify: one forward pass over pending = [root, drafts] (m tokens) through the trunk and
+   the heads the drafter needs, each token at its place in the drafter's tree
+   (`kv_cache.cache_step`: positions, slots and mask are explicit inputs of the model);
+2. accept: the shared rule (`acceptance.accept`) keeps a path and draws the next token;
+3. compact: a tree's accepted path moves to the slots after the prefix (index copies); the
+   lengths and roots of active rows advance.
+
+Then one small host read (the kept tokens and counts) serves streaming and stopping. A
+finished row stays in the batch, masked (its lengths stop), until the batch is rebuilt
+(`rebuild_size`): at once when the step runs eagerly (shapes cost nothing there), and only
+when the live rows fit a smaller power of two when it is compiled, so that a captured step
+is reused.
+
+The worked example, k = 4 (a chain of three drafts). The cache holds x_0..x_8 and the root
+is x_9. The drafter proposed d_1, d_2, d_3 for positions 10, 11, 12; pending is
+[x_9, d_1, d_2, d_3] at positions 9..12 and slots 9..12:
+
+    pending position  i        0     1     2     3
+    token                      x_9   d_1   d_2   d_3
+    head 0 predicts position   10    11    12    13     p_i verifies d_{i+1}
+    head j predicts position   10+j  11+j  12+j  13+j
+
+Say d_1 and d_2 are accepted and d_3 is rejected: the new tokens are d_1, d_2 and the
+correction c drawn at pending position 2. The cache keeps slots 9..11 (x_9, d_1, d_2;
+d_3's slot is stale and hidden by the next step's mask), lengths becomes 12, the root c,
+and heads 1..3 at pending position 2 (the kept node) propose the next drafts. A tree works
+alike, with its nodes at their depths, each seeing only its ancestors; the accepted path's
+keys and values are then moved to slots 10, 11, ... (`KVCache.compact`).
+
+Compiled (`compile=True`): the step is one `torch.compile`d function, captured as a CUDA
+graph on a GPU (`mode="reduce-overhead"`), once per shape; random numbers are drawn before
+it (`acceptance.Draws`), so it replays exactly. Eagerly it is the reference, and attention
+then spans the cache only up to the longest row (rounded up to `KEY_BLOCK`) instead of the
+whole preallocated length. The prefill is a separate, dynamic call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from mtp.generate.acceptance import Draws, TypicalAcceptance, accept
+from mtp.generate.drafter import Drafts, Verified
+from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
+from mtp.generate.stacked_heads import StackedHeads, stacked_heads
+from mtp.generate.tree import Tree
+from mtp.kv_cache import CacheStep, KVCache, cache_step, causal
+from mtp.model import MTPModel
+
+KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
+CONTEXT_BLOCK = 256  # compiled: cache lengths are rounded up to this, so calls share graphs
+MAX_SHAPES = 32  # compiled step shapes per model before compile=True refuses another
+# Attention kernels for decoding on a GPU. A decode step's boolean mask rules out flash
+# attention; memory-efficient attention takes it at any key length without planning, whereas
+# cuDNN attention builds a plan for every new key length (on an H100 in bfloat16: 14 ms of
+# CPU per call, a decode 12x slower than float32), so it is left out.
+DECODE_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+
+
+def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
+    """The SDPA kernels decoding allows on `device` (see DECODE_ATTENTION)."""
+    return sdpa_kernel(DECODE_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheStep,
+                  heads: int | StackedHeads) -> Tensor:
+    """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D).
+
+    The heads' outputs before the shared norm and unembedding, which callers apply only where
+    they need logits (the unembedding is the costliest layer of a large-vocabulary model).
+    `heads` is n, to run the model's heads one by one, or a `StackedHeads` of n heads, which
+    computes the same in one batched block per head layer.
+    """
+    trunk = model.trunk(tokens, cache=cache, step=step)  # (B, T, D)
+    if isinstance(heads, StackedHeads):
+        return heads(trunk, cache=cache, step=step)
+    return torch.stack([model.head(trunk, i, cache=cache, step=step) for i in range(heads)],
+                       dim=2)
+
+
+def cached_forward(model: MTPModel, cache: KVCache, tokens: Tensor, lengths: Tensor,
+                   key_len: int, heads: int | StackedHeads = 1) -> Tensor:
+    """`hidden_states` of T new tokens in a row (B, T) after each row's `lengths`."""
+    step = cache_step(lengths, *causal(tokens.shape[1], tokens.device), key_len,
+                      model.config.max_seq_len)
+    return hidden_states(model, tokens, cache, step, heads)
+
+
+def key_width(needed: int, max_len: int, compiled: bool = False) -> int:
+    """Attention's width for a step that needs `needed` slots of a `max_len` cache: all of it
+    when compiled (one shape), else `needed` rounded up to KEY_BLOCK."""
+    if compiled:
+        return max_len
+    return min(max_len, -(-needed // KEY_BLOCK) * KEY_BLOCK)
+
+
+def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
+            heads: int | StackedHeads, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Cache the prompts, right-padded (rows 0..len(prompts)-1 of the cache), in the trunk and
+    heads 0..n-1: each row's length (B,) and the hidden states (B, n, D) at its last token.
+
+    A row's padding is written after its prompt, where the lengths leave it stale.
+    """
+    device = cache.keys.device
+    lengths = torch.tensor([len(ids) for ids in prompts], device=device)
+    width = max(len(ids) for ids in prompts)
+    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        tokens[row, :len(ids)] = torch.tensor(ids)
+    start = torch.zeros(len(prompts), dtype=torch.long, device=device)
+    step = cache_step(start, *causal(width, device), key_len=width)
+    hidden = hidden_states(model, tokens.to(device), cache, step, heads)  # (B, T, n, D)
+    rows = torch.arange(len(prompts), device=device)
+    return lengths, hidden[rows, lengths - 1]
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step leaves, on the device (see `Verified`)."""
+
+    pending: Tensor  # (B, m)
+    node: Tensor  # (B,)
+    n_accepted: Tensor  # (B,)
+    tokens: Tensor  # (B, depth + 1)
+    hidden: Tensor  # (B, n, D) at the kept node
+    predicted: Tensor  # (B, m)
+
+
+def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Tensor,
+                      active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
+                      heads: int | StackedHeads, sampling: SamplingConfig,
+                      typical: TypicalAcceptance | None, key_len: int) -> StepOutput:
+    """One decode step on the device, with fixed shapes (see the module docstring).
+
+    Updates the cache, `lengths` and `root` in place (active rows only).
+    """
+    buffers = tree.buffers(root.device)
+    pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
+    step = cache_step(lengths, buffers.depths, buffers.visible, key_len,
+                      model.config.max_seq_len)
+    hidden = hidden_states(model, pending, cache, step, heads)  # (B, m, n, D)
+    target = model.unembed(hidden[:, :, 0])  # (B, m, V)
+    accepted = accept(drafts, target, tree, sampling, draws, typical)
+    if not tree.is_chain:  # a chain's kept drafts are in place already
+        cache.compact(lengths, buffers.ancestors[accepted.node])  # (B, depth + 1)
+    new_root = accepted.tokens.gather(1, accepted.n_accepted[:, None])[:, 0]
+    lengths.add_(torch.where(active, accepted.n_accepted + 1, 0))
+    root.copy_(torch.where(active, new_root, root))
+    rows = torch.arange(root.shape[0], device=root.device)
+    return StepOutput(pending, accepted.node, accepted.n_accepted, accepted.tokens,
+                      hidden[rows, accepted.node], target.argmax(-1))
+
+
+def rebuild_size(live: int, batch: int, compiled: bool) -> int | None:
+    """The batch to rebuild to when `live` of `batch` rows are decoding, or None to stay.
+
+    Eagerly, finished rows leave at once. Compiled, the batch shrinks to a power of two that
+    holds the live rows, when that is smaller, so a few captured shapes serve every call.
+    """
+    if live == batch:
+        return None
+    if not compiled:
+        return live
+    size = 1 << (live - 1).bit_length()
+    return size if size < batch else None
+
+
+class Engine:
+    """The cache, device state and step of one `generate` call (see the module docstring).
+
+    context: the most tokens any row holds (its prompt and new tokens); tree: the drafter's
+    shape (`Tree.chain(0)`: autoregressive decoding); heads: the heads the verify forward
+    runs for the drafter.
+    """
+
+    def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, heads: int, *,
+                 sampling: SamplingConfig, typical: TypicalAcceptance | None,
+                 compile: bool = False, stacked: bool = True) -> None:
+        self.model, self.tree, self.sampling, self.typical = model, tree, sampling, typical
+        self.compiled = compile
+        param = next(model.parameters())
+        self.device = param.device
+        self.heads: int | StackedHeads = (stacked_heads(model, heads) if stacked and heads > 1
+                                          else heads)
+        if compile:  # calls of similar lengths share one cache length, hence one graph
+            context = min(model.config.max_seq_len, -(-context // CONTEXT_BLOCK) * CONTEXT_BLOCK)
+        # Slack for the last step's drafts past the context, and for finished rows, whose
+        # lengths stop after one more step but whose (ignored) tokens are still written.
+        self.cache = KVCache(model.config, batch, context + 2 * tree.n_nodes,
+                             device=self.device, dtype=param.dtype)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.root = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.active = torch.ones(batch, dtype=torch.bool, device=self.device)
+        self.host_lengths = [0] * batch  # mirrors of lengths and active, kept from the reads
+        self.host_active = [True] * batch
+        tree.buffers(self.device)  # built once, outside any compiled step
+        self._step = compiled_step(model) if compile else verify_and_accept
+        self._mark_static()
+
+    @property
+    def batch(self) -> int:
+        return self.lengths.shape[0]
+
+    def prefill(self, prompts: list[list[int]], generator: torch.Generator | None,
+                pad_id: int) -> Verified:
+        """Cache the prompts and draw each row's first token (the prefill "verifies" the
+        prompt's last token)."""
+        with attention_kernels(self.device):
+            lengths, hidden = prefill(self.model, self.cache, prompts, self.heads, pad_id)
+        self.lengths.copy_(lengths)
+        self.host_lengths = [len(ids) for ids in prompts]
+        probs = probabilities(self.model.unembed(hidden[:, 0]), self.sampling)  # (B, V)
+        noise = None if self.sampling.greedy else exponential(probs.shape, generator,
+                                                              self.device)
+        self.root.copy_(probs.argmax(-1) if noise is None else sample(probs, noise))
+        zero = torch.zeros_like(self.root)
+        pending = torch.tensor([ids[-1:] for ids in prompts], device=self.device)
+        return Verified(pending, zero, zero, self.root.clone()[:, None], hidden,
+                        [[token] for token in self.root.tolist()])
+
+    def step(self, drafts: Drafts,
+             generator: torch.Generator | None) -> tuple[Verified, list[tuple[int, int]]]:
+        """Verify, accept and compact; then the step's one host read. Returns what was
+        verified (finished rows' `new_ids` empty) and each row's (real drafts, kept node)."""
+        draws = None
+        if not self.sampling.greedy:
+            draws = Draws.draw(self.batch, self.tree.n_nodes, self.model.config.vocab_size,
+                               generator, self.device)
+        key_len = self._key_len()
+        if self.compiled:
+            note_shape(self.model, (self.batch, self.tree.paths, key_len, self.heads,
+                                    self.sampling, self.typical, drafts.probs is None))
+            if self.device.type == "cuda":  # the last step's outputs may now be overwritten
+                torch.compiler.cudagraph_mark_step_begin()
+        with attention_kernels(self.device):
+            out = self._step(self.model, self.cache, self.lengths, self.root, self.active,
+                             drafts, draws, self.tree, self.heads, self.sampling, self.typical,
+                             key_len)
+        host = torch.cat([out.n_accepted[:, None], out.node[:, None], drafts.real()[:, None],
+                          out.tokens, out.predicted], dim=1).tolist()  # the one synchronisation
+        new_ids, drafted, predicted = [], [], []
+        depth = out.tokens.shape[1]
+        for row, (n, node, real, *rest) in enumerate(host):
+            live = self.host_active[row]
+            new_ids.append(rest[:n + 1] if live else [])
+            drafted.append((real, node))
+            predicted.append(rest[depth:])
+            self.host_lengths[row] += n + 1 if live else 0
+        return Verified(out.pending, out.node, out.n_accepted, out.tokens, out.hidden, new_ids,
+                        predicted), drafted
+
+    def finish(self, rows: list[int]) -> None:
+        """Stop decoding `rows`: they stay in the batch, masked."""
+        for row in rows:
+            self.host_active[row] = False
+        self.active.copy_(torch.tensor(self.host_active, device=self.device))
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only the batch `rows`, in that order (a new, smaller batch)."""
+        index = torch.tensor(rows, device=self.device)
+        self.cache.keep(index)
+        self.lengths, self.root, self.active = (t.index_select(0, index) for t in
+                                                (self.lengths, self.root, self.active))
+        self.host_lengths = [self.host_lengths[row] for row in rows]
+        self.host_active = [self.host_active[row] for row in rows]
+        self._mark_static()
+
+    def _mark_static(self) -> None:
+        """On a GPU, a compiled step is a CUDA graph that updates the cache, lengths and roots
+        in place: their addresses are fixed inputs of the graph (as in gpt-fast, and
+        transformers' static cache)."""
+        if self.compiled and self.device.type == "cuda":
+            for tensor in (self.cache.keys, self.cache.values, self.lengths, self.root,
+                           self.active):
+                torch._dynamo.mark_static_address(tensor)
+
+    def _key_len(self) -> int:
+        return key_width(max(self.host_lengths) + self.tree.n_nodes, self.cache.max_len,
+                         self.compiled)
+
+
+# model -> its compiled step; model -> the shapes it was compiled for. Entries go with models.
+_compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled_step(model: MTPModel):
+    """`verify_and_accept` compiled (CUDA graphs on a GPU), built once per model and device.
+
+    Each new shape (batch, tree, cache length, ...) is compiled, and captured, on first use;
+    `note_shape` bounds how many.
+    """
+    cuda = next(model.parameters()).is_cuda
+    if _compiled.get(model, (None, None))[0] != cuda:
+        # Every model shares the function's compiled variants: allow MAX_SHAPES of each.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                   MAX_SHAPES)
+        compiled = torch.compile(verify_and_accept, fullgraph=True, dynamic=False,
+                                 mode="reduce-overhead" if cuda else None)
+        _compiled[model] = (cuda, compiled)
+    return _compiled[model][1]
+
+
+def note_shape(model: MTPModel, shape: tuple) -> None:
+    """Count a compiled step's shape for `model`; a ValueError past MAX_SHAPES of them, rather
+    than compiling without end (or decoding eagerly without a word)."""
+    seen = _shapes.setdefault(model, set())
+    if shape not in seen and len(seen) >= MAX_SHAPES:
+        raise ValueError(
+            f"compile=True: the decode step was compiled for {len(seen)} shapes of this model "
+            f"(batch size, drafter tree, cache length, ...), the most allowed "
+            f"(engine.MAX_SHAPES); decode with fewer distinct batch sizes and lengths, or with "
+            f"compile=False")
+    seen.add(shape)

@@ -1,0 +1,158 @@
+"""The decode step with static shapes: the same tokens as the eager step, for every drafter.
+
+`compile=True` runs the step with static shapes (attention over the whole preallocated cache,
+finished rows masked until the batch fits a smaller power of two) and compiles it. Most tests
+here swap the compiled function for its eager original, so that the static path runs in
+seconds; a slow test compiles for real, and GPU tests (marked `gpu`) capture CUDA graphs.
+"""
+
+import pytest
+import torch
+
+import mtp.generate.engine as engine
+from mtp.generate import (Combined, DraftModel, DrafterSpec, HeadsDrafter, Lookahead,
+                          PromptLookup, SamplingConfig, generate)
+from mtp.generate.engine import rebuild_size
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import ByteTokenizer
+
+TOKENIZER = ByteTokenizer()
+# Ragged, with the last two reaching the context's end (96 tokens) at different steps.
+PROMPTS = ["def add(", "print('h", "for i", "zzz", "x" * 52, "y" * 70]
+
+
+def _ids(generations):
+    return [g.token_ids for g in generations]
+
+
+@pytest.fixture
+def static(monkeypatch):
+    """compile=True runs the static step eagerly; records the shapes it ran."""
+    shapes = []
+
+    def step(model, cache, lengths, root, active, drafts, draws, tree, heads, *rest):
+        shapes.append((lengths.shape[0], drafts.count + 1, rest[-1], cache.max_len))
+        return engine.verify_and_accept(model, cache, lengths, root, active, drafts, draws,
+                                        tree, heads, *rest)
+
+    monkeypatch.setattr(engine, "compiled_step", lambda model: step)
+    return shapes
+
+
+def _drafters(draft):
+    return {"autoregressive": None, "heads": HeadsDrafter(4), "tree": DrafterSpec(
+        drafter="heads", tree="tree16"), "prompt_lookup": PromptLookup(num_draft=5),
+        "lookahead": Lookahead(4, 3, 2), "draft_model": DraftModel(draft, TOKENIZER, 3),
+        "heads+prompt_lookup": Combined(HeadsDrafter(3), PromptLookup())}
+
+
+@pytest.mark.parametrize("name", ["autoregressive", "heads", "tree", "prompt_lookup",
+                                  "lookahead", "draft_model", "heads+prompt_lookup"])
+def test_static_step_equals_the_eager_step_for_every_drafter(trained, trained_draft, static,
+                                                             name):
+    drafter = _drafters(trained_draft)[name]
+    eager = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48, drafter=drafter,
+                     stop=["print"])
+    reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48, stop=["print"])
+    assert _ids(eager) == _ids(reference)
+    got = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48, drafter=drafter,
+                   stop=["print"], compile=True)
+    assert _ids(got) == _ids(reference)
+    assert [g.finish_reason for g in got] == [g.finish_reason for g in reference]
+    assert {"eos", "stop", "context"} <= {g.finish_reason for g in got}
+    assert [g.stats.forward_passes for g in got] == [g.stats.forward_passes for g in eager]
+    batches, widths, keys, caches = zip(*static)
+    assert len(set(widths)) == 1 and len(set(keys)) == 1 and keys == caches  # one shape,
+    assert set(batches) <= {6, 4, 2, 1}  # but for the batch: 6, then powers of two
+    assert list(batches) == sorted(batches, reverse=True)
+
+
+def test_finished_rows_stay_masked_until_the_batch_halves(trained, static):
+    # Four rows: two stop at once (EOS), so the batch of 4 runs on with two masked rows
+    # until the third finishes; the last runs alone.
+    prompts = ["def add(", "print('h", "for i in range(10):\n", "z" * 20]
+    got = generate(trained, TOKENIZER, prompts, max_new_tokens=60, drafter=HeadsDrafter(4),
+                   compile=True)
+    assert _ids(got) == _ids(generate(trained, TOKENIZER, prompts, max_new_tokens=60))
+    batches = [shape[0] for shape in static]
+    assert batches[0] == 4 and set(batches) <= {4, 2, 1} and batches[-1] < 4
+    steps = [g.stats.forward_passes - 1 for g in got]  # the prefill is not a step
+    assert batches.count(4) >= sorted(steps)[1]  # masked rows stayed until two were left
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_sampled_static_steps_replay_the_eager_draws(trained, static, temperature):
+    """Draws are inputs of the step: one seed gives one output, static or eager."""
+    sampling = SamplingConfig(temperature=temperature)
+    for drafter in (None, HeadsDrafter(4), DrafterSpec(drafter="heads", tree="tree8")):
+        runs = [generate(trained, TOKENIZER, PROMPTS[:1], max_new_tokens=30, drafter=drafter,
+                         sampling=sampling, seed=3, compile=compile) for compile in (False, True)]
+        assert _ids(runs[0]) == _ids(runs[1])
+
+
+def test_rebuild_sizes():
+    assert rebuild_size(8, 8, compiled=True) is None
+    assert [rebuild_size(live, 8, compiled=True) for live in (7, 5, 4, 3, 2, 1)] == \
+        [None, None, 4, 4, 2, 1]
+    assert rebuild_size(3, 6, compiled=True) == 4 and rebuild_size(5, 6, compiled=True) is None
+    assert rebuild_size(5, 8, compiled=False) == 5  # eagerly finished rows leave at once
+
+
+def test_compiled_shapes_are_bounded(trained, static, monkeypatch):
+    monkeypatch.setattr(engine, "MAX_SHAPES", 2)
+    monkeypatch.setattr(engine, "_shapes", type(engine._shapes)())
+    for size in (1, 2):
+        generate(trained, TOKENIZER, PROMPTS[:size], max_new_tokens=4, compile=True)
+    with pytest.raises(ValueError, match="compiled for 2 shapes of this model .* compile=False"):
+        generate(trained, TOKENIZER, PROMPTS[:3], max_new_tokens=4, compile=True)
+
+
+@pytest.mark.slow  # compiles the step for a few shapes: about a minute on 2 cores
+def test_compiled_step_equals_the_eager_step(tiny_config):
+    model = MTPModel(MTPConfig(**{**tiny_config.to_dict(), "max_seq_len": 128})).eval()
+    prompts = ["def f(x):", "import os\nimport sys\n"]
+    reference = generate(model, TOKENIZER, prompts, max_new_tokens=40, stop=["\n\n"])
+    for drafter in (None, DrafterSpec(drafter="heads", tree=[[0], [1], [0, 0]])):
+        got = generate(model, TOKENIZER, prompts, max_new_tokens=40, drafter=drafter,
+                       stop=["\n\n"], compile=True)
+        assert _ids(got) == _ids(reference)
+        again = generate(model, TOKENIZER, prompts, max_new_tokens=40, drafter=drafter,
+                         stop=["\n\n"], compile=True)  # compiled already: the same shapes
+        assert _ids(again) == _ids(reference)
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@gpu
+def test_bfloat16_cuda_graphs_decode_as_the_eager_step():
+    torch.manual_seed(0)
+    config = MTPConfig(vocab_size=262, dim=256, n_layers=4, n_heads=8, max_seq_len=512,
+                       n_future=8)
+    model = MTPModel(config).to("cuda", torch.bfloat16).eval()
+    prompts = ["def fibonacci(n):", "class Stack:\n"]
+    for drafter in (None, HeadsDrafter(8), DrafterSpec(drafter="heads", tree="tree32")):
+        eager = generate(model, TOKENIZER, prompts, max_new_tokens=64, drafter=drafter)
+        graphs = generate(model, TOKENIZER, prompts, max_new_tokens=64, drafter=drafter,
+                          compile=True)
+        assert _ids(graphs) == _ids(eager)
+
+
+@pytest.mark.gpu
+@gpu
+def test_no_attention_plan_is_built_per_step_on_a_gpu():
+    """cuDNN attention re-plans for every new key length (14 ms of CPU a call on an H100):
+    decode steps must not call it, in bfloat16 or float32."""
+    from torch.profiler import ProfilerActivity, profile
+
+    config = MTPConfig(vocab_size=262, dim=128, n_layers=2, n_heads=4, max_seq_len=256,
+                       n_future=4)
+    for dtype in (torch.bfloat16, torch.float32):
+        model = MTPModel(config).to("cuda", dtype).eval()
+        generate(model, TOKENIZER, ["warm up"], max_new_tokens=8, drafter=HeadsDrafter(4))
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            generate(model, TOKENIZER, ["def f(x):"], max_new_tokens=32, drafter=HeadsDrafter(4))
+        names = {event.key for event in prof.key_averages()}
+        assert not [name for name in names if "cudnn" in name.lower() and "attention" in
+                    name.lower()], dtype
