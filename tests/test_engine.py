@@ -156,3 +156,29 @@ def test_no_attention_plan_is_built_per_step_on_a_gpu():
         names = {event.key for event in prof.key_averages()}
         assert not [name for name in names if "cudnn" in name.lower() and "attention" in
                     name.lower()], dtype
+
+
+def test_steps_hand_drafters_the_hidden_states_of_every_cached_token(trained):
+    """`Verified.path_hidden` holds the heads' hidden states at the tokens each forward added
+    to the cache: the prompt after the prefill, then each kept path; together they are the
+    hidden states of a plain forward over the whole text."""
+    seen = []
+
+    class Recorder(HeadsDrafter):
+        def update(self, step):
+            seen.append((step.path_hidden, step.path_lengths, step.new_ids))
+            super().update(step)
+
+    prompt = "def add("
+    [g] = generate(trained, TOKENIZER, [prompt], max_new_tokens=20,
+                   drafter=Recorder(4, DrafterSpec(drafter="heads", tree="tree8").build(
+                       trained).tree))
+    pieces = [hidden[0, :int(count[0])] for hidden, count, _ in seen]
+    text = [TOKENIZER.eos_id, *TOKENIZER.encode(prompt), *g.token_ids]
+    with torch.no_grad():
+        full = torch.stack([trained.head(trained.trunk(torch.tensor([text])), i)
+                            for i in range(4)], dim=2)[0]  # (T, 4, D)
+    # Every token but the last root; the last step may keep drafts past the budget too.
+    cached = torch.cat(pieces)
+    assert cached.shape[0] >= len(text) - 1
+    torch.testing.assert_close(cached[:len(text) - 1], full[:len(text) - 1])

@@ -37,10 +37,10 @@ def test_prefill_equals_full_recomputation_for_ragged_prompts(random_model):
     prompts = [[258, 1, 2, 3, 4, 5], [258, 9, 8]]
     cache = KVCache(random_model.config, 2, 16, dtype=torch.float64)
     lengths, hidden = prefill(random_model, cache, prompts, 3, pad_id=256)
-    last = random_model.unembed(hidden)
+    logits = random_model.unembed(hidden)  # (B, T, 3, V)
     for row, ids in enumerate(prompts):
-        full = random_model(torch.tensor([ids]))[0, -1, :3]  # (3, V)
-        torch.testing.assert_close(last[row], full)
+        full = random_model(torch.tensor([ids]))[0, :, :3]  # (T, 3, V)
+        torch.testing.assert_close(logits[row, :len(ids)], full)
     assert lengths.tolist() == [6, 3]
 
 

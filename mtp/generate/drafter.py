@@ -97,6 +97,10 @@ class Verified:
         the prefill); lookahead's Jacobi update.
     new_ids: each row's new tokens on the host (the kept drafts and the new root); [] for a
         row that had finished before this step.
+    path_hidden: (B, P, n_heads, D): the heads' hidden states at every token this forward
+        added to the cache, in order: the kept path (the root, then the kept drafts); after
+        the prefill, the whole prompt. Row b's first path_lengths[b] entries are real (the
+        rest repeat or pad). What a drafter with modules of its own (EAGLE-style) feeds them.
     The prefill counts as verifying the prompt's last token: m = 1, no drafts.
     """
 
@@ -107,6 +111,8 @@ class Verified:
     hidden: Tensor
     new_ids: list[list[int]]
     predicted: list[list[int]] | None = None
+    path_hidden: Tensor | None = None
+    path_lengths: Tensor | None = None
 
     def last_two(self) -> Tensor:
         """The last two accepted tokens of each row (B, 2): the one before the newest, and it."""

@@ -110,7 +110,7 @@ def key_width(needed: int, max_len: int, compiled: bool = False) -> int:
 def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
             heads: int | StackedHeads, pad_id: int) -> tuple[Tensor, Tensor]:
     """Cache the prompts, right-padded (rows 0..len(prompts)-1 of the cache), in the trunk and
-    heads 0..n-1: each row's length (B,) and the hidden states (B, n, D) at its last token.
+    heads 0..n-1: each row's length (B,) and the hidden states (B, T, n, D) at every token.
 
     A row's padding is written after its prompt, where the lengths leave it stale.
     """
@@ -122,9 +122,7 @@ def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
         tokens[row, :len(ids)] = torch.tensor(ids)
     start = torch.zeros(len(prompts), dtype=torch.long, device=device)
     step = cache_step(start, *causal(width, device), key_len=width)
-    hidden = hidden_states(model, tokens.to(device), cache, step, heads)  # (B, T, n, D)
-    rows = torch.arange(len(prompts), device=device)
-    return lengths, hidden[rows, lengths - 1]
+    return lengths, hidden_states(model, tokens.to(device), cache, step, heads)
 
 
 @dataclass(frozen=True)
@@ -136,6 +134,7 @@ class StepOutput:
     n_accepted: Tensor  # (B,)
     tokens: Tensor  # (B, depth + 1)
     hidden: Tensor  # (B, n, D) at the kept node
+    path_hidden: Tensor  # (B, depth + 1, n, D) along the kept path, root first
     predicted: Tensor  # (B, m)
 
 
@@ -160,8 +159,10 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     lengths.add_(torch.where(active, accepted.n_accepted + 1, 0))
     root.copy_(torch.where(active, new_root, root))
     rows = torch.arange(root.shape[0], device=root.device)
+    path = buffers.ancestors[accepted.node]  # (B, depth + 1), padded with the node
     return StepOutput(pending, accepted.node, accepted.n_accepted, accepted.tokens,
-                      hidden[rows, accepted.node], target.argmax(-1))
+                      hidden[rows, accepted.node], hidden[rows[:, None], path],
+                      target.argmax(-1))
 
 
 def rebuild_size(live: int, batch: int, compiled: bool) -> int | None:
@@ -219,9 +220,11 @@ class Engine:
         """Cache the prompts and draw each row's first token (the prefill "verifies" the
         prompt's last token)."""
         with attention_kernels(self.device):
-            lengths, hidden = prefill(self.model, self.cache, prompts, self.heads, pad_id)
+            lengths, every = prefill(self.model, self.cache, prompts, self.heads, pad_id)
         self.lengths.copy_(lengths)
         self.host_lengths = [len(ids) for ids in prompts]
+        rows = torch.arange(len(prompts), device=self.device)
+        hidden = every[rows, lengths - 1]  # (B, n, D) at each prompt's last token
         probs = probabilities(self.model.unembed(hidden[:, 0]), self.sampling)  # (B, V)
         noise = None if self.sampling.greedy else exponential(probs.shape, generator,
                                                               self.device)
@@ -229,7 +232,8 @@ class Engine:
         zero = torch.zeros_like(self.root)
         pending = torch.tensor([ids[-1:] for ids in prompts], device=self.device)
         return Verified(pending, zero, zero, self.root.clone()[:, None], hidden,
-                        [[token] for token in self.root.tolist()])
+                        [[token] for token in self.root.tolist()], path_hidden=every,
+                        path_lengths=lengths)
 
     def step(self, drafts: Drafts,
              generator: torch.Generator | None) -> tuple[Verified, list[tuple[int, int]]]:
@@ -260,7 +264,7 @@ class Engine:
             predicted.append(rest[depth:])
             self.host_lengths[row] += n + 1 if live else 0
         return Verified(out.pending, out.node, out.n_accepted, out.tokens, out.hidden, new_ids,
-                        predicted), drafted
+                        predicted, out.path_hidden, out.n_accepted + 1), drafted
 
     def finish(self, rows: list[int]) -> None:
         """Stop decoding `rows`: they stay in the batch, masked."""
