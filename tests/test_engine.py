@@ -27,8 +27,10 @@ def _ids(generations):
 
 @pytest.fixture
 def static(monkeypatch):
-    """compile=True runs the static step eagerly; records the shapes it ran."""
+    """compile=True runs the static step eagerly; records the shapes it ran. Each test counts
+    its own shapes: the session's models would otherwise reach MAX_SHAPES across tests."""
     shapes = []
+    monkeypatch.setattr(engine, "_shapes", type(engine._shapes)())
 
     def step(model, cache, lengths, root, active, drafts, draws, tree, heads, *rest):
         shapes.append((lengths.shape[0], drafts.count + 1, rest[-1], cache.max_len))
@@ -100,7 +102,6 @@ def test_rebuild_sizes():
 
 def test_compiled_shapes_are_bounded(trained, static, monkeypatch):
     monkeypatch.setattr(engine, "MAX_SHAPES", 2)
-    monkeypatch.setattr(engine, "_shapes", type(engine._shapes)())
     for size in (1, 2):
         generate(trained, TOKENIZER, PROMPTS[:size], max_new_tokens=4, compile=True)
     with pytest.raises(ValueError, match="compiled for 2 shapes of this model .* compile=False"):
