@@ -3,6 +3,7 @@
     python scripts/prepare_data.py                                   # stdlib, byte tokenizer
     python scripts/prepare_data.py --tokenizer bpe --vocab-size 32000
     python scripts/prepare_data.py --source local --paths 'corpus/**/*.py'
+    python scripts/prepare_data.py --source installed --mbpp-file mbpp.jsonl   # data=installed
 
 Options mirror ``conf/data/*.yaml`` and ``conf/tokenizer/*.yaml``. The last line printed
 is one JSON object with every figure.
@@ -14,14 +15,24 @@ import argparse
 import json
 import time
 
-from mtp.data import HubSource, LocalSource, StdlibSource, build_tokenizer, prepare
+from mtp.data import (HubSource, InstalledSource, LocalSource, StdlibSource, build_tokenizer,
+                      prepare)
+from mtp.data.decontaminate import BENCHMARKS, NGRAM
 from mtp.data.sources import Source
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     """The options `make_source` reads (shared with scripts/distill_data.py)."""
-    parser.add_argument("--source", choices=("stdlib", "local", "hub"), default="stdlib")
-    parser.add_argument("--paths", nargs="+", help="local: files, folders or globs")
+    parser.add_argument("--source", choices=("stdlib", "installed", "local", "hub"),
+                        default="stdlib")
+    parser.add_argument("--paths", nargs="+", help="local: files, folders or globs; installed: "
+                        "folders (default: sys.path's)")
+    parser.add_argument("--decontaminate", nargs="*", choices=BENCHMARKS, default=BENCHMARKS,
+                        help="installed: benchmarks to drop files for (none: no filter)")
+    parser.add_argument("--humaneval-file", help="installed: HumanEval instead of the package's")
+    parser.add_argument("--mbpp-file", help="installed: MBPP's mbpp.jsonl instead of the Hub's")
+    parser.add_argument("--ngram", type=int, default=NGRAM,
+                        help="installed: words shared with a problem that drop a file")
     parser.add_argument("--name", help="hub: dataset name")
     parser.add_argument("--config", help="hub: dataset config")
     parser.add_argument("--split", default="train", help="hub: dataset split")
@@ -32,6 +43,10 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
 def make_source(args: argparse.Namespace) -> Source:
     if args.source == "stdlib":
         return StdlibSource()
+    if args.source == "installed":
+        return InstalledSource(paths=args.paths, decontaminate=args.decontaminate,
+                               humaneval_file=args.humaneval_file, mbpp_file=args.mbpp_file,
+                               ngram=args.ngram, cache_dir=getattr(args, "cache_dir", None))
     if args.source == "local":
         if not args.paths:
             raise SystemExit("--source local needs --paths")
@@ -50,7 +65,9 @@ def table(stats: dict) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width)))
              for r in rows]
     skipped = ", ".join(f"{n} {why}" for why, n in stats["skipped"].items()) or "none"
-    return "\n".join([*lines, f"files skipped: {skipped}"])
+    contaminated = [f"  {path}: {', '.join(problems)}"
+                    for path, problems in stats.get("contaminated", {}).items()]
+    return "\n".join([*lines, f"files skipped: {skipped}", *contaminated])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -69,19 +86,23 @@ def main(argv: list[str] | None = None) -> dict:
 
     start = time.perf_counter()
     source = make_source(args)
+    corpus = source.load()
+    load_seconds = time.perf_counter() - start
     split = {"val_fraction": args.val_fraction, "seed": args.seed, "cache_dir": args.cache_dir}
     tokenizer = build_tokenizer(args.tokenizer, vocab_size=args.vocab_size, path=args.tokenizer_path,
                                 source=source, **split)
-    tokenizer_seconds = time.perf_counter() - start
-    prepared = prepare(source.load(), tokenizer, num_proc=args.num_proc, **split)
+    tokenizer_seconds = time.perf_counter() - start - load_seconds
+    prepared = prepare(corpus, tokenizer, num_proc=args.num_proc, **split)
     stats = prepared.stats(args.seq_len, args.n_future)
     stats.update(vocab_size=tokenizer.vocab_size, directory=str(prepared.directory),
+                 contaminated=corpus.contaminated, load_seconds=round(load_seconds, 2),
                  tokenizer_seconds=round(tokenizer_seconds, 2),
                  seconds=round(time.perf_counter() - start, 2))
     print(f"{stats['source']}  tokenizer {tokenizer.name} (vocab {tokenizer.vocab_size})  "
           f"blocks of {args.seq_len} + {args.n_future}  ->  {prepared.directory}")
     print(table(stats))
-    print(f"prepared in {stats['seconds']:.1f} s (tokenizer {stats['tokenizer_seconds']:.1f} s)")
+    print(f"prepared in {stats['seconds']:.1f} s (reading the source {load_seconds:.1f} s, "
+          f"tokenizer {stats['tokenizer_seconds']:.1f} s)")
     print(json.dumps(stats))
     return stats
 

@@ -1,6 +1,7 @@
 """Data: sources through ``datasets``, tokenise + split + pack, and the LightningDataModule.
 
-- ``sources``: ``StdlibSource`` (the embedded default), ``LocalSource``, ``HubSource``.
+- ``sources``: ``StdlibSource`` (the embedded default), ``InstalledSource`` (all installed
+  Python, deduplicated and decontaminated: ``decontaminate``), ``LocalSource``, ``HubSource``.
 - ``pipeline``: ``prepare`` (cached tokenisation, deterministic split, token streams,
   statistics) and ``build_tokenizer``.
 - ``packing``: blocks of ``seq_len + n_future`` tokens that overlap by ``n_future``.
@@ -10,10 +11,11 @@
 from mtp.data.module import MTPDataModule, ResumableDataLoader, ResumableSampler, StreamingBlocks
 from mtp.data.packing import PackedBlocks, num_blocks, pack_iter
 from mtp.data.pipeline import PreparedCorpus, build_tokenizer, is_validation, prepare
-from mtp.data.sources import Corpus, HubSource, LocalSource, Source, StdlibSource, data_dir
+from mtp.data.sources import (Corpus, HubSource, InstalledSource, LocalSource, Source,
+                              StdlibSource, data_dir)
 
 __all__ = [
-    "Corpus", "HubSource", "LocalSource", "MTPDataModule", "PackedBlocks", "PreparedCorpus",
+    "Corpus", "HubSource", "InstalledSource", "LocalSource", "MTPDataModule", "PackedBlocks", "PreparedCorpus",
     "ResumableDataLoader", "ResumableSampler", "Source", "StdlibSource", "StreamingBlocks",
     "build_tokenizer", "data_dir", "is_validation", "num_blocks", "pack_iter", "prepare",
 ]

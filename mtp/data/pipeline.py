@@ -108,7 +108,8 @@ def prepare(
     meta_path = directory / "meta.json"
     if not meta_path.is_file():
         meta = _write_streams(tokenised, directory, tokenizer)
-        meta.update(source=corpus.key, tokenizer=tokenizer.name, skipped=corpus.skipped)
+        meta.update(source=corpus.key, tokenizer=tokenizer.name, skipped=corpus.skipped,
+                    contaminated=corpus.contaminated)
         tmp = meta_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta, indent=2) + "\n")
         os.replace(tmp, meta_path)  # meta.json last: its presence means the streams are whole

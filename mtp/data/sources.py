@@ -1,4 +1,5 @@
-"""Where documents come from: the embedded stdlib corpus, local files, or the Hub.
+"""Where documents come from: the embedded stdlib corpus, all installed Python, local files,
+or the Hub.
 
 Every source is a small frozen dataclass (Hydra instantiates it from ``conf/data/*.yaml``)
 whose ``load()`` returns a ``Corpus``: a ``datasets`` dataset with a ``text`` column,
@@ -11,6 +12,7 @@ documents: a file with a NUL byte is ``binary``, one that is not valid UTF-8 is
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
@@ -25,6 +27,8 @@ from pathlib import Path
 
 import datasets
 from huggingface_hub import constants as hub_constants
+
+from mtp.data.decontaminate import BENCHMARKS, NGRAM, References, load_references
 
 TEXT_SUFFIXES_STRUCTURED = (".jsonl", ".json", ".parquet")
 
@@ -41,6 +45,7 @@ class Corpus:
     documents: datasets.Dataset | datasets.IterableDataset
     key: str  # names the caches; changes whenever the documents change
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> files
+    contaminated: dict[str, list[str]] = field(default_factory=dict)  # file -> benchmark problems
 
     @property
     def streaming(self) -> bool:
@@ -138,7 +143,61 @@ class HubSource:
         return Corpus(ds, key, {"empty": before - len(ds)} if before > len(ds) else {})
 
 
-Source = StdlibSource | LocalSource | HubSource
+@dataclass(frozen=True)
+class InstalledSource:
+    """All Python source installed for this interpreter, deduplicated and decontaminated.
+
+    ``paths``: the folders to read (None: every folder on ``sys.path``, the standard library
+    and site-packages, less the script's folder and the working directory: that is where the
+    command runs, not what is installed). Every ``.py`` file is read once: a file reached through several folders
+    or links, or with the same bytes as one read before, is skipped as ``duplicate``.
+    ``decontaminate``: the benchmarks (``humaneval``, ``mbpp``) whose problems no kept file
+    may share an n-gram of ``ngram`` words with (``mtp.data.decontaminate``); such files are
+    skipped as ``contaminated`` and listed in ``Corpus.contaminated`` with the problems they
+    matched. ``humaneval_file`` and ``mbpp_file`` replace the packaged and Hub copies.
+
+    The verdicts are cached by file content under ``cache_dir`` (default: ``data_dir()``),
+    so a second load only reads and hashes the files; a process loads the corpus once.
+    """
+
+    paths: tuple[str, ...] | None = None
+    decontaminate: tuple[str, ...] = ("humaneval", "mbpp")
+    humaneval_file: str | None = None
+    mbpp_file: str | None = None
+    ngram: int = NGRAM
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        # Hydra passes lists; tuples keep the source hashable (load() is memoised by it).
+        if self.paths is not None:
+            paths = [self.paths] if isinstance(self.paths, str) else self.paths
+            object.__setattr__(self, "paths", tuple(str(p) for p in paths))
+        names = [self.decontaminate] if isinstance(self.decontaminate, str) else self.decontaminate
+        object.__setattr__(self, "decontaminate", tuple(names or ()))
+        for name in self.decontaminate:
+            if name not in BENCHMARKS:
+                raise ValueError(f"data.source.decontaminate: {name!r} is not one of {BENCHMARKS}")
+
+    def roots(self) -> list[Path]:
+        """The folders read, in order: ``paths``, or ``sys.path``'s (see the class docstring)."""
+        if self.paths is not None:
+            if not self.paths:
+                raise ValueError("InstalledSource.paths is empty: name a folder, or null for "
+                                 "sys.path's")
+            missing = [p for p in self.paths if not Path(p).expanduser().is_dir()]
+            if missing:
+                raise ValueError(f"InstalledSource.paths: {missing} are not folders")
+            return [Path(p).expanduser() for p in self.paths]
+        # sys.path[0] is the running script's folder (or the working directory): not installed.
+        here = Path.cwd().resolve()
+        return [Path(p) for p in sys.path[1:]
+                if p and Path(p).is_dir() and Path(p).resolve() != here]
+
+    def load(self) -> Corpus:
+        return _load_installed(self)
+
+
+Source = StdlibSource | InstalledSource | LocalSource | HubSource
 
 
 def _nonempty(texts: list[str]) -> list[bool]:
@@ -160,7 +219,8 @@ def _expand(paths: list[str]) -> list[Path]:
     return out
 
 
-def _read_text_files(files: list[Path], root: Path) -> tuple[list[str], list[str], Counter]:
+def _read_text_files(files: list[Path], root: Path | None) -> tuple[list[str], list[str], Counter]:
+    """Ids (paths relative to ``root``, else as given), texts, and the files skipped by reason."""
     ids, texts, skipped = [], [], Counter()
     for path in files:
         data = path.read_bytes()
@@ -175,7 +235,8 @@ def _read_text_files(files: list[Path], root: Path) -> tuple[list[str], list[str
         if not text.strip():
             skipped["empty"] += 1
             continue
-        ids.append(str(path.relative_to(root)) if path.is_relative_to(root) else str(path))
+        relative = root is not None and path.is_relative_to(root)
+        ids.append(str(path.relative_to(root)) if relative else str(path))
         texts.append(text)
     return ids, texts, skipped
 
@@ -202,6 +263,75 @@ def _read_records(path: Path, text_field: str) -> list[str]:
             )
         texts.append(record[text_field] or "")
     return texts
+
+
+@functools.lru_cache(maxsize=2)
+def _load_installed(source: InstalledSource) -> Corpus:
+    # The references first: one that cannot be read fails before 400 MB of files are read.
+    references = load_references(source.decontaminate, {
+        "humaneval": source.humaneval_file, "mbpp": source.mbpp_file}, source.ngram)
+    roots = source.roots()
+    found = [p.resolve() for root in roots for p in _python_files(root)]
+    files = list(dict.fromkeys(found))  # a file under two roots, or linked, is read once
+    if not files:
+        raise ValueError(f"no .py files in {[str(r) for r in roots]} (data=installed)")
+    ids, texts, skipped = _read_text_files(files, root=None)
+    digests = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+               for t in texts]
+    first: dict[str, int] = {}  # content hash -> the first file with that content
+    for i, digest in enumerate(digests):
+        first.setdefault(digest, i)
+    skipped["duplicate"] = len(found) - len(files) + len(texts) - len(first)
+    contaminated = {}
+    if source.decontaminate:
+        verdicts = _DecontaminationCache(references, source.cache_dir)
+        for digest, i in first.items():
+            problems = verdicts.matches(digest, texts[i])
+            if problems:
+                contaminated[ids[i]] = problems
+        verdicts.save()
+        skipped["contaminated"] = len(contaminated)
+    kept = [i for i in first.values() if ids[i] not in contaminated]
+    version = f"py{sys.version_info.major}{sys.version_info.minor}"
+    corpus = _corpus([ids[i] for i in kept], [texts[i] for i in kept], skipped,
+                     prefix=f"installed-{version}", searched=[str(r) for r in roots])
+    return Corpus(corpus.documents, corpus.key, corpus.skipped, contaminated)
+
+
+def _python_files(root: Path) -> list[Path]:
+    """The ``.py`` files under ``root``, sorted; hidden and symlinked folders are skipped."""
+    found = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        found += [Path(folder, n) for n in sorted(names) if n.endswith(".py")]
+    return found
+
+
+class _DecontaminationCache:
+    """The problems each file content matched, kept in a JSON file per set of references."""
+
+    def __init__(self, references: References, cache_dir: str | None) -> None:
+        self.references = references
+        root = Path(cache_dir) if cache_dir is not None else data_dir()
+        self.path = root / "decontamination" / f"{references.key}-n{references.ngram}.json"
+        self.known: dict[str, list[str]] = (json.loads(self.path.read_text())
+                                            if self.path.is_file() else {})
+        self.new = 0
+
+    def matches(self, digest: str, text: str) -> list[str]:
+        """The problems `text` (whose content hash is `digest`) shares an n-gram with."""
+        if digest not in self.known:
+            self.known[digest] = sorted(self.references.matches(text))
+            self.new += 1
+        return self.known[digest]
+
+    def save(self) -> None:
+        if not self.new:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.known))
+        os.replace(tmp, self.path)  # whole or absent, whichever process writes last
 
 
 def _corpus_from_files(files: list[Path], root: Path, prefix: str) -> Corpus:
