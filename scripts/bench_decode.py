@@ -22,7 +22,7 @@ time of one speculative step (a verify forward, drafting and acceptance) over th
 one autoregressive step: it is also the break-even tokens per forward, the acceptance a
 model needs before speculative decoding beats autoregressive (speedup = tok/fwd / cost).
 `repeated` is the share of output tokens inside an 8-gram that the same output already
-produced (`bench_methods.repeated_share`): how repetitive (degenerate) the text that the
+produced (`mtp.generate.output.repetition`): how repetitive (degenerate) the text that the
 figures come from is.
 """
 
@@ -32,7 +32,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -41,13 +40,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mtp.checkpoint import load  # noqa: E402
-from mtp.generate import DecodeStats, HeadsDrafter, generate  # noqa: E402
+from mtp.generate import HeadsDrafter, generate  # noqa: E402
 from mtp.generate.decode import DTYPES, decoding_dtype  # noqa: E402
+from mtp.generate.measure import decode_prompts as decode_all  # noqa: E402
+from mtp.generate.output import repetition  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
 from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
-from bench_methods import humaneval_prompts, repeated_share  # noqa: E402
+from bench_methods import humaneval_prompts  # noqa: E402
 from mtp.model import MTPConfig, MTPModel  # noqa: E402
 from mtp.tokenizers import ByteTokenizer  # noqa: E402
 
@@ -69,23 +70,6 @@ def random_model(device: str, dtype: torch.dtype | None) -> tuple[MTPModel, Byte
     config = MTPConfig.compute_matched(depth=12, n_future=8, vocab_size=262, dim=256,
                                        n_heads=8, max_seq_len=1024)
     return MTPModel(config).to(device=device, dtype=dtype).eval(), ByteTokenizer()
-
-
-def decode_all(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 1,
-               **how) -> tuple[float, DecodeStats, list[list[int]]]:
-    """Decode the prompts `batch_size` at a time (1: each alone); tokens per second over all
-    of them, pooled stats, ids. Greedy ids and per-sequence statistics do not depend on the
-    batching; the speed does."""
-    results, seconds = [], 0.0
-    for start in range(0, len(prompts), batch_size):
-        began = time.perf_counter()
-        results += generate(model, tokenizer, prompts[start:start + batch_size],
-                            max_new_tokens=max_new_tokens, **how)
-        if next(model.parameters()).is_cuda:
-            torch.cuda.synchronize()
-        seconds += time.perf_counter() - began
-    stats = DecodeStats.pooled([r.stats for r in results])
-    return stats.new_tokens / seconds, stats, [r.token_ids for r in results]
 
 
 def plot(rows: list[dict], chain_rows: list[dict], path: Path, title: str) -> None:
@@ -201,13 +185,12 @@ def main() -> None:
     tree_rows = [{"tree": spec, "nodes": tree.n_nodes, "depth": tree.depth} | row(spec)
                  for spec, tree in trees.items()]
     # the share of output tokens inside an 8-gram that the same output already produced
-    repetition = round(sum(repeated_share(ids, 8) * len(ids) for ids in ar_ids)
-                       / max(sum(map(len, ar_ids)), 1), 3)
+    repeated = round(repetition(ar_ids, 8), 3)
     print(f"checkpoint {checkpoint}  device {args.device} {dtype_name}  "
           f"{'compiled' if args.compile else 'eager'}  "
           f"threads {torch.get_num_threads()}  batch {args.batch_size}  prompts {len(prompts)} x "
           f"{args.max_new_tokens} new tokens  repeats {args.repeats}  "
-          f"repeated (tokens inside an earlier 8-gram) {repetition:.1%}")
+          f"repeated (tokens inside an earlier 8-gram) {repeated:.1%}")
     print(f"{'decoding':>14} {'nodes':>5} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
           f"{'fwd cost':>8} {'identical':>9}  head acceptance")
     for r in rows + tree_rows:
@@ -222,7 +205,7 @@ def main() -> None:
         "speedup": best["speedup"], "k": best["k"], "tokens_per_forward":
         best["tokens_per_forward"], "identical": all(identical.values()),
         "chain_tokens_per_forward": rows[-1]["tokens_per_forward"],
-        "repeated": repetition}
+        "repeated": repeated}
     if tree_rows:
         top = max(tree_rows, key=lambda r: r["tokens_per_forward"])
         fastest = max(tree_rows, key=lambda r: r["speedup"])

@@ -49,24 +49,11 @@ from mtp.checkpoint import load  # noqa: E402
 from mtp.generate import (Auto, Combined, DecodeStats, DraftModel, HeadsDrafter,  # noqa: E402
                           Lookahead, PromptLookup, SamplingConfig, generate)
 from mtp.generate.auto import auto_trees  # noqa: E402
+from mtp.generate.output import repetition  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
 from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
 
 DRAFT_MODEL_COMMAND = __doc__.rsplit("\n\n", 1)[1].strip()
-
-
-def repeated_share(ids: list[int], n: int) -> float:
-    """Share of `ids` inside an n-gram that already occurred earlier in `ids`."""
-    if len(ids) < n:
-        return 0.0
-    seen: set[tuple[int, ...]] = set()
-    covered = [False] * len(ids)
-    for start in range(len(ids) - n + 1):
-        gram = tuple(ids[start:start + n])
-        if gram in seen:
-            covered[start:start + n] = [True] * n
-        seen.add(gram)
-    return sum(covered) / len(ids)
 
 
 def run(model, tokenizer, prompts: list[str], drafter, sampling: SamplingConfig,
@@ -221,8 +208,7 @@ def main() -> None:
             measured[name] = speed
             if name == "autoregressive" and sampling.greedy:
                 reference = ids
-            repeated = sum(repeated_share(i, args.ngram) * len(i) for i in ids) / max(
-                sum(map(len, ids)), 1)
+            repeated = repetition(ids, args.ngram)
             rows[name + suffix] = {
                 "tokens_per_second": round(speed, 1),
                 "speedup": round(speed / measured["autoregressive"], 3),

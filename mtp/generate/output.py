@@ -75,6 +75,27 @@ class DecodeStats:
                    accepted_depths=depths, nodes_verified=sum(s.nodes_verified for s in stats))
 
 
+def repeated_share(ids: Sequence[int], n: int) -> float:
+    """Share of `ids` inside an n-gram that already occurred earlier in `ids`."""
+    if len(ids) < n:
+        return 0.0
+    seen: set[tuple[int, ...]] = set()
+    covered = [False] * len(ids)
+    for start in range(len(ids) - n + 1):
+        gram = tuple(ids[start:start + n])
+        if gram in seen:
+            covered[start:start + n] = [True] * n
+        seen.add(gram)
+    return sum(covered) / len(ids)
+
+
+def repetition(outputs: Sequence[Sequence[int]], n: int = 8) -> float:
+    """Share of all the outputs' tokens inside an n-gram that their own output already
+    produced: how repetitive (degenerate) decoded text is, pooled over outputs."""
+    total = sum(map(len, outputs))
+    return sum(repeated_share(ids, n) * len(ids) for ids in outputs) / max(total, 1)
+
+
 @dataclass(frozen=True)
 class Generation:
     """A generated continuation: its text, its new token ids, why it ended, and how."""
