@@ -1,19 +1,21 @@
-r"""Training throughput, step time and MFU of the byte8 model shape: n=8 per loss mode vs n=1.
+r"""Training throughput, step time and MFU of a model shape: n heads per loss mode vs n=1.
 
 A step is what `MTPLitModule.training_step` runs: the loss with its backward, gradient
-clipping and an AdamW step. Variants: n=8 in each loss mode (headwise, chunked, naive: the
-same gradients), n=1 on the same trunk (4 blocks + 1 head: the cost of the extra heads), and
-n=1 compute-matched (11 blocks + 1 head: what byte1 trains). The step-time ratios compare
-n=8 headwise (the default) with each n=1 variant. MFU is model FLOPs (`mtp.flops`) per
-second over the peak: `--peak-flops` (a number or a preset such as h100-bf16), by default
-this device's measured matrix-product peak in the run's precision. Prints a table, then one
-JSON line.
+clipping and an AdamW step. Variants: n heads (`--n-future`, default 8: the byte8 recipe) in
+each loss mode (headwise, chunked, naive: the same gradients), n=1 on the same trunk (the
+cost of the extra heads), and n=1 compute-matched (the same blocks per token: what byte1
+trains against byte8). The step-time ratios compare n headwise (the default) with each n=1
+variant. `--vocab-size` sets the vocabulary (default the byte tokenizer's 262; a BPE model's
+32000 is the paper's shape, where the heads' unembeddings cost the most), with random token
+ids. MFU is model FLOPs (`mtp.flops`) per second over the peak: `--peak-flops` (a number or
+a preset such as h100-bf16), by default this device's measured matrix-product peak in the
+run's precision. Prints a table, then one JSON line.
 
     python scripts/bench_train.py                  # the byte8 shape, seq 256, batch 16
     python scripts/bench_train.py --precision bf16-mixed --compile
     python scripts/bench_train.py --steps 10 --threads 2 model=tiny
     python scripts/bench_train.py --device cuda --precision bf16-mixed --peak-flops h100-bf16 \
-        model=1b
+        --compile --batch 8 --seq-len 2048 --vocab-size 32000 --n-future 4 model=1b
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,7 +75,7 @@ def seconds_per_step(config: MTPConfig, mode: str, *, batch: int, seq_len: int, 
     return sorted(times)[len(times) // 2]
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny")
     parser.add_argument("--batch", type=int, default=16)
@@ -83,10 +86,17 @@ def main() -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default="32-true")
     parser.add_argument("--compile", action="store_true", help="torch.compile every block")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--n-future", type=int, default=8, help="heads of the n > 1 model")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="vocabulary (default: the byte tokenizer's, 262)")
     parser.add_argument("--peak-flops", default=None,
                         help="FLOPs/s per device or a preset (h100-bf16, a100-bf16, ...); "
                              "default: measured here (large matrix products, run's dtype)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.n_future < 2:
+        raise ValueError(f"--n-future {args.n_future}: the comparison needs n >= 2 heads")
+    if args.vocab_size is not None and args.vocab_size < 1:
+        raise ValueError(f"--vocab-size {args.vocab_size} must be a positive integer")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.steps < 1 or args.warmup < 0:
@@ -103,17 +113,20 @@ def main() -> None:
                                   args.precision)
         peak_source = value
 
-    def shape(*overrides: str) -> MTPConfig:
-        cfg = compose(["+experiment=byte8", "run_dir=unused", *args.overrides, *overrides])
-        return model_config(cfg, ByteTokenizer())
+    def shape(n_future: int) -> MTPConfig:
+        cfg = compose(["+experiment=byte8", "run_dir=unused", *args.overrides,
+                       f"model.n_future={n_future}"])
+        config = model_config(cfg, ByteTokenizer())
+        return replace(config, vocab_size=args.vocab_size or config.vocab_size)
 
-    byte8 = shape()
-    variants = [(f"n={byte8.n_future} {mode}", byte8, mode)
+    multi = shape(args.n_future)
+    variants = [(f"n={multi.n_future} {mode}", multi, mode)
                 for mode in ("headwise", "chunked", "naive")]
-    variants += [("n=1 same trunk", replace(byte8, n_future=1), "headwise"),
-                 ("n=1 compute-matched", shape("model.n_future=1"), "headwise")]
-    print(f"byte8 shape: dim {byte8.dim}, trunk {byte8.n_layers}, heads {byte8.n_future}; "
-          f"batch {args.batch} x seq {args.seq_len}; {args.device}, {args.precision}"
+    variants += [("n=1 same trunk", replace(multi, n_future=1), "headwise"),
+                 ("n=1 compute-matched", shape(1), "headwise")]
+    print(f"shape: dim {multi.dim}, trunk {multi.n_layers}, heads {multi.n_future}, vocab "
+          f"{multi.vocab_size}; batch {args.batch} x seq {args.seq_len}; {args.device}, "
+          f"{args.precision}"
           f"{', compiled' if args.compile else ''}; {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}; peak {peak / 1e9:,.1f} GFLOP/s ({peak_source})")
     print(f"{'variant':<22} {'blocks':>6} {'tokens/s':>9} {'step ms':>8} {'MFU':>7}")
@@ -128,19 +141,22 @@ def main() -> None:
         mfus[name] = mfu(rate, flops_per_token(config, args.seq_len), peak)
         print(f"{name:<22} {config.n_blocks:>6} {rate:>9.0f} {seconds * 1e3:>8.1f} "
               f"{mfus[name]:>7.2%}", flush=True)
-    default = f"n={byte8.n_future} headwise"
+    default = f"n={multi.n_future} headwise"
     same = step_times[default] / step_times["n=1 same trunk"]
     matched = step_times[default] / step_times["n=1 compute-matched"]
-    print(f"step time n={byte8.n_future} / n=1: {same:.3f}x same trunk, {matched:.3f}x "
+    print(f"step time n={multi.n_future} / n=1: {same:.3f}x same trunk, {matched:.3f}x "
           f"compute-matched; MFU ({default}) {mfus[default]:.2%}")
-    print(json.dumps({"benchmark": "train_tokens_per_sec", "batch": args.batch,
-                      "seq_len": args.seq_len, "threads": torch.get_num_threads(),
-                      "results": results, "device": args.device, "precision": args.precision,
-                      "compile": args.compile, "peak_flops": peak, "peak_source": peak_source,
-                      "mfu": round(mfus[default], 5),
-                      "mfu_per_variant": {k: round(v, 5) for k, v in mfus.items()},
-                      "time_ratio_same_trunk": round(same, 4),
-                      "time_ratio_compute_matched": round(matched, 4)}))
+    summary = {"benchmark": "train_tokens_per_sec", "batch": args.batch,
+               "seq_len": args.seq_len, "threads": torch.get_num_threads(),
+               "results": results, "device": args.device, "precision": args.precision,
+               "compile": args.compile, "peak_flops": peak, "peak_source": peak_source,
+               "mfu": round(mfus[default], 5),
+               "mfu_per_variant": {k: round(v, 5) for k, v in mfus.items()},
+               "time_ratio_same_trunk": round(same, 4),
+               "time_ratio_compute_matched": round(matched, 4),
+               "n_future": multi.n_future, "vocab_size": multi.vocab_size}
+    print(json.dumps(summary))
+    return summary
 
 
 if __name__ == "__main__":
