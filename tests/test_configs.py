@@ -8,11 +8,16 @@ import lightning as L
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from mtp.data import InstalledSource, StdlibSource
+from mtp.loss import autograd_backward, mtp_loss
+from mtp.model import MTPModel
+from mtp.optim import build_optimizer
 from mtp.paths import CONF_DIR
 from mtp.tokenizers import ByteTokenizer
-from mtp.train import build_trainer, check_settings, compose, model_config
+from mtp.train import CONTEXT, build_trainer, check_settings, compose, model_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
@@ -26,7 +31,7 @@ NEEDS_INIT = {"medusa1": ["init_from=/unused/export"], "medusa2": ["init_from=/u
 
 def test_the_documented_presets_exist() -> None:
     assert set(HEADS) <= set(EXPERIMENTS)
-    assert {"tiny", "small", "1b", "7b"} <= set(MODELS)
+    assert {"tiny", "small", "50m", "150m", "400m", "1b", "7b"} <= set(MODELS)
     assert {"cpu", "gpu", "fsdp"} <= set(TRAINERS)
     assert {"wandb", "csv", "none"} <= set(LOGGERS)
 
@@ -60,7 +65,7 @@ def test_trainer_and_logger_presets_compose(trainer: str, logger: str) -> None:
 def test_every_trainer_preset_instantiates_a_lightning_trainer(trainer: str,
                                                                 tmp_path: Path) -> None:
     overrides = [f"trainer={trainer}", f"run_dir={tmp_path}"]
-    if OmegaConf.load(CONF_DIR / "trainer" / f"{trainer}.yaml").get("strategy") is not None:
+    if compose(overrides).trainer.get("strategy") is not None:
         overrides.append("trainer.devices=2")  # a sharded preset: two ranks (none started here)
     if not torch.cuda.is_available():
         overrides.append("trainer.accelerator=cpu")  # the GPU presets, everything else as is
@@ -80,6 +85,79 @@ def test_paper_scale_run_keeps_the_experiment_heads() -> None:
         4096, 32, 11008, 32)
     assert cfg.model.n_future == 8
     assert cfg.trainer.strategy.data_parallel_size == 32
+
+
+def test_the_cpu_default_recipe_is_unchanged() -> None:
+    """`+experiment=byte8`: the 9.8M model, 400 steps of 16 x 256 bytes, 14-minute guard."""
+    cfg = compose(["+experiment=byte8", "run_dir=/tmp/unused"])
+    OmegaConf.resolve(cfg)
+    config = model_config(cfg, ByteTokenizer())
+    assert (config.dim, config.n_layers, config.n_future, config.max_seq_len) == (256, 4, 8, 1024)
+    assert MTPModel(config).num_params() == 9_774_336
+    assert (cfg.seq_len, cfg.data.batch_size, cfg.optim.lr, cfg.optim.warmup_steps) == (
+        256, 16, 3e-3, 50)
+    assert (cfg.trainer.accelerator, cfg.trainer.max_steps, cfg.trainer.max_time) == (
+        "cpu", 400, "00:00:14:00")
+    assert cfg.compile is False and cfg.checkpoint.every_n_steps == 100
+    assert isinstance(instantiate(cfg.data.source), StdlibSource)
+    assert (cfg.decode.prompts, cfg.decode.max_new_tokens, list(cfg.decode.trees)) == (
+        4, 64, ["tree16"])
+
+
+@pytest.mark.parametrize("trainer", ["gpu", "fsdp"])
+def test_gpu_recipes_size_the_run_for_the_device(trainer: str) -> None:
+    cfg = compose(["+experiment=byte8", f"trainer={trainer}", "run_dir=/tmp/unused"])
+    OmegaConf.resolve(cfg)
+    config = model_config(cfg, ByteTokenizer())
+    assert (config.dim, config.n_blocks, config.n_future) == (512, 16, 8)  # the 50m preset
+    assert cfg.seq_len == config.max_seq_len == CONTEXT["byte"]
+    assert cfg.compile is True and cfg.trainer.precision == "bf16-mixed"
+    assert cfg.optim.lr == pytest.approx(1e-3) and cfg.data.batch_size == 8
+    assert cfg.trainer.max_time == "00:00:15:00" and cfg.decode.prompts == 40
+    source = instantiate(cfg.data.source)
+    assert isinstance(source, InstalledSource) and source.decontaminate == ("humaneval", "mbpp")
+    assert (cfg.trainer.get("strategy") is not None) == (trainer == "fsdp")
+
+
+def test_gpu_recipe_choices_yield_to_the_command_line() -> None:
+    cfg = compose(["+experiment=bpe4", "trainer=gpu", "model=150m", "data=stdlib",
+                   "data.batch_size=4", "run_dir=/tmp/unused"])
+    OmegaConf.resolve(cfg)
+    assert (cfg.model.dim, cfg.model.n_future, cfg.tokenizer.kind) == (768, 4, "bpe")
+    assert cfg.optim.lr == pytest.approx(1e-3 * 512 / 768)  # the lr follows the width
+    assert cfg.seq_len == cfg.model.max_seq_len == CONTEXT["bpe"]
+    assert cfg.data.batch_size == 4 and isinstance(instantiate(cfg.data.source), StdlibSource)
+    assert compose(["trainer=gpu", "data.source.cache_dir=/c", "run_dir=/tmp/unused"]
+                   ).data.source.cache_dir == "/c"
+
+
+def test_byte_presets_fit_every_benchmark_prompt_and_512_new_bytes() -> None:
+    """The byte context (CONTEXT) holds each HumanEval and zero-shot MBPP prompt, the token
+    that starts a document and eval's 512 new tokens (MBPP read from the shared data)."""
+    from mtp.eval.tasks import humaneval, mbpp
+
+    tasks = [humaneval()]
+    mbpp_file = Path("/work/shared/data/mbpp/mbpp.jsonl")
+    if mbpp_file.is_file():
+        tasks.append(mbpp(str(mbpp_file)))
+    longest = max(len(p.prompt.encode()) for task in tasks for p in task.problems.values())
+    assert longest + 1 + 512 <= CONTEXT["byte"] < longest + 1 + 512 + 1024
+    for model in ("50m", "150m", "400m"):
+        cfg = compose(["+experiment=byte8", f"model={model}", "run_dir=/tmp/unused"])
+        assert model_config(cfg, ByteTokenizer()).max_seq_len == CONTEXT["byte"]
+
+
+@pytest.mark.parametrize("model", ["tiny", "small", "50m"])
+def test_the_small_presets_train_a_step_on_cpu(model: str) -> None:
+    cfg = compose(["+experiment=byte8", f"model={model}", "run_dir=/tmp/unused"])
+    config = model_config(cfg, ByteTokenizer())
+    model = MTPModel(config)
+    optimizer = build_optimizer(model, lr=1e-3)
+    tokens = torch.randint(0, config.vocab_size, (1, 16 + config.n_future))
+    out = mtp_loss(model, tokens, backward=autograd_backward)
+    optimizer.step()
+    assert torch.isfinite(out.loss) and len(out.head_losses) == 8
+    assert all(p.grad is not None for p in model.parameters())
 
 
 def test_command_line_overrides_reach_the_model() -> None:
