@@ -1,10 +1,13 @@
 """`python -m mtp.train +experiment=byte8`: compose the config, train, export, summarise.
 
 `train(cfg)` is the whole job (tests call it with a composed config): settings are checked
-before anything heavy runs, the tokenizer is built (or loaded), the data prepared, the model
-trained with Lightning, validated once more, exported for inference (`mtp.load`), and its
-per-head curves plotted to `<run>/plots/`. The summary says when and why a run stopped before
-`trainer.max_steps` (e.g. the `trainer.max_time` guard).
+before anything heavy runs (a GPU run whose step cannot fit the device's memory included:
+`mtp.memory`), the tokenizer is built (or loaded), the data prepared, the model trained with
+Lightning, validated once more, exported for inference (`mtp.load`), its per-head curves
+plotted to `<run>/plots/`, and its export's greedy decoding of held-out prompts measured on
+the training device (`decode.*`). The summary, printed and in `<run>/summary.json`
+(`mtp.summary`), says when and why a run stopped before `trainer.max_steps` (e.g. the
+`trainer.max_time` guard).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
@@ -27,11 +31,15 @@ from mtp.checkpoint import check_vocab, export, load, tokenizer_files
 from mtp.data import build_tokenizer
 from mtp.finetune import NEW_HEADS, grow_heads, grown_config
 from mtp.flops import resolve_peak_flops
+from mtp.generate.measure import format_decoding
 from mtp.lit import MTPLitModule
+from mtp.memory import check_fits, count_parameters, step_memory
 from mtp.model import MTPConfig
 from mtp.parallel import check_options
 from mtp.paths import CONF_DIR
 from mtp.plots import MetricsHistory, write_plots
+from mtp.summary import (SUMMARY_FILE, check_decode, decode_export, decode_metrics, val_figures,
+                         write_summary)
 from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 
 
@@ -60,9 +68,34 @@ def decaying_weights(decay: float, n_future: int) -> ListConfig:
     return OmegaConf.create([float(decay) ** i for i in range(int(n_future))])
 
 
+# The GPU presets' context per tokenizer. Bytes: the longest prompt of HumanEval (1,360 bytes)
+# and zero-shot MBPP (4,398), plus the token that starts a document and eval's 512 new tokens,
+# rounded up to a multiple of 1,024 (tests/test_configs.py checks it against both benchmarks).
+CONTEXT = {"byte": 5120, "bpe": 2048}
+
+
+def context(tokenizer_kind: str) -> int:
+    """`model.max_seq_len` of the model presets 50m..400m for `tokenizer.kind`."""
+    if tokenizer_kind not in CONTEXT:
+        raise ValueError(f"tokenizer.kind={tokenizer_kind!r} is not one of {sorted(CONTEXT)}")
+    return CONTEXT[tokenizer_kind]
+
+
+def lr_for_width(dim: int) -> float:
+    """The GPU recipes' peak learning rate: 1e-3 at width 512, inversely proportional to it.
+
+    1e-3 trained the 512-wide byte8 model well on an H100 (/work/shared/GPU.md); 1/width is
+    muP's scaling of Adam's rate for hidden matrices, and lands near GPT-3's table (6e-4 at
+    768, 2e-4 at 2,048, 1.2e-4 at 4,096: here 6.7e-4, 2.5e-4, 1.25e-4).
+    """
+    return 1e-3 * 512 / int(dim)
+
+
 OmegaConf.register_new_resolver("mtp.world_size", _world_size, replace=True)
 OmegaConf.register_new_resolver("mtp.decaying_weights", decaying_weights, replace=True)
 OmegaConf.register_new_resolver("mtp.cpu_precision", cpu_precision, replace=True)
+OmegaConf.register_new_resolver("mtp.context", context, replace=True)
+OmegaConf.register_new_resolver("mtp.lr_for_width", lr_for_width, replace=True)
 
 
 def compose(overrides: list[str] = ()) -> DictConfig:
@@ -155,6 +188,25 @@ def check_settings(cfg: DictConfig) -> None:
         raise ValueError(f"init.new_heads={cfg.init.new_heads!r} is not one of {NEW_HEADS}")
 
 
+def check_device_memory(cfg: DictConfig, config: MTPConfig) -> None:
+    """Refuse, before any data or training, a GPU run whose step cannot fit the GPU's memory
+    (`mtp.memory`'s lower bound; parameters and optimizer state sharded under a strategy)."""
+    if cfg.trainer.get("accelerator") not in ("gpu", "cuda", "auto") or \
+            not torch.cuda.is_available():
+        return
+    sharded = cfg.trainer.get("strategy") is not None
+    ranks = _world_size(cfg.trainer.num_nodes, cfg.trainer.devices) if sharded else 1
+    memory = step_memory(config, batch=cfg.data.batch_size, seq_len=cfg.seq_len,
+                         loss_mode=cfg.loss.mode, ranks=ranks,
+                         activation_checkpointing=cfg.activation_checkpointing,
+                         freeze_trunk=cfg.optim.freeze_trunk)
+    device = torch.cuda.get_device_properties(0)
+    choice = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
+    what = (f"{f'model={choice}' if choice else 'the model'} ({count_parameters(config)[0] / 1e6:.1f}M "
+            f"parameters) at data.batch_size={cfg.data.batch_size} x seq_len={cfg.seq_len}")
+    check_fits(memory, capacity=device.total_memory, device=f"cuda:0 ({device.name})", what=what)
+
+
 def _logger(cfg: DictConfig) -> Any:
     if not cfg.logger or cfg.logger.get("_target_") is None:
         return False
@@ -206,7 +258,8 @@ def _stop_line(trainer: L.Trainer, max_steps: int) -> str | None:
 
 @rank_zero_only
 def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: Path,
-                   last_ckpt: str, stopped: str | None, plots: Path) -> None:
+                   last_ckpt: str, stopped: str | None, plots: Path,
+                   decode: dict[str, Any] | None, summary: Path) -> None:
     if metrics:
         lines = ["", "head  predicts  val loss  val acc"]
         for i in range(n_future):
@@ -214,10 +267,13 @@ def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: P
                          f"{metrics[0][f'val/acc_head{i}']:>7.4f}")
     else:
         lines = ["", "no validation data (raise data.val_fraction for a per-head summary)"]
+    if decode:
+        lines += ["", *format_decoding(decode)]
     if stopped:
         lines += ["", stopped]
     lines += ["", f"resume:   ckpt_path={last_ckpt}", f"exported: {export_dir}",
-              f"   load:  mtp.load({str(export_dir)!r})", f"plots:    {plots}"]
+              f"   load:  mtp.load({str(export_dir)!r})", f"plots:    {plots}",
+              f"summary:  {summary}"]
     print("\n".join(lines), flush=True)
 
 
@@ -242,6 +298,8 @@ def train(cfg: DictConfig) -> Path:
             source=instantiate(cfg.data.source), val_fraction=cfg.data.val_fraction,
             seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
         config, init_state = model_config(cfg, tokenizer), None
+    check_decode(cfg.decode, config)
+    check_device_memory(cfg, config)
     optim = cfg.optim
     lit = MTPLitModule(
         config.to_dict(), seq_len=cfg.seq_len, loss_mode=cfg.loss.mode,
@@ -269,11 +327,24 @@ def train(cfg: DictConfig) -> Path:
     metrics = trainer.validate(lit, datamodule=datamodule, verbose=False)
 
     export_dir = export(lit.model, tokenizer, run_dir / "export")
-    plots = run_dir / "plots"
+    plots, decode, summary = run_dir / "plots", None, run_dir / SUMMARY_FILE
     if trainer.is_global_zero:
         write_plots(history.history, plots)
+        if cfg.decode.enabled:  # one process decodes; the others wait at the barrier below
+            decode = decode_export(export_dir, trainer.strategy.root_device, cfg.decode)
+            if logger:
+                logger.log_metrics(decode_metrics(decode), step=trainer.global_step)
+                logger.save()
+        write_summary(run_dir, {
+            "run_dir": str(run_dir), "export": str(export_dir),
+            "checkpoint": checkpointing.last_model_path, "plots": str(plots),
+            "steps": trainer.global_step, "max_steps": cfg.trainer.max_steps,
+            "stopped_early": early_stop_reason(trainer, cfg.trainer.max_steps),
+            "parameters": count_parameters(config)[0],
+            "val": val_figures(metrics, config.n_future), "decode": decode})
+    trainer.strategy.barrier()
     _print_summary(metrics, config.n_future, export_dir, checkpointing.last_model_path,
-                   _stop_line(trainer, cfg.trainer.max_steps), plots)
+                   _stop_line(trainer, cfg.trainer.max_steps), plots, decode, summary)
     return export_dir
 
 

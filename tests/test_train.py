@@ -1,6 +1,7 @@
 """`train(cfg)` end to end on a tiny model and corpus; resuming after SIGKILL; early errors."""
 
 import csv
+import json
 import re
 import shutil
 import signal
@@ -34,7 +35,7 @@ def _overrides(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
             "data.batch_size=4", "seq_len=64", "logger=csv", "trainer.log_every_n_steps=1",
             "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false",
             "optim.warmup_steps=5", "optim.lr=1e-2", "trainer.precision=32-true",
-            f"run_dir={run_dir}", *extra]
+            "decode.enabled=false", f"run_dir={run_dir}", *extra]
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -46,7 +47,9 @@ def _losses(run_dir: Path) -> dict[int, float]:
 def test_train_exports_a_model_that_learned(corpus: Path, tmp_path: Path,
                                             capsys: pytest.CaptureFixture) -> None:
     cfg = compose(_overrides(corpus, tmp_path, "trainer.max_steps=30",
-                             "trainer.val_check_interval=15", "checkpoint.every_n_steps=15"))
+                             "trainer.val_check_interval=15", "checkpoint.every_n_steps=15",
+                             "decode.enabled=true", "decode.prompts=2",
+                             "decode.max_new_tokens=8", "decode.trees=[tree8]"))
     export_dir = train(cfg)
     losses = _losses(tmp_path)
     first, last = losses[min(losses)], losses[max(losses)]
@@ -62,6 +65,24 @@ def test_train_exports_a_model_that_learned(corpus: Path, tmp_path: Path,
     assert "head  predicts  val loss  val acc" in summary and "   7  t+8" in summary
     assert str(export_dir) in summary
 
+    # After the validation table, the export's decoding of held-out prompts, measured.
+    table = summary[summary.index("head  predicts"):]
+    assert re.search(r"decoding 2 HumanEval prompts x 8 new tokens \(greedy, batch 1, cpu; "
+                     r"\d+% of the text repeats an earlier 8-gram\)\n   k  tok/fwd  speed-up\n"
+                     r"   1     1\.00     1\.00x\n(   \d  .*\n){7}tree tree8: ", table), table
+    result = json.loads((tmp_path / "summary.json").read_text())
+    assert f"summary:  {tmp_path / 'summary.json'}" in summary
+    assert result["steps"] == 30 and result["stopped_early"] is None
+    assert result["export"] == str(export_dir) and result["parameters"] == model.num_params()
+    assert len(result["val"]["loss_head"]) == len(result["val"]["acc_head"]) == 8
+    decode = result["decode"]
+    assert {"tokens_per_forward", "tree", "tree_tokens_per_forward", "repeated",
+            "device"} <= decode.keys()
+    assert list(decode["tokens_per_forward"]) == [str(k) for k in range(1, 9)]
+    assert decode["tree"] == "tree8" and decode["device"] == "cpu" and decode["identical"]
+    logged = read_metrics_csv(tmp_path / "logs" / "metrics.csv")
+    assert [step for step, _ in logged["decode/tokens_per_forward_k8"]] == [30]
+
 
 def test_a_run_shorter_than_the_validation_interval_validates_at_the_end(
         corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -72,6 +93,10 @@ def test_a_run_shorter_than_the_validation_interval_validates_at_the_end(
     summary = capsys.readouterr().out
     assert "   7  t+8" in summary and "stopped early" not in summary
     assert f"plots:    {tmp_path / 'plots'}" in summary
+    assert "decoding" not in summary  # decode.enabled=false
+    result = json.loads((tmp_path / "summary.json").read_text())
+    assert result["decode"] is None and result["val"]["acc_head"][7] == pytest.approx(
+        float(summary.split("   7  t+8")[1].split()[1]), abs=1e-4)
     history = read_metrics_csv(tmp_path / "plots" / "metrics.csv")
     assert [step for step, _ in history["val/acc_head7"]] == [3]
     assert [step for step, _ in history["train/loss_head0"]] == [1, 2, 3]

@@ -1,0 +1,89 @@
+"""What a finished run reports: `<run>/summary.json`, and decoding measured on its export.
+
+Every `mtp.train` run writes `summary.json`: where its export, checkpoint and plots are, how
+far it trained, the per-head validation figures (`val`: `loss`, `loss_head`, `acc_head`)
+and, unless `decode.enabled=false`, `decode`: greedy decoding of held-out HumanEval prompts
+by the exported model on the training device (`mtp.generate.measure.measure_decoding`:
+`tokens_per_forward` per k, `tree`, `tree_tokens_per_forward`, `repeated`, `device`, ...).
+The same decoding figures go to the logger as `decode/*` metrics at the last step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from mtp.checkpoint import load
+from mtp.generate.decode import decoding_dtype
+from mtp.generate.measure import held_out_prompts, measure_decoding
+from mtp.generate.tree import resolve_tree
+from mtp.model import MTPConfig
+
+SUMMARY_FILE = "summary.json"
+
+
+def check_decode(decode: DictConfig, config: MTPConfig) -> None:
+    """Fail before training, naming the setting, on a `decode.*` value that cannot work."""
+    if not decode.enabled:
+        return
+    for key in ("prompts", "max_new_tokens", "batch_size"):
+        value = decode[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"decode.{key}={value!r} must be a positive integer")
+    if decode.max_new_tokens >= config.max_seq_len:
+        raise ValueError(f"decode.max_new_tokens={decode.max_new_tokens} leaves no room for a "
+                         f"prompt in model.max_seq_len={config.max_seq_len}")
+    if config.n_future > 1:  # a one-head model has no drafts: its trees are not measured
+        for name in decode.trees:
+            if str(name).startswith("auto:"):
+                raise ValueError(f"decode.trees: {name!r} needs a calibration, which a run "
+                                 f"has not made yet; use the presets (tree8 ... tree64)")
+            resolve_tree(str(name), n_heads=config.n_future, vocab_size=config.vocab_size)
+
+
+def val_figures(metrics: list[dict[str, float]], n_future: int) -> dict[str, Any] | None:
+    """The last validation's total loss and per-head loss and accuracy (None without one)."""
+    if not metrics:
+        return None
+    heads = range(n_future)
+    return {"loss": metrics[0]["val/loss"],
+            "loss_head": [metrics[0][f"val/loss_head{i}"] for i in heads],
+            "acc_head": [metrics[0][f"val/acc_head{i}"] for i in heads]}
+
+
+def decode_export(export_dir: Path, device: torch.device, decode: DictConfig) -> dict[str, Any]:
+    """`measure_decoding` of the exported model on `device`, with `decode.*`'s settings."""
+    model, tokenizer = load(export_dir, device=device, dtype=decoding_dtype(device, None))
+    prompts = held_out_prompts(tokenizer, decode.prompts, max_seq_len=model.config.max_seq_len,
+                               max_new_tokens=decode.max_new_tokens)
+    if not prompts:
+        raise ValueError(f"no HumanEval prompt leaves decode.max_new_tokens="
+                         f"{decode.max_new_tokens} in model.max_seq_len="
+                         f"{model.config.max_seq_len}: lower decode.max_new_tokens")
+    return measure_decoding(model, tokenizer, prompts, max_new_tokens=decode.max_new_tokens,
+                            trees=[str(t) for t in decode.trees], batch_size=decode.batch_size)
+
+
+def decode_metrics(figures: dict[str, Any]) -> dict[str, float]:
+    """The logger's `decode/*` metrics of `measure_decoding`'s figures."""
+    metrics = {f"decode/tokens_per_forward_k{k}": v
+               for k, v in figures["tokens_per_forward"].items()}
+    metrics |= {f"decode/speedup_k{k}": v for k, v in figures["speedup"].items()}
+    metrics |= {"decode/repeated": figures["repeated"],
+                "decode/tokens_per_second_ar": figures["tokens_per_second_ar"]}
+    if figures["tree"]:
+        metrics |= {"decode/tree_tokens_per_forward": figures["tree_tokens_per_forward"],
+                    "decode/tree_speedup": figures["tree_speedup"]}
+    return metrics
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """Write `summary` as `<run_dir>/summary.json`; return its path."""
+    path = Path(run_dir) / SUMMARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path

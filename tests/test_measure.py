@@ -1,0 +1,44 @@
+"""measure_decoding: every k and tree through generate, on held-out prompts that fit."""
+
+import pytest
+
+from mtp.generate.measure import format_decoding, held_out_prompts, measure_decoding
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import ByteTokenizer
+from conftest import DOCS  # tests/ is on the path
+
+
+def test_heads_that_learnt_the_text_accept_drafts_at_every_k(trained: MTPModel) -> None:
+    prompts = [doc[:8] for doc in DOCS]
+    figures = measure_decoding(trained, ByteTokenizer(), prompts, max_new_tokens=24,
+                               trees=["tree8", "tree16"])
+    tpf = figures["tokens_per_forward"]
+    assert list(tpf) == [1, 2, 3, 4] and tpf[1] == 1.0 and figures["speedup"][1] == 1.0
+    assert tpf[4] > 2.0 and all(1.0 <= tpf[k] <= k for k in tpf)
+    assert set(figures["trees"]) == {"tree8", "tree16"}
+    assert figures["tree"] == max(figures["trees"], key=figures["trees"].get)
+    assert figures["tree_tokens_per_forward"] == figures["trees"][figures["tree"]] > 1.0
+    assert figures["identical"] is True  # greedy speculative == autoregressive, every k/tree
+    assert 0.0 <= figures["repeated"] <= 1.0 and figures["device"] == "cpu"
+    assert (figures["prompts"], figures["max_new_tokens"], figures["batch_size"]) == (3, 24, 1)
+    lines = format_decoding(figures)
+    assert lines[1].split() == ["k", "tok/fwd", "speed-up"] and len(lines) == 2 + 4 + 1
+
+
+def test_a_one_head_model_measures_autoregressive_decoding_only() -> None:
+    model = MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=64))
+    figures = measure_decoding(model.eval(), ByteTokenizer(), ["def f("], max_new_tokens=4,
+                               trees=["tree8"])
+    assert figures["tokens_per_forward"] == {1: 1.0} and figures["tree"] is None
+    assert figures["trees"] == {} and "tree" not in format_decoding(figures)[-1]
+
+
+def test_held_out_prompts_are_humaneval_prompts_that_leave_room() -> None:
+    tokenizer = ByteTokenizer()
+    prompts = held_out_prompts(tokenizer, 5, max_seq_len=400, max_new_tokens=64)
+    assert len(prompts) == 5 and all(len(p.encode()) + 1 + 64 <= 400 for p in prompts)
+    assert all('"""' in p or "'''" in p for p in prompts)  # a docstring to complete
+    assert held_out_prompts(tokenizer, 5, max_seq_len=65, max_new_tokens=64) == []
+    with pytest.raises(ValueError, match="at least one prompt"):
+        measure_decoding(MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4)),
+                         tokenizer, [], max_new_tokens=4)
