@@ -25,3 +25,28 @@ def test_bench_prints_mfu_and_step_time_ratios() -> None:
     assert summary["mfu"] > 0
     assert summary["time_ratio_same_trunk"] > 0 and summary["time_ratio_compute_matched"] > 0
     assert any("MFU" in line for line in table)
+
+
+def test_vocab_size_and_n_future_set_the_measured_shape(capsys) -> None:
+    """--vocab-size 1000 --n-future 4: the models trained (and their MFU's FLOPs) have them."""
+    import importlib.util
+
+    from mtp.flops import flops_per_token
+    from mtp.model import MTPConfig
+
+    spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)
+    bench_train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_train)
+    summary = bench_train.main(["--steps", "1", "--warmup", "0", "--batch", "1", "--seq-len",
+                                "8", "--peak-flops", "1e12", "--vocab-size", "1000",
+                                "--n-future", "4", "model=tiny"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
+    assert summary["results"].keys() == {"n=4 headwise", "n=4 chunked", "n=4 naive",
+                                         "n=1 same trunk", "n=1 compute-matched"}
+    assert (summary["vocab_size"], summary["n_future"]) == (1000, 4)
+    # model=tiny: 10 blocks per token, so n=4 is a 6-block trunk and 4 heads
+    config = MTPConfig(vocab_size=1000, dim=32, n_layers=6, n_heads=4, n_future=4)
+    rate = summary["results"]["n=4 headwise"]
+    assert summary["mfu"] == pytest.approx(rate * flops_per_token(config, 8) / 1e12, rel=1e-3)
+    with pytest.raises(ValueError, match="--n-future 1"):
+        bench_train.main(["--n-future", "1"])

@@ -50,6 +50,18 @@ def test_every_experiment_and_model_composes(experiment: str, model: str) -> Non
     assert cfg.tokenizer.kind == TOKENIZERS.get(experiment, "byte")
 
 
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("trainer", ["gpu", "fsdp"])
+def test_every_model_composes_with_the_gpu_recipes(trainer: str, model: str) -> None:
+    cfg = compose(["+experiment=byte8", f"trainer={trainer}", f"model={model}",
+                   "run_dir=/tmp/unused"])
+    OmegaConf.resolve(cfg)
+    check_settings(cfg)  # seq_len is the model's context
+    config = model_config(cfg, ByteTokenizer())
+    assert config.n_future == 8 and cfg.seq_len == config.max_seq_len
+    assert cfg.optim.lr == pytest.approx(1e-3 * 512 / config.dim)
+
+
 @pytest.mark.parametrize("trainer", TRAINERS)
 @pytest.mark.parametrize("logger", LOGGERS)
 def test_trainer_and_logger_presets_compose(trainer: str, logger: str) -> None:

@@ -3,6 +3,8 @@ against HumanEval and MBPP (a planted solution is dropped, naming its problem)."
 
 import json
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -131,6 +133,18 @@ def test_an_unreadable_reference_is_named_before_any_file_is_read(tmp_path: Path
         InstalledSource(paths=[str(tmp_path / "not-read")], mbpp_file=str(missing)).load()
     with pytest.raises(ValueError, match="'gsm8k' is not one of"):
         InstalledSource(decontaminate=["gsm8k"])
+
+
+def test_mbpp_from_an_unreachable_hub_fails_fast_naming_the_option(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreachable(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(urllib.request, "urlopen", unreachable)
+    with pytest.raises(ValueError, match=r"reference mbpp: cannot read it from the Hugging Face "
+                                         r"Hub .*unreachable.*data\.source\.mbpp_file=/path"):
+        InstalledSource(paths=[str(tmp_path)]).load()
 
 
 def test_every_humaneval_problem_would_be_caught() -> None:
