@@ -52,7 +52,7 @@ def test_grown_config_keeps_the_architecture_and_refuses_silent_drops():
     assert grown_config(_base().config, n_future=4, head_type="resblock").n_blocks == 3
 
 
-@pytest.mark.parametrize("head_type", ["block", "resblock", "linear"])
+@pytest.mark.parametrize("head_type", ["block", "resblock", "linear", "medusa"])
 @torch.no_grad()
 def test_copied_heads_start_as_head_0_or_the_identity(head_type):
     base = _base()
@@ -62,9 +62,14 @@ def test_copied_heads_start_as_head_0_or_the_identity(head_type):
     tokens = torch.randint(0, 262, (2, 9))
     torch.testing.assert_close(model(tokens)[:, :, 0], base(tokens)[:, :, 0], rtol=0, atol=0)
     trunk = model.trunk(tokens)
-    expected = model.head(trunk, 0) if head_type == "block" else trunk
+    expected = {"block": model.head(trunk, 0), "medusa": model.norm(model.head(trunk, 0))}.get(
+        head_type, trunk)  # medusa heads read the base model's final (normed) hidden state
     for i in (1, 2):
         torch.testing.assert_close(model.head(trunk, i), expected, rtol=0, atol=0)
+    if head_type in ("block", "medusa"):  # every new head first predicts what head 0 does
+        logits = model(tokens)
+        torch.testing.assert_close(logits[:, :, 1:], logits[:, :, :1].expand_as(logits[:, :, 1:]),
+                                   rtol=0, atol=0)
     random = MTPModel(config)
     random.load_state_dict(grow_heads(base, config, new_heads="random"))
     assert not torch.equal(random.head(trunk, 1), expected)
@@ -276,7 +281,7 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     assert generations[0].stats.tokens_per_forward > 1.25  # random heads: about 1
 
 
-@pytest.mark.parametrize("head_type", ["resblock", "linear"])
+@pytest.mark.parametrize("head_type", ["resblock", "linear", "medusa"])
 def test_hugging_face_export_records_the_head_type_and_loads_back(tmp_path: Path,
                                                                    head_type: str) -> None:
     config = grown_config(_base().config, n_future=3, head_type=head_type)
