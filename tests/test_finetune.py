@@ -253,7 +253,7 @@ def next_token_model() -> MTPModel:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("head_type", ["block", "resblock", "linear"])
+@pytest.mark.parametrize("head_type", ["block", "resblock", "linear", "medusa"])
 def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: MTPModel,
                                                              head_type: str,
                                                              tmp_path: Path) -> None:
