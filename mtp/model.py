@@ -15,11 +15,11 @@ Design choices
   as Medusa keeps the base model's LM head, so trunk + head 0 stays a Llama model and a
   next-token checkpoint grows cheap heads 1..n-1 without changing head 0. Every head reads
   the trunk output (not head 0's, as Medusa's heads do): one layout for the loss, sharding
-  and decoding. `medusa` heads are Medusa's own layout, for serving engines that run Medusa
-  heads (vLLM, TensorRT-LLM): resblock layers on the base model's final hidden state (head
-  0's output after the shared final norm, what a Llama's lm_head reads), then the shared
-  unembedding without a second norm. The math of the attention-free layers is one function each (`resblock`,
-  `linear`), which the stacked heads of `generate/` call too.
+  and decoding. `medusa` heads are Medusa's own layout, which serving engines run (vLLM,
+  TensorRT-LLM): resblock layers on the base model's final hidden state (head 0's output
+  after the shared final norm, what a Llama's lm_head reads), then the shared unembedding
+  without a second norm. The math of the attention-free layers is one function each
+  (`resblock`, `linear`), which the stacked heads of `generate/` call too.
 - Embedding and unembedding are untied by default, as in the paper.
 - Fair comparisons: `MTPConfig.compute_matched(depth=...)` takes n_future - 1 layers off the
   trunk when heads are added, so n = 1 and n > 1 models cost the same per token.

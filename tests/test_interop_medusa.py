@@ -151,6 +151,9 @@ def test_both_layouts_give_mtp_logits_on_transformers_hidden_states(
                _layerwise_logits(tmp_path / "medusa", hidden)]
     if head_layers == 1:
         readers.append(_fasterdecoding_logits(tmp_path / "medusa", hidden))
+    else:  # what the export warns about: one ResBlock module repeated runs other weights
+        tied = _fasterdecoding_logits(tmp_path / "medusa", hidden)
+        assert not torch.allclose(tied[0], on_hidden[0], atol=1e-3)
     for logits in readers:
         assert len(logits) == 3
         for h, head_logits in enumerate(logits):  # Medusa's head h is mtp's head h + 1
@@ -170,7 +173,8 @@ def test_exported_config_fields_and_shapes(tmp_path: Path) -> None:
         "original_lm_head": True}
     # vLLM renames every config key with "num" and "heads" in it to num_heads: only one here
     assert [k for k in vllm if "num" in k and "heads" in k] == ["num_heads"]
-    shapes = {k: tuple(v.shape) for k, v in load_file(tmp_path / "vllm" / "model.safetensors").items()}
+    weights = load_file(tmp_path / "vllm" / "model.safetensors")
+    shapes = {k: tuple(v.shape) for k, v in weights.items()}
     assert shapes == {**{f"blocks.{h}.layers.0.weight": (32, 32) for h in range(3)},
                       **{f"lm_heads.{h}.weight": (262, 32) for h in range(3)}}
     medusa = json.loads((tmp_path / "medusa" / "config.json").read_text())
@@ -185,9 +189,10 @@ def test_exported_config_fields_and_shapes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("layout", ["vllm", "medusa"])
-@pytest.mark.parametrize("head_layers", [1, 2])
-def test_mtp_load_gives_every_head_back(tmp_path: Path, layout: str, head_layers: int) -> None:
-    model = _model(head_layers)
+@pytest.mark.parametrize("head_layers, tie", [(1, False), (2, False), (1, True)])
+def test_mtp_load_gives_every_head_back(tmp_path: Path, layout: str, head_layers: int,
+                                        tie: bool) -> None:
+    model = _model(head_layers, tie=tie)
     _export(model, tmp_path)
     shutil.rmtree(tmp_path / ("medusa" if layout == "vllm" else "vllm"))
     loaded, tokenizer = load(tmp_path)

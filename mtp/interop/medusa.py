@@ -130,8 +130,8 @@ def write_medusa(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokeniz
     if config.head_layers > 1:
         warnings.warn(f"head_layers={config.head_layers}: FasterDecoding's own MedusaModel "
                       f"repeats one ResBlock module per head ([ResBlock] * medusa_num_layers), "
-                      f"so it runs these heads with their last layer's weights only; vLLM and "
-                      f"TensorRT-LLM read each layer", stacklevel=2)
+                      f"so it runs every layer of a head with the last layer's weights; vLLM "
+                      f"(and, as far as we know, TensorRT-LLM) reads each layer", stacklevel=2)
     base_config = dataclasses.replace(config, n_future=1, head_type="block")
     base_state = {name: tensor for name, tensor in state.items()
                   if not name.startswith("heads.") or name.startswith("heads.0.")}
@@ -266,7 +266,7 @@ def medusa_model(base: MTPConfig, state: dict[str, Tensor],
         raise ValueError(f"{heads.source}: heads of {num_layers} layers need a base model of at "
                          f"least as many layers (mtp's head 0 has as many blocks as each head "
                          f"has layers), got {blocks}")
-    output = state["output.weight"]
+    output = state["tok_embeddings.weight" if base.tie_embeddings else "output.weight"]
     for h in range(num_heads):
         if not torch.equal(heads.lm_heads[h], output):
             raise ValueError(f"{heads.source}: head {h}'s lm_head differs from the base model's "
