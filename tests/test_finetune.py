@@ -299,12 +299,12 @@ def test_hugging_face_export_records_the_head_type_and_loads_back(tmp_path: Path
 # -- FSDP2 on 2 CPU ranks --------------------------------------------------------------------
 
 
-def _fsdp_worker(rank: int, port: int, results: dict) -> None:
+def _fsdp_worker(rank: int, port: int, results: dict, head_type: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         torch.manual_seed(0)
-        config = grown_config(_base().config, n_future=3, head_type="resblock")
+        config = grown_config(_base().config, n_future=3, head_type=head_type)
         reference = MTPModel(config)
         for name, param in reference.named_parameters():
             param.requires_grad_(not MTPModel.is_base_parameter(name))
@@ -326,14 +326,15 @@ def _fsdp_worker(rank: int, port: int, results: dict) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_medusa1_resblock_heads_match_one_process() -> None:
+@pytest.mark.parametrize("head_type", ["resblock", "medusa"])  # medusa heads call the norm
+def test_fsdp_medusa1_resblock_heads_match_one_process(head_type: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     results = mp.Manager().dict()
-    mp.spawn(_fsdp_worker, args=(port, results), nprocs=2, join=True)
+    mp.spawn(_fsdp_worker, args=(port, results, head_type), nprocs=2, join=True)
     assert len(results) == len(list(MTPModel(grown_config(
-        _base().config, n_future=3, head_type="resblock")).parameters()))
+        _base().config, n_future=3, head_type=head_type)).parameters()))
     for name, (sharded, single) in dict(results).items():
         if MTPModel.is_base_parameter(name):
             assert sharded is None and single is None, name
