@@ -26,7 +26,8 @@ def _model(head_layers: int, n_kv_heads: int, head_type: str = "block") -> MTPMo
 
 SHAPES = pytest.mark.parametrize("head_layers,n_kv_heads,head_type", [
     (1, 4, "block"), (1, 2, "block"), (2, 4, "block"), (2, 1, "block"),
-    (1, 2, "resblock"), (2, 1, "resblock"), (2, 2, "linear")])
+    (1, 2, "resblock"), (2, 1, "resblock"), (2, 2, "linear"), (1, 2, "medusa"),
+    (2, 1, "medusa")])
 
 
 @SHAPES

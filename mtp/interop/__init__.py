@@ -4,6 +4,8 @@
   mtp's heads file beside it for heads 1..n-1.
 - `meta`: Meta's multi-token-prediction release (params.json + consolidated.pth +
   tokenizer.model), import only.
+- `medusa`: `medusa` heads as Medusa heads for vLLM and FasterDecoding / TensorRT-LLM, with
+  the base model as a Hugging Face Llama directory, both ways.
 
 Each reader returns `(MTPConfig, state dict in mtp's names, Tokenizer)`; `mtp.checkpoint.load`
 dispatches between layouts and builds the model once, the same way for all of them.
