@@ -202,8 +202,9 @@ def check_device_memory(cfg: DictConfig, config: MTPConfig) -> None:
                          freeze_trunk=cfg.optim.freeze_trunk)
     device = torch.cuda.get_device_properties(0)
     choice = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
-    what = (f"{f'model={choice}' if choice else 'the model'} ({count_parameters(config)[0] / 1e6:.1f}M "
-            f"parameters) at data.batch_size={cfg.data.batch_size} x seq_len={cfg.seq_len}")
+    parameters = count_parameters(config)[0]
+    what = (f"{f'model={choice}' if choice else 'the model'} ({parameters / 1e6:.1f}M parameters) "
+            f"at data.batch_size={cfg.data.batch_size} x seq_len={cfg.seq_len}")
     check_fits(memory, capacity=device.total_memory, device=f"cuda:0 ({device.name})", what=what)
 
 

@@ -62,6 +62,7 @@ def site(tmp_path: Path) -> Path:
         (first / f"mod{i}.py").write_text(f"def helper_{i}(value):\n    return value * {i}\n")
     (second / "pkg" / "copy.py").write_text((first / "mod0.py").read_text())  # same bytes
     (second / "pkg" / "link.py").symlink_to(first / "mod1.py")  # the same file again
+    (second / "pkg" / "broken.py").symlink_to(first / "gone.py")  # a link to nothing: skipped
     (second / "pkg" / "__init__.py").write_text("")
     (first / ".hidden" / "secret.py").write_text("never = 'read'\n")
     problem = humaneval().problems["HumanEval/2"]

@@ -15,7 +15,8 @@ from mtp.data.sources import (Corpus, HubSource, InstalledSource, LocalSource, S
                               StdlibSource, data_dir)
 
 __all__ = [
-    "Corpus", "HubSource", "InstalledSource", "LocalSource", "MTPDataModule", "PackedBlocks", "PreparedCorpus",
-    "ResumableDataLoader", "ResumableSampler", "Source", "StdlibSource", "StreamingBlocks",
-    "build_tokenizer", "data_dir", "is_validation", "num_blocks", "pack_iter", "prepare",
+    "Corpus", "HubSource", "InstalledSource", "LocalSource", "MTPDataModule", "PackedBlocks",
+    "PreparedCorpus", "ResumableDataLoader", "ResumableSampler", "Source", "StdlibSource",
+    "StreamingBlocks", "build_tokenizer", "data_dir", "is_validation", "num_blocks", "pack_iter",
+    "prepare",
 ]

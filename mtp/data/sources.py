@@ -149,8 +149,9 @@ class InstalledSource:
 
     ``paths``: the folders to read (None: every folder on ``sys.path``, the standard library
     and site-packages, less the script's folder and the working directory: that is where the
-    command runs, not what is installed). Every ``.py`` file is read once: a file reached through several folders
-    or links, or with the same bytes as one read before, is skipped as ``duplicate``.
+    command runs, not what is installed). Every ``.py`` file is read once: a file reached
+    through several folders or links, or with the same bytes as one read before, is skipped
+    as ``duplicate``.
     ``decontaminate``: the benchmarks (``humaneval``, ``mbpp``) whose problems no kept file
     may share an n-gram of ``ngram`` words with (``mtp.data.decontaminate``); such files are
     skipped as ``contaminated`` and listed in ``Corpus.contaminated`` with the problems they
@@ -299,11 +300,13 @@ def _load_installed(source: InstalledSource) -> Corpus:
 
 
 def _python_files(root: Path) -> list[Path]:
-    """The ``.py`` files under ``root``, sorted; hidden and symlinked folders are skipped."""
+    """The ``.py`` files under ``root``, sorted; hidden and symlinked folders and broken links
+    are skipped."""
     found = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-        found += [Path(folder, n) for n in sorted(names) if n.endswith(".py")]
+        found += [p for p in (Path(folder, n) for n in sorted(names) if n.endswith(".py"))
+                  if p.is_file()]
     return found
 
 
