@@ -22,14 +22,16 @@ from mtp.generate.decode import decoding_dtype
 from mtp.generate.measure import held_out_prompts, measure_decoding
 from mtp.generate.tree import resolve_tree
 from mtp.model import MTPConfig
+from mtp.tokenizers import Tokenizer
 
 SUMMARY_FILE = "summary.json"
 
 
-def check_decode(decode: DictConfig, config: MTPConfig) -> None:
-    """Fail before training, naming the setting, on a `decode.*` value that cannot work."""
+def decode_prompts(decode: DictConfig, config: MTPConfig, tokenizer: Tokenizer) -> list[str]:
+    """The held-out prompts the run will decode (none when `decode.enabled=false`), after
+    failing, naming the setting, on a `decode.*` value that cannot work: before training."""
     if not decode.enabled:
-        return
+        return []
     for key in ("prompts", "max_new_tokens", "batch_size"):
         value = decode[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -43,6 +45,8 @@ def check_decode(decode: DictConfig, config: MTPConfig) -> None:
                 raise ValueError(f"decode.trees: {name!r} needs a calibration, which a run "
                                  f"has not made yet; use the presets (tree8 ... tree64)")
             resolve_tree(str(name), n_heads=config.n_future, vocab_size=config.vocab_size)
+    return held_out_prompts(tokenizer, decode.prompts, max_seq_len=config.max_seq_len,
+                            max_new_tokens=decode.max_new_tokens)
 
 
 def val_figures(metrics: list[dict[str, float]], n_future: int) -> dict[str, Any] | None:
@@ -55,15 +59,10 @@ def val_figures(metrics: list[dict[str, float]], n_future: int) -> dict[str, Any
             "acc_head": [metrics[0][f"val/acc_head{i}"] for i in heads]}
 
 
-def decode_export(export_dir: Path, device: torch.device, decode: DictConfig) -> dict[str, Any]:
+def decode_export(export_dir: Path, device: torch.device, decode: DictConfig,
+                  prompts: list[str]) -> dict[str, Any]:
     """`measure_decoding` of the exported model on `device`, with `decode.*`'s settings."""
     model, tokenizer = load(export_dir, device=device, dtype=decoding_dtype(device, None))
-    prompts = held_out_prompts(tokenizer, decode.prompts, max_seq_len=model.config.max_seq_len,
-                               max_new_tokens=decode.max_new_tokens)
-    if not prompts:
-        raise ValueError(f"no HumanEval prompt leaves decode.max_new_tokens="
-                         f"{decode.max_new_tokens} in model.max_seq_len="
-                         f"{model.config.max_seq_len}: lower decode.max_new_tokens")
     return measure_decoding(model, tokenizer, prompts, max_new_tokens=decode.max_new_tokens,
                             trees=[str(t) for t in decode.trees], batch_size=decode.batch_size)
 

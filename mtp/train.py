@@ -24,7 +24,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mtp.checkpoint import check_vocab, export, load, tokenizer_files
@@ -38,8 +38,8 @@ from mtp.model import MTPConfig
 from mtp.parallel import check_options
 from mtp.paths import CONF_DIR
 from mtp.plots import MetricsHistory, write_plots
-from mtp.summary import (SUMMARY_FILE, check_decode, decode_export, decode_metrics, val_figures,
-                         write_summary)
+from mtp.summary import (SUMMARY_FILE, decode_export, decode_metrics, decode_prompts,
+                         val_figures, write_summary)
 from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 
 
@@ -299,7 +299,11 @@ def train(cfg: DictConfig) -> Path:
             source=instantiate(cfg.data.source), val_fraction=cfg.data.val_fraction,
             seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
         config, init_state = model_config(cfg, tokenizer), None
-    check_decode(cfg.decode, config)
+    prompts = decode_prompts(cfg.decode, config, tokenizer)
+    if cfg.decode.enabled and not prompts:
+        rank_zero_warn(f"no HumanEval prompt leaves decode.max_new_tokens="
+                       f"{cfg.decode.max_new_tokens} in model.max_seq_len={config.max_seq_len}: "
+                       f"this run will not measure decoding (decode.enabled=false silences this)")
     check_device_memory(cfg, config)
     optim = cfg.optim
     lit = MTPLitModule(
@@ -331,8 +335,8 @@ def train(cfg: DictConfig) -> Path:
     plots, decode, summary = run_dir / "plots", None, run_dir / SUMMARY_FILE
     if trainer.is_global_zero:
         write_plots(history.history, plots)
-        if cfg.decode.enabled:  # one process decodes; the others wait at the barrier below
-            decode = decode_export(export_dir, trainer.strategy.root_device, cfg.decode)
+        if prompts:  # one process decodes; the others wait at the barrier below
+            decode = decode_export(export_dir, trainer.strategy.root_device, cfg.decode, prompts)
             if logger:
                 logger.log_metrics(decode_metrics(decode), step=trainer.global_step)
                 logger.save()

@@ -38,7 +38,7 @@ def test_vocab_size_and_n_future_set_the_measured_shape(capsys) -> None:
     bench_train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_train)
     summary = bench_train.main(["--steps", "1", "--warmup", "0", "--batch", "1", "--seq-len",
-                                "8", "--peak-flops", "1e12", "--vocab-size", "1000",
+                                "8", "--peak-flops", "1e9", "--vocab-size", "1000",
                                 "--n-future", "4", "model=tiny"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
     assert summary["results"].keys() == {"n=4 headwise", "n=4 chunked", "n=4 naive",
@@ -47,6 +47,6 @@ def test_vocab_size_and_n_future_set_the_measured_shape(capsys) -> None:
     # model=tiny: 10 blocks per token, so n=4 is a 6-block trunk and 4 heads
     config = MTPConfig(vocab_size=1000, dim=32, n_layers=6, n_heads=4, n_future=4)
     rate = summary["results"]["n=4 headwise"]
-    assert summary["mfu"] == pytest.approx(rate * flops_per_token(config, 8) / 1e12, rel=1e-3)
+    assert summary["mfu"] == pytest.approx(rate * flops_per_token(config, 8) / 1e9, rel=1e-3)
     with pytest.raises(ValueError, match="--n-future 1"):
         bench_train.main(["--n-future", "1"])

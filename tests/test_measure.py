@@ -4,7 +4,9 @@ import pytest
 
 from mtp.generate.measure import format_decoding, held_out_prompts, measure_decoding
 from mtp.model import MTPConfig, MTPModel
+from mtp.summary import decode_prompts
 from mtp.tokenizers import ByteTokenizer
+from mtp.train import compose, model_config
 from conftest import DOCS  # tests/ is on the path
 
 
@@ -31,6 +33,30 @@ def test_a_one_head_model_measures_autoregressive_decoding_only() -> None:
                                trees=["tree8"])
     assert figures["tokens_per_forward"] == {1: 1.0} and figures["tree"] is None
     assert figures["trees"] == {} and "tree" not in format_decoding(figures)[-1]
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("decode.prompts=0", r"decode\.prompts=0 must be a positive integer"),
+    ("decode.max_new_tokens=512", r"decode\.max_new_tokens=512 leaves no room .*=512"),
+    ("decode.trees=[auto:16]", r"'auto:16' needs a calibration"),
+    ("decode.trees=[tree9]", r"tree9"),
+])
+def test_decode_settings_that_cannot_work_are_named_before_training(override: str,
+                                                                    message: str) -> None:
+    cfg = compose(["+experiment=byte8", "model=tiny", "run_dir=/tmp/unused", override])
+    config = model_config(cfg, ByteTokenizer())
+    with pytest.raises(ValueError, match=message):
+        decode_prompts(cfg.decode, config, ByteTokenizer())
+
+
+def test_the_run_decodes_the_prompts_that_fit_or_none() -> None:
+    cfg = compose(["+experiment=byte8", "model=tiny", "run_dir=/tmp/unused"])
+    config = model_config(cfg, ByteTokenizer())  # a context of 512 bytes
+    assert len(decode_prompts(cfg.decode, config, ByteTokenizer())) == cfg.decode.prompts
+    small = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=128)
+    assert decode_prompts(cfg.decode, small, ByteTokenizer()) == []
+    assert decode_prompts(compose(["decode.enabled=false", "run_dir=/x"]).decode, config,
+                          ByteTokenizer()) == []
 
 
 def test_held_out_prompts_are_humaneval_prompts_that_leave_room() -> None:
