@@ -3,7 +3,10 @@
 Design choices
 - Llama-style decoder blocks: pre-norm RMSNorm, rotary position embeddings (interleaved
   pairs, as Meta's Llama code), SwiGLU MLP, grouped-query attention through
-  `scaled_dot_product_attention`. No biases.
+  `scaled_dot_product_attention`. No biases by default. The variants of released models are
+  config fields and change nothing else: q/k/v biases (Qwen2), output and MLP biases (Llama's
+  attention_bias, mlp_bias), a head width other than dim / n_heads, and the rotary
+  frequencies' `linear` and `llama3` scaling (`RopeScaling`).
 - The layout of the released MTP checkpoints (Gloeckle et al. 2024): `layers` (the trunk),
   then `heads`, n_future parallel stacks of `head_layers` blocks that all read the same trunk
   output, then one shared final `norm` and one shared unembedding `output`. Head i predicts
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,10 +51,64 @@ if TYPE_CHECKING:
 
 
 HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear")
+ROPE_SCALINGS: tuple[str, ...] = ("linear", "llama3")
 
 
 def _round_up(value: float, multiple: int) -> int:
     return multiple * math.ceil(value / multiple)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """Scaled rotary frequencies, as transformers' `rope_type`s of the same names define them.
+
+    - `linear`: every frequency divided by `factor` (positions interpolated).
+    - `llama3` (Llama 3.1): wavelengths shorter than original_max_seq_len / high_freq_factor
+      are kept, those longer than original_max_seq_len / low_freq_factor divided by `factor`,
+      and those between interpolated smoothly.
+    """
+
+    type: str
+    factor: float
+    low_freq_factor: float | None = None  # llama3 only
+    high_freq_factor: float | None = None  # llama3 only
+    original_max_seq_len: int | None = None  # llama3 only: the context pretraining used
+
+    def __post_init__(self) -> None:
+        if self.type not in ROPE_SCALINGS:
+            raise ValueError(f"MTPConfig.rope_scaling.type must be one of {ROPE_SCALINGS}, "
+                             f"got {self.type!r}")
+        llama3 = ("low_freq_factor", "high_freq_factor", "original_max_seq_len")
+        for name in ("factor", *llama3):
+            value = getattr(self, name)
+            if value is None and (name == "factor" or self.type == "llama3"):
+                raise ValueError(f"MTPConfig.rope_scaling.{name} is missing "
+                                 f"(type {self.type!r} needs it)")
+            if value is not None and self.type == "linear" and name != "factor":
+                raise ValueError(f"MTPConfig.rope_scaling.{name} is not a field of type "
+                                 f"'linear', got {value!r}")
+            if value is not None and not (_is_number(value) and value > 0):
+                raise ValueError(f"MTPConfig.rope_scaling.{name} must be a number > 0, "
+                                 f"got {value!r}")
+        if self.type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(f"MTPConfig.rope_scaling.high_freq_factor={self.high_freq_factor} "
+                             f"must exceed low_freq_factor={self.low_freq_factor}")
+
+    def frequencies(self, freqs: Tensor) -> Tensor:
+        """The scaled rotary frequencies (radians per position) of unscaled `freqs`."""
+        if self.type == "linear":
+            return freqs / self.factor
+        wavelength = 2 * math.pi / freqs
+        old = self.original_max_seq_len
+        low, high = self.low_freq_factor, self.high_freq_factor
+        smooth = ((old / wavelength - low) / (high - low)).clamp(0, 1)  # 0 below, 1 above
+        # As transformers' _compute_llama3_parameters: the smooth interpolation between
+        # freqs / factor and freqs, which is freqs / factor or freqs outside the middle band.
+        return (1 - smooth) * freqs / self.factor + smooth * freqs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,10 +120,15 @@ class MTPConfig:
     n_layers: int = 4  # trunk layers; the heads' layers come on top
     n_heads: int = 8
     n_kv_heads: int | None = None  # None: as many as n_heads (plain multi-head attention)
+    head_dim: int | None = None  # None: dim // n_heads (dim must then be divisible by n_heads)
     ffn_hidden: int | None = None  # None: 8/3 * dim rounded up to a multiple of 64 (Llama)
     max_seq_len: int = 2048
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None  # a mapping of RopeScaling's fields is converted
     norm_eps: float = 1e-5
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
+    out_bias: bool = False  # a bias on the attention's output projection
+    mlp_bias: bool = False  # biases on the three feed-forward projections
     n_future: int = 1  # number of heads; head i predicts token t + i + 1
     head_layers: int = 1  # layers per head (of head_type; head 0's are always blocks)
     head_type: str = "block"  # block | resblock | linear: the layers of heads 1..n-1
@@ -79,21 +141,26 @@ class MTPConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", _round_up(8 * self.dim / 3, 64))
-        for name in ("vocab_size", "dim", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len",
-                     "n_future", "head_layers"):
+        if isinstance(self.rope_scaling, Mapping):
+            object.__setattr__(self, "rope_scaling", _rope_scaling(self.rope_scaling))
+        for name in ("vocab_size", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
+                     "max_seq_len", "n_future", "head_layers"):
             value = getattr(self, name)
+            if name == "head_dim" and value is None:
+                if self.dim % self.n_heads:
+                    raise ValueError(f"MTPConfig.dim={self.dim} must be divisible by "
+                                     f"n_heads={self.n_heads} (or set head_dim)")
+                value = self.dim // self.n_heads
+                object.__setattr__(self, "head_dim", value)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"MTPConfig.{name} must be a positive integer, got {value!r}")
         if not isinstance(self.n_layers, int) or isinstance(self.n_layers, bool) \
                 or self.n_layers < 0:
             raise ValueError(f"MTPConfig.n_layers must be an integer >= 0, got {self.n_layers!r}")
-        if self.dim % self.n_heads:
+        if self.head_dim % 2:
             raise ValueError(
-                f"MTPConfig.dim={self.dim} must be divisible by n_heads={self.n_heads}")
-        if (self.dim // self.n_heads) % 2:
-            raise ValueError(
-                f"MTPConfig.dim // n_heads = {self.dim // self.n_heads} must be even for rotary "
-                f"embeddings (dim={self.dim}, n_heads={self.n_heads})")
+                f"MTPConfig.head_dim={self.head_dim} must be even for rotary embeddings "
+                f"(dim={self.dim}, n_heads={self.n_heads})")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"MTPConfig.n_heads={self.n_heads} must be divisible by "
@@ -105,13 +172,14 @@ class MTPConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"MTPConfig.{name} must be a number > 0, got {value!r}")
-        if not isinstance(self.tie_embeddings, bool):
-            raise ValueError(f"MTPConfig.tie_embeddings must be true or false, got "
-                             f"{self.tie_embeddings!r}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        for name in ("tie_embeddings", "qkv_bias", "out_bias", "mlp_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"MTPConfig.{name} must be true or false, got "
+                                 f"{getattr(self, name)!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(f"MTPConfig.rope_scaling must be null or a mapping of "
+                             f"{[f.name for f in dataclasses.fields(RopeScaling)]}, "
+                             f"got {self.rope_scaling!r}")
 
     @property
     def block_heads(self) -> int:
@@ -161,6 +229,17 @@ class MTPConfig:
         return cls(**values)
 
 
+def _rope_scaling(values: Mapping[str, Any]) -> RopeScaling:
+    known = {f.name for f in dataclasses.fields(RopeScaling)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown MTPConfig.rope_scaling field(s) {unknown}; known: "
+                         f"{sorted(known)}")
+    if "type" not in values or "factor" not in values:
+        raise ValueError(f"MTPConfig.rope_scaling needs 'type' and 'factor', got {dict(values)}")
+    return RopeScaling(**values)
+
+
 def rms_normalise(x: Tensor, eps: float) -> Tensor:
     """x / RMS(x) over the last dimension, without a gain; statistics in float32."""
     # Normalise in float32 so bf16 activations keep their precision.
@@ -178,10 +257,12 @@ class RMSNorm(nn.Module):
         return rms_normalise(x, self.eps) * self.weight
 
 
-def rope_tables(head_dim: int, max_len: int, theta: float,
-                device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+def rope_tables(head_dim: int, max_len: int, theta: float, device: torch.device | None = None,
+                scaling: RopeScaling | None = None) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles, each (max_len, head_dim // 2), in float32."""
     freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    if scaling is not None:
+        freqs = scaling.frequencies(freqs)
     angles = torch.outer(torch.arange(max_len, device=device).float(), freqs)
     return angles.cos(), angles.sin()
 
@@ -201,10 +282,11 @@ class Attention(nn.Module):
         self.block_index = block_index  # its slot in the KV cache
         self.n_heads, self.n_kv_heads, self.head_dim = (
             config.n_heads, config.n_kv_heads, config.head_dim)
-        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
-        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+        qkv_bias = config.qkv_bias
+        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=qkv_bias)
+        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=qkv_bias)
+        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=qkv_bias)
+        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=config.out_bias)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
                 step: CacheStep | None) -> Tensor:
@@ -226,9 +308,10 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, config: MTPConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # gate
-        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # up
-        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)  # down
+        bias = config.mlp_bias
+        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=bias)  # gate
+        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=bias)  # up
+        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=bias)  # down
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -326,7 +409,8 @@ class MTPModel(nn.Module):
         into a model made on the meta device."""
         cfg = self.config
         self.rope_cos, self.rope_sin = rope_tables(
-            cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.output.weight.device)
+            cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.output.weight.device,
+            scaling=cfg.rope_scaling)
 
     def _apply(self, fn: Any, recurse: bool = True) -> MTPModel:
         # .to(bfloat16), .cuda() and to_empty() all pass through here: rebuild the rotary
@@ -343,6 +427,8 @@ class MTPModel(nn.Module):
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(param)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(param)
             elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
                 nn.init.normal_(param, std=residual_std)
             else:
