@@ -46,69 +46,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mtp.rope import RopeScaling
+
 if TYPE_CHECKING:
     from mtp.kv_cache import CacheStep, KVCache
 
 
 HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear")
-ROPE_SCALINGS: tuple[str, ...] = ("linear", "llama3")
 
 
 def _round_up(value: float, multiple: int) -> int:
     return multiple * math.ceil(value / multiple)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RopeScaling:
-    """Scaled rotary frequencies, as transformers' `rope_type`s of the same names define them.
-
-    - `linear`: every frequency divided by `factor` (positions interpolated).
-    - `llama3` (Llama 3.1): wavelengths shorter than original_max_seq_len / high_freq_factor
-      are kept, those longer than original_max_seq_len / low_freq_factor divided by `factor`,
-      and those between interpolated smoothly.
-    """
-
-    type: str
-    factor: float
-    low_freq_factor: float | None = None  # llama3 only
-    high_freq_factor: float | None = None  # llama3 only
-    original_max_seq_len: int | None = None  # llama3 only: the context pretraining used
-
-    def __post_init__(self) -> None:
-        if self.type not in ROPE_SCALINGS:
-            raise ValueError(f"MTPConfig.rope_scaling.type must be one of {ROPE_SCALINGS}, "
-                             f"got {self.type!r}")
-        llama3 = ("low_freq_factor", "high_freq_factor", "original_max_seq_len")
-        for name in ("factor", *llama3):
-            value = getattr(self, name)
-            if value is None and (name == "factor" or self.type == "llama3"):
-                raise ValueError(f"MTPConfig.rope_scaling.{name} is missing "
-                                 f"(type {self.type!r} needs it)")
-            if value is not None and self.type == "linear" and name != "factor":
-                raise ValueError(f"MTPConfig.rope_scaling.{name} is not a field of type "
-                                 f"'linear', got {value!r}")
-            if value is not None and not (_is_number(value) and value > 0):
-                raise ValueError(f"MTPConfig.rope_scaling.{name} must be a number > 0, "
-                                 f"got {value!r}")
-        if self.type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
-            raise ValueError(f"MTPConfig.rope_scaling.high_freq_factor={self.high_freq_factor} "
-                             f"must exceed low_freq_factor={self.low_freq_factor}")
-
-    def frequencies(self, freqs: Tensor) -> Tensor:
-        """The scaled rotary frequencies (radians per position) of unscaled `freqs`."""
-        if self.type == "linear":
-            return freqs / self.factor
-        wavelength = 2 * math.pi / freqs
-        old = self.original_max_seq_len
-        low, high = self.low_freq_factor, self.high_freq_factor
-        smooth = ((old / wavelength - low) / (high - low)).clamp(0, 1)  # 0 below, 1 above
-        # As transformers' _compute_llama3_parameters: the smooth interpolation between
-        # freqs / factor and freqs, which is freqs / factor or freqs outside the middle band.
-        return (1 - smooth) * freqs / self.factor + smooth * freqs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,7 +90,7 @@ class MTPConfig:
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", _round_up(8 * self.dim / 3, 64))
         if isinstance(self.rope_scaling, Mapping):
-            object.__setattr__(self, "rope_scaling", _rope_scaling(self.rope_scaling))
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(self.rope_scaling))
         for name in ("vocab_size", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
                      "max_seq_len", "n_future", "head_layers"):
             value = getattr(self, name)
@@ -178,8 +126,7 @@ class MTPConfig:
                                  f"{getattr(self, name)!r}")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ValueError(f"MTPConfig.rope_scaling must be null or a mapping of "
-                             f"{[f.name for f in dataclasses.fields(RopeScaling)]}, "
-                             f"got {self.rope_scaling!r}")
+                             f"{RopeScaling.field_names()}, got {self.rope_scaling!r}")
 
     @property
     def block_heads(self) -> int:
@@ -227,17 +174,6 @@ class MTPConfig:
         if missing:
             raise ValueError(f"MTPConfig field(s) {missing} missing")
         return cls(**values)
-
-
-def _rope_scaling(values: Mapping[str, Any]) -> RopeScaling:
-    known = {f.name for f in dataclasses.fields(RopeScaling)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown MTPConfig.rope_scaling field(s) {unknown}; known: "
-                         f"{sorted(known)}")
-    if "type" not in values or "factor" not in values:
-        raise ValueError(f"MTPConfig.rope_scaling needs 'type' and 'factor', got {dict(values)}")
-    return RopeScaling(**values)
 
 
 def rms_normalise(x: Tensor, eps: float) -> Tensor:

@@ -10,6 +10,7 @@ import torch
 from mtp import export_hf, load
 from mtp.generate import generate
 from mtp.interop.hf import HEADS_FILE, HEADS_LAYOUT_FILE
+from mtp.interop.hf_tokenizer import read_hf_tokenizer
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import BPETokenizer, ByteTokenizer
 
@@ -200,8 +201,8 @@ def test_llama_variants_load_and_export_with_transformers_logits(tmp_path: Path,
                                                                  variant: str) -> None:
     reference = random_variant(tmp_path / "theirs", variant)
     model, tokenizer = load(tmp_path / "theirs")
-    expected = MTPConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=4, n_kv_heads=2,
-                         ffn_hidden=64, max_seq_len=64, norm_eps=1e-5,
+    expected = MTPConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=4,
+                         n_kv_heads=2, ffn_hidden=64, max_seq_len=64, norm_eps=1e-5,
                          rope_theta=model.config.rope_theta, **VARIANTS[variant][2])
     assert model.config == expected
     tokens = torch.randint(0, tokenizer.vocab_size, (2, 40))
@@ -246,3 +247,50 @@ def test_qwen2_sliding_window_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), "use_sliding_window": True}))
     with pytest.raises(ValueError, match="'use_sliding_window' is true"):
         load(tmp_path)
+
+
+@pytest.mark.parametrize("template, tokenizer_config", [
+    (False, {"tokenizer_class": "GPT2Tokenizer"}),  # SmolLM2's: no template, no BOS
+    (True, {"tokenizer_class": "PreTrainedTokenizerFast"}),  # Llama 3's: BOS in the template
+    (True, {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True}),
+    # transformers >= 5 follows tokenizer.json's template over add_bos_token beside it.
+    (False, {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True}),
+], ids=["smollm2", "llama3", "llama", "template-wins"])
+def test_prompts_start_as_transformers_starts_them(tmp_path: Path, template: bool,
+                                                   tokenizer_config: dict) -> None:
+    from tokenizers import processors
+
+    raw = BPETokenizer.train(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300).backend
+    if template:
+        raw.post_processor = processors.TemplateProcessing(
+            single="<|bos|> $A", special_tokens=[("<|bos|>", raw.token_to_id("<|bos|>"))])
+    raw.save(str(tmp_path / "tokenizer.json"))  # a Hugging Face repo's files: no mtp header
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|bos|>", "eos_token": "<|eos|>", **tokenizer_config}))
+    ours = read_hf_tokenizer(tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    # (Text spelling a special token differs by design: mtp encodes it as text.)
+    for text in ("héllo wörld\n\tdef f(x): return x ✓", "def f(x):"):
+        assert ours.encode_prompt(text) == theirs(text)["input_ids"]
+    assert ours.document_start_id == (ours.bos_id if template else None)
+
+
+@pytest.mark.parametrize("tokenizer_config", [
+    None, {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True},
+    {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False},
+    {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": True}],
+    ids=["no-config", "bos", "no-bos", "bos-eos"])
+def test_sentencepiece_prompts_start_as_transformers_starts_them(
+        tmp_path: Path, tokenizer_config: dict | None) -> None:
+    """A tokenizer.model alone: tokenizer_config.json's add_bos_token/add_eos_token decide."""
+    spm = pytest.importorskip("sentencepiece")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["def add(a, b):\n    return a + b\n"] * 20),
+        model_prefix=str(tmp_path / "tokenizer"), vocab_size=300, model_type="bpe",
+        byte_fallback=True, minloglevel=2)
+    (tmp_path / "tokenizer.vocab").unlink()
+    if tokenizer_config is not None:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    ours = read_hf_tokenizer(tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert ours.encode_prompt("def add") == theirs("def add")["input_ids"]

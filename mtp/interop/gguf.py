@@ -31,6 +31,7 @@ import math
 import mmap
 import struct
 from dataclasses import dataclass
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,8 @@ from torch import Tensor
 
 from mtp.interop.fields import require
 from mtp.interop.gguf_tokenizer import gguf_tokenizer
-from mtp.model import MTPConfig, RopeScaling
+from mtp.model import MTPConfig
+from mtp.rope import RopeScaling
 from mtp.tokenizers import Tokenizer
 
 MAGIC = b"GGUF"
@@ -148,8 +150,8 @@ def read_header(blob: mmap.mmap, path: Path, gguf: Any) -> tuple[dict[str, Any],
             qtype = gguf.GGMLQuantizationType(ggml_type)
             block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
         except (ValueError, KeyError):
-            raise ValueError(f"{path}: tensor {name!r} has ggml type {ggml_type}, which the "
-                             f"gguf package (version {gguf_version()}) does not know") from None
+            raise ValueError(f"{path}: tensor {name!r} has ggml type {ggml_type}, which the gguf "
+                             f"package (version {package_version('gguf')}) does not know") from None
         if shape[-1] % block:
             raise ValueError(f"{path}: tensor {name!r} of type {qtype.name} has rows of "
                              f"{shape[-1]} values, not a multiple of its blocks of {block}")
@@ -160,11 +162,6 @@ def read_header(blob: mmap.mmap, path: Path, gguf: Any) -> tuple[dict[str, Any],
                              f"{info.start + info.nbytes}, the file has {len(blob)} bytes")
         tensors.append(info)
     return metadata, tensors
-
-
-def gguf_version() -> str:
-    from importlib.metadata import version
-    return version("gguf")
 
 
 class _Reader:
@@ -350,5 +347,5 @@ def _dequantize(blob: mmap.mmap, info: TensorInfo, dtype: torch.dtype, gguf: Any
         values = gguf.quants.dequantize(raw.reshape(*info.shape[:-1], -1), qtype)
     except NotImplementedError:
         raise ValueError(f"{path}: tensor {info.name!r} is {qtype.name}, which the gguf "
-                         f"package (version {gguf_version()}) cannot dequantize") from None
+                         f"package (version {package_version('gguf')}) cannot dequantize") from None
     return torch.from_numpy(values).view(info.shape).to(dtype)

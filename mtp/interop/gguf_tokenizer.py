@@ -121,7 +121,7 @@ def _byte_level(metadata: dict[str, Any], path: Path, tokens: list[str],
     # A control token spelled outside the byte alphabet is a mislabel (transformers skips it).
     specials = [AddedToken(t, special=True, normalized=False)
                 for t, kind in zip(tokens, types) if kind == CONTROL and set(t) <= alphabet]
-    return tok, specials + _user_defined(tokens, types)
+    return tok, specials + _user_defined(tokens, types, vocab)
 
 
 def _sentencepiece(metadata: dict[str, Any], path: Path, tokens: list[str],
@@ -143,12 +143,15 @@ def _sentencepiece(metadata: dict[str, Any], path: Path, tokens: list[str],
     tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     specials = [AddedToken(t, special=True, normalized=False)
                 for t, kind in zip(tokens, types) if kind == CONTROL]
-    return tok, specials + _user_defined(tokens, types)
+    return tok, specials + _user_defined(tokens, types, vocab)
 
 
-def _user_defined(tokens: list[str], types: list[int]) -> list[AddedToken]:
+def _user_defined(tokens: list[str], types: list[int],
+                  vocab: dict[str, int]) -> list[AddedToken]:
+    """USER_DEFINED tokens, matched whole in text (as transformers: those the vocabulary
+    spells as they are, so none becomes a new id)."""
     return [AddedToken(t, special=False, normalized=False)
-            for t, kind in zip(tokens, types) if kind == USER_DEFINED]
+            for t, kind in zip(tokens, types) if kind == USER_DEFINED and t in vocab]
 
 
 def _merges_by_score(vocab: dict[str, int],

@@ -31,7 +31,8 @@ from torch import Tensor
 
 from mtp.interop.fields import field, read_json_object
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
-from mtp.model import HEAD_TYPES, MTPConfig, RopeScaling
+from mtp.model import HEAD_TYPES, MTPConfig
+from mtp.rope import RopeScaling
 from mtp.tokenizers import Tokenizer
 
 CONFIG_FILE = "config.json"
