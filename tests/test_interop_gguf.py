@@ -270,7 +270,7 @@ def _smollm2() -> Path:
 
 
 @pytest.mark.slow
-def test_smollm2_loads_and_tokenizes_as_transformers(tmp_path: Path) -> None:
+def test_smollm2_loads_and_tokenizes_as_llama_cpp(tmp_path: Path) -> None:
     path = _smollm2()
     model, ours = load(path)
     config = model.config
@@ -278,8 +278,20 @@ def test_smollm2_loads_and_tokenizes_as_transformers(tmp_path: Path) -> None:
             config.vocab_size, config.rope_theta, config.tie_embeddings) == (
         30, 576, 9, 3, 49152, 1e5, True)
     theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    for text in TEXTS:
+    for text in TEXTS:  # no BOS: SmolLM2's tokenizer adds none
         assert ours.encode_prompt(text) == theirs(text).input_ids == ours.encode(text)
+    # "smollm" splits digits off first, as SmolLM2's tokenizer.json and llama.cpp do;
+    # transformers' GGUF tokenizer does not, which shows where whitespace precedes a digit.
+    digits = ">>> f([1.0, 2.0])\n    3.0\n"
+    assert [ours.backend.id_to_token(i) for i in ours.encode(digits)][-5:] == [
+        "ĊĠĠĠĠ", "3", ".", "0", "Ċ"]
+    if importlib.util.find_spec("llama_cpp") is not None:
+        import llama_cpp
+
+        vocab = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+        for text in [*TEXTS, digits]:
+            assert ours.encode_prompt(text) == vocab.tokenize(text.encode(), add_bos=True,
+                                                              special=False)
     export(model, ours, tmp_path / "smollm2")  # an mtp export, e.g. for training heads
     [result] = generate(model, ours, ["def fibonacci(n):"], max_new_tokens=12)
     assert result.text.strip()  # a real model continues a real prompt
