@@ -5,7 +5,9 @@ An exported directory holds
 - `config.json`: `{"format_version", "model": MTPConfig.to_dict(), "tokenizer": {...}}`;
 - the tokenizer's own files (`Tokenizer.save`).
 
-`export_hf` writes a Hugging Face `LlamaForCausalLM` directory instead (`mtp.interop.hf`).
+`export_hf` writes a Hugging Face `LlamaForCausalLM` directory instead (`mtp.interop.hf`), and
+`export_medusa` the base model as one with the heads in vLLM's and FasterDecoding's Medusa
+layouts (`mtp.interop.medusa`).
 
 `load` reads, with neither Lightning nor Hydra involved, any of these layouts:
 - such an export;
@@ -14,6 +16,7 @@ An exported directory holds
   `trainer=fsdp` (`mtp.sharded`);
 - a Hugging Face Llama (or Qwen2) directory, with mtp's heads file if `export_hf` wrote it;
 - Meta's multi-token-prediction release (`mtp.interop.meta`);
+- an `export_medusa` directory (`mtp.interop.medusa`);
 - a GGUF file of a Llama-architecture model (llama.cpp's format, `mtp.interop.gguf`).
 The model is built on the meta device and takes the loaded tensors as its parameters
 (no second copy), in their stored dtype unless `dtype` is given (a GGUF's, dequantized:
@@ -31,7 +34,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from mtp.interop import gguf, hf, meta
+from mtp.interop import gguf, hf, medusa, meta
 from mtp.interop.fields import read_json_object
 from mtp.model import MTPConfig, MTPModel
 from mtp.sharded import DCP_METADATA_FILE, META_FILE, is_sharded_checkpoint, read_sharded_checkpoint
@@ -117,6 +120,20 @@ def export_hf(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> P
     return Path(directory)
 
 
+def export_medusa(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
+    """Write the base model (trunk + head 0) as a Hugging Face Llama directory in `base/` and
+    heads 1..n-1 as Medusa heads in `vllm/` and `medusa/` (FasterDecoding's); return it.
+
+    Only `medusa` heads map exactly onto Medusa's; other models are refused, before anything
+    is written, with the reason (`mtp.interop.medusa`). Under FSDP call it on every rank.
+    """
+    medusa.check_medusa(model.config)
+    state = _state_to_write(model, tokenizer)
+    if state is not None:
+        medusa.write_medusa(model.config, state, tokenizer, Path(directory))
+    return Path(directory)
+
+
 # What `load` recognises, in the order it tries them (named in its error for anything else).
 LAYOUTS = (
     f"an mtp export (a directory with {CONFIG_FILE} holding format_version and model)",
@@ -126,6 +143,8 @@ LAYOUTS = (
     f"{hf.WEIGHTS_FILE} or {hf.INDEX_FILE}, tokenizer.json or tokenizer.model)",
     f"Meta's multi-token-prediction layout ({meta.PARAMS_FILE}, {meta.WEIGHTS_FILE}, "
     f"tokenizer.model)",
+    f"an export_medusa directory ({medusa.BASE_DIR}/ and {medusa.VLLM_DIR}/ or "
+    f"{medusa.MEDUSA_DIR}/)",
     "a GGUF file of a Llama-architecture model (llama.cpp's format; needs the gguf package)",
 )
 
@@ -173,6 +192,8 @@ def _read(path: Path,
         return hf.read_hf(path)
     if meta.is_meta(path):
         return meta.read_meta(path)
+    if medusa.is_medusa_export(path):
+        return medusa.read_medusa(path)
     raise FileNotFoundError(
         f"{path} is a directory in none of the layouts mtp loads; looked for: "
         + "; ".join(LAYOUTS))

@@ -18,8 +18,11 @@ Design choices
   as Medusa keeps the base model's LM head, so trunk + head 0 stays a Llama model and a
   next-token checkpoint grows cheap heads 1..n-1 without changing head 0. Every head reads
   the trunk output (not head 0's, as Medusa's heads do): one layout for the loss, sharding
-  and decoding. The math of the attention-free layers is one function each (`resblock`,
-  `linear`), which the stacked heads of `generate/` call too.
+  and decoding. `medusa` heads are Medusa's own layout, which serving engines run (vLLM,
+  TensorRT-LLM): resblock layers on the base model's final hidden state (head 0's output
+  after the shared final norm, what a Llama's lm_head reads), then the shared unembedding
+  without a second norm. The math of the attention-free layers is one function each
+  (`resblock`, `linear`), which the stacked heads of `generate/` call too.
 - Embedding and unembedding are untied by default, as in the paper.
 - Fair comparisons: `MTPConfig.compute_matched(depth=...)` takes n_future - 1 layers off the
   trunk when heads are added, so n = 1 and n > 1 models cost the same per token.
@@ -52,7 +55,7 @@ if TYPE_CHECKING:
     from mtp.kv_cache import CacheStep, KVCache
 
 
-HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear")
+HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear", "medusa")
 
 
 def _round_up(value: float, multiple: int) -> int:
@@ -79,7 +82,7 @@ class MTPConfig:
     mlp_bias: bool = False  # biases on the three feed-forward projections
     n_future: int = 1  # number of heads; head i predicts token t + i + 1
     head_layers: int = 1  # layers per head (of head_type; head 0's are always blocks)
-    head_type: str = "block"  # block | resblock | linear: the layers of heads 1..n-1
+    head_type: str = "block"  # block | resblock | linear | medusa: heads 1..n-1
     tie_embeddings: bool = False
     init_std: float = 0.02
 
@@ -278,7 +281,8 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
 
 class HeadLayer(nn.Module):
-    """One attention-free head layer, `resblock` or `linear`: no positions, no cache.
+    """One attention-free head layer, `resblock` (also `medusa`'s) or `linear`: no positions,
+    no cache.
 
     The weight is stored (in, out) and applied as x @ W, the layout the stacked heads read.
     """
@@ -291,7 +295,7 @@ class HeadLayer(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
                 step: CacheStep | None) -> Tensor:
         # Same signature as Block, so a head is a list of layers whatever its type.
-        return (resblock if self.kind == "resblock" else linear)(x, self.weight)
+        return (linear if self.kind == "linear" else resblock)(x, self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.kind}, dim={self.weight.shape[0]}"
@@ -395,16 +399,27 @@ class MTPModel(nn.Module):
 
     def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None,
              step: CacheStep | None = None) -> Tensor:
-        """Head `index`'s layers on the trunk output: (B, T, D), before the shared norm."""
+        """Head `index`'s layers on the trunk output: (B, T, D), what `unembed(h, index)` takes.
+
+        Medusa heads (head_type medusa, index >= 1) read head 0's output after the shared norm.
+        """
         _check_cached(cache, step)
         cos, sin = self.rope(trunk_out.shape[1], step)
         h = trunk_out
+        if index and self.config.head_type == "medusa":
+            h = self.norm(self.head(trunk_out, 0, cache=cache, step=step))
         for block in self.heads[index]:
             h = block(h, cos, sin, cache, step)
         return h
 
-    def unembed(self, h: Tensor) -> Tensor:
-        """Shared final norm and unembedding: (..., D) -> (..., V)."""
+    def unembed(self, h: Tensor, head: int = 0) -> Tensor:
+        """Head `head`'s logits from its output: (..., D) -> (..., V).
+
+        The shared final norm and unembedding; Medusa heads (head_type medusa, head >= 1) read
+        a normed state already and go to the unembedding alone, as Medusa's lm_heads do.
+        """
+        if head and self.config.head_type == "medusa":
+            return self.output(h)
         return self.output(self.norm(h))
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None,
@@ -415,7 +430,7 @@ class MTPModel(nn.Module):
         """
         heads = range(self.config.n_future) if heads is None else heads
         h = self.trunk(tokens, cache=cache, step=step)
-        return torch.stack([self.unembed(self.head(h, i, cache=cache, step=step))
+        return torch.stack([self.unembed(self.head(h, i, cache=cache, step=step), i)
                             for i in heads], dim=2)  # (B, T, n, V)
 
     @staticmethod

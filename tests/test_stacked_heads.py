@@ -33,7 +33,8 @@ def _model(head_layers: int, n_kv_heads: int, head_type: str = "block",
 SHAPES = pytest.mark.parametrize("head_layers,n_kv_heads,head_type,variant", [
     (1, 4, "block", False), (1, 2, "block", False), (2, 4, "block", False),
     (2, 1, "block", False), (1, 2, "resblock", False), (2, 1, "resblock", False),
-    (2, 2, "linear", False), (2, 2, "block", True), (1, 2, "resblock", True)])
+    (2, 2, "linear", False), (1, 2, "medusa", False), (2, 1, "medusa", False),
+    (2, 2, "block", True), (1, 2, "resblock", True)])
 
 
 @SHAPES

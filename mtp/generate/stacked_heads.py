@@ -23,7 +23,8 @@ Design choices
   the cache's blocks: one write and one read for all k heads (`KVCache.write` with a slice).
 - Resblock and linear heads (model.head_type) have no attention: head 0 (always a block) runs
   as above, and heads 1..k-1 as one batched matmul per layer through the model's own
-  `resblock`/`linear` functions, weights (k - 1, D, D).
+  `resblock`/`linear` functions, weights (k - 1, D, D). Medusa heads (head_type medusa)
+  read head 0's output after the shared final norm instead of the trunk output.
 
 Shapes in comments: k heads, B batch, T new positions, D width, H query heads, K key/value
 heads, hd head width, L cached positions up to the end of this step.
@@ -101,7 +102,8 @@ class StackedHeads:
                                        for i in range(n_block, n_heads)]).contiguous()
                           for j in range(config.head_layers)] if n_heads > n_block else []
         self.n_block = n_block
-        self.light_layer = resblock if config.head_type == "resblock" else linear
+        self.light_layer = linear if config.head_type == "linear" else resblock
+        self.medusa = config.head_type == "medusa"
 
     def __call__(self, trunk_out: Tensor, *, cache: KVCache | None = None,
                  step: CacheStep | None = None) -> Tensor:
@@ -111,10 +113,10 @@ class StackedHeads:
         """
         B, T, D = trunk_out.shape
         h = trunk_out.reshape(B * T, D)
-        light = h
+        blocks = self._blocks(h, B, T, cache, step)  # (n_block, B*T, D)
+        light = self._model().norm(blocks[0]) if self.medusa else h
         for weight in self.light:
             light = self.light_layer(light, weight)  # (k - n_block, B*T, D)
-        blocks = self._blocks(h, B, T, cache, step)  # (n_block, B*T, D)
         if self.light:
             blocks = torch.cat([blocks, light])
         return blocks.view(self.n_heads, B, T, D).permute(1, 2, 0, 3)  # (B, T, k, D)

@@ -4,6 +4,8 @@
   ways, plus mtp's heads file beside it for heads 1..n-1.
 - `meta`: Meta's multi-token-prediction release (params.json + consolidated.pth +
   tokenizer.model), import only.
+- `medusa`: `medusa` heads as Medusa heads for vLLM and FasterDecoding / TensorRT-LLM, with
+  the base model as a Hugging Face Llama directory, both ways.
 - `gguf`: llama.cpp's GGUF files of Llama-architecture models, import only, their tokenizer
   rebuilt from the metadata by `gguf_tokenizer`.
 
