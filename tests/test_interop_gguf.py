@@ -160,10 +160,18 @@ def test_sentencepiece_vocabulary(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "spm.gguf", _llama(n), vocab)
     _, ours = load(path)
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    cpp = None
+    if importlib.util.find_spec("llama_cpp") is not None:
+        import llama_cpp
+
+        cpp = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     for text in ["def add(a, b):\n    return a + b", "héllo ✓ wörld 2024", "€ ∑ unseen"]:
         assert ours.encode_prompt(text) == theirs(text).input_ids == [
             processor.bos_id(), *processor.encode(text)]  # BOS: llama's default
         assert ours.decode(ours.encode(text)) == text
+        if cpp is not None:
+            assert ours.encode_prompt(text) == cpp.tokenize(text.encode(), add_bos=True,
+                                                            special=False)
 
 
 def test_decodes_like_transformers_generate_without_bos(tmp_path: Path, tokenizer) -> None:
