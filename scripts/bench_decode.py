@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mtp.checkpoint import load  # noqa: E402
-from mtp.generate import DecodeStats, HeadsDrafter, generate  # noqa: E402
+from mtp.generate import DecodeStats, HeadsDrafter, engine, generate  # noqa: E402
 from mtp.generate.decode import DTYPES, decoding_dtype  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
 from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
@@ -142,7 +142,11 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="the compiled decode step (CUDA graphs on a GPU)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--unstacked-heads", action="store_true",
+                        help="run the heads one by one, not as one batched block per layer "
+                        "(engine.STACK_HEADS): what stacking buys")
     args = parser.parse_args()
+    engine.STACK_HEADS = not args.unstacked_heads
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -204,7 +208,8 @@ def main() -> None:
     repetition = round(sum(repeated_share(ids, 8) * len(ids) for ids in ar_ids)
                        / max(sum(map(len, ar_ids)), 1), 3)
     print(f"checkpoint {checkpoint}  device {args.device} {dtype_name}  "
-          f"{'compiled' if args.compile else 'eager'}  "
+          f"{'compiled' if args.compile else 'eager'}"
+          f"{'' if engine.STACK_HEADS else ' (heads unstacked)'}  "
           f"threads {torch.get_num_threads()}  batch {args.batch_size}  prompts {len(prompts)} x "
           f"{args.max_new_tokens} new tokens  repeats {args.repeats}  "
           f"repeated (tokens inside an earlier 8-gram) {repetition:.1%}")
@@ -237,7 +242,7 @@ def main() -> None:
              f"{torch.get_num_threads()} threads")
     print(json.dumps(summary | {
         "checkpoint": str(checkpoint), "device": args.device, "dtype": dtype_name,
-        "compiled": args.compile, "device_name": torch.cuda.get_device_name(args.device)
+        "compiled": args.compile, "stacked_heads": engine.STACK_HEADS, "device_name": torch.cuda.get_device_name(args.device)
         if args.device.startswith("cuda") else "cpu",
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),

@@ -63,6 +63,9 @@ from mtp.model import MTPModel
 KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
 CONTEXT_BLOCK = 256  # compiled: cache lengths are rounded up to this, so calls share graphs
 MAX_SHAPES = 32  # compiled step shapes per model before compile=True refuses another
+# Run the verify forward's heads as one batched block per head layer (`StackedHeads`) rather
+# than one by one; scripts/bench_decode.py --unstacked-heads measures what it buys.
+STACK_HEADS = True
 # Attention kernels for decoding on a GPU. A decode step's boolean mask rules out flash
 # attention; memory-efficient attention takes it at any key length without planning, whereas
 # cuDNN attention builds a plan for every new key length (on an H100 in bfloat16: 14 ms of
@@ -189,12 +192,12 @@ class Engine:
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, heads: int, *,
                  sampling: SamplingConfig, typical: TypicalAcceptance | None,
-                 compile: bool = False, stacked: bool = True) -> None:
+                 compile: bool = False) -> None:
         self.model, self.tree, self.sampling, self.typical = model, tree, sampling, typical
         self.compiled = compile
         param = next(model.parameters())
         self.device = param.device
-        self.heads: int | StackedHeads = (stacked_heads(model, heads) if stacked and heads > 1
+        self.heads: int | StackedHeads = (stacked_heads(model, heads) if STACK_HEADS and heads > 1
                                           else heads)
         if compile:  # calls of similar lengths share one cache length, hence one graph
             context = min(model.config.max_seq_len, -(-context // CONTEXT_BLOCK) * CONTEXT_BLOCK)
