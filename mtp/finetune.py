@@ -69,6 +69,6 @@ def _copied(state: dict[str, Tensor], name: str, prefix: str, head_type: str) ->
     if head_type == "block":
         return state["heads.0." + name[len(prefix):]].clone()
     weight = state[name]
-    if head_type == "resblock":  # x + SiLU(x @ 0) = x
+    if head_type in ("resblock", "medusa"):  # x + SiLU(x @ 0) = x
         return torch.zeros_like(weight)
     return torch.eye(weight.shape[0], dtype=weight.dtype)  # linear: x @ I = x

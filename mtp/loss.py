@@ -134,7 +134,7 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
     with torch.set_grad_enabled(train_trunk and torch.is_grad_enabled()):
         trunk_out = model.trunk(inputs)  # (B, T, D); no graph unless the trunk trains
     if mode == "naive":
-        logits = torch.stack([model.unembed(model.head(trunk_out, i)) for i in range(n)],
+        logits = torch.stack([model.unembed(model.head(trunk_out, i), i) for i in range(n)],
                              dim=2)  # (B, T, n, V)
         results = [_head_loss(logits[:, :, i].flatten(0, 1), head_targets[i], denominators[i])
                    for i in range(n)]
@@ -149,14 +149,14 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
         for i in range(n):
             head_out = model.head(detached, i)  # (B, T, D)
             if mode == "headwise":
-                loss, hits = _head_loss(model.unembed(head_out).flatten(0, 1), head_targets[i],
+                loss, hits = _head_loss(model.unembed(head_out, i).flatten(0, 1), head_targets[i],
                                         denominators[i])
                 if backward is not None and loss.requires_grad:
                     backward(weights[i] * loss)
             else:
-                loss, hits = _chunked_head_loss(model, head_out.flatten(0, 1), head_targets[i],
-                                                denominators[i], weights[i], backward,
-                                                chunk_size)
+                loss, hits = _chunked_head_loss(model, i, head_out.flatten(0, 1),
+                                                head_targets[i], denominators[i], weights[i],
+                                                backward, chunk_size)
             losses.append(loss.detach())
             correct.append(hits)
         if backward is not None and detached.grad is not None:
@@ -167,16 +167,16 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
                       head_correct=torch.stack(list(correct)), head_count=counts)
 
 
-def _chunked_head_loss(model: MTPModel, head_out: Tensor, targets: Tensor, denominator: int,
-                       weight: float, backward: BackwardFn | None,
+def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Tensor,
+                       denominator: int, weight: float, backward: BackwardFn | None,
                        chunk_size: int) -> tuple[Tensor, Tensor]:
-    """One head's loss over token chunks of (N, D) `head_out`, backpropagating per chunk."""
+    """Head `head`'s loss over token chunks of (N, D) `head_out`, backpropagating per chunk."""
     # Chunks backpropagate into this detached copy; the head's blocks run backward once.
     detached = head_out.detach().requires_grad_(head_out.requires_grad)
     losses, hits = [], []
     for start in range(0, detached.shape[0], chunk_size):
         end = start + chunk_size
-        chunk_loss, chunk_hits = _head_loss(model.unembed(detached[start:end]),
+        chunk_loss, chunk_hits = _head_loss(model.unembed(detached[start:end], head),
                                             targets[start:end], denominator)
         if backward is not None and chunk_loss.requires_grad:
             backward(weight * chunk_loss)
