@@ -312,6 +312,7 @@ def compiled_step(model: MTPModel):
     """
     cuda = next(model.parameters()).is_cuda
     if _compiled.get(model, (None, None))[0] != cuda:
+        check_compile_support("cuda" if cuda else "cpu")
         # Every model shares the function's compiled variants: allow MAX_SHAPES of each.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    MAX_SHAPES)
@@ -319,6 +320,30 @@ def compiled_step(model: MTPModel):
                                  mode="reduce-overhead" if cuda else None)
         _compiled[model] = (cuda, compiled)
     return _compiled[model][1]
+
+
+def check_compile_support(device: str) -> None:
+    """A ValueError, in one line, when this torch cannot compile the decode step on `device`:
+    compiling needs TorchDynamo, and inductor's kernels need Triton on a GPU and a C++
+    compiler on a CPU."""
+    problem = None
+    if not torch._dynamo.is_dynamo_supported():
+        problem = "torch.compile is not supported by this Python/platform"
+    elif device == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            problem = "Triton, which torch.compile needs for GPU kernels, is not installed"
+    else:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        try:
+            get_cpp_compiler()
+        except Exception as error:  # noqa: BLE001 (whatever inductor's lookup raises)
+            problem = f"torch.compile found no C++ compiler for CPU kernels ({error})"
+    if problem:
+        raise ValueError(f"compile=True: {problem} (torch {torch.__version__}); decode with "
+                         f"compile=False")
 
 
 def note_shape(model: MTPModel, shape: tuple) -> None:
