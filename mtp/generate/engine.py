@@ -248,8 +248,9 @@ class Engine:
                                generator, self.device)
         key_len = self._key_len()
         if self.compiled:
-            note_shape(self.model, (self.batch, self.tree.paths, key_len, self.heads,
-                                    self.sampling, self.typical, drafts.probs is None))
+            heads = getattr(self.heads, "n_heads", self.heads)  # a count: stacks are rebuilt
+            note_shape(self.model, (self.batch, self.tree.paths, key_len, heads, self.sampling,
+                                    self.typical, drafts.probs is None))
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
