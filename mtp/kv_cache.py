@@ -74,11 +74,18 @@ def causal(new: int, device: torch.device | str | None = None) -> tuple[Tensor, 
 
 
 class KVCache:
-    """Keys and values of all blocks, (n_blocks, B, K, max_len, hd) each, written by index."""
+    """Keys and values of all blocks, (n_blocks, B, K, max_len, hd) each, written by index.
+
+    `blocks`: the model's blocks the cache holds, when not all of them (a drafter that runs
+    some heads alone keeps only theirs); `write` then takes the model's block index as ever.
+    """
 
     def __init__(self, config: MTPConfig, batch_size: int, max_len: int, *,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
-        shape = (config.n_blocks, batch_size, config.n_kv_heads, max_len, config.head_dim)
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 blocks: range | None = None) -> None:
+        self.first_block = 0 if blocks is None else blocks.start
+        n_blocks = config.n_blocks if blocks is None else len(blocks)
+        shape = (n_blocks, batch_size, config.n_kv_heads, max_len, config.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
 
@@ -98,6 +105,8 @@ class KVCache:
         `block` may be a slice of n blocks, with keys and values (n, B, K, T, hd): the stacked
         heads write one layer of every head at once.
         """
+        if isinstance(block, int):
+            block -= self.first_block
         index = step.slots[:, None, :, None].expand_as(keys)  # broadcasts over blocks
         self.keys[block].scatter_(-2, index, keys)
         self.values[block].scatter_(-2, index, values)

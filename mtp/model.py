@@ -477,12 +477,12 @@ class MTPModel(nn.Module):
         are teacher-forced on `tokens` (`head_states`), without a cache.
         """
         heads = list(range(self.config.n_future) if heads is None else heads)
+        chain = self.config.head_type == "sequential" and max(heads) > 0
+        if chain and cache is not None:
+            raise ValueError("a cached forward runs head 0 only for sequential heads: their "
+                             "modules need the tokens ahead (see mtp.generate.sequential_drafter)")
         h = self.trunk(tokens, cache=cache, step=step)
-        if self.config.head_type == "sequential" and max(heads) > 0:
-            if cache is not None:
-                raise ValueError("a cached forward runs head 0 only for sequential heads: "
-                                 "their modules need the tokens ahead (see "
-                                 "mtp.generate.sequential_drafter)")
+        if chain:
             states = self.head_states(h, tokens, max(heads) + 1)
             return torch.stack([self.unembed(states[i]) for i in heads], dim=2)
         return torch.stack([self.unembed(self.head(h, i, cache=cache, step=step))
