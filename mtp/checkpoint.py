@@ -5,7 +5,8 @@ An exported directory holds
 - `config.json`: `{"format_version", "model": MTPConfig.to_dict(), "tokenizer": {...}}`;
 - the tokenizer's own files (`Tokenizer.save`).
 
-`export_hf` writes a Hugging Face `LlamaForCausalLM` directory instead (`mtp.interop.hf`).
+`export_hf` writes a Hugging Face `LlamaForCausalLM` directory instead (`mtp.interop.hf`),
+`export_mimo` MiMo's layout, sequential heads as its MTP layers (`mtp.interop.mimo`).
 
 `load` reads, with neither Lightning nor Hydra involved, any of these layouts:
 - such an export;
@@ -13,6 +14,7 @@ An exported directory holds
   the checkpoint embeds the tokenizer's files): a single file, or the sharded folder of
   `trainer=fsdp` (`mtp.sharded`);
 - a Hugging Face Llama directory, with mtp's heads file if `export_hf` wrote it;
+- MiMo's layout, or DeepSeek's `num_nextn_predict_layers` one, of a dense Llama-like model;
 - Meta's multi-token-prediction release (`mtp.interop.meta`).
 The model is built on the meta device and takes the loaded tensors as its parameters
 (no second copy), in their stored dtype unless `dtype` is given; loading is strict.
@@ -29,7 +31,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from mtp.interop import hf, meta
+from mtp.interop import hf, meta, mimo
 from mtp.interop.fields import read_json_object
 from mtp.model import MTPConfig, MTPModel
 from mtp.sharded import DCP_METADATA_FILE, META_FILE, is_sharded_checkpoint, read_sharded_checkpoint
@@ -115,11 +117,25 @@ def export_hf(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> P
     return Path(directory)
 
 
+def export_mimo(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
+    """Write MiMo's layout (`mtp.interop.mimo`): a Qwen2 model whose sequential heads are its
+    MTP layers, as vLLM and SGLang serve them; return the directory.
+
+    Weights keep the model's dtype. Under FSDP call it on every rank; rank 0 writes.
+    """
+    state = _state_to_write(model, tokenizer)
+    if state is not None:
+        mimo.write_mimo(model.config, state, tokenizer, Path(directory))
+    return Path(directory)
+
+
 # What `load` recognises, in the order it tries them (named in its error for anything else).
 LAYOUTS = (
     f"an mtp export (a directory with {CONFIG_FILE} holding format_version and model)",
     "a Lightning .ckpt written by mtp.train (a file)",
     f"a sharded trainer=fsdp checkpoint folder ({META_FILE} and {DCP_METADATA_FILE})",
+    f"MiMo's or DeepSeek's MTP layout of a dense Llama-like model ({hf.CONFIG_FILE} with "
+    f"model_type 'mimo' or {mimo.NEXTN})",
     f"a Hugging Face Llama directory ({hf.CONFIG_FILE} with model_type 'llama', "
     f"{hf.WEIGHTS_FILE} or {hf.INDEX_FILE}, tokenizer.json or tokenizer.model)",
     f"Meta's multi-token-prediction layout ({meta.PARAMS_FILE}, {meta.WEIGHTS_FILE}, "
@@ -162,6 +178,8 @@ def _read(path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
         return _read_export(path)
     if is_sharded_checkpoint(path):
         return _from_lightning(read_sharded_checkpoint(path), path)
+    if mimo.is_mtp_layers(path):
+        return mimo.read_mtp_layers(path)
     if hf.is_hf_llama(path):
         return hf.read_hf(path)
     if meta.is_meta(path):

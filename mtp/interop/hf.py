@@ -230,10 +230,11 @@ def _read_heads_layout(directory: Path) -> tuple[int, int, str]:
             kind)
 
 
-def _mtp_config(path: Path, n_future: int, head_layers: int,
-                head_type: str) -> MTPConfig:
-    """An MTPConfig from a transformers Llama config.json; unsupported variants are refused."""
-    values = read_json_object(path)
+def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
+                values: dict[str, Any] | None = None) -> MTPConfig:
+    """An MTPConfig from a transformers Llama config.json (or its `values`, read from `path`
+    already); unsupported variants are refused."""
+    values = read_json_object(path) if values is None else values
     model_type = field(values, path, "model_type", "str", "llama")
     architectures = field(values, path, "architectures", "list", ["LlamaForCausalLM"])
     if model_type != "llama" or not set(architectures) <= {"LlamaForCausalLM", "LlamaModel"}:
