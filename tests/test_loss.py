@@ -190,3 +190,19 @@ def test_sequential_modules_read_the_tokens_ahead_and_never_the_padding():
     full = [F.cross_entropy(logits[:, :, i].flatten(0, 1), targets[:, i].flatten(),
                             ignore_index=IGNORE_INDEX, reduction="sum") for i in range(3)]
     torch.testing.assert_close(short_sum, torch.stack(full))
+
+
+def test_sequential_modules_under_activation_checkpointing_give_the_same_gradients():
+    """`activation_checkpointing=all` is how the chain's backward keeps only each module's
+    input: the gradients must not change."""
+    from mtp.parallel import apply_activation_checkpointing
+
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64,
+                       n_future=3, head_type="sequential")
+    model = MTPModel(config).double()
+    tokens = torch.randint(0, 262, (2, 15))
+    _, reference = _gradients(model, tokens, mode="naive")
+    apply_activation_checkpointing(model, "all")
+    _, grads = _gradients(model, tokens, mode="headwise")
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference[name], rtol=1e-10, atol=1e-12, msg=name)

@@ -1,0 +1,234 @@
+"""Parallel heads against sequential modules: one trunk, one training budget, n = 4 and n = 8.
+
+For each n of --n-future and each head type (`block`: the paper's parallel heads, every one on
+the trunk output; `sequential`: DeepSeek-V3's modules, a chain) it trains the byte8 recipe's
+shape (`+experiment=byte8`: bytes, compute-matched `model=small`, width 256, 12 blocks per
+token, so a (12 - n)-block trunk and n one-block heads of either type; batch 16 x 256, bf16
+autocast where the CPU has it), shortened to --steps steps, with the repo's trainer; then
+measures, per run:
+
+- head accuracies: `val/acc_head{i}` after the last step (16 validation batches);
+- tokens per forward: greedy decoding of the first --humaneval HumanEval prompts (--max-new-tokens
+  each), with the chain of every head (k = n) and with the --tree candidate tree, and how
+  repetitive the output is (`repeated`: the share of tokens inside an earlier 16-byte n-gram);
+- memory: one training step's peak memory above what the process held before it (RSS; each
+  in a fresh process, `scripts/bench_memory.py`'s measurement), float32;
+- step time: one optimizer step (loss, backward, clipping, AdamW), float32, best of
+  --time-steps after a warm-up.
+
+Runs that exist in --out are reused. Speed figures belong under the machine's lock, training
+does not: train and measure first, then time alone under the lock:
+
+    python scripts/bench_heads.py --out /work/runs/heads --no-time
+    flock /work/cpu.lock nice -n -5 python scripts/bench_heads.py --out /work/runs/heads --time-only
+
+Prints a table, writes --plot, and ends with one JSON line: {"runs": {"<type> n=<n>":
+{"head_type", "n_future", "val_acc": [...], "tokens_per_forward_chain",
+"tokens_per_forward_tree", "repeated", "step_bytes", "step_seconds"}}, "steps", "tree", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_methods import humaneval_prompts, machine, repeated_share  # noqa: E402
+
+from mtp.checkpoint import load  # noqa: E402
+from mtp.generate import DecodeStats, DrafterSpec, generate  # noqa: E402
+from mtp.loss import autograd_backward, mtp_loss  # noqa: E402
+from mtp.optim import build_optimizer  # noqa: E402
+
+HEAD_TYPES = ("block", "sequential")
+BATCH, SEQ_LEN = 16, 256  # the byte8 recipe's
+
+
+def run_name(head_type: str, n_future: int) -> str:
+    return f"{head_type} n={n_future}"
+
+
+def train(out: Path, head_type: str, n_future: int, steps: int, warmup: int) -> Path:
+    """Train one run with `python -m mtp.train` unless its export exists; its directory."""
+    run = out / f"{head_type}{n_future}"
+    if (run / "export" / "config.json").is_file():
+        return run
+    command = [sys.executable, "-m", "mtp.train", "+experiment=byte8",
+               f"model.n_future={n_future}", f"model.head_type={head_type}",
+               f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
+               "trainer.max_time=null", f"optim.warmup_steps={warmup}", "logger=none",
+               "trainer.enable_progress_bar=false", f"hydra.run.dir={run}"]
+    print(f"training {run_name(head_type, n_future)}: {' '.join(command[1:])}", flush=True)
+    began = time.perf_counter()
+    subprocess.run(command, check=True, cwd=REPO)
+    (run / "train_seconds.txt").write_text(f"{time.perf_counter() - began:.0f}\n")
+    return run
+
+
+def val_accuracies(run: Path, n_future: int) -> list[float]:
+    """Each head's last validation accuracy from the run's metrics history."""
+    import csv
+
+    with open(run / "plots" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    last = {}
+    for row in rows:
+        for i in range(n_future):
+            if row.get(f"val/acc_head{i}"):
+                last[i] = float(row[f"val/acc_head{i}"])
+    return [last[i] for i in range(n_future)]
+
+
+def tokens_per_forward(run: Path, prompts: list[str], tree: str,
+                       max_new_tokens: int) -> dict[str, float]:
+    """Greedy decoding with the chain of every head and with `tree`: tokens per forward."""
+    model, tokenizer = load(run / "export")
+    room = model.config.max_seq_len - max_new_tokens - 1
+    prompts = [p for p in prompts if len(tokenizer.encode(p)) < room]
+    result = {"prompts": len(prompts)}
+    for name, spec in (("chain", DrafterSpec(drafter="heads")),
+                       ("tree", DrafterSpec(drafter="heads", tree=tree))):
+        done = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                        drafter=spec.build(model))
+        result[f"tokens_per_forward_{name}"] = DecodeStats.pooled(
+            [g.stats for g in done]).tokens_per_forward
+        if name == "chain":
+            result["repeated"] = sum(repeated_share(g.token_ids, 16) for g in done) / len(done)
+    return result
+
+
+def step_bytes(run: Path) -> int:
+    """One training step's memory (bench_memory.py's measurement, in a fresh process)."""
+    model, _ = load(run / "export")
+    c = model.config
+    variant = "sequential" if c.head_type == "sequential" else "headwise"
+    child = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_memory.py"), f"--vocab-size={c.vocab_size}",
+         f"--dim={c.dim}", f"--n-layers={c.n_layers}", f"--n-heads={c.n_heads}",
+         f"--n-future={c.n_future}", f"--batch={BATCH}", f"--seq-len={SEQ_LEN}",
+         "--threads=2", f"--variant={variant}"], capture_output=True, text=True, check=True)
+    return json.loads(child.stdout.strip().splitlines()[-1])["step_bytes"]
+
+
+def step_seconds(run: Path, repeats: int) -> float:
+    """One optimizer step of the run's model at the recipe's batch: best of `repeats`."""
+    model, _ = load(run / "export")
+    model.train()
+    optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
+    tokens = torch.randint(0, model.config.vocab_size, (BATCH, SEQ_LEN + model.config.n_future))
+
+    def step() -> float:
+        began = time.perf_counter()
+        mtp_loss(model, tokens, backward=autograd_backward)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - began
+
+    step()  # warm-up
+    return min(step() for _ in range(repeats))
+
+
+def plot(runs: dict[str, dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {4: "#37a", 8: "#c63"}
+    for name, r in runs.items():
+        style = "-" if r["head_type"] == "block" else "--"
+        left.plot(range(1, r["n_future"] + 1), r["val_acc"], style, marker="o",
+                  color=colors.get(r["n_future"], "#555"),
+                  label=f"{'parallel' if r['head_type'] == 'block' else 'sequential'}, "
+                        f"n = {r['n_future']}")
+    left.set_xlabel("head (predicts byte t + i)")
+    left.set_ylabel("validation accuracy")
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    names = list(runs)
+    x = range(len(names))
+    chain = [runs[n]["tokens_per_forward_chain"] for n in names]
+    tree = [runs[n]["tokens_per_forward_tree"] for n in names]
+    right.bar([i - 0.2 for i in x], chain, width=0.4, label="chain (every head)", color="#37a")
+    right.bar([i + 0.2 for i in x], tree, width=0.4, label="tree", color="#8a5")
+    for i, (c, t) in enumerate(zip(chain, tree)):
+        right.text(i - 0.2, c, f"{c:.2f}", ha="center", va="bottom", fontsize=8)
+        right.text(i + 0.2, t, f"{t:.2f}", ha="center", va="bottom", fontsize=8)
+    right.set_xticks(list(x), [n.replace("block", "parallel") for n in names], fontsize=8)
+    right.set_ylabel("tokens per forward (greedy, HumanEval prompts)")
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="runs and results.json")
+    parser.add_argument("--n-future", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--humaneval", type=int, default=24)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--tree", default="tree16")
+    parser.add_argument("--time-steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-time", action="store_true", help="skip the step times")
+    parser.add_argument("--time-only", action="store_true",
+                        help="only (re)time the steps of existing runs")
+    parser.add_argument("--plot", type=Path, default=REPO / "docs" / "bench_heads_byte.png")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_file = args.out / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    runs = results.setdefault("runs", {})
+    prompts = humaneval_prompts(args.humaneval)
+    for n in args.n_future:
+        for head_type in HEAD_TYPES:
+            name = run_name(head_type, n)
+            row = runs.setdefault(name, {"head_type": head_type, "n_future": n})
+            if args.time_only:
+                run = args.out / f"{head_type}{n}"
+            else:
+                run = train(args.out, head_type, n, args.steps, args.warmup)
+                row["val_acc"] = val_accuracies(run, n)
+                row.update(tokens_per_forward(run, prompts, args.tree, args.max_new_tokens))
+                row["step_bytes"] = step_bytes(run)
+            if not args.no_time:
+                row["step_seconds"] = step_seconds(run, args.time_steps)
+            results_file.write_text(json.dumps(results, indent=1) + "\n")
+    results.update(steps=args.steps, tree=args.tree, humaneval=args.humaneval,
+                   max_new_tokens=args.max_new_tokens, batch=BATCH, seq_len=SEQ_LEN,
+                   machine=machine())
+    results_file.write_text(json.dumps(results, indent=1) + "\n")
+
+    print(f"byte8 shape, {args.steps} training steps each; greedy decoding of "
+          f"{args.humaneval} HumanEval prompts x {args.max_new_tokens} bytes")
+    print(f"{'run':<16}{'head accuracies (val)':<52}{'chain':>7}{'tree':>7}{'repeat':>8}"
+          f"{'step MiB':>10}{'step s':>8}")
+    for name, r in runs.items():
+        accs = " ".join(f"{a:.3f}" for a in r["val_acc"])
+        seconds = r.get("step_seconds")
+        print(f"{name:<16}{accs:<52}{r['tokens_per_forward_chain']:>7.2f}"
+              f"{r['tokens_per_forward_tree']:>7.2f}{r['repeated']:>8.2f}"
+              f"{r['step_bytes'] / 2**20:>10.0f}"
+              f"{'' if seconds is None else f'{seconds:.2f}':>8}")
+    plot(runs, args.plot, f"parallel heads vs sequential modules, byte8 shape, {args.steps} "
+                          f"steps each ({args.tree} for the tree)")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
