@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import mtp
 from mtp.checkpoint import export, export_hf
 from mtp.finetune import grow_heads, grown_config
-from mtp.generate import DrafterSpec, HeadsDrafter, generate
+from mtp.generate import DrafterSpec, generate
 from mtp.interop.hf import HEADS_LAYOUT_FILE
 from mtp.lit import MTPLitModule
 from mtp.loss import autograd_backward, mtp_loss
@@ -272,7 +272,7 @@ def next_token_model() -> MTPModel:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("head_type", ["block", "resblock", "linear"])
+@pytest.mark.parametrize("head_type", ["block", "resblock", "linear", "sequential"])
 def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: MTPModel,
                                                              head_type: str,
                                                              tmp_path: Path) -> None:
@@ -284,6 +284,10 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     for name, param in model.named_parameters():
         param.requires_grad_(not MTPModel.is_base_parameter(name))
     recite(model, DOCS, 60)
+    with torch.no_grad():  # the base model's own logits, bit for bit
+        tokens = torch.tensor([list(b"def add(a, b):")])
+        torch.testing.assert_close(model(tokens, heads=[0]), next_token_model(tokens, heads=[0]),
+                                   rtol=0, atol=0)
     export(model, ByteTokenizer(), tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model"]["head_type"] == head_type
     loaded, tokenizer = mtp.load(tmp_path, dtype=torch.float64)
@@ -292,7 +296,7 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     assert reference[0].text == "a, b):\n    return a + b\n"  # head 0 is the base model's
     for k in (2, 4):
         generations = generate(loaded, tokenizer, prompts, max_new_tokens=40,
-                               drafter=HeadsDrafter(k))
+                               drafter=DrafterSpec(drafter="heads", k=k))
         assert [g.token_ids for g in generations] == [g.token_ids for g in reference], k
     trees = generate(loaded, tokenizer, prompts, max_new_tokens=40,
                      drafter=DrafterSpec(drafter="heads", tree="tree8"))
