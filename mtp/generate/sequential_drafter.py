@@ -151,8 +151,8 @@ class SequentialDrafter(HeadsDrafter):
         slots."""
         tokens = self._commit[0]
         width, device = tokens.shape[1], tokens.device
-        held, holds = (old + 1 - k).clamp(min=0), (new + 1 - k).clamp(min=0)  # cached, before
-        trash = holds + n  # and after; one slot for every token module k leaves out
+        holds = (new + 1 - k).clamp(min=0)  # positions module k holds after the commit
+        trash = holds + n  # after the nodes: one slot for every token module k leaves out
         slots = torch.arange(length, device=device)  # (L,)
         position = old[:, None] + 1 + torch.arange(width, device=device) - k  # (B, C)
         valid = (torch.arange(width, device=device) < counts[:, None]) & (position >= 0)
