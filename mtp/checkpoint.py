@@ -6,18 +6,23 @@ An exported directory holds
 - the tokenizer's own files (`Tokenizer.save`).
 
 `export_hf` writes a Hugging Face `LlamaForCausalLM` directory instead (`mtp.interop.hf`),
-`export_mimo` MiMo's layout, sequential heads as its MTP layers (`mtp.interop.mimo`).
+`export_mimo` MiMo's layout, sequential heads as its MTP layers (`mtp.interop.mimo`), and
+`export_medusa` the base model as one with the heads in vLLM's and FasterDecoding's Medusa
+layouts (`mtp.interop.medusa`).
 
 `load` reads, with neither Lightning nor Hydra involved, any of these layouts:
 - such an export;
 - a Lightning `.ckpt` written by `mtp.train` (its hyperparameters carry the model config and
   the checkpoint embeds the tokenizer's files): a single file, or the sharded folder of
   `trainer=fsdp` (`mtp.sharded`);
-- a Hugging Face Llama directory, with mtp's heads file if `export_hf` wrote it;
+- a Hugging Face Llama (or Qwen2) directory, with mtp's heads file if `export_hf` wrote it;
 - MiMo's layout, or DeepSeek's `num_nextn_predict_layers` one, of a dense Llama-like model;
-- Meta's multi-token-prediction release (`mtp.interop.meta`).
+- Meta's multi-token-prediction release (`mtp.interop.meta`);
+- an `export_medusa` directory (`mtp.interop.medusa`);
+- a GGUF file of a Llama-architecture model (llama.cpp's format, `mtp.interop.gguf`).
 The model is built on the meta device and takes the loaded tensors as its parameters
-(no second copy), in their stored dtype unless `dtype` is given; loading is strict.
+(no second copy), in their stored dtype unless `dtype` is given (a GGUF's, dequantized:
+float32); loading is strict.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from mtp.interop import hf, meta, mimo
+from mtp.interop import gguf, hf, medusa, meta, mimo
 from mtp.interop.fields import read_json_object
 from mtp.model import MTPConfig, MTPModel
 from mtp.sharded import DCP_METADATA_FILE, META_FILE, is_sharded_checkpoint, read_sharded_checkpoint
@@ -129,6 +134,20 @@ def export_mimo(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) ->
     return Path(directory)
 
 
+def export_medusa(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
+    """Write the base model (trunk + head 0) as a Hugging Face Llama directory in `base/` and
+    heads 1..n-1 as Medusa heads in `vllm/` and `medusa/` (FasterDecoding's); return it.
+
+    Only `medusa` heads map exactly onto Medusa's; other models are refused, before anything
+    is written, with the reason (`mtp.interop.medusa`). Under FSDP call it on every rank.
+    """
+    medusa.check_medusa(model.config)
+    state = _state_to_write(model, tokenizer)
+    if state is not None:
+        medusa.write_medusa(model.config, state, tokenizer, Path(directory))
+    return Path(directory)
+
+
 # What `load` recognises, in the order it tries them (named in its error for anything else).
 LAYOUTS = (
     f"an mtp export (a directory with {CONFIG_FILE} holding format_version and model)",
@@ -136,10 +155,13 @@ LAYOUTS = (
     f"a sharded trainer=fsdp checkpoint folder ({META_FILE} and {DCP_METADATA_FILE})",
     f"MiMo's or DeepSeek's MTP layout of a dense Llama-like model ({hf.CONFIG_FILE} with "
     f"model_type 'mimo' or {mimo.NEXTN})",
-    f"a Hugging Face Llama directory ({hf.CONFIG_FILE} with model_type 'llama', "
+    f"a Hugging Face Llama directory ({hf.CONFIG_FILE} with model_type 'llama' or 'qwen2', "
     f"{hf.WEIGHTS_FILE} or {hf.INDEX_FILE}, tokenizer.json or tokenizer.model)",
     f"Meta's multi-token-prediction layout ({meta.PARAMS_FILE}, {meta.WEIGHTS_FILE}, "
     f"tokenizer.model)",
+    f"an export_medusa directory ({medusa.BASE_DIR}/ and {medusa.VLLM_DIR}/ or "
+    f"{medusa.MEDUSA_DIR}/)",
+    "a GGUF file of a Llama-architecture model (llama.cpp's format; needs the gguf package)",
 )
 
 
@@ -147,11 +169,12 @@ def load(path: str | Path, device: str | torch.device = "cpu",
          dtype: torch.dtype | None = None) -> tuple[MTPModel, Tokenizer]:
     """The model (in eval mode) and tokenizer from any layout in `LAYOUTS`.
 
-    dtype None keeps the stored dtype. The weights are loaded once and become the model's
-    parameters (no second copy); every key must match the model, and shapes must agree.
+    dtype None keeps the stored dtype (float32 for a GGUF). The weights are loaded once and
+    become the model's parameters (no second copy); every key must match the model, and
+    shapes must agree.
     """
     path = Path(path)
-    config, state, tokenizer = _read(path)
+    config, state, tokenizer = _read(path, dtype)
     check_vocab(config, tokenizer)
     if config.tie_embeddings:
         state.setdefault(_TIED, state["tok_embeddings.weight"])
@@ -167,8 +190,11 @@ def load(path: str | Path, device: str | torch.device = "cpu",
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 
-def _read(path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
-    """Dispatch on the layout at `path`."""
+def _read(path: Path,
+          dtype: torch.dtype | None) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
+    """Dispatch on the layout at `path`; a GGUF is dequantized to `dtype` as it is read."""
+    if gguf.is_gguf(path):
+        return gguf.read_gguf(path, dtype)
     if path.is_file():
         return _read_lightning(path)
     if not path.is_dir():
@@ -184,6 +210,8 @@ def _read(path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
         return hf.read_hf(path)
     if meta.is_meta(path):
         return meta.read_meta(path)
+    if medusa.is_medusa_export(path):
+        return medusa.read_medusa(path)
     raise FileNotFoundError(
         f"{path} is a directory in none of the layouts mtp loads; looked for: "
         + "; ".join(LAYOUTS))

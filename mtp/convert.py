@@ -7,6 +7,9 @@ Commands
            sequential heads as its MTP layers, which vLLM and SGLang serve as drafters
   to_mtp   an mtp export (`mtp.checkpoint.export`), e.g. of a Hugging Face, MiMo or Meta
            checkpoint
+  to_medusa  the base model as a Hugging Face Llama directory (`base/`) and heads 1..n-1 as
+           Medusa heads for vLLM (`vllm/`) and FasterDecoding / TensorRT-LLM (`medusa/`);
+           models with `medusa` heads only (`mtp.checkpoint.export_medusa`)
 
 Arguments
   checkpoint   what to convert (required)
@@ -21,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from mtp.checkpoint import export, export_hf, export_mimo, load
+from mtp.checkpoint import export, export_hf, export_medusa, export_mimo, load
 
-COMMANDS = {"to_hf": export_hf, "to_mimo": export_mimo, "to_mtp": export}
+COMMANDS = {"to_hf": export_hf, "to_mimo": export_mimo, "to_mtp": export,
+            "to_medusa": export_medusa}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ARGUMENTS = ("checkpoint", "output", "dtype")
 

@@ -86,6 +86,6 @@ def _copied(state: dict[str, Tensor], name: str, prefix: str, head_type: str,
         source = "heads.0." + sub  # a block's parameter; a module's fusion stays as initialised
         return state[source].clone() if source in state else state[name]
     weight = state[name]
-    if head_type == "resblock":  # x + SiLU(x @ 0) = x
+    if head_type in ("resblock", "medusa"):  # x + SiLU(x @ 0) = x
         return torch.zeros_like(weight)
     return torch.eye(weight.shape[0], dtype=weight.dtype)  # linear: x @ I = x

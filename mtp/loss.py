@@ -147,8 +147,9 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
     with torch.set_grad_enabled(train_trunk and torch.is_grad_enabled()):
         trunk_out = model.trunk(inputs)  # (B, T, D); no graph unless the trunk trains
     if mode == "naive":
-        logits = torch.stack([model.unembed(state) for state in
-                              model.head_states(trunk_out, tokens, n)], dim=2)  # (B, T, n, V)
+        logits = torch.stack([model.unembed(state, i) for i, state in
+                              enumerate(model.head_states(trunk_out, tokens, n))],
+                             dim=2)  # (B, T, n, V)
         results = [_head_loss(logits[:, :, i].flatten(0, 1), head_targets[i], denominators[i])
                    for i in range(n)]
         total = sum(w * loss for w, (loss, _) in zip(weights, results))
@@ -162,9 +163,9 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
         def head_loss(i: int, head_out: Tensor) -> tuple[Tensor, Tensor]:
             """Head i's loss and hits on its output (B, T, D), backpropagated into it."""
             if mode == "chunked":
-                return _chunked_head_loss(model, head_out.flatten(0, 1), head_targets[i],
+                return _chunked_head_loss(model, i, head_out.flatten(0, 1), head_targets[i],
                                           denominators[i], weights[i], backward, chunk_size)
-            loss, hits = _head_loss(model.unembed(head_out).flatten(0, 1), head_targets[i],
+            loss, hits = _head_loss(model.unembed(head_out, i).flatten(0, 1), head_targets[i],
                                     denominators[i])
             if backward is not None and loss.requires_grad:
                 backward(weights[i] * loss)
@@ -207,16 +208,16 @@ def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
     return losses, correct
 
 
-def _chunked_head_loss(model: MTPModel, head_out: Tensor, targets: Tensor, denominator: int,
-                       weight: float, backward: BackwardFn | None,
+def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Tensor,
+                       denominator: int, weight: float, backward: BackwardFn | None,
                        chunk_size: int) -> tuple[Tensor, Tensor]:
-    """One head's loss over token chunks of (N, D) `head_out`, backpropagating per chunk."""
+    """Head `head`'s loss over token chunks of (N, D) `head_out`, backpropagating per chunk."""
     # Chunks backpropagate into this detached copy; the head's blocks run backward once.
     detached = head_out.detach().requires_grad_(head_out.requires_grad)
     losses, hits = [], []
     for start in range(0, detached.shape[0], chunk_size):
         end = start + chunk_size
-        chunk_loss, chunk_hits = _head_loss(model.unembed(detached[start:end]),
+        chunk_loss, chunk_hits = _head_loss(model.unembed(detached[start:end], head),
                                             targets[start:end], denominator)
         if backward is not None and chunk_loss.requires_grad:
             backward(weight * chunk_loss)

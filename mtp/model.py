@@ -3,7 +3,10 @@
 Design choices
 - Llama-style decoder blocks: pre-norm RMSNorm, rotary position embeddings (interleaved
   pairs, as Meta's Llama code), SwiGLU MLP, grouped-query attention through
-  `scaled_dot_product_attention`. No biases.
+  `scaled_dot_product_attention`. No biases by default. The variants of released models are
+  config fields and change nothing else: q/k/v biases (Qwen2), output and MLP biases (Llama's
+  attention_bias, mlp_bias), a head width other than dim / n_heads, and the rotary
+  frequencies' `linear` and `llama3` scaling (`RopeScaling`).
 - The layout of the released MTP checkpoints (Gloeckle et al. 2024): `layers` (the trunk),
   then `heads`, n_future parallel stacks of `head_layers` blocks that all read the same trunk
   output, then one shared final `norm` and one shared unembedding `output`. Head i predicts
@@ -16,8 +19,11 @@ Design choices
   as Medusa keeps the base model's LM head, so trunk + head 0 stays a Llama model and a
   next-token checkpoint grows cheap heads 1..n-1 without changing head 0. Every head reads
   the trunk output (not head 0's, as Medusa's heads do): one layout for the loss, sharding
-  and decoding. The math of the attention-free layers is one function each (`resblock`,
-  `linear`), which the stacked heads of `generate/` call too.
+  and decoding. `medusa` heads are Medusa's own layout, which serving engines run (vLLM,
+  TensorRT-LLM): resblock layers on the base model's final hidden state (head 0's output
+  after the shared final norm, what a Llama's lm_head reads), then the shared unembedding
+  without a second norm. The math of the attention-free layers is one function each
+  (`resblock`, `linear`), which the stacked heads of `generate/` call too.
 - Sequential heads (DeepSeek-V3, MiMo): head k >= 1 is a chain link, not a reader of the
   trunk. At position t it normalises the previous depth's state and the embedding of token
   t + k, projects their concatenation (2D -> D) and runs `head_layers` blocks:
@@ -27,7 +33,8 @@ Design choices
   unembedding reads: what Megatron-LM's and MiMo's modules pass on and what vLLM and SGLang
   feed module 1 (the target model's normalised output), so an export is exactly a MiMo
   checkpoint. Each module has its own blocks, hence KV cache slots after the trunk's. With
-  teacher forcing (training, `forward`) module k reads tokens[t + k]: `mtp_module`.- Embedding and unembedding are untied by default, as in the paper.
+  teacher forcing (training, `forward`) module k reads tokens[t + k]: `mtp_module`.
+- Embedding and unembedding are untied by default, as in the paper.
 - Fair comparisons: `MTPConfig.compute_matched(depth=...)` takes n_future - 1 layers off the
   trunk when heads are added, so n = 1 and n > 1 models cost the same per token.
 - This module has no loss, no sampling and no parallelism: `loss.py`, `generate/` and
@@ -45,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,11 +60,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mtp.rope import RopeScaling
+
 if TYPE_CHECKING:
     from mtp.kv_cache import CacheStep, KVCache
 
 
-HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear", "sequential")
+HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear", "medusa", "sequential")
 BLOCK_HEAD_TYPES: tuple[str, ...] = ("block", "sequential")  # heads 1..n-1 have blocks
 
 
@@ -74,13 +83,18 @@ class MTPConfig:
     n_layers: int = 4  # trunk layers; the heads' layers come on top
     n_heads: int = 8
     n_kv_heads: int | None = None  # None: as many as n_heads (plain multi-head attention)
+    head_dim: int | None = None  # None: dim // n_heads (dim must then be divisible by n_heads)
     ffn_hidden: int | None = None  # None: 8/3 * dim rounded up to a multiple of 64 (Llama)
     max_seq_len: int = 2048
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None  # a mapping of RopeScaling's fields is converted
     norm_eps: float = 1e-5
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
+    out_bias: bool = False  # a bias on the attention's output projection
+    mlp_bias: bool = False  # biases on the three feed-forward projections
     n_future: int = 1  # number of heads; head i predicts token t + i + 1
     head_layers: int = 1  # layers per head (of head_type; head 0's are always blocks)
-    head_type: str = "block"  # block | resblock | linear | sequential: heads 1..n-1
+    head_type: str = "block"  # block | resblock | linear | medusa | sequential: heads 1..n-1
     tie_embeddings: bool = False
     init_std: float = 0.02
 
@@ -90,21 +104,26 @@ class MTPConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", _round_up(8 * self.dim / 3, 64))
-        for name in ("vocab_size", "dim", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len",
-                     "n_future", "head_layers"):
+        if isinstance(self.rope_scaling, Mapping):
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(self.rope_scaling))
+        for name in ("vocab_size", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
+                     "max_seq_len", "n_future", "head_layers"):
             value = getattr(self, name)
+            if name == "head_dim" and value is None:
+                if self.dim % self.n_heads:
+                    raise ValueError(f"MTPConfig.dim={self.dim} must be divisible by "
+                                     f"n_heads={self.n_heads} (or set head_dim)")
+                value = self.dim // self.n_heads
+                object.__setattr__(self, "head_dim", value)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"MTPConfig.{name} must be a positive integer, got {value!r}")
         if not isinstance(self.n_layers, int) or isinstance(self.n_layers, bool) \
                 or self.n_layers < 0:
             raise ValueError(f"MTPConfig.n_layers must be an integer >= 0, got {self.n_layers!r}")
-        if self.dim % self.n_heads:
+        if self.head_dim % 2:
             raise ValueError(
-                f"MTPConfig.dim={self.dim} must be divisible by n_heads={self.n_heads}")
-        if (self.dim // self.n_heads) % 2:
-            raise ValueError(
-                f"MTPConfig.dim // n_heads = {self.dim // self.n_heads} must be even for rotary "
-                f"embeddings (dim={self.dim}, n_heads={self.n_heads})")
+                f"MTPConfig.head_dim={self.head_dim} must be even for rotary embeddings "
+                f"(dim={self.dim}, n_heads={self.n_heads})")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"MTPConfig.n_heads={self.n_heads} must be divisible by "
@@ -116,13 +135,13 @@ class MTPConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"MTPConfig.{name} must be a number > 0, got {value!r}")
-        if not isinstance(self.tie_embeddings, bool):
-            raise ValueError(f"MTPConfig.tie_embeddings must be true or false, got "
-                             f"{self.tie_embeddings!r}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        for name in ("tie_embeddings", "qkv_bias", "out_bias", "mlp_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"MTPConfig.{name} must be true or false, got "
+                                 f"{getattr(self, name)!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(f"MTPConfig.rope_scaling must be null or a mapping of "
+                             f"{RopeScaling.field_names()}, got {self.rope_scaling!r}")
 
     @property
     def block_heads(self) -> int:
@@ -189,10 +208,12 @@ class RMSNorm(nn.Module):
         return rms_normalise(x, self.eps) * self.weight
 
 
-def rope_tables(head_dim: int, max_len: int, theta: float,
-                device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+def rope_tables(head_dim: int, max_len: int, theta: float, device: torch.device | None = None,
+                scaling: RopeScaling | None = None) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles, each (max_len, head_dim // 2), in float32."""
     freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    if scaling is not None:
+        freqs = scaling.frequencies(freqs)
     angles = torch.outer(torch.arange(max_len, device=device).float(), freqs)
     return angles.cos(), angles.sin()
 
@@ -212,10 +233,11 @@ class Attention(nn.Module):
         self.block_index = block_index  # its slot in the KV cache
         self.n_heads, self.n_kv_heads, self.head_dim = (
             config.n_heads, config.n_kv_heads, config.head_dim)
-        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
-        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+        qkv_bias = config.qkv_bias
+        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=qkv_bias)
+        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=qkv_bias)
+        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=qkv_bias)
+        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=config.out_bias)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
                 step: CacheStep | None) -> Tensor:
@@ -237,9 +259,10 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, config: MTPConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # gate
-        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # up
-        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)  # down
+        bias = config.mlp_bias
+        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=bias)  # gate
+        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=bias)  # up
+        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=bias)  # down
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -270,7 +293,8 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
 
 class HeadLayer(nn.Module):
-    """One attention-free head layer, `resblock` or `linear`: no positions, no cache.
+    """One attention-free head layer, `resblock` (also `medusa`'s) or `linear`: no positions,
+    no cache.
 
     The weight is stored (in, out) and applied as x @ W, the layout the stacked heads read.
     """
@@ -283,7 +307,7 @@ class HeadLayer(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
                 step: CacheStep | None) -> Tensor:
         # Same signature as Block, so a head is a list of layers whatever its type.
-        return (resblock if self.kind == "resblock" else linear)(x, self.weight)
+        return (linear if self.kind == "linear" else resblock)(x, self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.kind}, dim={self.weight.shape[0]}"
@@ -373,7 +397,8 @@ class MTPModel(nn.Module):
         into a model made on the meta device."""
         cfg = self.config
         self.rope_cos, self.rope_sin = rope_tables(
-            cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.output.weight.device)
+            cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.output.weight.device,
+            scaling=cfg.rope_scaling)
 
     def _apply(self, fn: Any, recurse: bool = True) -> MTPModel:
         # .to(bfloat16), .cuda() and to_empty() all pass through here: rebuild the rotary
@@ -390,6 +415,8 @@ class MTPModel(nn.Module):
         for name, param in self.named_parameters():
             if name.endswith(("norm.weight", ".hnorm", ".enorm")):
                 nn.init.ones_(param)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(param)
             elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
                 nn.init.normal_(param, std=residual_std)
             else:
@@ -420,13 +447,18 @@ class MTPModel(nn.Module):
 
     def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None,
              step: CacheStep | None = None) -> Tensor:
-        """Head `index`'s layers on the trunk output: (B, T, D), before the shared norm."""
+        """Head `index`'s layers on the trunk output: (B, T, D), what `unembed(h, index)` takes.
+
+        Medusa heads (head_type medusa, index >= 1) read head 0's output after the shared norm.
+        """
         _check_cached(cache, step)
         if isinstance(self.heads[index], SequentialHead):
             raise ValueError(f"head {index} is a sequential module: it reads the previous "
                              f"depth's state and the tokens ahead (MTPModel.mtp_module)")
         cos, sin = self.rope(trunk_out.shape[1], step)
         h = trunk_out
+        if index and self.config.head_type == "medusa":
+            h = self.norm(self.head(trunk_out, 0, cache=cache, step=step))
         for block in self.heads[index]:
             h = block(h, cos, sin, cache, step)
         return h
@@ -465,8 +497,14 @@ class MTPModel(nn.Module):
             states.append(self.mtp_module(states[-1], ahead, k))
         return states
 
-    def unembed(self, h: Tensor) -> Tensor:
-        """Shared final norm and unembedding: (..., D) -> (..., V)."""
+    def unembed(self, h: Tensor, head: int = 0) -> Tensor:
+        """Head `head`'s logits from its output: (..., D) -> (..., V).
+
+        The shared final norm and unembedding; Medusa heads (head_type medusa, head >= 1) read
+        a normed state already and go to the unembedding alone, as Medusa's lm_heads do.
+        """
+        if head and self.config.head_type == "medusa":
+            return self.output(h)
         return self.output(self.norm(h))
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None,
@@ -485,7 +523,7 @@ class MTPModel(nn.Module):
         if chain:
             states = self.head_states(h, tokens, max(heads) + 1)
             return torch.stack([self.unembed(states[i]) for i in heads], dim=2)
-        return torch.stack([self.unembed(self.head(h, i, cache=cache, step=step))
+        return torch.stack([self.unembed(self.head(h, i, cache=cache, step=step), i)
                             for i in heads], dim=2)  # (B, T, n, V)
 
     @staticmethod

@@ -15,6 +15,12 @@ Choices:
 - BPE is byte-level (no unknown token, any text encodes), trained with ``tokenizers``
   and saved as ``tokenizer.json``; any existing ``tokenizer.json`` (Llama, CodeLlama,
   GPT-2, ...) loads too, its bos/eos/pad found by name.
+- Prompts (``encode_prompt``): a model continues the start of a document, so a prompt gets
+  what the model saw before every document. mtp packs training documents after EOS, so
+  tokenizers mtp trains start prompts with EOS. A tokenizer from elsewhere decides for
+  itself, through its own special-token template (the ``tokenizer.json`` post-processor,
+  which transformers builds from ``add_bos_token``/``add_eos_token``): Llama's puts BOS
+  first, SmolLM2's nothing, so a prompt encodes exactly as transformers encodes it.
 """
 
 from __future__ import annotations
@@ -83,14 +89,21 @@ class Tokenizer(ABC):
     def fingerprint(self) -> str:
         """Short string that changes whenever encoding would change (names caches)."""
 
-    @property
-    def document_start_id(self) -> int:
-        """The token a prompt starts with: the one the model saw before every document.
+    def encode_prompt(self, text: str | bytes) -> list[int]:
+        """The ids of a prompt as the model is given it (see the module docstring): here
+        EOS, the token every document of mtp's training stream follows, then the text."""
+        return [self.eos_id, *self.encode(text)]
 
-        mtp packs training documents after EOS; models imported from elsewhere (Llama) saw
-        BOS. `BPETokenizer(document_start="bos")` says so.
-        """
-        return self.eos_id
+    def encode_prompts(self, texts: Sequence[str | bytes]) -> list[list[int]]:
+        """``encode_prompt`` applied to each text."""
+        return [self.encode_prompt(text) for text in texts]
+
+    @property
+    def document_start_id(self) -> int | None:
+        """The token a prompt starts with, or None when the tokenizer puts none before it
+        (``encode_prompt`` is the whole rule)."""
+        ids, text = self.encode_prompt("a"), self.encode("a")
+        return ids[0] if ids[:len(text)] != text else None
 
     @property
     def special_ids(self) -> frozenset[int]:
@@ -150,8 +163,16 @@ class _Utf8IncrementalDecoder:
         return self._utf8.decode(b"", final=True)
 
 
+DOCUMENT_STARTS = ("eos", "bos", "tokenizer")
+
+
 class BPETokenizer(Tokenizer):
-    """A Hugging Face ``tokenizers.Tokenizer`` (byte-level BPE when we train it)."""
+    """A Hugging Face ``tokenizers.Tokenizer`` (byte-level BPE when we train it).
+
+    ``document_start`` says what comes before a prompt (``encode_prompt``): "eos" for
+    tokenizers mtp trains, "tokenizer" for the tokenizer's own special-token template (its
+    post-processor: BOS, nothing, or whatever it adds), "bos" for BOS whatever the template.
+    """
 
     def __init__(
         self,
@@ -163,8 +184,9 @@ class BPETokenizer(Tokenizer):
         name: str = "bpe",
         document_start: str = "eos",
     ) -> None:
-        if document_start not in ("eos", "bos"):
-            raise ValueError(f"document_start must be 'eos' or 'bos', got {document_start!r}")
+        if document_start not in DOCUMENT_STARTS:
+            raise ValueError(f"document_start must be one of {DOCUMENT_STARTS}, got "
+                             f"{document_start!r}")
         self._tok = tokenizer
         self.document_start = document_start
         # Text that spells a special token stays text, as with the byte tokenizer.
@@ -210,34 +232,41 @@ class BPETokenizer(Tokenizer):
         if not file.is_file():
             raise FileNotFoundError(f"no tokenizer.json at {file}")
         meta = _read_json(file.parent / META_FILE) or _hf_specials(file.parent / "tokenizer_config.json")
-        tok = tokenizers.Tokenizer.from_file(str(file))
-        tokenizer = cls(
-            tok,
+        return cls(
+            tokenizers.Tokenizer.from_file(str(file)),
             bos_token=meta.get("bos_token"),
             eos_token=meta.get("eos_token"),
             pad_token=meta.get("pad_token"),
             name=meta.get("name", "bpe"),
-            document_start=meta.get("document_start", "eos"),
+            # A foreign tokenizer.json (no header of ours): its own template places the
+            # special tokens, as transformers uses it.
+            document_start=meta.get("document_start", "tokenizer"),
         )
-        if "document_start" not in meta:
-            # A foreign tokenizer.json (Llama's) whose own pipeline puts BOS first: the model
-            # saw BOS before every document.
-            ids = tok.encode("a", add_special_tokens=True).ids
-            if ids and ids[0] == tokenizer.bos_id:
-                tokenizer.document_start = "bos"
-        return tokenizer
 
-    @property
-    def document_start_id(self) -> int:
-        return self.bos_id if self.document_start == "bos" else self.eos_id
+    def encode_prompt(self, text: str | bytes) -> list[int]:
+        if self.document_start == "eos":
+            return super().encode_prompt(text)
+        if self.document_start == "bos":
+            return [self.bos_id, *self.encode(text)]
+        return self._tok.encode(self._text(text), add_special_tokens=True).ids
 
-    def encode(self, text: str | bytes) -> list[int]:
+    def encode_prompts(self, texts: Sequence[str | bytes]) -> list[list[int]]:
+        if self.document_start != "tokenizer":
+            return [self.encode_prompt(t) for t in texts]
+        batch = self._tok.encode_batch([self._text(t) for t in texts], add_special_tokens=True)
+        return [e.ids for e in batch]
+
+    @staticmethod
+    def _text(text: str | bytes) -> str:
         if isinstance(text, bytes):
             try:
-                text = text.decode("utf-8")
+                return text.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(f"BPE tokenizer needs UTF-8 text; got invalid bytes ({e})") from e
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return text
+
+    def encode(self, text: str | bytes) -> list[int]:
+        return self._tok.encode(self._text(text), add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str | bytes]) -> list[list[int]]:
         if any(isinstance(t, bytes) for t in texts):
@@ -265,6 +294,11 @@ class BPETokenizer(Tokenizer):
                 "document_start": self.document_start,
             },
         )
+
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The underlying ``tokenizers.Tokenizer`` (do not change it: copy it)."""
+        return self._tok
 
     @property
     def fingerprint(self) -> str:

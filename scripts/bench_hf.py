@@ -15,7 +15,7 @@ greedy) by
 - transformers' prompt-lookup assisted generation (`prompt_lookup_num_tokens`),
 - mtp with k = 1 (autoregressive) and with every k from 2 to n_future (self-speculative),
   its decode step compiled with `--compile` (`compiled` in the JSON line).
-mtp starts a prompt with `tokenizer.document_start_id` (EOS for models mtp trained, see
+mtp encodes a prompt with `tokenizer.encode_prompt` (EOS first for models mtp trained, see
 mtp/generate/decode.py); transformers gets exactly the same input ids, and both stop at EOS or after --max-new-tokens. After a warm-up, repeats run every
 method in turn (slow drifts of the machine hit all alike); figures are medians over repeats of
 new tokens per second over all prompts. The compiled methods first decode every prompt once,
@@ -156,7 +156,7 @@ def main() -> None:
         checkpoint = str(args.checkpoint)
         model, tokenizer = load(args.checkpoint, device=device, dtype=dtype)
     prompts = humaneval_prompts(args.humaneval) if args.humaneval else read_prompts(args.prompts)
-    inputs = [[tokenizer.document_start_id, *tokenizer.encode(p)] for p in prompts]  # as mtp's
+    inputs = tokenizer.encode_prompts(prompts)  # as mtp's generate
     with tempfile.TemporaryDirectory() as tmp:
         export_hf(model, tokenizer, tmp)
         hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype).eval().to(device)

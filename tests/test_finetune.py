@@ -52,7 +52,7 @@ def test_grown_config_keeps_the_architecture_and_refuses_silent_drops():
     assert grown_config(_base().config, n_future=4, head_type="resblock").n_blocks == 3
 
 
-@pytest.mark.parametrize("head_type", ["block", "resblock", "linear"])
+@pytest.mark.parametrize("head_type", ["block", "resblock", "linear", "medusa"])
 @torch.no_grad()
 def test_copied_heads_start_as_head_0_or_the_identity(head_type):
     base = _base()
@@ -62,9 +62,14 @@ def test_copied_heads_start_as_head_0_or_the_identity(head_type):
     tokens = torch.randint(0, 262, (2, 9))
     torch.testing.assert_close(model(tokens)[:, :, 0], base(tokens)[:, :, 0], rtol=0, atol=0)
     trunk = model.trunk(tokens)
-    expected = model.head(trunk, 0) if head_type == "block" else trunk
+    expected = {"block": model.head(trunk, 0), "medusa": model.norm(model.head(trunk, 0))}.get(
+        head_type, trunk)  # medusa heads read the base model's final (normed) hidden state
     for i in (1, 2):
         torch.testing.assert_close(model.head(trunk, i), expected, rtol=0, atol=0)
+    if head_type in ("block", "medusa"):  # every new head first predicts what head 0 does
+        logits = model(tokens)
+        torch.testing.assert_close(logits[:, :, 1:], logits[:, :, :1].expand_as(logits[:, :, 1:]),
+                                   rtol=0, atol=0)
     random = MTPModel(config)
     random.load_state_dict(grow_heads(base, config, new_heads="random"))
     assert not torch.equal(random.head(trunk, 1), expected)
@@ -272,7 +277,7 @@ def next_token_model() -> MTPModel:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("head_type", ["block", "resblock", "linear", "sequential"])
+@pytest.mark.parametrize("head_type", ["block", "resblock", "linear", "medusa", "sequential"])
 def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: MTPModel,
                                                              head_type: str,
                                                              tmp_path: Path) -> None:
@@ -304,7 +309,7 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     assert generations[0].stats.tokens_per_forward > 1.25  # random heads: about 1
 
 
-@pytest.mark.parametrize("head_type", ["resblock", "linear", "sequential"])
+@pytest.mark.parametrize("head_type", ["resblock", "linear", "medusa", "sequential"])
 def test_hugging_face_export_records_the_head_type_and_loads_back(tmp_path: Path,
                                                                    head_type: str) -> None:
     config = grown_config(_base().config, n_future=3, head_type=head_type)
@@ -322,12 +327,12 @@ def test_hugging_face_export_records_the_head_type_and_loads_back(tmp_path: Path
 # -- FSDP2 on 2 CPU ranks --------------------------------------------------------------------
 
 
-def _fsdp_worker(rank: int, port: int, results: dict) -> None:
+def _fsdp_worker(rank: int, port: int, results: dict, head_type: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         torch.manual_seed(0)
-        config = grown_config(_base().config, n_future=3, head_type="resblock")
+        config = grown_config(_base().config, n_future=3, head_type=head_type)
         reference = MTPModel(config)
         for name, param in reference.named_parameters():
             param.requires_grad_(not MTPModel.is_base_parameter(name))
@@ -349,14 +354,15 @@ def _fsdp_worker(rank: int, port: int, results: dict) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_medusa1_resblock_heads_match_one_process() -> None:
+@pytest.mark.parametrize("head_type", ["resblock", "medusa"])  # medusa heads call the norm
+def test_fsdp_medusa1_resblock_heads_match_one_process(head_type: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     results = mp.Manager().dict()
-    mp.spawn(_fsdp_worker, args=(port, results), nprocs=2, join=True)
+    mp.spawn(_fsdp_worker, args=(port, results, head_type), nprocs=2, join=True)
     assert len(results) == len(list(MTPModel(grown_config(
-        _base().config, n_future=3, head_type="resblock")).parameters()))
+        _base().config, n_future=3, head_type=head_type)).parameters()))
     for name, (sharded, single) in dict(results).items():
         if MTPModel.is_base_parameter(name):
             assert sharded is None and single is None, name

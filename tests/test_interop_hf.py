@@ -1,5 +1,6 @@
 """Hugging Face Llama import/export: logits equal transformers' both ways, strict loading."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,8 +10,11 @@ import torch
 from mtp import export_hf, load
 from mtp.generate import generate
 from mtp.interop.hf import HEADS_FILE, HEADS_LAYOUT_FILE
+from mtp.interop.hf_tokenizer import read_hf_tokenizer
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import BPETokenizer, ByteTokenizer
+
+from llama_variants import VARIANTS, random_llama  # tests/ is on the path
 
 transformers = pytest.importorskip("transformers")
 
@@ -54,7 +58,10 @@ def test_auto_tokenizer_gives_mtp_ids(tmp_path: Path, tokenizer) -> None:
     config = MTPConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=4)
     export_hf(MTPModel(config), tokenizer, tmp_path)
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
-    assert theirs(TEXT)["input_ids"] == tokenizer.encode(TEXT)
+    assert theirs(TEXT, add_special_tokens=False)["input_ids"] == tokenizer.encode(TEXT)
+    # A prompt starts with EOS, as mtp's training documents do, in transformers too.
+    assert theirs(TEXT)["input_ids"] == tokenizer.encode_prompt(TEXT) == [
+        tokenizer.eos_id, *tokenizer.encode(TEXT)]
     assert (theirs.bos_token_id, theirs.eos_token_id, theirs.pad_token_id) == (
         tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
     assert theirs.decode(tokenizer.encode(TEXT)) == tokenizer.decode(tokenizer.encode(TEXT))
@@ -135,18 +142,25 @@ def test_strict_loading_names_keys_and_shapes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "rope_type 'llama3'"),
+    ("rope_parameters", {"rope_type": "yarn", "factor": 8.0}, "rope_type 'yarn'"),
+    ("rope_scaling", {"type": "dynamic", "factor": 2.0}, "'rope_scaling' has rope_type 'dynamic'"),
+    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0}, "'low_freq_factor' is missing"),
+    ("partial_rotary_factor", 0.5, "'partial_rotary_factor' is 0.5"),
     ("hidden_act", "gelu", "'hidden_act' must be 'silu'"),
     ("num_attention_heads", "4", "'num_attention_heads' must be a int, got '4'"),
     ("tie_word_embeddings", "false", "'tie_word_embeddings' must be a bool"),
-    ("model_type", "mistral", "only Llama models load"),
+    ("attention_bias", 1, "'attention_bias' must be a bool"),
+    ("model_type", "mistral", "only Llama-architecture models load"),
 ])
 def test_unsupported_or_malformed_llama_config_is_named(tmp_path: Path, field: str, value,
                                                         message: str) -> None:
     export_hf(MTPModel(_mtp_config(gqa=False, tie=False, n_future=1)), ByteTokenizer(),
               tmp_path)
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
+    values = json.loads(path.read_text())
+    if field == "rope_scaling":  # the older form, read when rope_parameters is absent
+        del values["rope_parameters"]
+    path.write_text(json.dumps({**values, field: value}))
     with pytest.raises(ValueError, match=f"config.json.*{message}"):
         load(tmp_path)
 
@@ -171,3 +185,112 @@ def test_a_tokenizer_that_adds_bos_starts_prompts_with_bos(tmp_path: Path) -> No
     (tmp_path / "mtp_tokenizer.json").unlink()  # as a Hugging Face repo has it
     _, loaded = load(tmp_path)
     assert loaded.document_start_id == loaded.bos_id != loaded.eos_id
+
+
+def random_variant(directory: Path, variant: str):
+    """A random transformers model of `variant` saved with an mtp-trained BPE tokenizer."""
+    tokenizer = BPETokenizer.train(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300)
+    tokenizer.save(directory)
+    model = random_llama(variant, tokenizer.vocab_size)
+    model.save_pretrained(directory)
+    return model
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_llama_variants_load_and_export_with_transformers_logits(tmp_path: Path,
+                                                                 variant: str) -> None:
+    reference = random_variant(tmp_path / "theirs", variant)
+    model, tokenizer = load(tmp_path / "theirs")
+    expected = MTPConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=4,
+                         n_kv_heads=2, ffn_hidden=64, max_seq_len=64, norm_eps=1e-5,
+                         rope_theta=model.config.rope_theta, **VARIANTS[variant][2])
+    assert model.config == expected
+    tokens = torch.randint(0, tokenizer.vocab_size, (2, 40))
+    with torch.no_grad():
+        theirs = reference(tokens).logits
+        assert (model(tokens)[:, :, 0] - theirs).abs().max() <= ATOL
+        export_hf(model, tokenizer, tmp_path / "ours")  # and back to transformers
+        assert (_hf_logits(tmp_path / "ours", tokens) - theirs).abs().max() <= ATOL
+    exported = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert exported["model_type"] == VARIANTS[variant][0]
+    # The decode path (cached, stacked head 0) continues as transformers' greedy generate.
+    prompt = "def f(x):"
+    [ours] = generate(model, tokenizer, [prompt], max_new_tokens=8)
+    ids = torch.tensor([tokenizer.encode_prompt(prompt)])
+    greedy = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert ours.token_ids == greedy[0, ids.shape[1]:].tolist()
+
+
+def test_rope_scaling_changes_the_logits(tmp_path: Path) -> None:
+    """The scaled-rope variants above would pass unscaled if the positions never mattered."""
+    random_variant(tmp_path, "rope_llama3")
+    model, _ = load(tmp_path)
+    plain = MTPModel(dataclasses.replace(model.config, rope_scaling=None))
+    plain.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, model.config.vocab_size, (1, 40))
+    with torch.no_grad():
+        assert (plain(tokens) - model(tokens)).abs().max() > 1e-2
+
+
+def test_bias_layouts_transformers_lacks_are_refused(tmp_path: Path) -> None:
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, qkv_bias=True,
+                       mlp_bias=True)
+    with pytest.raises(ValueError, match="qkv_bias=True, out_bias=False, mlp_bias=True"):
+        export_hf(MTPModel(config), ByteTokenizer(), tmp_path)
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_qwen2_sliding_window_is_refused(tmp_path: Path) -> None:
+    random_variant(tmp_path, "qwen2")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "use_sliding_window": True}))
+    with pytest.raises(ValueError, match="'use_sliding_window' is true"):
+        load(tmp_path)
+
+
+@pytest.mark.parametrize("template, tokenizer_config", [
+    (False, {"tokenizer_class": "GPT2Tokenizer"}),  # SmolLM2's: no template, no BOS
+    (True, {"tokenizer_class": "PreTrainedTokenizerFast"}),  # Llama 3's: BOS in the template
+    (True, {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True}),
+    # transformers >= 5 follows tokenizer.json's template over add_bos_token beside it.
+    (False, {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True}),
+], ids=["smollm2", "llama3", "llama", "template-wins"])
+def test_prompts_start_as_transformers_starts_them(tmp_path: Path, template: bool,
+                                                   tokenizer_config: dict) -> None:
+    from tokenizers import processors
+
+    raw = BPETokenizer.train(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300).backend
+    if template:
+        raw.post_processor = processors.TemplateProcessing(
+            single="<|bos|> $A", special_tokens=[("<|bos|>", raw.token_to_id("<|bos|>"))])
+    raw.save(str(tmp_path / "tokenizer.json"))  # a Hugging Face repo's files: no mtp header
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|bos|>", "eos_token": "<|eos|>", **tokenizer_config}))
+    ours = read_hf_tokenizer(tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    # (Text spelling a special token differs by design: mtp encodes it as text.)
+    for text in ("héllo wörld\n\tdef f(x): return x ✓", "def f(x):"):
+        assert ours.encode_prompt(text) == theirs(text)["input_ids"]
+    assert ours.document_start_id == (ours.bos_id if template else None)
+
+
+@pytest.mark.parametrize("tokenizer_config", [
+    None, {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True},
+    {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False},
+    {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": True}],
+    ids=["no-config", "bos", "no-bos", "bos-eos"])
+def test_sentencepiece_prompts_start_as_transformers_starts_them(
+        tmp_path: Path, tokenizer_config: dict | None) -> None:
+    """A tokenizer.model alone: tokenizer_config.json's add_bos_token/add_eos_token decide."""
+    spm = pytest.importorskip("sentencepiece")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["def add(a, b):\n    return a + b\n"] * 20),
+        model_prefix=str(tmp_path / "tokenizer"), vocab_size=300, model_type="bpe",
+        byte_fallback=True, minloglevel=2)
+    (tmp_path / "tokenizer.vocab").unlink()
+    if tokenizer_config is not None:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    ours = read_hf_tokenizer(tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert ours.encode_prompt("def add") == theirs("def add")["input_ids"]

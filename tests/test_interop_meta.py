@@ -151,5 +151,6 @@ def test_convert_cli_writes_a_hf_llama_with_every_head(meta_dir: Path, tmp_path:
     with torch.no_grad():
         torch.testing.assert_close(converted(tokens), original(tokens), rtol=0, atol=1e-5)
     theirs = transformers.AutoTokenizer.from_pretrained(out)
-    assert theirs("def add(a, b):")["input_ids"] == tokenizer.encode("def add(a, b):")
-    assert tokenizer.document_start_id == tokenizer.bos_id
+    # transformers starts a prompt with BOS too, as Meta's Llama code does.
+    assert theirs("def add(a, b):")["input_ids"] == tokenizer.encode_prompt("def add(a, b):") \
+        == [tokenizer.bos_id, *tokenizer.encode("def add(a, b):")]

@@ -24,12 +24,13 @@ MIMO_OWN = ("hidden_layernorm.weight", "token_layernorm.weight", "input_proj.wei
 ATOL = 1e-6  # float64, but mtp rotates queries and keys in float32
 
 
-def _model(n_future: int = 3, gqa: bool = True, tie: bool = False) -> MTPModel:
+def _model(n_future: int = 3, gqa: bool = True, tie: bool = False,
+           qkv_bias: bool = False) -> MTPModel:
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2 if gqa else 4,
                        max_seq_len=64, n_future=n_future, head_type="sequential",
-                       tie_embeddings=tie, rope_theta=500.0, norm_eps=1e-6)
+                       tie_embeddings=tie, rope_theta=500.0, norm_eps=1e-6, qkv_bias=qkv_bias)
     model = MTPModel(config).double().eval()
-    with torch.no_grad():  # norm gains away from 1, so that every norm's weight matters
+    with torch.no_grad():  # norm gains away from 1 and biases from 0: every one matters
         for name, param in model.named_parameters():
             if param.ndim == 1:
                 param.uniform_(0.5, 1.5)
@@ -69,10 +70,11 @@ def _mimo_logits(directory: Path, tokens: torch.Tensor) -> list[torch.Tensor]:
     return logits
 
 
-@pytest.mark.parametrize("gqa, tie", [(True, False), (False, True)])
-def test_to_mimo_is_a_qwen2_model_and_its_mtp_layers_are_the_modules(tmp_path: Path, gqa: bool,
-                                                                     tie: bool) -> None:
-    model = _model(gqa=gqa, tie=tie)
+@pytest.mark.parametrize("gqa, tie, qkv_bias", [(True, False, False), (False, True, False),
+                                                (True, False, True)])
+def test_to_mimo_is_a_qwen2_model_and_its_mtp_layers_are_the_modules(
+        tmp_path: Path, gqa: bool, tie: bool, qkv_bias: bool) -> None:
+    model = _model(gqa=gqa, tie=tie, qkv_bias=qkv_bias)
     export_mimo(model, ByteTokenizer(), tmp_path)
     values = json.loads((tmp_path / "config.json").read_text())
     assert (values["model_type"], values["num_nextn_predict_layers"]) == ("mimo", 2)
@@ -159,8 +161,6 @@ def _edit(directory: Path, config: dict | None = None, weights: dict | None = No
     ("mimo", {"model_type": "deepseek_v3"}, None,
      "field 'model_type' is 'deepseek_v3'; sequential modules import from dense Llama-like"),
     ("mimo", {"use_sliding_window": True}, None, "field 'use_sliding_window' is true"),
-    ("mimo", None, {"model.mtp_layers.0.self_attn.k_proj.bias": torch.ones(16)},
-     r"model.mtp_layers.0.self_attn.k_proj.bias is not zero"),
     ("mimo", None, {"model.mtp_layers.1.final_layernorm.weight": torch.ones(32)},
      r"model.mtp_layers.1.final_layernorm.weight differs from model.norm.weight"),
     ("mimo", None, {"model.mtp_layers.0.extra.weight": torch.ones(2)},
@@ -187,9 +187,17 @@ def test_bad_checkpoints_name_the_field(tmp_path: Path, layout, config, weights,
 def test_bad_exports_and_head_types_are_named(tmp_path: Path, tiny_config: MTPConfig) -> None:
     with pytest.raises(ValueError, match="model.head_type='block' heads have no place"):
         export_mimo(MTPModel(tiny_config), ByteTokenizer(), tmp_path / "a")
-    deeper = MTPConfig(**{**_model().config.to_dict(), "head_layers": 2})
+    fields = _model().config.to_dict()
     with pytest.raises(ValueError, match="model.head_layers=2"):
-        export_mimo(MTPModel(deeper), ByteTokenizer(), tmp_path / "b")
+        export_mimo(MTPModel(MTPConfig(**{**fields, "head_layers": 2})), ByteTokenizer(),
+                    tmp_path / "b")
+    with pytest.raises(ValueError, match="MTPConfig.out_bias=True"):
+        export_mimo(MTPModel(MTPConfig(**{**fields, "qkv_bias": True, "out_bias": True})),
+                    ByteTokenizer(), tmp_path / "b")
+    # One nonzero bias: read as a model with biases (Qwen2's), not dropped.
+    export_mimo(_model().float(), ByteTokenizer(), tmp_path / "d")
+    _edit(tmp_path / "d", weights={"model.mtp_layers.0.self_attn.k_proj.bias": torch.ones(16)})
+    assert load(tmp_path / "d")[0].config.qkv_bias
     # A sequential checkpoint read as another head type: its fusion weights do not fit.
     export_hf(_model().float(), ByteTokenizer(), tmp_path / "c")
     layout = json.loads((tmp_path / "c" / HEADS_LAYOUT_FILE).read_text())

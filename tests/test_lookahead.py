@@ -81,7 +81,7 @@ def test_layout_is_lookahead_decodings_mask():
 @torch.no_grad()
 def _full_step(model, window, ngram, guesses, prompt="xabcxabdxab"):
     """One lookahead forward with a full window of random tokens, by hand: its parts."""
-    ids = [TOKENIZER.document_start_id, *TOKENIZER.encode(prompt)]
+    ids = TOKENIZER.encode_prompt(prompt)
     drafter = Lookahead(window, ngram, guesses)
     drafter.start(model, [ids], 64, SamplingConfig(), None)
     row = drafter._rows[0]

@@ -35,7 +35,7 @@ def _gradients(model: MTPModel, tokens: torch.Tensor, **kwargs) -> tuple[float, 
 
 @pytest.mark.parametrize("n_future,head_type", [
     (1, "block"), (2, "block"), (4, "block"), (8, "block"), (4, "resblock"), (4, "linear"),
-    (2, "sequential"), (5, "sequential")])
+    (4, "medusa"), (2, "sequential"), (5, "sequential")])
 def test_naive_headwise_and_chunked_give_equal_losses_and_gradients(n_future, head_type):
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
                        max_seq_len=64, n_future=n_future, head_type=head_type)

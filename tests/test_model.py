@@ -1,9 +1,11 @@
 import dataclasses
+import json
 
 import pytest
 import torch
 
 from mtp.model import MTPConfig, MTPModel, apply_rope, rope_tables
+from mtp.rope import RopeScaling
 
 
 def test_changing_a_future_token_never_changes_earlier_logits(tiny_config):
@@ -107,3 +109,55 @@ def test_rope_tables_stay_float32_when_the_model_is_cast(tiny_config):
     model = MTPModel(tiny_config).to(torch.bfloat16)
     assert model.rope_cos.dtype == torch.float32
     assert model.output.weight.dtype == torch.bfloat16
+
+
+def test_llama_variants_are_fields_that_round_trip():
+    config = MTPConfig(vocab_size=262, dim=32, n_heads=4, n_kv_heads=2, head_dim=12,
+                       qkv_bias=True, out_bias=True, mlp_bias=True,
+                       rope_scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_seq_len": 8192})
+    assert isinstance(config.rope_scaling, RopeScaling)
+    assert MTPConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    model = MTPModel(config)
+    attention = model.layers[0].attention
+    assert attention.wq.weight.shape == (4 * 12, 32) and attention.wo.weight.shape == (32, 48)
+    assert all(b is not None and not b.any() for b in (attention.wq.bias, attention.wo.bias,
+                                                        model.layers[0].feed_forward.w2.bias))
+    assert MTPConfig(vocab_size=262, dim=30, n_heads=4, head_dim=8).head_dim == 8
+
+
+@pytest.mark.parametrize("scaling, message", [
+    ({"type": "yarn", "factor": 2.0}, "rope_scaling.type must be one of"),
+    ({"type": "linear"}, "needs 'type' and 'factor'"),
+    ({"type": "llama3", "factor": 8.0}, "rope_scaling.low_freq_factor is missing"),
+    ({"type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, "is not a field of type 'linear'"),
+    ({"type": "linear", "factor": 0}, "rope_scaling.factor must be a number > 0"),
+    ({"type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+      "original_max_seq_len": 8192}, "high_freq_factor=1.0 must exceed low_freq_factor=4.0"),
+    ({"type": "linear", "factor": 2.0, "beta": 1},
+     r"unknown MTPConfig.rope_scaling field\(s\) \['beta'\]"),
+])
+def test_invalid_rope_scaling_names_the_field(scaling, message):
+    with pytest.raises(ValueError, match=message):
+        MTPConfig(vocab_size=262, rope_scaling=scaling)
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 4.0}, {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}], ids=["linear", "llama3"])
+def test_rope_scaling_frequencies_equal_transformers(rope):
+    """Llama 3.1 8B's rotary frequencies (head width 128, theta 5e5), as transformers has them."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    theirs = transformers.LlamaConfig(hidden_size=4096, num_attention_heads=32,
+                                      max_position_embeddings=131072,
+                                      rope_parameters={**rope, "rope_theta": 5e5})
+    expected, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](theirs, "cpu")
+    fields = {k: v for k, v in rope.items() if k not in ("rope_type",
+                                                         "original_max_position_embeddings")}
+    if "original_max_position_embeddings" in rope:
+        fields["original_max_seq_len"] = rope["original_max_position_embeddings"]
+    scaling = RopeScaling(type=rope["rope_type"], **fields)
+    freqs = 1.0 / 5e5 ** (torch.arange(0, 128, 2).float() / 128)
+    torch.testing.assert_close(scaling.frequencies(freqs), expected, rtol=1e-6, atol=0)

@@ -14,9 +14,15 @@ from mtp.model import MTPConfig, MTPModel
 EXACT = {"atol": 1e-12, "rtol": 1e-12}
 
 
-def _model(head_layers: int, n_kv_heads: int, head_type: str = "block") -> MTPModel:
+# Llama variants: every bias, and heads wider than dim / n_heads.
+VARIANT = dict(qkv_bias=True, out_bias=True, mlp_bias=True, head_dim=12)
+
+
+def _model(head_layers: int, n_kv_heads: int, head_type: str = "block",
+           variant: bool = False) -> MTPModel:
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
-                       max_seq_len=64, n_future=4, head_layers=head_layers, head_type=head_type)
+                       max_seq_len=64, n_future=4, head_layers=head_layers, head_type=head_type,
+                       **(VARIANT if variant else {}))
     model = MTPModel(config).double().eval()
     with torch.no_grad():  # distinct norm weights and larger weights: every head differs
         for param in model.parameters():
@@ -24,15 +30,17 @@ def _model(head_layers: int, n_kv_heads: int, head_type: str = "block") -> MTPMo
     return model
 
 
-SHAPES = pytest.mark.parametrize("head_layers,n_kv_heads,head_type", [
-    (1, 4, "block"), (1, 2, "block"), (2, 4, "block"), (2, 1, "block"),
-    (1, 2, "resblock"), (2, 1, "resblock"), (2, 2, "linear")])
+SHAPES = pytest.mark.parametrize("head_layers,n_kv_heads,head_type,variant", [
+    (1, 4, "block", False), (1, 2, "block", False), (2, 4, "block", False),
+    (2, 1, "block", False), (1, 2, "resblock", False), (2, 1, "resblock", False),
+    (2, 2, "linear", False), (1, 2, "medusa", False), (2, 1, "medusa", False),
+    (2, 2, "block", True), (1, 2, "resblock", True)])
 
 
 @SHAPES
 @torch.no_grad()
-def test_equals_each_head_without_a_cache(head_layers, n_kv_heads, head_type):
-    model = _model(head_layers, n_kv_heads, head_type)
+def test_equals_each_head_without_a_cache(head_layers, n_kv_heads, head_type, variant):
+    model = _model(head_layers, n_kv_heads, head_type, variant)
     trunk = torch.randn(2, 7, 32, dtype=torch.float64)
     for k in (1, 3, 4):
         reference = torch.stack([model.head(trunk, i) for i in range(k)], dim=2)
@@ -43,9 +51,9 @@ def test_equals_each_head_without_a_cache(head_layers, n_kv_heads, head_type):
 @pytest.mark.parametrize("ragged", [False, True])
 @torch.no_grad()
 def test_equals_each_head_on_a_cache_over_steps_with_rollback(head_layers, n_kv_heads,
-                                                              head_type, ragged):
+                                                              head_type, variant, ragged):
     """Prefill, verify steps of several widths, roll-backs (ragged or not), a dropped row."""
-    model, k = _model(head_layers, n_kv_heads, head_type), 3
+    model, k = _model(head_layers, n_kv_heads, head_type, variant), 3
     stacked = StackedHeads(model, k)
     caches = [KVCache(model.config, 3, 40, dtype=torch.float64) for _ in range(2)]
     # (tokens, the lengths kept afterwards: a roll-back, or None to keep them all)

@@ -166,8 +166,8 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
     progress = tqdm(total=sum(len(indices) for _, indices in todo), desc=task.name)
     too_long, items = [], []
     for problem, indices in todo:
-        # generate() starts each prompt with an EOS and needs room for one new token after it.
-        prompt_tokens = len(tokenizer.encode(problem.prompt)) + 1
+        # generate() needs room for one new token after the prompt (as encode_prompt gives it).
+        prompt_tokens = len(tokenizer.encode_prompt(problem.prompt))
         if indices and prompt_tokens >= context:
             too_long.append(str(problem.task_id))
             reason = f"failed: prompt of {prompt_tokens} tokens leaves no room in max_seq_len={context}"

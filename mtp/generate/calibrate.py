@@ -77,7 +77,7 @@ def truth_ranks(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
     rows = []
     for prompt, generation in zip(prompts, generate(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens)):
-        prefix = [tokenizer.document_start_id, *tokenizer.encode(prompt)]  # as generate()
+        prefix = tokenizer.encode_prompt(prompt)  # as generate()
         ids = torch.tensor([prefix + generation.token_ids], device=_device(model))
         logits = model(ids)[0].float()  # (T, n, V)
         start, end = len(prefix) - 1, ids.shape[1] - n_heads  # every head's truth exists

@@ -2,8 +2,10 @@
 
 - Prompts: training packs documents into one stream, each document followed by EOS, so a
   document starts right after an EOS. A prompt is therefore encoded as [EOS] + its tokens:
-  the model continues the start of a new document. (`tokenizer.document_start_id`: models
-  imported from elsewhere, e.g. Llama, start documents with BOS instead.)
+  the model continues the start of a new document. Models imported from elsewhere start a
+  prompt as their own tokenizer does (Llama's with BOS, SmolLM2's with nothing), so the ids
+  are transformers' (`Tokenizer.encode_prompt`). Without a start token an empty prompt has
+  nothing to continue from, and is refused.
 - Batches: prompts of different lengths are right-padded and prefilled together; every
   sequence then accepts its own number of tokens per step (its length lives on the device).
   A finished sequence stays in the batch, masked, until the batch is rebuilt smaller
@@ -80,11 +82,14 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     drafter = make_drafter(model, drafter)
     if drafter is not None:
         drafter.check(model, tokenizer)
-    encoded = [[tokenizer.document_start_id, *ids] for ids in tokenizer.encode_batch(prompts)]
+    encoded = tokenizer.encode_prompts(prompts)
     for index, ids in enumerate(encoded):
+        if not ids:
+            raise ValueError(f"prompt {index} is empty and the {tokenizer.name} tokenizer puts "
+                             f"no token before a prompt: there is nothing to continue from")
         if len(ids) >= config.max_seq_len:
             raise ValueError(
-                f"prompt {index} is {len(ids)} tokens (with the token that starts a document), "
+                f"prompt {index} is {len(ids)} tokens (with the tokenizer's special tokens), "
                 f"which leaves no room in the model's context of max_seq_len="
                 f"{config.max_seq_len} tokens")
 

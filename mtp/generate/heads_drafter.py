@@ -108,7 +108,7 @@ class HeadsDrafter(Drafter):
         self._last = self._last[torch.tensor(rows, device=self._last.device)]
 
     def propose(self) -> Drafts:
-        logits = self._model.unembed(self._last)  # (B, depth, V)
+        logits = self._model.unembed(self._last, head=1)  # (B, depth, V): heads 1..depth
         noise = None if self._sampling.greedy else exponential(
             logits.shape, self._generator, logits.device)
         return draft(logits, self.tree, self._sampling, noise)

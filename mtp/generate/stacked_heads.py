@@ -23,7 +23,8 @@ Design choices
   the cache's blocks: one write and one read for all k heads (`KVCache.write` with a slice).
 - Resblock and linear heads (model.head_type) have no attention: head 0 (always a block) runs
   as above, and heads 1..k-1 as one batched matmul per layer through the model's own
-  `resblock`/`linear` functions, weights (k - 1, D, D).
+  `resblock`/`linear` functions, weights (k - 1, D, D). Medusa heads (head_type medusa)
+  read head 0's output after the shared final norm instead of the trunk output.
 
 Shapes in comments: k heads, B batch, T new positions, D width, H query heads, K key/value
 heads, hd head width, L cached positions up to the end of this step.
@@ -57,6 +58,20 @@ class _StackedLayer:
         self.w13 = stack(lambda b: torch.cat([b.feed_forward.w1.weight,
                                               b.feed_forward.w3.weight]).T)  # (k, D, 2F)
         self.w2 = stack(lambda b: b.feed_forward.w2.weight.T)  # (k, F, D)
+        # Biases (MTPConfig.qkv_bias, out_bias, mlp_bias), (k, 1, out) each, or None.
+        attention, ffn = blocks[0].attention, blocks[0].feed_forward
+        self.bqkv = None if attention.wq.bias is None else stack(lambda b: torch.cat([
+            b.attention.wq.bias, b.attention.wk.bias, b.attention.wv.bias])[None])
+        self.bo = None if attention.wo.bias is None else stack(
+            lambda b: b.attention.wo.bias[None])
+        self.b13 = None if ffn.w1.bias is None else stack(lambda b: torch.cat([
+            b.feed_forward.w1.bias, b.feed_forward.w3.bias])[None])
+        self.b2 = None if ffn.w2.bias is None else stack(lambda b: b.feed_forward.w2.bias[None])
+
+
+def _affine(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x @ weight (+ bias): x (k, N, in), weight (k, in, out), bias (k, 1, out) or None."""
+    return x @ weight if bias is None else torch.baddbmm(bias, x, weight)
 
 
 class StackedHeads:
@@ -90,7 +105,8 @@ class StackedHeads:
                                        for i in range(n_block, n_heads)]).contiguous()
                           for j in range(config.head_layers)] if n_heads > n_block else []
         self.n_block = n_block
-        self.light_layer = resblock if config.head_type == "resblock" else linear
+        self.light_layer = linear if config.head_type == "linear" else resblock
+        self.medusa = config.head_type == "medusa"
 
     def __call__(self, trunk_out: Tensor, *, cache: KVCache | None = None,
                  step: CacheStep | None = None) -> Tensor:
@@ -100,10 +116,10 @@ class StackedHeads:
         """
         B, T, D = trunk_out.shape
         h = trunk_out.reshape(B * T, D)
-        light = h
+        blocks = self._blocks(h, B, T, cache, step)  # (n_block, B*T, D)
+        light = self._model().norm(blocks[0]) if self.medusa else h
         for weight in self.light:
             light = self.light_layer(light, weight)  # (k - n_block, B*T, D)
-        blocks = self._blocks(h, B, T, cache, step)  # (n_block, B*T, D)
         if self.light:
             blocks = torch.cat([blocks, light])
         return blocks.view(self.n_heads, B, T, D).permute(1, 2, 0, 3)  # (B, T, k, D)
@@ -123,8 +139,9 @@ class StackedHeads:
                 normed = rms_normalise(h, self.eps)
             h = h + self._attention(layer, normed * layer.attention_norm, B, T, cos, sin, mask,
                                     cache, step)  # (k, B*T, D)
-            gate, up = (rms_normalise(h, self.eps) * layer.ffn_norm @ layer.w13).chunk(2, dim=-1)
-            h = h + (F.silu(gate) * up) @ layer.w2  # (k, B*T, D)
+            gate, up = _affine(rms_normalise(h, self.eps) * layer.ffn_norm, layer.w13,
+                               layer.b13).chunk(2, dim=-1)
+            h = h + _affine(F.silu(gate) * up, layer.w2, layer.b2)  # (k, B*T, D)
         return h
 
     def _attention(self, layer: _StackedLayer, x: Tensor, B: int, T: int, cos: Tensor,
@@ -132,7 +149,7 @@ class StackedHeads:
                    step: CacheStep | None) -> Tensor:
         """Attention of layer `layer` for all k heads; x (k, B*T, D) -> (k, B*T, D)."""
         k, H, K, hd = self.n_block, self.n_q, self.n_kv, self.head_dim
-        qkv = (x @ layer.wqkv).view(k, B, T, H + 2 * K, hd)
+        qkv = _affine(x, layer.wqkv, layer.bqkv).view(k, B, T, H + 2 * K, hd)
         qk = apply_rope(qkv[..., :H + K, :], cos, sin)  # one rotation for queries and keys
         q = qk[..., :H, :].transpose(2, 3)  # (k, B, H, T, hd)
         keys = qk[..., H:, :].transpose(2, 3)  # (k, B, K, T, hd)
@@ -148,7 +165,7 @@ class StackedHeads:
                 q.flatten(0, 1), keys.flatten(0, 1), values.flatten(0, 1), attn_mask=mask,
                 enable_gqa=gqa)  # (k*B, H, T, hd)
         out = out.unflatten(0, (k, B)).transpose(2, 3).reshape(k, B * T, H * hd)
-        return out @ layer.wo
+        return _affine(out, layer.wo, layer.bo)
 
 
 # model -> (what it was built from, StackedHeads); an entry goes when its model does.

@@ -50,5 +50,6 @@ def require(module: str, purpose: str, package: str | None = None) -> ModuleType
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"{purpose} needs the {package or module!r} package, which is not "
-                          f"installed: pip install 'mtp[hf]'") from e
+        package = package or module
+        raise ImportError(f"{purpose} needs the {package!r} package, which is not installed: "
+                          f"pip install {package} (or pip install 'mtp[hf]')") from e

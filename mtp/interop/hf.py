@@ -1,4 +1,4 @@
-"""Hugging Face transformers' Llama layout (`LlamaForCausalLM`), both ways.
+"""Hugging Face transformers' Llama layout (`LlamaForCausalLM`, and `Qwen2ForCausalLM`), both ways.
 
 An mtp model's trunk + head 0 is exactly a Llama model: trunk layer l is Llama layer l and
 head 0's blocks are the last `head_layers` Llama layers. Heads 1..n-1 have no place in a
@@ -9,8 +9,13 @@ next-token model and `mtp.load` gets every head back.
 
 Rotary embeddings: mtp (like Meta's Llama code) rotates interleaved pairs (x0, x1), (x2, x3),
 ...; transformers rotates halves (x_i, x_{i + hd/2}). Rotating the rows of the query and key
-projections of each attention head converts one into the other (the `permute` of
-transformers' convert_llama_weights_to_hf.py goes from interleaved to halves).
+projections (weights and biases) of each attention head converts one into the other (the
+`permute` of transformers' convert_llama_weights_to_hf.py goes from interleaved to halves).
+
+Variants (MTPConfig fields): Llama's `head_dim`, `attention_bias` (q, k, v and output
+biases), `mlp_bias` and rope scaling of type `linear` or `llama3`; Qwen2 is a Llama with q/k/v
+biases, read as such and written as `Qwen2ForCausalLM` when those are a model's only biases.
+Anything else (another rope type, Qwen2's sliding window, partial rotary) is refused by name.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from torch import Tensor
 from mtp.interop.fields import field, read_json_object
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
 from mtp.model import HEAD_TYPES, MTPConfig, SequentialHead
+from mtp.rope import RopeScaling
 from mtp.tokenizers import Tokenizer
 
 CONFIG_FILE = "config.json"
@@ -58,6 +64,20 @@ BLOCK_KEYS = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
+# Biases, present when the MTPConfig field that keys them is true.
+BIAS_KEYS = {
+    "qkv_bias": {"attention.wq.bias": "self_attn.q_proj.bias",
+                 "attention.wk.bias": "self_attn.k_proj.bias",
+                 "attention.wv.bias": "self_attn.v_proj.bias"},
+    "out_bias": {"attention.wo.bias": "self_attn.o_proj.bias"},
+    "mlp_bias": {"feed_forward.w1.bias": "mlp.gate_proj.bias",
+                 "feed_forward.w3.bias": "mlp.up_proj.bias",
+                 "feed_forward.w2.bias": "mlp.down_proj.bias"},
+}
+# The architectures read, by model_type.
+ARCHITECTURES = {"llama": ("LlamaForCausalLM", "LlamaModel"),
+                 "qwen2": ("Qwen2ForCausalLM", "Qwen2Model")}
+ROPE_TYPES = ("default", "linear", "llama3")
 _EMBEDDINGS, _OUTPUT = "model.embed_tokens.weight", "lm_head.weight"
 
 
@@ -74,15 +94,23 @@ def is_hf_llama(directory: Path) -> bool:
 
 
 def interleaved_to_rotate_half(weight: Tensor, n_heads: int) -> Tensor:
-    """Rows of a query/key projection (n_heads * hd, D): interleaved pairs -> halves."""
-    rows, cols = weight.shape
-    return weight.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    """Rows of a query/key projection, weight (n_heads * hd, D) or bias (n_heads * hd,):
+    interleaved pairs -> halves."""
+    return weight.unflatten(0, (n_heads, -1, 2)).transpose(1, 2).reshape(weight.shape)
 
 
 def rotate_half_to_interleaved(weight: Tensor, n_heads: int) -> Tensor:
     """The inverse of `interleaved_to_rotate_half`."""
-    rows, cols = weight.shape
-    return weight.view(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+    return weight.unflatten(0, (n_heads, 2, -1)).transpose(1, 2).reshape(weight.shape)
+
+
+def block_keys(config: MTPConfig) -> dict[str, str]:
+    """A block's parameters, biases included: mtp sub-name -> transformers' sub-name."""
+    keys = dict(BLOCK_KEYS)
+    for flag, biases in BIAS_KEYS.items():
+        if getattr(config, flag):
+            keys.update(biases)
+    return keys
 
 
 def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
@@ -95,7 +123,7 @@ def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
                                                 "norm.weight": ("model.norm.weight", None)}
     if not config.tie_embeddings:
         names["output.weight"] = (_OUTPUT, None)
-    rotary = {"attention.wq.weight": config.n_heads, "attention.wk.weight": config.n_kv_heads}
+    rotary = {"attention.wq": config.n_heads, "attention.wk": config.n_kv_heads}
     blocks = [(f"layers.{l}", f"model.layers.{l}") for l in range(config.n_layers)]
     for i in range(config.n_future):
         for j in range(config.head_layers):
@@ -109,14 +137,16 @@ def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
             for name in SequentialHead.FUSION:
                 names[f"heads.{i}.{name}"] = (f"heads.{i}.{name}", None)
     for ours, theirs in blocks:
-        for sub, hf_sub in BLOCK_KEYS.items():
-            names[f"{ours}.{sub}"] = (f"{theirs}.{hf_sub}", rotary.get(sub))
+        for sub, hf_sub in block_keys(config).items():
+            names[f"{ours}.{sub}"] = (f"{theirs}.{hf_sub}", rotary.get(sub.rsplit(".", 1)[0]))
     return names
 
 
 def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
              directory: Path) -> None:
     """Write a `LlamaForCausalLM` directory (and the heads file when n_future > 1)."""
+    dtype = state["tok_embeddings.weight"].dtype
+    hf_config = _llama_config(config, tokenizer, dtype)  # refuses what transformers lacks
     model_state, heads_state = {}, {}
     for ours, (theirs, n_rotary) in key_map(config).items():
         tensor = state[ours]
@@ -125,8 +155,7 @@ def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
         (heads_state if theirs.startswith("heads.") else model_state)[theirs] = tensor.contiguous()
     directory.mkdir(parents=True, exist_ok=True)
     save_file(model_state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    dtype = state["tok_embeddings.weight"].dtype
-    _write_json(directory / CONFIG_FILE, _llama_config(config, tokenizer, dtype))
+    _write_json(directory / CONFIG_FILE, hf_config)
     _write_json(directory / "generation_config.json", {
         "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
         "pad_token_id": tokenizer.pad_id})
@@ -143,9 +172,29 @@ def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
 
 
 def _llama_config(config: MTPConfig, tokenizer: Tokenizer, dtype: torch.dtype) -> dict[str, Any]:
+    """A transformers config.json: Llama's, or Qwen2's for a model with q/k/v biases only."""
+    if config.qkv_bias and not (config.out_bias or config.mlp_bias):
+        model_type, architecture = "qwen2", "Qwen2ForCausalLM"
+        variant = {"use_sliding_window": False, "max_window_layers": config.n_layers}
+    elif config.qkv_bias == config.out_bias:
+        model_type, architecture = "llama", "LlamaForCausalLM"
+        variant = {"attention_bias": config.qkv_bias, "mlp_bias": config.mlp_bias}
+    else:
+        raise ValueError(f"no transformers Llama or Qwen2 has MTPConfig.qkv_bias="
+                         f"{config.qkv_bias}, out_bias={config.out_bias}, mlp_bias="
+                         f"{config.mlp_bias}: Llama biases all four attention projections or "
+                         f"none, Qwen2 only q/k/v and no MLP")
+    rope: dict[str, Any] = {"rope_type": "default"}
+    if config.rope_scaling is not None:
+        scaling = config.rope_scaling
+        rope = {"rope_type": scaling.type, "factor": scaling.factor}
+        if scaling.type == "llama3":
+            rope.update(low_freq_factor=scaling.low_freq_factor,
+                        high_freq_factor=scaling.high_freq_factor,
+                        original_max_position_embeddings=scaling.original_max_seq_len)
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [architecture],
+        "model_type": model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.dim,
         "intermediate_size": config.ffn_hidden,
@@ -157,12 +206,12 @@ def _llama_config(config: MTPConfig, tokenizer: Tokenizer, dtype: torch.dtype) -
         "max_position_embeddings": config.max_seq_len,
         "rms_norm_eps": config.norm_eps,
         # transformers >= 5 reads rope_parameters; older versions, vLLM and llama.cpp's
-        # converter read rope_theta.
+        # converter read rope_theta and rope_scaling.
         "rope_theta": config.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_parameters": {**rope, "rope_theta": config.rope_theta},
+        **({"rope_scaling": rope} if config.rope_scaling is not None else {}),
         "tie_word_embeddings": config.tie_embeddings,
-        "attention_bias": False,
-        "mlp_bias": False,
+        **variant,
         "initializer_range": config.init_std,
         "bos_token_id": tokenizer.bos_id,
         "eos_token_id": tokenizer.eos_id,
@@ -197,7 +246,7 @@ def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     for ours, (name, n_rotary) in names.items():
         tensor = theirs.pop(name)  # drop our reference as we go: one copy in memory
         if n_rotary is not None:
-            expected = (n_rotary * config.head_dim, config.dim)
+            expected = (n_rotary * config.head_dim, config.dim)[:tensor.ndim]
             if tuple(tensor.shape) != expected:
                 raise ValueError(f"{directory}: {name} has shape {tuple(tensor.shape)}, the "
                                  f"config says {expected}")
@@ -232,31 +281,37 @@ def _read_heads_layout(directory: Path) -> tuple[int, int, str]:
 
 def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
                 values: dict[str, Any] | None = None) -> MTPConfig:
-    """An MTPConfig from a transformers Llama config.json (or its `values`, read from `path`
-    already); unsupported variants are refused."""
+    """An MTPConfig from a transformers Llama or Qwen2 config.json (or its `values`, read
+    from `path` already); other variants refused."""
     values = read_json_object(path) if values is None else values
     model_type = field(values, path, "model_type", "str", "llama")
-    architectures = field(values, path, "architectures", "list", ["LlamaForCausalLM"])
-    if model_type != "llama" or not set(architectures) <= {"LlamaForCausalLM", "LlamaModel"}:
-        raise ValueError(f"{path}: only Llama models load (model_type 'llama', architectures "
-                         f"['LlamaForCausalLM']), got model_type={model_type!r}, "
-                         f"architectures={architectures!r}")
-    for name, allowed in (("hidden_act", "silu"), ("attention_bias", False),
-                          ("mlp_bias", False)):
-        value = values.get(name, allowed)
-        if value != allowed or type(value) is not type(allowed):
-            raise ValueError(f"{path}: field {name!r} must be {allowed!r} (mtp's Llama block), "
-                             f"got {value!r}")
+    architectures = field(values, path, "architectures", "list",
+                          [ARCHITECTURES.get(model_type, ("?",))[0]])
+    if model_type not in ARCHITECTURES or not set(architectures) <= set(ARCHITECTURES[model_type]):
+        raise ValueError(f"{path}: only Llama-architecture models load (model_type 'llama' or "
+                         f"'qwen2', architectures {[a for v in ARCHITECTURES.values() for a in v]}"
+                         f"), got model_type={model_type!r}, architectures={architectures!r}")
+    value = values.get("hidden_act", "silu")
+    if value != "silu":
+        raise ValueError(f"{path}: field 'hidden_act' must be 'silu' (mtp's Llama block), got "
+                         f"{value!r}")
+    if model_type == "qwen2":
+        if field(values, path, "use_sliding_window", "bool", False):
+            raise ValueError(f"{path}: field 'use_sliding_window' is true; mtp implements only "
+                             f"full attention")
+        biases = {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
+    else:
+        attention_bias = field(values, path, "attention_bias", "bool", False)
+        biases = {"qkv_bias": attention_bias, "out_bias": attention_bias,
+                  "mlp_bias": field(values, path, "mlp_bias", "bool", False)}
     n_heads = field(values, path, "num_attention_heads", "int")
     dim = field(values, path, "hidden_size", "int")
-    head_dim = field(values, path, "head_dim", "int", dim // n_heads)
-    if head_dim * n_heads != dim:
-        raise ValueError(f"{path}: field 'head_dim' must be hidden_size / num_attention_heads = "
-                         f"{dim / n_heads:g}, got {head_dim!r}")
     n_blocks = field(values, path, "num_hidden_layers", "int")
     if n_blocks < head_layers:
         raise ValueError(f"{path}: field 'num_hidden_layers' must be at least head_layers="
                          f"{head_layers} ({HEADS_LAYOUT_FILE}), got {n_blocks}")
+    max_seq_len = field(values, path, "max_position_embeddings", "int", 2048)
+    rope_theta, rope_scaling = _rope(values, path, max_seq_len)
     try:
         return MTPConfig(
             vocab_size=field(values, path, "vocab_size", "int"),
@@ -264,10 +319,13 @@ def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
             n_layers=n_blocks - head_layers,
             n_heads=n_heads,
             n_kv_heads=field(values, path, "num_key_value_heads", "int", n_heads),
+            head_dim=field(values, path, "head_dim", "int", None),
             ffn_hidden=field(values, path, "intermediate_size", "int"),
-            max_seq_len=field(values, path, "max_position_embeddings", "int", 2048),
-            rope_theta=_rope_theta(values, path),
+            max_seq_len=max_seq_len,
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             norm_eps=field(values, path, "rms_norm_eps", "number", 1e-6),
+            **biases,
             n_future=n_future,
             head_layers=head_layers,
             head_type=head_type,
@@ -277,18 +335,38 @@ def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
         raise ValueError(f"{path}: {e}") from e
 
 
-def _rope_theta(values: dict[str, Any], path: Path) -> float:
-    """rope_theta from transformers >= 5's rope_parameters or the older top-level fields."""
-    parameters = field(values, path, "rope_parameters", "object", None)
-    scaling = field(values, path, "rope_scaling", "object", None)
-    for name, rope in (("rope_parameters", parameters), ("rope_scaling", scaling)):
-        kind = (rope or {}).get("rope_type", (rope or {}).get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"{path}: field {name!r} has rope_type {kind!r}; mtp implements "
-                             f"only the default rotary embedding")
-    if parameters is not None and "rope_theta" in parameters:
-        return field(parameters, path, "rope_theta", "number")
-    return field(values, path, "rope_theta", "number", 10000.0)
+def _rope(values: dict[str, Any], path: Path,
+          max_seq_len: int) -> tuple[float, RopeScaling | None]:
+    """rope theta and scaling from transformers >= 5's rope_parameters or the older top-level
+    rope_theta and rope_scaling; rope types other than ROPE_TYPES are refused."""
+    name = "rope_parameters" if values.get("rope_parameters") is not None else "rope_scaling"
+    rope = field(values, path, name, "object", {})
+    theta = field(rope, path, "rope_theta", "number", None) \
+        or field(values, path, "rope_theta", "number", 10000.0)
+    partial = rope.get("partial_rotary_factor", values.get("partial_rotary_factor", 1.0))
+    if partial != 1:
+        raise ValueError(f"{path}: field 'partial_rotary_factor' is {partial!r}; mtp rotates "
+                         f"every dimension of a head (1.0)")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"{path}: field {name!r} has rope_type {kind!r}; mtp implements "
+                         f"{list(ROPE_TYPES)}")
+    if kind == "default":
+        return theta, None
+    factor = field(rope, path, "factor", "number")
+    if kind == "linear":
+        return theta, RopeScaling(type="linear", factor=factor)
+    # As transformers: a top-level original_max_position_embeddings wins over the rope dict's.
+    original = field(values, path, "original_max_position_embeddings", "int", None) \
+        or field(rope, path, "original_max_position_embeddings", "int", max_seq_len)
+    try:
+        return theta, RopeScaling(
+            type="llama3", factor=factor,
+            low_freq_factor=field(rope, path, "low_freq_factor", "number"),
+            high_freq_factor=field(rope, path, "high_freq_factor", "number"),
+            original_max_seq_len=original)
+    except ValueError as e:
+        raise ValueError(f"{path}: field {name!r}: {e}") from e
 
 
 def _read_safetensors(directory: Path) -> dict[str, Tensor]:

@@ -12,7 +12,9 @@
   conversion adds no dummy-prefix "▁" before the leading spaces.
 
 mtp's own header (`mtp_tokenizer.json`) is written beside these, so `mtp.load` gets back
-exactly the tokenizer that was exported.
+exactly the tokenizer that was exported. The written `tokenizer.json`'s post-processor puts
+before a text what `Tokenizer.encode_prompt` puts before a prompt (EOS for tokenizers mtp
+trained, BOS for Llama's SentencePiece), so transformers encodes prompts as mtp does.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 from pathlib import Path
 
 import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
 from mtp.interop.fields import require
 from mtp.tokenizers import (BPE_FILE, META_FILE, BPETokenizer, ByteTokenizer, Tokenizer,
@@ -55,16 +57,26 @@ def write_hf_tokenizer(tokenizer: Tokenizer, directory: Path, *, model_max_lengt
     """Write `tokenizer` as files `AutoTokenizer` and `mtp.load` both read."""
     tokenizer.save(directory)  # mtp's header (+ tokenizer.json for BPE)
     if isinstance(tokenizer, ByteTokenizer):
-        byte_tokenizer_json().save(str(directory / BPE_FILE))
+        backend = byte_tokenizer_json()
         pad, bos, eos = (BYTE_SPECIALS[i - 256] for i in (tokenizer.pad_id, tokenizer.bos_id,
                                                           tokenizer.eos_id))
     elif isinstance(tokenizer, BPETokenizer):
+        backend = tokenizers.Tokenizer.from_str(tokenizer.backend.to_str())
         pad, bos, eos = tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token
     else:
         raise ValueError(f"no Hugging Face form for tokenizer {tokenizer!r}")
+    start = tokenizer.document_start_id
+    if not isinstance(tokenizer, BPETokenizer) or tokenizer.document_start != "tokenizer":
+        # transformers >= 5 takes the template from tokenizer.json (add_bos_token is ignored
+        # beside one): make it put the document start before every text.
+        token = backend.id_to_token(start)
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{token} $A", pair=f"{token} $A {token} $B", special_tokens=[(token, start)])
+    backend.save(str(directory / BPE_FILE))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
               "pad_token": pad, "model_max_length": model_max_length,
-              "add_bos_token": False, "add_eos_token": False,
+              "add_bos_token": start is not None and start == tokenizer.bos_id,
+              "add_eos_token": False,
               "clean_up_tokenization_spaces": False,
               # mtp never makes a special token from text (see mtp.tokenizers); nor will this.
               "split_special_tokens": True}
@@ -81,8 +93,13 @@ def read_hf_tokenizer(directory: Path) -> Tokenizer:
                             f"and {SENTENCEPIECE_FILE}")
 
 
-def sentencepiece_tokenizer(directory: Path) -> BPETokenizer:
-    """The `tokenizer.model` in `directory`, converted as transformers converts Llama's."""
+def sentencepiece_tokenizer(directory: Path, *, bos: bool = False) -> BPETokenizer:
+    """The `tokenizer.model` in `directory`, converted as transformers converts Llama's.
+
+    Prompts start as transformers starts them (its template follows tokenizer_config.json's
+    add_bos_token, BOS by default), or with BOS whatever the template when `bos` is set:
+    Meta's Llama code puts BOS before every prompt.
+    """
     purpose = f"converting the SentencePiece {directory / SENTENCEPIECE_FILE}"
     require("sentencepiece", purpose)
     require("google.protobuf", purpose, package="protobuf")
@@ -90,6 +107,6 @@ def sentencepiece_tokenizer(directory: Path) -> BPETokenizer:
     # transformers.LlamaTokenizer reads tokenizer.model itself and builds the equivalent
     # `tokenizers` pipeline (byte fallback, the leading-space rule).
     slow = transformers.LlamaTokenizer.from_pretrained(str(directory))
-    # Llama models saw BOS before every document.
     return BPETokenizer(slow.backend_tokenizer, bos_token=slow.bos_token,
-                        eos_token=slow.eos_token, name="sentencepiece", document_start="bos")
+                        eos_token=slow.eos_token, name="sentencepiece",
+                        document_start="bos" if bos else "tokenizer")

@@ -44,7 +44,7 @@ def ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> 
 
 def read_meta(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     """Config, weights (mtp names, stored dtype, memory-mapped) and tokenizer of a Meta dir."""
-    tokenizer = sentencepiece_tokenizer(directory) \
+    tokenizer = sentencepiece_tokenizer(directory, bos=True) \
         if (directory / SENTENCEPIECE_FILE).is_file() else None
     config = meta_config(directory / PARAMS_FILE, tokenizer)
     weights = directory / WEIGHTS_FILE

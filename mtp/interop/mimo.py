@@ -3,8 +3,9 @@
 
 A Llama-architecture mtp model with sequential heads (`head_type="sequential"`,
 `head_layers=1`) is exactly a MiMo checkpoint (Xiaomi MiMo-7B; vLLM `mimo_mtp`, method "mtp"):
-a Qwen2 model (Llama's block with query/key/value biases, here zero) whose config.json says
-`num_nextn_predict_layers`, and per module k = i + 1, in model.safetensors:
+a Qwen2 model (Llama's block with query/key/value biases: zero for a model without them, the
+model's own for one with `qkv_bias`) whose config.json says `num_nextn_predict_layers`, and
+per module k = i + 1, in model.safetensors:
 
     model.mtp_layers.{i}.hidden_layernorm.weight   (D,)     mtp heads.{k}.hnorm
     model.mtp_layers.{i}.token_layernorm.weight    (D,)     mtp heads.{k}.enorm
@@ -18,6 +19,9 @@ a Qwen2 model (Llama's block with query/key/value biases, here zero) whose confi
 vLLM reads the block's keys under `model.mtp_layers.{i}.mtp_block.` (its loader inserts
 `mtp_block.`). MiMo's module feeds on the target's final-normalised state and hands on its
 own `final_layernorm` output, which is mtp's chain with the shared norm (see `mtp.model`).
+
+Reading a MiMo directory back, biases that are all zero are dropped (the model is a Llama
+again); others are kept (`MTPConfig.qkv_bias`).
 
 DeepSeek-V3's layout (vLLM `deepseek_mtp`, SGLang `deepseek_nextn`) puts module k = i + 1 after
 the main model's layers, at `model.layers.{num_hidden_layers + i}.`: `enorm.weight`,
@@ -52,8 +56,7 @@ from mtp.tokenizers import Tokenizer
 NEXTN = "num_nextn_predict_layers"
 MIMO_TYPE, MIMO_ARCHITECTURE = "mimo", "MiMoForCausalLM"
 LLAMA_LIKE = ("llama", "qwen2")  # model types whose checkpoints may carry DeepSeek's modules
-QWEN2_BIASES = {"self_attn.q_proj.bias": "n_heads", "self_attn.k_proj.bias": "n_kv_heads",
-                "self_attn.v_proj.bias": "n_kv_heads"}
+QWEN2_BIASES = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")
 # mtp's fusion parameter -> the module's key in each layout (module docstring).
 MIMO_FUSION = {"hnorm": "hidden_layernorm.weight", "enorm": "token_layernorm.weight",
                "eh_proj": "input_proj.weight"}
@@ -86,36 +89,37 @@ def write_mimo(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer
     if config.head_layers != 1:
         raise ValueError(f"a MiMo MTP layer holds one decoder layer, but model.head_layers="
                          f"{config.head_layers}")
+    if config.out_bias or config.mlp_bias:
+        raise ValueError(f"MiMo is a Qwen2 model, with biases on q/k/v only: MTPConfig.out_bias="
+                         f"{config.out_bias}, mlp_bias={config.mlp_bias}")
+    dtype = state["tok_embeddings.weight"].dtype
+    state = dict(state)
+    if not config.qkv_bias:  # Qwen2's biases, zero: Llama's block exactly
+        for block in _blocks(config):
+            for name, heads in (("wq", config.n_heads), ("wk", config.n_kv_heads),
+                                ("wv", config.n_kv_heads)):
+                state[f"{block}.attention.{name}.bias"] = torch.zeros(heads * config.head_dim,
+                                                                      dtype=dtype)
+        config = dataclasses.replace(config, qkv_bias=True)
     base = dataclasses.replace(config, n_future=1, head_type="block")
     tensors = {}
     for ours, (theirs, n_rotary) in hf.key_map(base).items():
         tensors[theirs] = _rotated(state[ours], n_rotary, hf.interleaved_to_rotate_half)
-    prefixes = [f"model.layers.{l}." for l in range(base.n_layers + 1)]
     for i in range(config.n_future - 1):
         prefix = f"model.mtp_layers.{i}."
-        prefixes.append(prefix)
-        for sub, hf_sub in hf.BLOCK_KEYS.items():
+        for sub, hf_sub in hf.block_keys(config).items():
             tensors[prefix + hf_sub] = _rotated(state[f"heads.{i + 1}.0.{sub}"],
-                                                _rotary(config, hf_sub),
+                                                _rotary(config, sub),
                                                 hf.interleaved_to_rotate_half)
         for ours, theirs in MIMO_FUSION.items():
             tensors[prefix + theirs] = state[f"heads.{i + 1}.{ours}"]
         tensors[prefix + "final_layernorm.weight"] = state["norm.weight"].clone()
-    dtype = state["tok_embeddings.weight"].dtype
-    for prefix in prefixes:  # Qwen2's attention biases, zero: Llama's block exactly
-        for name, heads in QWEN2_BIASES.items():
-            tensors[prefix + name] = torch.zeros(getattr(config, heads) * config.head_dim,
-                                                 dtype=dtype)
     directory.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / hf.WEIGHTS_FILE),
               metadata={"format": "pt"})
-    values = hf._llama_config(base, tokenizer, dtype)
+    values = hf._llama_config(base, tokenizer, dtype)  # Qwen2's: q/k/v biases only
     values.update(architectures=[MIMO_ARCHITECTURE], model_type=MIMO_TYPE,
-                  **{NEXTN: config.n_future - 1}, use_sliding_window=False,
-                  sliding_window=None, max_window_layers=base.n_layers + 1,
-                  attention_dropout=0.0)
-    for name in ("attention_bias", "mlp_bias"):  # not Qwen2's fields: its biases are fixed
-        values.pop(name)
+                  **{NEXTN: config.n_future - 1}, sliding_window=None, attention_dropout=0.0)
     hf._write_json(directory / hf.CONFIG_FILE, values)
     hf._write_json(directory / "generation_config.json", {
         "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
@@ -140,15 +144,13 @@ def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Toke
         raise ValueError(f"{path}: field {NEXTN!r} must be 0 or 1 in DeepSeek's layout (vLLM "
                          f"chains a second module on the first one's un-normalised output, "
                          f"which mtp does not compute), got {modules}")
-    if field(values, path, "use_sliding_window", "bool", False):
-        raise ValueError(f"{path}: field 'use_sliding_window' is true; mtp attends to the "
-                         f"whole context")
-    llama = dict(values, model_type="llama", architectures=["LlamaForCausalLM"],
-                 attention_bias=False)
+    qwen2 = dict(values, model_type="qwen2", architectures=["Qwen2ForCausalLM"]) if mimo \
+        else values
     config = hf._mtp_config(path, 1 + modules, 1, "sequential" if modules else "block",
-                            values=llama)
+                            values=qwen2)
     theirs = hf._read_safetensors(directory)
-    _drop_zero_biases(theirs, directory)
+    if config.qkv_bias and _zero_biases(theirs):  # dropped: the model is a Llama
+        config = dataclasses.replace(config, qkv_bias=False)
     if config.tie_embeddings and "lm_head.weight" in theirs:  # stored anyway by some writers
         if not torch.equal(theirs.pop("lm_head.weight"), theirs["model.embed_tokens.weight"]):
             raise ValueError(f"{directory}: tie_word_embeddings is true but lm_head.weight "
@@ -163,9 +165,9 @@ def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Toke
         main["lm_head.weight"] = state["tok_embeddings.weight"]
     for i in range(modules):
         prefix = f"model.mtp_layers.{i}." if mimo else f"model.layers.{config.n_layers + 1 + i}."
-        for sub, hf_sub in hf.BLOCK_KEYS.items():
+        for sub, hf_sub in hf.block_keys(config).items():
             state[f"heads.{i + 1}.0.{sub}"] = _rotated(
-                _take(theirs, prefix + hf_sub, directory), _rotary(config, hf_sub),
+                _take(theirs, prefix + hf_sub, directory), _rotary(config, sub),
                 hf.rotate_half_to_interleaved)
         for ours, name in (MIMO_FUSION if mimo else DEEPSEEK_FUSION).items():
             state[f"heads.{i + 1}.{ours}"] = _take(theirs, prefix + name, directory)
@@ -185,10 +187,17 @@ def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Toke
     return config, state, read_hf_tokenizer(directory)
 
 
-def _rotary(config: MTPConfig, hf_sub: str) -> int | None:
-    """The rotary heads of a query or key projection (permuted between layouts), else None."""
-    return {"self_attn.q_proj.weight": config.n_heads,
-            "self_attn.k_proj.weight": config.n_kv_heads}.get(hf_sub)
+def _blocks(config: MTPConfig) -> list[str]:
+    """Every block's name prefix: the trunk's, then the heads'."""
+    return ([f"layers.{l}" for l in range(config.n_layers)]
+            + [f"heads.{i}.{j}" for i in range(config.n_future) for j in range(config.head_layers)])
+
+
+def _rotary(config: MTPConfig, sub: str) -> int | None:
+    """The rotary heads of a query or key projection's weight or bias (permuted between the
+    layouts), else None."""
+    return {"attention.wq": config.n_heads,
+            "attention.wk": config.n_kv_heads}.get(sub.rsplit(".", 1)[0])
 
 
 def _rotated(tensor: Tensor, n_rotary: int | None, permute) -> Tensor:
@@ -201,8 +210,11 @@ def _take(tensors: dict[str, Tensor], name: str, directory: Path) -> Tensor:
     return tensors.pop(name)
 
 
-def _drop_zero_biases(tensors: dict[str, Tensor], directory: Path) -> None:
-    """Remove Qwen2's attention biases, which must be zero: mtp's block has none."""
-    for name in [n for n in tensors if n.endswith(tuple(QWEN2_BIASES))]:
-        if tensors.pop(name).count_nonzero():
-            raise ValueError(f"{directory}: {name} is not zero; mtp's attention has no biases")
+def _zero_biases(tensors: dict[str, Tensor]) -> bool:
+    """Remove Qwen2's attention biases if every one is zero; whether they were."""
+    names = [n for n in tensors if n.endswith(QWEN2_BIASES)]
+    if any(tensors[n].count_nonzero() for n in names):
+        return False
+    for name in names:
+        del tensors[name]
+    return True

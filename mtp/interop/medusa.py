@@ -1,0 +1,302 @@
+"""Medusa heads out to serving engines, and back: vLLM's and FasterDecoding's layouts.
+
+Which mtp models are Medusa models. Medusa (Cai et al. 2024; FasterDecoding/Medusa, vLLM,
+TensorRT-LLM) puts its heads on the base model's final hidden state *after* the final norm
+(transformers' `LlamaModel` output, what `lm_head` reads), and head h's logits are
+`lm_head_h(ResBlock_L(...ResBlock_1(z)))` with ResBlock(x) = x + SiLU(W x + b) and no norm
+before `lm_head_h`. mtp's `medusa` heads (`MTPConfig.head_type`) are exactly that, with b = 0
+and every lm_head the shared unembedding: they export exactly. No other head type does:
+- `resblock` heads read the trunk output (before head 0's block) and end in the shared final
+  RMSNorm. Neither end can be moved: head 0's block is not invertible, and RMSNorm divides by
+  the RMS of its input, which no linear lm_head (nor a gain folded into one) reproduces.
+- `block` heads are transformer blocks (attention, a KV cache of their own); `linear` heads
+  have no residual: neither is a ResBlock.
+- One head (n_future=1) has no Medusa heads to export.
+
+`write_medusa` writes a directory of three:
+- `base/`: the base model (trunk + head 0) as a Hugging Face Llama directory, with no mtp
+  heads file (vLLM reads every *.safetensors file of a folder without an index);
+- `vllm/`: vLLM's Medusa draft model: `config.json` with model_type "medusa", num_heads,
+  num_hidden_layers, hidden_size, vocab_size, truncated_vocab_size, medusa_fc_bias (false)
+  and original_lm_head (true: the heads share one lm_head where vLLM knows the field); and
+  `model.safetensors` with `blocks.{h}.layers.{l}.weight` (D, D), nn.Linear's (out, in), and
+  `lm_heads.{h}.weight` (V, D) for every head, as vLLM's `models/medusa.py` names them;
+- `medusa/`: FasterDecoding's layout, which TensorRT-LLM's Medusa conversion reads:
+  `config.json` with medusa_num_heads, medusa_num_layers and base_model_name_or_path, and
+  `medusa_lm_head.pt`, the state dict of `MedusaModel.medusa_head` (an nn.ModuleList of
+  nn.Sequential(ResBlock * L, lm_head)): `{h}.{l}.linear.weight` (D, D), `{h}.{l}.linear.bias`
+  (D,) zeros, and `{h}.{L}.weight` (V, D), one storage shared by every head.
+Medusa's head h is mtp's head h + 1 (both predict token t + h + 2). mtp stores a head
+layer's W as (in, out) and applies x @ W: the export transposes it.
+
+`read_medusa` reads such a directory back (vLLM's heads if present, else FasterDecoding's):
+a Medusa checkpoint whose lm_heads differ from the base model's, whose biases are not zero or
+that truncates its vocabulary has no mtp form, and is refused naming the tensor or field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from mtp.interop import hf
+from mtp.interop.fields import field, read_json_object
+from mtp.model import MTPConfig
+from mtp.tokenizers import Tokenizer
+
+BASE_DIR, VLLM_DIR, MEDUSA_DIR = "base", "vllm", "medusa"
+CONFIG_FILE = "config.json"
+VLLM_WEIGHTS = "model.safetensors"
+MEDUSA_WEIGHTS = "medusa_lm_head.pt"
+MEDUSA_SAFETENSORS = "medusa_lm_head.safetensors"  # read too: later Medusa training saves it
+
+_REFUSED = {
+    "resblock": "resblock heads read the trunk output and end in the shared final norm, "
+                "while Medusa's heads read the base model's normed final hidden state and go "
+                "to their lm_head without a norm (RMSNorm cannot be folded into an lm_head): "
+                "train the heads with model.head_type=medusa",
+    "block": "block heads are transformer blocks (attention and a KV cache of their own), "
+             "not Medusa's ResBlocks",
+    "linear": "linear heads (x @ W, no residual) are not Medusa's ResBlocks",
+}
+
+
+def check_medusa(config: MTPConfig) -> None:
+    """Fail unless the model's heads 1..n-1 map exactly onto Medusa heads (module docstring)."""
+    if config.n_future < 2:
+        raise ValueError(f"the model has one head (n_future={config.n_future}): there are no "
+                         f"heads to export as Medusa heads")
+    if config.head_type != "medusa":
+        raise ValueError(f"cannot export head_type={config.head_type!r} as Medusa heads: "
+                         + _REFUSED[config.head_type])
+
+
+def _head_weights(config: MTPConfig, state: dict[str, Tensor]) -> list[list[Tensor]]:
+    """W of head h + 1's layer l as nn.Linear's (out, in): [h][l], for Medusa's head h."""
+    return [[state[f"heads.{h + 1}.{l}.weight"].T.contiguous() for l in range(config.head_layers)]
+            for h in range(config.n_future - 1)]
+
+
+def vllm_heads(config: MTPConfig, state: dict[str, Tensor]) -> tuple[dict[str, Any],
+                                                                     dict[str, Tensor]]:
+    """vLLM's Medusa config.json and weights for the model's heads 1..n-1."""
+    check_medusa(config)
+    num_heads = config.n_future - 1
+    tensors = {f"blocks.{h}.layers.{l}.weight": weight
+               for h, layers in enumerate(_head_weights(config, state))
+               for l, weight in enumerate(layers)}
+    for h in range(num_heads):  # safetensors stores no shared tensors: one copy per head
+        tensors[f"lm_heads.{h}.weight"] = state["output.weight"].clone()
+    values = {"architectures": ["MedusaModel"], "model_type": "medusa",
+              "hidden_size": config.dim, "vocab_size": config.vocab_size,
+              "num_heads": num_heads, "num_hidden_layers": config.head_layers,
+              "truncated_vocab_size": config.vocab_size, "medusa_fc_bias": False,
+              "original_lm_head": True,
+              "torch_dtype": str(state["output.weight"].dtype).removeprefix("torch.")}
+    return values, tensors
+
+
+def fasterdecoding_heads(config: MTPConfig, state: dict[str, Tensor],
+                         base_model: str) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """FasterDecoding's Medusa config.json and `medusa_lm_head.pt` state dict."""
+    check_medusa(config)
+    L = config.head_layers
+    zeros = state["output.weight"].new_zeros(config.dim)  # Medusa's ResBlock has a bias
+    tensors = {}
+    for h, layers in enumerate(_head_weights(config, state)):
+        for l, weight in enumerate(layers):
+            tensors[f"{h}.{l}.linear.weight"] = weight
+            tensors[f"{h}.{l}.linear.bias"] = zeros
+        tensors[f"{h}.{L}.weight"] = state["output.weight"]  # torch.save keeps one copy
+    values = {"medusa_num_heads": config.n_future - 1, "medusa_num_layers": L,
+              "base_model_name_or_path": base_model}
+    return values, tensors
+
+
+def write_medusa(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
+                 directory: Path) -> None:
+    """Write `base/`, `vllm/` and `medusa/` (module docstring) into `directory`."""
+    check_medusa(config)
+    base = directory / BASE_DIR
+    vllm_config, vllm_tensors = vllm_heads(config, state)
+    medusa_config, medusa_tensors = fasterdecoding_heads(config, state, str(base.resolve()))
+    if config.head_layers > 1:
+        warnings.warn(f"head_layers={config.head_layers}: FasterDecoding's own MedusaModel "
+                      f"repeats one ResBlock module per head ([ResBlock] * medusa_num_layers), "
+                      f"so it runs every layer of a head with the last layer's weights; vLLM "
+                      f"(and, as far as we know, TensorRT-LLM) reads each layer", stacklevel=2)
+    base_config = dataclasses.replace(config, n_future=1, head_type="block")
+    base_state = {name: tensor for name, tensor in state.items()
+                  if not name.startswith("heads.") or name.startswith("heads.0.")}
+    hf.write_hf(base_config, base_state, tokenizer, base)
+    for sub, values in ((VLLM_DIR, vllm_config), (MEDUSA_DIR, medusa_config)):
+        (directory / sub).mkdir(parents=True, exist_ok=True)
+        (directory / sub / CONFIG_FILE).write_text(json.dumps(values, indent=2) + "\n")
+    save_file(vllm_tensors, str(directory / VLLM_DIR / VLLM_WEIGHTS), metadata={"format": "pt"})
+    (directory / MEDUSA_DIR / MEDUSA_SAFETENSORS).unlink(missing_ok=True)  # an older export's
+    torch.save(medusa_tensors, directory / MEDUSA_DIR / MEDUSA_WEIGHTS)
+
+
+# -- reading back ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MedusaHeads:
+    """Medusa heads as the engines hold them: weights[h][l] (out, in), biases[h][l] or None,
+    lm_heads[h] (V, D)."""
+
+    weights: list[list[Tensor]]
+    biases: list[list[Tensor | None]]
+    lm_heads: list[Tensor]
+    source: Path
+
+
+def is_medusa_export(directory: Path) -> bool:
+    """Whether `directory` holds `base/` and Medusa heads in `vllm/` or `medusa/`."""
+    return (directory / BASE_DIR / CONFIG_FILE).is_file() and any(
+        (directory / sub / CONFIG_FILE).is_file() for sub in (VLLM_DIR, MEDUSA_DIR))
+
+
+def read_medusa(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
+    """The mtp model (medusa heads) of a `write_medusa` directory: config, weights, tokenizer."""
+    base_config, base_state, tokenizer = hf.read_hf(directory / BASE_DIR)
+    if base_config.n_future != 1:
+        raise ValueError(f"{directory / BASE_DIR} carries mtp heads ({hf.HEADS_LAYOUT_FILE}); "
+                         f"a Medusa export's base model has none")
+    heads = read_vllm_heads(directory / VLLM_DIR) if (directory / VLLM_DIR).is_dir() \
+        else read_fasterdecoding_heads(directory / MEDUSA_DIR)
+    return (*medusa_model(base_config, base_state, heads), tokenizer)
+
+
+def read_vllm_heads(directory: Path) -> MedusaHeads:
+    """The heads of vLLM's Medusa draft directory (config.json + model.safetensors)."""
+    path = directory / CONFIG_FILE
+    values = read_json_object(path)
+    model_type = field(values, path, "model_type", "str")
+    if model_type != "medusa":
+        raise ValueError(f"{path}: field 'model_type' must be 'medusa', got {model_type!r}")
+    num_heads, num_layers = (field(values, path, name, "int")
+                             for name in ("num_heads", "num_hidden_layers"))
+    vocab = field(values, path, "vocab_size", "int")
+    truncated = field(values, path, "truncated_vocab_size", "int", vocab)
+    if truncated != vocab:
+        raise ValueError(f"{path}: field 'truncated_vocab_size' is {truncated}, not vocab_size="
+                         f"{vocab}: a token_map drafts from part of the vocabulary, which mtp's "
+                         f"heads cannot")
+    bias = field(values, path, "medusa_fc_bias", "bool", False)
+    shared = field(values, path, "original_lm_head", "bool", False)
+    tensors = hf._load_safetensors(directory / VLLM_WEIGHTS)
+    tensors = {name.removeprefix("medusa_heads."): t for name, t in tensors.items()}
+    layers = [(h, l) for h in range(num_heads) for l in range(num_layers)]
+    expected = {f"blocks.{h}.layers.{l}.{kind}" for h, l in layers
+                for kind in (("weight", "bias") if bias else ("weight",))}
+    expected |= {"lm_heads.0.weight"} if shared else {f"lm_heads.{h}.weight"
+                                                        for h in range(num_heads)}
+    # vLLM ignores other heads' lm_heads when original_lm_head is set
+    extra = {f"lm_heads.{h}.weight" for h in range(1, num_heads)} if shared else set()
+    _check_keys(tensors, expected, extra, directory / VLLM_WEIGHTS)
+    return MedusaHeads(
+        weights=[[tensors[f"blocks.{h}.layers.{l}.weight"] for l in range(num_layers)]
+                 for h in range(num_heads)],
+        biases=[[tensors.get(f"blocks.{h}.layers.{l}.bias") for l in range(num_layers)]
+                for h in range(num_heads)],
+        lm_heads=[tensors["lm_heads.0.weight" if shared else f"lm_heads.{h}.weight"]
+                  for h in range(num_heads)],
+        source=directory / VLLM_WEIGHTS)
+
+
+def read_fasterdecoding_heads(directory: Path) -> MedusaHeads:
+    """The heads of FasterDecoding's layout (config.json + medusa_lm_head.pt/.safetensors)."""
+    path = directory / CONFIG_FILE
+    values = read_json_object(path)
+    num_heads, num_layers = (field(values, path, name, "int")
+                             for name in ("medusa_num_heads", "medusa_num_layers"))
+    weights = directory / MEDUSA_SAFETENSORS
+    if weights.is_file():
+        tensors = hf._load_safetensors(weights)
+    else:
+        weights = directory / MEDUSA_WEIGHTS
+        if not weights.is_file():
+            raise FileNotFoundError(f"no {MEDUSA_WEIGHTS} or {MEDUSA_SAFETENSORS} in {directory}")
+        try:
+            tensors = torch.load(weights, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises many kinds for a truncated or foreign file
+            raise ValueError(f"cannot read {weights} as a PyTorch state dict: {e}") from e
+        if not isinstance(tensors, dict):
+            raise ValueError(f"{weights} holds a {type(tensors).__name__}, not a state dict")
+    layers = [(h, l) for h in range(num_heads) for l in range(num_layers)]
+    expected = {f"{h}.{l}.linear.{kind}" for h, l in layers for kind in ("weight", "bias")}
+    expected |= {f"{h}.{num_layers}.weight" for h in range(num_heads)}
+    _check_keys(tensors, expected, set(), weights)
+    return MedusaHeads(
+        weights=[[tensors[f"{h}.{l}.linear.weight"] for l in range(num_layers)]
+                 for h in range(num_heads)],
+        biases=[[tensors[f"{h}.{l}.linear.bias"] for l in range(num_layers)]
+                for h in range(num_heads)],
+        lm_heads=[tensors[f"{h}.{num_layers}.weight"] for h in range(num_heads)],
+        source=weights)
+
+
+def _check_keys(tensors: dict[str, Tensor], expected: set[str], allowed: set[str],
+                source: Path) -> None:
+    unknown = sorted(set(tensors) - expected - allowed)
+    missing = sorted(expected - set(tensors))
+    if unknown or missing:
+        raise ValueError(f"{source} does not fit its {CONFIG_FILE}: unexpected keys "
+                         f"{unknown[:8]}, missing keys {missing[:8]}")
+
+
+def medusa_model(base: MTPConfig, state: dict[str, Tensor],
+                 heads: MedusaHeads) -> tuple[MTPConfig, dict[str, Tensor]]:
+    """A next-token model (`base`, `state`) with Medusa `heads` as an mtp model's config and
+    weights; heads mtp cannot express are refused naming the tensor."""
+    num_heads, num_layers = len(heads.weights), len(heads.weights[0]) if heads.weights else 0
+    blocks = base.n_layers + base.head_layers  # the Llama's layers
+    if num_heads < 1 or num_layers < 1:
+        raise ValueError(f"{heads.source}: {num_heads} head(s) of {num_layers} layer(s); mtp "
+                         f"needs at least one head of at least one layer")
+    if num_layers > blocks:
+        raise ValueError(f"{heads.source}: heads of {num_layers} layers need a base model of at "
+                         f"least as many layers (mtp's head 0 has as many blocks as each head "
+                         f"has layers), got {blocks}")
+    output = state["tok_embeddings.weight" if base.tie_embeddings else "output.weight"]
+    for h in range(num_heads):
+        if not torch.equal(heads.lm_heads[h], output):
+            raise ValueError(f"{heads.source}: head {h}'s lm_head differs from the base model's "
+                             f"lm_head; mtp's heads share the unembedding")
+        for l in range(num_layers):
+            weight, bias = heads.weights[h][l], heads.biases[h][l]
+            if tuple(weight.shape) != (base.dim, base.dim):
+                raise ValueError(f"{heads.source}: head {h} layer {l} weight has shape "
+                                 f"{tuple(weight.shape)}, expected {(base.dim, base.dim)}")
+            if bias is not None and bool(bias.any()):
+                raise ValueError(f"{heads.source}: head {h} layer {l} has a non-zero bias; "
+                                 f"mtp's Medusa heads have none")
+    config = dataclasses.replace(base, n_layers=blocks - num_layers, head_layers=num_layers,
+                                 n_future=num_heads + 1, head_type="medusa")
+    renamed = {_rename_block(name, base, config): tensor for name, tensor in state.items()}
+    for h in range(num_heads):
+        for l in range(num_layers):
+            renamed[f"heads.{h + 1}.{l}.weight"] = heads.weights[h][l].T.contiguous()
+    return config, renamed
+
+
+def _rename_block(name: str, old: MTPConfig, new: MTPConfig) -> str:
+    """A base-model parameter's name after the trunk/head 0 split moves to `new`'s."""
+    parts = name.split(".")
+    if parts[0] == "layers":
+        index, rest = int(parts[1]), parts[2:]
+    elif parts[0] == "heads":  # head 0's blocks follow the trunk's
+        index, rest = old.n_layers + int(parts[2]), parts[3:]
+    else:
+        return name
+    if index < new.n_layers:
+        return ".".join(["layers", str(index), *rest])
+    return ".".join(["heads", "0", str(index - new.n_layers), *rest])

