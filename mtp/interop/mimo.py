@@ -31,8 +31,11 @@ other order), `shared_head.norm.weight`, `shared_head.head.weight` (V, D), optio
 model (model_type llama or qwen2), with one module: vLLM's deepseek_mtp chains a second
 module on the first one's un-normalised output, which mtp's chain does not compute.
 
-These names and shapes were written from the vLLM sources as remembered (mimo_mtp.py,
-deepseek_mtp.py); no vLLM or SGLang was at hand to check them against. mtp has one final
+These names, shapes and concatenation orders agree with SGLang 0.5.23's loaders
+(`sglang/srt/models/mimo_mtp.py`, `deepseek_nextn.py`, read from its wheel), which name the
+keys as vLLM does; no engine was run on the files. SGLang's MiMo layer zeroes the token
+embedding at position 0, which mtp's training and drafter do not: a draft may differ there,
+the verified output does not. mtp has one final
 norm, one unembedding and one embedding: a module's own copies of them must equal the main
 model's (a ValueError names the key that differs).
 """
