@@ -80,14 +80,20 @@ class KVCache:
     key/value heads), never a view of it: `torch.compile` then updates the store in place,
     where a write into a view (`keys[block].scatter_`) is compiled as a copy of the block's
     whole store, and a move as a copy of the whole cache, at every step.
+
+    `blocks`: the model's blocks the cache holds, when not all of them (a drafter that runs
+    some heads alone keeps only theirs); `write` then takes the model's block index as ever.
     """
 
     def __init__(self, config: MTPConfig, batch_size: int, max_len: int, *,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
-        shape = (config.n_blocks, batch_size, config.n_kv_heads, max_len, config.head_dim)
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 blocks: range | None = None) -> None:
+        self.first_block = 0 if blocks is None else blocks.start
+        n_blocks = config.n_blocks if blocks is None else len(blocks)
+        shape = (n_blocks, batch_size, config.n_kv_heads, max_len, config.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self._blocks = torch.arange(config.n_blocks, device=device)
+        self._blocks = torch.arange(n_blocks, device=device)
         self._rows = torch.arange(batch_size, device=device)[:, None]  # (B, 1)
 
     @property
@@ -106,8 +112,9 @@ class KVCache:
         `block` may be a slice of n blocks, with keys and values (n, B, K, T, hd): the stacked
         heads write one layer of every head at once.
         """
-        if isinstance(block, int):  # (1,), not a 0-d tensor, which indexing would read as an int
-            blocks = self._blocks[block:block + 1]
+        if isinstance(block, int):
+            block -= self.first_block
+            blocks = self._blocks[block:block + 1]  # (1,): a 0-d tensor would index as an int
         else:
             blocks = self._blocks[block][:, None, None]  # (n, 1, 1)
         index = (blocks, self._rows, slice(None), step.slots)  # -> ([n,] B, T, K, hd)

@@ -203,8 +203,12 @@ class Engine:
             context = min(model.config.max_seq_len, -(-context // CONTEXT_BLOCK) * CONTEXT_BLOCK)
         # Slack for the last step's drafts past the context, and for finished rows, whose
         # lengths stop after one more step but whose (ignored) tokens are still written.
-        self.cache = KVCache(model.config, batch, context + 2 * tree.n_nodes,
-                             device=self.device, dtype=param.dtype)
+        # The blocks the verify pass runs: the trunk's and heads 0..heads-1's (none for heads it
+        # leaves out, such as a sequential model's modules, which their drafter caches).
+        config = model.config
+        blocks = range(config.n_layers + min(heads, config.block_heads) * config.head_layers)
+        self.cache = KVCache(config, batch, context + 2 * tree.n_nodes, device=self.device,
+                             dtype=param.dtype, blocks=blocks)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.root = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.active = torch.ones(batch, dtype=torch.bool, device=self.device)
