@@ -10,6 +10,7 @@ per-head curves plotted to `<run>/plots/`. The summary says when and why a run s
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +23,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from mtp.checkpoint import check_vocab, export, load, tokenizer_files
 from mtp.data import build_tokenizer
@@ -30,7 +32,7 @@ from mtp.flops import resolve_peak_flops
 from mtp.lit import MTPLitModule
 from mtp.model import MTPConfig
 from mtp.parallel import check_options
-from mtp.paths import CONF_DIR
+from mtp.paths import CONF_DIR, require_smollm2_gguf
 from mtp.plots import MetricsHistory, write_plots
 from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 
@@ -63,6 +65,7 @@ def decaying_weights(decay: float, n_future: int) -> ListConfig:
 OmegaConf.register_new_resolver("mtp.world_size", _world_size, replace=True)
 OmegaConf.register_new_resolver("mtp.decaying_weights", decaying_weights, replace=True)
 OmegaConf.register_new_resolver("mtp.cpu_precision", cpu_precision, replace=True)
+OmegaConf.register_new_resolver("mtp.smollm2_gguf", require_smollm2_gguf, replace=True)
 
 
 def compose(overrides: list[str] = ()) -> DictConfig:
@@ -101,7 +104,7 @@ def check_init_tokenizer(cfg: DictConfig, tokenizer: Tokenizer) -> None:
                 raise ValueError(f"{source} has another BPE tokenizer than tokenizer.path="
                                  f"{cfg.tokenizer.path} (vocab_size {tokenizer.vocab_size} vs "
                                  f"{configured.vocab_size}, or different merges)")
-        elif cfg.tokenizer.vocab_size != tokenizer.vocab_size:
+        elif cfg.tokenizer.vocab_size not in (None, tokenizer.vocab_size):  # None: the checkpoint's
             raise ValueError(f"{source} has a BPE vocabulary of {tokenizer.vocab_size} tokens "
                              f"but tokenizer.vocab_size={cfg.tokenizer.vocab_size} is configured")
     vocab_size = cfg.model.get("vocab_size")
@@ -279,7 +282,10 @@ def train(cfg: DictConfig) -> Path:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    train(cfg)
+    try:
+        train(cfg)
+    except InterpolationResolutionError as error:  # e.g. ${mtp.smollm2_gguf:}: its message
+        sys.exit(f"error: {str(error).splitlines()[0]}")
 
 
 if __name__ == "__main__":
