@@ -1,19 +1,22 @@
-"""HumanEval pass@1 through transformers' own `generate`, to check `python -m mtp.eval` against.
+"""HumanEval or MBPP pass@1 through transformers' own `generate`, to check `mtp.eval` against.
 
     python scripts/eval_hf.py --checkpoint SmolLM2-135M-Instruct.Q4_1.gguf \\
         --out runs/hf_humaneval.jsonl --compare outputs/eval/humaneval/<run>/results.jsonl
+    python scripts/eval_hf.py --checkpoint ... --task mbpp --data-file mbpp.jsonl --few-shot 3 \\
+        --limit 40 --out runs/hf_mbpp.jsonl --compare outputs/eval/mbpp/<run>/results.jsonl
 
 An independent greedy run of the same problems: transformers' model
 (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)` for a GGUF file, or a Hugging
 Face directory as it is), batch 1, float32 on a CPU, `do_sample=False`. What is shared with
 `mtp.eval`, on purpose, is what defines the benchmark, not the decoding:
-- the prompt ids: mtp's `encode_prompt` of each HumanEval prompt (for SmolLM2's "smollm"
-  pre-tokenizer transformers' GGUF tokenizer splits digits otherwise, on 2 of the first 8
-  prompts; docs/benchmarks.md, GGUF import);
+- the task's prompts (`mtp.eval.load_task`; --task, --data-file and --few-shot are
+  mtp.eval's task=, data_file= and few_shot=) and their ids: mtp's `encode_prompt` of each
+  prompt (for SmolLM2's "smollm" pre-tokenizer transformers' GGUF tokenizer splits digits
+  otherwise, on 2 of the first 8 HumanEval prompts; docs/benchmarks.md, GGUF import);
 - the stop rule: generation ends at the model's EOS (transformers' generation config),
   after --max-new-tokens tokens, or once the new text (decoded by transformers' tokenizer)
-  contains one of HumanEval's stop strings (`mtp.eval.tasks.HUMANEVAL_STOP`), and the
-  completion is the new text cut before the first of them;
+  contains one of the task's stop strings (`mtp.eval.tasks`: HumanEval's, MBPP's
+  `[DONE]`), and the completion is the new text cut before the first of them;
 - the scoring: the completions go to `mtp.eval` as a samples file (its sandbox and pass@k).
 
 Each completion is appended to --out as it is made (a rerun resumes). With --compare (an
@@ -74,7 +77,7 @@ def completion_text(tokenizer, ids: list[int]) -> str:
 
 
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
-    """HumanEval's completion: the text before the first stop string (Chen et al. 2021)."""
+    """The completion: the text before the first stop string (Chen et al. 2021)."""
     hits = [i for i in (text.find(s) for s in stop) if i >= 0]
     return text[:min(hits)] if hits else text
 
@@ -118,6 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, required=True,
                         help="samples (JSON lines) to write; scored results go beside it")
     parser.add_argument("--compare", type=Path, help="an mtp.eval results file")
+    parser.add_argument("--task", choices=("humaneval", "mbpp"), default="humaneval")
+    parser.add_argument("--data-file", help="as mtp.eval's data_file= (MBPP: mbpp.jsonl)")
+    parser.add_argument("--few-shot", type=int, default=0, help="as mtp.eval's few_shot=")
     parser.add_argument("--limit", type=int, help="only the first N problems")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -131,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     transformers.logging.set_verbosity_error()
     dtype = decoding_dtype(args.device, args.dtype) or torch.float32
-    task = load_task("humaneval")
+    task = load_task(args.task, args.data_file, args.few_shot)
     problems = list(task.problems.values())[:args.limit]
     _, tokenizer = load(args.checkpoint)  # mtp's prompt ids, as mtp.eval encodes them
     model, their_tokenizer = load_hf(args.checkpoint, dtype, args.device)
@@ -157,12 +163,13 @@ def main(argv: list[str] | None = None) -> dict:
     generated = time.perf_counter() - started
 
     results = args.out.with_name(args.out.stem + ".results.jsonl")
-    summary = evaluate(EvalConfig(task="humaneval", samples=str(args.out), output=str(results),
+    summary = evaluate(EvalConfig(task=args.task, samples=str(args.out), output=str(results),
+                                  data_file=args.data_file, few_shot=args.few_shot,
                                   limit=args.limit, isolation=args.isolation))
     ours = {str(p.task_id): done[str(p.task_id)] for p in problems}
     tokens = sum(r["new_tokens"] for r in ours.values())
     seconds = sum(r["seconds"] for r in ours.values())
-    stats = {"pass@1": summary["pass@1"], "problems": summary["problems"],
+    stats = {"task": args.task, "pass@1": summary["pass@1"], "problems": summary["problems"],
              "max_new_tokens": args.max_new_tokens, "new_tokens": tokens,
              "tokens_per_second": round(tokens / seconds, 2) if seconds else None,
              "seconds_this_run": round(generated, 1), "checkpoint": str(args.checkpoint),

@@ -66,3 +66,23 @@ def test_transformers_completions_equal_mtp_eval(tmp_path: Path, gguf: Path) -> 
     assert stats["pass@1"] == stats["mtp_pass@1"] == summary["pass@1"]
     completions = [r["completion"] for r in eval_hf.read_jsonl(ours)]
     assert len(set(completions)) == 3  # not one degenerate string
+
+
+MBPP_FILE = Path("/work/shared/data/mbpp/mbpp.jsonl")
+
+
+@pytest.mark.skipif(not MBPP_FILE.exists(), reason=f"needs MBPP's mbpp.jsonl at {MBPP_FILE}")
+def test_mbpp_few_shot_completions_equal_mtp_eval(tmp_path: Path, gguf: Path) -> None:
+    """The same on MBPP's 3-shot prompt, whose stop string is `[DONE]`."""
+    task = {"task": "mbpp", "data_file": str(MBPP_FILE), "few_shot": 3}
+    ours = tmp_path / "mtp.jsonl"
+    summary = evaluate(EvalConfig(**task, checkpoint=str(gguf), output=str(ours), limit=2,
+                                  max_new_tokens=16, drafter="autoregressive", batch_size=2,
+                                  isolation="none"))
+    stats = eval_hf.main(["--checkpoint", str(gguf), "--out", str(tmp_path / "hf.jsonl"),
+                          "--task", "mbpp", "--data-file", str(MBPP_FILE), "--few-shot", "3",
+                          "--limit", "2", "--max-new-tokens", "16", "--compare", str(ours),
+                          "--isolation", "none", "--threads", "1"])
+    assert (stats["task"], stats["compared"], stats["identical"]) == ("mbpp", 2, 2)
+    assert stats["different_lengths"] == []
+    assert stats["pass@1"] == stats["mtp_pass@1"] == summary["pass@1"]
