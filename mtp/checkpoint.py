@@ -5,7 +5,8 @@ An exported directory holds
 - `config.json`: `{"format_version", "model": MTPConfig.to_dict(), "tokenizer": {...}}`;
 - the tokenizer's own files (`Tokenizer.save`).
 
-`export_hf` writes a Hugging Face `LlamaForCausalLM` directory instead (`mtp.interop.hf`), and
+`export_hf` writes a Hugging Face `LlamaForCausalLM` directory instead (`mtp.interop.hf`),
+`export_mimo` MiMo's layout, sequential heads as its MTP layers (`mtp.interop.mimo`), and
 `export_medusa` the base model as one with the heads in vLLM's and FasterDecoding's Medusa
 layouts (`mtp.interop.medusa`).
 
@@ -15,6 +16,7 @@ layouts (`mtp.interop.medusa`).
   the checkpoint embeds the tokenizer's files): a single file, or the sharded folder of
   `trainer=fsdp` (`mtp.sharded`);
 - a Hugging Face Llama (or Qwen2) directory, with mtp's heads file if `export_hf` wrote it;
+- MiMo's layout, or DeepSeek's `num_nextn_predict_layers` one, of a dense Llama-like model;
 - Meta's multi-token-prediction release (`mtp.interop.meta`);
 - an `export_medusa` directory (`mtp.interop.medusa`);
 - a GGUF file of a Llama-architecture model (llama.cpp's format, `mtp.interop.gguf`).
@@ -34,7 +36,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from mtp.interop import gguf, hf, medusa, meta
+from mtp.interop import gguf, hf, medusa, meta, mimo
 from mtp.interop.fields import read_json_object
 from mtp.model import MTPConfig, MTPModel
 from mtp.sharded import DCP_METADATA_FILE, META_FILE, is_sharded_checkpoint, read_sharded_checkpoint
@@ -120,6 +122,18 @@ def export_hf(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> P
     return Path(directory)
 
 
+def export_mimo(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
+    """Write MiMo's layout (`mtp.interop.mimo`): a Qwen2 model whose sequential heads are its
+    MTP layers, as vLLM and SGLang serve them; return the directory.
+
+    Weights keep the model's dtype. Under FSDP call it on every rank; rank 0 writes.
+    """
+    state = _state_to_write(model, tokenizer)
+    if state is not None:
+        mimo.write_mimo(model.config, state, tokenizer, Path(directory))
+    return Path(directory)
+
+
 def export_medusa(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
     """Write the base model (trunk + head 0) as a Hugging Face Llama directory in `base/` and
     heads 1..n-1 as Medusa heads in `vllm/` and `medusa/` (FasterDecoding's); return it.
@@ -139,6 +153,8 @@ LAYOUTS = (
     f"an mtp export (a directory with {CONFIG_FILE} holding format_version and model)",
     "a Lightning .ckpt written by mtp.train (a file)",
     f"a sharded trainer=fsdp checkpoint folder ({META_FILE} and {DCP_METADATA_FILE})",
+    f"MiMo's or DeepSeek's MTP layout of a dense Llama-like model ({hf.CONFIG_FILE} with "
+    f"model_type 'mimo' or {mimo.NEXTN})",
     f"a Hugging Face Llama directory ({hf.CONFIG_FILE} with model_type 'llama' or 'qwen2', "
     f"{hf.WEIGHTS_FILE} or {hf.INDEX_FILE}, tokenizer.json or tokenizer.model)",
     f"Meta's multi-token-prediction layout ({meta.PARAMS_FILE}, {meta.WEIGHTS_FILE}, "
@@ -188,6 +204,8 @@ def _read(path: Path,
         return _read_export(path)
     if is_sharded_checkpoint(path):
         return _from_lightning(read_sharded_checkpoint(path), path)
+    if mimo.is_mtp_layers(path):
+        return mimo.read_mtp_layers(path)
     if hf.is_hf_llama(path):
         return hf.read_hf(path)
     if meta.is_meta(path):

@@ -3,7 +3,10 @@
 Commands
   to_hf    a Hugging Face LlamaForCausalLM directory (trunk + head 0) with heads 1..n-1 in
            mtp's heads file beside it (`mtp.export_hf`)
-  to_mtp   an mtp export (`mtp.checkpoint.export`), e.g. of a Hugging Face or Meta checkpoint
+  to_mimo  MiMo's layout (`mtp.export_mimo`): a Qwen2 model with zero attention biases, and
+           sequential heads as its MTP layers, which vLLM and SGLang serve as drafters
+  to_mtp   an mtp export (`mtp.checkpoint.export`), e.g. of a Hugging Face, MiMo or Meta
+           checkpoint
   to_medusa  the base model as a Hugging Face Llama directory (`base/`) and heads 1..n-1 as
            Medusa heads for vLLM (`vllm/`) and FasterDecoding / TensorRT-LLM (`medusa/`);
            models with `medusa` heads only (`mtp.checkpoint.export_medusa`)
@@ -21,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from mtp.checkpoint import export, export_hf, export_medusa, load
+from mtp.checkpoint import export, export_hf, export_medusa, export_mimo, load
 
-COMMANDS = {"to_hf": export_hf, "to_mtp": export, "to_medusa": export_medusa}
+COMMANDS = {"to_hf": export_hf, "to_mimo": export_mimo, "to_mtp": export,
+            "to_medusa": export_medusa}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ARGUMENTS = ("checkpoint", "output", "dtype")
 

@@ -10,7 +10,10 @@ architecture with `n_future` heads of `head_type`; `grow_heads` its initial weig
 - each new head either at random (`MTPModel.init_weights`), or `copy`: a block head copies
   head 0's blocks (the paper), so it starts predicting what head 0 predicts; a resblock or
   linear head cannot copy a block and starts as the identity instead (Medusa zero-initialises
-  its ResBlock for the same reason: a new head first says what the layer below it says).
+  its ResBlock for the same reason: a new head first says what the layer below it says); a
+  sequential module copies the checkpoint's last module when it has one (as MiMo grows its
+  one pretrained MTP layer into several), else its blocks copy head 0's and its input fusion
+  (`eh_proj`, the two norms) starts as in pretraining.
 
 Freezing and learning-rate groups are the training side (`lit.py`, `optim.py`); they split
 parameters with `MTPModel.is_base_parameter`.
@@ -29,12 +32,19 @@ NEW_HEADS: tuple[str, ...] = ("copy", "random")
 
 
 def grown_config(base: MTPConfig, *, n_future: int, head_type: str,
-                 drop_heads: bool = False) -> MTPConfig:
-    """`base` with `n_future` heads of `head_type`; its other fields stay the checkpoint's."""
+                 drop_heads: bool = False, new_heads: str | None = "copy") -> MTPConfig:
+    """`base` with `n_future` heads of `head_type`; its other fields stay the checkpoint's.
+
+    Heads beyond the checkpoint's need `new_heads` (how to start them), fewer `drop_heads`.
+    """
     if n_future < base.n_future and not drop_heads:
         raise ValueError(f"model.n_future={n_future} is below the checkpoint's "
                          f"{base.n_future} heads: set init.drop_heads=true to keep only heads "
                          f"0..{n_future - 1}")
+    if n_future > base.n_future and new_heads is None:
+        raise ValueError(f"model.n_future={n_future} is above the checkpoint's {base.n_future} "
+                         f"head(s): set init.new_heads to one of {NEW_HEADS} to add heads "
+                         f"{base.n_future}..{n_future - 1}")
     kept_heads = min(n_future, base.n_future)
     if kept_heads > 1 and head_type != base.head_type:
         raise ValueError(f"model.head_type={head_type!r} differs from the type of the "
@@ -45,10 +55,11 @@ def grown_config(base: MTPConfig, *, n_future: int, head_type: str,
 
 
 @torch.no_grad()
-def grow_heads(base: MTPModel, config: MTPConfig, *, new_heads: str = "copy",
+def grow_heads(base: MTPModel, config: MTPConfig, *, new_heads: str | None = "copy",
                ) -> dict[str, Tensor]:
     """Initial weights (a state dict) of `MTPModel(config)` grown from the `base` model."""
-    if new_heads not in NEW_HEADS:
+    if new_heads not in NEW_HEADS and not (new_heads is None
+                                           and config.n_future <= base.config.n_future):
         raise ValueError(f"init.new_heads={new_heads!r} is not one of {NEW_HEADS}")
     model = MTPModel(config)  # random weights for whatever the base does not provide
     state = model.state_dict()
@@ -60,14 +71,20 @@ def grow_heads(base: MTPModel, config: MTPConfig, *, new_heads: str = "copy",
         for head in range(kept, config.n_future):
             prefix = f"heads.{head}."
             for name in [n for n in state if n.startswith(prefix)]:
-                state[name] = _copied(state, name, prefix, config.head_type)
+                state[name] = _copied(state, name, prefix, config.head_type, kept)
     return state
 
 
-def _copied(state: dict[str, Tensor], name: str, prefix: str, head_type: str) -> Tensor:
-    """The `copy` initialisation of a new head's parameter `name` (module docstring)."""
-    if head_type == "block":
-        return state["heads.0." + name[len(prefix):]].clone()
+def _copied(state: dict[str, Tensor], name: str, prefix: str, head_type: str,
+            kept: int) -> Tensor:
+    """The `copy` initialisation of a new head's parameter `name` (module docstring); heads
+    0..kept-1 are the checkpoint's."""
+    sub = name[len(prefix):]
+    if head_type == "sequential" and kept > 1:
+        return state[f"heads.{kept - 1}.{sub}"].clone()
+    if head_type in ("block", "sequential"):
+        source = "heads.0." + sub  # a block's parameter; a module's fusion stays as initialised
+        return state[source].clone() if source in state else state[name]
     weight = state[name]
     if head_type in ("resblock", "medusa"):  # x + SiLU(x @ 0) = x
         return torch.zeros_like(weight)

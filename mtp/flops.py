@@ -9,6 +9,7 @@ T = seq_len and a multiply-add as 2 FLOPs:
                          + 2 * 3 * D * F            SwiGLU: gate, up, down
                          + 2 * 2 * T * H * hd       scores Q K^T and the weighted sum A V
     per head, forward      2 * D * V                the shared unembedding, once per head
+    per sequential module  2 * 2D * D               its eh_proj (head_type="sequential")
     forward                (n_layers + n_future * head_layers) * block + n_future * unembedding
     training               3 * forward              backward = 2 x forward (input and weight
                                                     gradients of every product)
@@ -54,6 +55,8 @@ def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True) -
     block = projections + feed_forward + attention
     unembedding = 2 * D * V
     forward = config.n_blocks * block + config.n_future * unembedding
+    if config.head_type == "sequential":
+        forward += (config.n_future - 1) * 2 * 2 * D * D
     return 3.0 * forward if training else float(forward)
 
 

@@ -74,13 +74,27 @@ def causal(new: int, device: torch.device | str | None = None) -> tuple[Tensor, 
 
 
 class KVCache:
-    """Keys and values of all blocks, (n_blocks, B, K, max_len, hd) each, written by index."""
+    """Keys and values of all blocks, (n_blocks, B, K, max_len, hd) each, written by index.
+
+    Every write and move indexes the whole store with index tensors (block, row and slot; all
+    key/value heads), never a view of it: `torch.compile` then updates the store in place,
+    where a write into a view (`keys[block].scatter_`) is compiled as a copy of the block's
+    whole store, and a move as a copy of the whole cache, at every step.
+
+    `blocks`: the model's blocks the cache holds, when not all of them (a drafter that runs
+    some heads alone keeps only theirs); `write` then takes the model's block index as ever.
+    """
 
     def __init__(self, config: MTPConfig, batch_size: int, max_len: int, *,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
-        shape = (config.n_blocks, batch_size, config.n_kv_heads, max_len, config.head_dim)
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 blocks: range | None = None) -> None:
+        self.first_block = 0 if blocks is None else blocks.start
+        n_blocks = config.n_blocks if blocks is None else len(blocks)
+        shape = (n_blocks, batch_size, config.n_kv_heads, max_len, config.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self._blocks = torch.arange(n_blocks, device=device)
+        self._rows = torch.arange(batch_size, device=device)[:, None]  # (B, 1)
 
     @property
     def batch_size(self) -> int:
@@ -98,9 +112,14 @@ class KVCache:
         `block` may be a slice of n blocks, with keys and values (n, B, K, T, hd): the stacked
         heads write one layer of every head at once.
         """
-        index = step.slots[:, None, :, None].expand_as(keys)  # broadcasts over blocks
-        self.keys[block].scatter_(-2, index, keys)
-        self.values[block].scatter_(-2, index, values)
+        if isinstance(block, int):
+            block -= self.first_block
+            blocks = self._blocks[block:block + 1]  # (1,): a 0-d tensor would index as an int
+        else:
+            blocks = self._blocks[block][:, None, None]  # (n, 1, 1)
+        index = (blocks, self._rows, slice(None), step.slots)  # -> ([n,] B, T, K, hd)
+        self.keys[index] = keys.transpose(-3, -2)
+        self.values[index] = values.transpose(-3, -2)
         width = step.key_len
         return self.keys[block][..., :width, :], self.values[block][..., :width, :]
 
@@ -112,16 +131,15 @@ class KVCache:
         than P repeats its last one, whose copies land past its new length, where they are
         stale and hidden.
         """
-        source = (lengths[:, None] + path)[None, :, None, :, None]  # (1, B, 1, P, 1)
-        target = lengths[:, None] + torch.arange(path.shape[1], device=path.device)
-        target = target[None, :, None, :, None]
+        blocks = self._blocks[:, None, None]  # (n_blocks, 1, 1)
+        source = lengths[:, None] + path  # (B, P)
+        target = lengths[:, None] + torch.arange(path.shape[1], device=path.device)  # (B, P)
         for store in (self.keys, self.values):  # (n_blocks, B, K, max_len, hd)
-            shape = (store.shape[0], store.shape[1], store.shape[2], path.shape[1],
-                     store.shape[4])
-            moved = store.gather(3, source.expand(shape))  # read everything before writing
-            store.scatter_(3, target.expand(shape), moved)
+            # Every kept slot is read before any is written: targets overlap sources.
+            store[blocks, self._rows, :, target] = store[blocks, self._rows, :, source]
 
     def keep(self, rows: Tensor) -> None:
         """Keep only the sequences at batch `rows` (a 1-d index tensor), in that order."""
         self.keys = self.keys.index_select(1, rows)
         self.values = self.values.index_select(1, rows)
+        self._rows = torch.arange(rows.shape[0], device=rows.device)[:, None]

@@ -13,6 +13,19 @@ logits are alive at once.
 - `chunked`: headwise, and each head's norm + unembedding + cross-entropy also runs over
   chunks of `chunk_size` tokens, so not even one head's full (B, T, V) logits exist.
 
+Sequential heads (`head_type="sequential"`, DeepSeek-V3's modules) form a chain: module k
+reads module k - 1's output and, teacher-forced, the token t + k, which is head k - 1's
+target (`model.tokens_ahead`). Their headwise backward carries the gradient down the chain:
+
+    forward   h_0 = head 0(trunk);  h_k = module k(s_{k-1}, x_{t+k}),  s_k = h_k detached
+              and right away head k's loss on s_k, backward into s_k.grad: its logits freed
+    backward  for k = n-1 .. 1: h_k.backward(s_k.grad), which adds module k's share into
+              s_{k-1}.grad (already holding head k-1's loss gradient); then head 0 and the trunk
+
+So one head's logits are alive at a time, as with parallel heads; what the chain keeps
+besides is each module's activations until its backward (`activation_checkpointing=all`
+keeps only their inputs, (B, T, D) each). Gradients equal the naive backward's.
+
 Frozen parameters (Medusa-1: `requires_grad=False` on the base model) cost no backward: a
 loss that needs no gradient is not backpropagated, and with a frozen embedding and trunk the
 trunk output needs none, so the trunk's backward never runs. `train_trunk=False` detaches
@@ -21,7 +34,7 @@ the trunk output for a step, for the heads-only warm-up of Medusa-2.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -29,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.model import MTPModel
+from mtp.model import MTPModel, tokens_ahead
 
 IGNORE_INDEX = -100
 LossMode = Literal["naive", "headwise", "chunked"]
@@ -134,7 +147,8 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
     with torch.set_grad_enabled(train_trunk and torch.is_grad_enabled()):
         trunk_out = model.trunk(inputs)  # (B, T, D); no graph unless the trunk trains
     if mode == "naive":
-        logits = torch.stack([model.unembed(model.head(trunk_out, i), i) for i in range(n)],
+        logits = torch.stack([model.unembed(state, i) for i, state in
+                              enumerate(model.head_states(trunk_out, tokens, n))],
                              dim=2)  # (B, T, n, V)
         results = [_head_loss(logits[:, :, i].flatten(0, 1), head_targets[i], denominators[i])
                    for i in range(n)]
@@ -145,26 +159,53 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
     else:
         # Heads backpropagate into this detached copy; the trunk's backward runs once at the end.
         detached = trunk_out.detach().requires_grad_(trunk_out.requires_grad)
-        losses, correct = [], []
-        for i in range(n):
-            head_out = model.head(detached, i)  # (B, T, D)
-            if mode == "headwise":
-                loss, hits = _head_loss(model.unembed(head_out, i).flatten(0, 1), head_targets[i],
-                                        denominators[i])
-                if backward is not None and loss.requires_grad:
-                    backward(weights[i] * loss)
-            else:
-                loss, hits = _chunked_head_loss(model, i, head_out.flatten(0, 1),
-                                                head_targets[i], denominators[i], weights[i],
-                                                backward, chunk_size)
-            losses.append(loss.detach())
-            correct.append(hits)
+
+        def head_loss(i: int, head_out: Tensor) -> tuple[Tensor, Tensor]:
+            """Head i's loss and hits on its output (B, T, D), backpropagated into it."""
+            if mode == "chunked":
+                return _chunked_head_loss(model, i, head_out.flatten(0, 1), head_targets[i],
+                                          denominators[i], weights[i], backward, chunk_size)
+            loss, hits = _head_loss(model.unembed(head_out, i).flatten(0, 1), head_targets[i],
+                                    denominators[i])
+            if backward is not None and loss.requires_grad:
+                backward(weights[i] * loss)
+            return loss.detach(), hits
+
+        if model.config.head_type == "sequential":
+            losses, correct = _sequential_backward(model, detached, tokens, head_loss, backward)
+        else:
+            losses, correct = zip(*(head_loss(i, model.head(detached, i)) for i in range(n)))
         if backward is not None and detached.grad is not None:
             backward(trunk_out, detached.grad)
     head_losses = torch.stack([loss.detach() for loss in losses])
     total = sum(w * loss for w, loss in zip(weights, head_losses))
     return LossOutput(loss=total, head_losses=head_losses,
                       head_correct=torch.stack(list(correct)), head_count=counts)
+
+
+def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
+                         head_loss: Callable[[int, Tensor], tuple[Tensor, Tensor]],
+                         backward: BackwardFn | None) -> tuple[list[Tensor], list[Tensor]]:
+    """The chain's headwise losses and backward (module docstring) on the detached trunk
+    output (B, T, D); `head_loss(i, state)` backpropagates head i's loss into `state`."""
+    links = []  # each head's output, with its graph, and its detached copy
+    losses, correct = [], []
+    state = trunk_out
+    for k in range(model.config.n_future):
+        if k == 0:
+            out = model.head(trunk_out, 0)  # (B, T, D)
+        else:
+            out = model.mtp_module(state, tokens_ahead(tokens, k, trunk_out.shape[1]), k)
+        state = out.detach().requires_grad_(out.requires_grad)
+        loss, hits = head_loss(k, state)
+        losses.append(loss)
+        correct.append(hits)
+        links.append((out, state))
+    while links:  # last module first; each graph is freed by its backward
+        out, state = links.pop()
+        if backward is not None and state.grad is not None:
+            backward(out, state.grad)
+    return losses, correct
 
 
 def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Tensor,

@@ -14,7 +14,8 @@ Design choices
 - Head types (`head_type`): `block` heads are `head_layers` transformer blocks each;
   `resblock` heads are Medusa's x + SiLU(W x) layers (Cai et al. 2024) and `linear` heads
   plain W x layers, `head_layers` of them, which have no attention and so no KV cache slots.
-  Head 0 is always a block head whatever the type: it is the base model's own last layer(s),
+  `sequential` heads are DeepSeek-V3's multi-token prediction modules (below). Head 0 is
+  always a block head whatever the type: it is the base model's own last layer(s),
   as Medusa keeps the base model's LM head, so trunk + head 0 stays a Llama model and a
   next-token checkpoint grows cheap heads 1..n-1 without changing head 0. Every head reads
   the trunk output (not head 0's, as Medusa's heads do): one layout for the loss, sharding
@@ -23,6 +24,16 @@ Design choices
   after the shared final norm, what a Llama's lm_head reads), then the shared unembedding
   without a second norm. The math of the attention-free layers is one function each
   (`resblock`, `linear`), which the stacked heads of `generate/` call too.
+- Sequential heads (DeepSeek-V3, MiMo): head k >= 1 is a chain link, not a reader of the
+  trunk. At position t it normalises the previous depth's state and the embedding of token
+  t + k, projects their concatenation (2D -> D) and runs `head_layers` blocks:
+      h_k(t) = Blocks_k(eh_proj([hnorm(norm(h_{k-1}(t))); enorm(emb(x_{t+k}))]))
+  with h_0 head 0's output, predicting x_{t+k+1} through the shared norm and unembedding.
+  The previous state enters through the shared final `norm` first, i.e. as the tensor the
+  unembedding reads: what Megatron-LM's and MiMo's modules pass on and what vLLM and SGLang
+  feed module 1 (the target model's normalised output), so an export is exactly a MiMo
+  checkpoint. Each module has its own blocks, hence KV cache slots after the trunk's. With
+  teacher forcing (training, `forward`) module k reads tokens[t + k]: `mtp_module`.
 - Embedding and unembedding are untied by default, as in the paper.
 - Fair comparisons: `MTPConfig.compute_matched(depth=...)` takes n_future - 1 layers off the
   trunk when heads are added, so n = 1 and n > 1 models cost the same per token.
@@ -55,7 +66,8 @@ if TYPE_CHECKING:
     from mtp.kv_cache import CacheStep, KVCache
 
 
-HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear", "medusa")
+HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear", "medusa", "sequential")
+BLOCK_HEAD_TYPES: tuple[str, ...] = ("block", "sequential")  # heads 1..n-1 have blocks
 
 
 def _round_up(value: float, multiple: int) -> int:
@@ -82,7 +94,7 @@ class MTPConfig:
     mlp_bias: bool = False  # biases on the three feed-forward projections
     n_future: int = 1  # number of heads; head i predicts token t + i + 1
     head_layers: int = 1  # layers per head (of head_type; head 0's are always blocks)
-    head_type: str = "block"  # block | resblock | linear | medusa: heads 1..n-1
+    head_type: str = "block"  # block | resblock | linear | medusa | sequential: heads 1..n-1
     tie_embeddings: bool = False
     init_std: float = 0.02
 
@@ -134,7 +146,7 @@ class MTPConfig:
     @property
     def block_heads(self) -> int:
         """Heads made of transformer blocks: all of them, or head 0 alone (see head_type)."""
-        return self.n_future if self.head_type == "block" else 1
+        return self.n_future if self.head_type in BLOCK_HEAD_TYPES else 1
 
     @property
     def n_blocks(self) -> int:
@@ -148,10 +160,10 @@ class MTPConfig:
 
         The paper's fair comparison: a next-token model of `depth` layers becomes, with n heads,
         a trunk of depth - n * head_layers layers plus n heads, so both run `depth` blocks per
-        token. `depth=8, n_future=4` gives a 4-layer trunk and 4 one-layer heads. Resblock and
-        linear heads are not blocks: only head 0's come off the trunk.
+        token. `depth=8, n_future=4` gives a 4-layer trunk and 4 one-layer heads (sequential
+        heads too). Resblock and linear heads are not blocks: only head 0's come off the trunk.
         """
-        block_heads = n_future if head_type == "block" else 1
+        block_heads = n_future if head_type in BLOCK_HEAD_TYPES else 1
         n_layers = depth - block_heads * head_layers
         if n_layers < 0:
             raise ValueError(
@@ -301,6 +313,40 @@ class HeadLayer(nn.Module):
         return f"{self.kind}, dim={self.weight.shape[0]}"
 
 
+class SequentialHead(nn.ModuleList):
+    """A sequential head (DeepSeek-V3's MTP module): its blocks are the list, so code that walks
+    a head's blocks (sharding, compilation, checkpointing) treats it as a block head; the input
+    fusion's three parameters hang off it, named as in DeepSeek-V3's checkpoints.
+    """
+
+    FUSION: tuple[str, ...] = ("hnorm", "enorm", "eh_proj")
+
+    def __init__(self, config: MTPConfig, first_block: int) -> None:
+        super().__init__(Block(config, first_block + j) for j in range(config.head_layers))
+        self.eps = config.norm_eps
+        self.hnorm = nn.Parameter(torch.ones(config.dim))  # gain on the previous depth's state
+        self.enorm = nn.Parameter(torch.ones(config.dim))  # gain on the token embedding
+        # nn.Linear's (out, in) layout over the concatenation [hidden; embedding] (MiMo's order).
+        self.eh_proj = nn.Parameter(torch.empty(config.dim, 2 * config.dim))
+
+    def fuse(self, hidden: Tensor, embedded: Tensor) -> Tensor:
+        """eh_proj([hnorm(hidden); enorm(embedded)]): (..., D) each -> (..., D)."""
+        both = torch.cat([rms_normalise(hidden, self.eps) * self.hnorm,
+                          rms_normalise(embedded, self.eps) * self.enorm], dim=-1)
+        return F.linear(both, self.eh_proj)
+
+
+def tokens_ahead(tokens: Tensor, k: int, length: int) -> Tensor:
+    """What sequential module k reads under teacher forcing: (B, length), at position t the
+    token tokens[:, t + k], and token 0 past the end of `tokens` (B, L).
+
+    Where it exists this is head k - 1's target (`mtp.loss.shift_targets`); past the end that
+    target is ignored, and so is every later one of module k, so the 0 never trains.
+    """
+    ahead = tokens[:, k:k + length]
+    return F.pad(ahead, (0, length - ahead.shape[1]))
+
+
 def _check_cached(cache: KVCache | None, step: CacheStep | None) -> None:
     if (cache is None) != (step is None):
         raise ValueError("a cached forward needs both cache= and step= (see mtp.kv_cache); "
@@ -309,8 +355,10 @@ def _check_cached(cache: KVCache | None, step: CacheStep | None) -> None:
 
 def _head(config: MTPConfig, index: int) -> nn.ModuleList:
     """Head `index`'s layers; a block head's blocks take cache slots after the trunk's."""
+    first = config.n_layers + index * config.head_layers
+    if index > 0 and config.head_type == "sequential":
+        return SequentialHead(config, first)
     if index == 0 or config.head_type == "block":
-        first = config.n_layers + index * config.head_layers
         return nn.ModuleList(Block(config, first + j) for j in range(config.head_layers))
     return nn.ModuleList(HeadLayer(config) for _ in range(config.head_layers))
 
@@ -365,7 +413,7 @@ class MTPModel(nn.Module):
         self.init_rope()
         residual_std = cfg.init_std / math.sqrt(2 * (cfg.n_layers + cfg.head_layers))
         for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(("norm.weight", ".hnorm", ".enorm")):
                 nn.init.ones_(param)
             elif name.endswith(".bias"):
                 nn.init.zeros_(param)
@@ -404,6 +452,9 @@ class MTPModel(nn.Module):
         Medusa heads (head_type medusa, index >= 1) read head 0's output after the shared norm.
         """
         _check_cached(cache, step)
+        if isinstance(self.heads[index], SequentialHead):
+            raise ValueError(f"head {index} is a sequential module: it reads the previous "
+                             f"depth's state and the tokens ahead (MTPModel.mtp_module)")
         cos, sin = self.rope(trunk_out.shape[1], step)
         h = trunk_out
         if index and self.config.head_type == "medusa":
@@ -411,6 +462,40 @@ class MTPModel(nn.Module):
         for block in self.heads[index]:
             h = block(h, cos, sin, cache, step)
         return h
+
+    def mtp_module(self, previous: Tensor, tokens: Tensor, index: int, *,
+                   cache: KVCache | None = None, step: CacheStep | None = None) -> Tensor:
+        """Sequential head `index` >= 1: (B, T, D), before the shared norm.
+
+        previous: head index - 1's output (B, T, D); tokens: (B, T), at position t the token
+        t + index (teacher forcing), which the module embeds. With a cache, `step` places
+        the module's T positions in its own cache slots.
+        """
+        _check_cached(cache, step)
+        head = self.heads[index]
+        if not isinstance(head, SequentialHead):
+            raise ValueError(f"head {index} is not a sequential module (model.head_type="
+                             f"{self.config.head_type!r})")
+        cos, sin = self.rope(previous.shape[1], step)
+        h = head.fuse(self.norm(previous), self.tok_embeddings(tokens))  # (B, T, D)
+        for block in head:
+            h = block(h, cos, sin, cache, step)
+        return h
+
+    def head_states(self, trunk_out: Tensor, tokens: Tensor, n: int) -> list[Tensor]:
+        """Heads 0..n-1's outputs (B, T, D) on the trunk output (B, T, D) of tokens[:, :T].
+
+        Sequential heads are teacher-forced on `tokens` (B, L >= T): module k at position t
+        reads tokens[t + k] (`tokens_ahead`); the loss passes the block with its look-ahead
+        tokens, `forward` the input alone (its last positions then predict past the input).
+        """
+        if self.config.head_type != "sequential":
+            return [self.head(trunk_out, i) for i in range(n)]
+        states = [self.head(trunk_out, 0)]
+        for k in range(1, n):
+            ahead = tokens_ahead(tokens, k, trunk_out.shape[1])  # (B, T)
+            states.append(self.mtp_module(states[-1], ahead, k))
+        return states
 
     def unembed(self, h: Tensor, head: int = 0) -> Tensor:
         """Head `head`'s logits from its output: (..., D) -> (..., V).
@@ -426,10 +511,18 @@ class MTPModel(nn.Module):
                 step: CacheStep | None = None, heads: Sequence[int] | None = None) -> Tensor:
         """Logits of the chosen heads (default all): (B, T, n, V).
 
-        With a cache, `tokens` are new tokens placed by `step` (see `trunk`).
+        With a cache, `tokens` are new tokens placed by `step` (see `trunk`). Sequential heads
+        are teacher-forced on `tokens` (`head_states`), without a cache.
         """
-        heads = range(self.config.n_future) if heads is None else heads
+        heads = list(range(self.config.n_future) if heads is None else heads)
+        chain = self.config.head_type == "sequential" and max(heads) > 0
+        if chain and cache is not None:
+            raise ValueError("a cached forward runs head 0 only for sequential heads: their "
+                             "modules need the tokens ahead (see mtp.generate.sequential_drafter)")
         h = self.trunk(tokens, cache=cache, step=step)
+        if chain:
+            states = self.head_states(h, tokens, max(heads) + 1)
+            return torch.stack([self.unembed(states[i]) for i in heads], dim=2)
         return torch.stack([self.unembed(self.head(h, i, cache=cache, step=step), i)
                             for i in heads], dim=2)  # (B, T, n, V)
 

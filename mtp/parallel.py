@@ -6,7 +6,8 @@ gathered just before it runs and whose gradients are reduce-scattered after its 
 
 1. every trunk block (`model.layers[i]`);
 2. every head (`model.heads[i]`, all of that head's blocks): the headwise loss runs each
-   head's forward and backward in turn, so a head is gathered once and freed after it;
+   head's forward and backward in turn, so a head is gathered once and freed after it (a
+   sequential module's input fusion, three small tensors, stays with the root);
 3. the shared final norm and unembedding (`model.norm`, `model.output`) as one unit with
    `reshard_after_forward=False`: every head calls it, forward and backward, n times per
    step. With tied embeddings the input embedding joins this unit, since it holds the same

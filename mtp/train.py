@@ -118,7 +118,8 @@ def grown_model(cfg: DictConfig) -> tuple[Tokenizer, MTPConfig, dict[str, torch.
     base, tokenizer = load(cfg.init_from)
     check_init_tokenizer(cfg, tokenizer)
     config = grown_config(base.config, n_future=cfg.model.n_future,
-                          head_type=cfg.model.head_type, drop_heads=cfg.init.drop_heads)
+                          head_type=cfg.model.head_type, drop_heads=cfg.init.drop_heads,
+                          new_heads=cfg.init.new_heads)
     state = grow_heads(base, config, new_heads=cfg.init.new_heads)
     kept = min(config.n_future, base.config.n_future)
     added = (f"heads {kept}..{config.n_future - 1} added ({config.head_type}, "
@@ -154,8 +155,9 @@ def check_settings(cfg: DictConfig) -> None:
     if not 0 <= optim.heads_only_steps < cfg.trainer.get("max_steps", 0):
         raise ValueError(f"optim.heads_only_steps={optim.heads_only_steps} must be in "
                          f"[0, trainer.max_steps={cfg.trainer.get('max_steps')})")
-    if cfg.init.new_heads not in NEW_HEADS:
-        raise ValueError(f"init.new_heads={cfg.init.new_heads!r} is not one of {NEW_HEADS}")
+    if cfg.init.new_heads is not None and cfg.init.new_heads not in NEW_HEADS:
+        raise ValueError(f"init.new_heads={cfg.init.new_heads!r} is not one of {NEW_HEADS} "
+                         f"(or null: add no heads)")
 
 
 def _logger(cfg: DictConfig) -> Any:

@@ -14,7 +14,10 @@ each k (the chain of k - 1 drafts), then each tree (`--trees`: presets, auto:N f
 checkpoint's tree.json, or .json files of rank paths); figures are medians over repeats of
 tokens per second over all prompts. `--compile` runs the compiled decode step (CUDA graphs
 on a GPU); a whole untimed pass over the prompts first compiles every shape the timed runs
-meet. Prints a table, then one JSON line (`compiled` says which step ran): the best k's
+meet. `--compile both` times the eager and the compiled step of every configuration in the
+same repeats, alternating, so that both see the same machine: the table then adds the eager
+step's tokens/s and compiled over eager (`compile_speedup` in each row of the JSON line).
+Prints a table, then one JSON line (`compiled` says which step ran): the best k's
 figures, a per-k list and, with trees, a per-tree list and the best tree's figures
 (`tree_*`: the tree with the most tokens per forward). `identical` says whether every greedy
 speculative output equalled the autoregressive one token for token. `forward_cost` is the
@@ -41,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mtp.checkpoint import load  # noqa: E402
-from mtp.generate import DecodeStats, HeadsDrafter, generate  # noqa: E402
+from mtp.generate import DecodeStats, HeadsDrafter, engine, generate  # noqa: E402
 from mtp.generate.decode import DTYPES, decoding_dtype  # noqa: E402
 from mtp.generate.prompts import read_prompts  # noqa: E402
 from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
@@ -139,10 +142,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES),
                         help="default: bfloat16 on a GPU, else the checkpoint's (float32)")
-    parser.add_argument("--compile", action="store_true",
-                        help="the compiled decode step (CUDA graphs on a GPU)")
+    parser.add_argument("--compile", nargs="?", const="on", default="off",
+                        choices=["on", "off", "both"],
+                        help="the compiled decode step (CUDA graphs on a GPU); 'both': eager "
+                        "and compiled, alternating")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--unstacked-heads", action="store_true",
+                        help="run the heads one by one, not as one batched block per layer "
+                        "(engine.STACK_HEADS): what stacking buys")
     args = parser.parse_args()
+    engine.STACK_HEADS = not args.unstacked_heads
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -164,38 +173,48 @@ def main() -> None:
         spec: HeadsDrafter(config.n_future, tree) for spec, tree in trees.items()}
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
 
+    compiled = args.compile != "off"  # the step the main figures come from
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     for drafter in configs.values():  # warm-up: allocator, kernels, caches; compiled shapes
-        if args.compile:
-            decode_all(model, tokenizer, prompts, args.max_new_tokens, args.batch_size,
-                       drafter=drafter, compile=True)
-        else:
-            generate(model, tokenizer, prompts[:1], max_new_tokens=16, drafter=drafter)
-    speed = {name: [] for name in configs}
+        for mode in modes:
+            if mode:
+                decode_all(model, tokenizer, prompts, args.max_new_tokens, args.batch_size,
+                           drafter=drafter, compile=True)
+            else:
+                generate(model, tokenizer, prompts[:1], max_new_tokens=16, drafter=drafter)
+    speed = {(name, mode): [] for name in configs for mode in modes}
     stats, identical, ar_ids = {}, {}, None
     with torch.inference_mode():
         for _ in range(args.repeats):
             for name, drafter in configs.items():
-                rate, stats[name], ids = decode_all(model, tokenizer, prompts,
-                                                    args.max_new_tokens, args.batch_size,
-                                                    drafter=drafter, compile=args.compile)
-                speed[name].append(rate)
-                ar_ids = ids if name == 1 else ar_ids
-                identical[name] = identical.get(name, True) and ids == ar_ids
+                for mode in modes:
+                    rate, stats[name], ids = decode_all(model, tokenizer, prompts,
+                                                        args.max_new_tokens, args.batch_size,
+                                                        drafter=drafter, compile=mode)
+                    speed[name, mode].append(rate)
+                    ar_ids = ids if name == 1 and ar_ids is None else ar_ids
+                    identical[name] = identical.get(name, True) and ids == ar_ids
 
-    ar = statistics.median(speed[1])
+    def rate(name, mode: bool = compiled) -> float:
+        return statistics.median(speed[name, mode])
+
+    ar = rate(1)
     # Seconds per forward pass relative to autoregressive decoding's (whose tok/fwd is 1).
     cost = {name: ar / stats[1].tokens_per_forward * stats[name].tokens_per_forward
-            / statistics.median(speed[name]) for name in speed}
+            / rate(name) for name in configs}
 
     def row(name) -> dict:
-        return {"tokens_per_second": round(statistics.median(speed[name]), 1),
-                "speedup": round(statistics.median(speed[name]) / ar, 3),
+        both = {} if len(modes) == 1 else {
+            "eager_tokens_per_second": round(rate(name, False), 1),
+            "compile_speedup": round(rate(name, True) / rate(name, False), 3)}
+        return {"tokens_per_second": round(rate(name), 1),
+                "speedup": round(rate(name) / ar, 3),
                 "tokens_per_forward": round(stats[name].tokens_per_forward, 3),
                 "forward_cost": round(cost[name], 3),
                 "nodes_per_forward": round(stats[name].nodes_per_forward, 2),
                 "head_acceptance": [round(a, 3) for a in stats[name].head_acceptance],
                 "accepted_depths": stats[name].accepted_depths,
-                "identical": identical[name]}
+                "identical": identical[name]} | both
 
     rows = [{"k": k, "nodes": k} | row(k) for k in [1, *ks]]
     tree_rows = [{"tree": spec, "nodes": tree.n_nodes, "depth": tree.depth} | row(spec)
@@ -204,18 +223,22 @@ def main() -> None:
     repetition = round(sum(repeated_share(ids, 8) * len(ids) for ids in ar_ids)
                        / max(sum(map(len, ar_ids)), 1), 3)
     print(f"checkpoint {checkpoint}  device {args.device} {dtype_name}  "
-          f"{'compiled' if args.compile else 'eager'}  "
+          f"{'compiled' if compiled else 'eager'}{' (and eager)' if len(modes) > 1 else ''}"
+          f"{'' if engine.STACK_HEADS else ' (heads unstacked)'}  "
           f"threads {torch.get_num_threads()}  batch {args.batch_size}  prompts {len(prompts)} x "
           f"{args.max_new_tokens} new tokens  repeats {args.repeats}  "
           f"repeated (tokens inside an earlier 8-gram) {repetition:.1%}")
+    eager = " eager tok/s compiled/eager" if len(modes) > 1 else ""
     print(f"{'decoding':>14} {'nodes':>5} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
-          f"{'fwd cost':>8} {'identical':>9}  head acceptance")
+          f"{'fwd cost':>8} {'identical':>9}{eager}  head acceptance")
     for r in rows + tree_rows:
         name = f"k={r['k']}" if "k" in r else r["tree"]
         heads = " ".join(f"{a:.2f}" for a in r["head_acceptance"])
+        versus = (f" {r['eager_tokens_per_second']:>11.1f} {r['compile_speedup']:>13.2f}x"
+                  if len(modes) > 1 else "")
         print(f"{name:>14} {r['nodes']:>5} {r['tokens_per_second']:>9.1f} {r['speedup']:>7.2f}x "
               f"{r['tokens_per_forward']:>8.2f} {r['forward_cost']:>7.2f}x "
-              f"{str(r['identical']):>9}  {heads}")
+              f"{str(r['identical']):>9}{versus}  {heads}")
     best = max(rows[1:], key=lambda r: r["speedup"])
     summary = {
         "tokens_per_second_ar": round(ar, 1), "tokens_per_second_spec": best["tokens_per_second"],
@@ -237,7 +260,8 @@ def main() -> None:
              f"{torch.get_num_threads()} threads")
     print(json.dumps(summary | {
         "checkpoint": str(checkpoint), "device": args.device, "dtype": dtype_name,
-        "compiled": args.compile, "device_name": torch.cuda.get_device_name(args.device)
+        "compiled": compiled, "stacked_heads": engine.STACK_HEADS,
+        "device_name": torch.cuda.get_device_name(args.device)
         if args.device.startswith("cuda") else "cpu",
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),

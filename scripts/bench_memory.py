@@ -1,5 +1,9 @@
 """Peak memory and time of one training step: next-token vs n-token (naive, headwise, chunked).
 
+`sequential` is the headwise loss with sequential heads (DeepSeek-V3's modules,
+`model.head_type=sequential`): the chain's backward of `mtp.loss`, which keeps each module's
+activations until its backward.
+
 With `--activation-checkpointing none trunk all` each variant also runs with its trunk (or
 every) block recomputing its activations in backward; those rows are named `headwise+ac=trunk`
 and their JSON keys `headwise_ac_trunk_*` (the `none` rows keep the plain names).
@@ -13,6 +17,7 @@ backward themselves need, which is what the loss modes change. The ratios use it
     python scripts/bench_memory.py                      # vocabulary 32,000, n = 4, ~1 min
     python scripts/bench_memory.py --n-future 8 --batch 2 --seq-len 1024 --device cuda
     python scripts/bench_memory.py --variants headwise --activation-checkpointing none trunk all
+    python scripts/bench_memory.py --variants ntp headwise sequential --activation-checkpointing none all
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = ("ntp", "naive", "headwise", "chunked")
+VARIANTS = ("ntp", "naive", "headwise", "chunked", "sequential")
+MODES = {"ntp": "naive", "sequential": "headwise"}  # a variant's loss mode, if not its name
 CHECKPOINTING = ("none", "trunk", "all")
 
 
@@ -47,13 +53,14 @@ def run_variant(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     n_future = 1 if args.variant == "ntp" else args.n_future
     config = MTPConfig(vocab_size=args.vocab_size, dim=args.dim, n_layers=args.n_layers,
-                       n_heads=args.n_heads, max_seq_len=args.seq_len, n_future=n_future)
+                       n_heads=args.n_heads, max_seq_len=args.seq_len, n_future=n_future,
+                       head_type="sequential" if args.variant == "sequential" else "block")
     device = torch.device(args.device)
     model = MTPModel(config).to(device)
     apply_activation_checkpointing(model, args.ac)
     tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + n_future),
                            device=device)
-    mode = "naive" if args.variant == "ntp" else args.variant
+    mode = MODES.get(args.variant, args.variant)
 
     def step() -> float:
         model.zero_grad(set_to_none=True)

@@ -36,11 +36,11 @@ DOCS = ["def add(a, b):\n    return a + b\n", "print('héllo wörld €')\n",
         "for i in range(10):\n    print(i)\n"]
 
 
-def recite_docs(n_future: int, dim: int, steps: int) -> MTPModel:
+def recite_docs(n_future: int, dim: int, steps: int, head_type: str = "block") -> MTPModel:
     """A byte model trained for a few seconds to recite DOCS (EOS after each), float64."""
     torch.manual_seed(0)
     config = MTPConfig(vocab_size=262, dim=dim, n_layers=2, n_heads=4, max_seq_len=96,
-                       n_future=n_future)
+                       n_future=n_future, head_type=head_type)
     model = MTPModel(config)
     recite(model, DOCS, steps)
     return model.double().eval()
@@ -68,6 +68,12 @@ def trained() -> MTPModel:
     machine and passed on an AMD one); at 300 it holds in float32 and float64 alike.
     """
     return recite_docs(n_future=4, dim=32, steps=300)
+
+
+@pytest.fixture(scope="session")
+def trained_sequential() -> MTPModel:
+    """4 sequential heads (DeepSeek-V3's modules) that have learnt DOCS."""
+    return recite_docs(n_future=4, dim=32, steps=150, head_type="sequential")
 
 
 @pytest.fixture(scope="session")

@@ -91,6 +91,19 @@ def test_command_line_overrides_reach_the_model() -> None:
     assert cfg.trainer.max_steps == 7
 
 
+@pytest.mark.parametrize("experiment", ["byte8", "bpe4", "medusa1", "medusa2"])
+def test_sequential_heads_compose_with_the_experiments(experiment: str) -> None:
+    """model.head_type=sequential on a preset: the same blocks per token (its modules are
+    blocks, taken off the trunk as block heads are) and the same loss weights."""
+    cfg = compose([f"+experiment={experiment}", "model.head_type=sequential",
+                   "run_dir=/tmp/unused", *NEEDS_INIT.get(experiment, [])])
+    OmegaConf.resolve(cfg)
+    check_settings(cfg)
+    config = model_config(cfg, ByteTokenizer())
+    assert config.head_type == "sequential" and config.n_blocks == cfg.model.depth
+    assert config.n_future == HEADS[experiment]
+
+
 def test_unknown_experiment_is_hydras_error() -> None:
     with pytest.raises(ConfigCompositionException, match="byte9"):
         compose(["+experiment=byte9"])

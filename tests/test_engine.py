@@ -108,6 +108,24 @@ def test_compiled_shapes_are_bounded(trained, static, monkeypatch):
         generate(trained, TOKENIZER, PROMPTS[:3], max_new_tokens=4, compile=True)
 
 
+def test_a_shape_counts_once_however_often_the_drafters_alternate(trained, static):
+    # Stacked heads are rebuilt when k changes; the shape they give is still one per k.
+    for k in (2, 3, 2, 3):
+        generate(trained, TOKENIZER, PROMPTS[:1], max_new_tokens=8, drafter=HeadsDrafter(k),
+                 compile=True)
+    assert len(engine._shapes[trained]) == 2
+
+
+def test_compile_without_support_is_a_one_line_error(tiny_config, monkeypatch):
+    """compile=True on a torch that cannot compile says so before decoding, not mid-way."""
+    model = MTPModel(tiny_config).eval()
+    monkeypatch.setattr(engine, "_compiled", type(engine._compiled)())
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    with pytest.raises(ValueError, match=r"compile=True: torch.compile is not supported .* "
+                                         r"compile=False"):
+        generate(model, TOKENIZER, ["def f("], max_new_tokens=4, compile=True)
+
+
 @pytest.mark.slow  # compiles the step for a few shapes: about a minute on 2 cores
 def test_compiled_step_equals_the_eager_step(tiny_config):
     model = MTPModel(MTPConfig(**{**tiny_config.to_dict(), "max_seq_len": 128})).eval()

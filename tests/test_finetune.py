@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import mtp
 from mtp.checkpoint import export, export_hf
 from mtp.finetune import grow_heads, grown_config
-from mtp.generate import DrafterSpec, HeadsDrafter, generate
+from mtp.generate import DrafterSpec, generate
 from mtp.interop.hf import HEADS_LAYOUT_FILE
 from mtp.lit import MTPLitModule
 from mtp.loss import autograd_backward, mtp_loss
@@ -99,7 +99,31 @@ def _grown(head_type: str = "resblock", **kwargs: object) -> tuple[MTPModel, MTP
     return base, lit
 
 
-@pytest.mark.parametrize("head_type", ["block", "resblock"])
+@torch.no_grad()
+def test_new_sequential_modules_copy_the_last_module_or_head_0s_blocks():
+    base = _base()
+    config = grown_config(base.config, n_future=3, head_type="sequential")
+    grown = MTPModel(config)
+    grown.load_state_dict(grow_heads(base, config))
+    for k in (1, 2):  # from a next-token model: head 0's blocks, a fresh fusion
+        for name, tensor in base.heads[0][0].state_dict().items():
+            assert torch.equal(grown.heads[k][0].state_dict()[name], tensor), name
+        assert torch.equal(grown.heads[k].hnorm, torch.ones(32))
+        assert not torch.equal(grown.heads[1].eh_proj, torch.zeros(32, 64))
+    # from a model with modules: each new one is a copy of the last (MiMo grows its layer so)
+    bigger = grown_config(config, n_future=5, head_type="sequential")
+    state = grow_heads(grown, bigger)
+    for name, tensor in grown.heads[2].state_dict().items():
+        for k in (3, 4):
+            assert torch.equal(state[f"heads.{k}.{name}"], tensor), (k, name)
+    with pytest.raises(ValueError, match=r"model.n_future=5 is above the checkpoint's 3 head\(s\): "
+                                         r"set init.new_heads"):
+        grown_config(config, n_future=5, head_type="sequential", new_heads=None)
+    with pytest.raises(ValueError, match=r"head_type='block' differs .*\('sequential'\)"):
+        grown_config(config, n_future=4, head_type="block")
+
+
+@pytest.mark.parametrize("head_type", ["block", "resblock", "sequential"])
 def test_medusa1_trains_the_new_heads_only(head_type):
     base, lit = _grown(head_type, freeze_trunk=True)
     trainer = _fit(lit, 4)
@@ -253,7 +277,7 @@ def next_token_model() -> MTPModel:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("head_type", ["block", "resblock", "linear", "medusa"])
+@pytest.mark.parametrize("head_type", ["block", "resblock", "linear", "medusa", "sequential"])
 def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: MTPModel,
                                                              head_type: str,
                                                              tmp_path: Path) -> None:
@@ -265,6 +289,10 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     for name, param in model.named_parameters():
         param.requires_grad_(not MTPModel.is_base_parameter(name))
     recite(model, DOCS, 60)
+    with torch.no_grad():  # the base model's own logits, bit for bit
+        tokens = torch.tensor([list(b"def add(a, b):")])
+        torch.testing.assert_close(model(tokens, heads=[0]), next_token_model(tokens, heads=[0]),
+                                   rtol=0, atol=0)
     export(model, ByteTokenizer(), tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model"]["head_type"] == head_type
     loaded, tokenizer = mtp.load(tmp_path, dtype=torch.float64)
@@ -273,7 +301,7 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     assert reference[0].text == "a, b):\n    return a + b\n"  # head 0 is the base model's
     for k in (2, 4):
         generations = generate(loaded, tokenizer, prompts, max_new_tokens=40,
-                               drafter=HeadsDrafter(k))
+                               drafter=DrafterSpec(drafter="heads", k=k))
         assert [g.token_ids for g in generations] == [g.token_ids for g in reference], k
     trees = generate(loaded, tokenizer, prompts, max_new_tokens=40,
                      drafter=DrafterSpec(drafter="heads", tree="tree8"))
@@ -281,7 +309,7 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: M
     assert generations[0].stats.tokens_per_forward > 1.25  # random heads: about 1
 
 
-@pytest.mark.parametrize("head_type", ["resblock", "linear", "medusa"])
+@pytest.mark.parametrize("head_type", ["resblock", "linear", "medusa", "sequential"])
 def test_hugging_face_export_records_the_head_type_and_loads_back(tmp_path: Path,
                                                                    head_type: str) -> None:
     config = grown_config(_base().config, n_future=3, head_type=head_type)

@@ -10,12 +10,13 @@ from mtp.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 
 
-@pytest.mark.parametrize(("n_future", "n_kv_heads", "head_layers"), [(1, 4, 1), (4, 2, 1),
-                                                                      (3, 1, 2)])
+@pytest.mark.parametrize(("n_future", "n_kv_heads", "head_layers", "head_type"), [
+    (1, 4, 1, "block"), (4, 2, 1, "block"), (3, 1, 2, "block"), (3, 2, 1, "sequential")])
 def test_formula_equals_torchs_flop_counter_for_a_training_step(
-        n_future: int, n_kv_heads: int, head_layers: int) -> None:
+        n_future: int, n_kv_heads: int, head_layers: int, head_type: str) -> None:
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
-                       max_seq_len=64, n_future=n_future, head_layers=head_layers)
+                       max_seq_len=64, n_future=n_future, head_layers=head_layers,
+                       head_type=head_type)
     model = MTPModel(config)
     batch, seq_len = 2, 24
     tokens = torch.randint(0, 262, (batch, seq_len + n_future))

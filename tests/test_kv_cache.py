@@ -140,3 +140,33 @@ def test_compacted_path_continues_as_if_decoded_alone(model):
     for row, nodes in enumerate((kept[0], [0, 1])):
         sequence = torch.cat([prefix[row], tree[row, nodes], following[row]])
         torch.testing.assert_close(out[row, 0], model(sequence[None])[0, -1])
+
+
+def test_compiled_writes_and_moves_update_the_cache_in_place(tiny_config):
+    """Compiled, a step must write its slots, not copy the store: a write into a view of it
+    (`keys[block].scatter_`) was compiled as a copy of the block's whole store, and a move as
+    a copy of the whole cache, at every step. No generated loop may span a whole store."""
+    from torch._inductor.utils import run_and_get_code
+
+    max_len = 97  # a store of 2 * 3 * 4 * 97 * 8 = 18624 elements: a distinctive loop bound
+    config = MTPModel(tiny_config).config
+    config = type(config)(**{**config.to_dict(), "n_layers": 1, "n_future": 1, "n_heads": 4,
+                             "n_kv_heads": 4, "dim": 32})
+    cache = KVCache(config, 3, max_len)
+    one_block, whole = 3 * 4 * max_len * 8, cache.keys.numel()
+    lengths = torch.tensor([5, 9, 2])
+    step = cache_step(lengths, *causal(2), max_len)
+
+    def write_and_move(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        k, v = cache.write(1, step, keys, values)
+        cache.compact(lengths, torch.tensor([[0, 1], [1, 1], [0, 0]]))
+        return k[..., 0, :].sum() + v[..., 0, :].sum()  # reads one slot, not the store
+
+    expected = KVCache(config, 3, max_len)
+    new = torch.randn(2, 3, 4, 2, 8)
+    expected.write(1, step, *new)
+    expected.compact(lengths, torch.tensor([[0, 1], [1, 1], [0, 0]]))
+    _, code = run_and_get_code(torch.compile(write_and_move, fullgraph=True), *new)
+    assert torch.equal(cache.keys, expected.keys) and torch.equal(cache.values, expected.values)
+    loop_bounds = {f"<static_cast<int64_t>({n}L)" for n in (one_block, whole)}
+    assert not [bound for bound in loop_bounds if any(bound in c for c in code)]

@@ -35,7 +35,7 @@ def _gradients(model: MTPModel, tokens: torch.Tensor, **kwargs) -> tuple[float, 
 
 @pytest.mark.parametrize("n_future,head_type", [
     (1, "block"), (2, "block"), (4, "block"), (8, "block"), (4, "resblock"), (4, "linear"),
-    (4, "medusa")])
+    (4, "medusa"), (2, "sequential"), (5, "sequential")])
 def test_naive_headwise_and_chunked_give_equal_losses_and_gradients(n_future, head_type):
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
                        max_seq_len=64, n_future=n_future, head_type=head_type)
@@ -98,12 +98,15 @@ def test_bad_loss_arguments_are_named(tiny_config, kwargs, message):
         mtp_loss(MTPModel(tiny_config), torch.zeros(1, 8, dtype=torch.long), **kwargs)
 
 
-@pytest.mark.parametrize("chunk_size", [1, 2, 16])
-def test_chunked_loss_with_ignore_index_targets_equals_naive(chunk_size):
+@pytest.mark.parametrize("chunk_size, head_type", [(1, "block"), (2, "block"), (16, "block"),
+                                                   (2, "sequential"), (16, "sequential")])
+def test_chunked_loss_with_ignore_index_targets_equals_naive(chunk_size, head_type):
     """Blocks one look-ahead token long: heads 1..3 lose targets to ignore_index, head 3 has
-    none at all, and with small chunks whole chunks hold only ignore_index targets."""
+    none at all, and with small chunks whole chunks hold only ignore_index targets. Sequential
+    modules then read token 0 where the block has no look-ahead token left: only ignored
+    targets depend on it."""
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                       max_seq_len=64, n_future=4)
+                       max_seq_len=64, n_future=4, head_type=head_type)
     model = MTPModel(config).double()
     tokens = torch.randint(0, 262, (2, 4))  # seq_len 3 + 1 look-ahead token
     naive, naive_grads = _gradients(model, tokens, seq_len=3, mode="naive")
@@ -123,11 +126,12 @@ def _freeze_base(model: MTPModel) -> None:
         param.requires_grad_(not MTPModel.is_base_parameter(name))
 
 
+@pytest.mark.parametrize("head_type", ["resblock", "sequential"])
 @pytest.mark.parametrize("mode", ["naive", "headwise", "chunked"])
-def test_a_frozen_base_gets_no_gradient_and_no_trunk_backward(mode):
+def test_a_frozen_base_gets_no_gradient_and_no_trunk_backward(mode, head_type):
     """Medusa-1: only heads 1..n-1 train, and nothing runs backward through the trunk."""
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64,
-                       n_future=3, head_type="resblock")
+                       n_future=3, head_type=head_type)
     model = MTPModel(config).double()
     tokens = torch.randint(0, 262, (2, 15))
     _, reference = _gradients(model, tokens, mode="naive")
@@ -156,3 +160,49 @@ def test_train_trunk_false_backpropagates_into_the_heads_only(tiny_config):
             assert param.grad is None, name
         else:
             torch.testing.assert_close(param.grad, reference[name], rtol=1e-10, atol=1e-12)
+
+
+def test_sequential_modules_read_the_tokens_ahead_and_never_the_padding():
+    """Module k at position t reads token t + k: changing the block's last look-ahead token
+    changes only the last position of the last module's output; and the loss of a block one
+    token short of look-ahead is the full block's loss over the targets that exist."""
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=64,
+                       n_future=3, head_type="sequential")
+    model = MTPModel(config).double()
+    tokens = torch.randint(0, 262, (2, 8 + 3))
+    with torch.no_grad():
+        trunk = model.trunk(tokens[:, :8])
+        before = model.head_states(trunk, tokens, 3)
+        changed = tokens.clone()
+        changed[:, -2] = (changed[:, -2] + 1) % 262  # token 9 = 7 + 2: module 2 at position 7
+        after = model.head_states(trunk, changed, 3)
+    torch.testing.assert_close(before[1], after[1], rtol=0, atol=0)
+    torch.testing.assert_close(before[2][:, :7], after[2][:, :7], rtol=0, atol=0)
+    assert not torch.allclose(before[2][:, 7], after[2][:, 7])
+    short = mtp_loss(model, tokens[:, :-1], seq_len=8, mode="naive")
+    assert short.head_count.tolist() == [16, 16, 14]
+    # the same module outputs where targets exist: the missing token is never read for them
+    short_sum = short.head_losses * short.head_count
+    inputs, targets = shift_targets(tokens, 8, 3)
+    with torch.no_grad():
+        logits = torch.stack([model.unembed(s) for s in before], dim=2)  # (B, T, n, V)
+    targets[:, 2, -1] = IGNORE_INDEX
+    full = [F.cross_entropy(logits[:, :, i].flatten(0, 1), targets[:, i].flatten(),
+                            ignore_index=IGNORE_INDEX, reduction="sum") for i in range(3)]
+    torch.testing.assert_close(short_sum, torch.stack(full))
+
+
+def test_sequential_modules_under_activation_checkpointing_give_the_same_gradients():
+    """`activation_checkpointing=all` is how the chain's backward keeps only each module's
+    input: the gradients must not change."""
+    from mtp.parallel import apply_activation_checkpointing
+
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64,
+                       n_future=3, head_type="sequential")
+    model = MTPModel(config).double()
+    tokens = torch.randint(0, 262, (2, 15))
+    _, reference = _gradients(model, tokens, mode="naive")
+    apply_activation_checkpointing(model, "all")
+    _, grads = _gradients(model, tokens, mode="headwise")
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference[name], rtol=1e-10, atol=1e-12, msg=name)

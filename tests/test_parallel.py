@@ -34,6 +34,7 @@ class Case:
     accumulate: int = 1
     bf16: bool = False
     checkpointing: str = "none"
+    head_type: str = "block"
 
 
 CASES = {
@@ -43,6 +44,7 @@ CASES = {
     "naive-accumulate": Case(mode="naive", accumulate=2),
     "checkpointing": Case(checkpointing="all", accumulate=2),
     "bf16": Case(bf16=True),
+    "sequential-accumulate": Case(head_type="sequential", accumulate=2),
 }
 
 
@@ -52,9 +54,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(tie: bool) -> MTPConfig:
+def _config(case: Case) -> MTPConfig:
     return MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                     max_seq_len=64, n_future=N_FUTURE, head_layers=2, tie_embeddings=tie)
+                     max_seq_len=64, n_future=N_FUTURE, head_layers=2, tie_embeddings=case.tie,
+                     head_type=case.head_type)
 
 
 class Collectives:
@@ -108,7 +111,7 @@ def _step(model: MTPModel, batches: list[torch.Tensor], case: Case) -> None:
 
 def _run(rank: int, case: Case, collectives: Collectives) -> dict:
     torch.manual_seed(0)
-    config = _config(case.tie)
+    config = _config(case)
     reference = MTPModel(config)
     batches = [torch.randint(0, config.vocab_size, (4, 16 + N_FUTURE))
                for _ in range(case.accumulate)]
@@ -147,7 +150,7 @@ def two_rank_results() -> dict:
 def test_two_rank_fsdp_gradients_match_single_process(two_rank_results: dict,
                                                       name: str) -> None:
     grads = two_rank_results[name]["grads"]
-    assert len(grads) == len(list(MTPModel(_config(CASES[name].tie)).parameters()))
+    assert len(grads) == len(list(MTPModel(_config(CASES[name])).parameters()))
     for param, (sharded, single) in grads.items():
         torch.testing.assert_close(sharded, single, rtol=1e-5, atol=1e-6, msg=param)
         assert single.abs().sum() > 0, param  # every parameter really trained
@@ -166,7 +169,7 @@ def test_shared_unembedding_is_gathered_once_per_micro_batch(two_rank_results: d
     # Forward: root, trunk blocks, heads, shared unit once; backward: each head and trunk
     # block again (resharded after forward). Without gradient_sync the shared unit is
     # re-gathered for every head and the root once more for the trunk's backward.
-    config = _config(tie=False)
+    config = _config(Case())
     expected = 1 + 2 * (config.n_layers + config.n_future) + 1
     assert two_rank_results["untied"]["calls"]["all_gather_single"] == expected
     # Recomputing checkpointed blocks in backward gathers nothing more.

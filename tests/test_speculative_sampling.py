@@ -2,14 +2,15 @@
 
 A 4-token model is small enough to enumerate every continuation of 3 tokens and its exact
 probability under autoregressive sampling; 10,000 sampled generations must match it, whoever
-drafts: the heads, a separate draft model (its own q), prompt lookup and lookahead (one-hot q).
+drafts: the heads (parallel, or sequential modules drafting one depth after another), a
+separate draft model (its own q), prompt lookup and lookahead (one-hot q).
 """
 
 import pytest
 import torch
 
 from mtp.generate import (DecodeStats, DraftModel, HeadsDrafter, Lookahead, PromptLookup,
-                          SamplingConfig, generate)
+                          SamplingConfig, SequentialDrafter, generate)
 from mtp.generate.sampling import probabilities
 from mtp.generate.tree import Tree
 from mtp.model import MTPConfig, MTPModel
@@ -100,14 +101,7 @@ def test_sampled_generations_follow_head_0(model, drafter, sampling):
            "lookahead": Lookahead(window=2, ngram=3, guesses=1)}
     generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
                            sampling=sampling, seed=0, drafter=how[drafter])
-    counts = {}
-    for g in generations:
-        counts[tuple(g.token_ids)] = counts.get(tuple(g.token_ids), 0) + 1
-    assert set(counts) <= {o for o, p in exact.items() if p > 0}
-    # Within 4.5 standard errors, cell by cell (and a count of 3 for the rarest cells).
-    for outcome, p in exact.items():
-        error = abs(counts.get(outcome, 0) / N - p)
-        assert error <= 4.5 * (p * (1 - p) / N) ** 0.5 + 3 / N, (outcome, p, error)
+    _assert_distribution(generations, exact)
     pooled = DecodeStats.pooled([g.stats for g in generations])
     if drafter == "tree":  # with three siblings, some depth-1 draft is kept most of the time
         assert pooled.head_acceptance[1] > 0.75
@@ -116,6 +110,33 @@ def test_sampled_generations_follow_head_0(model, drafter, sampling):
     elif drafter != "k=1":  # drafts are rejected often, so the rejection rule was exercised
         rate = [g.stats.head_acceptance[1] for g in generations if g.stats.head_verified[1]]
         assert 0.1 < sum(rate) / len(rate) < 0.9
+
+
+def _assert_distribution(generations, exact):
+    """The generations' outcomes follow the exact distribution, cell by cell."""
+    counts = {}
+    for g in generations:
+        counts[tuple(g.token_ids)] = counts.get(tuple(g.token_ids), 0) + 1
+    assert set(counts) <= {o for o, p in exact.items() if p > 0}
+    # Within 4.5 standard errors, cell by cell (and a count of 3 for the rarest cells).
+    for outcome, p in exact.items():
+        error = abs(counts.get(outcome, 0) / N - p)
+        assert error <= 4.5 * (p * (1 - p) / N) ** 0.5 + 3 / N, (outcome, p, error)
+
+
+@pytest.mark.parametrize("tree", [None, Tree(TREE)], ids=["chain", "tree"])
+def test_sequential_modules_draft_losslessly(tree):
+    """Each module's drafts depend on the drafts before them (a tree's siblings differ per
+    parent): their q must still be the distribution they were drawn from."""
+    config = MTPConfig(vocab_size=4, dim=16, n_layers=1, n_heads=2, max_seq_len=16,
+                       n_future=3, init_std=0.15, head_type="sequential")
+    model = MTPModel(config).double().eval()
+    exact = _exact(model, [EOS, 0, 1], NUCLEUS, depth=3)
+    generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
+                           sampling=NUCLEUS, seed=0, drafter=SequentialDrafter(3, tree))
+    _assert_distribution(generations, exact)
+    rate = [g.stats.head_acceptance[1] for g in generations if g.stats.head_verified[1]]
+    assert 0.1 < sum(rate) / len(rate) < 0.95  # the rejection rule was exercised
 
 
 def test_exact_enumeration_is_a_distribution(model):

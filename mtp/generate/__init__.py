@@ -19,8 +19,9 @@ from mtp.generate.lookahead import Lookahead
 from mtp.generate.output import DecodeStats, Generation
 from mtp.generate.prompt_lookup import PromptLookup
 from mtp.generate.sampling import SamplingConfig
+from mtp.generate.sequential_drafter import SequentialDrafter
 from mtp.generate.spec import DRAFTERS, DrafterSpec
 
 __all__ = ["DRAFTERS", "Auto", "Combined", "DecodeStats", "DraftModel", "Drafter", "DrafterSpec",
            "Drafts", "Generation", "HeadsDrafter", "Lookahead", "PromptLookup", "SamplingConfig",
-           "TypicalAcceptance", "choose_drafter", "generate"]
+           "SequentialDrafter", "TypicalAcceptance", "choose_drafter", "generate"]

@@ -40,7 +40,7 @@ from mtp.generate.drafter import Drafter, check_positive
 from mtp.generate.heads_drafter import HeadsDrafter
 from mtp.generate.prompt_lookup import PromptLookup
 from mtp.generate.sampling import SamplingConfig
-from mtp.generate.spec import AUTOREGRESSIVE, DrafterSpec
+from mtp.generate.spec import AUTOREGRESSIVE, DrafterSpec, heads_drafter
 from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -87,9 +87,9 @@ class Auto:
         """Label -> drafter (None: autoregressive), before the combination with lookup."""
         found: dict[str, Drafter | None] = {AUTOREGRESSIVE: None}
         for k in range(2, model.config.n_future + 1):
-            found[f"heads(k={k})"] = HeadsDrafter(k)
+            found[f"heads(k={k})"] = heads_drafter(model, k)
         for tree in self.trees:
-            drafter = HeadsDrafter(model.config.n_future, tree)
+            drafter = heads_drafter(model, model.config.n_future, tree)
             found[repr(drafter)] = drafter
         if not self.heads_only:
             found[repr(self.prompt_lookup)] = self.prompt_lookup

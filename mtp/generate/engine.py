@@ -63,6 +63,9 @@ from mtp.model import MTPModel
 KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
 CONTEXT_BLOCK = 256  # compiled: cache lengths are rounded up to this, so calls share graphs
 MAX_SHAPES = 32  # compiled step shapes per model before compile=True refuses another
+# Run the verify forward's heads as one batched block per head layer (`StackedHeads`) rather
+# than one by one; scripts/bench_decode.py --unstacked-heads measures what it buys.
+STACK_HEADS = True
 # Attention kernels for decoding on a GPU. A decode step's boolean mask rules out flash
 # attention; memory-efficient attention takes it at any key length without planning, whereas
 # cuDNN attention builds a plan for every new key length (on an H100 in bfloat16: 14 ms of
@@ -189,19 +192,23 @@ class Engine:
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, heads: int, *,
                  sampling: SamplingConfig, typical: TypicalAcceptance | None,
-                 compile: bool = False, stacked: bool = True) -> None:
+                 compile: bool = False) -> None:
         self.model, self.tree, self.sampling, self.typical = model, tree, sampling, typical
         self.compiled = compile
         param = next(model.parameters())
         self.device = param.device
-        self.heads: int | StackedHeads = (stacked_heads(model, heads) if stacked and heads > 1
+        self.heads: int | StackedHeads = (stacked_heads(model, heads) if STACK_HEADS and heads > 1
                                           else heads)
         if compile:  # calls of similar lengths share one cache length, hence one graph
             context = min(model.config.max_seq_len, -(-context // CONTEXT_BLOCK) * CONTEXT_BLOCK)
         # Slack for the last step's drafts past the context, and for finished rows, whose
         # lengths stop after one more step but whose (ignored) tokens are still written.
-        self.cache = KVCache(model.config, batch, context + 2 * tree.n_nodes,
-                             device=self.device, dtype=param.dtype)
+        # The blocks the verify pass runs: the trunk's and heads 0..heads-1's (none for heads it
+        # leaves out, such as a sequential model's modules, which their drafter caches).
+        config = model.config
+        blocks = range(config.n_layers + min(heads, config.block_heads) * config.head_layers)
+        self.cache = KVCache(config, batch, context + 2 * tree.n_nodes, device=self.device,
+                             dtype=param.dtype, blocks=blocks)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.root = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.active = torch.ones(batch, dtype=torch.bool, device=self.device)
@@ -245,8 +252,9 @@ class Engine:
                                generator, self.device)
         key_len = self._key_len()
         if self.compiled:
-            note_shape(self.model, (self.batch, self.tree.paths, key_len, self.heads,
-                                    self.sampling, self.typical, drafts.probs is None))
+            heads = getattr(self.heads, "n_heads", self.heads)  # a count: stacks are rebuilt
+            note_shape(self.model, (self.batch, self.tree.paths, key_len, heads, self.sampling,
+                                    self.typical, drafts.probs is None))
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
@@ -309,6 +317,7 @@ def compiled_step(model: MTPModel):
     """
     cuda = next(model.parameters()).is_cuda
     if _compiled.get(model, (None, None))[0] != cuda:
+        check_compile_support("cuda" if cuda else "cpu")
         # Every model shares the function's compiled variants: allow MAX_SHAPES of each.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    MAX_SHAPES)
@@ -316,6 +325,30 @@ def compiled_step(model: MTPModel):
                                  mode="reduce-overhead" if cuda else None)
         _compiled[model] = (cuda, compiled)
     return _compiled[model][1]
+
+
+def check_compile_support(device: str) -> None:
+    """A ValueError, in one line, when this torch cannot compile the decode step on `device`:
+    compiling needs TorchDynamo, and inductor's kernels need Triton on a GPU and a C++
+    compiler on a CPU."""
+    problem = None
+    if not torch._dynamo.is_dynamo_supported():
+        problem = "torch.compile is not supported by this Python/platform"
+    elif device == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            problem = "Triton, which torch.compile needs for GPU kernels, is not installed"
+    else:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        try:
+            get_cpp_compiler()
+        except Exception as error:  # noqa: BLE001 (whatever inductor's lookup raises)
+            problem = f"torch.compile found no C++ compiler for CPU kernels ({error})"
+    if problem:
+        raise ValueError(f"compile=True: {problem} (torch {torch.__version__}); decode with "
+                         f"compile=False")
 
 
 def note_shape(model: MTPModel, shape: tuple) -> None:

@@ -21,32 +21,43 @@ from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
 
+def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
+           noise: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """The first `ranks` candidates of each distribution in `logits` (..., V): their tokens
+    (..., ranks) in rank order, and the distribution each was drawn from (..., ranks, V), None
+    when greedy.
+
+    Greedy, the r-th candidate is the r-th most likely token (deterministic). Sampling, it is
+    the r-th draw without replacement from q (an exponential race: the order of q / E with
+    E ~ Exp(1), `noise` like the logits; rank 0 is a plain draw from q), drawn from q without
+    the earlier draws, renormalised.
+    """
+    if config.greedy:
+        return logits.topk(ranks, dim=-1).indices, None
+    q = probabilities(logits, config)  # (..., V)
+    candidates = (q / noise).topk(ranks, dim=-1).indices  # (..., ranks) in draw order
+    if ranks == 1:
+        return candidates, q[..., None, :]
+    drawn = torch.zeros(*candidates.shape, q.shape[-1], dtype=q.dtype, device=q.device)
+    drawn.scatter_(-1, candidates[..., None], 1.0)  # (..., ranks, V) one-hot draws
+    remaining = q[..., None, :] * (1 - (drawn.cumsum(-2) - drawn))  # without earlier draws
+    return candidates, remaining / remaining.sum(-1, keepdim=True).clamp(min=1e-30)
+
+
 def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
           noise: Tensor | None = None) -> Drafts:
     """The heads' proposal for `tree`'s nodes 1..m-1, from the logits (B, depth, V) of heads
     1..depth at the last accepted position.
 
-    The node at depth d and rank r gets head d's r-th candidate: its r-th most likely token
-    when greedy (deterministic drafts), else its r-th draw without replacement from head d's
-    distribution q (an exponential race: the order of q / E with E ~ Exp(1); rank 0 is a
-    plain draw from q), which comes with the distribution it was drawn from: q without the
-    earlier draws, renormalised. Nodes of equal depth and rank share a token (every head
-    reads the same position). `noise`: Exp(1) draws like the logits, needed when sampling.
+    The node at depth d and rank r gets head d's r-th candidate (`ranked`), with the
+    distribution it was drawn from when sampling. Nodes of equal depth and rank share a token
+    (every head reads the same position). `noise`: Exp(1) draws like the logits, needed when
+    sampling.
     """
     index = tree.buffers(head_logits.device).draft_index  # (m - 1,)
-    ranks = max(tree.n_ranks, 1)
-    if config.greedy:
-        candidates = head_logits.topk(ranks, dim=-1).indices  # (B, depth, ranks)
-        return Drafts(candidates.flatten(1)[:, index])
-    q = probabilities(head_logits, config)  # (B, depth, V)
-    candidates = (q / noise).topk(ranks, dim=-1).indices  # (B, depth, ranks) in draw order
-    if ranks == 1:
-        return Drafts(candidates.flatten(1)[:, index], q[:, index])
-    drawn = torch.zeros(*candidates.shape, q.shape[-1], dtype=q.dtype, device=q.device)
-    drawn.scatter_(-1, candidates[..., None], 1.0)  # (B, depth, ranks, V) one-hot draws
-    remaining = q[:, :, None] * (1 - (drawn.cumsum(2) - drawn))  # without the earlier draws
-    remaining = remaining / remaining.sum(-1, keepdim=True).clamp(min=1e-30)
-    return Drafts(candidates.flatten(1)[:, index], remaining.flatten(1, 2)[:, index])
+    candidates, q = ranked(head_logits, max(tree.n_ranks, 1), config, noise)
+    return Drafts(candidates.flatten(1)[:, index],  # (B, depth, ranks) -> nodes
+                  None if q is None else q.flatten(1, 2)[:, index])
 
 
 class HeadsDrafter(Drafter):
@@ -71,6 +82,13 @@ class HeadsDrafter(Drafter):
         return self.tree.depth + 1
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
+        if model.config.head_type == "sequential":
+            raise ValueError("model.head_type='sequential': its modules draft one depth after "
+                             "another, with SequentialDrafter (drafter=heads chooses it)")
+        self.check_size(model)
+
+    def check_size(self, model: MTPModel) -> None:
+        """A ValueError unless the model has the k heads and the tree's ranks."""
         n_future = model.config.n_future
         if self.k > n_future:
             raise ValueError(f"the heads drafter needs k from 2 to n_future={n_future}, got "

@@ -25,7 +25,8 @@ from mtp.generate.drafter import Drafter
 from mtp.generate.heads_drafter import HeadsDrafter
 from mtp.generate.lookahead import Lookahead
 from mtp.generate.prompt_lookup import PromptLookup
-from mtp.generate.tree import Calibration, resolve_tree
+from mtp.generate.sequential_drafter import SequentialDrafter
+from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 
 AUTOREGRESSIVE = "autoregressive"
@@ -133,13 +134,13 @@ class DrafterSpec:
                 raise ValueError(f"a tree needs k from 2 to n_future={n_future}, got k=1")
             tree = resolve_tree(self.tree, n_heads=k, vocab_size=model.config.vocab_size,
                                 calibration=calibration)
-            return HeadsDrafter(k, tree)
+            return heads_drafter(model, k, tree)
         if k == 1:  # heads 1..k-1 draft nothing
             if name == "heads":
                 return None
             raise ValueError(f"drafter={name!r} needs the heads, but the model has one "
                              f"(n_future=1): use drafter=prompt_lookup")
-        heads = HeadsDrafter(k)
+        heads = heads_drafter(model, k)
         return heads if name == "heads" else Combined(heads, self.prompt_lookup())
 
     def prompt_lookup(self) -> PromptLookup:
@@ -156,6 +157,13 @@ class DrafterSpec:
 
     def _given(self, *names: str) -> dict[str, Any]:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+def heads_drafter(model: MTPModel, k: int, tree: Tree | None = None) -> HeadsDrafter:
+    """The model's own heads as the drafter (`drafter=heads`): parallel heads draft at once
+    (`HeadsDrafter`), sequential modules one depth after another (`SequentialDrafter`)."""
+    kind = SequentialDrafter if model.config.head_type == "sequential" else HeadsDrafter
+    return kind(k, tree)
 
 
 def make_drafter(model: MTPModel, drafter: Drafter | DrafterSpec | str | None) -> Drafter | None:

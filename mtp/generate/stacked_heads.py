@@ -86,6 +86,9 @@ class StackedHeads:
         if not 1 <= n_heads <= config.n_future:
             raise ValueError(f"n_heads must be from 1 to n_future={config.n_future}, "
                              f"got {n_heads!r}")
+        if config.head_type == "sequential" and n_heads > 1:
+            raise ValueError("sequential heads form a chain, not a stack: stacked_heads takes "
+                             "head 0 alone of a model.head_type='sequential' model")
         self._model = weakref.ref(model)  # for its rotary tables; no cycle via `_built`
         self.n_heads = n_heads
         self.n_q, self.n_kv, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from mtp.interop.fields import field, read_json_object
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
-from mtp.model import HEAD_TYPES, MTPConfig
+from mtp.model import HEAD_TYPES, MTPConfig, SequentialHead
 from mtp.rope import RopeScaling
 from mtp.tokenizers import Tokenizer
 
@@ -44,7 +44,10 @@ HEADS_LAYOUT_FILE = "mtp_heads.json"
 # "block", "n_future", "head_layers", "weights"}. The layout is heads 1..n-1's type
 # (MTPConfig.head_type): "block": each head is `head_layers` Llama decoder layers on the trunk
 # output, like head 0; "resblock": `head_layers` layers x + SiLU(x @ W), and "linear": x @ W,
-# each W (in, out) stored as `heads.{i}.{j}.weight`.
+# each W (in, out) stored as `heads.{i}.{j}.weight`; "sequential": DeepSeek-V3's modules, the
+# blocks as "block" heads' plus `heads.{i}.hnorm`, `heads.{i}.enorm` (D,) and
+# `heads.{i}.eh_proj` (D, 2D) over [hidden; embedding] (`python -m mtp.convert to_mimo` writes
+# the engines' layout instead).
 HEADS_FORMAT = "mtp-heads"
 HEADS_FORMAT_VERSION = 1
 HEADS_LAYOUTS = HEAD_TYPES
@@ -129,6 +132,10 @@ def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
                 blocks.append((f"heads.{i}.{j}", theirs))
             else:  # an attention-free layer: one weight, stored as it is
                 names[f"{theirs}.weight"] = (f"{theirs}.weight", None)
+    if config.head_type == "sequential":
+        for i in range(1, config.n_future):
+            for name in SequentialHead.FUSION:
+                names[f"heads.{i}.{name}"] = (f"heads.{i}.{name}", None)
     for ours, theirs in blocks:
         for sub, hf_sub in block_keys(config).items():
             names[f"{ours}.{sub}"] = (f"{theirs}.{hf_sub}", rotary.get(sub.rsplit(".", 1)[0]))
@@ -272,10 +279,11 @@ def _read_heads_layout(directory: Path) -> tuple[int, int, str]:
             kind)
 
 
-def _mtp_config(path: Path, n_future: int, head_layers: int,
-                head_type: str) -> MTPConfig:
-    """An MTPConfig from a transformers Llama or Qwen2 config.json; other variants refused."""
-    values = read_json_object(path)
+def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
+                values: dict[str, Any] | None = None) -> MTPConfig:
+    """An MTPConfig from a transformers Llama or Qwen2 config.json (or its `values`, read
+    from `path` already); other variants refused."""
+    values = read_json_object(path) if values is None else values
     model_type = field(values, path, "model_type", "str", "llama")
     architectures = field(values, path, "architectures", "list",
                           [ARCHITECTURES.get(model_type, ("?",))[0]])

@@ -1,0 +1,288 @@
+"""Parallel heads against sequential modules: one trunk, one training budget, n = 4 and n = 8.
+
+For each n of --n-future and each head type (`block`: the paper's parallel heads, every one on
+the trunk output; `sequential`: DeepSeek-V3's modules, a chain) it trains the byte8 recipe's
+shape (`+experiment=byte8`: bytes, compute-matched `model=small`, width 256, 12 blocks per
+token, so a (12 - n)-block trunk and n one-block heads of either type; batch 16 x 256, bf16
+autocast where the CPU has it), shortened to --steps steps (one value, or one per n), with
+the repo's trainer; then measures, per run:
+
+- head accuracies: `val/acc_head{i}` after the last step (16 validation batches). A
+  sequential module is teacher-forced: module k reads the true byte t + k, so its accuracy
+  is that of the next byte after a correct draft, not of byte t + k + 1 from position t as a
+  parallel head's is; the tokens per forward compare the two as drafters;
+- tokens per forward: decoding the first --humaneval HumanEval prompts (--max-new-tokens
+  each) with the chain of every head (k = n) and with the --tree candidate tree, greedily and
+  sampled at temperature 0.8 (lossless: the same acceptance rule), and how repetitive the
+  output is (`repeated`: the share of tokens inside an earlier 16-byte n-gram). A briefly
+  trained small model's greedy output loops, and then every drafter looks perfect: the
+  sampled figures are the ones that compare drafting;
+- memory: one training step's peak memory above what the process held before it (RSS; each
+  in a fresh process, `scripts/bench_memory.py`'s measurement), float32;
+- step time: one optimizer step (loss, backward, clipping, AdamW), float32, best of
+  --time-steps after a warm-up.
+
+Memory and step time depend on the architecture, not the weights: they are measured on the
+recipe's model freshly initialised, and --cost-only measures them without training.
+
+Runs that exist in --out are reused. Speed figures belong under the machine's lock, training
+does not: train and measure first, then time alone under the lock:
+
+    python scripts/bench_heads.py --out /work/runs/heads --no-time
+    flock /work/cpu.lock nice -n -5 python scripts/bench_heads.py --out /work/runs/heads --cost-only
+
+Prints a table, writes --plot, and ends with one JSON line: {"runs": {"<type> n=<n>":
+{"head_type", "n_future", "steps", "val_acc": [...], "tokens_per_forward_{chain,tree}[_t08]",
+"repeated_{chain,tree}[_t08]", "step_bytes", "step_seconds"}}, "tree", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_methods import humaneval_prompts, machine, repeated_share  # noqa: E402
+
+from mtp.checkpoint import load  # noqa: E402
+from mtp.generate import DecodeStats, DrafterSpec, SamplingConfig, generate  # noqa: E402
+from mtp.loss import autograd_backward, mtp_loss  # noqa: E402
+from mtp.model import MTPConfig, MTPModel  # noqa: E402
+from mtp.optim import build_optimizer  # noqa: E402
+from mtp.tokenizers import ByteTokenizer  # noqa: E402
+from mtp.train import compose, model_config  # noqa: E402
+
+HEAD_TYPES = ("block", "sequential")
+BATCH, SEQ_LEN = 16, 256  # the byte8 recipe's
+
+
+def run_name(head_type: str, n_future: int) -> str:
+    return f"{head_type} n={n_future}"
+
+
+def run_dir(out: Path, head_type: str, n_future: int) -> Path:
+    return out / f"{head_type}{n_future}"
+
+
+def train(out: Path, head_type: str, n_future: int, steps: int, warmup: int) -> Path:
+    """Train one run with `python -m mtp.train` unless its export exists; its directory."""
+    run = run_dir(out, head_type, n_future)
+    if (run / "export" / "config.json").is_file():
+        return run
+    command = [sys.executable, "-m", "mtp.train", "+experiment=byte8",
+               f"model.n_future={n_future}", f"model.head_type={head_type}",
+               f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
+               "trainer.max_time=null", f"optim.warmup_steps={warmup}", "logger=none",
+               "trainer.enable_progress_bar=false", f"hydra.run.dir={run}"]
+    print(f"training {run_name(head_type, n_future)}: {' '.join(command[1:])}", flush=True)
+    began = time.perf_counter()
+    subprocess.run(command, check=True, cwd=REPO)
+    (run / "train_seconds.txt").write_text(f"{time.perf_counter() - began:.0f}\n")
+    return run
+
+
+def metrics(run: Path) -> list[dict[str, str]]:
+    """The run's metrics history (one row per logged step)."""
+    import csv
+
+    with open(run / "plots" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def val_accuracies(run: Path, n_future: int) -> list[float]:
+    """Each head's last validation accuracy from the run's metrics history."""
+    last = {}
+    for row in metrics(run):
+        for i in range(n_future):
+            if row.get(f"val/acc_head{i}"):
+                last[i] = float(row[f"val/acc_head{i}"])
+    return [last[i] for i in range(n_future)]
+
+
+def trained_steps(run: Path) -> int:
+    """The run's last logged step: its training budget (a reused run may predate --steps)."""
+    return max(int(row["step"]) for row in metrics(run))
+
+
+def tokens_per_forward(run: Path, prompts: list[str], tree: str,
+                       max_new_tokens: int) -> dict[str, float]:
+    """Tokens per forward with the chain of every head and with `tree`, greedy and sampled
+    (T = 0.8, seeded), and how repetitive each decoding's output is."""
+    model, tokenizer = load(run / "export")
+    room = model.config.max_seq_len - max_new_tokens - 1
+    prompts = [p for p in prompts if len(tokenizer.encode(p)) < room]
+    result = {"prompts": len(prompts)}
+    for suffix, sampling in (("", SamplingConfig()), ("_t08", SamplingConfig(temperature=0.8))):
+        for name, spec in (("chain", DrafterSpec(drafter="heads")),
+                           ("tree", DrafterSpec(drafter="heads", tree=tree))):
+            done = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                            drafter=spec.build(model), sampling=sampling, seed=0)
+            result[f"tokens_per_forward_{name}{suffix}"] = DecodeStats.pooled(
+                [g.stats for g in done]).tokens_per_forward
+            result[f"repeated_{name}{suffix}"] = sum(
+                repeated_share(g.token_ids, 16) for g in done) / len(done)
+    return result
+
+
+def recipe_config(head_type: str, n_future: int) -> MTPConfig:
+    """The model `python -m mtp.train +experiment=byte8` trains at this n and head type."""
+    cfg = compose(["+experiment=byte8", f"model.n_future={n_future}",
+                   f"model.head_type={head_type}"])
+    return model_config(cfg, ByteTokenizer())
+
+
+def step_bytes(c: MTPConfig) -> int:
+    """One training step's memory (bench_memory.py's measurement, in a fresh process)."""
+    variant = "sequential" if c.head_type == "sequential" else "headwise"
+    child = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_memory.py"), f"--vocab-size={c.vocab_size}",
+         f"--dim={c.dim}", f"--n-layers={c.n_layers}", f"--n-heads={c.n_heads}",
+         f"--n-future={c.n_future}", f"--batch={BATCH}", f"--seq-len={SEQ_LEN}",
+         "--threads=2", f"--variant={variant}"], capture_output=True, text=True, check=True)
+    return json.loads(child.stdout.strip().splitlines()[-1])["step_bytes"]
+
+
+def step_seconds(config: MTPConfig, repeats: int) -> float:
+    """One optimizer step of the model at the recipe's batch: best of `repeats`."""
+    torch.manual_seed(0)
+    model = MTPModel(config).train()
+    optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
+    tokens = torch.randint(0, model.config.vocab_size, (BATCH, SEQ_LEN + model.config.n_future))
+
+    def step() -> float:
+        began = time.perf_counter()
+        mtp_loss(model, tokens, backward=autograd_backward)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - began
+
+    step()  # warm-up
+    return min(step() for _ in range(repeats))
+
+
+def plot(runs: dict[str, dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {4: "#37a", 8: "#c63"}
+    for name, r in runs.items():
+        style = "-" if r["head_type"] == "block" else "--"
+        left.plot(range(1, r["n_future"] + 1), r["val_acc"], style, marker="o",
+                  color=colors.get(r["n_future"], "#555"),
+                  label=f"{'parallel' if r['head_type'] == 'block' else 'sequential'}, "
+                        f"n = {r['n_future']}")
+    left.set_xlabel("bytes ahead (head i predicts byte t + i + 1; a sequential module reads "
+                    "the true bytes up to t + i)", fontsize=8)
+    left.xaxis.get_major_locator().set_params(integer=True)
+    left.set_ylabel("validation accuracy (teacher-forced)")
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    names = list(runs)
+    bars = (("tokens_per_forward_chain_t08", "chain, T = 0.8", "#37a"),
+            ("tokens_per_forward_tree_t08", "tree, T = 0.8", "#8a5"),
+            ("tokens_per_forward_chain", "chain, greedy (loops)", "#bcd"),
+            ("tokens_per_forward_tree", "tree, greedy (loops)", "#cdb"))
+    width = 0.2
+    for j, (key, label, color) in enumerate(bars):
+        xs = [i + (j - 1.5) * width for i in range(len(names))]
+        values = [runs[n][key] for n in names]
+        right.bar(xs, values, width=width, label=label, color=color)
+        for x, value in zip(xs, values):
+            right.text(x, value, f"{value:.2f}", ha="center", va="bottom", fontsize=6)
+    right.set_xticks(range(len(names)), [n.replace("block", "parallel") for n in names],
+                     fontsize=8)
+    right.set_ylabel("tokens per forward (HumanEval prompts)")
+    right.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="runs and results.json")
+    parser.add_argument("--n-future", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--steps", type=int, nargs="+", default=[150],
+                        help="training steps: one for every n, or one per --n-future")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--humaneval", type=int, default=24)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--tree", default="tree16")
+    parser.add_argument("--time-steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-time", action="store_true", help="skip the step times")
+    parser.add_argument("--cost-only", action="store_true",
+                        help="only the step memory and time (no training: they depend on the "
+                             "architecture, not the weights)")
+    parser.add_argument("--plot", type=Path, default=REPO / "docs" / "bench_heads_byte.png")
+    args = parser.parse_args()
+    if len(args.steps) not in (1, len(args.n_future)):
+        parser.error(f"--steps takes one value or one per --n-future ({len(args.n_future)}), "
+                     f"got {len(args.steps)}")
+    steps = dict(zip(args.n_future, args.steps * len(args.n_future) if len(args.steps) == 1
+                     else args.steps))
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_file = args.out / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    runs = results.setdefault("runs", {})
+    prompts = humaneval_prompts(args.humaneval)
+    for n in args.n_future:
+        for head_type in HEAD_TYPES:
+            name = run_name(head_type, n)
+            row = runs.setdefault(name, {"head_type": head_type, "n_future": n})
+            config = recipe_config(head_type, n)
+            if not args.cost_only:
+                run = train(args.out, head_type, n, steps[n], args.warmup)
+                row.update(steps=trained_steps(run), val_acc=val_accuracies(run, n),
+                           **tokens_per_forward(run, prompts, args.tree, args.max_new_tokens))
+            row["step_bytes"] = step_bytes(config)
+            if not args.no_time:
+                row["step_seconds"] = step_seconds(config, args.time_steps)
+            results_file.write_text(json.dumps(results, indent=1) + "\n")
+    results.update(tree=args.tree, humaneval=args.humaneval,
+                   max_new_tokens=args.max_new_tokens, batch=BATCH, seq_len=SEQ_LEN,
+                   machine=machine())
+    results_file.write_text(json.dumps(results, indent=1) + "\n")
+
+    print(f"byte8 shape, parallel and sequential trained alike at each n; decoding "
+          f"{args.humaneval} HumanEval prompts x {args.max_new_tokens} bytes; tokens per "
+          f"forward (repeated share)")
+    print(f"{'run':<16}{'steps':>6}  {'head accuracies (val)':<50}{'chain T=0.8':>14}"
+          f"{'tree T=0.8':>14}{'chain greedy':>14}{'tree greedy':>14}{'step MiB':>10}{'step s':>8}")
+    for name, r in runs.items():
+        if "val_acc" in r:
+            accs = " ".join(f"{a:.3f}" for a in r["val_acc"])
+            cells = "".join(f"{r['tokens_per_forward_' + k]:>8.2f} ({r['repeated_' + k]:.2f})"
+                            for k in ("chain_t08", "tree_t08", "chain", "tree"))
+            trained = f"{r['steps']:>6}  {accs:<50}{cells}"
+        else:  # --cost-only
+            trained = f"{'-':>6}  {'not trained':<50}{'':>56}"
+        seconds = r.get("step_seconds")
+        print(f"{name:<16}{trained}{r['step_bytes'] / 2**20:>10.0f}"
+              f"{'' if seconds is None else f'{seconds:.2f}':>8}")
+    trained = {name: r for name, r in runs.items() if "val_acc" in r}
+    if trained:
+        budgets = ", ".join(sorted({f"n = {r['n_future']}: {r['steps']} steps"
+                                    for r in trained.values()}))
+        plot(trained, args.plot, f"parallel heads vs sequential modules, byte8 shape, the same "
+                                 f"trunk and budget at each n ({budgets}; {args.tree} for the "
+                                 f"tree)")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
