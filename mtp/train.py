@@ -13,6 +13,7 @@ the training device (`decode.*`). The summary, printed and in `<run>/summary.jso
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +27,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from mtp.checkpoint import check_vocab, export, load, tokenizer_files
 from mtp.data import build_tokenizer
@@ -36,7 +38,7 @@ from mtp.lit import MTPLitModule
 from mtp.memory import check_fits, count_parameters, step_memory
 from mtp.model import MTPConfig
 from mtp.parallel import check_options
-from mtp.paths import CONF_DIR
+from mtp.paths import CONF_DIR, require_smollm2_gguf
 from mtp.plots import MetricsHistory, write_plots
 from mtp.summary import (SUMMARY_FILE, decode_export, decode_metrics, decode_prompts,
                          val_figures, write_summary)
@@ -96,6 +98,7 @@ OmegaConf.register_new_resolver("mtp.decaying_weights", decaying_weights, replac
 OmegaConf.register_new_resolver("mtp.cpu_precision", cpu_precision, replace=True)
 OmegaConf.register_new_resolver("mtp.context", context, replace=True)
 OmegaConf.register_new_resolver("mtp.lr_for_width", lr_for_width, replace=True)
+OmegaConf.register_new_resolver("mtp.smollm2_gguf", require_smollm2_gguf, replace=True)
 
 
 def compose(overrides: list[str] = ()) -> DictConfig:
@@ -134,7 +137,7 @@ def check_init_tokenizer(cfg: DictConfig, tokenizer: Tokenizer) -> None:
                 raise ValueError(f"{source} has another BPE tokenizer than tokenizer.path="
                                  f"{cfg.tokenizer.path} (vocab_size {tokenizer.vocab_size} vs "
                                  f"{configured.vocab_size}, or different merges)")
-        elif cfg.tokenizer.vocab_size != tokenizer.vocab_size:
+        elif cfg.tokenizer.vocab_size not in (None, tokenizer.vocab_size):  # None: the checkpoint's
             raise ValueError(f"{source} has a BPE vocabulary of {tokenizer.vocab_size} tokens "
                              f"but tokenizer.vocab_size={cfg.tokenizer.vocab_size} is configured")
     vocab_size = cfg.model.get("vocab_size")
@@ -357,7 +360,10 @@ def train(cfg: DictConfig) -> Path:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    train(cfg)
+    try:
+        train(cfg)
+    except InterpolationResolutionError as error:  # e.g. ${mtp.smollm2_gguf:}: its message
+        sys.exit(f"error: {str(error).splitlines()[0]}")
 
 
 if __name__ == "__main__":

@@ -23,10 +23,12 @@ EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 TRAINERS = sorted(p.stem for p in (CONF_DIR / "trainer").glob("*.yaml"))
 LOGGERS = sorted(p.stem for p in (CONF_DIR / "logger").glob("*.yaml"))
-HEADS = {"byte8": 8, "byte1": 1, "bpe4": 4, "ntp": 1, "medusa1": 4, "medusa2": 4}
-TOKENIZERS = {"bpe4": "bpe", "ntp": "bpe"}  # the others: byte (medusa*: the default)
+HEADS = {"byte8": 8, "byte1": 1, "bpe4": 4, "ntp": 1, "medusa1": 4, "medusa2": 4,
+         "smollm2_medusa1": 4}
+TOKENIZERS = {"bpe4": "bpe", "ntp": "bpe", "smollm2_medusa1": "bpe"}  # the others: byte
 # Medusa experiments start from a checkpoint; composing and checking them reads none.
-NEEDS_INIT = {"medusa1": ["init_from=/unused/export"], "medusa2": ["init_from=/unused/export"]}
+NEEDS_INIT = {name: ["init_from=/unused/export"]
+              for name in ("medusa1", "medusa2", "smollm2_medusa1")}
 
 
 def test_the_documented_presets_exist() -> None:

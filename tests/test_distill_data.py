@@ -68,3 +68,15 @@ def test_bad_arguments_are_named(setup: tuple[Path, Path], tmp_path: Path):
         distill_data.main([*common, "--batch-size", "0"])
     with pytest.raises(ValueError, match="no document is longer than --prompt-chars=5000"):
         distill_data.main([*common, "--prompt-chars", "5000"])
+
+
+MBPP_FILE = Path("/work/shared/data/mbpp/mbpp.jsonl")
+
+
+@pytest.mark.skipif(not MBPP_FILE.exists(), reason="needs MBPP's mbpp.jsonl")
+def test_mbpp_prompts_come_from_the_train_split_only():
+    prompts = distill_data.mbpp_prompts(MBPP_FILE, 10_000, seed=0)
+    ids = sorted(int(source.split("/")[1]) for source, _ in prompts)
+    assert ids[0] >= 601 and ids[-1] <= 974 and len(ids) == 374  # never test or validation
+    source, prompt = next(p for p in prompts if p[0] == "mbpp/912")  # a helper def comes first
+    assert prompt == 'def lobb_num(n, m):\n    """Write a function to find ln, m lobb number."""\n'
