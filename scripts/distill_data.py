@@ -121,7 +121,6 @@ def main(argv: list[str] | None = None) -> dict:
     add_source_arguments(parser)
     parser.add_argument("--prompts-from", choices=("windows", "functions", "mbpp"),
                         default="windows", help="what a prompt is (module docstring)")
-    parser.add_argument("--mbpp-file", type=Path, help="--prompts-from mbpp: the full mbpp.jsonl")
     parser.add_argument("--val-fraction", type=float, default=0.01,
                         help="the data pipeline's split: its validation documents give no prompt")
     parser.add_argument("--split-seed", type=int, default=0, help="the data pipeline's data.seed")
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     model, tokenizer = load(args.checkpoint, device=args.device)
     if args.prompts_from == "mbpp":
-        texts, prompts = [], mbpp_prompts(args.mbpp_file, args.prompts, args.seed)
+        texts, prompts = [], mbpp_prompts(Path(args.mbpp_file), args.prompts, args.seed)
     else:
         documents = make_source(args).load().documents
         ids = documents["id"] if "id" in documents.column_names else range(len(documents))

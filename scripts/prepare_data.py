@@ -30,7 +30,8 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decontaminate", nargs="*", choices=BENCHMARKS, default=BENCHMARKS,
                         help="installed: benchmarks to drop files for (none: no filter)")
     parser.add_argument("--humaneval-file", help="installed: HumanEval instead of the package's")
-    parser.add_argument("--mbpp-file", help="installed: MBPP's mbpp.jsonl instead of the Hub's")
+    parser.add_argument("--mbpp-file", help="MBPP's full mbpp.jsonl (installed: instead of the "
+                        "Hub's; distill_data's --prompts-from mbpp: its train split)")
     parser.add_argument("--ngram", type=int, default=NGRAM,
                         help="installed: words shared with a problem that drop a file")
     parser.add_argument("--name", help="hub: dataset name")
