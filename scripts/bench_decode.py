@@ -172,10 +172,10 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, drafter in configs.items():
                 for mode in modes:
-                    rate, stats[name], ids = decode_all(model, tokenizer, prompts,
-                                                        args.max_new_tokens, args.batch_size,
-                                                        drafter=drafter, compile=mode)
-                    speed[name, mode].append(rate)
+                    per_second, stats[name], ids = decode_all(
+                        model, tokenizer, prompts, args.max_new_tokens, args.batch_size,
+                        drafter=drafter, compile=mode)
+                    speed[name, mode].append(per_second)
                     ar_ids = ids if name == 1 and ar_ids is None else ar_ids
                     identical[name] = identical.get(name, True) and ids == ar_ids
 

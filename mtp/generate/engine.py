@@ -197,6 +197,7 @@ class Engine:
         self.compiled = compile
         param = next(model.parameters())
         self.device = param.device
+        self.n_heads = heads  # in a compiled shape's key: a stack is a new object per k change
         self.heads: int | StackedHeads = (stacked_heads(model, heads) if STACK_HEADS and heads > 1
                                           else heads)
         if compile:  # calls of similar lengths share one cache length, hence one graph
@@ -252,9 +253,8 @@ class Engine:
                                generator, self.device)
         key_len = self._key_len()
         if self.compiled:
-            heads = getattr(self.heads, "n_heads", self.heads)  # a count: stacks are rebuilt
-            note_shape(self.model, (self.batch, self.tree.paths, key_len, heads, self.sampling,
-                                    self.typical, drafts.probs is None))
+            note_shape(self.model, (self.batch, self.tree.paths, key_len, self.n_heads,
+                                    self.sampling, self.typical, drafts.probs is None))
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
