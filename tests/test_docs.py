@@ -252,13 +252,21 @@ class _Parsed(Exception):
     """Raised in place of running a command once argparse has accepted its arguments."""
 
 
+def module_source(name: str) -> str:
+    """The source `python -m name` runs: the module, or a package's __main__.py."""
+    spec = importlib.util.find_spec(name)
+    if spec.submodule_search_locations:  # a package
+        spec = importlib.util.find_spec(f"{name}.__main__")
+    return Path(spec.origin).read_text()
+
+
 def check_argparse(target: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Run a script or module until argparse accepts `argv`, then stop it.
 
     A command whose source does not use argparse is only asked for its `--help`.
     """
     path = REPO_ROOT / target if target.startswith("scripts/") else None
-    source = path.read_text() if path else Path(importlib.util.find_spec(target).origin).read_text()
+    source = path.read_text() if path else module_source(target)
     if "argparse" not in source or "parse_known_args" in source:
         prog = [str(path)] if path else ["-m", target]
         result = subprocess.run([sys.executable, *prog, "--help"], capture_output=True,
@@ -290,12 +298,27 @@ def check_argparse(target: str, argv: list[str], monkeypatch: pytest.MonkeyPatch
 # --- the tests ---
 
 
+def run_block(block: Block) -> None:
+    """Execute a Python block in a namespace of its own (self-contained, as a reader runs it)."""
+    exec(compile(block.text, block.where, "exec"), {"__name__": "__docs__"})
+
+
 @pytest.mark.parametrize("block", python_blocks(), ids=lambda b: b.where)
 def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if block.skip_reason:
         pytest.skip(block.skip_reason)
     monkeypatch.chdir(tmp_path)  # what a block writes lands in a scratch directory
-    exec(compile(block.text, block.where, "exec"), {"__name__": "__docs__"})
+    run_block(block)
+
+
+def test_a_block_that_uses_a_name_before_importing_it_fails() -> None:
+    """The README's old snippet: HeadsDrafter(k=8) a few lines before its import."""
+    block = Block(REPO_ROOT / "README.md", 1, "python", "\n".join([
+        "drafter = HeadsDrafter(k=8)",
+        "from mtp.generate import HeadsDrafter",
+    ]), None)
+    with pytest.raises(NameError, match="HeadsDrafter"):
+        run_block(block)
 
 
 @pytest.mark.parametrize("command", command_lines(), ids=lambda c: c.where)
