@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,7 @@ PENDING_SCRIPTS = {"scripts/paper_small.py": "scripts/paper_small.py (issue 29)"
 PENDING_CONFIGS = {"data=polynomial": "data/polynomial.yaml", "data=induction": "data/induction.yaml"}
 PENDING_EVAL_TASKS = {"polynomial", "induction"}
 PENDING_FILES = {"docs/better.md"}  # issue 29's guide
+OPTIONAL_PACKAGES = {"transformers", "sentencepiece", "gguf", "accelerate"}  # the [hf] extra
 # Documented commands known broken in code this branch does not own: expected to fail until
 # fixed (then they pass, and this entry can go).
 KNOWN_BROKEN = {"scripts/bench_heads.py": (ImportError, "imports repeated_share from "
@@ -298,6 +300,17 @@ def check_argparse(target: str, argv: list[str], monkeypatch: pytest.MonkeyPatch
 # --- the tests ---
 
 
+@contextmanager
+def skip_without_optional_packages() -> Iterator[None]:
+    """Skip, naming the extra, where what runs needs a package that `.[hf]` installs."""
+    try:
+        yield
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] not in OPTIONAL_PACKAGES:
+            raise
+        pytest.skip(f"needs {error.name}: pip install -e '.[hf]'")
+
+
 def run_block(block: Block) -> None:
     """Execute a Python block in a namespace of its own (self-contained, as a reader runs it)."""
     exec(compile(block.text, block.where, "exec"), {"__name__": "__docs__"})
@@ -308,7 +321,8 @@ def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Mon
     if block.skip_reason:
         pytest.skip(block.skip_reason)
     monkeypatch.chdir(tmp_path)  # what a block writes lands in a scratch directory
-    run_block(block)
+    with skip_without_optional_packages():
+        run_block(block)
 
 
 def test_a_block_that_uses_a_name_before_importing_it_fails() -> None:
@@ -339,10 +353,11 @@ def test_command_line_parses(command: Command, monkeypatch: pytest.MonkeyPatch,
         if target in PENDING_MODULES:
             pytest.skip(f"{PENDING_MODULES[target]} is not in the tree yet")
         pytest.fail(f"{command.where}: no module {target}")
-    if target in CHECKS:
-        CHECKS[target](command.argv)
-    else:
-        check_argparse(target, command.argv, monkeypatch)
+    with skip_without_optional_packages():
+        if target in CHECKS:
+            CHECKS[target](command.argv)
+        else:
+            check_argparse(target, command.argv, monkeypatch)
 
 
 def test_the_docs_have_commands_and_blocks_to_check() -> None:
