@@ -518,7 +518,7 @@ class MTPModel(nn.Module):
         chain = self.config.head_type == "sequential" and max(heads) > 0
         if chain and cache is not None:
             raise ValueError("a cached forward runs head 0 only for sequential heads: their "
-                             "modules need the tokens ahead (see mtp.generate.sequential_drafter)")
+                             "modules need the tokens ahead (see mtp.generate.drafters.sequential)")
         h = self.trunk(tokens, cache=cache, step=step)
         if chain:
             states = self.head_states(h, tokens, max(heads) + 1)

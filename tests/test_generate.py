@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mtp.generate import DecodeStats, DrafterSpec, HeadsDrafter, SamplingConfig, generate
-from mtp.generate.engine import prefill
+from mtp.generate.forward import prefill
 from mtp.generate.output import SequenceOutput
 from mtp.generate.tree import Calibration, resolve_tree
 from mtp.kv_cache import KVCache

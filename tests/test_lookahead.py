@@ -8,9 +8,9 @@ from mtp.checkpoint import export
 from mtp.generate import Combined, DrafterSpec, HeadsDrafter, Lookahead, generate
 from mtp.generate.__main__ import main
 from mtp.generate.acceptance import accept
-from mtp.generate.drafter import Verified
-from mtp.generate.engine import hidden_states, prefill
-from mtp.generate.lookahead import NgramPool, layout
+from mtp.generate.drafters.base import Verified
+from mtp.generate.forward import hidden_states, prefill
+from mtp.generate.drafters.lookahead import NgramPool, layout
 from mtp.generate.sampling import SamplingConfig
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel

@@ -9,7 +9,7 @@ import mtp.generate.engine as engine
 from mtp.generate import DrafterSpec, HeadsDrafter, SequentialDrafter, generate
 from mtp.generate.auto import choose_drafter
 from mtp.generate.sampling import SamplingConfig
-from mtp.generate.stacked_heads import StackedHeads
+from mtp.generate.forward import StackedHeads
 from mtp.generate.tree import Tree
 from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPConfig, MTPModel

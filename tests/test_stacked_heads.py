@@ -6,8 +6,7 @@ import weakref
 import pytest
 import torch
 
-from mtp.generate.engine import hidden_states
-from mtp.generate.stacked_heads import StackedHeads, stacked_heads
+from mtp.generate.forward import StackedHeads, hidden_states, stacked_heads
 from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPConfig, MTPModel
 

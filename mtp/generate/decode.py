@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from mtp.generate.acceptance import Acceptance, typical_thresholds
-from mtp.generate.drafter import Drafter, Drafts, Verified
+from mtp.generate.drafters.base import Drafter, Drafts, Verified
 from mtp.generate.engine import Engine, rebuild_size
 from mtp.generate.output import Generation, SequenceOutput, TextCallback
 from mtp.generate.sampling import SamplingConfig

@@ -53,14 +53,14 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mtp.generate.acceptance import Draws, TypicalAcceptance, accept
-from mtp.generate.drafter import Drafts, Verified
+from mtp.generate.drafters.base import Drafts, Verified
 from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
-from mtp.generate.stacked_heads import StackedHeads, stacked_heads
+from mtp.generate.forward import (StackedHeads, hidden_states, key_width, prefill,
+                                  stacked_heads)
 from mtp.generate.tree import Tree
-from mtp.kv_cache import CacheStep, KVCache, cache_step, causal
+from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
 
-KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
 CONTEXT_BLOCK = 256  # compiled: cache lengths are rounded up to this, so calls share graphs
 MAX_SHAPES = 32  # compiled step shapes per model before compile=True refuses another
 # Run the verify forward's heads as one batched block per head layer (`StackedHeads`) rather
@@ -76,56 +76,6 @@ DECODE_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, 
 def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
     """The SDPA kernels decoding allows on `device` (see DECODE_ATTENTION)."""
     return sdpa_kernel(DECODE_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheStep,
-                  heads: int | StackedHeads) -> Tensor:
-    """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D).
-
-    The heads' outputs before the shared norm and unembedding, which callers apply only where
-    they need logits (the unembedding is the costliest layer of a large-vocabulary model).
-    `heads` is n, to run the model's heads one by one, or a `StackedHeads` of n heads, which
-    computes the same in one batched block per head layer.
-    """
-    trunk = model.trunk(tokens, cache=cache, step=step)  # (B, T, D)
-    if isinstance(heads, StackedHeads):
-        return heads(trunk, cache=cache, step=step)
-    return torch.stack([model.head(trunk, i, cache=cache, step=step) for i in range(heads)],
-                       dim=2)
-
-
-def cached_forward(model: MTPModel, cache: KVCache, tokens: Tensor, lengths: Tensor,
-                   key_len: int, heads: int | StackedHeads = 1) -> Tensor:
-    """`hidden_states` of T new tokens in a row (B, T) after each row's `lengths`."""
-    step = cache_step(lengths, *causal(tokens.shape[1], tokens.device), key_len,
-                      model.config.max_seq_len)
-    return hidden_states(model, tokens, cache, step, heads)
-
-
-def key_width(needed: int, max_len: int, compiled: bool = False) -> int:
-    """Attention's width for a step that needs `needed` slots of a `max_len` cache: all of it
-    when compiled (one shape), else `needed` rounded up to KEY_BLOCK."""
-    if compiled:
-        return max_len
-    return min(max_len, -(-needed // KEY_BLOCK) * KEY_BLOCK)
-
-
-def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
-            heads: int | StackedHeads, pad_id: int) -> tuple[Tensor, Tensor]:
-    """Cache the prompts, right-padded (rows 0..len(prompts)-1 of the cache), in the trunk and
-    heads 0..n-1: each row's length (B,) and the hidden states (B, T, n, D) at every token.
-
-    A row's padding is written after its prompt, where the lengths leave it stale.
-    """
-    device = cache.keys.device
-    lengths = torch.tensor([len(ids) for ids in prompts], device=device)
-    width = max(len(ids) for ids in prompts)
-    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        tokens[row, :len(ids)] = torch.tensor(ids)
-    start = torch.zeros(len(prompts), dtype=torch.long, device=device)
-    step = cache_step(start, *causal(width, device), key_len=width)
-    return lengths, hidden_states(model, tokens.to(device), cache, step, heads)
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mtp.generate.combined import Combined
-from mtp.generate.draft_model import DraftModel
-from mtp.generate.drafter import Drafter
-from mtp.generate.heads_drafter import HeadsDrafter
-from mtp.generate.lookahead import Lookahead
-from mtp.generate.prompt_lookup import PromptLookup
-from mtp.generate.sequential_drafter import SequentialDrafter
+from mtp.generate.drafters import (Combined, DraftModel, Drafter, HeadsDrafter, Lookahead,
+                                   OwnHeads, PromptLookup, SequentialDrafter)
 from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 
@@ -159,7 +154,7 @@ class DrafterSpec:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
-def heads_drafter(model: MTPModel, k: int, tree: Tree | None = None) -> HeadsDrafter:
+def heads_drafter(model: MTPModel, k: int, tree: Tree | None = None) -> OwnHeads:
     """The model's own heads as the drafter (`drafter=heads`): parallel heads draft at once
     (`HeadsDrafter`), sequential modules one depth after another (`SequentialDrafter`)."""
     kind = SequentialDrafter if model.config.head_type == "sequential" else HeadsDrafter

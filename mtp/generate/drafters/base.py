@@ -22,9 +22,8 @@ The decode loop, in the drafter's words:
         drafts = drafter.propose()               max_drafts drafts per row
         (verify [last token, drafts]; accept a path)
 
-Drafters: `heads_drafter.py` (the model's own heads), `draft_model.py`, `prompt_lookup.py`,
-`lookahead.py` (Jacobi iteration and an n-gram pool), `combined.py` (several drafters, the
-longest draft per sequence); `spec.py` builds them from names and options.
+The drafters are this package's other modules (see its `__init__`); `mtp.generate.spec`
+builds them from names and options.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ The worked example, a chain of depth 3 after a step that kept one draft (p' = 9,
 A module has no position before 0: tokens j < k (short prompts) are left out of module k, in
 a trash slot no query sees. Shapes are fixed (the commit padded to the tree's depth + 1, the
 prefill's to the prompt), so the drafter keeps to the static decode step's rules; sampled
-drafts come with the distributions they were drawn from (`heads_drafter.ranked`), so the
+drafts come with the distributions they were drawn from (`heads.ranked`), so the
 shared acceptance stays lossless, and greedy output is autoregressive decoding's.
 """
 
@@ -41,21 +41,18 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mtp.generate.drafter import Drafts, Verified
-from mtp.generate.engine import key_width
-from mtp.generate.heads_drafter import HeadsDrafter, ranked
+from mtp.generate.drafters.base import Drafts, Verified
+from mtp.generate.drafters.heads import OwnHeads, ranked
+from mtp.generate.forward import key_width
 from mtp.generate.sampling import SamplingConfig, exponential
 from mtp.kv_cache import CacheStep, KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
 
-class SequentialDrafter(HeadsDrafter):
+class SequentialDrafter(OwnHeads):
     """The modules 1..k-1 of a `head_type="sequential"` model draft a chain of k - 1 tokens, or
-    the nodes of `tree`; the verify pass runs head 0 alone."""
-
-    def verify_heads(self, model: MTPModel) -> int:
-        return 1
+    the nodes of `tree`; the verify pass runs head 0 alone (the default `verify_heads`)."""
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         if model.config.head_type != "sequential":

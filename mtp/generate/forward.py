@@ -1,13 +1,21 @@
-"""Heads 0..k-1 run as one batched block per head layer, for decoding.
+"""Cached forward passes for decoding: the trunk and heads 0..n-1 over new tokens that a
+`CacheStep` places (`mtp.kv_cache`), for the verify pass, the prefill and a draft model; and
+the heads stacked into one batched block per head layer (`StackedHeads`).
 
-Every head reads the same trunk output, so the k heads' layer j can run as one block whose
-weights are stacked along a leading head dimension: one batched matmul per projection instead
-of k, and one attention call with the heads folded into the batch. At batch 1 every one of a
-block's few dozen small ops costs dispatch overhead: k separate heads pay it k times, stacked
-heads about once. Stacking cannot save reading the k heads' weights, which at batch 1 on a
-CPU is most of a block's time (`scripts/bench_decode.py` reports the cost per k).
+The heads' outputs are returned before the shared norm and unembedding, which callers apply
+only where they need logits (the unembedding is the costliest layer of a large-vocabulary
+model). Eagerly, attention spans the cache only up to the longest row, rounded up to
+`KEY_BLOCK` (`key_width`); compiled, the whole preallocated cache (one shape).
 
-Design choices
+Stacked heads. Every head reads the same trunk output, so the k heads' layer j can run as
+one block whose weights are stacked along a leading head dimension: one batched matmul per
+projection instead of k, and one attention call with the heads folded into the batch. At
+batch 1 every one of a block's few dozen small ops costs dispatch overhead: k separate heads
+pay it k times, stacked heads about once. Stacking cannot save reading the k heads' weights,
+which at batch 1 on a CPU is most of a block's time (`scripts/bench_decode.py` reports the
+cost per k).
+
+Design choices of the stacked heads
 - Inference only: the weights are copies, not shared with the model; training never sees
   this module. Copying k blocks takes longer than a few decode steps (15-30 ms for k = 8 on a
   CPU), so `stacked_heads(model, k)` keeps the last one built for each model and rebuilds it
@@ -38,8 +46,59 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.kv_cache import CacheStep, KVCache
+from mtp.kv_cache import CacheStep, KVCache, cache_step, causal
 from mtp.model import MTPModel, apply_rope, linear, resblock, rms_normalise
+KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
+
+
+def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheStep,
+                  heads: int | StackedHeads) -> Tensor:
+    """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D).
+
+    The heads' outputs before the shared norm and unembedding, which callers apply only where
+    they need logits (the unembedding is the costliest layer of a large-vocabulary model).
+    `heads` is n, to run the model's heads one by one, or a `StackedHeads` of n heads, which
+    computes the same in one batched block per head layer.
+    """
+    trunk = model.trunk(tokens, cache=cache, step=step)  # (B, T, D)
+    if isinstance(heads, StackedHeads):
+        return heads(trunk, cache=cache, step=step)
+    return torch.stack([model.head(trunk, i, cache=cache, step=step) for i in range(heads)],
+                       dim=2)
+
+
+def cached_forward(model: MTPModel, cache: KVCache, tokens: Tensor, lengths: Tensor,
+                   key_len: int, heads: int | StackedHeads = 1) -> Tensor:
+    """`hidden_states` of T new tokens in a row (B, T) after each row's `lengths`."""
+    step = cache_step(lengths, *causal(tokens.shape[1], tokens.device), key_len,
+                      model.config.max_seq_len)
+    return hidden_states(model, tokens, cache, step, heads)
+
+
+def key_width(needed: int, max_len: int, compiled: bool = False) -> int:
+    """Attention's width for a step that needs `needed` slots of a `max_len` cache: all of it
+    when compiled (one shape), else `needed` rounded up to KEY_BLOCK."""
+    if compiled:
+        return max_len
+    return min(max_len, -(-needed // KEY_BLOCK) * KEY_BLOCK)
+
+
+def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
+            heads: int | StackedHeads, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Cache the prompts, right-padded (rows 0..len(prompts)-1 of the cache), in the trunk and
+    heads 0..n-1: each row's length (B,) and the hidden states (B, T, n, D) at every token.
+
+    A row's padding is written after its prompt, where the lengths leave it stale.
+    """
+    device = cache.keys.device
+    lengths = torch.tensor([len(ids) for ids in prompts], device=device)
+    width = max(len(ids) for ids in prompts)
+    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        tokens[row, :len(ids)] = torch.tensor(ids)
+    start = torch.zeros(len(prompts), dtype=torch.long, device=device)
+    step = cache_step(start, *causal(width, device), key_len=width)
+    return lengths, hidden_states(model, tokens.to(device), cache, step, heads)
 
 
 class _StackedLayer:
