@@ -178,14 +178,14 @@ def test_no_attention_plan_is_built_per_step_on_a_gpu():
 
 
 def test_steps_hand_drafters_the_hidden_states_of_every_cached_token(trained):
-    """`Verified.path_hidden` holds the heads' hidden states at the tokens each forward added
+    """`Verified.path_hidden()` holds the heads' hidden states at the tokens each forward added
     to the cache: the prompt after the prefill, then each kept path; together they are the
     hidden states of a plain forward over the whole text."""
     seen = []
 
     class Recorder(HeadsDrafter):
         def update(self, step):
-            seen.append((step.path_hidden, step.path_lengths, step.new_ids))
+            seen.append((step.path_hidden(), step.kept, step.new_ids))
             super().update(step)
 
     prompt = "def add("

@@ -175,7 +175,7 @@ def test_byte_model_streams_only_whole_characters(trained):
 def test_incomplete_utf8_is_held_back():
     pieces = []
     output = SequenceOutput(0, TOKENIZER, budget=10, budget_reason="length", stop=(),
-                            n_heads=1, on_text=lambda i, text: pieces.append(text), started=0.0)
+                            positions=1, on_text=lambda i, text: pieces.append(text), started=0.0)
     euro = list("€".encode())  # three bytes
     output.add(euro[:1])
     output.add(euro[1:2])

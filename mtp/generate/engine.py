@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -54,9 +54,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mtp.generate.acceptance import Draws, TypicalAcceptance, accept
 from mtp.generate.drafters.base import Drafts, Verified
-from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
-from mtp.generate.forward import (StackedHeads, hidden_states, key_width, prefill,
+from mtp.generate.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
                                   stacked_heads)
+from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
 from mtp.generate.tree import Tree
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
@@ -78,44 +78,32 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
     return sdpa_kernel(DECODE_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
 
 
-@dataclass(frozen=True)
-class StepOutput:
-    """What one step leaves, on the device (see `Verified`)."""
-
-    pending: Tensor  # (B, m)
-    node: Tensor  # (B,)
-    n_accepted: Tensor  # (B,)
-    tokens: Tensor  # (B, depth + 1)
-    hidden: Tensor  # (B, n, D) at the kept node
-    path_hidden: Tensor  # (B, depth + 1, n, D) along the kept path, root first
-    predicted: Tensor  # (B, m)
-
-
 def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Tensor,
                       active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
                       heads: int | StackedHeads, sampling: SamplingConfig,
-                      typical: TypicalAcceptance | None, key_len: int) -> StepOutput:
+                      typical: TypicalAcceptance | None, key_len: int) -> Verified:
     """One decode step on the device, with fixed shapes (see the module docstring).
 
     Updates the cache, `lengths` and `root` in place (active rows only).
     """
     buffers = tree.buffers(root.device)
+    # verify: the root and the drafts, each at its place in the tree
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
     step = cache_step(lengths, buffers.depths, buffers.visible, key_len,
                       model.config.max_seq_len)
     hidden = hidden_states(model, pending, cache, step, heads)  # (B, m, n, D)
     target = model.unembed(hidden[:, :, 0])  # (B, m, V)
+    # accept: a path, and the token after it
     accepted = accept(drafts, target, tree, sampling, draws, typical)
-    if not tree.is_chain:  # a chain's kept drafts are in place already
-        cache.compact(lengths, buffers.ancestors[accepted.node])  # (B, depth + 1)
-    new_root = accepted.tokens.gather(1, accepted.n_accepted[:, None])[:, 0]
-    lengths.add_(torch.where(active, accepted.n_accepted + 1, 0))
-    root.copy_(torch.where(active, new_root, root))
-    rows = torch.arange(root.shape[0], device=root.device)
     path = buffers.ancestors[accepted.node]  # (B, depth + 1), padded with the node
-    return StepOutput(pending, accepted.node, accepted.n_accepted, accepted.tokens,
-                      hidden[rows, accepted.node], hidden[rows[:, None], path],
-                      target.argmax(-1))
+    # compact: the kept path's keys and values follow the prefix (a chain's are in place)
+    if not tree.is_chain:
+        cache.compact(lengths, path)
+    kept = torch.where(active, accepted.n_accepted + 1, 0)
+    new_root = accepted.tokens.gather(1, accepted.n_accepted[:, None])[:, 0]
+    lengths.add_(kept)
+    root.copy_(torch.where(active, new_root, root))
+    return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens)
 
 
 def rebuild_size(live: int, batch: int, compiled: bool) -> int | None:
@@ -175,28 +163,30 @@ class Engine:
 
     def prefill(self, prompts: list[list[int]], generator: torch.Generator | None,
                 pad_id: int) -> Verified:
-        """Cache the prompts and draw each row's first token (the prefill "verifies" the
-        prompt's last token)."""
+        """Cache the prompts and draw each row's first token: the prefill verifies the
+        prompts and keeps them whole (see `Verified`)."""
+        pending = padded(prompts, pad_id, self.device)  # (B, T)
         with attention_kernels(self.device):
-            lengths, every = prefill(self.model, self.cache, prompts, self.heads, pad_id)
+            lengths, hidden = prefill(self.model, self.cache, prompts, self.heads, pad_id)
         self.lengths.copy_(lengths)
         self.host_lengths = [len(ids) for ids in prompts]
         rows = torch.arange(len(prompts), device=self.device)
-        hidden = every[rows, lengths - 1]  # (B, n, D) at each prompt's last token
-        probs = probabilities(self.model.unembed(hidden[:, 0]), self.sampling)  # (B, V)
+        last = hidden[rows, lengths - 1, 0]  # (B, D): head 0 at each prompt's last token
+        probs = probabilities(self.model.unembed(last), self.sampling)  # (B, V)
         noise = None if self.sampling.greedy else exponential(probs.shape, generator,
                                                               self.device)
         self.root.copy_(probs.argmax(-1) if noise is None else sample(probs, noise))
-        zero = torch.zeros_like(self.root)
-        pending = torch.tensor([ids[-1:] for ids in prompts], device=self.device)
-        return Verified(pending, zero, zero, self.root.clone()[:, None], hidden,
-                        [[token] for token in self.root.tolist()], path_hidden=every,
-                        path_lengths=lengths)
+        tokens = pending.roll(-1, dims=1)  # the token after each prompt token
+        tokens[rows, lengths - 1] = self.root
+        path = torch.arange(pending.shape[1], device=self.device).expand_as(pending)
+        return Verified(pending, hidden, None, path, lengths, tokens,
+                        [[token] for token in self.root.tolist()])
 
-    def step(self, drafts: Drafts,
-             generator: torch.Generator | None) -> tuple[Verified, list[tuple[int, int]]]:
-        """Verify, accept and compact; then the step's one host read. Returns what was
-        verified (finished rows' `new_ids` empty) and each row's (real drafts, kept node)."""
+    def verify_and_accept(self, drafts: Drafts, generator: torch.Generator | None
+                          ) -> tuple[Verified, list[tuple[int, int]]]:
+        """Verify, accept and compact (`verify_and_accept`); then the step's one host read.
+        Returns what was verified and kept (finished rows' `new_ids` empty) and each row's
+        (real drafts, kept node)."""
         draws = None
         if not self.sampling.greedy:
             draws = Draws.draw(self.batch, self.tree.n_nodes, self.model.config.vocab_size,
@@ -211,18 +201,14 @@ class Engine:
             out = self._step(self.model, self.cache, self.lengths, self.root, self.active,
                              drafts, draws, self.tree, self.heads, self.sampling, self.typical,
                              key_len)
-        host = torch.cat([out.n_accepted[:, None], out.node[:, None], drafts.real()[:, None],
-                          out.tokens, out.predicted], dim=1).tolist()  # the one synchronisation
-        new_ids, drafted, predicted = [], [], []
-        depth = out.tokens.shape[1]
-        for row, (n, node, real, *rest) in enumerate(host):
-            live = self.host_active[row]
-            new_ids.append(rest[:n + 1] if live else [])
+        host = torch.cat([out.kept[:, None], out.last()[:, None], drafts.real()[:, None],
+                          out.tokens], dim=1).tolist()  # the one synchronisation
+        new_ids, drafted = [], []
+        for row, (kept, node, real, *tokens) in enumerate(host):
+            new_ids.append(tokens[:kept])  # none for a finished row
             drafted.append((real, node))
-            predicted.append(rest[depth:])
-            self.host_lengths[row] += n + 1 if live else 0
-        return Verified(out.pending, out.node, out.n_accepted, out.tokens, out.hidden, new_ids,
-                        predicted, out.path_hidden, out.n_accepted + 1), drafted
+            self.host_lengths[row] += kept
+        return replace(out, new_ids=new_ids), drafted
 
     def finish(self, rows: list[int]) -> None:
         """Stop decoding `rows`: they stay in the batch, masked."""

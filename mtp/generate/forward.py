@@ -92,13 +92,18 @@ def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
     """
     device = cache.keys.device
     lengths = torch.tensor([len(ids) for ids in prompts], device=device)
-    width = max(len(ids) for ids in prompts)
-    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    tokens = padded(prompts, pad_id, device)  # (B, T)
+    start = torch.zeros(len(prompts), dtype=torch.long, device=device)
+    step = cache_step(start, *causal(tokens.shape[1], device), key_len=tokens.shape[1])
+    return lengths, hidden_states(model, tokens, cache, step, heads)
+
+
+def padded(prompts: list[list[int]], pad_id: int, device: torch.device) -> Tensor:
+    """The prompts as one tensor (B, T), right-padded with `pad_id`."""
+    tokens = torch.full((len(prompts), max(map(len, prompts))), pad_id, dtype=torch.long)
     for row, ids in enumerate(prompts):
         tokens[row, :len(ids)] = torch.tensor(ids)
-    start = torch.zeros(len(prompts), dtype=torch.long, device=device)
-    step = cache_step(start, *causal(width, device), key_len=width)
-    return lengths, hidden_states(model, tokens.to(device), cache, step, heads)
+    return tokens.to(device)
 
 
 class _StackedLayer:

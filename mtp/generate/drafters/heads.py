@@ -115,7 +115,8 @@ class HeadsDrafter(OwnHeads):
         self._last = None
 
     def update(self, step: Verified) -> None:
-        self._last = step.hidden[:, 1:self.tree.depth + 1]  # (B, depth, D)
+        rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
+        self._last = step.hidden[rows, step.last(), 1:self.tree.depth + 1]  # (B, depth, D)
 
     def keep(self, rows: list[int]) -> None:
         self._last = self._last[torch.tensor(rows, device=self._last.device)]

@@ -206,12 +206,12 @@ class Lookahead(Drafter):
                       for index, ids in enumerate(prompts)]
 
     def update(self, step: Verified) -> None:
+        predicted = None if step.predicted is None else step.predicted.tolist()
         for b, (row, ids) in enumerate(zip(self._rows, step.new_ids)):
             if not ids:  # a finished row
                 continue
             # new[c]: head 0's token after R_{N-2}[c], the next Jacobi iterate of column c.
-            new = None if step.predicted is None else [step.predicted[b][node]
-                                                        for node in self._plan.top]
+            new = None if predicted is None else [predicted[b][node] for node in self._plan.top]
             row.advance(ids, new, self.ngram)
 
     def keep(self, rows: list[int]) -> None:

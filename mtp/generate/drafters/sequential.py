@@ -70,7 +70,6 @@ class SequentialDrafter(OwnHeads):
         self._cache = KVCache(config, len(prompts), max_len + self.tree.n_nodes + 1,
                               device=param.device, dtype=param.dtype,
                               blocks=range(first, first + depth * config.head_layers))
-        self._prompts = [list(ids) for ids in prompts]
         self._root = torch.zeros(len(prompts), dtype=torch.long, device=param.device)  # p
         # Module k's state at the root token (k = 1..depth): what feeds module k + 1 next.
         self._last = [torch.zeros(len(prompts), config.dim, dtype=param.dtype,
@@ -79,27 +78,16 @@ class SequentialDrafter(OwnHeads):
         self._plan = _Plan(self.tree, param.device)
 
     def update(self, step: Verified) -> None:
-        device = self._root.device
-        if step.predicted is None:  # the prefill: the prompt after its first token, the root
-            roots = step.tokens[:, 0].tolist()
-            rows = [ids[1:] + [root] for ids, root in zip(self._prompts, roots)]
-            counts = torch.tensor([len(row) for row in rows], device=device)
-            tokens = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
-            for b, row in enumerate(rows):
-                tokens[b, :len(row)] = torch.tensor(row)
-            tokens = tokens.to(device)
-        else:  # the kept drafts and the root; none for a row that had finished
-            tokens = step.tokens
-            counts = torch.tensor([len(ids) for ids in step.new_ids], device=device)
-        # Head 0's states at the tokens before those: the old root, the kept drafts (B, C, D).
-        self._commit = (tokens, step.path_hidden[:, :tokens.shape[1], 0], counts)
+        # The commit: the tokens accepted since the last step (the kept drafts and the root;
+        # after the prefill, the prompt after its first token and the root; none for a row
+        # that had finished), and head 0's states at the tokens before them (B, C, D).
+        self._commit = (step.tokens, step.path_hidden()[:, :, 0], step.kept)
 
     def keep(self, rows: list[int]) -> None:
         index = torch.tensor(rows, device=self._root.device)
         self._cache.keep(index)
         self._root = self._root[index]
         self._last = [state[index] for state in self._last]
-        self._prompts = [self._prompts[row] for row in rows]
         self._commit = tuple(t[index] for t in self._commit)
 
     def propose(self) -> Drafts:
