@@ -30,14 +30,13 @@ def static(monkeypatch):
     """compile=True runs the static step eagerly; records the shapes it ran. Each test counts
     its own shapes: the session's models would otherwise reach MAX_SHAPES across tests."""
     shapes = []
-    monkeypatch.setattr(engine, "_shapes", type(engine._shapes)())
 
     def step(model, cache, lengths, root, active, drafts, draws, tree, heads, *rest):
         shapes.append((lengths.shape[0], drafts.count + 1, rest[-1], cache.max_len))
         return engine.verify_and_accept(model, cache, lengths, root, active, drafts, draws,
                                         tree, heads, *rest)
 
-    monkeypatch.setattr(engine, "compiled_step", lambda model: step)
+    monkeypatch.setattr(engine, "_compiled", {False: engine.CompiledStep(step)})
     return shapes
 
 
@@ -104,7 +103,7 @@ def test_compiled_shapes_are_bounded(trained, static, monkeypatch):
     monkeypatch.setattr(engine, "MAX_SHAPES", 2)
     for size in (1, 2):
         generate(trained, TOKENIZER, PROMPTS[:size], max_new_tokens=4, compile=True)
-    with pytest.raises(ValueError, match="compiled for 2 shapes of this model .* compile=False"):
+    with pytest.raises(ValueError, match="compiled for 2 shapes .* compile=False"):
         generate(trained, TOKENIZER, PROMPTS[:3], max_new_tokens=4, compile=True)
 
 
@@ -113,7 +112,7 @@ def test_a_shape_counts_once_however_often_the_drafters_alternate(trained, stati
     for k in (2, 3, 2, 3):
         generate(trained, TOKENIZER, PROMPTS[:1], max_new_tokens=8, drafter=HeadsDrafter(k),
                  compile=True)
-    assert len(engine._shapes[trained]) == 2
+    assert len(engine._compiled[False].shapes) == 2
 
 
 def test_compile_without_support_is_a_one_line_error(tiny_config, monkeypatch):

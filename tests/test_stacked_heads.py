@@ -106,9 +106,9 @@ def test_attention_free_heads_take_no_cache_slots():
     assert (cache.keys[:, :, :, :5].abs().flatten(1).sum(1) > 0).all()  # every slot written
 
 
-def test_n_heads_is_checked(tiny_config):
+def test_k_is_checked(tiny_config):
     model = MTPModel(tiny_config)
-    with pytest.raises(ValueError, match="n_heads must be from 1 to n_future=4, got 5"):
+    with pytest.raises(ValueError, match=r"k \(heads stacked\) must be from 1 to n_future=4, got 5"):
         StackedHeads(model, 5)
 
 

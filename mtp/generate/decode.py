@@ -104,14 +104,13 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
             budget_reason="length" if max_new_tokens <= room else "context", stop=stop,
             positions=tree.depth + 1, on_text=on_text, started=started))
     context = min(config.max_seq_len, max(map(len, encoded)) + max_new_tokens)
-    heads = drafter.verify_heads(model)
     param = next(model.parameters())
     generator = None
     if seed is not None:
         generator = torch.Generator(device=param.device).manual_seed(seed)
     with torch.inference_mode():  # every tensor of the call alike (a compiled step's guards)
-        engine = Engine(model, len(encoded), context, tree, heads, sampling=sampling,
-                        typical=typical, compile=compile)
+        engine = Engine(model, len(encoded), context, tree, drafter.verify_heads(model),
+                        sampling=sampling, typical=typical, compile=compile)
         drafter.start(model, encoded, engine.cache.max_len, sampling, generator)
         _decode(engine, drafter, outputs, generator, tokenizer.pad_id, encoded)
     return [output.result() for output in outputs]

@@ -45,7 +45,7 @@ whole preallocated length. The prefill is a separate, dynamic call.
 from __future__ import annotations
 
 import contextlib
-import weakref
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -62,7 +62,7 @@ from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
 
 CONTEXT_BLOCK = 256  # compiled: cache lengths are rounded up to this, so calls share graphs
-MAX_SHAPES = 32  # compiled step shapes per model before compile=True refuses another
+MAX_SHAPES = 32  # compiled step shapes before compile=True refuses another
 # Run the verify forward's heads as one batched block per head layer (`StackedHeads`) rather
 # than one by one; scripts/bench_decode.py --unstacked-heads measures what it buys.
 STACK_HEADS = True
@@ -124,28 +124,27 @@ class Engine:
     """The cache, device state and step of one `generate` call (see the module docstring).
 
     context: the most tokens any row holds (its prompt and new tokens); tree: the drafter's
-    shape (`Tree.chain(0)`: autoregressive decoding); heads: the heads the verify forward
-    runs for the drafter.
+    shape (`Tree.chain(0)`: autoregressive decoding); k: the verify forward runs heads
+    0..k-1, for the drafter (`Drafter.verify_heads`).
     """
 
-    def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, heads: int, *,
+    def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
                  sampling: SamplingConfig, typical: TypicalAcceptance | None,
                  compile: bool = False) -> None:
         self.model, self.tree, self.sampling, self.typical = model, tree, sampling, typical
         self.compiled = compile
         param = next(model.parameters())
         self.device = param.device
-        self.n_heads = heads  # in a compiled shape's key: a stack is a new object per k change
-        self.heads: int | StackedHeads = (stacked_heads(model, heads) if STACK_HEADS and heads > 1
-                                          else heads)
+        self.k = k  # in a compiled shape's key: a stack is a new object per k change
+        self.heads: int | StackedHeads = stacked_heads(model, k) if STACK_HEADS and k > 1 else k
         if compile:  # calls of similar lengths share one cache length, hence one graph
             context = min(model.config.max_seq_len, -(-context // CONTEXT_BLOCK) * CONTEXT_BLOCK)
         # Slack for the last step's drafts past the context, and for finished rows, whose
         # lengths stop after one more step but whose (ignored) tokens are still written.
-        # The blocks the verify pass runs: the trunk's and heads 0..heads-1's (none for heads it
+        # The blocks the verify pass runs: the trunk's and heads 0..k-1's (none for heads it
         # leaves out, such as a sequential model's modules, which their drafter caches).
         config = model.config
-        blocks = range(config.n_layers + min(heads, config.block_heads) * config.head_layers)
+        blocks = range(config.n_layers + min(k, config.block_heads) * config.head_layers)
         self.cache = KVCache(config, batch, context + 2 * tree.n_nodes, device=self.device,
                              dtype=param.dtype, blocks=blocks)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)
@@ -154,7 +153,7 @@ class Engine:
         self.host_lengths = [0] * batch  # mirrors of lengths and active, kept from the reads
         self.host_active = [True] * batch
         tree.buffers(self.device)  # built once, outside any compiled step
-        self._step = compiled_step(model) if compile else verify_and_accept
+        self._step = compiled_step(self.device.type == "cuda") if compile else None
         self._mark_static()
 
     @property
@@ -192,15 +191,17 @@ class Engine:
             draws = Draws.draw(self.batch, self.tree.n_nodes, self.model.config.vocab_size,
                                generator, self.device)
         key_len = self._key_len()
-        if self.compiled:
-            note_shape(self.model, (self.batch, self.tree.paths, key_len, self.n_heads,
-                                    self.sampling, self.typical, drafts.probs is None))
+        step = verify_and_accept
+        if self._step is not None:
+            param = next(self.model.parameters())
+            self._step.note((self.model.config, param.dtype, self.batch, self.tree.paths,
+                             key_len, self.k, self.sampling, self.typical, drafts.probs is None))
+            step = self._step.function
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
-            out = self._step(self.model, self.cache, self.lengths, self.root, self.active,
-                             drafts, draws, self.tree, self.heads, self.sampling, self.typical,
-                             key_len)
+            out = step(self.model, self.cache, self.lengths, self.root, self.active, drafts,
+                       draws, self.tree, self.heads, self.sampling, self.typical, key_len)
         host = torch.cat([out.kept[:, None], out.last()[:, None], drafts.real()[:, None],
                           out.tokens], dim=1).tolist()  # the one synchronisation
         new_ids, drafted = [], []
@@ -240,27 +241,46 @@ class Engine:
                          self.compiled)
 
 
-# model -> its compiled step; model -> the shapes it was compiled for. Entries go with models.
-_compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+class CompiledStep:
+    """`verify_and_accept` compiled (CUDA graphs on a GPU), and the shapes it was compiled for.
 
-
-def compiled_step(model: MTPModel):
-    """`verify_and_accept` compiled (CUDA graphs on a GPU), built once per model and device.
-
-    Each new shape (batch, tree, cache length, ...) is compiled, and captured, on first use;
-    `note_shape` bounds how many.
+    Each new shape (model, batch, tree, cache length, ...) is compiled, and captured, on first
+    use; `note` bounds how many.
     """
-    cuda = next(model.parameters()).is_cuda
-    if _compiled.get(model, (None, None))[0] != cuda:
+
+    def __init__(self, function: Callable[..., Verified]) -> None:
+        self.function = function
+        self.shapes: set[tuple] = set()
+
+    def note(self, shape: tuple) -> None:
+        """Count a shape; a ValueError past MAX_SHAPES of them, rather than compiling without
+        end (or decoding eagerly without a word, once torch.compile's own limit is hit)."""
+        if shape not in self.shapes and len(self.shapes) >= MAX_SHAPES:
+            raise ValueError(
+                f"compile=True: the decode step was compiled for {len(self.shapes)} shapes "
+                f"(models, batch sizes, drafter trees, cache lengths, ...), the most allowed "
+                f"(engine.MAX_SHAPES); decode with fewer distinct batch sizes and lengths, or "
+                f"with compile=False")
+        self.shapes.add(shape)
+
+
+# On a GPU or not -> the compiled step. torch.compile keeps its compiled variants with the
+# function's code, for every model alike, so the step is compiled once per process (not per
+# model or call), and its shapes are counted there.
+_compiled: dict[bool, CompiledStep] = {}
+
+
+def compiled_step(cuda: bool) -> CompiledStep:
+    """The decode step compiled for a GPU (`cuda`: CUDA graphs) or a CPU, built on first use."""
+    if cuda not in _compiled:
         check_compile_support("cuda" if cuda else "cpu")
-        # Every model shares the function's compiled variants: allow MAX_SHAPES of each.
+        # Every shape is a compiled variant of the one function: allow MAX_SHAPES of them.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    MAX_SHAPES)
-        compiled = torch.compile(verify_and_accept, fullgraph=True, dynamic=False,
-                                 mode="reduce-overhead" if cuda else None)
-        _compiled[model] = (cuda, compiled)
-    return _compiled[model][1]
+        _compiled[cuda] = CompiledStep(torch.compile(
+            verify_and_accept, fullgraph=True, dynamic=False,
+            mode="reduce-overhead" if cuda else None))
+    return _compiled[cuda]
 
 
 def check_compile_support(device: str) -> None:
@@ -285,16 +305,3 @@ def check_compile_support(device: str) -> None:
     if problem:
         raise ValueError(f"compile=True: {problem} (torch {torch.__version__}); decode with "
                          f"compile=False")
-
-
-def note_shape(model: MTPModel, shape: tuple) -> None:
-    """Count a compiled step's shape for `model`; a ValueError past MAX_SHAPES of them, rather
-    than compiling without end (or decoding eagerly without a word)."""
-    seen = _shapes.setdefault(model, set())
-    if shape not in seen and len(seen) >= MAX_SHAPES:
-        raise ValueError(
-            f"compile=True: the decode step was compiled for {len(seen)} shapes of this model "
-            f"(batch size, drafter tree, cache length, ...), the most allowed "
-            f"(engine.MAX_SHAPES); decode with fewer distinct batch sizes and lengths, or with "
-            f"compile=False")
-    seen.add(shape)

@@ -16,16 +16,18 @@ which at batch 1 on a CPU is most of a block's time (`scripts/bench_decode.py` r
 cost per k).
 
 Design choices of the stacked heads
+- One implementation of the block: layer j of the k heads is a `Block` (model.py) whose
+  parameters are the k heads' stacked (`stack_blocks`), run by the Block's own forward, so
+  every block feature (biases, grouped-query attention, rotary scaling) serves both. The
+  first layer reads the shared trunk output: it is normalised once and scaled per head.
 - Inference only: the weights are copies, not shared with the model; training never sees
-  this module. Copying k blocks takes longer than a few decode steps (15-30 ms for k = 8 on a
-  CPU), so `stacked_heads(model, k)` keeps the last one built for each model and rebuilds it
-  only when k or a head parameter changes (another tensor, or an in-place update).
+  them. Copying k blocks takes longer than a few decode steps (10-25 ms for k = 8 on a
+  CPU), so `stacked_heads(model, k)` keeps the last one built on the model itself and
+  rebuilds it only when k or a head parameter changes (another tensor, or an in-place
+  update).
 - Weights are stored (k, in, out), contiguous, and applied as x @ W: reading a weight along
   its rows is markedly faster on a CPU than nn.Linear's x @ W^T once the weights fall out of
-  cache. wq/wk/wv are one matmul, and so are w1/w3 (gate and up).
-- The same function as `MTPModel.head(trunk, i)` for every head: the same RMSNorm (float32
-  normalisation), rotary positions (from the step), grouped-query attention and SwiGLU. The
-  first layer normalises the shared trunk output once and only scales it per head.
+  cache.
 - The cache slots of head i's layer j are block n_layers + i * head_layers + j (see `Block`
   in model.py), so layer j of heads 0..k-1 is the strided slice n_layers + j :: head_layers of
   the cache's blocks: one write and one read for all k heads (`KVCache.write` with a slice).
@@ -43,11 +45,10 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from mtp.kv_cache import CacheStep, KVCache, cache_step, causal
-from mtp.model import MTPModel, apply_rope, linear, resblock, rms_normalise
+from mtp.model import Block, MTPConfig, MTPModel, RMSNorm, linear, resblock
 KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
 
 
@@ -106,69 +107,56 @@ def padded(prompts: list[list[int]], pad_id: int, device: torch.device) -> Tenso
     return tokens.to(device)
 
 
-class _StackedLayer:
-    """Layer j of k heads: each weight (k, in, out), each norm weight (k, 1, D)."""
+def stack_blocks(config: MTPConfig, blocks: list[Block], slot: slice) -> Block:
+    """One `Block` whose parameters are those of `blocks` stacked along a leading dimension
+    (detached copies; see `Block` for the layout), writing the cache slots `slot`.
 
-    def __init__(self, blocks: list, slot: slice) -> None:
-        def stack(get) -> Tensor:
-            return torch.stack([get(block).detach() for block in blocks]).contiguous()
-
-        self.slot = slot  # cache blocks of this layer, heads 0..k-1
-        self.attention_norm = stack(lambda b: b.attention_norm.weight[None])  # (k, 1, D)
-        self.ffn_norm = stack(lambda b: b.ffn_norm.weight[None])  # (k, 1, D)
-        self.wqkv = stack(lambda b: torch.cat([b.attention.wq.weight, b.attention.wk.weight,
-                                               b.attention.wv.weight]).T)  # (k, D, (H+2K)hd)
-        self.wo = stack(lambda b: b.attention.wo.weight.T)  # (k, H*hd, D)
-        self.w13 = stack(lambda b: torch.cat([b.feed_forward.w1.weight,
-                                              b.feed_forward.w3.weight]).T)  # (k, D, 2F)
-        self.w2 = stack(lambda b: b.feed_forward.w2.weight.T)  # (k, F, D)
-        # Biases (MTPConfig.qkv_bias, out_bias, mlp_bias), (k, 1, out) each, or None.
-        attention, ffn = blocks[0].attention, blocks[0].feed_forward
-        self.bqkv = None if attention.wq.bias is None else stack(lambda b: torch.cat([
-            b.attention.wq.bias, b.attention.wk.bias, b.attention.wv.bias])[None])
-        self.bo = None if attention.wo.bias is None else stack(
-            lambda b: b.attention.wo.bias[None])
-        self.b13 = None if ffn.w1.bias is None else stack(lambda b: torch.cat([
-            b.feed_forward.w1.bias, b.feed_forward.w3.bias])[None])
-        self.b2 = None if ffn.w2.bias is None else stack(lambda b: b.feed_forward.w2.bias[None])
-
-
-def _affine(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x @ weight (+ bias): x (k, N, in), weight (k, in, out), bias (k, 1, out) or None."""
-    return x @ weight if bias is None else torch.baddbmm(bias, x, weight)
+    Linear weights are stored (k, in, out), contiguous, and the block reads them transposed
+    as (k, out, in), so that its batched products run as x @ W over the stored layout.
+    """
+    with torch.device("meta"):
+        stacked = Block(config, slot)
+    for name, module in stacked.named_modules():
+        for kind, param in list(module.named_parameters(recurse=False)):
+            parts = [block.get_submodule(name).get_parameter(kind).detach() for block in blocks]
+            if isinstance(module, RMSNorm):
+                value = torch.stack(parts)[:, None, None]  # (k, 1, 1, D)
+            elif kind == "weight":
+                value = torch.stack([part.T for part in parts]).contiguous().mT  # (k, out, in)
+            else:
+                value = torch.stack(parts)  # (k, out)
+            setattr(module, kind, nn.Parameter(value, requires_grad=False))
+    return stacked
 
 
 class StackedHeads:
-    """Heads 0..n_heads-1 of `model` as one batched block per head layer (inference only).
+    """Heads 0..k-1 of `model` as one batched block per head layer (inference only).
 
     `StackedHeads(model, k)(trunk_out, cache=cache, step=step)` equals
     `torch.stack([model.head(trunk_out, i, cache=cache, step=step) for i in range(k)], dim=2)`.
     """
 
-    def __init__(self, model: MTPModel, n_heads: int) -> None:
+    def __init__(self, model: MTPModel, k: int) -> None:
         config = model.config
-        if not 1 <= n_heads <= config.n_future:
-            raise ValueError(f"n_heads must be from 1 to n_future={config.n_future}, "
-                             f"got {n_heads!r}")
-        if config.head_type == "sequential" and n_heads > 1:
-            raise ValueError("sequential heads form a chain, not a stack: stacked_heads takes "
+        if not 1 <= k <= config.n_future:
+            raise ValueError(f"k (heads stacked) must be from 1 to n_future={config.n_future}, "
+                             f"got {k!r}")
+        if config.head_type == "sequential" and k > 1:
+            raise ValueError("sequential heads form a chain, not a stack: stacked heads take "
                              "head 0 alone of a model.head_type='sequential' model")
-        self._model = weakref.ref(model)  # for its rotary tables; no cycle via `_built`
-        self.n_heads = n_heads
-        self.n_q, self.n_kv, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
-        self.eps = config.norm_eps
+        self._model = weakref.ref(model)  # for its rotary tables and norm: the model keeps us
+        self.k = k
         first, stride = config.n_layers, config.head_layers
-        n_block = min(n_heads, config.block_heads)  # heads 0..n_block-1 are blocks
+        n_block = min(k, config.block_heads)  # heads 0..n_block-1 are blocks
         with torch.no_grad():
             self.layers = [
-                _StackedLayer([model.heads[i][j] for i in range(n_block)],
-                              slice(first + j, first + j + n_block * stride, stride))
+                stack_blocks(config, [model.heads[i][j] for i in range(n_block)],
+                             slice(first + j, first + j + n_block * stride, stride))
                 for j in range(config.head_layers)]
             # Heads n_block..k-1: attention-free layers, (k - n_block, D, D) per layer.
             self.light = [torch.stack([model.heads[i][j].weight.detach()
-                                       for i in range(n_block, n_heads)]).contiguous()
-                          for j in range(config.head_layers)] if n_heads > n_block else []
-        self.n_block = n_block
+                                       for i in range(n_block, k)]).contiguous()
+                          for j in range(config.head_layers)] if k > n_block else []
         self.light_layer = linear if config.head_type == "linear" else resblock
         self.medusa = config.head_type == "medusa"
 
@@ -179,81 +167,39 @@ class StackedHeads:
         With a cache, like `MTPModel.head`: writes this step's keys and values.
         """
         B, T, D = trunk_out.shape
-        h = trunk_out.reshape(B * T, D)
-        blocks = self._blocks(h, B, T, cache, step)  # (n_block, B*T, D)
-        light = self._model().norm(blocks[0]) if self.medusa else h
+        cos, sin = self._model().rope(T, step)  # (T, hd/2), or (B, T, hd/2) placed by step
+        h = trunk_out  # every block head reads it: the first layer normalises it once
+        for layer in self.layers:
+            h = layer(h, cos, sin, cache, step)  # (n_block, B, T, D)
+        if not self.light:
+            return h.permute(1, 2, 0, 3)  # (B, T, k, D)
+        # Heads n_block..k-1 on the trunk output (Medusa: on head 0's, normed), batched.
+        light = (self._model().norm(h[0]) if self.medusa else trunk_out).reshape(1, B * T, D)
         for weight in self.light:
             light = self.light_layer(light, weight)  # (k - n_block, B*T, D)
-        if self.light:
-            blocks = torch.cat([blocks, light])
-        return blocks.view(self.n_heads, B, T, D).permute(1, 2, 0, 3)  # (B, T, k, D)
-
-    def _blocks(self, h: Tensor, B: int, T: int, cache: KVCache | None,
-                step: CacheStep | None) -> Tensor:
-        """The block heads on the trunk output h (B*T, D): (n_block, B*T, D)."""
-        k = self.n_block
-        cos, sin = self._model().rope(T, step)  # (T, hd/2), or (B, T, hd/2) placed by step
-        mask = None
-        if step is not None:
-            mask = step.mask.repeat(k, 1, 1, 1)  # (B, 1, T, L) -> (k*B, 1, T, L), head-major
-        # The first layer's input is the trunk's, the same for every head: normalise it once.
-        normed = rms_normalise(h, self.eps)  # (B*T, D), then (k, B*T, D)
-        for j, layer in enumerate(self.layers):
-            if j:
-                normed = rms_normalise(h, self.eps)
-            h = h + self._attention(layer, normed * layer.attention_norm, B, T, cos, sin, mask,
-                                    cache, step)  # (k, B*T, D)
-            gate, up = _affine(rms_normalise(h, self.eps) * layer.ffn_norm, layer.w13,
-                               layer.b13).chunk(2, dim=-1)
-            h = h + _affine(F.silu(gate) * up, layer.w2, layer.b2)  # (k, B*T, D)
-        return h
-
-    def _attention(self, layer: _StackedLayer, x: Tensor, B: int, T: int, cos: Tensor,
-                   sin: Tensor, mask: Tensor | None, cache: KVCache | None,
-                   step: CacheStep | None) -> Tensor:
-        """Attention of layer `layer` for all k heads; x (k, B*T, D) -> (k, B*T, D)."""
-        k, H, K, hd = self.n_block, self.n_q, self.n_kv, self.head_dim
-        qkv = _affine(x, layer.wqkv, layer.bqkv).view(k, B, T, H + 2 * K, hd)
-        qk = apply_rope(qkv[..., :H + K, :], cos, sin)  # one rotation for queries and keys
-        q = qk[..., :H, :].transpose(2, 3)  # (k, B, H, T, hd)
-        keys = qk[..., H:, :].transpose(2, 3)  # (k, B, K, T, hd)
-        values = qkv[..., H + K:, :].transpose(2, 3)  # (k, B, K, T, hd)
-        gqa = K != H
-        if cache is None:
-            out = F.scaled_dot_product_attention(
-                q.flatten(0, 1), keys.flatten(0, 1), values.flatten(0, 1), is_causal=True,
-                enable_gqa=gqa)
-        else:
-            keys, values = cache.write(layer.slot, step, keys, values)  # (k, B, K, L, hd)
-            out = F.scaled_dot_product_attention(
-                q.flatten(0, 1), keys.flatten(0, 1), values.flatten(0, 1), attn_mask=mask,
-                enable_gqa=gqa)  # (k*B, H, T, hd)
-        out = out.unflatten(0, (k, B)).transpose(2, 3).reshape(k, B * T, H * hd)
-        return _affine(out, layer.wo, layer.bo)
+        return torch.cat([h, light.view(-1, B, T, D)]).permute(1, 2, 0, 3)  # (B, T, k, D)
 
 
-# model -> (what it was built from, StackedHeads); an entry goes when its model does.
-_built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def stacked_heads(model: MTPModel, n_heads: int) -> StackedHeads:
-    """`StackedHeads(model, n_heads)`, reused while heads 0..n_heads-1 are unchanged.
+def stacked_heads(model: MTPModel, k: int) -> StackedHeads:
+    """`StackedHeads(model, k)`, kept on the model and reused while heads 0..k-1 are unchanged:
+    copying the heads' weights costs more than a few decode steps.
 
     A parameter counts as changed when it is another tensor, was updated in place (its
     version counter moved, as an optimiser step or `load_state_dict` does) or got new data
     (`model.to(...)` keeps the Parameter objects). Parameters made under
     `torch.inference_mode` have no version counter: those heads are rebuilt every time.
     """
-    params = [p for i in range(min(n_heads, len(model.heads))) for p in model.heads[i].parameters()]
+    params = [p for i in range(min(k, len(model.heads))) for p in model.heads[i].parameters()]
     if any(p.is_inference() for p in params):
-        return StackedHeads(model, n_heads)
-    versions = [(p._version, p.data_ptr(), p.dtype, p.device) for p in params]
-    entry = _built.get(model)
-    if entry is not None:
-        (built_n, refs, built_versions), heads = entry
-        if (built_n == n_heads and built_versions == versions
-                and all(ref() is p for ref, p in zip(refs, params))):
-            return heads
-    heads = StackedHeads(model, n_heads)
-    _built[model] = ((n_heads, [weakref.ref(p) for p in params], versions), heads)
+        return StackedHeads(model, k)
+    built_from = (k, [(p._version, p.data_ptr(), p.dtype, p.device) for p in params])
+    kept = vars(model).get(_STACKED)  # not a module attribute: no parameters, no state_dict
+    if kept is not None and kept[0] == built_from and all(
+            ref() is p for ref, p in zip(kept[1], params)):
+        return kept[2]
+    heads = StackedHeads(model, k)
+    vars(model)[_STACKED] = (built_from, [weakref.ref(p) for p in params], heads)
     return heads
+
+
+_STACKED = "_stacked_heads"  # where `stacked_heads` keeps a model's stacked copy
