@@ -38,7 +38,7 @@ keys and values are then moved to slots 10, 11, ... (`KVCache.compact`).
 Compiled (`compile=True`): the step is one `torch.compile`d function, captured as a CUDA
 graph on a GPU (`mode="reduce-overhead"`), once per shape; random numbers are drawn before
 it (`acceptance.Draws`), so it replays exactly. Eagerly it is the reference, and attention
-then spans the cache only up to the longest row (rounded up to `KEY_BLOCK`) instead of the
+then spans the cache only up to the longest row (`forward.key_width`) instead of the
 whole preallocated length. The prefill is a separate, dynamic call.
 """
 

@@ -206,6 +206,7 @@ class Lookahead(Drafter):
                       for index, ids in enumerate(prompts)]
 
     def update(self, step: Verified) -> None:
+        # Its window lives on the host: a read of its own, after the step's (lookahead alone).
         predicted = None if step.predicted is None else step.predicted.tolist()
         for b, (row, ids) in enumerate(zip(self._rows, step.new_ids)):
             if not ids:  # a finished row
