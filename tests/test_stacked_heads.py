@@ -1,6 +1,8 @@
 """StackedHeads computes exactly what model.head does, head by head, with and without a cache."""
 
+import copy
 import gc
+import pickle
 import weakref
 
 import pytest
@@ -131,6 +133,15 @@ def test_stacked_heads_are_reused_until_a_head_parameter_changes():
     assert stacked_heads(model, 2) is stacked_heads(model, 2)
     model.float()  # new data in the same Parameter objects, version counters unchanged
     assert stacked_heads(model, 2)(trunk.float()).dtype == torch.float32
+
+
+def test_a_model_copies_and_pickles_without_its_stacked_heads():
+    model = _model(1, 4)
+    heads = stacked_heads(model, 2)
+    trunk = torch.randn(1, 4, 32, dtype=torch.float64)
+    for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert stacked_heads(copied, 2) is not heads  # built anew, for the copy's weights
+        torch.testing.assert_close(stacked_heads(copied, 2)(trunk), heads(trunk), **EXACT)
 
 
 def test_cached_stacked_heads_do_not_keep_their_model_alive():

@@ -193,13 +193,23 @@ def stacked_heads(model: MTPModel, k: int) -> StackedHeads:
     if any(p.is_inference() for p in params):
         return StackedHeads(model, k)
     built_from = (k, [(p._version, p.data_ptr(), p.dtype, p.device) for p in params])
-    kept = vars(model).get(_STACKED)  # not a module attribute: no parameters, no state_dict
-    if kept is not None and kept[0] == built_from and all(
-            ref() is p for ref, p in zip(kept[1], params)):
-        return kept[2]
+    kept = vars(model).setdefault(_Kept.NAME, _Kept())  # no module attribute: no state_dict
+    if kept.entry is not None and kept.entry[0] == built_from and all(
+            ref() is p for ref, p in zip(kept.entry[1], params)):
+        return kept.entry[2]
     heads = StackedHeads(model, k)
-    vars(model)[_STACKED] = (built_from, [weakref.ref(p) for p in params], heads)
+    kept.entry = (built_from, [weakref.ref(p) for p in params], heads)
     return heads
 
 
-_STACKED = "_stacked_heads"  # where `stacked_heads` keeps a model's stacked copy
+class _Kept:
+    """Where `stacked_heads` keeps a model's stacked copy, in the model's `__dict__`: derived
+    state, which a copy or a pickle of the model leaves behind (it is rebuilt on use)."""
+
+    NAME = "_stacked_heads"
+
+    def __init__(self) -> None:
+        self.entry: tuple | None = None  # (what it was built from, weakrefs, StackedHeads)
+
+    def __reduce__(self) -> tuple:
+        return _Kept, ()
