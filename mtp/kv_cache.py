@@ -22,12 +22,22 @@ Shapes in comments: B batch, T new tokens, L key width, K key/value heads, hd he
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-from mtp.model import MTPConfig
+
+class CacheShape(Protocol):
+    """What the cache needs of a model's config (`MTPConfig` has it): the model imports this
+    module, not the other way round."""
+
+    @property
+    def n_blocks(self) -> int: ...
+    @property
+    def n_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
 
 
 class CacheStep(NamedTuple):
@@ -85,7 +95,7 @@ class KVCache:
     some heads alone keeps only theirs); `write` then takes the model's block index as ever.
     """
 
-    def __init__(self, config: MTPConfig, batch_size: int, max_len: int, *,
+    def __init__(self, config: CacheShape, batch_size: int, max_len: int, *,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  blocks: range | None = None) -> None:
         self.first_block = 0 if blocks is None else blocks.start

@@ -227,10 +227,22 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return rotated.flatten(-2).type_as(x)
 
 
+def project(x: Tensor, layer: nn.Linear) -> Tensor:
+    """`layer`(x), for a layer whose parameters may be stacked (see `Block`): a weight (out,
+    in) on x (..., in), or a stack of k weights (k, out, in) on x (k, ..., in), one batched
+    matrix product, biases (out,) or (k, out)."""
+    weight, bias = layer.weight, layer.bias
+    if weight.dim() == 2:
+        return F.linear(x, weight, bias)
+    flat = x.flatten(1, -2)  # (k, N, in)
+    out = flat @ weight.mT if bias is None else torch.baddbmm(bias[:, None], flat, weight.mT)
+    return out.unflatten(1, x.shape[1:-1])  # (k, ..., out)
+
+
 class Attention(nn.Module):
-    def __init__(self, config: MTPConfig, block_index: int) -> None:
+    def __init__(self, config: MTPConfig, block_index: int | slice) -> None:
         super().__init__()
-        self.block_index = block_index  # its slot in the KV cache
+        self.block_index = block_index  # its slot in the KV cache (stacked blocks: a slice)
         self.n_heads, self.n_kv_heads, self.head_dim = (
             config.n_heads, config.n_kv_heads, config.head_dim)
         qkv_bias = config.qkv_bias
@@ -241,19 +253,22 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
                 step: CacheStep | None) -> Tensor:
-        B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        """x (B, T, D), or (k, B, T, D) for stacked blocks: the same shape out."""
+        q = project(x, self.wq).unflatten(-1, (self.n_heads, self.head_dim))  # (B, T, H, hd)
+        k = project(x, self.wk).unflatten(-1, (self.n_kv_heads, self.head_dim))
+        v = project(x, self.wv).unflatten(-1, (self.n_kv_heads, self.head_dim))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
-        gqa = self.n_kv_heads != self.n_heads
-        if cache is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:
+        q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # (B, heads, T, hd)
+        mask = None
+        if cache is not None:
             k, v = cache.write(self.block_index, step, k, v)  # (B, K, L, hd)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, enable_gqa=gqa)
-        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+            mask = step.mask.expand(*q.shape[:-3], *step.mask.shape[1:])  # (B, 1, T, L)
+        lead = q.shape[:-3]  # (B,), or (k, B) for stacked blocks: one batch for attention
+        q, k, v, mask = (None if t is None else t.flatten(0, -4) for t in (q, k, v, mask))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=cache is None,
+                                             enable_gqa=self.n_kv_heads != self.n_heads)
+        out = out.unflatten(0, lead).transpose(-3, -2).flatten(-2)  # (B, T, H * hd)
+        return project(out, self.wo)
 
 
 class FeedForward(nn.Module):
@@ -265,11 +280,20 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=bias)  # down
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return project(F.silu(project(x, self.w1)) * project(x, self.w3), self.w2)
 
 
 class Block(nn.Module):
-    def __init__(self, config: MTPConfig, block_index: int) -> None:
+    """A pre-norm transformer block on x (B, T, D).
+
+    Its forward also runs k blocks at once when its parameters are theirs stacked along a
+    leading dimension (linear weights (k, out, in), biases (k, out), norm weights
+    (k, 1, 1, D); `block_index` the slice of their cache slots): x is then (k, B, T, D),
+    or (B, T, D) read by all k. Decoding stacks the heads' blocks so
+    (`mtp.generate.forward.StackedHeads`): one implementation of the block for both.
+    """
+
+    def __init__(self, config: MTPConfig, block_index: int | slice) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.attention = Attention(config, block_index)
@@ -518,7 +542,7 @@ class MTPModel(nn.Module):
         chain = self.config.head_type == "sequential" and max(heads) > 0
         if chain and cache is not None:
             raise ValueError("a cached forward runs head 0 only for sequential heads: their "
-                             "modules need the tokens ahead (see mtp.generate.sequential_drafter)")
+                             "modules need the tokens ahead (see mtp.generate.drafters.sequential)")
         h = self.trunk(tokens, cache=cache, step=step)
         if chain:
             states = self.head_states(h, tokens, max(heads) + 1)

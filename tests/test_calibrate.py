@@ -85,7 +85,7 @@ def test_calibrate_writes_tree_json_that_generate_and_auto_read(tiny_config, tmp
     generate_main([f"checkpoint={directory}", "prompt=xy", "max_new_tokens=6",
                    "drafter=heads", "tree=auto:16"])
     assert "[length] heads(tree=auto:16): 6 tokens" in capsys.readouterr().err
-    auto = make_auto(model, DrafterSpec(), calibration=calibration)
+    auto = make_auto(model, DrafterSpec(drafter="auto"), calibration=calibration)
     assert "heads(tree=auto:32)" in auto.candidates(model)
     with pytest.raises(ValueError, match="tree='tree8' sizes heads, not drafter='prompt_lookup'"):
         DrafterSpec(drafter="prompt_lookup", tree="tree8")

@@ -3,6 +3,7 @@
 import json
 import time
 import urllib.error
+import urllib.request
 
 import datasets
 import huggingface_hub
@@ -139,7 +140,7 @@ def test_hub_without_network_fails_fast(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(sources.urllib.request, "urlopen", unreachable)
+    monkeypatch.setattr(urllib.request, "urlopen", unreachable)
     start = time.perf_counter()
     with pytest.raises(ConnectionError, match="local source"):
         HubSource(name="someone/some-code-corpus").load()

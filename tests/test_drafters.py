@@ -9,7 +9,7 @@ import torch
 
 from mtp.generate import (Auto, Combined, DraftModel, DrafterSpec, HeadsDrafter, PromptLookup,
                           SamplingConfig, choose_drafter, generate)
-from mtp.generate.prompt_lookup import NgramIndex
+from mtp.generate.drafters.prompt_lookup import NgramIndex
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import BPETokenizer, ByteTokenizer
 
@@ -231,4 +231,5 @@ def test_drafter_specs_build_the_drafter_they_name(random_model):
     assert repr(tree) == "heads(tree=tree8)" and tree.max_drafts == 7
     assert DrafterSpec(drafter="auto").measured and DrafterSpec(k="auto").measured
     with pytest.raises(ValueError, match="chosen by measurement"):
-        DrafterSpec().build(random_model)
+        DrafterSpec(drafter="auto").build(random_model)
+    assert repr(DrafterSpec().build(random_model)) == "heads(k=4)"  # the default builds

@@ -30,14 +30,13 @@ def static(monkeypatch):
     """compile=True runs the static step eagerly; records the shapes it ran. Each test counts
     its own shapes: the session's models would otherwise reach MAX_SHAPES across tests."""
     shapes = []
-    monkeypatch.setattr(engine, "_shapes", type(engine._shapes)())
 
     def step(model, cache, lengths, root, active, drafts, draws, tree, heads, *rest):
         shapes.append((lengths.shape[0], drafts.count + 1, rest[-1], cache.max_len))
         return engine.verify_and_accept(model, cache, lengths, root, active, drafts, draws,
                                         tree, heads, *rest)
 
-    monkeypatch.setattr(engine, "compiled_step", lambda model: step)
+    monkeypatch.setattr(engine, "_compiled", {False: engine.CompiledStep(step)})
     return shapes
 
 
@@ -104,7 +103,7 @@ def test_compiled_shapes_are_bounded(trained, static, monkeypatch):
     monkeypatch.setattr(engine, "MAX_SHAPES", 2)
     for size in (1, 2):
         generate(trained, TOKENIZER, PROMPTS[:size], max_new_tokens=4, compile=True)
-    with pytest.raises(ValueError, match="compiled for 2 shapes of this model .* compile=False"):
+    with pytest.raises(ValueError, match="compiled for 2 shapes .* compile=False"):
         generate(trained, TOKENIZER, PROMPTS[:3], max_new_tokens=4, compile=True)
 
 
@@ -113,7 +112,7 @@ def test_a_shape_counts_once_however_often_the_drafters_alternate(trained, stati
     for k in (2, 3, 2, 3):
         generate(trained, TOKENIZER, PROMPTS[:1], max_new_tokens=8, drafter=HeadsDrafter(k),
                  compile=True)
-    assert len(engine._shapes[trained]) == 2
+    assert len(engine._compiled[False].shapes) == 2
 
 
 def test_compile_without_support_is_a_one_line_error(tiny_config, monkeypatch):
@@ -178,14 +177,14 @@ def test_no_attention_plan_is_built_per_step_on_a_gpu():
 
 
 def test_steps_hand_drafters_the_hidden_states_of_every_cached_token(trained):
-    """`Verified.path_hidden` holds the heads' hidden states at the tokens each forward added
+    """`Verified.path_hidden()` holds the heads' hidden states at the tokens each forward added
     to the cache: the prompt after the prefill, then each kept path; together they are the
     hidden states of a plain forward over the whole text."""
     seen = []
 
     class Recorder(HeadsDrafter):
         def update(self, step):
-            seen.append((step.path_hidden, step.path_lengths, step.new_ids))
+            seen.append((step.path_hidden(), step.kept, step.new_ids))
             super().update(step)
 
     prompt = "def add("

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mtp.generate import DecodeStats, DrafterSpec, HeadsDrafter, SamplingConfig, generate
-from mtp.generate.engine import prefill
+from mtp.generate.forward import prefill
 from mtp.generate.output import SequenceOutput
 from mtp.generate.tree import Calibration, resolve_tree
 from mtp.kv_cache import KVCache
@@ -175,7 +175,7 @@ def test_byte_model_streams_only_whole_characters(trained):
 def test_incomplete_utf8_is_held_back():
     pieces = []
     output = SequenceOutput(0, TOKENIZER, budget=10, budget_reason="length", stop=(),
-                            n_heads=1, on_text=lambda i, text: pieces.append(text), started=0.0)
+                            positions=1, on_text=lambda i, text: pieces.append(text), started=0.0)
     euro = list("€".encode())  # three bytes
     output.add(euro[:1])
     output.add(euro[1:2])

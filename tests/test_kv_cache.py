@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from mtp.generate.engine import hidden_states
-from mtp.generate.stacked_heads import StackedHeads
+from mtp.generate.forward import StackedHeads, hidden_states
 from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPModel
 

@@ -8,9 +8,9 @@ from mtp.checkpoint import export
 from mtp.generate import Combined, DrafterSpec, HeadsDrafter, Lookahead, generate
 from mtp.generate.__main__ import main
 from mtp.generate.acceptance import accept
-from mtp.generate.drafter import Verified
-from mtp.generate.engine import hidden_states, prefill
-from mtp.generate.lookahead import NgramPool, layout
+from mtp.generate.drafters.base import Verified
+from mtp.generate.forward import hidden_states, prefill
+from mtp.generate.drafters.lookahead import NgramPool, layout
 from mtp.generate.sampling import SamplingConfig
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
@@ -135,8 +135,9 @@ def test_the_pool_collects_each_columns_ngram(random_model):
     result = accept(drafts, target, drafter.tree, SamplingConfig())
     n = int(result.n_accepted[0])
     new_ids = [result.tokens[0, :n + 1].tolist()]
-    drafter.update(Verified(pending, result.node, result.n_accepted, result.tokens,
-                            hidden[0, result.node], new_ids, target.argmax(-1).tolist()))
+    path = drafter.tree.buffers("cpu").ancestors[result.node]
+    drafter.update(Verified(pending, hidden, target.argmax(-1), path, result.n_accepted + 1,
+                            result.tokens, new_ids))
     row = drafter._rows[0]
     new = []
     for c in range(window):  # the plain Jacobi step of column c

@@ -9,7 +9,7 @@ import mtp.generate.engine as engine
 from mtp.generate import DrafterSpec, HeadsDrafter, SequentialDrafter, generate
 from mtp.generate.auto import choose_drafter
 from mtp.generate.sampling import SamplingConfig
-from mtp.generate.stacked_heads import StackedHeads
+from mtp.generate.forward import StackedHeads
 from mtp.generate.tree import Tree
 from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPConfig, MTPModel
@@ -95,8 +95,7 @@ def test_drafts_are_the_teacher_forced_modules_predictions(trained_sequential, t
 @pytest.fixture
 def static(monkeypatch):
     """compile=True runs the static step eagerly (as in tests/test_engine.py)."""
-    monkeypatch.setattr(engine, "_shapes", type(engine._shapes)())
-    monkeypatch.setattr(engine, "compiled_step", lambda model: engine.verify_and_accept)
+    monkeypatch.setattr(engine, "_compiled", {False: engine.CompiledStep(engine.verify_and_accept)})
 
 
 @pytest.mark.parametrize("drafter", [SequentialDrafter(4), SequentialDrafter(4, SMALL_TREE)])

@@ -4,7 +4,7 @@ import torch
 
 from mtp.generate.acceptance import Draws
 from mtp.generate.acceptance import accept as accept_drafts
-from mtp.generate.drafter import Drafts
+from mtp.generate.drafters.base import Drafts
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.tree import Tree
 

@@ -1,13 +1,14 @@
 """StackedHeads computes exactly what model.head does, head by head, with and without a cache."""
 
+import copy
 import gc
+import pickle
 import weakref
 
 import pytest
 import torch
 
-from mtp.generate.engine import hidden_states
-from mtp.generate.stacked_heads import StackedHeads, stacked_heads
+from mtp.generate.forward import StackedHeads, hidden_states, stacked_heads
 from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPConfig, MTPModel
 
@@ -107,9 +108,9 @@ def test_attention_free_heads_take_no_cache_slots():
     assert (cache.keys[:, :, :, :5].abs().flatten(1).sum(1) > 0).all()  # every slot written
 
 
-def test_n_heads_is_checked(tiny_config):
+def test_k_is_checked(tiny_config):
     model = MTPModel(tiny_config)
-    with pytest.raises(ValueError, match="n_heads must be from 1 to n_future=4, got 5"):
+    with pytest.raises(ValueError, match=r"k \(heads stacked\) must be from 1 to n_future=4, got 5"):
         StackedHeads(model, 5)
 
 
@@ -132,6 +133,15 @@ def test_stacked_heads_are_reused_until_a_head_parameter_changes():
     assert stacked_heads(model, 2) is stacked_heads(model, 2)
     model.float()  # new data in the same Parameter objects, version counters unchanged
     assert stacked_heads(model, 2)(trunk.float()).dtype == torch.float32
+
+
+def test_a_model_copies_and_pickles_without_its_stacked_heads():
+    model = _model(1, 4)
+    heads = stacked_heads(model, 2)
+    trunk = torch.randn(1, 4, 32, dtype=torch.float64)
+    for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert stacked_heads(copied, 2) is not heads  # built anew, for the copy's weights
+        torch.testing.assert_close(stacked_heads(copied, 2)(trunk), heads(trunk), **EXACT)
 
 
 def test_cached_stacked_heads_do_not_keep_their_model_alive():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mtp.generate.acceptance import Draws, TypicalAcceptance, accept
-from mtp.generate.drafter import Drafts
-from mtp.generate.heads_drafter import draft
+from mtp.generate.drafters.base import Drafts
+from mtp.generate.drafters.heads import draft
 from mtp.generate.sampling import SamplingConfig, exponential
 from mtp.generate.tree import Calibration, Tree, find_calibration, resolve_tree
 

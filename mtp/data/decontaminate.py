@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mtp.data.hub import check_hub_reachable
+
 NGRAM = 13  # words; see the module docstring
 MIN_WORDS = 8  # a shorter reference text is not searched for
 BENCHMARKS = ("humaneval", "mbpp")
@@ -163,9 +165,7 @@ def load_references(benchmarks: Iterable[str], files: Mapping[str, str | None],
 
 def _check_hub(where: str) -> None:
     """Fail at once, without HTTP retries, when the Hub cannot be reached (not offline mode)."""
-    from mtp.data.sources import _check_hub_reachable
-
     try:
-        _check_hub_reachable("google-research-datasets/mbpp")
+        check_hub_reachable("google-research-datasets/mbpp")
     except ConnectionError as e:
         raise OSError(f"{where} unreachable") from e

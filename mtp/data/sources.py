@@ -19,16 +19,14 @@ import json
 import os
 import sys
 import sysconfig
-import urllib.error
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
-from huggingface_hub import constants as hub_constants
 
 from mtp.data.decontaminate import BENCHMARKS, NGRAM, References, load_references
+from mtp.data.hub import check_hub_reachable, offline_message
 
 TEXT_SUFFIXES_STRUCTURED = (".jsonl", ".json", ".parquet")
 
@@ -118,14 +116,14 @@ class HubSource:
     revision: str | None = None
 
     def load(self) -> Corpus:
-        _check_hub_reachable(self.name)
+        check_hub_reachable(self.name)
         try:
             ds = datasets.load_dataset(
                 self.name, self.config, split=self.split, streaming=self.streaming,
                 revision=self.revision,
             )
         except (ConnectionError, OSError) as e:
-            raise ConnectionError(_offline_message(self.name, reason=str(e))) from e
+            raise ConnectionError(offline_message(self.name, reason=str(e))) from e
         columns = ds.column_names
         if columns is not None and self.text_field not in columns:
             raise ValueError(
@@ -353,24 +351,3 @@ def _corpus(ids: list[str], texts: list[str], skipped: Counter, prefix: str, sea
         digest.update(doc_id.encode() + b"\0" + text.encode() + b"\0")
     documents = datasets.Dataset.from_dict({"id": ids, "text": texts})
     return Corpus(documents, f"{prefix}-{digest.hexdigest()}", dict(skipped))
-
-
-def _check_hub_reachable(name: str, timeout: float = 3.0) -> None:
-    """Fail fast when the Hub cannot be reached (offline mode still reads the local cache)."""
-    if hub_constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE:
-        return  # offline mode: datasets reads its cache and fails at once if the data is not there
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        urllib.request.urlopen(endpoint, timeout=timeout)
-    except urllib.error.HTTPError:
-        pass  # an HTTP answer, even an error status, means the Hub is reachable
-    except (urllib.error.URLError, OSError) as e:
-        raise ConnectionError(_offline_message(name, reason=f"{endpoint} unreachable: {e}")) from e
-
-
-def _offline_message(name: str, reason: str) -> str:
-    return (
-        f"cannot load Hub dataset {name!r} ({reason}). Without network, download it "
-        "elsewhere and use a local source instead, e.g. `data=local data.source.paths=[/path/to/files]`; "
-        "if it is already in your Hugging Face cache, set HF_HUB_OFFLINE=1."
-    )

@@ -37,6 +37,7 @@ class EvalConfig(DrafterSpec):
     """
 
     task: Literal["humaneval", "mbpp"]
+    drafter: str = "auto"  # conf/eval.yaml's; DrafterSpec's own default is "heads"
     output: str  # per-sample results (JSON lines); rerun with the same path to resume
     checkpoint: str | None = None
     samples: str | None = None  # score this JSON-lines file of {"task_id", "completion"}

@@ -10,16 +10,11 @@ drafters first and keeps the fastest. `python -m mtp.generate` is the command li
 
 from mtp.generate.acceptance import TypicalAcceptance
 from mtp.generate.auto import Auto, choose_drafter
-from mtp.generate.combined import Combined
 from mtp.generate.decode import generate
-from mtp.generate.draft_model import DraftModel
-from mtp.generate.drafter import Drafter, Drafts
-from mtp.generate.heads_drafter import HeadsDrafter
-from mtp.generate.lookahead import Lookahead
+from mtp.generate.drafters import (Combined, DraftModel, Drafter, Drafts, HeadsDrafter,
+                                   Lookahead, PromptLookup, SequentialDrafter)
 from mtp.generate.output import DecodeStats, Generation
-from mtp.generate.prompt_lookup import PromptLookup
 from mtp.generate.sampling import SamplingConfig
-from mtp.generate.sequential_drafter import SequentialDrafter
 from mtp.generate.spec import DRAFTERS, DrafterSpec
 
 __all__ = ["DRAFTERS", "Auto", "Combined", "DecodeStats", "DraftModel", "Drafter", "DrafterSpec",

@@ -55,6 +55,7 @@ from mtp.generate.tree import find_calibration
 class GenerateArgs(DrafterSpec):
     """The command line: a `DrafterSpec` (drafter, k, tree, ...) and how to decode what."""
 
+    drafter: str = "auto"  # DrafterSpec's, measured: see the module docstring
     checkpoint: str = MISSING
     prompt: str | None = None
     prompt_file: str | None = None

@@ -1,6 +1,6 @@
 """Acceptance: which drafted path of a tree one verify pass keeps, and the token after it.
 
-The verifier does not know who drafted: it gets `Drafts` (drafter.py), the draft tokens of
+The verifier does not know who drafted: it gets `Drafts` (drafters/base.py), the draft tokens of
 a tree's nodes 1..m-1 (the root, node 0, is the last accepted token), the distribution each
 draft was drawn from (or none, for deterministic drafts, which count as one-hot), the tree
 (the drafter's fixed shape; a chain is the tree with one path), and head 0's logits at every
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtp.generate.drafter import Drafts
+from mtp.generate.drafters.base import Drafts
 from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
 from mtp.generate.tree import Tree
 

@@ -33,12 +33,9 @@ from pathlib import Path
 
 import torch
 
-from mtp.generate.combined import Combined
 from mtp.generate.decode import generate
-from mtp.generate.draft_model import DraftModel
-from mtp.generate.drafter import Drafter, check_positive
-from mtp.generate.heads_drafter import HeadsDrafter
-from mtp.generate.prompt_lookup import PromptLookup
+from mtp.generate.drafters import Combined, DraftModel, Drafter, OwnHeads, PromptLookup
+from mtp.generate.drafters.base import check_positive
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.spec import AUTOREGRESSIVE, DrafterSpec, heads_drafter
 from mtp.generate.tree import Calibration, Tree, resolve_tree
@@ -160,7 +157,7 @@ class Auto:
         if candidates.get(label) is not None:
             return candidates[label]
         first, _, rest = label.partition("+")
-        if rest == repr(self.prompt_lookup) and isinstance(candidates.get(first), HeadsDrafter):
+        if rest == repr(self.prompt_lookup) and isinstance(candidates.get(first), OwnHeads):
             return Combined(candidates[first], self.prompt_lookup)
         return None
 

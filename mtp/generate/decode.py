@@ -13,11 +13,13 @@
 - The context limit: a sequence holds at most `max_seq_len` tokens, the EOS and the prompt
   included. One that reaches it stops with finish_reason "context"; a prompt that leaves no
   room is a ValueError.
-- The loop reads as its steps: the drafter proposes, the engine verifies, accepts and
-  compacts (`engine.py`, fixed shapes, one host read), the outputs take their new tokens
-  and decide who stops, the drafter hears what was kept. Autoregressive decoding is the
-  same loop with no drafts: one token per forward pass, the baseline every speed-up is
-  measured against.
+- The loop reads as its steps: draft (the drafter proposes, `drafters/`), verify and
+  accept (the engine's one fixed-shape step on the device: a forward pass over the drafts,
+  the acceptance rule, the cache compacted, then one host read; `engine.py`), commit (the
+  outputs take their new tokens and decide who stops, the drafter hears what was kept,
+  finished rows leave). Autoregressive decoding is the same loop with no drafts
+  (`Autoregressive`): one token per forward pass, the baseline every speed-up is measured
+  against.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from mtp.generate.acceptance import Acceptance, typical_thresholds
-from mtp.generate.drafter import Drafter, Drafts, Verified
+from mtp.generate.drafters.base import Autoregressive, Drafter, Verified
 from mtp.generate.engine import Engine, rebuild_size
 from mtp.generate.output import Generation, SequenceOutput, TextCallback
 from mtp.generate.sampling import SamplingConfig
@@ -79,9 +81,8 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     _check_arguments(config.vocab_size, tokenizer, prompts, max_new_tokens, sampling, stop)
     typical = typical_thresholds(acceptance)
-    drafter = make_drafter(model, drafter)
-    if drafter is not None:
-        drafter.check(model, tokenizer)
+    drafter = make_drafter(model, drafter) or Autoregressive()
+    drafter.check(model, tokenizer)
     encoded = tokenizer.encode_prompts(prompts)
     for index, ids in enumerate(encoded):
         if not ids:
@@ -93,7 +94,7 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
                 f"which leaves no room in the model's context of max_seq_len="
                 f"{config.max_seq_len} tokens")
 
-    tree = Tree.chain(0) if drafter is None else drafter.tree
+    tree = drafter.tree
     started = time.perf_counter()
     outputs = []
     for index, ids in enumerate(encoded):
@@ -101,53 +102,64 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
         outputs.append(SequenceOutput(
             index, tokenizer, budget=min(max_new_tokens, room),
             budget_reason="length" if max_new_tokens <= room else "context", stop=stop,
-            n_heads=tree.depth + 1, on_text=on_text, started=started))
+            positions=tree.depth + 1, on_text=on_text, started=started))
     context = min(config.max_seq_len, max(map(len, encoded)) + max_new_tokens)
-    heads = 1 if drafter is None else drafter.verify_heads(model)
     param = next(model.parameters())
     generator = None
     if seed is not None:
         generator = torch.Generator(device=param.device).manual_seed(seed)
     with torch.inference_mode():  # every tensor of the call alike (a compiled step's guards)
-        engine = Engine(model, len(encoded), context, tree, heads, sampling=sampling,
-                        typical=typical, compile=compile)
-        if drafter is not None:
-            drafter.start(model, encoded, engine.cache.max_len, sampling, generator)
+        engine = Engine(model, len(encoded), context, tree, drafter.verify_heads(model),
+                        sampling=sampling, typical=typical, compile=compile)
+        drafter.start(model, encoded, engine.cache.max_len, sampling, generator)
         _decode(engine, drafter, outputs, generator, tokenizer.pad_id, encoded)
     return [output.result() for output in outputs]
 
 
-def _decode(engine: Engine, drafter: Drafter | None, outputs: list[SequenceOutput],
+def _decode(engine: Engine, drafter: Drafter, outputs: list[SequenceOutput],
             generator: torch.Generator | None, pad_id: int, prompts: list[list[int]]) -> None:
     """The decode loop (see the module docstring); fills `outputs`."""
-    tree = engine.tree
+    batch = _Batch(engine, drafter, outputs)
     verified = engine.prefill(prompts, generator, pad_id)
-    drafted = [(0, 0)] * engine.batch  # (real drafts, kept node) of each row
-    nodes = 1  # tokens the last forward verified: the prefill verified the prompt's last
-    rows = list(range(engine.batch))  # the output of each batch row
-    while True:
-        if drafter is not None:
-            drafter.update(verified)
-        finished = _commit(verified, drafted, [outputs[i] for i in rows], tree, nodes)
+    live = batch.commit(verified, [(0, 0)] * engine.batch, nodes=1)  # it verified one token
+    while live:
+        drafts = drafter.propose()  # draft
+        verified, drafted = engine.verify_and_accept(drafts, generator)  # verify, accept
+        live = batch.commit(verified, drafted, nodes=engine.tree.n_nodes)  # commit
+
+
+class _Batch:
+    """The rows of the batch and the output each belongs to; commits what a step kept."""
+
+    def __init__(self, engine: Engine, drafter: Drafter, outputs: list[SequenceOutput]) -> None:
+        self.engine, self.drafter, self.outputs = engine, drafter, outputs
+        self.rows = list(range(engine.batch))  # the output of each batch row
+
+    def commit(self, verified: Verified, drafted: list[tuple[int, int]], nodes: int) -> bool:
+        """The drafter hears what was kept, each row's output takes its new tokens; finished
+        rows are masked, and leave when the batch is rebuilt. Whether any row decodes on.
+
+        `drafted`: each row's (real drafts, kept node); `nodes`: the tokens the forward
+        verified per row.
+        """
+        engine = self.engine
+        self.drafter.update(verified)
+        finished = _count(verified, drafted, [self.outputs[i] for i in self.rows],
+                          engine.tree, nodes)
         if finished:
             engine.finish(finished)
         live = [row for row, active in enumerate(engine.host_active) if active]
-        if not live:
-            return
         size = rebuild_size(len(live), engine.batch, engine.compiled)
-        if size is not None:  # finished rows leave; padding rows (if any) stay masked
+        if live and size is not None:  # finished rows leave; padding rows (if any) stay masked
             kept = live + [row for row in range(engine.batch) if row not in live][:size - len(live)]
             engine.keep(kept)
-            if drafter is not None:
-                drafter.keep(kept)
-            rows = [rows[row] for row in kept]
-        drafts = _no_drafts(engine) if drafter is None else drafter.propose()
-        verified, drafted = engine.step(drafts, generator)
-        nodes = tree.n_nodes
+            self.drafter.keep(kept)
+            self.rows = [self.rows[row] for row in kept]
+        return bool(live)
 
 
-def _commit(verified: Verified, drafted: list[tuple[int, int]],
-            outputs: list[SequenceOutput], tree: Tree, nodes: int) -> list[int]:
+def _count(verified: Verified, drafted: list[tuple[int, int]],
+           outputs: list[SequenceOutput], tree: Tree, nodes: int) -> list[int]:
     """Give each row's output its new tokens and statistics; return the rows that finished.
 
     A row kept n drafts and one token of the target (`new_ids`). Of a chain's real drafts,
@@ -166,10 +178,6 @@ def _commit(verified: Verified, drafted: list[tuple[int, int]],
         if outputs[row].add(ids):
             finished.append(row)
     return finished
-
-
-def _no_drafts(engine: Engine) -> Drafts:
-    return Drafts(torch.zeros(engine.batch, 0, dtype=torch.long, device=engine.device))
 
 
 def _check_arguments(vocab_size: int, tokenizer: Tokenizer, prompts: list[str],

@@ -38,31 +38,31 @@ keys and values are then moved to slots 10, 11, ... (`KVCache.compact`).
 Compiled (`compile=True`): the step is one `torch.compile`d function, captured as a CUDA
 graph on a GPU (`mode="reduce-overhead"`), once per shape; random numbers are drawn before
 it (`acceptance.Draws`), so it replays exactly. Eagerly it is the reference, and attention
-then spans the cache only up to the longest row (rounded up to `KEY_BLOCK`) instead of the
+then spans the cache only up to the longest row (`forward.key_width`) instead of the
 whole preallocated length. The prefill is a separate, dynamic call.
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mtp.generate.acceptance import Draws, TypicalAcceptance, accept
-from mtp.generate.drafter import Drafts, Verified
+from mtp.generate.drafters.base import Drafts, Verified
+from mtp.generate.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
+                                  stacked_heads)
 from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
-from mtp.generate.stacked_heads import StackedHeads, stacked_heads
 from mtp.generate.tree import Tree
-from mtp.kv_cache import CacheStep, KVCache, cache_step, causal
+from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
 
-KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
 CONTEXT_BLOCK = 256  # compiled: cache lengths are rounded up to this, so calls share graphs
-MAX_SHAPES = 32  # compiled step shapes per model before compile=True refuses another
+MAX_SHAPES = 32  # compiled step shapes before compile=True refuses another
 # Run the verify forward's heads as one batched block per head layer (`StackedHeads`) rather
 # than one by one; scripts/bench_decode.py --unstacked-heads measures what it buys.
 STACK_HEADS = True
@@ -78,94 +78,32 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
     return sdpa_kernel(DECODE_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheStep,
-                  heads: int | StackedHeads) -> Tensor:
-    """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D).
-
-    The heads' outputs before the shared norm and unembedding, which callers apply only where
-    they need logits (the unembedding is the costliest layer of a large-vocabulary model).
-    `heads` is n, to run the model's heads one by one, or a `StackedHeads` of n heads, which
-    computes the same in one batched block per head layer.
-    """
-    trunk = model.trunk(tokens, cache=cache, step=step)  # (B, T, D)
-    if isinstance(heads, StackedHeads):
-        return heads(trunk, cache=cache, step=step)
-    return torch.stack([model.head(trunk, i, cache=cache, step=step) for i in range(heads)],
-                       dim=2)
-
-
-def cached_forward(model: MTPModel, cache: KVCache, tokens: Tensor, lengths: Tensor,
-                   key_len: int, heads: int | StackedHeads = 1) -> Tensor:
-    """`hidden_states` of T new tokens in a row (B, T) after each row's `lengths`."""
-    step = cache_step(lengths, *causal(tokens.shape[1], tokens.device), key_len,
-                      model.config.max_seq_len)
-    return hidden_states(model, tokens, cache, step, heads)
-
-
-def key_width(needed: int, max_len: int, compiled: bool = False) -> int:
-    """Attention's width for a step that needs `needed` slots of a `max_len` cache: all of it
-    when compiled (one shape), else `needed` rounded up to KEY_BLOCK."""
-    if compiled:
-        return max_len
-    return min(max_len, -(-needed // KEY_BLOCK) * KEY_BLOCK)
-
-
-def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
-            heads: int | StackedHeads, pad_id: int) -> tuple[Tensor, Tensor]:
-    """Cache the prompts, right-padded (rows 0..len(prompts)-1 of the cache), in the trunk and
-    heads 0..n-1: each row's length (B,) and the hidden states (B, T, n, D) at every token.
-
-    A row's padding is written after its prompt, where the lengths leave it stale.
-    """
-    device = cache.keys.device
-    lengths = torch.tensor([len(ids) for ids in prompts], device=device)
-    width = max(len(ids) for ids in prompts)
-    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        tokens[row, :len(ids)] = torch.tensor(ids)
-    start = torch.zeros(len(prompts), dtype=torch.long, device=device)
-    step = cache_step(start, *causal(width, device), key_len=width)
-    return lengths, hidden_states(model, tokens.to(device), cache, step, heads)
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """What one step leaves, on the device (see `Verified`)."""
-
-    pending: Tensor  # (B, m)
-    node: Tensor  # (B,)
-    n_accepted: Tensor  # (B,)
-    tokens: Tensor  # (B, depth + 1)
-    hidden: Tensor  # (B, n, D) at the kept node
-    path_hidden: Tensor  # (B, depth + 1, n, D) along the kept path, root first
-    predicted: Tensor  # (B, m)
-
-
 def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Tensor,
                       active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
                       heads: int | StackedHeads, sampling: SamplingConfig,
-                      typical: TypicalAcceptance | None, key_len: int) -> StepOutput:
+                      typical: TypicalAcceptance | None, key_len: int) -> Verified:
     """One decode step on the device, with fixed shapes (see the module docstring).
 
     Updates the cache, `lengths` and `root` in place (active rows only).
     """
     buffers = tree.buffers(root.device)
+    # verify: the root and the drafts, each at its place in the tree
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
     step = cache_step(lengths, buffers.depths, buffers.visible, key_len,
                       model.config.max_seq_len)
     hidden = hidden_states(model, pending, cache, step, heads)  # (B, m, n, D)
     target = model.unembed(hidden[:, :, 0])  # (B, m, V)
+    # accept: a path, and the token after it
     accepted = accept(drafts, target, tree, sampling, draws, typical)
-    if not tree.is_chain:  # a chain's kept drafts are in place already
-        cache.compact(lengths, buffers.ancestors[accepted.node])  # (B, depth + 1)
-    new_root = accepted.tokens.gather(1, accepted.n_accepted[:, None])[:, 0]
-    lengths.add_(torch.where(active, accepted.n_accepted + 1, 0))
-    root.copy_(torch.where(active, new_root, root))
-    rows = torch.arange(root.shape[0], device=root.device)
     path = buffers.ancestors[accepted.node]  # (B, depth + 1), padded with the node
-    return StepOutput(pending, accepted.node, accepted.n_accepted, accepted.tokens,
-                      hidden[rows, accepted.node], hidden[rows[:, None], path],
-                      target.argmax(-1))
+    # compact: the kept path's keys and values follow the prefix (a chain's are in place)
+    if not tree.is_chain:
+        cache.compact(lengths, path)
+    kept = torch.where(active, accepted.n_accepted + 1, 0)
+    new_root = accepted.tokens.gather(1, accepted.n_accepted[:, None])[:, 0]
+    lengths.add_(kept)
+    root.copy_(torch.where(active, new_root, root))
+    return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens)
 
 
 def rebuild_size(live: int, batch: int, compiled: bool) -> int | None:
@@ -186,28 +124,27 @@ class Engine:
     """The cache, device state and step of one `generate` call (see the module docstring).
 
     context: the most tokens any row holds (its prompt and new tokens); tree: the drafter's
-    shape (`Tree.chain(0)`: autoregressive decoding); heads: the heads the verify forward
-    runs for the drafter.
+    shape (`Tree.chain(0)`: autoregressive decoding); k: the verify forward runs heads
+    0..k-1, for the drafter (`Drafter.verify_heads`).
     """
 
-    def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, heads: int, *,
+    def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
                  sampling: SamplingConfig, typical: TypicalAcceptance | None,
                  compile: bool = False) -> None:
         self.model, self.tree, self.sampling, self.typical = model, tree, sampling, typical
         self.compiled = compile
         param = next(model.parameters())
         self.device = param.device
-        self.n_heads = heads  # in a compiled shape's key: a stack is a new object per k change
-        self.heads: int | StackedHeads = (stacked_heads(model, heads) if STACK_HEADS and heads > 1
-                                          else heads)
+        self.k = k  # in a compiled shape's key: a stack is a new object per k change
+        self.heads: int | StackedHeads = stacked_heads(model, k) if STACK_HEADS and k > 1 else k
         if compile:  # calls of similar lengths share one cache length, hence one graph
             context = min(model.config.max_seq_len, -(-context // CONTEXT_BLOCK) * CONTEXT_BLOCK)
         # Slack for the last step's drafts past the context, and for finished rows, whose
         # lengths stop after one more step but whose (ignored) tokens are still written.
-        # The blocks the verify pass runs: the trunk's and heads 0..heads-1's (none for heads it
+        # The blocks the verify pass runs: the trunk's and heads 0..k-1's (none for heads it
         # leaves out, such as a sequential model's modules, which their drafter caches).
         config = model.config
-        blocks = range(config.n_layers + min(heads, config.block_heads) * config.head_layers)
+        blocks = range(config.n_layers + min(k, config.block_heads) * config.head_layers)
         self.cache = KVCache(config, batch, context + 2 * tree.n_nodes, device=self.device,
                              dtype=param.dtype, blocks=blocks)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)
@@ -216,7 +153,7 @@ class Engine:
         self.host_lengths = [0] * batch  # mirrors of lengths and active, kept from the reads
         self.host_active = [True] * batch
         tree.buffers(self.device)  # built once, outside any compiled step
-        self._step = compiled_step(model) if compile else verify_and_accept
+        self._step = compiled_step(self.device.type == "cuda") if compile else None
         self._mark_static()
 
     @property
@@ -225,54 +162,54 @@ class Engine:
 
     def prefill(self, prompts: list[list[int]], generator: torch.Generator | None,
                 pad_id: int) -> Verified:
-        """Cache the prompts and draw each row's first token (the prefill "verifies" the
-        prompt's last token)."""
+        """Cache the prompts and draw each row's first token: the prefill verifies the
+        prompts and keeps them whole (see `Verified`)."""
+        pending = padded(prompts, pad_id, self.device)  # (B, T)
         with attention_kernels(self.device):
-            lengths, every = prefill(self.model, self.cache, prompts, self.heads, pad_id)
+            lengths, hidden = prefill(self.model, self.cache, prompts, self.heads, pad_id)
         self.lengths.copy_(lengths)
         self.host_lengths = [len(ids) for ids in prompts]
         rows = torch.arange(len(prompts), device=self.device)
-        hidden = every[rows, lengths - 1]  # (B, n, D) at each prompt's last token
-        probs = probabilities(self.model.unembed(hidden[:, 0]), self.sampling)  # (B, V)
+        last = hidden[rows, lengths - 1, 0]  # (B, D): head 0 at each prompt's last token
+        probs = probabilities(self.model.unembed(last), self.sampling)  # (B, V)
         noise = None if self.sampling.greedy else exponential(probs.shape, generator,
                                                               self.device)
         self.root.copy_(probs.argmax(-1) if noise is None else sample(probs, noise))
-        zero = torch.zeros_like(self.root)
-        pending = torch.tensor([ids[-1:] for ids in prompts], device=self.device)
-        return Verified(pending, zero, zero, self.root.clone()[:, None], hidden,
-                        [[token] for token in self.root.tolist()], path_hidden=every,
-                        path_lengths=lengths)
+        tokens = pending.roll(-1, dims=1)  # the token after each prompt token
+        tokens[rows, lengths - 1] = self.root
+        path = torch.arange(pending.shape[1], device=self.device).expand_as(pending)
+        return Verified(pending, hidden, None, path, lengths, tokens,
+                        [[token] for token in self.root.tolist()])
 
-    def step(self, drafts: Drafts,
-             generator: torch.Generator | None) -> tuple[Verified, list[tuple[int, int]]]:
-        """Verify, accept and compact; then the step's one host read. Returns what was
-        verified (finished rows' `new_ids` empty) and each row's (real drafts, kept node)."""
+    def verify_and_accept(self, drafts: Drafts, generator: torch.Generator | None
+                          ) -> tuple[Verified, list[tuple[int, int]]]:
+        """Verify, accept and compact (`verify_and_accept`); then the step's one host read.
+        Returns what was verified and kept (finished rows' `new_ids` empty) and each row's
+        (real drafts, kept node)."""
         draws = None
         if not self.sampling.greedy:
             draws = Draws.draw(self.batch, self.tree.n_nodes, self.model.config.vocab_size,
                                generator, self.device)
         key_len = self._key_len()
-        if self.compiled:
-            note_shape(self.model, (self.batch, self.tree.paths, key_len, self.n_heads,
-                                    self.sampling, self.typical, drafts.probs is None))
+        step = verify_and_accept
+        if self._step is not None:
+            param = next(self.model.parameters())
+            self._step.note((self.model.config, param.dtype, self.batch, self.tree.paths,
+                             key_len, self.k, self.sampling, self.typical, drafts.probs is None))
+            step = self._step.function
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
-            out = self._step(self.model, self.cache, self.lengths, self.root, self.active,
-                             drafts, draws, self.tree, self.heads, self.sampling, self.typical,
-                             key_len)
-        host = torch.cat([out.n_accepted[:, None], out.node[:, None], drafts.real()[:, None],
-                          out.tokens, out.predicted], dim=1).tolist()  # the one synchronisation
-        new_ids, drafted, predicted = [], [], []
-        depth = out.tokens.shape[1]
-        for row, (n, node, real, *rest) in enumerate(host):
-            live = self.host_active[row]
-            new_ids.append(rest[:n + 1] if live else [])
+            out = step(self.model, self.cache, self.lengths, self.root, self.active, drafts,
+                       draws, self.tree, self.heads, self.sampling, self.typical, key_len)
+        host = torch.cat([out.kept[:, None], out.last()[:, None], drafts.real()[:, None],
+                          out.tokens], dim=1).tolist()  # the one synchronisation
+        new_ids, drafted = [], []
+        for row, (kept, node, real, *tokens) in enumerate(host):
+            new_ids.append(tokens[:kept])  # none for a finished row
             drafted.append((real, node))
-            predicted.append(rest[depth:])
-            self.host_lengths[row] += n + 1 if live else 0
-        return Verified(out.pending, out.node, out.n_accepted, out.tokens, out.hidden, new_ids,
-                        predicted, out.path_hidden, out.n_accepted + 1), drafted
+            self.host_lengths[row] += kept
+        return replace(out, new_ids=new_ids), drafted
 
     def finish(self, rows: list[int]) -> None:
         """Stop decoding `rows`: they stay in the batch, masked."""
@@ -304,27 +241,46 @@ class Engine:
                          self.compiled)
 
 
-# model -> its compiled step; model -> the shapes it was compiled for. Entries go with models.
-_compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+class CompiledStep:
+    """`verify_and_accept` compiled (CUDA graphs on a GPU), and the shapes it was compiled for.
 
-
-def compiled_step(model: MTPModel):
-    """`verify_and_accept` compiled (CUDA graphs on a GPU), built once per model and device.
-
-    Each new shape (batch, tree, cache length, ...) is compiled, and captured, on first use;
-    `note_shape` bounds how many.
+    Each new shape (model, batch, tree, cache length, ...) is compiled, and captured, on first
+    use; `note` bounds how many.
     """
-    cuda = next(model.parameters()).is_cuda
-    if _compiled.get(model, (None, None))[0] != cuda:
+
+    def __init__(self, function: Callable[..., Verified]) -> None:
+        self.function = function
+        self.shapes: set[tuple] = set()
+
+    def note(self, shape: tuple) -> None:
+        """Count a shape; a ValueError past MAX_SHAPES of them, rather than compiling without
+        end (or decoding eagerly without a word, once torch.compile's own limit is hit)."""
+        if shape not in self.shapes and len(self.shapes) >= MAX_SHAPES:
+            raise ValueError(
+                f"compile=True: the decode step was compiled for {len(self.shapes)} shapes "
+                f"(models, batch sizes, drafter trees, cache lengths, ...), the most allowed "
+                f"(engine.MAX_SHAPES); decode with fewer distinct batch sizes and lengths, or "
+                f"with compile=False")
+        self.shapes.add(shape)
+
+
+# On a GPU or not -> the compiled step. torch.compile keeps its compiled variants with the
+# function's code, for every model alike, so the step is compiled once per process (not per
+# model or call), and its shapes are counted there.
+_compiled: dict[bool, CompiledStep] = {}
+
+
+def compiled_step(cuda: bool) -> CompiledStep:
+    """The decode step compiled for a GPU (`cuda`: CUDA graphs) or a CPU, built on first use."""
+    if cuda not in _compiled:
         check_compile_support("cuda" if cuda else "cpu")
-        # Every model shares the function's compiled variants: allow MAX_SHAPES of each.
+        # Every shape is a compiled variant of the one function: allow MAX_SHAPES of them.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                    MAX_SHAPES)
-        compiled = torch.compile(verify_and_accept, fullgraph=True, dynamic=False,
-                                 mode="reduce-overhead" if cuda else None)
-        _compiled[model] = (cuda, compiled)
-    return _compiled[model][1]
+        _compiled[cuda] = CompiledStep(torch.compile(
+            verify_and_accept, fullgraph=True, dynamic=False,
+            mode="reduce-overhead" if cuda else None))
+    return _compiled[cuda]
 
 
 def check_compile_support(device: str) -> None:
@@ -349,16 +305,3 @@ def check_compile_support(device: str) -> None:
     if problem:
         raise ValueError(f"compile=True: {problem} (torch {torch.__version__}); decode with "
                          f"compile=False")
-
-
-def note_shape(model: MTPModel, shape: tuple) -> None:
-    """Count a compiled step's shape for `model`; a ValueError past MAX_SHAPES of them, rather
-    than compiling without end (or decoding eagerly without a word)."""
-    seen = _shapes.setdefault(model, set())
-    if shape not in seen and len(seen) >= MAX_SHAPES:
-        raise ValueError(
-            f"compile=True: the decode step was compiled for {len(seen)} shapes of this model "
-            f"(batch size, drafter tree, cache length, ...), the most allowed "
-            f"(engine.MAX_SHAPES); decode with fewer distinct batch sizes and lengths, or with "
-            f"compile=False")
-    seen.add(shape)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from mtp.generate.decode import generate
-from mtp.generate.heads_drafter import HeadsDrafter
+from mtp.generate.drafters import HeadsDrafter
 from mtp.generate.output import DecodeStats, repetition
 from mtp.generate.tree import resolve_tree
 from mtp.model import MTPModel

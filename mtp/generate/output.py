@@ -110,7 +110,7 @@ class SequenceOutput:
     """Accumulates one sequence's accepted tokens; decides when it is finished."""
 
     def __init__(self, index: int, tokenizer: Tokenizer, *, budget: int,
-                 budget_reason: FinishReason, stop: Sequence[str], n_heads: int,
+                 budget_reason: FinishReason, stop: Sequence[str], positions: int,
                  on_text: TextCallback | None, started: float) -> None:
         self.index = index
         self.token_ids: list[int] = []
@@ -125,9 +125,11 @@ class SequenceOutput:
         self._started = started
         self._seconds = 0.0
         self._forwards = 0
-        self._verified = [0] * n_heads
-        self._accepted = [0] * n_heads
-        self._depths = [0] * n_heads  # forward passes by drafts accepted
+        # Per draft position (head) 0..positions-1: drafts verified and accepted; forward
+        # passes by drafts accepted.
+        self._verified = [0] * positions
+        self._accepted = [0] * positions
+        self._depths = [0] * positions
         self._nodes = 0
 
     @property

@@ -2,6 +2,7 @@
 lines (their arguments extend it) and the scripts, and `make_drafter`, the one function
 `generate` resolves names with.
 
+    DrafterSpec()                                         the model's heads, every one
     DrafterSpec(drafter="heads", k=4)                     heads 1..3 draft, head 0 verifies
     DrafterSpec(drafter="heads", tree="tree16")           the heads' 16-node candidate tree
     DrafterSpec(drafter="prompt_lookup", num_draft=8)
@@ -19,13 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mtp.generate.combined import Combined
-from mtp.generate.draft_model import DraftModel
-from mtp.generate.drafter import Drafter
-from mtp.generate.heads_drafter import HeadsDrafter
-from mtp.generate.lookahead import Lookahead
-from mtp.generate.prompt_lookup import PromptLookup
-from mtp.generate.sequential_drafter import SequentialDrafter
+from mtp.generate.drafters import (Combined, DraftModel, Drafter, HeadsDrafter, Lookahead,
+                                   OwnHeads, PromptLookup, SequentialDrafter)
 from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 
@@ -50,6 +46,9 @@ OPTIONS = {
 class DrafterSpec:
     """A drafter by name, with the options that size it (None: the drafter's default).
 
+    drafter: a name from DRAFTERS; the default, the model's own heads, builds for any model
+        (a model with one head decodes autoregressively). The command lines default to
+        "auto", which measures (`auto.choose_drafter`) rather than builds.
     k: the heads' tokens per forward pass at most (heads 1..k-1 draft; None: every head;
         1: autoregressive; "auto": measure the heads' k alone).
     tree: the heads' candidate tree (`tree.resolve_tree`: chain, tree8..tree64, auto:N, a
@@ -61,7 +60,7 @@ class DrafterSpec:
     draft_model: a checkpoint sharing the target's tokenizer.
     """
 
-    drafter: str = "auto"
+    drafter: str = "heads"
     k: int | str | None = None
     tree: Any = None
     num_draft: int | None = None
@@ -159,7 +158,7 @@ class DrafterSpec:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
-def heads_drafter(model: MTPModel, k: int, tree: Tree | None = None) -> HeadsDrafter:
+def heads_drafter(model: MTPModel, k: int, tree: Tree | None = None) -> OwnHeads:
     """The model's own heads as the drafter (`drafter=heads`): parallel heads draft at once
     (`HeadsDrafter`), sequential modules one depth after another (`SequentialDrafter`)."""
     kind = SequentialDrafter if model.config.head_type == "sequential" else HeadsDrafter

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
+from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
 from mtp.generate.sampling import SamplingConfig, exponential, probabilities
 from mtp.generate.tree import Tree
 from mtp.model import MTPModel
@@ -60,9 +60,11 @@ def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
                   None if q is None else q.flatten(1, 2)[:, index])
 
 
-class HeadsDrafter(Drafter):
-    """Heads 1..k-1 draft: k tokens per forward pass at most (2 <= k <= n_future), or the
-    nodes of `tree` (a `Tree`, resolved for the model: see `tree.resolve_tree`)."""
+class OwnHeads(Drafter):
+    """The model's own heads draft: k tokens per forward pass at most (2 <= k <= n_future),
+    heads 1..k-1 drafting a chain, or the nodes of `tree` (a `Tree`, resolved for the model:
+    see `tree.resolve_tree`). What the parallel heads (`HeadsDrafter`) and the sequential
+    modules (`SequentialDrafter`) share: their size, and its checks."""
 
     name = "heads"
 
@@ -72,20 +74,10 @@ class HeadsDrafter(Drafter):
         if self._tree.depth > self.k - 1:
             raise ValueError(f"tree {self._tree.name} has depth {self._tree.depth}, but k={k} "
                              f"heads draft depths 1..{k - 1}")
-        self._last: Tensor | None = None  # (B, depth, D): heads 1..depth at the last position
 
     @property
     def tree(self) -> Tree:
         return self._tree
-
-    def verify_heads(self, model: MTPModel) -> int:
-        return self.tree.depth + 1
-
-    def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
-        if model.config.head_type == "sequential":
-            raise ValueError("model.head_type='sequential': its modules draft one depth after "
-                             "another, with SequentialDrafter (drafter=heads chooses it)")
-        self.check_size(model)
 
     def check_size(self, model: MTPModel) -> None:
         """A ValueError unless the model has the k heads and the tree's ranks."""
@@ -96,13 +88,35 @@ class HeadsDrafter(Drafter):
                                               if n_future == 1 else ""))
         self.tree.check(self.k, model.config.vocab_size)
 
+    def __repr__(self) -> str:
+        return f"heads(k={self.k})" if self.tree.is_chain else f"heads(tree={self.tree.name})"
+
+
+class HeadsDrafter(OwnHeads):
+    """Parallel heads 1..k-1 draft at the last accepted position, from the hidden states the
+    verify pass computed there (it runs heads 0..depth)."""
+
+    def __init__(self, k: int, tree: Tree | None = None) -> None:
+        super().__init__(k, tree)
+        self._last: Tensor | None = None  # (B, depth, D): heads 1..depth at the last position
+
+    def verify_heads(self, model: MTPModel) -> int:
+        return self.tree.depth + 1
+
+    def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
+        if model.config.head_type == "sequential":
+            raise ValueError("model.head_type='sequential': its modules draft one depth after "
+                             "another, with SequentialDrafter (drafter=heads chooses it)")
+        self.check_size(model)
+
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._model, self._sampling, self._generator = model, sampling, generator
         self._last = None
 
     def update(self, step: Verified) -> None:
-        self._last = step.hidden[:, 1:self.tree.depth + 1]  # (B, depth, D)
+        rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
+        self._last = step.hidden[rows, step.last(), 1:self.tree.depth + 1]  # (B, depth, D)
 
     def keep(self, rows: list[int]) -> None:
         self._last = self._last[torch.tensor(rows, device=self._last.device)]
@@ -112,6 +126,3 @@ class HeadsDrafter(Drafter):
         noise = None if self._sampling.greedy else exponential(
             logits.shape, self._generator, logits.device)
         return draft(logits, self.tree, self._sampling, noise)
-
-    def __repr__(self) -> str:
-        return f"heads(k={self.k})" if self.tree.is_chain else f"heads(tree={self.tree.name})"

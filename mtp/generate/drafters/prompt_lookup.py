@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
+from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.tree import Tree
 from mtp.model import MTPModel

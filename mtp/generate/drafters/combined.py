@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.generate.drafter import Drafter, Drafts, Verified
+from mtp.generate.drafters.base import Drafter, Drafts, Verified
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.tree import Tree
 from mtp.model import MTPModel

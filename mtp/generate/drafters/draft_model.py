@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
-from mtp.generate.engine import cached_forward, key_width, prefill
+from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
+from mtp.generate.forward import cached_forward, key_width, prefill
 from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
 from mtp.generate.tree import Tree
 from mtp.kv_cache import KVCache

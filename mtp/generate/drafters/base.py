@@ -3,28 +3,31 @@
 A drafter proposes draft tokens for every sequence of the batch, with the distributions q it
 drew them from (or none: a deterministic drafter's q is one-hot on its draft, for which the
 acceptance rule is still exact). The decode step verifies them with the target model and
-accepts a path (`acceptance.accept`); then it tells the drafter what happened, so that the
-drafter can update its own state (a draft model's cache, prompt lookup's n-gram index, the
-heads' hidden states). Verification and acceptance never know who drafted, as in vLLM's
-proposer/scorer split and transformers' `CandidateGenerator`.
+accepts a path (`acceptance.accept`); then it hands the drafter what that forward pass
+verified and kept (`Verified`), from which the drafter updates its own state (a draft
+model's cache, prompt lookup's n-gram index, the heads' hidden states). Verification and
+acceptance never know who drafted, as in vLLM's proposer/scorer split and transformers'
+`CandidateGenerator`; and `Verified` holds only facts of verification (what ran, what each
+head computed, what was kept), so a new drafter takes what it needs from it and adds no
+field to it.
 
 Every drafter has a fixed shape, its `tree` (a chain of `max_drafts` drafts, or a tree of
 `max_drafts` nodes under the last accepted token), and proposes exactly `max_drafts` drafts
 per row at every step; a row with fewer real drafts pads, and `Drafts.lengths` says how
 many are real. So the verify forward has the same shape at every step (`engine.py`).
 
-The decode loop, in the drafter's words:
+The decode loop (`decode.py`), in the drafter's words:
 
     drafter.start(model, prompts, ...)           once, before the target's prefill
+    drafter.update(verified)                     the prefill: the prompts, the first token
     loop:
-        drafter.update(verified)                 what the last forward verified and accepted
-        drafter.keep(rows)                       now and then: finished sequences leave
-        drafts = drafter.propose()               max_drafts drafts per row
+        drafts = drafter.propose()               draft: max_drafts drafts per row
         (verify [last token, drafts]; accept a path)
+        drafter.update(verified)                 commit: what the forward verified and kept
+        drafter.keep(rows)                       now and then: finished sequences leave
 
-Drafters: `heads_drafter.py` (the model's own heads), `draft_model.py`, `prompt_lookup.py`,
-`lookahead.py` (Jacobi iteration and an n-gram pool), `combined.py` (several drafters, the
-longest draft per sequence); `spec.py` builds them from names and options.
+The drafters are this package's other modules (see its `__init__`); `mtp.generate.spec`
+builds them from names and options.
 """
 
 from __future__ import annotations
@@ -83,41 +86,46 @@ class Drafts:
 
 @dataclass(frozen=True)
 class Verified:
-    """What one forward pass of the target verified and accepted, for every row.
+    """What one forward pass of the target verified and kept, for every row (B rows).
 
-    pending: the verified tokens (B, m): the last accepted token (the tree's root), then the
-        drafts.
-    node: (B,) the pending index of the last kept node (0: none kept); n_accepted (B,) its
-        depth, the drafts kept.
-    tokens: (B, depth + 1): the kept drafts, then at index n_accepted the correction (or
-        bonus) token, which is the next step's root.
-    hidden: (B, n_heads, D): the target's heads' hidden states at `node`, which predict the
-        tokens after the new root (heads 0..n_heads-1 as the drafter asked, `verify_heads`).
-    predicted: each row's head-0 argmax after every pending token, on the host (None after
-        the prefill); lookahead's Jacobi update.
+    pending (B, m): the tokens the forward ran on: the last accepted token (the tree's root),
+        then the drafts; after the prefill, the prompts (right-padded).
+    hidden (B, m, n, D): heads 0..n-1's hidden states at every pending token, before the
+        shared norm (n: the drafter's `verify_heads`).
+    predicted (B, m): head 0's argmax after every pending token; None after the prefill.
+    path (B, P): the pending indices that stay in the cache, in order: the kept root-to-node
+        path (the root, then the kept drafts); after the prefill, the whole prompt.
+    kept (B,): how many leading entries of `path` are real; 0 for a row that had finished.
+    tokens (B, P): the token after each path entry: the kept drafts, then the new root (the
+        correction or bonus token) at index kept - 1; after the prefill, the prompt after
+        its first token, then the first new token.
     new_ids: each row's new tokens on the host (the kept drafts and the new root); [] for a
         row that had finished before this step.
-    path_hidden: (B, P, n_heads, D): the heads' hidden states at every token this forward
-        added to the cache, in order: the kept path (the root, then the kept drafts); after
-        the prefill, the whole prompt. Row b's first path_lengths[b] entries are real (the
-        rest repeat or pad). What a drafter with modules of its own (EAGLE-style) feeds them.
-    The prefill counts as verifying the prompt's last token: m = 1, no drafts.
     """
 
     pending: Tensor
-    node: Tensor
-    n_accepted: Tensor
-    tokens: Tensor
     hidden: Tensor
-    new_ids: list[list[int]]
-    predicted: list[list[int]] | None = None
-    path_hidden: Tensor | None = None
-    path_lengths: Tensor | None = None
+    predicted: Tensor | None
+    path: Tensor
+    kept: Tensor
+    tokens: Tensor
+    new_ids: list[list[int]] | None = None
+
+    def last(self) -> Tensor:
+        """The pending index (B,) of each row's last kept token, whose heads predict the
+        tokens after the new root."""
+        return self.path.gather(1, (self.kept - 1).clamp(min=0)[:, None])[:, 0]
 
     def last_two(self) -> Tensor:
         """The last two accepted tokens of each row (B, 2): the one before the newest, and it."""
-        return torch.cat([self.pending.gather(1, self.node[:, None]),
-                          self.tokens.gather(1, self.n_accepted[:, None])], dim=1)
+        newest = self.tokens.gather(1, (self.kept - 1).clamp(min=0)[:, None])
+        return torch.cat([self.pending.gather(1, self.last()[:, None]), newest], dim=1)
+
+    def path_hidden(self) -> Tensor:
+        """The heads' hidden states (B, P, n, D) at the path's tokens: every token this forward
+        added to the cache, in order (row b's first kept[b] are real)."""
+        rows = torch.arange(self.path.shape[0], device=self.path.device)[:, None]
+        return self.hidden[rows, self.path]
 
 
 class Drafter(ABC):
@@ -158,7 +166,7 @@ class Drafter(ABC):
 
     @abstractmethod
     def update(self, step: Verified) -> None:
-        """Learn what the target accepted in its last forward pass (every row of the batch)."""
+        """Learn what the target verified and kept in its last forward pass (every row)."""
 
     @abstractmethod
     def keep(self, rows: list[int]) -> None:
@@ -170,6 +178,31 @@ class Drafter(ABC):
 
     def __repr__(self) -> str:
         return self.name
+
+
+class Autoregressive(Drafter):
+    """No drafts: one token per forward pass, the baseline every speed-up is measured
+    against (`generate` with drafter=None)."""
+
+    name = "autoregressive"
+
+    @property
+    def tree(self) -> Tree:
+        return Tree.chain(0)
+
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        self._none = torch.zeros(len(prompts), 0, dtype=torch.long,
+                                 device=next(model.parameters()).device)
+
+    def update(self, step: Verified) -> None:
+        pass
+
+    def keep(self, rows: list[int]) -> None:
+        self._none = self._none[:len(rows)]
+
+    def propose(self) -> Drafts:
+        return Drafts(self._none)
 
 
 def check_positive(name: str, value: object, least: int = 1) -> int:

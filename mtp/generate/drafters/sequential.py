@@ -30,7 +30,7 @@ The worked example, a chain of depth 3 after a step that kept one draft (p' = 9,
 A module has no position before 0: tokens j < k (short prompts) are left out of module k, in
 a trash slot no query sees. Shapes are fixed (the commit padded to the tree's depth + 1, the
 prefill's to the prompt), so the drafter keeps to the static decode step's rules; sampled
-drafts come with the distributions they were drawn from (`heads_drafter.ranked`), so the
+drafts come with the distributions they were drawn from (`heads.ranked`), so the
 shared acceptance stays lossless, and greedy output is autoregressive decoding's.
 """
 
@@ -41,21 +41,18 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mtp.generate.drafter import Drafts, Verified
-from mtp.generate.engine import key_width
-from mtp.generate.heads_drafter import HeadsDrafter, ranked
+from mtp.generate.drafters.base import Drafts, Verified
+from mtp.generate.drafters.heads import OwnHeads, ranked
+from mtp.generate.forward import key_width
 from mtp.generate.sampling import SamplingConfig, exponential
 from mtp.kv_cache import CacheStep, KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
 
-class SequentialDrafter(HeadsDrafter):
+class SequentialDrafter(OwnHeads):
     """The modules 1..k-1 of a `head_type="sequential"` model draft a chain of k - 1 tokens, or
-    the nodes of `tree`; the verify pass runs head 0 alone."""
-
-    def verify_heads(self, model: MTPModel) -> int:
-        return 1
+    the nodes of `tree`; the verify pass runs head 0 alone (the default `verify_heads`)."""
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         if model.config.head_type != "sequential":
@@ -73,7 +70,6 @@ class SequentialDrafter(HeadsDrafter):
         self._cache = KVCache(config, len(prompts), max_len + self.tree.n_nodes + 1,
                               device=param.device, dtype=param.dtype,
                               blocks=range(first, first + depth * config.head_layers))
-        self._prompts = [list(ids) for ids in prompts]
         self._root = torch.zeros(len(prompts), dtype=torch.long, device=param.device)  # p
         # Module k's state at the root token (k = 1..depth): what feeds module k + 1 next.
         self._last = [torch.zeros(len(prompts), config.dim, dtype=param.dtype,
@@ -82,27 +78,16 @@ class SequentialDrafter(HeadsDrafter):
         self._plan = _Plan(self.tree, param.device)
 
     def update(self, step: Verified) -> None:
-        device = self._root.device
-        if step.predicted is None:  # the prefill: the prompt after its first token, the root
-            roots = step.tokens[:, 0].tolist()
-            rows = [ids[1:] + [root] for ids, root in zip(self._prompts, roots)]
-            counts = torch.tensor([len(row) for row in rows], device=device)
-            tokens = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
-            for b, row in enumerate(rows):
-                tokens[b, :len(row)] = torch.tensor(row)
-            tokens = tokens.to(device)
-        else:  # the kept drafts and the root; none for a row that had finished
-            tokens = step.tokens
-            counts = torch.tensor([len(ids) for ids in step.new_ids], device=device)
-        # Head 0's states at the tokens before those: the old root, the kept drafts (B, C, D).
-        self._commit = (tokens, step.path_hidden[:, :tokens.shape[1], 0], counts)
+        # The commit: the tokens accepted since the last step (the kept drafts and the root;
+        # after the prefill, the prompt after its first token and the root; none for a row
+        # that had finished), and head 0's states at the tokens before them (B, C, D).
+        self._commit = (step.tokens, step.path_hidden()[:, :, 0], step.kept)
 
     def keep(self, rows: list[int]) -> None:
         index = torch.tensor(rows, device=self._root.device)
         self._cache.keep(index)
         self._root = self._root[index]
         self._last = [state[index] for state in self._last]
-        self._prompts = [self._prompts[row] for row in rows]
         self._commit = tuple(t[index] for t in self._commit)
 
     def propose(self) -> Drafts:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp.generate.drafter import Drafter, Drafts, Verified, check_positive
+from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.tree import Tree
 from mtp.model import MTPModel
@@ -206,12 +206,13 @@ class Lookahead(Drafter):
                       for index, ids in enumerate(prompts)]
 
     def update(self, step: Verified) -> None:
+        # Its window lives on the host: a read of its own, after the step's (lookahead alone).
+        predicted = None if step.predicted is None else step.predicted.tolist()
         for b, (row, ids) in enumerate(zip(self._rows, step.new_ids)):
             if not ids:  # a finished row
                 continue
             # new[c]: head 0's token after R_{N-2}[c], the next Jacobi iterate of column c.
-            new = None if step.predicted is None else [step.predicted[b][node]
-                                                        for node in self._plan.top]
+            new = None if predicted is None else [predicted[b][node] for node in self._plan.top]
             row.advance(ids, new, self.ngram)
 
     def keep(self, rows: list[int]) -> None:
