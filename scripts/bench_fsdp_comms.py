@@ -17,19 +17,16 @@ import argparse
 import json
 import os
 import socket
-import sys
 from collections import Counter
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mtp.loss import autograd_backward, mtp_loss  # noqa: E402
-from mtp.model import MTPConfig, MTPModel  # noqa: E402
-from mtp.parallel import gradient_sync, parallelize  # noqa: E402
+from mtp.loss import autograd_backward, mtp_loss
+from mtp.model import MTPConfig, MTPModel
+from mtp.parallel import gradient_sync, parallelize
 
 COLLECTIVES = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
 

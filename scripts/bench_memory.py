@@ -28,7 +28,6 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 VARIANTS = ("ntp", "naive", "headwise", "chunked", "sequential")
 MODES = {"ntp": "naive", "sequential": "headwise"}  # a variant's loss mode, if not its name
@@ -44,7 +43,6 @@ def run_variant(args: argparse.Namespace) -> dict:
     """One forward + backward of the chosen variant in this process; its memory and time."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from mtp.loss import autograd_backward, mtp_loss
     from mtp.model import MTPConfig, MTPModel
     from mtp.parallel import apply_activation_checkpointing

@@ -23,22 +23,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mtp.flops import flops_per_token, measure_peak_flops, mfu, resolve_peak_flops  # noqa: E402
-from mtp.lit import compile_blocks  # noqa: E402
-from mtp.loss import autograd_backward, mtp_loss  # noqa: E402
-from mtp.model import MTPConfig, MTPModel  # noqa: E402
-from mtp.optim import build_optimizer  # noqa: E402
-from mtp.tokenizers import ByteTokenizer  # noqa: E402
-from mtp.train import compose, model_config  # noqa: E402
+from mtp.flops import flops_per_token, measure_peak_flops, mfu, resolve_peak_flops
+from mtp.lit import compile_blocks
+from mtp.loss import autograd_backward, mtp_loss
+from mtp.model import MTPConfig, MTPModel
+from mtp.optim import build_optimizer
+from mtp.tokenizers import ByteTokenizer
+from mtp.train import compose, model_config
 
 PRECISIONS = ("32-true", "bf16-mixed")  # Lightning's names for what the trainer runs
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from mtp.generate.measure import format_decoding, held_out_prompts, measure_decoding
+from mtp.generate.measure import format_decoding, measure_decoding
 from mtp.model import MTPConfig, MTPModel
-from mtp.summary import decode_prompts
+from mtp.summary import decode_prompts, held_out_prompts
 from mtp.tokenizers import ByteTokenizer
 from mtp.train import compose, model_config
 from conftest import DOCS  # tests/ is on the path
