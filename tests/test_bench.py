@@ -85,7 +85,7 @@ def test_a_failure_or_a_hang_costs_one_part(tmp_path: Path) -> None:
     rendered = blocks(again, {"good": "eval", "bad": "eval", "file": "none"})
     assert "Failed (exit 3)" in rendered["bad"] and "file" not in rendered
     assert "skipped" in rendered["after_bad"] and "| x | 2 |" in rendered["good"]
-    assert "python -m mtp.bench test" in rendered["run"]
+    assert "python -m mtp.bench test" in rendered["run_test"]
 
 
 def test_table() -> None:
@@ -95,7 +95,7 @@ def test_table() -> None:
 def test_smoke_suite_writes_results_and_regenerates_the_docs(tmp_path: Path) -> None:
     """`python -m mtp.bench smoke`: what CI runs; every part succeeds in seconds."""
     docs, readme = tmp_path / "benchmarks.md", tmp_path / "README.md"
-    docs.write_text(marked("run", "decode", "memory", "peak_flops"))
+    docs.write_text(marked("run_smoke", "decode", "memory", "peak_flops"))
     readme.write_text(marked("headline"))
     done = subprocess.run([sys.executable, "-m", "mtp.bench", "smoke", "--out",
                            str(tmp_path / "out"), "--docs", str(docs), "--readme", str(readme)],
@@ -108,5 +108,5 @@ def test_smoke_suite_writes_results_and_regenerates_the_docs(tmp_path: Path) -> 
     text = docs.read_text()
     assert "old" not in text and "| k=2 |" in text and "| headwise | 4 |" in text
     assert "python -m mtp.bench smoke" in text and block_names(text) == [
-        "run", "decode", "memory", "peak_flops"]
+        "run_smoke", "decode", "memory", "peak_flops"]
     assert "greedy speed-up" in readme.read_text()

@@ -1,8 +1,8 @@
 """Markdown tables of a results.json: one block per part, a run block and the headline.
 
-Every renderer takes a part's record (`runner.run_part`) and returns Markdown: the command
-and the conditions it ran in, then its figures. `blocks(results)` maps block names (the
-part names, `run`, `headline`) to their Markdown, for `markers.replace_blocks`.
+Every renderer takes a part's figures and returns Markdown; `part_block` puts the command and
+the conditions it ran in above them. `blocks(results)` maps block names (the part names,
+`run_SUITE`, `headline`) to their Markdown, for `markers.replace_blocks`.
 """
 
 from __future__ import annotations
@@ -227,8 +227,8 @@ def headline(results: Record) -> str:
 
 def blocks(results: Record, renderers: dict[str, str]) -> dict[str, str]:
     """Block name -> Markdown for every part in `results` (`renderers`: part name -> its
-    renderer's name), plus `run` and `headline`."""
-    out = {"run": run_block(results), "headline": headline(results)}
+    renderer's name), plus `run_SUITE` (which run the tables come from) and `headline`."""
+    out = {f"run_{results['suite']}": run_block(results), "headline": headline(results)}
     for name, record in results["parts"].items():
         text = part_block(record, renderers.get(name, name))
         if text is not None:
