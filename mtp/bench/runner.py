@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -34,8 +35,14 @@ def last_json(stdout: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+# MBPP's mbpp.jsonl for the installed corpus's decontamination on a machine without the Hub
+MBPP_FILE = os.environ.get("MTP_MBPP_FILE", "/work/shared/data/mbpp/mbpp.jsonl")
+
+
 def fill(argument: str, out: Path) -> str:
-    return argument.replace("{python}", sys.executable).replace("{out}", str(out))
+    """A command's argument with {python}, {out} and {mbpp} filled in."""
+    return (argument.replace("{python}", sys.executable).replace("{out}", str(out))
+            .replace("{mbpp}", MBPP_FILE))
 
 
 def shown(command: list[str], out: Path, repo: Path) -> str:

@@ -1,7 +1,7 @@
 """The named suites: which benchmark commands make the published figures.
 
 A part's command is run from the checkout's root with `{python}` (this interpreter) and
-`{out}` (the run's output folder) filled in; its figures are the last stdout line (one JSON
+`{out}` (the run's output folder) filled in (and `{mbpp}`: $MTP_MBPP_FILE); its figures are the last stdout line (one JSON
 object) or, with `result_file`, a JSON file the command writes under `{out}`. A part that
 `needs` another runs only if that one succeeded (the decoding parts decode the model the
 training part trained). Timeouts are per part: a hang costs that part, not the run.
@@ -42,6 +42,7 @@ def script(name: str, *args: str) -> tuple[str, ...]:
 
 
 BYTE8_CPU = "{out}/byte8/export"
+MBPP = "data.source.mbpp_file={mbpp}"  # the GPU recipe's corpus is decontaminated offline
 BYTE8_GPU = "{out}/byte8_gpu/export"
 
 SMOKE = (
@@ -110,7 +111,7 @@ GPU = (
         "--steps", "5", "model=1b"), timeout=1200, table="train_step", device="cuda",
         repeats=5),
     Part(name="gpu_byte8", command=(
-        PY, "-m", "mtp.train", "+experiment=byte8", "trainer=gpu", "logger=csv",
+        PY, "-m", "mtp.train", "+experiment=byte8", "trainer=gpu", "logger=csv", MBPP,
         "trainer.max_time=00:00:10:00", "trainer.enable_progress_bar=false",
         "hydra.run.dir={out}/byte8_gpu"), timeout=1200, table="byte8",
         result_file="byte8_gpu/summary.json", device="cuda"),
@@ -126,7 +127,7 @@ GPU = (
         PY, "-m", "mtp.eval", "task=humaneval", f"checkpoint={BYTE8_GPU}", "device=cuda",
         "compile=true"), timeout=900, table="eval", needs=("gpu_byte8",), device="cuda"),
     Part(name="gpu_fsdp", command=(
-        PY, "-m", "mtp.train", "+experiment=byte8", "trainer=fsdp", "trainer.devices=1",
+        PY, "-m", "mtp.train", "+experiment=byte8", "trainer=fsdp", "trainer.devices=1", MBPP,
         "logger=csv", "trainer.max_time=00:00:03:00", "trainer.enable_progress_bar=false",
         "hydra.run.dir={out}/fsdp_gpu"), timeout=600, table="byte8",
         result_file="fsdp_gpu/summary.json", device="cuda"),
