@@ -1,8 +1,9 @@
 """The named suites: which benchmark commands make the published figures.
 
-A part's command is run from the checkout's root with `{python}` (this interpreter) and
-`{out}` (the run's output folder) filled in (and `{mbpp}`: $MTP_MBPP_FILE); its figures are the last stdout line (one JSON
-object) or, with `result_file`, a JSON file the command writes under `{out}`. A part that
+A part's command is run from the checkout's root with `{python}` (this interpreter), `{out}`
+(the run's output folder) and `{mbpp}` ($MTP_MBPP_FILE) filled in; its figures are the last
+stdout line (one JSON object) or, with `result_file`, a JSON file the command writes under
+`{out}`. A part that
 `needs` another runs only if that one succeeded (the decoding parts decode the model the
 training part trained). Timeouts are per part: a hang costs that part, not the run.
 """
