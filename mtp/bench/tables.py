@@ -56,7 +56,8 @@ def methods(r: dict[str, Any]) -> str:
     rows = [[name, m["tokens_per_second"], x(m["speedup"]), f"{m['tokens_per_forward']:.2f}",
              "" if m["identical"] is None else m["identical"], f"{m['repeated']:.2f}"]
             for name, m in r["methods"].items()]
-    auto = ", ".join(f"{k} {v:.1f} s" for k, v in r["auto_calibration_seconds"].items())
+    auto = ", ".join(f"{kind.strip()} {seconds:.1f} s"
+                     for kind, seconds in r["auto_calibration_seconds"].items())
     head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, "
             f"{r['threads']} threads; auto's measuring: {auto}")
     return head + "\n\n" + table(["method", "tokens/s", "speed-up", "tok/fwd", "identical",
@@ -138,12 +139,12 @@ def byte8(r: dict[str, Any]) -> str:
     accs = " ".join(f"{a:.3f}" for a in val.get("acc_head", []))
     rows = [["steps", f"{r['steps']} (stopped: {r['stopped_early'] or 'max_steps'})"],
             ["parameters", f"{r['parameters'] / 1e6:.1f}M"],
-            ["val loss (all heads)", f"{val.get('loss', float('nan')):.3f}"],
+            ["val loss, summed over the heads", f"{val.get('loss', float('nan')):.3f}"],
             ["val accuracy, head 0 ... n-1", accs]]
     if dec:
-        rows += [["tokens per forward, k = 2 ... n", " ".join(
+        rows += [["tokens per forward, k = 1 ... n", " ".join(
             f"{v:.2f}" for v in dec["tokens_per_forward"].values())],
-                 ["speed-up, k = 2 ... n", " ".join(
+                 ["speed-up, k = 1 ... n", " ".join(
                      f"{v:.2f}" for v in dec["speedup"].values())],
                  [f"tree {dec['tree']}: tokens per forward, speed-up",
                   f"{dec['tree_tokens_per_forward']}, {dec['tree_speedup']}"],
