@@ -228,8 +228,11 @@ def headline(results: Record) -> str:
                      f"speculative: {h['mtp_spec_over_hf']:.2f}x"])
     if not rows:
         return "No headline figures: the run measured none."
+    loads = [load[0] for record in results["parts"].values()
+             for load in (record.get("load_before"), record.get("load_after")) if load]
     return table(["figure", "value", ""], rows) + (
-        f"\n\n{results['machine']['device_name']}, commit {results['commit']}; "
+        f"\n\n{results['machine']['device_name']}, commit {results['commit']}, load average "
+        f"{min(loads):.1f}-{max(loads):.1f} (timed figures move with it); "
         f"[how each is measured](docs/benchmarks.md)")
 
 
