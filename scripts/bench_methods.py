@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,60 +40,18 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from mtp.checkpoint import load  # noqa: E402
-from mtp.generate import (Auto, Combined, DecodeStats, DraftModel, HeadsDrafter,  # noqa: E402
-                          Lookahead, PromptLookup, SamplingConfig, generate)
-from mtp.generate.auto import auto_trees  # noqa: E402
-from mtp.generate.output import repetition  # noqa: E402
-from mtp.generate.prompts import read_prompts  # noqa: E402
-from mtp.generate.tree import find_calibration, resolve_tree  # noqa: E402
+from mtp.bench.machine import machine
+from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts, spread
+from mtp.checkpoint import load
+from mtp.generate import (Auto, Combined, DraftModel, HeadsDrafter, Lookahead, PromptLookup,
+                          SamplingConfig, generate)
+from mtp.generate.auto import auto_trees
+from mtp.generate.measure import time_generate
+from mtp.generate.output import repetition
+from mtp.generate.prompts import read_prompts
+from mtp.generate.tree import find_calibration, resolve_tree
 
 DRAFT_MODEL_COMMAND = __doc__.rsplit("\n\n", 1)[1].strip()
-
-
-def run(model, tokenizer, prompts: list[str], drafter, sampling: SamplingConfig,
-        max_new_tokens: int) -> tuple[float, DecodeStats, list[list[int]]]:
-    """Decode each prompt alone: tokens/s over all of them, pooled stats, token ids."""
-    results, seconds = [], 0.0
-    for index, prompt in enumerate(prompts):
-        began = time.perf_counter()
-        results += generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens,
-                            drafter=drafter, sampling=sampling, seed=index)
-        if next(model.parameters()).is_cuda:
-            torch.cuda.synchronize()
-        seconds += time.perf_counter() - began
-    stats = DecodeStats.pooled([r.stats for r in results])
-    return stats.new_tokens / seconds, stats, [r.token_ids for r in results]
-
-
-def spread(items: list, count: int) -> list:
-    """`count` items evenly spaced over `items`: the prompt set mixes kinds (code prompts
-    first, then HumanEval's), and auto should measure a sample of all of them."""
-    step = max(len(items) / max(count, 1), 1.0)
-    return [items[int(i * step)] for i in range(min(count, len(items)))]
-
-
-def machine() -> dict[str, object]:
-    """What the figures were measured on: CPU flags of note, load, threads."""
-    flags = set()
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    return {"cpu_flags": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}),
-            "load": uptime.split("load average:")[-1].strip(), "threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(), "torch": torch.__version__}
-
-
-def humaneval_prompts(count: int) -> list[str]:
-    from mtp.eval.tasks import humaneval
-
-    return [p.prompt for p in list(humaneval().problems.values())[:count]]
 
 
 def plot(rows: dict[str, dict], path: Path, title: str) -> None:
@@ -126,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--draft-model", type=Path, help="a checkpoint sharing the tokenizer")
-    parser.add_argument("--prompts", type=Path, default=REPO / "data/prompts/code.jsonl")
+    parser.add_argument("--prompts", type=Path, default=CODE_PROMPTS)
     parser.add_argument("--humaneval", type=int, default=24, help="HumanEval prompts (0: none)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--ks", type=int, nargs="+", help="heads' k (default: 2, 4, n_future)")
@@ -203,8 +159,10 @@ def main() -> None:
                                       batch_size=1)
                 auto_seconds[suffix or "greedy"] = time.perf_counter() - began
                 name = f"auto ({auto.choice.split('(num_draft=')[0]})"  # options aside
-            speed, stats, ids = run(model, tokenizer, prompts, drafter, sampling,
-                                    args.max_new_tokens)
+            timed = time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+                                  drafter=drafter, sampling=sampling, seed=0,
+                                  seed_per_batch=True)
+            speed, stats, ids = timed.tokens_per_second, timed.stats, timed.token_ids
             measured[name] = speed
             if name == "autoregressive" and sampling.greedy:
                 reference = ids
@@ -217,9 +175,10 @@ def main() -> None:
                 "repeated": round(repeated, 3)}
             print(f"  measured {name + suffix}: {speed:.1f} tokens/s", file=sys.stderr)
 
-    info = machine()
+    info = machine(args.device)
     print(f"checkpoint {args.checkpoint}  draft model {args.draft_model}  device {args.device}  "
-          f"threads {info['threads']}  load {info['load']}  flags {' '.join(info['cpu_flags'])}")
+          f"threads {info['threads']}  load {' '.join(map(str, info['load']))}  "
+          f"flags {' '.join(info['cpu_flags'])}")
     print(f"prompts: {len(prompts)} ({args.prompts.name} + {args.humaneval} HumanEval) x "
           f"{args.max_new_tokens} new tokens, batch 1; auto calibration "
           + ", ".join(f"{k} {v:.1f} s" for k, v in auto_seconds.items()))

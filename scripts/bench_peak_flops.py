@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mtp.flops import measure_peak_flops  # noqa: E402
+from mtp.flops import measure_peak_flops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

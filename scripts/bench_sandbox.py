@@ -15,14 +15,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
+from dataclasses import replace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mtp.eval.sandbox import Limits, Sandbox, resolve_isolation  # noqa: E402
-from mtp.eval.tasks import load_task  # noqa: E402
+from mtp.eval.sandbox import Limits, Sandbox, resolve_isolation
+from mtp.eval.tasks import load_task
 
 
 def time_references(task, isolation: str, workers: int | None) -> float:
@@ -43,10 +40,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="default: one per CPU core")
     parser.add_argument("--levels", nargs="+", default=["none", "namespaces"], choices=["none", "namespaces"])
     parser.add_argument("--mbpp-file", default=None, help="also time MBPP's references (mbpp.jsonl)")
+    parser.add_argument("--problems", type=int, default=None, help="only each task's first N")
     args = parser.parse_args()
     for level in args.levels:
         resolve_isolation(level)  # fail now, not mid-way, where namespaces are unavailable
     tasks = [load_task("humaneval")] + ([load_task("mbpp", args.mbpp_file)] if args.mbpp_file else [])
+    if args.problems is not None:
+        tasks = [replace(t, problems=dict(list(t.problems.items())[:args.problems]))
+                 for t in tasks]
     seconds: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):
         for task in tasks:

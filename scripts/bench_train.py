@@ -9,7 +9,10 @@ variant. `--vocab-size` sets the vocabulary (default the byte tokenizer's 262; a
 32000 is the paper's shape, where the heads' unembeddings cost the most), with random token
 ids. MFU is model FLOPs (`mtp.flops`) per second over the peak: `--peak-flops` (a number or
 a preset such as h100-bf16), by default this device's measured matrix-product peak in the
-run's precision. Prints a table, then one JSON line.
+run's precision (the better of a measurement before and one after the steps). On a CPU every
+variant's model lives at once and the timed steps go round the variants, so a shared
+machine's changing load hits them alike; on a GPU they run one after the other. Prints a
+table, then one JSON line.
 
     python scripts/bench_train.py                  # the byte8 shape, seq 256, batch 16
     python scripts/bench_train.py --precision bf16-mixed --compile
@@ -23,22 +26,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
+from functools import partial
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mtp.flops import flops_per_token, measure_peak_flops, mfu, resolve_peak_flops  # noqa: E402
-from mtp.lit import compile_blocks  # noqa: E402
-from mtp.loss import autograd_backward, mtp_loss  # noqa: E402
-from mtp.model import MTPConfig, MTPModel  # noqa: E402
-from mtp.optim import build_optimizer  # noqa: E402
-from mtp.tokenizers import ByteTokenizer  # noqa: E402
-from mtp.train import compose, model_config  # noqa: E402
+from mtp.flops import flops_per_token, measure_peak_flops, mfu, resolve_peak_flops
+from mtp.lit import compile_blocks
+from mtp.loss import autograd_backward, mtp_loss
+from mtp.model import MTPConfig, MTPModel
+from mtp.optim import build_optimizer
+from mtp.tokenizers import ByteTokenizer
+from mtp.train import compose, model_config
 
 PRECISIONS = ("32-true", "bf16-mixed")  # Lightning's names for what the trainer runs
 
@@ -48,9 +49,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def seconds_per_step(config: MTPConfig, mode: str, *, batch: int, seq_len: int, steps: int,
-                     warmup: int, precision: str, compile: bool, device: str) -> float:
-    """Median wall time of one optimizer step after `warmup` steps (compilation included)."""
+def stepper(config: MTPConfig, mode: str, *, batch: int, seq_len: int, precision: str,
+            compile: bool, device: str) -> Callable[[], float]:
+    """A fresh model of `config` and its optimizer; each call runs one optimizer step on a
+    fixed random batch and returns its wall time."""
     torch.manual_seed(0)
     model = MTPModel(config).to(device)
     if compile:
@@ -60,8 +62,8 @@ def seconds_per_step(config: MTPConfig, mode: str, *, batch: int, seq_len: int, 
                            device=device)
     autocast = (torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed"
                 else contextlib.nullcontext())
-    times = []
-    for step in range(warmup + steps):
+
+    def step() -> float:
         _sync(device)
         start = time.perf_counter()
         with autocast:  # as Lightning's bf16-mixed: forward and backward under autocast
@@ -70,9 +72,36 @@ def seconds_per_step(config: MTPConfig, mode: str, *, batch: int, seq_len: int, 
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         _sync(device)
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+        return time.perf_counter() - start
+
+    return step
+
+
+def seconds_per_step(makers: dict[str, Callable[[], Callable[[], float]]], *, steps: int,
+                     warmup: int, interleave: bool) -> dict[str, float]:
+    """Each variant's median step time after `warmup` steps (compilation included there).
+
+    `interleave`: every variant's model lives at once and the timed steps go round the
+    variants, so a change in a shared machine's load hits them all alike (a CPU); otherwise
+    one variant after the other, one model in memory at a time (a GPU holds one 1B model's
+    optimizer state, not five)."""
+    times: dict[str, list[float]] = {name: [] for name in makers}
+    if interleave:
+        steppers = {name: make() for name, make in makers.items()}
+        for step in steppers.values():
+            for _ in range(warmup):
+                step()
+        for _ in range(steps):
+            for name, step in steppers.items():
+                times[name].append(step())
+    else:
+        for name, make in makers.items():
+            step = make()
+            for _ in range(warmup):
+                step()
+            times[name] = [step() for _ in range(steps)]
+            del step
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -103,10 +132,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         raise ValueError(f"need --steps >= 1 and --warmup >= 0, got {args.steps}, "
                          f"{args.warmup}")
     dtype = torch.bfloat16 if args.precision == "bf16-mixed" else torch.float32
+
+    def measured_peak() -> float:
+        return measure_peak_flops(dtype, device=args.device,
+                                  size=4096 if args.device == "cuda" else 2048, seconds=2.0)
+
     if args.peak_flops is None:
-        peak, peak_source = measure_peak_flops(
-            dtype, device=args.device, size=4096 if args.device == "cuda" else 2048,
-            seconds=2.0), "measured"
+        peak, peak_source = measured_peak(), "measured"
     else:
         value = args.peak_flops
         peak = resolve_peak_flops(float(value) if value[0].isdigit() else value,
@@ -124,23 +156,27 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 for mode in ("headwise", "chunked", "naive")]
     variants += [("n=1 same trunk", replace(multi, n_future=1), "headwise"),
                  ("n=1 compute-matched", shape(1), "headwise")]
+    makers = {name: partial(stepper, config, mode, batch=args.batch, seq_len=args.seq_len,
+                            precision=args.precision, compile=args.compile, device=args.device)
+              for name, config, mode in variants}
+    step_times = seconds_per_step(makers, steps=args.steps, warmup=args.warmup,
+                                  interleave=args.device == "cpu")
+    if peak_source == "measured":  # before and after the steps: the best the machine showed
+        peak = max(peak, measured_peak())
     print(f"shape: dim {multi.dim}, trunk {multi.n_layers}, heads {multi.n_future}, vocab "
           f"{multi.vocab_size}; batch {args.batch} x seq {args.seq_len}; {args.device}, "
           f"{args.precision}"
           f"{', compiled' if args.compile else ''}; {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}; peak {peak / 1e9:,.1f} GFLOP/s ({peak_source})")
     print(f"{'variant':<22} {'blocks':>6} {'tokens/s':>9} {'step ms':>8} {'MFU':>7}")
-    results, step_times, mfus = {}, {}, {}
+    results, mfus = {}, {}
     for name, config, mode in variants:
-        seconds = seconds_per_step(config, mode, batch=args.batch, seq_len=args.seq_len,
-                                   steps=args.steps, warmup=args.warmup,
-                                   precision=args.precision, compile=args.compile,
-                                   device=args.device)
+        seconds = step_times[name]
         rate = args.batch * args.seq_len / seconds
-        results[name], step_times[name] = round(rate, 1), seconds
+        results[name] = round(rate, 1)
         mfus[name] = mfu(rate, flops_per_token(config, args.seq_len), peak)
         print(f"{name:<22} {config.n_blocks:>6} {rate:>9.0f} {seconds * 1e3:>8.1f} "
-              f"{mfus[name]:>7.2%}", flush=True)
+              f"{mfus[name]:>7.2%}")
     default = f"n={multi.n_future} headwise"
     same = step_times[default] / step_times["n=1 same trunk"]
     matched = step_times[default] / step_times["n=1 compute-matched"]

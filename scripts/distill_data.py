@@ -35,7 +35,6 @@ import argparse
 import ast
 import json
 import random
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,15 +42,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
-from mtp.checkpoint import load  # noqa: E402
-from mtp.data import is_validation  # noqa: E402
-from mtp.eval.results import read_jsonl  # noqa: E402
-from mtp.generate import DrafterSpec, SamplingConfig, generate  # noqa: E402
-from prepare_data import add_source_arguments, make_source  # noqa: E402
+from mtp.checkpoint import load
+from mtp.data import is_validation
+from mtp.data.source_options import add_source_arguments, make_source
+from mtp.eval.results import read_jsonl
+from mtp.generate import DrafterSpec, SamplingConfig, generate
 
 
 def pick_prompts(texts: list[tuple[str, str]], n: int, chars: int, seed: int

@@ -34,15 +34,12 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from mtp.checkpoint import load  # noqa: E402
-from mtp.eval import EvalConfig, evaluate, load_task  # noqa: E402
-from mtp.eval.passk import mean_pass_at_k  # noqa: E402
-from mtp.eval.results import read_jsonl  # noqa: E402
-from mtp.generate.decode import DTYPES, decoding_dtype  # noqa: E402
-from mtp.interop.gguf import is_gguf  # noqa: E402
+from mtp.checkpoint import load
+from mtp.eval import EvalConfig, evaluate, load_task
+from mtp.eval.passk import mean_pass_at_k
+from mtp.eval.results import read_jsonl
+from mtp.generate.decode import DTYPES, decoding_dtype
+from mtp.interop.gguf import is_gguf
 
 
 def load_hf(path: Path, dtype: torch.dtype, device: str):

@@ -1,10 +1,12 @@
-"""measure_decoding: every k and tree through generate, on held-out prompts that fit."""
+"""measure_decoding: every k and tree through generate, on held-out prompts that fit; and the
+one generate-and-time loop (time_generate, time_calls) that it and every benchmark use."""
 
 import pytest
 
-from mtp.generate.measure import format_decoding, held_out_prompts, measure_decoding
+from mtp.generate import HeadsDrafter, SamplingConfig, generate
+from mtp.generate.measure import format_decoding, measure_decoding, time_calls, time_generate
 from mtp.model import MTPConfig, MTPModel
-from mtp.summary import decode_prompts
+from mtp.summary import decode_prompts, held_out_prompts
 from mtp.tokenizers import ByteTokenizer
 from mtp.train import compose, model_config
 from conftest import DOCS  # tests/ is on the path
@@ -25,6 +27,41 @@ def test_heads_that_learnt_the_text_accept_drafts_at_every_k(trained: MTPModel) 
     assert (figures["prompts"], figures["max_new_tokens"], figures["batch_size"]) == (3, 24, 1)
     lines = format_decoding(figures)
     assert lines[1].split() == ["k", "tok/fwd", "speed-up"] and len(lines) == 2 + 4 + 1
+
+
+def test_time_generate_decodes_as_generate_does_batch_by_batch(trained: MTPModel) -> None:
+    tokenizer, prompts = ByteTokenizer(), [doc[:8] for doc in DOCS]
+    timed = time_generate(trained, tokenizer, prompts, max_new_tokens=12, batch_size=2,
+                          warmup_tokens=2, drafter=HeadsDrafter(4))
+    alone = generate(trained, tokenizer, prompts, max_new_tokens=12)
+    assert timed.token_ids == [g.token_ids for g in alone]  # greedy: lossless, any batching
+    assert timed.stats.new_tokens == sum(len(ids) for ids in timed.token_ids)
+    assert timed.stats.tokens_per_forward > 1.0
+    assert timed.seconds > 0 and timed.tokens_per_second == pytest.approx(
+        timed.stats.new_tokens / timed.seconds)
+    # seed_per_batch: batch i is seeded seed + i, so each prompt decodes as its own call would
+    sampling = SamplingConfig(temperature=1.0)
+    timed = time_generate(trained, tokenizer, prompts, max_new_tokens=6, seed=5,
+                          seed_per_batch=True, sampling=sampling)
+    assert timed.token_ids == [generate(trained, tokenizer, [p], max_new_tokens=6, seed=5 + i,
+                                        sampling=sampling)[0].token_ids
+                               for i, p in enumerate(prompts)]
+    with pytest.raises(ValueError, match="at least one prompt"):
+        time_generate(trained, tokenizer, [], max_new_tokens=4)
+    with pytest.raises(ValueError, match="batch_size=0"):
+        time_generate(trained, tokenizer, prompts, max_new_tokens=4, batch_size=0)
+
+
+def test_time_calls_times_each_batch_and_keeps_the_order() -> None:
+    calls = []
+
+    def decode(start: int, batch: list[int]) -> list[int]:
+        calls.append((start, batch))
+        return [x * 10 for x in batch]
+
+    seconds, results = time_calls(decode, [1, 2, 3, 4, 5], 2)
+    assert calls == [(0, [1, 2]), (2, [3, 4]), (4, [5])]
+    assert results == [10, 20, 30, 40, 50] and seconds >= 0
 
 
 def test_a_one_head_model_measures_autoregressive_decoding_only() -> None:

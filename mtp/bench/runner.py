@@ -1,0 +1,128 @@
+"""Run a suite's parts, each a subprocess with its own timeout, into one results.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from mtp.bench.machine import commit, cpu_flags, device_name, load_average, machine
+from mtp.bench.suites import Part
+
+RESULTS_FILE = "results.json"
+TAIL = 2000  # characters of a failed part's output kept in results.json
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def last_json(stdout: str) -> dict[str, Any] | None:
+    """The last stdout line as a JSON object, or None if it is not one."""
+    lines = stdout.strip().splitlines()
+    if not lines:
+        return None
+    try:
+        value = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# MBPP's mbpp.jsonl for the installed corpus's decontamination on a machine without the Hub
+MBPP_FILE = os.environ.get("MTP_MBPP_FILE", "/work/shared/data/mbpp/mbpp.jsonl")
+
+
+def fill(argument: str, out: Path) -> str:
+    """A command's argument with {python}, {out} and {mbpp} filled in."""
+    return (argument.replace("{python}", sys.executable).replace("{out}", str(out))
+            .replace("{mbpp}", MBPP_FILE))
+
+
+def shown(command: list[str], out: Path, repo: Path) -> str:
+    """The command as a reader would type it: `python`, and `out` relative to the checkout."""
+    text = " ".join(command).replace(sys.executable, "python")
+    if out.is_relative_to(repo):
+        text = text.replace(str(out), str(out.relative_to(repo)))
+    return text
+
+
+def run_part(part: Part, out: Path, repo: Path, revision: str | None) -> dict[str, Any]:
+    """Run one part; its record: command, commit, device, CPU flags, load before and after,
+    repeats, seconds, return code, and its figures (`result`, None when it failed)."""
+    command = [fill(a, out) for a in part.command]
+    record: dict[str, Any] = {
+        "command": shown(command, out, repo),
+        "commit": revision, "device": part.device, "device_name": device_name(part.device),
+        "cpu_flags": cpu_flags(), "repeats": part.repeats, "started": now(),
+        "load_before": load_average()}
+    print(f"[mtp.bench] {part.name}: {record['command']} (timeout {part.timeout} s, load "
+          f"{record['load_before']})", flush=True)
+    log = out / "logs" / f"{part.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=repo, capture_output=True, text=True,
+                              timeout=part.timeout)
+        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as error:
+        code = "timeout"
+        stdout, stderr = (s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
+                          for s in (error.stdout, error.stderr))
+    record["seconds"] = round(time.perf_counter() - began, 1)
+    record["load_after"] = load_average()
+    record["returncode"] = code
+    log.write_text(f"$ {record['command']}\n{stdout}\n--- stderr ---\n{stderr}")
+    result = None
+    if part.text and code != "timeout":
+        result = {"last_line": (stdout.strip().splitlines() or [""])[-1], "returncode": code}
+    elif code == 0:
+        if part.result_file:
+            path = out / part.result_file
+            result = json.loads(path.read_text()) if path.is_file() else None
+        else:
+            result = last_json(stdout)
+    record["result"] = result
+    if result is None:
+        record["output_tail"] = (stdout + stderr)[-TAIL:]
+    status = "ok" if result is not None else f"FAILED ({code})"
+    print(f"[mtp.bench] {part.name}: {status} in {record['seconds']} s, load after "
+          f"{record['load_after']}", flush=True)
+    return record
+
+
+def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
+              only: Sequence[str] = ()) -> dict[str, Any]:
+    """Run `parts` (only those named in `only`, if any, keeping the other parts' records of
+    an earlier results.json in `out`), write `out/results.json`, and return its contents."""
+    unknown = sorted(set(only) - {p.name for p in parts})
+    if unknown:
+        raise ValueError(f"suite {name} has no part {unknown}; its parts: "
+                         f"{', '.join(p.name for p in parts)}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RESULTS_FILE
+    previous = json.loads(path.read_text()) if only and path.is_file() else {}
+    revision = commit(repo)
+    results: dict[str, Any] = {
+        "suite": name, "commit": revision, "started": now(), "machine": machine(),
+        "load_before": load_average(), "parts": dict(previous.get("parts", {}))}
+    for part in parts:
+        if only and part.name not in only:
+            continue
+        failed = [n for n in part.needs if (results["parts"].get(n) or {}).get("result") is None]
+        if failed:
+            results["parts"][part.name] = {"command": " ".join(part.command), "skipped":
+                                           f"needs {', '.join(failed)}, which failed",
+                                           "result": None}
+        else:
+            results["parts"][part.name] = run_part(part, out, repo, revision)
+        path.write_text(json.dumps(results, indent=1) + "\n")  # a killed run keeps its parts
+    results |= {"finished": now(), "load_after": load_average()}
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    return results

@@ -1,0 +1,158 @@
+"""The named suites: which benchmark commands make the published figures.
+
+A part's command is run from the checkout's root with `{python}` (this interpreter), `{out}`
+(the run's output folder) and `{mbpp}` ($MTP_MBPP_FILE) filled in; its figures are the last
+stdout line (one JSON object) or, with `result_file`, a JSON file the command writes under
+`{out}`. A part that
+`needs` another runs only if that one succeeded (the decoding parts decode the model the
+training part trained). Timeouts are per part: a hang costs that part, not the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PY = "{python}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Part:
+    """One benchmark command and how to read and show its figures."""
+
+    name: str
+    command: tuple[str, ...]
+    timeout: int
+    table: str = ""  # the renderer in tables.py (default: the part's name)
+    result_file: str | None = None  # JSON under {out} instead of stdout's last line
+    needs: tuple[str, ...] = ()
+    text: bool = False  # figures: the last stdout line as text, whatever the exit (pytest's)
+    repeats: int = 1  # how often the figures' timings were repeated (their median/best)
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.timeout < 1:
+            raise ValueError(f"part {self.name}: timeout={self.timeout} must be >= 1 second")
+
+    @property
+    def renderer(self) -> str:
+        return self.table or self.name
+
+
+def script(name: str, *args: str) -> tuple[str, ...]:
+    return (PY, f"scripts/{name}.py", *args)
+
+
+BYTE8_CPU = "{out}/byte8/export"
+MBPP = "data.source.mbpp_file={mbpp}"  # the GPU recipe's corpus is decontaminated offline
+BYTE8_GPU = "{out}/byte8_gpu/export"
+
+SMOKE = (
+    Part(name="tiny", command=(PY, "-m", "mtp.bench.tiny", "{out}/tiny"), timeout=120,
+         table="none"),
+    Part(name="decode", command=script(
+        "bench_decode", "--checkpoint", "{out}/tiny/export", "--prompts",
+        "{out}/tiny/prompts.jsonl", "--max-new-tokens", "6", "--ks", "2", "4", "--trees",
+        "tree8", "--repeats", "1", "--threads", "1"), timeout=180, needs=("tiny",)),
+    Part(name="memory", command=script(
+        "bench_memory", "--vocab-size", "262", "--dim", "32", "--n-layers", "2", "--n-heads",
+        "4", "--batch", "1", "--seq-len", "32", "--threads", "1", "--variants", "ntp",
+        "headwise"), timeout=180),
+    Part(name="peak_flops", command=script(
+        "bench_peak_flops", "--sizes", "64", "--seconds", "0.05", "--threads", "1"),
+        timeout=120),
+)
+
+CPU = (
+    Part(name="peak_flops", command=script(
+        "bench_peak_flops", "--sizes", "1024", "2048", "--seconds", "2", "--threads", "2"),
+        timeout=300),
+    Part(name="memory", command=script("bench_memory", "--threads", "2"), timeout=900),
+    Part(name="train_step", command=script(
+        "bench_train", "--steps", "3", "--warmup", "1", "--threads", "2"), timeout=900,
+        repeats=3),
+    Part(name="fsdp_comms", command=script("bench_fsdp_comms"), timeout=600),
+    Part(name="heads_cost", command=script(
+        "bench_heads", "--out", "{out}/heads", "--cost-only", "--n-future", "4", "8",
+        "--time-steps", "1", "--plot", "{out}/heads.png"), timeout=900),
+    Part(name="sandbox", command=script("bench_sandbox", "--rounds", "1"), timeout=600),
+    Part(name="byte8", command=(
+        PY, "-m", "mtp.train", "+experiment=byte8", "logger=csv",
+        "trainer.max_time=00:00:06:00", "trainer.enable_progress_bar=false",
+        "hydra.run.dir={out}/byte8"), timeout=1500, result_file="byte8/summary.json"),
+    Part(name="decode", command=script(
+        "bench_decode", "--checkpoint", BYTE8_CPU, "--humaneval", "4", "--ks", "2", "4", "8",
+        "--trees", "tree16", "--repeats", "2", "--threads", "2"), timeout=900,
+        needs=("byte8",), repeats=2),
+    Part(name="decode_compiled", command=script(
+        "bench_decode", "--checkpoint", BYTE8_CPU, "--ks", "4", "8", "--max-new-tokens", "64",
+        "--compile", "both", "--repeats", "2", "--threads", "2"), timeout=900,
+        table="decode", needs=("byte8",), repeats=2),
+    Part(name="methods", command=script(
+        "bench_methods", "--checkpoint", BYTE8_CPU, "--humaneval", "4", "--max-new-tokens",
+        "96", "--auto-prompts", "2", "--threads", "2"), timeout=900, needs=("byte8",)),
+    Part(name="hf", command=script(
+        "bench_hf", "--checkpoint", BYTE8_CPU, "--humaneval", "4", "--max-new-tokens", "96",
+        "--repeats", "2", "--threads", "2"), timeout=900, needs=("byte8",), repeats=2),
+)
+
+GPU = (
+    Part(name="gpu_peak_flops", command=script(
+        "bench_peak_flops", "--device", "cuda", "--sizes", "4096", "8192", "--seconds", "2"),
+        timeout=300, table="peak_flops", device="cuda"),
+    Part(name="gpu_memory", command=script(
+        "bench_memory", "--device", "cuda", "--n-future", "4", "--dim", "1024", "--n-layers",
+        "8", "--batch", "4", "--seq-len", "2048"), timeout=600, table="memory", device="cuda"),
+    Part(name="gpu_train_step_1b", command=script(
+        "bench_train", "--device", "cuda", "--precision", "bf16-mixed", "--batch", "8",
+        "--seq-len", "2048", "--vocab-size", "32000", "--n-future", "4", "--steps", "5",
+        "model=1b"), timeout=900, table="train_step", device="cuda", repeats=5),
+    Part(name="gpu_train_step_1b_compiled", command=script(
+        "bench_train", "--device", "cuda", "--precision", "bf16-mixed", "--compile",
+        "--batch", "8", "--seq-len", "2048", "--vocab-size", "32000", "--n-future", "4",
+        "--steps", "5", "model=1b"), timeout=1200, table="train_step", device="cuda",
+        repeats=5),
+    Part(name="gpu_byte8", command=(
+        PY, "-m", "mtp.train", "+experiment=byte8", "trainer=gpu", "logger=csv", MBPP,
+        "trainer.max_time=00:00:10:00", "trainer.enable_progress_bar=false",
+        "hydra.run.dir={out}/byte8_gpu"), timeout=1200, table="byte8",
+        result_file="byte8_gpu/summary.json", device="cuda"),
+    Part(name="gpu_decode_bf16", command=script(
+        "bench_decode", "--checkpoint", BYTE8_GPU, "--humaneval", "24", "--device", "cuda",
+        "--dtype", "bfloat16", "--compile", "both", "--trees", "tree16", "tree64"),
+        timeout=1200, table="decode", needs=("gpu_byte8",), device="cuda", repeats=3),
+    Part(name="gpu_hf", command=script(
+        "bench_hf", "--checkpoint", BYTE8_GPU, "--humaneval", "24", "--device", "cuda",
+        "--dtype", "bfloat16", "--compile"), timeout=1200, table="hf", needs=("gpu_byte8",),
+        device="cuda", repeats=3),
+    Part(name="gpu_eval", command=(
+        PY, "-m", "mtp.eval", "task=humaneval", f"checkpoint={BYTE8_GPU}", "device=cuda",
+        "compile=true"), timeout=900, table="eval", needs=("gpu_byte8",), device="cuda"),
+    Part(name="gpu_fsdp", command=(
+        PY, "-m", "mtp.train", "+experiment=byte8", "trainer=fsdp", "trainer.devices=1", MBPP,
+        "logger=csv", "trainer.max_time=00:00:03:00", "trainer.enable_progress_bar=false",
+        "hydra.run.dir={out}/fsdp_gpu"), timeout=600, table="byte8",
+        result_file="fsdp_gpu/summary.json", device="cuda"),
+    Part(name="gpu_tests", command=(PY, "-m", "pytest", "-q", "-m", "gpu", "tests"),
+         timeout=1200, table="tests", text=True, device="cuda"),
+)
+
+SUITES: dict[str, tuple[Part, ...]] = {"smoke": SMOKE, "cpu": CPU, "gpu": GPU}
+
+
+def suite(name: str) -> tuple[Part, ...]:
+    """The parts of the suite `name`, checked: unique names, needs met by earlier parts."""
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; choose from {', '.join(SUITES)}")
+    parts = SUITES[name]
+    seen: set[str] = set()
+    for part in parts:
+        if part.name in seen:
+            raise ValueError(f"suite {name}: part {part.name!r} appears twice")
+        missing = [need for need in part.needs if need not in seen]
+        if missing:
+            raise ValueError(f"suite {name}: part {part.name!r} needs {missing}, not run before it")
+        seen.add(part.name)
+    return parts
+
+
+__all__ = ["Part", "SUITES", "suite"]

@@ -1,0 +1,112 @@
+"""mtp.bench: suites run part by part (a failure or a hang costs one part), results.json
+records each figure's conditions, and the generated blocks of Markdown files are rewritten."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtp.bench.markers import block_names, replace_blocks
+from mtp.bench.runner import last_json, run_suite
+from mtp.bench.suites import SUITES, Part, suite
+from mtp.bench.tables import blocks, table
+
+REPO = Path(__file__).resolve().parents[1]
+PY = "{python}"
+
+
+def marked(*names: str) -> str:
+    return "".join(f"text\n<!-- mtp.bench:begin {n} -->\nold {n}\n<!-- mtp.bench:end {n} -->\n"
+                   for n in names) + "end\n"
+
+
+def test_replace_blocks_keeps_the_markers_and_everything_around_them() -> None:
+    text = marked("a", "b")
+    new = replace_blocks(text, {"a": "new a\n", "c": "unused"})
+    assert new == text.replace("old a", "new a")
+    assert block_names(new) == ["a", "b"]
+    assert replace_blocks(new, {"a": "new a"}) == new  # idempotent
+
+
+def test_suites_are_well_formed() -> None:
+    for name in SUITES:
+        parts = suite(name)
+        assert parts and len({p.name for p in parts}) == len(parts)
+    assert all(p.device == "cuda" for p in suite("gpu"))
+    with pytest.raises(ValueError, match="unknown suite 'tpu'"):
+        suite("tpu")
+    with pytest.raises(ValueError, match="timeout=0"):
+        Part(name="x", command=("true",), timeout=0)
+
+
+def test_last_json_reads_only_a_final_json_object() -> None:
+    assert last_json('table\n{"a": 1}\n') == {"a": 1}
+    assert last_json('{"a": 1}\ntable\n') is None
+    assert last_json("[1, 2]") is None and last_json("") is None
+
+
+def test_a_failure_or_a_hang_costs_one_part(tmp_path: Path) -> None:
+    parts = (
+        Part(name="good", command=(PY, "-c", "print('table'); print('{\"x\": 2}')"), timeout=30,
+             repeats=3),
+        Part(name="bad", command=(PY, "-c", "import sys; print('boom'); sys.exit(3)"),
+             timeout=30),
+        Part(name="hang", command=(PY, "-c", "import time; time.sleep(30)"), timeout=1),
+        Part(name="after_bad", command=(PY, "-c", "print('{}')"), timeout=30, needs=("bad",)),
+        Part(name="file", command=(PY, "-c", "import json, sys; open(sys.argv[1], 'w')"
+                                   ".write(json.dumps({'y': 1}))", "{out}/y.json"), timeout=30,
+             result_file="y.json"),
+    )
+    results = run_suite("test", parts, tmp_path, REPO)
+    assert json.loads((tmp_path / "results.json").read_text()) == results
+    good = results["parts"]["good"]
+    assert good["result"] == {"x": 2} and good["returncode"] == 0 and good["repeats"] == 3
+    assert len(good["load_before"]) == 3 and len(good["load_after"]) == 3
+    assert good["command"].startswith("python -c") and good["device"] == "cpu"
+    assert {"commit", "cpu_flags", "seconds", "device_name", "started"} <= good.keys()
+    assert results["parts"]["bad"]["result"] is None
+    assert results["parts"]["bad"]["returncode"] == 3
+    assert "boom" in results["parts"]["bad"]["output_tail"]
+    assert results["parts"]["hang"]["returncode"] == "timeout"
+    assert results["parts"]["hang"]["seconds"] < 10
+    assert "bad" in results["parts"]["after_bad"]["skipped"]
+    assert results["parts"]["file"]["result"] == {"y": 1}
+    assert (tmp_path / "logs" / "bad.log").read_text().startswith("$ python -c")
+
+    # --only: rerun one part, keep the others' records
+    again = run_suite("test", parts, tmp_path, REPO, only=["good"])
+    assert again["parts"]["bad"] == results["parts"]["bad"]
+    assert again["parts"]["good"]["started"] >= results["parts"]["good"]["started"]
+    with pytest.raises(ValueError, match="no part \\['nope'\\]"):
+        run_suite("test", parts, tmp_path, REPO, only=["nope"])
+
+    rendered = blocks(again, {"good": "eval", "bad": "eval", "file": "none"})
+    assert "Failed (exit 3)" in rendered["bad"] and "file" not in rendered
+    assert "skipped" in rendered["after_bad"] and "| x | 2 |" in rendered["good"]
+    assert "python -m mtp.bench test" in rendered["run_test"]
+
+
+def test_table() -> None:
+    assert table(["a", "b"], [[1, 2]]) == "| a | b |\n| --- | --- |\n| 1 | 2 |"
+
+
+def test_smoke_suite_writes_results_and_regenerates_the_docs(tmp_path: Path) -> None:
+    """`python -m mtp.bench smoke`: what CI runs; every part succeeds in seconds."""
+    docs, readme = tmp_path / "benchmarks.md", tmp_path / "README.md"
+    docs.write_text(marked("run_smoke", "decode", "memory", "peak_flops"))
+    readme.write_text(marked("headline"))
+    done = subprocess.run([sys.executable, "-m", "mtp.bench", "smoke", "--out",
+                           str(tmp_path / "out"), "--docs", str(docs), "--readme", str(readme)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["failed"] == [] and summary["parts"] == len(suite("smoke"))
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["parts"]["decode"]["result"]["identical"] is True
+    text = docs.read_text()
+    assert "old" not in text and "| k=2 |" in text and "| headwise | 4 |" in text
+    assert "python -m mtp.bench smoke" in text and block_names(text) == [
+        "run_smoke", "decode", "memory", "peak_flops"]
+    assert "greedy speed-up" in readme.read_text()

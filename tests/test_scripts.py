@@ -1,0 +1,139 @@
+"""Every script in scripts/ runs end to end at smoke size (tiny random checkpoints, a few
+tokens): a table, then one JSON line whose figures hang together. Scripts import the
+installed `mtp` package only: each runs as `python scripts/NAME.py` from outside the checkout."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtp.bench.suites import suite
+from mtp.bench.tiny import tiny_checkpoint, tiny_prompts
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "scripts"
+# the tests of scripts that have their own test file
+TESTED_ELSEWHERE = {"bench_decode": "test_generate_bench.py", "bench_methods": "test_generate_bench.py",
+                    "bench_train": "test_bench_train.py",
+                    "prepare_data": "test_prepare_data.py", "distill_data": "test_distill_data.py",
+                    "eval_hf": "test_eval_hf.py"}
+
+
+def run_script(name: str, *args: str, cwd: Path) -> tuple[list[str], dict]:
+    """Run scripts/NAME.py with `mtp` importable as an installed package would be (not from
+    the script's folder); its table lines and its last-line JSON."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), *args], cwd=cwd,
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    *table, last = done.stdout.strip().splitlines()
+    return table, json.loads(last)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny random byte checkpoint (4 heads) and a prompt file that fits its context."""
+    root = tmp_path_factory.mktemp("tiny")
+    return tiny_checkpoint(root / "export"), tiny_prompts(root / "prompts.jsonl")
+
+
+def test_every_script_is_run_by_a_test() -> None:
+    """Here, in its own test file, or in the smoke suite (tests/test_bench.py runs it)."""
+    here = Path(__file__).read_text()
+    smoke = " ".join(" ".join(part.command) for part in suite("smoke"))
+    for script in sorted(SCRIPTS.glob("*.py")):
+        name = script.stem
+        if f"scripts/{name}.py" in smoke:
+            continue
+        if name in TESTED_ELSEWHERE:
+            assert f'"{name}.py"' in (REPO / "tests" / TESTED_ELSEWHERE[name]).read_text()
+        else:
+            assert f'run_script("{name}"' in here, f"scripts/{name}.py is run by no test"
+
+
+def test_no_script_edits_sys_path_or_imports_another() -> None:
+    names = {p.stem for p in SCRIPTS.glob("*.py")}
+    for script in SCRIPTS.glob("*.py"):
+        text = script.read_text()
+        assert "sys.path" not in text, script.name
+        for name in names:
+            assert f"from {name} import" not in text and f"import {name}\n" not in text, script.name
+
+
+def test_bench_hf(tiny, tmp_path) -> None:
+    pytest.importorskip("transformers")
+    checkpoint, prompts = tiny
+    _, out = run_script("bench_hf", "--checkpoint", str(checkpoint), "--prompts", str(prompts),
+                        "--max-new-tokens", "4", "--repeats", "1", "--no-static", "--threads", "1",
+                        "--device", "cpu", cwd=tmp_path)
+    # the same weights and input ids through both libraries: the same greedy ids
+    assert out["identical"] and out["hf_static_tokens_per_second"] is None
+    assert set(out["per_method_tokens_per_second"]) == {
+        "hf", "hf_prompt_lookup", "mtp_k1", "mtp_k2", "mtp_k3", "mtp_k4"}
+    assert out["new_tokens"] == 3 * 4 and out["prompts"] == 3
+    assert out["mtp_spec_tokens_per_forward"] >= 1.0
+
+
+@pytest.mark.slow
+def test_bench_heads_cost_only(tmp_path) -> None:
+    table, out = run_script("bench_heads", "--out", str(tmp_path / "heads"), "--cost-only",
+                            "--n-future", "2", "--time-steps", "1", "--batch", "2", "--seq-len",
+                            "16", "--threads", "1", "model=tiny", cwd=tmp_path)
+    assert set(out["runs"]) == {"block n=2", "sequential n=2"}
+    assert all(r["step_bytes"] > 0 and r["step_seconds"] > 0 for r in out["runs"].values())
+    assert (out["batch"], out["seq_len"]) == (2, 16)
+    assert json.loads((tmp_path / "heads" / "results.json").read_text())["runs"] == out["runs"]
+
+
+def test_bench_heads_decodes_a_run_with_the_shared_harness(tiny, tmp_path) -> None:
+    """The decoding half of bench_heads (its training half is mtp.train's, tested there)."""
+    spec = importlib.util.spec_from_file_location("bench_heads", SCRIPTS / "bench_heads.py")
+    bench_heads = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_heads)
+    checkpoint, _ = tiny
+    figures = bench_heads.tokens_per_forward(checkpoint.parent, ["def f(x):", "import os"],
+                                             "tree8", 4)
+    assert figures["prompts"] == 2
+    for key in ("chain", "tree", "chain_t08", "tree_t08"):
+        assert figures[f"tokens_per_forward_{key}"] >= 1.0
+        assert 0.0 <= figures[f"repeated_{key}"] <= 1.0
+
+
+def test_bench_fsdp_comms(tmp_path) -> None:
+    _, out = run_script("bench_fsdp_comms", "--vocab-size", "262", "--dim", "32", "--n-layers",
+                        "1", "--n-heads", "4", "--n-future", "2", "--seq-len", "8", cwd=tmp_path)
+    assert out["world_size"] == 2 and out["fsdp_units"] == 1 + 2 + 2
+    gathers = [value for key, value in out.items() if key.endswith("_all_gathers")]
+    assert gathers and all(value > 0 for value in gathers)
+
+
+def test_bench_sandbox(tmp_path) -> None:
+    table, out = run_script("bench_sandbox", "--rounds", "1", "--problems", "3", "--levels",
+                            "none", "--workers", "1", cwd=tmp_path)
+    [row] = out["results"]
+    assert (row["task"], row["programs"], row["isolation"]) == ("humaneval", 3, "none")
+    assert row["seconds"] > 0
+
+
+def test_check_gguf(tmp_path) -> None:
+    pytest.importorskip("accelerate")  # transformers' GGUF loader needs it
+    transformers = pytest.importorskip("transformers")
+    from gguf_files import byte_level_vocab, write_gguf  # tests/ is on the path
+
+    from mtp.tokenizers import BPETokenizer
+
+    tokenizer = BPETokenizer.train(["def add(a, b):\n    return a + b\n"] * 20, vocab_size=300)
+    config = transformers.LlamaConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096, rope_theta=1000.0, rms_norm_eps=1e-5)
+    path = write_gguf(tmp_path / "tiny.gguf", transformers.LlamaForCausalLM(config).eval(),
+                      byte_level_vocab(tokenizer))
+    _, out = run_script("check_gguf", "--gguf", str(path), "--prompts", "1", "--max-new-tokens",
+                        "3", "--threads", "1", cwd=tmp_path)
+    assert out["prompts"] == 1 and out["ids_equal_transformers"] == 1
+    assert out["max_abs_logit_diff"] < 1e-3 and out["greedy_identical"] == 1
