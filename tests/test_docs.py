@@ -49,8 +49,8 @@ PENDING_FILES = {"docs/better.md"}  # issue 29's guide
 OPTIONAL_PACKAGES = {"transformers", "sentencepiece", "gguf", "accelerate"}  # the [hf] extra
 # Documented commands known broken in code this branch does not own: expected to fail until
 # fixed (then they pass, and this entry can go).
-KNOWN_BROKEN = {"scripts/bench_heads.py": (ImportError, "imports repeated_share from "
-                "bench_methods, which moved to mtp/generate/output.py (issue 27 item 3)")}
+# Documented commands known to fail, with the exception and the reason: none today.
+KNOWN_BROKEN: dict[str, tuple[type[BaseException], str]] = {}
 
 
 @dataclass(frozen=True)

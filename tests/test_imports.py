@@ -12,10 +12,6 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mtp"
-# The one edge allowed for now: mtp.generate.measure imports mtp.eval to score completions;
-# another branch moves that timing out of generate/ (issue 27, one timing harness), after
-# which this set is empty.
-ALLOWED = {("mtp.generate.measure", "mtp.eval")}
 
 
 def _module_name(path: Path) -> str:
@@ -63,10 +59,8 @@ def _graphs() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     for name, targets in graph.items():
         for target in targets:
             edge = (_subpackage(name), _subpackage(target))
-            if edge[0] != edge[1] and (name, edge[1]) not in ALLOWED:
+            if edge[0] != edge[1]:
                 packages.setdefault(edge[0], set()).add(edge[1])
-    graph = {name: {t for t in targets if (name, _subpackage(t)) not in ALLOWED}
-             for name, targets in graph.items()}
     return graph, packages
 
 
