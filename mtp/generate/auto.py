@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from mtp.generate.sampling import SamplingConfig
 from mtp.generate.spec import AUTOREGRESSIVE, DrafterSpec, heads_drafter
 from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
+from mtp.paths import cache_dir
 from mtp.tokenizers import Tokenizer
 
 AUTO_TREE_SIZES = (16, 32, 64)  # the calibrated trees `auto` measures against the chain
@@ -54,9 +54,8 @@ _chosen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def default_calibration(checkpoint: str | Path) -> Path:
     """Where the command lines cache `auto`'s choice for a checkpoint: under $MTP_CACHE
     (default ~/.cache/mtp), one file per checkpoint path, so checkpoints stay read-only."""
-    root = Path(os.environ.get("MTP_CACHE", Path.home() / ".cache" / "mtp"))
     name = hashlib.sha1(str(Path(checkpoint).resolve()).encode()).hexdigest()[:16]
-    return root / "calibration" / f"{name}.json"
+    return cache_dir() / "calibration" / f"{name}.json"
 
 
 @dataclass
