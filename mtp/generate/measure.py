@@ -24,6 +24,7 @@ import torch
 from mtp.generate.decode import generate
 from mtp.generate.heads_drafter import HeadsDrafter
 from mtp.generate.output import DecodeStats, repetition
+from mtp.generate.spec import heads_drafter
 from mtp.generate.tree import resolve_tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -73,9 +74,9 @@ def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], 
     began = time.perf_counter()
     config = model.config
     drafters: dict[Any, HeadsDrafter | None] = {1: None}
-    drafters |= {k: HeadsDrafter(k) for k in range(2, config.n_future + 1)}
+    drafters |= {k: heads_drafter(model, k) for k in range(2, config.n_future + 1)}
     if config.n_future > 1:
-        drafters |= {name: HeadsDrafter(config.n_future, resolve_tree(
+        drafters |= {name: heads_drafter(model, config.n_future, resolve_tree(
             name, n_heads=config.n_future, vocab_size=config.vocab_size)) for name in trees}
     rates, stats, outputs = {}, {}, {}
     with torch.inference_mode():
