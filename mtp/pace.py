@@ -78,10 +78,17 @@ class ThreadSearch(Callback):
             self.rates[self.counts[self._batch - 1]] = 1 / (time.perf_counter() - self._began)
         self._batch += 1
         if self._batch > len(self.counts):
-            self.choice = ThreadChoice(fastest(self.rates), "measured", self.rates, "batches/s")
-            set_threads(self.choice.threads)
-            write_cached(self.key, self.choice.threads, self.rates)
-            say(self.choice.describe())
+            self._finish()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.done and self.rates:  # a run shorter than the search: what it measured
+            self._finish()
+
+    def _finish(self) -> None:
+        self.choice = ThreadChoice(fastest(self.rates), "measured", self.rates, "batches/s")
+        set_threads(self.choice.threads)
+        write_cached(self.key, self.choice.threads, self.rates)
+        say(self.choice.describe())
 
 
 class PaceCheck(Callback):

@@ -35,6 +35,7 @@ from mtp.paths import cache_dir
 
 CACHE_FILE = "threads.json"
 NEAR_BEST = 0.95  # fewer threads win unless more are this much slower
+EXPLICIT = ("threads=", "OMP_NUM_THREADS=", "torch.set_num_threads")  # how a user sets it
 
 _ours: int | None = None  # the count this module set last (not an explicit user setting)
 
@@ -85,7 +86,9 @@ class ThreadChoice:
             return f"{line}, the fastest measured ({self.unit} by threads: {shown})"
         if self.how == "cached":
             return f"{line}, measured before on this machine ({cache_dir() / CACHE_FILE})"
-        return f"{line}, as set ({self.how})"
+        if self.how.startswith(EXPLICIT):
+            return f"{line}, as set ({self.how})"
+        return f"{line} ({self.how})"
 
 
 def machine() -> str:
@@ -217,6 +220,6 @@ def choose_decode_threads(model: Any, tokenizer: Any, prompt: str, *, drafter: A
     def step() -> None:
         generate(model, tokenizer, prompts, max_new_tokens=8, drafter=drafter)
 
-    if param.device.type != "cpu":  # a GPU's step does not use the CPU's intra-op threads
+    if param.device.type != "cpu" and requested is None:  # a GPU's step uses no CPU threads
         return ThreadChoice(torch.get_num_threads(), "not measured on " + param.device.type)
     return choose_threads(step, key, requested=requested, budget=budget, unit="calls/s")
