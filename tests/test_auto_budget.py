@@ -49,7 +49,7 @@ def test_the_budget_bounds_the_measurement_and_says_what_it_left_out(model, slow
     assert spent < 0.4 + 0.4, spent
     assert auto.skipped and "autoregressive" in auto.measured and auto.choice in auto.measured
     line = auto.describe()
-    assert line.startswith(f"auto: {auto.choice} (measured in ") and "of a 0.4 s budget" in line
+    assert line.startswith(f"auto: {auto.choice} (measured in ") and "of a 0.40 s budget" in line
     assert f"{len(auto.skipped)} candidates left unmeasured by the budget" in line
 
     unbounded = Auto(tokens=4)

@@ -75,7 +75,9 @@ class GenerateArgs(DrafterSpec):
     threads: int | None = None
 
 
-AUTO_SECONDS = 30.0  # auto measures at most this long, and 10% of the expected decoding time
+# auto measures at most this long (eval also bounds it by its run's expected time; one
+# generation is too short a run to size the measurement by, and its choice is cached)
+AUTO_SECONDS = 30.0
 
 Args = TypeVar("Args")
 
@@ -145,8 +147,7 @@ def main(argv: list[str]) -> None:
             model, tokenizer, args, prompts[:1], sampling=how,
             max_new_tokens=args.max_new_tokens, calibration=calibration,
             cache_file=args.calibration or default_calibration(args.checkpoint),
-            compile=args.compile, budget=AUTO_SECONDS,
-            planned_tokens=len(prompts) * args.max_new_tokens)
+            compile=args.compile, budget=AUTO_SECONDS)
     if auto is not None:
         print(auto.describe(), file=sys.stderr, flush=True)
     name = f"auto -> {auto.choice}" if auto is not None else str(drafter or "autoregressive")

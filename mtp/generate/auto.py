@@ -189,7 +189,7 @@ class Auto:
             return f"auto: {self.choice} (cached: measured before with this checkpoint)"
         rates = ", ".join(f"{label} {rate:.0f}" for label, rate in
                           sorted(self.measured.items(), key=lambda item: -item[1]))
-        budget = f" of a {self.limit:.1f} s budget" if self.limit is not None else ""
+        budget = f" of a {self.limit:.2f} s budget" if self.limit is not None else ""
         left = (f"; {len(self.skipped)} candidates left unmeasured by the budget"
                 if self.skipped else "")
         return (f"auto: {self.choice} (measured in {self.seconds:.1f} s{budget}, tokens/s: "
