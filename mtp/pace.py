@@ -8,9 +8,9 @@ at one thread, then one step at each count from 1 to the cores available, keeps 
 OMP_NUM_THREADS or an earlier `torch.set_num_threads` win, as in `mtp.threads`.
 
 `PaceCheck` then compares the measured step time with `trainer.max_time`: when the budget
-reaches fewer than half of `trainer.max_steps`, it prints one line there and then (tokens/s,
-the step the guard will stop at, the likely cause), instead of a run that ends with a tenth
-of its recipe and says why only at the end. The end-of-run summary says so again
+reaches fewer than 80% of `trainer.max_steps` (STARVED), it prints one line there and then
+(tokens/s, the step the guard will stop at, the likely cause), instead of a run that ends
+with a tenth of its recipe and says why only at the end. The end-of-run summary says so again
 (`mtp.train`'s stop line: the model is undertrained, and how much of the recipe ran).
 """
 
@@ -30,7 +30,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from mtp.threads import ThreadChoice, cores, fastest, resolve, set_threads, write_cached
 
-STARVED = 0.5  # warn when the budget reaches fewer than this share of the planned steps
+STARVED = 0.8  # warn when the budget reaches fewer than this share of the planned steps
 PACE_BATCHES = 2  # batches timed after the warm-up when no thread search measured them
 
 
@@ -129,7 +129,7 @@ class PaceCheck(Callback):
 
     def check(self, trainer: L.Trainer, per_batch: float, tokens: int) -> str | None:
         """The warning for a measured `per_batch` seconds (of `tokens` tokens), printed; None
-        when the budget carries at least STARVED of the planned steps or there is none."""
+        when the budget carries at least STARVED of the planned steps, or there is none."""
         timers = [cb for cb in trainer.callbacks
                   if isinstance(cb, Timer) and cb.time_remaining() is not None]
         if not timers:

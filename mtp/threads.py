@@ -4,10 +4,10 @@ torch starts one thread per core. Whether that is fastest depends on the model, 
 and the machine's load: a small model's decode step at batch 1 gains little from a second
 thread even on an idle machine, SmolLM2-135M's does; and when another process holds a core,
 every parallel region of a step waits for a thread that is not running. So the count is
-measured: `choose_threads` runs a step at each count from 1 to the cores available (about a
-second in all for decoding; the training loop measures its own first steps, `mtp.pace`),
-keeps the fastest (the fewest threads within 5% of it: noise, and cores left to others), sets
-it, prints it in one line and caches it in `<cache_dir>/threads.json` (`mtp.paths.cache_dir`)
+measured: `choose_threads` runs a step at each count from 1 to the cores available, the
+counts taking turns (about a second in all for decoding; the training loop measures its own
+first steps, `mtp.pace`), keeps the fastest (the fewest threads within 5% of it: noise, and
+cores left to others), sets it, prints it in one line and caches it in `<cache_dir>/threads.json` (`mtp.paths.cache_dir`)
 keyed by what it depends on: the model's shape, dtype and device, the step's width and batch,
 the machine (CPU, cores, OpenMP wait policy) and its load (the load average rounded to whole
 cores, so a choice made on an idle machine is not reused under load).
@@ -35,6 +35,7 @@ from mtp.paths import cache_dir
 
 CACHE_FILE = "threads.json"
 NEAR_BEST = 0.95  # fewer threads win unless more are this much slower
+ROUNDS = 3  # the counts take turns this many times
 EXPLICIT = ("threads=", "OMP_NUM_THREADS=", "torch.set_num_threads")  # how a user sets it
 
 _ours: int | None = None  # the count this module set last (not an explicit user setting)
@@ -153,20 +154,25 @@ def fastest(rates: dict[int, float]) -> int:
     return min(n for n, rate in rates.items() if rate >= NEAR_BEST * best)
 
 
-def measure(step: Callable[[], object], counts: list[int], budget: float) -> dict[int, float]:
-    """Steps per second at each thread count: `step` repeated for about budget / len(counts)
-    seconds per count (at least once), after one untimed warm-up."""
+def measure(step: Callable[[], object], counts: list[int], budget: float,
+            rounds: int = ROUNDS) -> dict[int, float]:
+    """Steps per second at each thread count, after one untimed warm-up: `rounds` rounds
+    that each run `step` at every count in turn for budget / (rounds * len(counts)) seconds
+    (at least once), so that a change in the machine's load falls on every count alike."""
     step()
-    share = budget / len(counts)
-    rates = {}
-    for count in counts:
-        set_threads(count)
-        runs, began = 0, time.perf_counter()
-        while runs == 0 or time.perf_counter() - began < share:
-            step()
-            runs += 1
-        rates[count] = runs / (time.perf_counter() - began)
-    return rates
+    share = budget / (rounds * len(counts))
+    runs, seconds = dict.fromkeys(counts, 0), dict.fromkeys(counts, 0.0)
+    for _ in range(rounds):
+        for count in counts:
+            set_threads(count)
+            began = time.perf_counter()
+            while True:
+                step()
+                runs[count] += 1
+                if time.perf_counter() - began >= share:
+                    break
+            seconds[count] += time.perf_counter() - began
+    return {count: runs[count] / seconds[count] for count in counts}
 
 
 def resolve(requested: int | None, key: str) -> ThreadChoice | None:

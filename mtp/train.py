@@ -6,7 +6,7 @@ before anything heavy runs (a GPU run whose step cannot fit the device's memory 
 Lightning, validated once more, exported for inference (`mtp.load`), its per-head curves
 plotted to `<run>/plots/`, and its export's greedy decoding of held-out prompts measured on
 the training device (`decode.*`). On a CPU the first steps measure the thread count
-(`threads=N` fixes it), and a run whose `trainer.max_time` cannot carry half its steps says
+(`threads=N` fixes it), and a run whose `trainer.max_time` cannot carry 80% of its steps says
 so at once (`mtp.pace`). The summary, printed and in `<run>/summary.json` (`mtp.summary`),
 says when and why a run stopped before `trainer.max_steps` (e.g. the `trainer.max_time`
 guard: the model is then undertrained, and it says how much of the recipe ran).
