@@ -159,8 +159,8 @@ def likely_cause() -> str:
         load = 0.0
     others = load - min(threads, n)  # this run accounts for about its threads
     if others >= 0.5:
-        return (f"a busy CPU (load average {load:.1f} on {n} cores: other processes hold about "
-                f"{max(1, round(others))} of them); free the CPU, or raise trainer.max_time")
+        return (f"a busy CPU (load average {load:.1f} on {n} cores, about {max(1, round(others))}"
+                f" of it from other processes); free the CPU, or raise trainer.max_time")
     return (f"this CPU or its thread count ({threads} of {n} cores) is slower than the "
             f"recipe's reference machine; set threads=, lower trainer.max_steps, or raise "
             f"trainer.max_time")

@@ -142,7 +142,14 @@ class Auto:
         def time_left() -> bool:
             return self.limit is None or time.perf_counter() - began < self.limit
 
-        def speed(drafter: Drafter | None) -> float:
+        def bound(rate: float) -> None:
+            """The budget: at most `share` of the planned tokens' time at autoregressive
+            decoding's `rate` (known after its first batch)."""
+            if self.planned_tokens is not None:
+                share = self.share * self.planned_tokens / rate
+                self.limit = share if self.budget is None else min(self.budget, share)
+
+        def speed(drafter: Drafter | None, first: bool = False) -> float:
             run = dict(drafter=drafter, sampling=sampling, seed=0, compile=self.compile)
             generate(model, tokenizer, batches[0], max_new_tokens=2, **run)  # warm-up, builds
             new, seconds = 0, 0.0
@@ -151,14 +158,13 @@ class Auto:
                 done = generate(model, tokenizer, prompts, max_new_tokens=tokens, **run)
                 seconds += time.perf_counter() - began
                 new += sum(g.stats.new_tokens for g in done)
+                if first:
+                    bound(new / seconds)
                 if not time_left():  # one batch at least
                     break
             return new / seconds
 
-        measured = {AUTOREGRESSIVE: speed(candidates[AUTOREGRESSIVE])}
-        if self.planned_tokens is not None:  # the run's own time, at the rate just measured
-            share = self.share * self.planned_tokens / measured[AUTOREGRESSIVE]
-            self.limit = share if self.limit is None else min(self.limit, share)
+        measured = {AUTOREGRESSIVE: speed(candidates[AUTOREGRESSIVE], first=True)}
         for label, drafter in candidates.items():
             if label not in measured:
                 if time_left():
