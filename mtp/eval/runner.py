@@ -26,6 +26,7 @@ from mtp.eval.tasks import Problem, Task, load_task
 from mtp.generate.spec import DrafterSpec
 
 AUTO_PROMPTS = 4  # drafter=auto measures its candidates on at least this many of the run's prompts
+AUTO_SECONDS = 30.0  # and spends at most this long, and at most 10% of the run's expected time
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +59,7 @@ class EvalConfig(DrafterSpec):
     timeout: float = Limits.timeout
     workers: int | None = None
     isolation: Isolation = "auto"  # sandbox: namespaces | none | auto (namespaces where they work)
+    threads: int | None = None  # intra-op threads; None: measured (mtp.threads)
 
     def __post_init__(self) -> None:
         if isinstance(self.pass_k, int):  # pass_k=10 on the command line means [10]
@@ -76,6 +78,8 @@ class EvalConfig(DrafterSpec):
 
         typical_thresholds(self.acceptance)
         decoding_dtype(self.device, self.dtype)
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads={self.threads} must be at least 1 (or null: measured)")
         for name in ("samples_per_problem", "max_new_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
@@ -178,6 +182,11 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                     "tokens_per_forward": 0.0, "seconds": 0.0})
             continue
         items += [(problem, index) for index in indices]
+    if items:
+        from mtp.threads import choose_decode_threads
+
+        choose_decode_threads(model, tokenizer, items[0][0].prompt, requested=config.threads,
+                              batch=min(config.batch_size, len(items)))
     drafter, auto = _choose(config, model, tokenizer, [p.prompt for p, _ in items])
     for start in range(0, len(items), config.batch_size):
         batch = items[start : start + config.batch_size]
@@ -199,9 +208,10 @@ def _choose(config: EvalConfig, model, tokenizer, prompts: list[str]):
 
     auto measures the candidates once, on the run's first prompts in batches of `batch_size`
     (at least AUTO_PROMPTS prompts: one prompt's 64 tokens are no sample of a task), and
-    every batch decodes with the choice, the last smaller batch included. The choice is
-    cached per checkpoint; the time it takes is reported, not counted in the samples'
-    tokens/s.
+    every batch decodes with the choice, the last smaller batch included. It spends at
+    most AUTO_SECONDS and 10% of the run's expected autoregressive time (`Auto`'s budget).
+    The choice is cached per checkpoint on disk; what was measured, and for how long, is
+    printed, not counted in the samples' tokens/s.
     """
     from mtp.generate import SamplingConfig
     from mtp.generate.auto import choose_drafter, default_calibration
@@ -209,17 +219,16 @@ def _choose(config: EvalConfig, model, tokenizer, prompts: list[str]):
 
     if config.measured and not prompts:  # every sample is done: nothing to measure on
         return None, None
-    began = time.perf_counter()
     drafter, auto = choose_drafter(
         model, tokenizer, config, prompts[:max(AUTO_PROMPTS, config.batch_size)],
         sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
         max_new_tokens=config.max_new_tokens, batch_size=config.batch_size,
         calibration=find_calibration(config.checkpoint, n_future=model.config.n_future,
                                      vocab_size=model.config.vocab_size),
-        cache_file=default_calibration(config.checkpoint), compile=config.compile)
+        cache_file=default_calibration(config.checkpoint), compile=config.compile,
+        budget=AUTO_SECONDS, planned_tokens=len(prompts) * config.max_new_tokens)
     if auto is not None:
-        how = f"measured in {time.perf_counter() - began:.1f} s" if auto.measured else "cached"
-        print(f"auto: {auto.choice} ({how})", file=sys.stderr)
+        print(auto.describe(), file=sys.stderr)
     return drafter, auto
 
 

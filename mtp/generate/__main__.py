@@ -27,6 +27,8 @@ to stdout as it is decoded, then prints its statistics to stderr.
   stop             list of stop strings, e.g. stop='["\\n\\n"]'
   seed             null
   device, dtype    cpu, null: bfloat16 on a GPU, else the checkpoint's dtype
+  threads          intra-op threads; null: measured on a few decode steps and cached
+                   (mtp.threads); OMP_NUM_THREADS also fixes it
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from mtp.generate.prompts import read_prompts
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.spec import DrafterSpec
 from mtp.generate.tree import find_calibration
+from mtp.threads import choose_decode_threads
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateArgs(DrafterSpec):
@@ -70,7 +73,12 @@ class GenerateArgs(DrafterSpec):
     seed: int | None = None
     device: str = "cpu"
     dtype: str | None = None
+    threads: int | None = None
 
+
+# auto measures at most this long (eval also bounds it by its run's expected time; one
+# generation is too short a run to size the measurement by, and its choice is cached)
+AUTO_SECONDS = 30.0
 
 Args = TypeVar("Args")
 
@@ -89,9 +97,23 @@ def parse_args(argv: list[str]) -> GenerateArgs:
     args = parse_overrides(argv, GenerateArgs)
     if (args.prompt is None) == (args.prompt_file is None):
         raise ValueError("give exactly one of prompt=... and prompt_file=...")
-    decoding_dtype(args.device, args.dtype)  # errors before anything loads, as the spec's
+    # Errors before anything loads, as the spec's.
+    decoding_dtype(args.device, args.dtype)
     typical_thresholds(args.acceptance)
+    sampling(args)
+    if args.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={args.max_new_tokens} must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"threads={args.threads} must be at least 1 (or null: measured)")
+    for string in args.stop:
+        if not string:
+            raise ValueError(f"stop={args.stop!r}: stop strings must be non-empty")
     return args
+
+
+def sampling(args: GenerateArgs) -> SamplingConfig:
+    """The arguments' sampling settings (checked)."""
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
 
 def describe(stats: DecodeStats, drafter: str) -> str:
@@ -110,24 +132,32 @@ def describe(stats: DecodeStats, drafter: str) -> str:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    how = sampling(args)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
     model, tokenizer = load(args.checkpoint, device=args.device,
                             dtype=decoding_dtype(args.device, args.dtype))
-    drafter, auto = choose_drafter(
-        model, tokenizer, args, prompts[:1], sampling=sampling,
-        max_new_tokens=args.max_new_tokens,
-        calibration=find_calibration(args.checkpoint, n_future=model.config.n_future,
-                                     vocab_size=model.config.vocab_size),
-        cache_file=args.calibration or default_calibration(args.checkpoint),
-        compile=args.compile)
+    calibration = find_calibration(args.checkpoint, n_future=model.config.n_future,
+                                   vocab_size=model.config.vocab_size)
+    # Threads first (auto's measurements and cache key depend on them), for the drafter
+    # named, or at one token per step when auto will choose one.
+    named = None if args.measured else args.build(model, calibration)
+    choose_decode_threads(model, tokenizer, prompts[0], drafter=named, requested=args.threads)
+    drafter, auto = named, None
+    if args.measured:
+        drafter, auto = choose_drafter(
+            model, tokenizer, args, prompts[:1], sampling=how,
+            max_new_tokens=args.max_new_tokens, calibration=calibration,
+            cache_file=args.calibration or default_calibration(args.checkpoint),
+            compile=args.compile, budget=AUTO_SECONDS)
+    if auto is not None:
+        print(auto.describe(), file=sys.stderr, flush=True)
     name = f"auto -> {auto.choice}" if auto is not None else str(drafter or "autoregressive")
     for index, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(f"\n### prompt {index}", flush=True)
         print(prompt, end="", flush=True)
         [result] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens,
-                            drafter=drafter, sampling=sampling, stop=args.stop, seed=args.seed,
+                            drafter=drafter, sampling=how, stop=args.stop, seed=args.seed,
                             on_text=lambda _, text: print(text, end="", flush=True),
                             acceptance=args.acceptance, compile=args.compile)
         print(flush=True)

@@ -24,8 +24,9 @@ from typing import Any, TypeVar
 import torch
 
 from mtp.generate.decode import generate
-from mtp.generate.drafters import HeadsDrafter
+from mtp.generate.drafters import OwnHeads
 from mtp.generate.output import DecodeStats, Generation, repetition
+from mtp.generate.spec import heads_drafter
 from mtp.generate.tree import resolve_tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -46,11 +47,14 @@ class Timed:
 
 
 def time_calls(decode: Callable[[int, list[T]], list[R]], items: Sequence[T], batch_size: int,
-               *, cuda: bool = False) -> tuple[float, list[R]]:
+               *, cuda: bool = False,
+               go_on: Callable[[float, list[R]], bool] | None = None) -> tuple[float, list[R]]:
     """Call `decode(start, batch)` on `items`, `batch_size` at a time; the seconds the calls
     took (each one waited for when `cuda`: a kernel still queued has not been timed) and
     their results, concatenated. The one timing loop of every decoding benchmark, mtp's own
-    (`time_generate`) and another library's (scripts/bench_hf.py)."""
+    (`time_generate`) and another library's (scripts/bench_hf.py). `go_on(seconds,
+    results)`, asked after each call, stops the loop when it says False: a measurement
+    within a time budget (`drafter=auto`) times at least one call."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be at least 1")
     results: list[R] = []
@@ -61,12 +65,15 @@ def time_calls(decode: Callable[[int, list[T]], list[R]], items: Sequence[T], ba
         if cuda:
             torch.cuda.synchronize()
         seconds += time.perf_counter() - began
+        if go_on is not None and not go_on(seconds, results):
+            break
     return seconds, results
 
 
 def time_generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str], *,
                   max_new_tokens: int, batch_size: int = 1, seed: int | None = None,
                   seed_per_batch: bool = False, warmup_tokens: int = 0,
+                  go_on: Callable[[float, list[Generation]], bool] | None = None,
                   **how: Any) -> Timed:
     """Decode `prompts` with `generate`, `batch_size` at a time, and time it.
 
@@ -74,6 +81,7 @@ def time_generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
     every call; with `seed_per_batch` the call of batch i gets `seed + i` (each prompt its
     own stream at batch 1). `warmup_tokens` > 0 first decodes the first batch for that many
     tokens, untimed: the first call of a shape pays allocation and kernel selection.
+    `go_on` may end the timing after any batch (`time_calls`).
     Greedy ids and per-sequence statistics do not depend on the batching; the speed does.
     """
     if not prompts:
@@ -89,7 +97,7 @@ def time_generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
                         **how)
 
     seconds, results = time_calls(decode, prompts, batch_size,
-                                  cuda=next(model.parameters()).is_cuda)
+                                  cuda=next(model.parameters()).is_cuda, go_on=go_on)
     stats = DecodeStats.pooled([r.stats for r in results])
     return Timed(stats.new_tokens / seconds, seconds, stats, [r.token_ids for r in results])
 
@@ -109,10 +117,10 @@ def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], 
         raise ValueError("measure_decoding needs at least one prompt")
     began = time.perf_counter()
     config = model.config
-    drafters: dict[Any, HeadsDrafter | None] = {1: None}
-    drafters |= {k: HeadsDrafter(k) for k in range(2, config.n_future + 1)}
+    drafters: dict[Any, OwnHeads | None] = {1: None}
+    drafters |= {k: heads_drafter(model, k) for k in range(2, config.n_future + 1)}
     if config.n_future > 1:
-        drafters |= {name: HeadsDrafter(config.n_future, resolve_tree(
+        drafters |= {name: heads_drafter(model, config.n_future, resolve_tree(
             name, n_heads=config.n_future, vocab_size=config.vocab_size)) for name in trees}
     rates, stats, outputs = {}, {}, {}
     with torch.inference_mode():

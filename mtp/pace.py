@@ -1,0 +1,166 @@
+"""A training run's pace: its thread count measured on its first steps, and a warning at once
+when the time budget cannot carry the planned steps.
+
+`ThreadSearch` times the first steps of training itself (no extra work): one warm-up step
+at one thread, then one step at each count from 1 to the cores available, keeps the fastest
+(`mtp.threads.fastest`), and caches it per model shape, batch and machine
+(`mtp.threads.step_key`), so a second run starts at the chosen count. `threads=N`,
+OMP_NUM_THREADS or an earlier `torch.set_num_threads` win, as in `mtp.threads`.
+
+`PaceCheck` then compares the measured step time with `trainer.max_time`: when the budget
+reaches fewer than 80% of `trainer.max_steps` (STARVED), it prints one line there and then
+(tokens/s, the step the guard will stop at, the likely cause), instead of a run that ends
+with a tenth of its recipe and says why only at the end. The end-of-run summary says so again
+(`mtp.train`'s stop line: the model is undertrained, and how much of the recipe ran).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+from statistics import median
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.utilities import rank_zero_only
+
+from mtp.threads import ThreadChoice, cores, fastest, resolve, set_threads, write_cached
+
+STARVED = 0.8  # warn when the budget reaches fewer than this share of the planned steps
+PACE_BATCHES = 2  # batches timed after the warm-up when no thread search measured them
+
+
+@rank_zero_only
+def say(line: str) -> None:
+    """One line to stderr, at once (the progress bar owns stdout)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+class ThreadSearch(Callback):
+    """Chooses training's intra-op thread count on its first batches (module docstring)."""
+
+    def __init__(self, key: str, requested: int | None = None) -> None:
+        self.key, self.requested = key, requested
+        self.counts: list[int] = []  # counts still to time, in order
+        self.rates: dict[int, float] = {}  # batches/s per count
+        self.choice: ThreadChoice | None = None
+        self._batch, self._began = 0, 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.choice is not None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.choice = resolve(self.requested, self.key)
+        if self.choice is not None:
+            say(self.choice.describe())
+            return
+        self.counts = list(range(1, cores() + 1))
+        set_threads(1)  # the warm-up batch: one thread is never far off, loaded or not
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self.done:
+            return
+        if self._batch >= 1:  # after the warm-up, one batch per count
+            set_threads(self.counts[self._batch - 1])
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.done:
+            return
+        if self._batch >= 1:
+            self.rates[self.counts[self._batch - 1]] = 1 / (time.perf_counter() - self._began)
+        self._batch += 1
+        if self._batch > len(self.counts):
+            self._finish()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.done and self.rates:  # a run shorter than the search: what it measured
+            self._finish()
+
+    def _finish(self) -> None:
+        self.choice = ThreadChoice(fastest(self.rates), "measured", self.rates, "batches/s")
+        set_threads(self.choice.threads)
+        write_cached(self.key, self.choice.threads, self.rates)
+        say(self.choice.describe())
+
+
+class PaceCheck(Callback):
+    """Warns, once and early, when `trainer.max_time` cannot carry `trainer.max_steps`."""
+
+    def __init__(self, max_steps: int, seq_len: int, accumulate: int = 1,
+                 search: ThreadSearch | None = None) -> None:
+        self.max_steps, self.seq_len, self.accumulate = max_steps, seq_len, accumulate
+        self.search = search
+        self.batch_seconds: list[float] = []
+        self.warning: str | None = None
+        self._checked, self._began, self._seen = False, 0.0, 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._checked:
+            return
+        seconds = time.perf_counter() - self._began
+        if self.search is not None and not self.search.done:
+            return
+        search = self.search.choice if self.search is not None else None
+        if search is not None and search.rates:  # the chosen count's batch, timed already
+            per_batch = 1 / search.rates[search.threads]
+        else:
+            self._seen += 1
+            if self._seen == 1:
+                return  # the first batch of a run pays for allocation: not its pace
+            self.batch_seconds.append(seconds)
+            if len(self.batch_seconds) < PACE_BATCHES:
+                return
+            per_batch = median(self.batch_seconds)
+        self._checked = True
+        self.check(trainer, per_batch, tokens=batch["tokens"].shape[0] * self.seq_len)
+
+    def check(self, trainer: L.Trainer, per_batch: float, tokens: int) -> str | None:
+        """The warning for a measured `per_batch` seconds (of `tokens` tokens), printed; None
+        when the budget carries at least STARVED of the planned steps, or there is none."""
+        timers = [cb for cb in trainer.callbacks
+                  if isinstance(cb, Timer) and cb.time_remaining() is not None]
+        if not timers:
+            return None
+        remaining = timers[0].time_remaining()
+        per_step = per_batch * self.accumulate
+        reached = min(self.max_steps, trainer.global_step + int(remaining / per_step))
+        if reached >= STARVED * self.max_steps:
+            return None
+        budget = timers[0].time_elapsed() + remaining
+        rate = tokens * trainer.world_size / per_batch
+        self.warning = (f"warning: training runs at {rate:,.0f} tokens/s ({per_step:.2f} s per "
+                        f"step): the trainer.max_time budget of {timedelta(seconds=round(budget))}"
+                        f" reaches about step {reached} of trainer.max_steps={self.max_steps} "
+                        f"({reached / self.max_steps:.0%}), and the model will be undertrained; "
+                        f"likely cause: {likely_cause()}")
+        say(self.warning)
+        return self.warning
+
+
+def likely_cause() -> str:
+    """Why a CPU run is slow, as far as this process can tell: other load, or its threads."""
+    threads, n = torch.get_num_threads(), cores()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    others = load - min(threads, n)  # this run accounts for about its threads
+    if others >= 0.5:
+        return (f"a busy CPU (load average {load:.1f} on {n} cores, about {max(1, round(others))}"
+                f" of it from other processes); free the CPU, or raise trainer.max_time")
+    return (f"this CPU or its thread count ({threads} of {n} cores) is slower than the "
+            f"recipe's reference machine; set threads=, lower trainer.max_steps, or raise "
+            f"trainer.max_time")

