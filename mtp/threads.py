@@ -208,24 +208,3 @@ def choose_threads(step: Callable[[], object], key: str, *, requested: int | Non
     if not quiet:
         print(choice.describe(), file=sys.stderr, flush=True)
     return choice
-
-
-def choose_decode_threads(model: Any, tokenizer: Any, prompt: str, *, drafter: Any = None,
-                          requested: int | None = None, batch: int = 1,
-                          budget: float = 1.0) -> ThreadChoice:
-    """`choose_threads` for decoding with `model`: the step is a short `generate` call (8 new
-    tokens after the prompt's first 64 characters, `batch` rows) with `drafter`."""
-    from mtp.generate.decode import generate  # decoding is needed only to measure it
-
-    param = next(model.parameters())
-    width = 1 if drafter is None else drafter.tree.n_nodes
-    key = step_key("decode", model.config.to_dict(), width=width, batch=batch,
-                   dtype=param.dtype, device=param.device.type)
-    prompts = [prompt[:64]] * batch
-
-    def step() -> None:
-        generate(model, tokenizer, prompts, max_new_tokens=8, drafter=drafter)
-
-    if param.device.type != "cpu" and requested is None:  # a GPU's step uses no CPU threads
-        return ThreadChoice(torch.get_num_threads(), "not measured on " + param.device.type)
-    return choose_threads(step, key, requested=requested, budget=budget, unit="calls/s")

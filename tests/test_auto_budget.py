@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import mtp.generate.auto as auto_module
+import mtp.generate.measure as measure_module
 from mtp.checkpoint import export
 from mtp.eval.runner import AUTO_SECONDS, EvalConfig, evaluate
 from mtp.generate import Auto, SamplingConfig
@@ -28,14 +28,14 @@ def model() -> MTPModel:
 def slow_generate(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Every decoding auto measures takes 50 ms more: a slow machine, on a clock."""
     calls: list[float] = []
-    real = auto_module.generate
+    real = measure_module.generate  # auto times through the one harness
 
     def slow(*args, **kwargs):
         time.sleep(0.05)
         calls.append(time.perf_counter())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(auto_module, "generate", slow)
+    monkeypatch.setattr(measure_module, "generate", slow)
     return calls
 
 

@@ -13,7 +13,8 @@ import torch
 import mtp.threads as threads
 from mtp.model import MTPModel
 from mtp.paths import REPO_ROOT
-from mtp.threads import choose_decode_threads, choose_threads, cores, step_key
+from mtp.generate.measure import choose_decode_threads
+from mtp.threads import choose_threads, cores, step_key
 from mtp.tokenizers import ByteTokenizer
 
 

@@ -183,7 +183,7 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
             continue
         items += [(problem, index) for index in indices]
     if items:
-        from mtp.threads import choose_decode_threads
+        from mtp.generate.measure import choose_decode_threads
 
         choose_decode_threads(model, tokenizer, items[0][0].prompt, requested=config.threads,
                               batch=min(config.batch_size, len(items)))

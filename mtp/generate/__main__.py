@@ -37,7 +37,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import MISSING, OmegaConf
@@ -52,7 +51,7 @@ from mtp.generate.prompts import read_prompts
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.spec import DrafterSpec
 from mtp.generate.tree import find_calibration
-from mtp.threads import choose_decode_threads
+from mtp.generate.measure import choose_decode_threads
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateArgs(DrafterSpec):

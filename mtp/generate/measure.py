@@ -29,6 +29,7 @@ from mtp.generate.output import DecodeStats, Generation, repetition
 from mtp.generate.spec import heads_drafter
 from mtp.generate.tree import resolve_tree
 from mtp.model import MTPModel
+from mtp.threads import ThreadChoice, choose_threads, step_key
 from mtp.tokenizers import Tokenizer
 
 T = TypeVar("T")
@@ -164,3 +165,22 @@ def format_decoding(figures: dict[str, Any]) -> list[str]:
         lines.append(f"tree {figures['tree']}: {figures['tree_tokens_per_forward']:.2f} tokens "
                      f"per forward, {figures['tree_speedup']:.2f}x")
     return lines
+
+
+def choose_decode_threads(model: Any, tokenizer: Any, prompt: str, *, drafter: Any = None,
+                          requested: int | None = None, batch: int = 1,
+                          budget: float = 1.0) -> ThreadChoice:
+    """`choose_threads` for decoding with `model`: the step is a short `generate` call (8 new
+    tokens after the prompt's first 64 characters, `batch` rows) with `drafter`."""
+    param = next(model.parameters())
+    width = 1 if drafter is None else drafter.tree.n_nodes
+    key = step_key("decode", model.config.to_dict(), width=width, batch=batch,
+                   dtype=param.dtype, device=param.device.type)
+    prompts = [prompt[:64]] * batch
+
+    def step() -> None:
+        generate(model, tokenizer, prompts, max_new_tokens=8, drafter=drafter)
+
+    if param.device.type != "cpu" and requested is None:  # a GPU's step uses no CPU threads
+        return ThreadChoice(torch.get_num_threads(), "not measured on " + param.device.type)
+    return choose_threads(step, key, requested=requested, budget=budget, unit="calls/s")
