@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,10 +117,7 @@ def export_hf(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> P
 
     Weights keep the model's dtype. Under FSDP call it on every rank; rank 0 writes.
     """
-    state = _state_to_write(model, tokenizer)
-    if state is not None:
-        hf.write_hf(model.config, state, tokenizer, Path(directory))
-    return Path(directory)
+    return _write_layout(hf.write_hf, model, tokenizer, directory)
 
 
 def export_mimo(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
@@ -128,10 +126,7 @@ def export_mimo(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) ->
 
     Weights keep the model's dtype. Under FSDP call it on every rank; rank 0 writes.
     """
-    state = _state_to_write(model, tokenizer)
-    if state is not None:
-        mimo.write_mimo(model.config, state, tokenizer, Path(directory))
-    return Path(directory)
+    return _write_layout(mimo.write_mimo, model, tokenizer, directory)
 
 
 def export_medusa(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
@@ -142,9 +137,16 @@ def export_medusa(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) 
     is written, with the reason (`mtp.interop.medusa`). Under FSDP call it on every rank.
     """
     medusa.check_medusa(model.config)
+    return _write_layout(medusa.write_medusa, model, tokenizer, directory)
+
+
+def _write_layout(write: Callable[[MTPConfig, dict[str, torch.Tensor], Tokenizer, Path], None],
+                  model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
+    """Another library's layout: `write(config, state, tokenizer, directory)` on rank 0 (the
+    full state is gathered on every rank under FSDP); return the directory."""
     state = _state_to_write(model, tokenizer)
     if state is not None:
-        medusa.write_medusa(model.config, state, tokenizer, Path(directory))
+        write(model.config, state, tokenizer, Path(directory))
     return Path(directory)
 
 

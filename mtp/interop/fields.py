@@ -31,6 +31,18 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return value
 
 
+def peek_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None where there is none (no file, not JSON, not an
+    object): what recognising a layout needs, before anything is read for real."""
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def field(values: dict[str, Any], path: Path, name: str, kind: str,
           default: Any = _REQUIRED) -> Any:
     """values[name], checked to be of `kind` (see _KINDS); `default` when absent or null."""

@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from mtp.interop.fields import field, read_json_object
+from mtp.interop.fields import field, peek_json_object, read_json_object
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
 from mtp.model import HEAD_TYPES, MTPConfig, SequentialHead
 from mtp.rope import RopeScaling
@@ -83,14 +83,8 @@ _EMBEDDINGS, _OUTPUT = "model.embed_tokens.weight", "lm_head.weight"
 
 def is_hf_llama(directory: Path) -> bool:
     """Whether `directory` has a transformers config.json (model_type or architectures)."""
-    path = directory / CONFIG_FILE
-    if not path.is_file():
-        return False
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
+    config = peek_json_object(directory / CONFIG_FILE)
+    return config is not None and ("model_type" in config or "architectures" in config)
 
 
 def interleaved_to_rotate_half(weight: Tensor, n_heads: int) -> Tensor:

@@ -43,7 +43,6 @@ model's (a ValueError names the key that differs).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -51,7 +50,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from mtp.interop import hf
-from mtp.interop.fields import field, read_json_object
+from mtp.interop.fields import field, peek_json_object, read_json_object
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
 from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer
@@ -73,14 +72,8 @@ DEEPSEEK_SHARED = {"shared_head.norm.weight": "model.norm.weight",
 
 def is_mtp_layers(directory: Path) -> bool:
     """Whether `directory`'s config.json is MiMo's or carries DeepSeek's `num_nextn_predict_layers`."""
-    path = directory / hf.CONFIG_FILE
-    if not path.is_file():
-        return False
-    try:
-        values = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    return isinstance(values, dict) and (NEXTN in values or values.get("model_type") == MIMO_TYPE)
+    values = peek_json_object(directory / hf.CONFIG_FILE)
+    return values is not None and (NEXTN in values or values.get("model_type") == MIMO_TYPE)
 
 
 def write_mimo(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
