@@ -212,7 +212,8 @@ def launch(spec: dict[str, Any], log: Path, in_process: bool = False) -> dict[st
     with open(log, "a") as f:
         key = run_key(spec["task"], spec["size"], spec["n"], spec["seed"])
         f.write(f"{time.strftime('%H:%M:%S')} done {key}\n")
-    return json.loads(result.read_text())
+    val = json.loads((Path(spec["run_dir"]) / "summary.json").read_text())["val"]
+    return {**json.loads(result.read_text()), "val": val}  # the trainer's per-head figures
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -237,6 +238,8 @@ def summarize(results: list[dict[str, Any]], ladder: dict[str, Any]) -> dict[str
                     continue
                 cell = {"parameters": runs[0]["parameters"],
                         "steps": [r["steps"] for r in runs],
+                        "val_loss_head0": spread([r["val"]["loss_head"][0] if r["val"]
+                                                  else math.nan for r in runs]),
                         HEADLINE[task]: spread([r["final"][HEADLINE[task]] for r in runs])}
                 if task == "induction":
                     cell["accuracy_first"] = spread([r["final"]["accuracy_first"] for r in runs])
@@ -297,6 +300,10 @@ def plot_induction(summary: dict[str, Any], path: Path, title: str) -> Path:
                 label=f"n={n} (mean)")
         for x, s in points:
             ax.scatter([x] * len(s["seeds"]), s["seeds"], color=COLOUR[n], alpha=0.35, s=14)
+        control = [cells[f"n={n}"]["accuracy_first"]["mean"] for cells in table.values()
+                   if f"n={n}" in cells]
+        ax.plot([x for x, _ in points], control, "x--", color=COLOUR[n], alpha=0.6,
+                label=f"n={n}, first occurrences (control)")
     ax.set_xscale("log")
     _label(ax, "parameters", "accuracy, 2nd token of repeated names", f"induction ({title})")
     return _save(fig, path)
@@ -357,6 +364,8 @@ def print_table(summary: dict[str, Any]) -> None:
                          else "m1..10 " + " ".join(f"{cell['accuracy_m'][m]['mean']:.2f}"
                                                    for m in MS))
                 print(f"{task:<10} {size:>5} {key:<4} params {cell['parameters']:>9,}  "
+                      f"steps {min(cell['steps'])}-{max(cell['steps'])}  val loss "
+                      f"{cell['val_loss_head0']['mean']:.3f}  "
                       f"{HEADLINE[task]} {s['mean']:.3f} +- {s['std']:.3f}  {extra}")
     gap = summary.get("induction_gap_smallest")
     if gap:
