@@ -227,3 +227,17 @@ def test_bad_input_is_refused(tiny_export, tmp_path) -> None:
                              400)
     with pytest.raises(ValueError, match="use tokenizer=byte"):
         MTPDataModule(PolynomialSource(documents=10), bpe, seq_len=32, n_future=1)
+
+
+def test_python_m_mtp_train_refuses_bad_input_in_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "mtp.train", "data=polynomial", "data.source.max_ops=21",
+         "model=tiny", "logger=none", f"run_dir={tmp_path}", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == \
+        "error: data.source.max_ops=21 must be an integer number of operations in 1..20"
+    assert not (tmp_path / "checkpoints").exists()
