@@ -25,6 +25,7 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
@@ -387,6 +388,10 @@ def main(cfg: DictConfig) -> None:
         train(cfg)
     except InterpolationResolutionError as error:  # e.g. ${mtp.smollm2_gguf:}: its message
         sys.exit(f"error: {str(error).splitlines()[0]}")
+    except InstantiationException as error:  # a config object's own ValueError, in one line
+        if not isinstance(error.__cause__, ValueError):
+            raise
+        sys.exit(f"error: {error.__cause__}")
 
 
 if __name__ == "__main__":

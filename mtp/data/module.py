@@ -124,6 +124,8 @@ class MTPDataModule(L.LightningDataModule):
         super().__init__()
         check_block_args(seq_len, n_future)
         check_split_args(val_fraction, seed)
+        if hasattr(source, "check_tokenizer"):  # a synthetic task: can the tokenizer spell it?
+            source.check_tokenizer(tokenizer)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.source, self.tokenizer = source, tokenizer

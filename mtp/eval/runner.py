@@ -22,6 +22,8 @@ from tqdm import tqdm
 from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
 from mtp.eval.sandbox import ExecResult, Isolation, Limits, Sandbox
+from mtp.eval.synthetic import TASKS as SYNTHETIC_TASKS
+from mtp.eval.synthetic import check_synthetic, evaluate_synthetic
 from mtp.eval.tasks import Problem, Task, load_task
 from mtp.generate.spec import DrafterSpec
 
@@ -37,7 +39,7 @@ class EvalConfig(DrafterSpec):
     `python -m mtp.generate`), which this extends.
     """
 
-    task: Literal["humaneval", "mbpp"]
+    task: Literal["humaneval", "mbpp", "polynomial", "induction"]
     drafter: str = "auto"  # conf/eval.yaml's; DrafterSpec's own default is "heads"
     output: str  # per-sample results (JSON lines); rerun with the same path to resume
     checkpoint: str | None = None
@@ -60,6 +62,7 @@ class EvalConfig(DrafterSpec):
     workers: int | None = None
     isolation: Isolation = "auto"  # sandbox: namespaces | none | auto (namespaces where they work)
     threads: int | None = None  # intra-op threads; None: measured (mtp.threads)
+    m: Sequence[int] | None = None  # polynomial: the numbers of operations tested (None: 1..10)
 
     def __post_init__(self) -> None:
         if isinstance(self.pass_k, int):  # pass_k=10 on the command line means [10]
@@ -68,6 +71,8 @@ class EvalConfig(DrafterSpec):
             raise ValueError(f"k={list(self.k)}: k is the heads' tokens per forward pass (as in "
                              f"mtp.generate); pass@k's list is pass_k={list(self.k)}")
         super().__post_init__()  # the drafter's options
+        if self.task in SYNTHETIC_TASKS:
+            check_synthetic(self)
         if (self.checkpoint is None) == (self.samples is None):
             raise ValueError(
                 f"give exactly one of checkpoint= (generate) and samples= (score a file), got "
@@ -111,6 +116,8 @@ class EvalConfig(DrafterSpec):
 
 def evaluate(config: EvalConfig) -> dict[str, Any]:
     """Run `config`: print a table and a final JSON line; return that summary."""
+    if config.task in SYNTHETIC_TASKS:
+        return evaluate_synthetic(config)
     task = load_task(config.task, config.data_file, config.few_shot)
     problems = list(task.problems.values())[: config.limit]
     limits = Limits(timeout=config.timeout, cpu_seconds=max(1, round(config.timeout)))

@@ -1,0 +1,49 @@
+"""What the synthetic tasks (`mtp.data.polynomial`, `mtp.data.induction`) share: their
+fixed train/test partition and the check that a tokenizer can spell them."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+from mtp.data.sources import Corpus, _corpus
+from mtp.tokenizers import Tokenizer
+
+
+def check_positive(name: str, value: object) -> None:
+    """A source's count option (`data.source.<name>`) must be a positive integer."""
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"data.source.{name}={value!r} must be a positive integer")
+
+
+def generated_corpus(texts: list[str], task: str) -> Corpus:
+    """A generator's documents as a `Corpus` (one per text, keyed by their content)."""
+    return _corpus([str(i) for i in range(len(texts))], texts, Counter(), prefix=task,
+                   searched=[f"the {task} generator"])
+
+
+def in_fraction(text: str, key: str, fraction: float) -> bool:
+    """Whether a keyed hash of `text` falls below `fraction`: a fixed partition of all texts
+    (the same on every machine and for every seed), which makes train and test disjoint."""
+    digest = hashlib.blake2b(text.encode(), digest_size=8, key=key.encode())
+    return int.from_bytes(digest.digest(), "little") < fraction * 2**64
+
+
+def check_alphabet(tokenizer: Tokenizer, alphabet: str, task: str) -> None:
+    """Fail, naming the first offending character, unless every character of `alphabet` is
+    one token of `tokenizer` that decodes back to it (the tasks are scored token by token)."""
+    for ch in alphabet:
+        ids = tokenizer.encode(ch)
+        if len(ids) != 1 or tokenizer.decode(ids) != ch:
+            raise ValueError(f"tokenizer {tokenizer.name!r} cannot spell {ch!r} of the {task} "
+                             f"task's alphabet as one token (ids {ids}): use tokenizer=byte")
+
+
+def check_spelling(tokenizer: Tokenizer, text: str, task: str) -> None:
+    """Fail unless `tokenizer` encodes `text` one token per character (a BPE that merges
+    characters moves the positions the tasks score)."""
+    ids = tokenizer.encode(text)
+    if len(ids) != len(text):
+        raise ValueError(f"tokenizer {tokenizer.name!r} encodes {text[:40]!r}... in {len(ids)} "
+                         f"tokens, not one per character as the {task} task is scored: "
+                         f"use tokenizer=byte")

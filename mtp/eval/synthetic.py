@@ -1,0 +1,184 @@
+"""The synthetic tasks' metrics: polynomial exact match per m, induction accuracy on repeated
+names (`mtp.data.polynomial`, `mtp.data.induction`).
+
+Both are read off one teacher-forced forward pass per batch: head 0's argmax at every
+position. For polynomial this is greedy decoding's exact match, not an approximation: greedy
+decoding writes the answer exactly when head 0's argmax after each correct prefix is the next
+correct digit, which is what the teacher-forced argmax checks position by position (the first
+wrong digit ends the match either way). Induction is scored per token, as the paper does:
+whether the model's top guess for the second letter of a name, having seen the story so far
+and the name's first letter, is right.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mtp.data import induction, polynomial
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    from mtp.eval.runner import EvalConfig
+
+TASKS = ("polynomial", "induction")
+DEFAULT_MS = tuple(range(1, 11))  # the paper's in-domain 1..5 and out-of-domain 6..10
+DEFAULT_SIZE = {"polynomial": 2000, "induction": 1000}  # problems per m (the paper's) | stories
+
+
+def check_task(task: str, tokenizer: Tokenizer) -> None:
+    """Fail unless `task` is a synthetic task `tokenizer` can spell (one line)."""
+    if task not in TASKS:
+        raise ValueError(f"unknown synthetic task {task!r}; expected one of {TASKS}")
+    {"polynomial": polynomial.check_tokenizer, "induction": induction.check_tokenizer}[task](
+        tokenizer)
+
+
+def check_synthetic(config: EvalConfig) -> None:
+    """The options a synthetic task's evaluation takes (one-line errors)."""
+    if config.samples is not None:
+        raise ValueError(f"task={config.task} scores a checkpoint (its argmax); a samples file "
+                         f"({config.samples}) has no logits to score")
+    if config.temperature != 0:
+        raise ValueError(f"task={config.task} is scored greedily: temperature="
+                         f"{config.temperature} must be 0")
+    if config.m is not None:
+        if config.task != "polynomial":
+            raise ValueError(f"m={config.m} is the polynomial task's, not {config.task}'s")
+        ms = check_ms([config.m] if isinstance(config.m, int) else config.m)
+        object.__setattr__(config, "m", ms)  # m=3 on the command line means [3]
+
+
+def check_ms(ms: Sequence[int]) -> tuple[int, ...]:
+    """The numbers of operations to test, each in 1..polynomial.MAX_OPS."""
+    ms = tuple(ms)
+    if not ms:
+        raise ValueError("m=[] names no number of operations to test")
+    for m in ms:
+        polynomial.check_ops(m)
+    return ms
+
+
+@torch.no_grad()
+def greedy_predictions(model: MTPModel, sequences: list[list[int]], pad_id: int,
+                       batch_size: int = 64) -> list[torch.Tensor]:
+    """Head 0's argmax at every position of each sequence (teacher-forced): `out[i][t]` is the
+    model's guess for `sequences[i][t + 1]`. Sequences are batched by length, padded on the
+    right (a causal model's earlier positions never see the padding)."""
+    longest = max(map(len, sequences))
+    if longest > model.config.max_seq_len:
+        raise ValueError(f"a sequence of {longest} tokens exceeds the model's max_seq_len="
+                         f"{model.config.max_seq_len}")
+    device = next(model.parameters()).device
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    out: list[torch.Tensor | None] = [None] * len(sequences)
+    for start in range(0, len(order), batch_size):
+        chosen = order[start : start + batch_size]
+        width = max(len(sequences[i]) for i in chosen)
+        tokens = torch.full((len(chosen), width), pad_id, dtype=torch.long)
+        for row, i in enumerate(chosen):
+            tokens[row, : len(sequences[i])] = torch.tensor(sequences[i])
+        guesses = model(tokens.to(device), heads=[0])[:, :, 0].argmax(-1).cpu()  # (B, T)
+        for row, i in enumerate(chosen):
+            out[i] = guesses[row, : len(sequences[i])]
+    return out
+
+
+def polynomial_correct(model: MTPModel, tokenizer: Tokenizer,
+                       problems: Sequence[polynomial.Problem], batch_size: int = 64
+                       ) -> list[tuple[bool, str]]:
+    """Per problem: whether the greedy answer is exactly right, and the digits the model wrote
+    up to its first wrong one (inclusive)."""
+    prompts = [tokenizer.encode_prompt(p.prompt) for p in problems]
+    answers = [tokenizer.encode(p.answer) for p in problems]
+    guesses = greedy_predictions(model, [q + a for q, a in zip(prompts, answers)],
+                                 tokenizer.pad_id, batch_size)
+    out = []
+    for prompt, answer, guess in zip(prompts, answers, guesses):
+        written = guess[len(prompt) - 1 : len(prompt) - 1 + len(answer)].tolist()
+        wrong = next((j for j, (w, a) in enumerate(zip(written, answer)) if w != a), None)
+        shown = written if wrong is None else written[: wrong + 1]
+        out.append((wrong is None, tokenizer.decode(shown)))
+    return out
+
+
+def induction_counts(story: induction.Story, tokens: Sequence[int], guesses: torch.Tensor,
+                     offset: int) -> dict[str, int]:
+    """Right guesses and totals on the second letter of repeated names and of first
+    occurrences. `tokens` are the story's prompt tokens, where character c is token
+    `offset + c` (one token per character, after e.g. EOS); `guesses[t]` guesses token t + 1."""
+    counts = {}
+    for kind, repeated in (("repeated", True), ("first", False)):
+        positions = [offset + c for c in story.second_tokens(repeated)]
+        counts[kind] = len(positions)
+        counts[f"{kind}_correct"] = sum(int(guesses[t - 1]) == tokens[t] for t in positions)
+    return counts
+
+
+def induction_records(model: MTPModel, tokenizer: Tokenizer, stories: Sequence[induction.Story],
+                      batch_size: int = 64) -> list[dict[str, int]]:
+    """`induction_counts` of every story."""
+    offset = len(tokenizer.encode_prompt(""))
+    sequences = [tokenizer.encode_prompt(s.text) for s in stories]
+    guesses = greedy_predictions(model, sequences, tokenizer.pad_id, batch_size)
+    return [induction_counts(s, q, g, offset) for s, q, g in zip(stories, sequences, guesses)]
+
+
+def score(task: str, model: MTPModel, tokenizer: Tokenizer, *, size: int | None = None,
+          ms: Sequence[int] = DEFAULT_MS, batch_size: int = 64
+          ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The task's summary figures and per-sample records on its fixed test set (`size`
+    problems per m, or stories; None: the paper's 2,000 per m, or 1,000 stories)."""
+    check_task(task, tokenizer)
+    size = DEFAULT_SIZE[task] if size is None else size
+    if task == "polynomial":
+        problems = polynomial.test_set(size, check_ms(ms))
+        results = polynomial_correct(model, tokenizer, problems, batch_size)
+        records = [{"task_id": f"m{p.m}/{i % size}", "m": p.m, "prompt": p.prompt,
+                    "answer": p.answer, "completion": written, "passed": right}
+                   for i, (p, (right, written)) in enumerate(zip(problems, results))]
+        summary = {"accuracy": _mean([r["passed"] for r in records])}
+        for m in dict.fromkeys(p.m for p in problems):
+            summary[f"accuracy_m{m}"] = _mean([r["passed"] for r in records if r["m"] == m])
+        summary["problems"] = len(records)
+        return summary, records
+    stories = induction.test_set(size)
+    counts = induction_records(model, tokenizer, stories, batch_size)
+    records = [{"task_id": str(i), **c} for i, c in enumerate(counts)]
+    totals = {key: sum(c[key] for c in counts) for key in counts[0]}
+    summary = {"accuracy_repeated": totals["repeated_correct"] / totals["repeated"],
+               "accuracy_first": totals["first_correct"] / totals["first"],
+               "repeated": totals["repeated"], "first": totals["first"], "stories": len(stories)}
+    return summary, records
+
+
+def evaluate_synthetic(config: EvalConfig) -> dict[str, Any]:
+    """`python -m mtp.eval task=polynomial|induction`: score the checkpoint, write one record
+    per problem (or story) to `config.output`, print a table and a final JSON line."""
+    from mtp.checkpoint import load
+    from mtp.eval.results import ResultsFile
+    from mtp.eval.runner import print_summary
+    from mtp.generate.decode import decoding_dtype
+
+    model, tokenizer = load(config.checkpoint, device=config.device,
+                            dtype=decoding_dtype(config.device, config.dtype))
+    began = time.perf_counter()
+    figures, records = score(config.task, model, tokenizer, size=config.limit,
+                             ms=config.m or DEFAULT_MS, batch_size=config.batch_size)
+    with ResultsFile(config.output, config.run_fields()) as results:
+        done = results.done()
+        for record in records:
+            if (record["task_id"], 0) not in done:
+                results.append({**record, "sample": 0})
+    summary = {"task": config.task, **figures, "decoding": "greedy (teacher-forced argmax)",
+               "seconds": round(time.perf_counter() - began, 2), "output": str(config.output)}
+    print_summary(summary)
+    return summary
+
+
+def _mean(values: list[bool]) -> float:
+    return sum(values) / len(values) if values else 0.0

@@ -1,0 +1,430 @@
+"""The paper's small-model "better" experiments in one command: induction and polynomial
+arithmetic, n in {1, 2, 4} heads at equal compute, over a size ladder and several seeds.
+
+Gloeckle et al. 2024 (arXiv 2404.19737) section 4.1 (induction, Fig. 7) and 4.2 (arithmetic
+in F7[X]/(X^5), Fig. 8). Every run is `python -m mtp.train`'s `train(cfg)` on `data=induction`
+or `data=polynomial` with the byte tokenizer and `model=tiny`'s compute-matched shape
+(`model.depth` blocks per token whatever n: n heads come off the trunk, as byte1 vs byte8),
+checkpointed every --eval-every steps; each checkpoint is scored on the task's fixed test set
+(`mtp.eval.synthetic`, the metric of `python -m mtp.eval task=...`) for the learning curves,
+and the final model on a larger one. Runs are separate processes (one torch thread each,
+--jobs at a time); a run whose result exists in --out is reused.
+
+    python scripts/paper_small.py --budget cpu --out runs/paper_small      # ~1 h on 2 cores
+    python scripts/paper_small.py --budget gpu --out runs/paper_small_gpu  # the paper's sizes
+
+Writes --out/paper_small.json and the figures (--figures, default --out):
+paper_small_induction.png (accuracy on repeated names' second token against model size, n = 1
+and n = 2, every seed shown), paper_small_polynomial.png (exact match against m for each n
+at two sizes) and paper_small_curves.png (task accuracy against step). Prints a table and
+ends with one JSON line: {"benchmark", "budget", "machine", "ladder", "runs", "summary"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_methods import machine  # noqa: E402
+
+# (name, width, blocks per token, attention heads); the paper's sizes are in the gpu ladder.
+LADDERS: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "seeds": [0, 1, 2],
+        "induction": {"sizes": [("60k", 32, 4, 4), ("250k", 64, 4, 4)],
+                      "n": [1, 2], "steps": 450, "batch": 16, "seq_len": 256, "lr": 1e-2,
+                      "warmup": 40, "eval_every": 75, "curve_size": 100, "final_size": 500,
+                      "documents": 40_000, "max_time": "00:00:04:00"},
+        "polynomial": {"sizes": [("80k", 32, 5, 4), ("300k", 64, 5, 4)],
+                       "n": [1, 2, 4], "steps": 450, "batch": 32, "seq_len": 128, "lr": 1e-2,
+                       "warmup": 40, "eval_every": 75, "curve_size": 20, "final_size": 200,
+                       "documents": 200_000, "max_time": "00:00:04:00"},
+    },
+    "gpu": {  # the paper's shapes (appendix J, K): width, layers, attention heads
+        "seeds": [0, 1, 2],
+        "induction": {"sizes": [("1M", 128, 5, 4), ("3M", 256, 4, 8), ("10M", 384, 6, 8),
+                                ("30M", 512, 10, 8)],
+                      "n": [1, 2], "steps": 20_000, "batch": 64, "seq_len": 512, "lr": 1e-3,
+                      "warmup": 500, "eval_every": 1000, "curve_size": 500, "final_size": 1000,
+                      "documents": 2_000_000},
+        "polynomial": {"sizes": [("30M", 512, 10, 8), ("100M", 768, 14, 12)],
+                       "n": [1, 2, 4], "steps": 20_000, "batch": 128, "seq_len": 256,
+                       "lr": 1e-3, "warmup": 500, "eval_every": 1000, "curve_size": 200,
+                       "final_size": 2000, "documents": 5_000_000},
+    },
+    "smoke": {  # seconds: the tests' sweep
+        "seeds": [0],
+        "induction": {"sizes": [("a", 16, 2, 2), ("b", 32, 2, 4)], "n": [1, 2], "steps": 4,
+                      "batch": 2, "seq_len": 64, "lr": 3e-3, "warmup": 1, "eval_every": 2,
+                      "curve_size": 4, "final_size": 4, "documents": 200},
+        "polynomial": {"sizes": [("a", 16, 5, 2), ("b", 32, 5, 4)], "n": [1, 4], "steps": 4,
+                       "batch": 2, "seq_len": 64, "lr": 3e-3, "warmup": 1, "eval_every": 2,
+                       "curve_size": 2, "final_size": 2, "documents": 200},
+    },
+}
+TASKS = ("induction", "polynomial")
+HEADLINE = {"induction": "accuracy_repeated", "polynomial": "accuracy"}
+MS = tuple(range(1, 11))
+
+
+def run_key(task: str, size: str, n: int, seed: int) -> str:
+    return f"{task}/{size}/n={n}/seed{seed}"
+
+
+def overrides(task: str, ladder: dict[str, Any], size: tuple, n: int, seed: int,
+              run_dir: Path, device: str) -> list[str]:
+    """The `python -m mtp.train` overrides of one run."""
+    name, dim, depth, heads = size
+    return [
+        f"data={task}", "tokenizer=byte", "model=tiny", f"model.dim={dim}",
+        f"model.depth={depth}", f"model.n_heads={heads}", f"model.n_future={n}",
+        f"seq_len={ladder['seq_len']}", f"data.batch_size={ladder['batch']}",
+        f"data.source.documents={ladder['documents']}", f"seed={seed}",
+        f"trainer.max_steps={ladder['steps']}",
+        f"trainer.max_time={ladder.get('max_time') or 'null'}",  # a guard: the ladder's budget
+        f"trainer.val_check_interval={ladder['steps']}", "trainer.limit_val_batches=4",
+        "trainer.enable_progress_bar=false", "trainer.peak_flops=null", "logger=none",
+        f"optim.lr={ladder['lr']}", f"optim.warmup_steps={ladder['warmup']}",
+        "decode.enabled=false", f"checkpoint.every_n_steps={ladder['eval_every']}",
+        "checkpoint.keep=-1", f"run_dir={run_dir}",
+        *(["trainer=gpu", "data.num_workers=2"] if device == "cuda" else ["threads=1"]),
+    ]
+
+
+def run_one(spec: dict[str, Any]) -> dict[str, Any]:
+    """Train one run and score its checkpoints (inside the run's own process)."""
+    import torch
+
+    from mtp.checkpoint import load
+    from mtp.eval.synthetic import score
+    from mtp.train import compose, train
+
+    run_dir = Path(spec["run_dir"])
+    began = time.perf_counter()
+    export = train(compose(spec["overrides"]))
+    trained = time.perf_counter() - began
+    device = spec["device"]
+    kwargs = {"ms": MS} if spec["task"] == "polynomial" else {}
+    curve = []
+    checkpoints = sorted((run_dir / "checkpoints").glob("step*.ckpt"))
+    for path in checkpoints:
+        model, tokenizer = load(path, device=device)
+        figures, _ = score(spec["task"], model, tokenizer, size=spec["curve_size"],
+                           batch_size=64, **kwargs)
+        curve.append({"step": int(path.stem[4:]), **figures})
+    model, tokenizer = load(export, device=device)
+    final, _ = score(spec["task"], model, tokenizer, size=spec["final_size"], batch_size=64,
+                     **kwargs)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for path in (run_dir / "checkpoints").glob("*.ckpt"):
+        path.unlink()  # optimizer state of every checkpoint: the scores are what is kept
+    result = {**{k: spec[k] for k in ("task", "size", "n", "seed", "dim", "depth", "heads")},
+              "parameters": summary["parameters"], "steps": summary["steps"],
+              "stopped_early": summary["stopped_early"],
+              "tokens": summary["steps"] * spec["tokens_per_step"],
+              "train_seconds": round(trained, 1),
+              "eval_seconds": round(time.perf_counter() - began - trained, 1),
+              "threads": torch.get_num_threads(), "final": final, "curve": curve}
+    (run_dir / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def plan(budget: str, out: Path, device: str, tasks: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Every run of the ladder, largest first (so the last to finish are short)."""
+    ladder, specs = LADDERS[budget], []
+    for task in tasks:
+        config = ladder[task]
+        for size in config["sizes"]:
+            for n in config["n"]:
+                for seed in ladder["seeds"]:
+                    run_dir = out / task / size[0] / f"n{n}" / f"seed{seed}"
+                    specs.append({
+                        "task": task, "size": size[0], "n": n, "seed": seed, "dim": size[1],
+                        "depth": size[2], "heads": size[3], "run_dir": str(run_dir),
+                        "device": device, "curve_size": config["curve_size"],
+                        "final_size": config["final_size"],
+                        "tokens_per_step": config["batch"] * config["seq_len"],
+                        "overrides": overrides(task, config, size, n, seed, run_dir, device)})
+    return sorted(specs, key=lambda s: -s["dim"] ** 2 * s["depth"] * s["tokens_per_step"])
+
+
+def check_plan(specs: list[dict[str, Any]]) -> None:
+    """Every run's config composes and its tokenizer spells its task: one-line errors, before
+    any training."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    from mtp.eval.synthetic import check_task
+    from mtp.tokenizers import ByteTokenizer
+    from mtp.train import check_settings, compose, model_config
+
+    for spec in specs:
+        cfg = compose(spec["overrides"])
+        check_settings(cfg)
+        check_task(spec["task"], ByteTokenizer())
+        try:
+            model_config(cfg, ByteTokenizer())  # the compute-matched shape exists (depth >= n)
+            instantiate(cfg.data.source)  # the source's own checks (documents, m range)
+        except InstantiationException as error:  # Hydra wraps the config's own ValueError
+            raise ValueError(str(error.__cause__ or error).splitlines()[-1]) from None
+
+
+def prepare(specs: list[dict[str, Any]]) -> None:
+    """Tokenise each task's corpus once, before runs in parallel would race to."""
+    from hydra.utils import instantiate
+
+    from mtp.tokenizers import ByteTokenizer
+    from mtp.train import compose
+
+    done = set()
+    for spec in specs:
+        if spec["task"] in done:
+            continue
+        cfg = compose(spec["overrides"])
+        instantiate(cfg.data, tokenizer=ByteTokenizer(), seq_len=cfg.seq_len,
+                    n_future=1).prepare_data()
+        done.add(spec["task"])
+
+
+def launch(spec: dict[str, Any], log: Path, in_process: bool = False) -> dict[str, Any]:
+    """Run `spec` (in its own process, or this one) unless its result exists; its result."""
+    result = Path(spec["run_dir"]) / "result.json"
+    if not result.is_file() and in_process:
+        run_one(spec)
+    elif not result.is_file():
+        Path(spec["run_dir"]).mkdir(parents=True, exist_ok=True)
+        with open(Path(spec["run_dir"]) / "run.log", "w") as f:
+            subprocess.run([sys.executable, __file__, "--run", json.dumps(spec)], check=True,
+                           cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+    with open(log, "a") as f:
+        key = run_key(spec["task"], spec["size"], spec["n"], spec["seed"])
+        f.write(f"{time.strftime('%H:%M:%S')} done {key}\n")
+    val = json.loads((Path(spec["run_dir"]) / "summary.json").read_text())["val"]
+    return {**json.loads(result.read_text()), "val": val}  # the trainer's per-head figures
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {"mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "seeds": values}
+
+
+def summarize(results: list[dict[str, Any]], ladder: dict[str, Any]) -> dict[str, Any]:
+    """Mean and spread over seeds per (task, size, n); the induction gap at the smallest size."""
+    out: dict[str, Any] = {}
+    for task in TASKS:
+        mine = [r for r in results if r["task"] == task]
+        if not mine:
+            continue
+        table: dict[str, Any] = {}
+        for size in dict.fromkeys(r["size"] for r in sorted(mine, key=lambda r: r["parameters"])):
+            for n in sorted({r["n"] for r in mine}):
+                runs = sorted((r for r in mine if r["size"] == size and r["n"] == n),
+                              key=lambda r: r["seed"])
+                if not runs:
+                    continue
+                cell = {"parameters": runs[0]["parameters"],
+                        "steps": [r["steps"] for r in runs],
+                        "val_loss_head0": spread([r["val"]["loss_head"][0] if r["val"]
+                                                  else math.nan for r in runs]),
+                        HEADLINE[task]: spread([r["final"][HEADLINE[task]] for r in runs])}
+                if task == "induction":
+                    cell["accuracy_first"] = spread([r["final"]["accuracy_first"] for r in runs])
+                else:
+                    cell["accuracy_m"] = {m: spread([r["final"][f"accuracy_m{m}"] for r in runs])
+                                          for m in MS}
+                table.setdefault(size, {})[f"n={n}"] = cell
+        out[task] = table
+    if "induction" in out:
+        smallest = next(iter(out["induction"]))
+        cells = out["induction"][smallest]
+        if {"n=1", "n=2"} <= cells.keys():
+            gaps = [b - a for a, b in zip(cells["n=1"]["accuracy_repeated"]["seeds"],
+                                          cells["n=2"]["accuracy_repeated"]["seeds"])]
+            out["induction_gap_smallest"] = {"size": smallest, "n=2 - n=1": spread(gaps)}
+    return out
+
+
+def _panels(count: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, max(1, count), figsize=(5.5 * max(1, count), 4), squeeze=False)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+COLOUR = {1: "tab:blue", 2: "tab:orange", 4: "tab:green"}
+
+
+def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
+def plot_induction(summary: dict[str, Any], path: Path, title: str) -> Path:
+    """Fig. 7: accuracy on repeated names' second token against parameters, n = 1 and 2."""
+    fig, axes = _panels(1)
+    ax, table = axes[0][0], summary.get("induction", {})
+    for n in (1, 2):
+        points = [(cells[f"n={n}"]["parameters"], cells[f"n={n}"]["accuracy_repeated"])
+                  for cells in table.values() if f"n={n}" in cells]
+        if not points:
+            continue
+        ax.plot([x for x, _ in points], [s["mean"] for _, s in points], "o-", color=COLOUR[n],
+                label=f"n={n} (mean)")
+        for x, s in points:
+            ax.scatter([x] * len(s["seeds"]), s["seeds"], color=COLOUR[n], alpha=0.35, s=14)
+        control = [cells[f"n={n}"]["accuracy_first"]["mean"] for cells in table.values()
+                   if f"n={n}" in cells]
+        ax.plot([x for x, _ in points], control, "x--", color=COLOUR[n], alpha=0.6,
+                label=f"n={n}, first occurrences (control)")
+    ax.set_xscale("log")
+    _label(ax, "parameters", "accuracy, 2nd token of repeated names", f"induction ({title})")
+    return _save(fig, path)
+
+
+def plot_polynomial(summary: dict[str, Any], path: Path, title: str) -> Path:
+    """Fig. 8: exact match against m for each n, at the two largest sizes, seeds as dots."""
+    table = summary.get("polynomial", {})
+    sizes = list(table)[-2:]
+    fig, axes = _panels(len(sizes))
+    for ax, size in zip(axes[0], sizes):
+        for key, cell in table[size].items():
+            n = int(key[2:])
+            ax.plot(MS, [cell["accuracy_m"][m]["mean"] for m in MS], "o-", color=COLOUR.get(n),
+                    label=f"{key} (mean)")
+            for m in MS:
+                seeds = cell["accuracy_m"][m]["seeds"]
+                ax.scatter([m + (n - 2) * 0.08] * len(seeds), seeds, color=COLOUR.get(n),
+                           alpha=0.35, s=12)
+        ax.axvspan(5.5, 10.5, color="grey", alpha=0.08)
+        ax.set_xticks(MS)
+        _label(ax, "operations m (shaded: out of domain)", "exact match",
+               f"F7[X]/(X^5), {size} ({title})")
+    return _save(fig, path)
+
+
+def plot_curves(results: list[dict[str, Any]], path: Path) -> Path:
+    """Each task's accuracy against step at its smallest size, every run."""
+    present = [t for t in TASKS if any(r["task"] == t for r in results)]
+    fig, axes = _panels(len(present))
+    for ax, task in zip(axes[0], present):
+        mine = [r for r in results if r["task"] == task]
+        size = min(mine, key=lambda r: r["parameters"])["size"]  # the smallest: n matters most
+        first_seed = min(r["seed"] for r in mine)
+        for r in (r for r in mine if r["size"] == size):
+            ax.plot([p["step"] for p in r["curve"]], [p[HEADLINE[task]] for p in r["curve"]],
+                    color=COLOUR.get(r["n"]), alpha=0.7,
+                    label=f"n={r['n']}" if r["seed"] == first_seed else None)
+        _label(ax, "optimizer step", HEADLINE[task], f"{task}, {size}: learning curves, every seed")
+    return _save(fig, path)
+
+
+def plot(results: list[dict[str, Any]], summary: dict[str, Any], figures: Path,
+         title: str) -> list[Path]:
+    """The paper's two figures, and the learning curves."""
+    figures.mkdir(parents=True, exist_ok=True)
+    return [plot_induction(summary, figures / "paper_small_induction.png", title),
+            plot_polynomial(summary, figures / "paper_small_polynomial.png", title),
+            plot_curves(results, figures / "paper_small_curves.png")]
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    for task in TASKS:
+        for size, cells in summary.get(task, {}).items():
+            for key, cell in cells.items():
+                s = cell[HEADLINE[task]]
+                extra = (f"first {cell['accuracy_first']['mean']:.3f}" if task == "induction"
+                         else "m1..10 " + " ".join(f"{cell['accuracy_m'][m]['mean']:.2f}"
+                                                   for m in MS))
+                print(f"{task:<10} {size:>5} {key:<4} params {cell['parameters']:>9,}  "
+                      f"steps {min(cell['steps'])}-{max(cell['steps'])}  val loss "
+                      f"{cell['val_loss_head0']['mean']:.3f}  "
+                      f"{HEADLINE[task]} {s['mean']:.3f} +- {s['std']:.3f}  {extra}")
+    gap = summary.get("induction_gap_smallest")
+    if gap:
+        g = gap["n=2 - n=1"]
+        print(f"induction n=2 - n=1 at {gap['size']}: {g['mean']:+.3f} +- {g['std']:.3f}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", choices=sorted(LADDERS), default="cpu")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "paper_small")
+    parser.add_argument("--figures", type=Path, default=None, help="default: --out")
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS))
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs at a time (default: 2 on a CPU, 1 on a GPU; 0: one at a time "
+                             "in this process, no start-up per run)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: one run's spec (JSON)
+    args = parser.parse_args(argv)
+    if args.run:
+        return run_one(json.loads(args.run))
+    unknown = [t for t in args.tasks if t not in TASKS]
+    if unknown:
+        raise SystemExit(f"error: unknown task {unknown[0]!r}; expected one of {TASKS}")
+    device = args.device or ("cuda" if args.budget == "gpu" else "cpu")
+    jobs = (1 if device == "cuda" else 2) if args.jobs is None else args.jobs
+    out = args.out.resolve()
+    specs = plan(args.budget, out, device, tuple(args.tasks))
+    try:
+        check_plan(specs)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    os.environ.setdefault("MTP_DATA_DIR", str(out / "data"))
+    out.mkdir(parents=True, exist_ok=True)
+    began, before = time.perf_counter(), machine()
+    prepare(specs)
+    log = out / "progress.log"
+    if jobs == 0:
+        results = [launch(s, log, in_process=True) for s in specs]
+    else:
+        with ThreadPoolExecutor(jobs) as pool:
+            results = list(pool.map(lambda s: launch(s, log), specs))
+    after = machine()
+    summary = summarize(results, LADDERS[args.budget])
+    title = f"--budget {args.budget}, {len(LADDERS[args.budget]['seeds'])} seeds"
+    figures = plot(results, summary, args.figures or out, title)
+    print_table(summary)
+    report = {"benchmark": "paper_small", "budget": args.budget, "device": device,
+              "jobs": jobs, "seconds": round(time.perf_counter() - began),
+              "machine": {"before": before, "after": after, "threads_per_run": 1
+                          if device == "cpu" else None},
+              "ladder": LADDERS[args.budget], "summary": summary,
+              "figures": [str(p) for p in figures],
+              "runs": {run_key(r["task"], r["size"], r["n"], r["seed"]): r for r in results}}
+    report = json.loads(json.dumps(report))  # what the file and the last line hold
+    (out / "paper_small.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report), flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    main()
