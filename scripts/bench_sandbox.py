@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 
 from mtp.eval.sandbox import Limits, Sandbox, resolve_isolation
-from mtp.eval.tasks import load_task
+from mtp.data.benchmarks import load_task
 
 
 def time_references(task, isolation: str, workers: int | None) -> float:

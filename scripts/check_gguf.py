@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from mtp.checkpoint import load
-from mtp.eval.tasks import load_task
+from mtp.data.benchmarks import load_task
 from mtp.generate import generate
 from mtp.paths import require_smollm2_gguf
 

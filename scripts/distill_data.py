@@ -45,7 +45,7 @@ from tqdm import tqdm
 from mtp.checkpoint import load
 from mtp.data import is_validation
 from mtp.data.source_options import add_source_arguments, make_source
-from mtp.eval.results import read_jsonl
+from mtp.jsonl import read_jsonl
 from mtp.generate import DrafterSpec, SamplingConfig, generate
 
 

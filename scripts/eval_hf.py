@@ -15,7 +15,7 @@ Face directory as it is), batch 1, float32 on a CPU, `do_sample=False`. What is 
   otherwise, on 2 of the first 8 HumanEval prompts; docs/benchmarks.md, GGUF import);
 - the stop rule: generation ends at the model's EOS (transformers' generation config),
   after --max-new-tokens tokens, or once the new text (decoded by transformers' tokenizer)
-  contains one of the task's stop strings (`mtp.eval.tasks`: HumanEval's, MBPP's
+  contains one of the task's stop strings (`mtp.data.benchmarks`: HumanEval's, MBPP's
   `[DONE]`), and the completion is the new text cut before the first of them;
 - the scoring: the completions go to `mtp.eval` as a samples file (its sandbox and pass@k).
 
@@ -35,9 +35,10 @@ from pathlib import Path
 import torch
 
 from mtp.checkpoint import load
-from mtp.eval import EvalConfig, evaluate, load_task
+from mtp.data.benchmarks import load_task
+from mtp.eval import EvalConfig, evaluate
 from mtp.eval.passk import mean_pass_at_k
-from mtp.eval.results import read_jsonl
+from mtp.jsonl import read_jsonl
 from mtp.generate.decode import DTYPES, decoding_dtype
 from mtp.interop.gguf import is_gguf
 

@@ -148,7 +148,7 @@ def test_gpu_recipe_choices_yield_to_the_command_line() -> None:
 def test_byte_presets_fit_every_benchmark_prompt_and_512_new_bytes() -> None:
     """The byte context (CONTEXT) holds each HumanEval and zero-shot MBPP prompt, the token
     that starts a document and eval's 512 new tokens (MBPP read from the shared data)."""
-    from mtp.eval.tasks import humaneval, mbpp
+    from mtp.data.benchmarks import humaneval, mbpp
 
     tasks = [humaneval()]
     mbpp_file = Path("/work/shared/data/mbpp/mbpp.jsonl")

@@ -13,7 +13,7 @@ from mtp.data import InstalledSource
 from mtp.data.decontaminate import (MIN_WORDS, NGRAM, References, benchmark_texts,
                                     load_references, tokens)
 from mtp.data.sources import _load_installed
-from mtp.eval.tasks import humaneval
+from mtp.data.benchmarks import humaneval
 
 MBPP_FILE = Path("/work/shared/data/mbpp/mbpp.jsonl")  # read in place, never copied here
 needs_mbpp = pytest.mark.skipif(not MBPP_FILE.is_file(), reason=f"no {MBPP_FILE}")

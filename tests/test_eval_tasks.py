@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from mtp.eval.sandbox import Limits, Sandbox
-from mtp.eval.tasks import HUMANEVAL_STOP, Task, load_task
+from mtp.data.benchmarks import HUMANEVAL_STOP, Task, load_task
 
 MBPP_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl"
 needs_mbpp = pytest.mark.skipif(not MBPP_FILE.exists(), reason=f"MBPP data not found at {MBPP_FILE}")

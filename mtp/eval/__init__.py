@@ -7,7 +7,7 @@
 from mtp.eval.passk import pass_at_k
 from mtp.eval.runner import EvalConfig, evaluate
 from mtp.eval.sandbox import ExecResult, Limits, Sandbox, resolve_isolation, run_program
-from mtp.eval.tasks import Problem, Task, load_task
+from mtp.data.benchmarks import Problem, Task, load_task
 
 __all__ = [
     "EvalConfig", "ExecResult", "Limits", "Problem", "Sandbox", "Task",

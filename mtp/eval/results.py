@@ -1,4 +1,4 @@
-"""JSON-lines files: reading them with line numbers in errors, and the per-sample results file.
+"""The per-sample results file, and the samples files a run scores.
 
 The results file gets one line per executed sample, appended and flushed as each finishes, so
 an interrupted run loses at most the line being written. Reopening it resumes: the records
@@ -7,54 +7,27 @@ already there are kept, a torn last line is cut off, and the run skips their sam
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
+
+from mtp.jsonl import numbered_jsonl, parse_jsonl_line
 
 # A resumed run must be the same run: these record fields must match the existing file's.
 RUN_KEYS = ("task", "checkpoint", "decoding", "temperature", "top_p", "few_shot", "samples_file")
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Yield the JSON objects of a (optionally gzipped) JSON-lines file; blank lines are skipped.
-
-    A line that is not a JSON object raises ValueError naming the file and line number.
-    """
-    for _, record in _numbered(path):
-        yield record
-
-
 def read_samples(path: str | os.PathLike) -> list[tuple[str, str]]:
     """The `(task_id, completion)` pairs of a samples file, in order; task ids as strings."""
     samples = []
-    for number, record in _numbered(path):
+    for number, record in numbered_jsonl(path):
         if "task_id" not in record or not isinstance(record.get("completion"), str):
             raise ValueError(f"{path}:{number}: needs a 'task_id' and a string 'completion'")
         samples.append((str(record["task_id"]), record["completion"]))
     if not samples:
         raise ValueError(f"{path}: no samples (the file is empty)")
     return samples
-
-
-def _numbered(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                yield number, _parse(line, path, number)
-
-
-def _parse(line: str, path: str | os.PathLike, number: int) -> dict[str, Any]:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{number}: not valid JSON ({e.msg}): {line.strip()[:80]!r}") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{path}:{number}: expected a JSON object, got {line.strip()[:80]!r}")
-    return record
 
 
 class ResultsFile:
@@ -93,7 +66,7 @@ class ResultsFile:
         if lines[-1]:  # interrupted mid-line: drop the torn record, it will be redone
             text = text[: len(text) - len(lines[-1])]
             self.path.write_text(text, encoding="utf-8")
-        records = [_parse(line, self.path, i) for i, line in enumerate(lines[:-1], 1) if line.strip()]
+        records = [parse_jsonl_line(line, self.path, i) for i, line in enumerate(lines[:-1], 1) if line.strip()]
         for record in records:
             for key in RUN_KEYS:
                 if record.get(key) != self.run.get(key):

