@@ -114,7 +114,7 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
     rows = torch.arange(batch, device=target.device)
     real = None  # (B, m - 1): which drafts are not padding
     if drafts.lengths is not None:
-        real = torch.arange(drafts.count, device=target.device) < drafts.lengths[:, None]
+        real = torch.arange(drafts.tokens.shape[1], device=target.device) < drafts.lengths[:, None]
     if tree.n_nodes == 1:  # no drafts: an autoregressive step
         node = torch.zeros(batch, dtype=torch.long, device=target.device)
         target0 = target[:, 0]

@@ -2,9 +2,10 @@
 
 Heads 1..k-1 at the last accepted position propose the k - 1 tokens after the next one; the
 verify forward runs heads 0..k-1, so the kept node also yields the hidden states for the
-next drafts, at no extra forward pass. The worked example in `engine.py` follows one step. With a candidate tree (`tree.py`) the
-heads propose their top candidates along the tree's rank paths (Medusa), with its parent
-links; the chain is the tree of rank-0 paths.
+next drafts, at no extra forward pass. The worked example in `engine.py` follows one step.
+With a candidate tree (`tree.py`) the heads propose their top candidates along the tree's
+rank paths (Medusa), with its parent links; the chain is the tree of rank-0 paths. The
+drafter holds the tree's buffers (`TreeBuffers`) from `start`, so a step builds nothing.
 """
 
 from __future__ import annotations
