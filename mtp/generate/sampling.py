@@ -26,6 +26,7 @@ class SamplingConfig:
     temperature: float = 0.0  # 0: greedy
     top_k: int | None = None  # keep the k most likely tokens; None: all
     top_p: float = 1.0  # keep the smallest set of tokens with this much probability mass
+    greedy: bool = field(init=False, repr=False, compare=False)  # temperature 0, set below
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
@@ -37,8 +38,6 @@ class SamplingConfig:
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         object.__setattr__(self, "greedy", self.temperature == 0)
-
-    greedy: bool = field(init=False, repr=False, compare=False)
 
 
 def probabilities(logits: Tensor, config: SamplingConfig) -> Tensor:
