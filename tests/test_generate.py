@@ -5,7 +5,7 @@ import torch
 
 from mtp.generate import DecodeStats, DrafterSpec, HeadsDrafter, SamplingConfig, generate
 from mtp.generate.forward import prefill
-from mtp.generate.output import SequenceOutput
+from mtp.generate.decode import SequenceOutput
 from mtp.generate.tree import Calibration, resolve_tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel

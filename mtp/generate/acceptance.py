@@ -38,7 +38,7 @@ from torch import Tensor
 
 from mtp.generate.drafters.base import Drafts
 from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
-from mtp.generate.tree import Tree
+from mtp.generate.tree import Tree, TreeBuffers
 
 ACCEPTANCE = ("exact", "typical")
 
@@ -101,17 +101,20 @@ class Accepted:
 
 
 def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
-           draws: Draws | None = None, typical: TypicalAcceptance | None = None) -> Accepted:
+           draws: Draws | None = None, typical: TypicalAcceptance | None = None, *,
+           buffers: TreeBuffers | None = None) -> Accepted:
     """Verify `drafts` (the nodes of `tree`) against head 0's logits `target` (B, m, V).
 
     `draws` are needed when sampling; `typical` switches to Medusa's typical acceptance.
+    `buffers`: the tree's on `target`'s device, which the engine holds (else looked up).
     """
-    buffers = tree.buffers(target.device)
+    if buffers is None:
+        buffers = tree.buffers(target.device)
     batch = target.shape[0]
     rows = torch.arange(batch, device=target.device)
     real = None  # (B, m - 1): which drafts are not padding
     if drafts.lengths is not None:
-        real = torch.arange(drafts.count, device=target.device) < drafts.lengths[:, None]
+        real = torch.arange(drafts.tokens.shape[1], device=target.device) < drafts.lengths[:, None]
     if tree.n_nodes == 1:  # no drafts: an autoregressive step
         node = torch.zeros(batch, dtype=torch.long, device=target.device)
         target0 = target[:, 0]
@@ -119,7 +122,8 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
             probabilities(target0, sampling), draws.exponential)
     elif sampling.greedy:
         predicted = target.argmax(-1)  # (B, m) head 0's token after each node
-        node = _deepest_kept(_and(drafts.tokens == predicted[:, buffers.parents], real), tree)
+        node = _deepest_kept(_and(drafts.tokens == predicted[:, buffers.parents], real),
+                             buffers)
         next_token = predicted[rows, node]
     elif typical is not None:
         p = probabilities(target, sampling)  # (B, m, V)
@@ -127,11 +131,11 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
         threshold = torch.minimum(typical.alpha * torch.exp(-entropy),
                                   torch.full_like(entropy, typical.epsilon))
         p_draft = p[:, buffers.parents].gather(-1, drafts.tokens[..., None]).squeeze(-1)
-        node = _deepest_kept(_and(p_draft > threshold[:, buffers.parents], real), tree)
+        node = _deepest_kept(_and(p_draft > threshold[:, buffers.parents], real), buffers)
         next_token = sample(p[rows, node], draws.exponential)
     else:
         node, residual = _recursive_rejection(drafts, probabilities(target, sampling), tree,
-                                              real, draws.uniform)
+                                              buffers, real, draws.uniform)
         next_token = sample(residual, draws.exponential)
     path = buffers.ancestors[node][:, 1:]  # (B, depth): the accepted nodes, then padding
     tokens = drafts.tokens.gather(1, (path - 1).clamp(min=0))
@@ -145,26 +149,24 @@ def _and(kept: Tensor, real: Tensor | None) -> Tensor:
     return kept if real is None else kept & real
 
 
-def _deepest_kept(kept: Tensor, tree: Tree) -> Tensor:
+def _deepest_kept(kept: Tensor, buffers: TreeBuffers) -> Tensor:
     """The deepest node (B,) whose whole path is kept; kept (B, m - 1) for nodes 1..m-1.
 
     Ties go to the lower node index (lower ranks); under greedy acceptance siblings are
     distinct tokens, so at most one path is kept.
     """
-    buffers = tree.buffers(kept.device)
     root = torch.ones(kept.shape[0], 1, dtype=torch.bool, device=kept.device)
     kept = torch.cat([root, kept], dim=1)  # the root is always kept
     on_path = kept[:, buffers.ancestors].all(-1)  # (B, m)
     return (on_path * (buffers.depths + 1)).argmax(-1)  # argmax returns the first maximum
 
 
-def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree, real: Tensor | None,
-                         uniforms: Tensor) -> tuple[Tensor, Tensor]:
+def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree, buffers: TreeBuffers,
+                         real: Tensor | None, uniforms: Tensor) -> tuple[Tensor, Tensor]:
     """SpecInfer's rule: the last accepted node (B,) and the distribution (B, V) after it.
 
     uniforms (B, m - 1): node i's test draws uniforms[:, i - 1].
     """
-    buffers = tree.buffers(p_all.device)
     batch, _, vocab = p_all.shape
     rows = torch.arange(batch, device=p_all.device)
     node = torch.zeros(batch, dtype=torch.long, device=p_all.device)

@@ -20,6 +20,17 @@
   finished rows leave). Autoregressive decoding is the same loop with no drafts
   (`Autoregressive`): one token per forward pass, the baseline every speed-up is measured
   against.
+- Stopping and streaming: the commit hands each sequence's `SequenceOutput` the tokens it
+  accepted in a step (one, or several at once); `SequenceOutput.add` consumes them in order
+  and stops at the first of:
+  - EOS (kept in `token_ids`, absent from the text),
+  - a stop string in the decoded text (the text is cut before it; `token_ids` end with the
+    token that completed it, however many tokens the step accepted),
+  - the token budget: `max_new_tokens` ("length"), or the room left in the model's context
+    ("context") when that is smaller.
+  Text is streamed through the tokenizer's incremental decoder, so a byte model never emits
+  half a UTF-8 character, and text that could be the start of a stop string is held back until
+  it is known not to be one.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import torch
 from mtp.generate.acceptance import Acceptance, typical_thresholds
 from mtp.generate.drafters.base import Autoregressive, Drafter, Verified
 from mtp.generate.engine import Engine, rebuild_size
-from mtp.generate.output import Generation, SequenceOutput, TextCallback
+from mtp.generate.output import DecodeStats, FinishReason, Generation, TextCallback
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.spec import DrafterSpec, make_drafter
 from mtp.generate.tree import Tree
@@ -178,6 +189,106 @@ def _count(verified: Verified, drafted: list[tuple[int, int]],
         if outputs[row].add(ids):
             finished.append(row)
     return finished
+
+
+class SequenceOutput:
+    """Accumulates one sequence's accepted tokens; decides when it is finished."""
+
+    def __init__(self, index: int, tokenizer: Tokenizer, *, budget: int,
+                 budget_reason: FinishReason, stop: Sequence[str], positions: int,
+                 on_text: TextCallback | None, started: float) -> None:
+        self.index = index
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: FinishReason | None = None
+        self._eos = tokenizer.eos_id
+        self._decoder = tokenizer.incremental_decoder()
+        self._budget, self._budget_reason = budget, budget_reason
+        self._stop = tuple(stop)
+        self._on_text = on_text
+        self._emitted = 0  # characters of `text` already given to on_text
+        self._started = started
+        self._seconds = 0.0
+        self._forwards = 0
+        # Per draft position (head) 0..positions-1: drafts verified and accepted; forward
+        # passes by drafts accepted.
+        self._verified = [0] * positions
+        self._accepted = [0] * positions
+        self._depths = [0] * positions
+        self._nodes = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, ids: Sequence[int]) -> bool:
+        """Take a step's accepted tokens in order, up to the first stop; True once finished."""
+        for token in ids:
+            self.token_ids.append(token)
+            if token == self._eos:
+                self._finish("eos")
+                break
+            self._append_text(self._decoder.push((token,)))
+            if self.finished:
+                break
+            if len(self.token_ids) == self._budget:
+                self._finish(self._budget_reason)
+                break
+        self._stream()
+        return self.finished
+
+    def count_forward(self, verified_drafts: int, accepted_drafts: int, nodes: int) -> None:
+        """Record one forward pass of `nodes` tokens that verified drafts of heads
+        1..verified_drafts and kept `accepted_drafts` of them."""
+        self._forwards += 1
+        self._nodes += nodes
+        self._depths[accepted_drafts] += 1
+        self._verified[0] += 1
+        self._accepted[0] += 1
+        for head in range(1, verified_drafts + 1):
+            self._verified[head] += 1
+            self._accepted[head] += head <= accepted_drafts
+
+    def result(self) -> Generation:
+        if self.finish_reason is None:
+            raise RuntimeError(f"sequence {self.index} has not finished")
+        new = len(self.token_ids)
+        stats = DecodeStats(
+            forward_passes=self._forwards, new_tokens=new,
+            tokens_per_forward=new / max(self._forwards, 1),
+            head_acceptance=[a / v if v else 0.0 for a, v in zip(self._accepted, self._verified)],
+            seconds=self._seconds, head_verified=list(self._verified),
+            accepted_depths=list(self._depths), nodes_verified=self._nodes)
+        return Generation(self.text, list(self.token_ids), self.finish_reason, stats)
+
+    def _append_text(self, piece: str) -> None:
+        if not piece:
+            return
+        searched_from = max(0, len(self.text) - max(map(len, self._stop), default=0) + 1)
+        self.text += piece
+        hits = [i for i in (self.text.find(s, searched_from) for s in self._stop) if i >= 0]
+        if hits:
+            self.text = self.text[:min(hits)]
+            self._finish("stop")
+
+    def _finish(self, reason: FinishReason) -> None:
+        self.finish_reason = reason
+        if reason != "stop":
+            self._append_text(self._decoder.flush())  # may still complete a stop string
+        self._seconds = time.perf_counter() - self._started
+
+    def _stream(self) -> None:
+        if self._on_text is None:
+            return
+        end = len(self.text) if self.finished else len(self.text) - self._held_back()
+        if end > self._emitted:
+            self._on_text(self.index, self.text[self._emitted:end])
+            self._emitted = end
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of the text that a stop string could still start with."""
+        return max((n for s in self._stop for n in range(len(s) - 1, 0, -1)
+                    if self.text.endswith(s[:n])), default=0)
 
 
 def _check_arguments(vocab_size: int, tokenizer: Tokenizer, prompts: list[str],

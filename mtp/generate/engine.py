@@ -57,7 +57,7 @@ from mtp.generate.drafters.base import Drafts, Verified
 from mtp.generate.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
                                   stacked_heads)
 from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
-from mtp.generate.tree import Tree
+from mtp.generate.tree import Tree, TreeBuffers
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
 
@@ -80,13 +80,14 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
 
 def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Tensor,
                       active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
-                      heads: int | StackedHeads, sampling: SamplingConfig,
-                      typical: TypicalAcceptance | None, key_len: int) -> Verified:
+                      buffers: TreeBuffers, heads: int | StackedHeads,
+                      sampling: SamplingConfig, typical: TypicalAcceptance | None,
+                      key_len: int) -> Verified:
     """One decode step on the device, with fixed shapes (see the module docstring).
 
-    Updates the cache, `lengths` and `root` in place (active rows only).
+    `buffers`: the tree's, on the device (built once, with the engine). Updates the cache,
+    `lengths` and `root` in place (active rows only).
     """
-    buffers = tree.buffers(root.device)
     # verify: the root and the drafts, each at its place in the tree
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
     step = cache_step(lengths, buffers.depths, buffers.visible, key_len,
@@ -94,7 +95,7 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     hidden = hidden_states(model, pending, cache, step, heads)  # (B, m, n, D)
     target = model.unembed(hidden[:, :, 0])  # (B, m, V)
     # accept: a path, and the token after it
-    accepted = accept(drafts, target, tree, sampling, draws, typical)
+    accepted = accept(drafts, target, tree, sampling, draws, typical, buffers=buffers)
     path = buffers.ancestors[accepted.node]  # (B, depth + 1), padded with the node
     # compact: the kept path's keys and values follow the prefix (a chain's are in place)
     if not tree.is_chain:
@@ -103,7 +104,8 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     new_root = accepted.tokens.gather(1, accepted.n_accepted[:, None])[:, 0]
     lengths.add_(kept)
     root.copy_(torch.where(active, new_root, root))
-    return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens)
+    last = torch.where(active, accepted.node, 0)  # a finished row's: path[0], as kept is 0
+    return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens, last=last)
 
 
 def rebuild_size(live: int, batch: int, compiled: bool) -> int | None:
@@ -152,7 +154,7 @@ class Engine:
         self.active = torch.ones(batch, dtype=torch.bool, device=self.device)
         self.host_lengths = [0] * batch  # mirrors of lengths and active, kept from the reads
         self.host_active = [True] * batch
-        tree.buffers(self.device)  # built once, outside any compiled step
+        self.buffers = tree.buffers(self.device)  # built once, outside any compiled step
         self._step = compiled_step(self.device.type == "cuda") if compile else None
         self._mark_static()
 
@@ -179,7 +181,7 @@ class Engine:
         tokens[rows, lengths - 1] = self.root
         path = torch.arange(pending.shape[1], device=self.device).expand_as(pending)
         return Verified(pending, hidden, None, path, lengths, tokens,
-                        [[token] for token in self.root.tolist()])
+                        [[token] for token in self.root.tolist()], last=lengths - 1)
 
     def verify_and_accept(self, drafts: Drafts, generator: torch.Generator | None
                           ) -> tuple[Verified, list[tuple[int, int]]]:
@@ -201,13 +203,17 @@ class Engine:
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
             out = step(self.model, self.cache, self.lengths, self.root, self.active, drafts,
-                       draws, self.tree, self.heads, self.sampling, self.typical, key_len)
-        host = torch.cat([out.kept[:, None], out.last()[:, None], drafts.real()[:, None],
-                          out.tokens], dim=1).tolist()  # the one synchronisation
+                       draws, self.tree, self.buffers, self.heads, self.sampling, self.typical,
+                       key_len)
+        # Every draft is real unless the drafter says how many of each row's are (`lengths`).
+        real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
+        host = torch.cat([out.kept[:, None], out.last[:, None], *real, out.tokens],
+                         dim=1).tolist()  # the one synchronisation
         new_ids, drafted = [], []
-        for row, (kept, node, real, *tokens) in enumerate(host):
+        for row, (kept, node, *rest) in enumerate(host):
+            n_real, tokens = (rest[0], rest[1:]) if real else (drafts.tokens.shape[1], rest)
             new_ids.append(tokens[:kept])  # none for a finished row
-            drafted.append((real, node))
+            drafted.append((n_real, node))
             self.host_lengths[row] += kept
         return replace(out, new_ids=new_ids), drafted
 

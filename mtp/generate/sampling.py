@@ -10,7 +10,7 @@ and sampling alike (a draft is accepted with probability p(draft) / q(draft), wh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -18,11 +18,15 @@ from torch import Tensor
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
-    """How a token is chosen from head 0's logits (and the drafts from the other heads')."""
+    """How a token is chosen from head 0's logits (and the drafts from the other heads').
+
+    `greedy` (temperature 0) is a plain attribute, set once here: every decode step reads it.
+    """
 
     temperature: float = 0.0  # 0: greedy
     top_k: int | None = None  # keep the k most likely tokens; None: all
     top_p: float = 1.0  # keep the smallest set of tokens with this much probability mass
+    greedy: bool = field(init=False, repr=False, compare=False)  # temperature 0, set below
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
@@ -33,10 +37,7 @@ class SamplingConfig:
             raise ValueError(f"top_k must be None or an integer >= 1, got {self.top_k!r}")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+        object.__setattr__(self, "greedy", self.temperature == 0)
 
 
 def probabilities(logits: Tensor, config: SamplingConfig) -> Tensor:

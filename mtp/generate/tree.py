@@ -57,7 +57,8 @@ FIXED_PRIOR_TOP1, FIXED_PRIOR_DECAY, FIXED_PRIOR_RANKS = 0.6, 0.4, 8
 
 @dataclass(frozen=True)
 class TreeBuffers:
-    """A tree's tensors on one device (see the module docstring)."""
+    """A tree's tensors on one device (see the module docstring); the engine and the drafters
+    hold them from construction, so a decode step reads them and builds nothing."""
 
     depths: Tensor  # (m,) the position offset of every node, 0 for the root
     visible: Tensor  # (m, m) bool: node i sees node j iff j is i or one of its ancestors
@@ -69,11 +70,21 @@ class TreeBuffers:
 
 @dataclass(frozen=True)
 class Tree:
-    """A candidate tree: its rank paths, validated, and the bookkeeping derived from them."""
+    """A candidate tree: its rank paths, validated, and the bookkeeping derived from them.
+
+    Its sizes are plain attributes, computed once here (a decode step reads them every step):
+    n_nodes, the tokens verified per step (the root and every path's node); depth, the
+    deepest node's (the tree needs heads 0..depth); n_ranks, the heads' top-k needed to
+    draft every node; is_chain, one path of rank-0 drafts (no tree mask or path compaction).
+    """
 
     paths: tuple[tuple[int, ...], ...]
     name: str = "custom"
     _buffers: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    n_nodes: int = field(init=False, repr=False, compare=False)
+    depth: int = field(init=False, repr=False, compare=False)
+    n_ranks: int = field(init=False, repr=False, compare=False)
+    is_chain: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         paths = []
@@ -94,16 +105,15 @@ class Tree:
                 raise ValueError(f"tree {self.name}: path {list(path)} needs its parent "
                                  f"{list(path[:-1])} in the tree too")
         object.__setattr__(self, "paths", tuple(sorted(paths, key=lambda p: (len(p), p))))
+        object.__setattr__(self, "n_nodes", len(paths) + 1)
+        object.__setattr__(self, "depth", max(map(len, paths), default=0))
+        object.__setattr__(self, "n_ranks", max((r for p in paths for r in p), default=-1) + 1)
+        object.__setattr__(self, "is_chain", all(p == (0,) * len(p) for p in paths))
 
     @classmethod
     def chain(cls, depth: int) -> Tree:
         """The rank-0 chain of `depth` drafts: blockwise speculative decoding's k = depth + 1."""
         return _chain(depth)
-
-    @property
-    def is_chain(self) -> bool:
-        """One path of rank-0 drafts (no tree mask or path compaction needed)."""
-        return all(path == (0,) * len(path) for path in self.paths)
 
     @classmethod
     def from_rates(cls, rates: Sequence[Sequence[float]], n_nodes: int,
@@ -126,21 +136,6 @@ class Tree:
                 for r, p in enumerate(rates[len(path)]):
                     heapq.heappush(frontier, (value * float(p), path + (r,)))
         return cls(tuple(chosen), name=name or f"rates:{n_nodes}")
-
-    @property
-    def n_nodes(self) -> int:
-        """Tokens verified per step: the root and every path's node."""
-        return len(self.paths) + 1
-
-    @property
-    def depth(self) -> int:
-        """The deepest node's depth: the tree needs heads 0..depth."""
-        return max((len(p) for p in self.paths), default=0)
-
-    @property
-    def n_ranks(self) -> int:
-        """The heads' top-k needed to draft every node."""
-        return max((r for p in self.paths for r in p), default=-1) + 1
 
     @cached_property
     def parents(self) -> list[int]:

@@ -101,6 +101,10 @@ class Verified:
         its first token, then the first new token.
     new_ids: each row's new tokens on the host (the kept drafts and the new root); [] for a
         row that had finished before this step.
+    last (B,): the pending index of each row's last kept token, whose heads predict the
+        tokens after the new root (the root for a finished row); the engine always sets it.
+
+    A plain record: the engine fills every field, and a drafter reads the ones it needs.
     """
 
     pending: Tensor
@@ -110,16 +114,13 @@ class Verified:
     kept: Tensor
     tokens: Tensor
     new_ids: list[list[int]] | None = None
-
-    def last(self) -> Tensor:
-        """The pending index (B,) of each row's last kept token, whose heads predict the
-        tokens after the new root."""
-        return self.path.gather(1, (self.kept - 1).clamp(min=0)[:, None])[:, 0]
+    last: Tensor | None = None
 
     def last_two(self) -> Tensor:
         """The last two accepted tokens of each row (B, 2): the one before the newest, and it."""
-        newest = self.tokens.gather(1, (self.kept - 1).clamp(min=0)[:, None])
-        return torch.cat([self.pending.gather(1, self.last()[:, None]), newest], dim=1)
+        index = (self.kept - 1).clamp(min=0)[:, None]  # each row's last entry of `path`
+        newest = self.tokens.gather(1, index)
+        return torch.cat([self.pending.gather(1, self.path.gather(1, index)), newest], dim=1)
 
     def path_hidden(self) -> Tensor:
         """The heads' hidden states (B, P, n, D) at the path's tokens: every token this forward

@@ -2,9 +2,10 @@
 
 Heads 1..k-1 at the last accepted position propose the k - 1 tokens after the next one; the
 verify forward runs heads 0..k-1, so the kept node also yields the hidden states for the
-next drafts, at no extra forward pass. The worked example in `engine.py` follows one step. With a candidate tree (`tree.py`) the
-heads propose their top candidates along the tree's rank paths (Medusa), with its parent
-links; the chain is the tree of rank-0 paths.
+next drafts, at no extra forward pass. The worked example in `engine.py` follows one step.
+With a candidate tree (`tree.py`) the heads propose their top candidates along the tree's
+rank paths (Medusa), with its parent links; the chain is the tree of rank-0 paths. The
+drafter holds the tree's buffers (`TreeBuffers`) from `start`, so a step builds nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
 from mtp.generate.sampling import SamplingConfig, exponential, probabilities
-from mtp.generate.tree import Tree
+from mtp.generate.tree import Tree, TreeBuffers
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -45,16 +46,18 @@ def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
 
 
 def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
-          noise: Tensor | None = None) -> Drafts:
+          noise: Tensor | None = None, *, buffers: TreeBuffers | None = None) -> Drafts:
     """The heads' proposal for `tree`'s nodes 1..m-1, from the logits (B, depth, V) of heads
     1..depth at the last accepted position.
 
     The node at depth d and rank r gets head d's r-th candidate (`ranked`), with the
     distribution it was drawn from when sampling. Nodes of equal depth and rank share a token
     (every head reads the same position). `noise`: Exp(1) draws like the logits, needed when
-    sampling.
+    sampling. `buffers`: the tree's on the logits' device, when the caller holds them.
     """
-    index = tree.buffers(head_logits.device).draft_index  # (m - 1,)
+    if buffers is None:
+        buffers = tree.buffers(head_logits.device)
+    index = buffers.draft_index  # (m - 1,)
     candidates, q = ranked(head_logits, max(tree.n_ranks, 1), config, noise)
     return Drafts(candidates.flatten(1)[:, index],  # (B, depth, ranks) -> nodes
                   None if q is None else q.flatten(1, 2)[:, index])
@@ -112,11 +115,12 @@ class HeadsDrafter(OwnHeads):
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._model, self._sampling, self._generator = model, sampling, generator
+        self._buffers = self.tree.buffers(next(model.parameters()).device)  # once per call
         self._last = None
 
     def update(self, step: Verified) -> None:
         rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
-        self._last = step.hidden[rows, step.last(), 1:self.tree.depth + 1]  # (B, depth, D)
+        self._last = step.hidden[rows, step.last, 1:self.tree.depth + 1]  # (B, depth, D)
 
     def keep(self, rows: list[int]) -> None:
         self._last = self._last[torch.tensor(rows, device=self._last.device)]
@@ -125,4 +129,4 @@ class HeadsDrafter(OwnHeads):
         logits = self._model.unembed(self._last, head=1)  # (B, depth, V): heads 1..depth
         noise = None if self._sampling.greedy else exponential(
             logits.shape, self._generator, logits.device)
-        return draft(logits, self.tree, self._sampling, noise)
+        return draft(logits, self.tree, self._sampling, noise, buffers=self._buffers)
