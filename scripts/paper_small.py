@@ -34,11 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+from mtp.bench.machine import machine
 
-from bench_methods import machine  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # (name, width, blocks per token, attention heads); the paper's sizes are in the gpu ladder.
 LADDERS: dict[str, dict[str, Any]] = {

@@ -139,17 +139,17 @@ def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
 
 def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(random_model,
                                                                          monkeypatch):
-    import mtp.generate.auto as auto_module
+    import mtp.generate.measure as measure_module  # auto times through the one harness
 
     timed = []  # (drafter, prompts) of every timed generate call (warm-ups are 2 tokens)
-    real = auto_module.generate
+    real = measure_module.generate
 
     def spy(model, tokenizer, prompts, **options):
         if options["max_new_tokens"] != 2:
             timed.append((repr(options["drafter"]), len(prompts)))
         return real(model, tokenizer, prompts, **options)
 
-    monkeypatch.setattr(auto_module, "generate", spy)
+    monkeypatch.setattr(measure_module, "generate", spy)
     auto = Auto(tokens=4, finalists=2)
     auto.choose(random_model, TOKENIZER, PROMPTS[:3], sampling=SamplingConfig(),
                 max_new_tokens=4, batch_size=1)

@@ -50,7 +50,7 @@ def test_a_starved_run_says_so_at_once_and_its_summary_says_undertrained(
     assert "tokens/s" in warning and "trainer.max_steps=200" in warning
     assert "undertrained; likely cause: " in warning
     reached = int(warning.split("reaches about step ")[1].split()[0])
-    assert reached < 100
+    assert reached < 200  # an estimate from the first steps (a loaded machine moves it): short of the plan
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] < 100 and summary["recipe_fraction"] < 0.5
     assert "the model is undertrained" in out.out

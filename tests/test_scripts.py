@@ -20,7 +20,8 @@ SCRIPTS = REPO / "scripts"
 TESTED_ELSEWHERE = {"bench_decode": "test_generate_bench.py", "bench_methods": "test_generate_bench.py",
                     "bench_train": "test_bench_train.py",
                     "prepare_data": "test_prepare_data.py", "distill_data": "test_distill_data.py",
-                    "eval_hf": "test_eval_hf.py"}
+                    "eval_hf": "test_eval_hf.py", "paper_small": "test_paper_small.py",
+                    "bench_threads": "test_bench_threads.py"}
 
 
 def run_script(name: str, *args: str, cwd: Path) -> tuple[list[str], dict]:
