@@ -88,6 +88,19 @@ def test_a_failure_or_a_hang_costs_one_part(tmp_path: Path) -> None:
     assert "python -m mtp.bench test" in rendered["run_test"]
 
 
+def test_a_budget_cuts_timeouts_and_skips_what_it_has_no_time_for(tmp_path: Path) -> None:
+    """A lent GPU's lease: the parts run in order until the budget is spent."""
+    sleep = (PY, "-c", "import time; time.sleep(30)")
+    parts = (Part(name="first", command=(PY, "-c", "print('{}')"), timeout=30),
+             Part(name="long", command=sleep, timeout=600),
+             Part(name="late", command=(PY, "-c", "print('{}')"), timeout=30))
+    results = run_suite("test", parts, tmp_path, REPO, budget=4, min_part_seconds=0.5)
+    first, long, late = (results["parts"][n] for n in ("first", "long", "late"))
+    assert first["result"] == {}
+    assert long["returncode"] == "timeout" and long["seconds"] < 10  # cut from 600 s
+    assert late["result"] is None and "budget of 4 s" in late["skipped"]
+
+
 def test_table() -> None:
     assert table(["a", "b"], [[1, 2]]) == "| a | b |\n| --- | --- |\n| 1 | 2 |"
 

@@ -2,7 +2,7 @@
 
     python -m mtp.bench smoke --out /tmp/smoke           # seconds: every runner path, tiny
     flock /work/cpu.lock python -m mtp.bench cpu         # docs/benchmarks.md's CPU tables
-    python -m mtp.bench gpu                              # on a machine with one CUDA device
+    python -m mtp.bench gpu --budget 540                 # one CUDA device, a 15-minute lease
     python -m mtp.bench cpu --only decode hf             # rerun parts, keep the others
     python -m mtp.bench cpu --from-results runs/bench/cpu/results.json   # only re-render
 
@@ -43,13 +43,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--docs", type=Path, help="default: docs/benchmarks.md (cpu, gpu)")
     parser.add_argument("--readme", type=Path, help="default: README.md (cpu)")
     parser.add_argument("--no-docs", action="store_true", help="write results.json only")
+    parser.add_argument("--budget", type=float, metavar="SECONDS",
+                        help="stop starting parts after this long (a GPU lease); each part's "
+                             "timeout is cut to what is left")
     args = parser.parse_args(argv)
     parts = suite(args.suite)
     if args.from_results:
         results = json.loads(args.from_results.read_text())
     else:
         out = args.out or REPO / "runs" / "bench" / args.suite
-        results = run_suite(args.suite, parts, out.resolve(), REPO, args.only)
+        results = run_suite(args.suite, parts, out.resolve(), REPO, args.only, args.budget)
     generated = blocks(results, {p.name: p.renderer for p in parts})
     targets = [args.docs, args.readme]
     if args.suite != "smoke":

@@ -53,23 +53,26 @@ def shown(command: list[str], out: Path, repo: Path) -> str:
     return text
 
 
-def run_part(part: Part, out: Path, repo: Path, revision: str | None) -> dict[str, Any]:
-    """Run one part; its record: command, commit, device, CPU flags, load before and after,
-    repeats, seconds, return code, and its figures (`result`, None when it failed)."""
+def run_part(part: Part, out: Path, repo: Path, revision: str | None,
+             timeout: float | None = None) -> dict[str, Any]:
+    """Run one part (within `timeout` seconds, default the part's own); its record: command,
+    commit, device, CPU flags, load before and after, repeats, seconds, return code, and its
+    figures (`result`, None when it failed)."""
+    timeout = part.timeout if timeout is None else min(part.timeout, timeout)
     command = [fill(a, out) for a in part.command]
     record: dict[str, Any] = {
         "command": shown(command, out, repo),
         "commit": revision, "device": part.device, "device_name": device_name(part.device),
         "cpu_flags": cpu_flags(), "repeats": part.repeats, "started": now(),
         "load_before": load_average()}
-    print(f"[mtp.bench] {part.name}: {record['command']} (timeout {part.timeout} s, load "
+    print(f"[mtp.bench] {part.name}: {record['command']} (timeout {timeout:.0f} s, load "
           f"{record['load_before']})", flush=True)
     log = out / "logs" / f"{part.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=repo, capture_output=True, text=True,
-                              timeout=part.timeout)
+                              timeout=timeout)
         code, stdout, stderr = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as error:
         code = "timeout"
@@ -97,10 +100,18 @@ def run_part(part: Part, out: Path, repo: Path, revision: str | None) -> dict[st
     return record
 
 
+MIN_PART_SECONDS = 30  # a part is not started with less of the budget left
+
+
 def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
-              only: Sequence[str] = ()) -> dict[str, Any]:
+              only: Sequence[str] = (), budget: float | None = None,
+              min_part_seconds: float = MIN_PART_SECONDS) -> dict[str, Any]:
     """Run `parts` (only those named in `only`, if any, keeping the other parts' records of
-    an earlier results.json in `out`), write `out/results.json`, and return its contents."""
+    an earlier results.json in `out`), write `out/results.json`, and return its contents.
+
+    `budget` (seconds) bounds the whole run, as a lent GPU's lease does: each part's timeout
+    is cut to what is left, and the parts that would start with less than `min_part_seconds`
+    left are recorded as skipped, so the suite's order is its priority."""
     unknown = sorted(set(only) - {p.name for p in parts})
     if unknown:
         raise ValueError(f"suite {name} has no part {unknown}; its parts: "
@@ -112,16 +123,24 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
     results: dict[str, Any] = {
         "suite": name, "commit": revision, "started": now(), "machine": machine(),
         "load_before": load_average(), "parts": dict(previous.get("parts", {}))}
+    began = time.perf_counter()
     for part in parts:
         if only and part.name not in only:
             continue
+        left = None if budget is None else budget - (time.perf_counter() - began)
         failed = [n for n in part.needs if (results["parts"].get(n) or {}).get("result") is None]
-        if failed:
+        if left is not None and left < min_part_seconds:
+            results["parts"][part.name] = {"command": " ".join(part.command), "skipped":
+                                           f"the budget of {budget:.0f} s was spent",
+                                           "result": None}
+            print(f"[mtp.bench] {part.name}: skipped, {left:.0f} s of the budget left",
+                  flush=True)
+        elif failed:
             results["parts"][part.name] = {"command": " ".join(part.command), "skipped":
                                            f"needs {', '.join(failed)}, which failed",
                                            "result": None}
         else:
-            results["parts"][part.name] = run_part(part, out, repo, revision)
+            results["parts"][part.name] = run_part(part, out, repo, revision, left)
         path.write_text(json.dumps(results, indent=1) + "\n")  # a killed run keeps its parts
     results |= {"finished": now(), "load_after": load_average()}
     path.write_text(json.dumps(results, indent=1) + "\n")

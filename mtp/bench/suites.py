@@ -43,7 +43,6 @@ def script(name: str, *args: str) -> tuple[str, ...]:
 
 
 BYTE8_CPU = "{out}/byte8/export"
-MBPP = "data.source.mbpp_file={mbpp}"  # the GPU recipe's corpus is decontaminated offline
 BYTE8_GPU = "{out}/byte8_gpu/export"
 
 SMOKE = (
@@ -95,45 +94,56 @@ CPU = (
         "--repeats", "2", "--threads", "2"), timeout=900, needs=("byte8",), repeats=2),
 )
 
+# Sized for one lent GPU (15 minutes, about 9 of them one command): `--budget 540` runs the
+# parts in this order, most wanted first, and skips what the lease has no time left for.
 GPU = (
-    Part(name="gpu_peak_flops", command=script(
-        "bench_peak_flops", "--device", "cuda", "--sizes", "4096", "8192", "--seconds", "2"),
-        timeout=300, table="peak_flops", device="cuda"),
-    Part(name="gpu_memory", command=script(
-        "bench_memory", "--device", "cuda", "--n-future", "4", "--dim", "1024", "--n-layers",
-        "8", "--batch", "4", "--seq-len", "2048"), timeout=600, table="memory", device="cuda"),
-    Part(name="gpu_train_step_1b", command=script(
-        "bench_train", "--device", "cuda", "--precision", "bf16-mixed", "--batch", "8",
-        "--seq-len", "2048", "--vocab-size", "32000", "--n-future", "4", "--steps", "5",
-        "model=1b"), timeout=900, table="train_step", device="cuda", repeats=5),
+    Part(name="gpu_byte8", command=(
+        PY, "-m", "mtp.train", "+experiment=byte8", "trainer=gpu", "data=stdlib", "logger=csv",
+        "trainer.max_time=00:00:02:30", "trainer.enable_progress_bar=false", "decode.prompts=8",
+        "decode.trees=[tree64]", "hydra.run.dir={out}/byte8_gpu"), timeout=300, table="byte8",
+        result_file="byte8_gpu/summary.json", device="cuda"),
+    Part(name="gpu_decode_bf16", command=script(
+        "bench_decode", "--checkpoint", BYTE8_GPU, "--humaneval", "8", "--device", "cuda",
+        "--dtype", "bfloat16", "--compile", "both", "--ks", "8", "--trees", "tree64",
+        "--repeats", "1"), timeout=200, table="decode", needs=("gpu_byte8",),
+        device="cuda"),
+    Part(name="gpu_hf", command=script(
+        "bench_hf", "--checkpoint", BYTE8_GPU, "--humaneval", "8", "--device", "cuda",
+        "--dtype", "bfloat16", "--compile", "--repeats", "1"), timeout=90, table="hf",
+        needs=("gpu_byte8",), device="cuda"),
+    Part(name="gpu_tests", command=(PY, "-m", "pytest", "-q", "-m", "gpu", "tests"),
+         timeout=150, table="tests", text=True, device="cuda"),
     Part(name="gpu_train_step_1b_compiled", command=script(
         "bench_train", "--device", "cuda", "--precision", "bf16-mixed", "--compile",
         "--batch", "8", "--seq-len", "2048", "--vocab-size", "32000", "--n-future", "4",
-        "--steps", "5", "model=1b"), timeout=1200, table="train_step", device="cuda",
-        repeats=5),
-    Part(name="gpu_byte8", command=(
-        PY, "-m", "mtp.train", "+experiment=byte8", "trainer=gpu", "logger=csv", MBPP,
-        "trainer.max_time=00:00:10:00", "trainer.enable_progress_bar=false",
-        "hydra.run.dir={out}/byte8_gpu"), timeout=1200, table="byte8",
-        result_file="byte8_gpu/summary.json", device="cuda"),
-    Part(name="gpu_decode_bf16", command=script(
-        "bench_decode", "--checkpoint", BYTE8_GPU, "--humaneval", "24", "--device", "cuda",
-        "--dtype", "bfloat16", "--compile", "both", "--trees", "tree16", "tree64"),
-        timeout=1200, table="decode", needs=("gpu_byte8",), device="cuda", repeats=3),
-    Part(name="gpu_hf", command=script(
-        "bench_hf", "--checkpoint", BYTE8_GPU, "--humaneval", "24", "--device", "cuda",
-        "--dtype", "bfloat16", "--compile"), timeout=1200, table="hf", needs=("gpu_byte8",),
+        "--steps", "3", "--warmup", "1", "model=1b"), timeout=180, table="train_step",
         device="cuda", repeats=3),
+    Part(name="gpu_decode_batch8", command=script(
+        "bench_decode", "--checkpoint", BYTE8_GPU, "--humaneval", "16", "--device", "cuda",
+        "--dtype", "bfloat16", "--compile", "--batch-size", "8", "--ks", "8", "--trees",
+        "tree16", "--repeats", "1"), timeout=120, table="decode", needs=("gpu_byte8",),
+        device="cuda"),
     Part(name="gpu_eval", command=(
         PY, "-m", "mtp.eval", "task=humaneval", f"checkpoint={BYTE8_GPU}", "device=cuda",
-        "compile=true"), timeout=900, table="eval", needs=("gpu_byte8",), device="cuda"),
+        "compile=true", "limit=40", "max_new_tokens=256"), timeout=120, table="eval",
+        needs=("gpu_byte8",), device="cuda"),
     Part(name="gpu_fsdp", command=(
-        PY, "-m", "mtp.train", "+experiment=byte8", "trainer=fsdp", "trainer.devices=1", MBPP,
-        "logger=csv", "trainer.max_time=00:00:03:00", "trainer.enable_progress_bar=false",
-        "hydra.run.dir={out}/fsdp_gpu"), timeout=600, table="byte8",
+        PY, "-m", "mtp.train", "+experiment=byte8", "trainer=fsdp", "trainer.devices=1",
+        "data=stdlib", "logger=csv", "trainer.max_time=00:00:01:00",
+        "trainer.enable_progress_bar=false", "decode.enabled=false",
+        "hydra.run.dir={out}/fsdp_gpu"), timeout=150, table="byte8",
         result_file="fsdp_gpu/summary.json", device="cuda"),
-    Part(name="gpu_tests", command=(PY, "-m", "pytest", "-q", "-m", "gpu", "tests"),
-         timeout=1200, table="tests", text=True, device="cuda"),
+    Part(name="gpu_train_step_1b", command=script(
+        "bench_train", "--device", "cuda", "--precision", "bf16-mixed", "--batch", "8",
+        "--seq-len", "2048", "--vocab-size", "32000", "--n-future", "4", "--steps", "3",
+        "--warmup", "1", "model=1b"), timeout=120, table="train_step", device="cuda",
+        repeats=3),
+    Part(name="gpu_peak_flops", command=script(
+        "bench_peak_flops", "--device", "cuda", "--sizes", "4096", "8192", "--seconds", "1"),
+        timeout=60, table="peak_flops", device="cuda"),
+    Part(name="gpu_memory", command=script(
+        "bench_memory", "--device", "cuda", "--n-future", "4", "--dim", "1024", "--n-layers",
+        "8", "--batch", "4", "--seq-len", "2048"), timeout=120, table="memory", device="cuda"),
 )
 
 SUITES: dict[str, tuple[Part, ...]] = {"smoke": SMOKE, "cpu": CPU, "gpu": GPU}

@@ -176,8 +176,8 @@ def part_block(record: Record, renderer: str) -> str | None:
     if "skipped" in record:
         return f"Not measured: `{record['command']}` was skipped ({record['skipped']})."
     if record["result"] is None:
-        return (provenance(record) + f"\n\nFailed (exit {record['returncode']}); the log is "
-                f"in the run's logs/ folder.")
+        return (provenance(record) + f"\n\nFailed (exit {record['returncode']}) after "
+                f"{record['seconds']:.0f} s; the log is in the run's logs/ folder.")
     return provenance(record) + "\n\n" + RENDERERS[renderer](record["result"])
 
 
