@@ -53,6 +53,11 @@ def shown(command: list[str], out: Path, repo: Path) -> str:
     return text
 
 
+def written(part: Part, out: Path, repo: Path) -> str:
+    """The part's command as a reader would type it."""
+    return shown([fill(a, out) for a in part.command], out, repo)
+
+
 def run_part(part: Part, out: Path, repo: Path, revision: str | None,
              timeout: float | None = None) -> dict[str, Any]:
     """Run one part (within `timeout` seconds, default the part's own); its record: command,
@@ -61,7 +66,7 @@ def run_part(part: Part, out: Path, repo: Path, revision: str | None,
     timeout = part.timeout if timeout is None else min(part.timeout, timeout)
     command = [fill(a, out) for a in part.command]
     record: dict[str, Any] = {
-        "command": shown(command, out, repo),
+        "command": written(part, out, repo),
         "commit": revision, "device": part.device, "device_name": device_name(part.device),
         "cpu_flags": cpu_flags(), "repeats": part.repeats, "started": now(),
         "load_before": load_average()}
@@ -130,13 +135,13 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
         left = None if budget is None else budget - (time.perf_counter() - began)
         failed = [n for n in part.needs if (results["parts"].get(n) or {}).get("result") is None]
         if left is not None and left < min_part_seconds:
-            results["parts"][part.name] = {"command": " ".join(part.command), "skipped":
+            results["parts"][part.name] = {"command": written(part, out, repo), "skipped":
                                            f"the budget of {budget:.0f} s was spent",
                                            "result": None}
             print(f"[mtp.bench] {part.name}: skipped, {left:.0f} s of the budget left",
                   flush=True)
         elif failed:
-            results["parts"][part.name] = {"command": " ".join(part.command), "skipped":
+            results["parts"][part.name] = {"command": written(part, out, repo), "skipped":
                                            f"needs {', '.join(failed)}, which failed",
                                            "result": None}
         else:
