@@ -45,7 +45,7 @@ def decode_prompts(decode: DictConfig, config: MTPConfig, tokenizer: Tokenizer) 
             if str(name).startswith("auto:"):
                 raise ValueError(f"decode.trees: {name!r} needs a calibration, which a run "
                                  f"has not made yet; use the presets (tree8 ... tree64)")
-            resolve_tree(str(name), n_heads=config.n_future, vocab_size=config.vocab_size)
+            resolve_tree(str(name), k=config.n_future, vocab_size=config.vocab_size)
     return held_out_prompts(tokenizer, decode.prompts, max_seq_len=config.max_seq_len,
                             max_new_tokens=decode.max_new_tokens)
 

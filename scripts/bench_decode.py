@@ -145,7 +145,7 @@ def main() -> None:
     ks = args.ks or list(range(2, config.n_future + 1))
     calibration = None if args.random_model else find_calibration(
         checkpoint, n_future=config.n_future, vocab_size=config.vocab_size)
-    trees = {spec: resolve_tree(spec, n_heads=config.n_future, vocab_size=config.vocab_size,
+    trees = {spec: resolve_tree(spec, k=config.n_future, vocab_size=config.vocab_size,
                                 calibration=calibration) for spec in args.trees}
     prompts = read_prompts(args.prompts) + humaneval_prompts(args.humaneval)
     configs = {1: None} | {k: HeadsDrafter(k) for k in ks} | {

@@ -115,7 +115,7 @@ def main() -> None:
     calibration = find_calibration(args.checkpoint, n_future=n_future,
                                    vocab_size=model.config.vocab_size)
     trees = auto_trees(model, calibration) if args.trees is None else tuple(
-        resolve_tree(t, n_heads=n_future, vocab_size=model.config.vocab_size,
+        resolve_tree(t, k=n_future, vocab_size=model.config.vocab_size,
                      calibration=calibration) for t in args.trees)
     methods.update({f"heads(tree={t.name})": HeadsDrafter(n_future, t) for t in trees})
     methods["prompt_lookup"] = lookup
@@ -151,7 +151,7 @@ def main() -> None:
                 drafter = Combined(methods[best], lookup)
                 name = f"{best}+prompt_lookup"
             elif name == "auto":
-                auto = Auto(draft_model=draft, prompt_lookup=lookup, calibration=auto_cache,
+                auto = Auto(draft_model=draft, prompt_lookup=lookup, choice_file=auto_cache,
                             trees=trees)
                 began = time.perf_counter()
                 drafter = auto.choose(model, tokenizer, spread(prompts, args.auto_prompts),

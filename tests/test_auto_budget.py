@@ -92,7 +92,7 @@ def test_eval_spends_its_budget_once_and_the_next_run_reuses_the_choice(
     # 2 problems x 8 tokens: 10% of that at the autoregressive rate, far under 30 s.
     assert auto.limit == pytest.approx(0.1 * 16 / auto.measured["autoregressive"], rel=0.01)
     assert f"{first['decoding']} (measured in " in err and "tokens/s: " in err
-    cache = list((tmp_path / "cache" / "calibration").glob("*.json"))
+    cache = list((tmp_path / "cache" / "auto").glob("*.json"))
     assert len(cache) == 1 and json.loads(cache[0].read_text())
 
     second = run("second")

@@ -114,7 +114,7 @@ def test_prompt_lookup_proposes_a_repeated_ngrams_continuation(random_model):
 
 def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
     calibration = tmp_path / "calibration.json"
-    auto = Auto(calibration=calibration, tokens=8)
+    auto = Auto(choice_file=calibration, tokens=8)
     reference = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12)
     chosen = auto.choose(random_model, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(),
                          max_new_tokens=12)
@@ -129,7 +129,7 @@ def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
     [entry] = json.loads(calibration.read_text()).values()
     assert entry["choice"] == auto.choice
     # Another process (an empty in-memory cache) reads the file instead of measuring again.
-    fresh = Auto(calibration=calibration, tokens=8)
+    fresh = Auto(choice_file=calibration, tokens=8)
     fresh._measure = lambda *args: pytest.fail("measured again")
     clone = MTPModel(random_model.config).double().eval()
     clone.load_state_dict(random_model.state_dict())

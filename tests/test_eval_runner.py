@@ -226,7 +226,7 @@ def test_cli_end_to_end_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str) 
         "task": "mbpp", "problems": 2, "samples": 4, "pass@1": 0.0, "pass@2": 0.0}
     assert summary["decoding"].startswith("auto: ")  # the default measured its candidates
     assert f"{summary['decoding']} (measured in " in run.stderr  # once, before decoding
-    assert list((tmp_path / "cache" / "calibration").glob("*.json"))
+    assert list((tmp_path / "cache" / "auto").glob("*.json"))
     assert summary["tokens_per_forward"] >= 1 and summary["tokens_per_second"] > 0
     assert len(output.read_text().splitlines()) == 4
     assert "mbpp: 100%" in run.stderr  # the progress bar

@@ -95,7 +95,7 @@ def test_greedy_tree_equals_autoregressive(random_model, trained, tree):
 
 def test_auto_tree_from_a_calibration_and_typical_greedy(trained):
     rates = [[0.6, 0.2, 0.1], [0.7, 0.1, 0.05], [0.8, 0.1, 0.05]]
-    tree = resolve_tree("auto:12", n_heads=4, vocab_size=262,
+    tree = resolve_tree("auto:12", k=4, vocab_size=262,
                         calibration=Calibration(rates, n_future=4, vocab_size=262))
     prompts = ["for i in range(", "d"]
     reference = generate(trained, TOKENIZER, prompts, max_new_tokens=40)
@@ -121,7 +121,7 @@ def test_tree_statistics(trained):
     assert s.nodes_verified == 1 + 16 * (s.forward_passes - 1)
     assert s.nodes_per_forward == s.nodes_verified / s.forward_passes
     assert s.head_verified[0] == s.forward_passes >= s.head_verified[1]
-    depth = resolve_tree("tree16", n_heads=trained.config.n_future, vocab_size=trained.config.vocab_size).depth
+    depth = resolve_tree("tree16", k=trained.config.n_future, vocab_size=trained.config.vocab_size).depth
     # one entry per depth, not per node: accepting d drafts needs a path of depth d
     assert len(s.accepted_depths) == len(s.head_acceptance) == depth + 1 < 16
 

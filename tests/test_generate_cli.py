@@ -79,12 +79,17 @@ def test_bf16_generation_runs(checkpoint):
 
 def test_default_drafter_is_auto_and_names_its_choice(checkpoint, tmp_path, capsys):
     directory, _ = checkpoint
-    calibration = tmp_path / "calibration.json"
+    choices = tmp_path / "choices.json"
     main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=6",
-          f"calibration={calibration}"])
+          f"choice_file={choices}"])
     err = capsys.readouterr().err
-    [entry] = json.loads(calibration.read_text()).values()
+    [entry] = json.loads(choices.read_text()).values()
     assert f"auto -> {entry['choice']}: 6 tokens in " in err
+    old_name = tmp_path / "old.json"  # calibration= still works, with a word, for a release
+    main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=6",
+          f"calibration={old_name}"])
+    assert "calibration= is renamed choice_file=" in capsys.readouterr().err
+    assert old_name.is_file()
     with pytest.raises(ValueError, match="unknown drafter 'medusa': choose one of auto, "):
         main([f"checkpoint={directory}", "prompt=x", "drafter=medusa"])
     with pytest.raises(ValueError, match="max_ngram must be an integer >= 1, got 0"):

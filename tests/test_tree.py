@@ -34,11 +34,11 @@ def test_nodes_are_ordered_by_depth_then_rank_with_parent_links():
 def test_chain_and_presets():
     assert Tree.chain(3).paths == ((0,), (0, 0), (0, 0, 0))
     for size in (8, 16, 32, 64):
-        tree = resolve_tree(f"tree{size}", n_heads=8, vocab_size=262)
+        tree = resolve_tree(f"tree{size}", k=8, vocab_size=262)
         assert tree.n_nodes == size and tree.depth <= 7
-    small = resolve_tree("tree64", n_heads=3, vocab_size=262)  # presets fit the heads used
+    small = resolve_tree("tree64", k=3, vocab_size=262)  # presets fit the heads used
     assert small.n_nodes == 64 and small.depth == 2
-    assert resolve_tree("chain", n_heads=5, vocab_size=262).depth == 4
+    assert resolve_tree("chain", k=5, vocab_size=262).depth == 4
 
 
 def test_from_rates_takes_the_most_probable_paths():
@@ -71,13 +71,13 @@ def test_malformed_trees_name_the_path(paths, message):
 
 def test_trees_the_model_cannot_draft_name_the_path():
     with pytest.raises(ValueError, match=r"path \[0, 0, 0\] has depth 3, but heads 1..2"):
-        resolve_tree([[0], [0, 0], [0, 0, 0]], n_heads=3, vocab_size=262)
+        resolve_tree([[0], [0, 0], [0, 0, 0]], k=3, vocab_size=262)
     with pytest.raises(ValueError, match=r"path \[4\] has rank 4, beyond the vocabulary of 4"):
-        resolve_tree([[0], [4]], n_heads=3, vocab_size=4)
+        resolve_tree([[0], [4]], k=3, vocab_size=4)
     with pytest.raises(ValueError, match="unknown tree 'tree9'"):
-        resolve_tree("tree9", n_heads=3, vocab_size=262)
+        resolve_tree("tree9", k=3, vocab_size=262)
     with pytest.raises(ValueError, match=r"tree='auto:8' needs measured acceptance rates"):
-        resolve_tree("auto:8", n_heads=3, vocab_size=262)
+        resolve_tree("auto:8", k=3, vocab_size=262)
 
 
 def test_calibration_round_trip_and_mismatch(tmp_path):
@@ -85,24 +85,24 @@ def test_calibration_round_trip_and_mismatch(tmp_path):
     Calibration(rates, n_future=4, vocab_size=262, details={"prompts": 3}).save(tmp_path)
     found = find_calibration(tmp_path, n_future=4, vocab_size=262)
     assert found.rates == rates and found.details == {"prompts": 3}
-    tree = resolve_tree("auto:5", n_heads=4, vocab_size=262, calibration=found)
+    tree = resolve_tree("auto:5", k=4, vocab_size=262, calibration=found)
     assert tree.n_nodes == 5 and tree.paths == Tree.from_rates(rates, 5).paths
-    assert resolve_tree("auto:9", n_heads=2, vocab_size=262, calibration=found).depth == 1
+    assert resolve_tree("auto:9", k=2, vocab_size=262, calibration=found).depth == 1
     with pytest.raises(ValueError, match=r"tree.json was calibrated for n_future=4, "
                                          r"vocab_size=262, not this model's n_future=8"):
         find_calibration(tmp_path, n_future=8, vocab_size=262)
     (tmp_path / "paths.json").write_text(json.dumps([[0], [1, 3]]))
     with pytest.raises(ValueError, match=r"paths.json: path \[1, 3\] needs its parent \[1\]"):
-        resolve_tree(str(tmp_path / "paths.json"), n_heads=4, vocab_size=262)
+        resolve_tree(str(tmp_path / "paths.json"), k=4, vocab_size=262)
     (tmp_path / "empty").mkdir()
     assert find_calibration(tmp_path / "empty", n_future=4, vocab_size=262) is None
     paths = [((0,), 0.7), ((0, 0), 0.5), ((1,), 0.2), ((0, 0, 0), 0.1)]
     Calibration(rates, n_future=4, vocab_size=262, paths=paths).save(tmp_path / "empty")
     found = find_calibration(tmp_path / "empty", n_future=4, vocab_size=262)
     assert found.paths == paths
-    assert resolve_tree("auto:4", n_heads=4, vocab_size=262, calibration=found).paths == (
+    assert resolve_tree("auto:4", k=4, vocab_size=262, calibration=found).paths == (
         (0,), (1,), (0, 0))  # the three most frequent paths, not the rates' tree
-    assert set(resolve_tree("auto:3", n_heads=2, vocab_size=262, calibration=found).paths) == {
+    assert set(resolve_tree("auto:3", k=2, vocab_size=262, calibration=found).paths) == {
         (0,), (1,)}  # within heads 0..1: depth 1 only
     data = json.loads((tmp_path / "empty" / "tree.json").read_text())
     data["paths"]["0,0,0,0"] = 0.05

@@ -220,7 +220,7 @@ def _choose(config: EvalConfig, model, tokenizer, prompts: list[str]):
     printed, not counted in the samples' tokens/s.
     """
     from mtp.generate import SamplingConfig
-    from mtp.generate.auto import choose_drafter, default_calibration
+    from mtp.generate.auto import choose_drafter, default_choice_file
     from mtp.generate.tree import find_calibration
 
     if config.measured and not prompts:  # every sample is done: nothing to measure on
@@ -231,7 +231,7 @@ def _choose(config: EvalConfig, model, tokenizer, prompts: list[str]):
         max_new_tokens=config.max_new_tokens, batch_size=config.batch_size,
         calibration=find_calibration(config.checkpoint, n_future=model.config.n_future,
                                      vocab_size=model.config.vocab_size),
-        cache_file=default_calibration(config.checkpoint), compile=config.compile,
+        cache_file=default_choice_file(config.checkpoint), compile=config.compile,
         budget=AUTO_SECONDS, planned_tokens=len(prompts) * config.max_new_tokens)
     if auto is not None:
         print(auto.describe(), file=sys.stderr)

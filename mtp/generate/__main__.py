@@ -16,7 +16,8 @@ to stdout as it is decoded, then prints its statistics to stderr.
   max_ngram, min_ngram   prompt lookup's n-gram sizes (4, 2)
   window, ngram, guesses  lookahead's Jacobi window W (5), n-gram size N (4) and the most
                    n-grams G it verifies per step (5)
-  calibration      auto's cache file (default: under ~/.cache/mtp, per checkpoint)
+  choice_file      where auto caches its choice (default: under ~/.cache/mtp, per checkpoint);
+                   calibration= is its old name, accepted until the next release
   tree             the heads' candidate tree: chain, tree8/16/32/64, auto:N (needs the
                    checkpoint's tree.json, from python -m mtp.generate.calibrate), a .json file
                    of rank paths, or a list, e.g. tree='[[0],[1],[0,0]]'. Without it, auto
@@ -34,7 +35,7 @@ to stdout as it is decoded, then prints its statistics to stderr.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -44,7 +45,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mtp.checkpoint import load
 from mtp.generate.acceptance import typical_thresholds
-from mtp.generate.auto import choose_drafter, default_calibration
+from mtp.generate.auto import choose_drafter, default_choice_file
 from mtp.generate.decode import decoding_dtype, generate
 from mtp.generate.output import DecodeStats
 from mtp.generate.prompts import read_prompts
@@ -62,7 +63,8 @@ class GenerateArgs(DrafterSpec):
     prompt: str | None = None
     prompt_file: str | None = None
     max_new_tokens: int = 256
-    calibration: str | None = None
+    choice_file: str | None = None
+    calibration: str | None = None  # choice_file's old name (deprecated)
     acceptance: str = "exact"
     compile: bool = False
     temperature: float = 0.0
@@ -94,6 +96,10 @@ def parse_overrides(argv: list[str], schema: type[Args]) -> Args:
 def parse_args(argv: list[str]) -> GenerateArgs:
     """key=value overrides (Hydra's grammar) on top of `GenerateArgs`' defaults."""
     args = parse_overrides(argv, GenerateArgs)
+    if args.calibration is not None:  # "calibration" now means the heads' tree.json only
+        print("mtp.generate: calibration= is renamed choice_file= and goes in the next "
+              "release", file=sys.stderr)
+        args = replace(args, choice_file=args.choice_file or args.calibration, calibration=None)
     if (args.prompt is None) == (args.prompt_file is None):
         raise ValueError("give exactly one of prompt=... and prompt_file=...")
     # Errors before anything loads, as the spec's.
@@ -146,7 +152,7 @@ def main(argv: list[str]) -> None:
         drafter, auto = choose_drafter(
             model, tokenizer, args, prompts[:1], sampling=how,
             max_new_tokens=args.max_new_tokens, calibration=calibration,
-            cache_file=args.calibration or default_calibration(args.checkpoint),
+            cache_file=args.choice_file or default_choice_file(args.checkpoint),
             compile=args.compile, budget=AUTO_SECONDS)
     if auto is not None:
         print(auto.describe(), file=sys.stderr, flush=True)

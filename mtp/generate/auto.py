@@ -12,7 +12,7 @@ than autoregressive decoding by more than the measurement noise.
 Candidates: autoregressive, the heads with every k from 2 to n_future, the heads with each
 of `trees` (candidate trees, e.g. the `auto:N` trees of a calibrated checkpoint), prompt
 lookup, the fastest heads k combined with prompt lookup, and the draft model when one is
-given (`k=auto`: autoregressive and the heads only). With `calibration=PATH` the choice is
+given (`k=auto`: autoregressive and the heads only). With `choice_file=PATH` the choice is
 cached in that JSON file (the command lines keep one per checkpoint under ~/.cache/mtp),
 keyed by what it depends on: model, device, dtype, threads, batch size (in powers of two),
 greedy vs sampled decoding, and whether the step is compiled; a second run reads it there.
@@ -50,11 +50,11 @@ from mtp.tokenizers import Tokenizer
 
 AUTO_TREE_SIZES = (16, 32, 64)  # the calibrated trees `auto` measures against the chain
 
-def default_calibration(checkpoint: str | Path) -> Path:
+def default_choice_file(checkpoint: str | Path) -> Path:
     """Where the command lines cache `auto`'s choice for a checkpoint: under $MTP_CACHE
     (default ~/.cache/mtp), one file per checkpoint path, so checkpoints stay read-only."""
     name = hashlib.sha1(str(Path(checkpoint).resolve()).encode()).hexdigest()[:16]
-    return cache_dir() / "calibration" / f"{name}.json"
+    return cache_dir() / "auto" / f"{name}.json"
 
 
 @dataclass
@@ -64,7 +64,7 @@ class Auto:
     heads_only: bool = False  # k=auto: autoregressive and the heads' k only
     draft_model: DraftModel | None = None
     prompt_lookup: PromptLookup = field(default_factory=PromptLookup)
-    calibration: str | Path | None = None  # a JSON file that caches the choice
+    choice_file: str | Path | None = None  # a JSON file that caches the choice
     trees: tuple[Tree, ...] = ()  # candidate trees for the heads (within n_future heads)
     compile: bool = False  # measure (and later decode) with the compiled step
     tokens: int = 64  # new tokens per measurement
@@ -73,7 +73,7 @@ class Auto:
     budget: float | None = None  # seconds the measurement may take at most (None: no limit)
     planned_tokens: int | None = None  # new tokens the run will decode (bounds the budget)
     share: float = 0.1  # of those tokens' autoregressive time, the most the measurement takes
-    measured: dict[str, float] = field(default_factory=dict)  # tokens/s of the last calibration
+    measured: dict[str, float] = field(default_factory=dict)  # tokens/s of the last measurement
     skipped: list[str] = field(default_factory=list)  # candidates the budget left unmeasured
     seconds: float = 0.0  # how long the last measurement took
     limit: float | None = None  # the budget the last measurement had, in seconds
@@ -223,10 +223,10 @@ class Auto:
     def _read(self, key: str) -> str | None:
         """The cached choice for `key`; one the budget cut short only for a run that plans
         no more tokens than the one that made it."""
-        if self.calibration is None or not Path(self.calibration).is_file():
+        if self.choice_file is None or not Path(self.choice_file).is_file():
             return None
         try:
-            entry = json.loads(Path(self.calibration).read_text()).get(key)
+            entry = json.loads(Path(self.choice_file).read_text()).get(key)
         except (OSError, ValueError, AttributeError):
             return None  # an unreadable cache is remeasured, and rewritten
         if not isinstance(entry, dict):
@@ -237,9 +237,9 @@ class Auto:
         return entry.get("choice")
 
     def _write(self, key: str, label: str) -> None:
-        if self.calibration is None:
+        if self.choice_file is None:
             return
-        path = Path(self.calibration)
+        path = Path(self.choice_file)
         try:
             table = json.loads(path.read_text()) if path.is_file() else {}
             table = table if isinstance(table, dict) else {}
@@ -257,7 +257,7 @@ def auto_trees(model: MTPModel, calibration: Calibration | None) -> tuple[Tree, 
     """`auto`'s candidate trees: a calibrated checkpoint's auto:N for N in AUTO_TREE_SIZES."""
     if calibration is None or model.config.n_future < 2:
         return ()
-    return tuple(resolve_tree(f"auto:{size}", n_heads=model.config.n_future,
+    return tuple(resolve_tree(f"auto:{size}", k=model.config.n_future,
                               vocab_size=model.config.vocab_size, calibration=calibration)
                  for size in AUTO_TREE_SIZES)
 
@@ -274,7 +274,7 @@ def make_auto(model: MTPModel, spec: DrafterSpec, *, calibration: Calibration | 
                          min_ngram=spec.min_ngram,
                          num_draft=None if draft_model is not None else spec.num_draft)
     return Auto(heads_only=spec.k == "auto", draft_model=draft_model,
-                prompt_lookup=lookup.prompt_lookup(), calibration=cache_file,
+                prompt_lookup=lookup.prompt_lookup(), choice_file=cache_file,
                 trees=auto_trees(model, calibration), compile=compile, budget=budget,
                 planned_tokens=planned_tokens)
 

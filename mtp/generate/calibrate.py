@@ -73,27 +73,27 @@ def truth_ranks(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
     are positions followed by a run of one token (a small model's greedy output can loop on
     spaces, which every head gets right and which would drown the rates in trivial cases).
     """
-    n_heads = model.config.n_future
+    n_future = model.config.n_future
     rows = []
     for prompt, generation in zip(prompts, generate(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens)):
         prefix = tokenizer.encode_prompt(prompt)  # as generate()
         ids = torch.tensor([prefix + generation.token_ids], device=_device(model))
         logits = model(ids)[0].float()  # (T, n, V)
-        start, end = len(prefix) - 1, ids.shape[1] - n_heads  # every head's truth exists
+        start, end = len(prefix) - 1, ids.shape[1] - n_future  # every head's truth exists
         if end <= start:
             continue
-        window = ids[0, start + 1:end + n_heads].unfold(0, n_heads, 1)  # (S, n) s+1..s+n
+        window = ids[0, start + 1:end + n_future].unfold(0, n_future, 1)  # (S, n) s+1..s+n
         varied = (window != window[:, :1]).any(1)  # not a run of one token (spaces, "___")
         ranks = []
-        for head in range(1, n_heads):
+        for head in range(1, n_future):
             scores = logits[start:end, head]  # (S, V) head's logits at positions s
             truth = ids[0, start + head + 1:end + head + 1]  # (S,) token s + head + 1
             ranks.append((scores > scores.gather(1, truth[:, None])).sum(1))
         rows.append(torch.stack(ranks, dim=1)[varied])  # (S', n - 1)
     if not rows:
         raise ValueError(f"no position to measure: give longer continuations than "
-                         f"max_new_tokens={max_new_tokens} for a model with {n_heads} heads")
+                         f"max_new_tokens={max_new_tokens} for a model with {n_future} heads")
     return torch.cat(rows).cpu()
 
 

@@ -122,7 +122,7 @@ def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], 
     drafters |= {k: heads_drafter(model, k) for k in range(2, config.n_future + 1)}
     if config.n_future > 1:
         drafters |= {name: heads_drafter(model, config.n_future, resolve_tree(
-            name, n_heads=config.n_future, vocab_size=config.vocab_size)) for name in trees}
+            name, k=config.n_future, vocab_size=config.vocab_size)) for name in trees}
     rates, stats, outputs = {}, {}, {}
     with torch.inference_mode():
         for name, drafter in drafters.items():

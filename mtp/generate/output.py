@@ -50,11 +50,11 @@ class DecodeStats:
             raise ValueError("pooled() needs at least one DecodeStats")
         forwards = sum(s.forward_passes for s in stats)
         tokens = sum(s.new_tokens for s in stats)
-        n_heads = max(len(s.head_verified) for s in stats)
+        heads = max(len(s.head_verified) for s in stats)
         verified = [sum(s.head_verified[j] for s in stats if j < len(s.head_verified))
-                    for j in range(n_heads)]
+                    for j in range(heads)]
         accepted = [sum(s.head_acceptance[j] * s.head_verified[j] for s in stats
-                        if j < len(s.head_verified)) for j in range(n_heads)]
+                        if j < len(s.head_verified)) for j in range(heads)]
         depths = [sum(s.accepted_depths[d] for s in stats if d < len(s.accepted_depths))
                   for d in range(max(len(s.accepted_depths) for s in stats))]
         return cls(forward_passes=forwards, new_tokens=tokens,

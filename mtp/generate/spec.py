@@ -131,7 +131,7 @@ class DrafterSpec:
         if self.tree is not None:
             if k == 1:
                 raise ValueError(f"a tree needs k from 2 to n_future={n_future}, got k=1")
-            tree = resolve_tree(self.tree, n_heads=k, vocab_size=model.config.vocab_size,
+            tree = resolve_tree(self.tree, k=k, vocab_size=model.config.vocab_size,
                                 calibration=calibration)
             return heads_drafter(model, k, tree)
         if k == 1:  # heads 1..k-1 draft nothing

@@ -166,13 +166,13 @@ class Tree:
         return [max(c for parent, c in counts.items() if len(parent) == d)
                 for d in range(self.depth)]
 
-    def check(self, n_heads: int, vocab_size: int) -> None:
+    def check(self, k: int, vocab_size: int) -> None:
         """A ValueError naming the first path the model cannot draft."""
         for path in self.paths:
-            if len(path) > n_heads - 1:
+            if len(path) > k - 1:
                 raise ValueError(f"tree {self.name}: path {list(path)} has depth {len(path)}, "
-                                 f"but heads 1..{n_heads - 1} draft depths 1..{n_heads - 1} "
-                                 f"({n_heads} heads used)")
+                                 f"but heads 1..{k - 1} draft depths 1..{k - 1} "
+                                 f"({k} heads used)")
             if max(path) >= vocab_size:
                 raise ValueError(f"tree {self.name}: path {list(path)} has rank {max(path)}, "
                                  f"beyond the vocabulary of {vocab_size} tokens")
@@ -214,10 +214,10 @@ def _chain(depth: int) -> Tree:
     return Tree(tuple((0,) * d for d in range(1, depth + 1)), name="chain")
 
 
-def fixed_prior(n_heads: int) -> list[list[float]]:
-    """`FIXED_PRIOR` for heads 1..n_heads-1: rank r accepted with 0.6 * 0.4 ** r."""
+def fixed_prior(k: int) -> list[list[float]]:
+    """`FIXED_PRIOR` for heads 1..k-1: rank r accepted with 0.6 * 0.4 ** r."""
     row = [FIXED_PRIOR_TOP1 * FIXED_PRIOR_DECAY ** r for r in range(FIXED_PRIOR_RANKS)]
-    return [row] * (n_heads - 1)
+    return [row] * (k - 1)
 
 
 @dataclass(frozen=True)
@@ -238,13 +238,13 @@ class Calibration:
     details: dict[str, Any] = field(default_factory=dict)
     paths: list[tuple[tuple[int, ...], float]] = field(default_factory=list)
 
-    def tree(self, n_nodes: int, n_heads: int | None = None, name: str | None = None) -> Tree:
-        """`auto:N`: the N-node tree for heads 0..n_heads-1 (default: all).
+    def tree(self, n_nodes: int, k: int | None = None, name: str | None = None) -> Tree:
+        """`auto:N`: the N-node tree for heads 0..k-1 (default: all).
 
         From the measured path frequencies when there are any (exact on the calibration
         positions), else from the per-head rates under Medusa's independence assumption.
         """
-        depth = (self.n_future if n_heads is None else n_heads) - 1
+        depth = (self.n_future if k is None else k) - 1
         name = name or f"auto:{n_nodes}"
         medusa = Tree.from_rates(self.rates[:depth], n_nodes, name=name)
         if not self.paths:
@@ -321,9 +321,9 @@ def find_calibration(checkpoint: str | Path, *, n_future: int,
     return Calibration.load(path, n_future=n_future, vocab_size=vocab_size)
 
 
-def resolve_tree(spec: Tree | str | Sequence[Sequence[int]], *, n_heads: int, vocab_size: int,
+def resolve_tree(spec: Tree | str | Sequence[Sequence[int]], *, k: int, vocab_size: int,
                  calibration: Calibration | None = None) -> Tree:
-    """The tree that `spec` names, checked against a model using heads 0..n_heads-1.
+    """The tree that `spec` names, checked against a model using heads 0..k-1.
 
     `spec`: a `Tree`; a list of rank paths; "chain"; "tree8", "tree16", "tree32", "tree64";
     "auto:N" (needs `calibration`); or the path of a JSON file holding a list of rank paths.
@@ -331,21 +331,21 @@ def resolve_tree(spec: Tree | str | Sequence[Sequence[int]], *, n_heads: int, vo
     if isinstance(spec, Tree):
         tree = spec
     elif isinstance(spec, str):
-        tree = _named_tree(spec, n_heads, calibration)
+        tree = _named_tree(spec, k, calibration)
     elif isinstance(spec, Sequence) and spec:
         tree = Tree(tuple(spec))
     else:
         raise ValueError(f"tree must be a preset name, 'auto:N', a JSON file or a non-empty list "
                          f"of rank paths, got {spec!r}")
-    tree.check(n_heads, vocab_size)
+    tree.check(k, vocab_size)
     return tree
 
 
-def _named_tree(spec: str, n_heads: int, calibration: Calibration | None) -> Tree:
+def _named_tree(spec: str, k: int, calibration: Calibration | None) -> Tree:
     if spec == "chain":
-        return Tree.chain(n_heads - 1)
+        return Tree.chain(k - 1)
     if spec.startswith("tree") and spec[4:] in {str(n) for n in FIXED_SIZES}:
-        return Tree.from_rates(fixed_prior(n_heads), int(spec[4:]), name=spec)
+        return Tree.from_rates(fixed_prior(k), int(spec[4:]), name=spec)
     if spec.startswith("auto:"):
         size = spec[5:]
         if not size.isdigit() or int(size) < 1:
@@ -355,7 +355,7 @@ def _named_tree(spec: str, n_heads: int, calibration: Calibration | None) -> Tre
                 f"tree={spec!r} needs measured acceptance rates: run `python -m "
                 f"mtp.generate.calibrate checkpoint=DIR` to write DIR/{TREE_FILE} (generate's "
                 f"command line and eval read it from the checkpoint's directory)")
-        return calibration.tree(int(size), n_heads, name=spec)
+        return calibration.tree(int(size), k, name=spec)
     path = Path(spec)
     if path.suffix == ".json":
         if not path.is_file():
