@@ -12,7 +12,7 @@ from mtp.generate import generate
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "distill_data.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "distill_data.py"
 spec = importlib.util.spec_from_file_location("distill_data", SCRIPT)
 distill_data = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(distill_data)

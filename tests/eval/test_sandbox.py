@@ -23,7 +23,7 @@ from mtp.eval.sandbox import Limits, Sandbox, resolve_isolation, run_program
 
 FAST = Limits(timeout=1.5, cpu_seconds=2, memory_bytes=256 << 20)  # for programs that time out
 SAFE = Limits(timeout=30, cpu_seconds=10, memory_bytes=256 << 20)  # ample on a loaded machine
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MISSING = sandbox_module._namespaces_missing()
 needs_namespaces = pytest.mark.skipif(MISSING is not None, reason=f"no namespaces here: {MISSING}")
 LEVELS = ["none", pytest.param("namespaces", marks=needs_namespaces)]

@@ -14,7 +14,7 @@ from mtp.data import (
 )
 from mtp.tokenizers import ByteTokenizer
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 SEQ, N = 16, 4
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_threads.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_threads.py"
 
 
 def _script():

@@ -5,7 +5,7 @@ import pytest
 from mtp.eval.sandbox import Limits, Sandbox
 from mtp.data.benchmarks import HUMANEVAL_STOP, Task, load_task
 
-MBPP_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl"
+MBPP_FILE = Path(__file__).resolve().parents[3] / "shared" / "data" / "mbpp" / "mbpp.jsonl"
 needs_mbpp = pytest.mark.skipif(not MBPP_FILE.exists(), reason=f"MBPP data not found at {MBPP_FILE}")
 # Generous: a few MBPP references take ~4 s on a slow, busy CPU.
 LIMITS = Limits(timeout=30, cpu_seconds=30)

@@ -14,14 +14,16 @@ import pytest
 from mtp.bench.suites import suite
 from mtp.bench.tiny import tiny_checkpoint, tiny_prompts
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 # the tests of scripts that have their own test file
-TESTED_ELSEWHERE = {"bench_decode": "test_generate_bench.py", "bench_methods": "test_generate_bench.py",
-                    "bench_train": "test_bench_train.py",
-                    "prepare_data": "test_prepare_data.py", "distill_data": "test_distill_data.py",
-                    "eval_hf": "test_eval_hf.py", "paper_small": "test_paper_small.py",
-                    "bench_threads": "test_bench_threads.py"}
+TESTED_ELSEWHERE = {"bench_decode": "scripts/test_bench_decode.py",
+                    "bench_methods": "scripts/test_bench_methods.py",
+                    "bench_train": "scripts/test_bench_train.py",
+                    "prepare_data": "scripts/test_prepare_data.py",
+                    "distill_data": "scripts/test_distill_data.py",
+                    "eval_hf": "scripts/test_eval_hf.py", "paper_small": "scripts/test_paper_small.py",
+                    "bench_threads": "scripts/test_bench_threads.py"}
 
 
 def run_script(name: str, *args: str, cwd: Path) -> tuple[list[str], dict]:
@@ -43,7 +45,7 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_every_script_is_run_by_a_test() -> None:
-    """Here, in its own test file, or in the smoke suite (tests/test_bench.py runs it)."""
+    """Here, in its own test file, or in the smoke suite (tests/bench/test_suites.py runs it)."""
     here = Path(__file__).read_text()
     smoke = " ".join(" ".join(part.command) for part in suite("smoke"))
     for script in sorted(SCRIPTS.glob("*.py")):

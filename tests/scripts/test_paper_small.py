@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "paper_small.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "paper_small.py"
 
 
 @pytest.fixture(scope="module")

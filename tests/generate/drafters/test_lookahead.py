@@ -205,16 +205,3 @@ def test_command_lines(tiny_config, tmp_path, capsys):
 def test_bad_sizes(make, message):
     with pytest.raises(ValueError, match=message):
         make()
-
-
-@pytest.mark.parametrize("name, options, message", [
-    ("lookahead", {"k": 2}, "k=2 sizes heads or heads.prompt_lookup, not drafter='lookahead'"),
-    ("lookahead", {"num_draft": 3}, "num_draft=3 sizes .*, not drafter='lookahead'"),
-    ("lookahead", {"max_ngram": 3}, "max_ngram=3 sizes prompt_lookup"),
-    ("heads", {"window": 3}, "window=3 sizes lookahead, not drafter='heads'"),
-    ("prompt_lookup", {"guesses": 3}, "guesses=3 sizes lookahead"),
-    ("jacobi", {}, "unknown drafter 'jacobi': choose one of .*, lookahead"),
-])
-def test_bad_options(name, options, message):
-    with pytest.raises(ValueError, match=message):
-        DrafterSpec(drafter=name, **options)

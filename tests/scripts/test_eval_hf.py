@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers' GGUF loader needs it
 from gguf_files import T, byte_level_vocab, write_gguf  # noqa: E402 (tests/ is on the path)
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "eval_hf.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_hf.py"
 spec = importlib.util.spec_from_file_location("eval_hf", SCRIPT)
 eval_hf = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(eval_hf)

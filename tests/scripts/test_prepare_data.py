@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "prepare_data.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "prepare_data.py"
 spec = importlib.util.spec_from_file_location("prepare_data", SCRIPT)
 prepare_data = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(prepare_data)

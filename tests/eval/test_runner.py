@@ -10,7 +10,7 @@ import pytest
 from mtp.eval.runner import EvalConfig, evaluate
 from mtp.eval.sandbox import resolve_isolation
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Hand-written HumanEval samples: HumanEval/0 passes 1 of 4, HumanEval/2 passes 3 of 4. Then
 # pass@1 = (1/4 + 3/4) / 2 = 0.5 and pass@2 = ((1 - C(3,2)/C(4,2)) + 1) / 2 = 0.75.

@@ -1,0 +1,38 @@
+"""scripts/bench_decode.py runs end to end on a tiny export: a table, then one JSON line."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from mtp.checkpoint import export
+from mtp.model import MTPModel
+from mtp.tokenizers import ByteTokenizer
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_decode.py"
+
+
+def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
+    directory = export(MTPModel(tiny_config), ByteTokenizer(), tmp_path / "export")
+    prompts = tmp_path / "prompts.jsonl"  # short enough for the tiny context of 64
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n" + json.dumps("import os") + "\n")
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--checkpoint", str(directory), "--prompts", str(prompts),
+         "--max-new-tokens", "6",
+         "--ks", "2", "4", "--trees", "tree8", "--plot", str(tmp_path / "trees.png"),
+         "--repeats", "1", "--threads", "1", "--device", "cpu"],
+        capture_output=True, text=True, check=True)
+    *table, last = result.stdout.strip().splitlines()
+    summary = json.loads(last)
+    for key in ("tokens_per_second_ar", "tokens_per_second_spec", "speedup", "k",
+                "tokens_per_forward", "identical"):
+        assert key in summary
+    assert summary["identical"] is True and summary["k"] in (2, 4)
+    assert summary["tree_nodes"] == 8 and summary["tree_identical"] is True
+    for key in ("chain_tokens_per_forward", "tree_tokens_per_forward", "tree_speedup",
+                "repeated"):
+        assert key in summary
+    assert (tmp_path / "trees.png").stat().st_size > 0
+    assert [row["k"] for row in summary["per_k"]] == [1, 2, 4]
+    assert any(line.split()[:1] == ["k=4"] for line in table)
+    assert any(line.split()[:2] == ["tree8", "8"] for line in table)
