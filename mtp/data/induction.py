@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from mtp.data.sources import Corpus
-from mtp.data.synthetic import (check_alphabet, check_positive, check_spelling,
+from mtp.data.synthetic import (check_positive, check_spelling,
                                 generated_corpus, in_fraction)
 from mtp.tokenizers import Tokenizer
 
@@ -161,13 +161,7 @@ class InductionSource:
 
     def check_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Fail unless `tokenizer` spells stories one token per character (names: two)."""
-        check_tokenizer(tokenizer)
-
-
-def check_tokenizer(tokenizer: Tokenizer) -> None:
-    """The induction task's tokenizer check: its alphabet, and a story one token per letter."""
-    check_alphabet(tokenizer, ALPHABET, "induction")
-    check_spelling(tokenizer, stories(0, 1, test=False)[0].text, "induction")
+        check_spelling(tokenizer, "induction", ALPHABET, stories(0, 1, test=False)[0].text)
 
 
 @functools.lru_cache(maxsize=2)  # a run loads its source several times (tokenizer, prepare, setup)

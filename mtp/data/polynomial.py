@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 
 from mtp.data.sources import Corpus
-from mtp.data.synthetic import (check_alphabet, check_positive, check_spelling,
+from mtp.data.synthetic import (check_positive, check_spelling,
                                 generated_corpus, in_fraction)
 from mtp.tokenizers import Tokenizer
 
@@ -162,15 +162,9 @@ class PolynomialSource:
         return _load_polynomial(self)
 
     def check_tokenizer(self, tokenizer: Tokenizer) -> None:
-        """Fail unless `tokenizer` spells problems one token per character."""
-        check_tokenizer(tokenizer)
-
-
-def check_tokenizer(tokenizer: Tokenizer) -> None:
-    """The polynomial task's tokenizer check: its alphabet, and a problem one token per
-    character (the answer's 5 digits are scored as 5 tokens)."""
-    check_alphabet(tokenizer, ALPHABET, "polynomial")
-    check_spelling(tokenizer, test_set(1, (3,))[0].text, "polynomial")
+        """Fail unless `tokenizer` spells problems one token per character (the answer's 5
+        digits are scored as 5 tokens)."""
+        check_spelling(tokenizer, "polynomial", ALPHABET, test_set(1, (3,))[0].text)
 
 
 @functools.lru_cache(maxsize=2)  # a run loads its source several times (tokenizer, prepare, setup)

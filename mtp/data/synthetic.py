@@ -29,21 +29,18 @@ def in_fraction(text: str, key: str, fraction: float) -> bool:
     return int.from_bytes(digest.digest(), "little") < fraction * 2**64
 
 
-def check_alphabet(tokenizer: Tokenizer, alphabet: str, task: str) -> None:
-    """Fail, naming the first offending character, unless every character of `alphabet` is
-    one token of `tokenizer` that decodes back to it (the tasks are scored token by token)."""
+def check_spelling(tokenizer: Tokenizer, task: str, alphabet: str, sample: str) -> None:
+    """Fail, in one line, unless `tokenizer` spells the task one token per character: every
+    character of `alphabet` is one token that decodes back to it, and the task's `sample`
+    text is as many tokens as characters (the tasks are scored token by token; a BPE that
+    merges characters moves the positions they score)."""
     for ch in alphabet:
         ids = tokenizer.encode(ch)
         if len(ids) != 1 or tokenizer.decode(ids) != ch:
             raise ValueError(f"tokenizer {tokenizer.name!r} cannot spell {ch!r} of the {task} "
                              f"task's alphabet as one token (ids {ids}): use tokenizer=byte")
-
-
-def check_spelling(tokenizer: Tokenizer, text: str, task: str) -> None:
-    """Fail unless `tokenizer` encodes `text` one token per character (a BPE that merges
-    characters moves the positions the tasks score)."""
-    ids = tokenizer.encode(text)
-    if len(ids) != len(text):
-        raise ValueError(f"tokenizer {tokenizer.name!r} encodes {text[:40]!r}... in {len(ids)} "
+    ids = tokenizer.encode(sample)
+    if len(ids) != len(sample):
+        raise ValueError(f"tokenizer {tokenizer.name!r} encodes {sample[:40]!r}... in {len(ids)} "
                          f"tokens, not one per character as the {task} task is scored: "
                          f"use tokenizer=byte")

@@ -30,8 +30,8 @@ def check_task(task: str, tokenizer: Tokenizer) -> None:
     """Fail unless `task` is a synthetic task `tokenizer` can spell (one line)."""
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}; expected one of {TASKS}")
-    {"polynomial": polynomial.check_tokenizer, "induction": induction.check_tokenizer}[task](
-        tokenizer)
+    source = {"polynomial": polynomial.PolynomialSource, "induction": induction.InductionSource}
+    source[task]().check_tokenizer(tokenizer)
 
 
 def check_ms(ms: Sequence[int]) -> tuple[int, ...]:
