@@ -221,7 +221,7 @@ class Engine:
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
         host = torch.cat([out.kept[:, None], out.last[:, None], *real, out.tokens],
-                         dim=1).tolist()  # the one synchronisation
+                         dim=1).tolist()  # the one synchronisation (eagerly, with `verified_tree`)
         new_ids, drafted = [], []
         for row, (kept, node, *rest) in enumerate(host):
             n_real, tokens = (rest[0], rest[1:]) if real else (drafts.tokens.shape[1], rest)
@@ -237,7 +237,7 @@ class Engine:
         """
         if self.compiled or not self.tree.is_chain or drafts.lengths is None:
             return self.tree
-        longest = int(drafts.lengths.max())  # on a GPU a wait for the drafts; eager only
+        longest = int(drafts.lengths.max())  # a host read: eager steps only
         return self.tree if longest == drafts.count else Tree.chain(longest)
 
     def finish(self, rows: list[int]) -> None:
