@@ -136,7 +136,7 @@ def _decode(engine: Engine, drafter: Drafter, outputs: list[SequenceOutput],
     while live:
         drafts = drafter.propose()  # draft
         verified, drafted = engine.verify_and_accept(drafts, generator)  # verify, accept
-        live = batch.commit(verified, drafted, nodes=engine.tree.n_nodes)  # commit
+        live = batch.commit(verified, drafted, nodes=verified.pending.shape[1])  # commit
 
 
 class _Batch:

@@ -1,10 +1,10 @@
-"""The decode step: verify a fixed number of tokens per row, accept a path, compact the cache.
+"""The decode step: verify the drafts of every row, accept a path, compact the cache.
 
 One `Engine` serves one `generate` call. Its state lives on the device: the KV cache,
 preallocated for the whole generation; `lengths` (B,), the tokens each row has cached (every
 accepted token but the last); `root` (B,), each row's last accepted token; `active` (B,),
 the rows still decoding. A step takes the drafter's `Drafts` (always `max_drafts` per row,
-padded) and runs, with the same shapes every time:
+padded; `Drafts.lengths` says how many are real) and runs:
 
 1. verify: one forward pass over pending = [root, drafts] (m tokens) through the trunk and
    the heads the drafter needs, each token at its place in the drafter's tree
@@ -36,10 +36,15 @@ alike, with its nodes at their depths, each seeing only its ancestors; the accep
 keys and values are then moved to slots 10, 11, ... (`KVCache.compact`).
 
 Compiled (`compile=True`): the step is one `torch.compile`d function, captured as a CUDA
-graph on a GPU (`mode="reduce-overhead"`), once per shape; random numbers are drawn before
-it (`acceptance.Draws`), so it replays exactly. Eagerly it is the reference, and attention
-then spans the cache only up to the longest row (`forward.key_width`) instead of the
-whole preallocated length. The prefill is a separate, dynamic call.
+graph on a GPU (`mode="reduce-overhead"`), once per shape, so every step verifies the
+drafter's whole tree, padding included; random numbers are drawn before it
+(`acceptance.Draws`), so it replays exactly. Eagerly it is the reference, and it computes
+only what is real, since there padding is arithmetic paid in full (on a CPU a verify forward
+over 9 tokens costs several times one over a single token): attention spans the cache only
+up to the longest row (`forward.key_width`) instead of the whole preallocated length, and a
+chain is cut to the longest real proposal of the batch (`Engine.verified_tree`), so a step
+with nothing drafted costs what an autoregressive step costs. A tree keeps its shape (its
+nodes are not a prefix of one another). The prefill is a separate, dynamic call.
 """
 
 from __future__ import annotations
@@ -83,7 +88,8 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
                       buffers: TreeBuffers, heads: int | StackedHeads,
                       sampling: SamplingConfig, typical: TypicalAcceptance | None,
                       key_len: int) -> Verified:
-    """One decode step on the device, with fixed shapes (see the module docstring).
+    """One decode step on the device: verify `drafts`, the nodes of `tree` (see the module
+    docstring).
 
     `buffers`: the tree's, on the device (built once, with the engine). Updates the cache,
     `lengths` and `root` in place (active rows only).
@@ -189,10 +195,18 @@ class Engine:
         Returns what was verified and kept (finished rows' `new_ids` empty) and each row's
         (real drafts, kept node)."""
         draws = None
-        if not self.sampling.greedy:
+        if not self.sampling.greedy:  # every node's, even when cut: one seed, one output
             draws = Draws.draw(self.batch, self.tree.n_nodes, self.model.config.vocab_size,
                                generator, self.device)
-        key_len = self._key_len()
+        tree, buffers = self.verified_tree(drafts), self.buffers
+        if tree is not self.tree:  # eagerly, a chain's padding is cut
+            buffers, width = tree.buffers(self.device), tree.n_nodes - 1
+            drafts = replace(drafts, tokens=drafts.tokens[:, :width],
+                             probs=None if drafts.probs is None else drafts.probs[:, :width])
+            if draws is not None:
+                draws = replace(draws, uniform=draws.uniform[:, :width])
+        key_len = key_width(max(self.host_lengths) + tree.n_nodes, self.cache.max_len,
+                            self.compiled)
         step = verify_and_accept
         if self._step is not None:
             param = next(self.model.parameters())
@@ -203,12 +217,11 @@ class Engine:
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
             out = step(self.model, self.cache, self.lengths, self.root, self.active, drafts,
-                       draws, self.tree, self.buffers, self.heads, self.sampling, self.typical,
-                       key_len)
+                       draws, tree, buffers, self.heads, self.sampling, self.typical, key_len)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
         host = torch.cat([out.kept[:, None], out.last[:, None], *real, out.tokens],
-                         dim=1).tolist()  # the one synchronisation
+                         dim=1).tolist()  # the one synchronisation (eagerly, with `verified_tree`)
         new_ids, drafted = [], []
         for row, (kept, node, *rest) in enumerate(host):
             n_real, tokens = (rest[0], rest[1:]) if real else (drafts.tokens.shape[1], rest)
@@ -216,6 +229,16 @@ class Engine:
             drafted.append((n_real, node))
             self.host_lengths[row] += kept
         return replace(out, new_ids=new_ids), drafted
+
+    def verified_tree(self, drafts: Drafts) -> Tree:
+        """The tree a step verifies: the drafter's, or, eagerly, for a chain whose drafter
+        says how many drafts are real (`Drafts.lengths`), the chain of the batch's longest
+        real proposal (see the module docstring). Compiled, always the drafter's: one shape.
+        """
+        if self.compiled or not self.tree.is_chain or drafts.lengths is None:
+            return self.tree
+        longest = int(drafts.lengths.max())  # a host read: eager steps only
+        return self.tree if longest == drafts.count else Tree.chain(longest)
 
     def finish(self, rows: list[int]) -> None:
         """Stop decoding `rows`: they stay in the batch, masked."""
@@ -241,10 +264,6 @@ class Engine:
             for tensor in (self.cache.keys, self.cache.values, self.lengths, self.root,
                            self.active):
                 torch._dynamo.mark_static_address(tensor)
-
-    def _key_len(self) -> int:
-        return key_width(max(self.host_lengths) + self.tree.n_nodes, self.cache.max_len,
-                         self.compiled)
 
 
 class CompiledStep:

@@ -40,7 +40,8 @@ class DecodeStats:
 
     @property
     def nodes_per_forward(self) -> float:
-        """Tokens verified per forward pass (the tree's size, less near the context's end)."""
+        """Tokens verified per forward pass: the tree's size; less where an eager step cut a
+        chain's padding (`engine.py`), or near the context's end."""
         return self.nodes_verified / max(self.forward_passes, 1)
 
     @classmethod

@@ -82,13 +82,79 @@ def test_finished_rows_stay_masked_until_the_batch_halves(trained, static):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_sampled_static_steps_replay_the_eager_draws(trained, static, temperature):
-    """Draws are inputs of the step: one seed gives one output, static or eager."""
+def test_sampled_static_steps_replay_the_eager_draws(trained, trained_draft, static,
+                                                     temperature):
+    """Draws are inputs of the step: one seed gives one output, static or eager, also where
+    the eager step cut a chain's padding (prompt lookup; with the draft model's q)."""
     sampling = SamplingConfig(temperature=temperature)
-    for drafter in (None, HeadsDrafter(4), DrafterSpec(drafter="heads", tree="tree8")):
+    for drafter in (None, HeadsDrafter(4), DrafterSpec(drafter="heads", tree="tree8"),
+                    PromptLookup(num_draft=5),
+                    Combined(DraftModel(trained_draft, TOKENIZER, 2), PromptLookup(num_draft=5))):
         runs = [generate(trained, TOKENIZER, PROMPTS[:1], max_new_tokens=30, drafter=drafter,
                          sampling=sampling, seed=3, compile=compile) for compile in (False, True)]
         assert _ids(runs[0]) == _ids(runs[1])
+
+
+def _record_steps(monkeypatch, drafter):
+    """Each step's real drafts per row, as proposed, and each verify forward's tokens per row."""
+    proposed, forwards = [], []
+    propose, hidden_states = drafter.propose, engine.hidden_states
+
+    def spy_propose():
+        drafts = propose()
+        proposed.append(drafts.real().tolist())
+        return drafts
+
+    def spy_forward(model, tokens, *rest):
+        forwards.append(tokens.shape[1])
+        return hidden_states(model, tokens, *rest)
+
+    monkeypatch.setattr(drafter, "propose", spy_propose)
+    monkeypatch.setattr(engine, "hidden_states", spy_forward)
+    return proposed, forwards
+
+
+@pytest.mark.parametrize("name", ["prompt_lookup", "draft_model+prompt_lookup"])
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch6"])
+def test_eager_chain_steps_verify_the_longest_real_proposal(trained, trained_draft, monkeypatch,
+                                                           name, prompts):
+    """Eagerly, a chain's step verifies the root and the batch's longest real proposal, not
+    the padding: its width varies from step to step, and the output is still autoregressive
+    decoding's."""
+    drafter = {"prompt_lookup": PromptLookup(num_draft=6),
+               "draft_model+prompt_lookup": Combined(DraftModel(trained_draft, TOKENIZER, 2),
+                                                     PromptLookup(num_draft=6))}[name]
+    reference = generate(trained, TOKENIZER, prompts, max_new_tokens=48, stop=["print"])
+    proposed, forwards = _record_steps(monkeypatch, drafter)
+    got = generate(trained, TOKENIZER, prompts, max_new_tokens=48, drafter=drafter,
+                   stop=["print"])
+    assert _ids(got) == _ids(reference)
+    assert forwards == [1 + max(real) for real in proposed]
+    assert len(set(forwards)) > 1 and max(forwards) == 7  # cut steps, and full ones
+    if len(prompts) > 1:  # rows of one step with different numbers of real drafts
+        assert any(len(set(real)) > 1 for real in proposed)
+    assert sum(g.stats.nodes_verified for g in got) == \
+        len(prompts) + sum(w * len(real) for w, real in zip(forwards, proposed))
+
+
+def test_a_step_with_nothing_drafted_verifies_one_token_unless_compiled(trained, static,
+                                                                        monkeypatch):
+    """No prompt-lookup match (no 40-gram in a short context): every eager step is an
+    autoregressive one; compiled, the step keeps its fixed width of num_draft + 1."""
+    drafter = PromptLookup(num_draft=4, max_ngram=40, min_ngram=40)
+    prompts = ["def add(", "for i"]
+    reference = generate(trained, TOKENIZER, prompts, max_new_tokens=16)
+    proposed, forwards = _record_steps(monkeypatch, drafter)
+    eager = generate(trained, TOKENIZER, prompts, max_new_tokens=16, drafter=drafter)
+    assert _ids(eager) == _ids(reference)
+    assert proposed and all(max(real) == 0 for real in proposed)
+    assert set(forwards) == {1}
+    assert all(g.stats.nodes_per_forward == 1 for g in eager)
+    forwards.clear()
+    compiled = generate(trained, TOKENIZER, prompts, max_new_tokens=16, drafter=drafter,
+                        compile=True)
+    assert _ids(compiled) == _ids(reference)
+    assert set(forwards) == {5} and {shape[1] for shape in static} == {5}
 
 
 def test_rebuild_sizes():

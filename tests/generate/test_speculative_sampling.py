@@ -3,14 +3,16 @@
 A 4-token model is small enough to enumerate every continuation of 3 tokens and its exact
 probability under autoregressive sampling; 10,000 sampled generations must match it, whoever
 drafts: the heads (parallel, or sequential modules drafting one depth after another), a
-separate draft model (its own q), prompt lookup and lookahead (one-hot q).
+separate draft model (its own q), prompt lookup and lookahead (one-hot q). Eager steps cut a
+chain to the batch's longest real proposal (`engine.py`): prompt lookup with room for 8 drafts
+and the draft model combined with it run that cut step at most steps.
 """
 
 import pytest
 import torch
 
-from mtp.generate import (DecodeStats, DraftModel, HeadsDrafter, Lookahead, PromptLookup,
-                          SamplingConfig, SequentialDrafter, generate)
+from mtp.generate import (Combined, DecodeStats, DraftModel, HeadsDrafter, Lookahead,
+                          PromptLookup, SamplingConfig, SequentialDrafter, generate)
 from mtp.generate.sampling import probabilities
 from mtp.generate.tree import Tree
 from mtp.model import MTPConfig, MTPModel
@@ -92,17 +94,25 @@ TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
 
 @pytest.mark.parametrize("drafter, sampling", [
     ("k=1", T1), ("k=1", NUCLEUS), ("k=3", T1), ("k=3", NUCLEUS), ("tree", NUCLEUS),
-    ("draft_model", NUCLEUS), ("prompt_lookup", T1), ("lookahead", NUCLEUS)])
+    ("draft_model", NUCLEUS), ("prompt_lookup", T1), ("prompt_lookup_wide", T1),
+    ("draft_model+prompt_lookup", NUCLEUS), ("lookahead", NUCLEUS)])
 def test_sampled_generations_follow_head_0(model, drafter, sampling):
     exact = _exact(model, [EOS, 0, 1], sampling, depth=3)
     how = {"k=1": None, "k=3": HeadsDrafter(3), "tree": HeadsDrafter(3, Tree(TREE)),
            "draft_model": _draft_model(),
            "prompt_lookup": PromptLookup(num_draft=2, max_ngram=1, min_ngram=1),
+           # the context ([EOS, 0, 1] and 3 new tokens) has at most 5 tokens after a match
+           "prompt_lookup_wide": PromptLookup(num_draft=8, max_ngram=1, min_ngram=1),
+           # rows with the draft model's 2 drafts (its q) beside rows with up to 4 one-hot
+           "draft_model+prompt_lookup": Combined(
+               _draft_model(), PromptLookup(num_draft=4, max_ngram=1, min_ngram=1)),
            "lookahead": Lookahead(window=2, ngram=3, guesses=1)}
     generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
                            sampling=sampling, seed=0, drafter=how[drafter])
     _assert_distribution(generations, exact)
     pooled = DecodeStats.pooled([g.stats for g in generations])
+    if drafter == "prompt_lookup_wide":  # the padding was cut: at most 5 drafts per step
+        assert pooled.nodes_verified <= 6 * pooled.forward_passes - 5 * len(generations)
     if drafter == "tree":  # with three siblings, some depth-1 draft is kept most of the time
         assert pooled.head_acceptance[1] > 0.75
         # every forward after the prefill (one node) verified the whole tree of 7 nodes

@@ -14,7 +14,8 @@ field to it.
 Every drafter has a fixed shape, its `tree` (a chain of `max_drafts` drafts, or a tree of
 `max_drafts` nodes under the last accepted token), and proposes exactly `max_drafts` drafts
 per row at every step; a row with fewer real drafts pads, and `Drafts.lengths` says how
-many are real. So the verify forward has the same shape at every step (`engine.py`).
+many are real. So a compiled verify forward has the same shape at every step, and an eager
+one verifies a chain only up to the batch's longest real proposal (`engine.py`).
 
 The decode loop (`decode.py`), in the drafter's words:
 

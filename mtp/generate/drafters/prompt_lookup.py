@@ -81,7 +81,8 @@ class PromptLookup(Drafter):
 
     def propose(self) -> Drafts:
         found = [row.lookup(self.num_draft) for row in self._rows]
-        width = self.num_draft  # padded: the verify forward's shape never changes
+        width = self.num_draft  # padded to the fixed shape; an eager step cuts it to the
+        # longest match of the batch, and `lengths` keeps the padding from being accepted
         tokens = torch.tensor([ids + [0] * (width - len(ids)) for ids in found])
         lengths = torch.tensor([len(ids) for ids in found])
         return Drafts(tokens.to(self._device), None, lengths.to(self._device))
