@@ -43,9 +43,9 @@ LADDERS: dict[str, dict[str, Any]] = {
     "cpu": {
         "seeds": [0, 1, 2],
         "induction": {"sizes": [("60k", 32, 4, 4), ("250k", 64, 4, 4)],
-                      "n": [1, 2], "steps": 450, "batch": 16, "seq_len": 256, "lr": 1e-2,
-                      "warmup": 40, "eval_every": 75, "curve_size": 100, "final_size": 500,
-                      "documents": 40_000, "max_time": "00:00:04:00"},
+                      "n": [1, 2], "steps": 1500, "batch": 16, "seq_len": 256, "lr": 1e-2,
+                      "warmup": 60, "eval_every": 150, "curve_size": 100, "final_size": 500,
+                      "documents": 100_000, "max_time": "00:00:12:00"},
         "polynomial": {"sizes": [("80k", 32, 5, 4), ("300k", 64, 5, 4)],
                        "n": [1, 2, 4], "steps": 450, "batch": 32, "seq_len": 128, "lr": 1e-2,
                        "warmup": 40, "eval_every": 75, "curve_size": 20, "final_size": 200,
