@@ -20,11 +20,11 @@ step's tokens/s and compiled over eager (`compile_speedup` in each row of the JS
 Prints a table, then one JSON line (`compiled` says which step ran): the best k's
 figures, a per-k list and, with trees, a per-tree list and the best tree's figures
 (`tree_*`: the tree with the most tokens per forward). `identical` says whether every greedy
-speculative output equalled the autoregressive one of the same step (eager or compiled) token
-for token. `forward_cost` is the
-time of one speculative step (a verify forward, drafting and acceptance) over the time of
-one autoregressive step: it is also the break-even tokens per forward, the acceptance a
-model needs before speculative decoding beats autoregressive (speedup = tok/fwd / cost).
+speculative output equalled the autoregressive one of the same step (eager or compiled)
+token for token. `forward_cost` is the time of one speculative step (a verify forward,
+drafting and acceptance) over the time of one autoregressive step: it is also the
+break-even tokens per forward, the acceptance a model needs before speculative decoding
+beats autoregressive (speedup = tok/fwd / cost).
 `repeated` is the share of output tokens inside an 8-gram that the same output already
 produced (`mtp.generate.output.repetition`): how repetitive (degenerate) the text that the
 figures come from is.

@@ -66,7 +66,7 @@ def run_part(part: Part, out: Path, repo: Path, revision: str | None,
     timeout = part.timeout if timeout is None else min(part.timeout, timeout)
     command = [fill(a, out) for a in part.command]
     record: dict[str, Any] = {
-        "command": written(part, out, repo),
+        "command": shown(command, out, repo),
         "commit": revision, "device": part.device, "device_name": device_name(part.device),
         "cpu_flags": cpu_flags(), "repeats": part.repeats, "started": now(),
         "load_before": load_average()}

@@ -161,6 +161,7 @@ class Engine:
         self.host_lengths = [0] * batch  # mirrors of lengths and active, kept from the reads
         self.host_active = [True] * batch
         self.buffers = tree.buffers(self.device)  # built once, outside any compiled step
+        self._cut_chains: dict[int, tuple[Tree, TreeBuffers]] = {}  # eager cuts, by width
         self._step = compiled_step(self.device.type == "cuda") if compile else None
         self._mark_static()
 
@@ -198,9 +199,9 @@ class Engine:
         if not self.sampling.greedy:  # every node's, even when cut: one seed, one output
             draws = Draws.draw(self.batch, self.tree.n_nodes, self.model.config.vocab_size,
                                generator, self.device)
-        tree, buffers = self.verified_tree(drafts), self.buffers
+        tree, buffers = self.verified_tree(drafts)
         if tree is not self.tree:  # eagerly, a chain's padding is cut
-            buffers, width = tree.buffers(self.device), tree.n_nodes - 1
+            width = tree.n_nodes - 1
             drafts = replace(drafts, tokens=drafts.tokens[:, :width],
                              probs=None if drafts.probs is None else drafts.probs[:, :width])
             if draws is not None:
@@ -230,15 +231,20 @@ class Engine:
             self.host_lengths[row] += kept
         return replace(out, new_ids=new_ids), drafted
 
-    def verified_tree(self, drafts: Drafts) -> Tree:
-        """The tree a step verifies: the drafter's, or, eagerly, for a chain whose drafter
-        says how many drafts are real (`Drafts.lengths`), the chain of the batch's longest
-        real proposal (see the module docstring). Compiled, always the drafter's: one shape.
-        """
+    def verified_tree(self, drafts: Drafts) -> tuple[Tree, TreeBuffers]:
+        """The tree a step verifies, with its buffers: the drafter's, or, eagerly, for a chain
+        whose drafter says how many drafts are real (`Drafts.lengths`), the chain of the
+        batch's longest real proposal (see the module docstring). Compiled, always the
+        drafter's: one shape."""
         if self.compiled or not self.tree.is_chain or drafts.lengths is None:
-            return self.tree
+            return self.tree, self.buffers
         longest = int(drafts.lengths.max())  # a host read: eager steps only
-        return self.tree if longest == drafts.count else Tree.chain(longest)
+        if longest == drafts.count:
+            return self.tree, self.buffers
+        if longest not in self._cut_chains:  # each width's buffers built once per engine
+            chain = Tree.chain(longest)
+            self._cut_chains[longest] = chain, chain.buffers(self.device)
+        return self._cut_chains[longest]
 
     def finish(self, rows: list[int]) -> None:
         """Stop decoding `rows`: they stay in the batch, masked."""
