@@ -31,12 +31,14 @@ Gradients equal the unsharded model's (tests/test_parallel.py checks both on 2 C
 from __future__ import annotations
 
 import functools
+import os
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (FSDPModule, MixedPrecisionPolicy, fully_shard,
@@ -200,3 +202,17 @@ def _on_output_grad(module: nn.Module, fn: Any) -> torch.utils.hooks.RemovableHa
         if output.requires_grad:
             output.register_hook(fn)
     return module.register_forward_hook(forward_hook)
+
+
+def end_spawned_rank() -> NoReturn:
+    """End a `torch.multiprocessing.spawn` worker that finished its work: wait for every rank,
+    tear the process group down, and exit at once with status 0.
+
+    The immediate exit skips the interpreter's finalization, where gloo (torch 2.13, CPU)
+    aborts the process about one run in twenty ("terminate called without an active
+    exception", after `destroy_process_group` has returned) and `spawn` then reports the
+    whole job failed. Whatever the rank had to hand back must already be written (a
+    `Manager` dict's writes are synchronous)."""
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from mtp.bench.shape import add_shape_arguments
 from mtp.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.parallel import gradient_sync, parallelize
+from mtp.parallel import end_spawned_rank, gradient_sync, parallelize
 
 COLLECTIVES = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
 
@@ -78,7 +78,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, results:
             model.zero_grad(set_to_none=True)
         if rank == 0:
             results[name] = {"calls": dict(calls), "bytes": dict(nbytes)}
-    dist.destroy_process_group()
+    end_spawned_rank()
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from mtp.interop.hf import HEADS_LAYOUT_FILE
 from mtp.lit import MTPLitModule
 from mtp.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.parallel import parallelize
+from mtp.parallel import end_spawned_rank, parallelize
 from mtp.paths import REPO_ROOT
 from mtp.tokenizers import ByteTokenizer
 from mtp.train import check_settings, compose, train
@@ -349,7 +349,8 @@ def _fsdp_worker(rank: int, port: int, results: dict, head_type: str) -> None:
         if rank == 0:
             results.update({name: (grad, p.grad) for (name, p), grad in
                             zip(reference.named_parameters(), grads.values())})
-    finally:
+        end_spawned_rank()
+    finally:  # reached only when the work above raised
         dist.destroy_process_group()
 
 

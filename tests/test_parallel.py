@@ -20,8 +20,8 @@ from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
 from mtp.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.parallel import (apply_activation_checkpointing, gradient_sync, mixed_precision,
-                          parallelize)
+from mtp.parallel import (apply_activation_checkpointing, end_spawned_rank, gradient_sync,
+                          mixed_precision, parallelize)
 
 WORLD = 2
 N_FUTURE = 3
@@ -96,7 +96,8 @@ def _worker(rank: int, port: int, results: dict) -> None:
             result = _run(rank, case, collectives)
             if rank == 0:
                 results[name] = result
-    finally:
+        end_spawned_rank()
+    finally:  # reached only when the work above raised
         dist.destroy_process_group()
 
 
