@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import Timer
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from mtp.flops import flops_per_token, mfu
-from mtp.loss import LOSS_MODES, LossOutput, mtp_loss
+from mtp.loss import LOSS_MODES, LossOutput, check_early_exit, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.optim import LRSchedule, build_optimizer, build_scheduler, schedules
 from mtp.parallel import (apply_activation_checkpointing, check_options, gradient_sync,
@@ -51,6 +51,8 @@ class MTPLitModule(L.LightningModule):
         seq_len: input tokens per block; batches are (B, seq_len + n_future).
         loss_mode: "headwise", "naive" or "chunked" (see `mtp.loss`); same gradients.
         loss_weights: per-head weights (default all 1).
+        early_exit, early_exit_weight: LayerSkip's early-exit term at that trunk layer, with
+            that weight (`mtp.loss`); None: none.
         lr, weight_decay, betas, eps: AdamW; no decay on norm gains or biases.
         warmup_steps, min_lr_ratio: linear warm-up, then cosine down to lr * min_lr_ratio at
             `max_steps` (default: the trainer's max_steps) or at the trainer's `max_time`,
@@ -85,7 +87,8 @@ class MTPLitModule(L.LightningModule):
                  tokenizer_files: dict[str, str] | None = None,
                  init_state: dict[str, torch.Tensor] | None = None, freeze_trunk: bool = False,
                  trunk_lr_mult: float = 1.0, heads_only_steps: int = 0,
-                 peak_flops: float | None = None) -> None:
+                 peak_flops: float | None = None, early_exit: int | None = None,
+                 early_exit_weight: float = 1.0) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer_files", "init_state"])
         self.config = MTPConfig.from_dict(dict(model))
@@ -97,6 +100,7 @@ class MTPLitModule(L.LightningModule):
         if loss_weights is not None and len(loss_weights) != self.config.n_future:
             raise ValueError(f"loss_weights={list(loss_weights)} must have one weight per head "
                              f"(model.n_future={self.config.n_future})")
+        check_early_exit(early_exit, early_exit_weight, self.config.n_layers)
         if not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"accumulate={accumulate!r} must be a positive integer")
         if grad_clip < 0:
@@ -212,11 +216,14 @@ class MTPLitModule(L.LightningModule):
                              f"(batch, seq_len + n_future = {hp.seq_len} + "
                              f"{self.config.n_future} = {expected})")
         weights = hp.loss_weights or [1.0] * self.config.n_future
+        exit_weight = hp.early_exit_weight
         if train:  # the mean over micro-batches, not the sum
             weights = [w / hp.accumulate for w in weights]
+            exit_weight /= hp.accumulate
         out = mtp_loss(self.model, tokens, seq_len=hp.seq_len, mode=hp.loss_mode,
                        weights=weights, backward=self.manual_backward if train else None,
-                       train_trunk=self._trains_trunk())
+                       train_trunk=self._trains_trunk(), early_exit=hp.early_exit,
+                       early_exit_weight=exit_weight)
         return out
 
     def _trains_trunk(self) -> bool:
@@ -241,11 +248,15 @@ class MTPLitModule(L.LightningModule):
         # The whole batch's losses and accuracies, not rank 0's share: one all-reduce over ranks.
         n = self.config.n_future
         loss, *per_head = self.trainer.strategy.reduce(
-            torch.stack([loss, *out.head_losses, *out.head_accuracy]), reduce_op="mean")
+            torch.stack([loss, *out.head_losses, *out.head_accuracy, *_exit_metrics(out)]),
+            reduce_op="mean")
         self.log("train/loss", loss, prog_bar=True)
         for i in range(n):
             self.log(f"train/loss_head{i}", per_head[i])
             self.log(f"train/acc_head{i}", per_head[n + i])
+        if out.exit_loss is not None:
+            self.log("train/loss_exit", per_head[2 * n])
+            self.log("train/acc_exit", per_head[2 * n + 1])
         if not last:
             return
 
@@ -290,6 +301,10 @@ class MTPLitModule(L.LightningModule):
         for i, (head_loss, accuracy) in enumerate(zip(out.head_losses, out.head_accuracy)):
             self.log(f"val/loss_head{i}", head_loss, sync_dist=True, batch_size=size)
             self.log(f"val/acc_head{i}", accuracy, sync_dist=True, batch_size=size)
+        if out.exit_loss is not None:
+            exit_loss, exit_accuracy = _exit_metrics(out)
+            self.log("val/loss_exit", exit_loss, sync_dist=True, batch_size=size)
+            self.log("val/acc_exit", exit_accuracy, sync_dist=True, batch_size=size)
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -298,3 +313,10 @@ class MTPLitModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.tokenizer_files = checkpoint.get("tokenizer_files", self.tokenizer_files)
+
+
+def _exit_metrics(out: LossOutput) -> list[torch.Tensor]:
+    """The early exit's loss and top-1 accuracy, or nothing without an early exit."""
+    if out.exit_loss is None:
+        return []
+    return [out.exit_loss, out.exit_correct / out.head_count[0].clamp(min=1)]

@@ -26,6 +26,15 @@ So one head's logits are alive at a time, as with parallel heads; what the chain
 besides is each module's activations until its backward (`activation_checkpointing=all`
 keeps only their inputs, (B, T, D) each). Gradients equal the naive backward's.
 
+An early exit (`early_exit=e`, LayerSkip: Elhoushi et al. 2024) adds one more term: head 0
+also reads the residual stream after trunk layer e - 1 and predicts the next token through
+the shared norm and unembedding, weighted `early_exit_weight`. That is the path a
+layer-skipping drafter with layers e.. skipped runs (`drafter=layer_skip`), so the term
+teaches the early layers to draft. The trunk then runs in two segments, layers < e and
+layers >= e, the second on a detached copy of the first's output: the heads' gradients reach
+it through the second segment's backward, the exit's directly, and one backward through the
+first segment ends the step (one head's logits alive at a time, as before).
+
 Frozen parameters (Medusa-1: `requires_grad=False` on the base model) cost no backward: a
 loss that needs no gradient is not backpropagated, and with a frozen embedding and trunk the
 trunk output needs none, so the trunk's backward never runs. `train_trunk=False` detaches
@@ -94,12 +103,15 @@ def shift_targets(tokens: Tensor, seq_len: int, n_future: int,
 
 @dataclass(frozen=True)
 class LossOutput:
-    """Detached results of one loss computation; `loss` is the weighted sum over heads."""
+    """Detached results of one loss computation; `loss` is the weighted sum over heads (and
+    the early exit's term, when there is one)."""
 
     loss: Tensor  # ()
     head_losses: Tensor  # (n,) mean cross-entropy of each head
     head_correct: Tensor  # (n,) top-1 hits
     head_count: Tensor  # (n,) targets that count (not ignore_index)
+    exit_loss: Tensor | None = None  # () the early exit's next-token cross-entropy
+    exit_correct: Tensor | None = None  # () its top-1 hits (of head_count[0] targets)
 
     @property
     def head_accuracy(self) -> Tensor:
@@ -117,7 +129,8 @@ def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tenso
 def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
              mode: LossMode = "headwise", weights: Sequence[float] | None = None,
              backward: BackwardFn | None = None, chunk_size: int = 4096,
-             train_trunk: bool = True) -> LossOutput:
+             train_trunk: bool = True, early_exit: int | None = None,
+             early_exit_weight: float = 1.0) -> LossOutput:
     """Loss of every head on a block of tokens, and (with `backward`) its gradients.
 
     Args:
@@ -128,6 +141,8 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
             `autograd_backward`); None computes the loss only, e.g. for validation.
         chunk_size: tokens per unembedding chunk in "chunked" mode.
         train_trunk: False backpropagates into the heads only, not the trunk or embedding.
+        early_exit: LayerSkip's early-exit term at trunk layer e (module docstring), from 1
+            to n_layers - 1; None: none. early_exit_weight: its weight.
     """
     n = model.config.n_future
     if mode not in LOSS_MODES:
@@ -138,14 +153,23 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
                          f"got {weights}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    check_early_exit(early_exit, early_exit_weight, model.config.n_layers)
     seq_len = tokens.shape[1] - n if seq_len is None else seq_len
     inputs, targets = shift_targets(tokens, seq_len, n)
     counts = (targets != IGNORE_INDEX).sum(dim=(0, 2))  # (n,)
     denominators = counts.clamp(min=1).tolist()
     head_targets = [targets[:, i].flatten() for i in range(n)]  # (B*T,) each
 
+    exit_state = exit_in = None  # the stream at the early exit, and what the rest reads
     with torch.set_grad_enabled(train_trunk and torch.is_grad_enabled()):
-        trunk_out = model.trunk(inputs)  # (B, T, D); no graph unless the trunk trains
+        if early_exit is None:
+            trunk_out = model.trunk(inputs)  # (B, T, D); no graph unless the trunk trains
+        else:
+            exit_state = model.trunk(inputs, skip=range(early_exit, model.config.n_layers))
+            exit_in = exit_state if mode == "naive" else \
+                exit_state.detach().requires_grad_(exit_state.requires_grad)
+            trunk_out = model.resume_trunk(exit_in, early_exit)
+    exit_loss = exit_hits = None
     if mode == "naive":
         logits = torch.stack([model.unembed(state, i) for i, state in
                               enumerate(model.head_states(trunk_out, tokens, n))],
@@ -153,6 +177,10 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
         results = [_head_loss(logits[:, :, i].flatten(0, 1), head_targets[i], denominators[i])
                    for i in range(n)]
         total = sum(w * loss for w, (loss, _) in zip(weights, results))
+        if exit_in is not None:
+            exit_loss, exit_hits = _head_loss(model.unembed(model.head(exit_in, 0)).flatten(0, 1),
+                                              head_targets[0], denominators[0])
+            total = total + early_exit_weight * exit_loss
         if backward is not None and total.requires_grad:
             backward(total)
         losses, correct = zip(*results)
@@ -160,15 +188,17 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
         # Heads backpropagate into this detached copy; the trunk's backward runs once at the end.
         detached = trunk_out.detach().requires_grad_(trunk_out.requires_grad)
 
-        def head_loss(i: int, head_out: Tensor) -> tuple[Tensor, Tensor]:
+        def head_loss(i: int, head_out: Tensor, weight: float | None = None
+                      ) -> tuple[Tensor, Tensor]:
             """Head i's loss and hits on its output (B, T, D), backpropagated into it."""
+            weight = weights[i] if weight is None else weight
             if mode == "chunked":
                 return _chunked_head_loss(model, i, head_out.flatten(0, 1), head_targets[i],
-                                          denominators[i], weights[i], backward, chunk_size)
+                                          denominators[i], weight, backward, chunk_size)
             loss, hits = _head_loss(model.unembed(head_out, i).flatten(0, 1), head_targets[i],
                                     denominators[i])
             if backward is not None and loss.requires_grad:
-                backward(weights[i] * loss)
+                backward(weight * loss)
             return loss.detach(), hits
 
         if model.config.head_type == "sequential":
@@ -176,11 +206,32 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
         else:
             losses, correct = zip(*(head_loss(i, model.head(detached, i)) for i in range(n)))
         if backward is not None and detached.grad is not None:
-            backward(trunk_out, detached.grad)
+            backward(trunk_out, detached.grad)  # into exit_in.grad, with an early exit
+        if exit_in is not None:
+            exit_loss, exit_hits = head_loss(0, model.head(exit_in, 0), early_exit_weight)
+            if backward is not None and exit_in.grad is not None:
+                backward(exit_state, exit_in.grad)
     head_losses = torch.stack([loss.detach() for loss in losses])
     total = sum(w * loss for w, loss in zip(weights, head_losses))
+    if exit_loss is not None:
+        exit_loss = exit_loss.detach()
+        total = total + early_exit_weight * exit_loss
     return LossOutput(loss=total, head_losses=head_losses,
-                      head_correct=torch.stack(list(correct)), head_count=counts)
+                      head_correct=torch.stack(list(correct)), head_count=counts,
+                      exit_loss=exit_loss, exit_correct=exit_hits)
+
+
+def check_early_exit(early_exit: int | None, weight: float, n_layers: int) -> None:
+    """A ValueError naming the value when an early exit cannot be read from this trunk."""
+    if early_exit is None:
+        return
+    if not isinstance(early_exit, int) or isinstance(early_exit, bool) \
+            or not 1 <= early_exit < n_layers:
+        raise ValueError(f"early_exit={early_exit!r} must be a trunk layer from 1 to "
+                         f"n_layers - 1 = {n_layers - 1} (the exit reads the stream after "
+                         f"layer early_exit - 1)")
+    if not weight >= 0:
+        raise ValueError(f"early_exit_weight={weight!r} must be >= 0")
 
 
 def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,

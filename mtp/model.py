@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -456,17 +456,29 @@ class MTPModel(nn.Module):
         return self.rope_cos[step.positions], self.rope_sin[step.positions]
 
     def trunk(self, tokens: Tensor, *, cache: KVCache | None = None,
-              step: CacheStep | None = None) -> Tensor:
+              step: CacheStep | None = None, skip: Collection[int] = ()) -> Tensor:
         """Embed tokens (B, T) and run the trunk: (B, T, D).
 
         With a cache, `step` places the T new tokens (see `mtp.kv_cache`): their keys and
         values are written to its slots, and they attend to the cache slots its mask allows.
+        `skip`: trunk layers left out (their residual passes through unchanged), as a
+        layer-skipping drafter runs the model; their cache slots are neither read nor written.
         """
         _check_cached(cache, step)
         cos, sin = self.rope(tokens.shape[1], step)
         h = self.tok_embeddings(tokens)  # (B, T, D)
-        for block in self.layers:
-            h = block(h, cos, sin, cache, step)
+        for index, block in enumerate(self.layers):
+            if index not in skip:
+                h = block(h, cos, sin, cache, step)
+        return h
+
+    def resume_trunk(self, h: Tensor, start: int) -> Tensor:
+        """Trunk layers start.. on the residual stream h (B, T, D) after layer start - 1, without
+        a cache: with `trunk(tokens, skip=range(start, n_layers))` before it, the trunk in two
+        segments, as the training loss runs it to read an early exit (LayerSkip) at `start`."""
+        cos, sin = self.rope(h.shape[1])
+        for block in self.layers[start:]:
+            h = block(h, cos, sin, None, None)
         return h
 
     def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None,

@@ -146,7 +146,9 @@ def gradient_sync(model: nn.Module, *, sync: bool, headwise: bool) -> Iterator[N
     overlaps the next head; the trunk blocks', the root's and the shared unit's when the
     gradient reaches the trunk output (the step's last backward call). The shared unit and
     the root also stay gathered from the first head's backward to the trunk's, instead of
-    being re-gathered for every head. A no-op without FSDP.
+    being re-gathered for every head. A no-op without FSDP. With the loss's early exit,
+    head 0, the shared unit and the trunk's first segment run one more backward after the
+    trunk's has begun, and reduce again (the gradients are the same).
     """
     if not isinstance(model, FSDPModule):
         yield

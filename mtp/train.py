@@ -335,6 +335,7 @@ def train(cfg: DictConfig) -> Path:
     lit = MTPLitModule(
         config.to_dict(), seq_len=cfg.seq_len, loss_mode=cfg.loss.mode,
         loss_weights=cfg.loss.weights and list(cfg.loss.weights), lr=cfg.optim.lr,
+        early_exit=cfg.loss.early_exit, early_exit_weight=cfg.loss.early_exit_weight,
         weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
         warmup_steps=cfg.optim.warmup_steps, min_lr_ratio=cfg.optim.min_lr_ratio,
         max_steps=cfg.trainer.max_steps, grad_clip=cfg.optim.grad_clip,

@@ -206,3 +206,46 @@ def test_sequential_modules_under_activation_checkpointing_give_the_same_gradien
     _, grads = _gradients(model, tokens, mode="headwise")
     for name, grad in grads.items():
         torch.testing.assert_close(grad, reference[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("head_type", ["block", "sequential"])
+def test_the_early_exit_adds_head_0_on_the_early_layers_in_every_mode(head_type):
+    """LayerSkip's term: the same loss and gradients in every mode, and what autograd gives for
+    the sum written out: the heads' losses plus w * CE(head 0 after layers 0..e-1)."""
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=4, n_heads=4, n_kv_heads=2,
+                       max_seq_len=64, n_future=3, head_type=head_type)
+    model = MTPModel(config).double()
+    tokens = torch.randint(0, 262, (2, 12 + 3))
+    model.zero_grad(set_to_none=True)
+    plain = mtp_loss(model, tokens, mode="naive", backward=autograd_backward)
+    inputs, targets = shift_targets(tokens, 12, 3)
+    exit_logits = model.unembed(model.head(model.trunk(inputs, skip=range(2, 4)), 0))
+    exit_ce = F.cross_entropy(exit_logits.flatten(0, 1), targets[:, 0].flatten())
+    (0.3 * exit_ce).backward()  # the gradients add to the heads' loss's
+    reference_loss = plain.loss + 0.3 * exit_ce.detach()
+    reference = {name: p.grad.clone() for name, p in model.named_parameters()}
+    naive = None
+    for mode in ("naive", "headwise", "chunked"):
+        out, grads = _gradients(model, tokens, mode=mode, chunk_size=5, early_exit=2,
+                                early_exit_weight=0.3)
+        naive = naive or grads
+        torch.testing.assert_close(out.loss, reference_loss, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out.exit_loss, exit_ce.detach(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out.head_losses, plain.head_losses, rtol=1e-12, atol=1e-12)
+        assert out.exit_correct == (exit_logits.argmax(-1) == targets[:, 0]).sum()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, naive[name], rtol=1e-10, atol=1e-12,
+                                       msg=f"{mode}: gradient of {name}")
+            # Against two separate backward passes: float64 attention on a CPU rounds
+            # differently (1e-8 relative here) when both terms' gradients reach it at once.
+            torch.testing.assert_close(grad, reference[name], rtol=1e-6, atol=1e-7,
+                                       msg=f"{mode}: gradient of {name}")
+
+
+@pytest.mark.parametrize("early_exit, weight, message", [
+    (0, 1.0, "early_exit=0 must be a trunk layer from 1 to n_layers - 1 = 1"),
+    (2, 1.0, "early_exit=2 must be"), (1, -1.0, "early_exit_weight=-1.0 must be >= 0")])
+def test_bad_early_exits_are_named(tiny_config, early_exit, weight, message):
+    with pytest.raises(ValueError, match=message):
+        mtp_loss(MTPModel(tiny_config), torch.zeros(1, 8, dtype=torch.long),
+                 early_exit=early_exit, early_exit_weight=weight)

@@ -103,6 +103,22 @@ def test_a_run_shorter_than_the_validation_interval_validates_at_the_end(
     assert {"loss.png", "accuracy.png", "lr.png"} <= {p.name for p in (tmp_path / "plots").iterdir()}
 
 
+def test_an_early_exit_is_trained_and_logged(corpus: Path, tmp_path: Path) -> None:
+    """loss.early_exit: the exit's loss and accuracy are logged beside the heads', in
+    training and validation; a layer the trunk lacks is refused before training."""
+    cfg = compose(_overrides(corpus, tmp_path, "trainer.max_steps=3", "model.depth=12",
+                             "trainer.val_check_interval=3", "loss.early_exit=2",
+                             "loss.early_exit_weight=0.5"))
+    train(cfg)
+    history = read_metrics_csv(tmp_path / "plots" / "metrics.csv")
+    assert [step for step, _ in history["train/loss_exit"]] == [1, 2, 3]
+    assert [step for step, _ in history["val/acc_exit"]] == [3]
+    assert all(0 <= value <= 1 for _, value in history["train/acc_exit"])
+    with pytest.raises(ValueError, match="early_exit=9 must be a trunk layer from 1 to"):
+        train(compose(_overrides(corpus, tmp_path / "bad", "trainer.max_steps=1",
+                                 "loss.early_exit=9")))
+
+
 @pytest.mark.slow
 def test_a_slow_machine_decays_the_lr_by_the_time_guard(
         corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
