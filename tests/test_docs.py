@@ -244,9 +244,17 @@ def check_calibrate(argv: list[str]) -> None:
     parse_overrides(argv, CalibrateArgs)
 
 
+def check_skip_search(argv: list[str]) -> None:
+    from mtp.generate.__main__ import parse_overrides
+    from mtp.generate.skip_search import SearchArgs
+
+    parse_overrides(argv, SearchArgs)
+
+
 CHECKS: dict[str, Callable[[list[str]], None]] = {
     "mtp.train": check_train, "mtp.eval": check_eval, "mtp.generate": check_generate,
     "mtp.convert": check_convert, "mtp.generate.calibrate": check_calibrate,
+    "mtp.generate.skip_search": check_skip_search,
 }
 
 

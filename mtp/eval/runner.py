@@ -226,7 +226,8 @@ def _choose(config: EvalConfig, model, tokenizer, prompts: list[str]):
     if config.measured and not prompts:  # every sample is done: nothing to measure on
         return None, None
     drafter, auto = choose_drafter(
-        model, tokenizer, config, prompts[:max(AUTO_PROMPTS, config.batch_size)],
+        model, tokenizer, config.with_saved_choice(config.checkpoint),
+        prompts[:max(AUTO_PROMPTS, config.batch_size)],
         sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
         max_new_tokens=config.max_new_tokens, batch_size=config.batch_size,
         calibration=find_calibration(config.checkpoint, n_future=model.config.n_future,

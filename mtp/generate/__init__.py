@@ -1,5 +1,6 @@
-"""Speculative generation: the model's heads, a draft model, prompt lookup or lookahead
-(Jacobi) decoding draft; head 0 verifies, in a decode step of fixed shapes (`engine.py`).
+"""Speculative generation: the model's heads, a draft model, the model with layers skipped,
+prompt lookup or lookahead (Jacobi) decoding draft; head 0 verifies, in a decode step of
+fixed shapes (`engine.py`).
 
 `generate(model, tokenizer, prompts, drafter=..., sampling=SamplingConfig(...))` decodes a
 batch of prompts: with no drafter autoregressively (the baseline), with `HeadsDrafter(k)`
@@ -12,11 +13,12 @@ from mtp.generate.acceptance import TypicalAcceptance
 from mtp.generate.auto import Auto, choose_drafter
 from mtp.generate.decode import generate
 from mtp.generate.drafters import (Combined, DraftModel, Drafter, Drafts, HeadsDrafter,
-                                   Lookahead, PromptLookup, SequentialDrafter)
+                                   LayerSkip, Lookahead, PromptLookup, SequentialDrafter)
 from mtp.generate.output import DecodeStats, Generation
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.spec import DRAFTERS, DrafterSpec
 
 __all__ = ["DRAFTERS", "Auto", "Combined", "DecodeStats", "DraftModel", "Drafter", "DrafterSpec",
-           "Drafts", "Generation", "HeadsDrafter", "Lookahead", "PromptLookup", "SamplingConfig",
-           "SequentialDrafter", "TypicalAcceptance", "choose_drafter", "generate"]
+           "Drafts", "Generation", "HeadsDrafter", "LayerSkip", "Lookahead", "PromptLookup",
+           "SamplingConfig", "SequentialDrafter", "TypicalAcceptance", "choose_drafter",
+           "generate"]

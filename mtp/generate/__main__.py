@@ -9,10 +9,16 @@ to stdout as it is decoded, then prints its statistics to stderr.
   prompt           the prompt; or prompt_file=PATH (.jsonl: one prompt per line)
   max_new_tokens   256
   drafter          auto (default: measures the candidates, keeps the fastest), autoregressive,
-                   heads, prompt_lookup, heads+prompt_lookup, draft_model, lookahead
+                   heads, prompt_lookup, heads+prompt_lookup, draft_model, layer_skip, lookahead
   k                the heads' tokens per forward pass at most; null: every head; auto
   draft_model      a checkpoint sharing the tokenizer (drafter=draft_model, or a candidate of auto)
-  num_draft        drafts per step of prompt lookup (8) or the draft model (4)
+  num_draft        drafts per step of prompt lookup (8), the draft model (4) or layer_skip
+  skip             layer_skip's trunk layers to leave out: a list, or a layer_skip.json (default:
+                   the checkpoint's, from python -m mtp.generate.skip_search)
+  threshold        draft_model's and layer_skip's draft-exit: stop drafting below this top
+                   probability (0: never)
+  adaptive         prompt lookup's, draft_model's and layer_skip's drafts per step follow each
+                   row's recent acceptance (+2 after a step that kept all, -1 otherwise); false
   max_ngram, min_ngram   prompt lookup's n-gram sizes (4, 2)
   window, ngram, guesses  lookahead's Jacobi window W (5), n-gram size N (4) and the most
                    n-grams G it verifies per step (5)
@@ -139,6 +145,7 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     how = sampling(args)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
+    args = args.with_saved_choice(args.checkpoint)
     model, tokenizer = load(args.checkpoint, device=args.device,
                             dtype=decoding_dtype(args.device, args.dtype))
     calibration = find_calibration(args.checkpoint, n_future=model.config.n_future,

@@ -122,7 +122,7 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     with torch.inference_mode():  # every tensor of the call alike (a compiled step's guards)
         engine = Engine(model, len(encoded), context, tree, drafter.verify_heads(model),
                         sampling=sampling, typical=typical, compile=compile)
-        drafter.start(model, encoded, engine.cache.max_len, sampling, generator)
+        drafter.start(model, encoded, engine.cache, sampling, generator)
         _decode(engine, drafter, outputs, generator, tokenizer.pad_id, encoded)
     return [output.result() for output in outputs]
 

@@ -43,6 +43,7 @@ heads, hd head width, L cached positions up to the end of this step.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Collection
 
 import torch
 from torch import Tensor, nn
@@ -53,15 +54,16 @@ KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
 
 
 def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheStep,
-                  heads: int | StackedHeads) -> Tensor:
+                  heads: int | StackedHeads, skip: Collection[int] = ()) -> Tensor:
     """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D).
 
     The heads' outputs before the shared norm and unembedding, which callers apply only where
     they need logits (the unembedding is the costliest layer of a large-vocabulary model).
     `heads` is n, to run the model's heads one by one, or a `StackedHeads` of n heads, which
-    computes the same in one batched block per head layer.
+    computes the same in one batched block per head layer. `skip`: trunk layers left out
+    (`MTPModel.trunk`).
     """
-    trunk = model.trunk(tokens, cache=cache, step=step)  # (B, T, D)
+    trunk = model.trunk(tokens, cache=cache, step=step, skip=skip)  # (B, T, D)
     if isinstance(heads, StackedHeads):
         return heads(trunk, cache=cache, step=step)
     return torch.stack([model.head(trunk, i, cache=cache, step=step) for i in range(heads)],
@@ -69,11 +71,12 @@ def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheSt
 
 
 def cached_forward(model: MTPModel, cache: KVCache, tokens: Tensor, lengths: Tensor,
-                   key_len: int, heads: int | StackedHeads = 1) -> Tensor:
+                   key_len: int, heads: int | StackedHeads = 1,
+                   skip: Collection[int] = ()) -> Tensor:
     """`hidden_states` of T new tokens in a row (B, T) after each row's `lengths`."""
     step = cache_step(lengths, *causal(tokens.shape[1], tokens.device), key_len,
                       model.config.max_seq_len)
-    return hidden_states(model, tokens, cache, step, heads)
+    return hidden_states(model, tokens, cache, step, heads, skip)
 
 
 def key_width(needed: int, max_len: int, compiled: bool = False) -> int:

@@ -8,6 +8,7 @@ lines (their arguments extend it) and the scripts, and `make_drafter`, the one f
     DrafterSpec(drafter="prompt_lookup", num_draft=8)
     DrafterSpec(drafter="lookahead", window=5, ngram=4, guesses=5)
     DrafterSpec(drafter="draft_model", draft_model="runs/small/export", num_draft=4)
+    DrafterSpec(drafter="layer_skip", skip=[4, 5, 6], num_draft=4, threshold=0.6)
     DrafterSpec(drafter="auto")                           measured: see `auto.choose_drafter`
 
 Options are checked when the spec is made, each against the drafters it sizes, so a command
@@ -17,28 +18,35 @@ line with an option its drafter ignores fails before anything loads. What needs 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from mtp.generate.drafters import (Combined, DraftModel, Drafter, HeadsDrafter, Lookahead,
-                                   OwnHeads, PromptLookup, SequentialDrafter)
+from mtp.generate.drafters import (Combined, DraftModel, Drafter, HeadsDrafter, LayerSkip,
+                                   Lookahead, OwnHeads, PromptLookup, SequentialDrafter)
+from mtp.generate.drafters.base import check_threshold
+from mtp.generate.drafters.layer_skip import SkipChoice, check_skip, default_skip_file
 from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 
 AUTOREGRESSIVE = "autoregressive"
 DRAFTERS = ("auto", AUTOREGRESSIVE, "heads", "prompt_lookup", "heads+prompt_lookup",
-            "draft_model", "lookahead")
+            "draft_model", "layer_skip", "lookahead")
 # Which drafters each option sizes ("auto" takes the options of the candidates it measures).
 OPTIONS = {
     "k": ("auto", "heads", "heads+prompt_lookup"),
     "tree": ("auto", "heads"),
-    "num_draft": ("auto", "prompt_lookup", "heads+prompt_lookup", "draft_model"),
+    "num_draft": ("auto", "prompt_lookup", "heads+prompt_lookup", "draft_model",
+                  "layer_skip"),
     "max_ngram": ("auto", "prompt_lookup", "heads+prompt_lookup"),
     "min_ngram": ("auto", "prompt_lookup", "heads+prompt_lookup"),
     "window": ("lookahead",),
     "ngram": ("lookahead",),
     "guesses": ("lookahead",),
     "draft_model": ("auto", "draft_model"),
+    "skip": ("layer_skip",),
+    "threshold": ("draft_model", "layer_skip"),
+    "adaptive": ("prompt_lookup", "heads+prompt_lookup", "draft_model", "layer_skip"),
 }
 
 
@@ -53,11 +61,18 @@ class DrafterSpec:
         1: autoregressive; "auto": measure the heads' k alone).
     tree: the heads' candidate tree (`tree.resolve_tree`: chain, tree8..tree64, auto:N, a
         .json file or a list of rank paths).
-    num_draft: drafts per step of prompt lookup (8) or the draft model (4).
+    num_draft: drafts per step of prompt lookup (8), the draft model (4) or layer skipping
+        (4, or its saved choice's).
     max_ngram, min_ngram: prompt lookup's n-gram sizes (4, 2).
     window, ngram, guesses: lookahead's Jacobi window W (5), n-gram size N (4) and the most
         n-grams G verified per step (5).
     draft_model: a checkpoint sharing the target's tokenizer.
+    skip: the trunk layers layer skipping leaves out: a list, or a `layer_skip.json` from
+        `python -m mtp.generate.skip_search` (the command lines find the checkpoint's own).
+    threshold: the draft model's and layer skipping's draft-exit: a row stops drafting once
+        its draft's top probability falls below it (0: never).
+    adaptive: prompt lookup's, the draft model's and layer skipping's number of drafts
+        follows each row's recent acceptance (`drafters.base.DraftBudget`); default false.
     """
 
     drafter: str = "heads"
@@ -70,6 +85,9 @@ class DrafterSpec:
     ngram: int | None = None
     guesses: int | None = None
     draft_model: str | None = None
+    skip: Any = None
+    threshold: float | None = None
+    adaptive: bool | None = None
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -94,6 +112,8 @@ class DrafterSpec:
         if k == 1 and self.drafter == "heads+prompt_lookup":
             raise ValueError("drafter=heads+prompt_lookup needs k >= 2 (k=1 drafts nothing "
                              "with the heads): use drafter=prompt_lookup")
+        if self.threshold is not None:
+            check_threshold(self.threshold)
         if self.drafter == "draft_model" and self.draft_model is None:
             raise ValueError("drafter=draft_model needs draft_model=PATH (a checkpoint that "
                              "shares the tokenizer)")
@@ -124,6 +144,8 @@ class DrafterSpec:
             return Lookahead(**self._given("window", "ngram", "guesses"))
         if name == "draft_model":
             return self.load_draft_model(model)
+        if name == "layer_skip":
+            return self.layer_skip(model)
         n_future = model.config.n_future
         k = n_future if self.k is None else self.k
         if not 1 <= k <= n_future:
@@ -142,9 +164,17 @@ class DrafterSpec:
         heads = heads_drafter(model, k)
         return heads if name == "heads" else Combined(heads, self.prompt_lookup())
 
+    def with_saved_choice(self, checkpoint: str | Path) -> DrafterSpec:
+        """This spec, with layer skipping's choice saved beside `checkpoint`
+        (`python -m mtp.generate.skip_search`) when skip= is not given: the command lines'."""
+        if self.drafter != "layer_skip" or self.skip is not None:
+            return self
+        saved = default_skip_file(checkpoint)
+        return replace(self, skip=str(saved)) if saved.is_file() else self
+
     def prompt_lookup(self) -> PromptLookup:
         """Prompt lookup with this spec's options."""
-        return PromptLookup(**self._given("num_draft", "max_ngram", "min_ngram"))
+        return PromptLookup(**self._given("num_draft", "max_ngram", "min_ngram", "adaptive"))
 
     def load_draft_model(self, model: MTPModel) -> DraftModel:
         """The draft model checkpoint, loaded on the target's device and dtype."""
@@ -152,7 +182,22 @@ class DrafterSpec:
 
         param = next(model.parameters())
         small, tokenizer = load(self.draft_model, device=param.device, dtype=param.dtype)
-        return DraftModel(small, tokenizer, **self._given("num_draft"))
+        return DraftModel(small, tokenizer, **self._given("num_draft", "threshold", "adaptive"))
+
+    def layer_skip(self, model: MTPModel) -> LayerSkip:
+        """Layer skipping with this spec's skip list, or the choice saved in its file."""
+        if self.skip is None:
+            raise ValueError("drafter=layer_skip needs skip=[layers] or a layer_skip.json: "
+                             "search one with python -m mtp.generate.skip_search checkpoint=...")
+        options = self._given("num_draft", "threshold", "adaptive")
+        if isinstance(self.skip, str):
+            if not Path(self.skip).is_file():
+                raise ValueError(f"skip={self.skip!r} is neither a list of trunk layers nor a "
+                                 f"layer_skip.json file")
+            choice = SkipChoice.load(self.skip, n_layers=model.config.n_layers,
+                                     vocab_size=model.config.vocab_size)
+            return LayerSkip(choice.skip, **{"num_draft": choice.num_draft, **options})
+        return LayerSkip(check_skip(self.skip, model.config.n_layers), **options)
 
     def _given(self, *names: str) -> dict[str, Any]:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}

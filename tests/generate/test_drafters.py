@@ -10,6 +10,7 @@ import torch
 from mtp.generate import (Auto, Combined, DraftModel, DrafterSpec, HeadsDrafter, PromptLookup,
                           SamplingConfig, choose_drafter, generate)
 from mtp.generate.drafters.prompt_lookup import NgramIndex
+from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import BPETokenizer, ByteTokenizer
 
@@ -103,7 +104,8 @@ def test_ngram_index_matches_a_plain_scan():
 def test_prompt_lookup_proposes_a_repeated_ngrams_continuation(random_model):
     drafter = PromptLookup(num_draft=4, max_ngram=3, min_ngram=2)
     prompt = TOKENIZER.encode("x = foo(bar)\ny = foo(")
-    drafter.start(random_model, [prompt, TOKENIZER.encode("abc")], 64, SamplingConfig(), None)
+    drafter.start(random_model, [prompt, TOKENIZER.encode("abc")],
+                  KVCache(random_model.config, 2, 64), SamplingConfig(), None)
     drafts = drafter.propose()
     assert TOKENIZER.decode(drafts.tokens[0].tolist()) == "bar)"
     assert drafts.lengths.tolist() == [4, 0]  # "bc" never occurred before: nothing proposed

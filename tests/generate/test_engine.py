@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import mtp.generate.engine as engine
-from mtp.generate import (Combined, DraftModel, DrafterSpec, HeadsDrafter, Lookahead,
-                          PromptLookup, SamplingConfig, generate)
+from mtp.generate import (Combined, DraftModel, DrafterSpec, HeadsDrafter, LayerSkip,
+                          Lookahead, PromptLookup, SamplingConfig, generate)
 from mtp.generate.engine import rebuild_size
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -44,11 +44,13 @@ def _drafters(draft):
     return {"autoregressive": None, "heads": HeadsDrafter(4), "tree": DrafterSpec(
         drafter="heads", tree="tree16"), "prompt_lookup": PromptLookup(num_draft=5),
         "lookahead": Lookahead(4, 3, 2), "draft_model": DraftModel(draft, TOKENIZER, 3),
+        "layer_skip": LayerSkip([1], 3),
         "heads+prompt_lookup": Combined(HeadsDrafter(3), PromptLookup())}
 
 
 @pytest.mark.parametrize("name", ["autoregressive", "heads", "tree", "prompt_lookup",
-                                  "lookahead", "draft_model", "heads+prompt_lookup"])
+                                  "lookahead", "draft_model", "layer_skip",
+                                  "heads+prompt_lookup"])
 def test_static_step_equals_the_eager_step_for_every_drafter(trained, trained_draft, static,
                                                              name):
     drafter = _drafters(trained_draft)[name]

@@ -3,7 +3,8 @@
 A 4-token model is small enough to enumerate every continuation of 3 tokens and its exact
 probability under autoregressive sampling; 10,000 sampled generations must match it, whoever
 drafts: the heads (parallel, or sequential modules drafting one depth after another), a
-separate draft model (its own q), prompt lookup and lookahead (one-hot q). Eager steps cut a
+separate draft model (its own q), the model with a layer skipped (its own q, on the target's
+cache), prompt lookup and lookahead (one-hot q). Eager steps cut a
 chain to the batch's longest real proposal (`engine.py`): prompt lookup with room for 8 drafts
 and the draft model combined with it run that cut step at most steps.
 """
@@ -11,8 +12,8 @@ and the draft model combined with it run that cut step at most steps.
 import pytest
 import torch
 
-from mtp.generate import (Combined, DecodeStats, DraftModel, HeadsDrafter, Lookahead,
-                          PromptLookup, SamplingConfig, SequentialDrafter, generate)
+from mtp.generate import (Combined, DecodeStats, DraftModel, HeadsDrafter, LayerSkip,
+                          Lookahead, PromptLookup, SamplingConfig, SequentialDrafter, generate)
 from mtp.generate.sampling import probabilities
 from mtp.generate.tree import Tree
 from mtp.model import MTPConfig, MTPModel
@@ -154,3 +155,24 @@ def test_exact_enumeration_is_a_distribution(model):
     assert abs(sum(exact.values()) - 1) < 1e-9
     assert all(len(o) == 3 or o[-1] == EOS for o in exact)
     assert max(exact.values()) < 0.5  # spread out enough to be a test
+
+
+@pytest.mark.parametrize("drafter", [LayerSkip([1], num_draft=2),
+                                     LayerSkip([0], num_draft=3, threshold=0.4)],
+                         ids=["layer_skip", "layer_skip_exit"])
+def test_layer_skipping_drafts_losslessly(drafter):
+    """The target drafting for itself with a layer skipped, on its own cache; with a
+    draft-exit threshold, rows stop drafting early and the step verifies the real drafts."""
+    torch.manual_seed(2)
+    config = MTPConfig(vocab_size=4, dim=16, n_layers=2, n_heads=2, max_seq_len=16,
+                       init_std=0.15)
+    model = MTPModel(config).double().eval()
+    exact = _exact(model, [EOS, 0, 1], NUCLEUS, depth=3)
+    generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
+                           sampling=NUCLEUS, seed=0, drafter=drafter)
+    _assert_distribution(generations, exact)
+    rate = [g.stats.head_acceptance[1] for g in generations if g.stats.head_verified[1]]
+    assert 0.1 < sum(rate) / len(rate) < 0.95  # drafts are rejected: the rule was exercised
+    if drafter.threshold:  # unsure drafts were never verified: fewer nodes than a full chain
+        pooled = DecodeStats.pooled([g.stats for g in generations])
+        assert pooled.nodes_verified < 4 * pooled.forward_passes - 3 * len(generations)

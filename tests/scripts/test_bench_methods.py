@@ -40,3 +40,23 @@ def test_bench_methods_table_plot_and_json(tiny_config, tmp_path):
     assert any(name.endswith("+prompt_lookup") for name in methods)
     assert methods["autoregressive"]["speedup"] == 1.0
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_bench_methods_subset_with_layer_skipping_and_adaptive_drafts(tmp_path):
+    from mtp.generate.drafters.layer_skip import SkipChoice
+    from mtp.model import MTPConfig
+
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=3, n_heads=4, max_seq_len=64)
+    directory = export(MTPModel(config), ByteTokenizer(), tmp_path / "export")
+    choice = SkipChoice((1,), 3, 3, 262).save(tmp_path / "layer_skip.json")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
+    result = subprocess.run(
+        [sys.executable, str(METHODS), "--checkpoint", str(directory), "--prompts", str(prompts),
+         "--humaneval", "0", "--max-new-tokens", "6", "--threads", "1", "--device", "cpu",
+         "--methods", "prompt_lookup", "layer_skip", "--layer-skip", str(choice), "--adaptive",
+         "--temperatures", "0"], capture_output=True, text=True, check=True)
+    methods = json.loads(result.stdout.strip().splitlines()[-1])["methods"]
+    assert list(methods) == ["autoregressive", "prompt_lookup", "prompt_lookup adaptive",
+                             "layer_skip", "layer_skip adaptive"]
+    assert all(row["identical"] for row in methods.values())

@@ -140,3 +140,23 @@ def test_check_gguf(tmp_path) -> None:
                         "3", "--threads", "1", cwd=tmp_path)
     assert out["prompts"] == 1 and out["ids_equal_transformers"] == 1
     assert out["max_abs_logit_diff"] < 1e-3 and out["greedy_identical"] == 1
+
+
+def test_bench_layer_skip(tiny, tmp_path) -> None:
+    """The search's choice, then the sweep: every row identical to autoregressive decoding."""
+    checkpoint, prompts = tiny
+    choice = tmp_path / "layer_skip.json"
+    done = subprocess.run([sys.executable, "-m", "mtp.generate.skip_search",
+                           f"checkpoint={checkpoint}", f"prompt_file={prompts}", "prompts=2",
+                           "max_new_tokens=8", f"output={choice}"], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table, out = run_script("bench_layer_skip", "--checkpoint", str(checkpoint), "--choice",
+                            str(choice), "--skipped", "1", "--prompt", "def f(x):",
+                            "--prompt", "import os", "--max-new-tokens", "6", cwd=tmp_path)
+    rows = out["rows"]
+    assert list(rows)[0] == "autoregressive" and len(rows) == 3  # 1 skipped, the choice
+    assert all(row["identical"] for row in rows.values())
+    assert rows["skip 1 of 2"]["draft_share"] < 1 and len(rows["skip 1 of 2"]["skipped"]) == 1
+    assert any(line.startswith("skip 1 of 2") for line in table)

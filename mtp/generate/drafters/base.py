@@ -19,7 +19,7 @@ one verifies a chain only up to the batch's longest real proposal (`engine.py`).
 
 The decode loop (`decode.py`), in the drafter's words:
 
-    drafter.start(model, prompts, ...)           once, before the target's prefill
+    drafter.start(model, prompts, cache, ...)    once, before the target's prefill
     drafter.update(verified)                     the prefill: the prompts, the first token
     loop:
         drafts = drafter.propose()               draft: max_drafts drafts per row
@@ -40,8 +40,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtp.generate.sampling import SamplingConfig
+from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
 from mtp.generate.tree import Tree
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -161,10 +162,13 @@ class Drafter(ABC):
         """Raise ValueError before any decoding if the drafter cannot serve this model."""
 
     @abstractmethod
-    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         """Begin a call: prompts as token ids (each starting with its document token), before
-        any update. `max_len` bounds the tokens of any row, drafts included."""
+        any update. `cache` is the target's (filled by its prefill, after `start`): its
+        `max_len` bounds the tokens of any row, drafts included, and a self-speculative
+        drafter (layer skipping) runs the target on it, writing only past each row's
+        committed tokens, in slots the next verify pass overwrites."""
 
     @abstractmethod
     def update(self, step: Verified) -> None:
@@ -192,7 +196,7 @@ class Autoregressive(Drafter):
     def tree(self) -> Tree:
         return Tree.chain(0)
 
-    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._none = torch.zeros(len(prompts), 0, dtype=torch.long,
                                  device=next(model.parameters()).device)
@@ -212,3 +216,113 @@ def check_positive(name: str, value: object, least: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     return value
+
+
+def check_flag(name: str, value: object) -> bool:
+    """`value` as a bool, or a ValueError naming it."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def check_threshold(threshold: object) -> float:
+    """A draft-exit threshold (a probability in [0, 1)), or a ValueError naming it."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+            or not 0 <= threshold < 1:
+        raise ValueError(f"threshold must be a probability in [0, 1) (0: never stop early), "
+                         f"got {threshold!r}")
+    return float(threshold)
+
+
+class DraftBudget:
+    """How many drafts each row proposes next, from its recent acceptance (the schedule of
+    transformers' assistant models): a step that kept every draft the row proposed raises its
+    count by two, one that rejected a draft lowers it by one, between 1 and `most`; a step
+    that proposed nothing changes nothing. Every row starts at `most`.
+
+    On a CPU a verify step costs more the more tokens it verifies, so drafts that are likely
+    rejected are cut from the step (eagerly, the chain is cut to the longest real proposal),
+    and a sequential drafter runs fewer draft forwards. The drafter sets `proposed`, each
+    row's real drafts, when it proposes; `update` reads it with what the step kept."""
+
+    def __init__(self, most: int, rows: int) -> None:
+        self.most = most
+        self.counts = [most] * rows
+        self.proposed: list[int] = []  # each row's real drafts in the last proposal
+
+    @property
+    def longest(self) -> int:
+        """The most drafts any row proposes next."""
+        return max(self.counts)
+
+    def update(self, step: Verified) -> None:
+        """Learn from a step what each row kept of what it `proposed`."""
+        for row, (count, ids) in enumerate(zip(self.proposed, step.new_ids)):
+            if not ids or not count:  # a finished row, or nothing proposed: no evidence
+                continue
+            kept_all = len(ids) - 1 >= count  # the kept drafts, then the target's token
+            self.counts[row] = min(self.most, self.counts[row] + 2) if kept_all \
+                else max(1, self.counts[row] - 1)
+        self.proposed = []
+
+    def keep(self, rows: list[int]) -> None:
+        self.counts = [self.counts[row] for row in rows]
+
+
+def draft_options(threshold: float, adaptive: bool) -> str:
+    """The draft-exit and adaptive options of a drafter's repr, when set."""
+    return (f", threshold={threshold}" if threshold else "") + (", adaptive" if adaptive else "")
+
+
+class DraftSequence:
+    """The drafts of a drafter that drafts one position at a time (a draft model, layer
+    skipping): each position's logits are turned into a draft by the target's sampling rule
+    (`draw`), and a row stops drafting once its draft's top probability falls below
+    `threshold` (Draft & Verify's draft-exit) or it has drafted its `budget` count: its later
+    drafts are padding (`Drafts.lengths`), which an eager step does not verify. Threshold 0
+    and no budget never stop: every draft is real, with no host read."""
+
+    def __init__(self, count: int, sampling: SamplingConfig, generator: torch.Generator | None,
+                 threshold: float = 0.0, budget: DraftBudget | None = None) -> None:
+        self.count, self.sampling, self.generator = count, sampling, generator
+        self.threshold, self.budget = threshold, budget
+        self._tokens: list[Tensor] = []
+        self._probs: list[Tensor] = []
+        self._real: Tensor | None = None  # (B,) leading confident drafts, with a threshold
+        self._alive: Tensor | None = None
+
+    @property
+    def positions(self) -> int:
+        """The most positions to draft: `count`, or the budget's longest row."""
+        return self.budget.longest if self.budget else self.count
+
+    def draw(self, logits: Tensor) -> Tensor | None:
+        """The next draft (B, 1) from the drafter's `logits` (B, V), drawn from q = the
+        sampling rule's distribution (greedy: its argmax); None once no row drafts on.
+        Confidence is the top probability of the logits' softmax, whatever the sampling."""
+        probs = probabilities(logits, self.sampling)
+        tokens = (probs.argmax(-1) if self.sampling.greedy else sample(
+            probs, exponential(probs.shape, self.generator, logits.device)))[:, None]
+        self._tokens.append(tokens)
+        self._probs.append(probs)
+        if not self.threshold:
+            return tokens
+        sure = torch.softmax(logits.float(), dim=-1).amax(-1) >= self.threshold
+        self._alive = sure if self._alive is None else self._alive & sure
+        self._real = self._alive.long() if self._real is None else self._real + self._alive
+        return tokens if bool(self._alive.any()) else None  # a host read: with a threshold
+
+    def drafts(self) -> Drafts:
+        """The drafts so far, padded to `count` per row; tells the budget what was proposed."""
+        tokens, probs = torch.cat(self._tokens, dim=1), torch.stack(self._probs, dim=1)
+        missing = self.count - tokens.shape[1]
+        if missing:
+            tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], missing)], dim=1)
+            probs = torch.cat([probs, probs.new_zeros(probs.shape[0], missing,
+                                                      probs.shape[2])], dim=1)
+        real = self._real
+        if self.budget is not None:
+            limits = torch.tensor(self.budget.counts, device=tokens.device)
+            real = limits.clamp(max=len(self._tokens)) if real is None else real.minimum(limits)
+            self.budget.proposed = real.tolist()
+        return Drafts(tokens, probs, real)

@@ -16,6 +16,7 @@ import torch
 from mtp.generate.drafters.base import Drafter, Drafts, Verified
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.tree import Tree
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -44,11 +45,11 @@ class Combined(Drafter):
         for drafter in self.drafters:
             drafter.check(model, tokenizer)
 
-    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._vocab = model.config.vocab_size
         for drafter in self.drafters:
-            drafter.start(model, prompts, max_len, sampling, generator)
+            drafter.start(model, prompts, cache, sampling, generator)
 
     def update(self, step: Verified) -> None:
         for drafter in self.drafters:

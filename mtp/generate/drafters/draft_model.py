@@ -24,9 +24,11 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
+from mtp.generate.drafters.base import (DraftBudget, Drafter, Drafts, DraftSequence, Verified,
+                                        check_flag, check_positive, check_threshold,
+                                        draft_options)
 from mtp.generate.forward import cached_forward, key_width, prefill
-from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
+from mtp.generate.sampling import SamplingConfig
 from mtp.generate.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
@@ -38,12 +40,15 @@ class DraftModel(Drafter):
 
     name = "draft_model"
 
-    def __init__(self, model: MTPModel, tokenizer: Tokenizer, num_draft: int = 4) -> None:
+    def __init__(self, model: MTPModel, tokenizer: Tokenizer, num_draft: int = 4,
+                 threshold: float = 0.0, adaptive: bool = False) -> None:
         if not isinstance(model, MTPModel):
             raise ValueError(f"the draft model must be an MTPModel (see mtp.load), got "
                              f"{type(model).__name__}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.num_draft = check_positive("num_draft", num_draft)
+        self.threshold = check_threshold(threshold)  # draft-exit: see base.DraftSequence
+        self.adaptive = check_flag("adaptive", adaptive)  # DraftBudget: from acceptance
         self._cache: KVCache | None = None
 
     @property
@@ -62,7 +67,7 @@ class DraftModel(Drafter):
             raise ValueError(f"the draft model is on {mine.device} but the target on "
                              f"{theirs.device}: move them to one device")
 
-    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         config = self.model.config
         needed = max(map(len, prompts))
@@ -71,23 +76,28 @@ class DraftModel(Drafter):
                              f"a prompt of {needed} tokens")
         param = next(self.model.parameters())
         self._sampling, self._generator = sampling, generator
-        self._cache = KVCache(config, len(prompts), max_len, device=param.device,
+        self._cache = KVCache(config, len(prompts), cache.max_len, device=param.device,
                               dtype=param.dtype)
         # Every prompt token but the last: `propose` feeds it with the first new token.
         prefill(self.model, self._cache, [ids[:-1] for ids in prompts], 1,
                 pad_id=self.tokenizer.pad_id)
         self._accepted = [len(ids) for ids in prompts]  # accepted tokens, on the host
         self._tail: torch.Tensor | None = None  # (B, 2): the last two accepted tokens
+        self._budget = DraftBudget(self.num_draft, len(prompts)) if self.adaptive else None
 
     def update(self, step: Verified) -> None:
         self._tail = step.last_two()
         self._accepted = [n + len(ids) for n, ids in zip(self._accepted, step.new_ids)]
+        if self._budget is not None:
+            self._budget.update(step)
 
     def keep(self, rows: list[int]) -> None:
         index = torch.tensor(rows, device=self._tail.device)
         self._cache.keep(index)
         self._tail = self._tail[index]
         self._accepted = [self._accepted[row] for row in rows]
+        if self._budget is not None:
+            self._budget.keep(rows)
 
     def propose(self) -> Drafts:
         device = self._tail.device
@@ -95,16 +105,17 @@ class DraftModel(Drafter):
         # rows about to stop) are clamped, their drafts merely wrong.
         lengths = torch.tensor(self._accepted, device=device) - 2
         width = key_width(max(self._accepted) + self.num_draft, self._cache.max_len)
-        tokens, all_probs, fed = [], [], self._tail  # (B, 2), then (B, 1)
-        for _ in range(self.num_draft):
+        sequence = DraftSequence(self.num_draft, self._sampling, self._generator,
+                                 self.threshold, self._budget)
+        fed = self._tail  # (B, 2), then (B, 1)
+        for _ in range(sequence.positions):
             hidden = cached_forward(self.model, self._cache, fed, lengths, width)  # (B, T, 1, D)
-            probs = probabilities(self.model.unembed(hidden[:, -1, 0]), self._sampling)
             lengths = lengths + fed.shape[1]
-            fed = (probs.argmax(-1) if self._sampling.greedy else sample(
-                probs, exponential(probs.shape, self._generator, device)))[:, None]  # (B, 1)
-            tokens.append(fed)
-            all_probs.append(probs)
-        return Drafts(torch.cat(tokens, dim=1), torch.stack(all_probs, dim=1))
+            fed = sequence.draw(self.model.unembed(hidden[:, -1, 0]))
+            if fed is None:
+                break
+        return sequence.drafts()
 
     def __repr__(self) -> str:
-        return f"draft_model(num_draft={self.num_draft})"
+        return (f"draft_model(num_draft={self.num_draft}"
+                f"{draft_options(self.threshold, self.adaptive)})")

@@ -18,6 +18,7 @@ from torch import Tensor
 from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
 from mtp.generate.sampling import SamplingConfig, exponential, probabilities
 from mtp.generate.tree import Tree, TreeBuffers
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -112,7 +113,7 @@ class HeadsDrafter(OwnHeads):
                              "another, with SequentialDrafter (drafter=heads chooses it)")
         self.check_size(model)
 
-    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._model, self._sampling, self._generator = model, sampling, generator
         self._buffers = self.tree.buffers(next(model.parameters()).device)  # once per call

@@ -53,6 +53,7 @@ import torch
 from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.tree import Tree
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 
 
@@ -199,7 +200,7 @@ class Lookahead(Drafter):
     def tree(self) -> Tree:
         return self._plan.tree
 
-    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._device = next(model.parameters()).device
         self._rows = [_Sequence(ids, self, self.seed * 1_000_003 + index)

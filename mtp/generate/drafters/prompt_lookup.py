@@ -17,9 +17,11 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
+from mtp.generate.drafters.base import (DraftBudget, Drafter, Drafts, Verified, check_flag,
+                                        check_positive)
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.tree import Tree
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 
 
@@ -55,8 +57,10 @@ class PromptLookup(Drafter):
 
     name = "prompt_lookup"
 
-    def __init__(self, num_draft: int = 8, max_ngram: int = 4, min_ngram: int = 2) -> None:
+    def __init__(self, num_draft: int = 8, max_ngram: int = 4, min_ngram: int = 2,
+                 adaptive: bool = False) -> None:
         self.num_draft = check_positive("num_draft", num_draft)
+        self.adaptive = check_flag("adaptive", adaptive)  # DraftBudget: from acceptance
         self.min_ngram = check_positive("min_ngram", min_ngram)
         self.max_ngram = check_positive("max_ngram", max_ngram)
         if max_ngram < min_ngram:
@@ -67,20 +71,28 @@ class PromptLookup(Drafter):
     def tree(self) -> Tree:
         return Tree.chain(self.num_draft)
 
-    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._device = next(model.parameters()).device
         self._rows = [NgramIndex(ids, self.min_ngram, self.max_ngram) for ids in prompts]
+        self._budget = DraftBudget(self.num_draft, len(prompts)) if self.adaptive else None
 
     def update(self, step: Verified) -> None:
         for row, ids in zip(self._rows, step.new_ids):
             row.extend(ids)
+        if self._budget is not None:
+            self._budget.update(step)
 
     def keep(self, rows: list[int]) -> None:
         self._rows = [self._rows[row] for row in rows]
+        if self._budget is not None:
+            self._budget.keep(rows)
 
     def propose(self) -> Drafts:
-        found = [row.lookup(self.num_draft) for row in self._rows]
+        limits = self._budget.counts if self._budget else [self.num_draft] * len(self._rows)
+        found = [row.lookup(limit) for row, limit in zip(self._rows, limits)]
+        if self._budget is not None:
+            self._budget.proposed = [len(ids) for ids in found]
         width = self.num_draft  # padded to the fixed shape; an eager step cuts it to the
         # longest match of the batch, and `lengths` keeps the padding from being accepted
         tokens = torch.tensor([ids + [0] * (width - len(ids)) for ids in found])
@@ -89,4 +101,4 @@ class PromptLookup(Drafter):
 
     def __repr__(self) -> str:
         return (f"prompt_lookup(num_draft={self.num_draft}, max_ngram={self.max_ngram}, "
-                f"min_ngram={self.min_ngram})")
+                f"min_ngram={self.min_ngram}{', adaptive' if self.adaptive else ''})")

@@ -60,14 +60,14 @@ class SequentialDrafter(OwnHeads):
                              f"model.head_type={model.config.head_type!r}: use HeadsDrafter")
         self.check_size(model)
 
-    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], max_len: int,
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         config, depth = model.config, self.tree.depth
         self._model, self._sampling, self._generator = model, sampling, generator
         param = next(model.parameters())
         first = config.n_layers + config.head_layers  # module 1's first block
         # Past max_len: the tree's scratch slots and the trash slot.
-        self._cache = KVCache(config, len(prompts), max_len + self.tree.n_nodes + 1,
+        self._cache = KVCache(config, len(prompts), cache.max_len + self.tree.n_nodes + 1,
                               device=param.device, dtype=param.dtype,
                               blocks=range(first, first + depth * config.head_layers))
         self._root = torch.zeros(len(prompts), dtype=torch.long, device=param.device)  # p

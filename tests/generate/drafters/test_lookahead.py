@@ -83,7 +83,7 @@ def _full_step(model, window, ngram, guesses, prompt="xabcxabdxab"):
     """One lookahead forward with a full window of random tokens, by hand: its parts."""
     ids = TOKENIZER.encode_prompt(prompt)
     drafter = Lookahead(window, ngram, guesses)
-    drafter.start(model, [ids], 64, SamplingConfig(), None)
+    drafter.start(model, [ids], KVCache(model.config, 1, 64), SamplingConfig(), None)
     row = drafter._rows[0]
     row.window = [row.window[0]] + [torch.randint(0, 262, (window,)).tolist()
                                     for _ in range(ngram - 2)]

@@ -1,0 +1,171 @@
+"""Layer-skipping self-speculation (Draft & Verify, Zhang et al. 2023): the target model drafts
+with some of its trunk layers skipped, then verifies the drafts with all of them.
+
+No second model and no training: any model `mtp.load` reads drafts for itself. The draft
+pass runs on the target's own KV cache (`Drafter.start` hands it over): at every verified
+position the layers it runs read the keys and values the full model wrote, and it writes its
+own only past each row's committed tokens, in slots the verify pass then overwrites (a
+skipped layer's slots are neither read nor written). So a draft sees the exact context and
+only its own few drafted positions approximately, and costs no cache of its own.
+
+- Which layers to skip is a search (`mtp.generate.skip_search`), whose choice is saved beside
+  the checkpoint (`layer_skip.json`, `SkipChoice`) and reused.
+- `threshold`: drafting stops early in a row once the draft's top probability falls below
+  it (the paper's draft-exit; `DraftSequence`), and an eager step verifies only the real drafts.
+  `adaptive`: each row's number of drafts follows its recent acceptance (`DraftBudget`).
+- Each draft d_i is drawn from q_i = the skipped model's distribution under the target's
+  temperature/top-k/top-p, so the acceptance rule keeps the target's distribution exactly;
+  greedy drafts are its argmax, and greedy output equals autoregressive decoding.
+
+`num_draft` draft forwards of one token and one verify forward per step: it pays when the
+skipped layers are a large share of a step's cost and the rest still agree with the whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtp.generate.drafters.base import (DraftBudget, Drafter, Drafts, DraftSequence, Verified,
+                                        check_flag, check_positive, check_threshold,
+                                        draft_options)
+from mtp.generate.forward import cached_forward, key_width
+from mtp.generate.sampling import SamplingConfig
+from mtp.generate.tree import Tree
+from mtp.kv_cache import KVCache
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
+
+SKIP_FILE = "layer_skip.json"
+
+
+def check_skip(skip: object, n_layers: int) -> tuple[int, ...]:
+    """`skip` as sorted trunk layer indices, or a ValueError naming what is wrong with it."""
+    if isinstance(skip, (str, bytes)) or not isinstance(skip, Sequence):
+        raise ValueError(f"skip must be a list of trunk layer indices, got {skip!r:.80}")
+    for layer in skip:
+        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < n_layers:
+            raise ValueError(f"skip={list(skip)!r} names layer {layer!r}, but the model's trunk "
+                             f"has layers 0..{n_layers - 1}")
+    if len(set(skip)) != len(skip):
+        raise ValueError(f"skip={list(skip)!r} names a layer twice")
+    if len(skip) == n_layers:
+        raise ValueError(f"skip={list(skip)!r} skips every one of the trunk's {n_layers} "
+                         f"layers: the draft would read the embedding alone")
+    return tuple(sorted(skip))
+
+
+@dataclass(frozen=True)
+class SkipChoice:
+    """A skip search's choice for one model (`layer_skip.json`): what to skip, how many drafts
+    per step, and what the search measured (`details`)."""
+
+    skip: tuple[int, ...]
+    num_draft: int
+    n_layers: int
+    vocab_size: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the choice to `path` (a file, or a directory for its SKIP_FILE)."""
+        path = Path(path)
+        path = path / SKIP_FILE if path.is_dir() else path
+        path.write_text(json.dumps({**asdict(self), "skip": list(self.skip)}, indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, n_layers: int, vocab_size: int) -> SkipChoice:
+        """Read a saved choice, refusing one made for another model's shape."""
+        try:
+            values = json.loads(Path(path).read_text())
+            choice = cls(tuple(values["skip"]), int(values["num_draft"]),
+                         int(values["n_layers"]), int(values["vocab_size"]),
+                         values.get("details", {}))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"cannot read {path} as a layer-skip choice: {error}") from error
+        if (choice.n_layers, choice.vocab_size) != (n_layers, vocab_size):
+            raise ValueError(f"{path} was searched for a model of {choice.n_layers} layers and "
+                             f"{choice.vocab_size} tokens, not this one ({n_layers}, "
+                             f"{vocab_size}): search again (python -m mtp.generate.skip_search)")
+        check_skip(list(choice.skip), n_layers)
+        return choice
+
+
+def default_skip_file(checkpoint: str | Path) -> Path:
+    """Where a checkpoint's skip choice is saved: inside an export's directory, or beside a
+    single-file checkpoint (a .ckpt, a GGUF) as FILE.layer_skip.json."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.is_dir():
+        return checkpoint / SKIP_FILE
+    return checkpoint.with_name(f"{checkpoint.name}.{SKIP_FILE}")
+
+
+class LayerSkip(Drafter):
+    """The target drafts `num_draft` tokens with its trunk layers `skip` left out."""
+
+    name = "layer_skip"
+
+    def __init__(self, skip: Sequence[int], num_draft: int = 4, threshold: float = 0.0,
+                 adaptive: bool = False) -> None:
+        if isinstance(skip, (str, bytes)) or not isinstance(skip, Sequence):
+            raise ValueError(f"skip must be a list of trunk layer indices, got {skip!r:.80}")
+        self.skip = tuple(skip)  # checked against the model in `check`
+        self.num_draft = check_positive("num_draft", num_draft)
+        self.threshold = check_threshold(threshold)
+        self.adaptive = check_flag("adaptive", adaptive)  # DraftBudget: from acceptance
+
+    @property
+    def tree(self) -> Tree:
+        return Tree.chain(self.num_draft)
+
+    def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
+        self.skip = check_skip(self.skip, model.config.n_layers)
+
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        self.skip = check_skip(self.skip, model.config.n_layers)
+        self._model, self._cache = model, cache
+        self._sampling, self._generator = sampling, generator
+        self._lengths: torch.Tensor | None = None  # (B,) what the target's cache holds
+        self._host = [len(ids) for ids in prompts]  # the same, on the host
+        self._root: torch.Tensor | None = None  # (B,) the last accepted token
+        self._budget = DraftBudget(self.num_draft, len(prompts)) if self.adaptive else None
+
+    def update(self, step: Verified) -> None:
+        if self._lengths is None:  # the prefill: the prompts are cached (kept), not the root
+            self._lengths = step.kept.clone()
+        else:  # a step caches the old root and the kept drafts
+            self._lengths = self._lengths + step.kept
+            self._host = [n + len(ids) for n, ids in zip(self._host, step.new_ids)]
+        self._root = step.last_two()[:, 1]
+        if self._budget is not None:
+            self._budget.update(step)
+
+    def keep(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, device=self._root.device)
+        self._lengths, self._root = self._lengths[index], self._root[index]
+        self._host = [self._host[row] for row in rows]
+        if self._budget is not None:
+            self._budget.keep(rows)
+
+    def propose(self) -> Drafts:
+        width = key_width(max(self._host) + self.num_draft + 1, self._cache.max_len)
+        sequence = DraftSequence(self.num_draft, self._sampling, self._generator,
+                                 self.threshold, self._budget)
+        fed = self._root[:, None]  # (B, 1): the root, then each draft
+        for index in range(sequence.positions):
+            hidden = cached_forward(self._model, self._cache, fed, self._lengths + index, width,
+                                    skip=self.skip)  # (B, 1, 1, D)
+            fed = sequence.draw(self._model.unembed(hidden[:, -1, 0]))
+            if fed is None:
+                break
+        return sequence.drafts()
+
+    def __repr__(self) -> str:
+        return (f"layer_skip(skip={list(self.skip)}, num_draft={self.num_draft}"
+                f"{draft_options(self.threshold, self.adaptive)})")

@@ -1,0 +1,237 @@
+"""`python -m mtp.generate.skip_search checkpoint=PATH`: choose the trunk layers that layer
+skipping (`drafter=layer_skip`) leaves out, and write the choice beside the checkpoint.
+
+Draft & Verify searches the skipped set by Bayesian optimisation of measured time per token.
+This search ranks candidates by the same quantity, modeled from measured acceptance, and is
+deterministic: no timing enters it (greedy decoding is), so a seed and a checkpoint give one
+answer on any machine.
+
+1. Prompts: `prompts` calibration prompts drawn with `seed` (MBPP validation-split
+   signatures: never a benchmark's prompts).
+2. Order: every trunk layer skipped alone, teacher-forced on the model's own greedy
+   continuations of the prompts; the share of continuation tokens it still predicts ranks
+   the layers from least to most harmful (one forward pass each).
+3. Candidates: the nested sets of the m least harmful layers, for m in 1, 2, 3, 4, 6, 8, 12,
+   16, 24, ... below n_layers. Each decodes the prompts greedily as `drafter=layer_skip` with
+   `max_draft` drafts per step (batched): the share of steps that keep at least i drafts,
+   P(A >= i), is measured for every depth i, on the drafter's real cache (a teacher-forced
+   pass would skip the layers at every position, where drafting reads the full model's
+   cache, and understate acceptance).
+4. For each candidate and each num_draft k <= max_draft, the expected tokens per step,
+   1 + P(A >= 1) + ... + P(A >= k), over the modeled cost of a step in autoregressive steps,
+   1 + step_cost + verify_cost * k + k * share(S), where share(S) is the part of a token's
+   weights the draft reads (the layers it runs, head 0, the norm and the unembedding):
+   decoding at batch 1 reads every weight once per token. `step_cost` is what a speculative
+   step costs beyond its forward passes (the drafting loop, the acceptance, the host reads)
+   and `verify_cost` what one more verified token adds to the verify pass; the defaults fit
+   SmolLM2-135M in float32 on a 2-core CPU (docs/benchmarks.md); on a GPU both are near 0.
+   The best ratio is the modeled speed-up; below 1, layer skipping does not pay for this
+   model, and the command says so.
+
+  checkpoint       anything mtp.load reads (required)
+  prompt_file      data/prompts/calibration.jsonl;  prompts  8, drawn with seed (0)
+  max_new_tokens   64 greedy tokens per prompt
+  max_draft        8: the most drafts per step considered
+  step_cost        0.6: a speculative step's cost beyond its forwards, in autoregressive steps
+  verify_cost      0.03: a verify pass's cost per verified draft, in autoregressive steps
+  output           where layer_skip.json goes (default: beside the checkpoint)
+  device, dtype    cpu, float32
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import MISSING
+
+from mtp.checkpoint import load
+from mtp.generate.decode import DTYPES, generate
+from mtp.generate.drafters.base import check_positive
+from mtp.generate.drafters.layer_skip import LayerSkip, SkipChoice, default_skip_file
+from mtp.generate.output import DecodeStats
+from mtp.generate.prompts import read_prompts
+from mtp.model import MTPModel
+from mtp.paths import REPO_ROOT
+from mtp.tokenizers import Tokenizer
+
+
+@dataclass
+class SearchArgs:
+    checkpoint: str = MISSING
+    prompt_file: str = str(REPO_ROOT / "data/prompts/calibration.jsonl")
+    prompts: int = 8
+    seed: int = 0
+    max_new_tokens: int = 64
+    max_draft: int = 8
+    step_cost: float = 0.6
+    verify_cost: float = 0.03
+    output: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A skipped set, what decoding with it kept, and its best modeled step."""
+
+    skip: tuple[int, ...]
+    kept: tuple[float, ...]  # P(A >= i) for i = 1..max_draft: steps keeping at least i drafts
+    share: float  # the part of a token's weights a draft reads
+    num_draft: int
+    speedup: float  # modeled, over autoregressive decoding
+
+
+def calibration_text(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
+                     max_new_tokens: int) -> list[tuple[torch.Tensor, int]]:
+    """Each prompt with its greedy continuation, as ids (1, T), and where the continuation
+    starts."""
+    device = next(model.parameters()).device
+    texts = []
+    for prompt, generation in zip(prompts, generate(model, tokenizer, prompts,
+                                                    max_new_tokens=max_new_tokens)):
+        prefix = tokenizer.encode_prompt(prompt)
+        if generation.token_ids:
+            texts.append((torch.tensor([prefix + generation.token_ids], device=device),
+                          len(prefix)))
+    if not texts:
+        raise ValueError("the model continued no calibration prompt: nothing to measure on")
+    return texts
+
+
+@torch.inference_mode()
+def agreement(model: MTPModel, texts: list[tuple[torch.Tensor, int]],
+              skip: tuple[int, ...]) -> float:
+    """The share of continuation tokens that the model with `skip` left out predicts
+    (argmax, teacher-forced)."""
+    hits = total = 0
+    for ids, start in texts:
+        hidden = model.head(model.trunk(ids, skip=skip), 0)  # (1, T, D)
+        predicted = model.unembed(hidden[0, start - 1:-1]).argmax(-1)  # predicts start..T-1
+        hits += int((predicted == ids[0, start:]).sum())
+        total += ids.shape[1] - start
+    return hits / total
+
+
+def harm_order(model: MTPModel, texts: list[tuple[torch.Tensor, int]]) -> list[int]:
+    """The trunk layers from the least to the most harmful to skip alone."""
+    alone = [agreement(model, texts, (layer,)) for layer in range(model.config.n_layers)]
+    return sorted(range(len(alone)), key=lambda layer: (-alone[layer], layer))
+
+
+def kept_shares(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
+                skip: tuple[int, ...], max_draft: int, max_new_tokens: int) -> tuple[float, ...]:
+    """P(A >= i), i = 1..max_draft: the share of decode steps (prefills aside) that kept at
+    least i drafts, decoding `prompts` greedily with `skip` drafting `max_draft`."""
+    generations = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                           drafter=LayerSkip(list(skip), max_draft))
+    depths = DecodeStats.pooled([g.stats for g in generations]).accepted_depths
+    depths = depths + [0] * (max_draft + 1 - len(depths))
+    depths[0] -= len(generations)  # each prefill counts as a forward that kept nothing
+    steps = max(sum(depths), 1)
+    return tuple(round(sum(depths[i:]) / steps, 4) for i in range(1, max_draft + 1))
+
+
+def draft_share(model: MTPModel, skip: tuple[int, ...]) -> float:
+    """The part of one token's weights a draft reads with `skip` left out: the trunk layers
+    it runs, head 0, the final norm and the unembedding (the embedding is a lookup)."""
+    layer = [sum(p.numel() for p in block.parameters()) for block in model.layers]
+    rest = sum(p.numel() for module in (model.heads[0], model.norm, model.output)
+               for p in module.parameters())
+    return (sum(n for i, n in enumerate(layer) if i not in skip) + rest) / (sum(layer) + rest)
+
+
+def best_step(kept: Sequence[float], share: float, *, step_cost: float,
+              verify_cost: float) -> tuple[int, float]:
+    """The num_draft with the highest modeled speed-up, and that speed-up (see the module
+    docstring); `kept[i - 1]` is P(A >= i)."""
+    def speedup(k: int) -> float:
+        return (1 + sum(kept[:k])) / (1 + step_cost + verify_cost * k + k * share)
+    k = max(range(1, len(kept) + 1), key=lambda k: (speedup(k), -k))
+    return k, speedup(k)
+
+
+def nested_counts(n_layers: int) -> list[int]:
+    """How many layers the candidates skip: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... < n_layers."""
+    counts, m = [1, 2, 3], 4
+    while m < n_layers:
+        counts += [m, m * 3 // 2]
+        m *= 2
+    return sorted({c for c in counts if c < n_layers})
+
+
+def search(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *, max_draft: int = 8,
+           step_cost: float = 0.6, verify_cost: float = 0.03,
+           max_new_tokens: int = 64) -> tuple[list[Candidate], list[int]]:
+    """Every candidate of the search (see the module docstring), best first, and the trunk
+    layers from the least to the most harmful to skip alone (the nested sets' order)."""
+    n_layers = model.config.n_layers
+    if n_layers < 2:
+        raise ValueError(f"the model's trunk has {n_layers} layer: layer skipping needs a "
+                         f"layer to keep and one to skip")
+    order = harm_order(model, calibration_text(model, tokenizer, prompts, max_new_tokens))
+    candidates = []
+    for m in nested_counts(n_layers):
+        skip = tuple(sorted(order[:m]))
+        kept = kept_shares(model, tokenizer, prompts, skip, max_draft, max_new_tokens)
+        share = draft_share(model, skip)
+        candidates.append(Candidate(skip, kept, round(share, 4),
+                                    *best_step(kept, share, step_cost=step_cost,
+                                               verify_cost=verify_cost)))
+    return sorted(candidates, key=lambda c: (-c.speedup, -len(c.skip))), order
+
+
+def main(argv: list[str]) -> None:
+    from mtp.generate.__main__ import parse_overrides
+
+    args = parse_overrides(argv, SearchArgs)
+    if args.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
+    check_positive("prompts", args.prompts)
+    check_positive("max_new_tokens", args.max_new_tokens)
+    check_positive("max_draft", args.max_draft)
+    for name in ("step_cost", "verify_cost"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(args, name)!r}")
+    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES[args.dtype])
+    pool = read_prompts(args.prompt_file)
+    prompts = random.Random(args.seed).sample(pool, min(args.prompts, len(pool)))
+    began = time.perf_counter()
+    candidates, order = search(model, tokenizer, prompts, max_draft=args.max_draft,
+                               step_cost=args.step_cost, verify_cost=args.verify_cost,
+                               max_new_tokens=args.max_new_tokens)
+    seconds = time.perf_counter() - began
+    print(f"{'skipped':>7} {'kept >= 1':>9} {'kept >= 2':>9} {'draft share':>11} "
+          f"{'num_draft':>9} {'modeled speed-up':>16}  layers skipped")
+    for c in sorted(candidates, key=lambda c: len(c.skip)):
+        second = f"{c.kept[1]:>9.3f}" if len(c.kept) > 1 else f"{'':>9}"
+        print(f"{len(c.skip):>7} {c.kept[0]:>9.3f} {second} {c.share:>11.3f} {c.num_draft:>9} "
+              f"{c.speedup:>15.2f}x  {list(c.skip)}")
+    best = candidates[0]
+    details = {"kept": list(best.kept), "draft_share": best.share,
+               "modeled_speedup": round(best.speedup, 3), "step_cost": args.step_cost,
+               "verify_cost": args.verify_cost,
+               "prompt_file": args.prompt_file, "prompts": len(prompts), "seed": args.seed,
+               "max_draft": args.max_draft, "max_new_tokens": args.max_new_tokens,
+               "dtype": args.dtype, "seconds": round(seconds, 1),
+               "order": order}  # least harmful first: the nested sets
+    choice = SkipChoice(best.skip, best.num_draft, model.config.n_layers,
+                        model.config.vocab_size, details)
+    path = choice.save(Path(args.output) if args.output else default_skip_file(args.checkpoint))
+    print(f"best: skip {list(best.skip)} ({len(best.skip)} of {model.config.n_layers} layers), "
+          f"num_draft={best.num_draft}: {best.kept[0]:.3f} of steps keep a draft, modeled "
+          f"{best.speedup:.2f}x" + ("" if best.speedup > 1 else
+                                    " -- below 1: layer skipping does not pay for this model"))
+    print(f"wrote {path} ({seconds:.0f} s)")
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"error: {error}")
