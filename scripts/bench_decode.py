@@ -24,7 +24,12 @@ speculative output equalled the autoregressive one of the same step (eager or co
 token for token. `forward_cost` is the time of one speculative step (a verify forward,
 drafting and acceptance) over the time of one autoregressive step: it is also the
 break-even tokens per forward, the acceptance a model needs before speculative decoding
-beats autoregressive (speedup = tok/fwd / cost).
+beats autoregressive (speedup = tok/fwd / cost). `plain_cost` is what a plain cached forward
+over the same number of tokens (trunk, head 0 and the unembedding; no drafting, no
+acceptance, no other heads) costs against one over a single token, timed apart on one
+prompt-sized context (`--batch-size` rows): the arithmetic of the step's width. What
+`forward_cost` adds to it is the engine's own overhead (drafting, the heads, acceptance,
+the host read).
 `repeated` is the share of output tokens inside an 8-gram that the same output already
 produced (`mtp.generate.output.repetition`): how repetitive (degenerate) the text that the
 figures come from is.
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -43,10 +49,12 @@ from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
 from mtp.checkpoint import load
 from mtp.generate import HeadsDrafter, engine, generate
 from mtp.generate.decode import DTYPES, decoding_dtype
+from mtp.generate.forward import cached_forward, key_width
 from mtp.generate.measure import time_generate
 from mtp.generate.output import repetition
 from mtp.generate.prompts import read_prompts
 from mtp.generate.tree import find_calibration, resolve_tree
+from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 
@@ -183,6 +191,11 @@ def main() -> None:
     def rate(name, mode: bool = compiled) -> float:
         return statistics.median(speed[name, mode])
 
+    widths = {1: 1} | {k: k for k in ks} | {spec: tree.n_nodes for spec, tree in trees.items()}
+    seconds = {width: plain_forward_seconds(model, width, args.batch_size)
+               for width in sorted(set(widths.values()))}
+    plain = {name: seconds[width] / seconds[1] for name, width in widths.items()}
+
     ar = rate(1)
     # Seconds per forward pass relative to autoregressive decoding's (whose tok/fwd is 1).
     cost = {name: ar / stats[1].tokens_per_forward * stats[name].tokens_per_forward
@@ -196,6 +209,7 @@ def main() -> None:
                 "speedup": round(rate(name) / ar, 3),
                 "tokens_per_forward": round(stats[name].tokens_per_forward, 3),
                 "forward_cost": round(cost[name], 3),
+                "plain_cost": round(plain[name], 3),
                 "nodes_per_forward": round(stats[name].nodes_per_forward, 2),
                 "head_acceptance": [round(a, 3) for a in stats[name].head_acceptance],
                 "accepted_depths": stats[name].accepted_depths,
@@ -214,7 +228,7 @@ def main() -> None:
           f"repeated (tokens inside an earlier 8-gram) {repeated:.1%}")
     eager = " eager tok/s compiled/eager" if len(modes) > 1 else ""
     print(f"{'decoding':>14} {'nodes':>5} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
-          f"{'fwd cost':>8} {'identical':>9}{eager}  head acceptance")
+          f"{'fwd cost':>8} {'plain':>6} {'identical':>9}{eager}  head acceptance")
     for r in rows + tree_rows:
         name = f"k={r['k']}" if "k" in r else r["tree"]
         heads = " ".join(f"{a:.2f}" for a in r["head_acceptance"])
@@ -222,7 +236,7 @@ def main() -> None:
                   if len(modes) > 1 else "")
         print(f"{name:>14} {r['nodes']:>5} {r['tokens_per_second']:>9.1f} {r['speedup']:>7.2f}x "
               f"{r['tokens_per_forward']:>8.2f} {r['forward_cost']:>7.2f}x "
-              f"{str(r['identical']):>9}{versus}  {heads}")
+              f"{r['plain_cost']:>5.2f}x {str(r['identical']):>9}{versus}  {heads}")
     best = max(rows[1:], key=lambda r: r["speedup"])
     summary = {
         "tokens_per_second_ar": round(ar, 1), "tokens_per_second_spec": best["tokens_per_second"],
@@ -251,6 +265,33 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
         "batch_size": args.batch_size, "per_k": rows,
         "per_tree": tree_rows}))
+
+
+@torch.inference_mode()
+def plain_forward_seconds(model: MTPModel, width: int, batch: int, context: int = 128,
+                          repeats: int = 15) -> float:
+    """Median seconds of one cached forward over `width` new tokens per row after `context`
+    cached ones (fewer in a short model): the trunk, head 0 and the unembedding of every new
+    token, as the verify pass computes head 0's logits; nothing else of a decode step."""
+    device = next(model.parameters()).device
+    context = min(context, model.config.max_seq_len - width)
+    cache = KVCache(model.config, batch, context + width, device=device,
+                    dtype=next(model.parameters()).dtype)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
+    cached_forward(model, cache, prompt, torch.zeros(batch, dtype=torch.long, device=device),
+                   key_width(context, cache.max_len))
+    tokens = torch.randint(0, model.config.vocab_size, (batch, width), device=device)
+    lengths = torch.full((batch,), context, device=device)
+    key_len = key_width(context + width, cache.max_len)
+    seconds = []
+    for _ in range(repeats + 2):  # two warm-ups
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        began = time.perf_counter()
+        hidden = cached_forward(model, cache, tokens, lengths, key_len)  # (B, width, 1, D)
+        model.unembed(hidden[:, :, 0]).argmax(-1).tolist()  # the result on the host
+        seconds.append(time.perf_counter() - began)
+    return statistics.median(seconds[2:])
 
 
 if __name__ == "__main__":

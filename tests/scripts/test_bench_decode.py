@@ -34,5 +34,8 @@ def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
         assert key in summary
     assert (tmp_path / "trees.png").stat().st_size > 0
     assert [row["k"] for row in summary["per_k"]] == [1, 2, 4]
+    # A plain forward of each step's width, against one of a single token.
+    assert summary["per_k"][0]["plain_cost"] == 1.0
+    assert all(row["plain_cost"] > 0 for row in summary["per_k"] + summary["per_tree"])
     assert any(line.split()[:1] == ["k=4"] for line in table)
     assert any(line.split()[:2] == ["tree8", "8"] for line in table)
