@@ -41,26 +41,33 @@ import torch
 from omegaconf import MISSING
 
 from mtp.checkpoint import load
-from mtp.generate.decode import generate
+from mtp.generate.decode import DTYPES, generate
 from mtp.generate.prompts import read_prompts
 from mtp.generate.tree import Calibration, Tree
 from mtp.model import MTPModel
+from mtp.paths import REPO_ROOT
 from mtp.tokenizers import Tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CALIBRATION_PROMPTS = REPO_ROOT / "data/prompts/calibration.jsonl"
 
 
 @dataclass
-class CalibrateArgs:
+class CheckpointCalibration:
+    """The command line of a calibration of a checkpoint on held-out prompts (this module's,
+    and `skip_search`'s): what it reads, where it writes, how it runs the model."""
+
     checkpoint: str = MISSING
-    prompt_file: str = str(REPO / "data/prompts/calibration.jsonl")
-    max_new_tokens: int = 128
-    ranks: int = 8
-    paths: int = 1024
+    prompt_file: str = str(CALIBRATION_PROMPTS)
     output: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
+
+
+@dataclass
+class CalibrateArgs(CheckpointCalibration):
+    max_new_tokens: int = 128
+    ranks: int = 8
+    paths: int = 1024
 
 
 @torch.inference_mode()

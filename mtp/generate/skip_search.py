@@ -48,32 +48,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import MISSING
 
 from mtp.checkpoint import load
+from mtp.generate.calibrate import CheckpointCalibration
 from mtp.generate.decode import DTYPES, generate
 from mtp.generate.drafters.base import check_positive
 from mtp.generate.drafters.layer_skip import LayerSkip, SkipChoice, default_skip_file
 from mtp.generate.output import DecodeStats
 from mtp.generate.prompts import read_prompts
 from mtp.model import MTPModel
-from mtp.paths import REPO_ROOT
 from mtp.tokenizers import Tokenizer
 
 
 @dataclass
-class SearchArgs:
-    checkpoint: str = MISSING
-    prompt_file: str = str(REPO_ROOT / "data/prompts/calibration.jsonl")
+class SearchArgs(CheckpointCalibration):
     prompts: int = 8
     seed: int = 0
     max_new_tokens: int = 64
     max_draft: int = 8
     step_cost: float = 0.6
     verify_cost: float = 0.03
-    output: str | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
 
 
 @dataclass(frozen=True)

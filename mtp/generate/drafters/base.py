@@ -34,7 +34,7 @@ builds them from names and options.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -311,6 +311,17 @@ class DraftSequence:
         self._alive = sure if self._alive is None else self._alive & sure
         self._real = self._alive.long() if self._real is None else self._real + self._alive
         return tokens if bool(self._alive.any()) else None  # a host read: with a threshold
+
+    def run(self, logits: Callable[[Tensor, int], Tensor], first: Tensor) -> Drafts:
+        """Draft position by position: `logits(fed, index)` runs the drafter on the tokens
+        `fed` (first `first`, then each draft (B, 1)) and returns its logits (B, V) for
+        position `index`; stops at `positions` or once no row drafts on."""
+        fed: Tensor | None = first
+        for index in range(self.positions):
+            fed = self.draw(logits(fed, index))
+            if fed is None:
+                break
+        return self.drafts()
 
     def drafts(self) -> Drafts:
         """The drafts so far, padded to `count` per row; tells the budget what was proposed."""

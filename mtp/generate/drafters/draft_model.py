@@ -105,16 +105,13 @@ class DraftModel(Drafter):
         # rows about to stop) are clamped, their drafts merely wrong.
         lengths = torch.tensor(self._accepted, device=device) - 2
         width = key_width(max(self._accepted) + self.num_draft, self._cache.max_len)
-        sequence = DraftSequence(self.num_draft, self._sampling, self._generator,
-                                 self.threshold, self._budget)
-        fed = self._tail  # (B, 2), then (B, 1)
-        for _ in range(sequence.positions):
-            hidden = cached_forward(self.model, self._cache, fed, lengths, width)  # (B, T, 1, D)
-            lengths = lengths + fed.shape[1]
-            fed = sequence.draw(self.model.unembed(hidden[:, -1, 0]))
-            if fed is None:
-                break
-        return sequence.drafts()
+        def logits(fed: torch.Tensor, index: int) -> torch.Tensor:  # fed: (B, 2), then (B, 1)
+            after = lengths + (index + 1 if index else 0)  # the two tail tokens, then a draft each
+            hidden = cached_forward(self.model, self._cache, fed, after, width)  # (B, T, 1, D)
+            return self.model.unembed(hidden[:, -1, 0])
+
+        return DraftSequence(self.num_draft, self._sampling, self._generator, self.threshold,
+                             self._budget).run(logits, self._tail)
 
     def __repr__(self) -> str:
         return (f"draft_model(num_draft={self.num_draft}"

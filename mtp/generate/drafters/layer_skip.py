@@ -155,16 +155,13 @@ class LayerSkip(Drafter):
 
     def propose(self) -> Drafts:
         width = key_width(max(self._host) + self.num_draft + 1, self._cache.max_len)
-        sequence = DraftSequence(self.num_draft, self._sampling, self._generator,
-                                 self.threshold, self._budget)
-        fed = self._root[:, None]  # (B, 1): the root, then each draft
-        for index in range(sequence.positions):
+        def logits(fed: torch.Tensor, index: int) -> torch.Tensor:  # fed: the root, a draft
             hidden = cached_forward(self._model, self._cache, fed, self._lengths + index, width,
                                     skip=self.skip)  # (B, 1, 1, D)
-            fed = sequence.draw(self._model.unembed(hidden[:, -1, 0]))
-            if fed is None:
-                break
-        return sequence.drafts()
+            return self._model.unembed(hidden[:, -1, 0])
+
+        return DraftSequence(self.num_draft, self._sampling, self._generator, self.threshold,
+                             self._budget).run(logits, self._root[:, None])
 
     def __repr__(self) -> str:
         return (f"layer_skip(skip={list(self.skip)}, num_draft={self.num_draft}"
