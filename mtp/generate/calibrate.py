@@ -70,6 +70,19 @@ class CalibrateArgs(CheckpointCalibration):
     paths: int = 1024
 
 
+def greedy_texts(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
+                 max_new_tokens: int) -> list[tuple[torch.Tensor, int]]:
+    """Each prompt with the model's greedy continuation, as ids (1, T) on the model's
+    device, and the length of the prompt's ids (where the continuation starts)."""
+    texts = []
+    for prompt, generation in zip(prompts, generate(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens)):
+        prefix = tokenizer.encode_prompt(prompt)  # as generate()
+        ids = torch.tensor([prefix + generation.token_ids], device=_device(model))
+        texts.append((ids, len(prefix)))
+    return texts
+
+
 @torch.inference_mode()
 def truth_ranks(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
                 max_new_tokens: int) -> torch.Tensor:
@@ -82,12 +95,9 @@ def truth_ranks(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
     """
     n_future = model.config.n_future
     rows = []
-    for prompt, generation in zip(prompts, generate(
-            model, tokenizer, prompts, max_new_tokens=max_new_tokens)):
-        prefix = tokenizer.encode_prompt(prompt)  # as generate()
-        ids = torch.tensor([prefix + generation.token_ids], device=_device(model))
+    for ids, prefix in greedy_texts(model, tokenizer, prompts, max_new_tokens):
         logits = model(ids)[0].float()  # (T, n, V)
-        start, end = len(prefix) - 1, ids.shape[1] - n_future  # every head's truth exists
+        start, end = prefix - 1, ids.shape[1] - n_future  # every head's truth exists
         if end <= start:
             continue
         window = ids[0, start + 1:end + n_future].unfold(0, n_future, 1)  # (S, n) s+1..s+n

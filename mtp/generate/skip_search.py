@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 from mtp.checkpoint import load
-from mtp.generate.calibrate import CheckpointCalibration
+from mtp.generate.calibrate import CheckpointCalibration, greedy_texts
 from mtp.generate.decode import DTYPES, generate
 from mtp.generate.drafters.base import check_positive
 from mtp.generate.drafters.layer_skip import LayerSkip, SkipChoice, default_skip_file
@@ -79,23 +79,6 @@ class Candidate:
     share: float  # the part of a token's weights a draft reads
     num_draft: int
     speedup: float  # modeled, over autoregressive decoding
-
-
-def calibration_text(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
-                     max_new_tokens: int) -> list[tuple[torch.Tensor, int]]:
-    """Each prompt with its greedy continuation, as ids (1, T), and where the continuation
-    starts."""
-    device = next(model.parameters()).device
-    texts = []
-    for prompt, generation in zip(prompts, generate(model, tokenizer, prompts,
-                                                    max_new_tokens=max_new_tokens)):
-        prefix = tokenizer.encode_prompt(prompt)
-        if generation.token_ids:
-            texts.append((torch.tensor([prefix + generation.token_ids], device=device),
-                          len(prefix)))
-    if not texts:
-        raise ValueError("the model continued no calibration prompt: nothing to measure on")
-    return texts
 
 
 @torch.inference_mode()
@@ -168,7 +151,12 @@ def search(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *, max_dra
     if n_layers < 2:
         raise ValueError(f"the model's trunk has {n_layers} layer: layer skipping needs a "
                          f"layer to keep and one to skip")
-    order = harm_order(model, calibration_text(model, tokenizer, prompts, max_new_tokens))
+    texts = [(ids, start) for ids, start in greedy_texts(model, tokenizer, prompts,
+                                                         max_new_tokens)
+             if ids.shape[1] > start]  # continued by at least one token
+    if not texts:
+        raise ValueError("the model continued no calibration prompt: nothing to measure on")
+    order = harm_order(model, texts)
     candidates = []
     for m in nested_counts(n_layers):
         skip = tuple(sorted(order[:m]))

@@ -25,7 +25,7 @@ from typing import Any
 from mtp.generate.drafters import (Combined, DraftModel, Drafter, HeadsDrafter, LayerSkip,
                                    Lookahead, OwnHeads, PromptLookup, SequentialDrafter)
 from mtp.generate.drafters.base import check_threshold
-from mtp.generate.drafters.layer_skip import SkipChoice, check_skip, default_skip_file
+from mtp.generate.drafters.layer_skip import SkipChoice, default_skip_file
 from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 
@@ -197,7 +197,7 @@ class DrafterSpec:
             choice = SkipChoice.load(self.skip, n_layers=model.config.n_layers,
                                      vocab_size=model.config.vocab_size)
             return LayerSkip(choice.skip, **{"num_draft": choice.num_draft, **options})
-        return LayerSkip(check_skip(self.skip, model.config.n_layers), **options)
+        return LayerSkip(self.skip, **options)  # checked against the model by its `check`
 
     def _given(self, *names: str) -> dict[str, Any]:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}

@@ -128,8 +128,7 @@ class LayerSkip(Drafter):
 
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
-        self.skip = check_skip(self.skip, model.config.n_layers)
-        self._model, self._cache = model, cache
+        self._model, self._cache = model, cache  # self.skip was checked by `check`
         self._sampling, self._generator = sampling, generator
         self._lengths: torch.Tensor | None = None  # (B,) what the target's cache holds
         self._host = [len(ids) for ids in prompts]  # the same, on the host
