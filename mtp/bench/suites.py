@@ -109,7 +109,7 @@ GPU = (
         device="cuda"),
     Part(name="gpu_hf", command=script(
         "bench_hf", "--checkpoint", BYTE8_GPU, "--humaneval", "8", "--device", "cuda",
-        "--dtype", "bfloat16", "--compile", "--repeats", "1"), timeout=90, table="hf",
+        "--dtype", "bfloat16", "--compile", "--repeats", "1"), timeout=240, table="hf",
         needs=("gpu_byte8",), device="cuda"),
     Part(name="gpu_tests", command=(PY, "-m", "pytest", "-q", "-m", "gpu", "tests"),
          timeout=150, table="tests", text=True, device="cuda"),
@@ -121,7 +121,7 @@ GPU = (
     Part(name="gpu_decode_batch8", command=script(
         "bench_decode", "--checkpoint", BYTE8_GPU, "--humaneval", "16", "--device", "cuda",
         "--dtype", "bfloat16", "--compile", "--batch-size", "8", "--ks", "8", "--trees",
-        "tree16", "--repeats", "1"), timeout=120, table="decode", needs=("gpu_byte8",),
+        "tree16", "--repeats", "1"), timeout=240, table="decode", needs=("gpu_byte8",),
         device="cuda"),
     Part(name="gpu_eval", command=(
         PY, "-m", "mtp.eval", "task=humaneval", f"checkpoint={BYTE8_GPU}", "device=cuda",

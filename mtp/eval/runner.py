@@ -50,7 +50,7 @@ class EvalConfig(DrafterSpec):
     temperature: float = 0.0
     top_p: float = 1.0
     acceptance: str = "exact"  # exact | typical (Medusa's; not lossless when sampling)
-    compile: bool = False  # the decode step compiled (CUDA graphs on a GPU)
+    compile: bool | None = None  # the decode step compiled (CUDA graphs); None: on a GPU
     max_new_tokens: int = 512
     batch_size: int = 8
     limit: int | None = None
@@ -78,10 +78,11 @@ class EvalConfig(DrafterSpec):
                 f"checkpoint={self.checkpoint!r}, samples={self.samples!r}"
             )
         from mtp.generate.acceptance import typical_thresholds
-        from mtp.generate.decode import decoding_dtype
+        from mtp.generate.decode import decoding_compile, decoding_dtype
 
         typical_thresholds(self.acceptance)
         decoding_dtype(self.device, self.dtype)
+        object.__setattr__(self, "compile", decoding_compile(self.device, self.compile))
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads={self.threads} must be at least 1 (or null: measured)")
         for name in ("samples_per_problem", "max_new_tokens", "batch_size"):

@@ -29,7 +29,7 @@ to stdout as it is decoded, then prints its statistics to stderr.
                    of rank paths, or a list, e.g. tree='[[0],[1],[0,0]]'. Without it, auto
                    also measures the auto:N trees of a calibrated checkpoint
   acceptance       exact (lossless) or typical (Medusa's; not lossless when sampling)
-  compile          run the decode step compiled (CUDA graphs on a GPU); default false
+  compile          run the decode step compiled (CUDA graphs); null (default): on a GPU
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   stop             list of stop strings, e.g. stop='["\\n\\n"]'
   seed             null
@@ -52,7 +52,7 @@ from omegaconf.errors import OmegaConfBaseException
 from mtp.checkpoint import load
 from mtp.generate.acceptance import typical_thresholds
 from mtp.generate.auto import choose_drafter, default_choice_file
-from mtp.generate.decode import decoding_dtype, generate
+from mtp.generate.decode import decoding_compile, decoding_dtype, generate
 from mtp.generate.output import DecodeStats
 from mtp.generate.prompts import read_prompts
 from mtp.generate.sampling import SamplingConfig
@@ -72,7 +72,7 @@ class GenerateArgs(DrafterSpec):
     choice_file: str | None = None
     calibration: str | None = None  # choice_file's old name (deprecated)
     acceptance: str = "exact"
-    compile: bool = False
+    compile: bool | None = None
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float = 1.0
@@ -146,6 +146,7 @@ def main(argv: list[str]) -> None:
     how = sampling(args)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
     args = args.with_saved_choice(args.checkpoint)
+    compiled = decoding_compile(args.device, args.compile)
     model, tokenizer = load(args.checkpoint, device=args.device,
                             dtype=decoding_dtype(args.device, args.dtype))
     calibration = find_calibration(args.checkpoint, n_future=model.config.n_future,
@@ -160,7 +161,7 @@ def main(argv: list[str]) -> None:
             model, tokenizer, args, prompts[:1], sampling=how,
             max_new_tokens=args.max_new_tokens, calibration=calibration,
             cache_file=args.choice_file or default_choice_file(args.checkpoint),
-            compile=args.compile, budget=AUTO_SECONDS)
+            compile=compiled, budget=AUTO_SECONDS)
     if auto is not None:
         print(auto.describe(), file=sys.stderr, flush=True)
     name = f"auto -> {auto.choice}" if auto is not None else str(drafter or "autoregressive")
@@ -171,7 +172,7 @@ def main(argv: list[str]) -> None:
         [result] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens,
                             drafter=drafter, sampling=how, stop=args.stop, seed=args.seed,
                             on_text=lambda _, text: print(text, end="", flush=True),
-                            acceptance=args.acceptance, compile=args.compile)
+                            acceptance=args.acceptance, compile=compiled)
         print(flush=True)
         print(f"[{result.finish_reason}] {describe(result.stats, name)}", file=sys.stderr)
 

@@ -100,3 +100,24 @@ def test_eval_spends_its_budget_once_and_the_next_run_reuses_the_choice(
     assert second["decoding"] == first["decoding"]
     assert f"{first['decoding']} (cached: measured before with this checkpoint)" in \
         capsys.readouterr().err
+
+
+def test_a_compiled_steps_warm_up_is_not_spent_from_the_budget(model, monkeypatch):
+    """On a GPU a compiled candidate's warm-up compiles its step (8.7 s of a 5.6 s budget on
+    an H100 left auto nothing to compare): the budget counts only the timed decoding then."""
+    real = measure_module.generate
+
+    def compiling_warm_up(*args, compile: bool = False, **kwargs):
+        if kwargs["max_new_tokens"] == 2:  # time_generate's untimed warm-up
+            time.sleep(0.3)  # "compiling"; the step below runs eagerly either way
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure_module, "generate", compiling_warm_up)
+    measured = {}
+    for compile in (False, True):
+        auto = Auto(tokens=4, budget=0.4, compile=compile)
+        auto.choose(model, ByteTokenizer(), PROMPTS[:1], sampling=SamplingConfig(),
+                    max_new_tokens=4, batch_size=1)
+        measured[compile] = len(auto.measured)
+    assert measured[False] <= 2  # eager: a 0.3 s warm-up is the candidate's own cost
+    assert measured[True] > measured[False] + 2

@@ -227,3 +227,11 @@ def test_tokenizer_must_match_the_model(tiny_config):
         generate(model, TOKENIZER, ["x"])
     with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got -1"):
         generate(model, TOKENIZER, ["x"], sampling=SamplingConfig(temperature=-1))
+
+
+def test_the_step_is_compiled_by_default_on_a_gpu_only() -> None:
+    from mtp.generate.decode import decoding_compile
+
+    assert decoding_compile("cuda", None) and decoding_compile("cuda:1", None)
+    assert not decoding_compile("cpu", None)
+    assert decoding_compile("cpu", True) and not decoding_compile("cuda", False)

@@ -210,19 +210,44 @@ def test_compiled_step_equals_the_eager_step(tiny_config):
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def _part_at_near_ties(model, prompts, got, reference, share=0.02):
+    """Each pair of greedy outputs agrees up to its first difference, and there the two tokens'
+    logits (the model's forward over the common prefix) are within `share` of the logits'
+    range: bfloat16 rounds differently in fused (compiled) and unfused kernels, and in a wide
+    verify step than in a one-token step, which decides near-tied logits, nothing else."""
+    for prompt, a, b in zip(prompts, _ids(got), _ids(reference)):
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if same is None:
+            assert len(a) == len(b)
+            continue
+        ids = TOKENIZER.encode_prompt(prompt) + a[:same]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids], device=model.output.weight.device),
+                           heads=[0])[0, -1, 0].float()
+        gap = (logits[a[same]] - logits[b[same]]).abs()
+        assert gap <= share * (logits.max() - logits.min()), (prompt, same, gap)
+
+
 @pytest.mark.gpu
 @gpu
 def test_bfloat16_cuda_graphs_decode_as_the_eager_step():
+    """Compiled (CUDA graphs) and eager bfloat16 decoding, autoregressive and speculative,
+    part only where bfloat16's rounding decides a near tie (the first H100 lease saw the
+    compiled and eager outputs part at token 12 of a random model: bitwise equality is more
+    than the arithmetic gives)."""
     torch.manual_seed(0)
     config = MTPConfig(vocab_size=262, dim=256, n_layers=4, n_heads=8, max_seq_len=512,
                        n_future=8)
     model = MTPModel(config).to("cuda", torch.bfloat16).eval()
     prompts = ["def fibonacci(n):", "class Stack:\n"]
-    for drafter in (None, HeadsDrafter(8), DrafterSpec(drafter="heads", tree="tree32")):
-        eager = generate(model, TOKENIZER, prompts, max_new_tokens=64, drafter=drafter)
-        graphs = generate(model, TOKENIZER, prompts, max_new_tokens=64, drafter=drafter,
-                          compile=True)
-        assert _ids(graphs) == _ids(eager)
+    eager = generate(model, TOKENIZER, prompts, max_new_tokens=64)
+    graphs = generate(model, TOKENIZER, prompts, max_new_tokens=64, compile=True)
+    _part_at_near_ties(model, prompts, graphs, eager)
+    for drafter in (HeadsDrafter(8), DrafterSpec(drafter="heads", tree="tree32")):
+        _part_at_near_ties(model, prompts, generate(
+            model, TOKENIZER, prompts, max_new_tokens=64, drafter=drafter), eager)
+        _part_at_near_ties(model, prompts, generate(
+            model, TOKENIZER, prompts, max_new_tokens=64, drafter=drafter, compile=True), graphs)
 
 
 @pytest.mark.gpu
