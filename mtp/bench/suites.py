@@ -134,9 +134,9 @@ GPU = (
         "hydra.run.dir={out}/fsdp_gpu"), timeout=150, table="byte8",
         result_file="fsdp_gpu/summary.json", device="cuda"),
     Part(name="gpu_train_step_1b", command=script(
-        "bench_train", "--device", "cuda", "--precision", "bf16-mixed", "--batch", "8",
+        "bench_train", "--device", "cuda", "--precision", "bf16-mixed", "--batch", "4",
         "--seq-len", "2048", "--vocab-size", "32000", "--n-future", "4", "--steps", "3",
-        "--warmup", "1", "model=1b"), timeout=120, table="train_step", device="cuda",
+        "--warmup", "1", "model=1b"), timeout=150, table="train_step", device="cuda",
         repeats=3),
     Part(name="gpu_peak_flops", command=script(
         "bench_peak_flops", "--device", "cuda", "--sizes", "4096", "8192", "--seconds", "1"),
