@@ -241,17 +241,17 @@ def build_trainer(cfg: DictConfig, **kwargs: Any) -> L.Trainer:
 
 
 def pace_callbacks(cfg: DictConfig, config: MTPConfig) -> list[Callback]:
-    """On a CPU, the thread count measured on the first steps (`threads=N` fixes it); on any
-    device, the warning at once when `trainer.max_time` cannot carry the planned steps."""
-    search = None
-    if str(cfg.trainer.get("accelerator")) == "cpu":
-        key = step_key("train", config.to_dict(), width=cfg.seq_len, batch=cfg.data.batch_size,
-                       dtype=str(cfg.trainer.precision), device="cpu")
-        search = ThreadSearch(key, requested=cfg.threads)
-    elif cfg.threads:
-        set_threads(cfg.threads)
-    pace = PaceCheck(cfg.trainer.max_steps, cfg.seq_len, cfg.optim.accumulate, search)
-    return [search, pace] if search is not None else [pace]
+    """On a CPU, the thread count measured on the first steps (`threads=N` fixes it) and the
+    warning at once when `trainer.max_time` cannot carry the planned steps. GPU recipes are
+    planned in time (`trainer.max_steps` is a ceiling there), so they get neither."""
+    if str(cfg.trainer.get("accelerator")) != "cpu":
+        if cfg.threads:
+            set_threads(cfg.threads)
+        return []
+    key = step_key("train", config.to_dict(), width=cfg.seq_len, batch=cfg.data.batch_size,
+                   dtype=str(cfg.trainer.precision), device="cpu")
+    search = ThreadSearch(key, requested=cfg.threads)
+    return [search, PaceCheck(cfg.trainer.max_steps, cfg.seq_len, cfg.optim.accumulate, search)]
 
 
 def early_stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
