@@ -29,6 +29,7 @@ from mtp.model import MTPConfig, MTPModel
 from mtp.optim import LRSchedule, build_optimizer, build_scheduler, schedules
 from mtp.parallel import (apply_activation_checkpointing, check_options, gradient_sync,
                           mixed_precision, parallelize)
+from mtp.trunk_cache import TrunkCache
 
 
 def compile_blocks(model: MTPModel) -> None:
@@ -75,6 +76,8 @@ class MTPLitModule(L.LightningModule):
         trunk_lr_mult: the base model's learning rate over the heads' (Medusa-2).
         heads_only_steps: optimizer steps at the start in which only heads 1..n-1 train (the
             trunk is not backpropagated and the base's learning rate is 0).
+        cache_trunk: with `freeze_trunk`, each training block's trunk output is computed once
+            and kept (`mtp.trunk_cache`): later epochs run the heads alone.
     """
 
     def __init__(self, model: dict[str, Any], *, seq_len: int, loss_mode: str = "headwise",
@@ -88,7 +91,7 @@ class MTPLitModule(L.LightningModule):
                  init_state: dict[str, torch.Tensor] | None = None, freeze_trunk: bool = False,
                  trunk_lr_mult: float = 1.0, heads_only_steps: int = 0,
                  peak_flops: float | None = None, early_exit: int | None = None,
-                 early_exit_weight: float = 1.0) -> None:
+                 early_exit_weight: float = 1.0, cache_trunk: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer_files", "init_state"])
         self.config = MTPConfig.from_dict(dict(model))
@@ -115,6 +118,11 @@ class MTPLitModule(L.LightningModule):
                              f"train it (leave them unset, or freeze_trunk=False for Medusa-2)")
         if freeze_trunk and self.config.n_future == 1:
             raise ValueError("freeze_trunk=True with model.n_future=1 leaves nothing to train")
+        if cache_trunk and (not freeze_trunk or early_exit is not None):
+            raise ValueError(f"cache_trunk=True keeps a frozen trunk's outputs: it needs "
+                             f"freeze_trunk=True and no early exit (got freeze_trunk="
+                             f"{freeze_trunk}, early_exit={early_exit})")
+        self.trunk_cache = TrunkCache() if cache_trunk else None
         self.automatic_optimization = False
         self._init_state = init_state
         self.tokenizer_files = dict(tokenizer_files or {})
@@ -208,7 +216,10 @@ class MTPLitModule(L.LightningModule):
 
     # -- steps ------------------------------------------------------------------------------
 
-    def _loss(self, tokens: torch.Tensor, *, train: bool) -> LossOutput:
+    def _loss(self, tokens: torch.Tensor, *, train: bool,
+              index: torch.Tensor | None = None) -> LossOutput:
+        """The loss of a batch (backpropagated when `train`); a training batch's `index` (its
+        blocks') reads the frozen trunk's output from `cache_trunk`'s cache."""
         hp = self.hparams
         expected = hp.seq_len + self.config.n_future
         if tokens.ndim != 2 or tokens.shape[1] != expected:
@@ -220,11 +231,16 @@ class MTPLitModule(L.LightningModule):
         if train:  # the mean over micro-batches, not the sum
             weights = [w / hp.accumulate for w in weights]
             exit_weight /= hp.accumulate
-        out = mtp_loss(self.model, tokens, seq_len=hp.seq_len, mode=hp.loss_mode,
-                       weights=weights, backward=self.manual_backward if train else None,
-                       train_trunk=self._trains_trunk(), early_exit=hp.early_exit,
-                       early_exit_weight=exit_weight)
-        return out
+        trunk_out = None
+        if train and self.trunk_cache is not None:
+            if index is None:
+                raise ValueError("cache_trunk needs each training block's index (batch['index'],"
+                                 " from a map-style corpus; a streamed one has none)")
+            trunk_out = self.trunk_cache.trunk_out(self.model, tokens[:, :hp.seq_len], index)
+        return mtp_loss(self.model, tokens, seq_len=hp.seq_len, mode=hp.loss_mode,
+                        weights=weights, backward=self.manual_backward if train else None,
+                        train_trunk=self._trains_trunk(), early_exit=hp.early_exit,
+                        early_exit_weight=exit_weight, trunk_out=trunk_out)
 
     def _trains_trunk(self) -> bool:
         """Whether this step backpropagates through the trunk (not frozen, not warming up)."""
@@ -242,7 +258,7 @@ class MTPLitModule(L.LightningModule):
         # warm-up) every unit syncs in each of its backwards, FSDP's plain rule.
         headwise = hp.loss_mode != "naive" and self._trains_trunk()
         with gradient_sync(self.model, sync=last, headwise=headwise):
-            out = self._loss(batch["tokens"], train=True)
+            out = self._loss(batch["tokens"], train=True, index=batch.get("index"))
         loss = out.loss * hp.accumulate  # undo the 1/accumulate weighting for the log
         self._check_finite("loss", loss, out)
         # The whole batch's losses and accuracies, not rank 0's share: one all-reduce over ranks.

@@ -130,7 +130,7 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
              mode: LossMode = "headwise", weights: Sequence[float] | None = None,
              backward: BackwardFn | None = None, chunk_size: int = 4096,
              train_trunk: bool = True, early_exit: int | None = None,
-             early_exit_weight: float = 1.0) -> LossOutput:
+             early_exit_weight: float = 1.0, trunk_out: Tensor | None = None) -> LossOutput:
     """Loss of every head on a block of tokens, and (with `backward`) its gradients.
 
     Args:
@@ -143,6 +143,8 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
         train_trunk: False backpropagates into the heads only, not the trunk or embedding.
         early_exit: LayerSkip's early-exit term at trunk layer e (module docstring), from 1
             to n_layers - 1; None: none. early_exit_weight: its weight.
+        trunk_out: the trunk's output (B, seq_len, D) for these tokens, computed before (a
+            frozen trunk's, `mtp.trunk_cache`): the trunk does not run, and gets no gradient.
     """
     n = model.config.n_future
     if mode not in LOSS_MODES:
@@ -160,11 +162,16 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
     denominators = counts.clamp(min=1).tolist()
     head_targets = [targets[:, i].flatten() for i in range(n)]  # (B*T,) each
 
+    if trunk_out is not None and (early_exit is not None or trunk_out.requires_grad
+                                  or trunk_out.shape[:2] != inputs.shape):
+        raise ValueError(f"a precomputed trunk_out (shape {tuple(trunk_out.shape)}) must be "
+                         f"a frozen trunk's output for inputs of shape {tuple(inputs.shape)}, "
+                         f"without an early exit (early_exit={early_exit})")
     exit_state = exit_in = None  # the stream at the early exit, and what the rest reads
     with torch.set_grad_enabled(train_trunk and torch.is_grad_enabled()):
-        if early_exit is None:
+        if trunk_out is None and early_exit is None:
             trunk_out = model.trunk(inputs)  # (B, T, D); no graph unless the trunk trains
-        else:
+        elif trunk_out is None:
             exit_state = model.trunk(inputs, skip=range(early_exit, model.config.n_layers))
             exit_in = exit_state if mode == "naive" else \
                 exit_state.detach().requires_grad_(exit_state.requires_grad)

@@ -46,7 +46,7 @@ from mtp.paths import CONF_DIR, require_smollm2_gguf
 from mtp.plots import MetricsHistory, write_plots
 from mtp.summary import (SUMMARY_FILE, decode_export, decode_metrics, decode_prompts,
                          val_figures, write_summary)
-from mtp.threads import set_threads, step_key
+from mtp.threads import cpu_has_bf16, set_threads, step_key
 from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 
 
@@ -63,11 +63,7 @@ def cpu_precision() -> str:
     2-core AMD EPYC of docs/benchmarks.md), and a training step about 1.4x; elsewhere bf16
     is emulated and slower than float32.
     """
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: no reliable way to tell, so stay exact
-        return "32-true"
-    return "bf16-mixed" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "32-true"
+    return "bf16-mixed" if cpu_has_bf16() else "32-true"
 
 
 def decaying_weights(decay: float, n_future: int) -> ListConfig:
@@ -190,6 +186,9 @@ def check_settings(cfg: DictConfig) -> None:
                          f"{optim.trunk_lr_mult} and optim.heads_only_steps="
                          f"{optim.heads_only_steps}: a frozen trunk has no optimizer group "
                          f"that could train it (Medusa-2 is freeze_trunk=false)")
+    if optim.cache_trunk and not optim.freeze_trunk:
+        raise ValueError("optim.cache_trunk=true keeps a frozen trunk's outputs: it needs "
+                         "optim.freeze_trunk=true (Medusa-1)")
     if not 0 <= optim.heads_only_steps < cfg.trainer.get("max_steps", 0):
         raise ValueError(f"optim.heads_only_steps={optim.heads_only_steps} must be in "
                          f"[0, trainer.max_steps={cfg.trainer.get('max_steps')})")
@@ -343,7 +342,8 @@ def train(cfg: DictConfig) -> Path:
         activation_checkpointing=cfg.activation_checkpointing,
         param_dtype=cfg.fsdp.param_dtype, reduce_dtype=cfg.fsdp.reduce_dtype,
         tokenizer_files=tokenizer_files(tokenizer), init_state=init_state,
-        freeze_trunk=optim.freeze_trunk, heads_only_steps=optim.heads_only_steps,
+        freeze_trunk=optim.freeze_trunk, cache_trunk=optim.cache_trunk,
+        heads_only_steps=optim.heads_only_steps,
         trunk_lr_mult=1.0 if optim.trunk_lr_mult is None else optim.trunk_lr_mult,
         peak_flops=resolve_peak_flops(cfg.trainer.get("peak_flops"), str(cfg.trainer.precision)))
     datamodule = instantiate(cfg.data, tokenizer=tokenizer, seq_len=cfg.seq_len,
