@@ -49,6 +49,16 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); elsewhere bf16 is
+    emulated and slower than float32. False where /proc/cpuinfo cannot be read."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def set_threads(count: int) -> None:
     """torch.set_num_threads, remembered as this module's (not the user's) setting."""
     global _ours

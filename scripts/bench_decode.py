@@ -50,7 +50,7 @@ from mtp.checkpoint import load
 from mtp.generate import HeadsDrafter, engine, generate
 from mtp.generate.decode import DTYPES, decoding_dtype
 from mtp.generate.forward import cached_forward, key_width
-from mtp.generate.measure import time_generate
+from mtp.generate.measure import plain_forward_seconds, time_generate
 from mtp.generate.output import repetition
 from mtp.generate.prompts import read_prompts
 from mtp.generate.tree import find_calibration, resolve_tree
@@ -265,33 +265,6 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
         "batch_size": args.batch_size, "per_k": rows,
         "per_tree": tree_rows}))
-
-
-@torch.inference_mode()
-def plain_forward_seconds(model: MTPModel, width: int, batch: int, context: int = 128,
-                          repeats: int = 15) -> float:
-    """Median seconds of one cached forward over `width` new tokens per row after `context`
-    cached ones (fewer in a short model): the trunk, head 0 and the unembedding of every new
-    token, as the verify pass computes head 0's logits; nothing else of a decode step."""
-    device = next(model.parameters()).device
-    context = min(context, model.config.max_seq_len - width)
-    cache = KVCache(model.config, batch, context + width, device=device,
-                    dtype=next(model.parameters()).dtype)
-    prompt = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
-    cached_forward(model, cache, prompt, torch.zeros(batch, dtype=torch.long, device=device),
-                   key_width(context, cache.max_len))
-    tokens = torch.randint(0, model.config.vocab_size, (batch, width), device=device)
-    lengths = torch.full((batch,), context, device=device)
-    key_len = key_width(context + width, cache.max_len)
-    seconds = []
-    for _ in range(repeats + 2):  # two warm-ups
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        began = time.perf_counter()
-        hidden = cached_forward(model, cache, tokens, lengths, key_len)  # (B, width, 1, D)
-        model.unembed(hidden[:, :, 0]).argmax(-1).tolist()  # the result on the host
-        seconds.append(time.perf_counter() - began)
-    return statistics.median(seconds[2:])
 
 
 if __name__ == "__main__":

@@ -34,10 +34,11 @@ def test_the_experiment_composes_as_documented() -> None:
     cfg = compose(["+experiment=smollm2_medusa1", "run_dir=/tmp/unused",
                    "init_from=/unused/model.gguf"])
     check_settings(cfg)
-    assert (cfg.model.n_future, cfg.model.head_type) == (4, "medusa")
-    assert cfg.optim.freeze_trunk and cfg.tokenizer.kind == "bpe"
+    assert (cfg.model.n_future, cfg.model.head_type) == (4, "block")
+    assert cfg.optim.freeze_trunk and cfg.optim.cache_trunk and cfg.tokenizer.kind == "bpe"
     assert cfg.tokenizer.vocab_size is None  # the checkpoint's
-    assert list(cfg.data.source.paths) == ["data/distill/smollm2.jsonl"]
+    assert list(cfg.data.source.paths) == ["data/distill/functions.jsonl",
+                                           "data/distill/mbpp.jsonl"]
 
 
 def test_init_from_defaults_to_the_installed_package(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,7 +56,7 @@ class EvalConfig(DrafterSpec):
     limit: int | None = None
     seed: int = 0
     device: str = "cpu"
-    dtype: str | None = None  # null: bfloat16 on a GPU, else the checkpoint's
+    dtype: str | None = None  # null: bfloat16 on a GPU, else the checkpoint's; auto: measured
     timeout: float = Limits.timeout
     workers: int | None = None
     isolation: Isolation = "auto"  # sandbox: namespaces | none | auto (namespaces where they work)
@@ -195,6 +195,12 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
         choose_decode_threads(model, tokenizer, items[0][0].prompt, requested=config.threads,
                               batch=min(config.batch_size, len(items)))
     drafter, auto = _choose(config, model, tokenizer, [p.prompt for p, _ in items])
+    if config.dtype == "auto" and items:  # measured at the width of the drafter's steps
+        from mtp.generate.measure import choose_decode_dtype, step_width
+
+        choice = choose_decode_dtype(model, width=step_width(drafter),
+                                     batch=min(config.batch_size, len(items)))
+        print(choice.describe(), file=sys.stderr)
     for start in range(0, len(items), config.batch_size):
         batch = items[start : start + config.batch_size]
         for (problem, index), (completion, stats) in zip(batch, _sample(config, model, tokenizer, task, batch, drafter)):

@@ -33,7 +33,9 @@ to stdout as it is decoded, then prints its statistics to stderr.
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   stop             list of stop strings, e.g. stop='["\\n\\n"]'
   seed             null
-  device, dtype    cpu, null: bfloat16 on a GPU, else the checkpoint's dtype
+  device, dtype    cpu, null: bfloat16 on a GPU, else the checkpoint's dtype; auto: on a
+                   CPU with bf16 arithmetic, float32 or bfloat16, whichever runs the
+                   drafter's step width faster (measured)
   threads          intra-op threads; null: measured on a few decode steps and cached
                    (mtp.threads); OMP_NUM_THREADS also fixes it
 """
@@ -58,7 +60,7 @@ from mtp.generate.prompts import read_prompts
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.spec import DrafterSpec
 from mtp.generate.tree import find_calibration
-from mtp.generate.measure import choose_decode_threads
+from mtp.generate.measure import choose_decode_dtype, choose_decode_threads, step_width
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateArgs(DrafterSpec):
@@ -164,6 +166,8 @@ def main(argv: list[str]) -> None:
             compile=compiled, budget=AUTO_SECONDS)
     if auto is not None:
         print(auto.describe(), file=sys.stderr, flush=True)
+    if args.dtype == "auto":  # measured at the width of the drafter's steps
+        print(choose_decode_dtype(model, width=step_width(drafter)).describe(), file=sys.stderr)
     name = f"auto -> {auto.choice}" if auto is not None else str(drafter or "autoregressive")
     for index, prompt in enumerate(prompts):
         if len(prompts) > 1:

@@ -55,11 +55,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def decoding_dtype(device: str | torch.device, dtype: str | None) -> torch.dtype | None:
-    """The dtype to decode in: `dtype` (a name in DTYPES), else bfloat16 on a GPU, else None
-    (the checkpoint's own)."""
-    if dtype is not None:
+    """The dtype to load a model in for decoding: `dtype` (a name in DTYPES), else bfloat16
+    on a GPU, else None (the checkpoint's own). "auto" on a CPU loads the checkpoint's own
+    and leaves the choice to a measurement at the step's width
+    (`mtp.generate.measure.choose_decode_dtype`)."""
+    if dtype is not None and dtype != "auto":
         if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)} or null, got {dtype!r}")
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, auto or null, got "
+                             f"{dtype!r}")
         return DTYPES[dtype]
     return torch.bfloat16 if torch.device(device).type == "cuda" else None
 

@@ -16,6 +16,8 @@ benchmark script time decoding with it. Every run of `mtp.train` ends with
 
 from __future__ import annotations
 
+import copy
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,12 +26,14 @@ from typing import Any, TypeVar
 import torch
 
 from mtp.generate.decode import generate
-from mtp.generate.drafters import OwnHeads
+from mtp.generate.drafters import Drafter, OwnHeads
+from mtp.generate.forward import cached_forward, key_width
 from mtp.generate.output import DecodeStats, Generation, repetition
 from mtp.generate.spec import heads_drafter
 from mtp.generate.tree import resolve_tree
+from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
-from mtp.threads import ThreadChoice, choose_threads, step_key
+from mtp.threads import ThreadChoice, choose_threads, cpu_has_bf16, step_key
 from mtp.tokenizers import Tokenizer
 
 T = TypeVar("T")
@@ -184,3 +188,77 @@ def choose_decode_threads(model: Any, tokenizer: Any, prompt: str, *, drafter: A
     if param.device.type != "cpu" and requested is None:  # a GPU's step uses no CPU threads
         return ThreadChoice(torch.get_num_threads(), "not measured on " + param.device.type)
     return choose_threads(step, key, requested=requested, budget=budget, unit="calls/s")
+
+
+@torch.inference_mode()
+def plain_forward_seconds(model: MTPModel, width: int, batch: int, context: int = 128,
+                          repeats: int = 15) -> float:
+    """Median seconds of one cached forward over `width` new tokens per row after `context`
+    cached ones (fewer in a short model): the trunk, head 0 and the unembedding of every new
+    token, as the verify pass computes head 0's logits; nothing else of a decode step."""
+    device = next(model.parameters()).device
+    context = min(context, model.config.max_seq_len - width)
+    cache = KVCache(model.config, batch, context + width, device=device,
+                    dtype=next(model.parameters()).dtype)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
+    cached_forward(model, cache, prompt, torch.zeros(batch, dtype=torch.long, device=device),
+                   key_width(context, cache.max_len))
+    tokens = torch.randint(0, model.config.vocab_size, (batch, width), device=device)
+    lengths = torch.full((batch,), context, device=device)
+    key_len = key_width(context + width, cache.max_len)
+    seconds = []
+    for _ in range(repeats + 2):  # two warm-ups
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        began = time.perf_counter()
+        hidden = cached_forward(model, cache, tokens, lengths, key_len)  # (B, width, 1, D)
+        model.unembed(hidden[:, :, 0]).argmax(-1).tolist()  # the result on the host
+        seconds.append(time.perf_counter() - began)
+    return statistics.median(seconds[2:])
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype a CPU decodes in, and the seconds of a plain forward of the step's width in
+    each dtype measured (`choose_decode_dtype`)."""
+
+    dtype: torch.dtype
+    width: int
+    seconds: dict[str, float]  # empty when nothing was measured
+    why: str = ""  # why nothing was measured
+
+    def describe(self) -> str:
+        name = str(self.dtype).removeprefix("torch.")
+        if not self.seconds:
+            return f"dtype: {name} ({self.why})"
+        times = ", ".join(f"{dtype} {s * 1e3:.1f} ms" for dtype, s in self.seconds.items())
+        return f"dtype: {name} (a forward of {self.width} tokens: {times})"
+
+
+def step_width(drafter: Drafter | None) -> int:
+    """Tokens per row a decode step forwards at most: the last one and the drafts."""
+    return 1 if drafter is None else 1 + drafter.max_drafts
+
+
+def choose_decode_dtype(model: MTPModel, *, width: int, batch: int = 1) -> DtypeChoice:
+    """float32 or bfloat16 for decoding `model` on a CPU, whichever runs a plain forward of a
+    step's `width` tokens (`batch` rows) faster, and convert `model` to it.
+
+    On a CPU with bf16 arithmetic (AVX512-BF16, AMX) a bf16 matrix product of a few rows
+    reads half the bytes but gains little over float32 at one row: on the 2-core EPYC of
+    docs/benchmarks.md autoregressive SmolLM2-135M ran 0.93x in bf16, while a verify step of
+    8 tokens ran 1.5x. So the choice depends on the drafter's width, and is measured; a CPU
+    without bf16 arithmetic stays in float32 (bf16 is emulated there), as does a model
+    loaded in another dtype. Greedy output is then the same for every drafter in that dtype
+    up to bf16's near-ties (tests/generate/test_decode.py)."""
+    param = next(model.parameters())
+    if param.device.type != "cpu" or param.dtype != torch.float32:
+        return DtypeChoice(param.dtype, width, {}, "as loaded: not a float32 model on a CPU")
+    if not cpu_has_bf16():
+        return DtypeChoice(param.dtype, width, {}, "this CPU has no bf16 arithmetic")
+    seconds = {"float32": plain_forward_seconds(model, width, batch),
+               "bfloat16": plain_forward_seconds(copy.deepcopy(model).to(torch.bfloat16),
+                                                 width, batch)}
+    if seconds["bfloat16"] < seconds["float32"]:
+        model.to(torch.bfloat16)
+    return DtypeChoice(next(model.parameters()).dtype, width, seconds)

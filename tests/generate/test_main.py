@@ -77,6 +77,16 @@ def test_bf16_generation_runs(checkpoint):
     assert g.stats.new_tokens == 5
 
 
+def test_dtype_auto_says_what_it_measured(checkpoint, capsys):
+    directory, _ = checkpoint
+    main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=4", "k=3",
+          "dtype=auto"])
+    err = capsys.readouterr().err
+    # bf16 is measured only where the CPU has bf16 arithmetic; float32 is measured anyway
+    assert ("dtype: float32 (this CPU has no bf16 arithmetic)" in err
+            or "(a forward of 3 tokens: float32 " in err)
+
+
 def test_default_drafter_is_auto_and_names_its_choice(checkpoint, tmp_path, capsys):
     directory, _ = checkpoint
     choices = tmp_path / "choices.json"

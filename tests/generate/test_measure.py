@@ -105,3 +105,56 @@ def test_held_out_prompts_are_humaneval_prompts_that_leave_room() -> None:
     with pytest.raises(ValueError, match="at least one prompt"):
         measure_decoding(MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4)),
                          tokenizer, [], max_new_tokens=4)
+
+
+def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch) -> None:
+    """dtype=auto on a CPU: bfloat16 only where it measured faster at the drafter's width."""
+    import torch
+
+    import mtp.generate.measure as measure
+
+    model = MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=64,
+                               n_future=4)).eval()
+    weights = {n: p.clone() for n, p in model.state_dict().items()}
+    assert measure.step_width(None) == 1 and measure.step_width(HeadsDrafter(4)) == 4  # k = 4: 3 drafts
+    widths = []
+
+    def timed(at: MTPModel, width: int, batch: int) -> float:
+        widths.append(width)
+        faster = bf16_faster_from <= width
+        return 1.0 if (next(at.parameters()).dtype == torch.bfloat16) == faster else 2.0
+
+    monkeypatch.setattr(measure, "plain_forward_seconds", timed)
+    monkeypatch.setattr(measure, "cpu_has_bf16", lambda: True)
+    bf16_faster_from = 8
+    one = measure.choose_decode_dtype(model, width=1)
+    assert one.dtype == torch.float32 and widths == [1, 1]
+    assert all(torch.equal(p, weights[n]) for n, p in model.state_dict().items())  # untouched
+    assert one.describe() == "dtype: float32 (a forward of 1 tokens: float32 1000.0 ms, " \
+                             "bfloat16 2000.0 ms)"
+    wide = measure.choose_decode_dtype(model, width=9)
+    assert wide.dtype == torch.bfloat16 == next(model.parameters()).dtype
+    again = measure.choose_decode_dtype(model, width=9)  # not float32: nothing to measure
+    assert again.seconds == {} and widths == [1, 1, 9, 9]
+    monkeypatch.setattr(measure, "cpu_has_bf16", lambda: False)  # bf16 emulated: float32
+    plain = MTPModel(model.config).eval()
+    assert measure.choose_decode_dtype(plain, width=9).dtype == torch.float32
+    assert widths == [1, 1, 9, 9]
+
+
+def test_bfloat16_decodes_as_its_autoregressive_output_up_to_near_ties(trained) -> None:
+    """In bfloat16 a wide verify step rounds differently from a one-token step; greedy
+    speculative output then parts from autoregressive output only at a near tie."""
+    import copy
+
+    import torch
+
+    from generate.test_engine import _part_at_near_ties
+    from mtp.generate import PromptLookup
+
+    model = copy.deepcopy(trained).to(torch.bfloat16)
+    prompts = [doc[:8] for doc in DOCS]
+    reference = generate(model, ByteTokenizer(), prompts, max_new_tokens=32)
+    for drafter in (HeadsDrafter(4), PromptLookup(num_draft=4)):
+        got = generate(model, ByteTokenizer(), prompts, max_new_tokens=32, drafter=drafter)
+        _part_at_near_ties(model, prompts, got, reference)
