@@ -33,16 +33,16 @@ import argparse
 import json
 import statistics
 import sysconfig
-import tempfile
 from pathlib import Path
 
 import torch
 
+from mtp.bench.hf import hf_model, static_compiled, time_hf
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
-from mtp.checkpoint import export_hf, load
+from mtp.checkpoint import load
 from mtp.generate import HeadsDrafter
 from mtp.generate.decode import DTYPES, decoding_dtype
-from mtp.generate.measure import time_calls, time_generate
+from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import BPETokenizer, Tokenizer
@@ -62,33 +62,6 @@ def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
     config = MTPConfig(vocab_size=tokenizer.vocab_size, dim=512, n_layers=6, n_heads=8,
                        n_kv_heads=8, n_future=4, max_seq_len=2048)
     return MTPModel(config).eval(), tokenizer
-
-
-def time_hf(model, inputs: list[list[int]], max_new_tokens: int, tokenizer: Tokenizer,
-            **options) -> tuple[float, list[list[int]], None]:
-    """Seconds over all prompts and the new ids of transformers' greedy `generate`."""
-    def decode(_: int, batch: list[list[int]]) -> list[list[int]]:
-        [ids] = batch
-        tensor = torch.tensor([ids], device=model.device)
-        out = model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False,
-                             max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_id,
-                             pad_token_id=tokenizer.pad_id, **options)
-        return [out[0, len(ids):].tolist()]  # waits for the device
-
-    seconds, outputs = time_calls(decode, inputs, 1)
-    return seconds, outputs, None
-
-
-def static_compiled(device: torch.device) -> dict:
-    """transformers' options for its static cache with a compiled forward (CUDA graphs on a
-    GPU). transformers compiles by itself only on accelerators; on a CPU the CompileConfig's
-    `_compile_all_devices` (the flag its `generate` checks) asks it to."""
-    from transformers import CompileConfig
-
-    config = CompileConfig(fullgraph=True)
-    if device.type == "cpu":
-        config._compile_all_devices = True
-    return {"cache_implementation": "static", "compile_config": config}
 
 
 def time_mtp(model, tokenizer, prompts: list[str], max_new_tokens: int, k: int,
@@ -144,9 +117,7 @@ def main() -> None:
         model, tokenizer = load(args.checkpoint, device=device, dtype=dtype)
     prompts = humaneval_prompts(args.humaneval) if args.humaneval else read_prompts(args.prompts)
     inputs = tokenizer.encode_prompts(prompts)  # as mtp's generate
-    with tempfile.TemporaryDirectory() as tmp:
-        export_hf(model, tokenizer, tmp)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype).eval().to(device)
+    hf = hf_model(model, tokenizer)
 
     ks = list(range(2, model.config.n_future + 1))
     methods = {

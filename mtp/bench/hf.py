@@ -1,0 +1,54 @@
+"""transformers on mtp's weights: the model, exported and loaded back, and its timed greedy
+`generate` (scripts/bench_hf.py, scripts/bench_methods.py --hf)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import torch
+
+from mtp.checkpoint import export_hf
+from mtp.generate.measure import time_calls
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
+
+
+def hf_model(model: MTPModel, tokenizer: Tokenizer) -> Any:
+    """transformers' `AutoModelForCausalLM` with `model`'s weights, dtype and device (through
+    `mtp.export_hf`; head 0 only)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    param = next(model.parameters())
+    with tempfile.TemporaryDirectory() as tmp:
+        export_hf(model, tokenizer, tmp)
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=param.dtype).eval().to(param.device)
+
+
+def time_hf(model, inputs: list[list[int]], max_new_tokens: int, tokenizer: Tokenizer,
+            **options) -> tuple[float, list[list[int]], None]:
+    """Seconds over all prompts and the new ids of transformers' greedy `generate`."""
+    def decode(_: int, batch: list[list[int]]) -> list[list[int]]:
+        [ids] = batch
+        tensor = torch.tensor([ids], device=model.device)
+        out = model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_id,
+                             pad_token_id=tokenizer.pad_id, **options)
+        return [out[0, len(ids):].tolist()]  # waits for the device
+
+    seconds, outputs = time_calls(decode, inputs, 1)
+    return seconds, outputs, None
+
+
+def static_compiled(device: torch.device) -> dict:
+    """transformers' options for its static cache with a compiled forward (CUDA graphs on a
+    GPU). transformers compiles by itself only on accelerators; on a CPU the CompileConfig's
+    `_compile_all_devices` (the flag its `generate` checks) asks it to."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=True)
+    if device.type == "cpu":
+        config._compile_all_devices = True
+    return {"cache_implementation": "static", "compile_config": config}
