@@ -13,12 +13,14 @@ from mtp.generate.acceptance import TypicalAcceptance
 from mtp.generate.auto import Auto, choose_drafter
 from mtp.generate.decode import generate
 from mtp.generate.drafters import (Combined, DraftModel, Drafter, Drafts, HeadsDrafter,
-                                   LayerSkip, Lookahead, PromptLookup, SequentialDrafter)
+                                   LayerSkip, Lookahead, OnlineHeads, PromptLookup,
+                                   SequentialDrafter)
 from mtp.generate.output import DecodeStats, Generation
 from mtp.generate.sampling import SamplingConfig
 from mtp.generate.spec import DRAFTERS, DrafterSpec
 
 __all__ = ["DRAFTERS", "Auto", "Combined", "DecodeStats", "DraftModel", "Drafter", "DrafterSpec",
-           "Drafts", "Generation", "HeadsDrafter", "LayerSkip", "Lookahead", "PromptLookup",
+           "Drafts", "Generation", "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads",
+           "PromptLookup",
            "SamplingConfig", "SequentialDrafter", "TypicalAcceptance", "choose_drafter",
            "generate"]

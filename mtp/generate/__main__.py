@@ -19,6 +19,8 @@ to stdout as it is decoded, then prints its statistics to stderr.
                    probability (0: never)
   adaptive         prompt lookup's, draft_model's and layer_skip's drafts per step follow each
                    row's recent acceptance (+2 after a step that kept all, -1 otherwise); false
+  online           the heads learn from the target's output between prompts (prompt_file=):
+                   greedy output unchanged, sampling lossless; false
   max_ngram, min_ngram   prompt lookup's n-gram sizes (4, 2)
   window, ngram, guesses  lookahead's Jacobi window W (5), n-gram size N (4) and the most
                    n-grams G it verifies per step (5)

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from mtp.generate.drafters import (Combined, DraftModel, Drafter, HeadsDrafter, LayerSkip,
-                                   Lookahead, OwnHeads, PromptLookup, SequentialDrafter)
-from mtp.generate.drafters.base import check_threshold
+                                   Lookahead, OnlineHeads, OwnHeads, PromptLookup,
+                                   SequentialDrafter)
+from mtp.generate.drafters.base import check_flag, check_threshold
 from mtp.generate.drafters.layer_skip import SkipChoice, default_skip_file
 from mtp.generate.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
@@ -47,6 +48,7 @@ OPTIONS = {
     "skip": ("layer_skip",),
     "threshold": ("draft_model", "layer_skip"),
     "adaptive": ("prompt_lookup", "heads+prompt_lookup", "draft_model", "layer_skip"),
+    "online": ("heads",),
 }
 
 
@@ -73,6 +75,8 @@ class DrafterSpec:
         its draft's top probability falls below it (0: never).
     adaptive: prompt lookup's, the draft model's and layer skipping's number of drafts
         follows each row's recent acceptance (`drafters.base.DraftBudget`); default false.
+    online: the heads keep learning from the target between calls (`drafters.online`:
+        greedy output unchanged, sampling lossless); default false.
     """
 
     drafter: str = "heads"
@@ -88,6 +92,7 @@ class DrafterSpec:
     skip: Any = None
     threshold: float | None = None
     adaptive: bool | None = None
+    online: bool | None = None
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -114,6 +119,8 @@ class DrafterSpec:
                              "with the heads): use drafter=prompt_lookup")
         if self.threshold is not None:
             check_threshold(self.threshold)
+        if self.online is not None:
+            check_flag("online", self.online)
         if self.drafter == "draft_model" and self.draft_model is None:
             raise ValueError("drafter=draft_model needs draft_model=PATH (a checkpoint that "
                              "shares the tokenizer)")
@@ -155,13 +162,13 @@ class DrafterSpec:
                 raise ValueError(f"a tree needs k from 2 to n_future={n_future}, got k=1")
             tree = resolve_tree(self.tree, k=k, vocab_size=model.config.vocab_size,
                                 calibration=calibration)
-            return heads_drafter(model, k, tree)
+            return heads_drafter(model, k, tree, online=bool(self.online))
         if k == 1:  # heads 1..k-1 draft nothing
             if name == "heads":
                 return None
             raise ValueError(f"drafter={name!r} needs the heads, but the model has one "
                              f"(n_future=1): use drafter=prompt_lookup")
-        heads = heads_drafter(model, k)
+        heads = heads_drafter(model, k, online=bool(self.online))
         return heads if name == "heads" else Combined(heads, self.prompt_lookup())
 
     def with_saved_choice(self, checkpoint: str | Path) -> DrafterSpec:
@@ -203,11 +210,17 @@ class DrafterSpec:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
-def heads_drafter(model: MTPModel, k: int, tree: Tree | None = None) -> OwnHeads:
+def heads_drafter(model: MTPModel, k: int, tree: Tree | None = None, *,
+                  online: bool = False) -> OwnHeads:
     """The model's own heads as the drafter (`drafter=heads`): parallel heads draft at once
-    (`HeadsDrafter`), sequential modules one depth after another (`SequentialDrafter`)."""
-    kind = SequentialDrafter if model.config.head_type == "sequential" else HeadsDrafter
-    return kind(k, tree)
+    (`HeadsDrafter`, `OnlineHeads` learning as they go), sequential modules one depth after
+    another (`SequentialDrafter`)."""
+    if model.config.head_type != "sequential":
+        return OnlineHeads(k, tree) if online else HeadsDrafter(k, tree)
+    if online:
+        raise ValueError("online=true trains parallel heads; model.head_type='sequential' "
+                         "modules draft a chain that cannot learn online here")
+    return SequentialDrafter(k, tree)
 
 
 def make_drafter(model: MTPModel, drafter: Drafter | DrafterSpec | str | None) -> Drafter | None:

@@ -4,7 +4,7 @@ A 4-token model is small enough to enumerate every continuation of 3 tokens and 
 probability under autoregressive sampling; 10,000 sampled generations must match it, whoever
 drafts: the heads (parallel, or sequential modules drafting one depth after another), a
 separate draft model (its own q), the model with a layer skipped (its own q, on the target's
-cache), prompt lookup and lookahead (one-hot q). Eager steps cut a
+cache), prompt lookup and lookahead (one-hot q), heads that learn between calls. Eager steps cut a
 chain to the batch's longest real proposal (`engine.py`): prompt lookup with room for 8 drafts
 and the draft model combined with it run that cut step at most steps.
 """
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from mtp.generate import (Combined, DecodeStats, DraftModel, HeadsDrafter, LayerSkip,
-                          Lookahead, PromptLookup, SamplingConfig, SequentialDrafter, generate)
+                          Lookahead, OnlineHeads, PromptLookup, SamplingConfig,
+                          SequentialDrafter, generate)
 from mtp.generate.sampling import probabilities
 from mtp.generate.tree import Tree
 from mtp.model import MTPConfig, MTPModel
@@ -176,3 +177,18 @@ def test_layer_skipping_drafts_losslessly(drafter):
     if drafter.threshold:  # unsure drafts were never verified: fewer nodes than a full chain
         pooled = DecodeStats.pooled([g.stats for g in generations])
         assert pooled.nodes_verified < 4 * pooled.forward_passes - 3 * len(generations)
+
+
+def test_heads_that_learn_between_calls_draft_losslessly(model):
+    """Online heads: each call's q comes from heads the earlier calls trained; the pooled
+    samples of five calls still follow head 0."""
+    exact = _exact(model, [EOS, 0, 1], NUCLEUS, depth=3)
+    online = OnlineHeads(3, lr=5e-2, steps=2)
+    before = [p.clone() for p in model.heads[1].parameters()]
+    generations = []
+    for call in range(5):
+        generations += generate(model, DigitTokenizer(), ["01"] * (N // 5), max_new_tokens=3,
+                                sampling=NUCLEUS, seed=call, drafter=online)
+    assert online.learnt == 8
+    assert any(not torch.equal(p, q) for p, q in zip(model.heads[1].parameters(), before))
+    _assert_distribution(generations, exact)

@@ -2,8 +2,9 @@
 
 `heads.py` (the model's parallel heads), `sequential.py` (sequential modules, DeepSeek-V3's
 MTP), `draft_model.py`, `layer_skip.py` (the model itself with layers skipped),
-`prompt_lookup.py`, `lookahead.py` (Jacobi iteration and an n-gram pool) and `combined.py`
-(several drafters, the longest draft per sequence);
+`prompt_lookup.py`, `lookahead.py` (Jacobi iteration and an n-gram pool), `combined.py`
+(several drafters, the longest draft per sequence) and `online.py` (heads that learn while
+they draft);
 `mtp.generate.spec` builds them from names and options.
 """
 
@@ -13,8 +14,9 @@ from mtp.generate.drafters.draft_model import DraftModel
 from mtp.generate.drafters.heads import HeadsDrafter, OwnHeads
 from mtp.generate.drafters.layer_skip import LayerSkip
 from mtp.generate.drafters.lookahead import Lookahead
+from mtp.generate.drafters.online import OnlineHeads
 from mtp.generate.drafters.prompt_lookup import PromptLookup
 from mtp.generate.drafters.sequential import SequentialDrafter
 
 __all__ = ["Combined", "DraftModel", "Drafter", "Drafts", "HeadsDrafter", "LayerSkip",
-           "Lookahead", "OwnHeads", "PromptLookup", "SequentialDrafter", "Verified"]
+           "Lookahead", "OnlineHeads", "OwnHeads", "PromptLookup", "SequentialDrafter", "Verified"]

@@ -1,0 +1,116 @@
+"""Heads that keep learning while they draft: online speculative decoding (Liu et al. 2023).
+
+The target verifies every draft anyway, and what it commits is what it would have said
+alone: the text a deployment serves is the drafter's best teacher. `OnlineHeads` drafts as
+`HeadsDrafter` does and keeps each sequence it drafted for; at the start of the next
+`generate` call (a stream of prompts, a chat's next turn) it takes `steps` optimizer steps
+on the heads it drafts with, distilling from the target:
+
+    trunk and head 0 over the finished sequences, no gradient:  p_t = softmax(head 0 at t)
+    head i's distribution at t:                                  q_i,t
+    loss = sum over heads i = 1..depth of mean_t KL(p_{t+i} || q_i,t)
+
+Head 0 at t + i predicts the token head i predicts at t, so p_{t+i} is the target's own
+distribution for that token, soft labels that hold for sampling as well as greedy decoding.
+Only heads 1..depth change: the trunk, head 0, the norm and the unembedding (what verifies)
+have no gradient, so greedy output stays the target's and sampling stays lossless at every
+call, whatever the heads have learnt (tests/generate/drafters/test_online.py). Learning
+happens between calls, never inside one: a call's stacked heads and head caches are built
+from one set of weights.
+
+Its cost is a forward of the trunk over the finished text and a backward through the heads,
+once per call; the Adam state lives as long as the drafter. Parallel heads only (medusa,
+resblock, linear, block): sequential modules read the tokens ahead, a chain this loss does
+not train.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from mtp.generate.drafters.base import Verified, check_positive
+from mtp.generate.drafters.heads import HeadsDrafter
+from mtp.generate.sampling import SamplingConfig
+from mtp.generate.tree import Tree
+from mtp.kv_cache import KVCache
+from mtp.model import MTPModel
+
+
+class OnlineHeads(HeadsDrafter):
+    """`HeadsDrafter` whose heads 1..depth learn from each call's finished sequences, at the
+    start of the next call (`lr`: AdamW's learning rate; `steps`: optimizer steps each time)."""
+
+    def __init__(self, k: int, tree: Tree | None = None, *, lr: float = 1e-4,
+                 steps: int = 1) -> None:
+        super().__init__(k, tree)
+        if not lr > 0:
+            raise ValueError(f"online learning rate must be > 0, got lr={lr!r}")
+        self.lr, self.steps = lr, check_positive("steps", steps)
+        self.learnt = 0  # optimizer steps taken so far
+        self._texts: list[list[int]] = []  # this call's sequences, prompt and new tokens
+        self._rows: list[int] = []  # the sequence of each batch row
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + ", online)"
+
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        if self._texts:
+            self.learn(model, self._texts)
+        self._texts = [list(prompt) for prompt in prompts]
+        self._rows = list(range(len(prompts)))
+        super().start(model, prompts, cache, sampling, generator)
+
+    def update(self, step: Verified) -> None:
+        for row, ids in enumerate(step.new_ids or []):
+            self._texts[self._rows[row]].extend(ids)
+        super().update(step)
+
+    def keep(self, rows: list[int]) -> None:
+        self._rows = [self._rows[row] for row in rows]
+        super().keep(rows)
+
+    def learn(self, model: MTPModel, texts: list[list[int]]) -> float:
+        """`steps` optimizer steps of heads 1..depth on `texts` (token ids); the last step's
+        loss (before it)."""
+        heads = [p for i in range(1, self.tree.depth + 1) for p in model.heads[i].parameters()]
+        if self._optimizer is None:
+            self._optimizer = torch.optim.AdamW(heads, lr=self.lr, weight_decay=0.0)
+        device = heads[0].device
+        total = 0.0
+        with torch.inference_mode(False), torch.enable_grad():
+            for p in heads:
+                p.requires_grad_(True)
+            texts = [ids[-model.config.max_seq_len:] for ids in texts]
+            by_length: dict[int, list[list[int]]] = {}
+            for ids in texts:  # texts of one length run as one batch
+                by_length.setdefault(len(ids), []).append(ids)
+            for _ in range(self.steps):
+                total = 0.0
+                for group in by_length.values():
+                    tokens = torch.tensor(group, device=device)
+                    loss = self._loss(model, tokens) * len(group) / len(texts)
+                    if loss.requires_grad:  # one-token texts teach nothing
+                        loss.backward()
+                    total += loss.item()
+                self._optimizer.step()
+                self._optimizer.zero_grad(set_to_none=True)
+                self.learnt += 1
+        return total
+
+    def _loss(self, model: MTPModel, tokens: torch.Tensor) -> torch.Tensor:
+        """Sum over heads 1..depth of the mean KL(target || head) over the positions of a
+        batch of equally long texts (B, T), averaged over the texts."""
+        with torch.no_grad():
+            trunk = model.trunk(tokens)
+            target = F.log_softmax(model.unembed(model.head(trunk, 0)).float(), dim=-1)
+        loss = torch.zeros((), device=tokens.device)
+        for i in range(1, min(self.tree.depth, tokens.shape[1] - 1) + 1):
+            head = F.log_softmax(model.unembed(model.head(trunk, i), i).float(), dim=-1)
+            loss = loss + F.kl_div(head[:, :-i], target[:, i:], log_target=True,
+                                   reduction="batchmean") / (tokens.shape[1] - i)  # per text
+        return loss
