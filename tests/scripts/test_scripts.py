@@ -81,6 +81,17 @@ def test_bench_hf(tiny, tmp_path) -> None:
     assert out["mtp_spec_tokens_per_forward"] >= 1.0
 
 
+def test_bench_online(tiny, tmp_path) -> None:
+    checkpoint, prompts = tiny
+    table, out = run_script("bench_online", "--checkpoint", str(checkpoint), "--prompts",
+                            str(prompts), "--max-new-tokens", "6", "--k", "3", "--window", "1",
+                            "--lr", "1e-3", cwd=tmp_path)
+    assert out["identical"] and out["prompts"] == 3 and len(table) == 2 + 2
+    for arm in ("frozen", "online"):
+        assert 1.0 <= out[arm]["tokens_per_forward"] <= 3.0
+    assert out["frozen"]["optimizer_steps"] == 0 and out["online"]["optimizer_steps"] == 2
+
+
 def test_bench_dtype(tiny, tmp_path) -> None:
     checkpoint, _ = tiny
     table, out = run_script("bench_dtype", "--checkpoint", str(checkpoint), "--widths", "1", "4",

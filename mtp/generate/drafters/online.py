@@ -26,6 +26,7 @@ not train.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -50,6 +51,7 @@ class OnlineHeads(HeadsDrafter):
             raise ValueError(f"online learning rate must be > 0, got lr={lr!r}")
         self.lr, self.steps = lr, check_positive("steps", steps)
         self.learnt = 0  # optimizer steps taken so far
+        self.seconds = 0.0  # time spent learning
         self._texts: list[list[int]] = []  # this call's sequences, prompt and new tokens
         self._rows: list[int] = []  # the sequence of each batch row
         self._optimizer: torch.optim.Optimizer | None = None
@@ -81,7 +83,7 @@ class OnlineHeads(HeadsDrafter):
         if self._optimizer is None:
             self._optimizer = torch.optim.AdamW(heads, lr=self.lr, weight_decay=0.0)
         device = heads[0].device
-        total = 0.0
+        total, began = 0.0, time.perf_counter()
         with torch.inference_mode(False), torch.enable_grad():
             for p in heads:
                 p.requires_grad_(True)
@@ -100,6 +102,7 @@ class OnlineHeads(HeadsDrafter):
                 self._optimizer.step()
                 self._optimizer.zero_grad(set_to_none=True)
                 self.learnt += 1
+        self.seconds += time.perf_counter() - began
         return total
 
     def _loss(self, model: MTPModel, tokens: torch.Tensor) -> torch.Tensor:
