@@ -177,7 +177,7 @@ def choose_decode_threads(model: Any, tokenizer: Any, prompt: str, *, drafter: A
     """`choose_threads` for decoding with `model`: the step is a short `generate` call (8 new
     tokens after the prompt's first 64 characters, `batch` rows) with `drafter`."""
     param = next(model.parameters())
-    width = 1 if drafter is None else drafter.tree.n_nodes
+    width = step_width(drafter)
     key = step_key("decode", model.config.to_dict(), width=width, batch=batch,
                    dtype=param.dtype, device=param.device.type)
     prompts = [prompt[:64]] * batch
