@@ -290,7 +290,7 @@ class Block(nn.Module):
     leading dimension (linear weights (k, out, in), biases (k, out), norm weights
     (k, 1, 1, D); `block_index` the slice of their cache slots): x is then (k, B, T, D),
     or (B, T, D) read by all k. Decoding stacks the heads' blocks so
-    (`mtp.generate.forward.StackedHeads`): one implementation of the block for both.
+    (`mtp.decode.forward.StackedHeads`): one implementation of the block for both.
     """
 
     def __init__(self, config: MTPConfig, block_index: int | slice) -> None:
@@ -364,7 +364,7 @@ def tokens_ahead(tokens: Tensor, k: int, length: int) -> Tensor:
     """What sequential module k reads under teacher forcing: (B, length), at position t the
     token tokens[:, t + k], and token 0 past the end of `tokens` (B, L).
 
-    Where it exists this is head k - 1's target (`mtp.loss.shift_targets`); past the end that
+    Where it exists this is head k - 1's target (`mtp.train.loss.shift_targets`); past the end that
     target is ignored, and so is every later one of module k, so the 0 never trains.
     """
     ahead = tokens[:, k:k + length]
@@ -554,7 +554,7 @@ class MTPModel(nn.Module):
         chain = self.config.head_type == "sequential" and max(heads) > 0
         if chain and cache is not None:
             raise ValueError("a cached forward runs head 0 only for sequential heads: their "
-                             "modules need the tokens ahead (see mtp.generate.drafters.sequential)")
+                             "modules need the tokens ahead (see mtp.decode.drafters.sequential)")
         h = self.trunk(tokens, cache=cache, step=step)
         if chain:
             states = self.head_states(h, tokens, max(heads) + 1)

@@ -6,7 +6,7 @@ thread even on an idle machine, SmolLM2-135M's does; and when another process ho
 every parallel region of a step waits for a thread that is not running. So the count is
 measured: `choose_threads` runs a step at each count from 1 to the cores available, the
 counts taking turns (about a second in all for decoding; the training loop measures its own
-first steps, `mtp.pace`), keeps the fastest (the fewest threads within 5% of it: noise, and
+first steps, `mtp.train.pace`), keeps the fastest (the fewest threads within 5% of it: noise, and
 cores left to others), sets it, prints it in one line and caches it in `<cache_dir>/threads.json` (`mtp.paths.cache_dir`)
 keyed by what it depends on: the model's shape, dtype and device, the step's width and batch,
 the machine (CPU, cores, OpenMP wait policy) and its load (the load average rounded to whole

@@ -31,7 +31,7 @@ prompt-sized context (`--batch-size` rows): the arithmetic of the step's width. 
 `forward_cost` adds to it is the engine's own overhead (drafting, the heads, acceptance,
 the host read).
 `repeated` is the share of output tokens inside an 8-gram that the same output already
-produced (`mtp.generate.output.repetition`): how repetitive (degenerate) the text that the
+produced (`mtp.decode.output.repetition`): how repetitive (degenerate) the text that the
 figures come from is.
 """
 
@@ -47,13 +47,14 @@ import torch
 
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
 from mtp.checkpoint import load
-from mtp.generate import HeadsDrafter, engine, generate
-from mtp.generate.decode import DTYPES, decoding_dtype
-from mtp.generate.forward import cached_forward, key_width
+from mtp.decode import engine
+from mtp.generate import HeadsDrafter, generate
+from mtp.decode.loop import DTYPES, decoding_dtype
+from mtp.decode.forward import cached_forward, key_width
 from mtp.generate.measure import plain_forward_seconds, time_generate
-from mtp.generate.output import repetition
+from mtp.decode.output import repetition
 from mtp.generate.prompts import read_prompts
-from mtp.generate.tree import find_calibration, resolve_tree
+from mtp.decode.tree import find_calibration, resolve_tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer

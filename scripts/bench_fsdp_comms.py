@@ -1,5 +1,5 @@
 """FSDP2 collectives per optimizer step under the headwise backward, with and without
-`mtp.parallel.gradient_sync`.
+`mtp.train.parallel.gradient_sync`.
 
 Runs one optimizer step (after a warm-up step) on 2 gloo CPU ranks, or on every GPU of the
 machine with NCCL (`--device cuda`), and counts the all-gathers and reduce-scatters FSDP
@@ -25,9 +25,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mtp.bench.shape import add_shape_arguments
-from mtp.loss import autograd_backward, mtp_loss
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.parallel import end_spawned_rank, gradient_sync, parallelize
+from mtp.train.parallel import end_spawned_rank, gradient_sync, parallelize
 
 COLLECTIVES = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
 

@@ -52,12 +52,12 @@ from mtp.bench.prompts import humaneval_prompts
 from mtp.checkpoint import load
 from mtp.generate import DrafterSpec, SamplingConfig
 from mtp.generate.measure import time_generate
-from mtp.generate.output import repeated_share
-from mtp.loss import autograd_backward, mtp_loss
+from mtp.decode.output import repeated_share
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.optim import build_optimizer
+from mtp.train.optim import build_optimizer
 from mtp.tokenizers import ByteTokenizer
-from mtp.train import compose, model_config
+from mtp.train.run import compose, model_config
 
 REPO = Path(__file__).resolve().parents[1]
 HEAD_TYPES = ("block", "sequential")

@@ -18,7 +18,7 @@ greedy) by
 - mtp with k = 1 (autoregressive) and with every k from 2 to n_future (self-speculative),
   its decode step compiled with `--compile` (`compiled` in the JSON line).
 mtp encodes a prompt with `tokenizer.encode_prompt` (EOS first for models mtp trained, see
-mtp/generate/decode.py); transformers gets exactly the same input ids, and both stop at EOS or after --max-new-tokens. After a warm-up, repeats run every
+mtp/decode/loop.py); transformers gets exactly the same input ids, and both stop at EOS or after --max-new-tokens. After a warm-up, repeats run every
 method in turn (slow drifts of the machine hit all alike); figures are medians over repeats of
 new tokens per second over all prompts. The compiled methods first decode every prompt once,
 untimed, so that each shape they meet is compiled before the timing. `identical` says whether every method produced the
@@ -41,7 +41,7 @@ from mtp.bench.hf import hf_model, static_compiled, time_hf
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
 from mtp.checkpoint import load
 from mtp.generate import HeadsDrafter
-from mtp.generate.decode import DTYPES, decoding_dtype
+from mtp.decode.loop import DTYPES, decoding_dtype
 from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
 from mtp.model import MTPConfig, MTPModel

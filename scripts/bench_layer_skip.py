@@ -27,9 +27,9 @@ from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
 from mtp.checkpoint import load
 from mtp.generate import LayerSkip
-from mtp.generate.drafters.layer_skip import SkipChoice, default_skip_file
+from mtp.decode.drafters.layer_skip import SkipChoice, default_skip_file
 from mtp.generate.measure import time_generate
-from mtp.generate.output import repetition
+from mtp.decode.output import repetition
 from mtp.generate.skip_search import draft_share
 
 DEFAULT_PROMPTS = [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45]

@@ -1,7 +1,7 @@
 """Peak memory and time of one training step: next-token vs n-token (naive, headwise, chunked).
 
 `sequential` is the headwise loss with sequential heads (DeepSeek-V3's modules,
-`model.head_type=sequential`): the chain's backward of `mtp.loss`, which keeps each module's
+`model.head_type=sequential`): the chain's backward of `mtp.train.loss`, which keeps each module's
 activations until its backward.
 
 With `--activation-checkpointing none trunk all` each variant also runs with its trunk (or
@@ -45,9 +45,9 @@ def run_variant(args: argparse.Namespace) -> dict:
     """One forward + backward of the chosen variant in this process; its memory and time."""
     import torch
 
-    from mtp.loss import autograd_backward, mtp_loss
+    from mtp.train.loss import autograd_backward, mtp_loss
     from mtp.model import MTPConfig, MTPModel
-    from mtp.parallel import apply_activation_checkpointing
+    from mtp.train.parallel import apply_activation_checkpointing
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

@@ -54,12 +54,12 @@ from mtp.checkpoint import load
 from mtp.generate import (Auto, Combined, DraftModel, HeadsDrafter, LayerSkip, Lookahead,
                           PromptLookup, SamplingConfig, generate)
 from mtp.generate.auto import auto_trees
-from mtp.generate.decode import DTYPES
-from mtp.generate.drafters.layer_skip import SkipChoice
+from mtp.decode.loop import DTYPES
+from mtp.decode.drafters.layer_skip import SkipChoice
 from mtp.generate.measure import time_generate
-from mtp.generate.output import repetition
+from mtp.decode.output import repetition
 from mtp.generate.prompts import read_prompts
-from mtp.generate.tree import find_calibration, resolve_tree
+from mtp.decode.tree import find_calibration, resolve_tree
 
 DRAFT_MODEL_COMMAND = __doc__.rsplit("\n\n", 1)[1].strip()
 METHOD_KINDS = ("heads", "trees", "prompt_lookup", "lookahead", "draft_model", "layer_skip",

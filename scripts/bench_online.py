@@ -7,7 +7,7 @@ Each prompt is decoded alone (batch 1, greedy), one `generate` call after anothe
 server meets them: once by `HeadsDrafter(k)` with the checkpoint's heads as they are, once by
 `OnlineHeads(k)` (`drafter=heads online=true`), which takes `--steps` optimizer steps on
 heads 1..k-1 after each call, distilling from the target's distributions over what it
-served (mtp/generate/drafters/online.py). Both start from the same weights; greedy output
+served (mtp/decode/drafters/online.py). Both start from the same weights; greedy output
 must be identical between them (and is checked). Reported: tokens per forward over the
 stream and over its first and last `--window` prompts, tokens/s with and without the
 learning's time, and the share of the output repeating an earlier 16-gram. Prints a table,
@@ -28,7 +28,7 @@ from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
 from mtp.checkpoint import load
 from mtp.generate import HeadsDrafter, OnlineHeads, generate
-from mtp.generate.output import repetition
+from mtp.decode.output import repetition
 from mtp.generate.prompts import read_prompts
 
 

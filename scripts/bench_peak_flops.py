@@ -1,7 +1,7 @@
 """This machine's matrix-product peak in float32 and bfloat16: the denominator of CPU MFU.
 
 Times square `torch.mm` products (best of repeats over a few seconds per size, after a
-warm-up) with torch's threads, as `mtp.flops.measure_peak_flops` does when a run sets
+warm-up) with torch's threads, as `mtp.train.flops.measure_peak_flops` does when a run sets
 `trainer.peak_flops=cpu`. Prints a table, then one JSON line with the best figure per dtype.
 
     python scripts/bench_peak_flops.py
@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from mtp.flops import measure_peak_flops
+from mtp.train.flops import measure_peak_flops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -63,7 +63,7 @@ def build(model_name: str):
     from mtp.model import MTPModel
     from mtp.paths import smollm2_gguf
     from mtp.tokenizers import ByteTokenizer
-    from mtp.train import compose, model_config
+    from mtp.train.run import compose, model_config
 
     if model_name == "smollm2":
         return load(smollm2_gguf())

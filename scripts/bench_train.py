@@ -7,7 +7,7 @@ cost of the extra heads), and n=1 compute-matched (the same blocks per token: wh
 trains against byte8). The step-time ratios compare n headwise (the default) with each n=1
 variant. `--vocab-size` sets the vocabulary (default the byte tokenizer's 262; a BPE model's
 32000 is the paper's shape, where the heads' unembeddings cost the most), with random token
-ids. MFU is model FLOPs (`mtp.flops`) per second over the peak: `--peak-flops` (a number or
+ids. MFU is model FLOPs (`mtp.train.flops`) per second over the peak: `--peak-flops` (a number or
 a preset such as h100-bf16), by default this device's measured matrix-product peak in the
 run's precision (the better of a measurement before and one after the steps). On a CPU every
 variant's model lives at once and the timed steps go round the variants, so a shared
@@ -33,13 +33,13 @@ from functools import partial
 
 import torch
 
-from mtp.flops import flops_per_token, measure_peak_flops, mfu, resolve_peak_flops
-from mtp.lit import compile_blocks
-from mtp.loss import autograd_backward, mtp_loss
+from mtp.train.flops import flops_per_token, measure_peak_flops, mfu, resolve_peak_flops
+from mtp.train.lit import compile_blocks
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.optim import build_optimizer
+from mtp.train.optim import build_optimizer
 from mtp.tokenizers import ByteTokenizer
-from mtp.train import compose, model_config
+from mtp.train.run import compose, model_config
 
 PRECISIONS = ("32-true", "bf16-mixed")  # Lightning's names for what the trainer runs
 

@@ -39,7 +39,7 @@ from mtp.data.benchmarks import load_task
 from mtp.eval import EvalConfig, evaluate
 from mtp.eval.passk import mean_pass_at_k
 from mtp.jsonl import read_jsonl
-from mtp.generate.decode import DTYPES, decoding_dtype
+from mtp.decode.loop import DTYPES, decoding_dtype
 from mtp.interop.gguf import is_gguf
 
 

@@ -108,7 +108,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
     from mtp.checkpoint import load
     from mtp.eval.synthetic import score
-    from mtp.train import compose, train
+    from mtp.train.run import compose, train
 
     run_dir = Path(spec["run_dir"])
     began = time.perf_counter()
@@ -167,7 +167,7 @@ def check_plan(specs: list[dict[str, Any]]) -> None:
 
     from mtp.eval.synthetic import check_task
     from mtp.tokenizers import ByteTokenizer
-    from mtp.train import check_settings, compose, model_config
+    from mtp.train.run import check_settings, compose, model_config
 
     for spec in specs:
         cfg = compose(spec["overrides"])
@@ -185,7 +185,7 @@ def prepare(specs: list[dict[str, Any]]) -> None:
     from hydra.utils import instantiate
 
     from mtp.tokenizers import ByteTokenizer
-    from mtp.train import compose
+    from mtp.train.run import compose
 
     done = set()
     for spec in specs:

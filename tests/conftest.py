@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from mtp.loss import autograd_backward, mtp_loss
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 

@@ -12,12 +12,12 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mtp.data import InstalledSource, StdlibSource
-from mtp.loss import autograd_backward, mtp_loss
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPModel
-from mtp.optim import build_optimizer
+from mtp.train.optim import build_optimizer
 from mtp.paths import CONF_DIR
 from mtp.tokenizers import ByteTokenizer
-from mtp.train import CONTEXT, build_trainer, check_settings, compose, model_config
+from mtp.train.run import CONTEXT, build_trainer, check_settings, compose, model_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))

@@ -4,7 +4,7 @@ Every ```python block runs (in a scratch directory; a block that needs a GPU, th
 minutes is preceded by `<!-- not tested: REASON -->`), and every `python -m mtp...` and
 `python scripts/...` command line of a code block parses: `mtp.train` and `mtp.eval` compose
 their Hydra configs with the line's overrides, `mtp.generate`, `mtp.convert` and
-`mtp.generate.calibrate` parse their arguments, and argparse commands (scripts, `mtp.plots`,
+`mtp.generate.calibrate` parse their arguments, and argparse commands (scripts, `mtp.train.plots`,
 `mtp.bench`) run up to the end of their argument parsing. Nothing trains, loads or decodes
 beyond what a Python block does itself.
 """
@@ -197,7 +197,7 @@ def command_lines() -> list[Command]:
 
 def check_train(argv: list[str]) -> None:
     """`python -m mtp.train ...`: the composed config resolves and passes the settings check."""
-    from mtp.train import check_settings, compose
+    from mtp.train.run import check_settings, compose
 
     overrides = [a for a in argv if not a.startswith("-") and a not in ("job", "hydra", "all")]
     for override in overrides:

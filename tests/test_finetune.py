@@ -16,16 +16,16 @@ from torch.utils.data import DataLoader
 
 import mtp
 from mtp.checkpoint import export, export_hf
-from mtp.finetune import grow_heads, grown_config
+from mtp.train.finetune import grow_heads, grown_config
 from mtp.generate import DrafterSpec, generate
 from mtp.interop.hf import HEADS_LAYOUT_FILE
-from mtp.lit import MTPLitModule
-from mtp.loss import autograd_backward, mtp_loss
+from mtp.train.lit import MTPLitModule
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.parallel import end_spawned_rank, parallelize
+from mtp.train.parallel import end_spawned_rank, parallelize
 from mtp.paths import REPO_ROOT
 from mtp.tokenizers import ByteTokenizer
-from mtp.train import check_settings, compose, train
+from mtp.train.run import check_settings, compose, train
 
 from conftest import recite  # tests/ is on the path: the shared tiny-model trainer
 

@@ -5,8 +5,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from mtp.flops import PEAK_FLOPS, flops_per_token, mfu, resolve_peak_flops
-from mtp.loss import autograd_backward, mtp_loss
+from mtp.train.flops import PEAK_FLOPS, flops_per_token, mfu, resolve_peak_flops
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mtp.generate.forward import StackedHeads, hidden_states
+from mtp.decode.forward import StackedHeads, hidden_states
 from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPModel
 

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
-from mtp.lit import MTPLitModule, NonFiniteLossError
+from mtp.train.lit import MTPLitModule, NonFiniteLossError
 from mtp.model import MTPConfig
 
 SEQ_LEN = 32

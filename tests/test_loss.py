@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtp.loss import IGNORE_INDEX, autograd_backward, mtp_loss, shift_targets
+from mtp.train.loss import IGNORE_INDEX, autograd_backward, mtp_loss, shift_targets
 from mtp.model import MTPConfig, MTPModel
 
 
@@ -195,7 +195,7 @@ def test_sequential_modules_read_the_tokens_ahead_and_never_the_padding():
 def test_sequential_modules_under_activation_checkpointing_give_the_same_gradients():
     """`activation_checkpointing=all` is how the chain's backward keeps only each module's
     input: the gradients must not change."""
-    from mtp.parallel import apply_activation_checkpointing
+    from mtp.train.parallel import apply_activation_checkpointing
 
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64,
                        n_future=3, head_type="sequential")

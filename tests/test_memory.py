@@ -1,13 +1,13 @@
-"""mtp.memory: the step-memory lower bound holds, and a run that cannot fit fails first."""
+"""mtp.train.memory: the step-memory lower bound holds, and a run that cannot fit fails first."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from mtp.memory import ACTIVATION_BYTES, GIB, check_fits, count_parameters, step_memory
+from mtp.train.memory import ACTIVATION_BYTES, GIB, check_fits, count_parameters, step_memory
 from mtp.model import MTPConfig, MTPModel
-from mtp.train import compose, train
+from mtp.train.run import compose, train
 
 
 def saved_activation_bytes(config: MTPConfig, batch: int, seq_len: int) -> int:

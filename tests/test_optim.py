@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mtp.optim import LRSchedule, build_scheduler, lr_factor
+from mtp.train.optim import LRSchedule, build_scheduler, lr_factor
 
 STEPS = dict(warmup_steps=50, total_steps=400, min_lr_ratio=0.1)
 

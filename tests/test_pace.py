@@ -1,4 +1,4 @@
-"""A training run that knows its pace (`mtp.pace`): the starved-run warning, the undertrained
+"""A training run that knows its pace (`mtp.train.pace`): the starved-run warning, the undertrained
 summary, and the thread count measured on the first steps."""
 
 import json
@@ -11,7 +11,7 @@ import torch
 import mtp.threads as threads
 from mtp.data.packing import PackedBlocks
 from mtp.paths import REPO_ROOT
-from mtp.train import compose, train
+from mtp.train.run import compose, train
 
 
 @pytest.fixture(scope="module")

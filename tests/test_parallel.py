@@ -1,7 +1,7 @@
 """FSDP2 on 2 CPU ranks (gloo): the single-process gradients, one reduce-scatter per parameter.
 
 One pair of processes runs every case (starting them is most of the cost); each case trains
-one optimizer step of `accumulate` micro-batches through `mtp.parallel.gradient_sync`, as
+one optimizer step of `accumulate` micro-batches through `mtp.train.parallel.gradient_sync`, as
 `MTPLitModule.training_step` does, and reports its gradients and the collectives it issued.
 """
 
@@ -18,9 +18,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
-from mtp.loss import autograd_backward, mtp_loss
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.parallel import (apply_activation_checkpointing, end_spawned_rank, gradient_sync,
+from mtp.train.parallel import (apply_activation_checkpointing, end_spawned_rank, gradient_sync,
                           mixed_precision, parallelize)
 
 WORLD = 2

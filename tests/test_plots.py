@@ -6,9 +6,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from mtp.lit import MTPLitModule
+from mtp.train.lit import MTPLitModule
 from mtp.model import MTPConfig
-from mtp.plots import MetricsHistory, read_metrics_csv, write_metrics_csv, write_plots
+from mtp.train.plots import MetricsHistory, read_metrics_csv, write_metrics_csv, write_plots
 
 
 def _fit_without_logger(config: MTPConfig, steps: int) -> MetricsHistory:

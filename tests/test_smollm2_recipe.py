@@ -15,7 +15,7 @@ from omegaconf.errors import InterpolationResolutionError
 import mtp
 import mtp.paths
 from mtp.convert import main as convert
-from mtp.train import check_settings, compose, train
+from mtp.train.run import check_settings, compose, train
 
 transformers = pytest.importorskip("transformers")
 from gguf_files import T, byte_level_vocab, write_gguf  # noqa: E402 (tests/ is on the path)

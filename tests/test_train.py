@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import mtp
-from mtp.lit import MTPLitModule
+from mtp.train.lit import MTPLitModule
 from mtp.paths import REPO_ROOT
-from mtp.plots import read_metrics_csv
-from mtp.train import compose, train
+from mtp.train.plots import read_metrics_csv
+from mtp.train.run import compose, train
 
 
 @pytest.fixture(scope="module")

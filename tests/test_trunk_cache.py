@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from mtp.lit import MTPLitModule
-from mtp.loss import autograd_backward, mtp_loss
+from mtp.train.lit import MTPLitModule
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.trunk_cache import TrunkCache
+from mtp.train.trunk_cache import TrunkCache
 
 SEQ = 16
 

@@ -43,7 +43,7 @@ class PackedBlocks(torch.utils.data.Dataset):
             raise IndexError(f"block {j} out of range for {len(self)} blocks")
         start = j * self.seq_len
         block = np.asarray(self.stream[start : start + self.seq_len + self.n_future], dtype=np.int64)
-        # The index names the block for a cache of its frozen trunk output (`mtp.trunk_cache`).
+        # The index names the block for a cache of its frozen trunk output (`mtp.train.trunk_cache`).
         return {"tokens": torch.from_numpy(block), "index": torch.tensor(j)}  # (T + n_future,)
 
 

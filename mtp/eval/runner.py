@@ -24,7 +24,7 @@ from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
 from mtp.eval.sandbox import ExecResult, Isolation, Limits, Sandbox
 from mtp.data.benchmarks import Problem, Task, load_task
-from mtp.generate.spec import DrafterSpec
+from mtp.decode.spec import DrafterSpec
 
 AUTO_PROMPTS = 4  # drafter=auto measures its candidates on at least this many of the run's prompts
 AUTO_SECONDS = 30.0  # and spends at most this long, and at most 10% of the run's expected time
@@ -77,8 +77,8 @@ class EvalConfig(DrafterSpec):
                 f"give exactly one of checkpoint= (generate) and samples= (score a file), got "
                 f"checkpoint={self.checkpoint!r}, samples={self.samples!r}"
             )
-        from mtp.generate.acceptance import typical_thresholds
-        from mtp.generate.decode import decoding_compile, decoding_dtype
+        from mtp.decode.acceptance import typical_thresholds
+        from mtp.decode.loop import decoding_compile, decoding_dtype
 
         typical_thresholds(self.acceptance)
         decoding_dtype(self.device, self.dtype)
@@ -167,7 +167,7 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
     """Generate the missing samples in batches of `batch_size` (several problems and several
     samples of one problem together) and execute them; returns the decoding used."""
     from mtp.checkpoint import load
-    from mtp.generate.decode import decoding_dtype
+    from mtp.decode.loop import decoding_dtype
 
     model, tokenizer = load(config.checkpoint, device=config.device,
                             dtype=decoding_dtype(config.device, config.dtype))
@@ -228,7 +228,7 @@ def _choose(config: EvalConfig, model, tokenizer, prompts: list[str]):
     """
     from mtp.generate import SamplingConfig
     from mtp.generate.auto import choose_drafter, default_choice_file
-    from mtp.generate.tree import find_calibration
+    from mtp.decode.tree import find_calibration
 
     if config.measured and not prompts:  # every sample is done: nothing to measure on
         return None, None
@@ -352,7 +352,7 @@ def evaluate_synthetic(config: EvalConfig) -> dict[str, Any]:
     """`python -m mtp.eval task=polynomial|induction`: score the checkpoint, write one record
     per problem (or story) to `config.output`, print a table and a final JSON line."""
     from mtp.checkpoint import load
-    from mtp.generate.decode import decoding_dtype
+    from mtp.decode.loop import decoding_dtype
 
     model, tokenizer = load(config.checkpoint, device=config.device,
                             dtype=decoding_dtype(config.device, config.dtype))

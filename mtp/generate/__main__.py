@@ -54,14 +54,14 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mtp.checkpoint import load
-from mtp.generate.acceptance import typical_thresholds
+from mtp.decode.acceptance import typical_thresholds
 from mtp.generate.auto import choose_drafter, default_choice_file
-from mtp.generate.decode import decoding_compile, decoding_dtype, generate
-from mtp.generate.output import DecodeStats
+from mtp.decode.loop import decoding_compile, decoding_dtype, generate
+from mtp.decode.output import DecodeStats
 from mtp.generate.prompts import read_prompts
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.spec import DrafterSpec
-from mtp.generate.tree import find_calibration
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.spec import DrafterSpec
+from mtp.decode.tree import find_calibration
 from mtp.generate.measure import choose_decode_dtype, choose_decode_threads, step_width
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,13 +38,13 @@ from pathlib import Path
 
 import torch
 
-from mtp.generate.drafters import Combined, DraftModel, Drafter, OwnHeads, PromptLookup
-from mtp.generate.drafters.base import check_positive
+from mtp.decode.drafters import Combined, DraftModel, Drafter, OwnHeads, PromptLookup
+from mtp.decode.drafters.base import check_positive
 from mtp.generate.measure import time_generate
-from mtp.generate.output import Generation
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.spec import AUTOREGRESSIVE, DrafterSpec, heads_drafter
-from mtp.generate.tree import Calibration, Tree, resolve_tree
+from mtp.decode.output import Generation
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.spec import AUTOREGRESSIVE, DrafterSpec, heads_drafter
+from mtp.decode.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 from mtp.paths import cache_dir
 from mtp.tokenizers import Tokenizer

@@ -41,9 +41,9 @@ import torch
 from omegaconf import MISSING
 
 from mtp.checkpoint import load
-from mtp.generate.decode import DTYPES, generate
+from mtp.decode.loop import DTYPES, generate
 from mtp.generate.prompts import read_prompts
-from mtp.generate.tree import Calibration, Tree
+from mtp.decode.tree import Calibration, Tree
 from mtp.model import MTPModel
 from mtp.paths import REPO_ROOT
 from mtp.tokenizers import Tokenizer

@@ -11,7 +11,7 @@ output is (`output.repetition`), so a speed-up on degenerate text is seen as suc
 `time_generate` is the one generate-and-time loop: this measurement, auto's choice and every
 benchmark script time decoding with it. Every run of `mtp.train` ends with
 `measure_decoding` (summary.json's "decode", on held-out HumanEval prompts chosen by
-`mtp.summary`); scripts/bench_decode.py measures the same with repeats and more options.
+`mtp.train.summary`); scripts/bench_decode.py measures the same with repeats and more options.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from mtp.generate.decode import generate
-from mtp.generate.drafters import Drafter, OwnHeads
-from mtp.generate.forward import cached_forward, key_width
-from mtp.generate.output import DecodeStats, Generation, repetition
-from mtp.generate.spec import heads_drafter
-from mtp.generate.tree import resolve_tree
+from mtp.decode.loop import generate
+from mtp.decode.drafters import Drafter, OwnHeads
+from mtp.decode.forward import cached_forward, key_width
+from mtp.decode.output import DecodeStats, Generation, repetition
+from mtp.decode.spec import heads_drafter
+from mtp.decode.tree import resolve_tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.threads import ThreadChoice, choose_threads, cpu_has_bf16, step_key

@@ -51,10 +51,10 @@ import torch
 
 from mtp.checkpoint import load
 from mtp.generate.calibrate import CheckpointCalibration, greedy_texts
-from mtp.generate.decode import DTYPES, generate
-from mtp.generate.drafters.base import check_positive
-from mtp.generate.drafters.layer_skip import LayerSkip, SkipChoice, default_skip_file
-from mtp.generate.output import DecodeStats
+from mtp.decode.loop import DTYPES, generate
+from mtp.decode.drafters.base import check_positive
+from mtp.decode.drafters.layer_skip import LayerSkip, SkipChoice, default_skip_file
+from mtp.decode.output import DecodeStats
 from mtp.generate.prompts import read_prompts
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer

@@ -2,11 +2,11 @@
 
 import torch
 
-from mtp.generate.acceptance import Draws
-from mtp.generate.acceptance import accept as accept_drafts
-from mtp.generate.drafters.base import Drafts
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.tree import Tree
+from mtp.decode.acceptance import Draws
+from mtp.decode.acceptance import accept as accept_drafts
+from mtp.decode.drafters.base import Drafts
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.tree import Tree
 
 
 def accept(drafts, target, generator=None):

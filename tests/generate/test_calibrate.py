@@ -11,7 +11,7 @@ from mtp.generate.__main__ import main as generate_main
 from mtp.generate import DrafterSpec
 from mtp.generate.auto import make_auto
 from mtp.generate.calibrate import acceptance_rates, main, path_frequencies, truth_ranks
-from mtp.generate.tree import Calibration, Tree, find_calibration
+from mtp.decode.tree import Calibration, Tree, find_calibration
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from mtp.generate import DecodeStats, DrafterSpec, HeadsDrafter, SamplingConfig, generate
-from mtp.generate.forward import prefill
-from mtp.generate.decode import SequenceOutput
-from mtp.generate.tree import Calibration, resolve_tree
+from mtp.decode.forward import prefill
+from mtp.decode.loop import SequenceOutput
+from mtp.decode.tree import Calibration, resolve_tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -230,7 +230,7 @@ def test_tokenizer_must_match_the_model(tiny_config):
 
 
 def test_the_step_is_compiled_by_default_on_a_gpu_only() -> None:
-    from mtp.generate.decode import decoding_compile
+    from mtp.decode.loop import decoding_compile
 
     assert decoding_compile("cuda", None) and decoding_compile("cuda:1", None)
     assert not decoding_compile("cpu", None)

@@ -1,4 +1,4 @@
-"""One decode step reads in a few files: a call tracer counts the files of mtp/generate/ that
+"""One decode step reads in a few files: a call tracer counts the files of mtp/decode/ that
 one greedy chain step (HeadsDrafter(k=4), batch 1, eager) enters, after warm-up."""
 
 import sys
@@ -6,16 +6,16 @@ from pathlib import Path
 
 import torch
 
-import mtp.generate
+import mtp.decode
 from mtp.generate import HeadsDrafter, generate
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
 
-PACKAGE = Path(mtp.generate.__file__).parent
+PACKAGE = Path(mtp.decode.__file__).parent
 
 
 def _step_files(model: MTPModel, step: int) -> set[str]:
-    """The files under mtp/generate/ that decode step `step` (counted from 1 by the drafter's
+    """The files under mtp/decode/ that decode step `step` (counted from 1 by the drafter's
     proposals) enters, from its proposal up to the next one."""
     propose = HeadsDrafter.propose.__code__
     proposals, files = 0, set()
@@ -48,6 +48,6 @@ def test_one_chain_step_enters_five_files(tiny_config):
     torch.manual_seed(0)
     model = MTPModel(tiny_config).eval()
     files = _step_files(model, step=3)
-    assert files <= {"decode.py", "engine.py", "forward.py", "acceptance.py",
+    assert files <= {"loop.py", "engine.py", "forward.py", "acceptance.py",
                      "drafters/heads.py"}, sorted(files)
     assert len(files) <= 5

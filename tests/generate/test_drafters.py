@@ -9,7 +9,7 @@ import torch
 
 from mtp.generate import (Auto, Combined, DraftModel, DrafterSpec, HeadsDrafter, PromptLookup,
                           SamplingConfig, choose_drafter, generate)
-from mtp.generate.drafters.prompt_lookup import NgramIndex
+from mtp.decode.drafters.prompt_lookup import NgramIndex
 from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import BPETokenizer, ByteTokenizer

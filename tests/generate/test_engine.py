@@ -9,10 +9,10 @@ seconds; a slow test compiles for real, and GPU tests (marked `gpu`) capture CUD
 import pytest
 import torch
 
-import mtp.generate.engine as engine
+import mtp.decode.engine as engine
 from mtp.generate import (Combined, DraftModel, DrafterSpec, HeadsDrafter, LayerSkip,
                           Lookahead, PromptLookup, SamplingConfig, generate)
-from mtp.generate.engine import rebuild_size
+from mtp.decode.engine import rebuild_size
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 

@@ -8,7 +8,7 @@ import weakref
 import pytest
 import torch
 
-from mtp.generate.forward import StackedHeads, hidden_states, stacked_heads
+from mtp.decode.forward import StackedHeads, hidden_states, stacked_heads
 from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPConfig, MTPModel
 

@@ -6,9 +6,9 @@ import pytest
 from mtp.generate import HeadsDrafter, SamplingConfig, generate
 from mtp.generate.measure import format_decoding, measure_decoding, time_calls, time_generate
 from mtp.model import MTPConfig, MTPModel
-from mtp.summary import decode_prompts, held_out_prompts
+from mtp.train.summary import decode_prompts, held_out_prompts
 from mtp.tokenizers import ByteTokenizer
-from mtp.train import compose, model_config
+from mtp.train.run import compose, model_config
 from conftest import DOCS  # tests/ is on the path
 
 

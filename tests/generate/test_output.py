@@ -2,7 +2,7 @@
 
 
 def test_repeated_share():
-    from mtp.generate.output import repeated_share, repetition
+    from mtp.decode.output import repeated_share, repetition
 
     assert repeated_share([1, 2, 3, 4, 5, 6], 2) == 0.0
     assert repeated_share([7, 7, 7, 7], 2) == 0.75  # (7, 7) again at 1 and 2: 1..3

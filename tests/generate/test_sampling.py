@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
+from mtp.decode.sampling import SamplingConfig, exponential, probabilities, sample
 
 
 @pytest.mark.parametrize("kwargs, message", [

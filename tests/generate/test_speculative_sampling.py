@@ -15,8 +15,8 @@ import torch
 from mtp.generate import (Combined, DecodeStats, DraftModel, HeadsDrafter, LayerSkip,
                           Lookahead, OnlineHeads, PromptLookup, SamplingConfig,
                           SequentialDrafter, generate)
-from mtp.generate.sampling import probabilities
-from mtp.generate.tree import Tree
+from mtp.decode.sampling import probabilities
+from mtp.decode.tree import Tree
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
 

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-from mtp.generate.acceptance import Draws, TypicalAcceptance, accept
-from mtp.generate.drafters.base import Drafts
-from mtp.generate.drafters.heads import draft
-from mtp.generate.sampling import SamplingConfig, exponential
-from mtp.generate.tree import Calibration, Tree, find_calibration, resolve_tree
+from mtp.decode.acceptance import Draws, TypicalAcceptance, accept
+from mtp.decode.drafters.base import Drafts
+from mtp.decode.drafters.heads import draft
+from mtp.decode.sampling import SamplingConfig, exponential
+from mtp.decode.tree import Calibration, Tree, find_calibration, resolve_tree
 
 MEDUSA_LIKE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 

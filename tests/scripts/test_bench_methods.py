@@ -43,7 +43,7 @@ def test_bench_methods_table_plot_and_json(tiny_config, tmp_path):
 
 
 def test_bench_methods_subset_with_layer_skipping_and_adaptive_drafts(tmp_path):
-    from mtp.generate.drafters.layer_skip import SkipChoice
+    from mtp.decode.drafters.layer_skip import SkipChoice
     from mtp.model import MTPConfig
 
     config = MTPConfig(vocab_size=262, dim=32, n_layers=3, n_heads=4, max_seq_len=64)

@@ -31,7 +31,7 @@ def test_vocab_size_and_n_future_set_the_measured_shape(capsys) -> None:
     """--vocab-size 1000 --n-future 4: the models trained (and their MFU's FLOPs) have them."""
     import importlib.util
 
-    from mtp.flops import flops_per_token
+    from mtp.train.flops import flops_per_token
     from mtp.model import MTPConfig
 
     spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)

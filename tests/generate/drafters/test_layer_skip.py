@@ -10,7 +10,7 @@ import torch
 from mtp.checkpoint import export
 from mtp.generate import DraftModel, DrafterSpec, LayerSkip, PromptLookup, generate
 from mtp.generate.__main__ import main as generate_main
-from mtp.generate.drafters.layer_skip import SKIP_FILE, SkipChoice, default_skip_file
+from mtp.decode.drafters.layer_skip import SKIP_FILE, SkipChoice, default_skip_file
 from mtp.generate.skip_search import (best_step, draft_share, kept_shares, nested_counts,
                                      search)
 from mtp.generate.skip_search import main as search_main
@@ -180,7 +180,7 @@ def test_layer_skip_without_a_choice_says_how_to_make_one(deep):
 
 
 def test_the_draft_budget_follows_acceptance():
-    from mtp.generate.drafters.base import DraftBudget, Verified
+    from mtp.decode.drafters.base import DraftBudget, Verified
 
     budget = DraftBudget(6, rows=3)
     budget.counts = [3, 3, 6]

@@ -7,11 +7,11 @@ import torch
 from mtp.checkpoint import export
 from mtp.generate import Combined, DrafterSpec, HeadsDrafter, Lookahead, generate
 from mtp.generate.__main__ import main
-from mtp.generate.acceptance import accept
-from mtp.generate.drafters.base import Verified
-from mtp.generate.forward import hidden_states, prefill
-from mtp.generate.drafters.lookahead import NgramPool, layout
-from mtp.generate.sampling import SamplingConfig
+from mtp.decode.acceptance import accept
+from mtp.decode.drafters.base import Verified
+from mtp.decode.forward import hidden_states, prefill
+from mtp.decode.drafters.lookahead import NgramPool, layout
+from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer

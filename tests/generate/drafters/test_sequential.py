@@ -5,12 +5,12 @@ ragged batches, the static step, drafts equal to the teacher-forced modules', ba
 import pytest
 import torch
 
-import mtp.generate.engine as engine
+import mtp.decode.engine as engine
 from mtp.generate import DrafterSpec, HeadsDrafter, SequentialDrafter, generate
 from mtp.generate.auto import choose_drafter
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.forward import StackedHeads
-from mtp.generate.tree import Tree
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.forward import StackedHeads
+from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer

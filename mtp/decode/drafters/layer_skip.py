@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from mtp.generate.drafters.base import (DraftBudget, Drafter, Drafts, DraftSequence, Verified,
+from mtp.decode.drafters.base import (DraftBudget, Drafter, Drafts, DraftSequence, Verified,
                                         check_flag, check_positive, check_threshold,
                                         draft_options)
-from mtp.generate.forward import cached_forward, key_width
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.tree import Tree
+from mtp.decode.forward import cached_forward, key_width
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer

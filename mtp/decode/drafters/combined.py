@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.generate.drafters.base import Drafter, Drafts, Verified
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.tree import Tree
+from mtp.decode.drafters.base import Drafter, Drafts, Verified
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer

@@ -32,10 +32,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from mtp.generate.drafters.base import Verified, check_positive
-from mtp.generate.drafters.heads import HeadsDrafter
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.tree import Tree
+from mtp.decode.drafters.base import Verified, check_positive
+from mtp.decode.drafters.heads import HeadsDrafter
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 

@@ -57,12 +57,12 @@ import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mtp.generate.acceptance import Draws, TypicalAcceptance, accept
-from mtp.generate.drafters.base import Drafts, Verified
-from mtp.generate.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
+from mtp.decode.acceptance import Draws, TypicalAcceptance, accept
+from mtp.decode.drafters.base import Drafts, Verified
+from mtp.decode.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
                                   stacked_heads)
-from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
-from mtp.generate.tree import Tree, TreeBuffers
+from mtp.decode.sampling import SamplingConfig, exponential, probabilities, sample
+from mtp.decode.tree import Tree, TreeBuffers
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
 

@@ -41,10 +41,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mtp.generate.drafters.base import Drafts, Verified
-from mtp.generate.drafters.heads import OwnHeads, ranked
-from mtp.generate.forward import key_width
-from mtp.generate.sampling import SamplingConfig, exponential
+from mtp.decode.drafters.base import Drafts, Verified
+from mtp.decode.drafters.heads import OwnHeads, ranked
+from mtp.decode.forward import key_width
+from mtp.decode.sampling import SamplingConfig, exponential
 from mtp.kv_cache import CacheStep, KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer

@@ -19,9 +19,9 @@ import torch
 from omegaconf import DictConfig
 
 from mtp.checkpoint import load
-from mtp.generate.decode import decoding_dtype
+from mtp.decode.loop import decoding_dtype
 from mtp.generate.measure import measure_decoding
-from mtp.generate.tree import resolve_tree
+from mtp.decode.tree import resolve_tree
 from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer
 

@@ -22,12 +22,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from mtp.generate.drafters import (Combined, DraftModel, Drafter, HeadsDrafter, LayerSkip,
+from mtp.decode.drafters import (Combined, DraftModel, Drafter, HeadsDrafter, LayerSkip,
                                    Lookahead, OnlineHeads, OwnHeads, PromptLookup,
                                    SequentialDrafter)
-from mtp.generate.drafters.base import check_flag, check_threshold
-from mtp.generate.drafters.layer_skip import SkipChoice, default_skip_file
-from mtp.generate.tree import Calibration, Tree, resolve_tree
+from mtp.decode.drafters.base import check_flag, check_threshold
+from mtp.decode.drafters.layer_skip import SkipChoice, default_skip_file
+from mtp.decode.tree import Calibration, Tree, resolve_tree
 from mtp.model import MTPModel
 
 AUTOREGRESSIVE = "autoregressive"

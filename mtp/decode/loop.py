@@ -40,13 +40,13 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.generate.acceptance import Acceptance, typical_thresholds
-from mtp.generate.drafters.base import Autoregressive, Drafter, Verified
-from mtp.generate.engine import Engine, rebuild_size
-from mtp.generate.output import DecodeStats, FinishReason, Generation, TextCallback
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.spec import DrafterSpec, make_drafter
-from mtp.generate.tree import Tree
+from mtp.decode.acceptance import Acceptance, typical_thresholds
+from mtp.decode.drafters.base import Autoregressive, Drafter, Verified
+from mtp.decode.engine import Engine, rebuild_size
+from mtp.decode.output import DecodeStats, FinishReason, Generation, TextCallback
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.spec import DrafterSpec, make_drafter
+from mtp.decode.tree import Tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 

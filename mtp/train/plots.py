@@ -5,7 +5,7 @@ the logger (none included), and saves them in checkpoints so a resumed run plots
 history. At the end of a run `write_plots` writes `<run>/plots/`: `metrics.csv` (the
 history), `loss.png` and `accuracy.png` (training and validation, one curve per head) and
 `lr.png`. The same plots from a metrics CSV (this one, or Lightning's CSVLogger
-`<run>/logs/metrics.csv`): `python -m mtp.plots METRICS_CSV OUT_DIR`.
+`<run>/logs/metrics.csv`): `python -m mtp.train.plots METRICS_CSV OUT_DIR`.
 """
 
 from __future__ import annotations

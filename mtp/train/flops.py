@@ -14,7 +14,7 @@ T = seq_len and a multiply-add as 2 FLOPs:
     training               3 * forward              backward = 2 x forward (input and weight
                                                     gradients of every product)
 
-The trunk runs once and each head once, so this holds for every loss mode (`mtp.loss`);
+The trunk runs once and each head once, so this holds for every loss mode (`mtp.train.loss`);
 the input embedding is a lookup (no FLOPs). Attention is counted over the full T x T
 score matrix, the convention of PaLM's MFU (Chowdhery et al. 2022, appendix B), torchtitan
 and `torch.utils.flop_counter`, although a causal kernel skips about half of it. This is

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtp.generate.drafters.base import Drafts
-from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
-from mtp.generate.tree import Tree, TreeBuffers
+from mtp.decode.drafters.base import Drafts
+from mtp.decode.sampling import SamplingConfig, exponential, probabilities, sample
+from mtp.decode.tree import Tree, TreeBuffers
 
 ACCEPTANCE = ("exact", "typical")
 

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.generate.drafters.base import (DraftBudget, Drafter, Drafts, Verified, check_flag,
+from mtp.decode.drafters.base import (DraftBudget, Drafter, Drafts, Verified, check_flag,
                                         check_positive)
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.tree import Tree
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 

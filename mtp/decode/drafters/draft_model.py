@@ -24,12 +24,12 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.generate.drafters.base import (DraftBudget, Drafter, Drafts, DraftSequence, Verified,
+from mtp.decode.drafters.base import (DraftBudget, Drafter, Drafts, DraftSequence, Verified,
                                         check_flag, check_positive, check_threshold,
                                         draft_options)
-from mtp.generate.forward import cached_forward, key_width, prefill
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.tree import Tree
+from mtp.decode.forward import cached_forward, key_width, prefill
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer

@@ -144,7 +144,7 @@ def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
         early_exit: LayerSkip's early-exit term at trunk layer e (module docstring), from 1
             to n_layers - 1; None: none. early_exit_weight: its weight.
         trunk_out: the trunk's output (B, seq_len, D) for these tokens, computed before (a
-            frozen trunk's, `mtp.trunk_cache`): the trunk does not run, and gets no gradient.
+            frozen trunk's, `mtp.train.trunk_cache`): the trunk does not run, and gets no gradient.
     """
     n = model.config.n_future
     if mode not in LOSS_MODES:

@@ -1,4 +1,4 @@
-"""The LightningModule: manual optimisation around `mtp.loss.mtp_loss`.
+"""The LightningModule: manual optimisation around `mtp.train.loss.mtp_loss`.
 
 Manual optimisation, because the headwise loss runs its own backward passes (one per head,
 then one through the trunk) through `manual_backward`; Lightning's automatic loop would want
@@ -7,9 +7,9 @@ a single loss tensor and so the naive, n-times-the-logits-memory backward.
 One optimizer step = `accumulate` micro-batches; each is weighted 1/accumulate so the
 gradient is the mean over them. `trainer.global_step` counts optimizer steps, so
 `trainer.max_steps` and the LR schedule are in optimizer steps. The schedule also ends by
-`trainer.max_time` when that comes first (`mtp.optim.lr_factor`): its clock is Lightning's
+`trainer.max_time` when that comes first (`mtp.train.optim.lr_factor`): its clock is Lightning's
 `Timer`, which checkpoints restore, so a resumed run continues the same schedule.
-Under FSDP2 the model is built on the meta device, sharded by `mtp.parallel.parallelize`
+Under FSDP2 the model is built on the meta device, sharded by `mtp.train.parallel.parallelize`
 and then initialised.
 """
 
@@ -23,13 +23,13 @@ import torch
 from lightning.pytorch.callbacks import Timer
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-from mtp.flops import flops_per_token, mfu
-from mtp.loss import LOSS_MODES, LossOutput, check_early_exit, mtp_loss
+from mtp.train.flops import flops_per_token, mfu
+from mtp.train.loss import LOSS_MODES, LossOutput, check_early_exit, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.optim import LRSchedule, build_optimizer, build_scheduler, schedules
-from mtp.parallel import (apply_activation_checkpointing, check_options, gradient_sync,
+from mtp.train.optim import LRSchedule, build_optimizer, build_scheduler, schedules
+from mtp.train.parallel import (apply_activation_checkpointing, check_options, gradient_sync,
                           mixed_precision, parallelize)
-from mtp.trunk_cache import TrunkCache
+from mtp.train.trunk_cache import TrunkCache
 
 
 def compile_blocks(model: MTPModel) -> None:
@@ -50,10 +50,10 @@ class MTPLitModule(L.LightningModule):
     Args:
         model: `MTPConfig.to_dict()` of the model to train (JSON-safe, saved in checkpoints).
         seq_len: input tokens per block; batches are (B, seq_len + n_future).
-        loss_mode: "headwise", "naive" or "chunked" (see `mtp.loss`); same gradients.
+        loss_mode: "headwise", "naive" or "chunked" (see `mtp.train.loss`); same gradients.
         loss_weights: per-head weights (default all 1).
         early_exit, early_exit_weight: LayerSkip's early-exit term at that trunk layer, with
-            that weight (`mtp.loss`); None: none.
+            that weight (`mtp.train.loss`); None: none.
         lr, weight_decay, betas, eps: AdamW; no decay on norm gains or biases.
         warmup_steps, min_lr_ratio: linear warm-up, then cosine down to lr * min_lr_ratio at
             `max_steps` (default: the trainer's max_steps) or at the trainer's `max_time`,
@@ -62,14 +62,14 @@ class MTPLitModule(L.LightningModule):
         accumulate: micro-batches per optimizer step.
         compile: `torch.compile` every transformer block.
         activation_checkpointing: "none", "trunk" or "all": blocks that recompute their
-            activations in backward (`mtp.parallel.apply_activation_checkpointing`).
+            activations in backward (`mtp.train.parallel.apply_activation_checkpointing`).
         param_dtype, reduce_dtype: FSDP2's mixed precision under a device mesh
-            (`mtp.parallel.mixed_precision`; "auto" follows the trainer's precision).
+            (`mtp.train.parallel.mixed_precision`; "auto" follows the trainer's precision).
         peak_flops: the hardware's peak FLOPs/s per device, to log `train/mfu` against
-            (`mtp.flops`); None logs no MFU.
+            (`mtp.train.flops`); None logs no MFU.
         tokenizer_files: the tokenizer's saved files (name -> text), stored in every
             checkpoint so a `.ckpt` alone can be loaded for inference.
-        init_state: initial weights (a full state dict, e.g. `mtp.finetune.grow_heads`)
+        init_state: initial weights (a full state dict, e.g. `mtp.train.finetune.grow_heads`)
             instead of random ones; not saved in the hyperparameters.
         freeze_trunk: Medusa-1: the base model (`MTPModel.is_base_parameter`) gets no
             gradients, no optimizer state and no backward pass; only heads 1..n-1 train.
@@ -77,7 +77,7 @@ class MTPLitModule(L.LightningModule):
         heads_only_steps: optimizer steps at the start in which only heads 1..n-1 train (the
             trunk is not backpropagated and the base's learning rate is 0).
         cache_trunk: with `freeze_trunk`, each training block's trunk output is computed once
-            and kept (`mtp.trunk_cache`): later epochs run the heads alone.
+            and kept (`mtp.train.trunk_cache`): later epochs run the heads alone.
     """
 
     def __init__(self, model: dict[str, Any], *, seq_len: int, loss_mode: str = "headwise",

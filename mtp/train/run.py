@@ -2,12 +2,12 @@
 
 `train(cfg)` is the whole job (tests call it with a composed config): settings are checked
 before anything heavy runs (a GPU run whose step cannot fit the device's memory included:
-`mtp.memory`), the tokenizer is built (or loaded), the data prepared, the model trained with
+`mtp.train.memory`), the tokenizer is built (or loaded), the data prepared, the model trained with
 Lightning, validated once more, exported for inference (`mtp.load`), its per-head curves
 plotted to `<run>/plots/`, and its export's greedy decoding of held-out prompts measured on
 the training device (`decode.*`). On a CPU the first steps measure the thread count
 (`threads=N` fixes it), and a run whose `trainer.max_time` cannot carry 80% of its steps says
-so at once (`mtp.pace`). The summary, printed and in `<run>/summary.json` (`mtp.summary`),
+so at once (`mtp.train.pace`). The summary, printed and in `<run>/summary.json` (`mtp.train.summary`),
 says when and why a run stopped before `trainer.max_steps` (e.g. the `trainer.max_time`
 guard: the model is then undertrained, and it says how much of the recipe ran).
 """
@@ -34,17 +34,17 @@ from omegaconf.errors import InterpolationResolutionError
 
 from mtp.checkpoint import check_vocab, export, load, tokenizer_files
 from mtp.data import build_tokenizer
-from mtp.finetune import NEW_HEADS, grow_heads, grown_config
-from mtp.flops import resolve_peak_flops
+from mtp.train.finetune import NEW_HEADS, grow_heads, grown_config
+from mtp.train.flops import resolve_peak_flops
 from mtp.generate.measure import format_decoding
-from mtp.lit import MTPLitModule
-from mtp.memory import check_fits, count_parameters, step_memory
+from mtp.train.lit import MTPLitModule
+from mtp.train.memory import check_fits, count_parameters, step_memory
 from mtp.model import MTPConfig
-from mtp.pace import PaceCheck, ThreadSearch
-from mtp.parallel import check_options
+from mtp.train.pace import PaceCheck, ThreadSearch
+from mtp.train.parallel import check_options
 from mtp.paths import CONF_DIR, require_smollm2_gguf
-from mtp.plots import MetricsHistory, write_plots
-from mtp.summary import (SUMMARY_FILE, decode_export, decode_metrics, decode_prompts,
+from mtp.train.plots import MetricsHistory, write_plots
+from mtp.train.summary import (SUMMARY_FILE, decode_export, decode_metrics, decode_prompts,
                          val_figures, write_summary)
 from mtp.threads import cpu_has_bf16, set_threads, step_key
 from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
@@ -199,7 +199,7 @@ def check_settings(cfg: DictConfig) -> None:
 
 def check_device_memory(cfg: DictConfig, config: MTPConfig) -> None:
     """Refuse, before any data or training, a GPU run whose step cannot fit the GPU's memory
-    (`mtp.memory`'s lower bound; parameters and optimizer state sharded under a strategy)."""
+    (`mtp.train.memory`'s lower bound; parameters and optimizer state sharded under a strategy)."""
     if cfg.trainer.get("accelerator") not in ("gpu", "cuda", "auto") or \
             not torch.cuda.is_available():
         return
@@ -394,6 +394,3 @@ def main(cfg: DictConfig) -> None:
             raise
         sys.exit(f"error: {error.__cause__}")
 
-
-if __name__ == "__main__":
-    main()

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
-from mtp.generate.sampling import SamplingConfig, exponential, probabilities
-from mtp.generate.tree import Tree, TreeBuffers
+from mtp.decode.drafters.base import Drafter, Drafts, Verified, check_positive
+from mtp.decode.sampling import SamplingConfig, exponential, probabilities
+from mtp.decode.tree import Tree, TreeBuffers
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer

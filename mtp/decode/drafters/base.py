@@ -27,7 +27,7 @@ The decode loop (`decode.py`), in the drafter's words:
         drafter.update(verified)                 commit: what the forward verified and kept
         drafter.keep(rows)                       now and then: finished sequences leave
 
-The drafters are this package's other modules (see its `__init__`); `mtp.generate.spec`
+The drafters are this package's other modules (see its `__init__`); `mtp.decode.spec`
 builds them from names and options.
 """
 
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtp.generate.sampling import SamplingConfig, exponential, probabilities, sample
-from mtp.generate.tree import Tree
+from mtp.decode.sampling import SamplingConfig, exponential, probabilities, sample
+from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer

@@ -50,9 +50,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp.generate.drafters.base import Drafter, Drafts, Verified, check_positive
-from mtp.generate.sampling import SamplingConfig
-from mtp.generate.tree import Tree
+from mtp.decode.drafters.base import Drafter, Drafts, Verified, check_positive
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 
