@@ -1,0 +1,107 @@
+"""The one command-line grammar of mtp: `python -m mtp.X [COMMAND] key=value ...`.
+
+Every command reads its arguments as Hydra's overrides, the grammar `python -m mtp.train`
+takes (quote values with spaces or punctuation: prompt='def f(x):'; lists as [a,b]; null),
+onto a typed dataclass, its schema (`parse`). An unknown key, a value of the wrong type and a
+value its schema's checks refuse are one-line errors naming the key, before anything loads;
+`main` prints them as `error: ...` and exits with status 1. `--help` prints the command's
+docstring, which lists its keys.
+
+Two more rules every command shares:
+- dtypes are named one way (`DTYPES`; `parse_dtype`): float32, bfloat16, float16, or null for
+  the checkpoint's own; where a command can measure the choice, `auto` (`AUTO`).
+- `auto` is the one spelling of "measured": drafter=auto, k=auto, dtype=auto, threads=auto.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar
+
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+AUTO = "auto"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+Schema = TypeVar("Schema")
+
+
+def overrides(argv: list[str]) -> dict[str, Any]:
+    """key=value arguments (Hydra's grammar) as a mapping of keys to Python values."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(argv))
+    except HydraException as error:
+        raise ValueError(f"bad arguments {argv}: {_one_line(error)}") from error
+    values: dict[str, Any] = {}
+    for override in parsed:
+        if override.is_delete() or override.is_add() or override.is_force_add():
+            raise ValueError(f"{override.input_line!r}: write key=value (no +, ++ or ~ here)")
+        values[override.key_or_group] = override.value()
+    return values
+
+
+def parse(argv: list[str], schema: type[Schema], *, extra: Collection[str] = (),
+          extra_field: str | None = None) -> Schema:
+    """The dataclass `schema` with its defaults overridden by `argv` (key=value), checked.
+
+    Keys in `extra` are not fields of the schema: they are collected into the mapping field
+    `extra_field` (a drafter's options, which the drafters declare themselves).
+    """
+    values = overrides(argv)
+    collected = {key: values.pop(key) for key in list(values) if key in extra}
+    if extra_field is not None:
+        values[extra_field] = collected
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), values)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or ""
+        if "Key '" in str(error) and "not in" in str(error):
+            known = sorted([*_fields(schema), *extra])
+            raise ValueError(f"unknown key {key or _one_line(error)!s}; known: "
+                             f"{', '.join(known)}") from None
+        shown = f"{key}={values.get(key)!r}: " if key in values else ""
+        raise ValueError(f"{shown}{_one_line(error)}") from None
+
+
+def _fields(schema: type) -> list[str]:
+    return [name for name in getattr(schema, "__dataclass_fields__", {})
+            if not name.startswith("_")]
+
+
+def _one_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def parse_dtype(name: object, *, auto: bool = False) -> torch.dtype | str | None:
+    """A dtype setting: a name in DTYPES (its torch dtype), None (the checkpoint's own), or,
+    where `auto` is allowed, "auto" (measured)."""
+    if name is None or (auto and name == AUTO):
+        return name
+    if name not in DTYPES:
+        allowed = sorted(DTYPES) + ([AUTO] if auto else []) + ["null"]
+        raise ValueError(f"dtype={name!r} is not one of {', '.join(allowed)}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name DTYPES gives `dtype` (float32, bfloat16, ...)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def main(run: Callable[[list[str]], Any], doc: str | None = None,
+         errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)) -> None:
+    """Run a command on sys.argv[1:]: `--help` prints `doc`; `errors` end it in one line."""
+    argv = sys.argv[1:]
+    if argv and argv[0] in ("-h", "--help"):
+        print((doc or "").strip())
+        return
+    try:
+        run(argv)
+    except errors as error:
+        sys.exit(f"error: {_one_line(error) if isinstance(error, OSError) else error}")

@@ -1,0 +1,322 @@
+"""Choices made by measurement: one record, one cache, one key.
+
+What runs fastest depends on the machine, its load, the model and the step: how many threads
+a step wants, whether a CPU decodes faster in bfloat16 at a given step width, which drafter
+pays for this model on these prompts. So mtp measures those choices rather than guessing
+them. Each is a tuning *step* (threads, dtype, drafter, trees, layer_skip) that measures its
+candidates and names the winner, and every step shares this module:
+
+- `Measurement`: the one result record. What was measured (each candidate's figure and its
+  unit), what won, how it was chosen (`measured`, `cached`, `set` by the user, or `fixed`
+  where nothing could be measured), why, how long it took within what budget, what the budget
+  left out, and on which machine. `describe()` is its one printed line, alike for every step.
+- `TuneCache`: one JSON file, `$MTP_CACHE/tune.json` (`mtp.paths.cache_dir`), of records by
+  key; a second run reads its choice there instead of measuring again.
+- `tune_key(step, ...)`: the one key: the step, what the choice depends on, and for a timed
+  step the machine and its load (the load average in whole cores, so that a choice made on an
+  idle machine is not reused under load).
+- `tune(...)`: a value the user set wins; else the cache; else the step measures, and the
+  record is stored.
+
+Thread counts are measured here (`choose_threads`), since decoding and training both want
+them: torch starts one thread per core, and whether that is fastest depends on the model,
+the step and the machine's load (a core held by another process stalls every parallel region
+of a step). An explicit setting wins and nothing is measured: `threads=N` (the command lines'
+option), `OMP_NUM_THREADS`, or `torch.set_num_threads` called before (torch's count then
+differs from its default and from the last one this module set).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtp.paths import cache_dir
+
+CACHE_FILE = "tune.json"
+HOW = ("measured", "cached", "set", "fixed")
+NEAR_BEST = 0.95  # fewer threads win unless more are this much slower
+ROUNDS = 3  # the counts take turns this many times
+
+_ours: int | None = None  # the thread count this module set last (not the user's)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One tuning step's result: see the module docstring.
+
+    figures: each candidate's figure, in `unit` (higher is better unless `lower_is_better`).
+    value: the choice in a form the step reads back (JSON: a thread count, a dtype name, a
+        drafter label, a calibration), when `choice`, the label, is not enough.
+    """
+
+    step: str
+    choice: str
+    how: str
+    why: str = ""
+    figures: dict[str, float] = field(default_factory=dict)
+    unit: str = ""
+    lower_is_better: bool = False
+    seconds: float = 0.0
+    budget: float | None = None
+    left_out: tuple[str, ...] = ()
+    machine: str = ""
+    value: Any = None
+
+    def __post_init__(self) -> None:
+        if self.how not in HOW:
+            raise ValueError(f"Measurement.how={self.how!r} is not one of {HOW}")
+
+    def describe(self) -> str:
+        """One line: the step, its choice, how it was made and what was measured."""
+        line = f"{self.step}: {self.choice} ({self.how}"
+        if self.why:
+            line += f": {self.why}"
+        if self.figures:
+            order = sorted(self.figures.items(), key=lambda item: item[1],
+                           reverse=not self.lower_is_better)
+            shown = ", ".join(f"{label} {_figure(value)}" for label, value in order)
+            timing = f" in {self.seconds:.1f} s" if self.seconds else ""
+            if self.budget is not None:
+                timing += f" of a {self.budget:.1f} s budget"
+            line += f"{timing}; {self.unit or 'figure'}: {shown}"
+        if self.left_out:
+            line += f"; {len(self.left_out)} left out by the budget"
+        return line + ")"
+
+    def cached(self) -> Measurement:
+        """This record as read back from the cache."""
+        return Measurement(**{**asdict(self), "how": "cached",
+                              "left_out": tuple(self.left_out)})
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "left_out": list(self.left_out)}
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> Measurement:
+        return cls(**{**values, "left_out": tuple(values.get("left_out", ()))})
+
+
+def _figure(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+class TuneCache:
+    """The records of every tuning step, in one JSON file of key -> record."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else cache_dir() / CACHE_FILE
+
+    def _table(self) -> dict[str, Any]:
+        try:
+            table = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        except (OSError, ValueError):
+            return {}  # an unreadable cache is measured again, and rewritten
+        return table if isinstance(table, dict) else {}
+
+    def get(self, key: str) -> Measurement | None:
+        entry = self._table().get(key)
+        if not isinstance(entry, dict):
+            return None
+        try:
+            return Measurement.from_json(entry)
+        except (TypeError, ValueError):
+            return None
+
+    def put(self, key: str, record: Measurement) -> None:
+        table = self._table()
+        table[key] = record.to_json()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(table, indent=1) + "\n")
+
+
+def fingerprint(value: Any) -> str:
+    """A short stable hash of a JSON-able value (a model config, a list of options)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def tune_key(step: str, *, timed: bool = True, **what: Any) -> str:
+    """The cache key of a tuning step: the step, what it depends on (`what`, in order), and
+    for a `timed` step the machine and its load."""
+    parts = [step, *(f"{name}={value}" for name, value in what.items())]
+    if timed:
+        parts += [machine(), f"load={load_bucket()}"]
+    return "|".join(parts)
+
+
+def tune(step: str, key: str | None, measure: Callable[[], Measurement], *,
+         given: Measurement | None = None, cache: TuneCache | None = None,
+         usable: Callable[[Measurement], bool] = lambda record: True) -> Measurement:
+    """The record of `step`: `given` (the user's own setting) wins; else the cached record
+    for `key` (None: never cached) when `usable`; else `measure()`, stored under `key`."""
+    if given is not None:
+        return given
+    cache = cache or TuneCache()
+    if key is not None:
+        found = cache.get(key)
+        if found is not None and found.step == step and usable(found):
+            return found.cached()
+    began = time.perf_counter()
+    record = measure()
+    if not record.seconds and record.how == "measured":
+        record = Measurement(**{**asdict(record), "seconds": time.perf_counter() - began,
+                                "left_out": tuple(record.left_out)})
+    if key is not None and record.how == "measured":
+        cache.put(key, record)
+    return record
+
+
+def report(record: Measurement) -> None:
+    """Print a record's line where every command prints them: standard error."""
+    print(record.describe(), file=sys.stderr, flush=True)
+
+
+# -- the machine ------------------------------------------------------------------------------
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity), as torch counts its default."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); elsewhere bf16 is
+    emulated and slower than float32. False where /proc/cpuinfo cannot be read."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def machine() -> str:
+    """What a timed choice depends on besides the model: the CPU, its cores, the OpenMP wait
+    policy and torch; the GPU where there is one."""
+    name = "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    policy = os.environ.get("OMP_WAIT_POLICY", "default").lower()
+    gpu = f"|gpu={torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{name}|cores={cores()}|wait={policy}|torch={torch.__version__}{gpu}"
+
+
+def load_bucket() -> int:
+    """The 1-minute load average in whole cores, at most the core count."""
+    try:
+        return min(cores(), round(os.getloadavg()[0]))
+    except OSError:
+        return 0
+
+
+# -- threads ----------------------------------------------------------------------------------
+
+def set_threads(count: int) -> None:
+    """torch.set_num_threads, remembered as this module's (not the user's) setting."""
+    global _ours
+    torch.set_num_threads(count)
+    _ours = count
+
+
+def explicit_threads() -> tuple[int, str] | None:
+    """The user's thread count and where it comes from, or None when nothing was set."""
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']!r} must be a "
+                             f"positive integer")
+        return int(env), f"OMP_NUM_THREADS={env}"
+    now = torch.get_num_threads()
+    if now not in (cores(), _ours):
+        return now, "torch.set_num_threads before"
+    return None
+
+
+def check_threads(threads: object) -> int | None:
+    """A `threads=` setting: a positive integer, or None/"auto" (measured)."""
+    if threads is None or threads == "auto":
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads={threads!r} must be a positive integer or auto (measured)")
+    return threads
+
+
+def given_threads(requested: int | None) -> Measurement | None:
+    """The thread count that needs no measurement (requested, explicit, or one core), set;
+    None when it must be measured."""
+    requested = check_threads(requested)
+    if requested is not None:
+        set_threads(requested)
+        return Measurement("threads", str(requested), "set", f"threads={requested}",
+                           machine=machine(), value=requested)
+    explicit = explicit_threads()
+    if explicit is not None:
+        return Measurement("threads", str(explicit[0]), "set", explicit[1],
+                           machine=machine(), value=explicit[0])
+    if cores() == 1:
+        return Measurement("threads", "1", "fixed", "one core", value=1)
+    return None
+
+
+def thread_record(rates: dict[int, float], unit: str, seconds: float = 0.0) -> Measurement:
+    """The record of measured `rates` (per thread count): the fewest threads within
+    NEAR_BEST of the best rate win (noise, and cores left to others)."""
+    best = max(rates.values())
+    count = min(n for n, rate in rates.items() if rate >= NEAR_BEST * best)
+    return Measurement("threads", str(count), "measured", f"of {cores()} cores",
+                       figures={str(n): rate for n, rate in rates.items()}, unit=unit,
+                       seconds=seconds, machine=machine(), value=count)
+
+
+def measure_rates(step: Callable[[], object], counts: list[int], budget: float,
+                  rounds: int = ROUNDS) -> dict[int, float]:
+    """Steps per second at each thread count, after one untimed warm-up: `rounds` rounds
+    that each run `step` at every count in turn for budget / (rounds * len(counts)) seconds
+    (at least once), so that a change in the machine's load falls on every count alike."""
+    step()
+    share = budget / (rounds * len(counts))
+    runs, seconds = dict.fromkeys(counts, 0), dict.fromkeys(counts, 0.0)
+    for _ in range(rounds):
+        for count in counts:
+            set_threads(count)
+            began = time.perf_counter()
+            while True:
+                step()
+                runs[count] += 1
+                if time.perf_counter() - began >= share:
+                    break
+            seconds[count] += time.perf_counter() - began
+    return {count: runs[count] / seconds[count] for count in counts}
+
+
+def choose_threads(step: Callable[[], object], key: str, *, requested: int | None = None,
+                   budget: float = 1.0, unit: str = "steps/s",
+                   cache: TuneCache | None = None) -> Measurement:
+    """Set the intra-op thread count for `step` (see the module docstring); its record."""
+    def measure() -> Measurement:
+        began = time.perf_counter()
+        rates = measure_rates(step, list(range(1, cores() + 1)), budget)
+        return thread_record(rates, unit, time.perf_counter() - began)
+
+    record = tune("threads", key, measure, given=given_threads(requested), cache=cache,
+                  usable=lambda found: isinstance(found.value, int)
+                  and 1 <= found.value <= cores())
+    if record.how in ("measured", "cached"):  # a setting is in force already
+        set_threads(record.value)
+    return record
