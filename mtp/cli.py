@@ -23,7 +23,7 @@ import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 AUTO = "auto"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,10 +59,13 @@ def parse(argv: list[str], schema: type[Schema], *, extra: Collection[str] = (),
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), values)
         return OmegaConf.to_object(merged)
+    except MissingMandatoryValue as error:
+        missing = getattr(error, "full_key", None) or "a value"
+        raise ValueError(f"{missing}=... is required") from None
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", None) or ""
         if "Key '" in str(error) and "not in" in str(error):
-            known = sorted([*_fields(schema), *extra])
+            known = sorted({*_fields(schema), *extra} - {extra_field})
             raise ValueError(f"unknown key {key or _one_line(error)!s}; known: "
                              f"{', '.join(known)}") from None
         shown = f"{key}={values.get(key)!r}: " if key in values else ""

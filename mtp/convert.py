@@ -11,7 +11,7 @@ Commands
            Medusa heads for vLLM (`vllm/`) and FasterDecoding / TensorRT-LLM (`medusa/`);
            models with `medusa` heads only (`mtp.checkpoint.export_medusa`)
 
-Arguments
+Arguments (key=value, `mtp.cli`'s grammar)
   checkpoint   what to convert (required)
   output       the directory to write (required)
   dtype        null (keep the stored dtype), float32, bfloat16 or float16
@@ -19,50 +19,44 @@ Arguments
 
 from __future__ import annotations
 
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from omegaconf import MISSING
 
+from mtp import cli
 from mtp.checkpoint import export, export_hf, export_medusa, export_mimo, load
 
 COMMANDS = {"to_hf": export_hf, "to_mimo": export_mimo, "to_mtp": export,
             "to_medusa": export_medusa}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-ARGUMENTS = ("checkpoint", "output", "dtype")
 
 
-def parse_args(argv: list[str]) -> tuple[str, dict[str, str]]:
+@dataclass(frozen=True, kw_only=True)
+class ConvertArgs:
+    checkpoint: str = MISSING
+    output: str = MISSING
+    dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        cli.parse_dtype(self.dtype)
+
+
+def parse_args(argv: list[str]) -> tuple[str, ConvertArgs]:
     """The command and its key=value arguments; ValueError naming anything unexpected."""
     if not argv or argv[0] not in COMMANDS:
         raise ValueError(f"the first argument must be a command, one of {sorted(COMMANDS)}; "
                          f"got {argv[:1]}")
-    args = {}
-    for item in argv[1:]:
-        key, sep, value = item.partition("=")
-        if not sep or key not in ARGUMENTS:
-            raise ValueError(f"expected key=value with key in {list(ARGUMENTS)}, got {item!r}")
-        args[key] = value
-    for key in ("checkpoint", "output"):
-        if not args.get(key):
-            raise ValueError(f"missing {key}=...")
-    if args.get("dtype", "null") not in ("null", *DTYPES):
-        raise ValueError(f"dtype must be null or one of {sorted(DTYPES)}, got {args['dtype']!r}")
-    return argv[0], args
+    return argv[0], cli.parse(argv[1:], ConvertArgs)
 
 
 def main(argv: list[str]) -> None:
     command, args = parse_args(argv)
-    dtype = DTYPES.get(args.get("dtype", "null"))
-    model, tokenizer = load(args["checkpoint"], dtype=dtype)
-    output = COMMANDS[command](model, tokenizer, Path(args["output"]))
+    model, tokenizer = load(args.checkpoint, dtype=cli.parse_dtype(args.dtype))
+    output = COMMANDS[command](model, tokenizer, Path(args.output))
     config = model.config
     print(f"wrote {output}: {config.n_layers} trunk layers, {config.n_future} head(s), vocab "
           f"{config.vocab_size}, {next(model.parameters()).dtype}")
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (ValueError, FileNotFoundError, ImportError) as error:
-        sys.exit(f"error: {error}")
+    cli.main(main, __doc__, errors=(ValueError, FileNotFoundError, ImportError))

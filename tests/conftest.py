@@ -8,6 +8,8 @@ import pytest
 import torch
 from hypothesis import settings
 
+import mtp.tune
+
 from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -29,6 +31,15 @@ settings.load_profile("mtp")
 def _fixed_seeds() -> None:
     random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_as_set():
+    """Every test starts with the tests' one thread as the user's own setting (a test that
+    has mtp set a count, or measure one, leaves no trace for the next)."""
+    yield
+    torch.set_num_threads(1)
+    mtp.tune._ours = None
 
 
 @pytest.fixture

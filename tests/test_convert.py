@@ -15,9 +15,9 @@ from mtp.tokenizers import ByteTokenizer
 @pytest.mark.parametrize("argv, message", [
     ([], "must be a command"),
     (["to_gguf", "checkpoint=a", "output=b"], "must be a command"),
-    (["to_hf", "checkpoint=a"], "missing output"),
-    (["to_hf", "checkpoint=a", "output=b", "shards=2"], "key=value with key in"),
-    (["to_hf", "checkpoint=a", "output=b", "dtype=int8"], "dtype must be null or one of"),
+    (["to_hf", "checkpoint=a"], "output=... is required"),
+    (["to_hf", "checkpoint=a", "output=b", "shards=2"], "unknown key shards; known: "),
+    (["to_hf", "checkpoint=a", "output=b", "dtype=int8"], "dtype='int8' is not one of"),
 ])
 def test_bad_arguments_are_named(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -18,15 +18,14 @@ decoding, choosing by measurement and the command line are `mtp.generate`'s.
 """
 
 from mtp.decode.acceptance import TypicalAcceptance
-from mtp.decode.drafters import (Combined, DraftModel, Drafter, Drafts, HeadsDrafter,
-                                 LayerSkip, Lookahead, OnlineHeads, PromptLookup,
-                                 SequentialDrafter)
+from mtp.decode.drafters import (Combined, DraftModel, Drafter, DrafterContext, DrafterSpec,
+                                 Drafts, HeadsDrafter, LayerSkip, Lookahead, OnlineHeads,
+                                 PromptLookup, SequentialDrafter, drafter_types)
 from mtp.decode.loop import generate
 from mtp.decode.output import DecodeStats, Generation
 from mtp.decode.sampling import SamplingConfig
-from mtp.decode.spec import DRAFTERS, DrafterSpec
 
-__all__ = ["DRAFTERS", "Combined", "DecodeStats", "DraftModel", "Drafter", "DrafterSpec",
+__all__ = ["Combined", "DecodeStats", "DraftModel", "Drafter", "DrafterContext", "DrafterSpec",
            "Drafts", "Generation", "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads",
            "PromptLookup", "SamplingConfig", "SequentialDrafter", "TypicalAcceptance",
-           "generate"]
+           "drafter_types", "generate"]

@@ -45,33 +45,10 @@ from mtp.decode.drafters.base import Autoregressive, Drafter, Verified
 from mtp.decode.engine import Engine, rebuild_size
 from mtp.decode.output import DecodeStats, FinishReason, Generation, TextCallback
 from mtp.decode.sampling import SamplingConfig
-from mtp.decode.spec import DrafterSpec, make_drafter
+from mtp.decode.drafters.registry import DrafterSpec, make_drafter
 from mtp.decode.tree import Tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def decoding_dtype(device: str | torch.device, dtype: str | None) -> torch.dtype | None:
-    """The dtype to load a model in for decoding: `dtype` (a name in DTYPES), else bfloat16
-    on a GPU, else None (the checkpoint's own). "auto" on a CPU loads the checkpoint's own
-    and leaves the choice to a measurement at the step's width
-    (`mtp.generate.measure.choose_decode_dtype`)."""
-    if dtype is not None and dtype != "auto":
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, auto or null, got "
-                             f"{dtype!r}")
-        return DTYPES[dtype]
-    return torch.bfloat16 if torch.device(device).type == "cuda" else None
-
-
-def decoding_compile(device: str | torch.device, compile: bool | None) -> bool:
-    """Whether to compile the decode step: `compile`, else on a GPU only. There the compiled
-    step (CUDA graphs) ran 4.4-6.0x the eager one on an H100 (docs/benchmarks.md); on a CPU
-    compiling costs a minute of start-up for a step the eager path runs about as fast."""
-    return torch.device(device).type == "cuda" if compile is None else compile
 
 
 def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
@@ -86,7 +63,8 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
             (`HeadsDrafter(k, tree)`, `DraftModel`, `PromptLookup`, `Lookahead`, `Combined`),
             a `DrafterSpec`, or a name ("autoregressive", "heads": every head,
             "prompt_lookup", "heads+prompt_lookup", "lookahead"). To measure the candidates
-            and keep the fastest, `auto.choose_drafter` / `Auto.choose` pick one first.
+            and keep the fastest, `mtp.generate.open_decoder` (or `mtp.generate.Auto`)
+            chooses one first.
         sampling: temperature (0: greedy), top-k and top-p of head 0's distribution. Greedy
             output is identical for every drafter; sampled output has the same distribution.
         acceptance: "exact" (lossless; greedy equals autoregressive), "typical" (Medusa's

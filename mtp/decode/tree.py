@@ -274,13 +274,17 @@ class Calibration:
         frequency = dict(self.paths)
         return 1.0 + sum(frequency.get(path, 0.0) for path in tree.paths)
 
+    def to_json(self) -> dict[str, Any]:
+        """What `tree.json` holds: the rates, the path frequencies, how they were measured,
+        and the auto:N trees of the fixed sizes (to read)."""
+        return {"n_future": self.n_future, "vocab_size": self.vocab_size, "rates": self.rates,
+                "paths": {",".join(map(str, p)): f for p, f in self.paths},
+                "details": self.details,
+                "trees": {str(n): self.tree(n).to_json() for n in FIXED_SIZES}}
+
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / TREE_FILE
-        trees = {str(n): self.tree(n).to_json() for n in FIXED_SIZES}
-        path.write_text(json.dumps({
-            "n_future": self.n_future, "vocab_size": self.vocab_size, "rates": self.rates,
-            "paths": {",".join(map(str, p)): f for p, f in self.paths}, "details": self.details,
-            "trees": trees}, indent=1) + "\n")
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
         return path
 
     @classmethod
@@ -288,37 +292,35 @@ class Calibration:
         """Read `path` (a tree.json) and check that it belongs to a model of that shape."""
         try:
             data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path} is not a tree calibration file: {e}") from e
+        return cls.from_json(data, n_future=n_future, vocab_size=vocab_size, source=str(path))
+
+    @classmethod
+    def from_json(cls, data: Any, *, n_future: int, vocab_size: int,
+                  source: str = "the saved calibration") -> Calibration:
+        """A calibration from `to_json`'s form, checked against a model of that shape."""
+        try:
             rates = [[float(p) for p in row] for row in data["rates"]]
             paths = [(tuple(int(r) for r in p.split(",")), float(f))
                      for p, f in data.get("paths", {}).items()]
             calibration = cls(rates, int(data["n_future"]), int(data["vocab_size"]),
                               data.get("details", {}), paths)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{path} is not a tree calibration file: {e}") from e
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{source} is not a tree calibration: {e}") from e
         if (calibration.n_future, calibration.vocab_size) != (n_future, vocab_size):
             raise ValueError(
-                f"{path} was calibrated for n_future={calibration.n_future}, vocab_size="
+                f"{source} was calibrated for n_future={calibration.n_future}, vocab_size="
                 f"{calibration.vocab_size}, not this model's n_future={n_future}, "
                 f"vocab_size={vocab_size}")
         if len(rates) != n_future - 1 or any(not 0 <= p <= 1 for row in rates for p in row):
-            raise ValueError(f"{path}: rates must be {n_future - 1} rows (heads 1..{n_future - 1}) "
-                             f"of probabilities")
+            raise ValueError(f"{source}: rates must be {n_future - 1} rows (heads "
+                             f"1..{n_future - 1}) of probabilities")
         if any(not p or len(p) > n_future - 1 or min(p) < 0 or not 0 <= f <= 1
                for p, f in calibration.paths):
-            raise ValueError(f"{path}: paths must map rank paths of depth 1..{n_future - 1} "
+            raise ValueError(f"{source}: paths must map rank paths of depth 1..{n_future - 1} "
                              f"(\"0,1\") to frequencies")
         return calibration
-
-
-def find_calibration(checkpoint: str | Path, *, n_future: int,
-                     vocab_size: int) -> Calibration | None:
-    """The `tree.json` beside an export (a directory, or a .ckpt's directory), if any."""
-    directory = Path(checkpoint)
-    directory = directory if directory.is_dir() else directory.parent
-    path = directory / TREE_FILE
-    if not path.is_file():
-        return None
-    return Calibration.load(path, n_future=n_future, vocab_size=vocab_size)
 
 
 def resolve_tree(spec: Tree | str | Sequence[Sequence[int]], *, k: int, vocab_size: int,
@@ -353,8 +355,8 @@ def _named_tree(spec: str, k: int, calibration: Calibration | None) -> Tree:
         if calibration is None:
             raise ValueError(
                 f"tree={spec!r} needs measured acceptance rates: run `python -m "
-                f"mtp.generate.calibrate checkpoint=DIR` to write DIR/{TREE_FILE} (generate's "
-                f"command line and eval read it from the checkpoint's directory)")
+                f"mtp.generate.calibrate checkpoint=...` first (generate's command line and "
+                f"eval read its choice)")
         return calibration.tree(int(size), k, name=spec)
     path = Path(spec)
     if path.suffix == ".json":

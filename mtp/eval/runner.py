@@ -13,63 +13,63 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, get_args
 
 from tqdm import tqdm
 
 import mtp.eval.synthetic as synthetic
+from mtp.data.benchmarks import Problem, Task, load_task
 from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
 from mtp.eval.sandbox import ExecResult, Isolation, Limits, Sandbox
-from mtp.data.benchmarks import Problem, Task, load_task
-from mtp.decode.spec import DrafterSpec
+from mtp.generate.session import Decoder, DecodeSettings, open_decoder
 
-AUTO_PROMPTS = 4  # drafter=auto measures its candidates on at least this many of the run's prompts
-AUTO_SECONDS = 30.0  # and spends at most this long, and at most 10% of the run's expected time
+
+TASKS = ("humaneval", "mbpp", "polynomial", "induction")
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalConfig(DrafterSpec):
-    """One evaluation; mirrors `conf/eval.yaml`. Exactly one of `checkpoint` and `samples`.
+class EvalConfig(DecodeSettings):
+    """One evaluation (`python -m mtp.eval`'s arguments). Exactly one of `checkpoint` and
+    `samples`. How it decodes is a `DecodeSettings` (drafter and its options, dtype,
+    threads, ...: the same as `python -m mtp.generate`), which this extends."""
 
-    The drafter is a `DrafterSpec` (drafter, k, tree, ...: the same options as
-    `python -m mtp.generate`), which this extends.
-    """
-
-    task: Literal["humaneval", "mbpp", "polynomial", "induction"]
-    drafter: str = "auto"  # conf/eval.yaml's; DrafterSpec's own default is "heads"
-    output: str  # per-sample results (JSON lines); rerun with the same path to resume
+    task: str = "humaneval"  # humaneval | mbpp | polynomial | induction
     checkpoint: str | None = None
     samples: str | None = None  # score this JSON-lines file of {"task_id", "completion"}
+    output: str | None = None  # per-sample results (JSON lines); rerun with it to resume
     data_file: str | None = None
     few_shot: int = 0
     samples_per_problem: int = 1
-    pass_k: Sequence[int] = (1,)  # pass@k for each k
-    temperature: float = 0.0
-    top_p: float = 1.0
-    acceptance: str = "exact"  # exact | typical (Medusa's; not lossless when sampling)
-    compile: bool | None = None  # the decode step compiled (CUDA graphs); None: on a GPU
+    pass_k: Any = field(default_factory=lambda: [1])  # pass@k for each k (pass_k=10: [10])
     max_new_tokens: int = 512
     batch_size: int = 8
     limit: int | None = None
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str | None = None  # null: bfloat16 on a GPU, else the checkpoint's; auto: measured
+    seed: int | None = 0
     timeout: float = Limits.timeout
     workers: int | None = None
-    isolation: Isolation = "auto"  # sandbox: namespaces | none | auto (namespaces where they work)
-    threads: int | None = None  # intra-op threads; None: measured (mtp.threads)
-    m: Sequence[int] | None = None  # polynomial: the numbers of operations tested (None: 1..10)
+    isolation: str = "auto"  # sandbox: namespaces | none | auto (namespaces where they work)
+    m: Any = None  # polynomial: the numbers of operations tested (None: 1..10; m=3: [3])
 
     def __post_init__(self) -> None:
-        if isinstance(self.pass_k, int):  # pass_k=10 on the command line means [10]
-            object.__setattr__(self, "pass_k", (self.pass_k,))
-        if isinstance(self.k, (list, tuple)):
-            raise ValueError(f"k={list(self.k)}: k is the heads' tokens per forward pass (as in "
-                             f"mtp.generate); pass@k's list is pass_k={list(self.k)}")
-        super().__post_init__()  # the drafter's options
+        for name in ("pass_k", "m"):  # one number on the command line means a list of one
+            if isinstance(getattr(self, name), int):
+                object.__setattr__(self, name, [getattr(self, name)])
+        k = self.options.get("k")
+        if isinstance(k, (list, tuple)):
+            raise ValueError(f"k={list(k)}: k is the heads' tokens per forward pass (as in "
+                             f"mtp.generate); pass@k's list is pass_k={list(k)}")
+        super().__post_init__()  # how it decodes
+        if self.task not in TASKS:
+            raise ValueError(f"task={self.task!r} is not one of {', '.join(TASKS)}")
+        if self.isolation not in get_args(Isolation):
+            raise ValueError(f"isolation={self.isolation!r} is not one of "
+                             f"{', '.join(get_args(Isolation))}")
+        if self.output is None:  # a fresh directory per run, as Hydra's runs have
+            run = time.strftime("%Y-%m-%d_%H-%M-%S")
+            object.__setattr__(self, "output", f"outputs/eval/{self.task}/{run}/results.jsonl")
         if self.task in synthetic.TASKS:
             check_synthetic(self)
         if (self.checkpoint is None) == (self.samples is None):
@@ -77,21 +77,11 @@ class EvalConfig(DrafterSpec):
                 f"give exactly one of checkpoint= (generate) and samples= (score a file), got "
                 f"checkpoint={self.checkpoint!r}, samples={self.samples!r}"
             )
-        from mtp.decode.acceptance import typical_thresholds
-        from mtp.decode.loop import decoding_compile, decoding_dtype
-
-        typical_thresholds(self.acceptance)
-        decoding_dtype(self.device, self.dtype)
-        object.__setattr__(self, "compile", decoding_compile(self.device, self.compile))
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads={self.threads} must be at least 1 (or null: measured)")
         for name in ("samples_per_problem", "max_new_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit={self.limit} must be at least 1 (or null for all problems)")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
         if self.checkpoint is not None:
             check_ks(self.pass_k, self.samples_per_problem)
             if self.temperature == 0 and self.samples_per_problem > 1:
@@ -165,16 +155,19 @@ def _score_samples(path: str, k: Sequence[int], task: Task, problems: list[Probl
 def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                         results: ResultsFile, sandbox: Sandbox) -> str:
     """Generate the missing samples in batches of `batch_size` (several problems and several
-    samples of one problem together) and execute them; returns the decoding used."""
-    from mtp.checkpoint import load
-    from mtp.decode.loop import decoding_dtype
+    samples of one problem together) and execute them; returns the decoding used.
 
-    model, tokenizer = load(config.checkpoint, device=config.device,
-                            dtype=decoding_dtype(config.device, config.dtype))
-    context = model.config.max_seq_len
+    The checkpoint is opened for decoding once (`open_decoder`): drafter=auto measures its
+    candidates on the run's first prompts, in batches of `batch_size`, for at most a tenth of
+    the run's expected time, and every batch decodes with the choice.
+    """
+    from mtp.checkpoint import load
+
     done = results.done()
     todo = [(p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])
             for p in problems]
+    model, tokenizer = load(config.checkpoint, device=config.device, dtype=config.load_dtype)
+    context = model.config.max_seq_len
     progress = tqdm(total=sum(len(indices) for _, indices in todo), desc=task.name)
     too_long, items = [], []
     for problem, indices in todo:
@@ -189,21 +182,16 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                     "tokens_per_forward": 0.0, "seconds": 0.0})
             continue
         items += [(problem, index) for index in indices]
-    if items:
-        from mtp.generate.measure import choose_decode_threads
-
-        choose_decode_threads(model, tokenizer, items[0][0].prompt, requested=config.threads,
-                              batch=min(config.batch_size, len(items)))
-    drafter, auto = _choose(config, model, tokenizer, [p.prompt for p, _ in items])
-    if config.dtype == "auto" and items:  # measured at the width of the drafter's steps
-        from mtp.generate.measure import choose_decode_dtype, step_width
-
-        choice = choose_decode_dtype(model, width=step_width(drafter),
-                                     batch=min(config.batch_size, len(items)))
-        print(choice.describe(), file=sys.stderr)
+    decoder = None  # with no sample left to generate, a measured drafter is not measured
+    if items or not config.spec.measured:
+        decoder = open_decoder(config.checkpoint, config, loaded=(model, tokenizer),
+                               prompts=[p.prompt for p, _ in items],
+                               batch_size=max(1, min(config.batch_size, len(items))),
+                               max_new_tokens=config.max_new_tokens,
+                               planned_tokens=len(items) * config.max_new_tokens)
     for start in range(0, len(items), config.batch_size):
         batch = items[start : start + config.batch_size]
-        for (problem, index), (completion, stats) in zip(batch, _sample(config, model, tokenizer, task, batch, drafter)):
+        for (problem, index), (completion, stats) in zip(batch, _sample(config, decoder, task, batch)):
             sandbox.submit((problem, index, completion, stats), problem.program(completion))
         _record(sandbox.finished(), results, progress)
     _record(sandbox.finished(wait=True), results, progress)
@@ -211,54 +199,18 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
     if too_long:
         print(f"warning: {len(too_long)} prompts do not fit the model's context of {context} tokens "
               f"and count as failed: {_listing(too_long)}", file=sys.stderr)
-    if auto is not None:
-        return f"auto: {auto.choice}" if auto.choice else "auto"
-    return str(drafter or "autoregressive")
+    return decoder.label if decoder is not None else config.drafter
 
 
-def _choose(config: EvalConfig, model, tokenizer, prompts: list[str]):
-    """The drafter and, for drafter=auto, the `Auto` that chose it.
-
-    auto measures the candidates once, on the run's first prompts in batches of `batch_size`
-    (at least AUTO_PROMPTS prompts: one prompt's 64 tokens are no sample of a task), and
-    every batch decodes with the choice, the last smaller batch included. It spends at
-    most AUTO_SECONDS and 10% of the run's expected autoregressive time (`Auto`'s budget).
-    The choice is cached per checkpoint on disk; what was measured, and for how long, is
-    printed, not counted in the samples' tokens/s.
-    """
-    from mtp.generate import SamplingConfig
-    from mtp.generate.auto import choose_drafter, default_choice_file
-    from mtp.decode.tree import find_calibration
-
-    if config.measured and not prompts:  # every sample is done: nothing to measure on
-        return None, None
-    drafter, auto = choose_drafter(
-        model, tokenizer, config.with_saved_choice(config.checkpoint),
-        prompts[:max(AUTO_PROMPTS, config.batch_size)],
-        sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
-        max_new_tokens=config.max_new_tokens, batch_size=config.batch_size,
-        calibration=find_calibration(config.checkpoint, n_future=model.config.n_future,
-                                     vocab_size=model.config.vocab_size),
-        cache_file=default_choice_file(config.checkpoint), compile=config.compile,
-        budget=AUTO_SECONDS, planned_tokens=len(prompts) * config.max_new_tokens)
-    if auto is not None:
-        print(auto.describe(), file=sys.stderr)
-    return drafter, auto
-
-
-def _sample(config: EvalConfig, model, tokenizer, task: Task, batch: list[tuple[Problem, int]],
-            drafter) -> list[tuple[str, dict[str, Any]]]:
+def _sample(config: EvalConfig, decoder: Decoder, task: Task,
+            batch: list[tuple[Problem, int]]) -> list[tuple[str, dict[str, Any]]]:
     """Generate the samples `batch` of (problem, sample index) in one batch: (completion,
     stats) of each."""
-    from mtp.generate import SamplingConfig, generate
-
     began = time.perf_counter()
     first, index = batch[0]
-    generations = generate(
-        model, tokenizer, [problem.prompt for problem, _ in batch],
-        max_new_tokens=config.max_new_tokens, drafter=drafter,
-        sampling=SamplingConfig(temperature=config.temperature, top_p=config.top_p),
-        stop=task.stop, acceptance=config.acceptance, compile=config.compile,
+    generations = decoder.generate(
+        [problem.prompt for problem, _ in batch], max_new_tokens=config.max_new_tokens,
+        stop=task.stop,
         # Seeded by the batch's first problem and sample, not call order: reruns repeat their
         # draws, and a resumed run's batches do not replay earlier ones.
         seed=zlib.crc32(f"{config.seed}/{first.task_id}/{index}".encode()),
@@ -344,18 +296,15 @@ def check_synthetic(config: EvalConfig) -> None:
     if config.m is not None:
         if config.task != "polynomial":
             raise ValueError(f"m={config.m} is the polynomial task's, not {config.task}'s")
-        ms = synthetic.check_ms([config.m] if isinstance(config.m, int) else config.m)
-        object.__setattr__(config, "m", ms)  # m=3 on the command line means [3]
+        object.__setattr__(config, "m", list(synthetic.check_ms(config.m)))
 
 
 def evaluate_synthetic(config: EvalConfig) -> dict[str, Any]:
     """`python -m mtp.eval task=polynomial|induction`: score the checkpoint, write one record
     per problem (or story) to `config.output`, print a table and a final JSON line."""
     from mtp.checkpoint import load
-    from mtp.decode.loop import decoding_dtype
 
-    model, tokenizer = load(config.checkpoint, device=config.device,
-                            dtype=decoding_dtype(config.device, config.dtype))
+    model, tokenizer = load(config.checkpoint, device=config.device, dtype=config.load_dtype)
     began = time.perf_counter()
     figures, records = synthetic.score(config.task, model, tokenizer, size=config.limit,
                              ms=config.m or synthetic.DEFAULT_MS, batch_size=config.batch_size)

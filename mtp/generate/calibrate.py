@@ -15,22 +15,25 @@ the truth). Two summaries go into tree.json:
   without path counts.
 Positions followed by a run of one repeated token are left out (see `truth_ranks`).
 
-Whether a tree pays is a question of speed, not only of acceptance: `drafter=auto` (the
-command lines' default) measures the auto:N trees of a calibrated checkpoint against the
-chain and keeps the fastest. Calibrate on prompts that you do not benchmark on.
+The calibration is a tuning step's record ("trees", `mtp.tune`), kept by the tuner for this
+checkpoint, where generate and eval find it; `output=` also writes it as a tree.json file
+(to ship beside the checkpoint, where it is read too). Whether a tree pays is a question of
+speed, not only of acceptance: `drafter=auto` (the command lines' default) measures the
+auto:N trees of a calibrated checkpoint against the chain and keeps the fastest. Calibrate
+on prompts that you do not benchmark on.
 
-  checkpoint       an exported directory (required)
+  checkpoint       anything mtp.load reads (required)
   prompt_file      data/prompts/calibration.jsonl (MBPP validation-split signatures)
   max_new_tokens   128 greedy tokens per prompt
   ranks            8: ranks measured per head
   paths            1024: the most frequent rank paths kept
-  output           where tree.json goes (default: the checkpoint's directory)
-  device, dtype    cpu, float32
+  output           also write tree.json there (a file, or a directory: the checkpoint's to
+                   ship it with the checkpoint)
+  device, dtype    cpu, float32 (the one dtype grammar: float32, bfloat16, float16)
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -40,18 +43,22 @@ from typing import Any
 import torch
 from omegaconf import MISSING
 
+from mtp import cli
 from mtp.checkpoint import load
-from mtp.decode.loop import DTYPES, generate
-from mtp.generate.prompts import read_prompts
+from mtp.decode.drafters.base import check_positive
+from mtp.decode.loop import generate
 from mtp.decode.tree import Calibration, Tree
+from mtp.generate.prompts import read_prompts
+from mtp.generate.session import save_choice
 from mtp.model import MTPModel
 from mtp.paths import REPO_ROOT
 from mtp.tokenizers import Tokenizer
+from mtp.tune import Measurement, machine
 
 CALIBRATION_PROMPTS = REPO_ROOT / "data/prompts/calibration.jsonl"
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class CheckpointCalibration:
     """The command line of a calibration of a checkpoint on held-out prompts (this module's,
     and `skip_search`'s): what it reads, where it writes, how it runs the model."""
@@ -61,13 +68,25 @@ class CheckpointCalibration:
     output: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
-
-
-@dataclass
-class CalibrateArgs(CheckpointCalibration):
     max_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        cli.parse_dtype(self.dtype)
+        check_positive("max_new_tokens", self.max_new_tokens)
+
+    def load(self) -> tuple[MTPModel, Tokenizer]:
+        return load(self.checkpoint, device=self.device, dtype=cli.parse_dtype(self.dtype))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrateArgs(CheckpointCalibration):
     ranks: int = 8
     paths: int = 1024
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("ranks", self.ranks)
+        check_positive("paths", self.paths)
 
 
 def greedy_texts(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
@@ -145,9 +164,9 @@ def path_frequencies(ranks: torch.Tensor, n_ranks: int,
     return [(path, round(count / ranks.shape[0], 6)) for path, count in ranked[:limit]]
 
 
-def calibrate(args: CalibrateArgs) -> tuple[Calibration, Path]:
-    """Measure the rates and write tree.json; returns the calibration and its path."""
-    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES[args.dtype])
+def calibrate(args: CalibrateArgs) -> tuple[Calibration, Measurement]:
+    """Measure the rates; the calibration and its record (saved by the caller)."""
+    model, tokenizer = args.load()
     config = model.config
     if config.n_future < 2:
         raise ValueError(f"{args.checkpoint} has one head: there is nothing to draft with")
@@ -155,33 +174,43 @@ def calibrate(args: CalibrateArgs) -> tuple[Calibration, Path]:
     began = time.perf_counter()
     ranks = truth_ranks(model, tokenizer, prompts, args.max_new_tokens)
     rates = acceptance_rates(ranks, args.ranks)
+    seconds = time.perf_counter() - began
     details: dict[str, Any] = {
         "prompt_file": args.prompt_file, "prompts": len(prompts), "positions": ranks.shape[0],
         "max_new_tokens": args.max_new_tokens, "device": args.device, "dtype": args.dtype,
-        "threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - began, 1)}
+        "threads": torch.get_num_threads(), "seconds": round(seconds, 1)}
     calibration = Calibration(rates, config.n_future, config.vocab_size, details=details,
                               paths=path_frequencies(ranks, args.ranks, args.paths))
-    output = Path(args.output) if args.output else Path(args.checkpoint)
-    return calibration, calibration.save(output)
+    lengths = {f"auto:{size}": calibration.expected_length(calibration.tree(size))
+               for size in SIZES}
+    record = Measurement("trees", f"heads 1..{config.n_future - 1} at ranks < {args.ranks}",
+                         "measured", f"{ranks.shape[0]} positions of {len(prompts)} prompts",
+                         figures=lengths, unit="tokens per forward on these positions",
+                         seconds=seconds, machine=machine(), value=calibration.to_json())
+    return calibration, record
+
+
+SIZES = (8, 16, 32, 64, 128)  # the trees the command prints
+
+
+def parse_args(argv: list[str]) -> CalibrateArgs:
+    return cli.parse(argv, CalibrateArgs)
 
 
 def main(argv: list[str]) -> None:
-    from mtp.generate.__main__ import parse_overrides
-
-    args = parse_overrides(argv, CalibrateArgs)
-    if args.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
-    calibration, path = calibrate(args)
+    args = parse_args(argv)
+    calibration, record = calibrate(args)
     print("head  " + " ".join(f"rank{r:<2}" for r in range(args.ranks)))
     for head, row in enumerate(calibration.rates, start=1):
         print(f"{head:>4}  " + " ".join(f"{p:6.3f}" for p in row))
-    for size in (8, 16, 32, 64, 128):
+    for size in SIZES:
         tree = calibration.tree(size)
         medusa = Tree.from_rates(calibration.rates, size)
         print(f"auto:{size}: depth {tree.depth}, {calibration.expected_length(tree):.2f} tokens "
               f"per forward on these positions (the rates' independent-heads tree: "
               f"{calibration.expected_length(medusa):.2f})")
-    print(f"wrote {path}")
+    for where in save_choice(args.checkpoint, record, "tree.json", args.output):
+        print(f"saved: {where}")
 
 
 def _device(model: MTPModel) -> torch.device:
@@ -189,7 +218,4 @@ def _device(model: MTPModel) -> torch.device:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (ValueError, FileNotFoundError) as error:
-        sys.exit(f"error: {error}")
+    cli.main(main, __doc__)

@@ -16,7 +16,6 @@ benchmark script time decoding with it. Every run of `mtp.train` ends with
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -25,15 +24,13 @@ from typing import Any, TypeVar
 
 import torch
 
-from mtp.decode.loop import generate
 from mtp.decode.drafters import Drafter, OwnHeads
 from mtp.decode.forward import cached_forward, key_width
+from mtp.decode.loop import generate
 from mtp.decode.output import DecodeStats, Generation, repetition
-from mtp.decode.spec import heads_drafter
 from mtp.decode.tree import resolve_tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
-from mtp.threads import ThreadChoice, choose_threads, cpu_has_bf16, step_key
 from mtp.tokenizers import Tokenizer
 
 T = TypeVar("T")
@@ -123,9 +120,9 @@ def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], 
     began = time.perf_counter()
     config = model.config
     drafters: dict[Any, OwnHeads | None] = {1: None}
-    drafters |= {k: heads_drafter(model, k) for k in range(2, config.n_future + 1)}
+    drafters |= {k: OwnHeads.variant(model, k) for k in range(2, config.n_future + 1)}
     if config.n_future > 1:
-        drafters |= {name: heads_drafter(model, config.n_future, resolve_tree(
+        drafters |= {name: OwnHeads.variant(model, config.n_future, resolve_tree(
             name, k=config.n_future, vocab_size=config.vocab_size)) for name in trees}
     rates, stats, outputs = {}, {}, {}
     with torch.inference_mode():
@@ -171,25 +168,6 @@ def format_decoding(figures: dict[str, Any]) -> list[str]:
     return lines
 
 
-def choose_decode_threads(model: Any, tokenizer: Any, prompt: str, *, drafter: Any = None,
-                          requested: int | None = None, batch: int = 1,
-                          budget: float = 1.0) -> ThreadChoice:
-    """`choose_threads` for decoding with `model`: the step is a short `generate` call (8 new
-    tokens after the prompt's first 64 characters, `batch` rows) with `drafter`."""
-    param = next(model.parameters())
-    width = step_width(drafter)
-    key = step_key("decode", model.config.to_dict(), width=width, batch=batch,
-                   dtype=param.dtype, device=param.device.type)
-    prompts = [prompt[:64]] * batch
-
-    def step() -> None:
-        generate(model, tokenizer, prompts, max_new_tokens=8, drafter=drafter)
-
-    if param.device.type != "cpu" and requested is None:  # a GPU's step uses no CPU threads
-        return ThreadChoice(torch.get_num_threads(), "not measured on " + param.device.type)
-    return choose_threads(step, key, requested=requested, budget=budget, unit="calls/s")
-
-
 @torch.inference_mode()
 def plain_forward_seconds(model: MTPModel, width: int, batch: int, context: int = 128,
                           repeats: int = 15) -> float:
@@ -217,48 +195,6 @@ def plain_forward_seconds(model: MTPModel, width: int, batch: int, context: int 
     return statistics.median(seconds[2:])
 
 
-@dataclass(frozen=True)
-class DtypeChoice:
-    """The dtype a CPU decodes in, and the seconds of a plain forward of the step's width in
-    each dtype measured (`choose_decode_dtype`)."""
-
-    dtype: torch.dtype
-    width: int
-    seconds: dict[str, float]  # empty when nothing was measured
-    why: str = ""  # why nothing was measured
-
-    def describe(self) -> str:
-        name = str(self.dtype).removeprefix("torch.")
-        if not self.seconds:
-            return f"dtype: {name} ({self.why})"
-        times = ", ".join(f"{dtype} {s * 1e3:.1f} ms" for dtype, s in self.seconds.items())
-        return f"dtype: {name} (a forward of {self.width} tokens: {times})"
-
-
 def step_width(drafter: Drafter | None) -> int:
     """Tokens per row a decode step forwards at most: the last one and the drafts."""
     return 1 if drafter is None else 1 + drafter.max_drafts
-
-
-def choose_decode_dtype(model: MTPModel, *, width: int, batch: int = 1) -> DtypeChoice:
-    """float32 or bfloat16 for decoding `model` on a CPU, whichever runs a plain forward of a
-    step's `width` tokens (`batch` rows) faster, and convert `model` to it.
-
-    On a CPU with bf16 arithmetic (AVX512-BF16, AMX) a bf16 matrix product of a few rows
-    reads half the bytes but gains little over float32 at one row: on the 2-core EPYC of
-    docs/benchmarks.md autoregressive SmolLM2-135M ran 0.93x in bf16, while a verify step of
-    8 tokens ran 1.5x. So the choice depends on the drafter's width, and is measured; a CPU
-    without bf16 arithmetic stays in float32 (bf16 is emulated there), as does a model
-    loaded in another dtype. Greedy output is then the same for every drafter in that dtype
-    up to bf16's near-ties (tests/generate/test_decode.py)."""
-    param = next(model.parameters())
-    if param.device.type != "cpu" or param.dtype != torch.float32:
-        return DtypeChoice(param.dtype, width, {}, "as loaded: not a float32 model on a CPU")
-    if not cpu_has_bf16():
-        return DtypeChoice(param.dtype, width, {}, "this CPU has no bf16 arithmetic")
-    seconds = {"float32": plain_forward_seconds(model, width, batch),
-               "bfloat16": plain_forward_seconds(copy.deepcopy(model).to(torch.bfloat16),
-                                                 width, batch)}
-    if seconds["bfloat16"] < seconds["float32"]:
-        model.to(torch.bfloat16)
-    return DtypeChoice(next(model.parameters()).dtype, width, seconds)

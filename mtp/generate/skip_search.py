@@ -34,7 +34,8 @@ answer on any machine.
   max_draft        8: the most drafts per step considered
   step_cost        0.6: a speculative step's cost beyond its forwards, in autoregressive steps
   verify_cost      0.03: a verify pass's cost per verified draft, in autoregressive steps
-  output           where layer_skip.json goes (default: beside the checkpoint)
+  output           also write layer_skip.json there (a file, or a directory: the checkpoint's
+                   to ship it with the checkpoint); the tuner keeps it for the checkpoint
   device, dtype    cpu, float32
 """
 
@@ -49,18 +50,20 @@ from pathlib import Path
 
 import torch
 
-from mtp.checkpoint import load
+from mtp import cli
+from mtp.decode.loop import generate
 from mtp.generate.calibrate import CheckpointCalibration, greedy_texts
-from mtp.decode.loop import DTYPES, generate
+from mtp.generate.session import save_choice
+from mtp.tune import Measurement, machine
 from mtp.decode.drafters.base import check_positive
-from mtp.decode.drafters.layer_skip import LayerSkip, SkipChoice, default_skip_file
+from mtp.decode.drafters.layer_skip import SKIP_FILE, LayerSkip, SkipChoice
 from mtp.decode.output import DecodeStats
 from mtp.generate.prompts import read_prompts
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class SearchArgs(CheckpointCalibration):
     prompts: int = 8
     seed: int = 0
@@ -68,6 +71,14 @@ class SearchArgs(CheckpointCalibration):
     max_draft: int = 8
     step_cost: float = 0.6
     verify_cost: float = 0.03
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("prompts", self.prompts)
+        check_positive("max_draft", self.max_draft)
+        for name in ("step_cost", "verify_cost"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -168,19 +179,13 @@ def search(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *, max_dra
     return sorted(candidates, key=lambda c: (-c.speedup, -len(c.skip))), order
 
 
-def main(argv: list[str]) -> None:
-    from mtp.generate.__main__ import parse_overrides
+def parse_args(argv: list[str]) -> SearchArgs:
+    return cli.parse(argv, SearchArgs)
 
-    args = parse_overrides(argv, SearchArgs)
-    if args.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {args.dtype!r}")
-    check_positive("prompts", args.prompts)
-    check_positive("max_new_tokens", args.max_new_tokens)
-    check_positive("max_draft", args.max_draft)
-    for name in ("step_cost", "verify_cost"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"{name} must be >= 0, got {getattr(args, name)!r}")
-    model, tokenizer = load(args.checkpoint, device=args.device, dtype=DTYPES[args.dtype])
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    model, tokenizer = args.load()
     pool = read_prompts(args.prompt_file)
     prompts = random.Random(args.seed).sample(pool, min(args.prompts, len(pool)))
     began = time.perf_counter()
@@ -204,16 +209,15 @@ def main(argv: list[str]) -> None:
                "order": order}  # least harmful first: the nested sets
     choice = SkipChoice(best.skip, best.num_draft, model.config.n_layers,
                         model.config.vocab_size, details)
-    path = choice.save(Path(args.output) if args.output else default_skip_file(args.checkpoint))
-    print(f"best: skip {list(best.skip)} ({len(best.skip)} of {model.config.n_layers} layers), "
-          f"num_draft={best.num_draft}: {best.kept[0]:.3f} of steps keep a draft, modeled "
-          f"{best.speedup:.2f}x" + ("" if best.speedup > 1 else
-                                    " -- below 1: layer skipping does not pay for this model"))
-    print(f"wrote {path} ({seconds:.0f} s)")
+    record = Measurement(
+        "layer_skip", f"skip {list(best.skip)}, num_draft={best.num_draft}", "measured",
+        "below 1: layer skipping does not pay for this model" if best.speedup <= 1 else
+        f"{best.kept[0]:.3f} of steps keep a draft",
+        figures={f"{len(c.skip)} layers": c.speedup for c in candidates},
+        unit="modeled speed-up", seconds=seconds, machine=machine(), value=choice.to_json())
+    for where in save_choice(args.checkpoint, record, SKIP_FILE, args.output):
+        print(f"saved: {where}")
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (ValueError, FileNotFoundError) as error:
-        sys.exit(f"error: {error}")
+    cli.main(main, __doc__)

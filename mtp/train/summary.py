@@ -19,8 +19,8 @@ import torch
 from omegaconf import DictConfig
 
 from mtp.checkpoint import load
-from mtp.decode.loop import decoding_dtype
 from mtp.generate.measure import measure_decoding
+from mtp.generate.session import DecodeSettings
 from mtp.decode.tree import resolve_tree
 from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer
@@ -73,7 +73,8 @@ def val_figures(metrics: list[dict[str, float]], n_future: int) -> dict[str, Any
 def decode_export(export_dir: Path, device: torch.device, decode: DictConfig,
                   prompts: list[str]) -> dict[str, Any]:
     """`measure_decoding` of the exported model on `device`, with `decode.*`'s settings."""
-    model, tokenizer = load(export_dir, device=device, dtype=decoding_dtype(device, None))
+    settings = DecodeSettings(device=str(device))  # the checkpoint's dtype; bf16 on a GPU
+    model, tokenizer = load(export_dir, device=device, dtype=settings.load_dtype)
     return measure_decoding(model, tokenizer, prompts, max_new_tokens=decode.max_new_tokens,
                             trees=[str(t) for t in decode.trees], batch_size=decode.batch_size)
 

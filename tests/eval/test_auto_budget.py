@@ -9,8 +9,9 @@ import pytest
 
 import mtp.generate.measure as measure_module
 from mtp.checkpoint import export
-from mtp.eval.runner import AUTO_SECONDS, EvalConfig, evaluate
+from mtp.eval.runner import EvalConfig, evaluate
 from mtp.generate import Auto, SamplingConfig
+from mtp.generate.session import AUTO_SECONDS
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 
@@ -47,24 +48,28 @@ def test_the_budget_bounds_the_measurement_and_says_what_it_left_out(model, slow
     spent = time.perf_counter() - began
     # The budget is checked between decodings: at most one candidate's warm-up and batch more.
     assert spent < 0.4 + 0.4, spent
-    assert auto.skipped and "autoregressive" in auto.measured and auto.choice in auto.measured
-    line = auto.describe()
-    assert line.startswith(f"auto: {auto.choice} (measured in ") and "of a 0.40 s budget" in line
-    assert f"{len(auto.skipped)} candidates left unmeasured by the budget" in line
+    record = auto.record
+    assert record.left_out and "autoregressive" in record.figures
+    assert record.choice in record.figures
+    line = record.describe()
+    assert line.startswith(f"drafter: {record.choice} (measured in ")
+    assert "of a 0.4 s budget" in line
+    assert line.endswith(f"; {len(record.left_out)} left out by the budget)")
 
     unbounded = Auto(tokens=4)
     unbounded.choose(model, ByteTokenizer(), PROMPTS[:1], sampling=SamplingConfig(),
                      max_new_tokens=4)
-    assert not unbounded.skipped and len(unbounded.measured) > len(auto.measured)
+    assert not unbounded.record.left_out
+    assert len(unbounded.record.figures) > len(record.figures)
 
 
 def test_the_budget_is_a_share_of_the_planned_decoding(model, slow_generate):
     auto = Auto(tokens=4, budget=30.0, planned_tokens=40)
     auto.choose(model, ByteTokenizer(), PROMPTS, sampling=SamplingConfig(), max_new_tokens=4,
                 batch_size=1)
-    expected = 0.1 * 40 / auto.measured["autoregressive"]  # 10% of 40 tokens at the AR rate
-    assert auto.limit == pytest.approx(expected, rel=0.3) and auto.limit < 30.0
-    assert auto.skipped
+    expected = 0.1 * 40 / auto.record.figures["autoregressive"]  # 10% of 40 tokens at AR's rate
+    assert auto.record.budget == pytest.approx(expected, rel=0.3) and auto.record.budget < 30.0
+    assert auto.record.left_out
 
 
 def test_eval_spends_its_budget_once_and_the_next_run_reuses_the_choice(
@@ -90,16 +95,17 @@ def test_eval_spends_its_budget_once_and_the_next_run_reuses_the_choice(
     [auto] = measured
     assert auto.budget == AUTO_SECONDS
     # 2 problems x 8 tokens: 10% of that at the autoregressive rate, far under 30 s.
-    assert auto.limit == pytest.approx(0.1 * 16 / auto.measured["autoregressive"], rel=0.01)
-    assert f"{first['decoding']} (measured in " in err and "tokens/s: " in err
-    cache = list((tmp_path / "cache" / "auto").glob("*.json"))
-    assert len(cache) == 1 and json.loads(cache[0].read_text())
+    assert auto.record.budget == pytest.approx(
+        0.1 * 16 / auto.record.figures["autoregressive"], rel=0.01)
+    choice = first["decoding"].removeprefix("auto -> ")
+    assert f"drafter: {choice} (measured in " in err and "tokens/s: " in err
+    cache = json.loads((tmp_path / "cache" / "tune.json").read_text())
+    assert [e["step"] for e in cache.values()].count("drafter") == 1
 
     second = run("second")
     assert len(measured) == 1  # not measured again: read from the file
     assert second["decoding"] == first["decoding"]
-    assert f"{first['decoding']} (cached: measured before with this checkpoint)" in \
-        capsys.readouterr().err
+    assert f"drafter: {choice} (cached, measured in " in capsys.readouterr().err
 
 
 def test_a_compiled_steps_warm_up_is_not_spent_from_the_budget(model, monkeypatch):
@@ -118,6 +124,6 @@ def test_a_compiled_steps_warm_up_is_not_spent_from_the_budget(model, monkeypatc
         auto = Auto(tokens=4, budget=0.4, compile=compile)
         auto.choose(model, ByteTokenizer(), PROMPTS[:1], sampling=SamplingConfig(),
                     max_new_tokens=4, batch_size=1)
-        measured[compile] = len(auto.measured)
+        measured[compile] = len(auto.record.figures)
     assert measured[False] <= 2  # eager: a 0.3 s warm-up is the candidate's own cost
     assert measured[True] > measured[False] + 2

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 from mtp.checkpoint import export
-from mtp.generate import generate
+from mtp.decode.tree import TREE_FILE, Calibration, Tree
+from mtp.generate import Auto, DrafterContext, DrafterSpec, generate
 from mtp.generate.__main__ import main as generate_main
-from mtp.generate import DrafterSpec
-from mtp.generate.auto import make_auto
 from mtp.generate.calibrate import acceptance_rates, main, path_frequencies, truth_ranks
-from mtp.decode.tree import Calibration, Tree, find_calibration
+from mtp.generate.session import checkpoint_id, saved_choices
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
 
@@ -67,26 +66,30 @@ def test_truth_ranks_match_a_manual_count(tiny_config):
             assert ranks[row, head - 1] == (logits[s, head] > logits[s, head, truth]).sum()
 
 
-def test_calibrate_writes_tree_json_that_generate_and_auto_read(tiny_config, tmp_path, capsys):
+def test_calibrate_saves_a_calibration_that_generate_and_auto_read(tiny_config, tmp_path,
+                                                                    capsys, monkeypatch):
+    monkeypatch.setenv("MTP_CACHE", str(tmp_path / "cache"))
     model = MTPModel(tiny_config)
     directory = export(model, ByteTokenizer(), tmp_path / "export")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps(p) for p in ["def f(x):", "import os\n"]))
     main([f"checkpoint={directory}", f"prompt_file={prompts}", "max_new_tokens=20",
-          "ranks=4"])
+          "ranks=4", f"output={tmp_path}"])
     out = capsys.readouterr().out
-    assert "auto:16: depth" in out and "wrote" in out
-    calibration = find_calibration(directory, n_future=4, vocab_size=262)
+    assert "auto:16: depth" in out and "saved: trees: heads 1..3 at ranks < 4 (measured" in out
+    [saved] = saved_choices(directory, checkpoint_id(directory)).values()
+    calibration = Calibration.from_json(saved, n_future=4, vocab_size=262)
     assert len(calibration.rates) == 3 and all(len(row) == 4 for row in calibration.rates)
     assert 0 < calibration.details["positions"] <= 2 * (20 - 3)  # runs of one token left out
-    data = json.loads((directory / "tree.json").read_text())
+    data = json.loads((tmp_path / TREE_FILE).read_text())  # output= writes the file too
+    assert data == saved
     assert "paths" in data  # a random model's heads never rank the truth in their top 4: {}
     assert len(data["trees"]["16"]) == 15
     generate_main([f"checkpoint={directory}", "prompt=xy", "max_new_tokens=6",
                    "drafter=heads", "tree=auto:16"])
     assert "[length] heads(tree=auto:16): 6 tokens" in capsys.readouterr().err
-    auto = make_auto(model, DrafterSpec(drafter="auto"), calibration=calibration)
-    assert "heads(tree=auto:32)" in auto.candidates(model)
+    auto = Auto(context=DrafterContext(saved={"trees": saved}))
+    assert "heads(tree=auto:32)" in auto.candidates(model, {})
     with pytest.raises(ValueError, match="tree='tree8' sizes heads, not drafter='prompt_lookup'"):
         DrafterSpec(drafter="prompt_lookup", tree="tree8")
 
@@ -94,4 +97,4 @@ def test_calibrate_writes_tree_json_that_generate_and_auto_read(tiny_config, tmp
 def test_a_calibration_for_another_model_is_refused(tiny_config, tmp_path):
     Calibration([[0.5]] * 7, n_future=8, vocab_size=262).save(tmp_path)
     with pytest.raises(ValueError, match="calibrated for n_future=8"):
-        find_calibration(tmp_path, n_future=4, vocab_size=262)
+        Calibration.load(tmp_path / TREE_FILE, n_future=4, vocab_size=262)

@@ -206,7 +206,7 @@ def test_statistics(trained):
     ({"prompts": []}, "prompts must be a non-empty list of strings"),
     ({"prompts": ["x" * 64]}, "prompt 0 is 65 tokens .* max_seq_len=64"),
     ({"drafter": DrafterSpec(drafter="heads", k=5)}, "k must be from 1 to n_future=4, got k=5"),
-    ({"drafter": "auto"}, "chosen by measurement: use mtp.generate.auto.choose_drafter"),
+    ({"drafter": "auto"}, "chosen by measurement: use mtp.generate.auto"),
     ({"drafter": "fast"}, "unknown drafter 'fast'"),
     ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
     ({"stop": ["ok", ""]}, "stop strings must be non-empty strings, got ''"),
@@ -230,8 +230,9 @@ def test_tokenizer_must_match_the_model(tiny_config):
 
 
 def test_the_step_is_compiled_by_default_on_a_gpu_only() -> None:
-    from mtp.decode.loop import decoding_compile
+    from mtp.generate import DecodeSettings
 
-    assert decoding_compile("cuda", None) and decoding_compile("cuda:1", None)
-    assert not decoding_compile("cpu", None)
-    assert decoding_compile("cpu", True) and not decoding_compile("cuda", False)
+    assert DecodeSettings(device="cuda").compiled and DecodeSettings(device="cuda:1").compiled
+    assert not DecodeSettings(device="cpu").compiled
+    assert DecodeSettings(compile=True).compiled
+    assert not DecodeSettings(device="cuda", compile=False).compiled

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from mtp.generate import (Auto, Combined, DraftModel, DrafterSpec, HeadsDrafter, PromptLookup,
-                          SamplingConfig, choose_drafter, generate)
+                          SamplingConfig, generate)
+from mtp.tune import TuneCache
 from mtp.decode.drafters.prompt_lookup import NgramIndex
 from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel
@@ -115,28 +116,34 @@ def test_prompt_lookup_proposes_a_repeated_ngrams_continuation(random_model):
 
 
 def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
-    calibration = tmp_path / "calibration.json"
-    auto = Auto(choice_file=calibration, tokens=8)
+    cache = TuneCache(tmp_path / "tune.json")
+    auto = Auto(tokens=8, model_id="a checkpoint", cache=cache)
     reference = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12)
     chosen = auto.choose(random_model, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(),
                          max_new_tokens=12)
     got = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12, drafter=chosen)
     assert _ids(got) == _ids(reference)
-    assert auto.choice in auto.measured
-    assert auto.measured["autoregressive"] > 0 and "heads(k=4)" in auto.measured
-    best = max(auto.measured, key=auto.measured.get)
+    measured = auto.record.figures
+    assert auto.choice in measured and auto.record.unit == "tokens/s"
+    assert measured["autoregressive"] > 0 and "heads(k=4)" in measured
+    assert "heads(k=4)+prompt_lookup(num_draft=8, max_ngram=4, min_ngram=2)" in measured \
+        or any(label.endswith("+prompt_lookup(num_draft=8, max_ngram=4, min_ngram=2)")
+               for label in measured)  # the fastest chain with prompt lookup
+    best = max(measured, key=measured.get)
     if auto.choice != "autoregressive":  # a drafter wins only by the margin over AR
         assert auto.choice == best
-        assert auto.measured[best] >= auto.margin * auto.measured["autoregressive"]
-    [entry] = json.loads(calibration.read_text()).values()
-    assert entry["choice"] == auto.choice
+        assert measured[best] >= auto.margin * measured["autoregressive"]
+    [entry] = json.loads(cache.path.read_text()).values()
+    assert entry["choice"] == auto.choice and entry["step"] == "drafter"
     # Another process (an empty in-memory cache) reads the file instead of measuring again.
-    fresh = Auto(choice_file=calibration, tokens=8)
+    fresh = Auto(tokens=8, model_id="a checkpoint", cache=TuneCache(cache.path))
     fresh._measure = lambda *args: pytest.fail("measured again")
     clone = MTPModel(random_model.config).double().eval()
     clone.load_state_dict(random_model.state_dict())
-    fresh.choose(clone, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(), max_new_tokens=4)
-    assert fresh.choice == auto.choice
+    again = fresh.choose(clone, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(),
+                         max_new_tokens=4)
+    assert fresh.choice == auto.choice and fresh.record.how == "cached"
+    assert repr(again) == repr(chosen)
 
 
 def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(random_model,
@@ -160,14 +167,15 @@ def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(random
     assert set(runs.values()) == {3, 6}  # once or twice over the three prompts
     twice = {label for label, count in runs.items() if count == 6}
     assert "None" in twice and 2 <= len(twice) <= 3  # autoregressive and the 2 leaders
-    assert len(runs) == len(auto.measured)
+    assert len(runs) == len(auto.record.figures)
 
 
 def test_k_auto_measures_the_heads_only(random_model):
-    drafter, auto = choose_drafter(random_model, TOKENIZER, DrafterSpec(k="auto"), PROMPTS[:1],
-                                   sampling=SamplingConfig(), max_new_tokens=4)
-    assert isinstance(auto, Auto) and auto.heads_only
-    assert set(auto.measured) == {"autoregressive", "heads(k=2)", "heads(k=3)", "heads(k=4)"}
+    auto = Auto(spec=DrafterSpec(k="auto"), tokens=4)
+    drafter = auto.choose(random_model, TOKENIZER, PROMPTS[:1], sampling=SamplingConfig(),
+                          max_new_tokens=4)
+    assert set(auto.record.figures) == {"autoregressive", "heads(k=2)", "heads(k=3)",
+                                        "heads(k=4)"}
     assert drafter is None or isinstance(drafter, HeadsDrafter)
 
 

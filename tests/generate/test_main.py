@@ -27,8 +27,9 @@ def test_streams_the_same_text_as_generate(checkpoint, capsys):
     out, err = capsys.readouterr()
     [expected] = generate(model.eval(), ByteTokenizer(), ["def fib(n):"], max_new_tokens=12)
     assert out == "def fib(n):" + expected.text + "\n"
-    threads, stats = err.splitlines()  # the thread count first (the tests' one: as set)
-    assert threads.startswith("threads: 1 of ") and "as set" in threads
+    dtype, threads, stats = err.splitlines()  # the choices first (the tests' thread: as set)
+    assert dtype == "dtype: float32 (fixed: as loaded)"
+    assert threads == "threads: 1 (set: torch.set_num_threads before)"
     assert stats.startswith("[length] heads(k=3): 12 tokens in ") and "draft acceptance " in stats
 
 
@@ -51,10 +52,14 @@ def test_argument_errors_are_clear(tmp_path):
         parse_args(["checkpoint=x", "prompt=a", "k=many"])
     with pytest.raises(ValueError, match="window=3 sizes lookahead, not drafter='heads'"):
         parse_args(["checkpoint=x", "prompt=a", "drafter=heads", "window=3"])
-    with pytest.raises(ValueError, match="bad arguments"):
+    with pytest.raises(ValueError, match="unknown key tempreature; known: acceptance, "):
         parse_args(["checkpoint=x", "prompt=a", "tempreature=1"])
-    with pytest.raises(ValueError, match="dtype must be one of"):
+    with pytest.raises(ValueError, match="dtype='int8' is not one of bfloat16, float16, "):
         parse_args(["checkpoint=x", "prompt=a", "dtype=int8"])
+    with pytest.raises(ValueError, match="checkpoint=... is required"):
+        parse_args(["prompt=a"])
+    with pytest.raises(ValueError, match="max_new_tokens='many': Value 'many' of type"):
+        parse_args(["checkpoint=x", "prompt=a", "max_new_tokens=many"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt key"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1 must be a JSON string or an object"):
@@ -83,23 +88,22 @@ def test_dtype_auto_says_what_it_measured(checkpoint, capsys):
           "dtype=auto"])
     err = capsys.readouterr().err
     # bf16 is measured only where the CPU has bf16 arithmetic; float32 is measured anyway
-    assert ("dtype: float32 (this CPU has no bf16 arithmetic)" in err
-            or "(a forward of 3 tokens: float32 " in err)
+    assert ("dtype: float32 (fixed: this CPU has no bf16 arithmetic)" in err
+            or ", a forward of 3 tokens; ms: " in err)
 
 
-def test_default_drafter_is_auto_and_names_its_choice(checkpoint, tmp_path, capsys):
+def test_default_drafter_is_auto_and_names_its_choice(checkpoint, tmp_path, capsys,
+                                                      monkeypatch):
+    monkeypatch.setenv("MTP_CACHE", str(tmp_path))
     directory, _ = checkpoint
-    choices = tmp_path / "choices.json"
-    main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=6",
-          f"choice_file={choices}"])
+    main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=6"])
     err = capsys.readouterr().err
-    [entry] = json.loads(choices.read_text()).values()
+    [entry] = [e for e in json.loads((tmp_path / "tune.json").read_text()).values()
+               if e["step"] == "drafter"]
+    assert f"drafter: {entry['choice']} (measured in " in err
     assert f"auto -> {entry['choice']}: 6 tokens in " in err
-    old_name = tmp_path / "old.json"  # calibration= still works, with a word, for a release
-    main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=6",
-          f"calibration={old_name}"])
-    assert "calibration= is renamed choice_file=" in capsys.readouterr().err
-    assert old_name.is_file()
+    main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=6"])
+    assert f"drafter: {entry['choice']} (cached, measured in " in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown drafter 'medusa': choose one of auto, "):
         main([f"checkpoint={directory}", "prompt=x", "drafter=medusa"])
     with pytest.raises(ValueError, match="max_ngram must be an integer >= 1, got 0"):

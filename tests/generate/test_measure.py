@@ -107,11 +107,13 @@ def test_held_out_prompts_are_humaneval_prompts_that_leave_room() -> None:
                          tokenizer, [], max_new_tokens=4)
 
 
-def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch) -> None:
+def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch, tmp_path) -> None:
     """dtype=auto on a CPU: bfloat16 only where it measured faster at the drafter's width."""
     import torch
 
     import mtp.generate.measure as measure
+    import mtp.generate.session as session
+    from mtp.tune import TuneCache
 
     model = MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=64,
                                n_future=4)).eval()
@@ -124,22 +126,25 @@ def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch) -> None:
         faster = bf16_faster_from <= width
         return 1.0 if (next(at.parameters()).dtype == torch.bfloat16) == faster else 2.0
 
-    monkeypatch.setattr(measure, "plain_forward_seconds", timed)
-    monkeypatch.setattr(measure, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(session, "plain_forward_seconds", timed)
+    monkeypatch.setattr(session, "cpu_has_bf16", lambda: True)
     bf16_faster_from = 8
-    one = measure.choose_decode_dtype(model, width=1)
-    assert one.dtype == torch.float32 and widths == [1, 1]
+    variants = session.DtypeVariants(model, measure=True, cache=TuneCache(tmp_path / "t.json"))
+    one = variants.choose(1, 1)
+    assert one.value == "float32" and widths == [1, 1]
     assert all(torch.equal(p, weights[n]) for n, p in model.state_dict().items())  # untouched
-    assert one.describe() == "dtype: float32 (a forward of 1 tokens: float32 1000.0 ms, " \
-                             "bfloat16 2000.0 ms)"
-    wide = measure.choose_decode_dtype(model, width=9)
-    assert wide.dtype == torch.bfloat16 == next(model.parameters()).dtype
-    again = measure.choose_decode_dtype(model, width=9)  # not float32: nothing to measure
-    assert again.seconds == {} and widths == [1, 1, 9, 9]
-    monkeypatch.setattr(measure, "cpu_has_bf16", lambda: False)  # bf16 emulated: float32
-    plain = MTPModel(model.config).eval()
-    assert measure.choose_decode_dtype(plain, width=9).dtype == torch.float32
-    assert widths == [1, 1, 9, 9]
+    assert one.describe() == (f"dtype: float32 (measured in {one.seconds:.1f} s, a forward of "
+                              f"1 tokens; ms: float32 1000, bfloat16 2000)")
+    wide = variants.choose(9, 1)
+    assert wide.value == "bfloat16" and widths == [1, 1, 9, 9]
+    assert next(variants.keep("bfloat16").parameters()).dtype == torch.bfloat16
+    assert variants.choose(9, 1).how == "cached" and widths == [1, 1, 9, 9]
+    monkeypatch.setattr(session, "cpu_has_bf16", lambda: False)  # bf16 emulated: float32
+    plain = session.DtypeVariants(MTPModel(model.config).eval(), measure=True, cache=None)
+    assert plain.choose(9, 1).describe() == "dtype: float32 (fixed: this CPU has no bf16 " \
+                                            "arithmetic)"
+    named = session.DtypeVariants(model, measure=False, cache=None)
+    assert named.choose(9, 1).how == "fixed" and widths == [1, 1, 9, 9]
 
 
 def test_bfloat16_decodes_as_its_autoregressive_output_up_to_near_ties(trained) -> None:

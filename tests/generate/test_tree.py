@@ -9,7 +9,7 @@ from mtp.decode.acceptance import Draws, TypicalAcceptance, accept
 from mtp.decode.drafters.base import Drafts
 from mtp.decode.drafters.heads import draft
 from mtp.decode.sampling import SamplingConfig, exponential
-from mtp.decode.tree import Calibration, Tree, find_calibration, resolve_tree
+from mtp.decode.tree import TREE_FILE, Calibration, Tree, resolve_tree
 
 MEDUSA_LIKE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
@@ -82,23 +82,25 @@ def test_trees_the_model_cannot_draft_name_the_path():
 
 def test_calibration_round_trip_and_mismatch(tmp_path):
     rates = [[0.5, 0.2], [0.6, 0.1], [0.7, 0.05]]
+    def load(directory, n_future=4):
+        return Calibration.load(directory / TREE_FILE, n_future=n_future, vocab_size=262)
+
     Calibration(rates, n_future=4, vocab_size=262, details={"prompts": 3}).save(tmp_path)
-    found = find_calibration(tmp_path, n_future=4, vocab_size=262)
+    found = load(tmp_path)
     assert found.rates == rates and found.details == {"prompts": 3}
     tree = resolve_tree("auto:5", k=4, vocab_size=262, calibration=found)
     assert tree.n_nodes == 5 and tree.paths == Tree.from_rates(rates, 5).paths
     assert resolve_tree("auto:9", k=2, vocab_size=262, calibration=found).depth == 1
     with pytest.raises(ValueError, match=r"tree.json was calibrated for n_future=4, "
                                          r"vocab_size=262, not this model's n_future=8"):
-        find_calibration(tmp_path, n_future=8, vocab_size=262)
+        load(tmp_path, n_future=8)
     (tmp_path / "paths.json").write_text(json.dumps([[0], [1, 3]]))
     with pytest.raises(ValueError, match=r"paths.json: path \[1, 3\] needs its parent \[1\]"):
         resolve_tree(str(tmp_path / "paths.json"), k=4, vocab_size=262)
     (tmp_path / "empty").mkdir()
-    assert find_calibration(tmp_path / "empty", n_future=4, vocab_size=262) is None
     paths = [((0,), 0.7), ((0, 0), 0.5), ((1,), 0.2), ((0, 0, 0), 0.1)]
     Calibration(rates, n_future=4, vocab_size=262, paths=paths).save(tmp_path / "empty")
-    found = find_calibration(tmp_path / "empty", n_future=4, vocab_size=262)
+    found = load(tmp_path / "empty")
     assert found.paths == paths
     assert resolve_tree("auto:4", k=4, vocab_size=262, calibration=found).paths == (
         (0,), (1,), (0, 0))  # the three most frequent paths, not the rates' tree
@@ -108,7 +110,7 @@ def test_calibration_round_trip_and_mismatch(tmp_path):
     data["paths"]["0,0,0,0"] = 0.05
     (tmp_path / "empty" / "tree.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"paths must map rank paths of depth 1..3"):
-        find_calibration(tmp_path / "empty", n_future=4, vocab_size=262)
+        load(tmp_path / "empty")
 
 
 def _logits(probs):

@@ -1,14 +1,13 @@
 """Drafters: who proposes tokens, apart from who verifies them (`base.py` is the seam).
 
-`heads.py` (the model's parallel heads), `sequential.py` (sequential modules, DeepSeek-V3's
-MTP), `draft_model.py`, `layer_skip.py` (the model itself with layers skipped),
-`prompt_lookup.py`, `lookahead.py` (Jacobi iteration and an n-gram pool), `combined.py`
-(several drafters, the longest draft per sequence) and `online.py` (heads that learn while
-they draft);
-`mtp.decode.spec` builds them from names and options.
+Each module is one drafter and registers itself by name (`registry.py`): `heads.py` (the
+model's parallel heads), `sequential.py` (sequential modules, DeepSeek-V3's MTP),
+`online.py` (heads that learn while they draft), `draft_model.py`, `layer_skip.py` (the
+model itself with layers skipped), `prompt_lookup.py`, `lookahead.py` (Jacobi iteration and
+an n-gram pool) and `combined.py` (several drafters, the longest draft per sequence).
 """
 
-from mtp.decode.drafters.base import Drafter, Drafts, Verified
+from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified
 from mtp.decode.drafters.combined import Combined
 from mtp.decode.drafters.draft_model import DraftModel
 from mtp.decode.drafters.heads import HeadsDrafter, OwnHeads
@@ -16,7 +15,9 @@ from mtp.decode.drafters.layer_skip import LayerSkip
 from mtp.decode.drafters.lookahead import Lookahead
 from mtp.decode.drafters.online import OnlineHeads
 from mtp.decode.drafters.prompt_lookup import PromptLookup
+from mtp.decode.drafters.registry import DrafterSpec, drafter_types, make_drafter
 from mtp.decode.drafters.sequential import SequentialDrafter
 
-__all__ = ["Combined", "DraftModel", "Drafter", "Drafts", "HeadsDrafter", "LayerSkip",
-           "Lookahead", "OnlineHeads", "OwnHeads", "PromptLookup", "SequentialDrafter", "Verified"]
+__all__ = ["Combined", "DraftModel", "Drafter", "DrafterContext", "DrafterSpec", "Drafts",
+           "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads", "OwnHeads", "PromptLookup",
+           "SequentialDrafter", "Verified", "drafter_types", "make_drafter"]

@@ -17,7 +17,7 @@ per row at every step; a row with fewer real drafts pads, and `Drafts.lengths` s
 many are real. So a compiled verify forward has the same shape at every step, and an eager
 one verifies a chain only up to the batch's longest real proposal (`engine.py`).
 
-The decode loop (`decode.py`), in the drafter's words:
+The decode loop (`loop.py`), in the drafter's words:
 
     drafter.start(model, prompts, cache, ...)    once, before the target's prefill
     drafter.update(verified)                     the prefill: the prompts, the first token
@@ -27,15 +27,16 @@ The decode loop (`decode.py`), in the drafter's words:
         drafter.update(verified)                 commit: what the forward verified and kept
         drafter.keep(rows)                       now and then: finished sequences leave
 
-The drafters are this package's other modules (see its `__init__`); `mtp.decode.spec`
-builds them from names and options.
+The drafters are this package's other modules; each registers itself by name, with its
+options and what `drafter=auto` measures of it (`registry.py`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -131,11 +132,57 @@ class Verified:
         return self.hidden[rows, self.path]
 
 
-class Drafter(ABC):
-    """Proposes drafts for one `generate` call at a time; `start` resets its state."""
+@dataclass(frozen=True)
+class DrafterContext:
+    """What building a drafter may need besides the model: the saved choices of tuning steps
+    for its checkpoint, by step (`saved`: "trees", the heads' calibration; "layer_skip", the
+    searched layers), as the JSON each step saves; a drafter reads the one it needs."""
 
-    #: Name in `python -m mtp.generate drafter=...`.
+    saved: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a drafter that has none."""
+
+
+class Drafter(ABC):
+    """Proposes drafts for one `generate` call at a time; `start` resets its state.
+
+    A drafter that `registry.register`s itself also says, as class attributes, how the
+    command lines name, size and measure it (see `registry.py`).
+    """
+
+    #: Its name on the command lines: `python -m mtp.generate drafter=NAME`.
     name: str = ""
+    #: Its options: a frozen dataclass whose fields are the command lines' keys.
+    Options: type = NoOptions
+    #: Options that, given with drafter=auto, name this drafter (k=4 alone: the heads).
+    selects: tuple[str, ...] = ()
+    #: Drafters whose candidates `drafter=auto` measures before this one's.
+    after: tuple[str, ...] = ()
+    #: The tuning step whose saved choice it reads from `DrafterContext.saved`, and the file
+    #: that holds that choice beside a checkpoint (`mtp.generate` finds both).
+    saved: str | None = None
+    saved_file: str | None = None
+
+    @classmethod
+    def from_options(cls, model: MTPModel, options: Any,
+                     context: DrafterContext) -> Drafter | None:
+        """The drafter `options` describe for `model` (None: autoregressive decoding)."""
+        raise NotImplementedError(f"{cls.__name__} is not built by name")
+
+    @classmethod
+    def candidates(cls, model: MTPModel, options: Any, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[Drafter]:
+        """What `drafter=auto` measures of this drafter for `model` (none by default);
+        `measured`: the tokens/s of the candidates measured so far, by label."""
+        return ()
+
+    @classmethod
+    def check_named(cls, options: Any) -> None:  # noqa: B027 (optional)
+        """Raise ValueError for options that cannot work when this drafter is named (not
+        merely a candidate of auto), before anything loads."""
 
     @property
     @abstractmethod
@@ -191,6 +238,10 @@ class Autoregressive(Drafter):
     against (`generate` with drafter=None)."""
 
     name = "autoregressive"
+
+    @classmethod
+    def from_options(cls, model: MTPModel, options: Any, context: DrafterContext) -> None:
+        return None  # `generate` decodes autoregressively without a drafter
 
     @property
     def tree(self) -> Tree:

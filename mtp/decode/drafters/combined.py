@@ -9,11 +9,16 @@ most demanding one needs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import Drafter, Drafts, Verified
+from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified
+from mtp.decode.drafters.heads import OwnHeads
+from mtp.decode.drafters.prompt_lookup import PromptLookup, PromptLookupOptions
+from mtp.decode.drafters.registry import register
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
@@ -77,4 +82,53 @@ class Combined(Drafter):
 
     def __repr__(self) -> str:
         return "+".join(map(repr, self.drafters))
+
+
+
+CHAIN = re.compile(r"heads\(k=(\d+)\)")  # a chain of heads, as the heads' candidates say
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadsLookupOptions(PromptLookupOptions):
+    """drafter=heads+prompt_lookup: prompt lookup's options, and k, the heads' tokens per
+    forward pass (null: every head)."""
+
+    k: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool)
+                                   or self.k < 2):
+            raise ValueError(f"drafter=heads+prompt_lookup needs k >= 2 (k=1 drafts nothing "
+                             f"with the heads: use drafter=prompt_lookup), got k={self.k!r}")
+
+
+@register
+class HeadsAndLookup(Combined):
+    """The heads and prompt lookup together: the longer draft per row."""
+
+    name = "heads+prompt_lookup"
+    Options = HeadsLookupOptions
+    after = ("heads", "prompt_lookup")
+
+    @classmethod
+    def from_options(cls, model: MTPModel, options: HeadsLookupOptions,
+                     context: DrafterContext) -> HeadsAndLookup:
+        n_future = model.config.n_future
+        if n_future == 1:
+            raise ValueError("drafter=heads+prompt_lookup needs the heads, but the model has "
+                             "one (n_future=1): use drafter=prompt_lookup")
+        k = n_future if options.k is None else options.k
+        return cls(OwnHeads.variant(model, k), PromptLookup.from_options(model, options, context))
+
+    @classmethod
+    def candidates(cls, model: MTPModel, options: HeadsLookupOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[HeadsAndLookup]:
+        """The fastest chain of heads measured so far, with prompt lookup."""
+        chains = {int(match[1]): rate for label, rate in measured.items()
+                  if (match := CHAIN.fullmatch(label))}
+        if chains:
+            k = max(chains, key=chains.get)
+            yield cls(OwnHeads.variant(model, k),
+                      PromptLookup.from_options(model, options, context))
 

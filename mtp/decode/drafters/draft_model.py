@@ -20,13 +20,15 @@ cheaper than the target and agrees with it often.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import (DraftBudget, Drafter, Drafts, DraftSequence, Verified,
-                                        check_flag, check_positive, check_threshold,
-                                        draft_options)
+from mtp.decode.drafters.base import (DraftBudget, Drafter, DrafterContext, Drafts,
+                                      DraftSequence, Verified, check_flag, check_positive,
+                                      check_threshold, draft_options)
+from mtp.decode.drafters.registry import register
 from mtp.decode.forward import cached_forward, key_width, prefill
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree
@@ -35,21 +37,63 @@ from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
 
+@dataclass(frozen=True, kw_only=True)
+class DraftModelOptions:
+    """drafter=draft_model: draft_model, a checkpoint that shares the target's tokenizer;
+    num_draft, drafts per step; threshold, stop drafting once a draft's top probability falls
+    below it (0: never); adaptive, drafts per step follow recent acceptance."""
+
+    draft_model: str | None = None
+    num_draft: int = 4
+    threshold: float = 0.0
+    adaptive: bool = False
+
+    def __post_init__(self) -> None:
+        check_positive("num_draft", self.num_draft)
+        check_threshold(self.threshold)  # draft-exit: see base.DraftSequence
+        check_flag("adaptive", self.adaptive)  # DraftBudget: from acceptance
+
+
+@register
 class DraftModel(Drafter):
     """`model` (with its `tokenizer`, which must be the target's) drafts `num_draft` tokens."""
 
     name = "draft_model"
+    Options = DraftModelOptions
 
     def __init__(self, model: MTPModel, tokenizer: Tokenizer, num_draft: int = 4,
                  threshold: float = 0.0, adaptive: bool = False) -> None:
         if not isinstance(model, MTPModel):
             raise ValueError(f"the draft model must be an MTPModel (see mtp.load), got "
                              f"{type(model).__name__}")
+        DraftModelOptions(num_draft=num_draft, threshold=threshold, adaptive=adaptive)
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.num_draft = check_positive("num_draft", num_draft)
-        self.threshold = check_threshold(threshold)  # draft-exit: see base.DraftSequence
-        self.adaptive = check_flag("adaptive", adaptive)  # DraftBudget: from acceptance
+        self.num_draft, self.threshold, self.adaptive = num_draft, float(threshold), adaptive
         self._cache: KVCache | None = None
+
+    @classmethod
+    def check_named(cls, options: DraftModelOptions) -> None:
+        if options.draft_model is None:
+            raise ValueError("drafter=draft_model needs draft_model=PATH (a checkpoint that "
+                             "shares the tokenizer)")
+
+    @classmethod
+    def from_options(cls, model: MTPModel, options: DraftModelOptions,
+                     context: DrafterContext) -> DraftModel:
+        """The draft model checkpoint, loaded on the target's device and dtype."""
+        from mtp.checkpoint import load  # the one drafter that reads a checkpoint
+
+        cls.check_named(options)
+        param = next(model.parameters())
+        small, tokenizer = load(options.draft_model, device=param.device, dtype=param.dtype)
+        return cls(small, tokenizer, options.num_draft, options.threshold, options.adaptive)
+
+    @classmethod
+    def candidates(cls, model: MTPModel, options: DraftModelOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[DraftModel]:
+        """The draft model, when one is given."""
+        if options.draft_model is not None:
+            yield cls.from_options(model, options, context)
 
     @property
     def tree(self) -> Tree:

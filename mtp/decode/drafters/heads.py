@@ -10,14 +10,18 @@ drafter holds the tree's buffers (`TreeBuffers`) from `start`, so a step builds 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from mtp.decode.drafters.base import Drafter, Drafts, Verified, check_positive
+from mtp.decode.drafters.base import (Drafter, DrafterContext, Drafts, Verified, check_flag,
+                                      check_positive)
+from mtp.decode.drafters.registry import AUTO, drafter_types, register
 from mtp.decode.sampling import SamplingConfig, exponential, probabilities
-from mtp.decode.tree import Tree, TreeBuffers
+from mtp.decode.tree import Calibration, Tree, TreeBuffers, resolve_tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -64,13 +68,47 @@ def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
                   None if q is None else q.flatten(1, 2)[:, index])
 
 
+AUTO_TREE_SIZES = (16, 32, 64)  # the calibrated trees `drafter=auto` measures
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadsOptions:
+    """drafter=heads: k, the tokens per forward pass at most (heads 1..k-1 draft; null: every
+    head; auto: each k measured); tree, a candidate tree (`tree.resolve_tree`: chain, tree8
+    .. tree64, auto:N, a .json file or a list of rank paths; null: the chain); online, the
+    heads keep learning from the target between calls (`drafters.online`)."""
+
+    k: int | str | None = None
+    tree: Any = None
+    online: bool = False
+
+    def __post_init__(self) -> None:
+        k = self.k
+        if k is not None and k != AUTO and (not isinstance(k, int) or isinstance(k, bool)
+                                            or k < 1):
+            raise ValueError(f"k must be an integer >= 1, 'auto' or None (every head), got "
+                             f"{k!r}")
+        if self.tree is not None and k == AUTO:
+            raise ValueError("tree= gives the heads one candidate tree; k='auto' measures "
+                             "chains: choose one")
+        check_flag("online", self.online)
+
+
+@register
 class OwnHeads(Drafter):
     """The model's own heads draft: k tokens per forward pass at most (2 <= k <= n_future),
     heads 1..k-1 drafting a chain, or the nodes of `tree` (a `Tree`, resolved for the model:
-    see `tree.resolve_tree`). What the parallel heads (`HeadsDrafter`) and the sequential
-    modules (`SequentialDrafter`) share: their size, and its checks."""
+    see `tree.resolve_tree`).
+
+    What the drafters of a model's heads share: their size and its checks, and their entry in
+    the registry. Which one drafts for a model is the variant that `serves` it: parallel
+    heads (`HeadsDrafter`), heads that learn online (`OnlineHeads`) or sequential modules
+    (`SequentialDrafter`), each in its own module."""
 
     name = "heads"
+    Options = HeadsOptions
+    selects = ("k", "tree")
+    saved, saved_file = "trees", "tree.json"  # `python -m mtp.generate.calibrate`
 
     def __init__(self, k: int, tree: Tree | None = None) -> None:
         self.k = check_positive("k", k, least=2)
@@ -78,6 +116,53 @@ class OwnHeads(Drafter):
         if self._tree.depth > self.k - 1:
             raise ValueError(f"tree {self._tree.name} has depth {self._tree.depth}, but k={k} "
                              f"heads draft depths 1..{k - 1}")
+
+    @classmethod
+    def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
+        """Whether this variant drafts for `model` with `options`."""
+        return False
+
+    @classmethod
+    def variant(cls, model: MTPModel, k: int, tree: Tree | None = None, *,
+                online: bool = False) -> OwnHeads:
+        """The heads drafter that serves `model`: k heads, `tree` (None: the chain)."""
+        drafter_types()  # every variant's module imported
+        options = HeadsOptions(k=k, online=online)
+        for variant in _subclasses(OwnHeads):
+            if variant.serves(model, options):
+                return variant(k, tree)
+        raise ValueError(f"no heads drafter serves model.head_type="
+                         f"{model.config.head_type!r} with online={online}")
+
+    @classmethod
+    def from_options(cls, model: MTPModel, options: HeadsOptions,
+                     context: DrafterContext) -> OwnHeads | None:
+        n_future = model.config.n_future
+        k = n_future if options.k is None else options.k
+        if not 1 <= k <= n_future:
+            raise ValueError(f"k must be from 1 to n_future={n_future}, got k={k}")
+        if options.tree is None:
+            return None if k == 1 else cls.variant(model, k, online=options.online)
+        if k == 1:
+            raise ValueError(f"a tree needs k from 2 to n_future={n_future}, got k=1")
+        tree = resolve_tree(options.tree, k=k, vocab_size=model.config.vocab_size,
+                            calibration=calibration(model, context))
+        return cls.variant(model, k, tree, online=options.online)
+
+    @classmethod
+    def candidates(cls, model: MTPModel, options: HeadsOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[OwnHeads]:
+        """Every chain k = 2..n_future; with a calibration (and k not auto), its auto:N
+        trees."""
+        n_future = model.config.n_future
+        for k in range(2, n_future + 1):
+            yield cls.variant(model, k)
+        found = calibration(model, context)
+        if found is not None and options.k != AUTO and n_future > 1:
+            for size in AUTO_TREE_SIZES:
+                yield cls.variant(model, n_future, resolve_tree(
+                    f"auto:{size}", k=n_future, vocab_size=model.config.vocab_size,
+                    calibration=found))
 
     @property
     def tree(self) -> Tree:
@@ -96,9 +181,29 @@ class OwnHeads(Drafter):
         return f"heads(k={self.k})" if self.tree.is_chain else f"heads(tree={self.tree.name})"
 
 
+def calibration(model: MTPModel, context: DrafterContext) -> Calibration | None:
+    """The heads' measured acceptance for `model` (tree=auto:N), if one was saved."""
+    saved = context.saved.get(OwnHeads.saved)
+    if saved is None:
+        return None
+    return Calibration.from_json(saved, n_future=model.config.n_future,
+                                 vocab_size=model.config.vocab_size)
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
 class HeadsDrafter(OwnHeads):
     """Parallel heads 1..k-1 draft at the last accepted position, from the hidden states the
     verify pass computed there (it runs heads 0..depth)."""
+
+    @classmethod
+    def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
+        return model.config.head_type != "sequential" and not options.online
 
     def __init__(self, k: int, tree: Tree | None = None) -> None:
         super().__init__(k, tree)

@@ -24,16 +24,17 @@ skipped layers are a large share of a step's cost and the rest still agree with 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mtp.decode.drafters.base import (DraftBudget, Drafter, Drafts, DraftSequence, Verified,
-                                        check_flag, check_positive, check_threshold,
-                                        draft_options)
+from mtp.decode.drafters.base import (DraftBudget, Drafter, DrafterContext, Drafts,
+                                      DraftSequence, Verified, check_flag, check_positive,
+                                      check_threshold, draft_options)
+from mtp.decode.drafters.registry import register
 from mtp.decode.forward import cached_forward, key_width
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree
@@ -71,11 +72,14 @@ class SkipChoice:
     vocab_size: int
     details: dict[str, Any] = field(default_factory=dict)
 
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "skip": list(self.skip)}
+
     def save(self, path: str | Path) -> Path:
         """Write the choice to `path` (a file, or a directory for its SKIP_FILE)."""
         path = Path(path)
         path = path / SKIP_FILE if path.is_dir() else path
-        path.write_text(json.dumps({**asdict(self), "skip": list(self.skip)}, indent=1) + "\n")
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
         return path
 
     @classmethod
@@ -83,32 +87,59 @@ class SkipChoice:
         """Read a saved choice, refusing one made for another model's shape."""
         try:
             values = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as error:
+            raise ValueError(f"cannot read {path} as a layer-skip choice: {error}") from error
+        return cls.from_json(values, n_layers=n_layers, vocab_size=vocab_size, source=str(path))
+
+    @classmethod
+    def from_json(cls, values: Any, *, n_layers: int, vocab_size: int,
+                  source: str = "the saved layer-skip choice") -> SkipChoice:
+        """A choice from `to_json`'s form, refusing one made for another model's shape."""
+        try:
             choice = cls(tuple(values["skip"]), int(values["num_draft"]),
                          int(values["n_layers"]), int(values["vocab_size"]),
                          values.get("details", {}))
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"cannot read {path} as a layer-skip choice: {error}") from error
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"cannot read {source} as a layer-skip choice: {error}") from error
         if (choice.n_layers, choice.vocab_size) != (n_layers, vocab_size):
-            raise ValueError(f"{path} was searched for a model of {choice.n_layers} layers and "
-                             f"{choice.vocab_size} tokens, not this one ({n_layers}, "
+            raise ValueError(f"{source} was searched for a model of {choice.n_layers} layers "
+                             f"and {choice.vocab_size} tokens, not this one ({n_layers}, "
                              f"{vocab_size}): search again (python -m mtp.generate.skip_search)")
         check_skip(list(choice.skip), n_layers)
         return choice
 
 
-def default_skip_file(checkpoint: str | Path) -> Path:
-    """Where a checkpoint's skip choice is saved: inside an export's directory, or beside a
-    single-file checkpoint (a .ckpt, a GGUF) as FILE.layer_skip.json."""
-    checkpoint = Path(checkpoint)
-    if checkpoint.is_dir():
-        return checkpoint / SKIP_FILE
-    return checkpoint.with_name(f"{checkpoint.name}.{SKIP_FILE}")
+@dataclass(frozen=True, kw_only=True)
+class LayerSkipOptions:
+    """drafter=layer_skip: skip, the trunk layers to leave out (a list, or a layer_skip.json;
+    null: the checkpoint's searched choice); num_draft, drafts per step (null: the search's,
+    else 4); threshold, stop drafting below this top probability (0: never); adaptive, drafts
+    per step follow recent acceptance."""
+
+    skip: Any = None
+    num_draft: int | None = None
+    threshold: float = 0.0
+    adaptive: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_draft is not None:
+            check_positive("num_draft", self.num_draft)
+        check_threshold(self.threshold)
+        check_flag("adaptive", self.adaptive)
+        skip = self.skip
+        if skip is not None and (isinstance(skip, bytes)
+                                 or not isinstance(skip, (str, Sequence))):
+            raise ValueError(f"skip must be a list of trunk layer indices or a "
+                             f"layer_skip.json, got {skip!r:.80}")
 
 
+@register
 class LayerSkip(Drafter):
     """The target drafts `num_draft` tokens with its trunk layers `skip` left out."""
 
     name = "layer_skip"
+    Options = LayerSkipOptions
+    saved, saved_file = "layer_skip", SKIP_FILE  # python -m mtp.generate.skip_search
 
     def __init__(self, skip: Sequence[int], num_draft: int = 4, threshold: float = 0.0,
                  adaptive: bool = False) -> None:
@@ -118,6 +149,25 @@ class LayerSkip(Drafter):
         self.num_draft = check_positive("num_draft", num_draft)
         self.threshold = check_threshold(threshold)
         self.adaptive = check_flag("adaptive", adaptive)  # DraftBudget: from acceptance
+
+    @classmethod
+    def from_options(cls, model: MTPModel, options: LayerSkipOptions,
+                     context: DrafterContext) -> LayerSkip:
+        """Layer skipping with `skip`, or the choice saved in its file, or the checkpoint's
+        searched choice."""
+        chosen = _choice(model, options, context)
+        if chosen is None:
+            raise ValueError("drafter=layer_skip needs skip=[layers] or a searched choice: "
+                             "python -m mtp.generate.skip_search checkpoint=...")
+        skip, num_draft = chosen
+        return cls(skip, options.num_draft or num_draft, options.threshold, options.adaptive)
+
+    @classmethod
+    def candidates(cls, model: MTPModel, options: LayerSkipOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[LayerSkip]:
+        """The searched choice, when the checkpoint has one (or skip= is given)."""
+        if _choice(model, options, context) is not None:
+            yield cls.from_options(model, options, context)
 
     @property
     def tree(self) -> Tree:
@@ -165,3 +215,24 @@ class LayerSkip(Drafter):
     def __repr__(self) -> str:
         return (f"layer_skip(skip={list(self.skip)}, num_draft={self.num_draft}"
                 f"{draft_options(self.threshold, self.adaptive)})")
+
+
+def _choice(model: MTPModel, options: LayerSkipOptions,
+            context: DrafterContext) -> tuple[Sequence[int], int] | None:
+    """The layers to skip and the drafts per step: given, from a file, or saved; or None."""
+    config = model.config
+    if options.skip is None:
+        saved = context.saved.get(LayerSkip.saved)
+        if saved is None:
+            return None
+        choice = SkipChoice.from_json(saved, n_layers=config.n_layers,
+                                      vocab_size=config.vocab_size)
+        return choice.skip, choice.num_draft
+    if isinstance(options.skip, str):
+        if not Path(options.skip).is_file():
+            raise ValueError(f"skip={options.skip!r} is neither a list of trunk layers nor a "
+                             f"layer_skip.json file")
+        choice = SkipChoice.load(options.skip, n_layers=config.n_layers,
+                                 vocab_size=config.vocab_size)
+        return choice.skip, choice.num_draft
+    return options.skip, 4  # checked against the model by LayerSkip.check

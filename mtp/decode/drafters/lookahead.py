@@ -50,7 +50,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import Drafter, Drafts, Verified, check_positive
+from mtp.decode.drafters.base import (Drafter, DrafterContext, Drafts, Verified,
+                                      check_positive)
+from mtp.decode.drafters.registry import register
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
@@ -173,6 +175,24 @@ class _Sequence:
         return tokens
 
 
+@dataclass(frozen=True, kw_only=True)
+class LookaheadOptions:
+    """drafter=lookahead: window, the Jacobi window's columns W; ngram, the n-gram size N;
+    guesses, the most n-grams G it verifies per step."""
+
+    window: int = 5
+    ngram: int = 4
+    guesses: int = 5
+
+    def __post_init__(self) -> None:
+        check_positive("window", self.window, least=2)
+        if not isinstance(self.ngram, int) or isinstance(self.ngram, bool) or self.ngram < 2:
+            raise ValueError(f"ngram (the n-gram size N) must be an integer >= 2: a 1-gram has "
+                             f"no continuation to propose, got {self.ngram!r}")
+        check_positive("guesses", self.guesses, least=0)
+
+
+@register
 class Lookahead(Drafter):
     """Lookahead decoding: a Jacobi window of `window` columns collects `ngram`-grams; up to
     `guesses` of them that start with the last token are verified in the same forward pass.
@@ -182,19 +202,20 @@ class Lookahead(Drafter):
     """
 
     name = "lookahead"
+    Options = LookaheadOptions
 
     def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 5, seed: int = 0) -> None:
-        self.window = check_positive("window", window, least=2)
-        if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 2:
-            raise ValueError(f"ngram (the n-gram size N) must be an integer >= 2: a 1-gram has "
-                             f"no continuation to propose, got {ngram!r}")
-        self.ngram = ngram
-        self.guesses = check_positive("guesses", guesses, least=0)
-        self.seed = seed
+        LookaheadOptions(window=window, ngram=ngram, guesses=guesses)
+        self.window, self.ngram, self.guesses, self.seed = window, ngram, guesses, seed
         # The tree every step verifies: (W - 1) + (N - 2) W + G (N - 1) drafts, as deep as
         # a window row's last column or a guess's last token.
         self._plan = layout(window, ngram - 1, guesses, ngram - 1)
         self._rows: list[_Sequence] = []
+
+    @classmethod
+    def from_options(cls, model: MTPModel, options: LookaheadOptions,
+                     context: DrafterContext) -> Lookahead:
+        return cls(options.window, options.ngram, options.guesses)
 
     @property
     def tree(self) -> Tree:

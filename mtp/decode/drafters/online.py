@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from mtp.decode.drafters.base import Verified, check_positive
-from mtp.decode.drafters.heads import HeadsDrafter
+from mtp.decode.drafters.heads import HeadsDrafter, HeadsOptions
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
@@ -43,6 +43,10 @@ from mtp.model import MTPModel
 class OnlineHeads(HeadsDrafter):
     """`HeadsDrafter` whose heads 1..depth learn from each call's finished sequences, at the
     start of the next call (`lr`: AdamW's learning rate; `steps`: optimizer steps each time)."""
+
+    @classmethod
+    def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
+        return model.config.head_type != "sequential" and options.online
 
     def __init__(self, k: int, tree: Tree | None = None, *, lr: float = 1e-4,
                  steps: int = 1) -> None:

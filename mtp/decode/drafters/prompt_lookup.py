@@ -13,12 +13,14 @@ so a lookup costs one dictionary probe per n rather than a scan of the context.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import (DraftBudget, Drafter, Drafts, Verified, check_flag,
-                                        check_positive)
+from mtp.decode.drafters.base import (DraftBudget, Drafter, DrafterContext, Drafts, Verified,
+                                      check_flag, check_positive)
+from mtp.decode.drafters.registry import register
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
@@ -52,20 +54,51 @@ class NgramIndex:
         return []
 
 
+@dataclass(frozen=True, kw_only=True)
+class PromptLookupOptions:
+    """drafter=prompt_lookup: num_draft, drafts per step; max_ngram, min_ngram, the n-gram
+    sizes looked up; adaptive, drafts per step follow each row's recent acceptance
+    (`base.DraftBudget`)."""
+
+    num_draft: int = 8
+    max_ngram: int = 4
+    min_ngram: int = 2
+    adaptive: bool = False
+
+    def __post_init__(self) -> None:
+        check_positive("num_draft", self.num_draft)
+        check_flag("adaptive", self.adaptive)
+        check_positive("min_ngram", self.min_ngram)
+        check_positive("max_ngram", self.max_ngram)
+        if self.max_ngram < self.min_ngram:
+            raise ValueError(f"max_ngram={self.max_ngram} must be >= min_ngram="
+                             f"{self.min_ngram}")
+
+
+@register
 class PromptLookup(Drafter):
     """Drafts `num_draft` tokens by n-gram lookup in the context (`max_ngram`..`min_ngram`)."""
 
     name = "prompt_lookup"
+    Options = PromptLookupOptions
 
     def __init__(self, num_draft: int = 8, max_ngram: int = 4, min_ngram: int = 2,
                  adaptive: bool = False) -> None:
-        self.num_draft = check_positive("num_draft", num_draft)
-        self.adaptive = check_flag("adaptive", adaptive)  # DraftBudget: from acceptance
-        self.min_ngram = check_positive("min_ngram", min_ngram)
-        self.max_ngram = check_positive("max_ngram", max_ngram)
-        if max_ngram < min_ngram:
-            raise ValueError(f"max_ngram={max_ngram} must be >= min_ngram={min_ngram}")
+        self.options = PromptLookupOptions(num_draft=num_draft, max_ngram=max_ngram,
+                                           min_ngram=min_ngram, adaptive=adaptive)
+        self.num_draft, self.max_ngram, self.min_ngram = num_draft, max_ngram, min_ngram
+        self.adaptive = adaptive
         self._rows: list[NgramIndex] = []
+
+    @classmethod
+    def from_options(cls, model: MTPModel, options: PromptLookupOptions,
+                     context: DrafterContext) -> PromptLookup:
+        return cls(options.num_draft, options.max_ngram, options.min_ngram, options.adaptive)
+
+    @classmethod
+    def candidates(cls, model: MTPModel, options: PromptLookupOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[PromptLookup]:
+        yield cls.from_options(model, options, context)
 
     @property
     def tree(self) -> Tree:

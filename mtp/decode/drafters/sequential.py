@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from mtp.decode.drafters.base import Drafts, Verified
-from mtp.decode.drafters.heads import OwnHeads, ranked
+from mtp.decode.drafters.heads import HeadsOptions, OwnHeads, ranked
 from mtp.decode.forward import key_width
 from mtp.decode.sampling import SamplingConfig, exponential
 from mtp.kv_cache import CacheStep, KVCache
@@ -53,6 +53,15 @@ from mtp.tokenizers import Tokenizer
 class SequentialDrafter(OwnHeads):
     """The modules 1..k-1 of a `head_type="sequential"` model draft a chain of k - 1 tokens, or
     the nodes of `tree`; the verify pass runs head 0 alone (the default `verify_heads`)."""
+
+    @classmethod
+    def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
+        if model.config.head_type != "sequential":
+            return False
+        if options.online:
+            raise ValueError("online=true trains parallel heads; model.head_type='sequential' "
+                             "modules draft a chain that cannot learn online here")
+        return True
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         if model.config.head_type != "sequential":

@@ -185,8 +185,8 @@ def test_command_lines(tiny_config, tmp_path, capsys):
     out, err = capsys.readouterr()
     [expected] = generate(model.eval(), TOKENIZER, ["def f(x):"], max_new_tokens=10)
     assert out == "def f(x):" + expected.text + "\n"
-    threads, stats = err.splitlines()  # the thread count first (the tests' one: as set)
-    assert threads.startswith("threads: 1 of ")
+    dtype, threads, stats = err.splitlines()  # the choices first (the tests' thread: as set)
+    assert threads.startswith("threads: 1 (set: ")
     assert stats.startswith("[length] lookahead(window=3, ngram=3, guesses=2): 10 tokens in ")
     drafter = DrafterSpec(drafter="lookahead", ngram=2).build(model)
     assert (drafter.window, drafter.ngram, drafter.guesses) == (5, 2, 5)

@@ -7,7 +7,7 @@ import torch
 
 import mtp.decode.engine as engine
 from mtp.generate import DrafterSpec, HeadsDrafter, SequentialDrafter, generate
-from mtp.generate.auto import choose_drafter
+from mtp.generate.auto import Auto
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.forward import StackedHeads
 from mtp.decode.tree import Tree
@@ -117,9 +117,11 @@ def test_the_static_step_decodes_as_the_eager_one(trained_sequential, static, dr
 
 
 def test_auto_measures_the_modules(random_sequential):
-    drafter, auto = choose_drafter(random_sequential, TOKENIZER, DrafterSpec(k="auto"),
-                                   PROMPTS[:1], sampling=SamplingConfig(), max_new_tokens=4)
-    assert set(auto.measured) == {"autoregressive", "heads(k=2)", "heads(k=3)", "heads(k=4)"}
+    auto = Auto(spec=DrafterSpec(k="auto"), tokens=4)
+    drafter = auto.choose(random_sequential, TOKENIZER, PROMPTS[:1], sampling=SamplingConfig(),
+                          max_new_tokens=4)
+    assert set(auto.record.figures) == {"autoregressive", "heads(k=2)", "heads(k=3)",
+                                        "heads(k=4)"}
     assert drafter is None or isinstance(drafter, SequentialDrafter)
 
 

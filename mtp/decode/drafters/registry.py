@@ -1,0 +1,225 @@
+"""Drafters by name: each drafter module registers its class, and the class says everything
+the rest of mtp needs to know about it.
+
+A registered drafter is a `Drafter` subclass with
+    name = "prompt_lookup"        the name on the command lines: drafter=prompt_lookup
+    Options                       a frozen dataclass of its options, defaults and checks
+    from_options(model, options, context)       the drafter for a model (None: autoregressive)
+    candidates(model, options, context, measured)   what `drafter=auto` measures of it
+    check_named(options)          the checks that apply only when it is named, not measured
+    selects = ("k",)              options that, given with drafter=auto, name this drafter
+    after = ("heads",)            drafters whose candidates `auto` measures before its own
+    saved = "layer_skip"          a tuning step whose saved choice it reads (`DrafterContext`)
+    saved_file = "layer_skip.json"    ... and the file beside a checkpoint that holds it
+
+and the decorator `@register` adds it. Every module of this package is imported when the
+registry is first read (`drafter_types`), so a new drafter is one module here and one test.
+
+`DrafterSpec` names a drafter with options, as generate's and eval's command lines do
+(`drafter=heads k=4`); options are one flat namespace, each key belonging to the drafters
+whose `Options` has that field (`num_draft` sizes prompt lookup, the draft model and layer
+skipping alike), and checked against the drafter named before anything loads. "auto", as
+the drafter or as an option's value (k=auto), means "measured" (`mtp.generate.auto`).
+
+    DrafterSpec()                                         the model's heads, every one
+    DrafterSpec("heads", k=4)                             heads 1..3 draft, head 0 verifies
+    DrafterSpec("heads", tree="tree16")                   the heads' 16-node candidate tree
+    DrafterSpec("prompt_lookup", num_draft=8)
+    DrafterSpec("draft_model", draft_model="runs/small/export", num_draft=4)
+    DrafterSpec("auto")                                   measured
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from mtp.decode.drafters.base import Autoregressive, Drafter, DrafterContext
+from mtp.model import MTPModel
+
+AUTO = "auto"
+AUTOREGRESSIVE = "autoregressive"
+
+_TYPES: dict[str, type[Drafter]] = {}
+_loaded = False
+
+
+def register(cls: type[Drafter]) -> type[Drafter]:
+    """Class decorator: make `cls` (with its `name` and `Options`) a named drafter."""
+    name = cls.name
+    if not name or name == AUTO or not dataclasses.is_dataclass(cls.Options):
+        raise ValueError(f"a registered drafter needs a name (not {AUTO!r}) and an Options "
+                         f"dataclass, got {cls.__name__} with name={name!r}")
+    if name in _TYPES and _TYPES[name] is not cls:
+        raise ValueError(f"two drafters are named {name!r}: {_TYPES[name].__name__} and "
+                         f"{cls.__name__}")
+    _TYPES[name] = cls
+    return cls
+
+
+def drafter_types() -> dict[str, type[Drafter]]:
+    """Every registered drafter by name, each after the drafters its `after` names (the
+    order in which `auto` measures them)."""
+    global _loaded
+    if not _loaded:  # registration happens on import: import every module of the package
+        package = importlib.import_module("mtp.decode.drafters")
+        for module in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"mtp.decode.drafters.{module.name}")
+        _loaded = True
+    ordered: dict[str, type[Drafter]] = {}
+
+    def visit(name: str) -> None:
+        if name not in ordered:
+            for first in _TYPES[name].after:
+                visit(first)
+            ordered[name] = _TYPES[name]
+
+    for name in _TYPES:
+        visit(name)
+    return ordered
+
+
+def option_fields(cls: type[Drafter]) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls.Options)}
+
+
+def option_owners() -> dict[str, list[str]]:
+    """Each option's key -> the drafters whose Options have it."""
+    owners: dict[str, list[str]] = {}
+    for name, cls in drafter_types().items():
+        for option in option_fields(cls):
+            owners.setdefault(option, []).append(name)
+    return owners
+
+
+class DrafterSpec:
+    """A drafter by name, with the options that size it (see the module docstring).
+
+    `DrafterSpec(drafter="heads", k=4)`; `drafter` is a registered name, "auto" (measured)
+    or "autoregressive". Options are checked here, each against the drafters it sizes, so a
+    command line with an option its drafter ignores fails before anything loads; what needs
+    the model (k within its heads, a tree within k) is checked when the drafter is built.
+    """
+
+    def __init__(self, drafter: str = "heads", **options: Any) -> None:
+        options = {key: value for key, value in options.items() if value is not None}
+        types = drafter_types()  # an option given as None (null) is its default
+        if drafter != AUTO and drafter not in types:
+            raise ValueError(f"unknown drafter {drafter!r}: choose one of "
+                             f"{', '.join([AUTO, *types])}")
+        owners = option_owners()
+        for key, value in options.items():
+            if key not in owners:
+                raise ValueError(f"unknown drafter option {key}={value!r}; the drafters' "
+                                 f"options: {', '.join(sorted(owners))}")
+            if drafter != AUTO and drafter not in owners[key]:
+                raise ValueError(f"{key}={value!r} sizes {' or '.join(owners[key])}, not "
+                                 f"drafter={drafter!r}")
+        self.drafter = drafter
+        self.options: Mapping[str, Any] = dict(options)
+        measured = self.measured
+        for name in self.measured_drafters if measured else [self.chosen]:  # values checked
+            self.options_of(name, named=not measured)
+
+    def options_of(self, name: str, *, named: bool = False) -> Any:
+        """Drafter `name`'s `Options` from this spec's options (those it has)."""
+        cls = drafter_types()[name]
+        fields = option_fields(cls)
+        options = cls.Options(**{k: v for k, v in self.options.items() if k in fields})
+        if named:
+            cls.check_named(options)
+        return options
+
+    @property
+    def chosen(self) -> str:
+        """The drafter this spec builds: the one named, or for drafter=auto the one an option
+        selects (k=4 alone asks for the heads); "auto" when it is measured."""
+        if any(value == AUTO for value in self.options.values()):
+            return AUTO
+        if self.drafter != AUTO:
+            return self.drafter
+        for name, cls in drafter_types().items():
+            if any(key in self.options for key in cls.selects):
+                return name
+        return AUTO
+
+    @property
+    def measured(self) -> bool:
+        """Whether the drafter is chosen by measurement (`mtp.generate.auto`)."""
+        return self.chosen == AUTO
+
+    @property
+    def measured_drafters(self) -> list[str]:
+        """The drafters whose candidates a measured spec measures, in order: the one named;
+        for drafter=auto with an option set to auto (k=auto), the drafter that option selects;
+        else every drafter."""
+        if self.drafter != AUTO:
+            return [self.drafter]
+        automatic = [key for key, value in self.options.items() if value == AUTO]
+        return [name for name, cls in drafter_types().items()
+                if not automatic or any(key in cls.selects for key in automatic)]
+
+    def build(self, model: MTPModel, context: DrafterContext = DrafterContext()
+              ) -> Drafter | None:
+        """The drafter for `model` (None: autoregressive decoding)."""
+        if self.measured:
+            raise ValueError(f"{self} is chosen by measurement: use mtp.generate.auto "
+                             f"(the command lines and mtp.generate.open_decoder do)")
+        cls = drafter_types()[self.chosen]
+        return cls.from_options(model, self.options_of(self.chosen), context)
+
+    def candidates(self, model: MTPModel, context: DrafterContext,
+                   measured: Mapping[str, float], name: str) -> Iterable[Drafter]:
+        """Drafter `name`'s candidates for a measurement, sized by this spec's options."""
+        cls = drafter_types()[name]
+        return cls.candidates(model, self.options_of(name), context, measured)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DrafterSpec) and (self.drafter, dict(self.options)) == (
+            other.drafter, dict(other.options))
+
+    def __hash__(self) -> int:
+        return hash((self.drafter, tuple(sorted(map(str, self.options.items())))))
+
+    def __repr__(self) -> str:
+        given = "".join(f" {key}={value!r}" for key, value in self.options.items())
+        return f"drafter={self.drafter}{given}"
+
+
+def make_drafter(model: MTPModel, drafter: Drafter | DrafterSpec | str | None,
+                 context: DrafterContext = DrafterContext()) -> Drafter | None:
+    """What `generate` decodes with: a drafter, or None for autoregressive decoding.
+
+    `drafter`: a `Drafter`, a `DrafterSpec`, a registered name (with default options), or
+    None (autoregressive).
+    """
+    if drafter is None or isinstance(drafter, Drafter):
+        return drafter
+    if isinstance(drafter, str):
+        drafter = DrafterSpec(drafter)
+    if not isinstance(drafter, DrafterSpec):
+        raise ValueError(f"drafter must be a Drafter, a DrafterSpec, a name or None, got "
+                         f"{drafter!r:.80}")
+    return drafter.build(model, context)
+
+
+def options_help() -> str:
+    """One line per registered drafter: its name, options and their defaults."""
+    lines = []
+    for name, cls in drafter_types().items():
+        shown = " ".join(f"{f.name}={_default(f)}" for f in option_fields(cls).values())
+        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        lines.append(f"  {name:<20} {shown or '(no options)'}\n  {'':<20} {summary}")
+    return "\n".join(lines)
+
+
+def _default(option: dataclasses.Field) -> str:
+    if option.default is not dataclasses.MISSING:
+        return "null" if option.default is None else str(option.default)
+    return "?"
+
+
+register(Autoregressive)  # defined with the seam, which cannot import this module

@@ -1,0 +1,346 @@
+"""Opening a checkpoint for decoding: the one function every command uses (the generate
+command line, eval, the benchmark scripts), with every choice measured on the model that
+will decode.
+
+    settings = DecodeSettings(drafter="auto", dtype="auto")
+    decoder = open_decoder("runs/x/export", settings, prompts=["def f(x):"])
+    [result] = decoder.generate(["def f(x):"], max_new_tokens=64)
+
+`DecodeSettings` holds how to decode, validated once: the drafter and its options, device,
+dtype, threads, compile, acceptance and sampling. `open_decoder` makes the choices in this
+order, each a `mtp.tune.Measurement` printed as it is made (`report`) and cached by the
+tuner:
+
+1. load the checkpoint, in the dtype asked for (float32 when the dtype is measured), and read
+   the choices saved for it (the heads' calibrated trees, a layer-skip search);
+2. the drafter: named, it is built; measured (drafter=auto, k=auto), each candidate decodes
+   on the model as it would decode with it (steps 3 and 4 for that candidate's step width);
+3. the dtype, where `dtype=auto` on a CPU: float32 or bfloat16, whichever runs a plain
+   forward of the drafter's step width faster (bf16 gains little over float32 at one token
+   a step and much at eight: docs/benchmarks.md), the model converted to it;
+4. the threads: measured on a few decode steps of that model with that drafter;
+5. compile: as asked, else on a GPU (the compiled step, CUDA graphs, ran 4.4-6.0x the eager
+   one on an H100; on a CPU compiling costs a minute of start-up for little).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtp.checkpoint import load
+from mtp.cli import AUTO, dtype_name, parse_dtype
+from mtp.decode.acceptance import typical_thresholds
+from mtp.decode.drafters.base import Drafter, DrafterContext
+from mtp.decode.drafters.registry import DrafterSpec, drafter_types
+from mtp.decode.loop import generate
+from mtp.decode.output import Generation, TextCallback
+from mtp.decode.sampling import SamplingConfig
+from mtp.generate.auto import Auto
+from mtp.generate.measure import plain_forward_seconds, step_width
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
+from mtp.tune import (Measurement, TuneCache, check_threads, choose_threads, cpu_has_bf16,
+                      fingerprint, machine, report, tune, tune_key)
+
+AUTO_SECONDS = 30.0  # the most `drafter=auto` measures, unless the caller says otherwise
+AUTO_PROMPTS = 4  # and on at least this many prompts, when the caller has them
+Report = Callable[[Measurement], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeSettings:
+    """How to decode: the drafter and every choice around it, checked once.
+
+    drafter: a registered drafter's name, "autoregressive", or "auto" (measured); `options`
+        its options, as the command lines take them (k=4, num_draft=8, tree=tree16, ...).
+    device: cpu, cuda, ...
+    dtype: float32, bfloat16, float16; null: the checkpoint's own (bfloat16 on a GPU); auto:
+        on a CPU with bf16 arithmetic, whichever runs the drafter's step faster (measured).
+    threads: intra-op threads; auto (or null): measured on a few decode steps.
+    compile: the decode step compiled (CUDA graphs on a GPU); null: on a GPU only.
+    acceptance: exact (lossless) or typical (Medusa's; not lossless when sampling).
+    temperature, top_k, top_p: sampling (temperature 0: greedy).
+    seed: seeds each call's random draws (null: torch's global generator).
+    budget: the most seconds `drafter=auto` measures.
+    """
+
+    drafter: str = AUTO
+    options: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    dtype: str | None = None
+    threads: int | str | None = AUTO
+    compile: bool | None = None
+    acceptance: str = "exact"
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    seed: int | None = None
+    budget: float = AUTO_SECONDS
+
+    def __post_init__(self) -> None:
+        self.spec  # the drafter and its options, checked
+        self.sampling
+        parse_dtype(self.dtype, auto=True)
+        typical_thresholds(self.acceptance)
+        check_threads(self.threads)
+        try:
+            torch.device(self.device)
+        except RuntimeError as error:
+            raise ValueError(f"device={self.device!r}: {error}") from None
+        if not self.budget > 0:
+            raise ValueError(f"budget={self.budget!r} must be > 0 seconds")
+
+    @property
+    def spec(self) -> DrafterSpec:
+        return DrafterSpec(self.drafter, **self.options)
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the decode step is compiled: as asked, else on a GPU only."""
+        on_gpu = torch.device(self.device).type == "cuda"
+        return on_gpu if self.compile is None else bool(self.compile)
+
+    @property
+    def load_dtype(self) -> torch.dtype | None:
+        """The dtype to load in: the one named; float32 when it is measured; else bfloat16
+        on a GPU and the checkpoint's own on a CPU."""
+        if self.dtype == AUTO:
+            return torch.float32 if torch.device(self.device).type == "cpu" else torch.bfloat16
+        if self.dtype is None and torch.device(self.device).type == "cuda":
+            return torch.bfloat16
+        return parse_dtype(self.dtype)
+
+
+@dataclass
+class Decoder:
+    """A model opened for decoding with its choices made (`open_decoder`)."""
+
+    model: MTPModel
+    tokenizer: Tokenizer
+    drafter: Drafter | None
+    settings: DecodeSettings
+    records: list[Measurement] = field(default_factory=list)
+    measured_drafter: bool = False
+
+    @property
+    def label(self) -> str:
+        """The drafter, as printed: its name, or "auto -> <choice>" when it was measured."""
+        name = repr(self.drafter) if self.drafter is not None else "autoregressive"
+        return f"auto -> {name}" if self.measured_drafter else name
+
+    def generate(self, prompts: list[str], *, max_new_tokens: int = 256,
+                 stop: Sequence[str] | str = (), seed: int | None = None,
+                 on_text: TextCallback | None = None) -> list[Generation]:
+        """`mtp.decode.generate` with this decoder's drafter and settings (`seed` overrides
+        the settings' seed for this call)."""
+        settings = self.settings
+        return generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
+                        drafter=self.drafter, sampling=settings.sampling, stop=stop,
+                        seed=settings.seed if seed is None else seed, on_text=on_text,
+                        acceptance=settings.acceptance, compile=settings.compiled)
+
+
+def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
+                 loaded: tuple[MTPModel, Tokenizer] | None = None, prompts: Sequence[str] = (),
+                 batch_size: int = 1, max_new_tokens: int = 64,
+                 planned_tokens: int | None = None, report: Report | None = report,
+                 cache: TuneCache | None = None) -> Decoder:
+    """`checkpoint` opened for decoding with `settings`, every choice made on the model that
+    will decode (module docstring).
+
+    `loaded`: the model and tokenizer, when the caller loaded them already (in
+    `settings.load_dtype`); `checkpoint` may then be None (a model made in Python: no saved
+    choices, and nothing measured is cached). `prompts` (and `batch_size`,
+    `max_new_tokens`): what measured choices are measured on, the run's own first prompts;
+    `planned_tokens`: how many tokens the run will decode, of which `drafter=auto` spends at
+    most a tenth of the time measuring.
+    """
+    report = report or (lambda record: None)
+    if loaded is None:
+        if checkpoint is None:
+            raise ValueError("open_decoder needs a checkpoint, or the model loaded=(model, "
+                             "tokenizer)")
+        loaded = load(checkpoint, device=settings.device, dtype=settings.load_dtype)
+    model, tokenizer = loaded
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+    model_id = checkpoint_id(checkpoint) if checkpoint is not None else None
+    context = DrafterContext(saved=saved_choices(checkpoint, model_id, cache))
+    variants = DtypeVariants(model, measure=settings.dtype == AUTO, cache=cache)
+    prompts = list(prompts) or ["def main():\n"]
+    spec = settings.spec
+    measured = spec.measured
+
+    def prepare(drafter: Drafter | None) -> MTPModel:
+        """The model in the dtype and with the threads a step of this drafter wants."""
+        width = step_width(drafter)
+        chosen = variants.model(variants.choose(width, batch_size).value)
+        choose_decode_threads(chosen, tokenizer, prompts[0], drafter=drafter,
+                              batch=batch_size, requested=settings.threads, cache=cache)
+        return chosen
+
+    records = []
+    if measured:
+        auto = Auto(spec=spec, context=context, compile=settings.compiled,
+                    budget=settings.budget, planned_tokens=planned_tokens,
+                    model_id=model_id and f"{model_id}|dtype={settings.dtype}", cache=cache)
+        drafter = auto.choose(model, tokenizer, prompts[:max(AUTO_PROMPTS, batch_size)],
+                              sampling=settings.sampling, max_new_tokens=max_new_tokens,
+                              batch_size=batch_size, prepare=prepare)
+        records.append(auto.record)
+        report(auto.record)
+    else:
+        drafter = spec.build(model, context)
+    width = step_width(drafter)
+    dtype = variants.choose(width, batch_size)
+    model = variants.keep(dtype.value)
+    threads = choose_decode_threads(model, tokenizer, prompts[0], drafter=drafter,
+                                    batch=batch_size, requested=settings.threads, cache=cache)
+    for record in (dtype, threads):
+        records.append(record)
+        report(record)
+    return Decoder(model, tokenizer, drafter, settings, records, measured_drafter=measured)
+
+
+def checkpoint_id(path: str | Path) -> str:
+    """A checkpoint's identity for the tuner's cache: its resolved path, and the size and
+    modification time of its files (a retrained export at the same path is another model).
+    The choices tuning steps save beside it are not part of it."""
+    path = Path(path).resolve()
+    saved = {cls.saved_file for cls in drafter_types().values() if cls.saved_file}
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name not in saved) \
+        if path.is_dir() else [path]
+    stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.exists()]
+    return hashlib.sha1(json.dumps([str(path), stats]).encode()).hexdigest()[:16]
+
+
+def saved_key(step: str, model_id: str) -> str:
+    """Where the tuner keeps a tuning step's choice for a checkpoint (calibrated trees, a
+    layer-skip search): by the checkpoint alone (those choices are machine-independent)."""
+    return tune_key(step, timed=False, model=model_id)
+
+
+def saved_file(checkpoint: str | Path, name: str) -> Path:
+    """A saved choice's file beside a checkpoint: inside an export's directory, or beside a
+    single-file checkpoint (a .ckpt, a GGUF) as FILE.<name>."""
+    checkpoint = Path(checkpoint)
+    return checkpoint / name if checkpoint.is_dir() else checkpoint.with_name(
+        f"{checkpoint.name}.{name}")
+
+
+def save_choice(checkpoint: str | Path, record: Measurement, name: str,
+                output: str | Path | None = None, cache: TuneCache | None = None) -> list[str]:
+    """Keep a tuning step's choice for `checkpoint` (`record.value`, the step's JSON): with
+    the tuner, and as the file `name` in `output` (a directory) or at `output` (a file) when
+    given. Where it went, as lines to print."""
+    cache = cache or TuneCache()
+    cache.put(saved_key(record.step, checkpoint_id(checkpoint)), record)
+    where = [f"{record.describe()}, in {cache.path}"]
+    if output is not None:
+        path = Path(output) / name if Path(output).is_dir() else Path(output)
+        path.write_text(json.dumps(record.value, indent=1) + "\n")
+        where.append(str(path))
+    return where
+
+
+def saved_choices(checkpoint: Path | None, model_id: str | None,
+                  cache: TuneCache | None = None) -> dict[str, Any]:
+    """The saved choice of every tuning step a drafter reads, by step: the tuner's record
+    for this checkpoint, else the file beside it (a checkpoint shipped with its choices)."""
+    found: dict[str, Any] = {}
+    cache = cache or TuneCache()
+    for cls in drafter_types().values():
+        if cls.saved is None or checkpoint is None:
+            continue
+        record = cache.get(saved_key(cls.saved, model_id)) if model_id else None
+        if record is not None:
+            found[cls.saved] = record.value
+            continue
+        path = saved_file(checkpoint, cls.saved_file)
+        if path.is_file():
+            try:
+                found[cls.saved] = json.loads(path.read_text())
+            except ValueError as error:
+                raise ValueError(f"{path} is not JSON: {error}") from None
+    return found
+
+
+class DtypeVariants:
+    """A float32 model and, on demand, its bfloat16 copy: the dtype choice per step width
+    (`choose`) and the model in a dtype (`model`)."""
+
+    def __init__(self, model: MTPModel, *, measure: bool, cache: TuneCache | None) -> None:
+        self.base, self.measure, self.cache = model, measure, cache
+        self.models = {dtype_name(next(model.parameters()).dtype): model}
+
+    def model(self, dtype: str) -> MTPModel:
+        if dtype not in self.models:
+            self.models[dtype] = copy.deepcopy(self.base).to(parse_dtype(dtype))
+        return self.models[dtype]
+
+    def keep(self, dtype: str) -> MTPModel:
+        """The model in `dtype`, the others released."""
+        model = self.model(dtype)
+        self.models = {dtype: model}
+        return model
+
+    def choose(self, width: int, batch: int) -> Measurement:
+        """float32 or bfloat16 for decoding at `width` tokens a step on a CPU, whichever runs
+        a plain forward of that width faster (see the module docstring); a CPU without bf16
+        arithmetic stays in float32 (bf16 is emulated there), as does a model loaded in
+        another dtype or on a GPU, and one whose dtype was named."""
+        param = next(self.base.parameters())
+        loaded = dtype_name(param.dtype)
+        why = ("as loaded" if not self.measure else
+               "as loaded: not a float32 model on a CPU"
+               if param.device.type != "cpu" or param.dtype != torch.float32 else
+               "this CPU has no bf16 arithmetic" if not cpu_has_bf16() else None)
+        if why is not None:
+            return Measurement("dtype", loaded, "fixed", why, value=loaded)
+
+        def measure() -> Measurement:
+            seconds = {name: plain_forward_seconds(self.model(name), width, batch) * 1e3
+                       for name in ("float32", "bfloat16")}
+            best = min(seconds, key=seconds.get)
+            return Measurement("dtype", best, "measured", f"a forward of {width} tokens",
+                               figures=seconds, unit="ms", lower_is_better=True,
+                               machine=machine(), value=best)
+
+        key = tune_key("dtype", model=fingerprint(self.base.config.to_dict()), width=width,
+                       batch=batch)
+        return tune("dtype", key, measure, cache=self.cache)
+
+
+def choose_decode_threads(model: MTPModel, tokenizer: Tokenizer, prompt: str, *,
+                          drafter: Drafter | None = None, batch: int = 1,
+                          requested: int | str | None = None, budget: float = 1.0,
+                          cache: TuneCache | None = None) -> Measurement:
+    """The thread count for decoding with `model` and `drafter`, measured on a short
+    `generate` call (8 new tokens after the prompt's first 64 characters, `batch` rows)."""
+    requested = check_threads(requested)
+    param = next(model.parameters())
+    if param.device.type != "cpu" and requested is None:  # a GPU's step uses no CPU threads
+        return Measurement("threads", str(torch.get_num_threads()), "fixed",
+                           f"not measured on {param.device.type}",
+                           value=torch.get_num_threads())
+    key = tune_key("threads", kind="decode", model=fingerprint(model.config.to_dict()),
+                   width=step_width(drafter), batch=batch, dtype=dtype_name(param.dtype),
+                   device=param.device.type)
+    prompts = [prompt[:64]] * batch
+
+    def step() -> None:
+        generate(model, tokenizer, prompts, max_new_tokens=8, drafter=drafter)
+
+    return choose_threads(step, key, requested=requested, unit="calls/s", cache=cache)
