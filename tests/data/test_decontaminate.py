@@ -14,9 +14,10 @@ from mtp.data.decontaminate import (MIN_WORDS, NGRAM, References, benchmark_text
                                     load_references, tokens)
 from mtp.data.sources import _load_installed
 from mtp.data.benchmarks import humaneval
+from mtp.paths import mbpp_file
 
-MBPP_FILE = Path("/work/shared/data/mbpp/mbpp.jsonl")  # read in place, never copied here
-needs_mbpp = pytest.mark.skipif(not MBPP_FILE.is_file(), reason=f"no {MBPP_FILE}")
+MBPP_FILE = mbpp_file()  # read in place, never copied here
+needs_mbpp = pytest.mark.skipif(MBPP_FILE is None, reason="no mbpp.jsonl ($MTP_MBPP_FILE)")
 
 
 @pytest.fixture(autouse=True)
