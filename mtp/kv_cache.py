@@ -17,6 +17,14 @@ After a tree step, `compact(lengths, path)` moves the accepted root-to-node path
 values to the slots right after the prefix, by one gather and one scatter per store: the
 cache is then exactly what running the path alone would have left.
 
+An exact step (`window=W`, decoding's exact mode) also says, for each new token at position
+p, where the W positions p - W + 1 .. p sit in the cache (`CacheStep.window`): before the
+step's own tokens at their positions' slots, then along the token's path in the step's tree.
+The model's attention then sees every token in the same order whatever step it is computed
+in (`model.windowed_attention`): its keys before its window at their own slots, and its
+window gathered in position order, so that a token's arithmetic depends only on the tokens
+before it, never on the drafts around it or on where they sit.
+
 Shapes in comments: B batch, T new tokens, L key width, K key/value heads, hd head width.
 """
 
@@ -45,7 +53,10 @@ class CacheStep(NamedTuple):
 
     positions: Tensor  # (B, T) rotary positions
     slots: Tensor  # (B, T) cache slots their keys and values are written to
-    mask: Tensor  # (B, 1, T, L) bool: the cache slots each new token attends to
+    mask: Tensor  # (B, 1, T, L) bool: the cache slots each new token attends to (an exact
+    # step: those before its window)
+    window: Tensor | None = None  # (B, T, W) an exact step: the slots of the W positions up
+    # to each token's own, in order; -1 before position 0
 
     @property
     def key_len(self) -> int:
@@ -53,7 +64,8 @@ class CacheStep(NamedTuple):
 
 
 def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
-               max_position: int | None = None) -> CacheStep:
+               max_position: int | None = None, *, window: int | None = None,
+               ancestors: Tensor | None = None) -> CacheStep:
     """The step of T new tokens after each row's `lengths` (B,) cached ones.
 
     offsets (T,): new token i's position after the row's length (0, 1, 2, ... for a chain;
@@ -62,12 +74,17 @@ def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
     key_len: the attention width L, at least max(lengths) + T and at most the cache's length.
     max_position: positions are clamped below it (the model's rotary table): only tokens
         past the end of the context reach it, and their output is never kept.
+    window, ancestors: an exact step of window W (module docstring); ancestors (T, D + 1):
+        the step's token on token i's path at each depth 0..D (`tree.TreeBuffers`).
     """
     new = offsets.shape[0]
     device = lengths.device
     steps = torch.arange(new, device=device)
     slots = lengths[:, None] + steps  # (B, T)
     positions = lengths[:, None] + offsets  # (B, T)
+    if window is not None:
+        return _exact_step(lengths, offsets, slots, positions, ancestors, key_len, window,
+                           max_position)
     if max_position is not None:
         positions = positions.clamp(max=max_position - 1)
     relative = torch.arange(key_len, device=device) - lengths[:, None]  # (B, L): slot - length
@@ -75,6 +92,24 @@ def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
     among_new = among_new & ((relative >= 0) & (relative < new))[:, None]
     mask = (relative < 0)[:, None] | among_new  # the prefix, or an allowed new token
     return CacheStep(positions, slots, mask[:, None])
+
+
+def _exact_step(lengths: Tensor, offsets: Tensor, slots: Tensor, positions: Tensor,
+                ancestors: Tensor, key_len: int, window: int,
+                max_position: int | None) -> CacheStep:
+    """`cache_step` of an exact step: each token's window and the prefix before it."""
+    device = lengths.device
+    start = positions - (window - 1)  # (B, T): the window's first position
+    mask = torch.arange(key_len, device=device) < start[..., None]  # (B, T, L)
+    seen = start[..., None] + torch.arange(window, device=device)  # (B, T, W) its positions
+    depth = (seen - lengths[:, None, None]).clamp(0, ancestors.shape[1] - 1)  # in the step
+    node = ancestors[torch.arange(offsets.shape[0], device=device)[:, None], depth]
+    inside = lengths[:, None, None] + node  # the slot of the path's token at that depth
+    found = torch.where(seen < lengths[:, None, None], seen, inside)
+    found = torch.where(seen >= 0, found.clamp(max=key_len - 1), -1)
+    if max_position is not None:
+        positions = positions.clamp(max=max_position - 1)
+    return CacheStep(positions, slots, mask[:, None], found)
 
 
 def causal(new: int, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:

@@ -265,10 +265,47 @@ class Attention(nn.Module):
             mask = step.mask.expand(*q.shape[:-3], *step.mask.shape[1:])  # (B, 1, T, L)
         lead = q.shape[:-3]  # (B,), or (k, B) for stacked blocks: one batch for attention
         q, k, v, mask = (None if t is None else t.flatten(0, -4) for t in (q, k, v, mask))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=cache is None,
-                                             enable_gqa=self.n_kv_heads != self.n_heads)
+        if step is not None and step.window is not None:  # decoding's exact mode
+            window = step.window.expand(*lead, *step.window.shape[1:]).flatten(0, -3)
+            out = windowed_attention(q, k, v, mask, window)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                 is_causal=cache is None,
+                                                 enable_gqa=self.n_kv_heads != self.n_heads)
         out = out.unflatten(0, lead).transpose(-3, -2).flatten(-2)  # (B, T, H * hd)
         return project(out, self.wo)
+
+
+def windowed_attention(q: Tensor, k: Tensor, v: Tensor, before: Tensor,
+                       window: Tensor) -> Tensor:
+    """Attention whose result for a query depends only on what its position sees, whatever
+    the other queries and wherever a step placed their keys (decoding's exact mode).
+
+    q (B, H, T, hd); k, v (B, K, L, hd), the cache's first L slots with this step's keys
+    written; before (B, 1, T, L): the slots before each query's window, which hold the keys
+    of those positions; window (B, T, W): the slots of each query's last W positions, in
+    order (-1: before position 0). A query's scores are laid out as [the L slots, masked
+    from its window on; its window] and reduced in one softmax and two products of fixed
+    length, so its keys always meet the same arithmetic in the same order: `kv_cache.
+    cache_step(window=...)` explains why a tree's keys must be gathered so.
+    """
+    B, H, T, hd = q.shape
+    K, dtype = k.shape[1], q.dtype
+    q = q.float().unflatten(1, (K, H // K))  # (B, K, g, T, hd): grouped-query attention
+    k, v = k.float(), v.float()
+    rows = torch.arange(B, device=q.device)[:, None, None]
+    k_window = k[rows, :, window.clamp(min=0)].permute(0, 3, 1, 2, 4)  # (B, K, T, W, hd)
+    v_window = v[rows, :, window.clamp(min=0)].permute(0, 3, 1, 2, 4)
+    scale = hd ** -0.5
+    prefix = (q.flatten(2, 3) @ k.mT).unflatten(2, q.shape[2:4]) * scale  # (B, K, g, T, L)
+    prefix = prefix.masked_fill(~before[:, :, None], -math.inf)
+    own = torch.einsum("bkgtd,bktwd->bkgtw", q, k_window) * scale  # (B, K, g, T, W)
+    own = own.masked_fill((window < 0)[:, None, None], -math.inf)
+    weights = torch.cat([prefix, own], dim=-1).softmax(-1)  # (B, K, g, T, L + W)
+    L = k.shape[2]
+    out = (weights[..., :L].flatten(2, 3) @ v).unflatten(2, q.shape[2:4]) \
+        + torch.einsum("bkgtw,bktwd->bkgtd", weights[..., L:], v_window)  # (B, K, g, T, hd)
+    return out.flatten(1, 2).to(dtype)  # (B, H, T, hd)
 
 
 class FeedForward(nn.Module):

@@ -22,6 +22,12 @@ step: a captured step replays exactly.
   tree) carry the distribution they were drawn from given their earlier siblings: q with
   those removed and renormalised (see `speculative.draft`). With one path this is the
   blockwise rule of Leviathan et al. 2023.
+- exact mode (`exact`): the target's own token after every node is drawn first, by
+  `sampling.inverse_cdf` with the position's uniform (`Draws.uniform`: one per node; greedy:
+  the argmax), and the deepest path of drafts equal to those tokens is kept, with the token
+  after it. The tokens are then autoregressive sampling's with the same seed, not merely of
+  its distribution; a draft is kept with probability p(draft), as speculative sampling keeps
+  a deterministic draft.
 - `typical` (opt-in, Medusa's typical acceptance; NOT lossless): a draft is kept while
   p(draft) > min(epsilon, alpha * exp(-H(p))) along its path; the longest kept path wins
   (ties to the lower-ranked path) and the next token is drawn from p after it. It trades
@@ -37,7 +43,8 @@ import torch
 from torch import Tensor
 
 from mtp.decode.drafters.base import Drafts
-from mtp.decode.sampling import SamplingConfig, exponential, probabilities, sample
+from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, probabilities,
+                                 sample)
 from mtp.decode.tree import Tree, TreeBuffers
 
 ACCEPTANCE = ("exact", "typical")
@@ -74,11 +81,13 @@ class Draws:
     """The random numbers of one step's acceptance, drawn before the step.
 
     uniform (B, m - 1): one per draft node, for its test u * q < p; exponential (B, V): the
-    race that draws the correction or bonus token (`sampling.sample`).
+    race that draws the correction or bonus token (`sampling.sample`). Exact mode: uniform
+    (B, m), one per node, for the token after it (`sampling.position_uniforms`), and no
+    exponential.
     """
 
     uniform: Tensor
-    exponential: Tensor
+    exponential: Tensor | None = None
 
     @staticmethod
     def draw(batch: int, nodes: int, vocab: int, generator: torch.Generator | None,
@@ -102,11 +111,12 @@ class Accepted:
 
 def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
            draws: Draws | None = None, typical: TypicalAcceptance | None = None, *,
-           buffers: TreeBuffers | None = None) -> Accepted:
+           buffers: TreeBuffers | None = None, exact: bool = False) -> Accepted:
     """Verify `drafts` (the nodes of `tree`) against head 0's logits `target` (B, m, V).
 
-    `draws` are needed when sampling; `typical` switches to Medusa's typical acceptance.
-    `buffers`: the tree's on `target`'s device, which the engine holds (else looked up).
+    `draws` are needed when sampling; `typical` switches to Medusa's typical acceptance;
+    `exact` to exact mode's (the module docstring). `buffers`: the tree's on `target`'s
+    device, which the engine holds (else looked up).
     """
     if buffers is None:
         buffers = tree.buffers(target.device)
@@ -118,10 +128,12 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
     if tree.n_nodes == 1:  # no drafts: an autoregressive step
         node = torch.zeros(batch, dtype=torch.long, device=target.device)
         target0 = target[:, 0]
-        next_token = target0.argmax(-1) if sampling.greedy else sample(
+        next_token = target0.argmax(-1) if sampling.greedy else inverse_cdf(
+            probabilities(target0, sampling), draws.uniform[:, 0]) if exact else sample(
             probabilities(target0, sampling), draws.exponential)
-    elif sampling.greedy:
-        predicted = target.argmax(-1)  # (B, m) head 0's token after each node
+    elif sampling.greedy or exact:
+        predicted = target.argmax(-1) if sampling.greedy else inverse_cdf(
+            probabilities(target, sampling), draws.uniform)  # (B, m) the token after each node
         node = _deepest_kept(_and(drafts.tokens == predicted[:, buffers.parents], real),
                              buffers)
         next_token = predicted[rows, node]

@@ -45,6 +45,16 @@ up to the longest row (`forward.key_width`) instead of the whole preallocated le
 chain is cut to the longest real proposal of the batch (`Engine.verified_tree`), so a step
 with nothing drafted costs what an autoregressive step costs. A tree keeps its shape (its
 nodes are not a prefix of one another). The prefill is a separate, dynamic call.
+
+Exact mode (`exact=True`): every step of the call has one width W (the drafter's tree grown
+to W nodes by padding drafts, `Tree.padded`; autoregressive decoding is the chain of W - 1
+padding drafts), a fixed batch (finished rows stay, masked) and a fixed key length (the
+whole cache), head 0 runs alone as it does in a one-head step (`StackedHeads(head0_alone)`)
+and attention sees each token's window in position order (`kv_cache.cache_step(window=W)`).
+A token's arithmetic is then the same whichever step computes it and whatever the other
+rows and drafts hold, so greedy output equals `generate(drafter=None, exact=True, width=W)`
+bit for bit, and sampling draws each position's token from its own uniform
+(`sampling.position_uniforms`), as that reference draws it.
 """
 
 from __future__ import annotations
@@ -61,7 +71,8 @@ from mtp.decode.acceptance import Draws, TypicalAcceptance, accept
 from mtp.decode.drafters.base import Drafts, Verified
 from mtp.decode.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
                                   stacked_heads)
-from mtp.decode.sampling import SamplingConfig, exponential, probabilities, sample
+from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, position_uniforms,
+                                 probabilities, sample)
 from mtp.decode.tree import Tree, TreeBuffers
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
@@ -87,9 +98,9 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
                       active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
                       buffers: TreeBuffers, heads: int | StackedHeads,
                       sampling: SamplingConfig, typical: TypicalAcceptance | None,
-                      key_len: int) -> Verified:
+                      key_len: int, exact: bool = False) -> Verified:
     """One decode step on the device: verify `drafts`, the nodes of `tree` (see the module
-    docstring).
+    docstring; `exact`: its exact mode, the tree W nodes wide).
 
     `buffers`: the tree's, on the device (built once, with the engine). Updates the cache,
     `lengths` and `root` in place (active rows only).
@@ -97,11 +108,13 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     # verify: the root and the drafts, each at its place in the tree
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
     step = cache_step(lengths, buffers.depths, buffers.visible, key_len,
-                      model.config.max_seq_len)
+                      model.config.max_seq_len, window=tree.n_nodes if exact else None,
+                      ancestors=buffers.ancestors)
     hidden = hidden_states(model, pending, cache, step, heads)  # (B, m, n, D)
     target = model.unembed(hidden[:, :, 0])  # (B, m, V)
     # accept: a path, and the token after it
-    accepted = accept(drafts, target, tree, sampling, draws, typical, buffers=buffers)
+    accepted = accept(drafts, target, tree, sampling, draws, typical, buffers=buffers,
+                      exact=exact)
     path = buffers.ancestors[accepted.node]  # (B, depth + 1), padded with the node
     # compact: the kept path's keys and values follow the prefix (a chain's are in place)
     if not tree.is_chain:
@@ -114,13 +127,14 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens, last=last)
 
 
-def rebuild_size(live: int, batch: int, compiled: bool) -> int | None:
+def rebuild_size(live: int, batch: int, compiled: bool, exact: bool = False) -> int | None:
     """The batch to rebuild to when `live` of `batch` rows are decoding, or None to stay.
 
     Eagerly, finished rows leave at once. Compiled, the batch shrinks to a power of two that
     holds the live rows, when that is smaller, so a few captured shapes serve every call.
+    In exact mode the batch never changes: a row's products depend on the rows beside it.
     """
-    if live == batch:
+    if live == batch or exact:
         return None
     if not compiled:
         return live
@@ -133,18 +147,23 @@ class Engine:
 
     context: the most tokens any row holds (its prompt and new tokens); tree: the drafter's
     shape (`Tree.chain(0)`: autoregressive decoding); k: the verify forward runs heads
-    0..k-1, for the drafter (`Drafter.verify_heads`).
+    0..k-1, for the drafter (`Drafter.verify_heads`). exact: exact mode, every step `width`
+    tokens wide (default: the tree's), sampled tokens drawn from `seed`'s position uniforms.
     """
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
                  sampling: SamplingConfig, typical: TypicalAcceptance | None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, exact: bool = False, width: int | None = None,
+                 seed: int = 0) -> None:
+        if exact:
+            tree = tree.padded(width or tree.n_nodes)
         self.model, self.tree, self.sampling, self.typical = model, tree, sampling, typical
-        self.compiled = compile
+        self.compiled, self.exact, self.seed = compile, exact, seed
         param = next(model.parameters())
         self.device = param.device
         self.k = k  # in a compiled shape's key: a stack is a new object per k change
-        self.heads: int | StackedHeads = stacked_heads(model, k) if STACK_HEADS and k > 1 else k
+        self.heads: int | StackedHeads = stacked_heads(model, k, head0_alone=exact) \
+            if STACK_HEADS and k > 1 else k
         if compile:  # calls of similar lengths share one cache length, hence one graph
             context = min(model.config.max_seq_len, -(-context // CONTEXT_BLOCK) * CONTEXT_BLOCK)
         # Slack for the last step's drafts past the context, and for finished rows, whose
@@ -181,9 +200,14 @@ class Engine:
         rows = torch.arange(len(prompts), device=self.device)
         last = hidden[rows, lengths - 1, 0]  # (B, D): head 0 at each prompt's last token
         probs = probabilities(self.model.unembed(last), self.sampling)  # (B, V)
-        noise = None if self.sampling.greedy else exponential(probs.shape, generator,
-                                                              self.device)
-        self.root.copy_(probs.argmax(-1) if noise is None else sample(probs, noise))
+        if self.sampling.greedy:
+            self.root.copy_(probs.argmax(-1))
+        elif self.exact:  # the first new token sits at position len(prompt)
+            uniform = position_uniforms(self.seed, range(len(prompts)),
+                                        [[len(ids)] for ids in prompts], self.device)
+            self.root.copy_(inverse_cdf(probs, uniform[:, 0]))
+        else:
+            self.root.copy_(sample(probs, exponential(probs.shape, generator, self.device)))
         tokens = pending.roll(-1, dims=1)  # the token after each prompt token
         tokens[rows, lengths - 1] = self.root
         path = torch.arange(pending.shape[1], device=self.device).expand_as(pending)
@@ -195,8 +219,16 @@ class Engine:
         """Verify, accept and compact (`verify_and_accept`); then the step's one host read.
         Returns what was verified and kept (finished rows' `new_ids` empty) and each row's
         (real drafts, kept node)."""
+        if self.exact:
+            drafts = self.padded(drafts)
         draws = None
-        if not self.sampling.greedy:  # every node's, even when cut: one seed, one output
+        if self.exact and not self.sampling.greedy:  # the uniform of each node's next token
+            depths = self.tree.buffers("cpu").depths.tolist()
+            draws = Draws(position_uniforms(
+                self.seed, range(self.batch),
+                [[length + depth + 1 for depth in depths] for length in self.host_lengths],
+                self.device))
+        elif not self.sampling.greedy:  # every node's, even when cut: one seed, one output
             draws = Draws.draw(self.batch, self.tree.n_nodes, self.model.config.vocab_size,
                                generator, self.device)
         tree, buffers = self.verified_tree(drafts)
@@ -207,18 +239,20 @@ class Engine:
             if draws is not None:
                 draws = replace(draws, uniform=draws.uniform[:, :width])
         key_len = key_width(max(self.host_lengths) + tree.n_nodes, self.cache.max_len,
-                            self.compiled)
+                            self.compiled or self.exact)
         step = verify_and_accept
         if self._step is not None:
             param = next(self.model.parameters())
             self._step.note((self.model.config, param.dtype, self.batch, self.tree.paths,
-                             key_len, self.k, self.sampling, self.typical, drafts.probs is None))
+                             key_len, self.k, self.sampling, self.typical, drafts.probs is None,
+                             self.exact))
             step = self._step.function
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
             out = step(self.model, self.cache, self.lengths, self.root, self.active, drafts,
-                       draws, tree, buffers, self.heads, self.sampling, self.typical, key_len)
+                       draws, tree, buffers, self.heads, self.sampling, self.typical, key_len,
+                       self.exact)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
         host = torch.cat([out.kept[:, None], out.last[:, None], *real, out.tokens],
@@ -231,12 +265,24 @@ class Engine:
             self.host_lengths[row] += kept
         return replace(out, new_ids=new_ids), drafted
 
+    def padded(self, drafts: Drafts) -> Drafts:
+        """`drafts` grown to the exact step's width by padding drafts, never kept."""
+        missing = self.tree.n_nodes - 1 - drafts.count
+        if missing == 0:
+            return drafts
+        batch = drafts.tokens.shape[0]
+        tokens = torch.cat([drafts.tokens, drafts.tokens.new_zeros(batch, missing)], dim=1)
+        probs = drafts.probs
+        if probs is not None:
+            probs = torch.cat([probs, probs.new_zeros(batch, missing, probs.shape[2])], dim=1)
+        return Drafts(tokens, probs, drafts.real())
+
     def verified_tree(self, drafts: Drafts) -> tuple[Tree, TreeBuffers]:
         """The tree a step verifies, with its buffers: the drafter's, or, eagerly, for a chain
         whose drafter says how many drafts are real (`Drafts.lengths`), the chain of the
         batch's longest real proposal (see the module docstring). Compiled, always the
         drafter's: one shape."""
-        if self.compiled or not self.tree.is_chain or drafts.lengths is None:
+        if self.compiled or self.exact or not self.tree.is_chain or drafts.lengths is None:
             return self.tree, self.buffers
         longest = int(drafts.lengths.max())  # a host read: eager steps only
         if longest == drafts.count:

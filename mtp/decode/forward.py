@@ -137,9 +137,12 @@ class StackedHeads:
 
     `StackedHeads(model, k)(trunk_out, cache=cache, step=step)` equals
     `torch.stack([model.head(trunk_out, i, cache=cache, step=step) for i in range(k)], dim=2)`.
+    With `head0_alone`, head 0 runs on its own, as a one-head forward runs it (a batched
+    product rounds unlike a single one), and the stack holds heads 1..k-1: decoding's exact
+    mode, where head 0's output must not depend on how many heads a step runs.
     """
 
-    def __init__(self, model: MTPModel, k: int) -> None:
+    def __init__(self, model: MTPModel, k: int, *, head0_alone: bool = False) -> None:
         config = model.config
         if not 1 <= k <= config.n_future:
             raise ValueError(f"k (heads stacked) must be from 1 to n_future={config.n_future}, "
@@ -148,14 +151,16 @@ class StackedHeads:
             raise ValueError("sequential heads form a chain, not a stack: stacked heads take "
                              "head 0 alone of a model.head_type='sequential' model")
         self._model = weakref.ref(model)  # for its rotary tables and norm: the model keeps us
-        self.k = k
+        self.k, self.head0_alone = k, head0_alone
         first, stride = config.n_layers, config.head_layers
         n_block = min(k, config.block_heads)  # heads 0..n_block-1 are blocks
+        start = 1 if head0_alone else 0  # the first stacked block head
         with torch.no_grad():
             self.layers = [
-                stack_blocks(config, [model.heads[i][j] for i in range(n_block)],
-                             slice(first + j, first + j + n_block * stride, stride))
-                for j in range(config.head_layers)]
+                stack_blocks(config, [model.heads[i][j] for i in range(start, n_block)],
+                             slice(first + start * stride + j, first + j + n_block * stride,
+                                   stride))
+                for j in range(config.head_layers)] if n_block > start else []
             # Heads n_block..k-1: attention-free layers, (k - n_block, D, D) per layer.
             self.light = [torch.stack([model.heads[i][j].weight.detach()
                                        for i in range(n_block, k)]).contiguous()
@@ -170,22 +175,29 @@ class StackedHeads:
         With a cache, like `MTPModel.head`: writes this step's keys and values.
         """
         B, T, D = trunk_out.shape
-        cos, sin = self._model().rope(T, step)  # (T, hd/2), or (B, T, hd/2) placed by step
-        h = trunk_out  # every block head reads it: the first layer normalises it once
-        for layer in self.layers:
-            h = layer(h, cos, sin, cache, step)  # (n_block, B, T, D)
+        model = self._model()
+        cos, sin = model.rope(T, step)  # (T, hd/2), or (B, T, hd/2) placed by step
+        blocks = []
+        if self.head0_alone:
+            blocks.append(model.head(trunk_out, 0, cache=cache, step=step)[None])  # (1, B, T, D)
+        if self.layers:
+            h = trunk_out  # every block head reads it: the first layer normalises it once
+            for layer in self.layers:
+                h = layer(h, cos, sin, cache, step)  # (n_block - start, B, T, D)
+            blocks.append(h)
+        h = torch.cat(blocks) if len(blocks) > 1 else blocks[0]  # (n_block, B, T, D)
         if not self.light:
             return h.permute(1, 2, 0, 3)  # (B, T, k, D)
         # Heads n_block..k-1 on the trunk output (Medusa: on head 0's, normed), batched.
-        light = (self._model().norm(h[0]) if self.medusa else trunk_out).reshape(1, B * T, D)
+        light = (model.norm(h[0]) if self.medusa else trunk_out).reshape(1, B * T, D)
         for weight in self.light:
             light = self.light_layer(light, weight)  # (k - n_block, B*T, D)
         return torch.cat([h, light.view(-1, B, T, D)]).permute(1, 2, 0, 3)  # (B, T, k, D)
 
 
-def stacked_heads(model: MTPModel, k: int) -> StackedHeads:
-    """`StackedHeads(model, k)`, kept on the model and reused while heads 0..k-1 are unchanged:
-    copying the heads' weights costs more than a few decode steps.
+def stacked_heads(model: MTPModel, k: int, *, head0_alone: bool = False) -> StackedHeads:
+    """`StackedHeads(model, k, head0_alone=...)`, kept on the model and reused while heads
+    0..k-1 are unchanged: copying the heads' weights costs more than a few decode steps.
 
     A parameter counts as changed when it is another tensor, was updated in place (its
     version counter moved, as an optimiser step or `load_state_dict` does) or got new data
@@ -194,13 +206,14 @@ def stacked_heads(model: MTPModel, k: int) -> StackedHeads:
     """
     params = [p for i in range(min(k, len(model.heads))) for p in model.heads[i].parameters()]
     if any(p.is_inference() for p in params):
-        return StackedHeads(model, k)
-    built_from = (k, [(p._version, p.data_ptr(), p.dtype, p.device) for p in params])
+        return StackedHeads(model, k, head0_alone=head0_alone)
+    built_from = (k, head0_alone, [(p._version, p.data_ptr(), p.dtype, p.device)
+                                   for p in params])
     kept = vars(model).setdefault(_Kept.NAME, _Kept())  # no module attribute: no state_dict
     if kept.entry is not None and kept.entry[0] == built_from and all(
             ref() is p for ref, p in zip(kept.entry[1], params)):
         return kept.entry[2]
-    heads = StackedHeads(model, k)
+    heads = StackedHeads(model, k, head0_alone=head0_alone)
     kept.entry = (built_from, [weakref.ref(p) for p in params], heads)
     return heads
 

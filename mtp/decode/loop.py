@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.decode.acceptance import Acceptance, typical_thresholds
+from mtp.decode.acceptance import Acceptance, TypicalAcceptance, typical_thresholds
 from mtp.decode.drafters.base import Autoregressive, Drafter, Verified
 from mtp.decode.engine import Engine, rebuild_size
 from mtp.decode.output import DecodeStats, FinishReason, Generation, TextCallback
@@ -55,7 +55,8 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
              max_new_tokens: int = 256, drafter: Drafter | DrafterSpec | str | None = None,
              sampling: SamplingConfig = SamplingConfig(), stop: Sequence[str] | str = (),
              seed: int | None = None, on_text: TextCallback | None = None,
-             acceptance: Acceptance = "exact", compile: bool = False) -> list[Generation]:
+             acceptance: Acceptance = "exact", compile: bool = False, exact: bool = False,
+             width: int | None = None) -> list[Generation]:
     """Continue each prompt; one `Generation` per prompt, in order.
 
     Args:
@@ -75,6 +76,10 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
         on_text: called as on_text(prompt_index, text) with each new piece of text.
         compile: run the decode step compiled (`torch.compile`; CUDA graphs on a GPU),
             captured once per shape; the eager step is the reference.
+        exact: exact mode (`engine.py`): every step `width` tokens wide (default: the
+            drafter's widest step), so that greedy output equals `generate(drafter=None,
+            exact=True, width=W)` bit for bit in any dtype, and sampling with a seed gives
+            its draws. `width` is exact mode's only.
     """
     config = model.config
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
@@ -82,6 +87,7 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     typical = typical_thresholds(acceptance)
     drafter = make_drafter(model, drafter) or Autoregressive()
     drafter.check(model, tokenizer)
+    _check_exact(exact, width, typical, drafter)
     encoded = tokenizer.encode_prompts(prompts)
     for index, ids in enumerate(encoded):
         if not ids:
@@ -107,9 +113,12 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     generator = None
     if seed is not None:
         generator = torch.Generator(device=param.device).manual_seed(seed)
+    elif exact and not sampling.greedy:  # a seed of torch's global generator: reproducible
+        seed = int(torch.randint(2 ** 62, ()))
     with torch.inference_mode():  # every tensor of the call alike (a compiled step's guards)
         engine = Engine(model, len(encoded), context, tree, drafter.verify_heads(model),
-                        sampling=sampling, typical=typical, compile=compile)
+                        sampling=sampling, typical=typical, compile=compile, exact=exact,
+                        width=width, seed=seed or 0)
         drafter.start(model, encoded, engine.cache, sampling, generator)
         _decode(engine, drafter, outputs, generator, tokenizer.pad_id, encoded)
     return [output.result() for output in outputs]
@@ -144,11 +153,11 @@ class _Batch:
         engine = self.engine
         self.drafter.update(verified)
         finished = _count(verified, drafted, [self.outputs[i] for i in self.rows],
-                          engine.tree, nodes)
+                          self.drafter.tree, nodes)
         if finished:
             engine.finish(finished)
         live = [row for row, active in enumerate(engine.host_active) if active]
-        size = rebuild_size(len(live), engine.batch, engine.compiled)
+        size = rebuild_size(len(live), engine.batch, engine.compiled, engine.exact)
         if live and size is not None:  # finished rows leave; padding rows (if any) stay masked
             kept = live + [row for row in range(engine.batch) if row not in live][:size - len(live)]
             engine.keep(kept)
@@ -277,6 +286,25 @@ class SequenceOutput:
         """Length of the longest tail of the text that a stop string could still start with."""
         return max((n for s in self._stop for n in range(len(s) - 1, 0, -1)
                     if self.text.endswith(s[:n])), default=0)
+
+
+def _check_exact(exact: bool, width: int | None, typical: TypicalAcceptance | None,
+                 drafter: Drafter) -> None:
+    """Exact mode's settings, before any decoding (one-line errors naming the value)."""
+    if not isinstance(exact, bool):
+        raise ValueError(f"exact must be true or false, got {exact!r}")
+    if exact and typical is not None:
+        raise ValueError("acceptance=typical keeps drafts the target would not have drawn: "
+                         "exact mode gives the target's own tokens (acceptance=exact)")
+    if width is None:
+        return
+    if not exact:
+        raise ValueError(f"width={width} sizes exact mode's steps: give exact=True with it")
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise ValueError(f"width must be an integer >= 1, got {width!r}")
+    if width < drafter.tree.n_nodes:
+        raise ValueError(f"width={width} is below {drafter!r}'s widest step of "
+                         f"{drafter.tree.n_nodes} tokens (the last token and its drafts)")
 
 
 def _check_arguments(vocab_size: int, tokenizer: Tokenizer, prompts: list[str],

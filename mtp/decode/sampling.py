@@ -2,7 +2,10 @@
 
 One `probabilities` function applies temperature, top-k and top-p, and one `sample` function
 draws from the result; the autoregressive and the speculative decoders both use exactly these
-two, so their distributions cannot drift apart. Greedy decoding is temperature 0: the
+two, so their distributions cannot drift apart. Decoding's exact mode draws instead by
+`inverse_cdf` with one uniform per sequence and position (`position_uniforms`): the token at
+a position is then a function of the seed, the sequence and the distribution there, the same
+whichever step computes it, so speculative sampling gives autoregressive sampling's draws. Greedy decoding is temperature 0: the
 distribution is one-hot on the argmax, which lets the speculative acceptance rule treat greedy
 and sampling alike (a draft is accepted with probability p(draft) / q(draft), which is 1 or 0).
 """
@@ -10,6 +13,7 @@ and sampling alike (a draft is accepted with probability p(draft) / q(draft), wh
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -78,3 +82,33 @@ def sample(probs: Tensor, noise: Tensor) -> Tensor:
     decode step, so that a captured step draws nothing itself and replays exactly.
     """
     return (probs / noise).argmax(-1)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(value: int) -> int:
+    """SplitMix64's finaliser: a well-spread 64-bit hash of a 64-bit integer."""
+    z = (value + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def position_uniforms(seed: int, rows: Sequence[int], positions: Sequence[Sequence[int]],
+                      device: torch.device | str) -> Tensor:
+    """One uniform in [0, 1) for each row's `positions` (B, m): a hash of (seed, the row's
+    sequence number `rows[b]`, the position), so every step that draws a position's token
+    draws it with the same number."""
+    values = [[_mix(_mix(_mix(seed) ^ row) ^ position) / 2 ** 64 for position in row_positions]
+              for row, row_positions in zip(rows, positions)]
+    return torch.tensor(values, dtype=torch.float64, device=device)
+
+
+def inverse_cdf(probs: Tensor, uniform: Tensor) -> Tensor:
+    """The token (...) whose cumulative probability first exceeds `uniform` (...) times the
+    total of `probs` (..., V): a draw from `probs` that depends on the row alone."""
+    cumulative = probs.cumsum(-1)
+    threshold = uniform.to(cumulative.dtype)[..., None] * cumulative[..., -1:]
+    token = torch.searchsorted(cumulative.contiguous(), threshold, right=True)[..., 0]
+    return token.clamp(max=probs.shape[-1] - 1)

@@ -115,6 +115,21 @@ class Tree:
         """The rank-0 chain of `depth` drafts: blockwise speculative decoding's k = depth + 1."""
         return _chain(depth)
 
+    def padded(self, n_nodes: int) -> Tree:
+        """This tree grown to `n_nodes` nodes by a chain below its last node (a chain: a longer
+        chain), its nodes numbered as before: an exact step's fixed width, whose extra nodes
+        are padding drafts, never kept."""
+        if n_nodes < self.n_nodes:
+            raise ValueError(f"width={n_nodes} is below the drafter's widest step of "
+                             f"{self.n_nodes} tokens (the last token and its drafts)")
+        if n_nodes == self.n_nodes:
+            return self
+        if self.is_chain:
+            return Tree.chain(n_nodes - 1)
+        last = self.paths[-1]  # the deepest and last: nothing extends it yet
+        extra = tuple(last + (0,) * i for i in range(1, n_nodes - self.n_nodes + 1))
+        return Tree(self.paths + extra, name=f"{self.name}+{len(extra)}")
+
     @classmethod
     def from_rates(cls, rates: Sequence[Sequence[float]], n_nodes: int,
                    name: str | None = None) -> Tree:

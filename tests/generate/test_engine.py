@@ -31,10 +31,11 @@ def static(monkeypatch):
     its own shapes: the session's models would otherwise reach MAX_SHAPES across tests."""
     shapes = []
 
-    def step(model, cache, lengths, root, active, drafts, draws, tree, heads, *rest):
-        shapes.append((lengths.shape[0], drafts.count + 1, rest[-1], cache.max_len))
+    def step(model, cache, lengths, root, active, drafts, draws, tree, buffers, heads,
+             sampling, typical, key_len, exact):
+        shapes.append((lengths.shape[0], drafts.count + 1, key_len, cache.max_len))
         return engine.verify_and_accept(model, cache, lengths, root, active, drafts, draws,
-                                        tree, heads, *rest)
+                                        tree, buffers, heads, sampling, typical, key_len, exact)
 
     monkeypatch.setattr(engine, "_compiled", {False: engine.CompiledStep(step)})
     return shapes
