@@ -1,8 +1,9 @@
 """`python -m mtp.train +experiment=byte8`: compose the config, train, export, summarise.
 
 `train(cfg)` is the whole job (tests call it with a composed config): the settings are built
-and checked before anything heavy runs (`mtp.train.settings`), then a GPU run whose step
-cannot fit the device's memory (`mtp.train.memory`). Then the tokenizer is
+and checked before anything heavy runs (`mtp.train.settings`), then the files they name (a
+`ckpt_path` that is not a checkpoint of ours, a local corpus whose globs match nothing) and a
+GPU run whose step cannot fit the device's memory (`mtp.train.memory`). Then the tokenizer is
 built (or loaded), the data prepared, the model trained with Lightning, validated once more,
 exported for inference (`mtp.load`), its per-head curves plotted to `<run>/plots/`, and its
 export's greedy decoding of held-out prompts measured on the training device (`decode.*`).
@@ -38,6 +39,7 @@ from mtp.data import build_tokenizer
 from mtp.generate.measure import format_decoding
 from mtp.model import MTPConfig
 from mtp.paths import CONF_DIR, require_smollm2_gguf
+from mtp.sharded import META_FILE, is_sharded_checkpoint
 from mtp.threads import cpu_has_bf16, set_threads, step_key
 from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 from mtp.train.finetune import grow_heads, grown_config
@@ -99,6 +101,9 @@ def lr_for_width(dim: int) -> float:
     """
     return 1e-3 * 512 / int(dim)
 
+
+# The errors a user's input raises: the command prints them in one line.
+USER_ERRORS = (ValueError, FileNotFoundError)
 
 OmegaConf.register_new_resolver("mtp.world_size", _world_size, replace=True)
 OmegaConf.register_new_resolver("mtp.decaying_weights", decaying_weights, replace=True)
@@ -190,6 +195,35 @@ def check_device_memory(cfg: DictConfig, settings: TrainSettings, config: MTPCon
     what = (f"{f'model={choice}' if choice else 'the model'} ({parameters / 1e6:.1f}M parameters) "
             f"at data.batch_size={cfg.data.batch_size} x seq_len={run.seq_len}")
     check_fits(memory, capacity=device.total_memory, device=f"cuda:0 ({device.name})", what=what)
+
+
+def check_resumable(ckpt_path: str | None) -> None:
+    """Refuse, before anything is built, a `ckpt_path` that is not a Lightning checkpoint of
+    `mtp.train` (a file, or a sharded checkpoint's folder).
+
+    The file is read as Lightning will resume it, with `weights_only=True`: tensors and plain
+    values only, so a file of unknown origin runs no code; memory-mapped, so its tensors are
+    not read. Unreadable that way, it is refused as what it is, whatever torch suggests.
+    """
+    if not ckpt_path:
+        return
+    path = Path(ckpt_path)
+    if not path.exists():
+        raise ValueError(f"ckpt_path={ckpt_path} does not exist")
+    if path.is_dir() and not is_sharded_checkpoint(path):
+        raise ValueError(f"ckpt_path={ckpt_path} is a folder but not a sharded checkpoint "
+                         f"(trainer=fsdp writes one with {META_FILE} and .metadata)")
+    try:
+        checkpoint = torch.load(path / META_FILE if path.is_dir() else path,
+                                map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # torch raises many kinds for a foreign or truncated file
+        raise ValueError(f"ckpt_path={ckpt_path} is not a Lightning checkpoint: it does not "
+                         f"load as tensors and plain values ({type(error).__name__})") from None
+    hyper = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+    if not isinstance(hyper, dict) or "model" not in hyper \
+            or "pytorch-lightning_version" not in checkpoint:
+        raise ValueError(f"ckpt_path={ckpt_path} is not a checkpoint that mtp.train wrote: it "
+                         f"has no model config in Lightning's hyper_parameters")
 
 
 def _logger(cfg: DictConfig) -> Any:
@@ -285,6 +319,8 @@ def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: P
 def train(cfg: DictConfig) -> Path:
     """Train as `cfg` (the composed `conf/config.yaml`) says; return the export directory."""
     settings = check_settings(cfg)
+    check_resumable(cfg.ckpt_path)
+    source = instantiate(cfg.data.source)  # a local source's globs must match files: here
     # Lightning warns that manual optimisation checkpoints hold the post-step state: that is
     # what resuming wants, since global_step counts the step as done.
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -296,9 +332,8 @@ def train(cfg: DictConfig) -> Path:
         tokenizer, config, init_state = grown_model(cfg, settings.init)
     else:
         tokenizer = build_tokenizer(
-            **OmegaConf.to_container(cfg.tokenizer, resolve=True),
-            source=instantiate(cfg.data.source), val_fraction=cfg.data.val_fraction,
-            seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
+            **OmegaConf.to_container(cfg.tokenizer, resolve=True), source=source,
+            val_fraction=cfg.data.val_fraction, seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
         config, init_state = model_config(cfg, tokenizer), None
     prompts = decode_prompts(cfg.decode, config, tokenizer)
     if cfg.decode.enabled and not prompts:
@@ -349,12 +384,15 @@ def train(cfg: DictConfig) -> Path:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
+    # A setting, a file or a checkpoint the user named that cannot serve: one line, as every
+    # mtp command says it (`mtp.cli`), not a traceback.
     try:
         train(cfg)
     except InterpolationResolutionError as error:  # e.g. ${mtp.smollm2_gguf:}: its message
         sys.exit(f"error: {str(error).splitlines()[0]}")
-    except InstantiationException as error:  # a config object's own ValueError, in one line
-        if not isinstance(error.__cause__, ValueError):
+    except InstantiationException as error:  # a config object's own error, in one line
+        if not isinstance(error.__cause__, USER_ERRORS):
             raise
         sys.exit(f"error: {error.__cause__}")
-
+    except USER_ERRORS as error:
+        sys.exit(f"error: {error}")
