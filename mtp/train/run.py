@@ -40,7 +40,6 @@ from mtp.generate.measure import format_decoding
 from mtp.model import MTPConfig
 from mtp.paths import CONF_DIR, require_smollm2_gguf
 from mtp.sharded import META_FILE, is_sharded_checkpoint
-from mtp.threads import cpu_has_bf16, set_threads, step_key
 from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 from mtp.train.finetune import grow_heads, grown_config
 from mtp.train.lit import MTPLitModule
@@ -56,6 +55,7 @@ from mtp.train.summary import (
     val_figures,
     write_summary,
 )
+from mtp.tune import cpu_has_bf16, fingerprint, set_threads, tune_key
 
 
 def _world_size(num_nodes: int, devices: Any) -> int:
@@ -258,7 +258,8 @@ def pace_callbacks(cfg: DictConfig, settings: TrainSettings, config: MTPConfig
         if run.threads:
             set_threads(run.threads)
         return []
-    key = step_key("train", config.to_dict(), width=run.seq_len, batch=cfg.data.batch_size,
+    key = tune_key("threads", kind="train", model=fingerprint(config.to_dict()),
+                   width=run.seq_len, batch=cfg.data.batch_size,
                    dtype=str(cfg.trainer.precision), device="cpu")
     search = ThreadSearch(key, requested=run.threads)
     return [search, PaceCheck(run.max_steps, run.seq_len, settings.optim.accumulate, search)]
