@@ -1,16 +1,21 @@
 """A training run that knows its pace (`mtp.train.pace`): the starved-run warning, the undertrained
 summary, and the thread count measured on the first steps."""
 
+import io
 import json
+import re
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from tqdm import tqdm
 
 import mtp.tune as tune
 from mtp.data.packing import PackedBlocks
 from mtp.paths import REPO_ROOT
+from mtp.train.pace import say
 from mtp.train.run import compose, train
 
 
@@ -98,3 +103,15 @@ def test_training_measures_its_threads_once_then_reuses_them(
         torch.set_num_threads(1)
         tune._ours = None
 
+
+def test_the_thread_line_is_not_glued_to_a_drawing_progress_bar(monkeypatch) -> None:
+    """A terminal shows the bar's stream and stderr together: the line is written after the
+    bar's own line is cleared, then the bar is drawn again below it (tqdm's writer)."""
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bar = tqdm(total=3, file=terminal, desc="Epoch 0", mininterval=0)
+    bar.update(1)
+    say("threads: 2 (measured: of 2 cores)")
+    bar.update(1)
+    bar.close()
+    assert "threads: 2 (measured: of 2 cores)" in re.split(r"[\r\n]", terminal.getvalue())

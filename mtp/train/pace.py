@@ -8,7 +8,8 @@ fastest win, `mtp.tune.thread_record`), kept in the one tuning cache (`mtp.tune.
 under the model's shape, the batch and the machine (`mtp.tune.tune_key`), so a second run
 starts at the chosen count. `threads=N`, OMP_NUM_THREADS or an earlier `torch.set_num_threads`
 win, as everywhere (`mtp.tune.given_threads`). The choice is printed in one line
-(`Measurement.describe`).
+(`Measurement.describe`), through tqdm's writer, so that it stands on its own line even
+while a progress bar is drawing.
 
 `PaceCheck` then compares the measured step time with `trainer.max_time`: when the budget
 reaches fewer than 80% of `trainer.max_steps` (STARVED), it prints one line there and then
@@ -30,6 +31,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, Timer
 from lightning.pytorch.utilities import rank_zero_only
+from tqdm import tqdm
 
 from mtp.tune import Measurement, TuneCache, cores, given_threads, set_threads, thread_record
 
@@ -40,8 +42,9 @@ UNIT = "batches/s"
 
 @rank_zero_only
 def say(line: str) -> None:
-    """One line to stderr, at once (the progress bar owns stdout)."""
-    print(line, file=sys.stderr, flush=True)
+    """One line to stderr, at once, on a line of its own: tqdm's writer clears a progress
+    bar drawing on the terminal, writes the line and draws the bar again below it."""
+    tqdm.write(line, file=sys.stderr)
 
 
 def _runnable(record: Measurement) -> bool:

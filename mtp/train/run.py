@@ -11,14 +11,14 @@ On a CPU the first steps measure the thread count (`threads=N` fixes it), and a 
 `trainer.max_time` cannot carry 80% of its steps says so at once (`mtp.train.pace`). The
 summary, printed and in `<run>/summary.json` (`mtp.train.summary`), says when and why a run
 stopped before `trainer.max_steps` (e.g. the `trainer.max_time` guard: the model is then
-undertrained, and it says how much of the recipe ran).
+undertrained, and it says how much of the recipe ran). Third-party advertisements and
+warnings about other libraries' code are not printed (`mtp.train.quiet`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from mtp.train.lit import MTPLitModule
 from mtp.train.memory import check_fits, count_parameters, step_memory
 from mtp.train.pace import PaceCheck, ThreadSearch
 from mtp.train.plots import MetricsHistory, write_plots
+from mtp.train.quiet import quiet_logger, quiet_third_party
 from mtp.train.settings import InitSettings, TrainSettings, check_settings
 from mtp.train.summary import (
     SUMMARY_FILE,
@@ -231,7 +232,9 @@ def _logger(cfg: DictConfig) -> Any:
         return False
     # Offline unless the user chose otherwise: no login and no network needed.
     os.environ.setdefault("WANDB_MODE", "offline")
-    return instantiate(cfg.logger)
+    logger = instantiate(cfg.logger)
+    quiet_logger(logger)
+    return logger
 
 
 def _checkpointing(cfg: DictConfig, run_dir: Path) -> ModelCheckpoint:
@@ -322,9 +325,7 @@ def train(cfg: DictConfig) -> Path:
     settings = check_settings(cfg)
     check_resumable(cfg.ckpt_path)
     source = instantiate(cfg.data.source)  # a local source's globs must match files: here
-    # Lightning warns that manual optimisation checkpoints hold the post-step state: that is
-    # what resuming wants, since global_step counts the step as done.
-    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+    quiet_third_party()
     torch.set_float32_matmul_precision("high")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run_dir = Path(cfg.run_dir)
