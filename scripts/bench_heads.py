@@ -56,6 +56,7 @@ from mtp.decode.output import repeated_share
 from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.train.optim import build_optimizer
+from mtp.train.settings import OptimSettings
 from mtp.tokenizers import ByteTokenizer
 from mtp.train.run import compose, model_config
 
@@ -155,7 +156,8 @@ def step_seconds(config: MTPConfig, repeats: int, batch: int, seq_len: int) -> f
     """One optimizer step of the model at the recipe's batch: best of `repeats`."""
     torch.manual_seed(0)
     model = MTPModel(config).train()
-    optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
+    optimizer = build_optimizer(model, OptimSettings(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95),
+                                                     eps=1e-8))
     tokens = torch.randint(0, model.config.vocab_size, (batch, seq_len + model.config.n_future))
 
     def step() -> float:

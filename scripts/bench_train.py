@@ -38,6 +38,7 @@ from mtp.train.lit import compile_blocks
 from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.train.optim import build_optimizer
+from mtp.train.settings import OptimSettings
 from mtp.tokenizers import ByteTokenizer
 from mtp.train.run import compose, model_config
 
@@ -57,7 +58,7 @@ def stepper(config: MTPConfig, mode: str, *, batch: int, seq_len: int, precision
     model = MTPModel(config).to(device)
     if compile:
         compile_blocks(model)
-    optimizer = build_optimizer(model, lr=1e-3)
+    optimizer = build_optimizer(model, OptimSettings(lr=1e-3))
     tokens = torch.randint(0, config.vocab_size, (batch, seq_len + config.n_future),
                            device=device)
     autocast = (torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed"

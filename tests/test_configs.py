@@ -1,5 +1,6 @@
 """Every preset composes (Hydra), and the composed model configs are the intended shapes."""
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +13,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from mtp.data import InstalledSource, StdlibSource
-from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPModel
-from mtp.train.optim import build_optimizer
 from mtp.paths import CONF_DIR
 from mtp.tokenizers import ByteTokenizer
+from mtp.train.loss import autograd_backward, mtp_loss
+from mtp.train.optim import build_optimizer
 from mtp.train.run import CONTEXT, build_trainer, check_settings, compose, model_config
+from mtp.train.settings import OptimSettings, TrainSettings
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
@@ -166,7 +168,7 @@ def test_the_small_presets_train_a_step_on_cpu(model: str) -> None:
     cfg = compose(["+experiment=byte8", f"model={model}", "run_dir=/tmp/unused"])
     config = model_config(cfg, ByteTokenizer())
     model = MTPModel(config)
-    optimizer = build_optimizer(model, lr=1e-3)
+    optimizer = build_optimizer(model, OptimSettings(lr=1e-3))
     tokens = torch.randint(0, config.vocab_size, (1, 16 + config.n_future))
     out = mtp_loss(model, tokens, backward=autograd_backward)
     optimizer.step()
@@ -201,12 +203,44 @@ def test_unknown_experiment_is_hydras_error() -> None:
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["seq_len=2048"], r"seq_len=2048 must be .*model\.max_seq_len=1024"),
-    (["+experiment=byte8", "loss.weights=[1,1]"], r"loss\.weights=\[1, 1\] .*model\.n_future=8"),
+    (["+experiment=byte8", "loss.weights=[1,1]"],
+     r"loss\.weights=\[1\.0, 1\.0\] .*model\.n_future=8"),
     (["trainer.max_steps=-1"], "trainer.max_steps=-1"),
+    (["trainer.max_steps=null"], "trainer.max_steps=None must be a positive step budget"),
+    (["optim.lr=-1"], r"^optim\.lr=-1\.0 must be > 0$"),
+    (["optim.betas=[0.9,1.5]"], r"optim\.betas=\[0\.9, 1\.5\] must be two numbers in \[0, 1\)"),
+    (["optim.accumulate=0"], "optim.accumulate=0 must be an integer >= 1"),
+    (["optim.warmup_steps=2.5"], "optim.warmup_steps=2.5 must be an integer >= 0"),
+    (["optim.min_lr_ratio=2"], r"optim\.min_lr_ratio=2\.0 must be in \[0, 1\]"),
+    (["optim.cache_trunk=true"], "optim.cache_trunk=true keeps a frozen trunk's outputs"),
+    (["loss.mode=fast"], "loss.mode='fast' is not one of"),
+    (["loss.early_exit=0"], "loss.early_exit=0 must be a trunk layer"),
+    (["+loss.typo=1"], "loss.typo is not a setting; loss has chunk_size, early_exit, "),
+    (["threads=0"], "threads=0 must be a positive integer"),
+    (["compile=yes"], "compile='yes' must be true or false"),
+    (["activation_checkpointing=some"], "activation_checkpointing='some' is not one of"),
+    (["fsdp.reduce_dtype=int8"], "fsdp.reduce_dtype='int8' is not one of"),
+    (["trainer.peak_flops=v100"], "trainer.peak_flops='v100' is not a number, 'cpu' or one of"),
 ])
 def test_inconsistent_settings_are_named(overrides: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         check_settings(compose([*overrides, "run_dir=/tmp/unused"]))
+
+
+def test_the_settings_are_typed_and_frozen() -> None:
+    """`check_settings` turns the config into the objects `MTPLitModule` takes: the values
+    the user typed (lists, ints where floats go) in their types, never changed after."""
+    settings = check_settings(compose(["+experiment=medusa2", "init_from=x", "optim.lr=1",
+                                       "threads=auto", "run_dir=/tmp/unused"]))
+    assert settings.loss.weights == pytest.approx((1.0, 0.8, 0.64, 0.512))
+    assert isinstance(settings.loss.weights, tuple) and settings.optim.betas == (0.9, 0.95)
+    assert settings.optim.lr == 1.0 and isinstance(settings.optim.lr, float)
+    assert (settings.optim.base_lr_mult, settings.optim.heads_only_steps) == (0.1, 50)
+    assert (settings.run.seq_len, settings.run.max_steps, settings.run.threads) == (256, 400, None)
+    assert settings.init.init_from == "x" and settings.init.new_heads == "copy"
+    assert TrainSettings.from_dict(settings.to_dict()) == settings
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.optim.lr = 2.0  # type: ignore[misc]
 
 
 def test_explicit_vocab_size_must_match_the_tokenizer() -> None:

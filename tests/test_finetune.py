@@ -11,23 +11,23 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import recite  # tests/ is on the path: the shared tiny-model trainer
 from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.data import DataLoader
 
 import mtp
 from mtp.checkpoint import export, export_hf
-from mtp.train.finetune import grow_heads, grown_config
 from mtp.generate import DrafterSpec, generate
 from mtp.interop.hf import HEADS_LAYOUT_FILE
-from mtp.train.lit import MTPLitModule
-from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.train.parallel import end_spawned_rank, parallelize
 from mtp.paths import REPO_ROOT
 from mtp.tokenizers import ByteTokenizer
+from mtp.train.finetune import grow_heads, grown_config
+from mtp.train.lit import MTPLitModule
+from mtp.train.loss import autograd_backward, mtp_loss
+from mtp.train.parallel import end_spawned_rank, parallelize
 from mtp.train.run import check_settings, compose, train
-
-from conftest import recite  # tests/ is on the path: the shared tiny-model trainer
+from mtp.train.settings import InitSettings, OptimSettings, RunSettings, TrainSettings
 
 SEQ_LEN = 16
 
@@ -91,11 +91,14 @@ def _fit(lit: MTPLitModule, steps: int) -> L.Trainer:
     return trainer
 
 
-def _grown(head_type: str = "resblock", **kwargs: object) -> tuple[MTPModel, MTPLitModule]:
+def _grown(head_type: str = "resblock", *, max_steps: int, **optim: object
+           ) -> tuple[MTPModel, MTPLitModule]:
     base = _base()
     config = grown_config(base.config, n_future=3, head_type=head_type)
-    lit = MTPLitModule(config.to_dict(), seq_len=SEQ_LEN, lr=1e-2, warmup_steps=1,
-                       init_state=grow_heads(base, config), **kwargs)
+    settings = TrainSettings(run=RunSettings(seq_len=SEQ_LEN, max_steps=max_steps),
+                             optim=OptimSettings(lr=1e-2, warmup_steps=1, **optim),
+                             init=InitSettings(init_from="the base model above"))
+    lit = MTPLitModule(config, settings, init_state=grow_heads(base, config))
     return base, lit
 
 
@@ -125,7 +128,7 @@ def test_new_sequential_modules_copy_the_last_module_or_head_0s_blocks():
 
 @pytest.mark.parametrize("head_type", ["block", "resblock", "sequential"])
 def test_medusa1_trains_the_new_heads_only(head_type):
-    base, lit = _grown(head_type, freeze_trunk=True)
+    base, lit = _grown(head_type, max_steps=4, freeze_trunk=True)
     trainer = _fit(lit, 4)
     model, initial = lit.model, grow_heads(base, lit.config)
     state = {id(p) for p in trainer.optimizers[0].state}
@@ -144,7 +147,7 @@ def test_medusa1_trains_the_new_heads_only(head_type):
 
 
 def test_medusa2_trains_the_base_at_its_multiplier_after_the_heads_only_warm_up():
-    base, lit = _grown(trunk_lr_mult=0.25, heads_only_steps=2)
+    base, lit = _grown(max_steps=6, trunk_lr_mult=0.25, heads_only_steps=2)
     lrs, after_warm_up = [], {}
 
     class Record(L.Callback):
@@ -171,7 +174,7 @@ def test_medusa2_trains_the_base_at_its_multiplier_after_the_heads_only_warm_up(
 
 
 def test_joint_training_uses_the_configured_groups():
-    _, lit = _grown("block", trunk_lr_mult=0.1)
+    _, lit = _grown("block", max_steps=10, trunk_lr_mult=0.1)
     lit.configure_model()
     lit.trainer = L.Trainer(max_steps=10, logger=False)
     optimizer = lit.configure_optimizers()["optimizer"]
@@ -188,9 +191,8 @@ def test_joint_training_uses_the_configured_groups():
 
 
 def test_a_frozen_trunk_with_a_trunk_group_is_refused():
-    config = _base(n_future=3).config.to_dict()
-    with pytest.raises(ValueError, match="trunk_lr_mult=0.1 .*would train it"):
-        MTPLitModule(config, seq_len=SEQ_LEN, freeze_trunk=True, trunk_lr_mult=0.1)
+    with pytest.raises(ValueError, match="trunk_lr_mult=0.1 .*could train it"):
+        OptimSettings(freeze_trunk=True, trunk_lr_mult=0.1)
     for overrides, message in [
         (["+experiment=medusa1", "init_from=x", "optim.trunk_lr_mult=0.5"],
          "freeze_trunk=true with optim.trunk_lr_mult=0.5"),

@@ -1,6 +1,9 @@
-"""The defects a first try hit (issue 26): each fails on the main it was found on."""
+"""The defects a first try hit (issue 26; a quiet first training run): each fails on the main
+it was found on."""
 
 import dataclasses
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +16,7 @@ from mtp.eval.runner import EvalConfig
 from mtp.generate.__main__ import main as generate_main
 from mtp.generate.measure import measure_decoding
 from mtp.model import MTPModel
+from mtp.paths import REPO_ROOT
 from mtp.tokenizers import ByteTokenizer
 
 
@@ -78,3 +82,41 @@ def test_eval_refuses_bad_arguments_before_loading(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=message):
             EvalConfig(task="humaneval", output=str(tmp_path / "r.jsonl"),
                        checkpoint=str(tmp_path / "nowhere"), **bad)
+
+
+# Third-party lines the first training command printed before (issue: a quiet first run):
+# Lightning's litlogger tip, wandb's console lines (its anonymous-setting warning among them),
+# torch's LeafSpec deprecation that Lightning's code triggers, Lightning's remark that its
+# model summary cannot size bf16 weights.
+THIRD_PARTY = ("💡", "litlogger", "wandb", "anonymous", "LeafSpec", "deprecated", "Deprecation",
+               "FutureWarning", "UserWarning", "is not supported by the model summary")
+
+
+def test_the_first_training_command_prints_its_own_lines_only(tmp_path: Path) -> None:
+    """The README's command, shortened (a tiny model, 4 steps, a small corpus), with its
+    defaults otherwise (the wandb logger, offline; the progress bar; the model summary; the
+    thread count measured afresh): no third-party advertisement or warning, and the thread
+    choice on a line of its own."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for path in sorted((REPO_ROOT / "mtp" / "train").glob("*.py"))[:8]:
+        shutil.copy(path, corpus / path.name)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("WANDB_", "PYTHONWARNINGS", "OMP_NUM_THREADS"))}
+    env["MTP_CACHE"] = str(tmp_path / "cache")  # nothing measured yet, as on a first run
+    done = subprocess.run(
+        [sys.executable, "-m", "mtp.train", "+experiment=byte8", "model=tiny", "data=local",
+         f"data.source.paths=[{corpus}]", f"data.cache_dir={tmp_path / 'data'}",
+         "data.val_fraction=0.3", "data.batch_size=2", "seq_len=32", "trainer.max_steps=4",
+         "trainer.val_check_interval=4", "trainer.limit_val_batches=1", "decode.enabled=false",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout + done.stderr
+    for line in printed.splitlines():
+        assert not any(word in line for word in THIRD_PARTY), line
+    threads = [line for line in done.stderr.splitlines() if "threads: " in line]
+    assert len(threads) == 1 and threads[0].startswith("threads: "), done.stderr
+    assert "(measured: of " in threads[0]
+    assert "head  predicts  val loss  val acc" in done.stdout
+    assert (tmp_path / "run" / "wandb").is_dir()  # the run is still logged, offline

@@ -13,8 +13,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
-from mtp.train.lit import MTPLitModule, NonFiniteLossError
+import mtp
+from mtp.checkpoint import tokenizer_files
 from mtp.model import MTPConfig
+from mtp.tokenizers import ByteTokenizer
+from mtp.train.lit import MTPLitModule, NonFiniteLossError
+from mtp.train.settings import LossSettings, OptimSettings, RunSettings, TrainSettings
 
 SEQ_LEN = 32
 CURVE = Path(__file__).parent / "fixtures" / "tiny_loss_curve.json"
@@ -43,11 +47,19 @@ class _Gradients(Callback):
         self.grads = {name: p.grad.clone() for name, p in lit.model.named_parameters()}
 
 
+def _settings(max_steps: int, *, loss: LossSettings | None = None, compile: bool = False,
+              **optim: object) -> TrainSettings:
+    """The settings of these tests' runs: SEQ_LEN, lr 1e-2 and a 2-step warm-up unless said."""
+    return TrainSettings(run=RunSettings(seq_len=SEQ_LEN, max_steps=max_steps, compile=compile),
+                         loss=loss or LossSettings(),
+                         optim=OptimSettings(**{"lr": 1e-2, "warmup_steps": 2, **optim}))
+
+
 def _fit(config: MTPConfig, steps: int, *, batch_size: int = 4,
-         callbacks: list[Callback] = (), precision: str = "32-true", **kwargs: object
+         callbacks: list[Callback] = (), precision: str = "32-true", **settings: object
          ) -> tuple[MTPLitModule, list[float]]:
     L.seed_everything(0, verbose=False)
-    lit = MTPLitModule(config.to_dict(), seq_len=SEQ_LEN, lr=1e-2, warmup_steps=2, **kwargs)
+    lit = MTPLitModule(config, _settings(steps, **settings))
     losses = _Losses()
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False,
                         callbacks=[losses, *callbacks], precision=precision,
@@ -126,7 +138,7 @@ def test_compiled_blocks_train_like_eager_ones(tiny_config: MTPConfig) -> None:
 @pytest.mark.parametrize("mode", ["naive", "chunked"])
 def test_loss_modes_train_alike(tiny_config: MTPConfig, mode: str) -> None:
     headwise, _ = _fit(tiny_config, 2)
-    other, _ = _fit(tiny_config, 2, loss_mode=mode)
+    other, _ = _fit(tiny_config, 2, loss=LossSettings(mode=mode))
     for a, b in zip(headwise.model.parameters(), other.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
@@ -139,7 +151,7 @@ def test_non_finite_loss_stops_the_run(tiny_config: MTPConfig) -> None:
                 with torch.no_grad():
                     lit.model.output.weight.fill_(float("nan"))
 
-    lit = MTPLitModule(tiny_config.to_dict(), seq_len=SEQ_LEN, warmup_steps=1)
+    lit = MTPLitModule(tiny_config, _settings(10, lr=3e-3, warmup_steps=1))
     trainer = L.Trainer(max_steps=10, accelerator="cpu", logger=False, callbacks=[Poison()],
                         enable_checkpointing=False, enable_progress_bar=False)
     with pytest.raises(NonFiniteLossError, match="non-finite loss .* at step 3"):
@@ -148,11 +160,15 @@ def test_non_finite_loss_stops_the_run(tiny_config: MTPConfig) -> None:
 
 
 def test_bad_settings_are_named(tiny_config: MTPConfig) -> None:
+    run = RunSettings(seq_len=128, max_steps=10)
     with pytest.raises(ValueError, match=r"seq_len=128 .*max_seq_len=64"):
-        MTPLitModule(tiny_config.to_dict(), seq_len=128)
-    with pytest.raises(ValueError, match=r"loss_weights=\[1.0\] .*n_future=4"):
-        MTPLitModule(tiny_config.to_dict(), seq_len=32, loss_weights=[1.0])
-    lit = MTPLitModule(tiny_config.to_dict(), seq_len=32)
+        MTPLitModule(tiny_config, TrainSettings(run=run))
+    with pytest.raises(ValueError, match=r"loss.weights=\[1.0\] .*n_future=4"):
+        MTPLitModule(tiny_config, _settings(10, loss=LossSettings(weights=[1.0])))
+    with pytest.raises(ValueError, match=r"loss.early_exit=2 must be a trunk layer from 1 to "
+                                         r"n_layers - 1 = 1"):
+        MTPLitModule(tiny_config, _settings(10, loss=LossSettings(early_exit=2)))
+    lit = MTPLitModule(tiny_config, _settings(10))
     lit.configure_model()
     short = torch.zeros(2, 34, dtype=torch.long)  # 2 spare tokens for 4 heads
     with pytest.raises(ValueError, match=r"shape \(2, 34\).*32 \+ 4 = 36"):
@@ -175,8 +191,7 @@ class _SlowAndRecorded(Callback):
 def _fit_slowly(config: MTPConfig, steps: int, seconds: int, ckpt_path: Path | None = None
                 ) -> tuple[L.Trainer, list[float]]:
     L.seed_everything(0, verbose=False)
-    lit = MTPLitModule(config.to_dict(), seq_len=SEQ_LEN, lr=1e-2, warmup_steps=1,
-                       max_steps=10_000)  # the steps alone would barely decay
+    lit = MTPLitModule(config, _settings(10_000, warmup_steps=1))  # steps alone barely decay
     recorded = _SlowAndRecorded()
     trainer = L.Trainer(max_steps=steps, max_time={"seconds": seconds}, accelerator="cpu",
                         logger=False, callbacks=[recorded], enable_checkpointing=False,
@@ -206,3 +221,22 @@ def test_resuming_a_run_its_time_guard_stopped_ends_at_once(tiny_config: MTPConf
     stopped.save_checkpoint(tmp_path / "spent.ckpt")
     resumed, lrs = _fit_slowly(tiny_config, 1000, 1, tmp_path / "spent.ckpt")
     assert resumed.global_step == stopped.global_step and lrs == []  # the budget is spent
+
+
+def test_checkpoints_hold_plain_settings_that_load_back(tiny_config: MTPConfig,
+                                                        tmp_path: Path) -> None:
+    """Lightning resumes and `mtp.load` reads a checkpoint with weights_only=True: the
+    hyperparameters are plain values, from which `load_from_checkpoint` rebuilds the same
+    config and settings."""
+    settings = _settings(1, loss=LossSettings(weights=[1, 0.5, 0.5, 0.5]), trunk_lr_mult=0.5)
+    lit = MTPLitModule(tiny_config, settings, tokenizer_files=tokenizer_files(ByteTokenizer()))
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(lit, DataLoader(_blocks(4), batch_size=4))
+    trainer.save_checkpoint(tmp_path / "one.ckpt")
+    stored = torch.load(tmp_path / "one.ckpt", weights_only=True)["hyper_parameters"]
+    assert stored == {"model": tiny_config.to_dict(), "settings": settings.to_dict()}
+    restored = MTPLitModule.load_from_checkpoint(tmp_path / "one.ckpt")
+    assert (restored.config, restored.settings) == (tiny_config, settings)
+    model, _ = mtp.load(tmp_path / "one.ckpt")
+    assert model.config == tiny_config

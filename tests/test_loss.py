@@ -2,8 +2,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtp.train.loss import IGNORE_INDEX, autograd_backward, mtp_loss, shift_targets
 from mtp.model import MTPConfig, MTPModel
+from mtp.train.loss import IGNORE_INDEX, autograd_backward, mtp_loss, shift_targets
 
 
 def test_shift_targets_worked_example():
@@ -88,10 +88,11 @@ def test_zero_weight_head_gets_no_gradient(tiny_config):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(mode="fast"), "loss mode 'fast'"),
-    (dict(weights=[1.0, 2.0]), "weights must be 4"),
-    (dict(weights=[1.0, -1.0, 1.0, 1.0]), "non-negative"),
-    (dict(chunk_size=0), "chunk_size must be >= 1"),
+    (dict(mode="fast"), "loss.mode='fast' is not one of"),
+    (dict(weights=[1.0, 2.0]), r"loss.weights=\[1.0, 2.0\] needs one weight per head "
+                               r"\(model.n_future=4\)"),
+    (dict(weights=[1.0, -1.0, 1.0, 1.0]), "must be a list of non-negative numbers"),
+    (dict(chunk_size=0), "chunk_size=0 must be >= 1"),
 ])
 def test_bad_loss_arguments_are_named(tiny_config, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -243,8 +244,9 @@ def test_the_early_exit_adds_head_0_on_the_early_layers_in_every_mode(head_type)
 
 
 @pytest.mark.parametrize("early_exit, weight, message", [
-    (0, 1.0, "early_exit=0 must be a trunk layer from 1 to n_layers - 1 = 1"),
-    (2, 1.0, "early_exit=2 must be"), (1, -1.0, "early_exit_weight=-1.0 must be >= 0")])
+    (0, 1.0, "loss.early_exit=0 must be a trunk layer from 1 to n_layers - 1 "),
+    (2, 1.0, "loss.early_exit=2 must be a trunk layer from 1 to n_layers - 1 = 1"),
+    (1, -1.0, "loss.early_exit_weight=-1.0 must be >= 0")])
 def test_bad_early_exits_are_named(tiny_config, early_exit, weight, message):
     with pytest.raises(ValueError, match=message):
         mtp_loss(MTPModel(tiny_config), torch.zeros(1, 8, dtype=torch.long),

@@ -1,16 +1,21 @@
 """A training run that knows its pace (`mtp.train.pace`): the starved-run warning, the undertrained
 summary, and the thread count measured on the first steps."""
 
+import io
 import json
+import re
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from tqdm import tqdm
 
-import mtp.threads as threads
+import mtp.tune as tune
 from mtp.data.packing import PackedBlocks
 from mtp.paths import REPO_ROOT
+from mtp.train.pace import say
 from mtp.train.run import compose, train
 
 
@@ -66,29 +71,47 @@ def test_a_run_within_its_budget_does_not_warn(corpus: Path, tmp_path: Path, cap
 
 def test_training_measures_its_threads_once_then_reuses_them(
         corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The first run measures the count on its first batches: one `Measurement` (threads,
+    batches/s) in the one tuning cache; the second reads it back; a setting wins."""
     monkeypatch.setenv("MTP_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(threads, "load_bucket", lambda: 0)
+    monkeypatch.setattr(tune, "load_bucket", lambda: 0)
+    cores = tune.cores()
     try:
-        threads.set_threads(threads.cores())  # nothing explicit: torch's own default
+        tune.set_threads(cores)  # nothing explicit: torch's own default
         train(_cfg(corpus, tmp_path / "a", "trainer.max_steps=5", "trainer.val_check_interval=5"))
         first = capsys.readouterr().err
-        assert f"of {threads.cores()} cores, the fastest measured (batches/s by threads: 1: " \
-            in first, first
-        cached = json.loads((tmp_path / "cache" / threads.CACHE_FILE).read_text())
-        [(key, entry)] = cached.items()
-        assert key.startswith("train|") and "width=32|batch=2" in key
+        [line] = [line for line in first.splitlines() if line.startswith("threads: ")]
+        assert f"(measured: of {cores} cores in " in line and "; batches/s: " in line, first
+        [(key, entry)] = json.loads((tmp_path / "cache" / tune.CACHE_FILE).read_text()).items()
+        assert key.startswith("threads|kind=train|model=") and "|width=32|batch=2|" in key
+        record = tune.Measurement.from_json(entry)
+        assert (record.step, record.how, record.unit) == ("threads", "measured", "batches/s")
+        assert set(record.figures) == {str(n) for n in range(1, cores + 1)}
         chosen = json.loads((tmp_path / "a" / "summary.json").read_text())["threads"]
-        assert chosen == entry["threads"]
+        assert chosen == record.value and line == f"{record.describe()}"
 
-        threads.set_threads(threads.cores())
+        tune.set_threads(cores)
         train(_cfg(corpus, tmp_path / "b", "trainer.max_steps=5", "trainer.val_check_interval=5"))
-        assert "measured before on this machine" in capsys.readouterr().err
+        assert f"threads: {chosen} (cached: of {cores} cores" in capsys.readouterr().err
         assert torch.get_num_threads() == chosen
 
         train(_cfg(corpus, tmp_path / "c", "trainer.max_steps=2", "trainer.val_check_interval=2",
                    "threads=1"))
-        assert "threads: 1 of" in (err := capsys.readouterr().err) and "as set (threads=1)" in err
+        assert "threads: 1 (set: threads=1)" in capsys.readouterr().err
     finally:
         torch.set_num_threads(1)
-        threads._ours = None
+        tune._ours = None
+
+
+def test_the_thread_line_is_not_glued_to_a_drawing_progress_bar(monkeypatch) -> None:
+    """A terminal shows the bar's stream and stderr together: the line is written after the
+    bar's own line is cleared, then the bar is drawn again below it (tqdm's writer)."""
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bar = tqdm(total=3, file=terminal, desc="Epoch 0", mininterval=0)
+    bar.update(1)
+    say("threads: 2 (measured: of 2 cores)")
+    bar.update(1)
+    bar.close()
+    assert "threads: 2 (measured: of 2 cores)" in re.split(r"[\r\n]", terminal.getvalue())

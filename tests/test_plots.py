@@ -6,9 +6,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from mtp.train.lit import MTPLitModule
 from mtp.model import MTPConfig
+from mtp.train.lit import MTPLitModule
 from mtp.train.plots import MetricsHistory, read_metrics_csv, write_metrics_csv, write_plots
+from mtp.train.settings import OptimSettings, RunSettings, TrainSettings
 
 
 def _fit_without_logger(config: MTPConfig, steps: int) -> MetricsHistory:
@@ -19,7 +20,8 @@ def _fit_without_logger(config: MTPConfig, steps: int) -> MetricsHistory:
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, log_every_n_steps=2,
                         val_check_interval=3, limit_val_batches=2)
-    lit = MTPLitModule(config.to_dict(), seq_len=16, warmup_steps=1)
+    lit = MTPLitModule(config, TrainSettings(run=RunSettings(seq_len=16, max_steps=steps),
+                                             optim=OptimSettings(warmup_steps=1)))
     trainer.fit(lit, DataLoader(blocks, batch_size=4), DataLoader(blocks, batch_size=4))
     return history
 

@@ -1,5 +1,6 @@
 """`train(cfg)` end to end on a tiny model and corpus; resuming after SIGKILL; early errors."""
 
+import argparse
 import csv
 import json
 import re
@@ -14,10 +15,10 @@ import pytest
 import torch
 
 import mtp
-from mtp.train.lit import MTPLitModule
 from mtp.paths import REPO_ROOT
+from mtp.train.lit import MTPLitModule
 from mtp.train.plots import read_metrics_csv
-from mtp.train.run import compose, train
+from mtp.train.run import check_resumable, compose, train
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,7 @@ def test_train_exports_a_model_that_learned(corpus: Path, tmp_path: Path,
     model, tokenizer = mtp.load(export_dir)
     assert model.config.n_future == 8 and tokenizer.vocab_size == 262
     ckpt_model, _ = mtp.load(tmp_path / "checkpoints" / "last.ckpt")
+    check_resumable(str(tmp_path / "checkpoints" / "last.ckpt"))  # a checkpoint it resumes
     tokens = torch.tensor([tokenizer.encode("def f(x):")])
     torch.testing.assert_close(model(tokens), ckpt_model(tokens), rtol=0, atol=0)
     summary = capsys.readouterr().out
@@ -221,7 +223,49 @@ def test_fsdp_sharded_checkpoints_load_and_resume_on_other_rank_counts(corpus: P
     assert last.is_dir()  # one DCP shard per rank, not a single file
     exported, _ = mtp.load(tmp_path / "two" / "export")  # full weights gathered from both ranks
     sharded, _ = mtp.load(last)
+    check_resumable(str(last))
     assert exported.config == sharded.config and exported.config.n_future == 8
     for (name, p), q in zip(exported.named_parameters(), sharded.parameters()):
         assert torch.equal(p, q), name
         assert torch.isfinite(p).all() and p.abs().sum() > 0, name
+
+
+def _pickled(path: Path) -> Path:
+    """A torch file holding a pickled object: a checkpoint of unknown origin."""
+    torch.save({"hyper_parameters": argparse.Namespace(model={})}, path)
+    return path
+
+
+@pytest.mark.parametrize(("argument", "message"), [
+    (lambda tmp: "optim.lr=-1", "optim.lr=-1.0 must be > 0"),
+    (lambda tmp: "data.source.paths=[/nonexistent/*.py]",
+     "data.source.paths: /nonexistent/*.py matches no file"),
+    (lambda tmp: f"ckpt_path={_pickled(tmp / 'foreign.ckpt')}",
+     "foreign.ckpt is not a Lightning checkpoint: it does not load as tensors and plain values"),
+], ids=["lr", "paths", "ckpt_path"])
+def test_a_bad_input_is_one_line_before_training(argument, message: str, tmp_path: Path) -> None:
+    """The training command names the value in one line and exits 1, before it builds or
+    reads anything else: no traceback, no run directory's checkpoints, and never torch's
+    advice to unpickle a file of unknown origin with weights_only=False."""
+    done = subprocess.run([sys.executable, "-m", "mtp.train", "+experiment=byte8", "data=local",
+                           "data.source.paths=[mtp]", "logger=none", argument(tmp_path),
+                           f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert done.stderr.splitlines() == [f"error: {done.stderr[7:].strip()}"], done.stderr
+    assert message in done.stderr and "weights_only" not in done.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_checkpoint_not_written_by_mtp_train_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nowhere.ckpt does not exist"):
+        check_resumable(str(tmp_path / "nowhere.ckpt"))
+    with pytest.raises(ValueError, match="is a folder but not a sharded checkpoint"):
+        check_resumable(str(tmp_path))
+    (tmp_path / "text.ckpt").write_text("not torch\n")
+    with pytest.raises(ValueError, match="text.ckpt is not a Lightning checkpoint"):
+        check_resumable(str(tmp_path / "text.ckpt"))
+    torch.save({"state_dict": {}}, tmp_path / "plain.ckpt")
+    with pytest.raises(ValueError, match="plain.ckpt is not a checkpoint that mtp.train wrote"):
+        check_resumable(str(tmp_path / "plain.ckpt"))
+    check_resumable(None)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from mtp.train.lit import MTPLitModule
-from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
+from mtp.train.loss import autograd_backward, mtp_loss
+from mtp.train.settings import InitSettings, LossSettings, OptimSettings, RunSettings, TrainSettings
 from mtp.train.trunk_cache import TrunkCache
 
 SEQ = 16
@@ -55,8 +55,13 @@ def test_cached_trunk_outputs_train_the_same_heads(tiny_config: MTPConfig, head_
 
 
 def test_a_cached_trunk_needs_a_frozen_one(tiny_config: MTPConfig) -> None:
-    with pytest.raises(ValueError, match="cache_trunk=True keeps a frozen trunk's outputs"):
-        MTPLitModule(tiny_config.to_dict(), seq_len=SEQ, cache_trunk=True)
+    with pytest.raises(ValueError, match="optim.cache_trunk=true keeps a frozen trunk's outputs"):
+        OptimSettings(cache_trunk=True)
+    with pytest.raises(ValueError, match="optim.cache_trunk=true keeps the trunk's final outputs, "
+                                         "which loss.early_exit=1 cannot read"):
+        TrainSettings(run=RunSettings(seq_len=SEQ, max_steps=10), loss=LossSettings(early_exit=1),
+                      optim=OptimSettings(freeze_trunk=True, cache_trunk=True),
+                      init=InitSettings(init_from="base"))
     model = MTPModel(tiny_config)
     tokens = torch.randint(0, tiny_config.vocab_size, (2, SEQ + tiny_config.n_future))
     live = model.trunk(tokens[:, :SEQ])  # carries the trunk's graph: not a frozen output

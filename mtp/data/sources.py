@@ -73,19 +73,30 @@ class StdlibSource:
 class LocalSource:
     """Local files: text files (one document each), JSON lines or Parquet (one per record).
 
-    ``paths`` holds files, folders (read recursively, hidden entries skipped) or globs.
+    ``paths`` holds files, folders (read recursively, hidden entries skipped) or globs; each
+    must match a file when the source is made, so that a typo fails before any work rather
+    than after the model is built (or silently drops part of the corpus).
     """
 
     paths: list[str] | str
     text_field: str = "text"
 
-    def load(self) -> Corpus:
-        paths = [self.paths] if isinstance(self.paths, str) else list(self.paths)
+    def __post_init__(self) -> None:
+        paths = self._paths()
         if not paths:
             raise ValueError("LocalSource.paths is empty: name at least one file, folder or glob")
+        missing = [path for path in paths if not _expand([path])]
+        if missing:
+            raise FileNotFoundError(f"data.source.paths: {', '.join(map(str, missing))} "
+                                    f"match{'es' if len(missing) == 1 else ''} no file "
+                                    f"(cwd {Path.cwd()})")
+
+    def _paths(self) -> list[str]:
+        return [self.paths] if isinstance(self.paths, str) else list(self.paths)
+
+    def load(self) -> Corpus:
+        paths = self._paths()
         files = sorted(set(_expand(paths)))
-        if not files:
-            raise FileNotFoundError(f"no files found; searched {paths} (cwd {Path.cwd()})")
         plain = [f for f in files if f.suffix not in TEXT_SUFFIXES_STRUCTURED]
         structured = [f for f in files if f.suffix in TEXT_SUFFIXES_STRUCTURED]
         ids, texts, skipped = _read_text_files(plain, Path.cwd())

@@ -82,25 +82,32 @@ def measure_peak_flops(dtype: torch.dtype = torch.float32, *, device: str = "cpu
     return 2 * size ** 3 / best
 
 
+def check_peak_flops(peak: object) -> None:
+    """A ValueError naming `trainer.peak_flops` unless it is a number > 0, a `PEAK_FLOPS`
+    preset, "cpu" or None (what `resolve_peak_flops` takes)."""
+    if peak is None or peak == "cpu":
+        return
+    if isinstance(peak, str):
+        if peak not in PEAK_FLOPS:
+            raise ValueError(f"trainer.peak_flops={peak!r} is not a number, 'cpu' or one of "
+                             f"{sorted(PEAK_FLOPS)}")
+        return
+    if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0:
+        raise ValueError(f"trainer.peak_flops={peak!r} must be > 0 FLOPs/s")
+
+
 def resolve_peak_flops(peak: float | str | None, precision: str) -> float | None:
     """`trainer.peak_flops` as FLOPs/s: a number, a `PEAK_FLOPS` preset, "cpu" or None.
 
     "cpu" measures this CPU's matrix-product peak (`measure_peak_flops`, half a second) in
     the run's precision: bfloat16 under bf16 autocast, float32 otherwise. None: no MFU.
     """
+    check_peak_flops(peak)
     if peak is None:
         return None
-    if isinstance(peak, str):
-        if peak == "cpu":
-            dtype = torch.bfloat16 if "bf16" in precision else torch.float32
-            return measure_peak_flops(dtype)
-        if peak not in PEAK_FLOPS:
-            raise ValueError(f"trainer.peak_flops={peak!r} is not a number, 'cpu' or one of "
-                             f"{sorted(PEAK_FLOPS)}")
-        return PEAK_FLOPS[peak]
-    if not peak > 0:
-        raise ValueError(f"trainer.peak_flops={peak!r} must be > 0 FLOPs/s")
-    return float(peak)
+    if peak == "cpu":
+        return measure_peak_flops(torch.bfloat16 if "bf16" in precision else torch.float32)
+    return PEAK_FLOPS[peak] if isinstance(peak, str) else float(peak)
 
 
 def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> float:

@@ -39,23 +39,29 @@ Frozen parameters (Medusa-1: `requires_grad=False` on the base model) cost no ba
 loss that needs no gradient is not backpropagated, and with a frozen embedding and trunk the
 trunk output needs none, so the trunk's backward never runs. `train_trunk=False` detaches
 the trunk output for a step, for the heads-only warm-up of Medusa-2.
+
+The code reads in that order: `mtp_loss` takes the settings (`LossSettings`: mode, weights,
+early exit), `run_trunk` is the trunk's part (the early exit's two segments, a frozen trunk's
+precomputed output, the heads-only warm-up), then one function per mode: `_naive_loss`,
+`_headwise_loss` with a whole head's unembedding at once (`_whole_head_loss`) or in chunks
+(`_chunked_head_loss`), and the sequential chain's `_sequential_backward`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.model import MTPModel, tokens_ahead
+from mtp.train.settings import LossSettings
 
 IGNORE_INDEX = -100
-LossMode = Literal["naive", "headwise", "chunked"]
-LOSS_MODES: tuple[str, ...] = ("naive", "headwise", "chunked")
 
 
 class BackwardFn(Protocol):
@@ -126,119 +132,178 @@ def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tenso
     return loss / denominator, correct
 
 
-def mtp_loss(model: MTPModel, tokens: Tensor, *, seq_len: int | None = None,
-             mode: LossMode = "headwise", weights: Sequence[float] | None = None,
-             backward: BackwardFn | None = None, chunk_size: int = 4096,
-             train_trunk: bool = True, early_exit: int | None = None,
-             early_exit_weight: float = 1.0, trunk_out: Tensor | None = None) -> LossOutput:
+def mtp_loss(model: MTPModel, tokens: Tensor, settings: LossSettings | None = None, *,
+             seq_len: int | None = None, backward: BackwardFn | None = None,
+             train_trunk: bool = True, trunk_out: Tensor | None = None,
+             **options: Any) -> LossOutput:
     """Loss of every head on a block of tokens, and (with `backward`) its gradients.
 
     Args:
         tokens: (B, L) ids; inputs are the first `seq_len` (default L - n_future).
-        mode: "naive", "headwise" or "chunked" (module docstring); same loss, same gradients.
-        weights: per-head loss weights (default all 1).
+        settings: the mode, per-head weights, early exit and chunk size (`LossSettings`);
+            a plain call gives them as `options` instead: `mtp_loss(model, tokens,
+            mode="naive", weights=[1, 0.5])` (`LossSettings`' fields).
         backward: called on each tensor to backpropagate (Lightning's `manual_backward`, or
             `autograd_backward`); None computes the loss only, e.g. for validation.
-        chunk_size: tokens per unembedding chunk in "chunked" mode.
         train_trunk: False backpropagates into the heads only, not the trunk or embedding.
-        early_exit: LayerSkip's early-exit term at trunk layer e (module docstring), from 1
-            to n_layers - 1; None: none. early_exit_weight: its weight.
         trunk_out: the trunk's output (B, seq_len, D) for these tokens, computed before (a
-            frozen trunk's, `mtp.train.trunk_cache`): the trunk does not run, and gets no gradient.
+            frozen trunk's, `mtp.train.trunk_cache`): the trunk does not run, and gets no
+            gradient.
     """
-    n = model.config.n_future
-    if mode not in LOSS_MODES:
-        raise ValueError(f"loss mode {mode!r} is not one of {LOSS_MODES}")
-    weights = [1.0] * n if weights is None else [float(w) for w in weights]
-    if len(weights) != n or any(w < 0 for w in weights):
-        raise ValueError(f"weights must be {n} non-negative numbers (one per head), "
-                         f"got {weights}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    check_early_exit(early_exit, early_exit_weight, model.config.n_layers)
-    seq_len = tokens.shape[1] - n if seq_len is None else seq_len
-    inputs, targets = shift_targets(tokens, seq_len, n)
-    counts = (targets != IGNORE_INDEX).sum(dim=(0, 2))  # (n,)
-    denominators = counts.clamp(min=1).tolist()
-    head_targets = [targets[:, i].flatten() for i in range(n)]  # (B*T,) each
+    if settings is None:
+        settings = LossSettings(**options)
+    elif options:
+        raise TypeError(f"mtp_loss takes settings or their fields {sorted(options)}, not both")
+    config = model.config
+    settings.check_model(n_future=config.n_future, n_layers=config.n_layers)
+    seq_len = tokens.shape[1] - config.n_future if seq_len is None else seq_len
+    inputs, targets = shift_targets(tokens, seq_len, config.n_future)
+    trunk = run_trunk(model, inputs, early_exit=settings.early_exit, train=train_trunk,
+                      detach_exit=settings.mode != "naive", trunk_out=trunk_out)
+    heads = _Heads.of(targets, settings, backward)
+    if settings.mode == "naive":
+        return _naive_loss(model, tokens, trunk, heads)
+    per_head = _whole_head_loss if settings.mode == "headwise" else \
+        functools.partial(_chunked_head_loss, chunk_size=settings.chunk_size)
+    return _headwise_loss(model, tokens, trunk, heads, per_head)
 
-    if trunk_out is not None and (early_exit is not None or trunk_out.requires_grad
-                                  or trunk_out.shape[:2] != inputs.shape):
-        raise ValueError(f"a precomputed trunk_out (shape {tuple(trunk_out.shape)}) must be "
-                         f"a frozen trunk's output for inputs of shape {tuple(inputs.shape)}, "
-                         f"without an early exit (early_exit={early_exit})")
-    exit_state = exit_in = None  # the stream at the early exit, and what the rest reads
-    with torch.set_grad_enabled(train_trunk and torch.is_grad_enabled()):
-        if trunk_out is None and early_exit is None:
-            trunk_out = model.trunk(inputs)  # (B, T, D); no graph unless the trunk trains
-        elif trunk_out is None:
-            exit_state = model.trunk(inputs, skip=range(early_exit, model.config.n_layers))
-            exit_in = exit_state if mode == "naive" else \
-                exit_state.detach().requires_grad_(exit_state.requires_grad)
-            trunk_out = model.resume_trunk(exit_in, early_exit)
+
+@dataclass(frozen=True)
+class TrunkPass:
+    """The trunk's output, and with an early exit the residual stream the exit reads."""
+
+    out: Tensor  # (B, T, D) what the heads read
+    exit_state: Tensor | None = None  # (B, T, D) the stream after layer early_exit - 1
+    exit_in: Tensor | None = None  # what the exit head and the later layers read: exit_state,
+    # or its detached copy (the headwise modes backpropagate into it, then through exit_state)
+
+
+def run_trunk(model: MTPModel, inputs: Tensor, *, early_exit: int | None = None,
+              train: bool = True, detach_exit: bool = True,
+              trunk_out: Tensor | None = None) -> TrunkPass:
+    """The trunk on `inputs` (B, T), or `trunk_out`, a frozen trunk's output computed before.
+
+    With an `early_exit`, the trunk runs in two segments (module docstring), the second on
+    the first's output, detached when `detach_exit`. `train=False` keeps no graph (the
+    heads-only warm-up), as does a frozen trunk by itself.
+    """
+    if trunk_out is not None:
+        if early_exit is not None or trunk_out.requires_grad \
+                or trunk_out.shape[:2] != inputs.shape:
+            raise ValueError(f"a precomputed trunk_out (shape {tuple(trunk_out.shape)}) must "
+                             f"be a frozen trunk's output for inputs of shape "
+                             f"{tuple(inputs.shape)}, without an early exit "
+                             f"(early_exit={early_exit})")
+        return TrunkPass(trunk_out)
+    with torch.set_grad_enabled(train and torch.is_grad_enabled()):
+        if early_exit is None:
+            return TrunkPass(model.trunk(inputs))  # no graph unless the trunk trains
+        exit_state = model.trunk(inputs, skip=range(early_exit, model.config.n_layers))
+        exit_in = exit_state.detach().requires_grad_(exit_state.requires_grad) \
+            if detach_exit else exit_state
+        return TrunkPass(model.resume_trunk(exit_in, early_exit), exit_state, exit_in)
+
+
+@dataclass(frozen=True)
+class _Heads:
+    """What each head's loss reads besides its output: targets, weights and the backward."""
+
+    targets: list[Tensor]  # (B*T,) each head's
+    counts: Tensor  # (n,) targets that count (not ignore_index)
+    denominators: list[int]  # the counts, at least 1: each head's mean divides by it
+    weights: tuple[float, ...]
+    exit_weight: float
+    backward: BackwardFn | None
+
+    @classmethod
+    def of(cls, targets: Tensor, settings: LossSettings, backward: BackwardFn | None) -> _Heads:
+        """The heads of `targets` (B, n, T), weighted as `settings` say."""
+        n = targets.shape[1]
+        counts = (targets != IGNORE_INDEX).sum(dim=(0, 2))
+        return cls([targets[:, i].flatten() for i in range(n)], counts,
+                   counts.clamp(min=1).tolist(), settings.head_weights(n),
+                   settings.early_exit_weight, backward)
+
+    def output(self, losses: Sequence[Tensor], correct: Sequence[Tensor],
+               exit_loss: Tensor | None = None, exit_hits: Tensor | None = None) -> LossOutput:
+        """The detached `LossOutput` of the heads' (and the exit's) losses and hits."""
+        head_losses = torch.stack([loss.detach() for loss in losses])
+        total = sum(w * loss for w, loss in zip(self.weights, head_losses))
+        if exit_loss is not None:
+            exit_loss = exit_loss.detach()
+            total = total + self.exit_weight * exit_loss
+        return LossOutput(loss=total, head_losses=head_losses,
+                          head_correct=torch.stack(list(correct)), head_count=self.counts,
+                          exit_loss=exit_loss, exit_correct=exit_hits)
+
+
+def _naive_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads) -> LossOutput:
+    """Every head's logits at once (B, T, n, V) and one backward of the weighted sum."""
+    n = len(heads.weights)
+    logits = torch.stack([model.unembed(state, i) for i, state in
+                          enumerate(model.head_states(trunk.out, tokens, n))],
+                         dim=2)  # (B, T, n, V)
+    results = [_head_loss(logits[:, :, i].flatten(0, 1), heads.targets[i],
+                          heads.denominators[i]) for i in range(n)]
+    total = sum(w * loss for w, (loss, _) in zip(heads.weights, results))
     exit_loss = exit_hits = None
-    if mode == "naive":
-        logits = torch.stack([model.unembed(state, i) for i, state in
-                              enumerate(model.head_states(trunk_out, tokens, n))],
-                             dim=2)  # (B, T, n, V)
-        results = [_head_loss(logits[:, :, i].flatten(0, 1), head_targets[i], denominators[i])
-                   for i in range(n)]
-        total = sum(w * loss for w, (loss, _) in zip(weights, results))
-        if exit_in is not None:
-            exit_loss, exit_hits = _head_loss(model.unembed(model.head(exit_in, 0)).flatten(0, 1),
-                                              head_targets[0], denominators[0])
-            total = total + early_exit_weight * exit_loss
-        if backward is not None and total.requires_grad:
-            backward(total)
-        losses, correct = zip(*results)
+    if trunk.exit_in is not None:
+        exit_loss, exit_hits = _head_loss(
+            model.unembed(model.head(trunk.exit_in, 0)).flatten(0, 1), heads.targets[0],
+            heads.denominators[0])
+        total = total + heads.exit_weight * exit_loss
+    if heads.backward is not None and total.requires_grad:
+        heads.backward(total)
+    losses, correct = zip(*results)
+    return heads.output(losses, correct, exit_loss, exit_hits)
+
+
+class HeadLossFn(Protocol):
+    """One head's loss and hits on its output (B, T, D), backpropagated into it with
+    `weight` (`_whole_head_loss`, `_chunked_head_loss`)."""
+
+    def __call__(self, model: MTPModel, head: int, head_out: Tensor, targets: Tensor,
+                 denominator: int, weight: float,
+                 backward: BackwardFn | None) -> tuple[Tensor, Tensor]: ...
+
+
+def _headwise_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads,
+                   per_head: HeadLossFn) -> LossOutput:
+    """One head at a time on the detached trunk output, then one backward through the trunk
+    (and with an early exit, the exit's loss, then the trunk's first segment)."""
+    backward = heads.backward
+    # Heads backpropagate into this detached copy; the trunk's backward runs once at the end.
+    detached = trunk.out.detach().requires_grad_(trunk.out.requires_grad)
+
+    def head_loss(i: int, head_out: Tensor, weight: float | None = None
+                  ) -> tuple[Tensor, Tensor]:
+        weight = heads.weights[i] if weight is None else weight
+        return per_head(model, i, head_out, heads.targets[i], heads.denominators[i], weight,
+                        backward)
+
+    if model.config.head_type == "sequential":
+        losses, correct = _sequential_backward(model, detached, tokens, head_loss, backward)
     else:
-        # Heads backpropagate into this detached copy; the trunk's backward runs once at the end.
-        detached = trunk_out.detach().requires_grad_(trunk_out.requires_grad)
-
-        def head_loss(i: int, head_out: Tensor, weight: float | None = None
-                      ) -> tuple[Tensor, Tensor]:
-            """Head i's loss and hits on its output (B, T, D), backpropagated into it."""
-            weight = weights[i] if weight is None else weight
-            if mode == "chunked":
-                return _chunked_head_loss(model, i, head_out.flatten(0, 1), head_targets[i],
-                                          denominators[i], weight, backward, chunk_size)
-            loss, hits = _head_loss(model.unembed(head_out, i).flatten(0, 1), head_targets[i],
-                                    denominators[i])
-            if backward is not None and loss.requires_grad:
-                backward(weight * loss)
-            return loss.detach(), hits
-
-        if model.config.head_type == "sequential":
-            losses, correct = _sequential_backward(model, detached, tokens, head_loss, backward)
-        else:
-            losses, correct = zip(*(head_loss(i, model.head(detached, i)) for i in range(n)))
-        if backward is not None and detached.grad is not None:
-            backward(trunk_out, detached.grad)  # into exit_in.grad, with an early exit
-        if exit_in is not None:
-            exit_loss, exit_hits = head_loss(0, model.head(exit_in, 0), early_exit_weight)
-            if backward is not None and exit_in.grad is not None:
-                backward(exit_state, exit_in.grad)
-    head_losses = torch.stack([loss.detach() for loss in losses])
-    total = sum(w * loss for w, loss in zip(weights, head_losses))
-    if exit_loss is not None:
-        exit_loss = exit_loss.detach()
-        total = total + early_exit_weight * exit_loss
-    return LossOutput(loss=total, head_losses=head_losses,
-                      head_correct=torch.stack(list(correct)), head_count=counts,
-                      exit_loss=exit_loss, exit_correct=exit_hits)
+        losses, correct = zip(*(head_loss(i, model.head(detached, i))
+                                for i in range(len(heads.weights))))
+    if backward is not None and detached.grad is not None:
+        backward(trunk.out, detached.grad)  # into exit_in.grad, with an early exit
+    exit_loss = exit_hits = None
+    if trunk.exit_in is not None:
+        exit_loss, exit_hits = head_loss(0, model.head(trunk.exit_in, 0), heads.exit_weight)
+        if backward is not None and trunk.exit_in.grad is not None:
+            backward(trunk.exit_state, trunk.exit_in.grad)
+    return heads.output(losses, correct, exit_loss, exit_hits)
 
 
-def check_early_exit(early_exit: int | None, weight: float, n_layers: int) -> None:
-    """A ValueError naming the value when an early exit cannot be read from this trunk."""
-    if early_exit is None:
-        return
-    if not isinstance(early_exit, int) or isinstance(early_exit, bool) \
-            or not 1 <= early_exit < n_layers:
-        raise ValueError(f"early_exit={early_exit!r} must be a trunk layer from 1 to "
-                         f"n_layers - 1 = {n_layers - 1} (the exit reads the stream after "
-                         f"layer early_exit - 1)")
-    if not weight >= 0:
-        raise ValueError(f"early_exit_weight={weight!r} must be >= 0")
+def _whole_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Tensor,
+                     denominator: int, weight: float,
+                     backward: BackwardFn | None) -> tuple[Tensor, Tensor]:
+    """Head `head`'s loss over all its logits (B*T, V) at once (the headwise mode)."""
+    loss, hits = _head_loss(model.unembed(head_out, head).flatten(0, 1), targets, denominator)
+    if backward is not None and loss.requires_grad:
+        backward(weight * loss)
+    return loss.detach(), hits
 
 
 def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
@@ -267,11 +332,13 @@ def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
 
 
 def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Tensor,
-                       denominator: int, weight: float, backward: BackwardFn | None,
+                       denominator: int, weight: float, backward: BackwardFn | None, *,
                        chunk_size: int) -> tuple[Tensor, Tensor]:
-    """Head `head`'s loss over token chunks of (N, D) `head_out`, backpropagating per chunk."""
+    """Head `head`'s loss over chunks of `chunk_size` tokens of `head_out` (B, T, D),
+    backpropagating per chunk (the chunked mode): no (B*T, V) logits at once."""
+    flat = head_out.flatten(0, 1)  # (B*T, D)
     # Chunks backpropagate into this detached copy; the head's blocks run backward once.
-    detached = head_out.detach().requires_grad_(head_out.requires_grad)
+    detached = flat.detach().requires_grad_(flat.requires_grad)
     losses, hits = [], []
     for start in range(0, detached.shape[0], chunk_size):
         end = start + chunk_size
@@ -282,6 +349,5 @@ def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Te
         losses.append(chunk_loss.detach())
         hits.append(chunk_hits)
     if backward is not None and detached.grad is not None:
-        backward(head_out, detached.grad)
+        backward(flat, detached.grad)
     return torch.stack(losses).sum(), torch.stack(hits).sum()
-

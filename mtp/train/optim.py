@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from mtp.model import MTPModel
+from mtp.train.settings import OptimSettings
 
 
 def param_groups(model: nn.Module, weight_decay: float, *,
@@ -39,22 +40,16 @@ def param_groups(model: nn.Module, weight_decay: float, *,
             for name, params in groups.items() if params]
 
 
-def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float = 0.1,
-                    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                    fused: bool | None = None, trunk_lr_mult: float = 1.0) -> torch.optim.AdamW:
-    """AdamW over `param_groups(model)`; `fused` as torch decides when None."""
-    if not lr > 0:
-        raise ValueError(f"optim.lr must be > 0, got {lr!r}")
-    if weight_decay < 0:
-        raise ValueError(f"optim.weight_decay must be >= 0, got {weight_decay!r}")
-    if not trunk_lr_mult >= 0:
-        raise ValueError(f"optim.trunk_lr_mult must be >= 0, got {trunk_lr_mult!r}")
-    groups = param_groups(model, weight_decay, trunk_lr_mult=trunk_lr_mult)
+def build_optimizer(model: nn.Module, optim: OptimSettings, *,
+                    fused: bool | None = None) -> torch.optim.AdamW:
+    """AdamW over `param_groups(model)` with `optim`'s settings (lr, weight_decay, betas, eps,
+    the base model's `trunk_lr_mult`); `fused` as torch decides when None."""
+    groups = param_groups(model, optim.weight_decay, trunk_lr_mult=optim.base_lr_mult)
     if not groups:
         raise ValueError("no trainable parameters: every parameter is frozen")
     for group in groups:
-        group["lr"] = lr * group["lr_mult"]
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+        group["lr"] = optim.lr * group["lr_mult"]
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps, fused=fused)
 
 
 def lr_factor(step: int, elapsed: float = 0.0, *, warmup_steps: int, total_steps: int,

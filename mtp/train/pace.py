@@ -2,10 +2,14 @@
 when the time budget cannot carry the planned steps.
 
 `ThreadSearch` times the first steps of training itself (no extra work): one warm-up step
-at one thread, then one step at each count from 1 to the cores available, keeps the fastest
-(`mtp.threads.fastest`), and caches it per model shape, batch and machine
-(`mtp.threads.step_key`), so a second run starts at the chosen count. `threads=N`,
-OMP_NUM_THREADS or an earlier `torch.set_num_threads` win, as in `mtp.threads`.
+at one thread, then one step at each count from 1 to the cores available. Its result is a
+`mtp.tune.Measurement` (step "threads", unit "batches/s"; the fewest threads near the
+fastest win, `mtp.tune.thread_record`), kept in the one tuning cache (`mtp.tune.TuneCache`)
+under the model's shape, the batch and the machine (`mtp.tune.tune_key`), so a second run
+starts at the chosen count. `threads=N`, OMP_NUM_THREADS or an earlier `torch.set_num_threads`
+win, as everywhere (`mtp.tune.given_threads`). The choice is printed in one line
+(`Measurement.describe`), through tqdm's writer, so that it stands on its own line even
+while a progress bar is drawing.
 
 `PaceCheck` then compares the measured step time with `trainer.max_time`: when the budget
 reaches fewer than 80% of `trainer.max_steps` (STARVED), it prints one line there and then
@@ -27,40 +31,60 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, Timer
 from lightning.pytorch.utilities import rank_zero_only
+from tqdm import tqdm
 
-from mtp.threads import ThreadChoice, cores, fastest, resolve, set_threads, write_cached
+from mtp.tune import Measurement, TuneCache, cores, given_threads, set_threads, thread_record
 
 STARVED = 0.8  # warn when the budget reaches fewer than this share of the planned steps
 PACE_BATCHES = 2  # batches timed after the warm-up when no thread search measured them
+UNIT = "batches/s"
 
 
 @rank_zero_only
 def say(line: str) -> None:
-    """One line to stderr, at once (the progress bar owns stdout)."""
-    print(line, file=sys.stderr, flush=True)
+    """One line to stderr, at once, on a line of its own: tqdm's writer clears a progress
+    bar drawing on the terminal, writes the line and draws the bar again below it."""
+    tqdm.write(line, file=sys.stderr)
+
+
+def _runnable(record: Measurement) -> bool:
+    """Whether a cached thread count can run here (the machine's cores may be fewer now)."""
+    return record.step == "threads" and isinstance(record.value, int) \
+        and 1 <= record.value <= cores()
 
 
 class ThreadSearch(Callback):
     """Chooses training's intra-op thread count on its first batches (module docstring)."""
 
-    def __init__(self, key: str, requested: int | None = None) -> None:
+    def __init__(self, key: str, requested: int | None = None,
+                 cache: TuneCache | None = None) -> None:
         self.key, self.requested = key, requested
+        self.cache = cache or TuneCache()
         self.counts: list[int] = []  # counts still to time, in order
         self.rates: dict[int, float] = {}  # batches/s per count
-        self.choice: ThreadChoice | None = None
-        self._batch, self._began = 0, 0.0
+        self.record: Measurement | None = None
+        self._batch, self._began, self._started = 0, 0.0, 0.0
 
     @property
     def done(self) -> bool:
-        return self.choice is not None
+        return self.record is not None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.choice = resolve(self.requested, self.key)
-        if self.choice is not None:
-            say(self.choice.describe())
+        self.record = given_threads(self.requested) or self._cached()
+        if self.record is not None:
+            say(self.record.describe())
             return
         self.counts = list(range(1, cores() + 1))
         set_threads(1)  # the warm-up batch: one thread is never far off, loaded or not
+        self._started = time.perf_counter()
+
+    def _cached(self) -> Measurement | None:
+        """The cached choice for this key, set; None when there is none that can run."""
+        found = self.cache.get(self.key)
+        if found is None or not _runnable(found):
+            return None
+        set_threads(found.value)
+        return found.cached()
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
                              batch: Any, batch_idx: int) -> None:
@@ -85,10 +109,18 @@ class ThreadSearch(Callback):
             self._finish()
 
     def _finish(self) -> None:
-        self.choice = ThreadChoice(fastest(self.rates), "measured", self.rates, "batches/s")
-        set_threads(self.choice.threads)
-        write_cached(self.key, self.choice.threads, self.rates)
-        say(self.choice.describe())
+        self.record = thread_record(self.rates, UNIT, time.perf_counter() - self._started)
+        set_threads(self.record.value)
+        self.cache.put(self.key, self.record)
+        say(self.record.describe())
+
+    def measured_rate(self) -> float | None:
+        """Batches per second at the chosen count, when this run measured it (a cached
+        figure was measured under another load)."""
+        record = self.record
+        if record is None or record.how != "measured":
+            return None
+        return record.figures[record.choice]
 
 
 class PaceCheck(Callback):
@@ -113,9 +145,9 @@ class PaceCheck(Callback):
         seconds = time.perf_counter() - self._began
         if self.search is not None and not self.search.done:
             return
-        search = self.search.choice if self.search is not None else None
-        if search is not None and search.rates:  # the chosen count's batch, timed already
-            per_batch = 1 / search.rates[search.threads]
+        rate = self.search.measured_rate() if self.search is not None else None
+        if rate is not None:  # the chosen count's batch, timed already
+            per_batch = 1 / rate
         else:
             self._seen += 1
             if self._seen == 1:

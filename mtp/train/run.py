@@ -1,22 +1,24 @@
 """`python -m mtp.train +experiment=byte8`: compose the config, train, export, summarise.
 
-`train(cfg)` is the whole job (tests call it with a composed config): settings are checked
-before anything heavy runs (a GPU run whose step cannot fit the device's memory included:
-`mtp.train.memory`), the tokenizer is built (or loaded), the data prepared, the model trained with
-Lightning, validated once more, exported for inference (`mtp.load`), its per-head curves
-plotted to `<run>/plots/`, and its export's greedy decoding of held-out prompts measured on
-the training device (`decode.*`). On a CPU the first steps measure the thread count
-(`threads=N` fixes it), and a run whose `trainer.max_time` cannot carry 80% of its steps says
-so at once (`mtp.train.pace`). The summary, printed and in `<run>/summary.json` (`mtp.train.summary`),
-says when and why a run stopped before `trainer.max_steps` (e.g. the `trainer.max_time`
-guard: the model is then undertrained, and it says how much of the recipe ran).
+`train(cfg)` is the whole job (tests call it with a composed config): the settings are built
+and checked before anything heavy runs (`mtp.train.settings`), then the files they name (a
+`ckpt_path` that is not a checkpoint of ours, a local corpus whose globs match nothing) and a
+GPU run whose step cannot fit the device's memory (`mtp.train.memory`). Then the tokenizer is
+built (or loaded), the data prepared, the model trained with Lightning, validated once more,
+exported for inference (`mtp.load`), its per-head curves plotted to `<run>/plots/`, and its
+export's greedy decoding of held-out prompts measured on the training device (`decode.*`).
+On a CPU the first steps measure the thread count (`threads=N` fixes it), and a run whose
+`trainer.max_time` cannot carry 80% of its steps says so at once (`mtp.train.pace`). The
+summary, printed and in `<run>/summary.json` (`mtp.train.summary`), says when and why a run
+stopped before `trainer.max_steps` (e.g. the `trainer.max_time` guard: the model is then
+undertrained, and it says how much of the recipe ran). Third-party advertisements and
+warnings about other libraries' code are not printed (`mtp.train.quiet`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,20 +36,27 @@ from omegaconf.errors import InterpolationResolutionError
 
 from mtp.checkpoint import check_vocab, export, load, tokenizer_files
 from mtp.data import build_tokenizer
-from mtp.train.finetune import NEW_HEADS, grow_heads, grown_config
-from mtp.train.flops import resolve_peak_flops
 from mtp.generate.measure import format_decoding
+from mtp.model import MTPConfig
+from mtp.paths import CONF_DIR, require_smollm2_gguf
+from mtp.sharded import META_FILE, is_sharded_checkpoint
+from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
+from mtp.train.finetune import grow_heads, grown_config
 from mtp.train.lit import MTPLitModule
 from mtp.train.memory import check_fits, count_parameters, step_memory
-from mtp.model import MTPConfig
 from mtp.train.pace import PaceCheck, ThreadSearch
-from mtp.train.parallel import check_options
-from mtp.paths import CONF_DIR, require_smollm2_gguf
 from mtp.train.plots import MetricsHistory, write_plots
-from mtp.train.summary import (SUMMARY_FILE, decode_export, decode_metrics, decode_prompts,
-                         val_figures, write_summary)
-from mtp.threads import cpu_has_bf16, set_threads, step_key
-from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
+from mtp.train.quiet import quiet_logger, quiet_third_party
+from mtp.train.settings import InitSettings, TrainSettings, check_settings
+from mtp.train.summary import (
+    SUMMARY_FILE,
+    decode_export,
+    decode_metrics,
+    decode_prompts,
+    val_figures,
+    write_summary,
+)
+from mtp.tune import cpu_has_bf16, fingerprint, set_threads, tune_key
 
 
 def _world_size(num_nodes: int, devices: Any) -> int:
@@ -93,6 +102,9 @@ def lr_for_width(dim: int) -> float:
     """
     return 1e-3 * 512 / int(dim)
 
+
+# The errors a user's input raises: the command prints them in one line.
+USER_ERRORS = (ValueError, FileNotFoundError)
 
 OmegaConf.register_new_resolver("mtp.world_size", _world_size, replace=True)
 OmegaConf.register_new_resolver("mtp.decaying_weights", decaying_weights, replace=True)
@@ -147,57 +159,25 @@ def check_init_tokenizer(cfg: DictConfig, tokenizer: Tokenizer) -> None:
                          f"{tokenizer.vocab_size}")
 
 
-def grown_model(cfg: DictConfig) -> tuple[Tokenizer, MTPConfig, dict[str, torch.Tensor]]:
+def grown_model(cfg: DictConfig, init: InitSettings
+                ) -> tuple[Tokenizer, MTPConfig, dict[str, torch.Tensor]]:
     """The `init_from` checkpoint's tokenizer, the grown config and its initial weights."""
-    base, tokenizer = load(cfg.init_from)
+    base, tokenizer = load(init.init_from)
     check_init_tokenizer(cfg, tokenizer)
     config = grown_config(base.config, n_future=cfg.model.n_future,
-                          head_type=cfg.model.head_type, drop_heads=cfg.init.drop_heads,
-                          new_heads=cfg.init.new_heads)
-    state = grow_heads(base, config, new_heads=cfg.init.new_heads)
+                          head_type=cfg.model.head_type, drop_heads=init.drop_heads,
+                          new_heads=init.new_heads)
+    state = grow_heads(base, config, new_heads=init.new_heads)
     kept = min(config.n_future, base.config.n_future)
     added = (f"heads {kept}..{config.n_future - 1} added ({config.head_type}, "
-             f"{cfg.init.new_heads})" if config.n_future > kept else "no heads added")
-    rank_zero_info(f"init_from {cfg.init_from}: {config.n_layers}-layer trunk and heads "
+             f"{init.new_heads})" if config.n_future > kept else "no heads added")
+    rank_zero_info(f"init_from {init.init_from}: {config.n_layers}-layer trunk and heads "
                    f"0..{kept - 1} kept, {added}; the architecture is the checkpoint's "
                    f"(model.* other than n_future and head_type is not used)")
     return tokenizer, config, state
 
 
-def check_settings(cfg: DictConfig) -> None:
-    """Settings that disagree with each other, caught before any data or model work."""
-    max_seq_len = cfg.model.max_seq_len
-    if not isinstance(cfg.seq_len, int) or not 1 <= cfg.seq_len <= max_seq_len:
-        raise ValueError(f"seq_len={cfg.seq_len} must be an integer in "
-                         f"[1, model.max_seq_len={max_seq_len}]")
-    weights = cfg.loss.weights
-    if weights is not None and len(weights) != cfg.model.n_future:
-        raise ValueError(f"loss.weights={list(weights)} needs one weight per head "
-                         f"(model.n_future={cfg.model.n_future})")
-    if cfg.trainer.get("max_steps", -1) in (None, -1) or cfg.trainer.max_steps < 1:
-        raise ValueError(f"trainer.max_steps={cfg.trainer.get('max_steps')} must be a positive "
-                         f"step budget: the learning-rate schedule is laid out over it")
-    optim = cfg.optim
-    if optim.freeze_trunk and not cfg.init_from:
-        raise ValueError("optim.freeze_trunk=true needs init_from=<checkpoint>: freezing a "
-                         "random trunk trains heads on noise")
-    if optim.freeze_trunk and (optim.trunk_lr_mult is not None or optim.heads_only_steps):
-        raise ValueError(f"optim.freeze_trunk=true with optim.trunk_lr_mult="
-                         f"{optim.trunk_lr_mult} and optim.heads_only_steps="
-                         f"{optim.heads_only_steps}: a frozen trunk has no optimizer group "
-                         f"that could train it (Medusa-2 is freeze_trunk=false)")
-    if optim.cache_trunk and not optim.freeze_trunk:
-        raise ValueError("optim.cache_trunk=true keeps a frozen trunk's outputs: it needs "
-                         "optim.freeze_trunk=true (Medusa-1)")
-    if not 0 <= optim.heads_only_steps < cfg.trainer.get("max_steps", 0):
-        raise ValueError(f"optim.heads_only_steps={optim.heads_only_steps} must be in "
-                         f"[0, trainer.max_steps={cfg.trainer.get('max_steps')})")
-    if cfg.init.new_heads is not None and cfg.init.new_heads not in NEW_HEADS:
-        raise ValueError(f"init.new_heads={cfg.init.new_heads!r} is not one of {NEW_HEADS} "
-                         f"(or null: add no heads)")
-
-
-def check_device_memory(cfg: DictConfig, config: MTPConfig) -> None:
+def check_device_memory(cfg: DictConfig, settings: TrainSettings, config: MTPConfig) -> None:
     """Refuse, before any data or training, a GPU run whose step cannot fit the GPU's memory
     (`mtp.train.memory`'s lower bound; parameters and optimizer state sharded under a strategy)."""
     if cfg.trainer.get("accelerator") not in ("gpu", "cuda", "auto") or \
@@ -205,16 +185,46 @@ def check_device_memory(cfg: DictConfig, config: MTPConfig) -> None:
         return
     sharded = cfg.trainer.get("strategy") is not None
     ranks = _world_size(cfg.trainer.num_nodes, cfg.trainer.devices) if sharded else 1
-    memory = step_memory(config, batch=cfg.data.batch_size, seq_len=cfg.seq_len,
-                         loss_mode=cfg.loss.mode, ranks=ranks,
-                         activation_checkpointing=cfg.activation_checkpointing,
-                         freeze_trunk=cfg.optim.freeze_trunk)
+    run = settings.run
+    memory = step_memory(config, batch=cfg.data.batch_size, seq_len=run.seq_len,
+                         loss_mode=settings.loss.mode, ranks=ranks,
+                         activation_checkpointing=run.activation_checkpointing,
+                         freeze_trunk=settings.optim.freeze_trunk)
     device = torch.cuda.get_device_properties(0)
     choice = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
     parameters = count_parameters(config)[0]
     what = (f"{f'model={choice}' if choice else 'the model'} ({parameters / 1e6:.1f}M parameters) "
-            f"at data.batch_size={cfg.data.batch_size} x seq_len={cfg.seq_len}")
+            f"at data.batch_size={cfg.data.batch_size} x seq_len={run.seq_len}")
     check_fits(memory, capacity=device.total_memory, device=f"cuda:0 ({device.name})", what=what)
+
+
+def check_resumable(ckpt_path: str | None) -> None:
+    """Refuse, before anything is built, a `ckpt_path` that is not a Lightning checkpoint of
+    `mtp.train` (a file, or a sharded checkpoint's folder).
+
+    The file is read as Lightning will resume it, with `weights_only=True`: tensors and plain
+    values only, so a file of unknown origin runs no code; memory-mapped, so its tensors are
+    not read. Unreadable that way, it is refused as what it is, whatever torch suggests.
+    """
+    if not ckpt_path:
+        return
+    path = Path(ckpt_path)
+    if not path.exists():
+        raise ValueError(f"ckpt_path={ckpt_path} does not exist")
+    if path.is_dir() and not is_sharded_checkpoint(path):
+        raise ValueError(f"ckpt_path={ckpt_path} is a folder but not a sharded checkpoint "
+                         f"(trainer=fsdp writes one with {META_FILE} and .metadata)")
+    try:
+        checkpoint = torch.load(path / META_FILE if path.is_dir() else path,
+                                map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # torch raises many kinds for a foreign or truncated file
+        raise ValueError(f"ckpt_path={ckpt_path} is not a Lightning checkpoint: it does not "
+                         f"load as tensors and plain values ({type(error).__name__})") from None
+    hyper = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+    if not isinstance(hyper, dict) or "model" not in hyper \
+            or "pytorch-lightning_version" not in checkpoint:
+        raise ValueError(f"ckpt_path={ckpt_path} is not a checkpoint that mtp.train wrote: it "
+                         f"has no model config in Lightning's hyper_parameters")
 
 
 def _logger(cfg: DictConfig) -> Any:
@@ -222,7 +232,9 @@ def _logger(cfg: DictConfig) -> Any:
         return False
     # Offline unless the user chose otherwise: no login and no network needed.
     os.environ.setdefault("WANDB_MODE", "offline")
-    return instantiate(cfg.logger)
+    logger = instantiate(cfg.logger)
+    quiet_logger(logger)
+    return logger
 
 
 def _checkpointing(cfg: DictConfig, run_dir: Path) -> ModelCheckpoint:
@@ -239,18 +251,21 @@ def build_trainer(cfg: DictConfig, **kwargs: Any) -> L.Trainer:
     return instantiate(fields, **kwargs)
 
 
-def pace_callbacks(cfg: DictConfig, config: MTPConfig) -> list[Callback]:
+def pace_callbacks(cfg: DictConfig, settings: TrainSettings, config: MTPConfig
+                   ) -> list[Callback]:
     """On a CPU, the thread count measured on the first steps (`threads=N` fixes it) and the
     warning at once when `trainer.max_time` cannot carry the planned steps. GPU recipes are
     planned in time (`trainer.max_steps` is a ceiling there), so they get neither."""
+    run = settings.run
     if str(cfg.trainer.get("accelerator")) != "cpu":
-        if cfg.threads:
-            set_threads(cfg.threads)
+        if run.threads:
+            set_threads(run.threads)
         return []
-    key = step_key("train", config.to_dict(), width=cfg.seq_len, batch=cfg.data.batch_size,
+    key = tune_key("threads", kind="train", model=fingerprint(config.to_dict()),
+                   width=run.seq_len, batch=cfg.data.batch_size,
                    dtype=str(cfg.trainer.precision), device="cpu")
-    search = ThreadSearch(key, requested=cfg.threads)
-    return [search, PaceCheck(cfg.trainer.max_steps, cfg.seq_len, cfg.optim.accumulate, search)]
+    search = ThreadSearch(key, requested=run.threads)
+    return [search, PaceCheck(run.max_steps, run.seq_len, settings.optim.accumulate, search)]
 
 
 def early_stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
@@ -307,52 +322,37 @@ def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: P
 
 def train(cfg: DictConfig) -> Path:
     """Train as `cfg` (the composed `conf/config.yaml`) says; return the export directory."""
-    check_settings(cfg)
-    check_options(activation_checkpointing=cfg.activation_checkpointing, **cfg.fsdp)
-    # Lightning warns that manual optimisation checkpoints hold the post-step state: that is
-    # what resuming wants, since global_step counts the step as done.
-    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+    settings = check_settings(cfg)
+    check_resumable(cfg.ckpt_path)
+    source = instantiate(cfg.data.source)  # a local source's globs must match files: here
+    quiet_third_party()
     torch.set_float32_matmul_precision("high")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     run_dir = Path(cfg.run_dir)
 
-    if cfg.init_from:
-        tokenizer, config, init_state = grown_model(cfg)
+    if settings.init.init_from:
+        tokenizer, config, init_state = grown_model(cfg, settings.init)
     else:
         tokenizer = build_tokenizer(
-            **OmegaConf.to_container(cfg.tokenizer, resolve=True),
-            source=instantiate(cfg.data.source), val_fraction=cfg.data.val_fraction,
-            seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
+            **OmegaConf.to_container(cfg.tokenizer, resolve=True), source=source,
+            val_fraction=cfg.data.val_fraction, seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
         config, init_state = model_config(cfg, tokenizer), None
     prompts = decode_prompts(cfg.decode, config, tokenizer)
     if cfg.decode.enabled and not prompts:
         rank_zero_warn(f"no HumanEval prompt leaves decode.max_new_tokens="
                        f"{cfg.decode.max_new_tokens} in model.max_seq_len={config.max_seq_len}: "
                        f"this run will not measure decoding (decode.enabled=false silences this)")
-    check_device_memory(cfg, config)
-    optim = cfg.optim
-    lit = MTPLitModule(
-        config.to_dict(), seq_len=cfg.seq_len, loss_mode=cfg.loss.mode,
-        loss_weights=cfg.loss.weights and list(cfg.loss.weights), lr=cfg.optim.lr,
-        early_exit=cfg.loss.early_exit, early_exit_weight=cfg.loss.early_exit_weight,
-        weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
-        warmup_steps=cfg.optim.warmup_steps, min_lr_ratio=cfg.optim.min_lr_ratio,
-        max_steps=cfg.trainer.max_steps, grad_clip=cfg.optim.grad_clip,
-        accumulate=cfg.optim.accumulate, compile=cfg.compile,
-        activation_checkpointing=cfg.activation_checkpointing,
-        param_dtype=cfg.fsdp.param_dtype, reduce_dtype=cfg.fsdp.reduce_dtype,
-        tokenizer_files=tokenizer_files(tokenizer), init_state=init_state,
-        freeze_trunk=optim.freeze_trunk, cache_trunk=optim.cache_trunk,
-        heads_only_steps=optim.heads_only_steps,
-        trunk_lr_mult=1.0 if optim.trunk_lr_mult is None else optim.trunk_lr_mult,
-        peak_flops=resolve_peak_flops(cfg.trainer.get("peak_flops"), str(cfg.trainer.precision)))
-    datamodule = instantiate(cfg.data, tokenizer=tokenizer, seq_len=cfg.seq_len,
+    check_device_memory(cfg, settings, config)
+    lit = MTPLitModule(config, settings, tokenizer_files=tokenizer_files(tokenizer),
+                       init_state=init_state)
+    datamodule = instantiate(cfg.data, tokenizer=tokenizer, seq_len=settings.run.seq_len,
                              n_future=config.n_future)
 
     logger = _logger(cfg)
     checkpointing, history = _checkpointing(cfg, run_dir), MetricsHistory()
     trainer = build_trainer(cfg, logger=logger,
-                            callbacks=[checkpointing, history, *pace_callbacks(cfg, config)],
+                            callbacks=[checkpointing, history,
+                                       *pace_callbacks(cfg, settings, config)],
                             default_root_dir=str(run_dir))
     if logger:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -360,6 +360,7 @@ def train(cfg: DictConfig) -> Path:
     metrics = trainer.validate(lit, datamodule=datamodule, verbose=False)
 
     export_dir = export(lit.model, tokenizer, run_dir / "export")
+    max_steps = settings.run.max_steps
     plots, decode, summary = run_dir / "plots", None, run_dir / SUMMARY_FILE
     if trainer.is_global_zero:
         write_plots(history.history, plots)
@@ -371,26 +372,29 @@ def train(cfg: DictConfig) -> Path:
         write_summary(run_dir, {
             "run_dir": str(run_dir), "export": str(export_dir),
             "checkpoint": checkpointing.last_model_path, "plots": str(plots),
-            "steps": trainer.global_step, "max_steps": cfg.trainer.max_steps,
-            "stopped_early": early_stop_reason(trainer, cfg.trainer.max_steps),
-            "recipe_fraction": round(trainer.global_step / cfg.trainer.max_steps, 3),
+            "steps": trainer.global_step, "max_steps": max_steps,
+            "stopped_early": early_stop_reason(trainer, max_steps),
+            "recipe_fraction": round(trainer.global_step / max_steps, 3),
             "threads": torch.get_num_threads(),
             "parameters": count_parameters(config)[0],
             "val": val_figures(metrics, config.n_future), "decode": decode})
     trainer.strategy.barrier()
     _print_summary(metrics, config.n_future, export_dir, checkpointing.last_model_path,
-                   _stop_line(trainer, cfg.trainer.max_steps), plots, decode, summary)
+                   _stop_line(trainer, max_steps), plots, decode, summary)
     return export_dir
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
+    # A setting, a file or a checkpoint the user named that cannot serve: one line, as every
+    # mtp command says it (`mtp.cli`), not a traceback.
     try:
         train(cfg)
     except InterpolationResolutionError as error:  # e.g. ${mtp.smollm2_gguf:}: its message
         sys.exit(f"error: {str(error).splitlines()[0]}")
-    except InstantiationException as error:  # a config object's own ValueError, in one line
-        if not isinstance(error.__cause__, ValueError):
+    except InstantiationException as error:  # a config object's own error, in one line
+        if not isinstance(error.__cause__, USER_ERRORS):
             raise
         sys.exit(f"error: {error.__cause__}")
-
+    except USER_ERRORS as error:
+        sys.exit(f"error: {error}")

@@ -1,0 +1,350 @@
+"""A training run's settings: typed, frozen objects built once from the composed config.
+
+`check_settings(cfg)` builds them from `conf/config.yaml` before any data or model work, and
+`MTPLitModule` takes them whole. Each object checks its own fields in `__post_init__`;
+`TrainSettings` checks the ones that involve two objects (a frozen trunk and a cached one, the
+heads-only warm-up and the step budget); `TrainSettings.check_model` the ones that involve the
+architecture (one weight per head, the early exit within the trunk, the context). Each check
+lives in one place, and its error is one line naming the key as the user types it
+(`optim.lr=-1.0 must be > 0`), so that a command line and a Python caller read the same words.
+
+| object          | keys                                                             |
+|-----------------|------------------------------------------------------------------|
+| `LossSettings`  | loss.*                                                           |
+| `OptimSettings` | optim.*                                                          |
+| `RunSettings`   | seq_len, trainer.max_steps, threads, compile,                    |
+|                 | activation_checkpointing, fsdp.*, trainer.peak_flops             |
+| `InitSettings`  | init_from, init.*                                                |
+
+Lightning's checkpoints store them as plain dicts (`TrainSettings.to_dict`): resuming
+(Lightning) and `mtp.load` read checkpoints with `weights_only=True`, which unpickles no class
+of ours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mtp.train.finetune import NEW_HEADS
+from mtp.train.flops import check_peak_flops
+from mtp.train.parallel import check_options
+from mtp.tune import check_threads
+
+LOSS_MODES: tuple[str, ...] = ("naive", "headwise", "chunked")
+
+
+def _real(key: str, value: object, ok: Callable[[float], bool] = lambda _: True,
+          need: str = "a finite number") -> float:
+    """`value` as a float; a ValueError naming `key` unless it is a finite number and `ok`."""
+    number = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    if number is None or not math.isfinite(number) or not ok(number):
+        raise ValueError(f"{key}={number if number is not None else repr(value)} must be {need}")
+    return number
+
+
+def _reals(key: str, values: object, ok: Callable[[float], bool], need: str,
+           length: int | None = None) -> tuple[float, ...]:
+    """`values` as a tuple of floats; a ValueError naming `key` and the whole list unless it
+    is a list (of `length`, when given) of finite numbers that are all `ok`."""
+    if isinstance(values, (list, tuple)) and (length is None or len(values) == length):
+        try:
+            return tuple(_real(key, value, ok) for value in values)
+        except ValueError:
+            pass
+    shown = list(values) if isinstance(values, (list, tuple)) else repr(values)
+    raise ValueError(f"{key}={shown} must be {need}")
+
+
+def _integer(key: str, value: object, minimum: int, need: str = "") -> int:
+    """`value` if it is an integer >= `minimum`; a ValueError naming `key` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{key}={value!r} must be {need or f'an integer >= {minimum}'}")
+    return value
+
+
+def _flag(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}={value!r} must be true or false")
+    return value
+
+
+def _choice(key: str, value: object, choices: tuple[Any, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not one of {choices}")
+
+
+def _set(settings: object, name: str, value: object) -> None:
+    """Store a field's normalised value (a tuple for a list, a float for an int), during
+    construction only: the objects are frozen."""
+    object.__setattr__(settings, name, value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossSettings:
+    """The multi-token loss (`mtp.train.loss`): its mode, per-head weights and early exit.
+
+    Args:
+        mode: "headwise", "naive" or "chunked": the same loss and gradients, different memory.
+        weights: one non-negative weight per head; None: all 1 (the paper's sum).
+        early_exit: LayerSkip's early-exit term at that trunk layer (1..n_layers - 1); None:
+            none. early_exit_weight: its weight.
+        chunk_size: tokens per unembedding chunk in "chunked" mode.
+
+    Every reader of the per-head weights asks `head_weights`; a weight *schedule* (constant,
+    stepped, annealed, ramped) is to slot in as one more field that this method reads,
+    given the step.
+    """
+
+    mode: str = "headwise"
+    weights: tuple[float, ...] | None = None
+    early_exit: int | None = None
+    early_exit_weight: float = 1.0
+    chunk_size: int = 4096
+
+    def __post_init__(self) -> None:
+        _choice("loss.mode", self.mode, LOSS_MODES)
+        if self.weights is not None:
+            _set(self, "weights", _reals("loss.weights", self.weights, lambda v: v >= 0,
+                                         "a list of non-negative numbers, one per head (or "
+                                         "null: all 1)"))
+        if self.early_exit is not None:
+            _integer("loss.early_exit", self.early_exit, 1, "a trunk layer from 1 to "
+                     "n_layers - 1 (the exit reads the stream after layer early_exit - 1)")
+        _set(self, "early_exit_weight", _real("loss.early_exit_weight", self.early_exit_weight,
+                                              lambda v: v >= 0, ">= 0"))
+        _integer("chunk_size", self.chunk_size, 1, ">= 1")
+
+    def head_weights(self, n_future: int) -> tuple[float, ...]:
+        """Each of the `n_future` heads' loss weight (all 1 without `weights`)."""
+        if self.weights is None:
+            return (1.0,) * n_future
+        if len(self.weights) != n_future:
+            raise ValueError(f"loss.weights={list(self.weights)} needs one weight per head "
+                             f"(model.n_future={n_future})")
+        return self.weights
+
+    def check_model(self, *, n_future: int, n_layers: int | None = None) -> None:
+        """A ValueError naming the setting when these settings do not fit a model with
+        `n_future` heads and `n_layers` trunk layers (None: not known yet)."""
+        self.head_weights(n_future)
+        if self.early_exit is not None and n_layers is not None \
+                and self.early_exit >= n_layers:
+            raise ValueError(f"loss.early_exit={self.early_exit} must be a trunk layer from 1 "
+                             f"to n_layers - 1 = {n_layers - 1} (the exit reads the stream "
+                             f"after layer early_exit - 1)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimSettings:
+    """AdamW, its learning-rate schedule, accumulation, and what of the model trains.
+
+    Args:
+        lr, weight_decay, betas, eps: AdamW's; no decay on norm gains or biases.
+        warmup_steps, min_lr_ratio: linear warm-up, then cosine down to lr * min_lr_ratio at
+            the step budget or the time budget (`mtp.train.optim`).
+        grad_clip: max global gradient norm (0 turns clipping off).
+        accumulate: micro-batches per optimizer step.
+        freeze_trunk: Medusa-1: the base model (`MTPModel.is_base_parameter`) gets no
+            gradients, no optimizer state and no backward pass; only heads 1..n-1 train.
+        cache_trunk: with `freeze_trunk`, each training block's trunk output is computed once
+            and kept (`mtp.train.trunk_cache`).
+        trunk_lr_mult: Medusa-2: the base model's learning rate over the heads' (None: 1).
+        heads_only_steps: Medusa-2's warm-up: optimizer steps at the start in which only
+            heads 1..n-1 train.
+    """
+
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    accumulate: int = 1
+    freeze_trunk: bool = False
+    cache_trunk: bool = False
+    trunk_lr_mult: float | None = None
+    heads_only_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _set(self, "lr", _real("optim.lr", self.lr, lambda v: v > 0, "> 0"))
+        for name in ("weight_decay", "grad_clip"):
+            _set(self, name, _real(f"optim.{name}", getattr(self, name), lambda v: v >= 0,
+                                   ">= 0"))
+        _set(self, "betas", _reals("optim.betas", self.betas, lambda v: 0 <= v < 1,
+                                   "two numbers in [0, 1)", length=2))
+        _set(self, "eps", _real("optim.eps", self.eps, lambda v: v > 0, "> 0"))
+        _integer("optim.warmup_steps", self.warmup_steps, 0)
+        _set(self, "min_lr_ratio", _real("optim.min_lr_ratio", self.min_lr_ratio,
+                                         lambda v: 0 <= v <= 1, "in [0, 1]"))
+        _integer("optim.accumulate", self.accumulate, 1)
+        _flag("optim.freeze_trunk", self.freeze_trunk)
+        _flag("optim.cache_trunk", self.cache_trunk)
+        if self.trunk_lr_mult is not None:
+            _set(self, "trunk_lr_mult", _real("optim.trunk_lr_mult", self.trunk_lr_mult,
+                                              lambda v: v >= 0, ">= 0 (or null: 1)"))
+        _integer("optim.heads_only_steps", self.heads_only_steps, 0)
+        if self.freeze_trunk and (self.trunk_lr_mult is not None or self.heads_only_steps):
+            raise ValueError(f"optim.freeze_trunk=true with optim.trunk_lr_mult="
+                             f"{self.trunk_lr_mult} and optim.heads_only_steps="
+                             f"{self.heads_only_steps}: a frozen trunk has no optimizer group "
+                             f"that could train it (Medusa-2 is freeze_trunk=false)")
+        if self.cache_trunk and not self.freeze_trunk:
+            raise ValueError("optim.cache_trunk=true keeps a frozen trunk's outputs: it needs "
+                             "optim.freeze_trunk=true (Medusa-1)")
+
+    @property
+    def base_lr_mult(self) -> float:
+        """The base model's learning rate over the heads' (`trunk_lr_mult`, 1 when unset)."""
+        return 1.0 if self.trunk_lr_mult is None else self.trunk_lr_mult
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """What the run's shape and machinery are: block length, step budget, threads, compile,
+    activation checkpointing, FSDP's mixed precision and the MFU denominator.
+
+    Args:
+        seq_len: input tokens per block; batches are (B, seq_len + n_future).
+        max_steps: the optimizer steps the learning-rate schedule is laid out over
+            (`trainer.max_steps`).
+        threads: intra-op threads on a CPU; None: measured (`mtp.train.pace`).
+        compile: `torch.compile` every transformer block.
+        activation_checkpointing: "none", "trunk" or "all" (`mtp.train.parallel`).
+        param_dtype, reduce_dtype: FSDP2's mixed precision under a device mesh ("auto"
+            follows the trainer's precision).
+        peak_flops: `trainer.peak_flops`, the MFU denominator (`mtp.train.flops`): a number,
+            a preset, "cpu" (measured when training starts) or None (no MFU).
+    """
+
+    seq_len: int
+    max_steps: int
+    threads: int | None = None
+    compile: bool = False
+    activation_checkpointing: str = "none"
+    param_dtype: str = "auto"
+    reduce_dtype: str = "float32"
+    peak_flops: float | str | None = None
+
+    def __post_init__(self) -> None:
+        _integer("seq_len", self.seq_len, 1)
+        _integer("trainer.max_steps", self.max_steps, 1,
+                 "a positive step budget: the learning-rate schedule is laid out over it")
+        _set(self, "threads", check_threads(self.threads))
+        _flag("compile", self.compile)
+        check_options(activation_checkpointing=self.activation_checkpointing,
+                      param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
+        check_peak_flops(self.peak_flops)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InitSettings:
+    """Where the weights start (`mtp.train.finetune`): a checkpoint, and the heads it lacks.
+
+    Args:
+        init_from: a trained checkpoint (anything `mtp.load` reads); None: random weights.
+        new_heads: how heads beyond the checkpoint's start: "copy" or "random" (None: add none).
+        drop_heads: allow fewer heads than the checkpoint's (keeps the first).
+    """
+
+    init_from: str | None = None
+    new_heads: str | None = None
+    drop_heads: bool = False
+
+    def __post_init__(self) -> None:
+        if self.new_heads is not None and self.new_heads not in NEW_HEADS:
+            raise ValueError(f"init.new_heads={self.new_heads!r} is not one of {NEW_HEADS} "
+                             f"(or null: add no heads)")
+        _flag("init.drop_heads", self.drop_heads)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    """Every setting of a training run, checked together (module docstring)."""
+
+    run: RunSettings
+    loss: LossSettings = field(default_factory=LossSettings)
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    init: InitSettings = field(default_factory=InitSettings)
+
+    def __post_init__(self) -> None:
+        optim = self.optim
+        if optim.freeze_trunk and not self.init.init_from:
+            raise ValueError("optim.freeze_trunk=true needs init_from=<checkpoint>: freezing a "
+                             "random trunk trains heads on noise")
+        if optim.cache_trunk and self.loss.early_exit is not None:
+            raise ValueError(f"optim.cache_trunk=true keeps the trunk's final outputs, which "
+                             f"loss.early_exit={self.loss.early_exit} cannot read (it needs "
+                             f"layer {self.loss.early_exit - 1}'s): set loss.early_exit=null")
+        if not optim.heads_only_steps < self.run.max_steps:
+            raise ValueError(f"optim.heads_only_steps={optim.heads_only_steps} must be in "
+                             f"[0, trainer.max_steps={self.run.max_steps})")
+
+    def check_model(self, *, n_future: int, max_seq_len: int,
+                    n_layers: int | None = None) -> None:
+        """A ValueError naming the setting when these settings do not fit a model with
+        `n_future` heads, a context of `max_seq_len` and `n_layers` trunk layers (None: not
+        known yet, as in a config whose trunk is `model.depth` less the heads' blocks)."""
+        if self.run.seq_len > max_seq_len:
+            raise ValueError(f"seq_len={self.run.seq_len} must be an integer in "
+                             f"[1, model.max_seq_len={max_seq_len}]")
+        self.loss.check_model(n_future=n_future, n_layers=n_layers)
+        if self.optim.freeze_trunk and n_future == 1:
+            raise ValueError("optim.freeze_trunk=true with model.n_future=1 leaves nothing to "
+                             "train: set model.n_future above 1 (the heads to add)")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain values (tuples, numbers, strings), for checkpoints' hyperparameters."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Mapping[str, Any]]) -> TrainSettings:
+        """The settings `to_dict` gave (e.g. read back from a checkpoint)."""
+        parts = {"run": RunSettings, "loss": LossSettings, "optim": OptimSettings,
+                 "init": InitSettings}
+        return cls(**{name: _section(parts[name], values[name], name) for name in values})
+
+
+def _section(kind: type, values: Mapping[str, Any], key: str) -> Any:
+    """`kind(**values)`, an unknown key refused by name rather than with a TypeError."""
+    names = {f.name for f in dataclasses.fields(kind)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{key}.{unknown[0]} is not a setting; {key} has "
+                         f"{', '.join(sorted(names))}")
+    return kind(**values)
+
+
+def check_settings(cfg: DictConfig) -> TrainSettings:
+    """The settings of a composed `conf/config.yaml`, built and checked: every check that
+    needs no file, no data and no model (those are `mtp.train.run`'s, after this).
+
+    The architecture is checked as `cfg.model` states it (its heads and context); under
+    `init_from` the checkpoint's trunk is checked again when the model config is known
+    (`MTPLitModule`).
+    """
+    def section(key: str) -> dict[str, Any]:
+        return OmegaConf.to_container(cfg[key], resolve=True)
+
+    trainer, fsdp = cfg.trainer, section("fsdp")
+    settings = TrainSettings(
+        run=RunSettings(seq_len=cfg.seq_len, max_steps=trainer.get("max_steps"),
+                        threads=cfg.threads, compile=cfg.compile,
+                        activation_checkpointing=cfg.activation_checkpointing,
+                        param_dtype=fsdp.get("param_dtype", "auto"),
+                        reduce_dtype=fsdp.get("reduce_dtype", "float32"),
+                        peak_flops=trainer.get("peak_flops")),
+        loss=_section(LossSettings, section("loss"), "loss"),
+        optim=_section(OptimSettings, section("optim"), "optim"),
+        init=_section(InitSettings, {"init_from": cfg.init_from or None, **section("init")},
+                      "init"))
+    settings.check_model(n_future=cfg.model.n_future, max_seq_len=cfg.model.max_seq_len)
+    return settings
