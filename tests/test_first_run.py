@@ -117,6 +117,6 @@ def test_the_first_training_command_prints_its_own_lines_only(tmp_path: Path) ->
         assert not any(word in line for word in THIRD_PARTY), line
     threads = [line for line in done.stderr.splitlines() if "threads: " in line]
     assert len(threads) == 1 and threads[0].startswith("threads: "), done.stderr
-    assert "(measured: of " in threads[0]
+    assert "(measured in " in threads[0]
     assert "head  predicts  val loss  val acc" in done.stdout
     assert (tmp_path / "run" / "wandb").is_dir()  # the run is still logged, offline

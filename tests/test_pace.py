@@ -82,7 +82,7 @@ def test_training_measures_its_threads_once_then_reuses_them(
         train(_cfg(corpus, tmp_path / "a", "trainer.max_steps=5", "trainer.val_check_interval=5"))
         first = capsys.readouterr().err
         [line] = [line for line in first.splitlines() if line.startswith("threads: ")]
-        assert f"(measured: of {cores} cores in " in line and "; batches/s: " in line, first
+        assert f", of {cores} cores; batches/s: " in line and "(measured in " in line, first
         [(key, entry)] = json.loads((tmp_path / "cache" / tune.CACHE_FILE).read_text()).items()
         assert key.startswith("threads|kind=train|model=") and "|width=32|batch=2|" in key
         record = tune.Measurement.from_json(entry)
