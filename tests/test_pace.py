@@ -93,7 +93,7 @@ def test_training_measures_its_threads_once_then_reuses_them(
 
         tune.set_threads(cores)
         train(_cfg(corpus, tmp_path / "b", "trainer.max_steps=5", "trainer.val_check_interval=5"))
-        assert f"threads: {chosen} (cached: of {cores} cores" in capsys.readouterr().err
+        assert f"threads: {chosen} (cached, measured in " in capsys.readouterr().err
         assert torch.get_num_threads() == chosen
 
         train(_cfg(corpus, tmp_path / "c", "trainer.max_steps=2", "trainer.val_check_interval=2",
