@@ -30,6 +30,7 @@ Shapes in comments: B batch, T new tokens, L key width, K key/value heads, hd he
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Protocol
 
 import torch
@@ -48,15 +49,23 @@ class CacheShape(Protocol):
     def head_dim(self) -> int: ...
 
 
+class Window(NamedTuple):
+    """An exact step's view of each new token's last W positions (the module docstring), as
+    the model's attention reads it; every field made once per step, for every layer."""
+
+    slots: Tensor  # (B, T, W) the cache slots of the positions, in order (0 before position 0)
+    bias: Tensor  # (B, T, W) 0, or -inf for a position before 0
+    prefix_bias: Tensor  # (B, 1, T, L) 0 for the slots before the window, -inf for the rest
+    seen: Tensor  # (B, 1, T) bool: whether any slot comes before the window
+
+
 class CacheStep(NamedTuple):
     """Where a cached forward's T new tokens go and what they see (the model's inputs)."""
 
     positions: Tensor  # (B, T) rotary positions
     slots: Tensor  # (B, T) cache slots their keys and values are written to
-    mask: Tensor  # (B, 1, T, L) bool: the cache slots each new token attends to (an exact
-    # step: those before its window)
-    window: Tensor | None = None  # (B, T, W) an exact step: the slots of the W positions up
-    # to each token's own, in order; -1 before position 0
+    mask: Tensor  # (B, 1, T, L) bool: the cache slots each new token attends to
+    window: Window | None = None  # an exact step's: each token's last W positions
 
     @property
     def key_len(self) -> int:
@@ -65,7 +74,8 @@ class CacheStep(NamedTuple):
 
 def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
                max_position: int | None = None, *, window: int | None = None,
-               ancestors: Tensor | None = None) -> CacheStep:
+               ancestors: Tensor | None = None,
+               dtype: torch.dtype = torch.float32) -> CacheStep:
     """The step of T new tokens after each row's `lengths` (B,) cached ones.
 
     offsets (T,): new token i's position after the row's length (0, 1, 2, ... for a chain;
@@ -75,7 +85,8 @@ def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
     max_position: positions are clamped below it (the model's rotary table): only tokens
         past the end of the context reach it, and their output is never kept.
     window, ancestors: an exact step of window W (module docstring); ancestors (T, D + 1):
-        the step's token on token i's path at each depth 0..D (`tree.TreeBuffers`).
+        the step's token on token i's path at each depth 0..D (`tree.TreeBuffers`); dtype:
+        the model's, that of the attention biases.
     """
     new = offsets.shape[0]
     device = lengths.device
@@ -84,7 +95,7 @@ def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
     positions = lengths[:, None] + offsets  # (B, T)
     if window is not None:
         return _exact_step(lengths, offsets, slots, positions, ancestors, key_len, window,
-                           max_position)
+                           max_position, dtype)
     if max_position is not None:
         positions = positions.clamp(max=max_position - 1)
     relative = torch.arange(key_len, device=device) - lengths[:, None]  # (B, L): slot - length
@@ -95,21 +106,24 @@ def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
 
 
 def _exact_step(lengths: Tensor, offsets: Tensor, slots: Tensor, positions: Tensor,
-                ancestors: Tensor, key_len: int, window: int,
-                max_position: int | None) -> CacheStep:
+                ancestors: Tensor, key_len: int, window: int, max_position: int | None,
+                dtype: torch.dtype) -> CacheStep:
     """`cache_step` of an exact step: each token's window and the prefix before it."""
     device = lengths.device
     start = positions - (window - 1)  # (B, T): the window's first position
-    mask = torch.arange(key_len, device=device) < start[..., None]  # (B, T, L)
+    before = torch.arange(key_len, device=device) < start[..., None]  # (B, T, L)
     seen = start[..., None] + torch.arange(window, device=device)  # (B, T, W) its positions
     depth = (seen - lengths[:, None, None]).clamp(0, ancestors.shape[1] - 1)  # in the step
     node = ancestors[torch.arange(offsets.shape[0], device=device)[:, None], depth]
     inside = lengths[:, None, None] + node  # the slot of the path's token at that depth
-    found = torch.where(seen < lengths[:, None, None], seen, inside)
-    found = torch.where(seen >= 0, found.clamp(max=key_len - 1), -1)
+    found = torch.where(seen < lengths[:, None, None], seen, inside).clamp(0, key_len - 1)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    bias = torch.where(seen >= 0, zero, -math.inf)
+    prefix_bias = torch.where(before, zero, -math.inf)[:, None]  # (B, 1, T, L)
     if max_position is not None:
         positions = positions.clamp(max=max_position - 1)
-    return CacheStep(positions, slots, mask[:, None], found)
+    return CacheStep(positions, slots, before[:, None],
+                     Window(found, bias, prefix_bias, before.any(-1)[:, None]))
 
 
 def causal(new: int, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:

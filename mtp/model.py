@@ -266,8 +266,9 @@ class Attention(nn.Module):
         lead = q.shape[:-3]  # (B,), or (k, B) for stacked blocks: one batch for attention
         q, k, v, mask = (None if t is None else t.flatten(0, -4) for t in (q, k, v, mask))
         if step is not None and step.window is not None:  # decoding's exact mode
-            window = step.window.expand(*lead, *step.window.shape[1:]).flatten(0, -3)
-            out = windowed_attention(q, k, v, mask, window)
+            window = [t.expand(*lead, *t.shape[1:]).flatten(0, len(lead) - 1)
+                      for t in step.window]  # every stacked head alike
+            out = windowed_attention(q, k, v, *window)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                  is_causal=cache is None,
@@ -276,36 +277,49 @@ class Attention(nn.Module):
         return project(out, self.wo)
 
 
-def windowed_attention(q: Tensor, k: Tensor, v: Tensor, before: Tensor,
-                       window: Tensor) -> Tensor:
+def windowed_attention(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, bias: Tensor,
+                       prefix_bias: Tensor, seen: Tensor) -> Tensor:
     """Attention whose result for a query depends only on what its position sees, whatever
     the other queries and wherever a step placed their keys (decoding's exact mode).
 
     q (B, H, T, hd); k, v (B, K, L, hd), the cache's first L slots with this step's keys
-    written; before (B, 1, T, L): the slots before each query's window, which hold the keys
-    of those positions; window (B, T, W): the slots of each query's last W positions, in
-    order (-1: before position 0). A query's scores are laid out as [the L slots, masked
-    from its window on; its window] and reduced in one softmax and two products of fixed
-    length, so its keys always meet the same arithmetic in the same order: `kv_cache.
-    cache_step(window=...)` explains why a tree's keys must be gathered so.
+    written; the rest a `kv_cache.Window`: each query's last W positions (`slots` (B, T, W),
+    their cache slots in order; `bias`, -inf before position 0) and what comes before them
+    (`prefix_bias` (B, 1, T, L), 0 for the slots before the window; `seen`, whether there
+    are any). The two parts are attended apart, each by one kernel of fixed shape (the prefix
+    where its keys sit, the window gathered in position order), and merged by their
+    log-sum-exps: a query's keys always meet the same arithmetic in the same order
+    (`kv_cache.cache_step(window=...)` says why a tree's keys must be gathered so).
     """
     B, H, T, hd = q.shape
-    K, dtype = k.shape[1], q.dtype
-    q = q.float().unflatten(1, (K, H // K))  # (B, K, g, T, hd): grouped-query attention
-    k, v = k.float(), v.float()
+    prefix, prefix_lse = _attention_with_lse(q, k, v, prefix_bias)  # (B, H, T, hd), (B, H, T)
     rows = torch.arange(B, device=q.device)[:, None, None]
-    k_window = k[rows, :, window.clamp(min=0)].permute(0, 3, 1, 2, 4)  # (B, K, T, W, hd)
-    v_window = v[rows, :, window.clamp(min=0)].permute(0, 3, 1, 2, 4)
-    scale = hd ** -0.5
-    prefix = (q.flatten(2, 3) @ k.mT).unflatten(2, q.shape[2:4]) * scale  # (B, K, g, T, L)
-    prefix = prefix.masked_fill(~before[:, :, None], -math.inf)
-    own = torch.einsum("bkgtd,bktwd->bkgtw", q, k_window) * scale  # (B, K, g, T, W)
-    own = own.masked_fill((window < 0)[:, None, None], -math.inf)
-    weights = torch.cat([prefix, own], dim=-1).softmax(-1)  # (B, K, g, T, L + W)
-    L = k.shape[2]
-    out = (weights[..., :L].flatten(2, 3) @ v).unflatten(2, q.shape[2:4]) \
-        + torch.einsum("bkgtw,bktwd->bkgtd", weights[..., L:], v_window)  # (B, K, g, T, hd)
-    return out.flatten(1, 2).to(dtype)  # (B, H, T, hd)
+    k_window = k[rows, :, slots].flatten(0, 1).transpose(1, 2)  # (B*T, K, W, hd)
+    v_window = v[rows, :, slots].flatten(0, 1).transpose(1, 2)
+    alone = q.transpose(1, 2).reshape(B * T, H, 1, hd)  # each query on its own window
+    own, own_lse = _attention_with_lse(alone, k_window, v_window, bias.flatten(0, 1)[:, None,
+                                                                                       None])
+    own, own_lse = own.view(B, T, H, hd).transpose(1, 2), own_lse.view(B, T, H).transpose(1, 2)
+    prefix_lse = torch.where(seen, prefix_lse, -math.inf)  # the kernel says 0 for nothing
+    # softmax over both parts = the prefix's, moved towards the window's by the window's
+    # share of the total weight, exp(own_lse) / (exp(prefix_lse) + exp(own_lse))
+    share = torch.sigmoid(own_lse - prefix_lse)[..., None].to(q.dtype)
+    return torch.lerp(prefix, own, share)  # (B, H, T, hd)
+
+
+def _attention_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+    """Attention of q (B, H, T, hd) over k, v (B, K, L, hd) with an additive `bias` (B, 1,
+    T, L), and its log-sum-exp (B, H, T) in float32. On a CPU the fused flash kernel gives
+    both; elsewhere plain products do."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=bias)
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1).float(), v.repeat_interleave(groups, 1).float()
+    scores = q.float() @ k.mT * q.shape[-1] ** -0.5 + bias.float()
+    lse = scores.logsumexp(-1)  # (B, H, T)
+    weights = (scores - lse.nan_to_num(neginf=0.0)[..., None]).exp()
+    return (weights @ v).to(q.dtype), lse
 
 
 class FeedForward(nn.Module):

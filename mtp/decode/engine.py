@@ -109,7 +109,7 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
     step = cache_step(lengths, buffers.depths, buffers.visible, key_len,
                       model.config.max_seq_len, window=tree.n_nodes if exact else None,
-                      ancestors=buffers.ancestors)
+                      ancestors=buffers.ancestors, dtype=cache.keys.dtype)
     hidden = hidden_states(model, pending, cache, step, heads)  # (B, m, n, D)
     target = model.unembed(hidden[:, :, 0])  # (B, m, V)
     # accept: a path, and the token after it

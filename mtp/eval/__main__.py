@@ -22,7 +22,8 @@ Arguments are key=value overrides with Hydra's grammar (`mtp.cli`), e.g.
   isolation          auto | namespaces (no network, read-only files, own PIDs) | none
 
 How it decodes takes the keys of `python -m mtp.generate` (drafter=auto and its options,
-device, dtype, threads, compile, acceptance, budget): `python -m mtp.generate --help`.
+device, dtype, threads, compile, acceptance, exact, width, budget): `python -m mtp.generate
+--help`.
 """
 
 from mtp import cli

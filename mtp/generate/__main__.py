@@ -20,6 +20,9 @@ threads: `mtp.tune` records) and each generation's statistics go to stderr.
                    also fixes it
   compile          run the decode step compiled (CUDA graphs); null (default): on a GPU
   acceptance       exact (lossless) or typical (Medusa's; not lossless when sampling)
+  exact            true: exact mode, every step one width, so the ids are bit for bit those of
+                   autoregressive decoding at that width, in any dtype (docs/decoding.md);
+                   width: that width (null: the drafter's widest step)
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   seed             null
   budget           the most seconds drafter=auto measures (30)

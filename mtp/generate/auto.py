@@ -54,6 +54,8 @@ class Auto:
     spec: DrafterSpec = field(default_factory=lambda: DrafterSpec(AUTO))
     context: DrafterContext = field(default_factory=DrafterContext)
     compile: bool = False  # measure (and later decode) with the compiled step
+    exact: bool = False  # ... in exact mode, every step `width` wide (None: each drafter's own)
+    width: int | None = None
     tokens: int = 64  # new tokens per measurement
     margin: float = 1.03  # a drafter must beat autoregressive decoding by this factor
     finalists: int = 3  # candidates measured a second time (with autoregressive decoding)
@@ -87,8 +89,13 @@ class Auto:
         found: dict[str, Drafter | None] = {AUTOREGRESSIVE: None}
         for name in self.spec.measured_drafters:
             for drafter in self.spec.candidates(model, self.context, measured, name):
-                found.setdefault(repr(drafter), drafter)
+                if self._fits(drafter):
+                    found.setdefault(repr(drafter), drafter)
         return found
+
+    def _fits(self, drafter: Drafter) -> bool:
+        """Whether `drafter`'s steps fit an exact step of the width asked for."""
+        return self.width is None or drafter.tree.n_nodes <= self.width
 
     def choose(self, model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
                sampling: SamplingConfig, max_new_tokens: int, batch_size: int | None = None,
@@ -154,15 +161,15 @@ class Auto:
             return time_generate(
                 prepare(drafter), tokenizer, [p for batch in batches for p in batch],
                 max_new_tokens=tokens, batch_size=len(batches[0]), seed=0, warmup_tokens=2,
-                go_on=go_on, drafter=drafter, sampling=sampling,
-                compile=self.compile).tokens_per_second
+                go_on=go_on, drafter=drafter, sampling=sampling, compile=self.compile,
+                exact=self.exact, width=self.width).tokens_per_second
 
         measured = {AUTOREGRESSIVE: speed(None, first=True)}
         candidates, left_out = {AUTOREGRESSIVE: None}, []
         for name in self.spec.measured_drafters:
             for drafter in self.spec.candidates(model, self.context, measured, name):
                 label = repr(drafter)
-                if label in measured or label in left_out:
+                if label in measured or label in left_out or not self._fits(drafter):
                     continue
                 candidates[label] = drafter
                 if time_left():
@@ -191,6 +198,6 @@ class Auto:
                         dtype=str(param.dtype).removeprefix("torch."),
                         batch=1 << (batch - 1).bit_length(),
                         sampling="greedy" if sampling.greedy else "sampled",
-                        compiled=self.compile,
+                        compiled=self.compile, exact=self.exact, width=self.width,
                         spec=fingerprint(repr(self.spec)),
                         saved=fingerprint(sorted(self.context.saved)))

@@ -67,6 +67,9 @@ class DecodeSettings:
     threads: intra-op threads; auto (or null): measured on a few decode steps.
     compile: the decode step compiled (CUDA graphs on a GPU); null: on a GPU only.
     acceptance: exact (lossless) or typical (Medusa's; not lossless when sampling).
+    exact: exact mode (`mtp.decode.engine`): every step one width, so that greedy output is
+        bit for bit `generate(drafter=None, exact=True, width=W)`'s in any dtype, and
+        sampling with a seed gives its draws; `width`: W (null: the drafter's widest step).
     temperature, top_k, top_p: sampling (temperature 0: greedy).
     seed: seeds each call's random draws (null: torch's global generator).
     budget: the most seconds `drafter=auto` measures.
@@ -79,6 +82,8 @@ class DecodeSettings:
     threads: int | str | None = AUTO
     compile: bool | None = None
     acceptance: str = "exact"
+    exact: bool = False
+    width: int | None = None
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float = 1.0
@@ -97,6 +102,14 @@ class DecodeSettings:
             raise ValueError(f"device={self.device!r}: {error}") from None
         if not self.budget > 0:
             raise ValueError(f"budget={self.budget!r} must be > 0 seconds")
+        if self.width is not None and not self.exact:
+            raise ValueError(f"width={self.width} sizes exact mode's steps: give exact=true "
+                             f"with it")
+        if self.width is not None and self.width < 1:
+            raise ValueError(f"width={self.width} must be at least 1")
+        if self.exact and self.acceptance != "exact":
+            raise ValueError(f"acceptance={self.acceptance} keeps drafts the target would not "
+                             f"have drawn: exact=true gives the target's own tokens")
 
     @property
     def spec(self) -> DrafterSpec:
@@ -111,6 +124,16 @@ class DecodeSettings:
         """Whether the decode step is compiled: as asked, else on a GPU only."""
         on_gpu = torch.device(self.device).type == "cuda"
         return on_gpu if self.compile is None else bool(self.compile)
+
+    def step_width(self, drafter: Drafter | None) -> int:
+        """Tokens per row a step of `drafter` forwards: exact mode's width, or its own."""
+        return self.width if self.exact and self.width else step_width(drafter)
+
+    def generate_options(self, drafter: Drafter | None) -> dict[str, Any]:
+        """`mtp.decode.generate`'s keyword arguments for decoding with `drafter` as these
+        settings say (how to decode, not what)."""
+        return {"drafter": drafter, "sampling": self.sampling, "acceptance": self.acceptance,
+                "compile": self.compiled, "exact": self.exact, "width": self.width}
 
     @property
     def load_dtype(self) -> torch.dtype | None:
@@ -147,9 +170,8 @@ class Decoder:
         the settings' seed for this call)."""
         settings = self.settings
         return generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
-                        drafter=self.drafter, sampling=settings.sampling, stop=stop,
-                        seed=settings.seed if seed is None else seed, on_text=on_text,
-                        acceptance=settings.acceptance, compile=settings.compiled)
+                        **settings.generate_options(self.drafter), stop=stop,
+                        seed=settings.seed if seed is None else seed, on_text=on_text)
 
 
 def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
@@ -185,16 +207,16 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
 
     def prepare(drafter: Drafter | None) -> MTPModel:
         """The model in the dtype and with the threads a step of this drafter wants."""
-        width = step_width(drafter)
-        chosen = variants.model(variants.choose(width, batch_size).value)
-        choose_decode_threads(chosen, tokenizer, prompts[0], drafter=drafter,
-                              batch=batch_size, requested=settings.threads, cache=cache)
+        chosen = variants.model(variants.choose(settings.step_width(drafter),
+                                                batch_size).value)
+        choose_decode_threads(chosen, tokenizer, prompts[0], settings, drafter=drafter,
+                              batch=batch_size, cache=cache)
         return chosen
 
     records = []
     if measured:
         auto = Auto(spec=spec, context=context, compile=settings.compiled,
-                    budget=settings.budget, planned_tokens=planned_tokens,
+                    exact=settings.exact, width=settings.width, budget=settings.budget, planned_tokens=planned_tokens,
                     model_id=model_id and f"{model_id}|dtype={settings.dtype}", cache=cache)
         drafter = auto.choose(model, tokenizer, prompts[:max(AUTO_PROMPTS, batch_size)],
                               sampling=settings.sampling, max_new_tokens=max_new_tokens,
@@ -203,11 +225,10 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
         report(auto.record)
     else:
         drafter = spec.build(model, context)
-    width = step_width(drafter)
-    dtype = variants.choose(width, batch_size)
+    dtype = variants.choose(settings.step_width(drafter), batch_size)
     model = variants.keep(dtype.value)
-    threads = choose_decode_threads(model, tokenizer, prompts[0], drafter=drafter,
-                                    batch=batch_size, requested=settings.threads, cache=cache)
+    threads = choose_decode_threads(model, tokenizer, prompts[0], settings, drafter=drafter,
+                                    batch=batch_size, cache=cache)
     for record in (dtype, threads):
         records.append(record)
         report(record)
@@ -323,24 +344,27 @@ class DtypeVariants:
         return tune("dtype", key, measure, cache=self.cache)
 
 
-def choose_decode_threads(model: MTPModel, tokenizer: Tokenizer, prompt: str, *,
-                          drafter: Drafter | None = None, batch: int = 1,
-                          requested: int | str | None = None, budget: float = 1.0,
+def choose_decode_threads(model: MTPModel, tokenizer: Tokenizer, prompt: str,
+                          settings: DecodeSettings | None = None, *,
+                          drafter: Drafter | None = None, batch: int = 1, budget: float = 1.0,
                           cache: TuneCache | None = None) -> Measurement:
-    """The thread count for decoding with `model` and `drafter`, measured on a short
-    `generate` call (8 new tokens after the prompt's first 64 characters, `batch` rows)."""
-    requested = check_threads(requested)
+    """The thread count for decoding with `model` and `drafter` as `settings` say, measured
+    on a short `generate` call (8 new tokens after the prompt's first 64 characters, `batch`
+    rows)."""
+    settings = settings or DecodeSettings()
+    requested = check_threads(settings.threads)
     param = next(model.parameters())
     if param.device.type != "cpu" and requested is None:  # a GPU's step uses no CPU threads
         return Measurement("threads", str(torch.get_num_threads()), "fixed",
                            f"not measured on {param.device.type}",
                            value=torch.get_num_threads())
     key = tune_key("threads", kind="decode", model=fingerprint(model.config.to_dict()),
-                   width=step_width(drafter), batch=batch, dtype=dtype_name(param.dtype),
-                   device=param.device.type)
+                   width=settings.step_width(drafter), batch=batch,
+                   dtype=dtype_name(param.dtype), device=param.device.type)
     prompts = [prompt[:64]] * batch
+    options = settings.generate_options(drafter) | {"compile": False}  # the step, not a graph
 
     def step() -> None:
-        generate(model, tokenizer, prompts, max_new_tokens=8, drafter=drafter)
+        generate(model, tokenizer, prompts, max_new_tokens=8, **options)
 
     return choose_threads(step, key, requested=requested, unit="calls/s", cache=cache)
