@@ -1,22 +1,23 @@
-"""One decode step reads in a few files: a call tracer counts the files of mtp/decode/ that
-one greedy chain step (HeadsDrafter(k=4), batch 1, eager) enters, after warm-up."""
+"""One decode step reads in a few files: a call tracer counts every file of mtp/ that one
+step enters (after warm-up), a greedy chain step and a sampled tree step alike."""
 
 import sys
 from pathlib import Path
 
 import torch
 
-import mtp.decode
-from mtp.generate import HeadsDrafter, generate
+import mtp
+from mtp.decode.tree import Tree
+from mtp.generate import HeadsDrafter, SamplingConfig, generate
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
 
-PACKAGE = Path(mtp.decode.__file__).parent
+PACKAGE = Path(mtp.__file__).parent
 
 
-def _step_files(model: MTPModel, step: int) -> set[str]:
-    """The files under mtp/decode/ that decode step `step` (counted from 1 by the drafter's
-    proposals) enters, from its proposal up to the next one."""
+def _step_files(model: MTPModel, drafter: HeadsDrafter, step: int, **options) -> set[str]:
+    """The files of mtp/ that decode step `step` (counted from 1 by the drafter's proposals)
+    enters, from its proposal up to the next one."""
     propose = HeadsDrafter.propose.__code__
     proposals, files = 0, set()
 
@@ -33,21 +34,34 @@ def _step_files(model: MTPModel, step: int) -> set[str]:
     sys.setprofile(profile)
     try:
         generate(model, ByteTokenizer(), ["def add(a, b):"], max_new_tokens=40,
-                 drafter=HeadsDrafter(4))
+                 drafter=drafter, **options)
     finally:
         sys.setprofile(None)
     assert proposals > step, f"the decode ended after {proposals} steps"
     return files
 
 
-def test_one_chain_step_enters_five_files(tiny_config):
-    """The loop (decode.py: draft, verify and accept, commit, the outputs' stop and stream),
-    the engine's step (engine.py), its forward (forward.py), the acceptance rule
-    (acceptance.py) and the drafter (drafters/heads.py); the tree's buffers were built
-    before the first step, and the records that travel between them have no methods to run."""
+# The step: the loop (draft, verify and accept, commit, the outputs' stop and stream, which
+# decodes the new tokens' text), the engine's step, its forward through the model (the
+# model's blocks, the cache's writes and the step's positions), the acceptance rule and the
+# drafter; the tree's buffers were built before the first step, and the records that travel
+# between them have no methods to run.
+STEP = {"decode/loop.py", "decode/engine.py", "decode/forward.py", "decode/acceptance.py",
+        "decode/drafters/heads.py", "model.py", "kv_cache.py", "tokenizers.py"}
+
+
+def test_one_greedy_chain_step_enters_eight_files(tiny_config):
     torch.manual_seed(0)
-    model = MTPModel(tiny_config).eval()
-    files = _step_files(model, step=3)
-    assert files <= {"loop.py", "engine.py", "forward.py", "acceptance.py",
-                     "drafters/heads.py"}, sorted(files)
-    assert len(files) <= 5
+    files = _step_files(MTPModel(tiny_config).eval(), HeadsDrafter(4), step=3)
+    assert files <= STEP, sorted(files - STEP)
+    assert len(files) <= 8
+
+
+def test_one_sampled_tree_step_enters_nine_files(tiny_config):
+    """A tree adds no file; sampling adds the one that draws from a distribution."""
+    torch.manual_seed(0)
+    tree = Tree(((0,), (1,), (0, 0), (1, 0)))
+    files = _step_files(MTPModel(tiny_config).eval(), HeadsDrafter(4, tree), step=3,
+                        sampling=SamplingConfig(temperature=0.8), seed=0)
+    assert files <= STEP | {"decode/sampling.py"}, sorted(files - STEP)
+    assert len(files) <= 9
