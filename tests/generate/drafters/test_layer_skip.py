@@ -2,6 +2,7 @@
 target's cache, the draft-exit, the skip search and its saved choice, and bad input.
 (Sampling: tests/generate/test_speculative_sampling.py.)"""
 
+import copy
 import json
 
 import pytest
@@ -82,11 +83,12 @@ def test_the_draft_exit_stops_drafting_below_the_threshold(deep):
 
 def test_a_draft_model_takes_the_draft_exit_too(deep, trained_draft):
     reference = _ids(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30))
-    drafter = DraftModel(trained_draft, TOKENIZER, num_draft=5, threshold=0.5)
-    got = generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=drafter)
-    assert _ids(got) == reference
-    nodes = sum(g.stats.nodes_verified for g in got) / sum(g.stats.forward_passes for g in got)
-    assert nodes < 6  # unsure drafts were left out
+    for threshold in (0.5, 1 - 1e-9):  # the second: no draft is sure enough (as a bound)
+        drafter = DraftModel(trained_draft, TOKENIZER, num_draft=5, threshold=threshold)
+        got = generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=drafter)
+        assert _ids(got) == reference
+    for generation in got:  # every step verified the last token alone
+        assert generation.stats.nodes_verified == generation.stats.forward_passes
 
 
 def test_the_search_is_deterministic_and_its_choice_reloads(deep, tmp_path):
@@ -225,8 +227,7 @@ def test_the_draft_budget_follows_acceptance():
     lambda draft: DraftModel(draft, TOKENIZER, num_draft=6, adaptive=True),
     lambda draft: PromptLookup(num_draft=8, adaptive=True)],
     ids=["layer_skip", "layer_skip_exit", "draft_model", "prompt_lookup"])
-def test_adaptive_drafting_keeps_greedy_identity_and_verifies_less(trained, trained_draft,
-                                                                    make):
+def test_adaptive_drafting_keeps_greedy_identity(trained, trained_draft, make):
     reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48)
     fixed = make(trained_draft)
     fixed.adaptive = False
@@ -234,8 +235,26 @@ def test_adaptive_drafting_keeps_greedy_identity_and_verifies_less(trained, trai
     adaptive = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48,
                         drafter=make(trained_draft))
     assert _ids(adaptive) == _ids(full) == _ids(reference)
-    nodes = [sum(g.stats.nodes_verified for g in run) for run in (full, adaptive)]
-    assert nodes[1] < nodes[0]  # rejected drafts stop being proposed
+
+
+def test_adaptive_drafting_stops_proposing_rejected_drafts(trained, trained_draft):
+    """A draft model that always drafts the NUL byte, which the trained model never writes:
+    every draft is rejected, so an adaptive row proposes one draft a step once its count has
+    come down (6, 5, 4, ..., 1), where a fixed one proposes six every step."""
+    never = copy.deepcopy(trained_draft)
+    with torch.no_grad():
+        never.output.weight.zero_()
+        never.output.weight[0] = 1.0  # token 0 wins every argmax
+    runs = [generate(trained, TOKENIZER, ["def add("], max_new_tokens=30,
+                     drafter=DraftModel(never, TOKENIZER, num_draft=6, adaptive=adaptive))[0]
+            for adaptive in (False, True)]
+    fixed, adaptive = (run.stats for run in runs)
+    assert runs[0].token_ids == runs[1].token_ids
+    steps = fixed.new_tokens - 1  # nothing kept: one token a forward, the prefill's first
+    assert fixed.forward_passes == adaptive.forward_passes == steps + 1
+    assert fixed.nodes_verified == 1 + 7 * steps  # the prefill, then six drafts a step
+    assert adaptive.nodes_verified == 1 + sum(1 + min(6, max(1, 7 - step))
+                                              for step in range(1, steps + 1))
 
 
 def test_adaptive_is_a_flag():
