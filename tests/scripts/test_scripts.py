@@ -2,7 +2,6 @@
 tokens): a table, then one JSON line whose figures hang together. Scripts import the
 installed `mtp` package only: each runs as `python scripts/NAME.py` from outside the checkout."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_script  # tests/ is on the path
 
 from mtp.bench.suites import suite
 from mtp.bench.tiny import tiny_checkpoint, tiny_prompts
@@ -22,7 +22,8 @@ TESTED_ELSEWHERE = {"bench_decode": "scripts/test_bench_decode.py",
                     "bench_train": "scripts/test_bench_train.py",
                     "prepare_data": "scripts/test_prepare_data.py",
                     "distill_data": "scripts/test_distill_data.py",
-                    "eval_hf": "scripts/test_eval_hf.py", "paper_small": "scripts/test_paper_small.py",
+                    "eval_hf": "scripts/test_eval_hf.py",
+                    "paper_small": "scripts/test_paper_small.py",
                     "bench_threads": "scripts/test_bench_threads.py"}
 
 
@@ -94,8 +95,8 @@ def test_bench_online(tiny, tmp_path) -> None:
 
 def test_bench_dtype(tiny, tmp_path) -> None:
     checkpoint, _ = tiny
-    table, out = run_script("bench_dtype", "--checkpoint", str(checkpoint), "--widths", "1", "4",
-                            "--context", "8", "--repeats", "2", "--rounds", "1", cwd=tmp_path)
+    table, out = run_script("bench_dtype", f"checkpoint={checkpoint}", "widths=[1,4]",
+                            "context=8", "repeats=2", "rounds=1", cwd=tmp_path)
     assert list(out["widths"]) == ["1", "4"] and len(table) == 2 + 2
     for row in out["widths"].values():
         assert row["float32"] > 0 and row["bfloat16"] > 0
@@ -104,9 +105,9 @@ def test_bench_dtype(tiny, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_bench_heads_cost_only(tmp_path) -> None:
-    table, out = run_script("bench_heads", "--out", str(tmp_path / "heads"), "--cost-only",
-                            "--n-future", "2", "--time-steps", "1", "--batch", "2", "--seq-len",
-                            "16", "--threads", "1", "model=tiny", cwd=tmp_path)
+    table, out = run_script("bench_heads", f"out={tmp_path / 'heads'}", "cost_only=true",
+                            "n_future=[2]", "time_steps=1", "batch=2", "seq_len=16", "threads=1",
+                            "model=tiny", cwd=tmp_path)
     assert set(out["runs"]) == {"block n=2", "sequential n=2"}
     assert all(r["step_bytes"] > 0 and r["step_seconds"] > 0 for r in out["runs"].values())
     assert (out["batch"], out["seq_len"]) == (2, 16)
@@ -115,9 +116,7 @@ def test_bench_heads_cost_only(tmp_path) -> None:
 
 def test_bench_heads_decodes_a_run_with_the_shared_harness(tiny, tmp_path) -> None:
     """The decoding half of bench_heads (its training half is mtp.train's, tested there)."""
-    spec = importlib.util.spec_from_file_location("bench_heads", SCRIPTS / "bench_heads.py")
-    bench_heads = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_heads)
+    bench_heads = load_script("bench_heads")
     checkpoint, _ = tiny
     figures = bench_heads.tokens_per_forward(checkpoint.parent, ["def f(x):", "import os"],
                                              "tree8", 4)
@@ -128,16 +127,16 @@ def test_bench_heads_decodes_a_run_with_the_shared_harness(tiny, tmp_path) -> No
 
 
 def test_bench_fsdp_comms(tmp_path) -> None:
-    _, out = run_script("bench_fsdp_comms", "--vocab-size", "262", "--dim", "32", "--n-layers",
-                        "1", "--n-heads", "4", "--n-future", "2", "--seq-len", "8", cwd=tmp_path)
+    _, out = run_script("bench_fsdp_comms", "vocab_size=262", "dim=32", "n_layers=1",
+                        "n_heads=4", "n_future=2", "seq_len=8", cwd=tmp_path)
     assert out["world_size"] == 2 and out["fsdp_units"] == 1 + 2 + 2
     gathers = [value for key, value in out.items() if key.endswith("_all_gathers")]
     assert gathers and all(value > 0 for value in gathers)
 
 
 def test_bench_sandbox(tmp_path) -> None:
-    table, out = run_script("bench_sandbox", "--rounds", "1", "--problems", "3", "--levels",
-                            "none", "--workers", "1", cwd=tmp_path)
+    table, out = run_script("bench_sandbox", "rounds=1", "problems=3", "levels=[none]",
+                            "workers=1", cwd=tmp_path)
     [row] = out["results"]
     assert (row["task"], row["programs"], row["isolation"]) == ("humaneval", 3, "none")
     assert row["seconds"] > 0
