@@ -71,9 +71,9 @@ def test_no_script_edits_sys_path_or_imports_another() -> None:
 def test_bench_hf(tiny, tmp_path) -> None:
     pytest.importorskip("transformers")
     checkpoint, prompts = tiny
-    _, out = run_script("bench_hf", "--checkpoint", str(checkpoint), "--prompts", str(prompts),
-                        "--max-new-tokens", "4", "--repeats", "1", "--no-static", "--threads", "1",
-                        "--device", "cpu", cwd=tmp_path)
+    _, out = run_script("bench_hf", f"checkpoint={checkpoint}", f"prompts={prompts}",
+                        "max_new_tokens=4", "repeats=1", "static=false", "threads=1", "device=cpu",
+                        cwd=tmp_path)
     # the same weights and input ids through both libraries: the same greedy ids
     assert out["identical"] and out["hf_static_tokens_per_second"] is None
     assert set(out["per_method_tokens_per_second"]) == {
@@ -84,9 +84,8 @@ def test_bench_hf(tiny, tmp_path) -> None:
 
 def test_bench_online(tiny, tmp_path) -> None:
     checkpoint, prompts = tiny
-    table, out = run_script("bench_online", "--checkpoint", str(checkpoint), "--prompts",
-                            str(prompts), "--max-new-tokens", "6", "--k", "3", "--window", "1",
-                            "--lr", "1e-3", cwd=tmp_path)
+    table, out = run_script("bench_online", f"checkpoint={checkpoint}", f"prompts={prompts}",
+                            "max_new_tokens=6", "k=3", "window=1", "lr=1e-3", cwd=tmp_path)
     assert out["identical"] and out["prompts"] == 3 and len(table) == 2 + 2
     for arm in ("frozen", "online"):
         assert 1.0 <= out[arm]["tokens_per_forward"] <= 3.0
@@ -156,8 +155,8 @@ def test_check_gguf(tmp_path) -> None:
         max_position_embeddings=4096, rope_theta=1000.0, rms_norm_eps=1e-5)
     path = write_gguf(tmp_path / "tiny.gguf", transformers.LlamaForCausalLM(config).eval(),
                       byte_level_vocab(tokenizer))
-    _, out = run_script("check_gguf", "--gguf", str(path), "--prompts", "1", "--max-new-tokens",
-                        "3", "--threads", "1", cwd=tmp_path)
+    _, out = run_script("check_gguf", f"gguf={path}", "prompts=1", "max_new_tokens=3",
+                        "threads=1", cwd=tmp_path)
     assert out["prompts"] == 1 and out["ids_equal_transformers"] == 1
     assert out["max_abs_logit_diff"] < 1e-3 and out["greedy_identical"] == 1
 
@@ -172,11 +171,15 @@ def test_bench_layer_skip(tiny, tmp_path) -> None:
                           env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    table, out = run_script("bench_layer_skip", "--checkpoint", str(checkpoint), "--choice",
-                            str(choice), "--skipped", "1", "--prompt", "def f(x):",
-                            "--prompt", "import os", "--max-new-tokens", "6", cwd=tmp_path)
+    table, out = run_script("bench_layer_skip", f"checkpoint={checkpoint}", f"choice={choice}",
+                            "skipped=[1]", 'prompt=["def f(x):","import os"]',
+                            "max_new_tokens=6", cwd=tmp_path)
     rows = out["rows"]
     assert list(rows)[0] == "autoregressive" and len(rows) == 3  # 1 skipped, the choice
     assert all(row["identical"] for row in rows.values())
     assert rows["skip 1 of 2"]["draft_share"] < 1 and len(rows["skip 1 of 2"]["skipped"]) == 1
     assert any(line.startswith("skip 1 of 2") for line in table)
+    # without choice=: the search's choice the tuner kept for this checkpoint
+    _, again = run_script("bench_layer_skip", f"checkpoint={checkpoint}", "skipped=[1]",
+                          'prompt=["def f(x):","import os"]', "max_new_tokens=6", cwd=tmp_path)
+    assert list(again["rows"]) == list(rows)
