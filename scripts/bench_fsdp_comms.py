@@ -2,7 +2,7 @@
 `mtp.train.parallel.gradient_sync`.
 
 Runs one optimizer step (after a warm-up step) on 2 gloo CPU ranks, or on every GPU of the
-machine with NCCL (`--device cuda`), and counts the all-gathers and reduce-scatters FSDP
+machine with NCCL (`device=cuda`), and counts the all-gathers and reduce-scatters FSDP
 issues and the bytes they move. "fsdp default" is FSDP's own gradient accumulation
 (`set_requires_gradient_sync` on the last micro-batch only), which is what `MTPLitModule`
 did before `gradient_sync`.

@@ -158,7 +158,7 @@ def val_accuracies(run: Path, n_future: int) -> list[float]:
 
 
 def trained_steps(run: Path) -> int:
-    """The run's last logged step: its training budget (a reused run may predate --steps)."""
+    """The run's last logged step: its training budget (a reused run may predate `steps`)."""
     return max(int(row["step"]) for row in metrics(run))
 
 

@@ -1,5 +1,5 @@
 """Time the sandbox on the reference solutions: HumanEval's 164 canonical solutions (and MBPP's
-500 test-split references with --mbpp-file) at each isolation level, all of which must pass.
+500 test-split references with mbpp_file=) at each isolation level, all of which must pass.
 
 Each round runs the whole set through one `Sandbox` (one worker per core, as `python -m
 mtp.eval` does) at each level in turn, so a change in the machine's load hits every level

@@ -1,13 +1,13 @@
 r"""Training throughput, step time and MFU of a model shape: n heads per loss mode vs n=1.
 
 A step is what `MTPLitModule.training_step` runs: the loss with its backward, gradient
-clipping and an AdamW step. Variants: n heads (`--n-future`, default 8: the byte8 recipe) in
+clipping and an AdamW step. Variants: n heads (`n_future`, default 8: the byte8 recipe) in
 each loss mode (headwise, chunked, naive: the same gradients), n=1 on the same trunk (the
 cost of the extra heads), and n=1 compute-matched (the same blocks per token: what byte1
 trains against byte8). The step-time ratios compare n headwise (the default) with each n=1
-variant. `--vocab-size` sets the vocabulary (default the byte tokenizer's 262; a BPE model's
+variant. `vocab_size` sets the vocabulary (default the byte tokenizer's 262; a BPE model's
 32000 is the paper's shape, where the heads' unembeddings cost the most), with random token
-ids. MFU is model FLOPs (`mtp.train.flops`) per second over the peak: `--peak-flops` (a number or
+ids. MFU is model FLOPs (`mtp.train.flops`) per second over the peak: `peak_flops` (a number or
 a preset such as h100-bf16), by default this device's measured matrix-product peak in the
 run's precision (the better of a measurement before and one after the steps). On a CPU every
 variant's model lives at once and the timed steps go round the variants, so a shared

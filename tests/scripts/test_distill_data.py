@@ -45,7 +45,8 @@ def test_writes_what_the_local_source_reads(setup: tuple[Path, Path], tmp_path: 
     sources = {p.name: p.read_text() for p in corpus.iterdir()}
     for record in records:
         assert record["text"] == record["prompt"] + record["continuation"]
-        assert len(record["prompt"]) == 40 and record["prompt"] in sources[Path(record["source"]).name]
+        assert len(record["prompt"]) == 40
+        assert record["prompt"] in sources[Path(record["source"]).name]
     if not sampled:  # greedy: exactly the model's own continuation
         model, tokenizer = load(checkpoint)
         expected = generate(model, tokenizer, [records[0]["prompt"]], max_new_tokens=12)
