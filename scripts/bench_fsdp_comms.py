@@ -2,34 +2,69 @@
 `mtp.train.parallel.gradient_sync`.
 
 Runs one optimizer step (after a warm-up step) on 2 gloo CPU ranks, or on every GPU of the
-machine with NCCL (`--device cuda`), and counts the all-gathers and reduce-scatters FSDP
+machine with NCCL (`device=cuda`), and counts the all-gathers and reduce-scatters FSDP
 issues and the bytes they move. "fsdp default" is FSDP's own gradient accumulation
 (`set_requires_gradient_sync` on the last micro-batch only), which is what `MTPLitModule`
 did before `gradient_sync`.
 
     python scripts/bench_fsdp_comms.py                     # vocab 32,000, n = 4, 2 CPU ranks
-    python scripts/bench_fsdp_comms.py --accumulate 2 --mode chunked
+    python scripts/bench_fsdp_comms.py accumulate=2 mode=chunked
+
+Arguments are key=value (`mtp.cli`'s grammar); the shape's keys are below.
+  accumulate       1 micro-batch per step
+  mode             headwise (default) or chunked
+  device           cpu (default: gloo ranks) or cuda (NCCL)
+  ranks            null: 2 on a CPU, every GPU on cuda
+  dim, batch, seq_len   256, 1 (per rank), 128 here
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mtp.bench.shape import add_shape_arguments
-from mtp.train.loss import autograd_backward, mtp_loss
+from mtp import cli
+from mtp.bench.shape import KEYS, Shape
 from mtp.model import MTPConfig, MTPModel
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.train.parallel import end_spawned_rank, gradient_sync, parallelize
 
 COLLECTIVES = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommsArgs(Shape):
+    accumulate: int = 1
+    mode: str = "headwise"
+    device: str = "cpu"
+    ranks: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate={self.accumulate} must be >= 1 micro-batch")
+        for key, allowed in (("mode", ("headwise", "chunked")), ("device", ("cpu", "cuda"))):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key}={getattr(self, key)!r} is not one of "
+                                 f"{', '.join(allowed)}")
+        if self.ranks is not None and self.ranks < 2:
+            raise ValueError(f"ranks={self.ranks}: sharding needs at least 2 ranks")
+
+    @property
+    def world(self) -> int:
+        return self.ranks or (torch.cuda.device_count() if self.device == "cuda" else 2)
+
+
+def parse_args(argv: list[str]) -> CommsArgs:
+    return cli.parse(argv, CommsArgs)
 
 
 @contextmanager
@@ -51,7 +86,7 @@ def _count(calls: Counter, nbytes: Counter) -> None:
         setattr(dist, name, counted)
 
 
-def _worker(rank: int, world: int, port: int, args: argparse.Namespace, results: dict) -> None:
+def _worker(rank: int, world: int, port: int, args: CommsArgs, results: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = args.device == "cuda"
     if cuda:
@@ -81,18 +116,11 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, results:
     end_spawned_rank()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_shape_arguments(parser, dim=256, batch=1, seq_len=128, batch_help="per rank")
-    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
-    parser.add_argument("--mode", choices=("headwise", "chunked"), default="headwise")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--ranks", type=int, default=None,
-                        help="default: 2 on CPU, every GPU on cuda")
-    args = parser.parse_args()
-    world = args.ranks or (torch.cuda.device_count() if args.device == "cuda" else 2)
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    world = args.world
     if world < 2:
-        parser.error(f"need at least 2 ranks to shard, got {world}")
+        raise ValueError(f"need at least 2 ranks to shard, got {world} (device={args.device})")
 
     results = mp.Manager().dict()
     with socket.socket() as s:
@@ -120,4 +148,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__ + KEYS)

@@ -1,18 +1,18 @@
 """Parallel heads against sequential modules: one trunk, one training budget, n = 4 and n = 8.
 
-For each n of --n-future and each head type (`block`: the paper's parallel heads, every one on
+For each n of `n_future` and each head type (`block`: the paper's parallel heads, every one on
 the trunk output; `sequential`: DeepSeek-V3's modules, a chain) it trains the byte8 recipe's
 shape (`+experiment=byte8`: bytes, compute-matched `model=small`, width 256, 12 blocks per
 token, so a (12 - n)-block trunk and n one-block heads of either type; batch 16 x 256, bf16
-autocast where the CPU has it), shortened to --steps steps (one value, or one per n), with
+autocast where the CPU has it), shortened to `steps` steps (one value, or one per n), with
 the repo's trainer; then measures, per run:
 
 - head accuracies: `val/acc_head{i}` after the last step (16 validation batches). A
   sequential module is teacher-forced: module k reads the true byte t + k, so its accuracy
   is that of the next byte after a correct draft, not of byte t + k + 1 from position t as a
   parallel head's is; the tokens per forward compare the two as drafters;
-- tokens per forward: decoding the first --humaneval HumanEval prompts (--max-new-tokens
-  each) with the chain of every head (k = n) and with the --tree candidate tree, greedily and
+- tokens per forward: decoding the first `humaneval` HumanEval prompts (`max_new_tokens`
+  each) with the chain of every head (k = n) and with the `tree` candidate tree, greedily and
   sampled at temperature 0.8 (lossless: the same acceptance rule), and how repetitive the
   output is (`repeated`: the share of tokens inside an earlier 16-byte n-gram). A briefly
   trained small model's greedy output loops, and then every drafter looks perfect: the
@@ -20,49 +20,98 @@ the repo's trainer; then measures, per run:
 - memory: one training step's peak memory above what the process held before it (RSS; each
   in a fresh process, `scripts/bench_memory.py`'s measurement), float32;
 - step time: one optimizer step (loss, backward, clipping, AdamW), float32, best of
-  --time-steps after a warm-up.
+  `time_steps` after a warm-up.
 
 Memory and step time depend on the architecture, not the weights: they are measured on the
-recipe's model freshly initialised, and --cost-only measures them without training.
+recipe's model freshly initialised, and cost_only=true measures them without training.
 
-Runs that exist in --out are reused. Speed figures belong under the machine's lock, training
+Runs that exist in `out` are reused. Speed figures belong under the machine's lock, training
 does not: train and measure first, then time alone under the lock:
 
-    python scripts/bench_heads.py --out /work/runs/heads --no-time
-    flock /work/cpu.lock nice -n -5 python scripts/bench_heads.py --out /work/runs/heads --cost-only
+    python scripts/bench_heads.py out=runs/heads time=false
+    flock "$LOCK" nice -n -5 python scripts/bench_heads.py out=runs/heads cost_only=true
 
-Prints a table, writes --plot, and ends with one JSON line: {"runs": {"<type> n=<n>":
+Prints a table, writes `plot`, and ends with one JSON line: {"runs": {"<type> n=<n>":
 {"head_type", "n_future", "steps", "val_acc": [...], "tokens_per_forward_{chain,tree}[_t08]",
 "repeated_{chain,tree}[_t08]", "step_bytes", "step_seconds"}}, "tree", ...}.
+
+Arguments are key=value (`mtp.cli`'s grammar), and the recipe's overrides (below), e.g.
+model=tiny for a smaller shape:
+  out              the runs and results.json (required)
+  n_future         [4,8]
+  steps            [150] training steps: one for every n, or one per n_future
+  warmup           20 warm-up steps of the training
+  humaneval        24 HumanEval prompts decoded, max_new_tokens (128) each; tree: tree16
+  batch, seq_len   16 x 256: the step memory's and time's batch
+  time_steps       3 timed optimizer steps; time=false: no step times
+  cost_only        false: only the step memory and time with true (no training)
+  threads          2
+  plot             docs/bench_heads_byte.png of the checkout
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from omegaconf import MISSING
 
+from mtp import cli
 from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
+from mtp.bench.recipe import KEYS, split_overrides
 from mtp.checkpoint import load
+from mtp.decode.output import repeated_share
 from mtp.generate import DrafterSpec, SamplingConfig
 from mtp.generate.measure import time_generate
-from mtp.decode.output import repeated_share
-from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
-from mtp.train.optim import build_optimizer
-from mtp.train.settings import OptimSettings
 from mtp.tokenizers import ByteTokenizer
+from mtp.train.loss import autograd_backward, mtp_loss
+from mtp.train.optim import build_optimizer
 from mtp.train.run import compose, model_config
+from mtp.train.settings import OptimSettings
 
 REPO = Path(__file__).resolve().parents[1]
 HEAD_TYPES = ("block", "sequential")
 BATCH, SEQ_LEN = 16, 256  # the byte8 recipe's
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadsArgs:
+    out: Path = MISSING
+    batch: int = BATCH
+    seq_len: int = SEQ_LEN
+    n_future: list[int] = field(default_factory=lambda: [4, 8])
+    steps: list[int] = field(default_factory=lambda: [150])
+    warmup: int = 20
+    humaneval: int = 24
+    max_new_tokens: int = 128
+    tree: str = "tree16"
+    time_steps: int = 3
+    threads: int = 2
+    time: bool = True
+    cost_only: bool = False
+    plot: Path = REPO / "docs" / "bench_heads_byte.png"
+    overrides: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.steps) not in (1, len(self.n_future)):
+            raise ValueError(f"steps={self.steps}: one value for every n, or one per n_future "
+                             f"({len(self.n_future)})")
+        if not self.n_future or min(self.n_future) < 2:
+            raise ValueError(f"n_future={self.n_future}: each n must be >= 2")
+
+
+def parse_args(argv: list[str]) -> HeadsArgs:
+    """The script's keys, and the recipe's overrides (`mtp.bench.recipe`) in `overrides`."""
+    own, recipe = split_overrides(argv)
+    args = cli.parse(own, HeadsArgs)
+    return replace(args, overrides=[*args.overrides, *recipe])
 
 
 def run_name(head_type: str, n_future: int) -> str:
@@ -110,7 +159,7 @@ def val_accuracies(run: Path, n_future: int) -> list[float]:
 
 
 def trained_steps(run: Path) -> int:
-    """The run's last logged step: its training budget (a reused run may predate --steps)."""
+    """The run's last logged step: its training budget (a reused run may predate `steps`)."""
     return max(int(row["step"]) for row in metrics(run))
 
 
@@ -145,10 +194,10 @@ def step_bytes(c: MTPConfig, batch: int, seq_len: int) -> int:
     """One training step's memory (bench_memory.py's measurement, in a fresh process)."""
     variant = "sequential" if c.head_type == "sequential" else "headwise"
     child = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_memory.py"), f"--vocab-size={c.vocab_size}",
-         f"--dim={c.dim}", f"--n-layers={c.n_layers}", f"--n-heads={c.n_heads}",
-         f"--n-future={c.n_future}", f"--batch={batch}", f"--seq-len={seq_len}",
-         "--threads=2", f"--variant={variant}"], capture_output=True, text=True, check=True)
+        [sys.executable, str(REPO / "scripts" / "bench_memory.py"), f"vocab_size={c.vocab_size}",
+         f"dim={c.dim}", f"n_layers={c.n_layers}", f"n_heads={c.n_heads}",
+         f"n_future={c.n_future}", f"batch={batch}", f"seq_len={seq_len}", "threads=2",
+         f"variant={variant}"], capture_output=True, text=True, check=True)
     return json.loads(child.stdout.strip().splitlines()[-1])["step_bytes"]
 
 
@@ -213,31 +262,8 @@ def plot(runs: dict[str, dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe's model "
-                        "(and its training), e.g. model=tiny: a smaller shape")
-    parser.add_argument("--out", type=Path, required=True, help="runs and results.json")
-    parser.add_argument("--batch", type=int, default=BATCH, help="step memory and time batch")
-    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
-    parser.add_argument("--n-future", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--steps", type=int, nargs="+", default=[150],
-                        help="training steps: one for every n, or one per --n-future")
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--humaneval", type=int, default=24)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--tree", default="tree16")
-    parser.add_argument("--time-steps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-time", action="store_true", help="skip the step times")
-    parser.add_argument("--cost-only", action="store_true",
-                        help="only the step memory and time (no training: they depend on the "
-                             "architecture, not the weights)")
-    parser.add_argument("--plot", type=Path, default=REPO / "docs" / "bench_heads_byte.png")
-    args = parser.parse_args()
-    if len(args.steps) not in (1, len(args.n_future)):
-        parser.error(f"--steps takes one value or one per --n-future ({len(args.n_future)}), "
-                     f"got {len(args.steps)}")
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     steps = dict(zip(args.n_future, args.steps * len(args.n_future) if len(args.steps) == 1
                      else args.steps))
     torch.set_num_threads(args.threads)
@@ -256,7 +282,7 @@ def main() -> None:
                 row.update(steps=trained_steps(run), val_acc=val_accuracies(run, n),
                            **tokens_per_forward(run, prompts, args.tree, args.max_new_tokens))
             row["step_bytes"] = step_bytes(config, args.batch, args.seq_len)
-            if not args.no_time:
+            if args.time:
                 row["step_seconds"] = step_seconds(config, args.time_steps, args.batch,
                                                    args.seq_len)
             results_file.write_text(json.dumps(results, indent=1) + "\n")
@@ -276,7 +302,7 @@ def main() -> None:
             cells = "".join(f"{r['tokens_per_forward_' + k]:>8.2f} ({r['repeated_' + k]:.2f})"
                             for k in ("chain_t08", "tree_t08", "chain", "tree"))
             trained = f"{r['steps']:>6}  {accs:<50}{cells}"
-        else:  # --cost-only
+        else:  # cost_only=true
             trained = f"{'-':>6}  {'not trained':<50}{'':>56}"
         seconds = r.get("step_seconds")
         print(f"{name:<16}{trained}{r['step_bytes'] / 2**20:>10.0f}"
@@ -292,4 +318,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__ + KEYS)

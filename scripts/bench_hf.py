@@ -1,10 +1,10 @@
 """Greedy decoding speed against transformers, on the same weights, prompts, dtype and threads.
 
-    python scripts/bench_hf.py --checkpoint /work/runs/byte8/export      # any mtp.load layout
-    python scripts/bench_hf.py --random-bpe-model                        # ~65M params, 32k BPE
-    python scripts/bench_hf.py --checkpoint DIR --humaneval 20           # HumanEval prompts
-    python scripts/bench_hf.py --checkpoint DIR --device cuda --dtype bfloat16 --compile
-    python scripts/bench_hf.py --checkpoint DIR --humaneval 10 --no-static   # no compiling
+    python scripts/bench_hf.py checkpoint=runs/byte8/export           # any mtp.load layout
+    python scripts/bench_hf.py random_bpe_model=true                    # ~65M params, 32k BPE
+    python scripts/bench_hf.py checkpoint=DIR humaneval=20              # HumanEval prompts
+    python scripts/bench_hf.py checkpoint=DIR device=cuda dtype=bfloat16 compile=true
+    python scripts/bench_hf.py checkpoint=DIR humaneval=10 static=false   # no compiling
 
 The model is exported with `mtp.export_hf` to a temporary directory and loaded back with
 transformers' `AutoModelForCausalLM` in the same dtype. Each prompt is decoded alone (batch 1,
@@ -12,40 +12,82 @@ greedy) by
 - transformers' `generate`,
 - transformers' `generate` with its static cache, compiled (`cache_implementation="static"`,
   which transformers compiles itself on a GPU, with CUDA graphs; on a CPU the script asks it
-  to), the fastest way transformers decodes (`--no-static` leaves it out: compiling a large
+  to), the fastest way transformers decodes (`static=false` leaves it out: compiling a large
   model on a CPU takes minutes),
 - transformers' prompt-lookup assisted generation (`prompt_lookup_num_tokens`),
 - mtp with k = 1 (autoregressive) and with every k from 2 to n_future (self-speculative),
-  its decode step compiled with `--compile` (`compiled` in the JSON line).
+  its decode step compiled with `compile=true` (`compiled` in the JSON line).
 mtp encodes a prompt with `tokenizer.encode_prompt` (EOS first for models mtp trained, see
-mtp/decode/loop.py); transformers gets exactly the same input ids, and both stop at EOS or after --max-new-tokens. After a warm-up, repeats run every
-method in turn (slow drifts of the machine hit all alike); figures are medians over repeats of
-new tokens per second over all prompts. The compiled methods first decode every prompt once,
-untimed, so that each shape they meet is compiled before the timing. `identical` says whether every method produced the
-same token ids for every prompt. `distinct_4grams` (distinct / total 4-grams of the outputs)
-says how repetitive the text is: speculative speed-ups on looping text are not representative.
+mtp/decode/loop.py); transformers gets exactly the same input ids, and both stop at EOS or
+after `max_new_tokens`. After a warm-up, repeats run every method in turn (slow drifts of
+the machine hit all alike); figures are medians over repeats of new tokens per second over
+all prompts. The compiled methods first decode every prompt once, untimed, so that each
+shape they meet is compiled before the timing. `identical` says whether every method
+produced the same token ids for every prompt. `distinct_4grams` (distinct / total 4-grams of
+the outputs) says how repetitive the text is: speculative speed-ups on looping text are not
+representative.
 Prints a table, then one JSON line.
+
+Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
+below.
+  checkpoint       anything mtp.load reads; or random_bpe_model=true: untrained, a 32k BPE
+                   vocabulary trained on bpe_corpus_mb (16) MB of the stdlib, ~65M parameters
+  prompts          data/prompts/code.jsonl; humaneval=N: the first N HumanEval prompts instead
+  max_new_tokens   128
+  prompt_lookup_tokens   10: transformers' prompt_lookup_num_tokens
+  repeats          3
+  compile          false: mtp's compiled decode step (CUDA graphs on a GPU) with true
+  static           true: transformers' compiled static-cache generate (false leaves it out)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from mtp import cli
+from mtp.bench.decoding import KEYS, Decoding
 from mtp.bench.hf import hf_model, static_compiled, time_hf
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
-from mtp.checkpoint import load
-from mtp.generate import HeadsDrafter
-from mtp.decode.loop import DTYPES, decoding_dtype
+from mtp.decode.drafters.base import check_positive
+from mtp.decode.drafters.registry import DrafterSpec
 from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
+from mtp.generate.session import open_decoder
 from mtp.model import MTPConfig, MTPModel
-from mtp.tokenizers import BPETokenizer, Tokenizer
+from mtp.tokenizers import BPETokenizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class HfBenchArgs(Decoding):
+    checkpoint: Path | None = None
+    random_bpe_model: bool = False
+    bpe_corpus_mb: float = 16.0
+    prompts: Path = CODE_PROMPTS
+    humaneval: int = 0
+    max_new_tokens: int = 128
+    prompt_lookup_tokens: int = 10
+    repeats: int = 3
+    compile: bool = False
+    static: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.checkpoint is None) == (not self.random_bpe_model):
+            raise ValueError("give checkpoint=... or random_bpe_model=true (one of them)")
+        for key in ("max_new_tokens", "prompt_lookup_tokens", "repeats"):
+            check_positive(key, getattr(self, key))
+        if self.humaneval < 0:
+            raise ValueError(f"humaneval={self.humaneval} must be >= 0")
+
+
+def parse_args(argv: list[str]) -> HfBenchArgs:
+    return cli.parse(argv, HfBenchArgs)
 
 
 def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
@@ -68,7 +110,7 @@ def time_mtp(model, tokenizer, prompts: list[str], max_new_tokens: int, k: int,
              compile: bool) -> tuple[float, list[list[int]], float]:
     """Seconds over all prompts, new ids, and tokens per forward pass of mtp's `generate`."""
     timed = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                          drafter=HeadsDrafter(k) if k > 1 else None, compile=compile)
+                          drafter=DrafterSpec("heads", k=k).build(model), compile=compile)
     return timed.seconds, timed.token_ids, timed.stats.tokens_per_forward
 
 
@@ -77,45 +119,24 @@ def distinct_4grams(outputs: list[list[int]]) -> float:
     return len(set(grams)) / max(len(grams), 1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", type=Path, help="anything mtp.load reads")
-    source.add_argument("--random-bpe-model", action="store_true",
-                        help="untrained, 32k BPE vocabulary, ~65M parameters")
-    parser.add_argument("--bpe-corpus-mb", type=float, default=16.0)
-    prompts_from = parser.add_mutually_exclusive_group()
-    prompts_from.add_argument("--prompts", type=Path, default=CODE_PROMPTS)
-    prompts_from.add_argument("--humaneval", type=int, metavar="N",
-                              help="the first N HumanEval prompts instead")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--prompt-lookup-tokens", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES),
-                        help="default: bfloat16 on a GPU, else float32")
-    parser.add_argument("--compile", action="store_true",
-                        help="mtp's compiled decode step (CUDA graphs on a GPU)")
-    parser.add_argument("--no-static", action="store_true",
-                        help="leave out transformers' compiled static-cache generate")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     import transformers
 
     transformers.logging.set_verbosity_error()
     device = torch.device(args.device)
-    dtype = decoding_dtype(device, args.dtype) or torch.float32
-    dtype_name = str(dtype).removeprefix("torch.")
+    prompts = humaneval_prompts(args.humaneval) if args.humaneval else read_prompts(args.prompts)
+    settings = args.settings()
     if args.random_bpe_model:
         checkpoint = "random-bpe"
         model, tokenizer = random_bpe_model(args.bpe_corpus_mb)
-        model = model.to(device=device, dtype=dtype)
+        loaded = model.to(device=device, dtype=settings.load_dtype), tokenizer
+        decoder = open_decoder(None, settings, loaded=loaded, prompts=prompts[:1])
     else:
         checkpoint = str(args.checkpoint)
-        model, tokenizer = load(args.checkpoint, device=device, dtype=dtype)
-    prompts = humaneval_prompts(args.humaneval) if args.humaneval else read_prompts(args.prompts)
+        decoder = open_decoder(args.checkpoint, settings, prompts=prompts[:1])
+    model, tokenizer = decoder.model, decoder.tokenizer
+    dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
     inputs = tokenizer.encode_prompts(prompts)  # as mtp's generate
     hf = hf_model(model, tokenizer)
 
@@ -130,7 +151,7 @@ def main() -> None:
                                                         k, args.compile))
            for k in [1, *ks]},
     }
-    if args.no_static:
+    if not args.static:
         del methods["hf_static"]
     compiled = {"hf_static"} | ({f"mtp_k{k}" for k in [1, *ks]} if args.compile else set())
     with torch.inference_mode():
@@ -144,7 +165,7 @@ def main() -> None:
                                                                           args.max_new_tokens)
                 speed[name].append(sum(map(len, outputs[name])) / seconds)
     median = {name: statistics.median(values) for name, values in speed.items()}
-    static = median.get("hf_static")  # None with --no-static
+    static = median.get("hf_static")  # None with static=false
     reference = outputs["hf"]
     same = {name: ids == reference for name, ids in outputs.items()}
     best_k = max(ks, key=lambda k: median[f"mtp_k{k}"]) if ks else 1
@@ -184,4 +205,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__ + KEYS, errors=(ValueError, FileNotFoundError, ImportError))

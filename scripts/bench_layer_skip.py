@@ -1,79 +1,117 @@
 """Layer skipping (Draft & Verify) on one checkpoint: acceptance and speed against the share of
 trunk layers skipped, beside autoregressive decoding.
 
-    python -m mtp.generate.skip_search checkpoint=CKPT       # writes the skip choice
-    python scripts/bench_layer_skip.py --checkpoint CKPT --skipped 1 2 4 8 --num-draft 3
+    python -m mtp.generate.skip_search checkpoint=CKPT       # keeps the skip choice
+    python scripts/bench_layer_skip.py checkpoint=CKPT skipped=[1,2,4,8] num_draft=3
 
-The skipped sets are the search's nested ones (`layer_skip.json`'s `order`, least harmful
-first): for each count m of --skipped, the first m layers of that order, plus the search's
-own choice. Prompts: HumanEval's (--humaneval, by index; held out from the search's MBPP
-calibration prompts), each decoded alone (batch 1), greedily, for --max-new-tokens tokens.
+The skipped sets are the search's nested ones (the choice's `order`, least harmful first):
+for each count m of `skipped`, the first m layers of that order, plus the search's own
+choice. Prompts: HumanEval's (`humaneval`, by index; held out from the search's MBPP
+calibration prompts), each decoded alone (batch 1), greedily, for `max_new_tokens` tokens.
 Each row: tokens/s, speed-up, tokens per forward, the first draft's acceptance, the draft's
 share of a token's weights, identical greedy ids and the repeated share of the text. Prints
 a table and ends with one JSON line: {"rows": {"<name>": {"skipped", "tokens_per_second",
 "speedup", "tokens_per_forward", "acceptance", "draft_share", "identical", "repeated"}},
 ...}.
+
+Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
+below.
+  checkpoint       anything mtp.load reads (required)
+  choice           a layer_skip.json (null: the checkpoint's, kept by python -m
+                   mtp.generate.skip_search)
+  skipped          [1,2,4,8] layers skipped, the search's least harmful first
+  num_draft        3 drafts per step; threshold: the draft-exit (0)
+  humaneval        [0,1,2,3,4,5,40,41,42,43,44,45]: HumanEval prompt indices
+  prompt           a list of prompts instead of HumanEval's, e.g. prompt='["def f(x):"]'
+  max_new_tokens   80
+  repeated_ngram   16: the n-gram size of `repeated`
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
+from dataclasses import dataclass, field
 
-import torch
+from omegaconf import MISSING
 
+from mtp import cli
+from mtp.bench.decoding import KEYS, Decoding, saved_context
 from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
-from mtp.checkpoint import load
-from mtp.generate import LayerSkip
-from mtp.decode.drafters.layer_skip import SkipChoice, default_skip_file
-from mtp.generate.measure import time_generate
+from mtp.decode.drafters.base import check_positive
+from mtp.decode.drafters.layer_skip import LayerSkip, SkipChoice
+from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.output import repetition
+from mtp.generate.measure import time_generate
+from mtp.generate.session import open_decoder
 from mtp.generate.skip_search import draft_share
+from mtp.model import MTPConfig
 
 DEFAULT_PROMPTS = [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", type=Path, required=True)
-    parser.add_argument("--choice", type=Path, help="layer_skip.json (default: the "
-                        "checkpoint's, from python -m mtp.generate.skip_search)")
-    parser.add_argument("--skipped", type=int, nargs="+", default=[1, 2, 4, 8],
-                        help="layers skipped, the search's least harmful first")
-    parser.add_argument("--num-draft", type=int, default=3)
-    parser.add_argument("--threshold", type=float, default=0.0, help="the draft-exit")
-    parser.add_argument("--humaneval", type=int, nargs="+", default=DEFAULT_PROMPTS,
-                        help="HumanEval prompt indices")
-    parser.add_argument("--prompt", action="append", help="a prompt instead of HumanEval's")
-    parser.add_argument("--max-new-tokens", type=int, default=80)
-    parser.add_argument("--ngram", type=int, default=16, help="n-gram size of `repeated`")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+@dataclass(frozen=True, kw_only=True)
+class LayerSkipArgs(Decoding):
+    checkpoint: str = MISSING
+    choice: str | None = None
+    skipped: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    num_draft: int = 3
+    threshold: float = 0.0
+    humaneval: list[int] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
+    prompt: list[str] | None = None
+    max_new_tokens: int = 80
+    repeated_ngram: int = 16
 
-    model, tokenizer = load(args.checkpoint)
-    n_layers = model.config.n_layers
-    choice = SkipChoice.load(args.choice or default_skip_file(args.checkpoint),
-                             n_layers=n_layers, vocab_size=model.config.vocab_size)
-    order = choice.details.get("order")
-    if order is None:
-        raise SystemExit("error: the choice has no search order: search again with "
-                         "python -m mtp.generate.skip_search")
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("num_draft", "max_new_tokens", "repeated_ngram"):
+            check_positive(key, getattr(self, key))
+        if not (self.prompt or self.humaneval) or min(self.humaneval or [0]) < 0:
+            raise ValueError(f"humaneval={self.humaneval}: give prompt indices >= 0 (or "
+                             f"prompt=[...])")
+        DrafterSpec("layer_skip", threshold=self.threshold)  # checked as the drafter checks it
+
+
+def parse_args(argv: list[str]) -> LayerSkipArgs:
+    return cli.parse(argv, LayerSkipArgs)
+
+
+def skip_choice(args: LayerSkipArgs, config: MTPConfig) -> SkipChoice:
+    """The search's choice: `choice`'s file, or the checkpoint's kept one."""
+    shape = {"n_layers": config.n_layers, "vocab_size": config.vocab_size}
+    if args.choice is not None:
+        return SkipChoice.load(args.choice, **shape)
+    saved = saved_context(args.checkpoint).saved.get(LayerSkip.saved)
+    if saved is None:
+        raise ValueError(f"{args.checkpoint} has no layer-skip choice: python -m "
+                         f"mtp.generate.skip_search checkpoint=... (or give choice=FILE)")
+    return SkipChoice.from_json(saved, **shape)
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     if args.prompt:
-        prompts = args.prompt
+        prompts = list(args.prompt)
     else:
         pool = humaneval_prompts(max(args.humaneval) + 1)
         prompts = [pool[i] for i in args.humaneval]
+    decoder = open_decoder(args.checkpoint, args.settings(), prompts=prompts[:1],
+                           max_new_tokens=args.max_new_tokens)
+    model, tokenizer = decoder.model, decoder.tokenizer
+    n_layers = model.config.n_layers
+    choice = skip_choice(args, model.config)
+    order = choice.details.get("order")
+    if order is None:
+        raise ValueError("the choice has no search order: search again with "
+                         "python -m mtp.generate.skip_search")
     sets = {f"skip {m} of {n_layers}": tuple(sorted(order[:m]))
             for m in args.skipped if 0 < m < n_layers}
     sets[f"search's choice ({len(choice.skip)}), k={choice.num_draft}"] = choice.skip
     methods: dict[str, tuple[tuple[int, ...], LayerSkip | None]] = {"autoregressive": ((), None)}
     for name, skip in sets.items():
         k = choice.num_draft if skip == choice.skip and "choice" in name else args.num_draft
-        methods[name] = (skip, LayerSkip(list(skip), k, threshold=args.threshold))
+        methods[name] = (skip, DrafterSpec("layer_skip", skip=list(skip), num_draft=k,
+                                           threshold=args.threshold).build(model))
 
     rows: dict[str, dict] = {}
     reference: list[list[int]] = []
@@ -90,7 +128,8 @@ def main() -> None:
             "tokens_per_forward": round(stats.tokens_per_forward, 3),
             "acceptance": round(stats.head_acceptance[1], 3) if drafter else None,
             "draft_share": round(draft_share(model, skip), 3) if drafter else None,
-            "identical": ids == reference, "repeated": round(repetition(ids, args.ngram), 3)}
+            "identical": ids == reference,
+            "repeated": round(repetition(ids, args.repeated_ngram), 3)}
 
     info = machine("cpu")
     print(f"checkpoint {args.checkpoint}  threads {info['threads']}  load "
@@ -112,4 +151,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__ + KEYS)

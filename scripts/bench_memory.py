@@ -1,10 +1,10 @@
-"""Peak memory and time of one training step: next-token vs n-token (naive, headwise, chunked).
+r"""Peak memory and time of one training step: next-token vs n-token (naive, headwise, chunked).
 
 `sequential` is the headwise loss with sequential heads (DeepSeek-V3's modules,
 `model.head_type=sequential`): the chain's backward of `mtp.train.loss`, which keeps each module's
 activations until its backward.
 
-With `--activation-checkpointing none trunk all` each variant also runs with its trunk (or
+With `activation_checkpointing=[none,trunk,all]` each variant also runs with its trunk (or
 every) block recomputing its activations in backward; those rows are named `headwise+ac=trunk`
 and their JSON keys `headwise_ac_trunk_*` (the `none` rows keep the plain names).
 
@@ -15,25 +15,69 @@ before the step (interpreter, torch, model weights and the batch): the memory th
 backward themselves need, which is what the loss modes change. The ratios use it.
 
     python scripts/bench_memory.py                      # vocabulary 32,000, n = 4, ~1 min
-    python scripts/bench_memory.py --n-future 8 --batch 2 --seq-len 1024 --device cuda
-    python scripts/bench_memory.py --variants headwise --activation-checkpointing none trunk all
-    python scripts/bench_memory.py --variants ntp headwise sequential --activation-checkpointing none all
+    python scripts/bench_memory.py n_future=8 batch=2 seq_len=1024 device=cuda
+    python scripts/bench_memory.py variants=[headwise] activation_checkpointing=[none,trunk,all]
+    python scripts/bench_memory.py variants=[ntp,headwise,sequential] \
+        activation_checkpointing=[none,all]
+
+Arguments are key=value (`mtp.cli`'s grammar); the shape's keys are below.
+  variants         [ntp,naive,headwise,chunked,sequential] (default: every one)
+  activation_checkpointing   [none] (default), trunk, all: each variant with each of these
+  chunk_size       512 tokens per unembedding chunk for the chunked variant
+  device           cpu (default) or cuda
+  threads          2
+  dim, batch, seq_len   512, 2, 512 here
+  variant, ac      (internal) the one variant a child process measures, and its checkpointing
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
-from mtp.bench.shape import add_shape_arguments
+from mtp import cli
+from mtp.bench.shape import KEYS, Shape
+from mtp.decode.drafters.base import check_positive
 
 VARIANTS = ("ntp", "naive", "headwise", "chunked", "sequential")
 MODES = {"ntp": "naive", "sequential": "headwise"}  # a variant's loss mode, if not its name
 CHECKPOINTING = ("none", "trunk", "all")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryArgs(Shape):
+    dim: int = 512
+    batch: int = 2
+    seq_len: int = 512
+    chunk_size: int = 512
+    device: str = "cpu"
+    threads: int = 2
+    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+    activation_checkpointing: list[str] = field(default_factory=lambda: ["none"])
+    variant: str | None = None
+    ac: str = "none"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive("chunk_size", self.chunk_size)
+        check_positive("threads", self.threads)
+        if self.n_future < 2:
+            raise ValueError(f"n_future={self.n_future} must be >= 2 to compare with "
+                             f"next-token")
+        for key, allowed in (("variants", VARIANTS), ("activation_checkpointing", CHECKPOINTING),
+                             ("variant", VARIANTS), ("ac", CHECKPOINTING)):
+            given = getattr(self, key)
+            for value in [given] if isinstance(given, str) else given or []:
+                if value not in allowed:
+                    raise ValueError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def parse_args(argv: list[str]) -> MemoryArgs:
+    return cli.parse(argv, MemoryArgs)
 
 
 def _rss_bytes() -> int:
@@ -41,7 +85,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def run_variant(args: argparse.Namespace) -> dict:
+def run_variant(args: MemoryArgs) -> dict:
     """One forward + backward of the chosen variant in this process; its memory and time."""
     import torch
 
@@ -92,34 +136,20 @@ def run_variant(args: argparse.Namespace) -> dict:
             "step_bytes": peak - before, "seconds": seconds}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_shape_arguments(parser, dim=512, batch=2, seq_len=512)
-    parser.add_argument("--chunk-size", type=int, default=512,
-                        help="tokens per unembedding chunk for the chunked variant")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument("--activation-checkpointing", nargs="+", default=["none"],
-                        choices=CHECKPOINTING, help="run each variant with each of these")
-    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # child mode
-    parser.add_argument("--ac", choices=CHECKPOINTING, default="none", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.n_future < 2:
-        parser.error(f"--n-future must be >= 2 to compare with next-token, got {args.n_future}")
-
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     if args.variant:
         print(json.dumps(run_variant(args)))
         return
 
     results = {}
-    shape = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
-             if key not in ("variants", "variant", "activation_checkpointing", "ac")]
+    shape = [*args.arguments(), f"chunk_size={args.chunk_size}", f"device={args.device}",
+             f"threads={args.threads}"]
     for variant in args.variants:
         for ac in args.activation_checkpointing:
             name = variant if ac == "none" else f"{variant}+ac={ac}"
-            child = subprocess.run([sys.executable, __file__, *shape, "--variant", variant,
-                                    "--ac", ac], capture_output=True, text=True)
+            child = subprocess.run([sys.executable, __file__, *shape, f"variant={variant}",
+                                    f"ac={ac}"], capture_output=True, text=True)
             if child.returncode != 0:
                 sys.exit(f"variant {name} failed:\n{child.stderr}")
             results[name] = json.loads(child.stdout.strip().splitlines()[-1])
@@ -151,4 +181,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__ + KEYS)

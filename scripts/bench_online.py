@@ -1,50 +1,93 @@
 """Online heads against the same heads frozen, over a stream of held-out prompts.
 
-    python scripts/bench_online.py --checkpoint runs/smollm2_medusa1/export --humaneval 100 \
-        --max-new-tokens 48 --k 4 --threads 2
+    python scripts/bench_online.py checkpoint=runs/smollm2_medusa1/export humaneval=100 \
+        max_new_tokens=48 k=4 threads=2
 
 Each prompt is decoded alone (batch 1, greedy), one `generate` call after another, as a
-server meets them: once by `HeadsDrafter(k)` with the checkpoint's heads as they are, once by
-`OnlineHeads(k)` (`drafter=heads online=true`), which takes `--steps` optimizer steps on
-heads 1..k-1 after each call, distilling from the target's distributions over what it
+server meets them: once by the heads drafter (k) with the checkpoint's heads as they are,
+once by `OnlineHeads(k)` (`drafter=heads online=true`), which takes `steps` optimizer steps
+on heads 1..k-1 after each call, distilling from the target's distributions over what it
 served (mtp/decode/drafters/online.py). Both start from the same weights; greedy output
 must be identical between them (and is checked). Reported: tokens per forward over the
-stream and over its first and last `--window` prompts, tokens/s with and without the
-learning's time, and the share of the output repeating an earlier 16-gram. Prints a table,
-then one JSON line: {"frozen": {...}, "online": {...}, "identical", "prompts", ...}.
+stream and over its first and last `window` prompts, tokens/s with and without the
+learning's time, and the share of the output repeating an earlier 16-gram. Calls are timed
+by the one timing harness (`mtp.generate.measure.time_calls`). Prints a table, then one
+JSON line: {"frozen": {...}, "online": {...}, "identical", "prompts", ...}.
+
+Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
+below.
+  checkpoint       anything mtp.load reads (required)
+  humaneval        100 HumanEval prompts, the stream, after the first `offset` (0)
+  prompts          a prompt file instead of HumanEval's (null)
+  max_new_tokens   48
+  k                tokens per forward at most (null: every head)
+  lr               1e-4: the online heads' AdamW learning rate
+  steps            1 optimizer step after each call
+  window           20 prompts at each end of the stream
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from omegaconf import MISSING
 
+from mtp import cli
+from mtp.bench.decoding import KEYS, Decoding
 from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
-from mtp.checkpoint import load
-from mtp.generate import HeadsDrafter, OnlineHeads, generate
-from mtp.decode.output import repetition
+from mtp.decode.drafters import Drafter, OnlineHeads
+from mtp.decode.drafters.base import check_positive
+from mtp.decode.output import Generation, repetition
+from mtp.generate import generate
+from mtp.generate.measure import time_calls
 from mtp.generate.prompts import read_prompts
+from mtp.generate.session import open_decoder
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
 
 
-def stream(model, tokenizer, prompts: list[str], drafter, max_new_tokens: int,
-           window: int) -> tuple[dict, list[list[int]]]:
+@dataclass(frozen=True, kw_only=True)
+class OnlineArgs(Decoding):
+    checkpoint: str = MISSING
+    humaneval: int = 100
+    prompts: Path | None = None
+    offset: int = 0
+    max_new_tokens: int = 48
+    k: int | None = None
+    lr: float = 1e-4
+    steps: int = 1
+    window: int = 20
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("max_new_tokens", "steps", "window"):
+            check_positive(key, getattr(self, key))
+        for key in ("humaneval", "offset"):
+            check_positive(key, getattr(self, key), least=0)
+        if self.k is not None:
+            check_positive("k", self.k, least=2)
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr!r} must be > 0")
+
+
+def parse_args(argv: list[str]) -> OnlineArgs:
+    return cli.parse(argv, OnlineArgs)
+
+
+def stream(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], drafter: Drafter,
+           max_new_tokens: int, window: int) -> tuple[dict, list[list[int]]]:
     """Decode `prompts` one call each with `drafter`; its figures and every output's ids."""
-    passes, tokens, ids, seconds = [], [], [], 0.0
+    def decode(_: int, batch: list[str]) -> list[Generation]:
+        return generate(model, tokenizer, batch, max_new_tokens=max_new_tokens, drafter=drafter)
+
+    seconds, done = time_calls(decode, prompts, 1, cuda=next(model.parameters()).is_cuda)
+    passes = [g.stats.forward_passes for g in done]
+    tokens = [g.stats.new_tokens for g in done]
     learning, learnt = 0.0, 0
-    for prompt in prompts:
-        began = time.perf_counter()
-        [g] = generate(model, tokenizer, [prompt], max_new_tokens=max_new_tokens,
-                       drafter=drafter)
-        seconds += time.perf_counter() - began
-        passes.append(g.stats.forward_passes)
-        tokens.append(g.stats.new_tokens)
-        ids.append(g.token_ids)
     if isinstance(drafter, OnlineHeads):
         learning, learnt = drafter.seconds, drafter.learnt
 
@@ -56,34 +99,26 @@ def stream(model, tokenizer, prompts: list[str], drafter, max_new_tokens: int,
             "last_window": per_forward(slice(-window, None)),
             "tokens_per_second": round(sum(tokens) / seconds, 2),
             "tokens_per_second_decoding": round(sum(tokens) / (seconds - learning), 2),
-            "learning_seconds": round(learning, 1), "optimizer_steps": learnt}, ids
+            "learning_seconds": round(learning, 1), "optimizer_steps": learnt}, \
+        [g.token_ids for g in done]
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", type=Path, required=True)
-    parser.add_argument("--humaneval", type=int, default=100, help="the stream's prompts")
-    parser.add_argument("--prompts", type=Path, help="a prompt file instead of HumanEval's")
-    parser.add_argument("--offset", type=int, default=0, help="skip this many HumanEval prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--k", type=int, help="tokens per forward at most (default: every head)")
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--steps", type=int, default=1, help="optimizer steps after each call")
-    parser.add_argument("--window", type=int, default=20)
-    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    frozen_model, tokenizer = load(args.checkpoint)
-    learning_model = copy.deepcopy(frozen_model)  # the online heads change their model's heads
-    k = args.k or frozen_model.config.n_future
+def main(argv: list[str]) -> dict:
+    args = parse_args(argv)
     prompts = read_prompts(args.prompts) if args.prompts else \
         humaneval_prompts(args.offset + args.humaneval)[args.offset:]
+    decoder = open_decoder(args.checkpoint, args.settings("heads", options={"k": args.k}),
+                           prompts=prompts[:1], max_new_tokens=args.max_new_tokens)
+    frozen_model, tokenizer, frozen_heads = decoder.model, decoder.tokenizer, decoder.drafter
+    if frozen_heads is None:
+        raise ValueError(f"{args.checkpoint} has one head: there are no heads to compare")
+    learning_model = copy.deepcopy(frozen_model)  # the online heads change their model's heads
+    k = frozen_heads.k
     context = frozen_model.config.max_seq_len - args.max_new_tokens
     prompts = [p for p in prompts if len(tokenizer.encode_prompt(p)) < context]
     window = min(args.window, max(len(prompts) // 2, 1))
-    generate(frozen_model, tokenizer, prompts[:1], max_new_tokens=8, drafter=HeadsDrafter(k))
-    frozen, frozen_ids = stream(frozen_model, tokenizer, prompts, HeadsDrafter(k),
+    generate(frozen_model, tokenizer, prompts[:1], max_new_tokens=8, drafter=frozen_heads)
+    frozen, frozen_ids = stream(frozen_model, tokenizer, prompts, frozen_heads,
                                 args.max_new_tokens, window)
     online, online_ids = stream(learning_model, tokenizer, prompts,
                                 OnlineHeads(k, lr=args.lr, steps=args.steps),
@@ -103,12 +138,13 @@ def main(argv: list[str] | None = None) -> dict:
               f"{row['last_window']:>8.2f} {row['tokens_per_second']:>9.1f} "
               f"{row['tokens_per_second_decoding']:>9.1f} {row['learning_seconds']:>11.1f}")
     result = {"frozen": frozen, "online": online, "identical": frozen_ids == online_ids,
-              "prompts": len(prompts), "prompt_source": str(source), "offset": args.offset, "k": k, "lr": args.lr,
-              "steps": args.steps, "window": window, "max_new_tokens": args.max_new_tokens,
-              "repeated": round(repeated, 3), "checkpoint": str(args.checkpoint), **info}
+              "prompts": len(prompts), "prompt_source": str(source), "offset": args.offset,
+              "k": k, "lr": args.lr, "steps": args.steps, "window": window,
+              "max_new_tokens": args.max_new_tokens, "repeated": round(repeated, 3),
+              "checkpoint": str(args.checkpoint), **info}
     print(json.dumps(result))
     return result
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__ + KEYS)

@@ -5,36 +5,65 @@ warm-up) with torch's threads, as `mtp.train.flops.measure_peak_flops` does when
 `trainer.peak_flops=cpu`. Prints a table, then one JSON line with the best figure per dtype.
 
     python scripts/bench_peak_flops.py
-    python scripts/bench_peak_flops.py --sizes 1024 2048 4096 --seconds 3 --threads 2
+    python scripts/bench_peak_flops.py sizes=[1024,2048,4096] seconds=3 threads=2
+
+Arguments are key=value (`mtp.cli`'s grammar):
+  sizes            [1024,2048,4096]: the square products' sizes
+  seconds          3 per dtype and size
+  dtypes           [float32,bfloat16] (the one dtype grammar: float32, bfloat16, float16)
+  threads          null: torch's
+  device           cpu (default) or cuda
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass, field
 
 import torch
 
+from mtp import cli
 from mtp.train.flops import measure_peak_flops
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+@dataclass(frozen=True, kw_only=True)
+class PeakArgs:
+    sizes: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
+    seconds: float = 3.0
+    dtypes: list[str] = field(default_factory=lambda: ["float32", "bfloat16"])
+    threads: int | None = None
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not self.sizes or min(self.sizes) < 1:
+            raise ValueError(f"sizes={self.sizes} must be positive sizes")
+        if not self.seconds > 0:
+            raise ValueError(f"seconds={self.seconds!r} must be > 0")
+        for name in self.dtypes:
+            try:
+                cli.parse_dtype(name)
+            except ValueError as error:
+                raise ValueError(f"dtypes: {error}") from None
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads={self.threads} must be >= 1")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is not one of cpu, cuda")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096])
-    parser.add_argument("--seconds", type=float, default=3.0, help="per dtype and size")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    args = parser.parse_args()
+def parse_args(argv: list[str]) -> PeakArgs:
+    return cli.parse(argv, PeakArgs)
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"{args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"{'dtype':<9} {'size':>5} {'GFLOP/s':>9}")
     best = {}
-    for name, dtype in DTYPES.items():
+    for name in args.dtypes:
         for size in args.sizes:
-            flops = measure_peak_flops(dtype, device=args.device, size=size,
+            flops = measure_peak_flops(cli.parse_dtype(name), device=args.device, size=size,
                                        seconds=args.seconds)
             best[name] = max(best.get(name, 0.0), flops)
             print(f"{name:<9} {size:>5} {flops / 1e9:>9.1f}", flush=True)
@@ -44,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__)

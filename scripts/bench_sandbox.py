@@ -1,25 +1,56 @@
 """Time the sandbox on the reference solutions: HumanEval's 164 canonical solutions (and MBPP's
-500 test-split references with --mbpp-file) at each isolation level, all of which must pass.
+500 test-split references with mbpp_file=) at each isolation level, all of which must pass.
 
 Each round runs the whole set through one `Sandbox` (one worker per core, as `python -m
 mtp.eval` does) at each level in turn, so a change in the machine's load hits every level
 alike; the table reports each level's median over the rounds and the per-program cost.
 
     python scripts/bench_sandbox.py                                   # 3 rounds, ~1 min
-    python scripts/bench_sandbox.py --mbpp-file ../shared/data/mbpp/mbpp.jsonl --rounds 1
+    python scripts/bench_sandbox.py mbpp_file=$MTP_MBPP_FILE rounds=1
+
+Arguments are key=value (`mtp.cli`'s grammar):
+  rounds           3
+  workers          null: one per CPU core
+  levels           [none,namespaces]: the isolation levels timed
+  mbpp_file        also time MBPP's references (its full mbpp.jsonl); null: HumanEval only
+  problems         only each task's first N (null: all)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
-from mtp.eval.sandbox import Limits, Sandbox, resolve_isolation
+from mtp import cli
 from mtp.data.benchmarks import load_task
+from mtp.eval.sandbox import Limits, Sandbox, resolve_isolation
+
+LEVELS = ("none", "namespaces")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxArgs:
+    rounds: int = 3
+    workers: int | None = None
+    levels: list[str] = field(default_factory=lambda: list(LEVELS))
+    mbpp_file: str | None = None
+    problems: int | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("rounds", "workers", "problems"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ValueError(f"{key}={value} must be >= 1")
+        for level in self.levels:
+            if level not in LEVELS:
+                raise ValueError(f"levels: {level!r} is not one of {', '.join(LEVELS)}")
+
+
+def parse_args(argv: list[str]) -> SandboxArgs:
+    return cli.parse(argv, SandboxArgs)
 
 
 def time_references(task, isolation: str, workers: int | None) -> float:
@@ -34,17 +65,13 @@ def time_references(task, isolation: str, workers: int | None) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=None, help="default: one per CPU core")
-    parser.add_argument("--levels", nargs="+", default=["none", "namespaces"], choices=["none", "namespaces"])
-    parser.add_argument("--mbpp-file", default=None, help="also time MBPP's references (mbpp.jsonl)")
-    parser.add_argument("--problems", type=int, default=None, help="only each task's first N")
-    args = parser.parse_args()
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     for level in args.levels:
         resolve_isolation(level)  # fail now, not mid-way, where namespaces are unavailable
-    tasks = [load_task("humaneval")] + ([load_task("mbpp", args.mbpp_file)] if args.mbpp_file else [])
+    tasks = [load_task("humaneval")]
+    if args.mbpp_file:
+        tasks.append(load_task("mbpp", args.mbpp_file))
     if args.problems is not None:
         tasks = [replace(t, problems=dict(list(t.problems.items())[:args.problems]))
                  for t in tasks]
@@ -52,19 +79,23 @@ def main() -> None:
     for _ in range(args.rounds):
         for task in tasks:
             for level in args.levels:
-                seconds.setdefault((task.name, level), []).append(time_references(task, level, args.workers))
+                seconds.setdefault((task.name, level), []).append(
+                    time_references(task, level, args.workers))
     rows = []
-    print(f"{'task':<10} {'programs':>8} {'isolation':<10} {'seconds':>8} {'ms/program':>10}  rounds")
+    print(f"{'task':<10} {'programs':>8} {'isolation':<10} {'seconds':>8} {'ms/program':>10}  "
+          f"rounds")
     for (name, level), times in seconds.items():
         programs = len(next(t for t in tasks if t.name == name).problems)
         median = statistics.median(times)
-        rows.append({"task": name, "programs": programs, "isolation": level, "seconds": round(median, 2),
-                     "ms_per_program": round(1000 * median / programs, 1), "rounds": [round(t, 2) for t in times]})
-        print(f"{name:<10} {programs:>8} {level:<10} {median:>8.2f} {1000 * median / programs:>10.1f}  "
-              + " ".join(f"{t:.2f}" for t in times))
+        rows.append({"task": name, "programs": programs, "isolation": level,
+                     "seconds": round(median, 2),
+                     "ms_per_program": round(1000 * median / programs, 1),
+                     "rounds": [round(t, 2) for t in times]})
+        print(f"{name:<10} {programs:>8} {level:<10} {median:>8.2f} "
+              f"{1000 * median / programs:>10.1f}  " + " ".join(f"{t:.2f}" for t in times))
     print(json.dumps({"benchmark": "sandbox_references", "workers": args.workers or os.cpu_count(),
                       "load_average": os.getloadavg()[0], "results": rows}))
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__, errors=(ValueError, FileNotFoundError, RuntimeError))

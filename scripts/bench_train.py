@@ -1,13 +1,13 @@
 r"""Training throughput, step time and MFU of a model shape: n heads per loss mode vs n=1.
 
 A step is what `MTPLitModule.training_step` runs: the loss with its backward, gradient
-clipping and an AdamW step. Variants: n heads (`--n-future`, default 8: the byte8 recipe) in
+clipping and an AdamW step. Variants: n heads (`n_future`, default 8: the byte8 recipe) in
 each loss mode (headwise, chunked, naive: the same gradients), n=1 on the same trunk (the
 cost of the extra heads), and n=1 compute-matched (the same blocks per token: what byte1
 trains against byte8). The step-time ratios compare n headwise (the default) with each n=1
-variant. `--vocab-size` sets the vocabulary (default the byte tokenizer's 262; a BPE model's
+variant. `vocab_size` sets the vocabulary (default the byte tokenizer's 262; a BPE model's
 32000 is the paper's shape, where the heads' unembeddings cost the most), with random token
-ids. MFU is model FLOPs (`mtp.train.flops`) per second over the peak: `--peak-flops` (a number or
+ids. MFU is model FLOPs (`mtp.train.flops`) per second over the peak: `peak_flops` (a number or
 a preset such as h100-bf16), by default this device's measured matrix-product peak in the
 run's precision (the better of a measurement before and one after the steps). On a CPU every
 variant's model lives at once and the timed steps go round the variants, so a shared
@@ -15,34 +15,84 @@ machine's changing load hits them alike; on a GPU they run one after the other. 
 table, then one JSON line.
 
     python scripts/bench_train.py                  # the byte8 shape, seq 256, batch 16
-    python scripts/bench_train.py --precision bf16-mixed --compile
-    python scripts/bench_train.py --steps 10 --threads 2 model=tiny
-    python scripts/bench_train.py --device cuda --precision bf16-mixed --peak-flops h100-bf16 \
-        --compile --batch 8 --seq-len 2048 --vocab-size 32000 --n-future 4 model=1b
+    python scripts/bench_train.py precision=bf16-mixed compile=true
+    python scripts/bench_train.py steps=10 threads=2 model=tiny
+    python scripts/bench_train.py device=cuda precision=bf16-mixed peak_flops=h100-bf16 \
+        compile=true batch=8 seq_len=2048 vocab_size=32000 n_future=4 model=1b
+
+Arguments are key=value (`mtp.cli`'s grammar), and the recipe's overrides (below):
+  batch, seq_len   16 x 256 tokens a step
+  steps            5 timed steps, after warmup (2)
+  threads          null: torch's
+  precision        32-true (default) or bf16-mixed (Lightning's names)
+  compile          false: torch.compile every block with true
+  device           cpu (default) or cuda
+  n_future         8 heads of the n > 1 model
+  vocab_size       null: the byte tokenizer's 262
+  peak_flops       FLOPs/s per device or a preset (h100-bf16, a100-bf16, ...); null: measured
+                   here (large matrix products, the run's dtype)
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
 
+from mtp import cli
+from mtp.bench.recipe import KEYS, split_overrides
+from mtp.model import MTPConfig, MTPModel
+from mtp.tokenizers import ByteTokenizer
 from mtp.train.flops import flops_per_token, measure_peak_flops, mfu, resolve_peak_flops
 from mtp.train.lit import compile_blocks
 from mtp.train.loss import autograd_backward, mtp_loss
-from mtp.model import MTPConfig, MTPModel
 from mtp.train.optim import build_optimizer
-from mtp.train.settings import OptimSettings
-from mtp.tokenizers import ByteTokenizer
 from mtp.train.run import compose, model_config
+from mtp.train.settings import OptimSettings
 
 PRECISIONS = ("32-true", "bf16-mixed")  # Lightning's names for what the trainer runs
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainArgs:
+    batch: int = 16
+    seq_len: int = 256
+    steps: int = 5
+    warmup: int = 2
+    threads: int | None = None
+    precision: str = "32-true"
+    compile: bool = False
+    device: str = "cpu"
+    n_future: int = 8
+    vocab_size: int | None = None
+    peak_flops: int | float | str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.n_future < 2:
+            raise ValueError(f"n_future={self.n_future}: the comparison needs n >= 2 heads")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"vocab_size={self.vocab_size} must be a positive integer")
+        if self.steps < 1 or self.warmup < 0:
+            raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={self.steps}, "
+                             f"warmup={self.warmup}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} is not one of "
+                             f"{', '.join(PRECISIONS)}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is not one of cpu, cuda")
+
+
+def parse_args(argv: list[str]) -> TrainArgs:
+    """The script's keys, and the recipe's overrides (`mtp.bench.recipe`) in `overrides`."""
+    own, recipe = split_overrides(argv)
+    args = cli.parse(own, TrainArgs)
+    return replace(args, overrides=[*args.overrides, *recipe])
 
 
 def _sync(device: str) -> None:
@@ -105,33 +155,10 @@ def seconds_per_step(makers: dict[str, Callable[[], Callable[[], float]]], *, st
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--precision", choices=PRECISIONS, default="32-true")
-    parser.add_argument("--compile", action="store_true", help="torch.compile every block")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--n-future", type=int, default=8, help="heads of the n > 1 model")
-    parser.add_argument("--vocab-size", type=int, default=None,
-                        help="vocabulary (default: the byte tokenizer's, 262)")
-    parser.add_argument("--peak-flops", default=None,
-                        help="FLOPs/s per device or a preset (h100-bf16, a100-bf16, ...); "
-                             "default: measured here (large matrix products, run's dtype)")
-    args = parser.parse_args(argv)
-    if args.n_future < 2:
-        raise ValueError(f"--n-future {args.n_future}: the comparison needs n >= 2 heads")
-    if args.vocab_size is not None and args.vocab_size < 1:
-        raise ValueError(f"--vocab-size {args.vocab_size} must be a positive integer")
+def main(argv: list[str]) -> dict:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.steps < 1 or args.warmup < 0:
-        raise ValueError(f"need --steps >= 1 and --warmup >= 0, got {args.steps}, "
-                         f"{args.warmup}")
     dtype = torch.bfloat16 if args.precision == "bf16-mixed" else torch.float32
 
     def measured_peak() -> float:
@@ -141,10 +168,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.peak_flops is None:
         peak, peak_source = measured_peak(), "measured"
     else:
-        value = args.peak_flops
-        peak = resolve_peak_flops(float(value) if value[0].isdigit() else value,
-                                  args.precision)
-        peak_source = value
+        peak = resolve_peak_flops(args.peak_flops, args.precision)
+        peak_source = str(args.peak_flops)
 
     def shape(n_future: int) -> MTPConfig:
         cfg = compose(["+experiment=byte8", "run_dir=unused", *args.overrides,
@@ -197,4 +222,4 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__ + KEYS)

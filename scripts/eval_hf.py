@@ -1,46 +1,99 @@
 """HumanEval or MBPP pass@1 through transformers' own `generate`, to check `mtp.eval` against.
 
-    python scripts/eval_hf.py --checkpoint SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --out runs/hf_humaneval.jsonl --compare outputs/eval/humaneval/<run>/results.jsonl
-    python scripts/eval_hf.py --checkpoint ... --task mbpp --data-file mbpp.jsonl --few-shot 3 \\
-        --limit 40 --out runs/hf_mbpp.jsonl --compare outputs/eval/mbpp/<run>/results.jsonl
+    python scripts/eval_hf.py checkpoint=SmolLM2-135M-Instruct.Q4_1.gguf \\
+        out=runs/hf_humaneval.jsonl compare=outputs/eval/humaneval/<run>/results.jsonl
+    python scripts/eval_hf.py checkpoint=... task=mbpp data_file=mbpp.jsonl few_shot=3 \\
+        limit=40 out=runs/hf_mbpp.jsonl compare=outputs/eval/mbpp/<run>/results.jsonl
 
 An independent greedy run of the same problems: transformers' model
 (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)` for a GGUF file, or a Hugging
 Face directory as it is), batch 1, float32 on a CPU, `do_sample=False`. What is shared with
 `mtp.eval`, on purpose, is what defines the benchmark, not the decoding:
-- the task's prompts (`mtp.eval.load_task`; --task, --data-file and --few-shot are
-  mtp.eval's task=, data_file= and few_shot=) and their ids: mtp's `encode_prompt` of each
+- the task's prompts (`mtp.eval.load_task`; task, data_file and few_shot are mtp.eval's
+  task=, data_file= and few_shot=) and their ids: mtp's `encode_prompt` of each
   prompt (for SmolLM2's "smollm" pre-tokenizer transformers' GGUF tokenizer splits digits
   otherwise, on 2 of the first 8 HumanEval prompts; docs/benchmarks.md, GGUF import);
 - the stop rule: generation ends at the model's EOS (transformers' generation config),
-  after --max-new-tokens tokens, or once the new text (decoded by transformers' tokenizer)
+  after `max_new_tokens` tokens, or once the new text (decoded by transformers' tokenizer)
   contains one of the task's stop strings (`mtp.data.benchmarks`: HumanEval's, MBPP's
   `[DONE]`), and the completion is the new text cut before the first of them;
 - the scoring: the completions go to `mtp.eval` as a samples file (its sandbox and pass@k).
 
-Each completion is appended to --out as it is made (a rerun resumes). With --compare (an
+Each completion is appended to `out` as it is made (a rerun resumes). With `compare` (an
 `mtp.eval` results file) the completions are compared problem by problem. Prints a table,
 then one JSON line: {"pass@1", "problems", "compared", "identical", "mtp_pass@1", ...}.
+
+Arguments are key=value (`mtp.cli`'s grammar):
+  checkpoint       a GGUF file or a Hugging Face Llama directory (required)
+  out              the samples (JSON lines) to write; scored results go beside it (required)
+  compare          an mtp.eval results file (null: no comparison)
+  task             humaneval (default) or mbpp; data_file, few_shot (0), limit (null) as
+                   mtp.eval's
+  max_new_tokens   512
+  device           cpu (default), cuda
+  dtype            null: as mtp.eval (bfloat16 on a GPU, else the checkpoint's: float32);
+                   float32, bfloat16, float16
+  threads          null: torch's
+  isolation        auto: mtp.eval's sandbox isolation
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import MISSING
 
+from mtp import cli
 from mtp.checkpoint import load
 from mtp.data.benchmarks import load_task
+from mtp.decode.drafters.base import check_positive
 from mtp.eval import EvalConfig, evaluate
 from mtp.eval.passk import mean_pass_at_k
-from mtp.jsonl import read_jsonl
-from mtp.decode.loop import DTYPES, decoding_dtype
+from mtp.generate.session import DecodeSettings
 from mtp.interop.gguf import is_gguf
+from mtp.jsonl import read_jsonl
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalHfArgs:
+    checkpoint: Path = MISSING
+    out: Path = MISSING
+    compare: Path | None = None
+    task: str = "humaneval"
+    data_file: str | None = None
+    few_shot: int = 0
+    limit: int | None = None
+    max_new_tokens: int = 512
+    device: str = "cpu"
+    dtype: str | None = None
+    threads: int | None = None
+    isolation: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.task not in ("humaneval", "mbpp"):
+            raise ValueError(f"task={self.task!r} is not one of humaneval, mbpp")
+        check_positive("max_new_tokens", self.max_new_tokens)
+        check_positive("few_shot", self.few_shot, least=0)
+        if self.limit is not None:
+            check_positive("limit", self.limit)
+        if self.threads is not None:
+            check_positive("threads", self.threads)
+        cli.parse_dtype(self.dtype)
+        self.load_dtype()
+
+    def load_dtype(self) -> torch.dtype:
+        """The dtype mtp.eval would decode in on `device` (float32 for the checkpoint's own)."""
+        settings = DecodeSettings(drafter="autoregressive", device=self.device, dtype=self.dtype)
+        return settings.load_dtype or torch.float32
+
+
+def parse_args(argv: list[str]) -> EvalHfArgs:
+    return cli.parse(argv, EvalHfArgs)
 
 
 def load_hf(path: Path, dtype: torch.dtype, device: str):
@@ -102,7 +155,7 @@ def compare(ours: dict[str, dict], theirs_file: Path) -> dict:
             theirs[str(record["task_id"])] = record
     common = [key for key in ours if key in theirs]
     if not common:
-        raise SystemExit(f"error: {theirs_file} has none of the {len(ours)} problems")
+        raise ValueError(f"{theirs_file} has none of the {len(ours)} problems")
     differ = [key for key in common if ours[key]["completion"] != theirs[key]["completion"]]
     # mtp counts the token that completed a stop string, as the criterion here stops on it.
     lengths = [key for key in common if ours[key]["new_tokens"] != theirs[key]["new_tokens"]]
@@ -112,29 +165,14 @@ def compare(ours: dict[str, dict], theirs_file: Path) -> dict:
             "mtp_pass@1": mean_pass_at_k(mtp_counts, [1])[1]}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", type=Path, required=True,
-                        help="a GGUF file or a Hugging Face Llama directory")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="samples (JSON lines) to write; scored results go beside it")
-    parser.add_argument("--compare", type=Path, help="an mtp.eval results file")
-    parser.add_argument("--task", choices=("humaneval", "mbpp"), default="humaneval")
-    parser.add_argument("--data-file", help="as mtp.eval's data_file= (MBPP: mbpp.jsonl)")
-    parser.add_argument("--few-shot", type=int, default=0, help="as mtp.eval's few_shot=")
-    parser.add_argument("--limit", type=int, help="only the first N problems")
-    parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: as mtp.eval")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
-    parser.add_argument("--isolation", default="auto", help="mtp.eval's sandbox isolation")
-    args = parser.parse_args(argv)
+def main(argv: list[str]) -> dict:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers
 
     transformers.logging.set_verbosity_error()
-    dtype = decoding_dtype(args.device, args.dtype) or torch.float32
+    dtype = args.load_dtype()
     task = load_task(args.task, args.data_file, args.few_shot)
     problems = list(task.problems.values())[:args.limit]
     _, tokenizer = load(args.checkpoint)  # mtp's prompt ids, as mtp.eval encodes them
@@ -186,4 +224,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__, errors=(ValueError, FileNotFoundError, ImportError))

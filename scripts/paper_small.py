@@ -5,24 +5,33 @@ Gloeckle et al. 2024 (arXiv 2404.19737) section 4.1 (induction, Fig. 7) and 4.2 
 in F7[X]/(X^5), Fig. 8). Every run is `python -m mtp.train`'s `train(cfg)` on `data=induction`
 or `data=polynomial` with the byte tokenizer and `model=tiny`'s compute-matched shape
 (`model.depth` blocks per token whatever n: n heads come off the trunk, as byte1 vs byte8),
-checkpointed every --eval-every steps; each checkpoint is scored on the task's fixed test set
-(`mtp.eval.synthetic`, the metric of `python -m mtp.eval task=...`) for the learning curves,
-and the final model on a larger one. Runs are separate processes (one torch thread each,
---jobs at a time); a run whose result exists in --out is reused.
+checkpointed every `eval_every` steps of its ladder; each checkpoint is scored on the task's
+fixed test set (`mtp.eval.synthetic`, the metric of `python -m mtp.eval task=...`) for the
+learning curves, and the final model on a larger one. Runs are separate processes (one
+torch thread each, `jobs` at a time); a run whose result exists in `out` is reused.
 
-    python scripts/paper_small.py --budget cpu --out runs/paper_small      # ~1 h on 2 cores
-    python scripts/paper_small.py --budget gpu --out runs/paper_small_gpu  # the paper's sizes
+    python scripts/paper_small.py budget=cpu out=runs/paper_small      # ~1 h on 2 cores
+    python scripts/paper_small.py budget=gpu out=runs/paper_small_gpu  # the paper's sizes
 
-Writes --out/paper_small.json and the figures (--figures, default --out):
+Writes OUT/paper_small.json and the figures (`figures`, default `out`):
 paper_small_induction.png (accuracy on repeated names' second token against model size, n = 1
 and n = 2, every seed shown), paper_small_polynomial.png (exact match against m for each n
 at two sizes) and paper_small_curves.png (task accuracy against step). Prints a table and
 ends with one JSON line: {"benchmark", "budget", "machine", "ladder", "runs", "summary"}.
+
+Arguments are key=value (`mtp.cli`'s grammar):
+  budget           cpu (default), gpu or smoke (seconds: the tests'): the ladder
+  out              runs/paper_small of the checkout
+  figures          where the figures go (null: out)
+  tasks            [induction,polynomial]
+  jobs             runs at a time (null: 2 on a CPU, 1 on a GPU; 0: one at a time in this
+                   process, no start-up per run)
+  device           null: cuda for budget=gpu, else cpu
+  run              (internal) the spec file of the one run a child process trains
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -31,9 +40,11 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtp import cli
 from mtp.bench.machine import machine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +87,32 @@ LADDERS: dict[str, dict[str, Any]] = {
 TASKS = ("induction", "polynomial")
 HEADLINE = {"induction": "accuracy_repeated", "polynomial": "accuracy"}
 MS = tuple(range(1, 11))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PaperArgs:
+    budget: str = "cpu"
+    out: Path = REPO / "runs" / "paper_small"
+    figures: Path | None = None
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    jobs: int | None = None
+    device: str | None = None
+    run: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget not in LADDERS:
+            raise ValueError(f"budget={self.budget!r} is not one of {', '.join(LADDERS)}")
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"tasks: unknown task {unknown[0]!r}; expected one of {TASKS}")
+        if self.jobs is not None and self.jobs < 0:
+            raise ValueError(f"jobs={self.jobs} must be >= 0 (0: one at a time, in process)")
+        if self.device not in (None, "cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} is not one of cpu, cuda")
+
+
+def parse_args(argv: list[str]) -> PaperArgs:
+    return cli.parse(argv, PaperArgs)
 
 
 def run_key(task: str, size: str, n: int, seed: int) -> str:
@@ -203,10 +240,12 @@ def launch(spec: dict[str, Any], log: Path, in_process: bool = False) -> dict[st
     if not result.is_file() and in_process:
         run_one(spec)
     elif not result.is_file():
-        Path(spec["run_dir"]).mkdir(parents=True, exist_ok=True)
-        with open(Path(spec["run_dir"]) / "run.log", "w") as f:
-            subprocess.run([sys.executable, __file__, "--run", json.dumps(spec)], check=True,
-                           cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+        run_dir = Path(spec["run_dir"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
+        with open(run_dir / "run.log", "w") as f:
+            subprocess.run([sys.executable, __file__, f"run={run_dir / 'spec.json'}"],
+                           check=True, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
     with open(log, "a") as f:
         key = run_key(spec["task"], spec["size"], spec["n"], spec["seed"])
         f.write(f"{time.strftime('%H:%M:%S')} done {key}\n")
@@ -371,31 +410,15 @@ def print_table(summary: dict[str, Any]) -> None:
         print(f"induction n=2 - n=1 at {gap['size']}: {g['mean']:+.3f} +- {g['std']:.3f}")
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", choices=sorted(LADDERS), default="cpu")
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "paper_small")
-    parser.add_argument("--figures", type=Path, default=None, help="default: --out")
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS))
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="runs at a time (default: 2 on a CPU, 1 on a GPU; 0: one at a time "
-                             "in this process, no start-up per run)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: one run's spec (JSON)
-    args = parser.parse_args(argv)
+def main(argv: list[str]) -> dict[str, Any]:
+    args = parse_args(argv)
     if args.run:
-        return run_one(json.loads(args.run))
-    unknown = [t for t in args.tasks if t not in TASKS]
-    if unknown:
-        raise SystemExit(f"error: unknown task {unknown[0]!r}; expected one of {TASKS}")
+        return run_one(json.loads(args.run.read_text()))
     device = args.device or ("cuda" if args.budget == "gpu" else "cpu")
     jobs = (1 if device == "cuda" else 2) if args.jobs is None else args.jobs
     out = args.out.resolve()
     specs = plan(args.budget, out, device, tuple(args.tasks))
-    try:
-        check_plan(specs)
-    except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
+    check_plan(specs)  # a ValueError in one line, before any training
     os.environ.setdefault("MTP_DATA_DIR", str(out / "data"))
     out.mkdir(parents=True, exist_ok=True)
     began, before = time.perf_counter(), machine()
@@ -408,7 +431,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results = list(pool.map(lambda s: launch(s, log), specs))
     after = machine()
     summary = summarize(results, LADDERS[args.budget])
-    title = f"--budget {args.budget}, {len(LADDERS[args.budget]['seeds'])} seeds"
+    title = f"budget={args.budget}, {len(LADDERS[args.budget]['seeds'])} seeds"
     figures = plot(results, summary, args.figures or out, title)
     print_table(summary)
     report = {"benchmark": "paper_small", "budget": args.budget, "device": device,
@@ -425,4 +448,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__)

@@ -2,24 +2,20 @@
 
 Every ```python block runs (in a scratch directory; a block that needs a GPU, the Hub or
 minutes is preceded by `<!-- not tested: REASON -->`), and every `python -m mtp...` and
-`python scripts/...` command line of a code block parses: `mtp.train` and `mtp.eval` compose
-their Hydra configs with the line's overrides, `mtp.generate`, `mtp.convert` and
-`mtp.generate.calibrate` parse their arguments, and argparse commands (scripts, `mtp.train.plots`,
-`mtp.bench`) run up to the end of their argument parsing. Nothing trains, loads or decodes
+`python scripts/...` command line of a code block parses: `mtp.train` composes its Hydra
+config with the line's overrides, and every other command (`mtp.eval`, `mtp.generate`,
+`mtp.convert`, `mtp.bench`, the scripts, ...) takes the line's arguments through its
+`parse_args`, the one command-line grammar (`mtp.cli`). Nothing trains, loads or decodes
 beyond what a Python block does itself.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import re
-import runpy
 import shlex
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +23,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
+from script_modules import load_script  # tests/ is on the path
 
-from mtp.paths import CONF_DIR, REPO_ROOT, smollm2_gguf
+from mtp.paths import REPO_ROOT, smollm2_gguf
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 SKIP_MARKER = re.compile(r"^<!-- not tested: (?P<reason>\S.*?) -->$")
@@ -38,16 +35,9 @@ ASSIGNMENT = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$")
 VARIABLE = re.compile(r"\$(?:\{(?P<braced>\w+)\}|(?P<bare>[A-Za-z_]\w*))")
 # Words that may come before `python` on a command line and are not part of its arguments.
 PREFIXES = {"flock": 1, "nice": 0, "timeout": 1, "nohup": 0, "time": 0, "$": 0}
-# Named in the docs, being built on other branches: skipped while they are absent, checked
-# as soon as they exist.
-PENDING_MODULES = {"mtp.bench": "python -m mtp.bench (issue 27 item 2)"}
-PENDING_SCRIPTS = {"scripts/paper_small.py": "scripts/paper_small.py (issue 29)"}
-PENDING_CONFIGS = {"data=polynomial": "data/polynomial.yaml", "data=induction": "data/induction.yaml"}
-PENDING_FILES = {"docs/better.md"}  # issue 29's guide
 OPTIONAL_PACKAGES = {"transformers", "sentencepiece", "gguf", "accelerate"}  # the [hf] extra
-# Documented commands known broken in code this branch does not own: expected to fail until
-# fixed (then they pass, and this entry can go).
-# Documented commands known to fail, with the exception and the reason: none today.
+# Documented commands known to fail in code this branch does not own, with the exception and
+# the reason: expected to fail until fixed (then they pass, and the entry can go). None today.
 KNOWN_BROKEN: dict[str, tuple[type[BaseException], str]] = {}
 
 
@@ -63,7 +53,9 @@ class Block:
 
     @property
     def where(self) -> str:
-        page = self.page.relative_to(REPO_ROOT) if self.page.is_relative_to(REPO_ROOT) else self.page
+        page = self.page
+        if page.is_relative_to(REPO_ROOT):
+            page = page.relative_to(REPO_ROOT)
         return f"{page}:{self.line}"
 
 
@@ -142,12 +134,12 @@ def commands(page: Path) -> Iterator[Command]:
                 words = shlex.split(line, comments=True)
             except ValueError:  # not shell: output shown in a block without a language
                 continue
-            for words in split_pipeline(words):
-                if len(words) == 1 and ASSIGNMENT.match(words[0]):
-                    name, _, value = words[0].partition("=")
+            for simple in split_pipeline(words):
+                if len(simple) == 1 and ASSIGNMENT.match(simple[0]):
+                    name, _, value = simple[0].partition("=")
                     variables[name] = value
                     continue
-                command = python_command(words, block)
+                command = python_command(simple, block)
                 if command is not None:
                     yield command
 
@@ -190,7 +182,7 @@ def command_lines() -> list[Command]:
     return [c for page in PAGES for c in commands(page)]
 
 
-# --- the checks, one per command-line interface ---
+# --- the checks: mtp.train's Hydra config, every other command's parse_args ---
 
 
 def check_train(argv: list[str]) -> None:
@@ -198,9 +190,6 @@ def check_train(argv: list[str]) -> None:
     from mtp.train.run import check_settings, compose
 
     overrides = [a for a in argv if not a.startswith("-") and a not in ("job", "hydra", "all")]
-    for override in overrides:
-        if override in PENDING_CONFIGS and not (CONF_DIR / PENDING_CONFIGS[override]).exists():
-            pytest.skip(f"conf/{PENDING_CONFIGS[override]} is not in the tree yet")
     if not any(o.startswith("run_dir=") for o in overrides):
         overrides.append("run_dir=/tmp/unused")  # set by Hydra's run directory outside compose
     cfg = compose(overrides)
@@ -213,66 +202,31 @@ def check_train(argv: list[str]) -> None:
     check_settings(cfg)
 
 
-def check_parse(module: str) -> Callable[[list[str]], None]:
-    """An mtp command's check: its `parse_args` takes the line's arguments."""
-    return lambda argv: importlib.import_module(module).parse_args(argv)
+def parse_args_of(target: str):
+    """The `parse_args` of a script of scripts/ (loaded from its path) or of the module that
+    `python -m target` runs (a package's __main__)."""
+    if target.startswith("scripts/"):
+        path = REPO_ROOT / target
+        if not path.is_file():
+            pytest.fail(f"{target} does not exist")
+        module = load_script(path)
+    else:
+        spec = importlib.util.find_spec(target)
+        if spec is None:
+            pytest.fail(f"no module {target}")
+        module = importlib.import_module(f"{target}.__main__" if spec.submodule_search_locations
+                                         else target)
+    if not hasattr(module, "parse_args"):
+        pytest.fail(f"{target} has no parse_args: its command line is not mtp.cli's")
+    return module.parse_args
 
 
-CHECKS: dict[str, Callable[[list[str]], None]] = {
-    "mtp.train": check_train,
-    "mtp.eval": check_parse("mtp.eval.__main__"),
-    "mtp.generate": check_parse("mtp.generate.__main__"),
-    "mtp.convert": check_parse("mtp.convert"),
-    "mtp.generate.calibrate": check_parse("mtp.generate.calibrate"),
-    "mtp.generate.skip_search": check_parse("mtp.generate.skip_search"),
-}
-
-
-class _Parsed(Exception):
-    """Raised in place of running a command once argparse has accepted its arguments."""
-
-
-def module_source(name: str) -> str:
-    """The source `python -m name` runs: the module, or a package's __main__.py."""
-    spec = importlib.util.find_spec(name)
-    if spec.submodule_search_locations:  # a package
-        spec = importlib.util.find_spec(f"{name}.__main__")
-    return Path(spec.origin).read_text()
-
-
-def check_argparse(target: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run a script or module until argparse accepts `argv`, then stop it.
-
-    A command whose source does not use argparse is only asked for its `--help`.
-    """
-    path = REPO_ROOT / target if target.startswith("scripts/") else None
-    source = path.read_text() if path else module_source(target)
-    if "argparse" not in source or "parse_known_args" in source:
-        prog = [str(path)] if path else ["-m", target]
-        result = subprocess.run([sys.executable, *prog, "--help"], capture_output=True,
-                                text=True, cwd=REPO_ROOT, timeout=120)
-        assert result.returncode == 0, result.stderr
-        return
-    original = argparse.ArgumentParser.parse_args
-
-    def parse_and_stop(self: argparse.ArgumentParser, args=None, namespace=None):
-        original(self, args, namespace)  # exits 2 with argparse's message on bad arguments
-        raise _Parsed
-
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
-    monkeypatch.setattr(sys, "argv", [target, *argv])
-    monkeypatch.setattr(sys, "path", list(sys.path))  # scripts add their own folders
-    try:
-        if path:
-            runpy.run_path(str(path), run_name="__main__")
-        else:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-    except _Parsed:
-        return
-    except SystemExit as exit_:
-        assert exit_.code in (0, None), f"argparse refused {argv} (exit {exit_.code})"
-        return  # --help
-    pytest.fail(f"{target} finished without parsing its arguments through argparse")
+def check(target: str, argv: list[str]) -> None:
+    """A command line's check: mtp.train's config composes, every other command parses."""
+    if target == "mtp.train":
+        check_train(argv)
+    else:
+        parse_args_of(target)(argv)
 
 
 # --- the tests ---
@@ -314,34 +268,20 @@ def test_a_block_that_uses_a_name_before_importing_it_fails() -> None:
 
 
 @pytest.mark.parametrize("command", command_lines(), ids=lambda c: c.where)
-def test_command_line_parses(command: Command, monkeypatch: pytest.MonkeyPatch,
-                             request: pytest.FixtureRequest) -> None:
+def test_command_line_parses(command: Command, request: pytest.FixtureRequest) -> None:
     target = command.target
     if target in KNOWN_BROKEN:
         raises, reason = KNOWN_BROKEN[target]
         request.applymarker(pytest.mark.xfail(reason=reason, raises=raises, strict=False))
-    if target.startswith("scripts/"):
-        if not (REPO_ROOT / target).exists():
-            if target in PENDING_SCRIPTS:
-                pytest.skip(f"{PENDING_SCRIPTS[target]} is not in the tree yet")
-            pytest.fail(f"{command.where}: {target} does not exist")
-        check_argparse(target, command.argv, monkeypatch)
-        return
-    if importlib.util.find_spec(target) is None:
-        if target in PENDING_MODULES:
-            pytest.skip(f"{PENDING_MODULES[target]} is not in the tree yet")
-        pytest.fail(f"{command.where}: no module {target}")
     with skip_without_optional_packages():
-        if target in CHECKS:
-            CHECKS[target](command.argv)
-        else:
-            check_argparse(target, command.argv, monkeypatch)
+        check(target, command.argv)
 
 
 def test_the_docs_have_commands_and_blocks_to_check() -> None:
     """The extraction finds what the pages hold (a parser that finds nothing passes nothing)."""
     targets = {c.target for c in command_lines()}
-    assert {"mtp.train", "mtp.generate", "mtp.eval", "mtp.convert"} <= targets
+    assert {"mtp.train", "mtp.generate", "mtp.eval", "mtp.convert", "mtp.bench"} <= targets
+    assert {"scripts/bench_methods.py", "scripts/distill_data.py"} <= targets
     assert len(python_blocks()) >= 3
 
 
@@ -353,7 +293,7 @@ def test_the_extraction_reads_shell_as_a_shell_does(tmp_path: Path) -> None:
         "M=data.batch_size=4",
         "pip install x && OMP_NUM_THREADS=1 python -m mtp.train +experiment=byte8 $M \\",
         "    trainer.max_steps=2   # a comment",
-        "flock /tmp/lock nice -n -5 python scripts/bench_decode.py --checkpoint $RUN/export",
+        "flock /tmp/lock nice -n -5 python scripts/bench_decode.py checkpoint=$RUN/export",
         "python -m pytest -q",
         "```",
         "<!-- not tested: needs a GPU -->",
@@ -364,20 +304,24 @@ def test_the_extraction_reads_shell_as_a_shell_does(tmp_path: Path) -> None:
     found = [(c.target, c.argv) for c in commands(page)]
     assert found == [
         ("mtp.train", ["+experiment=byte8", "data.batch_size=4", "trainer.max_steps=2"]),
-        ("scripts/bench_decode.py", ["--checkpoint", "/tmp/run/export"]),
+        ("scripts/bench_decode.py", ["checkpoint=/tmp/run/export"]),
     ]
     page.write_text("```bash\npython -m mtp.generate checkpoint=$NOWHERE\n```\n")
     with pytest.raises(ValueError, match=r"\$NOWHERE is used but the page never sets it"):
         list(commands(page))
 
 
-def test_a_broken_command_fails_its_check(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_broken_command_fails_its_check() -> None:
     with pytest.raises(Exception, match="notakey"):
-        check_train(["+experiment=byte8", "notakey.x=1"])
+        check("mtp.train", ["+experiment=byte8", "notakey.x=1"])
     with pytest.raises(ValueError, match="prompt"):
-        check_generate(["checkpoint=x"])  # neither prompt= nor prompt_file=
-    with pytest.raises(AssertionError, match="argparse refused"):
-        check_argparse("scripts/bench_decode.py", ["--no-such-option"], monkeypatch)
+        check("mtp.generate", ["checkpoint=x"])  # neither prompt= nor prompt_file=
+    with pytest.raises(ValueError, match="unknown key no_such_key"):
+        check("scripts/bench_decode.py", ["no_such_key=1"])
+    with pytest.raises(ValueError, match="bad arguments"):
+        check("scripts/bench_decode.py", ["--checkpoint", "x"])  # the old style
+    with pytest.raises(ValueError, match="the first argument must be a suite"):
+        check("mtp.bench", ["--out", "x"])
 
 
 def test_every_skip_marker_precedes_a_block() -> None:
@@ -397,9 +341,6 @@ def test_relative_links_point_at_files() -> None:
             if re.match(r"[a-z]+:", target):
                 continue  # a URL
             path = (page.parent / target).resolve()
-            relative = path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else target
-            if relative in PENDING_FILES and not path.exists():
-                continue
             assert path.exists(), f"{page.name} links to {target}, which does not exist"
 
 

@@ -4,7 +4,6 @@ The end-to-end run uses a tiny GGUF the test writes (`gguf_files.write_gguf`) in
 SmolLM2, through the recipe's own steps: scripts/distill_data.py, then the experiment.
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -19,11 +18,9 @@ from mtp.train.run import check_settings, compose, train
 
 transformers = pytest.importorskip("transformers")
 from gguf_files import T, byte_level_vocab, write_gguf  # noqa: E402 (tests/ is on the path)
+from script_modules import load_script  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("distill_data", REPO / "scripts" / "distill_data.py")
-distill_data = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(distill_data)
+distill_data = load_script("distill_data")
 
 FUNCTIONS = [f'def f{i}(x):\n    """Return x plus {i}."""\n    return x + {i}\n\n\n'
              f'def g{i}(items):\n    """The items above {i}."""\n    return [v for v in items if v > {i}]\n'
@@ -84,9 +81,9 @@ def test_recipe_end_to_end_on_a_gguf_keeps_head_0(tmp_path: Path, tiny_gguf: Pat
         (corpus / f"m{i}.py").write_text(text)
     distilled = tmp_path / "distill.jsonl"
     stats = distill_data.main([
-        "--checkpoint", str(tiny_gguf), "--out", str(distilled), "--prompts-from", "functions",
-        "--source", "local", "--paths", str(corpus), "--prompts", "12", "--max-new-tokens",
-        "24", "--batch-size", "6", "--val-fraction", "0"])
+        f"checkpoint={tiny_gguf}", f"out={distilled}", "prompts_from=functions",
+        "source=local", f"paths=[{corpus}]", "prompts=12", "max_new_tokens=24", "batch_size=6",
+        "val_fraction=0", "threads=1"])
     assert stats["prompts"] == 12  # 16 functions in the corpus, 12 drawn
     for record in map(json.loads, distilled.read_text().splitlines()):
         assert record["prompt"].startswith("def ") and record["prompt"].endswith('"""\n')

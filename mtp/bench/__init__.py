@@ -7,5 +7,7 @@ command, commit, device, CPU flags, load average before and after, and repeats, 
 regenerates the tables of docs/benchmarks.md (and the README's headline table) between
 `<!-- mtp.bench:begin NAME -->` / `<!-- mtp.bench:end NAME -->` markers (`tables.py`,
 `markers.py`). The helpers the benchmark scripts share live here too (`machine.py`,
-`prompts.py`, `tiny.py`): scripts import them, never each other.
+`prompts.py`, `tiny.py`, `hf.py`; and the keys their command lines share: `decoding.py`,
+DecodeSettings' keys; `shape.py`, a random model's shape; `recipe.py`, the training recipe's
+overrides): scripts import them, never each other. Every command takes key=value (`mtp.cli`).
 """

@@ -1,5 +1,5 @@
 """transformers on mtp's weights: the model, exported and loaded back, and its timed greedy
-`generate` (scripts/bench_hf.py, scripts/bench_methods.py --hf)."""
+`generate` (scripts/bench_hf.py, scripts/bench_methods.py hf=true)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 from mtp.bench.machine import commit, cpu_flags, device_name, load_average, machine
 from mtp.bench.suites import Part
+from mtp.paths import MBPP_ENV, mbpp_file
 
 RESULTS_FILE = "results.json"
 TAIL = 2000  # characters of a failed part's output kept in results.json
@@ -35,14 +35,31 @@ def last_json(stdout: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-# MBPP's mbpp.jsonl for the installed corpus's decontamination on a machine without the Hub
-MBPP_FILE = os.environ.get("MTP_MBPP_FILE", "/work/shared/data/mbpp/mbpp.jsonl")
+MBPP = "{mbpp}"  # MBPP's mbpp.jsonl, where mtp.paths.mbpp_file finds it ($MTP_MBPP_FILE)
 
 
 def fill(argument: str, out: Path) -> str:
     """A command's argument with {python}, {out} and {mbpp} filled in."""
-    return (argument.replace("{python}", sys.executable).replace("{out}", str(out))
-            .replace("{mbpp}", MBPP_FILE))
+    argument = argument.replace("{python}", sys.executable).replace("{out}", str(out))
+    if MBPP in argument:
+        argument = argument.replace(MBPP, str(require_mbpp()))
+    return argument
+
+
+def require_mbpp() -> Path:
+    """MBPP's mbpp.jsonl, or a one-line ValueError saying where to point it."""
+    path = mbpp_file()
+    if path is None:
+        raise ValueError(f"no MBPP file: set ${MBPP_ENV} to MBPP's full mbpp.jsonl")
+    return path
+
+
+def check_inputs(parts: Sequence[Part]) -> None:
+    """Refuse, before anything runs, parts whose commands need a file this machine lacks."""
+    needing = [p.name for p in parts if any(MBPP in argument for argument in p.command)]
+    if needing and mbpp_file() is None:
+        raise ValueError(f"part {', '.join(needing)} needs MBPP's mbpp.jsonl: set ${MBPP_ENV} "
+                         f"(mtp.paths.mbpp_file)")
 
 
 def shown(command: list[str], out: Path, repo: Path) -> str:
@@ -121,6 +138,7 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
     if unknown:
         raise ValueError(f"suite {name} has no part {unknown}; its parts: "
                          f"{', '.join(p.name for p in parts)}")
+    check_inputs([p for p in parts if not only or p.name in only])
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS_FILE
     previous = json.loads(path.read_text()) if only and path.is_file() else {}

@@ -1,18 +1,41 @@
-"""The model-shape options the step benchmarks share (scripts/bench_memory.py,
-scripts/bench_fsdp_comms.py): a random model of this shape, fed random token ids."""
+"""The model shape the step benchmarks share (scripts/bench_memory.py,
+scripts/bench_fsdp_comms.py): a random model of this shape, fed random token ids. A script's
+schema extends `Shape`, redeclaring the defaults it wants; `KEYS` lists the keys for its
+--help."""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, fields
+
+from mtp.decode.drafters.base import check_positive
+
+KEYS = """
+The model's shape:
+  vocab_size       32000
+  dim              the width
+  n_layers         4 trunk layers
+  n_heads          8 attention heads
+  n_future         4 heads
+  batch, seq_len   the batch of random token ids
+"""
 
 
-def add_shape_arguments(parser: argparse.ArgumentParser, *, dim: int, batch: int,
-                        seq_len: int, batch_help: str | None = None) -> None:
-    """--vocab-size, --dim, --n-layers (the trunk), --n-heads, --n-future, --batch, --seq-len."""
-    parser.add_argument("--vocab-size", type=int, default=32_000)
-    parser.add_argument("--dim", type=int, default=dim)
-    parser.add_argument("--n-layers", type=int, default=4, help="trunk layers")
-    parser.add_argument("--n-heads", type=int, default=8)
-    parser.add_argument("--n-future", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=batch, help=batch_help)
-    parser.add_argument("--seq-len", type=int, default=seq_len)
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """A random model's shape and the batch it is fed (see the module docstring)."""
+
+    vocab_size: int = 32_000
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_future: int = 4
+    batch: int = 1
+    seq_len: int = 128
+
+    def __post_init__(self) -> None:
+        for field in fields(Shape):
+            check_positive(field.name, getattr(self, field.name))
+
+    def arguments(self) -> list[str]:
+        """The shape as key=value arguments (a child process's command line)."""
+        return [f"{field.name}={getattr(self, field.name)}" for field in fields(Shape)]

@@ -1,11 +1,13 @@
 """The named suites: which benchmark commands make the published figures.
 
 A part's command is run from the checkout's root with `{python}` (this interpreter), `{out}`
-(the run's output folder) and `{mbpp}` ($MTP_MBPP_FILE) filled in; its figures are the last
-stdout line (one JSON object) or, with `result_file`, a JSON file the command writes under
-`{out}`. A part that
-`needs` another runs only if that one succeeded (the decoding parts decode the model the
-training part trained). Timeouts are per part: a hang costs that part, not the run.
+(the run's output folder) and `{mbpp}` (MBPP's mbpp.jsonl where `mtp.paths.mbpp_file` finds
+it: $MTP_MBPP_FILE; a suite with a part that needs it is refused without it) filled in; its
+arguments are key=value, as every command of mtp takes them (`mtp.cli`). Its figures are the
+last stdout line (one JSON object) or, with `result_file`, a JSON file the command writes
+under `{out}`. A part that `needs` another runs only if that one succeeded (the decoding
+parts decode the model the training part trained). Timeouts are per part: a hang costs that
+part, not the run.
 """
 
 from __future__ import annotations
@@ -46,55 +48,51 @@ BYTE8_CPU = "{out}/byte8/export"
 BYTE8_GPU = "{out}/byte8_gpu/export"
 
 SMOKE = (
-    Part(name="tiny", command=(PY, "-m", "mtp.bench.tiny", "{out}/tiny"), timeout=120,
+    Part(name="tiny", command=(PY, "-m", "mtp.bench.tiny", "out={out}/tiny"), timeout=120,
          table="none"),
     Part(name="decode", command=script(
-        "bench_decode", "--checkpoint", "{out}/tiny/export", "--prompts",
-        "{out}/tiny/prompts.jsonl", "--max-new-tokens", "6", "--ks", "2", "4", "--trees",
-        "tree8", "--repeats", "1", "--threads", "1"), timeout=180, needs=("tiny",)),
+        "bench_decode", "checkpoint={out}/tiny/export", "prompts={out}/tiny/prompts.jsonl",
+        "max_new_tokens=6", "ks=[2,4]", "trees=[tree8]", "repeats=1", "threads=1"),
+        timeout=180, needs=("tiny",)),
     Part(name="memory", command=script(
-        "bench_memory", "--vocab-size", "262", "--dim", "32", "--n-layers", "2", "--n-heads",
-        "4", "--batch", "1", "--seq-len", "32", "--threads", "1", "--variants", "ntp",
-        "headwise"), timeout=180),
+        "bench_memory", "vocab_size=262", "dim=32", "n_layers=2", "n_heads=4", "batch=1",
+        "seq_len=32", "threads=1", "variants=[ntp,headwise]"), timeout=180),
     Part(name="peak_flops", command=script(
-        "bench_peak_flops", "--sizes", "64", "--seconds", "0.05", "--threads", "1"),
-        timeout=120),
+        "bench_peak_flops", "sizes=[64]", "seconds=0.05", "threads=1"), timeout=120),
 )
 
 CPU = (
     Part(name="peak_flops", command=script(
-        "bench_peak_flops", "--sizes", "1024", "2048", "--seconds", "2", "--threads", "2"),
-        timeout=300),
-    Part(name="memory", command=script("bench_memory", "--threads", "2"), timeout=900),
+        "bench_peak_flops", "sizes=[1024,2048]", "seconds=2", "threads=2"), timeout=300),
+    Part(name="memory", command=script("bench_memory", "threads=2"), timeout=900),
     Part(name="train_step", command=script(
-        "bench_train", "--steps", "3", "--warmup", "1", "--threads", "2"), timeout=900,
-        repeats=3),
+        "bench_train", "steps=3", "warmup=1", "threads=2"), timeout=900, repeats=3),
     Part(name="fsdp_comms", command=script("bench_fsdp_comms"), timeout=600),
     Part(name="heads_cost", command=script(
-        "bench_heads", "--out", "{out}/heads", "--cost-only", "--n-future", "4", "8",
-        "--time-steps", "1", "--plot", "{out}/heads.png"), timeout=900),
-    Part(name="sandbox", command=script("bench_sandbox", "--rounds", "1"), timeout=600),
+        "bench_heads", "out={out}/heads", "cost_only=true", "n_future=[4,8]", "time_steps=1",
+        "plot={out}/heads.png"), timeout=900),
+    Part(name="sandbox", command=script("bench_sandbox", "rounds=1"), timeout=600),
     Part(name="byte8", command=(
         PY, "-m", "mtp.train", "+experiment=byte8", "logger=csv",
         "trainer.max_time=00:00:06:00", "trainer.enable_progress_bar=false",
         "hydra.run.dir={out}/byte8"), timeout=1500, result_file="byte8/summary.json"),
     Part(name="decode", command=script(
-        "bench_decode", "--checkpoint", BYTE8_CPU, "--humaneval", "4", "--ks", "2", "4", "8",
-        "--trees", "tree16", "--repeats", "2", "--threads", "2"), timeout=900,
-        needs=("byte8",), repeats=2),
+        "bench_decode", f"checkpoint={BYTE8_CPU}", "humaneval=4", "ks=[2,4,8]",
+        "trees=[tree16]", "repeats=2", "threads=2"), timeout=900, needs=("byte8",),
+        repeats=2),
     Part(name="decode_compiled", command=script(
-        "bench_decode", "--checkpoint", BYTE8_CPU, "--ks", "4", "8", "--max-new-tokens", "64",
-        "--compile", "both", "--repeats", "2", "--threads", "2"), timeout=900,
-        table="decode", needs=("byte8",), repeats=2),
+        "bench_decode", f"checkpoint={BYTE8_CPU}", "ks=[4,8]", "max_new_tokens=64",
+        "compile=both", "repeats=2", "threads=2"), timeout=900, table="decode",
+        needs=("byte8",), repeats=2),
     Part(name="methods", command=script(
-        "bench_methods", "--checkpoint", BYTE8_CPU, "--humaneval", "4", "--max-new-tokens",
-        "96", "--auto-prompts", "2", "--threads", "2"), timeout=900, needs=("byte8",)),
+        "bench_methods", f"checkpoint={BYTE8_CPU}", "humaneval=4", "max_new_tokens=96",
+        "auto_prompts=2", "threads=2"), timeout=900, needs=("byte8",)),
     Part(name="hf", command=script(
-        "bench_hf", "--checkpoint", BYTE8_CPU, "--humaneval", "4", "--max-new-tokens", "96",
-        "--repeats", "2", "--threads", "2"), timeout=900, needs=("byte8",), repeats=2),
+        "bench_hf", f"checkpoint={BYTE8_CPU}", "humaneval=4", "max_new_tokens=96", "repeats=2",
+        "threads=2"), timeout=900, needs=("byte8",), repeats=2),
 )
 
-# Sized for one lent GPU (15 minutes, about 9 of them one command): `--budget 540` runs the
+# Sized for one lent GPU (15 minutes, about 9 of them one command): `budget=540` runs the
 # parts in this order, most wanted first, and skips what the lease has no time left for.
 GPU = (
     Part(name="gpu_byte8", command=(
@@ -103,26 +101,23 @@ GPU = (
         "decode.trees=[tree64]", "hydra.run.dir={out}/byte8_gpu"), timeout=300, table="byte8",
         result_file="byte8_gpu/summary.json", device="cuda"),
     Part(name="gpu_decode_bf16", command=script(
-        "bench_decode", "--checkpoint", BYTE8_GPU, "--humaneval", "8", "--device", "cuda",
-        "--dtype", "bfloat16", "--compile", "both", "--ks", "8", "--trees", "tree64",
-        "--repeats", "1"), timeout=200, table="decode", needs=("gpu_byte8",),
-        device="cuda"),
+        "bench_decode", f"checkpoint={BYTE8_GPU}", "humaneval=8", "device=cuda",
+        "dtype=bfloat16", "compile=both", "ks=[8]", "trees=[tree64]", "repeats=1"),
+        timeout=200, table="decode", needs=("gpu_byte8",), device="cuda"),
     Part(name="gpu_hf", command=script(
-        "bench_hf", "--checkpoint", BYTE8_GPU, "--humaneval", "8", "--device", "cuda",
-        "--dtype", "bfloat16", "--compile", "--repeats", "1"), timeout=240, table="hf",
-        needs=("gpu_byte8",), device="cuda"),
+        "bench_hf", f"checkpoint={BYTE8_GPU}", "humaneval=8", "device=cuda", "dtype=bfloat16",
+        "compile=true", "repeats=1"), timeout=240, table="hf", needs=("gpu_byte8",),
+        device="cuda"),
     Part(name="gpu_tests", command=(PY, "-m", "pytest", "-q", "-m", "gpu", "tests"),
          timeout=150, table="tests", text=True, device="cuda"),
     Part(name="gpu_train_step_1b_compiled", command=script(
-        "bench_train", "--device", "cuda", "--precision", "bf16-mixed", "--compile",
-        "--batch", "8", "--seq-len", "2048", "--vocab-size", "32000", "--n-future", "4",
-        "--steps", "3", "--warmup", "1", "model=1b"), timeout=180, table="train_step",
-        device="cuda", repeats=3),
+        "bench_train", "device=cuda", "precision=bf16-mixed", "compile=true", "batch=8",
+        "seq_len=2048", "vocab_size=32000", "n_future=4", "steps=3", "warmup=1", "model=1b"),
+        timeout=180, table="train_step", device="cuda", repeats=3),
     Part(name="gpu_decode_batch8", command=script(
-        "bench_decode", "--checkpoint", BYTE8_GPU, "--humaneval", "16", "--device", "cuda",
-        "--dtype", "bfloat16", "--compile", "--batch-size", "8", "--ks", "8", "--trees",
-        "tree16", "--repeats", "1"), timeout=240, table="decode", needs=("gpu_byte8",),
-        device="cuda"),
+        "bench_decode", f"checkpoint={BYTE8_GPU}", "humaneval=16", "device=cuda",
+        "dtype=bfloat16", "compile=true", "batch_size=8", "ks=[8]", "trees=[tree16]",
+        "repeats=1"), timeout=240, table="decode", needs=("gpu_byte8",), device="cuda"),
     Part(name="gpu_eval", command=(
         PY, "-m", "mtp.eval", "task=humaneval", f"checkpoint={BYTE8_GPU}", "device=cuda",
         "compile=true", "limit=40", "max_new_tokens=256"), timeout=120, table="eval",
@@ -134,16 +129,15 @@ GPU = (
         "hydra.run.dir={out}/fsdp_gpu"), timeout=150, table="byte8",
         result_file="fsdp_gpu/summary.json", device="cuda"),
     Part(name="gpu_train_step_1b", command=script(
-        "bench_train", "--device", "cuda", "--precision", "bf16-mixed", "--batch", "4",
-        "--seq-len", "2048", "--vocab-size", "32000", "--n-future", "4", "--steps", "3",
-        "--warmup", "1", "model=1b"), timeout=150, table="train_step", device="cuda",
-        repeats=3),
+        "bench_train", "device=cuda", "precision=bf16-mixed", "batch=4", "seq_len=2048",
+        "vocab_size=32000", "n_future=4", "steps=3", "warmup=1", "model=1b"), timeout=150,
+        table="train_step", device="cuda", repeats=3),
     Part(name="gpu_peak_flops", command=script(
-        "bench_peak_flops", "--device", "cuda", "--sizes", "4096", "8192", "--seconds", "1"),
-        timeout=60, table="peak_flops", device="cuda"),
+        "bench_peak_flops", "device=cuda", "sizes=[4096,8192]", "seconds=1"), timeout=60,
+        table="peak_flops", device="cuda"),
     Part(name="gpu_memory", command=script(
-        "bench_memory", "--device", "cuda", "--n-future", "4", "--dim", "1024", "--n-layers",
-        "8", "--batch", "4", "--seq-len", "2048"), timeout=120, table="memory", device="cuda"),
+        "bench_memory", "device=cuda", "n_future=4", "dim=1024", "n_layers=8", "batch=4",
+        "seq_len=2048"), timeout=120, table="memory", device="cuda"),
 )
 
 SUITES: dict[str, tuple[Part, ...]] = {"smoke": SMOKE, "cpu": CPU, "gpu": GPU}

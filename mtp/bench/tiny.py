@@ -1,16 +1,21 @@
 """A tiny random checkpoint and prompts that fit it: what smoke runs of the scripts decode.
 
-    python -m mtp.bench.tiny DIR     # DIR/export (mtp.load reads it) and DIR/prompts.jsonl
+    python -m mtp.bench.tiny out=DIR   # DIR/export (mtp.load reads it) and DIR/prompts.jsonl
+
+  out        the folder to write (required)
+  n_future   4 heads
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import MISSING
 
+from mtp import cli
 from mtp.checkpoint import export
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -35,16 +40,27 @@ def tiny_prompts(path: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("directory", type=Path)
-    parser.add_argument("--n-future", type=int, default=4)
-    args = parser.parse_args(argv)
-    checkpoint = tiny_checkpoint(args.directory / "export", n_future=args.n_future)
-    prompts = tiny_prompts(args.directory / "prompts.jsonl")
+@dataclass(frozen=True, kw_only=True)
+class TinyArgs:
+    out: Path = MISSING
+    n_future: int = 4
+
+    def __post_init__(self) -> None:
+        if self.n_future < 1:
+            raise ValueError(f"n_future={self.n_future} must be >= 1")
+
+
+def parse_args(argv: list[str]) -> TinyArgs:
+    return cli.parse(argv, TinyArgs)
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    checkpoint = tiny_checkpoint(args.out / "export", n_future=args.n_future)
+    prompts = tiny_prompts(args.out / "prompts.jsonl")
     print(json.dumps({"checkpoint": str(checkpoint), "prompts": str(prompts),
                       "n_future": args.n_future}))
 
 
 if __name__ == "__main__":
-    main()
+    cli.main(main, __doc__)

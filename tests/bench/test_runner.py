@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from mtp.bench import runner
 from mtp.bench.runner import last_json, run_suite
 from mtp.bench.suites import Part
 from mtp.bench.tables import blocks
@@ -72,3 +73,20 @@ def test_a_budget_cuts_timeouts_and_skips_what_it_has_no_time_for(tmp_path: Path
     assert first["result"] == {}
     assert long["returncode"] == "timeout" and long["seconds"] < 10  # cut from 600 s
     assert late["result"] is None and "budget of 4 s" in late["skipped"]
+
+
+def test_a_part_that_needs_mbpp_is_refused_in_one_line_without_it(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    parts = (Part(name="first", command=(PY, "-c", "print('{}')"), timeout=30),
+             Part(name="sandbox", command=(PY, "-c", "print('{}')", "mbpp_file={mbpp}"),
+                  timeout=30))
+    monkeypatch.setattr(runner, "mbpp_file", lambda: None)
+    with pytest.raises(ValueError, match=r"^part sandbox needs MBPP's mbpp.jsonl: set "
+                                         r"\$MTP_MBPP_FILE"):
+        run_suite("test", parts, tmp_path, REPO)
+    assert not (tmp_path / "results.json").exists()  # nothing ran
+    assert run_suite("test", parts, tmp_path, REPO, only=["first"])["parts"]["first"]["result"] \
+        == {}
+    mbpp = tmp_path / "mbpp.jsonl"
+    monkeypatch.setattr(runner, "mbpp_file", lambda: mbpp)
+    assert runner.fill("mbpp_file={mbpp}", tmp_path) == f"mbpp_file={mbpp}"

@@ -1,17 +1,20 @@
 """mtp.bench.suites: the suites are well formed, and the smoke suite (`python -m mtp.bench
 smoke`, what CI runs) writes results.json and regenerates the docs' blocks."""
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from mtp.bench.markers import block_names
-from mtp.bench.suites import SUITES, Part, suite
+from script_modules import load_script  # tests/ is on the path
 
 from bench.test_markers import marked
+from mtp.bench.__main__ import parse_args
+from mtp.bench.markers import block_names
+from mtp.bench.runner import fill
+from mtp.bench.suites import SUITES, Part, suite
 
 
 def test_suites_are_well_formed() -> None:
@@ -25,13 +28,39 @@ def test_suites_are_well_formed() -> None:
         Part(name="x", command=("true",), timeout=0)
 
 
+@pytest.mark.parametrize("name", list(SUITES))
+def test_every_part_s_command_parses(name: str, tmp_path: Path) -> None:
+    """Each part's arguments, {out} filled in, are what its command's parse_args takes
+    (key=value, mtp.cli's grammar); `python -m mtp.train`'s are Hydra's, tested with it."""
+    for part in suite(name):
+        python, *command = [fill(argument, tmp_path) for argument in part.command]
+        assert python == sys.executable
+        if command[0].startswith("scripts/"):
+            parse = load_script(Path(command[0]).stem).parse_args
+        elif command[:2] == ["-m", "mtp.train"] or command[:2] == ["-m", "pytest"]:
+            continue
+        else:
+            parse = importlib.import_module(command[1] + ".__main__" if command[1] in (
+                "mtp.eval", "mtp.bench") else command[1]).parse_args
+        parse(command[1:] if command[0].startswith("scripts/") else command[2:])
+
+
+def test_the_command_line_takes_the_suite_first() -> None:
+    name, args = parse_args(["gpu", "budget=540", "only=[gpu_hf,gpu_eval]"])
+    assert (name, args.budget, args.only) == ("gpu", 540, ["gpu_hf", "gpu_eval"])
+    with pytest.raises(ValueError, match="the first argument must be a suite"):
+        parse_args(["budget=540"])
+    with pytest.raises(ValueError, match="bad arguments .*--budget"):
+        parse_args(["gpu", "--budget=540"])
+
+
 def test_smoke_suite_writes_results_and_regenerates_the_docs(tmp_path: Path) -> None:
     """`python -m mtp.bench smoke`: what CI runs; every part succeeds in seconds."""
     docs, readme = tmp_path / "benchmarks.md", tmp_path / "README.md"
     docs.write_text(marked("run_smoke", "decode", "memory", "peak_flops"))
     readme.write_text(marked("headline"))
-    done = subprocess.run([sys.executable, "-m", "mtp.bench", "smoke", "--out",
-                           str(tmp_path / "out"), "--docs", str(docs), "--readme", str(readme)],
+    done = subprocess.run([sys.executable, "-m", "mtp.bench", "smoke", f"out={tmp_path / 'out'}",
+                           f"docs={docs}", f"readme={readme}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])

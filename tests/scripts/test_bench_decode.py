@@ -17,10 +17,9 @@ def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
     prompts = tmp_path / "prompts.jsonl"  # short enough for the tiny context of 64
     prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n" + json.dumps("import os") + "\n")
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--checkpoint", str(directory), "--prompts", str(prompts),
-         "--max-new-tokens", "6",
-         "--ks", "2", "4", "--trees", "tree8", "--plot", str(tmp_path / "trees.png"),
-         "--repeats", "1", "--threads", "1", "--device", "cpu"],
+        [sys.executable, str(SCRIPT), f"checkpoint={directory}", f"prompts={prompts}",
+         "max_new_tokens=6", "ks=[2,4]", "trees=[tree8]", f"plot={tmp_path / 'trees.png'}",
+         "repeats=1", "threads=1", "device=cpu"],
         capture_output=True, text=True, check=True)
     *table, last = result.stdout.strip().splitlines()
     summary = json.loads(last)
@@ -39,3 +38,14 @@ def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
     assert all(row["plain_cost"] > 0 for row in summary["per_k"] + summary["per_tree"])
     assert any(line.split()[:1] == ["k=4"] for line in table)
     assert any(line.split()[:2] == ["tree8", "8"] for line in table)
+
+
+def test_bad_arguments_are_one_line_errors_naming_the_key(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "compile=sometimes"],
+                            capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: compile='sometimes' is not one of true, false, both"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--ks", "2"], capture_output=True,
+                            text=True)
+    assert result.returncode == 1 and result.stderr.startswith("error: ")
+    assert len(result.stderr.strip().splitlines()) == 1

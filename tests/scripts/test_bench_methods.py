@@ -24,14 +24,14 @@ def test_bench_methods_table_plot_and_json(tiny_config, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
     result = subprocess.run(
-        [sys.executable, str(METHODS), "--checkpoint", str(directory), "--draft-model",
-         str(draft_dir), "--prompts", str(prompts), "--humaneval", "0", "--max-new-tokens", "6",
-         "--ks", "2", "4", "--threads", "1", "--device", "cpu", "--plot",
-         str(tmp_path / "plot.png")], capture_output=True, text=True, check=True)
+        [sys.executable, str(METHODS), f"checkpoint={directory}", f"draft_model={draft_dir}",
+         f"prompts={prompts}", "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu",
+         f"plot={tmp_path / 'plot.png'}"], capture_output=True, text=True, check=True)
     *table, last = result.stdout.strip().splitlines()
     methods = json.loads(last)["methods"]
-    for name in ("autoregressive", "heads(k=2)", "heads(k=4)", "prompt_lookup", "draft_model",
-                 "autoregressive T=0.8"):
+    # every drafter's candidates, as drafter=auto measures them: the heads at every k
+    for name in ("autoregressive", "heads(k=2)", "heads(k=3)", "heads(k=4)", "prompt_lookup",
+                 "draft_model", "lookahead", "autoregressive T=0.8"):
         row = methods[name]
         assert set(row) == {"tokens_per_second", "speedup", "tokens_per_forward",
                             "forward_cost", "identical", "repeated"}
@@ -52,10 +52,11 @@ def test_bench_methods_subset_with_layer_skipping_and_adaptive_drafts(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
     result = subprocess.run(
-        [sys.executable, str(METHODS), "--checkpoint", str(directory), "--prompts", str(prompts),
-         "--humaneval", "0", "--max-new-tokens", "6", "--threads", "1", "--device", "cpu",
-         "--methods", "prompt_lookup", "layer_skip", "--layer-skip", str(choice), "--adaptive",
-         "--temperatures", "0"], capture_output=True, text=True, check=True)
+        [sys.executable, str(METHODS), f"checkpoint={directory}", f"prompts={prompts}",
+         "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu",
+         'methods=[prompt_lookup,"prompt_lookup adaptive=true",layer_skip,'
+         '"layer_skip adaptive=true"]', f"skip={choice}", "temperatures=[0]"],
+        capture_output=True, text=True, check=True)
     methods = json.loads(result.stdout.strip().splitlines()[-1])["methods"]
     assert list(methods) == ["autoregressive", "prompt_lookup", "prompt_lookup adaptive",
                              "layer_skip", "layer_skip adaptive"]
@@ -63,7 +64,7 @@ def test_bench_methods_subset_with_layer_skipping_and_adaptive_drafts(tmp_path):
 
 
 def test_bench_methods_in_both_dtypes_beside_transformers(tmp_path):
-    """--dtypes float32 bfloat16 --hf: every method again in bfloat16, and transformers' rows in
+    """dtypes=[float32,bfloat16] hf=true: every method again in bfloat16, and transformers' rows in
     float32 (no tokens per forward, so no forward cost); speed-ups against float32
     autoregressive."""
     from mtp.model import MTPConfig
@@ -73,10 +74,10 @@ def test_bench_methods_in_both_dtypes_beside_transformers(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
     result = subprocess.run(
-        [sys.executable, str(METHODS), "--checkpoint", str(directory), "--prompts", str(prompts),
-         "--humaneval", "0", "--max-new-tokens", "6", "--threads", "1", "--device", "cpu",
-         "--methods", "prompt_lookup", "--temperatures", "0", "--dtypes", "float32",
-         "bfloat16", "--hf"], capture_output=True, text=True, check=True)
+        [sys.executable, str(METHODS), f"checkpoint={directory}", f"prompts={prompts}",
+         "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu", "methods=[prompt_lookup]",
+         "temperatures=[0]", "dtypes=[float32,bfloat16]", "hf=true"],
+        capture_output=True, text=True, check=True)
     methods = json.loads(result.stdout.strip().splitlines()[-1])["methods"]
     assert list(methods) == ["autoregressive", "prompt_lookup", "transformers",
                              "transformers prompt_lookup", "autoregressive bf16",
@@ -87,3 +88,30 @@ def test_bench_methods_in_both_dtypes_beside_transformers(tmp_path):
         assert methods[name]["identical"] is True, name  # float32: the same ids as mtp's
     for name, row in methods.items():
         assert (row["forward_cost"] is None) == name.startswith("transformers"), name
+
+
+def test_methods_are_the_registry_s_drafters_with_generate_s_options():
+    """A method is a registered drafter (alone: what auto measures of it; with options: that
+    one drafter); the drafters' options are generate's, each checked against its drafters."""
+    from script_modules import load_script  # tests/ is on the path
+
+    bench = load_script("bench_methods")
+    args = bench.parse_args(["checkpoint=x", "num_draft=4", "draft_model=small",
+                             'methods=[heads,"heads k=2",draft_model,auto]'])
+    assert args.options == {"num_draft": 4, "draft_model": "small"}
+    spec = bench.DrafterSpec
+    assert args.method("heads k=2") == ("heads", spec("heads", k=2), True)
+    assert args.method("lookahead") == ("lookahead", spec("lookahead"), True)  # auto skips it
+    assert args.method("draft_model") == (  # what auto measures of it
+        "draft_model", spec("auto", num_draft=4, draft_model="small"), False)
+    assert args.method("auto") == ("auto", spec("auto", num_draft=4, draft_model="small"), False)
+    assert bench.parse_args(["checkpoint=x", "k=4"]).method("heads")[2]  # k selects the heads
+    with pytest.raises(ValueError, match="unknown drafter 'medusa'"):
+        bench.parse_args(["checkpoint=x", "methods=[medusa]"])
+    with pytest.raises(ValueError, match="window=3 sizes lookahead, not drafter='heads'"):
+        bench.parse_args(["checkpoint=x", 'methods=["heads window=3"]'])
+    with pytest.raises(ValueError, match="unknown key"):
+        bench.parse_args(["checkpoint=x", "ks=[2,4]"])
+    with pytest.raises(ValueError, match="dtypes"):
+        bench.parse_args(["checkpoint=x", "dtypes=[float64]"])
+    assert bench.label(None) == "autoregressive"

@@ -1,7 +1,6 @@
 """scripts/bench_threads.py: its worker measures decoding in-process; end to end, a table and
 one JSON line with every setting idle and loaded."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -9,15 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script  # tests/ is on the path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_threads.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("bench_threads", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_threads")
 
 
 def test_the_worker_decodes_the_byte8_shape(monkeypatch, tmp_path) -> None:
@@ -26,12 +23,14 @@ def test_the_worker_decodes_the_byte8_shape(monkeypatch, tmp_path) -> None:
     assert (model.config.n_future, model.config.dim, model.config.vocab_size) == (8, 256, 262)
     result = _script().worker("byte8", "default", 0.05, 4)
     assert result["tokens_per_second"] > 0 and result["threads"] == torch.get_num_threads()
+    with pytest.raises(ValueError, match="models: 'gpt2'"):
+        _script().parse_args(["models=[byte8,gpt2]"])
 
 
 @pytest.mark.slow
 def test_bench_prints_idle_and_loaded_for_every_setting() -> None:
-    result = subprocess.run([sys.executable, str(SCRIPT), "--models", "byte8", "--seconds",
-                             "0.1"], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, str(SCRIPT), "models=[byte8]", "seconds=0.1"],
+                            capture_output=True, text=True, check=True)
     *table, last = result.stdout.strip().splitlines()
     summary = json.loads(last)
     assert [row["setting"] for row in summary["rows"]] == [

@@ -13,9 +13,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_train.py"
 @pytest.mark.slow
 def test_bench_prints_mfu_and_step_time_ratios() -> None:
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--steps", "1", "--warmup", "0", "--batch", "2",
-         "--seq-len", "16", "--threads", "1", "--precision", "bf16-mixed",
-         "--peak-flops", "1e9", "model=tiny"], capture_output=True, text=True, check=True)
+        [sys.executable, str(SCRIPT), "steps=1", "warmup=0", "batch=2", "seq_len=16",
+         "threads=1", "precision=bf16-mixed", "peak_flops=1e9", "model=tiny"],
+        capture_output=True, text=True, check=True)
     *table, last = result.stdout.strip().splitlines()
     summary = json.loads(last)
     assert {"benchmark", "batch", "seq_len", "threads", "results"} <= summary.keys()
@@ -28,18 +28,15 @@ def test_bench_prints_mfu_and_step_time_ratios() -> None:
 
 
 def test_vocab_size_and_n_future_set_the_measured_shape(capsys) -> None:
-    """--vocab-size 1000 --n-future 4: the models trained (and their MFU's FLOPs) have them."""
-    import importlib.util
+    """vocab_size=1000 n_future=4: the models trained (and their MFU's FLOPs) have them."""
+    from script_modules import load_script  # tests/ is on the path
 
-    from mtp.train.flops import flops_per_token
     from mtp.model import MTPConfig
+    from mtp.train.flops import flops_per_token
 
-    spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)
-    bench_train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_train)
-    summary = bench_train.main(["--steps", "1", "--warmup", "0", "--batch", "1", "--seq-len",
-                                "8", "--peak-flops", "1e9", "--vocab-size", "1000",
-                                "--n-future", "4", "model=tiny"])
+    bench_train = load_script("bench_train")
+    summary = bench_train.main(["steps=1", "warmup=0", "batch=1", "seq_len=8", "peak_flops=1e9",
+                                "vocab_size=1000", "n_future=4", "model=tiny"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
     assert summary["results"].keys() == {"n=4 headwise", "n=4 chunked", "n=4 naive",
                                          "n=1 same trunk", "n=1 compute-matched"}
@@ -51,5 +48,8 @@ def test_vocab_size_and_n_future_set_the_measured_shape(capsys) -> None:
     # make the first rounding the larger error
     assert summary["mfu"] == pytest.approx(rate * flops_per_token(config, 8) / 1e9,
                                            rel=0.05 / rate + 1e-3, abs=1e-5)
-    with pytest.raises(ValueError, match="--n-future 1"):
-        bench_train.main(["--n-future", "1"])
+    with pytest.raises(ValueError, match="n_future=1"):
+        bench_train.parse_args(["n_future=1"])
+    # the recipe's overrides (a config group, a nested key) beside the script's own keys
+    args = bench_train.parse_args(["model=tiny", "seq_len=8", "model.dim=64", "+experiment=x"])
+    assert (args.seq_len, args.overrides) == (8, ["model=tiny", "model.dim=64", "+experiment=x"])

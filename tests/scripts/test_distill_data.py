@@ -1,21 +1,19 @@
 """scripts/distill_data.py writes the base model's continuations as data=local reads them."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from script_modules import load_script  # tests/ is on the path
 
-from mtp.checkpoint import export
+from mtp.checkpoint import export, load
 from mtp.data import LocalSource, prepare
 from mtp.generate import generate
 from mtp.model import MTPConfig, MTPModel
+from mtp.paths import mbpp_file
 from mtp.tokenizers import ByteTokenizer
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "distill_data.py"
-spec = importlib.util.spec_from_file_location("distill_data", SCRIPT)
-distill_data = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(distill_data)
+distill_data = load_script("distill_data")
 
 
 @pytest.fixture
@@ -34,11 +32,11 @@ def test_writes_what_the_local_source_reads(setup: tuple[Path, Path], tmp_path: 
                                             capsys: pytest.CaptureFixture, sampled: bool):
     checkpoint, corpus = setup
     out = tmp_path / "distilled" / "data.jsonl"
-    argv = ["--checkpoint", str(checkpoint), "--out", str(out), "--source", "local",
-            "--paths", str(corpus), "--prompts", "5", "--prompt-chars", "40",
-            "--max-new-tokens", "12", "--batch-size", "2", "--val-fraction", "0"]
+    argv = [f"checkpoint={checkpoint}", f"out={out}", "source=local", f"paths=[{corpus}]",
+            "prompts=5", "prompt_chars=40", "max_new_tokens=12", "batch_size=2",
+            "val_fraction=0", "threads=1"]
     if sampled:
-        argv += ["--temperature", "0.8", "--top-p", "0.9"]
+        argv += ["temperature=0.8", "top_p=0.9"]
     stats = distill_data.main(argv)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == stats
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -47,9 +45,10 @@ def test_writes_what_the_local_source_reads(setup: tuple[Path, Path], tmp_path: 
     sources = {p.name: p.read_text() for p in corpus.iterdir()}
     for record in records:
         assert record["text"] == record["prompt"] + record["continuation"]
-        assert len(record["prompt"]) == 40 and record["prompt"] in sources[Path(record["source"]).name]
+        assert len(record["prompt"]) == 40
+        assert record["prompt"] in sources[Path(record["source"]).name]
     if not sampled:  # greedy: exactly the model's own continuation
-        model, tokenizer = distill_data.load(checkpoint)
+        model, tokenizer = load(checkpoint)
         expected = generate(model, tokenizer, [records[0]["prompt"]], max_new_tokens=12)
         assert records[0]["continuation"] == expected[0].text
 
@@ -62,20 +61,23 @@ def test_writes_what_the_local_source_reads(setup: tuple[Path, Path], tmp_path: 
 
 def test_bad_arguments_are_named(setup: tuple[Path, Path], tmp_path: Path):
     checkpoint, corpus = setup
-    common = ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "x.jsonl"),
-              "--source", "local", "--paths", str(corpus)]
-    with pytest.raises(SystemExit, match="--batch-size must be >= 1, got 0"):
-        distill_data.main([*common, "--batch-size", "0"])
-    with pytest.raises(ValueError, match="no document is longer than --prompt-chars=5000"):
-        distill_data.main([*common, "--prompt-chars", "5000"])
+    common = [f"checkpoint={checkpoint}", f"out={tmp_path / 'x.jsonl'}", "source=local",
+              f"paths=[{corpus}]", "threads=1"]
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+        distill_data.parse_args([*common, "batch_size=0"])
+    with pytest.raises(ValueError, match="prompts_from='lines' is not one of"):
+        distill_data.parse_args([*common, "prompts_from=lines"])
+    with pytest.raises(ValueError, match="temperature"):
+        distill_data.parse_args([*common, "temperature=-1"])
+    with pytest.raises(ValueError, match="out=... is required"):
+        distill_data.parse_args([f"checkpoint={checkpoint}"])
+    with pytest.raises(ValueError, match="no document is longer than prompt_chars=5000"):
+        distill_data.main([*common, "prompt_chars=5000"])
 
 
-MBPP_FILE = Path("/work/shared/data/mbpp/mbpp.jsonl")
-
-
-@pytest.mark.skipif(not MBPP_FILE.exists(), reason="needs MBPP's mbpp.jsonl")
+@pytest.mark.skipif(mbpp_file() is None, reason="needs MBPP's mbpp.jsonl ($MTP_MBPP_FILE)")
 def test_mbpp_prompts_come_from_the_train_split_only():
-    prompts = distill_data.mbpp_prompts(MBPP_FILE, 10_000, seed=0)
+    prompts = distill_data.mbpp_prompts(mbpp_file(), 10_000, seed=0)
     ids = sorted(int(source.split("/")[1]) for source, _ in prompts)
     assert ids[0] >= 601 and ids[-1] <= 974 and len(ids) == 374  # never test or validation
     source, prompt = next(p for p in prompts if p[0] == "mbpp/912")  # a helper def comes first

@@ -1,22 +1,20 @@
 """scripts/eval_hf.py: transformers' greedy HumanEval run gives mtp.eval's completions."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+from script_modules import load_script  # tests/ is on the path
 
 from mtp.eval import EvalConfig, evaluate
+from mtp.paths import mbpp_file
 from mtp.tokenizers import BPETokenizer
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers' GGUF loader needs it
 from gguf_files import T, byte_level_vocab, write_gguf  # noqa: E402 (tests/ is on the path)
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "eval_hf.py"
-spec = importlib.util.spec_from_file_location("eval_hf", SCRIPT)
-eval_hf = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(eval_hf)
+eval_hf = load_script("eval_hf")
 
 
 @pytest.fixture(scope="module")
@@ -59,30 +57,25 @@ def test_transformers_completions_equal_mtp_eval(tmp_path: Path, gguf: Path) -> 
     summary = evaluate(EvalConfig(task="humaneval", checkpoint=str(gguf), output=str(ours),
                                   limit=3, max_new_tokens=24, drafter="autoregressive",
                                   batch_size=3, isolation="none"))
-    stats = eval_hf.main(["--checkpoint", str(gguf), "--out", str(tmp_path / "hf.jsonl"),
-                          "--limit", "3", "--max-new-tokens", "24", "--compare", str(ours),
-                          "--isolation", "none", "--threads", "1"])
+    stats = eval_hf.main([f"checkpoint={gguf}", f"out={tmp_path / 'hf.jsonl'}", "limit=3",
+                          "max_new_tokens=24", f"compare={ours}", "isolation=none", "threads=1"])
     assert (stats["compared"], stats["identical"], stats["different_lengths"]) == (3, 3, [])
     assert stats["pass@1"] == stats["mtp_pass@1"] == summary["pass@1"]
     completions = [r["completion"] for r in eval_hf.read_jsonl(ours)]
     assert len(set(completions)) == 3  # not one degenerate string
 
 
-MBPP_FILE = Path("/work/shared/data/mbpp/mbpp.jsonl")
-
-
-@pytest.mark.skipif(not MBPP_FILE.exists(), reason=f"needs MBPP's mbpp.jsonl at {MBPP_FILE}")
+@pytest.mark.skipif(mbpp_file() is None, reason="needs MBPP's mbpp.jsonl ($MTP_MBPP_FILE)")
 def test_mbpp_few_shot_completions_equal_mtp_eval(tmp_path: Path, gguf: Path) -> None:
     """The same on MBPP's 3-shot prompt, whose stop string is `[DONE]`."""
-    task = {"task": "mbpp", "data_file": str(MBPP_FILE), "few_shot": 3}
+    task = {"task": "mbpp", "data_file": str(mbpp_file()), "few_shot": 3}
     ours = tmp_path / "mtp.jsonl"
     summary = evaluate(EvalConfig(**task, checkpoint=str(gguf), output=str(ours), limit=2,
                                   max_new_tokens=16, drafter="autoregressive", batch_size=2,
                                   isolation="none"))
-    stats = eval_hf.main(["--checkpoint", str(gguf), "--out", str(tmp_path / "hf.jsonl"),
-                          "--task", "mbpp", "--data-file", str(MBPP_FILE), "--few-shot", "3",
-                          "--limit", "2", "--max-new-tokens", "16", "--compare", str(ours),
-                          "--isolation", "none", "--threads", "1"])
+    stats = eval_hf.main([f"checkpoint={gguf}", f"out={tmp_path / 'hf.jsonl'}", "task=mbpp",
+                          f"data_file={mbpp_file()}", "few_shot=3", "limit=2",
+                          "max_new_tokens=16", f"compare={ours}", "isolation=none", "threads=1"])
     assert (stats["task"], stats["compared"], stats["identical"]) == ("mbpp", 2, 2)
     assert stats["different_lengths"] == []
     assert stats["pass@1"] == stats["mtp_pass@1"] == summary["pass@1"]

@@ -1,27 +1,21 @@
 """scripts/paper_small.py: a tiny sweep (seconds) writes the JSON and both figures; bad input
 is one line before any training."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "paper_small.py"
+from script_modules import load_script  # tests/ is on the path
 
 
 @pytest.fixture(scope="module")
 def paper_small():
-    spec = importlib.util.spec_from_file_location("paper_small", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("paper_small")
 
 
 def test_tiny_sweep_writes_the_json_and_both_figures(paper_small, tmp_path, capsys,
                                                      monkeypatch) -> None:
     monkeypatch.setenv("MTP_DATA_DIR", str(tmp_path / "data"))
-    report = paper_small.main(["--budget", "smoke", "--jobs", "0", "--out", str(tmp_path)])
+    report = paper_small.main(["budget=smoke", "jobs=0", f"out={tmp_path}"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == report
     assert json.loads((tmp_path / "paper_small.json").read_text()) == report
     for name in ("induction", "polynomial", "curves"):
@@ -46,16 +40,18 @@ def test_tiny_sweep_writes_the_json_and_both_figures(paper_small, tmp_path, caps
     assert summary["induction"]["b"]["n=1"]["parameters"] == \
         summary["induction"]["b"]["n=2"]["parameters"]
     # a second call reuses every run's result
-    again = paper_small.main(["--budget", "smoke", "--jobs", "0", "--out", str(tmp_path)])
+    again = paper_small.main(["budget=smoke", "jobs=0", f"out={tmp_path}"])
     assert again["runs"] == report["runs"]
 
 
 def test_bad_input_is_one_line_before_training(paper_small, tmp_path, monkeypatch) -> None:
-    with pytest.raises(SystemExit, match="unknown task 'sums'"):
-        paper_small.main(["--budget", "smoke", "--tasks", "sums", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="unknown task 'sums'"):
+        paper_small.parse_args(["budget=smoke", "tasks=[sums]", f"out={tmp_path}"])
+    with pytest.raises(ValueError, match="budget='tpu'"):
+        paper_small.parse_args(["budget=tpu"])
     ladder = json.loads(json.dumps(paper_small.LADDERS["smoke"]))
     ladder["polynomial"]["sizes"] = [["a", 16, 3, 2]]  # 3 blocks cannot hold 4 heads
     monkeypatch.setitem(paper_small.LADDERS, "smoke", ladder)
-    with pytest.raises(SystemExit, match="depth=3 is too shallow"):
-        paper_small.main(["--budget", "smoke", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="depth=3 is too shallow"):
+        paper_small.main(["budget=smoke", f"out={tmp_path}"])
     assert not (tmp_path / "polynomial").exists()

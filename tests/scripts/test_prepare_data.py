@@ -1,15 +1,11 @@
 """scripts/prepare_data.py: a table of figures and a final JSON line that add up."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from script_modules import load_script  # tests/ is on the path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "prepare_data.py"
-spec = importlib.util.spec_from_file_location("prepare_data", SCRIPT)
-prepare_data = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(prepare_data)
+prepare_data = load_script("prepare_data")
 
 
 @pytest.fixture
@@ -24,9 +20,9 @@ def corpus(tmp_path):
 
 @pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
 def test_prints_table_and_json(corpus, tmp_path, capsys, tokenizer):
-    stats = prepare_data.main(["--source", "local", "--paths", str(corpus), "--tokenizer", tokenizer,
-                               "--vocab-size", "300", "--seq-len", "32", "--n-future", "4",
-                               "--val-fraction", "0.2", "--cache-dir", str(tmp_path / "cache")])
+    stats = prepare_data.main(["source=local", f"paths=[{corpus}]", f"tokenizer={tokenizer}",
+                               "vocab_size=300", "seq_len=32", "n_future=4", "val_fraction=0.2",
+                               f"cache_dir={tmp_path / 'cache'}"])
     out = capsys.readouterr().out.strip().splitlines()
     assert json.loads(out[-1]) == stats
     assert any(line.startswith("documents") for line in out)
@@ -37,6 +33,12 @@ def test_prints_table_and_json(corpus, tmp_path, capsys, tokenizer):
         assert s["tokens"] == s["blocks"] * 32 + s["remainder_tokens"]
 
 
-def test_local_source_needs_paths():
-    with pytest.raises(SystemExit, match="--paths"):
-        prepare_data.main(["--source", "local"])
+def test_bad_arguments_are_one_line_errors_naming_the_key():
+    with pytest.raises(ValueError, match=r"source=local needs paths="):
+        prepare_data.parse_args(["source=local"])
+    with pytest.raises(ValueError, match="source='nowhere'"):
+        prepare_data.parse_args(["source=nowhere"])
+    with pytest.raises(ValueError, match="decontaminate=.*'apps'"):
+        prepare_data.parse_args(["source=installed", "decontaminate=[apps]"])
+    with pytest.raises(ValueError, match="unknown key .*vocab"):
+        prepare_data.parse_args(["vocab=3"])
