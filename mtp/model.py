@@ -515,13 +515,24 @@ class MTPModel(nn.Module):
         `skip`: trunk layers left out (their residual passes through unchanged), as a
         layer-skipping drafter runs the model; their cache slots are neither read nor written.
         """
+        return self.trunk_states(tokens, cache=cache, step=step, skip=skip)[0]
+
+    def trunk_states(self, tokens: Tensor, *, cache: KVCache | None = None,
+                     step: CacheStep | None = None, skip: Collection[int] = (),
+                     keep: Sequence[int] = ()) -> tuple[Tensor, Tensor | None]:
+        """`trunk`, and the residual stream after each trunk layer in `keep`: (B, T, D) and
+        (B, T, len(keep), D), None when `keep` is empty (a feature-level drafter reads them:
+        EAGLE-3 fuses a low, a middle and a high layer's)."""
         _check_cached(cache, step)
         cos, sin = self.rope(tokens.shape[1], step)
         h = self.tok_embeddings(tokens)  # (B, T, D)
+        kept = {}
         for index, block in enumerate(self.layers):
             if index not in skip:
                 h = block(h, cos, sin, cache, step)
-        return h
+            if index in keep:
+                kept[index] = h
+        return h, torch.stack([kept[i] for i in keep], dim=2) if keep else None
 
     def resume_trunk(self, h: Tensor, start: int) -> Tensor:
         """Trunk layers start.. on the residual stream h (B, T, D) after layer start - 1, without

@@ -115,7 +115,7 @@ def test_tree_step_equals_each_root_to_leaf_path_on_its_own(model, stacked):
     _forward(model, prefixes, cache, [0, 0])
     step = cache_step(lengths, *_tree_layout(PARENTS), key_len=20)
     heads = StackedHeads(model, 4) if stacked else 4
-    logits = model.unembed(hidden_states(model, tree, cache, step, heads))  # (B, m, n, V)
+    logits = model.unembed(hidden_states(model, tree, cache, step, heads)[0])  # (B, m, n, V)
     for row, length in enumerate(lengths.tolist()):
         for node in range(len(PARENTS)):
             path = tree[row, _path(PARENTS, node)]

@@ -98,7 +98,8 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
                       active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
                       buffers: TreeBuffers, heads: int | StackedHeads,
                       sampling: SamplingConfig, typical: TypicalAcceptance | None,
-                      key_len: int, exact: bool = False) -> Verified:
+                      key_len: int, exact: bool = False,
+                      layers: tuple[int, ...] = ()) -> Verified:
     """One decode step on the device: verify `drafts`, the nodes of `tree` (see the module
     docstring; `exact`: its exact mode, the tree W nodes wide).
 
@@ -110,8 +111,8 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     step = cache_step(lengths, buffers.depths, buffers.visible, key_len,
                       model.config.max_seq_len, window=tree.n_nodes if exact else None,
                       ancestors=buffers.ancestors, dtype=cache.keys.dtype)
-    hidden = hidden_states(model, pending, cache, step, heads)  # (B, m, n, D)
-    target = model.unembed(hidden[:, :, 0])  # (B, m, V)
+    hidden, features = hidden_states(model, pending, cache, step, heads, layers=layers)
+    target = model.unembed(hidden[:, :, 0])  # (B, m, V); hidden (B, m, n, D)
     # accept: a path, and the token after it
     accepted = accept(drafts, target, tree, sampling, draws, typical, buffers=buffers,
                       exact=exact)
@@ -124,7 +125,8 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     lengths.add_(kept)
     root.copy_(torch.where(active, new_root, root))
     last = torch.where(active, accepted.node, 0)  # a finished row's: path[0], as kept is 0
-    return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens, last=last)
+    return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens, last=last,
+                    features=features)
 
 
 def rebuild_size(live: int, batch: int, compiled: bool, exact: bool = False) -> int | None:
@@ -147,18 +149,19 @@ class Engine:
 
     context: the most tokens any row holds (its prompt and new tokens); tree: the drafter's
     shape (`Tree.chain(0)`: autoregressive decoding); k: the verify forward runs heads
-    0..k-1, for the drafter (`Drafter.verify_heads`). exact: exact mode, every step `width`
-    tokens wide (default: the tree's), sampled tokens drawn from `seed`'s position uniforms.
+    0..k-1, for the drafter (`Drafter.verify_heads`); layers: the trunk layers whose output
+    it keeps (`Drafter.verify_layers`). exact: exact mode, every step `width` tokens wide
+    (default: the tree's), sampled tokens drawn from `seed`'s position uniforms.
     """
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
                  sampling: SamplingConfig, typical: TypicalAcceptance | None,
                  compile: bool = False, exact: bool = False, width: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, layers: tuple[int, ...] = ()) -> None:
         if exact:
             tree = tree.padded(width or tree.n_nodes)
         self.model, self.tree, self.sampling, self.typical = model, tree, sampling, typical
-        self.compiled, self.exact, self.seed = compile, exact, seed
+        self.compiled, self.exact, self.seed, self.layers = compile, exact, seed, layers
         param = next(model.parameters())
         self.device = param.device
         self.k = k  # in a compiled shape's key: a stack is a new object per k change
@@ -194,7 +197,8 @@ class Engine:
         prompts and keeps them whole (see `Verified`)."""
         pending = padded(prompts, pad_id, self.device)  # (B, T)
         with attention_kernels(self.device):
-            lengths, hidden = prefill(self.model, self.cache, prompts, self.heads, pad_id)
+            lengths, hidden, features = prefill(self.model, self.cache, prompts, self.heads,
+                                                pad_id, self.layers)
         self.lengths.copy_(lengths)
         self.host_lengths = [len(ids) for ids in prompts]
         rows = torch.arange(len(prompts), device=self.device)
@@ -212,7 +216,8 @@ class Engine:
         tokens[rows, lengths - 1] = self.root
         path = torch.arange(pending.shape[1], device=self.device).expand_as(pending)
         return Verified(pending, hidden, None, path, lengths, tokens,
-                        [[token] for token in self.root.tolist()], last=lengths - 1)
+                        [[token] for token in self.root.tolist()], last=lengths - 1,
+                        features=features)
 
     def verify_and_accept(self, drafts: Drafts, generator: torch.Generator | None
                           ) -> tuple[Verified, list[tuple[int, int]]]:
@@ -245,14 +250,14 @@ class Engine:
             param = next(self.model.parameters())
             self._step.note((self.model.config, param.dtype, self.batch, self.tree.paths,
                              key_len, self.k, self.sampling, self.typical, drafts.probs is None,
-                             self.exact))
+                             self.exact, self.layers))
             step = self._step.function
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
             out = step(self.model, self.cache, self.lengths, self.root, self.active, drafts,
                        draws, tree, buffers, self.heads, self.sampling, self.typical, key_len,
-                       self.exact)
+                       self.exact, self.layers)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
         host = torch.cat([out.kept[:, None], out.last[:, None], *real, out.tokens],

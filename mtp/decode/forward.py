@@ -43,7 +43,7 @@ heads, hd head width, L cached positions up to the end of this step.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -54,8 +54,10 @@ KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
 
 
 def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheStep,
-                  heads: int | StackedHeads, skip: Collection[int] = ()) -> Tensor:
-    """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D).
+                  heads: int | StackedHeads, skip: Collection[int] = (),
+                  layers: Sequence[int] = ()) -> tuple[Tensor, Tensor | None]:
+    """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D), and the
+    trunk's residual stream after each of `layers`, (B, T, len(layers), D) (None without).
 
     The heads' outputs before the shared norm and unembedding, which callers apply only where
     they need logits (the unembedding is the costliest layer of a large-vocabulary model).
@@ -63,11 +65,12 @@ def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheSt
     computes the same in one batched block per head layer. `skip`: trunk layers left out
     (`MTPModel.trunk`).
     """
-    trunk = model.trunk(tokens, cache=cache, step=step, skip=skip)  # (B, T, D)
+    trunk, features = model.trunk_states(tokens, cache=cache, step=step, skip=skip,
+                                         keep=layers)  # (B, T, D)
     if isinstance(heads, StackedHeads):
-        return heads(trunk, cache=cache, step=step)
+        return heads(trunk, cache=cache, step=step), features
     return torch.stack([model.head(trunk, i, cache=cache, step=step) for i in range(heads)],
-                       dim=2)
+                       dim=2), features
 
 
 def cached_forward(model: MTPModel, cache: KVCache, tokens: Tensor, lengths: Tensor,
@@ -76,7 +79,7 @@ def cached_forward(model: MTPModel, cache: KVCache, tokens: Tensor, lengths: Ten
     """`hidden_states` of T new tokens in a row (B, T) after each row's `lengths`."""
     step = cache_step(lengths, *causal(tokens.shape[1], tokens.device), key_len,
                       model.config.max_seq_len)
-    return hidden_states(model, tokens, cache, step, heads, skip)
+    return hidden_states(model, tokens, cache, step, heads, skip)[0]
 
 
 def key_width(needed: int, max_len: int, compiled: bool = False) -> int:
@@ -88,9 +91,11 @@ def key_width(needed: int, max_len: int, compiled: bool = False) -> int:
 
 
 def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
-            heads: int | StackedHeads, pad_id: int) -> tuple[Tensor, Tensor]:
+            heads: int | StackedHeads, pad_id: int,
+            layers: Sequence[int] = ()) -> tuple[Tensor, Tensor, Tensor | None]:
     """Cache the prompts, right-padded (rows 0..len(prompts)-1 of the cache), in the trunk and
-    heads 0..n-1: each row's length (B,) and the hidden states (B, T, n, D) at every token.
+    heads 0..n-1: each row's length (B,), the hidden states (B, T, n, D) at every token and
+    the trunk features of `layers` (`hidden_states`).
 
     A row's padding is written after its prompt, where the lengths leave it stale.
     """
@@ -99,7 +104,7 @@ def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
     tokens = padded(prompts, pad_id, device)  # (B, T)
     start = torch.zeros(len(prompts), dtype=torch.long, device=device)
     step = cache_step(start, *causal(tokens.shape[1], device), key_len=tokens.shape[1])
-    return lengths, hidden_states(model, tokens, cache, step, heads)
+    return lengths, *hidden_states(model, tokens, cache, step, heads, layers=layers)
 
 
 def padded(prompts: list[list[int]], pad_id: int, device: torch.device) -> Tensor:

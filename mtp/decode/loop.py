@@ -118,7 +118,7 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     with torch.inference_mode():  # every tensor of the call alike (a compiled step's guards)
         engine = Engine(model, len(encoded), context, tree, drafter.verify_heads(model),
                         sampling=sampling, typical=typical, compile=compile, exact=exact,
-                        width=width, seed=seed or 0)
+                        width=width, seed=seed or 0, layers=drafter.verify_layers(model))
         drafter.start(model, encoded, engine.cache, sampling, generator)
         _decode(engine, drafter, outputs, generator, tokenizer.pad_id, encoded)
     return [output.result() for output in outputs]

@@ -36,7 +36,7 @@ def tree_drafter(tree, k=None):
 def test_prefill_equals_full_recomputation_for_ragged_prompts(random_model):
     prompts = [[258, 1, 2, 3, 4, 5], [258, 9, 8]]
     cache = KVCache(random_model.config, 2, 16, dtype=torch.float64)
-    lengths, hidden = prefill(random_model, cache, prompts, 3, pad_id=256)
+    lengths, hidden, _ = prefill(random_model, cache, prompts, 3, pad_id=256)
     logits = random_model.unembed(hidden)  # (B, T, 3, V)
     for row, ids in enumerate(prompts):
         full = random_model(torch.tensor([ids]))[0, :, :3]  # (T, 3, V)

@@ -32,10 +32,10 @@ def static(monkeypatch):
     shapes = []
 
     def step(model, cache, lengths, root, active, drafts, draws, tree, buffers, heads,
-             sampling, typical, key_len, exact):
+             sampling, typical, key_len, *rest):
         shapes.append((lengths.shape[0], drafts.count + 1, key_len, cache.max_len))
         return engine.verify_and_accept(model, cache, lengths, root, active, drafts, draws,
-                                        tree, buffers, heads, sampling, typical, key_len, exact)
+                                        tree, buffers, heads, sampling, typical, key_len, *rest)
 
     monkeypatch.setattr(engine, "_compiled", {False: engine.CompiledStep(step)})
     return shapes
@@ -108,9 +108,9 @@ def _record_steps(monkeypatch, drafter):
         proposed.append(drafts.real().tolist())
         return drafts
 
-    def spy_forward(model, tokens, *rest):
+    def spy_forward(model, tokens, *rest, **options):
         forwards.append(tokens.shape[1])
-        return hidden_states(model, tokens, *rest)
+        return hidden_states(model, tokens, *rest, **options)
 
     monkeypatch.setattr(drafter, "propose", spy_propose)
     monkeypatch.setattr(engine, "hidden_states", spy_forward)

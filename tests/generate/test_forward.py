@@ -88,8 +88,8 @@ def test_hidden_states_takes_stacked_heads_and_leaves_the_other_heads_slots_alon
     tokens = torch.randint(0, 262, (2, 5))
     caches = [KVCache(model.config, 2, 16, dtype=torch.float64) for _ in range(2)]
     step = cache_step(torch.zeros(2, dtype=torch.long), *causal(5), key_len=5)
-    each = hidden_states(model, tokens, caches[0], step, 3)
-    stacked = hidden_states(model, tokens, caches[1], step, StackedHeads(model, 3))
+    each, _ = hidden_states(model, tokens, caches[0], step, 3)
+    stacked, _ = hidden_states(model, tokens, caches[1], step, StackedHeads(model, 3))
     torch.testing.assert_close(stacked, each, **EXACT)
     assert caches[1].keys[model.config.n_layers + 3 * 2:].abs().sum() == 0  # head 3 unused
 
@@ -102,8 +102,8 @@ def test_attention_free_heads_take_no_cache_slots():
     cache = KVCache(model.config, 1, 16, dtype=torch.float64)
     assert cache.keys.shape[0] == model.config.n_blocks
     step = cache_step(torch.zeros(1, dtype=torch.long), *causal(5), key_len=5)
-    hidden = hidden_states(model, torch.randint(0, 262, (1, 5)), cache, step,
-                           StackedHeads(model, 4))
+    hidden, _ = hidden_states(model, torch.randint(0, 262, (1, 5)), cache, step,
+                              StackedHeads(model, 4))
     assert hidden.shape == (1, 5, 4, 32)
     assert (cache.keys[:, :, :, :5].abs().flatten(1).sum(1) > 0).all()  # every slot written
 

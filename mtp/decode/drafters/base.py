@@ -106,6 +106,8 @@ class Verified:
         row that had finished before this step.
     last (B,): the pending index of each row's last kept token, whose heads predict the
         tokens after the new root (the root for a finished row); the engine always sets it.
+    features (B, m, L, D): the trunk's residual stream after each layer the drafter's
+        `verify_layers` names, at every pending token; None when it names none.
 
     A plain record: the engine fills every field, and a drafter reads the ones it needs.
     """
@@ -118,6 +120,7 @@ class Verified:
     tokens: Tensor
     new_ids: list[list[int]] | None = None
     last: Tensor | None = None
+    features: Tensor | None = None
 
     def last_two(self) -> Tensor:
         """The last two accepted tokens of each row (B, 2): the one before the newest, and it."""
@@ -204,6 +207,11 @@ class Drafter(ABC):
         """How many of the target's heads the verify forward runs (their hidden states at the
         kept node reach `update`); only head 0 unless the drafter reads the others."""
         return 1
+
+    def verify_layers(self, model: MTPModel) -> tuple[int, ...]:
+        """The trunk layers whose output the verify forward keeps for `update`
+        (`Verified.features`); none unless the drafter reads the target's features."""
+        return ()
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:  # noqa: B027 (optional)
         """Raise ValueError before any decoding if the drafter cannot serve this model."""

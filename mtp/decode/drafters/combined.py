@@ -46,6 +46,9 @@ class Combined(Drafter):
     def verify_heads(self, model: MTPModel) -> int:
         return max(d.verify_heads(model) for d in self.drafters)
 
+    def verify_layers(self, model: MTPModel) -> tuple[int, ...]:
+        return tuple(sorted({layer for d in self.drafters for layer in d.verify_layers(model)}))
+
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         for drafter in self.drafters:
             drafter.check(model, tokenizer)

@@ -89,12 +89,12 @@ def _full_step(model, window, ngram, guesses, prompt="xabcxabdxab"):
                                     for _ in range(ngram - 2)]
     row.window[0][0] = ids[-1]  # the root
     cache = KVCache(model.config, 1, 64, dtype=torch.float64)
-    lengths, _ = prefill(model, cache, [ids[:-1]], 1, TOKENIZER.pad_id)
+    lengths, _, _ = prefill(model, cache, [ids[:-1]], 1, TOKENIZER.pad_id)
     drafts = drafter.propose()
     pending = torch.cat([torch.tensor([[ids[-1]]]), drafts.tokens], dim=1)
     buffers = drafter.tree.buffers("cpu")
     step = cache_step(lengths, buffers.depths, buffers.visible, key_len=64)
-    hidden = hidden_states(model, pending, cache, step, 1)  # (1, m, 1, D)
+    hidden, _ = hidden_states(model, pending, cache, step, 1)  # (1, m, 1, D)
     return ids[:-1], drafter, drafts, pending, model.unembed(hidden[:, :, 0]), hidden
 
 
