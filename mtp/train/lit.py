@@ -92,7 +92,10 @@ class MTPLitModule(L.LightningModule):
         self.model: MTPModel | None = None
         self._step_started: float | None = None
         self._schedules: list[LRSchedule] = []
-        self._flops_per_token = flops_per_token(self.config, self.settings.run.seq_len)
+        self._weights_at = Progress()  # where the last loss read its scheduled weights
+        self._flops_per_token = flops_per_token(
+            self.config, self.settings.run.seq_len,
+            trains_base=not self.settings.optim.freeze_trunk)
         self._peak_flops: float | None = None  # per device; resolved when training starts
 
     # -- model ------------------------------------------------------------------------------
@@ -177,7 +180,8 @@ class MTPLitModule(L.LightningModule):
         """The loss with this step's scheduled weights; a training micro-batch's share of them
         (1 / accumulate), so that a step's gradient is the mean over its micro-batches."""
         scale = 1.0 / self.settings.optim.accumulate if train else 1.0
-        return self.settings.loss.resolved(self.config.n_future, self._progress(), scale)
+        self._weights_at = self._progress()
+        return self.settings.loss.resolved(self.config.n_future, self._weights_at, scale)
 
     def on_fit_start(self) -> None:
         if "16-mixed" == str(self.trainer.precision):
@@ -278,7 +282,7 @@ class MTPLitModule(L.LightningModule):
 
     def _log_weights(self) -> None:
         """The loss weights this step used: the schedule, plotted beside the losses."""
-        loss, n, progress = self.settings.loss, self.config.n_future, self._progress()
+        loss, n, progress = self.settings.loss, self.config.n_future, self._weights_at
         for i, weight in enumerate(loss.head_weights(n, progress)[1:], start=1):
             self.log(f"train/loss_weight_head{i}", weight)
         for d, weight in enumerate(loss.ahead_weights(n, progress), start=1):
