@@ -102,14 +102,15 @@ class Size:
 
 
 SIZES: dict[str, Size] = {
-    "cpu": Size(("decode.prompts=16",), seconds=840, flops_steps=400, finish_steps=100,
-                finish_seconds=120, ceiling=100_000),
-    "short": Size(("decode.prompts=8",), seconds=300, flops_steps=150, finish_steps=40,
-                  finish_seconds=45, ceiling=100_000),
+    # No periodic checkpoints: a study reuses finished runs only, and writing them would
+    # spend the runs' time budget.
+    "cpu": Size(("decode.prompts=16", "checkpoint.every_n_steps=100000"), seconds=840,
+                flops_steps=400, finish_steps=100, finish_seconds=120, ceiling=100_000),
+    "short": Size(("decode.prompts=8", "checkpoint.every_n_steps=100000"), seconds=300,
+                  flops_steps=150, finish_steps=40, finish_seconds=45, ceiling=100_000),
     "tiny": Size(("model=tiny", "seq_len=32", "data.batch_size=2", "data.val_fraction=0.3",
-                  "trainer.limit_val_batches=2",
-                  "trainer.val_check_interval=4", "optim.warmup_steps=1",
-                  "trainer.log_every_n_steps=1", "decode.prompts=1",
+                  "trainer.limit_val_batches=2", "trainer.val_check_interval=4",
+                  "optim.warmup_steps=1", "trainer.log_every_n_steps=1", "decode.prompts=1",
                   "decode.max_new_tokens=8", "decode.trees=[tree8]",
                   "checkpoint.every_n_steps=1000"),
                  seconds=600, flops_steps=4, finish_steps=2, finish_seconds=300, ceiling=4),
