@@ -22,8 +22,8 @@ summary.json exists in `out` is reused.
   seeds     [0,1,2]
   regimes   [time,flops]
   size      cpu: the CPU recipe (model=small, 16 x 256 bytes, 14 minutes or byte1's 400 steps
-            a run, 16 prompts); short: 5 minutes or 150 steps, 8 prompts; tiny: model=tiny for
-            seconds (the smoke test)
+            a run, 16 prompts); short: 5 minutes or 150 steps, 8 prompts; tiny: model=tiny,
+            seconds a run (the smoke test)
   out       runs/better_study: runs, better_study.json
   figures   where better_study.png goes (default: out)
   jobs      1: runs at a time; 0: in this process (no start-up per run: tests)
@@ -37,7 +37,7 @@ ends with one JSON line, the report that better_study.json holds.
 
     python scripts/better_study.py                                  # ~13 h on 2 cores
     python scripts/better_study.py size=short regimes=[time]        # ~3 h
-    python scripts/better_study.py size=tiny seeds=[0] recipes=[byte1,byte8,anneal]
+    python scripts/better_study.py size=tiny seeds=[0] recipes=[byte1,byte8,anneal]  # ~1 min
 """
 
 from __future__ import annotations
