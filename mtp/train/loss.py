@@ -177,10 +177,12 @@ def mtp_loss(model: MTPModel, tokens: Tensor, settings: LossSettings | None = No
     """Loss of every head on a block of tokens, and (with `backward`) its gradients.
 
     Args:
-        tokens: (B, L) ids; inputs are the first `seq_len` (default L - n_future).
-        settings: the mode, per-head weights, early exit and chunk size (`LossSettings`);
-            a plain call gives them as `options` instead: `mtp_loss(model, tokens,
-            mode="naive", weights=[1, 0.5])` (`LossSettings`' fields).
+        tokens: (B, L) ids; inputs are the first `seq_len` (default L less the look-ahead:
+            n_future, or 1 + len(ahead) when more).
+        settings: the mode, per-head weights, look-ahead term, early exit and chunk size
+            (`LossSettings`; a schedule's weights are read at the run's start: a training
+            step passes `settings.resolved(...)`); a plain call gives them as `options`
+            instead: `mtp_loss(model, tokens, mode="naive", weights=[1, 0.5])`.
         backward: called on each tensor to backpropagate (Lightning's `manual_backward`, or
             `autograd_backward`); None computes the loss only, e.g. for validation.
         train_trunk: False backpropagates into the heads only, not the trunk or embedding.
