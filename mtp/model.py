@@ -37,6 +37,9 @@ Design choices
 - Embedding and unembedding are untied by default, as in the paper.
 - Fair comparisons: `MTPConfig.compute_matched(depth=...)` takes n_future - 1 layers off the
   trunk when heads are added, so n = 1 and n > 1 models cost the same per token.
+  `MTPConfig.added_heads(depth=...)` is the other reading of `depth`: trunk + head 0 keep all
+  `depth` blocks (the next-token model, unchanged) and heads 1..n-1 come on top, costing what
+  they add. The model presets pick one with `heads` (`MTPConfig.from_depth`).
 - This module has no loss, no sampling and no parallelism: `loss.py`, `generate/` and
   `parallel.py` own those. For decoding, the forward takes a `KVCache` (storage, written by
   index) and a `CacheStep`: the new tokens' positions, cache slots and attention mask are
@@ -67,6 +70,7 @@ if TYPE_CHECKING:
 
 
 HEAD_TYPES: tuple[str, ...] = ("block", "resblock", "linear", "medusa", "sequential")
+HEAD_DEPTHS: tuple[str, ...] = ("matched", "added")  # how `depth` counts heads (from_depth)
 BLOCK_HEAD_TYPES: tuple[str, ...] = ("block", "sequential")  # heads 1..n-1 have blocks
 
 
@@ -171,6 +175,33 @@ class MTPConfig:
                 f"head_layers={head_layers} block(s): the trunk would have {n_layers} layers")
         return cls(n_layers=n_layers, n_future=n_future, head_layers=head_layers,
                    head_type=head_type, **fields)
+
+    @classmethod
+    def added_heads(cls, *, depth: int, head_layers: int = 1, **fields: Any) -> MTPConfig:
+        """A config whose trunk + head 0 has `depth` blocks, heads 1..n-1 added on top.
+
+        The next-token model of `depth` blocks keeps its whole depth (head 0 reads `depth`
+        blocks, as with n = 1) and the other heads take nothing from it: they cost what they
+        add per token, a block each for block and sequential heads, a D x D layer for
+        resblock, linear and medusa heads (and each head's share of the unembedding).
+        `depth=12, n_future=8` gives an 11-layer trunk, head 0's block and 7 more heads.
+        """
+        n_layers = depth - head_layers
+        if n_layers < 0:
+            raise ValueError(f"depth={depth} is too shallow for head 0's head_layers="
+                             f"{head_layers} block(s)")
+        return cls(n_layers=n_layers, head_layers=head_layers, **fields)
+
+    @classmethod
+    def from_depth(cls, *, depth: int, heads: str = "matched", **fields: Any) -> MTPConfig:
+        """The model presets' constructor (`conf/model/tiny.yaml`): `depth` blocks per token
+        with the heads `matched` (`compute_matched`: taken off the trunk) or `added`
+        (`added_heads`: on top of it)."""
+        if heads not in HEAD_DEPTHS:
+            raise ValueError(f"model.heads={heads!r} is not one of {HEAD_DEPTHS}: matched takes "
+                             f"the heads' blocks off the trunk, added puts them on top")
+        build = cls.compute_matched if heads == "matched" else cls.added_heads
+        return build(depth=depth, **fields)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -8,7 +8,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from hydra.errors import ConfigCompositionException
+from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -26,11 +26,12 @@ MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 TRAINERS = sorted(p.stem for p in (CONF_DIR / "trainer").glob("*.yaml"))
 LOGGERS = sorted(p.stem for p in (CONF_DIR / "logger").glob("*.yaml"))
 HEADS = {"byte8": 8, "byte1": 1, "bpe4": 4, "ntp": 1, "medusa1": 4, "medusa2": 4,
-         "smollm2_medusa1": 4}
+         "smollm2_medusa1": 4, "byte8_added": 8, "byte8_light": 8, "byte8_stepped": 8,
+         "byte8_anneal": 8, "byte8_ramp": 8, "byte1_ahead": 1, "heads_finish": 8}
 TOKENIZERS = {"bpe4": "bpe", "ntp": "bpe", "smollm2_medusa1": "bpe"}  # the others: byte
 # Medusa experiments start from a checkpoint; composing and checking them reads none.
 NEEDS_INIT = {name: ["init_from=/unused/export"]
-              for name in ("medusa1", "medusa2", "smollm2_medusa1")}
+              for name in ("medusa1", "medusa2", "smollm2_medusa1", "heads_finish")}
 
 
 def test_the_documented_presets_exist() -> None:
@@ -49,8 +50,10 @@ def test_every_experiment_and_model_composes(experiment: str, model: str) -> Non
     check_settings(cfg)
     config = model_config(cfg, ByteTokenizer())  # the vocabulary only scales the embeddings
     assert config.n_future == HEADS.get(experiment, config.n_future)
-    # Compute matched: a token goes through `depth` blocks whatever the number of heads.
-    assert config.n_blocks == cfg.model.depth
+    if cfg.model.heads == "matched":  # a token goes through `depth` blocks whatever the heads
+        assert config.n_blocks == cfg.model.depth
+    else:  # added: head 0 reads `depth` blocks, the other heads come on top
+        assert config.n_layers + config.head_layers == cfg.model.depth
     assert cfg.tokenizer.kind == TOKENIZERS.get(experiment, "byte")
 
 
@@ -196,6 +199,49 @@ def test_sequential_heads_compose_with_the_experiments(experiment: str) -> None:
     assert config.n_future == HEADS[experiment]
 
 
+@pytest.mark.parametrize("head_type", ["block", "resblock", "linear", "sequential", "medusa"])
+def test_added_heads_keep_byte1s_whole_model_for_every_head_type(head_type: str) -> None:
+    """model.heads=added (the byte8_* recipes of docs/better.md): trunk + head 0 is byte1's
+    model (11 + 1 blocks) and the 7 other heads come on top, of any type."""
+    byte1 = model_config(compose(["+experiment=byte1", "run_dir=/tmp/unused"]), ByteTokenizer())
+    cfg = compose(["+experiment=byte8_added", f"model.head_type={head_type}",
+                   "run_dir=/tmp/unused"])
+    check_settings(cfg)
+    config = model_config(cfg, ByteTokenizer())
+    assert (config.n_layers, config.n_future, config.head_type) == (11, 8, head_type)
+    assert config.n_layers == byte1.n_layers and config.head_layers == byte1.head_layers
+    with pytest.raises(ValueError, match="model.heads='on_top' is not one of"):
+        try:
+            model_config(compose(["model.heads=on_top", "run_dir=/tmp/unused"]), ByteTokenizer())
+        except InstantiationException as error:  # Hydra wraps the config's own ValueError
+            raise error.__cause__ from None
+
+
+def test_the_recipes_weights_and_schedules() -> None:
+    """DeepSeek-V3's lambda / D and its step, the curricula, modded-nanogpt's single head, and
+    the finish that trains the heads alone."""
+    def loss(experiment: str, *extra: str):
+        return check_settings(compose([f"+experiment={experiment}", "run_dir=/tmp/unused",
+                                       *extra])).loss
+
+    light = loss("byte8_light")
+    assert light.weights == pytest.approx((1.0,) + (0.3 / 7,) * 7)
+    assert light.schedule == "constant"
+    stepped = loss("byte8_stepped")
+    assert (stepped.schedule, stepped.schedule_steps) == ("stepped", (270,))
+    assert stepped.weights == light.weights
+    assert stepped.schedule_factor * 0.3 == pytest.approx(0.1)
+    assert (loss("byte8_anneal").schedule, loss("byte8_ramp").schedule) == ("anneal", "ramp")
+    ahead = loss("byte1_ahead")
+    assert (ahead.ahead, ahead.schedule, ahead.schedule_steps) == ((0.5, 0.25), "anneal",
+                                                                   (0, 267))
+    finish = check_settings(compose(["+experiment=heads_finish", "init_from=/unused/export",
+                                     "run_dir=/tmp/unused"]))
+    assert finish.optim.freeze_trunk and finish.optim.cache_trunk
+    assert (finish.loss.schedule, finish.loss.ahead, finish.run.max_steps) == (
+        "constant", None, 100)
+
+
 def test_unknown_experiment_is_hydras_error() -> None:
     with pytest.raises(ConfigCompositionException, match="byte9"):
         compose(["+experiment=byte9"])
@@ -215,7 +261,14 @@ def test_unknown_experiment_is_hydras_error() -> None:
     (["optim.cache_trunk=true"], "optim.cache_trunk=true keeps a frozen trunk's outputs"),
     (["loss.mode=fast"], "loss.mode='fast' is not one of"),
     (["loss.early_exit=0"], "loss.early_exit=0 must be a trunk layer"),
-    (["+loss.typo=1"], "loss.typo is not a setting; loss has chunk_size, early_exit, "),
+    (["+loss.typo=1"], "loss.typo is not a setting; loss has ahead, chunk_size, early_exit, "),
+    (["loss.schedule=cosine"], "loss.schedule='cosine' is not one of"),
+    (["+experiment=byte8", "loss.weights=[1,1,1,1,1,1,1,2]"],
+     r"loss\.weights=\[1, .*, 2\] must be a list of numbers in \[0, 1\]"),
+    (["+experiment=byte8_stepped", "trainer.max_steps=100"],
+     r"loss\.schedule_steps=\[270\] must be within the run's trainer\.max_steps=100"),
+    (["+experiment=byte1_ahead", "loss.ahead=[0.5,-1]"],
+     r"loss\.ahead=\[0\.5, -1\] must be a list of numbers in \[0, 1\]"),
     (["threads=0"], "threads=0 must be a positive integer"),
     (["compile=yes"], "compile='yes' must be true or false"),
     (["activation_checkpointing=some"], "activation_checkpointing='some' is not one of"),

@@ -65,9 +65,21 @@ def _fit(config: MTPConfig, steps: int, *, batch_size: int = 4,
                         callbacks=[losses, *callbacks], precision=precision,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
-    loader = DataLoader(_blocks(config.n_future), batch_size=batch_size, shuffle=False)
+    loader = DataLoader(_blocks(lit.settings.loss.lookahead(config.n_future)),
+                        batch_size=batch_size, shuffle=False)
     trainer.fit(lit, loader)
     return lit, losses.losses
+
+
+class _Recorded(Callback):
+    """The logged value of each of `names` after every training batch."""
+
+    def __init__(self, *names: str) -> None:
+        self.values: dict[str, list[float]] = {name: [] for name in names}
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        for name, values in self.values.items():
+            values.append(trainer.callback_metrics[name].item())
 
 
 def test_a_few_steps_lower_every_heads_loss(tiny_config: MTPConfig) -> None:
@@ -157,6 +169,39 @@ def test_non_finite_loss_stops_the_run(tiny_config: MTPConfig) -> None:
     with pytest.raises(NonFiniteLossError, match="non-finite loss .* at step 3"):
         trainer.fit(lit, DataLoader(_blocks(4), batch_size=4))
     assert trainer.global_step == 3  # the bad step was never applied
+
+
+def test_a_scheduled_run_trains_and_logs_the_weights_of_each_step(
+        tiny_config: MTPConfig) -> None:
+    """The forward curriculum over 6 steps, 3 distances: head 1 rises over steps 0-2, head 2
+    over 2-4, head 3 over 4-6; step 0 trains head 0 alone."""
+    names = [f"train/loss_weight_head{i}" for i in (1, 2, 3)]
+    recorded, gradients = _Recorded(*names), _Gradients()
+    _fit(tiny_config, 1, callbacks=[gradients], loss=LossSettings(schedule="ramp"))
+    assert all(gradients.grads[f"heads.{i}.0.feed_forward.w2.weight"].abs().sum() == 0
+               for i in (1, 2, 3))
+    assert gradients.grads["heads.0.0.feed_forward.w2.weight"].abs().sum() > 0
+    _fit(tiny_config, 6, callbacks=[recorded], loss=LossSettings(schedule="ramp"))
+    logged = list(zip(*(recorded.values[name] for name in names)))
+    assert logged == [pytest.approx(w, abs=1e-6) for w in [
+        (0, 0, 0), (0.5, 0, 0), (1, 0, 0), (1, 0.5, 0), (1, 1, 0), (1, 1, 0.5)]]
+
+
+def test_the_look_ahead_term_trains_one_head_on_longer_blocks(tiny_config: MTPConfig) -> None:
+    """loss.ahead on a one-head model: blocks of seq_len + 3 tokens, the look-ahead losses and
+    their annealed weights logged (t+3's falls over steps 0-2, then t+2's over 2-4)."""
+    one_head = MTPConfig(**{**tiny_config.to_dict(), "n_future": 1})
+    names = ["train/loss_weight_ahead1", "train/loss_weight_ahead2", "train/loss_ahead1",
+             "train/acc_ahead2", "train/loss_head0", "train/loss"]
+    recorded = _Recorded(*names)
+    lit, _ = _fit(one_head, 4, callbacks=[recorded],
+                  loss=LossSettings(ahead=[0.5, 0.25], schedule="anneal"))
+    values = recorded.values
+    assert values["train/loss_weight_ahead1"] == pytest.approx([0.5, 0.5, 0.5, 0.25])
+    assert values["train/loss_weight_ahead2"] == pytest.approx([0.25, 0.125, 0, 0])
+    assert all(0 <= a <= 1 for a in values["train/acc_ahead2"])
+    with pytest.raises(ValueError, match=r"expected \(batch, seq_len \+ look-ahead = 32 \+ 3"):
+        lit._loss(torch.zeros(2, 33, dtype=torch.long), train=False)
 
 
 def test_bad_settings_are_named(tiny_config: MTPConfig) -> None:

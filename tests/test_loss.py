@@ -2,8 +2,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtp.model import MTPConfig, MTPModel
+from mtp.model import HEAD_TYPES, MTPConfig, MTPModel
 from mtp.train.loss import IGNORE_INDEX, autograd_backward, mtp_loss, shift_targets
+from mtp.train.schedule import Progress
+from mtp.train.settings import LossSettings
 
 
 def test_shift_targets_worked_example():
@@ -89,10 +91,21 @@ def test_zero_weight_head_gets_no_gradient(tiny_config):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(mode="fast"), "loss.mode='fast' is not one of"),
-    (dict(weights=[1.0, 2.0]), r"loss.weights=\[1.0, 2.0\] needs one weight per head "
+    (dict(weights=[1.0, 0.5]), r"loss.weights=\[1.0, 0.5\] needs one weight per head "
                                r"\(model.n_future=4\)"),
-    (dict(weights=[1.0, -1.0, 1.0, 1.0]), "must be a list of non-negative numbers"),
+    (dict(weights=[1.0, -1.0, 1.0, 1.0]), r"loss.weights=\[1.0, -1.0, 1.0, 1.0\] must be a "
+                                          r"list of numbers in \[0, 1\]"),
+    (dict(weights=[1.0, 2.0, 1.0, 1.0]), r"must be a list of numbers in \[0, 1\]"),
+    (dict(ahead=[0.5, 1.5]), r"loss.ahead=\[0.5, 1.5\] must be a list of numbers in \[0, 1\]"),
     (dict(chunk_size=0), "chunk_size=0 must be >= 1"),
+    (dict(schedule="cosine"), "loss.schedule='cosine' is not one of"),
+    (dict(schedule="stepped"), r"loss.schedule=stepped needs loss.schedule_steps=\[STEP\]"),
+    (dict(schedule="stepped", schedule_steps=[10], schedule_factor=2.0),
+     r"loss.schedule_factor=2.0 must be in \[0, 1\]"),
+    (dict(schedule="anneal", schedule_steps=[10, 5]),
+     r"loss.schedule=anneal takes loss.schedule_steps=\[START, END\] with START < END"),
+    (dict(schedule="ramp", schedule_steps=[-1, 5]),
+     r"loss.schedule_steps=\[-1, 5\] must be a list of optimizer steps >= 0"),
 ])
 def test_bad_loss_arguments_are_named(tiny_config, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -251,3 +264,102 @@ def test_bad_early_exits_are_named(tiny_config, early_exit, weight, message):
     with pytest.raises(ValueError, match=message):
         mtp_loss(MTPModel(tiny_config), torch.zeros(1, 8, dtype=torch.long),
                  early_exit=early_exit, early_exit_weight=weight)
+
+
+# The weights at given steps of a 400-step run, heads 0..2 with base weights 1, 0.5, 0.25
+# (two distances beyond the next token), literal values (mtp/train/schedule.py).
+SCHEDULED = [
+    (dict(schedule="constant"), {0: (1, 0.5, 0.25), 399: (1, 0.5, 0.25)}),
+    # DeepSeek-V3's step: from step 270 on, the extra heads' weights times the factor
+    (dict(schedule="stepped", schedule_steps=[270], schedule_factor=0.5),
+     {0: (1, 0.5, 0.25), 269: (1, 0.5, 0.25), 270: (1, 0.25, 0.125), 399: (1, 0.25, 0.125)}),
+    # reverse curriculum over the run: head 2 falls in [0, 200], then head 1 in [200, 400]
+    (dict(schedule="anneal"), {0: (1, 0.5, 0.25), 100: (1, 0.5, 0.125), 200: (1, 0.5, 0),
+                               300: (1, 0.25, 0), 400: (1, 0, 0)}),
+    # forward curriculum: head 1 rises in [0, 200], then head 2 in [200, 400]
+    (dict(schedule="ramp"), {0: (1, 0, 0), 100: (1, 0.25, 0), 200: (1, 0.5, 0),
+                             300: (1, 0.5, 0.125), 400: (1, 0.5, 0.25)}),
+    # a window: nothing moves before step 100; the anneal is done at step 300
+    (dict(schedule="anneal", schedule_steps=[100, 300]),
+     {50: (1, 0.5, 0.25), 150: (1, 0.5, 0.125), 250: (1, 0.25, 0), 350: (1, 0, 0)}),
+]
+
+
+@pytest.mark.parametrize("schedule, expected", SCHEDULED, ids=lambda v: str(v)[:40])
+def test_each_schedule_gives_its_weights_at_given_steps(schedule, expected):
+    settings = LossSettings(weights=[1, 0.5, 0.25], **schedule)
+    for step, weights in expected.items():
+        at = Progress(step=step, max_steps=400)
+        assert settings.head_weights(3, at) == weights, step
+        resolved = settings.resolved(3, at, scale=0.5)  # a micro-batch's share
+        assert resolved.schedule == "constant" and resolved.head_weights(3) == tuple(
+            w / 2 for w in weights)
+
+
+def test_the_single_head_loss_anneals_to_next_token_prediction():
+    """modded-nanogpt: head 0 on t+1, t+2, t+3 weighted 1, 1/2, 1/4, annealed over the first
+    3/4 of the run here: [1, 0.5, 0.25 -> 0] -> [1, 0.5 -> 0] -> [1]."""
+    settings = LossSettings(ahead=[0.5, 0.25], schedule="anneal", schedule_steps=[0, 300])
+    expected = {0: (0.5, 0.25), 75: (0.5, 0.125), 150: (0.5, 0), 225: (0.25, 0), 300: (0, 0),
+                399: (0, 0)}
+    for step, weights in expected.items():
+        at = Progress(step=step, max_steps=400)
+        assert settings.ahead_weights(1, at) == weights, step
+        assert settings.head_weights(1, at) == (1.0,)
+    assert settings.lookahead(1) == 3 and settings.lookahead(8) == 8
+
+
+def test_a_schedule_follows_the_time_budget_when_it_ends_the_run_first():
+    """As the learning rate: progress is max(step / max_steps, elapsed / time_budget)."""
+    settings = LossSettings(weights=[1, 0.5, 0.25], schedule="anneal")
+    slow = Progress(step=100, max_steps=400, elapsed=30.0, time_budget=60.0)  # half the time
+    assert settings.head_weights(3, slow) == (1, 0.5, 0)
+    fast = Progress(step=100, max_steps=400, elapsed=6.0, time_budget=60.0)
+    assert settings.head_weights(3, fast) == (1, 0.5, 0.125)
+
+
+@pytest.mark.parametrize("mode", ["naive", "headwise", "chunked"])
+def test_the_look_ahead_term_scores_head_0_against_the_tokens_further_ahead(mode):
+    """loss.ahead: the same loss and gradients as head 0's cross-entropies against t+1, t+2
+    and t+3 written out; the blocks carry 3 look-ahead tokens for a one-head model."""
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
+    model = MTPModel(config).double()
+    tokens = torch.randint(0, 262, (2, 12 + 3))
+    inputs, targets = shift_targets(tokens, 12, 3)
+    logits = model(inputs)[:, :, 0].flatten(0, 1)
+    ce = [F.cross_entropy(logits, targets[:, d].flatten()) for d in range(3)]
+    (ce[0] + 0.5 * ce[1] + 0.25 * ce[2]).backward()
+    reference = {name: p.grad.clone() for name, p in model.named_parameters()}
+    out, grads = _gradients(model, tokens, mode=mode, ahead=[0.5, 0.25], chunk_size=5)
+    torch.testing.assert_close(out.loss, (ce[0] + 0.5 * ce[1] + 0.25 * ce[2]).detach())
+    torch.testing.assert_close(out.ahead_losses, torch.stack(ce[1:]).detach())
+    assert out.head_losses.shape == (1,) and out.ahead_count.tolist() == [24, 24]
+    assert out.ahead_correct.tolist() == [
+        (logits.argmax(-1) == targets[:, d].flatten()).sum().item() for d in (1, 2)]
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_added_heads_give_equal_gradients_in_every_mode(head_type):
+    """Heads on top of a full-depth trunk (model.heads=added), weighted as a schedule has
+    them mid-run: naive, headwise and chunked give the same losses and gradients."""
+    config = MTPConfig.from_depth(depth=3, heads="added", n_future=4, head_type=head_type,
+                                  vocab_size=262, dim=32, n_heads=4, n_kv_heads=2,
+                                  max_seq_len=64)
+    assert config.n_layers + config.head_layers == 3  # head 0 reads every block of depth
+    model = MTPModel(config).double()
+    tokens = torch.randint(0, 262, (2, 12 + 4))
+    scheduled = LossSettings(weights=[1, 0.5, 0.5, 0.5], schedule="anneal")
+    weights = scheduled.head_weights(4, Progress(step=2, max_steps=8))
+    assert weights == pytest.approx((1, 0.5, 0.5, 0.125))  # head 3 is on its way down
+    naive, naive_grads = _gradients(model, tokens, mode="naive", weights=weights)
+    for mode in ("headwise", "chunked"):
+        out, grads = _gradients(model, tokens, mode=mode, weights=weights, chunk_size=5)
+        torch.testing.assert_close(out.loss, naive.loss, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out.head_losses, naive.head_losses, rtol=1e-12, atol=1e-12)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, naive_grads[name], rtol=1e-10, atol=1e-12,
+                                       msg=f"{mode}: gradient of {name}")
+    assert all(naive_grads[name].abs().sum() > 0 for name, _ in model.named_parameters()
+               if name.startswith("heads.3."))

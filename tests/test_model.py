@@ -66,6 +66,27 @@ def test_compute_matched_takes_the_extra_heads_off_the_trunk():
         MTPConfig.compute_matched(depth=3, n_future=4, vocab_size=262)
 
 
+@pytest.mark.parametrize("head_type, blocks", [
+    ("block", 19), ("sequential", 19), ("resblock", 12), ("linear", 12), ("medusa", 12)])
+def test_added_heads_keep_head_0_at_the_whole_depth(head_type, blocks):
+    """model.heads=added: trunk + head 0 is byte1's 12-block model whatever the heads, which
+    come on top (block and sequential heads with their own blocks); head 0's parameters are
+    named and shaped as the next-token model's, so its weights could be byte1's."""
+    added = MTPConfig.from_depth(depth=12, heads="added", n_future=8, head_type=head_type,
+                                 vocab_size=262, dim=32, n_heads=4)
+    one = MTPConfig.from_depth(depth=12, heads="added", vocab_size=262, dim=32, n_heads=4)
+    assert (added.n_layers, added.n_future, added.n_blocks) == (11, 8, blocks)
+    assert one == MTPConfig.compute_matched(depth=12, vocab_size=262, dim=32, n_heads=4)
+    base = {k: v.shape for k, v in MTPModel(one).state_dict().items()}
+    assert {k: v.shape for k, v in MTPModel(added).state_dict().items()
+            if MTPModel.is_base_parameter(k)} == base
+    assert MTPConfig.from_depth(depth=12, n_future=8, vocab_size=262).n_layers == 4  # matched
+    with pytest.raises(ValueError, match="model.heads='on_top' is not one of"):
+        MTPConfig.from_depth(depth=12, heads="on_top", vocab_size=262)
+    with pytest.raises(ValueError, match="depth=1 is too shallow for head 0's head_layers=2"):
+        MTPConfig.added_heads(depth=1, head_layers=2, vocab_size=262)
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(dim=30, n_heads=4), "dim=30 must be divisible by n_heads=4"),
     (dict(n_heads=4, n_kv_heads=3), "n_heads=4 must be divisible by n_kv_heads=3"),

@@ -121,6 +121,31 @@ def test_an_early_exit_is_trained_and_logged(corpus: Path, tmp_path: Path) -> No
                                  "loss.early_exit=9")))
 
 
+def test_the_heads_only_finish_leaves_head_0_bit_identical(corpus: Path, tmp_path: Path) -> None:
+    """byte8_anneal, then heads_finish from its export: the first run logs and plots its
+    annealed weights; the finish trains heads 1..7 alone on the cached trunk, so head 0's
+    logits are bit-identical to the first run's and the heads' are not."""
+    first, second = tmp_path / "anneal", tmp_path / "finish"
+    train(compose(["+experiment=byte8_anneal", *_overrides(
+        corpus, first, "trainer.max_steps=4", "trainer.val_check_interval=4")[1:]]))
+    history = read_metrics_csv(first / "plots" / "metrics.csv")
+    weights = [value for _, value in history["train/loss_weight_head7"]]
+    assert weights[0] > weights[-1] == 0 and (first / "plots" / "weights.png").is_file()
+    train(compose(["+experiment=heads_finish", *_overrides(
+        corpus, second, f"init_from={first / 'export'}", "trainer.max_steps=3",
+        "trainer.val_check_interval=3")[1:]]))
+    (annealed, tokenizer), (finished, _) = mtp.load(first / "export"), mtp.load(second / "export")
+    assert finished.config == annealed.config and finished.config.head_type == "resblock"
+    tokens = torch.tensor([tokenizer.encode("def f(x):\n    return x + 1\n")])
+    with torch.no_grad():
+        before, after = annealed(tokens), finished(tokens)
+    assert torch.equal(before[:, :, 0], after[:, :, 0])  # bit for bit
+    assert not torch.equal(before[:, :, 1:], after[:, :, 1:])
+    result = json.loads((second / "summary.json").read_text())
+    assert result["steps"] == 3 and "train/loss_weight_head1" not in read_metrics_csv(
+        second / "plots" / "metrics.csv")
+
+
 @pytest.mark.slow
 def test_a_slow_machine_decays_the_lr_by_the_time_guard(
         corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
@@ -238,17 +263,24 @@ def _pickled(path: Path) -> Path:
 
 @pytest.mark.parametrize(("argument", "message"), [
     (lambda tmp: "optim.lr=-1", "optim.lr=-1.0 must be > 0"),
+    (lambda tmp: "loss.schedule=cosine", "loss.schedule='cosine' is not one of ('constant', "),
+    (lambda tmp: "loss.weights=[1,1,1,1,1,1,1,2]",
+     "loss.weights=[1, 1, 1, 1, 1, 1, 1, 2] must be a list of numbers in [0, 1]"),
+    (lambda tmp: ["loss.schedule=anneal", "loss.schedule_steps=[0,500]"],
+     "loss.schedule_steps=[0, 500] must be within the run's trainer.max_steps=400"),
     (lambda tmp: "data.source.paths=[/nonexistent/*.py]",
      "data.source.paths: /nonexistent/*.py matches no file"),
     (lambda tmp: f"ckpt_path={_pickled(tmp / 'foreign.ckpt')}",
      "foreign.ckpt is not a Lightning checkpoint: it does not load as tensors and plain values"),
-], ids=["lr", "paths", "ckpt_path"])
+], ids=["lr", "schedule", "weights", "schedule_steps", "paths", "ckpt_path"])
 def test_a_bad_input_is_one_line_before_training(argument, message: str, tmp_path: Path) -> None:
     """The training command names the value in one line and exits 1, before it builds or
     reads anything else: no traceback, no run directory's checkpoints, and never torch's
     advice to unpickle a file of unknown origin with weights_only=False."""
+    arguments = argument(tmp_path)
     done = subprocess.run([sys.executable, "-m", "mtp.train", "+experiment=byte8", "data=local",
-                           "data.source.paths=[mtp]", "logger=none", argument(tmp_path),
+                           "data.source.paths=[mtp]", "logger=none",
+                           *(arguments if isinstance(arguments, list) else [arguments]),
                            f"hydra.run.dir={tmp_path / 'run'}"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and done.stdout == "", done.stderr

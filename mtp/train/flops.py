@@ -10,12 +10,22 @@ T = seq_len and a multiply-add as 2 FLOPs:
                          + 2 * 2 * T * H * hd       scores Q K^T and the weighted sum A V
     per head, forward      2 * D * V                the shared unembedding, once per head
     per sequential module  2 * 2D * D               its eh_proj (head_type="sequential")
-    forward                (n_layers + n_future * head_layers) * block + n_future * unembedding
+    per resblock, linear   2 * D * D                a head layer of heads 1..n-1 that is not a
+    or medusa layer                                 block (head 0's are blocks)
+    forward                (n_layers + head_layers) * block + heads 1..n-1's layers (and
+                           modules) + n_future * unembedding
     training               3 * forward              backward = 2 x forward (input and weight
                                                     gradients of every product)
+    heads-only training    forward + 2 x heads 1..n-1's layers + (n_future - 1) * unembedding
+                           (`trains_base=False`: Medusa-1, `optim.freeze_trunk`; the trunk and
+                           head 0 run forward only, the frozen unembedding passes input
+                           gradients back to heads 1..n-1, and a resblock, linear or medusa
+                           head's first layer needs no input gradient)
 
 The trunk runs once and each head once, so this holds for every loss mode (`mtp.train.loss`);
-the input embedding is a lookup (no FLOPs). Attention is counted over the full T x T
+the input embedding is a lookup (no FLOPs). Medusa heads (head_type="medusa") read head 0's
+output, which the model recomputes for each of them in training: like activation
+checkpointing's recomputation, that is not counted. Attention is counted over the full T x T
 score matrix, the convention of PaLM's MFU (Chowdhery et al. 2022, appendix B), torchtitan
 and `torch.utils.flop_counter`, although a causal kernel skips about half of it. This is
 the model's FLOPs, not the hardware's: recomputation (activation checkpointing) is not
@@ -30,7 +40,7 @@ import time
 
 import torch
 
-from mtp.model import MTPConfig
+from mtp.model import BLOCK_HEAD_TYPES, MTPConfig
 
 # Dense bf16 tensor-core peaks from the vendors' data sheets (no sparsity), per device.
 PEAK_FLOPS: dict[str, float] = {
@@ -40,8 +50,10 @@ PEAK_FLOPS: dict[str, float] = {
 }
 
 
-def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True) -> float:
-    """Model FLOPs per input token of a training step (or a forward when training=False).
+def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True,
+                    trains_base: bool = True) -> float:
+    """Model FLOPs per input token of a training step (or a forward when training=False);
+    `trains_base=False`: a step that trains heads 1..n-1 alone (a frozen base model).
 
     See the module docstring for the formula. `seq_len` is the attention context T.
     """
@@ -54,10 +66,20 @@ def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True) -
     attention = 2 * 2 * seq_len * H * hd
     block = projections + feed_forward + attention
     unembedding = 2 * D * V
-    forward = config.n_blocks * block + config.n_future * unembedding
+    extra_layer = block if config.head_type in BLOCK_HEAD_TYPES else 2 * D * D
+    extra = (config.n_future - 1) * config.head_layers * extra_layer  # heads 1..n-1
     if config.head_type == "sequential":
-        forward += (config.n_future - 1) * 2 * 2 * D * D
-    return 3.0 * forward if training else float(forward)
+        extra += (config.n_future - 1) * 2 * 2 * D * D
+    forward = (config.n_layers + config.head_layers) * block + extra \
+        + config.n_future * unembedding
+    if not training:
+        return float(forward)
+    if trains_base:
+        return 3.0 * forward
+    backward = 2 * extra + (config.n_future - 1) * unembedding
+    if config.head_type not in BLOCK_HEAD_TYPES:  # a first layer x + f(x W) reads a frozen x:
+        backward -= (config.n_future - 1) * 2 * D * D  # W's gradient alone
+    return float(forward + backward)
 
 
 def measure_peak_flops(dtype: torch.dtype = torch.float32, *, device: str = "cpu",

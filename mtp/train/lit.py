@@ -8,14 +8,16 @@ One optimizer step = `accumulate` micro-batches; each is weighted 1/accumulate s
 gradient is the mean over them. `trainer.global_step` counts optimizer steps, so
 `trainer.max_steps` and the LR schedule are in optimizer steps. The schedule also ends by
 `trainer.max_time` when that comes first (`mtp.train.optim.lr_factor`): its clock is Lightning's
-`Timer`, which checkpoints restore, so a resumed run continues the same schedule.
+`Timer`, which checkpoints restore, so a resumed run continues the same schedule. The loss
+weights' schedule (`loss.schedule`, `mtp.train.schedule`) reads the same step and clock: each
+step's loss takes `LossSettings.resolved` at the run's `Progress`, and a scheduled run logs
+the weights it used (`train/loss_weight_head{i}`, `train/loss_weight_ahead{d}`).
 Under FSDP2 the model is built on the meta device, sharded by `mtp.train.parallel.parallelize`
 and then initialised.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -35,6 +37,7 @@ from mtp.train.parallel import (
     mixed_precision,
     parallelize,
 )
+from mtp.train.schedule import Progress
 from mtp.train.settings import TrainSettings
 from mtp.train.trunk_cache import TrunkCache
 
@@ -82,8 +85,6 @@ class MTPLitModule(L.LightningModule):
                                   n_layers=self.config.n_layers)
         self.save_hyperparameters({"model": self.config.to_dict(),
                                    "settings": self.settings.to_dict()})
-        self._train_loss = _per_micro_batch(self.settings.loss, self.config.n_future,
-                                           self.settings.optim.accumulate)
         self.trunk_cache = TrunkCache() if self.settings.optim.cache_trunk else None
         self.automatic_optimization = False
         self._init_state = init_state
@@ -91,7 +92,10 @@ class MTPLitModule(L.LightningModule):
         self.model: MTPModel | None = None
         self._step_started: float | None = None
         self._schedules: list[LRSchedule] = []
-        self._flops_per_token = flops_per_token(self.config, self.settings.run.seq_len)
+        self._weights_at = Progress()  # where the last loss read its scheduled weights
+        self._flops_per_token = flops_per_token(
+            self.config, self.settings.run.seq_len,
+            trains_base=not self.settings.optim.freeze_trunk)
         self._peak_flops: float | None = None  # per device; resolved when training starts
 
     # -- model ------------------------------------------------------------------------------
@@ -153,19 +157,31 @@ class MTPLitModule(L.LightningModule):
                   if isinstance(cb, Timer) and cb.time_remaining() is not None]
         return timers[0] if timers else None
 
-    def _update_schedule_clock(self) -> None:
-        """Give the LR schedule the training time so far.
+    def _progress(self) -> Progress:
+        """Where the run is: its optimizer step and, under `trainer.max_time`, its clock.
 
         Each rank reads its own Timer (started together, milliseconds apart): no collective
         per step, and under FSDP each rank only updates its own shards anyway.
         """
-        timer = self._timer()
-        if timer is None or not self._schedules:
+        timer = self._timer() if self._trainer is not None else None
+        elapsed = timer.time_elapsed() if timer else 0.0
+        return Progress(step=self.global_step, max_steps=self.settings.run.max_steps,
+                        elapsed=elapsed, time_budget=timer and elapsed + timer.time_remaining())
+
+    def _update_schedule_clock(self) -> None:
+        """Give the LR schedule the training time so far."""
+        progress = self._progress()
+        if progress.time_budget is None:
             return
-        elapsed = timer.time_elapsed()
-        budget = elapsed + timer.time_remaining()
         for schedule in self._schedules:
-            schedule.elapsed, schedule.time_budget = elapsed, budget
+            schedule.elapsed, schedule.time_budget = progress.elapsed, progress.time_budget
+
+    def _loss_settings(self, train: bool) -> LossSettings:
+        """The loss with this step's scheduled weights; a training micro-batch's share of them
+        (1 / accumulate), so that a step's gradient is the mean over its micro-batches."""
+        scale = 1.0 / self.settings.optim.accumulate if train else 1.0
+        self._weights_at = self._progress()
+        return self.settings.loss.resolved(self.config.n_future, self._weights_at, scale)
 
     def on_fit_start(self) -> None:
         if "16-mixed" == str(self.trainer.precision):
@@ -182,19 +198,20 @@ class MTPLitModule(L.LightningModule):
         """The loss of a batch (backpropagated when `train`); a training batch's `index` (its
         blocks') reads the frozen trunk's output from `cache_trunk`'s cache."""
         seq_len = self.settings.run.seq_len
-        expected = seq_len + self.config.n_future
+        lookahead = self.settings.loss.lookahead(self.config.n_future)
+        expected = seq_len + lookahead
         if tokens.ndim != 2 or tokens.shape[1] != expected:
             raise ValueError(f"batch['tokens'] has shape {tuple(tokens.shape)}; expected "
-                             f"(batch, seq_len + n_future = {seq_len} + "
-                             f"{self.config.n_future} = {expected})")
+                             f"(batch, seq_len + look-ahead = {seq_len} + {lookahead} = "
+                             f"{expected}: n_future heads, or 1 + len(loss.ahead))")
         trunk_out = None
         if train and self.trunk_cache is not None:
             if index is None:
                 raise ValueError("cache_trunk needs each training block's index (batch['index'],"
                                  " from a map-style corpus; a streamed one has none)")
             trunk_out = self.trunk_cache.trunk_out(self.model, tokens[:, :seq_len], index)
-        return mtp_loss(self.model, tokens, self._train_loss if train else self.settings.loss,
-                        seq_len=seq_len, backward=self.manual_backward if train else None,
+        return mtp_loss(self.model, tokens, self._loss_settings(train), seq_len=seq_len,
+                        backward=self.manual_backward if train else None,
                         train_trunk=self._trains_trunk(), trunk_out=trunk_out)
 
     def _trains_trunk(self) -> bool:
@@ -218,17 +235,13 @@ class MTPLitModule(L.LightningModule):
         loss = out.loss * optim.accumulate  # undo the 1/accumulate weighting for the log
         self._check_finite("loss", loss, out)
         # The whole batch's losses and accuracies, not rank 0's share: one all-reduce over ranks.
-        n = self.config.n_future
-        loss, *per_head = self.trainer.strategy.reduce(
-            torch.stack([loss, *out.head_losses, *out.head_accuracy, *_exit_metrics(out)]),
-            reduce_op="mean")
+        loss, *metrics = self.trainer.strategy.reduce(
+            torch.stack([loss, *_metrics(out).values()]), reduce_op="mean")
         self.log("train/loss", loss, prog_bar=True)
-        for i in range(n):
-            self.log(f"train/loss_head{i}", per_head[i])
-            self.log(f"train/acc_head{i}", per_head[n + i])
-        if out.exit_loss is not None:
-            self.log("train/loss_exit", per_head[2 * n])
-            self.log("train/acc_exit", per_head[2 * n + 1])
+        for name, value in zip(_metrics(out), metrics):
+            self.log(f"train/{name}", value)
+        if self.settings.loss.schedule != "constant":
+            self._log_weights()
         if not last:
             return
 
@@ -267,17 +280,20 @@ class MTPLitModule(L.LightningModule):
                 f"state. Lower optim.lr or raise optim.warmup_steps, and resume from the last "
                 f"good checkpoint (ckpt_path=.../checkpoints/last.ckpt).")
 
+    def _log_weights(self) -> None:
+        """The loss weights this step used: the schedule, plotted beside the losses."""
+        loss, n, progress = self.settings.loss, self.config.n_future, self._weights_at
+        for i, weight in enumerate(loss.head_weights(n, progress)[1:], start=1):
+            self.log(f"train/loss_weight_head{i}", weight)
+        for d, weight in enumerate(loss.ahead_weights(n, progress), start=1):
+            self.log(f"train/loss_weight_ahead{d}", weight)
+
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         out = self._loss(batch["tokens"], train=False)
         size = batch["tokens"].shape[0]
         self.log("val/loss", out.loss, prog_bar=True, sync_dist=True, batch_size=size)
-        for i, (head_loss, accuracy) in enumerate(zip(out.head_losses, out.head_accuracy)):
-            self.log(f"val/loss_head{i}", head_loss, sync_dist=True, batch_size=size)
-            self.log(f"val/acc_head{i}", accuracy, sync_dist=True, batch_size=size)
-        if out.exit_loss is not None:
-            exit_loss, exit_accuracy = _exit_metrics(out)
-            self.log("val/loss_exit", exit_loss, sync_dist=True, batch_size=size)
-            self.log("val/acc_exit", exit_accuracy, sync_dist=True, batch_size=size)
+        for name, value in _metrics(out).items():
+            self.log(f"val/{name}", value, sync_dist=True, batch_size=size)
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -288,18 +304,17 @@ class MTPLitModule(L.LightningModule):
         self.tokenizer_files = checkpoint.get("tokenizer_files", self.tokenizer_files)
 
 
-def _exit_metrics(out: LossOutput) -> list[torch.Tensor]:
-    """The early exit's loss and top-1 accuracy, or nothing without an early exit."""
-    if out.exit_loss is None:
-        return []
-    return [out.exit_loss, out.exit_correct / out.head_count[0].clamp(min=1)]
-
-
-def _per_micro_batch(loss: LossSettings, n_future: int, accumulate: int) -> LossSettings:
-    """`loss` for one of `accumulate` micro-batches: every weight over `accumulate`, so that a
-    step's gradient is the mean over its micro-batches, not their sum."""
-    if accumulate == 1:
-        return loss
-    return dataclasses.replace(
-        loss, weights=tuple(w / accumulate for w in loss.head_weights(n_future)),
-        early_exit_weight=loss.early_exit_weight / accumulate)
+def _metrics(out: LossOutput) -> dict[str, torch.Tensor]:
+    """A loss's logged figures by name (after "train/" or "val/"): each head's loss and top-1
+    accuracy, then the look-ahead terms' and the early exit's when there are some."""
+    metrics = {}
+    for i, (loss, accuracy) in enumerate(zip(out.head_losses, out.head_accuracy)):
+        metrics[f"loss_head{i}"], metrics[f"acc_head{i}"] = loss, accuracy
+    if out.ahead_losses is not None:
+        for d, (loss, accuracy) in enumerate(zip(out.ahead_losses, out.ahead_accuracy),
+                                             start=1):
+            metrics[f"loss_ahead{d}"], metrics[f"acc_ahead{d}"] = loss, accuracy
+    if out.exit_loss is not None:
+        metrics["loss_exit"] = out.exit_loss
+        metrics["acc_exit"] = out.exit_correct / out.head_count[0].clamp(min=1)
+    return metrics

@@ -35,16 +35,23 @@ layers >= e, the second on a detached copy of the first's output: the heads' gra
 it through the second segment's backward, the exit's directly, and one backward through the
 first segment ends the step (one head's logits alive at a time, as before).
 
+A look-ahead term (`ahead=[a_1, a_2, ...]`, modded-nanogpt's multi-token loss on the existing
+head) scores head 0's logits at position t against tokens t + 2, t + 3, ... as well, weighted
+a_1, a_2, ...: head 0's targets become a list (`Target`), its own first, scored on the same
+logits in one backward (`_scored`); no head or parameter is added. Blocks then carry
+1 + len(ahead) look-ahead tokens (`LossSettings.lookahead`) when that is more than n_future.
+
 Frozen parameters (Medusa-1: `requires_grad=False` on the base model) cost no backward: a
 loss that needs no gradient is not backpropagated, and with a frozen embedding and trunk the
 trunk output needs none, so the trunk's backward never runs. `train_trunk=False` detaches
 the trunk output for a step, for the heads-only warm-up of Medusa-2.
 
 The code reads in that order: `mtp_loss` takes the settings (`LossSettings`: mode, weights,
-early exit), `run_trunk` is the trunk's part (the early exit's two segments, a frozen trunk's
-precomputed output, the heads-only warm-up), then one function per mode: `_naive_loss`,
-`_headwise_loss` with a whole head's unembedding at once (`_whole_head_loss`) or in chunks
-(`_chunked_head_loss`), and the sequential chain's `_sequential_backward`.
+look-ahead, early exit; a training step passes them with its scheduled weights fixed,
+`LossSettings.resolved`), `run_trunk` is the trunk's part (the early exit's two segments, a
+frozen trunk's precomputed output, the heads-only warm-up), then one function per mode:
+`_naive_loss`, `_headwise_loss` with a whole head's unembedding at once (`_whole_head_loss`)
+or in chunks (`_chunked_head_loss`), and the sequential chain's `_sequential_backward`.
 """
 
 from __future__ import annotations
@@ -110,7 +117,7 @@ def shift_targets(tokens: Tensor, seq_len: int, n_future: int,
 @dataclass(frozen=True)
 class LossOutput:
     """Detached results of one loss computation; `loss` is the weighted sum over heads (and
-    the early exit's term, when there is one)."""
+    the look-ahead and early-exit terms, when there are some)."""
 
     loss: Tensor  # ()
     head_losses: Tensor  # (n,) mean cross-entropy of each head
@@ -118,10 +125,18 @@ class LossOutput:
     head_count: Tensor  # (n,) targets that count (not ignore_index)
     exit_loss: Tensor | None = None  # () the early exit's next-token cross-entropy
     exit_correct: Tensor | None = None  # () its top-1 hits (of head_count[0] targets)
+    ahead_losses: Tensor | None = None  # (K,) head 0's cross-entropy against t+2, ..., t+K+1
+    ahead_correct: Tensor | None = None  # (K,) its top-1 hits there
+    ahead_count: Tensor | None = None  # (K,) those targets that count
 
     @property
     def head_accuracy(self) -> Tensor:
         return self.head_correct / self.head_count.clamp(min=1)
+
+    @property
+    def ahead_accuracy(self) -> Tensor | None:
+        return None if self.ahead_losses is None else \
+            self.ahead_correct / self.ahead_count.clamp(min=1)
 
 
 def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tensor, Tensor]:
@@ -132,6 +147,29 @@ def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tenso
     return loss / denominator, correct
 
 
+@dataclass(frozen=True)
+class Target:
+    """Tokens a head's logits are scored against, and that term's weight: a head's own
+    next tokens, or (head 0's look-ahead term) tokens further ahead."""
+
+    tokens: Tensor  # (B*T,) ids, ignore_index where none
+    denominator: int  # targets that count, at least 1: the term's mean divides by it
+    weight: float
+
+    def chunk(self, start: int, end: int) -> Target:
+        return Target(self.tokens[start:end], self.denominator, self.weight)
+
+
+def _scored(logits: Tensor, targets: Sequence[Target]) -> tuple[Tensor, Tensor, Tensor]:
+    """(N, V) logits scored against each target: the weighted sum (what backpropagates), each
+    term's mean cross-entropy (k,) and its top-1 hits (k,)."""
+    losses, hits = zip(*(_head_loss(logits, t.tokens, t.denominator) for t in targets))
+    total = targets[0].weight * losses[0]
+    for target, loss in zip(targets[1:], losses[1:]):
+        total = total + target.weight * loss
+    return total, torch.stack(losses), torch.stack(hits)
+
+
 def mtp_loss(model: MTPModel, tokens: Tensor, settings: LossSettings | None = None, *,
              seq_len: int | None = None, backward: BackwardFn | None = None,
              train_trunk: bool = True, trunk_out: Tensor | None = None,
@@ -139,10 +177,12 @@ def mtp_loss(model: MTPModel, tokens: Tensor, settings: LossSettings | None = No
     """Loss of every head on a block of tokens, and (with `backward`) its gradients.
 
     Args:
-        tokens: (B, L) ids; inputs are the first `seq_len` (default L - n_future).
-        settings: the mode, per-head weights, early exit and chunk size (`LossSettings`);
-            a plain call gives them as `options` instead: `mtp_loss(model, tokens,
-            mode="naive", weights=[1, 0.5])` (`LossSettings`' fields).
+        tokens: (B, L) ids; inputs are the first `seq_len` (default L less the look-ahead:
+            n_future, or 1 + len(ahead) when more).
+        settings: the mode, per-head weights, look-ahead term, early exit and chunk size
+            (`LossSettings`; a schedule's weights are read at the run's start: a training
+            step passes `settings.resolved(...)`); a plain call gives them as `options`
+            instead: `mtp_loss(model, tokens, mode="naive", weights=[1, 0.5])`.
         backward: called on each tensor to backpropagate (Lightning's `manual_backward`, or
             `autograd_backward`); None computes the loss only, e.g. for validation.
         train_trunk: False backpropagates into the heads only, not the trunk or embedding.
@@ -156,11 +196,12 @@ def mtp_loss(model: MTPModel, tokens: Tensor, settings: LossSettings | None = No
         raise TypeError(f"mtp_loss takes settings or their fields {sorted(options)}, not both")
     config = model.config
     settings.check_model(n_future=config.n_future, n_layers=config.n_layers)
-    seq_len = tokens.shape[1] - config.n_future if seq_len is None else seq_len
-    inputs, targets = shift_targets(tokens, seq_len, config.n_future)
+    lookahead = settings.lookahead(config.n_future)
+    seq_len = tokens.shape[1] - lookahead if seq_len is None else seq_len
+    inputs, targets = shift_targets(tokens, seq_len, lookahead)
     trunk = run_trunk(model, inputs, early_exit=settings.early_exit, train=train_trunk,
                       detach_exit=settings.mode != "naive", trunk_out=trunk_out)
-    heads = _Heads.of(targets, settings, backward)
+    heads = _Heads.of(targets, settings, config.n_future, backward)
     if settings.mode == "naive":
         return _naive_loss(model, tokens, trunk, heads)
     per_head = _whole_head_loss if settings.mode == "headwise" else \
@@ -206,64 +247,78 @@ def run_trunk(model: MTPModel, inputs: Tensor, *, early_exit: int | None = None,
 
 @dataclass(frozen=True)
 class _Heads:
-    """What each head's loss reads besides its output: targets, weights and the backward."""
+    """What each head's loss reads besides its output: its targets and their weights (head
+    0's look-ahead terms after its own), the counts, and the backward."""
 
-    targets: list[Tensor]  # (B*T,) each head's
-    counts: Tensor  # (n,) targets that count (not ignore_index)
-    denominators: list[int]  # the counts, at least 1: each head's mean divides by it
-    weights: tuple[float, ...]
+    targets: list[list[Target]]  # per head: its own next tokens first
+    counts: Tensor  # (lookahead,) targets that count at each distance t+1, t+2, ...
     exit_weight: float
     backward: BackwardFn | None
 
     @classmethod
-    def of(cls, targets: Tensor, settings: LossSettings, backward: BackwardFn | None) -> _Heads:
-        """The heads of `targets` (B, n, T), weighted as `settings` say."""
-        n = targets.shape[1]
+    def of(cls, targets: Tensor, settings: LossSettings, n_future: int,
+           backward: BackwardFn | None) -> _Heads:
+        """The `n_future` heads of `targets` (B, lookahead, T), weighted as `settings` say."""
         counts = (targets != IGNORE_INDEX).sum(dim=(0, 2))
-        return cls([targets[:, i].flatten() for i in range(n)], counts,
-                   counts.clamp(min=1).tolist(), settings.head_weights(n),
-                   settings.early_exit_weight, backward)
+        denominators = counts.clamp(min=1).tolist()
+        flat = [targets[:, i].flatten() for i in range(targets.shape[1])]
+        per_head = [[Target(flat[i], denominators[i], weight)]
+                    for i, weight in enumerate(settings.head_weights(n_future))]
+        per_head[0] += [Target(flat[d], denominators[d], weight) for d, weight
+                        in enumerate(settings.ahead_weights(n_future), start=1)]
+        return cls(per_head, counts, settings.early_exit_weight, backward)
+
+    def exit_targets(self) -> list[Target]:
+        """The early exit's: head 0's next tokens, at the exit's weight."""
+        own = self.targets[0][0]
+        return [Target(own.tokens, own.denominator, self.exit_weight)]
 
     def output(self, losses: Sequence[Tensor], correct: Sequence[Tensor],
                exit_loss: Tensor | None = None, exit_hits: Tensor | None = None) -> LossOutput:
-        """The detached `LossOutput` of the heads' (and the exit's) losses and hits."""
-        head_losses = torch.stack([loss.detach() for loss in losses])
-        total = sum(w * loss for w, loss in zip(self.weights, head_losses))
+        """The detached `LossOutput` of the heads' losses and hits (each head's (k,): its own
+        target's, then head 0's look-ahead terms) and the exit's."""
+        losses = [loss.detach() for loss in losses]
+        total = sum(t.weight * loss for targets, head in zip(self.targets, losses)
+                    for t, loss in zip(targets, head))
         if exit_loss is not None:
             exit_loss = exit_loss.detach()
             total = total + self.exit_weight * exit_loss
-        return LossOutput(loss=total, head_losses=head_losses,
-                          head_correct=torch.stack(list(correct)), head_count=self.counts,
-                          exit_loss=exit_loss, exit_correct=exit_hits)
+        ahead = len(self.targets[0]) - 1
+        return LossOutput(loss=total, head_losses=torch.stack([loss[0] for loss in losses]),
+                          head_correct=torch.stack([hits[0] for hits in correct]),
+                          head_count=self.counts[:len(losses)],
+                          exit_loss=exit_loss, exit_correct=exit_hits,
+                          ahead_losses=losses[0][1:] if ahead else None,
+                          ahead_correct=correct[0][1:] if ahead else None,
+                          ahead_count=self.counts[1:1 + ahead] if ahead else None)
 
 
 def _naive_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads) -> LossOutput:
     """Every head's logits at once (B, T, n, V) and one backward of the weighted sum."""
-    n = len(heads.weights)
+    n = len(heads.targets)
     logits = torch.stack([model.unembed(state, i) for i, state in
                           enumerate(model.head_states(trunk.out, tokens, n))],
                          dim=2)  # (B, T, n, V)
-    results = [_head_loss(logits[:, :, i].flatten(0, 1), heads.targets[i],
-                          heads.denominators[i]) for i in range(n)]
-    total = sum(w * loss for w, (loss, _) in zip(heads.weights, results))
+    results = [_scored(logits[:, :, i].flatten(0, 1), heads.targets[i]) for i in range(n)]
+    total = sum(weighted for weighted, _, _ in results)
     exit_loss = exit_hits = None
     if trunk.exit_in is not None:
-        exit_loss, exit_hits = _head_loss(
-            model.unembed(model.head(trunk.exit_in, 0)).flatten(0, 1), heads.targets[0],
-            heads.denominators[0])
-        total = total + heads.exit_weight * exit_loss
+        exit_total, exit_loss, exit_hits = _scored(
+            model.unembed(model.head(trunk.exit_in, 0)).flatten(0, 1), heads.exit_targets())
+        total = total + exit_total
+        exit_loss, exit_hits = exit_loss[0], exit_hits[0]
     if heads.backward is not None and total.requires_grad:
         heads.backward(total)
-    losses, correct = zip(*results)
+    _, losses, correct = zip(*results)
     return heads.output(losses, correct, exit_loss, exit_hits)
 
 
 class HeadLossFn(Protocol):
-    """One head's loss and hits on its output (B, T, D), backpropagated into it with
-    `weight` (`_whole_head_loss`, `_chunked_head_loss`)."""
+    """One head's losses and hits (k,) against its `targets` on its output (B, T, D), their
+    weighted sum backpropagated into it (`_whole_head_loss`, `_chunked_head_loss`)."""
 
-    def __call__(self, model: MTPModel, head: int, head_out: Tensor, targets: Tensor,
-                 denominator: int, weight: float,
+    def __call__(self, model: MTPModel, head: int, head_out: Tensor,
+                 targets: Sequence[Target],
                  backward: BackwardFn | None) -> tuple[Tensor, Tensor]: ...
 
 
@@ -275,35 +330,33 @@ def _headwise_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _He
     # Heads backpropagate into this detached copy; the trunk's backward runs once at the end.
     detached = trunk.out.detach().requires_grad_(trunk.out.requires_grad)
 
-    def head_loss(i: int, head_out: Tensor, weight: float | None = None
-                  ) -> tuple[Tensor, Tensor]:
-        weight = heads.weights[i] if weight is None else weight
-        return per_head(model, i, head_out, heads.targets[i], heads.denominators[i], weight,
-                        backward)
+    def head_loss(i: int, head_out: Tensor) -> tuple[Tensor, Tensor]:
+        return per_head(model, i, head_out, heads.targets[i], backward)
 
     if model.config.head_type == "sequential":
         losses, correct = _sequential_backward(model, detached, tokens, head_loss, backward)
     else:
         losses, correct = zip(*(head_loss(i, model.head(detached, i))
-                                for i in range(len(heads.weights))))
+                                for i in range(len(heads.targets))))
     if backward is not None and detached.grad is not None:
         backward(trunk.out, detached.grad)  # into exit_in.grad, with an early exit
     exit_loss = exit_hits = None
     if trunk.exit_in is not None:
-        exit_loss, exit_hits = head_loss(0, model.head(trunk.exit_in, 0), heads.exit_weight)
+        exit_loss, exit_hits = per_head(model, 0, model.head(trunk.exit_in, 0),
+                                        heads.exit_targets(), backward)
+        exit_loss, exit_hits = exit_loss[0], exit_hits[0]
         if backward is not None and trunk.exit_in.grad is not None:
             backward(trunk.exit_state, trunk.exit_in.grad)
     return heads.output(losses, correct, exit_loss, exit_hits)
 
 
-def _whole_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Tensor,
-                     denominator: int, weight: float,
+def _whole_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Sequence[Target],
                      backward: BackwardFn | None) -> tuple[Tensor, Tensor]:
-    """Head `head`'s loss over all its logits (B*T, V) at once (the headwise mode)."""
-    loss, hits = _head_loss(model.unembed(head_out, head).flatten(0, 1), targets, denominator)
-    if backward is not None and loss.requires_grad:
-        backward(weight * loss)
-    return loss.detach(), hits
+    """Head `head`'s losses over all its logits (B*T, V) at once (the headwise mode)."""
+    total, losses, hits = _scored(model.unembed(head_out, head).flatten(0, 1), targets)
+    if backward is not None and total.requires_grad:
+        backward(total)
+    return losses.detach(), hits
 
 
 def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
@@ -331,10 +384,10 @@ def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
     return losses, correct
 
 
-def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Tensor,
-                       denominator: int, weight: float, backward: BackwardFn | None, *,
+def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor,
+                       targets: Sequence[Target], backward: BackwardFn | None, *,
                        chunk_size: int) -> tuple[Tensor, Tensor]:
-    """Head `head`'s loss over chunks of `chunk_size` tokens of `head_out` (B, T, D),
+    """Head `head`'s losses over chunks of `chunk_size` tokens of `head_out` (B, T, D),
     backpropagating per chunk (the chunked mode): no (B*T, V) logits at once."""
     flat = head_out.flatten(0, 1)  # (B*T, D)
     # Chunks backpropagate into this detached copy; the head's blocks run backward once.
@@ -342,12 +395,12 @@ def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Te
     losses, hits = [], []
     for start in range(0, detached.shape[0], chunk_size):
         end = start + chunk_size
-        chunk_loss, chunk_hits = _head_loss(model.unembed(detached[start:end], head),
-                                            targets[start:end], denominator)
-        if backward is not None and chunk_loss.requires_grad:
-            backward(weight * chunk_loss)
-        losses.append(chunk_loss.detach())
+        total, chunk_losses, chunk_hits = _scored(model.unembed(detached[start:end], head),
+                                                  [t.chunk(start, end) for t in targets])
+        if backward is not None and total.requires_grad:
+            backward(total)
+        losses.append(chunk_losses.detach())
         hits.append(chunk_hits)
     if backward is not None and detached.grad is not None:
         backward(flat, detached.grad)
-    return torch.stack(losses).sum(), torch.stack(hits).sum()
+    return torch.stack(losses).sum(0), torch.stack(hits).sum(0)

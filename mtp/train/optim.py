@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from mtp.model import MTPModel
+from mtp.train.schedule import run_progress
 from mtp.train.settings import OptimSettings
 
 
@@ -67,9 +68,7 @@ def lr_factor(step: int, elapsed: float = 0.0, *, warmup_steps: int, total_steps
     max(0.5625, 0.5) = 0.5625, halfway down the cosine; a slow one at step 120 after 840 s
     is at max(0.3, 1.0) = 1, the floor.
     """
-    progress = step / total_steps
-    if time_budget is not None:
-        progress = max(progress, elapsed / time_budget)
+    progress = run_progress(step, total_steps, elapsed, time_budget)
     start = warmup_steps / total_steps  # the cosine starts where the warm-up ends
     decay = min(1.0, max(0.0, (progress - start) / max(1e-12, 1.0 - start)))
     cosine = min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * decay))

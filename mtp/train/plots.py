@@ -4,7 +4,9 @@
 the logger (none included), and saves them in checkpoints so a resumed run plots its whole
 history. At the end of a run `write_plots` writes `<run>/plots/`: `metrics.csv` (the
 history), `loss.png` and `accuracy.png` (training and validation, one curve per head) and
-`lr.png`. The same plots from a metrics CSV (this one, or Lightning's CSVLogger
+`lr.png`, and for a run whose loss weights follow a schedule (`loss.schedule`), `weights.png`
+(`train/loss_weight_head{i}` and `train/loss_weight_ahead{d}` against the step). The same plots
+from a metrics CSV (this one, or Lightning's CSVLogger
 `<run>/logs/metrics.csv`): `python -m mtp.train.plots METRICS_CSV OUT_DIR`.
 """
 
@@ -24,6 +26,7 @@ from matplotlib.ticker import MaxNLocator
 
 History = dict[str, list[tuple[int, float]]]  # metric name -> (optimizer step, value) points
 _HEAD_METRIC = re.compile(r"(train|val)/(loss|acc)_head(\d+)$")
+_WEIGHT_METRIC = re.compile(r"train/loss_weight_(head|ahead)(\d+)$")
 
 
 class MetricsHistory(Callback):
@@ -136,22 +139,52 @@ def _plot_pair(history: History, kind: str, label: str, path: Path) -> Path:
     return path
 
 
+def _plot_over_steps(curves: dict[str, list[tuple[int, float]]], title: str,
+                     path: Path) -> Path:
+    """One small figure of `curves` (label -> points) against the optimizer step."""
+    figure = Figure(figsize=(5.5, 3.5), layout="constrained")
+    ax = figure.subplots()
+    for index, (label, points) in enumerate(curves.items()):
+        colour = colormaps["viridis"](index / max(1, len(curves) - 1) * 0.9)
+        ax.plot(*zip(*points), color=colour, label=label if len(curves) > 1 else None)
+    ax.set_title(title)
+    ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if len(curves) > 1:
+        ax.legend(fontsize="small", ncol=2)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def _weight_curves(history: History) -> dict[str, list[tuple[int, float]]]:
+    """The scheduled loss weights' curves: heads 1..n-1, then head 0's look-ahead terms."""
+    found = {}
+    for name, points in history.items():
+        match = _WEIGHT_METRIC.match(name)
+        if match and points:
+            term, index = match[1], int(match[2])
+            label = (f"head {index} (t+{index + 1})" if term == "head"
+                     else f"head 0 on t+{index + 1}")
+            found[(term == "ahead", index)] = (label, points)
+    return dict(found[key] for key in sorted(found))
+
+
 def write_plots(history: History, out_dir: Path) -> list[Path]:
-    """Write `metrics.csv`, `loss.png`, `accuracy.png` and (when logged) `lr.png` to `out_dir`."""
+    """Write `metrics.csv`, `loss.png`, `accuracy.png` and (when logged) `lr.png` and
+    `weights.png` to `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [write_metrics_csv(history, out_dir / "metrics.csv"),
                _plot_pair(history, "loss", "cross-entropy", out_dir / "loss.png"),
                _plot_pair(history, "acc", "top-1 accuracy", out_dir / "accuracy.png")]
     if history.get("train/lr"):
-        figure = Figure(figsize=(5.5, 3.5), layout="constrained")
-        ax = figure.subplots()
-        ax.plot(*zip(*history["train/lr"]))
-        ax.set_title("learning rate")
-        ax.set_xlabel("optimizer step")
-        ax.grid(alpha=0.3)
-        figure.savefig(out_dir / "lr.png", dpi=110)
-        written.append(out_dir / "lr.png")
+        written.append(_plot_over_steps({"lr": history["train/lr"]}, "learning rate",
+                                        out_dir / "lr.png"))
+    weights = _weight_curves(history)
+    if weights:
+        written.append(_plot_over_steps(weights, "loss weights (loss.schedule)",
+                                        out_dir / "weights.png"))
     return written
 
 

@@ -80,6 +80,13 @@ def decaying_weights(decay: float, n_future: int) -> ListConfig:
     return OmegaConf.create([float(decay) ** i for i in range(int(n_future))])
 
 
+def split_weight(total: float, n_future: int) -> ListConfig:
+    """Per-head loss weights 1 for head 0 and total / (n_future - 1) for each other head:
+    DeepSeek-V3's lambda / D, one weight lambda shared by the D extra heads."""
+    extra = int(n_future) - 1
+    return OmegaConf.create([1.0] + [float(total) / max(extra, 1)] * extra)
+
+
 # The GPU presets' context per tokenizer. Bytes: the longest prompt of HumanEval (1,360 bytes)
 # and zero-shot MBPP (4,398), plus the token that starts a document and eval's 512 new tokens,
 # rounded up to a multiple of 1,024 (tests/test_configs.py checks it against both benchmarks).
@@ -108,6 +115,7 @@ USER_ERRORS = (ValueError, FileNotFoundError)
 
 OmegaConf.register_new_resolver("mtp.world_size", _world_size, replace=True)
 OmegaConf.register_new_resolver("mtp.decaying_weights", decaying_weights, replace=True)
+OmegaConf.register_new_resolver("mtp.split_weight", split_weight, replace=True)
 OmegaConf.register_new_resolver("mtp.cpu_precision", cpu_precision, replace=True)
 OmegaConf.register_new_resolver("mtp.context", context, replace=True)
 OmegaConf.register_new_resolver("mtp.lr_for_width", lr_for_width, replace=True)
@@ -345,8 +353,9 @@ def train(cfg: DictConfig) -> Path:
     check_device_memory(cfg, settings, config)
     lit = MTPLitModule(config, settings, tokenizer_files=tokenizer_files(tokenizer),
                        init_state=init_state)
+    # Blocks carry the look-ahead the loss reads: n_future tokens, or loss.ahead's.
     datamodule = instantiate(cfg.data, tokenizer=tokenizer, seq_len=settings.run.seq_len,
-                             n_future=config.n_future)
+                             n_future=settings.loss.lookahead(config.n_future))
 
     logger = _logger(cfg)
     checkpointing, history = _checkpointing(cfg, run_dir), MetricsHistory()

@@ -3,10 +3,11 @@
 `check_settings(cfg)` builds them from `conf/config.yaml` before any data or model work, and
 `MTPLitModule` takes them whole. Each object checks its own fields in `__post_init__`;
 `TrainSettings` checks the ones that involve two objects (a frozen trunk and a cached one, the
-heads-only warm-up and the step budget); `TrainSettings.check_model` the ones that involve the
-architecture (one weight per head, the early exit within the trunk, the context). Each check
-lives in one place, and its error is one line naming the key as the user types it
-(`optim.lr=-1.0 must be > 0`), so that a command line and a Python caller read the same words.
+heads-only warm-up and the loss schedule's steps against the step budget);
+`TrainSettings.check_model` the ones that involve the architecture (one weight per head, the
+early exit within the trunk, the context). Each check lives in one place, and its error is one
+line naming the key as the user types it (`optim.lr=-1.0 must be > 0`), so that a command line
+and a Python caller read the same words.
 
 | object          | keys                                                             |
 |-----------------|------------------------------------------------------------------|
@@ -34,9 +35,11 @@ from omegaconf import DictConfig, OmegaConf
 from mtp.train.finetune import NEW_HEADS
 from mtp.train.flops import check_peak_flops
 from mtp.train.parallel import check_options
+from mtp.train.schedule import SCHEDULES, Progress, distance_factors
 from mtp.tune import check_threads
 
 LOSS_MODES: tuple[str, ...] = ("naive", "headwise", "chunked")
+START = Progress()  # a run's first step
 
 
 def _real(key: str, value: object, ok: Callable[[float], bool] = lambda _: True,
@@ -81,6 +84,15 @@ def _choice(key: str, value: object, choices: tuple[Any, ...]) -> None:
         raise ValueError(f"{key}={value!r} is not one of {choices}")
 
 
+def _unit(value: float) -> bool:
+    return 0 <= value <= 1
+
+
+def _shown(values: object) -> object:
+    """A list as the user typed it (a tuple shows as a list)."""
+    return list(values) if isinstance(values, tuple) else values
+
+
 def _set(settings: object, name: str, value: object) -> None:
     """Store a field's normalised value (a tuple for a list, a float for an int), during
     construction only: the objects are frozen."""
@@ -89,32 +101,48 @@ def _set(settings: object, name: str, value: object) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class LossSettings:
-    """The multi-token loss (`mtp.train.loss`): its mode, per-head weights and early exit.
+    """The multi-token loss (`mtp.train.loss`): its mode, per-head weights and their schedule,
+    head 0's look-ahead term and the early exit.
 
     Args:
         mode: "headwise", "naive" or "chunked": the same loss and gradients, different memory.
-        weights: one non-negative weight per head; None: all 1 (the paper's sum).
+        weights: each head's base weight, in [0, 1]; None: all 1 (the paper's sum).
+        schedule: how the weights of the terms beyond the next token move over the run
+            (`mtp.train.schedule`): "constant", "stepped", "anneal" or "ramp".
+        schedule_steps: the schedule's points in optimizer steps of `trainer.max_steps`:
+            stepped: [switch]; anneal and ramp: [start, end] (None: the whole run).
+        schedule_factor: stepped: the weights' factor from the switch on, in [0, 1].
+        ahead: modded-nanogpt's single-head multi-token term: head 0's logits also scored
+            against tokens t + 2, t + 3, ... with these base weights, in [0, 1] (scheduled as
+            heads 1, 2, ... are); None: none.
         early_exit: LayerSkip's early-exit term at that trunk layer (1..n_layers - 1); None:
             none. early_exit_weight: its weight.
         chunk_size: tokens per unembedding chunk in "chunked" mode.
 
-    Every reader of the per-head weights asks `head_weights`; a weight *schedule* (constant,
-    stepped, annealed, ramped) is to slot in as one more field that this method reads,
-    given the step.
+    Every reader of the weights asks `head_weights` and `ahead_weights` at a `Progress` (the
+    run's start by default); a training step takes `resolved(...)`, these settings with the
+    step's weights fixed.
     """
 
     mode: str = "headwise"
     weights: tuple[float, ...] | None = None
+    schedule: str = "constant"
+    schedule_steps: tuple[int, ...] | None = None
+    schedule_factor: float | None = None
+    ahead: tuple[float, ...] | None = None
     early_exit: int | None = None
     early_exit_weight: float = 1.0
     chunk_size: int = 4096
 
     def __post_init__(self) -> None:
         _choice("loss.mode", self.mode, LOSS_MODES)
-        if self.weights is not None:
-            _set(self, "weights", _reals("loss.weights", self.weights, lambda v: v >= 0,
-                                         "a list of non-negative numbers, one per head (or "
-                                         "null: all 1)"))
+        for name, what in (("weights", "one per head (or null: all 1)"),
+                           ("ahead", "one per token beyond t + 1 (or null: none)")):
+            if getattr(self, name) is not None:
+                _set(self, name, _reals(f"loss.{name}", getattr(self, name), _unit,
+                                        f"a list of numbers in [0, 1], {what}"))
+        _choice("loss.schedule", self.schedule, SCHEDULES)
+        self._check_schedule()
         if self.early_exit is not None:
             _integer("loss.early_exit", self.early_exit, 1, "a trunk layer from 1 to "
                      "n_layers - 1 (the exit reads the stream after layer early_exit - 1)")
@@ -122,14 +150,76 @@ class LossSettings:
                                               lambda v: v >= 0, ">= 0"))
         _integer("chunk_size", self.chunk_size, 1, ">= 1")
 
-    def head_weights(self, n_future: int) -> tuple[float, ...]:
-        """Each of the `n_future` heads' loss weight (all 1 without `weights`)."""
+    def _check_schedule(self) -> None:
+        """The schedule's points and factor (unused ones are not checked: a preset's stepped
+        points stay harmless under loss.schedule=constant)."""
+        steps, schedule = self.schedule_steps, self.schedule
+        if steps is not None:
+            if not isinstance(steps, (list, tuple)) or not all(
+                    isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
+                raise ValueError(f"loss.schedule_steps={steps!r} must be a list of optimizer "
+                                 f"steps >= 0 (or null)")
+            _set(self, "schedule_steps", tuple(steps))
+            steps = self.schedule_steps
+        if schedule == "stepped":
+            if steps is None or len(steps) != 1 or self.schedule_factor is None:
+                raise ValueError(f"loss.schedule=stepped needs loss.schedule_steps=[STEP] (the "
+                                 f"switch) and loss.schedule_factor (in [0, 1]), got "
+                                 f"{_shown(steps)} and {self.schedule_factor!r}")
+            _set(self, "schedule_factor", _real("loss.schedule_factor", self.schedule_factor,
+                                                _unit, "in [0, 1]"))
+        elif schedule in ("anneal", "ramp") and steps is not None and (
+                len(steps) != 2 or not steps[0] < steps[1]):
+            raise ValueError(f"loss.schedule={schedule} takes loss.schedule_steps=[START, END] "
+                             f"with START < END (or null: the whole run), got {_shown(steps)}")
+
+    def levels(self, n_future: int) -> int:
+        """Distances beyond the next token that the loss scores: heads 1..n-1, look-ahead."""
+        return max(n_future - 1, len(self.ahead or ()))
+
+    def lookahead(self, n_future: int) -> int:
+        """Tokens after each input that the loss reads (the data's blocks carry them)."""
+        return 1 + self.levels(n_future)
+
+    def _factors(self, n_future: int, at: Progress) -> tuple[float, ...]:
+        steps = self.schedule_steps or ()
+        start = at.of(steps[0]) if steps else 0.0
+        end = at.of(steps[1]) if len(steps) > 1 else 1.0
+        return distance_factors(self.schedule, self.levels(n_future), at.fraction,
+                                window=(start, end), factor=self.schedule_factor or 0.0)
+
+    def head_weights(self, n_future: int, at: Progress = START) -> tuple[float, ...]:
+        """Each of the `n_future` heads' loss weight at `at` (the base weights, all 1 without
+        `weights`, times the schedule's factor of each head's distance)."""
         if self.weights is None:
-            return (1.0,) * n_future
-        if len(self.weights) != n_future:
+            base = (1.0,) * n_future
+        elif len(self.weights) != n_future:
             raise ValueError(f"loss.weights={list(self.weights)} needs one weight per head "
                              f"(model.n_future={n_future})")
-        return self.weights
+        else:
+            base = self.weights
+        if self.schedule == "constant":
+            return base
+        factors = self._factors(n_future, at)
+        return (base[0], *(w * f for w, f in zip(base[1:], factors)))
+
+    def ahead_weights(self, n_future: int, at: Progress = START) -> tuple[float, ...]:
+        """The weights of head 0's look-ahead terms (tokens t + 2, ...) at `at`."""
+        if not self.ahead or self.schedule == "constant":
+            return self.ahead or ()
+        return tuple(w * f for w, f in zip(self.ahead, self._factors(n_future, at)))
+
+    def resolved(self, n_future: int, at: Progress = START, scale: float = 1.0
+                 ) -> LossSettings:
+        """These settings with the weights of `at` fixed (a constant schedule), every weight
+        times `scale`: 1 / accumulate gives a micro-batch's share of a step's gradient."""
+        if self.schedule == "constant" and scale == 1.0:
+            return self
+        return dataclasses.replace(
+            self, weights=tuple(w * scale for w in self.head_weights(n_future, at)),
+            ahead=tuple(w * scale for w in self.ahead_weights(n_future, at)) or None,
+            schedule="constant", schedule_steps=None, schedule_factor=None,
+            early_exit_weight=self.early_exit_weight * scale)
 
     def check_model(self, *, n_future: int, n_layers: int | None = None) -> None:
         """A ValueError naming the setting when these settings do not fit a model with
@@ -284,6 +374,11 @@ class TrainSettings:
             raise ValueError(f"optim.cache_trunk=true keeps the trunk's final outputs, which "
                              f"loss.early_exit={self.loss.early_exit} cannot read (it needs "
                              f"layer {self.loss.early_exit - 1}'s): set loss.early_exit=null")
+        steps = self.loss.schedule_steps
+        if self.loss.schedule != "constant" and steps and max(steps) > self.run.max_steps:
+            raise ValueError(f"loss.schedule_steps={list(steps)} must be within the run's "
+                             f"trainer.max_steps={self.run.max_steps} (loss.schedule="
+                             f"{self.loss.schedule})")
         if not optim.heads_only_steps < self.run.max_steps:
             raise ValueError(f"optim.heads_only_steps={optim.heads_only_steps} must be in "
                              f"[0, trainer.max_steps={self.run.max_steps})")

@@ -1,0 +1,98 @@
+"""scripts/better_study.py: a tiny study (seconds) writes its JSON and figure; the regimes'
+budgets are planned as documented; bad input is one line before any training."""
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtp.paths import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "better_study.py"
+
+
+@pytest.fixture(scope="module")
+def study():
+    spec = importlib.util.spec_from_file_location("better_study", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A small local corpus (this package's modules) and a data cache of the test's own."""
+    monkeypatch.setenv("MTP_DATA_DIR", str(tmp_path / "data"))
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for path in sorted((REPO_ROOT / "mtp").glob("*.py")):
+        shutil.copy(path, root / path.name)
+    return root
+
+
+def _args(out: Path, corpus: Path, *extra: str) -> list[str]:
+    return ["size=tiny", "seeds=[0]", "jobs=0", f"out={out}", f"corpus={corpus}",
+            "extra=['trainer.precision=32-true']", *extra]
+
+
+def test_a_tiny_study_writes_its_json_and_figure(study, corpus, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    report = study.main(_args(out, corpus, "recipes=[byte1,byte8,anneal]", "regimes=[flops]"))
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(printed[-1]) == report
+    assert json.loads((out / "better_study.json").read_text()) == report
+    assert any(line.startswith("regime recipe") for line in printed)  # the table
+    figure = out / "better_study.png"
+    assert figure.stat().st_size > 10_000 and report["figure"] == str(figure)
+    assert report["runs"].keys() == {"flops/byte1/seed0", "flops/byte8/seed0",
+                                     "flops/anneal/seed0"}
+    table = report["summary"]["flops"]
+    for name in ("byte1", "byte8", "anneal"):
+        cell = table[name]
+        assert 0 <= cell["val_acc_head0"]["mean"] <= 1 and cell["step_ratio"] > 0
+        assert set(cell["targets"]) == {"accuracy", "drafting", "step", "all"}
+    assert table["byte1"]["tokens_per_forward_k4"]["mean"] == 1.0  # one head: no drafts
+    assert table["byte8"]["tokens_per_forward_k8"]["mean"] >= 1.0
+    assert len(table["anneal"]["acc_head"]) == 8 and table["byte1"]["step_ratio"] == 1.0
+    # equal FLOPs: byte1's 4 steps are the budget; anneal's first run and its finish fit it
+    runs = report["runs"]
+    budget = runs["flops/byte1/seed0"]["flops"]
+    anneal = runs["flops/anneal/seed0"]
+    assert anneal["finish_steps"] == 2 and anneal["flops"] <= budget
+    assert anneal["flops"] + 32 * 2 * anneal["flops_per_token"] > budget  # one step more: over
+    assert (out / "flops" / "anneal" / "seed0" / "finish" / "summary.json").is_file()
+    # a second call reuses every run
+    again = study.main(_args(out, corpus, "recipes=[byte1,byte8,anneal]", "regimes=[flops]"))
+    assert again["runs"] == report["runs"]
+
+
+def test_the_time_regime_splits_the_budget_with_the_finish(study, tmp_path) -> None:
+    """Equal wall-clock at size=cpu: every first run gets the step ceiling and 14 minutes,
+    less the finish's 2 minutes; the schedules keep their share of the ceiling."""
+    args = study.parse_args(["recipes=[byte1,stepped,anneal]", "regimes=[time]", "seeds=[0]"])
+    specs = {spec["recipe"]: spec for spec in study.plan(args, tmp_path)}
+    assert "trainer.max_time=00:00:14:00" in specs["byte1"]["overrides"]
+    assert "trainer.max_time=00:00:12:00" in specs["anneal"]["overrides"]
+    assert "trainer.max_time=00:00:02:00" in specs["anneal"]["finish"]
+    assert f"init_from={tmp_path}/time/anneal/seed0/export" in specs["anneal"]["finish"]
+    assert "trainer.max_steps=100000" in specs["stepped"]["overrides"]
+    assert "loss.schedule_steps=[67500]" in specs["stepped"]["overrides"]  # 270 of 400
+    assert specs["byte1"]["finish"] is None
+
+
+@pytest.mark.parametrize("argument, message", [
+    ("recipes=[byte1,byte9]", "recipes=['byte1', 'byte9']: byte9 is not one of byte1, "),
+    ("regimes=[speed]", "regimes=['speed']: speed is not one of time, flops"),
+    ("size=huge", "size='huge' is not one of cpu, short, tiny"),
+    ("seeds=[0,0]", "seeds=[0, 0] must be distinct"),
+    ("extra=['loss.schedule=cosine']", "loss.schedule='cosine' is not one of"),
+])
+def test_bad_input_is_one_line_before_training(study, tmp_path, argument, message) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        study.main([f"out={tmp_path / 'out'}", "size=tiny", argument])
+    assert not (tmp_path / "out").exists()
