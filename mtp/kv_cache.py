@@ -79,7 +79,8 @@ def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
     """The step of T new tokens after each row's `lengths` (B,) cached ones.
 
     offsets (T,): new token i's position after the row's length (0, 1, 2, ... for a chain;
-        the node's depth in a tree, so siblings share a position).
+        the node's depth in a tree, so siblings share a position); (B, T) when each row has
+        its own tree (a dynamic tree), as `visible` and `ancestors` then are too.
     visible (T, T) bool: new token i sees new token j; the diagonal must be True.
     key_len: the attention width L, at least max(lengths) + T and at most the cache's length.
     max_position: positions are clamped below it (the model's rotary table): only tokens
@@ -88,33 +89,35 @@ def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
         the step's token on token i's path at each depth 0..D (`tree.TreeBuffers`); dtype:
         the model's, that of the attention biases.
     """
-    new = offsets.shape[0]
+    new, batch = offsets.shape[-1], lengths.shape[0]
     device = lengths.device
     steps = torch.arange(new, device=device)
     slots = lengths[:, None] + steps  # (B, T)
     positions = lengths[:, None] + offsets  # (B, T)
     if window is not None:
-        return _exact_step(lengths, offsets, slots, positions, ancestors, key_len, window,
+        ancestors = ancestors.expand(batch, *ancestors.shape[-2:])  # (B, T, D + 1)
+        return _exact_step(lengths, slots, positions, ancestors, key_len, window,
                            max_position, dtype)
     if max_position is not None:
         positions = positions.clamp(max=max_position - 1)
     relative = torch.arange(key_len, device=device) - lengths[:, None]  # (B, L): slot - length
-    among_new = visible[:, relative.clamp(0, new - 1)].transpose(0, 1)  # (B, T, L)
-    among_new = among_new & ((relative >= 0) & (relative < new))[:, None]
+    visible = visible.expand(batch, new, new)  # (B, T, T)
+    among_new = visible.gather(2, relative.clamp(0, new - 1)[:, None].expand(-1, new, -1))
+    among_new = among_new & ((relative >= 0) & (relative < new))[:, None]  # (B, T, L)
     mask = (relative < 0)[:, None] | among_new  # the prefix, or an allowed new token
     return CacheStep(positions, slots, mask[:, None])
 
 
-def _exact_step(lengths: Tensor, offsets: Tensor, slots: Tensor, positions: Tensor,
-                ancestors: Tensor, key_len: int, window: int, max_position: int | None,
+def _exact_step(lengths: Tensor, slots: Tensor, positions: Tensor, ancestors: Tensor,
+                key_len: int, window: int, max_position: int | None,
                 dtype: torch.dtype) -> CacheStep:
     """`cache_step` of an exact step: each token's window and the prefix before it."""
     device = lengths.device
     start = positions - (window - 1)  # (B, T): the window's first position
     before = torch.arange(key_len, device=device) < start[..., None]  # (B, T, L)
     seen = start[..., None] + torch.arange(window, device=device)  # (B, T, W) its positions
-    depth = (seen - lengths[:, None, None]).clamp(0, ancestors.shape[1] - 1)  # in the step
-    node = ancestors[torch.arange(offsets.shape[0], device=device)[:, None], depth]
+    depth = (seen - lengths[:, None, None]).clamp(0, ancestors.shape[-1] - 1)  # in the step
+    node = ancestors.gather(2, depth)  # (B, T, W): the path's token at that depth
     inside = lengths[:, None, None] + node  # the slot of the path's token at that depth
     found = torch.where(seen < lengths[:, None, None], seen, inside).clamp(0, key_len - 1)
     zero = torch.zeros((), dtype=dtype, device=device)

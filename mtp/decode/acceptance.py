@@ -118,9 +118,11 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
     `exact` to exact mode's (the module docstring). `buffers`: the tree's on `target`'s
     device, which the engine holds (else looked up).
     """
+    batch = target.shape[0]
     if buffers is None:
         buffers = tree.buffers(target.device)
-    batch = target.shape[0]
+    if buffers.depths.dim() == 1:  # one tree for every row
+        buffers = buffers.rows(batch)
     rows = torch.arange(batch, device=target.device)
     real = None  # (B, m - 1): which drafts are not padding
     if drafts.lengths is not None:
@@ -134,7 +136,7 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
     elif sampling.greedy or exact:
         predicted = target.argmax(-1) if sampling.greedy else inverse_cdf(
             probabilities(target, sampling), draws.uniform)  # (B, m) the token after each node
-        node = _deepest_kept(_and(drafts.tokens == predicted[:, buffers.parents], real),
+        node = _deepest_kept(_and(drafts.tokens == predicted.gather(1, buffers.parents), real),
                              buffers)
         next_token = predicted[rows, node]
     elif typical is not None:
@@ -142,17 +144,19 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
         entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, m)
         threshold = torch.minimum(typical.alpha * torch.exp(-entropy),
                                   torch.full_like(entropy, typical.epsilon))
-        p_draft = p[:, buffers.parents].gather(-1, drafts.tokens[..., None]).squeeze(-1)
-        node = _deepest_kept(_and(p_draft > threshold[:, buffers.parents], real), buffers)
+        parents = buffers.parents[..., None].expand(-1, -1, p.shape[-1])  # (B, m - 1, V)
+        p_draft = p.gather(1, parents).gather(-1, drafts.tokens[..., None]).squeeze(-1)
+        node = _deepest_kept(_and(p_draft > threshold.gather(1, buffers.parents), real),
+                             buffers)
         next_token = sample(p[rows, node], draws.exponential)
     else:
         node, residual = _recursive_rejection(drafts, probabilities(target, sampling), tree,
                                               buffers, real, draws.uniform)
         next_token = sample(residual, draws.exponential)
-    path = buffers.ancestors[node][:, 1:]  # (B, depth): the accepted nodes, then padding
+    path = buffers.ancestors[rows, node][:, 1:]  # (B, depth): the accepted nodes, then padding
     tokens = drafts.tokens.gather(1, (path - 1).clamp(min=0))
     tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, depth + 1)
-    n_accepted = buffers.depths[node]
+    n_accepted = buffers.depths[rows, node]
     tokens[rows, n_accepted] = next_token
     return Accepted(node, n_accepted, tokens)
 
@@ -169,7 +173,8 @@ def _deepest_kept(kept: Tensor, buffers: TreeBuffers) -> Tensor:
     """
     root = torch.ones(kept.shape[0], 1, dtype=torch.bool, device=kept.device)
     kept = torch.cat([root, kept], dim=1)  # the root is always kept
-    on_path = kept[:, buffers.ancestors].all(-1)  # (B, m)
+    ancestors = buffers.ancestors  # (B, m, depth + 1)
+    on_path = kept.gather(1, ancestors.flatten(1)).view(ancestors.shape).all(-1)  # (B, m)
     return (on_path * (buffers.depths + 1)).argmax(-1)  # argmax returns the first maximum
 
 
@@ -185,7 +190,7 @@ def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree, buffers: Tre
     p = p_all[:, 0]  # (B, V) the current target
     descending = torch.ones(batch, dtype=torch.bool, device=p_all.device)
     for width in tree.widths:  # the most children of any node at each depth
-        children = buffers.children[node, :width]  # (B, width), -1 padded
+        children = buffers.children[rows, node, :width]  # (B, width), -1 padded
         chosen = torch.full_like(node, -1)
         for rank in range(width):
             child = children[:, rank]

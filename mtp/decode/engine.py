@@ -73,7 +73,7 @@ from mtp.decode.forward import (StackedHeads, hidden_states, key_width, padded, 
                                   stacked_heads)
 from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, position_uniforms,
                                  probabilities, sample)
-from mtp.decode.tree import Tree, TreeBuffers
+from mtp.decode.tree import DynamicTree, Tree, TreeBuffers
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
 
@@ -106,8 +106,11 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     `buffers`: the tree's, on the device (built once, with the engine). Updates the cache,
     `lengths` and `root` in place (active rows only).
     """
-    # verify: the root and the drafts, each at its place in the tree
+    # verify: the root and the drafts, each at its place in the tree (its own, each row's, for
+    # a tree chosen this step)
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
+    if drafts.parents is not None:
+        buffers = TreeBuffers.from_parents(drafts.parents, tree.depth, tree.branching)
     step = cache_step(lengths, buffers.depths, buffers.visible, key_len,
                       model.config.max_seq_len, window=tree.n_nodes if exact else None,
                       ancestors=buffers.ancestors, dtype=cache.keys.dtype)
@@ -116,7 +119,8 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     # accept: a path, and the token after it
     accepted = accept(drafts, target, tree, sampling, draws, typical, buffers=buffers,
                       exact=exact)
-    path = buffers.ancestors[accepted.node]  # (B, depth + 1), padded with the node
+    rows = torch.arange(pending.shape[0], device=pending.device)
+    path = buffers.ancestors[rows, accepted.node]  # (B, depth + 1), padded with the node
     # compact: the kept path's keys and values follow the prefix (a chain's are in place)
     if not tree.is_chain:
         cache.compact(lengths, path)
@@ -125,8 +129,12 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     lengths.add_(kept)
     root.copy_(torch.where(active, new_root, root))
     last = torch.where(active, accepted.node, 0)  # a finished row's: path[0], as kept is 0
+    children = buffers.parents == last[:, None]  # (B, m - 1): the kept node's children
+    if drafts.lengths is not None:  # real ones only: padding drafts are never verified
+        children &= torch.arange(children.shape[1], device=children.device) < drafts.lengths[:, None]
+    grows = children.any(-1)
     return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens, last=last,
-                    features=features)
+                    features=features, grows=grows)
 
 
 def rebuild_size(live: int, batch: int, compiled: bool, exact: bool = False) -> int | None:
@@ -182,8 +190,11 @@ class Engine:
         self.active = torch.ones(batch, dtype=torch.bool, device=self.device)
         self.host_lengths = [0] * batch  # mirrors of lengths and active, kept from the reads
         self.host_active = [True] * batch
-        self.buffers = tree.buffers(self.device)  # built once, outside any compiled step
+        # Built once, outside any compiled step (a dynamic tree's come with each step's drafts)
+        self.buffers = None if isinstance(tree, DynamicTree) else tree.buffers(self.device)
         self._cut_chains: dict[int, tuple[Tree, TreeBuffers]] = {}  # eager cuts, by width
+        self._rows: dict[tuple[int, int], TreeBuffers] = {}  # per row, by (nodes, batch)
+        self._host_depths: list[int] | None = None
         self._step = compiled_step(self.device.type == "cuda") if compile else None
         self._mark_static()
 
@@ -223,16 +234,15 @@ class Engine:
                           ) -> tuple[Verified, list[tuple[int, int]]]:
         """Verify, accept and compact (`verify_and_accept`); then the step's one host read.
         Returns what was verified and kept (finished rows' `new_ids` empty) and each row's
-        (real drafts, kept node)."""
+        (real drafts, whether its kept node has children)."""
         if self.exact:
             drafts = self.padded(drafts)
         draws = None
         if self.exact and not self.sampling.greedy:  # the uniform of each node's next token
-            depths = self.tree.buffers("cpu").depths.tolist()
             draws = Draws(position_uniforms(
                 self.seed, range(self.batch),
-                [[length + depth + 1 for depth in depths] for length in self.host_lengths],
-                self.device))
+                [[length + depth + 1 for depth in depths] for length, depths in
+                 zip(self.host_lengths, self.node_depths(drafts))], self.device))
         elif not self.sampling.greedy:  # every node's, even when cut: one seed, one output
             draws = Draws.draw(self.batch, self.tree.n_nodes, self.model.config.vocab_size,
                                generator, self.device)
@@ -260,15 +270,30 @@ class Engine:
                        self.exact, self.layers)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
-        host = torch.cat([out.kept[:, None], out.last[:, None], *real, out.tokens],
-                         dim=1).tolist()  # the one synchronisation (eagerly, with `verified_tree`)
-        new_ids, drafted = [], []
-        for row, (kept, node, *rest) in enumerate(host):
+        host = torch.cat([out.kept[:, None], out.last[:, None], out.grows[:, None], *real,
+                          out.tokens], dim=1).tolist()  # the one synchronisation (eagerly,
+        new_ids, drafted = [], []  # with `verified_tree`)
+        for row, (kept, node, grows, *rest) in enumerate(host):
             n_real, tokens = (rest[0], rest[1:]) if real else (drafts.tokens.shape[1], rest)
             new_ids.append(tokens[:kept])  # none for a finished row
-            drafted.append((n_real, node))
+            drafted.append((n_real, bool(grows)))
             self.host_lengths[row] += kept
         return replace(out, new_ids=new_ids), drafted
+
+    def node_depths(self, drafts: Drafts) -> list[list[int]]:
+        """Each row's nodes' depths, on the host: the tree's, or the step's own (a dynamic
+        tree's, from `drafts.parents`)."""
+        if drafts.parents is None:
+            if self._host_depths is None:
+                self._host_depths = self.buffers.depths.tolist()
+            return [self._host_depths] * self.batch
+        rows = []
+        for parents in drafts.parents.tolist():
+            depths = [0]
+            for parent in parents:  # a parent comes before its children
+                depths.append(depths[parent] + 1)
+            rows.append(depths)
+        return rows
 
     def padded(self, drafts: Drafts) -> Drafts:
         """`drafts` grown to the exact step's width by padding drafts, never kept."""
@@ -277,25 +302,35 @@ class Engine:
             return drafts
         batch = drafts.tokens.shape[0]
         tokens = torch.cat([drafts.tokens, drafts.tokens.new_zeros(batch, missing)], dim=1)
-        probs = drafts.probs
+        probs, parents = drafts.probs, drafts.parents
         if probs is not None:
             probs = torch.cat([probs, probs.new_zeros(batch, missing, probs.shape[2])], dim=1)
-        return Drafts(tokens, probs, drafts.real())
+        if parents is not None:  # padding nodes hang from the root
+            parents = torch.cat([parents, parents.new_zeros(batch, missing)], dim=1)
+        return Drafts(tokens, probs, drafts.real(), parents)
 
-    def verified_tree(self, drafts: Drafts) -> tuple[Tree, TreeBuffers]:
-        """The tree a step verifies, with its buffers: the drafter's, or, eagerly, for a chain
-        whose drafter says how many drafts are real (`Drafts.lengths`), the chain of the
-        batch's longest real proposal (see the module docstring). Compiled, always the
-        drafter's: one shape."""
-        if self.compiled or self.exact or not self.tree.is_chain or drafts.lengths is None:
-            return self.tree, self.buffers
-        longest = int(drafts.lengths.max())  # a host read: eager steps only
-        if longest == drafts.count:
-            return self.tree, self.buffers
-        if longest not in self._cut_chains:  # each width's buffers built once per engine
-            chain = Tree.chain(longest)
-            self._cut_chains[longest] = chain, chain.buffers(self.device)
-        return self._cut_chains[longest]
+    def verified_tree(self, drafts: Drafts) -> tuple[Tree, TreeBuffers | None]:
+        """The tree a step verifies, with its buffers per row (None: a dynamic tree's, which
+        come with the drafts): the drafter's, or, eagerly, for a chain whose drafter says how
+        many drafts are real (`Drafts.lengths`), the chain of the batch's longest real
+        proposal (see the module docstring). Compiled, always the drafter's: one shape."""
+        tree, buffers = self.tree, self.buffers
+        if not (self.compiled or self.exact or not tree.is_chain or drafts.lengths is None):
+            longest = int(drafts.lengths.max())  # a host read: eager steps only
+            if longest < drafts.count:
+                if longest not in self._cut_chains:  # each width's built once per engine
+                    chain = Tree.chain(longest)
+                    self._cut_chains[longest] = chain, chain.buffers(self.device)
+                tree, buffers = self._cut_chains[longest]
+        if buffers is None:
+            if drafts.parents is None:
+                raise ValueError(f"{tree.name}: a dynamic tree's drafter must give each "
+                                 f"draft's parent (Drafts.parents)")
+            return tree, None
+        key = (tree.n_nodes, self.batch)
+        if key not in self._rows:  # a view per batch size, made once
+            self._rows[key] = buffers.rows(self.batch)
+        return tree, self._rows[key]
 
     def finish(self, rows: list[int]) -> None:
         """Stop decoding `rows`: they stay in the batch, masked."""

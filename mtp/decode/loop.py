@@ -129,7 +129,7 @@ def _decode(engine: Engine, drafter: Drafter, outputs: list[SequenceOutput],
     """The decode loop (see the module docstring); fills `outputs`."""
     batch = _Batch(engine, drafter, outputs)
     verified = engine.prefill(prompts, generator, pad_id)
-    live = batch.commit(verified, [(0, 0)] * engine.batch, nodes=1)  # it verified one token
+    live = batch.commit(verified, [(0, False)] * engine.batch, nodes=1)  # it verified one
     while live:
         drafts = drafter.propose()  # draft
         verified, drafted = engine.verify_and_accept(drafts, generator)  # verify, accept
@@ -147,8 +147,8 @@ class _Batch:
         """The drafter hears what was kept, each row's output takes its new tokens; finished
         rows are masked, and leave when the batch is rebuilt. Whether any row decodes on.
 
-        `drafted`: each row's (real drafts, kept node); `nodes`: the tokens the forward
-        verified per row.
+        `drafted`: each row's (real drafts, whether its kept node has children); `nodes`: the
+        tokens the forward verified per row.
         """
         engine = self.engine
         self.drafter.update(verified)
@@ -175,13 +175,13 @@ def _count(verified: Verified, drafted: list[tuple[int, int]],
     depths, and the depth after it when its last node has children.
     """
     finished = []
-    for row, (ids, (real, node)) in enumerate(zip(verified.new_ids, drafted)):
+    for row, (ids, (real, grows)) in enumerate(zip(verified.new_ids, drafted)):
         if not ids:  # finished before this step
             continue
         if tree.is_chain or real == 0:  # a chain, or the prefill, which drafted nothing
             checked = min(len(ids), real)
         else:
-            checked = len(ids) - 1 + tree.has_children[node]
+            checked = len(ids) - 1 + grows
         outputs[row].count_forward(checked, len(ids) - 1, nodes=nodes)
         if outputs[row].add(ids):
             finished.append(row)

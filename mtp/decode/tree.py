@@ -30,6 +30,13 @@ Which trees
 (Medusa's `generate_medusa_buffers`): depths (the position offsets), the ancestor mask, the
 index of each node's draft among the heads' top-k, the ancestors of each node (its
 root-to-node path) and the children of each node.
+
+Dynamic trees (EAGLE-2): a drafter may choose its tree anew at every step and for every row,
+from its own confidence; only the size is fixed (`DynamicTree`: the nodes, the depth, the
+most children of a node), so a step keeps its shapes. The drafter gives each draft's parent
+(`Drafts.parents`) and the step builds that step's buffers from them, one set per row
+(`TreeBuffers.from_parents`); the engine and the acceptance read every tree's buffers per
+row (`TreeBuffers.rows`).
 """
 
 from __future__ import annotations
@@ -66,6 +73,39 @@ class TreeBuffers:
     draft_index: Tensor  # (m - 1,) node i's token is topk[(depth - 1) * ranks + rank]
     ancestors: Tensor  # (m, depth + 1) the root-to-node path, padded with the node itself
     children: Tensor  # (m, max children) the children of each node in rank order, -1 padded
+
+    def rows(self, batch: int) -> TreeBuffers:
+        """The buffers with a leading batch dimension (B, ...): a static tree's repeated as
+        views (one tree for every row), a dynamic tree's as they are."""
+        if self.depths.dim() == 2:
+            return self
+        return TreeBuffers(*(t.expand(batch, *t.shape) for t in (
+            self.depths, self.visible, self.parents, self.draft_index, self.ancestors,
+            self.children)))
+
+    @staticmethod
+    def from_parents(parents: Tensor, depth: int, branching: int) -> TreeBuffers:
+        """Each row's buffers of a dynamic tree: `parents` (B, m - 1), the parent of nodes
+        1..m-1 (0: the root; a parent always comes before its children), at most `depth`
+        deep and `branching` children a node. No draft index: the drafter drafted already."""
+        batch, m = parents.shape[0], parents.shape[1] + 1
+        device = parents.device
+        up = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), parents], 1)
+        chain = [torch.arange(m, device=device).expand(batch, m)]  # node, parent, ..., root
+        for _ in range(depth):
+            chain.append(up.gather(1, chain[-1]))
+        chain = torch.stack(chain, dim=-1)  # (B, m, depth + 1)
+        depths = (chain[..., :depth] != 0).sum(-1)  # the root has none before it
+        steps = (depths[..., None] - torch.arange(depth + 1, device=device)).clamp(min=0)
+        ancestors = chain.gather(2, steps)  # root first, then down to the node, then the node
+        visible = torch.zeros(batch, m, m, dtype=torch.bool, device=device).scatter_(
+            2, ancestors, True)
+        child = torch.arange(1, m, device=device)
+        own = up[:, None, 1:] == torch.arange(m, device=device)[None, :, None]  # (B, m, m-1)
+        order = torch.where(own, child, m).sort(-1).values[..., :branching]  # in index order
+        children = torch.where(order < m, order, -1)
+        return TreeBuffers(depths, visible, parents, torch.zeros_like(parents), ancestors,
+                           children)
 
 
 @dataclass(frozen=True)
@@ -223,6 +263,44 @@ class Tree:
         return [list(p) for p in self.paths]
 
 
+@dataclass(frozen=True)
+class DynamicTree(Tree):
+    """The size of a tree a drafter chooses at every step (EAGLE-2): `n_nodes` nodes (the
+    root included), at most `depth` deep, at most `branching` children a node. Its `paths`
+    are a stand-in of that size (a chain as deep, the rest under the root); a step's own
+    tree comes with its drafts (`Drafts.parents`)."""
+
+    branching: int = 1
+
+    @classmethod
+    def of(cls, n_nodes: int, depth: int, branching: int) -> DynamicTree:
+        if not 1 <= depth < n_nodes or branching < 1:
+            raise ValueError(f"a dynamic tree needs 1 <= depth < n_nodes and branching >= 1, "
+                             f"got n_nodes={n_nodes}, depth={depth}, branching={branching}")
+        paths = [(0,) * d for d in range(1, depth + 1)]
+        paths += [(r,) for r in range(1, n_nodes - depth)]
+        return cls(tuple(paths), name=f"dynamic:{n_nodes}", branching=branching)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "is_chain", False)
+
+    @cached_property
+    def widths(self) -> list[int]:
+        return [min(self.branching, self.n_nodes - 1)] * self.depth
+
+    def padded(self, n_nodes: int) -> Tree:
+        if n_nodes < self.n_nodes:
+            raise ValueError(f"width={n_nodes} is below the drafter's widest step of "
+                             f"{self.n_nodes} tokens (the last token and its drafts)")
+        return self if n_nodes == self.n_nodes else DynamicTree.of(
+            n_nodes, self.depth, max(self.branching, n_nodes - self.n_nodes))
+
+    def buffers(self, device: torch.device | str) -> TreeBuffers:
+        raise ValueError(f"tree {self.name} is chosen at every step: its buffers come with "
+                         f"each step's drafts (TreeBuffers.from_parents)")
+
+
 @functools.lru_cache(maxsize=None)
 def _chain(depth: int) -> Tree:
     # One instance per depth: its buffers are then built once for every decode step.
@@ -358,9 +436,55 @@ def resolve_tree(spec: Tree | str | Sequence[Sequence[int]], *, k: int, vocab_si
     return tree
 
 
+DYNAMIC_BRANCHING = 8  # a dynamic tree's most children of a node: the heads' top-8
+
+
+def best_paths(scores: Tensor, n_nodes: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Each row's `n_nodes` - 1 rank paths of the largest cumulative score (EAGLE-2's dynamic
+    tree for drafters whose depths draft independently, as the heads do): scores (B, D, R),
+    the log-probability of depth d + 1's rank-r candidate. Returns each chosen node's depth
+    and rank (B, n_nodes - 1), 1-based depth, and its parent (0: the root), parents first.
+
+    A path scores no more than its parent, so the best paths are prefix-closed, and a beam of
+    n_nodes - 1 paths per depth holds every one of them; ties go to the shallower path.
+    """
+    batch, depth, ranks = scores.shape
+    budget = n_nodes - 1
+    device = scores.device
+    kept_scores, kept_parent, kept_rank, levels = [], [], [], []
+    total = torch.zeros(batch, 1, dtype=scores.dtype, device=device)  # the root
+    for d in range(depth):
+        candidates = (total[:, :, None] + scores[:, d, None, :]).flatten(1)  # (B, K * R)
+        best, index = candidates.topk(min(budget, candidates.shape[1]), dim=1)
+        kept_scores.append(best)
+        kept_parent.append(index // ranks)  # the parent's place among the depth above
+        kept_rank.append(index % ranks)
+        levels.append(torch.full_like(index, d + 1))
+        total = best
+    pooled = torch.cat(kept_scores, 1)  # (B, P), depth by depth
+    order = pooled.sort(dim=1, descending=True, stable=True).indices[:, :budget]
+    order = order.sort(dim=1).values  # back to depth order: parents before children
+    chosen = torch.zeros_like(pooled, dtype=torch.long).scatter_(  # pool place -> node
+        1, order, torch.arange(1, budget + 1, device=device).expand(batch, budget))
+    sizes = [k.shape[1] for k in kept_scores]
+    starts = [0] + torch.tensor(sizes).cumsum(0).tolist()[:-1]
+    parent_place = torch.cat([torch.zeros_like(kept_parent[0]) - 1] + [
+        kept_parent[d] + starts[d - 1] for d in range(1, depth)], 1)  # (B, P); -1: the root
+    parents = torch.where(parent_place >= 0, chosen.gather(1, parent_place.clamp(min=0)), 0)
+    return (torch.cat(levels, 1).gather(1, order), torch.cat(kept_rank, 1).gather(1, order),
+            parents.gather(1, order))
+
+
 def _named_tree(spec: str, k: int, calibration: Calibration | None) -> Tree:
     if spec == "chain":
         return Tree.chain(k - 1)
+    if spec.startswith("dynamic:"):
+        size = spec[8:]
+        if not size.isdigit() or int(size) < 2:
+            raise ValueError(f"tree={spec!r}: dynamic:N needs a node budget N >= 2 (the last "
+                             f"token and a draft), e.g. dynamic:16")
+        return DynamicTree.of(int(size), min(k - 1, int(size) - 1),
+                              min(DYNAMIC_BRANCHING, int(size) - 1))
     if spec.startswith("tree") and spec[4:] in {str(n) for n in FIXED_SIZES}:
         return Tree.from_rates(fixed_prior(k), int(spec[4:]), name=spec)
     if spec.startswith("auto:"):
@@ -387,5 +511,5 @@ def _named_tree(spec: str, k: int, calibration: Calibration | None) -> Tree:
             raise ValueError(f"tree file {path} must hold a non-empty list of rank paths")
         return Tree(tuple(paths), name=str(path))
     raise ValueError(f"unknown tree {spec!r}: expected chain, "
-                     f"{', '.join(f'tree{n}' for n in FIXED_SIZES)}, auto:N, a .json file of "
-                     f"rank paths, or a list of rank paths")
+                     f"{', '.join(f'tree{n}' for n in FIXED_SIZES)}, auto:N, dynamic:N, a "
+                     f".json file of rank paths, or a list of rank paths")

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from mtp.decode.tree import Tree
+from mtp.decode.tree import DynamicTree, Tree
 from mtp.generate import (Combined, DecodeSettings, DraftModel, HeadsDrafter, LayerSkip,
                           Lookahead, PromptLookup, SamplingConfig, SequentialDrafter, generate)
 from mtp.model import MTPModel
@@ -37,6 +37,7 @@ def _drafters(draft: MTPModel):
         "draft_model": DraftModel(draft, TOKENIZER, num_draft=3),
         "layer_skip": LayerSkip([1], 3, threshold=0.3), "lookahead": Lookahead(4, 3, 2),
         "heads+prompt_lookup": Combined(HeadsDrafter(3), PromptLookup(num_draft=4)),
+        "heads_dynamic": HeadsDrafter(4, DynamicTree.of(8, 3, 4)),
     }
 
 
@@ -57,13 +58,14 @@ def _check(model: MTPModel, drafter, prompts=PROMPTS, *, width=None, **options):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", ["heads", "heads_tree", "prompt_lookup", "draft_model",
-                                  "layer_skip", "lookahead", "heads+prompt_lookup"])
+                                  "layer_skip", "lookahead", "heads+prompt_lookup",
+                                  "heads_dynamic"])
 def test_every_drafter_gives_the_references_ids(trained, trained_draft, name, dtype):
     model = _in(trained, dtype)
     drafter = _drafters(_in(trained_draft, dtype))[name]
     got = _check(model, drafter)
     # The trained model keeps drafts: these steps accepted and compacted paths.
-    if name in ("heads", "heads_tree", "draft_model", "layer_skip"):
+    if name in ("heads", "heads_tree", "draft_model", "layer_skip", "heads_dynamic"):
         assert max(g.stats.tokens_per_forward for g in got) > 1.5
 
 

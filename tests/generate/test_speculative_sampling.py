@@ -16,7 +16,7 @@ from mtp.generate import (Combined, DecodeStats, DraftModel, HeadsDrafter, Layer
                           Lookahead, OnlineHeads, PromptLookup, SamplingConfig,
                           SequentialDrafter, generate)
 from mtp.decode.sampling import probabilities
-from mtp.decode.tree import Tree
+from mtp.decode.tree import DynamicTree, Tree
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -97,7 +97,8 @@ TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
 @pytest.mark.parametrize("drafter, sampling", [
     ("k=1", T1), ("k=1", NUCLEUS), ("k=3", T1), ("k=3", NUCLEUS), ("tree", NUCLEUS),
     ("draft_model", NUCLEUS), ("prompt_lookup", T1), ("prompt_lookup_wide", T1),
-    ("draft_model+prompt_lookup", NUCLEUS), ("lookahead", NUCLEUS)])
+    ("draft_model+prompt_lookup", NUCLEUS), ("lookahead", NUCLEUS), ("dynamic", NUCLEUS),
+    ("exact", NUCLEUS)])
 def test_sampled_generations_follow_head_0(model, drafter, sampling):
     exact = _exact(model, [EOS, 0, 1], sampling, depth=3)
     how = {"k=1": None, "k=3": HeadsDrafter(3), "tree": HeadsDrafter(3, Tree(TREE)),
@@ -108,17 +109,23 @@ def test_sampled_generations_follow_head_0(model, drafter, sampling):
            # rows with the draft model's 2 drafts (its q) beside rows with up to 4 one-hot
            "draft_model+prompt_lookup": Combined(
                _draft_model(), PromptLookup(num_draft=4, max_ngram=1, min_ngram=1)),
-           "lookahead": Lookahead(window=2, ngram=3, guesses=1)}
+           "lookahead": Lookahead(window=2, ngram=3, guesses=1),
+           # a tree each row chooses at each step from its heads' confidence (EAGLE-2)
+           "dynamic": HeadsDrafter(3, DynamicTree.of(5, 2, 3)),
+           # exact mode: each position's token from its own uniform (inverse CDF)
+           "exact": HeadsDrafter(3, Tree(TREE))}
     generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
-                           sampling=sampling, seed=0, drafter=how[drafter])
+                           sampling=sampling, seed=0, drafter=how[drafter],
+                           exact=drafter == "exact")
     _assert_distribution(generations, exact)
     pooled = DecodeStats.pooled([g.stats for g in generations])
     if drafter == "prompt_lookup_wide":  # the padding was cut: at most 5 drafts per step
         assert pooled.nodes_verified <= 6 * pooled.forward_passes - 5 * len(generations)
-    if drafter == "tree":  # with three siblings, some depth-1 draft is kept most of the time
-        assert pooled.head_acceptance[1] > 0.75
-        # every forward after the prefill (one node) verified the whole tree of 7 nodes
-        assert pooled.nodes_verified == 7 * pooled.forward_passes - 6 * len(generations)
+    if drafter in ("tree", "exact", "dynamic"):  # with siblings, a depth-1 draft is kept
+        assert pooled.head_acceptance[1] > 0.75  # most of the time
+        # every forward after the prefill (one node) verified the whole tree
+        nodes = 5 if drafter == "dynamic" else 7
+        assert pooled.nodes_verified == nodes * pooled.forward_passes - (nodes - 1) * N
     elif drafter != "k=1":  # drafts are rejected often, so the rejection rule was exercised
         rate = [g.stats.head_acceptance[1] for g in generations if g.stats.head_verified[1]]
         assert 0.1 < sum(rate) / len(rate) < 0.9

@@ -9,7 +9,8 @@ from mtp.decode.acceptance import Draws, TypicalAcceptance, accept
 from mtp.decode.drafters.base import Drafts
 from mtp.decode.drafters.heads import draft
 from mtp.decode.sampling import SamplingConfig, exponential
-from mtp.decode.tree import TREE_FILE, Calibration, Tree, resolve_tree
+from mtp.decode.tree import (TREE_FILE, Calibration, DynamicTree, Tree, TreeBuffers,
+                             best_paths, resolve_tree)
 
 MEDUSA_LIKE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
@@ -181,3 +182,31 @@ def test_a_tree_drafter_cannot_be_combined():
     with pytest.raises(ValueError, match=r"not the candidate tree of heads\(tree=custom\)"):
         Combined(HeadsDrafter(4, Tree(((0,), (1,)))), PromptLookup())
     Combined(HeadsDrafter(4), PromptLookup())  # the chain is fine
+
+
+def test_a_dynamic_trees_buffers_equal_a_fixed_trees():
+    """Built from each row's parents (a step's own tree), the buffers are those the fixed
+    tree of the same shape builds."""
+    tree = Tree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))
+    fixed = tree.buffers("cpu")
+    parents = torch.tensor([tree.parents[1:], tree.parents[1:]])
+    built = TreeBuffers.from_parents(parents, tree.depth, branching=3)
+    for name in ("depths", "visible", "parents", "ancestors", "children"):
+        assert torch.equal(getattr(built, name), getattr(fixed.rows(2), name)), name
+    with pytest.raises(ValueError, match="is chosen at every step"):
+        DynamicTree.of(8, 3, 4).buffers("cpu")
+    assert DynamicTree.of(8, 3, 4).widths == [4, 4, 4]
+    assert resolve_tree("dynamic:16", k=4, vocab_size=262).n_nodes == 16
+    with pytest.raises(ValueError, match="dynamic:N needs a node budget N >= 2"):
+        resolve_tree("dynamic:1", k=4, vocab_size=262)
+
+
+def test_best_paths_keep_the_largest_cumulative_scores_parents_first():
+    # Depth 1: ranks score log 0.6, 0.3, 0.1; depth 2: 0.9, 0.05, 0.05.
+    scores = torch.tensor([[[0.6, 0.3, 0.1], [0.9, 0.05, 0.05]]]).log()
+    depth, rank, parents = best_paths(scores, n_nodes=5)
+    # The 4 best paths: (0) .6, (0,0) .54, (1) .3, (1,0) .27; in depth order, parents first.
+    assert depth.tolist() == [[1, 1, 2, 2]] and rank.tolist() == [[0, 1, 0, 0]]
+    assert parents.tolist() == [[0, 0, 1, 2]]
+    depth, rank, parents = best_paths(scores, n_nodes=3)
+    assert (depth.tolist(), rank.tolist(), parents.tolist()) == ([[1, 2]], [[0, 0]], [[0, 1]])

@@ -57,11 +57,15 @@ class Drafts:
     lengths: how many leading drafts of each row are real (B,), or None when all n are. A
         row's drafts past its length are padding: never accepted, and with no q (the
         correction there is drawn from the target alone).
+    parents: each draft's parent node (B, n) (0: the root), for a drafter whose tree changes
+        from step to step (`tree.DynamicTree`): its nodes' tree this step, every row its own;
+        a parent comes before its children. None for a fixed tree.
     """
 
     tokens: Tensor
     probs: Tensor | None = None
     lengths: Tensor | None = None
+    parents: Tensor | None = None
 
     @property
     def count(self) -> int:
@@ -108,6 +112,8 @@ class Verified:
         tokens after the new root (the root for a finished row); the engine always sets it.
     features (B, m, L, D): the trunk's residual stream after each layer the drafter's
         `verify_layers` names, at every pending token; None when it names none.
+    grows (B,): whether each row's kept node has children in the step's tree (a tree's
+        draft after the kept path was verified too); None after the prefill.
 
     A plain record: the engine fills every field, and a drafter reads the ones it needs.
     """
@@ -121,6 +127,7 @@ class Verified:
     new_ids: list[list[int]] | None = None
     last: Tensor | None = None
     features: Tensor | None = None
+    grows: Tensor | None = None
 
     def last_two(self) -> Tensor:
         """The last two accepted tokens of each row (B, 2): the one before the newest, and it."""

@@ -21,7 +21,8 @@ from mtp.decode.drafters.base import (Drafter, DrafterContext, Drafts, Verified,
                                       check_positive)
 from mtp.decode.drafters.registry import AUTO, drafter_types, register
 from mtp.decode.sampling import SamplingConfig, exponential, probabilities
-from mtp.decode.tree import Calibration, Tree, TreeBuffers, resolve_tree
+from mtp.decode.tree import (Calibration, DynamicTree, Tree, TreeBuffers, best_paths,
+                             resolve_tree)
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -69,6 +70,7 @@ def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
 
 
 AUTO_TREE_SIZES = (16, 32, 64)  # the calibrated trees `drafter=auto` measures
+DYNAMIC_SIZES = (8, 16, 32)  # the dynamic trees' node budgets it measures (EAGLE-2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,17 +154,23 @@ class OwnHeads(Drafter):
     @classmethod
     def candidates(cls, model: MTPModel, options: HeadsOptions, context: DrafterContext,
                    measured: Mapping[str, float]) -> Iterable[OwnHeads]:
-        """Every chain k = 2..n_future; with a calibration (and k not auto), its auto:N
-        trees."""
-        n_future = model.config.n_future
+        """Every chain k = 2..n_future; unless k=auto (chains alone), the dynamic trees of
+        DYNAMIC_SIZES nodes (parallel heads: the budget a step of this machine can carry is
+        measured so) and, with a calibration, its auto:N trees."""
+        n_future, vocab = model.config.n_future, model.config.vocab_size
         for k in range(2, n_future + 1):
             yield cls.variant(model, k)
+        if options.k == AUTO or n_future < 3:
+            return
+        if model.config.head_type != "sequential":
+            for size in DYNAMIC_SIZES:
+                yield cls.variant(model, n_future, resolve_tree(
+                    f"dynamic:{size}", k=n_future, vocab_size=vocab))
         found = calibration(model, context)
-        if found is not None and options.k != AUTO and n_future > 1:
+        if found is not None:
             for size in AUTO_TREE_SIZES:
                 yield cls.variant(model, n_future, resolve_tree(
-                    f"auto:{size}", k=n_future, vocab_size=model.config.vocab_size,
-                    calibration=found))
+                    f"auto:{size}", k=n_future, vocab_size=vocab, calibration=found))
 
     @property
     def tree(self) -> Tree:
@@ -221,7 +229,9 @@ class HeadsDrafter(OwnHeads):
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._model, self._sampling, self._generator = model, sampling, generator
-        self._buffers = self.tree.buffers(next(model.parameters()).device)  # once per call
+        device = next(model.parameters()).device
+        self._dynamic = isinstance(self.tree, DynamicTree)  # chosen at every step
+        self._buffers = None if self._dynamic else self.tree.buffers(device)  # once per call
         self._last = None
 
     def update(self, step: Verified) -> None:
@@ -233,6 +243,19 @@ class HeadsDrafter(OwnHeads):
 
     def propose(self) -> Drafts:
         logits = self._model.unembed(self._last, head=1)  # (B, depth, V): heads 1..depth
+        if self._dynamic:
+            return dynamic_draft(logits, self.tree)
         noise = None if self._sampling.greedy else exponential(
             logits.shape, self._generator, logits.device)
         return draft(logits, self.tree, self._sampling, noise, buffers=self._buffers)
+
+
+def dynamic_draft(head_logits: Tensor, tree: DynamicTree) -> Drafts:
+    """The heads' dynamic tree (EAGLE-2's, for drafts that do not depend on their parent):
+    each row's `tree.n_nodes` - 1 candidates of the largest cumulative log-probability, from
+    the top `tree.branching` tokens of heads 1..depth (B, depth, V). Deterministic drafts
+    (one-hot q), so sampling through them stays lossless."""
+    top = head_logits.float().log_softmax(-1).topk(tree.branching, dim=-1)  # (B, depth, R)
+    depth, rank, parents = best_paths(top.values, tree.n_nodes)  # (B, m - 1) each
+    rows = torch.arange(depth.shape[0], device=depth.device)[:, None]
+    return Drafts(top.indices[rows, depth - 1, rank], parents=parents)

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from mtp.decode.drafters.base import Drafts, Verified
 from mtp.decode.drafters.heads import HeadsOptions, OwnHeads, ranked
+from mtp.decode.tree import DynamicTree
 from mtp.decode.forward import key_width
 from mtp.decode.sampling import SamplingConfig, exponential
 from mtp.kv_cache import CacheStep, KVCache
@@ -67,6 +68,9 @@ class SequentialDrafter(OwnHeads):
         if model.config.head_type != "sequential":
             raise ValueError(f"SequentialDrafter drafts with sequential modules, but "
                              f"model.head_type={model.config.head_type!r}: use HeadsDrafter")
+        if isinstance(self.tree, DynamicTree):
+            raise ValueError(f"tree={self.tree.name}: sequential modules draft a fixed tree "
+                             f"(chain, tree8..tree64, auto:N or rank paths)")
         self.check_size(model)
 
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
