@@ -28,6 +28,14 @@ step: a captured step replays exactly.
   after it. The tokens are then autoregressive sampling's with the same seed, not merely of
   its distribution; a draft is kept with probability p(draft), as speculative sampling keeps
   a deterministic draft.
+- `spectr` (SpecTr, Sun et al. 2023: k-sequential draft selection, the optimal transport of
+  k drafts drawn independently from q onto p): at a node with k children drawn i.i.d. from q
+  (`HeadsOptions.siblings="iid"`), child i is kept with probability min(1, p(x_i) /
+  (rho q(x_i))) in turn, where rho solves 1 - (1 - beta)^k = rho * beta, beta = sum_x
+  min(q(x), p(x) / rho); when none is kept the token is drawn from the residual
+  p - c min(q, p / rho), c = (1 - (1 - beta)^k) / beta. Lossless for any rho >= 1 with c <=
+  rho (the bisection keeps to that side), and it keeps at least as much as SpecInfer's rule
+  does on the same i.i.d. drafts; with one child it is that rule.
 - `typical` (opt-in, Medusa's typical acceptance; NOT lossless): a draft is kept while
   p(draft) > min(epsilon, alpha * exp(-H(p))) along its path; the longest kept path wins
   (ties to the lower-ranked path) and the next token is drawn from p after it. It trades
@@ -47,7 +55,7 @@ from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, proba
                                  sample)
 from mtp.decode.tree import Tree, TreeBuffers
 
-ACCEPTANCE = ("exact", "typical")
+ACCEPTANCE = ("exact", "typical", "spectr")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,17 +71,27 @@ class TypicalAcceptance:
                              f"epsilon={self.epsilon!r}, alpha={self.alpha!r}")
 
 
-Acceptance = str | TypicalAcceptance  # "exact", "typical" (Medusa's thresholds), or its own
+@dataclass(frozen=True)
+class KSequential:
+    """SpecTr's k-sequential selection of one of a node's i.i.d. drafts (module docstring):
+    `iterations` of bisection for rho."""
+
+    iterations: int = 40
 
 
-def typical_thresholds(acceptance: Acceptance) -> TypicalAcceptance | None:
-    """The typical-acceptance thresholds `acceptance` asks for, or None for "exact"."""
-    if isinstance(acceptance, TypicalAcceptance):
+# "exact" (SpecInfer's rule), "typical" (Medusa's thresholds), "spectr", or a rule's object
+Acceptance = str | TypicalAcceptance | KSequential
+Rule = TypicalAcceptance | KSequential | None  # None: the default, SpecInfer's rule
+
+
+def acceptance_rule(acceptance: Acceptance) -> Rule:
+    """The rule `acceptance` names: None for "exact" (SpecInfer's recursive rejection)."""
+    if isinstance(acceptance, (TypicalAcceptance, KSequential)):
         return acceptance
     if acceptance not in ACCEPTANCE:
-        raise ValueError(f"acceptance must be one of {ACCEPTANCE} or a TypicalAcceptance, got "
-                         f"{acceptance!r}")
-    return TypicalAcceptance() if acceptance == "typical" else None
+        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, a TypicalAcceptance or a "
+                         f"KSequential, got {acceptance!r}")
+    return {"exact": None, "typical": TypicalAcceptance(), "spectr": KSequential()}[acceptance]
 
 
 @dataclass(frozen=True)
@@ -110,13 +128,14 @@ class Accepted:
 
 
 def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
-           draws: Draws | None = None, typical: TypicalAcceptance | None = None, *,
+           draws: Draws | None = None, rule: Rule = None, *,
            buffers: TreeBuffers | None = None, exact: bool = False) -> Accepted:
     """Verify `drafts` (the nodes of `tree`) against head 0's logits `target` (B, m, V).
 
-    `draws` are needed when sampling; `typical` switches to Medusa's typical acceptance;
-    `exact` to exact mode's (the module docstring). `buffers`: the tree's on `target`'s
-    device, which the engine holds (else looked up).
+    `draws` are needed when sampling; `rule` (`acceptance_rule`) switches from SpecInfer's
+    rule to Medusa's typical acceptance or SpecTr's; `exact` to exact mode's (the module
+    docstring). `buffers`: the tree's on `target`'s device, which the engine holds (else
+    looked up).
     """
     batch = target.shape[0]
     if buffers is None:
@@ -139,7 +158,8 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
         node = _deepest_kept(_and(drafts.tokens == predicted.gather(1, buffers.parents), real),
                              buffers)
         next_token = predicted[rows, node]
-    elif typical is not None:
+    elif isinstance(rule, TypicalAcceptance):
+        typical = rule
         p = probabilities(target, sampling)  # (B, m, V)
         entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, m)
         threshold = torch.minimum(typical.alpha * torch.exp(-entropy),
@@ -150,8 +170,9 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
                              buffers)
         next_token = sample(p[rows, node], draws.exponential)
     else:
-        node, residual = _recursive_rejection(drafts, probabilities(target, sampling), tree,
-                                              buffers, real, draws.uniform)
+        select = _k_sequential if isinstance(rule, KSequential) else _recursive_rejection
+        node, residual = select(drafts, probabilities(target, sampling), tree, buffers, real,
+                                draws.uniform, rule)
         next_token = sample(residual, draws.exponential)
     path = buffers.ancestors[rows, node][:, 1:]  # (B, depth): the accepted nodes, then padding
     tokens = drafts.tokens.gather(1, (path - 1).clamp(min=0))
@@ -179,7 +200,8 @@ def _deepest_kept(kept: Tensor, buffers: TreeBuffers) -> Tensor:
 
 
 def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree, buffers: TreeBuffers,
-                         real: Tensor | None, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+                         real: Tensor | None, uniforms: Tensor,
+                         rule: None = None) -> tuple[Tensor, Tensor]:
     """SpecInfer's rule: the last accepted node (B,) and the distribution (B, V) after it.
 
     uniforms (B, m - 1): node i's test draws uniforms[:, i - 1].
@@ -219,3 +241,62 @@ def _recursive_rejection(drafts: Drafts, p_all: Tensor, tree: Tree, buffers: Tre
         p = torch.where(moved[:, None], p_all[rows, node], p)
         descending &= moved
     return node, p
+
+
+def _k_sequential(drafts: Drafts, p_all: Tensor, tree: Tree, buffers: TreeBuffers,
+                  real: Tensor | None, uniforms: Tensor,
+                  rule: KSequential) -> tuple[Tensor, Tensor]:
+    """SpecTr's rule (module docstring): the last accepted node (B,) and the distribution
+    (B, V) after it; a node's children are its k i.i.d. drafts from one q."""
+    batch, _, vocab = p_all.shape
+    rows = torch.arange(batch, device=p_all.device)
+    node = torch.zeros(batch, dtype=torch.long, device=p_all.device)
+    p = p_all[:, 0]  # (B, V) the current target
+    descending = torch.ones(batch, dtype=torch.bool, device=p_all.device)
+    for width in tree.widths:  # the most children of any node at each depth
+        children = buffers.children[rows, node, :width]  # (B, width), -1 padded
+        index = (children - 1).clamp(min=0)
+        valid = (children >= 0) & descending[:, None]
+        if real is not None:
+            valid &= real.gather(1, index)
+        k = valid.sum(-1)  # (B,) the node's drafts
+        if drafts.probs is None:  # deterministic drafts: one-hot q (each its own)
+            q = torch.nn.functional.one_hot(drafts.tokens[rows, index[:, 0]], vocab).to(p.dtype)
+        else:  # i.i.d. siblings share the q they were drawn from
+            q = drafts.probs[rows, index[:, 0]].to(p.dtype)  # (B, V)
+        rho, share = _rho(p, q, k, rule.iterations)  # (B,) each
+        chosen = torch.full_like(node, -1)
+        for rank in range(width):
+            token = drafts.tokens.gather(1, index[:, rank:rank + 1])[:, 0]  # (B,)
+            q_token, p_token = q[rows, token], p[rows, token]
+            uniform = uniforms.gather(1, index[:, rank:rank + 1])[:, 0].to(p.dtype)
+            trying = valid[:, rank] & (chosen < 0) & (q_token > 0)
+            kept = trying & (uniform * rho * q_token < p_token)  # min(1, p / (rho q))
+            chosen = torch.where(kept, children[:, rank], chosen)
+        moved = chosen >= 0
+        # None kept: the residual p - c min(q, p / rho), c = share; a leaf keeps p itself.
+        residual = (p - share[:, None] * torch.minimum(q, p / rho[:, None])).clamp(min=0)
+        total = residual.sum(-1, keepdim=True)
+        residual = torch.where(total > 0, residual / total.clamp(min=1e-30), p)
+        p = torch.where((~moved & (k > 0))[:, None], residual, p)
+        node = torch.where(moved, chosen, node)
+        p = torch.where(moved[:, None], p_all[rows, node], p)
+        descending &= moved
+    return node, p
+
+
+def _rho(p: Tensor, q: Tensor, k: Tensor, iterations: int) -> tuple[Tensor, Tensor]:
+    """SpecTr's rho (B,) for k i.i.d. drafts from q (B, V) of target p, by bisection on
+    [1, k], kept on the side where c = (1 - (1 - beta)^k) / beta <= rho (lossless), and c."""
+    count = k.clamp(min=1).to(p.dtype)
+    low, high = torch.ones_like(count), count
+
+    def share(rho: Tensor) -> Tensor:
+        beta = torch.minimum(q, p / rho[:, None]).sum(-1).clamp(min=1e-30)
+        return (1 - (1 - beta) ** count) / beta
+
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        above = share(middle) > middle  # rho is further up
+        low, high = torch.where(above, middle, low), torch.where(above, high, middle)
+    return high, torch.minimum(share(high), high)

@@ -67,7 +67,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mtp.decode.acceptance import Draws, TypicalAcceptance, accept
+from mtp.decode.acceptance import Draws, Rule, accept
 from mtp.decode.drafters.base import Drafts, Verified
 from mtp.decode.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
                                   stacked_heads)
@@ -97,8 +97,8 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
 def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Tensor,
                       active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
                       buffers: TreeBuffers, heads: int | StackedHeads,
-                      sampling: SamplingConfig, typical: TypicalAcceptance | None,
-                      key_len: int, exact: bool = False,
+                      sampling: SamplingConfig, rule: Rule, key_len: int,
+                      exact: bool = False,
                       layers: tuple[int, ...] = ()) -> Verified:
     """One decode step on the device: verify `drafts`, the nodes of `tree` (see the module
     docstring; `exact`: its exact mode, the tree W nodes wide).
@@ -117,7 +117,7 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     hidden, features = hidden_states(model, pending, cache, step, heads, layers=layers)
     target = model.unembed(hidden[:, :, 0])  # (B, m, V); hidden (B, m, n, D)
     # accept: a path, and the token after it
-    accepted = accept(drafts, target, tree, sampling, draws, typical, buffers=buffers,
+    accepted = accept(drafts, target, tree, sampling, draws, rule, buffers=buffers,
                       exact=exact)
     rows = torch.arange(pending.shape[0], device=pending.device)
     path = buffers.ancestors[rows, accepted.node]  # (B, depth + 1), padded with the node
@@ -163,12 +163,11 @@ class Engine:
     """
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
-                 sampling: SamplingConfig, typical: TypicalAcceptance | None,
-                 compile: bool = False, exact: bool = False, width: int | None = None,
+                 sampling: SamplingConfig, rule: Rule, compile: bool = False, exact: bool = False, width: int | None = None,
                  seed: int = 0, layers: tuple[int, ...] = ()) -> None:
         if exact:
             tree = tree.padded(width or tree.n_nodes)
-        self.model, self.tree, self.sampling, self.typical = model, tree, sampling, typical
+        self.model, self.tree, self.sampling, self.rule = model, tree, sampling, rule
         self.compiled, self.exact, self.seed, self.layers = compile, exact, seed, layers
         param = next(model.parameters())
         self.device = param.device
@@ -259,14 +258,14 @@ class Engine:
         if self._step is not None:
             param = next(self.model.parameters())
             self._step.note((self.model.config, param.dtype, self.batch, self.tree.paths,
-                             key_len, self.k, self.sampling, self.typical, drafts.probs is None,
+                             key_len, self.k, self.sampling, self.rule, drafts.probs is None,
                              self.exact, self.layers))
             step = self._step.function
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
             out = step(self.model, self.cache, self.lengths, self.root, self.active, drafts,
-                       draws, tree, buffers, self.heads, self.sampling, self.typical, key_len,
+                       draws, tree, buffers, self.heads, self.sampling, self.rule, key_len,
                        self.exact, self.layers)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.decode.acceptance import Acceptance, TypicalAcceptance, typical_thresholds
+from mtp.decode.acceptance import Acceptance, Rule, TypicalAcceptance, acceptance_rule
 from mtp.decode.drafters.base import Autoregressive, Drafter, Verified
 from mtp.decode.engine import Engine, rebuild_size
 from mtp.decode.output import DecodeStats, FinishReason, Generation, TextCallback
@@ -68,9 +68,10 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
             chooses one first.
         sampling: temperature (0: greedy), top-k and top-p of head 0's distribution. Greedy
             output is identical for every drafter; sampled output has the same distribution.
-        acceptance: "exact" (lossless; greedy equals autoregressive), "typical" (Medusa's
-            typical acceptance: longer accepted paths, not lossless when sampling), or a
-            `TypicalAcceptance` with its own thresholds.
+        acceptance: "exact" (SpecInfer's rule, lossless; greedy equals autoregressive),
+            "spectr" (SpecTr's k-sequential selection of i.i.d. sibling drafts, lossless),
+            "typical" (Medusa's typical acceptance: longer accepted paths, not lossless when
+            sampling), or a `TypicalAcceptance` with its own thresholds.
         stop: strings that end a generation; the returned text stops before them.
         seed: seeds this call's random draws (None: torch's global generator).
         on_text: called as on_text(prompt_index, text) with each new piece of text.
@@ -84,10 +85,10 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     config = model.config
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     _check_arguments(config.vocab_size, tokenizer, prompts, max_new_tokens, sampling, stop)
-    typical = typical_thresholds(acceptance)
+    rule = acceptance_rule(acceptance)
     drafter = make_drafter(model, drafter) or Autoregressive()
     drafter.check(model, tokenizer)
-    _check_exact(exact, width, typical, drafter)
+    _check_exact(exact, width, rule, drafter)
     encoded = tokenizer.encode_prompts(prompts)
     for index, ids in enumerate(encoded):
         if not ids:
@@ -117,7 +118,7 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
         seed = int(torch.randint(2 ** 62, ()))
     with torch.inference_mode():  # every tensor of the call alike (a compiled step's guards)
         engine = Engine(model, len(encoded), context, tree, drafter.verify_heads(model),
-                        sampling=sampling, typical=typical, compile=compile, exact=exact,
+                        sampling=sampling, rule=rule, compile=compile, exact=exact,
                         width=width, seed=seed or 0, layers=drafter.verify_layers(model))
         drafter.start(model, encoded, engine.cache, sampling, generator)
         _decode(engine, drafter, outputs, generator, tokenizer.pad_id, encoded)
@@ -288,14 +289,14 @@ class SequenceOutput:
                     if self.text.endswith(s[:n])), default=0)
 
 
-def _check_exact(exact: bool, width: int | None, typical: TypicalAcceptance | None,
-                 drafter: Drafter) -> None:
+def _check_exact(exact: bool, width: int | None, rule: Rule, drafter: Drafter) -> None:
     """Exact mode's settings, before any decoding (one-line errors naming the value)."""
     if not isinstance(exact, bool):
         raise ValueError(f"exact must be true or false, got {exact!r}")
-    if exact and typical is not None:
-        raise ValueError("acceptance=typical keeps drafts the target would not have drawn: "
-                         "exact mode gives the target's own tokens (acceptance=exact)")
+    if exact and rule is not None:
+        name = "typical" if isinstance(rule, TypicalAcceptance) else "spectr"
+        raise ValueError(f"acceptance={name} is a rule of its own: exact mode keeps a draft "
+                         f"when it is the target's own token (acceptance=exact)")
     if width is None:
         return
     if not exact:

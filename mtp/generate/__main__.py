@@ -19,7 +19,8 @@ threads: `mtp.tune` records) and each generation's statistics go to stderr.
   threads          auto (measured on a few decode steps, cached) or a count; OMP_NUM_THREADS
                    also fixes it
   compile          run the decode step compiled (CUDA graphs); null (default): on a GPU
-  acceptance       exact (lossless) or typical (Medusa's; not lossless when sampling)
+  acceptance       exact (SpecInfer's rule, lossless), spectr (SpecTr's, lossless: for the
+                   heads' siblings=iid), typical (Medusa's; not lossless when sampling)
   exact            true: exact mode, every step one width, so the ids are bit for bit those of
                    autoregressive decoding at that width, in any dtype (docs/decoding.md);
                    width: that width (null: the drafter's widest step)

@@ -37,7 +37,7 @@ import torch
 
 from mtp.checkpoint import load
 from mtp.cli import AUTO, dtype_name, parse_dtype
-from mtp.decode.acceptance import typical_thresholds
+from mtp.decode.acceptance import acceptance_rule
 from mtp.decode.drafters.base import Drafter, DrafterContext
 from mtp.decode.drafters.registry import DrafterSpec, drafter_types
 from mtp.decode.loop import generate
@@ -66,7 +66,8 @@ class DecodeSettings:
         on a CPU with bf16 arithmetic, whichever runs the drafter's step faster (measured).
     threads: intra-op threads; auto (or null): measured on a few decode steps.
     compile: the decode step compiled (CUDA graphs on a GPU); null: on a GPU only.
-    acceptance: exact (lossless) or typical (Medusa's; not lossless when sampling).
+    acceptance: exact (SpecInfer's rule, lossless), spectr (SpecTr's, lossless, for i.i.d.
+        sibling drafts: `siblings=iid`) or typical (Medusa's; not lossless when sampling).
     exact: exact mode (`mtp.decode.engine`): every step one width, so that greedy output is
         bit for bit `generate(drafter=None, exact=True, width=W)`'s in any dtype, and
         sampling with a seed gives its draws; `width`: W (null: the drafter's widest step).
@@ -94,7 +95,7 @@ class DecodeSettings:
         self.spec  # the drafter and its options, checked
         self.sampling
         parse_dtype(self.dtype, auto=True)
-        typical_thresholds(self.acceptance)
+        acceptance_rule(self.acceptance)
         check_threads(self.threads)
         try:
             torch.device(self.device)
@@ -108,8 +109,8 @@ class DecodeSettings:
         if self.width is not None and self.width < 1:
             raise ValueError(f"width={self.width} must be at least 1")
         if self.exact and self.acceptance != "exact":
-            raise ValueError(f"acceptance={self.acceptance} keeps drafts the target would not "
-                             f"have drawn: exact=true gives the target's own tokens")
+            raise ValueError(f"acceptance={self.acceptance} is a rule of its own: exact=true "
+                             f"keeps a draft when it is the target's own token")
 
     @property
     def spec(self) -> DrafterSpec:

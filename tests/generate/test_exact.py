@@ -146,7 +146,7 @@ def test_exact_sampling_draws_from_the_target_distribution():
     ({"width": 4}, "width=4 sizes exact mode's steps: give exact=True with it"),
     ({"exact": True, "width": 2, "drafter": HeadsDrafter(4)},
      r"width=2 is below heads\(k=4\)'s widest step of 4 tokens"),
-    ({"exact": True, "acceptance": "typical"}, "acceptance=typical keeps drafts"),
+    ({"exact": True, "acceptance": "typical"}, "acceptance=typical is a rule of its own"),
     ({"exact": "yes"}, "exact must be true or false, got 'yes'"),
     ({"exact": True, "width": 0}, "width must be an integer >= 1, got 0"),
 ])
@@ -158,7 +158,7 @@ def test_bad_exact_settings_are_refused_before_decoding(trained, kwargs, message
 def test_decode_settings_check_exact_mode_once():
     with pytest.raises(ValueError, match="width=4 sizes exact mode's steps"):
         DecodeSettings(width=4)
-    with pytest.raises(ValueError, match="acceptance=typical keeps drafts"):
+    with pytest.raises(ValueError, match="acceptance=typical is a rule of its own"):
         DecodeSettings(exact=True, acceptance="typical")
     settings = DecodeSettings(exact=True, width=8, drafter="heads")
     assert settings.step_width(HeadsDrafter(4)) == 8

@@ -199,3 +199,27 @@ def test_heads_that_learn_between_calls_draft_losslessly(model):
     assert online.learnt == 8
     assert any(not torch.equal(p, q) for p, q in zip(model.heads[1].parameters(), before))
     _assert_distribution(generations, exact)
+
+
+@pytest.mark.parametrize("acceptance", ["exact", "spectr"])
+def test_spectr_and_specinfer_keep_head_0s_distribution_on_iid_siblings(model, acceptance):
+    """Three i.i.d. sibling drafts at each depth (siblings=iid): SpecInfer's recursive
+    rejection and SpecTr's k-sequential selection alike give head 0's distribution."""
+    exact = _exact(model, [EOS, 0, 1], NUCLEUS, depth=3)
+    drafter = HeadsDrafter(3, Tree(TREE), siblings="iid")
+    generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
+                           sampling=NUCLEUS, seed=0, drafter=drafter, acceptance=acceptance)
+    _assert_distribution(generations, exact)
+
+
+def test_spectrs_rho_solves_its_equation_on_the_lossless_side():
+    from mtp.decode.acceptance import _rho
+
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    q = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    rho, share = _rho(p, q, torch.tensor([3, 3]), iterations=60)
+    beta = torch.minimum(q, p / rho[:, None]).sum(-1)
+    assert torch.allclose(1 - (1 - beta) ** 3, rho * beta, atol=1e-9)  # its equation
+    assert (share <= rho).all() and rho[1].item() == pytest.approx(1.0)  # q = p: rho 1
+    one, _ = _rho(p, q, torch.tensor([1, 1]), iterations=60)  # one draft: the usual rule
+    assert torch.allclose(one, torch.ones(2, dtype=torch.float64))

@@ -144,7 +144,7 @@ def test_typical_acceptance_keeps_likely_drafts_and_is_greedy_at_temperature_0()
                         SamplingConfig(temperature=1.0), draws, typical)
         assert result.node.tolist() == [node]
     greedy = accept(Drafts(torch.tensor([[1, 0]])), target, tree, SamplingConfig(),
-                    typical=TypicalAcceptance())
+                    rule=TypicalAcceptance())
     assert greedy.node.tolist() == [2]  # only head 0's argmax (token 0, node 2) is kept
 
 

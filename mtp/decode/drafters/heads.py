@@ -29,7 +29,7 @@ from mtp.tokenizers import Tokenizer
 
 
 def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
-           noise: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+           noise: Tensor | None = None, iid: bool = False) -> tuple[Tensor, Tensor | None]:
     """The first `ranks` candidates of each distribution in `logits` (..., V): their tokens
     (..., ranks) in rank order, and the distribution each was drawn from (..., ranks, V), None
     when greedy.
@@ -37,11 +37,15 @@ def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
     Greedy, the r-th candidate is the r-th most likely token (deterministic). Sampling, it is
     the r-th draw without replacement from q (an exponential race: the order of q / E with
     E ~ Exp(1), `noise` like the logits; rank 0 is a plain draw from q), drawn from q without
-    the earlier draws, renormalised.
+    the earlier draws, renormalised; with `iid`, an independent draw from q itself (`noise`
+    then (..., ranks, V): one race each), as SpecTr's rule takes them.
     """
     if config.greedy:
         return logits.topk(ranks, dim=-1).indices, None
     q = probabilities(logits, config)  # (..., V)
+    if iid:
+        candidates = (q[..., None, :] / noise).argmax(-1)  # (..., ranks) independent races
+        return candidates, q[..., None, :].expand(*candidates.shape, q.shape[-1])
     candidates = (q / noise).topk(ranks, dim=-1).indices  # (..., ranks) in draw order
     if ranks == 1:
         return candidates, q[..., None, :]
@@ -52,7 +56,8 @@ def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
 
 
 def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
-          noise: Tensor | None = None, *, buffers: TreeBuffers | None = None) -> Drafts:
+          noise: Tensor | None = None, *, buffers: TreeBuffers | None = None,
+          iid: bool = False) -> Drafts:
     """The heads' proposal for `tree`'s nodes 1..m-1, from the logits (B, depth, V) of heads
     1..depth at the last accepted position.
 
@@ -64,12 +69,15 @@ def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
     if buffers is None:
         buffers = tree.buffers(head_logits.device)
     index = buffers.draft_index  # (m - 1,)
-    candidates, q = ranked(head_logits, max(tree.n_ranks, 1), config, noise)
+    candidates, q = ranked(head_logits, max(tree.n_ranks, 1), config, noise, iid)
     return Drafts(candidates.flatten(1)[:, index],  # (B, depth, ranks) -> nodes
                   None if q is None else q.flatten(1, 2)[:, index])
 
 
 AUTO_TREE_SIZES = (16, 32, 64)  # the calibrated trees `drafter=auto` measures
+# How a tree's sibling drafts are drawn when sampling: without replacement (SpecInfer's
+# rule gains most from distinct ones), or independently (SpecTr's rule, acceptance=spectr).
+SIBLINGS = ("distinct", "iid")
 DYNAMIC_SIZES = (8, 16, 32)  # the dynamic trees' node budgets it measures (EAGLE-2)
 
 
@@ -77,12 +85,15 @@ DYNAMIC_SIZES = (8, 16, 32)  # the dynamic trees' node budgets it measures (EAGL
 class HeadsOptions:
     """drafter=heads: k, the tokens per forward pass at most (heads 1..k-1 draft; null: every
     head; auto: each k measured); tree, a candidate tree (`tree.resolve_tree`: chain, tree8
-    .. tree64, auto:N, a .json file or a list of rank paths; null: the chain); online, the
-    heads keep learning from the target between calls (`drafters.online`)."""
+    .. tree64, auto:N, dynamic:N, a .json file or a list of rank paths; null: the chain);
+    online, the heads keep learning from the target between calls (`drafters.online`);
+    siblings, how a tree's sibling drafts are drawn when sampling (distinct, or iid for
+    acceptance=spectr)."""
 
     k: int | str | None = None
     tree: Any = None
     online: bool = False
+    siblings: str = "distinct"
 
     def __post_init__(self) -> None:
         k = self.k
@@ -94,6 +105,8 @@ class HeadsOptions:
             raise ValueError("tree= gives the heads one candidate tree; k='auto' measures "
                              "chains: choose one")
         check_flag("online", self.online)
+        if self.siblings not in SIBLINGS:
+            raise ValueError(f"siblings={self.siblings!r} is not one of {', '.join(SIBLINGS)}")
 
 
 @register
@@ -112,8 +125,9 @@ class OwnHeads(Drafter):
     selects = ("k", "tree")
     saved, saved_file = "trees", "tree.json"  # `python -m mtp.generate.calibrate`
 
-    def __init__(self, k: int, tree: Tree | None = None) -> None:
+    def __init__(self, k: int, tree: Tree | None = None, siblings: str = "distinct") -> None:
         self.k = check_positive("k", k, least=2)
+        self.iid = HeadsOptions(siblings=siblings).siblings == "iid"
         self._tree = Tree.chain(k - 1) if tree is None else tree
         if self._tree.depth > self.k - 1:
             raise ValueError(f"tree {self._tree.name} has depth {self._tree.depth}, but k={k} "
@@ -126,13 +140,13 @@ class OwnHeads(Drafter):
 
     @classmethod
     def variant(cls, model: MTPModel, k: int, tree: Tree | None = None, *,
-                online: bool = False) -> OwnHeads:
+                online: bool = False, siblings: str = "distinct") -> OwnHeads:
         """The heads drafter that serves `model`: k heads, `tree` (None: the chain)."""
         drafter_types()  # every variant's module imported
-        options = HeadsOptions(k=k, online=online)
+        options = HeadsOptions(k=k, online=online, siblings=siblings)
         for variant in _subclasses(OwnHeads):
             if variant.serves(model, options):
-                return variant(k, tree)
+                return variant(k, tree, siblings)
         raise ValueError(f"no heads drafter serves model.head_type="
                          f"{model.config.head_type!r} with online={online}")
 
@@ -149,7 +163,7 @@ class OwnHeads(Drafter):
             raise ValueError(f"a tree needs k from 2 to n_future={n_future}, got k=1")
         tree = resolve_tree(options.tree, k=k, vocab_size=model.config.vocab_size,
                             calibration=calibration(model, context))
-        return cls.variant(model, k, tree, online=options.online)
+        return cls.variant(model, k, tree, online=options.online, siblings=options.siblings)
 
     @classmethod
     def candidates(cls, model: MTPModel, options: HeadsOptions, context: DrafterContext,
@@ -213,8 +227,8 @@ class HeadsDrafter(OwnHeads):
     def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
         return model.config.head_type != "sequential" and not options.online
 
-    def __init__(self, k: int, tree: Tree | None = None) -> None:
-        super().__init__(k, tree)
+    def __init__(self, k: int, tree: Tree | None = None, siblings: str = "distinct") -> None:
+        super().__init__(k, tree, siblings)
         self._last: Tensor | None = None  # (B, depth, D): heads 1..depth at the last position
 
     def verify_heads(self, model: MTPModel) -> int:
@@ -245,9 +259,13 @@ class HeadsDrafter(OwnHeads):
         logits = self._model.unembed(self._last, head=1)  # (B, depth, V): heads 1..depth
         if self._dynamic:
             return dynamic_draft(logits, self.tree)
-        noise = None if self._sampling.greedy else exponential(
-            logits.shape, self._generator, logits.device)
-        return draft(logits, self.tree, self._sampling, noise, buffers=self._buffers)
+        noise = None
+        if not self._sampling.greedy:  # iid siblings: a race of their own each
+            shape = (*logits.shape[:-1], self.tree.n_ranks, logits.shape[-1]) if self.iid \
+                else logits.shape
+            noise = exponential(shape, self._generator, logits.device)
+        return draft(logits, self.tree, self._sampling, noise, buffers=self._buffers,
+                     iid=self.iid)
 
 
 def dynamic_draft(head_logits: Tensor, tree: DynamicTree) -> Drafts:

@@ -48,9 +48,9 @@ class OnlineHeads(HeadsDrafter):
     def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
         return model.config.head_type != "sequential" and options.online
 
-    def __init__(self, k: int, tree: Tree | None = None, *, lr: float = 1e-4,
-                 steps: int = 1) -> None:
-        super().__init__(k, tree)
+    def __init__(self, k: int, tree: Tree | None = None, siblings: str = "distinct", *,
+                 lr: float = 1e-4, steps: int = 1) -> None:
+        super().__init__(k, tree, siblings)
         if not lr > 0:
             raise ValueError(f"online learning rate must be > 0, got lr={lr!r}")
         self.lr, self.steps = lr, check_positive("steps", steps)

@@ -132,9 +132,12 @@ class SequentialDrafter(OwnHeads):
             # The depth k - 1 nodes' children, from module k's distributions there.
             at = self._last[0][:, None] if k == 1 else nodes_out[:, plan.groups[k]]  # (B, G, D)
             logits = model.unembed(at)  # (B, G, V)
-            noise = None if self._sampling.greedy else exponential(
-                logits.shape, self._generator, logits.device)
-            candidates, q = ranked(logits, plan.ranks[k], self._sampling, noise)
+            noise = None
+            if not self._sampling.greedy:  # iid siblings: a race of their own each
+                shape = (*logits.shape[:-1], plan.ranks[k], logits.shape[-1]) if self.iid \
+                    else logits.shape
+                noise = exponential(shape, self._generator, logits.device)
+            candidates, q = ranked(logits, plan.ranks[k], self._sampling, noise, self.iid)
             children = plan.children[k]  # (c,) node indices, in order
             drafts[:, children - 1] = candidates.flatten(1)[:, plan.picks[k]]
             if q is not None:
