@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from mtp.data import InstalledSource, StdlibSource
 from mtp.model import MTPModel
 from mtp.paths import CONF_DIR
+from mtp.paths import mbpp_file as mbpp_data_file
 from mtp.tokenizers import ByteTokenizer
 from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.train.optim import build_optimizer
@@ -156,8 +157,7 @@ def test_byte_presets_fit_every_benchmark_prompt_and_512_new_bytes() -> None:
     from mtp.data.benchmarks import humaneval, mbpp
 
     tasks = [humaneval()]
-    mbpp_file = Path("/work/shared/data/mbpp/mbpp.jsonl")
-    if mbpp_file.is_file():
+    if (mbpp_file := mbpp_data_file()) is not None:
         tasks.append(mbpp(str(mbpp_file)))
     longest = max(len(p.prompt.encode()) for task in tasks for p in task.problems.values())
     assert longest + 1 + 512 <= CONTEXT["byte"] < longest + 1 + 512 + 1024

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 from script_modules import load_script  # tests/ is on the path
 
+from mtp.decode.drafters import registry
 from mtp.paths import REPO_ROOT, smollm2_gguf
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
@@ -245,7 +246,8 @@ def skip_without_optional_packages() -> Iterator[None]:
 
 def run_block(block: Block) -> None:
     """Execute a Python block in a namespace of its own (self-contained, as a reader runs it)."""
-    exec(compile(block.text, block.where, "exec"), {"__name__": "__docs__"})
+    # dont_inherit: the block runs as a reader runs it, without this module's __future__ flags
+    exec(compile(block.text, block.where, "exec", dont_inherit=True), {"__name__": "__docs__"})
 
 
 @pytest.mark.parametrize("block", python_blocks(), ids=lambda b: b.where)
@@ -253,6 +255,9 @@ def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Mon
     if block.skip_reason:
         pytest.skip(block.skip_reason)
     monkeypatch.chdir(tmp_path)  # what a block writes lands in a scratch directory
+    monkeypatch.setenv("MTP_CACHE", str(tmp_path / "cache"))  # measured choices stay here
+    # A block may register a drafter (docs/decoding.md writes one): it leaves with the block.
+    monkeypatch.setattr(registry, "_TYPES", dict(registry.drafter_types()))
     with skip_without_optional_packages():
         run_block(block)
 

@@ -103,7 +103,7 @@ def context(tokenizer_kind: str) -> int:
 def lr_for_width(dim: int) -> float:
     """The GPU recipes' peak learning rate: 1e-3 at width 512, inversely proportional to it.
 
-    1e-3 trained the 512-wide byte8 model well on an H100 (/work/shared/GPU.md); 1/width is
+    1e-3 trained the 512-wide byte8 model well on an H100 (../shared/GPU.md); 1/width is
     muP's scaling of Adam's rate for hidden matrices, and lands near GPT-3's table (6e-4 at
     768, 2e-4 at 2,048, 1.2e-4 at 4,096: here 6.7e-4, 2.5e-4, 1.25e-4).
     """

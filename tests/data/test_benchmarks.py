@@ -4,9 +4,11 @@ import pytest
 
 from mtp.eval.sandbox import Limits, Sandbox
 from mtp.data.benchmarks import HUMANEVAL_STOP, Task, load_task
+from mtp.paths import mbpp_file
 
-MBPP_FILE = Path(__file__).resolve().parents[3] / "shared" / "data" / "mbpp" / "mbpp.jsonl"
-needs_mbpp = pytest.mark.skipif(not MBPP_FILE.exists(), reason=f"MBPP data not found at {MBPP_FILE}")
+MBPP_FILE = mbpp_file()
+needs_mbpp = pytest.mark.skipif(MBPP_FILE is None, reason="MBPP data not found: set "
+                                "$MTP_MBPP_FILE or put it in ../shared/data/mbpp")
 # Generous: a few MBPP references take ~4 s on a slow, busy CPU.
 LIMITS = Limits(timeout=30, cpu_seconds=30)
 

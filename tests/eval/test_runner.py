@@ -10,6 +10,7 @@ import pytest
 from mtp.decode.drafters.registry import option_owners
 from mtp.eval.runner import EvalConfig, evaluate
 from mtp.eval.sandbox import resolve_isolation
+from mtp.paths import mbpp_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -161,8 +162,9 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
                          f"'{{\"task_id\":'\n"
 
 
-MBPP_FILE = REPO.parent / "shared" / "data" / "mbpp" / "mbpp.jsonl"
-needs_mbpp = pytest.mark.skipif(not MBPP_FILE.exists(), reason=f"MBPP data not found at {MBPP_FILE}")
+MBPP_FILE = mbpp_file()
+needs_mbpp = pytest.mark.skipif(MBPP_FILE is None, reason="MBPP data not found: set "
+                                "$MTP_MBPP_FILE or put it in ../shared/data/mbpp")
 
 
 @pytest.fixture

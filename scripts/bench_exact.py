@@ -1,0 +1,202 @@
+r"""What exact mode costs: each drafter decoding with `exact=true` against its plain step, per
+dtype, and whether its ids are the exact reference's.
+
+    python scripts/bench_exact.py checkpoint=runs/smollm2_heads/export \
+        'methods=["heads k=4","heads tree=tree16",prompt_lookup,"heads+prompt_lookup k=4"]' \
+        dtypes=[float32,bfloat16] threads=2
+
+In every dtype: autoregressive decoding at width 1 (the plain step; float32's is every
+speed-up's baseline) and at width W in exact mode (the reference, once per width W); then
+each method plain and in exact mode at its widest step W. The plain and the exact run of a
+method alternate `repeats` times and each keeps its best, so a shared machine's changing
+load reaches both alike. A row per method and dtype:
+  plain, exact    tokens/s
+  cost            plain tokens/s over exact's: 1.05 is exact mode 5% slower
+  speedup         exact mode's tokens/s over float32 width-1 autoregressive decoding's
+  identical       the exact ids equal the exact reference's (the guarantee, measured)
+  plain_identical the plain ids equal width-1 autoregressive decoding's in that dtype
+  tokens_per_forward (exact mode's), width, repeated (the share of tokens inside an n-gram
+                  of `repeated_ngram` tokens seen earlier in the same output)
+Prompts: HumanEval's (held out from every training set here), `humaneval_select`, or a
+`prompt_file`'s, each decoded alone (batch 1), greedy. Prints a table, then one JSON line: {"rows": {"<method>
+<dtype>": {"plain", "exact", "cost", "speedup", "identical", "plain_identical",
+"tokens_per_forward", "width", "repeated"}}, "baseline": <float32 width-1 tokens/s>, ...}.
+
+Arguments are key=value (`mtp.cli`'s grammar); the drafters' options (num_draft=8,
+draft_model=..., skip=...) size every method they belong to, as on generate's command line.
+  checkpoint       anything mtp.load reads (required)
+  methods          ["heads k=4",prompt_lookup]: drafters by name, each with its own options
+                   quoted with it ("heads tree=tree16")
+  dtypes           [float32,bfloat16]
+  humaneval_select [0,1,2,3,4,5,40,41,42,43,44,45]: HumanEval prompts by index
+  max_new_tokens   80
+  repeats          2 alternating runs of plain and exact mode per method (best kept)
+  repeated_ngram   16
+  device, threads  cpu; auto (measured) or a count, as python -m mtp.generate takes them
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from mtp import cli
+from mtp.bench.decoding import saved_context
+from mtp.bench.machine import machine
+from mtp.bench.prompts import humaneval_prompts
+from mtp.cli import AUTO
+from mtp.decode.drafters import Drafter, DrafterContext, DrafterSpec
+from mtp.decode.drafters.base import check_positive
+from mtp.decode.drafters.registry import AUTOREGRESSIVE, option_owners, options_help
+from mtp.decode.output import repetition
+from mtp.generate.measure import Timed, step_width, time_generate
+from mtp.generate.prompts import read_prompts
+from mtp.generate.session import DecodeSettings, open_decoder
+from mtp.model import MTPModel
+from mtp.tokenizers import Tokenizer
+
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExactArgs:
+    checkpoint: str = MISSING
+    methods: list[str] = field(default_factory=lambda: ["heads k=4", "prompt_lookup"])
+    options: dict[str, Any] = field(default_factory=dict)
+    dtypes: list[str] = field(default_factory=lambda: ["float32", "bfloat16"])
+    humaneval_select: list[int] = field(
+        default_factory=lambda: [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45])
+    prompt_file: Path | None = None
+    max_new_tokens: int = 80
+    repeats: int = 2
+    repeated_ngram: int = 16
+    device: str = "cpu"
+    threads: int | str | None = AUTO
+
+    def __post_init__(self) -> None:
+        for key in ("max_new_tokens", "repeats", "repeated_ngram"):
+            check_positive(key, getattr(self, key))
+        if not self.dtypes or not self.methods or not self.humaneval_select:
+            raise ValueError(f"dtypes={self.dtypes}, methods={self.methods} and "
+                             f"humaneval_select={self.humaneval_select} each need an entry")
+        for name in self.dtypes:
+            if cli.parse_dtype(name) is None:
+                raise ValueError(f"dtypes={self.dtypes}: name float32, bfloat16 or float16")
+        for entry in self.methods:
+            self.spec(entry)  # each names a drafter, with options that size it
+
+    def spec(self, entry: str) -> DrafterSpec:
+        """A `methods` entry as a spec: its drafter, the options that size it, its own last."""
+        name, *own = entry.split()
+        owners = option_owners()
+        given = {key: value for key, value in self.options.items() if name in owners[key]}
+        spec = DrafterSpec(name, **given, **cli.overrides(own))
+        if spec.measured:
+            raise ValueError(f"methods: {entry!r} is chosen by measurement; name one drafter")
+        return spec
+
+    def settings(self) -> DecodeSettings:
+        return DecodeSettings(drafter=AUTOREGRESSIVE, device=self.device, dtype=self.dtypes[0],
+                              threads=self.threads)
+
+
+def parse_args(argv: list[str]) -> ExactArgs:
+    return cli.parse(argv, ExactArgs, extra=option_owners(), extra_field="options")
+
+
+class Bench:
+    """Times plain and exact decoding of the prompts in one dtype at a time."""
+
+    def __init__(self, args: ExactArgs, model: MTPModel, tokenizer: Tokenizer,
+                 prompts: list[str], context: DrafterContext) -> None:
+        self.args, self.model, self.tokenizer, self.prompts = args, model, tokenizer, prompts
+        self.context = context
+        self.rows: dict[str, dict] = {}
+        self.baseline = 0.0  # float32 (the first dtype) width-1 autoregressive tokens/s
+
+    def run(self, drafter: Drafter | None, **how: Any) -> Timed:
+        return time_generate(self.model, self.tokenizer, self.prompts,
+                             max_new_tokens=self.args.max_new_tokens, drafter=drafter,
+                             warmup_tokens=8, **how)
+
+    def pair(self, drafter: Drafter | None, width: int) -> tuple[Timed, Timed]:
+        """The best of `repeats` alternating plain and exact runs."""
+        runs = [(self.run(drafter), self.run(drafter, exact=True, width=width))
+                for _ in range(self.args.repeats)]
+        return tuple(max(timed, key=lambda t: t.tokens_per_second) for timed in zip(*runs))
+
+    def dtype(self, dtype: str) -> None:
+        self.model.to(cli.parse_dtype(dtype))
+        tag = SHORT[dtype]
+        references: dict[int, Timed] = {}
+        plain_reference = None
+        for entry in ["autoregressive", *self.args.methods]:
+            drafter = None if entry == AUTOREGRESSIVE else \
+                self.args.spec(entry).build(self.model, self.context)
+            width = step_width(drafter)
+            if width not in references:  # the exact reference at this width, and width 1
+                plain, references[width] = self.pair(None, width)
+                plain_reference = plain_reference or plain
+                self.baseline = self.baseline or plain.tokens_per_second
+                self.add(f"autoregressive width {width} {tag}", plain, references[width],
+                         plain_reference, references[width], width)
+            if drafter is not None:
+                plain, exact = self.pair(drafter, width)
+                self.add(f"{entry} {tag}", plain, exact, plain_reference, references[width],
+                         width)
+
+    def add(self, name: str, plain: Timed, exact: Timed, width1: Timed, reference: Timed,
+            width: int) -> None:
+        self.rows[name] = {
+            "plain": round(plain.tokens_per_second, 2),
+            "exact": round(exact.tokens_per_second, 2),
+            "cost": round(plain.tokens_per_second / exact.tokens_per_second, 3),
+            "speedup": round(exact.tokens_per_second / self.baseline, 3),
+            "identical": exact.token_ids == reference.token_ids,
+            "plain_identical": plain.token_ids == width1.token_ids,
+            "tokens_per_forward": round(exact.stats.tokens_per_forward, 3), "width": width,
+            "repeated": round(repetition(exact.token_ids, self.args.repeated_ngram), 3)}
+        print(f"  measured {name}: plain {plain.tokens_per_second:.1f}, exact "
+              f"{exact.tokens_per_second:.1f} tokens/s", file=sys.stderr)
+
+
+def print_table(rows: dict[str, dict]) -> None:
+    width = max(map(len, rows))
+    print(f"{'method':<{width}} {'plain':>7} {'exact':>7} {'cost':>6} {'speedup':>8} "
+          f"{'tok/fwd':>7} {'identical':>9} {'plain_id':>8} {'repeated':>8}")
+    for name, r in rows.items():
+        print(f"{name:<{width}} {r['plain']:>7.1f} {r['exact']:>7.1f} {r['cost']:>6.3f} "
+              f"{r['speedup']:>7.2f}x {r['tokens_per_forward']:>7.2f} {str(r['identical']):>9} "
+              f"{str(r['plain_identical']):>8} {r['repeated']:>8.2f}")
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    decoder = open_decoder(args.checkpoint, args.settings(), max_new_tokens=args.max_new_tokens)
+    if args.prompt_file is not None:
+        prompts, source = read_prompts(args.prompt_file), args.prompt_file.name
+    else:
+        pool = humaneval_prompts(max(args.humaneval_select) + 1)
+        prompts, source = [pool[i] for i in args.humaneval_select], "HumanEval"
+    bench = Bench(args, decoder.model, decoder.tokenizer, prompts,
+                  saved_context(args.checkpoint))
+    for dtype in args.dtypes:
+        bench.dtype(dtype)
+    info = machine(args.device)
+    print(f"checkpoint {args.checkpoint}  device {args.device}  threads {info['threads']}  "
+          f"load {' '.join(map(str, info['load']))}  flags {' '.join(info['cpu_flags'])}")
+    print(f"prompts: {len(prompts)} {source} x {args.max_new_tokens} new tokens, batch 1, "
+          f"greedy; float32 width-1 autoregressive {bench.baseline:.1f} tokens/s")
+    print_table(bench.rows)
+    print(json.dumps({"rows": bench.rows, "baseline": round(bench.baseline, 2),
+                      "checkpoint": str(args.checkpoint), "prompts": len(prompts),
+                      "max_new_tokens": args.max_new_tokens, **info}))
+
+
+if __name__ == "__main__":
+    cli.main(main, __doc__ + "\nThe drafters and their options:\n" + options_help())
