@@ -174,3 +174,16 @@ def test_the_compiled_exact_step_gives_the_references_ids(trained):
         got = generate(model, TOKENIZER, PROMPTS[:2], max_new_tokens=24, drafter=drafter,
                        exact=True, compile=True)
         assert _ids(got) == reference
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "cuda_graphs"])
+def test_on_a_gpu_every_drafter_gives_the_references_ids(trained, trained_draft, compile):
+    """The same guarantee on CUDA in bfloat16, eager and with CUDA graphs: the step's shapes
+    are fixed, so each kernel sees one shape for the whole call."""
+    model = _in(trained, torch.bfloat16).cuda()
+    draft = _in(trained_draft, torch.bfloat16).cuda()
+    for name in ("heads", "heads_tree", "prompt_lookup", "draft_model", "heads_dynamic"):
+        drafter = _drafters(draft)[name]
+        _check(model, drafter, PROMPTS[:3], compile=compile)
