@@ -57,17 +57,13 @@ def check_inputs(parts: Sequence[Part]) -> None:
             raise ValueError(f"part {', '.join(needing)} needs {how}")
 
 
-def shown(command: list[str], out: Path, repo: Path) -> str:
-    """The command as a reader would type it: `python`, and `out` relative to the checkout."""
-    text = " ".join(command).replace(sys.executable, "python")
-    if out.is_relative_to(repo):
-        text = text.replace(str(out), str(out.relative_to(repo)))
-    return text
-
-
 def written(part: Part, out: Path, repo: Path) -> str:
-    """The part's command as a reader would type it."""
-    return shown([fill(a, out) for a in part.command], out, repo)
+    """The part's command as a reader would type it: `python`, `out` relative to the checkout
+    (or as given), and each of the INPUTS as the variable a reader sets ($MTP_MBPP_FILE,
+    $GGUF), not where this machine keeps it."""
+    shown = str(out.relative_to(repo)) if out.is_relative_to(repo) else str(out)
+    text = " ".join(part.command).replace("{python}", "python").replace("{out}", shown)
+    return text.replace("{mbpp}", f"${MBPP_ENV}").replace("{smollm2}", "$GGUF")
 
 
 def run_part(part: Part, out: Path, repo: Path, revision: str | None,
@@ -78,7 +74,7 @@ def run_part(part: Part, out: Path, repo: Path, revision: str | None,
     timeout = part.timeout if timeout is None else min(part.timeout, timeout)
     command = [fill(a, out) for a in part.command]
     record: dict[str, Any] = {
-        "command": shown(command, out, repo),
+        "command": written(part, out, repo),
         "commit": revision, "device": part.device, "device_name": device_name(part.device),
         "cpu_flags": cpu_flags(), "repeats": part.repeats, "started": now(),
         "load_before": load_average()}
