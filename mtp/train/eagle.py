@@ -225,7 +225,8 @@ def unrolled_loss(module: Eagle, model: MTPModel, features: Tensor, tokens: Tens
     labels = None
     for j, logits in enumerate(unrolled(module, model, features, tokens, steps)):
         labels = t2d[targets[:, 1 + j:1 + j + T]]  # (B, T)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-1)
+        wide = logits.float() if logits.element_size() < 4 else logits  # bf16: in float32
+        loss = F.cross_entropy(wide.flatten(0, 1), labels.flatten(), ignore_index=-1)
         total = total + decay ** j * loss
         real = labels >= 0
         losses.append(float(loss.detach()))
@@ -299,7 +300,7 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> Eagle
             features, targets = cache.trunk_out(model, tokens, batch["index"])
             out = unrolled_loss(module, model, features, tokens, targets, t2d, args.unroll,
                                 args.decay)
-        if not math.isfinite(float(out.loss)):
+        if not math.isfinite(float(out.loss.detach())):
             raise ValueError(f"non-finite loss at step {step}: lower lr (lr={args.lr})")
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), args.grad_clip)
