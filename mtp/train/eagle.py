@@ -38,7 +38,8 @@ Arguments are key=value (`mtp.cli`'s grammar):
                  default for the target)
   unroll         4 training-time-test steps; decay 0.8, the weight of step j is decay ** j
   seq_len        256;  batch_size 8;  val_fraction 0.02 (the data pipeline's split)
-  max_steps      2000;  minutes 55 (a time budget; null: none)
+  max_steps      1200;  minutes 50 (a time budget: training stops, its schedule ended, by
+                 then; null: none)
   lr             1e-3;  warmup_steps 50;  grad_clip 0.5
   precision      auto (bfloat16 where the CPU has it), bfloat16 or float32
   threads        null (torch's default);  seed 0;  log_every 50;  val_batches 16
@@ -88,8 +89,8 @@ class EagleArgs:
     seq_len: int = 256
     batch_size: int = 8
     val_fraction: float = 0.02
-    max_steps: int = 2000
-    minutes: float | None = 55.0
+    max_steps: int = 1200
+    minutes: float | None = 50.0
     lr: float = 1e-3
     warmup_steps: int = 50
     grad_clip: float = 0.5
