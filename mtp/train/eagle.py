@@ -254,10 +254,11 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> Eagle
     if args.threads:
         set_threads(args.threads)
     torch.manual_seed(args.seed)
+    source = LocalSource(paths=list(args.data))  # its files exist: before anything loads
     model, tokenizer = load(args.checkpoint)
     model.eval().requires_grad_(False)
     layers = tuple(args.layers) if args.layers is not None else None
-    data = MTPDataModule(LocalSource(paths=list(args.data)), tokenizer, args.seq_len,
+    data = MTPDataModule(source, tokenizer, args.seq_len,
                          n_future=args.unroll, batch_size=args.batch_size,
                          val_fraction=args.val_fraction, seed=args.seed)
     data.setup()
