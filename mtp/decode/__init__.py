@@ -19,13 +19,13 @@ decoding, choosing by measurement and the command line are `mtp.generate`'s.
 
 from mtp.decode.acceptance import TypicalAcceptance
 from mtp.decode.drafters import (Combined, DraftModel, Drafter, DrafterContext, DrafterSpec,
-                                 Drafts, HeadsDrafter, LayerSkip, Lookahead, OnlineHeads,
+                                 Drafts, EagleDrafter, HeadsDrafter, LayerSkip, Lookahead, OnlineHeads,
                                  PromptLookup, SequentialDrafter, drafter_types)
 from mtp.decode.loop import generate
 from mtp.decode.output import DecodeStats, Generation
 from mtp.decode.sampling import SamplingConfig
 
 __all__ = ["Combined", "DecodeStats", "DraftModel", "Drafter", "DrafterContext", "DrafterSpec",
-           "Drafts", "Generation", "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads",
+           "Drafts", "EagleDrafter", "Generation", "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads",
            "PromptLookup", "SamplingConfig", "SequentialDrafter", "TypicalAcceptance",
            "drafter_types", "generate"]

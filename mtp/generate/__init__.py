@@ -9,14 +9,14 @@ generate, HeadsDrafter` is the one import a user needs.
 """
 
 from mtp.decode import (Combined, DecodeStats, DraftModel, Drafter, DrafterContext, DrafterSpec,
-                        Drafts, Generation, HeadsDrafter, LayerSkip, Lookahead, OnlineHeads,
+                        Drafts, EagleDrafter, Generation, HeadsDrafter, LayerSkip, Lookahead, OnlineHeads,
                         PromptLookup, SamplingConfig, SequentialDrafter, TypicalAcceptance,
                         drafter_types, generate)
 from mtp.generate.auto import Auto
 from mtp.generate.session import DecodeSettings, Decoder, open_decoder
 
 __all__ = ["Auto", "Combined", "DecodeSettings", "DecodeStats", "Decoder", "DraftModel",
-           "Drafter", "DrafterContext", "DrafterSpec", "Drafts", "Generation", "HeadsDrafter",
+           "Drafter", "DrafterContext", "DrafterSpec", "Drafts", "EagleDrafter", "Generation", "HeadsDrafter",
            "LayerSkip", "Lookahead", "OnlineHeads", "PromptLookup", "SamplingConfig",
            "SequentialDrafter", "TypicalAcceptance", "drafter_types", "generate",
            "open_decoder"]

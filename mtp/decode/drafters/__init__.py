@@ -2,7 +2,8 @@
 
 Each module is one drafter and registers itself by name (`registry.py`): `heads.py` (the
 model's parallel heads), `sequential.py` (sequential modules, DeepSeek-V3's MTP),
-`online.py` (heads that learn while they draft), `draft_model.py`, `layer_skip.py` (the
+`online.py` (heads that learn while they draft), `eagle.py` (an EAGLE-3 layer on the
+target's features), `draft_model.py`, `layer_skip.py` (the
 model itself with layers skipped), `prompt_lookup.py`, `lookahead.py` (Jacobi iteration and
 an n-gram pool) and `combined.py` (several drafters, the longest draft per sequence).
 """
@@ -10,6 +11,7 @@ an n-gram pool) and `combined.py` (several drafters, the longest draft per seque
 from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified
 from mtp.decode.drafters.combined import Combined
 from mtp.decode.drafters.draft_model import DraftModel
+from mtp.decode.drafters.eagle import EagleDrafter
 from mtp.decode.drafters.heads import HeadsDrafter, OwnHeads
 from mtp.decode.drafters.layer_skip import LayerSkip
 from mtp.decode.drafters.lookahead import Lookahead
@@ -19,5 +21,5 @@ from mtp.decode.drafters.registry import DrafterSpec, drafter_types, make_drafte
 from mtp.decode.drafters.sequential import SequentialDrafter
 
 __all__ = ["Combined", "DraftModel", "Drafter", "DrafterContext", "DrafterSpec", "Drafts",
-           "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads", "OwnHeads", "PromptLookup",
+           "EagleDrafter", "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads", "OwnHeads", "PromptLookup",
            "SequentialDrafter", "Verified", "drafter_types", "make_drafter"]

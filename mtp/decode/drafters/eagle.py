@@ -60,17 +60,17 @@ from torch import Tensor, nn
 from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified, check_positive
 from mtp.decode.drafters.heads import ranked
 from mtp.decode.drafters.registry import register
-from mtp.decode.drafters.sequential import _Plan
+from mtp.decode.drafters.sequential import TreePlan
 from mtp.decode.forward import key_width
 from mtp.decode.sampling import SamplingConfig, exponential
-from mtp.decode.tree import Tree, resolve_tree
+from mtp.decode.tree import DynamicTree, Tree, resolve_tree
 from mtp.kv_cache import CacheStep, KVCache, cache_step, causal
 from mtp.model import Attention, FeedForward, MTPConfig, MTPModel, RMSNorm
 from mtp.tokenizers import Tokenizer
 
 CONFIG_FILE, WEIGHTS_FILE = "eagle.json", "eagle.safetensors"
 FORMAT, FORMAT_VERSION = "mtp-eagle", 1
-CANDIDATE_TREES = ("tree16", "tree32")  # what `drafter=auto` measures besides the chain
+CANDIDATE_TREES = ("tree16", "tree32", "dynamic:16")  # what `auto` measures besides the chain
 
 
 def engine_layers(config: MTPConfig) -> tuple[int, int, int]:
@@ -338,7 +338,8 @@ class EagleOptions:
     """drafter=eagle: eagle, the drafter's directory (null: the one `python -m
     mtp.train.eagle` saved for the checkpoint); num_draft, drafts per step of a chain, and
     the deepest node of a tree; tree, a tree of the drafter's ranks (tree8 .. tree64, a list
-    of rank paths or a .json file; null: the chain)."""
+    of rank paths or a .json file; null: the chain) or dynamic:N, EAGLE-2's tree of N nodes
+    chosen at every step by the drafter's confidence."""
 
     eagle: str | None = None
     num_draft: int = 5
@@ -435,7 +436,8 @@ class EagleDrafter(Drafter):
         self._held = torch.zeros(len(prompts), dtype=torch.long, device=param.device)
         self._accepted = [len(ids) for ids in prompts]  # tokens each row has, on the host
         self._commit: tuple[Tensor, Tensor, Tensor] | None = None
-        self._plan = _Plan(self.tree, param.device)
+        self._dynamic = isinstance(self.tree, DynamicTree)  # a tree of its own every step
+        self._plan = None if self._dynamic else TreePlan(self.tree, param.device)
 
     def _on(self, device: torch.device, dtype: torch.dtype) -> Eagle:
         """The module on `device` in `dtype` (a copy, kept, when it is not there already: the
@@ -483,6 +485,11 @@ class EagleDrafter(Drafter):
         return self._layer(hidden, model.tok_embeddings(tokens), cos, sin, self._cache, step)
 
     def propose(self) -> Drafts:
+        if self._dynamic:  # EAGLE-2: the drafter's own confidence shapes each row's tree
+            tree = self.tree
+            tokens, parents, _ = self.dynamic(depth=tree.depth, top_k=tree.branching,
+                                              nodes=tree.n_nodes - 1)
+            return Drafts(tokens, None, parents=parents)  # top ranks: one-hot q, lossless
         plan, tree = self._plan, self.tree
         root, new, length = self._run_commit()
         batch = root.shape[0]

@@ -88,7 +88,7 @@ class SequentialDrafter(OwnHeads):
         self._last = [torch.zeros(len(prompts), config.dim, dtype=param.dtype,
                                   device=param.device) for _ in range(depth)]
         self._commit: tuple[Tensor, Tensor, Tensor] | None = None
-        self._plan = _Plan(self.tree, param.device)
+        self._plan = TreePlan(self.tree, param.device)
 
     def update(self, step: Verified) -> None:
         # The commit: the tokens accepted since the last step (the kept drafts and the root;
@@ -176,7 +176,7 @@ class SequentialDrafter(OwnHeads):
                          torch.cat([commit_mask, node_mask], dim=1)[:, None])
 
 
-class _Plan:
+class TreePlan:
     """A tree's bookkeeping per module k (1..depth), computed once: the nodes it runs over
     (1..nodes[k]), their parents, the depth k - 1 nodes it draws children for (`groups`), the
     ranks it needs, and where each child's candidate sits among them (`picks`)."""

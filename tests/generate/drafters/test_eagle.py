@@ -20,7 +20,7 @@ from mtp.decode.drafters.eagle import (
 )
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.loop import generate
-from mtp.decode.tree import Tree
+from mtp.decode.tree import DynamicTree, Tree
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 from mtp.train.eagle import draft_vocabulary, inverse_map, target_outputs, unrolled, unrolled_loss
@@ -79,10 +79,11 @@ def random_pair():
 
 def _drafters(module):
     return {"chain": EagleDrafter(module, 4), "tree": EagleDrafter(module, 3, SMALL_TREE),
-            "tree16": EagleDrafter(module, 4, Tree.from_rates([[0.6, 0.3, 0.1]] * 4, 16))}
+            "tree16": EagleDrafter(module, 4, Tree.from_rates([[0.6, 0.3, 0.1]] * 4, 16)),
+            "dynamic": EagleDrafter(module, 4, DynamicTree.of(10, 4, 3))}
 
 
-@pytest.mark.parametrize("name", ["chain", "tree", "tree16"])
+@pytest.mark.parametrize("name", ["chain", "tree", "tree16", "dynamic"])
 def test_greedy_equals_autoregressive_in_ragged_batches(target, trained_eagle, random_pair,
                                                         name):
     for model, module in ((target, trained_eagle), random_pair):
@@ -97,7 +98,7 @@ def test_greedy_equals_autoregressive_in_ragged_batches(target, trained_eagle, r
             assert min(g.stats.tokens_per_forward for g in together[:3]) > 1.5
 
 
-@pytest.mark.parametrize("name", ["chain", "tree"])
+@pytest.mark.parametrize("name", ["chain", "tree", "dynamic"])
 def test_exact_mode_gives_the_reference_of_its_width(target, trained_eagle, name):
     drafter = _drafters(trained_eagle)[name]
     for width in (drafter.tree.n_nodes, drafter.tree.n_nodes + 2):
@@ -290,7 +291,8 @@ def test_a_drafter_is_saved_and_found(tmp_path, target, trained_eagle):
                              drafter=drafter)) == _ids(reference)
     spec = DrafterSpec("auto")
     assert [repr(d) for d in spec.candidates(target, context, {}, "eagle")] == [
-        "eagle(num_draft=5)", "eagle(tree=tree16)", "eagle(tree=tree32)"]
+        "eagle(num_draft=5)", "eagle(tree=tree16)", "eagle(tree=tree32)",
+        "eagle(tree=dynamic:16)"]
     assert list(spec.candidates(target, DrafterContext(), {}, "eagle")) == []
     assert path.name == "eagle.json"
 

@@ -16,11 +16,10 @@ from generate.test_speculative_sampling import (
     _assert_distribution,  # tests/ on path
     _exact,
 )
-from mtp.decode.drafters.base import Drafts
 from mtp.decode.drafters.eagle import Eagle, EagleConfig, EagleDrafter
 from mtp.decode.loop import generate
 from mtp.decode.output import DecodeStats
-from mtp.decode.tree import Tree
+from mtp.decode.tree import DynamicTree, Tree
 from mtp.model import MTPConfig, MTPModel
 
 N = 10_000
@@ -38,21 +37,13 @@ def pair():
     return model, module.double().eval()
 
 
-class Dynamic(EagleDrafter):
-    """EAGLE-2's tree of one branch, proposed as a chain: its drafts are deterministic."""
-
-    def propose(self):
-        tokens, _, q = self.dynamic(depth=self.num_draft, top_k=1, nodes=self.num_draft)
-        return Drafts(tokens, q)
-
-
 @pytest.mark.parametrize("how, sampling", [("chain", T1), ("chain", NUCLEUS), ("tree", NUCLEUS),
                                            ("dynamic", NUCLEUS)])
 def test_sampled_generations_follow_the_target(pair, how, sampling):
     model, module = pair
     exact = _exact(model, [EOS, 0, 1], sampling, depth=3)
     drafter = {"chain": EagleDrafter(module, 2), "tree": EagleDrafter(module, 2, Tree(TREE)),
-               "dynamic": Dynamic(module, 2)}[how]
+               "dynamic": EagleDrafter(module, 2, DynamicTree.of(4, 2, 2))}[how]
     generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
                            sampling=sampling, seed=0, drafter=drafter)
     _assert_distribution(generations, exact)
