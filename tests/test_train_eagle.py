@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from conftest import DOCS, recite_docs
 
+from mtp.bench import tables
 from mtp.checkpoint import export, load
 from mtp.decode.drafters.base import DrafterContext
 from mtp.decode.drafters.eagle import Eagle, EagleConfig
@@ -164,8 +165,10 @@ def test_the_command_trains_saves_and_is_found(recited, capsys):
                        "batch_size=8", "max_steps=120", "unroll=3", "lr=3e-3",
                        "warmup_steps=10", "val_fraction=0.2", "log_every=40", "val_batches=2",
                        "precision=float32", f"output={root / 'shipped.json'}"])
-    module = train_eagle(args)
+    module, details = train_eagle(args)
     printed = capsys.readouterr().out
+    assert [step for step, _, _ in details["history"]] == [40, 80, 120]  # the curve
+    assert "| step 120: train loss" in tables.eagle(details)  # docs/benchmarks.md's table
     assert "val accuracy" in printed and "draft vocabulary 33 tokens" in printed
     written = json.loads((root / "eagle" / "eagle.json").read_text())
     assert written["weights"] == "eagle.safetensors" and written["details"]["steps"] == 120

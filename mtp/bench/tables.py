@@ -76,6 +76,28 @@ def exact(r: dict[str, Any]) -> str:
                                   "plain identical"], rows)
 
 
+def acceptance(r: dict[str, Any]) -> str:
+    rows = [[name, f"{row['tokens_per_forward']:.3f}", row["tokens_per_second"],
+             " ".join(f"{a:.2f}" for a in row["accepted_per_depth"])]
+            for name, row in r["rules"].items()]
+    head = (f"the heads' {r['tree']}, T = {r['temperature']}, {r['prompts']} prompts x "
+            f"{r['max_new_tokens']} new tokens, batch 1, {r['threads']} threads")
+    return head + "\n\n" + table(["rule", "tok/fwd", "tokens/s", "accepted per depth"], rows)
+
+
+def eagle(r: dict[str, Any]) -> str:
+    steps = " ".join(str(j) for j in range(r["unroll"]))
+    rows = [["steps, seconds", f"{r['steps']}, {r['seconds']:.0f}"],
+            ["training tokens in the draft vocabulary", f"{r['coverage']:.1%}"],
+            [f"val loss, unrolled steps {steps}", " ".join(f"{v:.3f}" for v in r["val_loss"])],
+            [f"val accuracy, unrolled steps {steps}",
+             " ".join(f"{v:.3f}" for v in r["val_accuracy"])]]
+    rows += [[f"step {step}: train loss, accuracy per unrolled step",
+              f"{loss:.3f}, " + " ".join(f"{a:.3f}" for a in accuracy)]
+             for step, loss, accuracy in r["history"]]
+    return table(["", ""], rows)
+
+
 def dtype(r: dict[str, Any]) -> str:
     rows = [[width, f"{w['float32']:.1f} ms", f"{w['bfloat16']:.1f} ms", x(w["speedup"])]
             for width, w in r["widths"].items()]
@@ -184,7 +206,8 @@ def tests(r: dict[str, Any]) -> str:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "decode": decode, "methods": methods, "exact": exact, "dtype": dtype, "hf": hf, "memory": memory, "train_step": train_step,
+    "decode": decode, "methods": methods, "exact": exact, "dtype": dtype,
+    "acceptance": acceptance, "eagle": eagle, "hf": hf, "memory": memory, "train_step": train_step,
     "peak_flops": peak_flops, "fsdp_comms": fsdp_comms, "heads_cost": heads_cost,
     "sandbox": sandbox, "byte8": byte8, "eval": evaluation, "tests": tests}
 

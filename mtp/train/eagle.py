@@ -49,6 +49,7 @@ Arguments are key=value (`mtp.cli`'s grammar):
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -249,8 +250,9 @@ def _batches(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, Tensor]]
         epoch += 1
 
 
-def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> Eagle:
-    """Train a drafter as `args` say; write it to `args.out` and save it for the checkpoint."""
+def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple[Eagle, dict]:
+    """Train a drafter as `args` say; write it to `args.out` and save it for the checkpoint.
+    Returns it and what its eagle.json records of its training (the curve in `history`)."""
     if args.threads:
         set_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -285,7 +287,7 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> Eagle
     started = time.perf_counter()
     batches = _batches(data.train_dataloader())
     module.train()
-    step, window = 0, []
+    step, window, history = 0, [], []  # history: (step, loss, accuracy per unrolled step)
     for step in range(1, args.max_steps + 1):
         elapsed = time.perf_counter() - started
         if budget is not None and elapsed >= budget:
@@ -310,10 +312,12 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> Eagle
         optimizer.zero_grad(set_to_none=True)
         window.append(out)
         if step % args.log_every == 0 or step == args.max_steps:
-            report(f"step {step}: loss {np.mean([o.step_losses[0] for o in window]):.3f}, "
-                   f"accuracy per step "
-                   + " ".join(f"{np.mean([o.step_accuracy[j] for o in window]):.3f}"
-                              for j in range(args.unroll))
+            loss = round(float(np.mean([o.step_losses[0] for o in window])), 4)
+            accuracy = [round(float(np.mean([o.step_accuracy[j] for o in window])), 4)
+                        for j in range(args.unroll)]
+            history.append((step, loss, accuracy))
+            report(f"step {step}: loss {loss:.3f}, accuracy per step "
+                   + " ".join(f"{a:.3f}" for a in accuracy)
                    + f", {time.perf_counter() - started:.0f} s, "
                    f"{cache.nbytes() / 1e9:.2f} GB cached")
             window = []
@@ -322,7 +326,8 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> Eagle
     seconds = time.perf_counter() - started
     details = {"checkpoint": str(args.checkpoint), "data": list(args.data), "steps": step,
                "seconds": round(seconds, 1), "coverage": round(coverage, 4),
-               "unroll": args.unroll, "val_loss": val[0], "val_accuracy": val[1]}
+               "unroll": args.unroll, "val_loss": val[0], "val_accuracy": val[1],
+               "history": history}
     report("unrolled step  " + "  ".join(f"{j:>6}" for j in range(args.unroll)))
     report("val loss       " + "  ".join(f"{v:6.3f}" for v in val[0]))
     report("val accuracy   " + "  ".join(f"{v:6.3f}" for v in val[1]))
@@ -334,7 +339,7 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> Eagle
     report(f"saved: {path}")
     for where in save_choice(args.checkpoint, record, CONFIG_FILE, args.output):
         report(f"saved: {where}")
-    return module
+    return module, details
 
 
 @torch.no_grad()
@@ -359,7 +364,8 @@ def validate(module: Eagle, model: MTPModel, data: MTPDataModule, t2d: Tensor,
 
 
 def main(argv: list[str]) -> None:
-    train_eagle(parse_args(argv))
+    _, details = train_eagle(parse_args(argv))
+    print(json.dumps(details))  # the last line: what mtp.bench reads
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mtp.bench import tables
 from mtp.checkpoint import export
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -22,7 +23,9 @@ def test_bench_exact_table_and_json(tmp_path):
         [sys.executable, str(SCRIPT), f"checkpoint={directory}", f"prompt_file={prompts}",
          "max_new_tokens=6", "threads=1", "repeats=1", 'methods=["heads k=3",prompt_lookup]',
          "num_draft=3"], capture_output=True, text=True, check=True)
-    rows = json.loads(result.stdout.strip().splitlines()[-1])["rows"]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    rows = figures["rows"]
+    assert "| heads k=3 bf16 | 3 |" in tables.exact(figures)  # docs/benchmarks.md's table
     assert list(rows) == ["autoregressive width 1 fp32", "autoregressive width 3 fp32",
                           "heads k=3 fp32", "autoregressive width 4 fp32", "prompt_lookup fp32",
                           "autoregressive width 1 bf16", "autoregressive width 3 bf16",
