@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -55,6 +56,18 @@ def field(values: dict[str, Any], path: Path, name: str, kind: str,
     if not _KINDS[kind](value):
         raise ValueError(f"{path}: field {name!r} must be a {kind}, got {value!r}")
     return value
+
+
+def check_keys(found: Iterable[str], expected: Iterable[str], what: str,
+               allowed: Iterable[str] = ()) -> None:
+    """A ValueError `what: unexpected keys [...], missing keys [...]` unless `found` is
+    `expected` (give or take keys `allowed`)."""
+    found, expected = set(found), set(expected)
+    unknown, missing = sorted(found - expected - set(allowed)), sorted(expected - found)
+    if unknown or missing:
+        more = " (more left out)" if max(len(unknown), len(missing)) > 8 else ""
+        raise ValueError(f"{what}: unexpected keys {unknown[:8]}, missing keys {missing[:8]}"
+                         f"{more}")
 
 
 def require(module: str, purpose: str, package: str | None = None) -> ModuleType:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtp.interop.fields import require
+from mtp.interop.fields import check_keys, require
 from mtp.interop.gguf_tokenizer import gguf_tokenizer
 from mtp.model import MTPConfig
 from mtp.rope import RopeScaling
@@ -111,11 +111,8 @@ def read_gguf(path: Path, dtype: torch.dtype | None = None,
                        for t in tensors if t.name == ROPE_FREQS), None)
     config = gguf_config(metadata, tensors, path, rope_freqs)
     names = _tensor_names(config)
-    found = {t.name for t in tensors} - {ROPE_FREQS}
-    unknown, missing = sorted(found - set(names)), sorted(set(names) - found)
-    if unknown or missing:
-        raise ValueError(f"{path}: tensors do not fit its llama.* metadata: unexpected "
-                         f"{unknown[:8]}, missing {missing[:8]}")
+    check_keys((t.name for t in tensors), names, f"{path}: tensors do not fit its llama.* "
+               f"metadata", allowed=[ROPE_FREQS])
     dtype = dtype or torch.float32
     state = {names[t.name]: _dequantize(blob, t, dtype, gguf, path)
              for t in tensors if t.name != ROPE_FREQS}

@@ -1,21 +1,16 @@
 """Hugging Face transformers' Llama layout (`LlamaForCausalLM`, and `Qwen2ForCausalLM`), both ways.
 
-An mtp model's trunk + head 0 is exactly a Llama model: trunk layer l is Llama layer l and
-head 0's blocks are the last `head_layers` Llama layers. Heads 1..n-1 have no place in a
-`LlamaForCausalLM`; they go beside it, in `mtp_heads.safetensors` (keys
-`heads.{i}.{j}.<Llama layer sub-key>`, the same names and rotary layout as the Llama layers)
-with a small `mtp_heads.json` naming the layout, so a transformers user gets an ordinary
-next-token model and `mtp.load` gets every head back.
+Trunk + head 0 is a Llama model (head 0's blocks are its last `head_layers` layers). Heads
+1..n-1 go beside it in `mtp_heads.safetensors` (keys `heads.{i}.{j}.<Llama layer sub-key>`,
+Llama's names and rotary layout) with `mtp_heads.json` naming the layout: transformers sees an
+ordinary next-token model, `mtp.load` every head.
 
-Rotary embeddings: mtp (like Meta's Llama code) rotates interleaved pairs (x0, x1), (x2, x3),
-...; transformers rotates halves (x_i, x_{i + hd/2}). Rotating the rows of the query and key
-projections (weights and biases) of each attention head converts one into the other (the
-`permute` of transformers' convert_llama_weights_to_hf.py goes from interleaved to halves).
+Rotary embeddings: mtp (like Meta's code) rotates interleaved pairs, transformers halves;
+permuting each head's query and key rows (weights and biases) converts one to the other.
 
-Variants (MTPConfig fields): Llama's `head_dim`, `attention_bias` (q, k, v and output
-biases), `mlp_bias` and rope scaling of type `linear` or `llama3`; Qwen2 is a Llama with q/k/v
-biases, read as such and written as `Qwen2ForCausalLM` when those are a model's only biases.
-Anything else (another rope type, Qwen2's sliding window, partial rotary) is refused by name.
+Variants: Llama's `head_dim`, `attention_bias`, `mlp_bias` and `linear`/`llama3` rope scaling;
+Qwen2 is a Llama with q/k/v biases, written as `Qwen2ForCausalLM` when those are a model's only
+biases. Anything else (other rope types, sliding windows, partial rotary) is refused by name.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from mtp.interop.fields import field, peek_json_object, read_json_object
+from mtp.interop.fields import check_keys, field, peek_json_object, read_json_object
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
 from mtp.model import HEAD_TYPES, MTPConfig, SequentialHead
 from mtp.rope import RopeScaling
@@ -40,14 +35,11 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 HEADS_FILE = "mtp_heads.safetensors"
 HEADS_LAYOUT_FILE = "mtp_heads.json"
-# The heads file's layout JSON: {"format": HEADS_FORMAT, "format_version": 1, "layout":
-# "block", "n_future", "head_layers", "weights"}. The layout is heads 1..n-1's type
-# (MTPConfig.head_type): "block": each head is `head_layers` Llama decoder layers on the trunk
-# output, like head 0; "resblock": `head_layers` layers x + SiLU(x @ W), and "linear": x @ W,
-# each W (in, out) stored as `heads.{i}.{j}.weight`; "sequential": DeepSeek-V3's modules, the
-# blocks as "block" heads' plus `heads.{i}.hnorm`, `heads.{i}.enorm` (D,) and
-# `heads.{i}.eh_proj` (D, 2D) over [hidden; embedding] (`python -m mtp.convert to_mimo` writes
-# the engines' layout instead).
+# The heads file's layout JSON: {"format": HEADS_FORMAT, "format_version": 1, "layout",
+# "n_future", "head_layers", "weights"}; layout: heads 1..n-1's MTPConfig.head_type. Block
+# layers are stored as Llama decoder layers; an attention-free layer's W (in, out) as
+# `heads.{i}.{j}.weight`; a sequential head's fusion as `heads.{i}.hnorm`, `.enorm` (D,) and
+# `.eh_proj` (D, 2D) over [hidden; embedding].
 HEADS_FORMAT = "mtp-heads"
 HEADS_FORMAT_VERSION = 1
 HEADS_LAYOUTS = HEAD_TYPES
@@ -87,14 +79,18 @@ def is_hf_llama(directory: Path) -> bool:
     return config is not None and ("model_type" in config or "architectures" in config)
 
 
-def interleaved_to_rotate_half(weight: Tensor, n_heads: int) -> Tensor:
+def interleaved_to_rotate_half(weight: Tensor, n_heads: int | None) -> Tensor:
     """Rows of a query/key projection, weight (n_heads * hd, D) or bias (n_heads * hd,):
-    interleaved pairs -> halves."""
+    interleaved pairs -> halves; n_heads None (another tensor): `weight` as it is."""
+    if n_heads is None:
+        return weight
     return weight.unflatten(0, (n_heads, -1, 2)).transpose(1, 2).reshape(weight.shape)
 
 
-def rotate_half_to_interleaved(weight: Tensor, n_heads: int) -> Tensor:
+def rotate_half_to_interleaved(weight: Tensor, n_heads: int | None) -> Tensor:
     """The inverse of `interleaved_to_rotate_half`."""
+    if n_heads is None:
+        return weight
     return weight.unflatten(0, (n_heads, 2, -1)).transpose(1, 2).reshape(weight.shape)
 
 
@@ -108,11 +104,8 @@ def block_keys(config: MTPConfig) -> dict[str, str]:
 
 
 def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
-    """Every mtp parameter name -> (its transformers/heads-file name, rotary heads or None).
-
-    The rotary heads count is set for query (n_heads) and key (n_kv_heads) projections,
-    whose rows are permuted between the two rotary layouts. A tied output weight is left out.
-    """
+    """Every mtp parameter name -> (its transformers/heads-file name, rotary heads: n_heads or
+    n_kv_heads for query and key projections, else None); a tied output weight is left out."""
     names: dict[str, tuple[str, int | None]] = {"tok_embeddings.weight": (_EMBEDDINGS, None),
                                                 "norm.weight": ("model.norm.weight", None)}
     if not config.tie_embeddings:
@@ -126,13 +119,13 @@ def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
                 blocks.append((f"heads.{i}.{j}", theirs))
             else:  # an attention-free layer: one weight, stored as it is
                 names[f"{theirs}.weight"] = (f"{theirs}.weight", None)
+    for ours, theirs in blocks:
+        for sub, hf_sub in block_keys(config).items():
+            names[f"{ours}.{sub}"] = (f"{theirs}.{hf_sub}", rotary.get(sub.rsplit(".", 1)[0]))
     if config.head_type == "sequential":
         for i in range(1, config.n_future):
             for name in SequentialHead.FUSION:
                 names[f"heads.{i}.{name}"] = (f"heads.{i}.{name}", None)
-    for ours, theirs in blocks:
-        for sub, hf_sub in block_keys(config).items():
-            names[f"{ours}.{sub}"] = (f"{theirs}.{hf_sub}", rotary.get(sub.rsplit(".", 1)[0]))
     return names
 
 
@@ -143,16 +136,11 @@ def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
     hf_config = _llama_config(config, tokenizer, dtype)  # refuses what transformers lacks
     model_state, heads_state = {}, {}
     for ours, (theirs, n_rotary) in key_map(config).items():
-        tensor = state[ours]
-        if n_rotary is not None:
-            tensor = interleaved_to_rotate_half(tensor, n_rotary)
-        (heads_state if theirs.startswith("heads.") else model_state)[theirs] = tensor.contiguous()
+        tensor = interleaved_to_rotate_half(state[ours], n_rotary).contiguous()
+        (heads_state if theirs.startswith("heads.") else model_state)[theirs] = tensor
     directory.mkdir(parents=True, exist_ok=True)
     save_file(model_state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    _write_json(directory / CONFIG_FILE, hf_config)
-    _write_json(directory / "generation_config.json", {
-        "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
-        "pad_token_id": tokenizer.pad_id})
+    write_configs(directory, hf_config, tokenizer, config.max_seq_len)
     for stale in (HEADS_FILE, HEADS_LAYOUT_FILE):  # a directory written before, with heads
         (directory / stale).unlink(missing_ok=True)
     if config.n_future > 1:
@@ -162,7 +150,16 @@ def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
             "layout": config.head_type,
             "n_future": config.n_future, "head_layers": config.head_layers,
             "weights": HEADS_FILE})
-    write_hf_tokenizer(tokenizer, directory, model_max_length=config.max_seq_len)
+
+
+def write_configs(directory: Path, values: dict[str, Any], tokenizer: Tokenizer,
+                  max_seq_len: int) -> None:
+    """config.json (`values`), generation_config.json and the tokenizer's files."""
+    _write_json(directory / CONFIG_FILE, values)
+    _write_json(directory / "generation_config.json", {
+        "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+        "pad_token_id": tokenizer.pad_id})
+    write_hf_tokenizer(tokenizer, directory, model_max_length=max_seq_len)
 
 
 def _llama_config(config: MTPConfig, tokenizer: Tokenizer, dtype: torch.dtype) -> dict[str, Any]:
@@ -222,20 +219,10 @@ def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     theirs = _read_safetensors(directory)
     if (directory / HEADS_FILE).is_file() or heads != (1, 1, "block"):
         theirs.update(_load_safetensors(directory / HEADS_FILE))
-    if config.tie_embeddings and _OUTPUT in theirs:
-        # Some tied checkpoints store the output weight anyway; it must be the embeddings.
-        if not torch.equal(theirs.pop(_OUTPUT), theirs.get(_EMBEDDINGS, torch.empty(0))):
-            raise ValueError(f"{directory}: tie_word_embeddings is true but {_OUTPUT} differs "
-                             f"from {_EMBEDDINGS}")
+    drop_tied_output(config, theirs, directory)
     names = key_map(config)
-    ours_of = {name: ours for ours, (name, _) in names.items()}
-    unknown = sorted(set(theirs) - set(ours_of))
-    missing = sorted(set(ours_of) - set(theirs))
-    if unknown or missing:
-        raise ValueError(f"weights in {directory} do not fit its config.json (and "
-                         f"{HEADS_LAYOUT_FILE}): unexpected keys {unknown[:8]}, missing keys "
-                         f"{missing[:8]}" + (" (more left out)" if max(len(unknown),
-                                                                       len(missing)) > 8 else ""))
+    check_keys(theirs, (name for name, _ in names.values()),
+               f"weights in {directory} do not fit its config.json (and {HEADS_LAYOUT_FILE})")
     state = {}
     for ours, (name, n_rotary) in names.items():
         tensor = theirs.pop(name)  # drop our reference as we go: one copy in memory
@@ -247,6 +234,14 @@ def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
             tensor = rotate_half_to_interleaved(tensor, n_rotary)
         state[ours] = tensor
     return config, state, read_hf_tokenizer(directory)
+
+
+def drop_tied_output(config: MTPConfig, tensors: dict[str, Tensor], directory: Path) -> None:
+    """Drop the output weight some tied checkpoints store anyway, which must be the embedding."""
+    if config.tie_embeddings and _OUTPUT in tensors:
+        if not torch.equal(tensors.pop(_OUTPUT), tensors.get(_EMBEDDINGS, torch.empty(0))):
+            raise ValueError(f"{directory}: tie_word_embeddings is true but {_OUTPUT} differs "
+                             f"from {_EMBEDDINGS}")
 
 
 def _read_heads_layout(directory: Path) -> tuple[int, int, str]:

@@ -1,37 +1,23 @@
 """Medusa heads out to serving engines, and back: vLLM's and FasterDecoding's layouts.
 
-Which mtp models are Medusa models. Medusa (Cai et al. 2024; FasterDecoding/Medusa, vLLM,
-TensorRT-LLM) puts its heads on the base model's final hidden state *after* the final norm
-(transformers' `LlamaModel` output, what `lm_head` reads), and head h's logits are
-`lm_head_h(ResBlock_L(...ResBlock_1(z)))` with ResBlock(x) = x + SiLU(W x + b) and no norm
-before `lm_head_h`. mtp's `medusa` heads (`MTPConfig.head_type`) are exactly that, with b = 0
-and every lm_head the shared unembedding: they export exactly. No other head type does:
-- `resblock` heads read the trunk output (before head 0's block) and end in the shared final
-  RMSNorm. Neither end can be moved: head 0's block is not invertible, and RMSNorm divides by
-  the RMS of its input, which no linear lm_head (nor a gain folded into one) reproduces.
-- `block` heads are transformer blocks (attention, a KV cache of their own); `linear` heads
-  have no residual: neither is a ResBlock.
-- One head (n_future=1) has no Medusa heads to export.
+Medusa (Cai et al. 2024; FasterDecoding/Medusa, vLLM, TensorRT-LLM) puts its heads on the base
+model's final hidden state after the final norm: head h's logits are
+`lm_head_h(ResBlock_L(...ResBlock_1(z)))`, ResBlock(x) = x + SiLU(W x + b), no norm before
+`lm_head_h`. mtp's `medusa` heads are exactly that with b = 0 and one shared lm_head; no other
+head type is (`_REFUSED` says why), nor is a single head.
 
-`write_medusa` writes a directory of three:
-- `base/`: the base model (trunk + head 0) as a Hugging Face Llama directory, with no mtp
-  heads file (vLLM reads every *.safetensors file of a folder without an index);
-- `vllm/`: vLLM's Medusa draft model: `config.json` with model_type "medusa", num_heads,
-  num_hidden_layers, hidden_size, vocab_size, truncated_vocab_size, medusa_fc_bias (false)
-  and original_lm_head (true: the heads share one lm_head where vLLM knows the field); and
-  `model.safetensors` with `blocks.{h}.layers.{l}.weight` (D, D), nn.Linear's (out, in), and
-  `lm_heads.{h}.weight` (V, D) for every head, as vLLM's `models/medusa.py` names them;
-- `medusa/`: FasterDecoding's layout, which TensorRT-LLM's Medusa conversion reads:
-  `config.json` with medusa_num_heads, medusa_num_layers and base_model_name_or_path, and
-  `medusa_lm_head.pt`, the state dict of `MedusaModel.medusa_head` (an nn.ModuleList of
-  nn.Sequential(ResBlock * L, lm_head)): `{h}.{l}.linear.weight` (D, D), `{h}.{l}.linear.bias`
-  (D,) zeros, and `{h}.{L}.weight` (V, D), one storage shared by every head.
-Medusa's head h is mtp's head h + 1 (both predict token t + h + 2). mtp stores a head
-layer's W as (in, out) and applies x @ W: the export transposes it.
+`write_medusa` writes
+- `base/`: trunk + head 0 as a Hugging Face Llama directory, without mtp's heads file;
+- `vllm/`: vLLM's Medusa draft model (`models/medusa.py`): config.json (model_type "medusa",
+  original_lm_head true) and model.safetensors, `blocks.{h}.layers.{l}.weight` (D, D) and
+  `lm_heads.{h}.weight` (V, D);
+- `medusa/`: FasterDecoding's, which TensorRT-LLM's conversion reads: config.json and
+  `medusa_lm_head.pt`, the state dict of `MedusaModel.medusa_head`: `{h}.{l}.linear.weight`
+  (D, D), `{h}.{l}.linear.bias` (D,) zeros, `{h}.{L}.weight` (V, D) shared by every head.
+Medusa's head h is mtp's head h + 1; W is nn.Linear's (out, in), transposed from mtp's (in, out).
 
-`read_medusa` reads such a directory back (vLLM's heads if present, else FasterDecoding's):
-a Medusa checkpoint whose lm_heads differ from the base model's, whose biases are not zero or
-that truncates its vocabulary has no mtp form, and is refused naming the tensor or field.
+`read_medusa` reads it back (vLLM's heads if present); heads with their own lm_heads, non-zero
+biases or a truncated vocabulary have no mtp form and are refused naming the tensor or field.
 """
 
 from __future__ import annotations
@@ -47,8 +33,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from mtp.interop import hf
-from mtp.interop.fields import field, read_json_object
-from mtp.model import MTPConfig
+from mtp.interop.fields import check_keys, field, read_json_object
+from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
 
 BASE_DIR, VLLM_DIR, MEDUSA_DIR = "base", "vllm", "medusa"
@@ -133,8 +119,7 @@ def write_medusa(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokeniz
                       f"so it runs every layer of a head with the last layer's weights; vLLM "
                       f"(and, as far as we know, TensorRT-LLM) reads each layer", stacklevel=2)
     base_config = dataclasses.replace(config, n_future=1, head_type="block")
-    base_state = {name: tensor for name, tensor in state.items()
-                  if not name.startswith("heads.") or name.startswith("heads.0.")}
+    base_state = {name: t for name, t in state.items() if MTPModel.is_base_parameter(name)}
     hf.write_hf(base_config, base_state, tokenizer, base)
     for sub, values in ((VLLM_DIR, vllm_config), (MEDUSA_DIR, medusa_config)):
         (directory / sub).mkdir(parents=True, exist_ok=True)
@@ -201,7 +186,8 @@ def read_vllm_heads(directory: Path) -> MedusaHeads:
                                                         for h in range(num_heads)}
     # vLLM ignores other heads' lm_heads when original_lm_head is set
     extra = {f"lm_heads.{h}.weight" for h in range(1, num_heads)} if shared else set()
-    _check_keys(tensors, expected, extra, directory / VLLM_WEIGHTS)
+    check_keys(tensors, expected, f"{directory / VLLM_WEIGHTS} does not fit its {CONFIG_FILE}",
+               extra)
     return MedusaHeads(
         weights=[[tensors[f"blocks.{h}.layers.{l}.weight"] for l in range(num_layers)]
                  for h in range(num_heads)],
@@ -234,7 +220,7 @@ def read_fasterdecoding_heads(directory: Path) -> MedusaHeads:
     layers = [(h, l) for h in range(num_heads) for l in range(num_layers)]
     expected = {f"{h}.{l}.linear.{kind}" for h, l in layers for kind in ("weight", "bias")}
     expected |= {f"{h}.{num_layers}.weight" for h in range(num_heads)}
-    _check_keys(tensors, expected, set(), weights)
+    check_keys(tensors, expected, f"{weights} does not fit its {CONFIG_FILE}")
     return MedusaHeads(
         weights=[[tensors[f"{h}.{l}.linear.weight"] for l in range(num_layers)]
                  for h in range(num_heads)],
@@ -242,15 +228,6 @@ def read_fasterdecoding_heads(directory: Path) -> MedusaHeads:
                 for h in range(num_heads)],
         lm_heads=[tensors[f"{h}.{num_layers}.weight"] for h in range(num_heads)],
         source=weights)
-
-
-def _check_keys(tensors: dict[str, Tensor], expected: set[str], allowed: set[str],
-                source: Path) -> None:
-    unknown = sorted(set(tensors) - expected - allowed)
-    missing = sorted(expected - set(tensors))
-    if unknown or missing:
-        raise ValueError(f"{source} does not fit its {CONFIG_FILE}: unexpected keys "
-                         f"{unknown[:8]}, missing keys {missing[:8]}")
 
 
 def medusa_model(base: MTPConfig, state: dict[str, Tensor],

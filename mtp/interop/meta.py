@@ -1,15 +1,10 @@
 """Meta's multi-token-prediction release: params.json + consolidated.pth + tokenizer.model.
 
-Layout (facebook/multi-token-prediction, Llama code with `n_future_tokens`):
-- params.json: dim, n_layers, n_heads, n_kv_heads, n_future_tokens, vocab_size, norm_eps,
-  rope_theta, multiple_of, ffn_dim_multiplier. n_layers counts the trunk and head 0.
-- consolidated.pth: `layers` has n_layers - n_future_tokens + 1 blocks: `layers[:-1]` is
-  the trunk, `layers[-1]` is head 0, and `extra_heads.{j}` is head j + 1. Every head reads
-  the trunk output, then the shared `norm` and `output`. Block sub-keys are mtp's own
-  (attention.wq, feed_forward.w1, attention_norm, ...), and rotary embeddings use the same
-  interleaved pairs: no permutation.
-- The feed-forward width is derived as Meta's llama code does (`ffn_hidden`).
-Only single-file (model-parallel size 1) checkpoints load; the 7B release is one.
+facebook/multi-token-prediction is Llama code with `n_future_tokens`: `layers[:-1]` is the
+trunk, `layers[-1]` head 0 and `extra_heads.{j}` head j + 1, all reading the trunk output,
+then the shared `norm` and `output`. Block sub-keys and rotary layout are mtp's own; the
+feed-forward width is derived as Meta's code does (`ffn_hidden`). Only single-file
+(model-parallel size 1) checkpoints load; the 7B release is one.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mtp.interop.fields import field, read_json_object
+from mtp.interop.fields import check_keys, field, read_json_object
 from mtp.interop.hf_tokenizer import SENTENCEPIECE_FILE, sentencepiece_tokenizer
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
@@ -115,9 +110,5 @@ def meta_names(config: MTPConfig) -> dict[str, str]:
 def rename(theirs: dict[str, Tensor], config: MTPConfig, source: Path) -> dict[str, Tensor]:
     """Meta's names -> mtp's, strictly: unexpected and missing keys are named."""
     names = meta_names(config)
-    unknown = sorted(set(theirs) - set(names.values()) - set(_DERIVED))
-    missing = sorted(set(names.values()) - set(theirs))
-    if unknown or missing:
-        raise ValueError(f"{source} does not fit its {PARAMS_FILE}: unexpected keys "
-                         f"{unknown[:8]}, missing keys {missing[:8]}")
+    check_keys(theirs, names.values(), f"{source} does not fit its {PARAMS_FILE}", _DERIVED)
     return {ours: theirs[name] for ours, name in names.items()}
