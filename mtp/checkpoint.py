@@ -13,18 +13,16 @@ layouts of `mtp.interop`. The model is built on the meta device around the loade
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from mtp.interop import gguf, hf, medusa, meta, mimo
-from mtp.interop.fields import read_json_object
+from mtp.interop.fields import load_safetensors, load_torch, read_json_object, write_json
 from mtp.model import MTPConfig, MTPModel
 from mtp.sharded import DCP_METADATA_FILE, META_FILE, is_sharded_checkpoint, read_sharded_checkpoint
 from mtp.tokenizers import Tokenizer, load_tokenizer
@@ -85,7 +83,7 @@ def _write_export(config: MTPConfig, state: dict[str, torch.Tensor], tokenizer: 
     save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     meta = {"format_version": FORMAT_VERSION, "model": config.to_dict(),
             "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size}}
-    (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    write_json(directory / CONFIG_FILE, meta)
     tokenizer.save(directory)
 
 
@@ -177,7 +175,7 @@ def _read(path: Path,
     if gguf.is_gguf(path):
         return gguf.read_gguf(path, dtype)
     if path.is_file():
-        return _read_lightning(path)
+        return _from_lightning(load_torch(path, "a Lightning checkpoint"), path)
     if not path.is_dir():
         raise FileNotFoundError(f"no checkpoint at {path} (neither a file nor a directory)")
     if (path / CONFIG_FILE).is_file() and not hf.is_hf_llama(path):
@@ -204,26 +202,12 @@ def _read_export(directory: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], T
     if version != FORMAT_VERSION:
         raise ValueError(f"{path} has format_version={version!r}; this version of mtp reads "
                          f"format_version={FORMAT_VERSION}")
-    weights = directory / WEIGHTS_FILE
-    if not weights.is_file():
-        raise FileNotFoundError(f"no {WEIGHTS_FILE} in {directory}")
-    try:
-        state = load_file(str(weights))
-    except SafetensorError as e:
-        raise ValueError(f"corrupt weights file {weights}: {e}") from e
+    state = load_safetensors(directory / WEIGHTS_FILE)
     try:
         config = MTPConfig.from_dict(header.get("model"))
     except ValueError as e:
         raise ValueError(f"{path}: field 'model': {e}") from e
     return config, state, load_tokenizer(directory)
-
-
-def _read_lightning(path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
-    try:
-        checkpoint: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many kinds for a truncated or foreign file
-        raise ValueError(f"cannot read {path} as a Lightning checkpoint: {e}") from e
-    return _from_lightning(checkpoint, path)
 
 
 def _from_lightning(checkpoint: dict[str, Any],

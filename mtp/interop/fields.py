@@ -1,4 +1,5 @@
-"""Typed reads of JSON configuration files, with errors that name the file, field and value."""
+"""Reading other libraries' files: typed JSON fields and weights, with errors that name the
+file, field and value."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 _REQUIRED = object()
 _KINDS = {
@@ -56,6 +61,27 @@ def field(values: dict[str, Any], path: Path, name: str, kind: str,
     if not _KINDS[kind](value):
         raise ValueError(f"{path}: field {name!r} must be a {kind}, got {value!r}")
     return value
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path.name} in {path.parent}")
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:
+        raise ValueError(f"corrupt weights file {path}: {e}") from e
+
+
+def load_torch(path: Path, what: str, **options: Any) -> Any:
+    """torch.load on the CPU, weights only; a ValueError saying `path` is not `what`."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, **options)
+    except Exception as e:  # torch raises many kinds for a truncated or foreign file
+        raise ValueError(f"cannot read {path} as {what}: {e}") from e
 
 
 def check_keys(found: Iterable[str], expected: Iterable[str], what: str,

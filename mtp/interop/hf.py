@@ -15,16 +15,15 @@ biases. Anything else (other rope types, sliding windows, partial rotary) is ref
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
-from mtp.interop.fields import check_keys, field, peek_json_object, read_json_object
+from mtp.interop.fields import (check_keys, field, load_safetensors, peek_json_object,
+                                read_json_object, write_json)
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
 from mtp.model import HEAD_TYPES, MTPConfig, SequentialHead
 from mtp.rope import RopeScaling
@@ -145,7 +144,7 @@ def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
         (directory / stale).unlink(missing_ok=True)
     if config.n_future > 1:
         save_file(heads_state, str(directory / HEADS_FILE), metadata={"format": "pt"})
-        _write_json(directory / HEADS_LAYOUT_FILE, {
+        write_json(directory / HEADS_LAYOUT_FILE, {
             "format": HEADS_FORMAT, "format_version": HEADS_FORMAT_VERSION,
             "layout": config.head_type,
             "n_future": config.n_future, "head_layers": config.head_layers,
@@ -155,8 +154,8 @@ def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
 def write_configs(directory: Path, values: dict[str, Any], tokenizer: Tokenizer,
                   max_seq_len: int) -> None:
     """config.json (`values`), generation_config.json and the tokenizer's files."""
-    _write_json(directory / CONFIG_FILE, values)
-    _write_json(directory / "generation_config.json", {
+    write_json(directory / CONFIG_FILE, values)
+    write_json(directory / "generation_config.json", {
         "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
         "pad_token_id": tokenizer.pad_id})
     write_hf_tokenizer(tokenizer, directory, model_max_length=max_seq_len)
@@ -218,7 +217,7 @@ def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     config = _mtp_config(directory / CONFIG_FILE, *heads)
     theirs = _read_safetensors(directory)
     if (directory / HEADS_FILE).is_file() or heads != (1, 1, "block"):
-        theirs.update(_load_safetensors(directory / HEADS_FILE))
+        theirs.update(load_safetensors(directory / HEADS_FILE))
     drop_tied_output(config, theirs, directory)
     names = key_map(config)
     check_keys(theirs, (name for name, _ in names.values()),
@@ -362,27 +361,14 @@ def _read_safetensors(directory: Path) -> dict[str, Tensor]:
     """Every tensor of model.safetensors, or of the shards its index names."""
     index_path = directory / INDEX_FILE
     if not index_path.is_file():
-        return _load_safetensors(directory / WEIGHTS_FILE)
+        return load_safetensors(directory / WEIGHTS_FILE)
     weight_map = field(read_json_object(index_path), index_path, "weight_map", "object")
     tensors: dict[str, Tensor] = {}
     for shard in sorted(set(weight_map.values())):
-        tensors.update(_load_safetensors(directory / shard))
+        tensors.update(load_safetensors(directory / shard))
     listed, found = set(weight_map), set(tensors)
     if listed != found:
         raise ValueError(f"{index_path} does not match its shards: listed but absent "
                          f"{sorted(listed - found)[:8]}, present but unlisted "
                          f"{sorted(found - listed)[:8]}")
     return tensors
-
-
-def _load_safetensors(path: Path) -> dict[str, Tensor]:
-    if not path.is_file():
-        raise FileNotFoundError(f"no {path.name} in {path.parent}")
-    try:
-        return load_file(str(path))
-    except SafetensorError as e:
-        raise ValueError(f"corrupt weights file {path}: {e}") from e
-
-
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")

@@ -23,7 +23,6 @@ biases or a truncated vocabulary have no mtp form and are refused naming the ten
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from mtp.interop import hf
-from mtp.interop.fields import check_keys, field, read_json_object
+from mtp.interop.fields import (check_keys, field, load_safetensors, load_torch,
+                                read_json_object, write_json)
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -123,7 +123,7 @@ def write_medusa(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokeniz
     hf.write_hf(base_config, base_state, tokenizer, base)
     for sub, values in ((VLLM_DIR, vllm_config), (MEDUSA_DIR, medusa_config)):
         (directory / sub).mkdir(parents=True, exist_ok=True)
-        (directory / sub / CONFIG_FILE).write_text(json.dumps(values, indent=2) + "\n")
+        write_json(directory / sub / CONFIG_FILE, values)
     save_file(vllm_tensors, str(directory / VLLM_DIR / VLLM_WEIGHTS), metadata={"format": "pt"})
     (directory / MEDUSA_DIR / MEDUSA_SAFETENSORS).unlink(missing_ok=True)  # an older export's
     torch.save(medusa_tensors, directory / MEDUSA_DIR / MEDUSA_WEIGHTS)
@@ -177,7 +177,7 @@ def read_vllm_heads(directory: Path) -> MedusaHeads:
                          f"heads cannot")
     bias = field(values, path, "medusa_fc_bias", "bool", False)
     shared = field(values, path, "original_lm_head", "bool", False)
-    tensors = hf._load_safetensors(directory / VLLM_WEIGHTS)
+    tensors = load_safetensors(directory / VLLM_WEIGHTS)
     tensors = {name.removeprefix("medusa_heads."): t for name, t in tensors.items()}
     layers = [(h, l) for h in range(num_heads) for l in range(num_layers)]
     expected = {f"blocks.{h}.layers.{l}.{kind}" for h, l in layers
@@ -206,15 +206,12 @@ def read_fasterdecoding_heads(directory: Path) -> MedusaHeads:
                              for name in ("medusa_num_heads", "medusa_num_layers"))
     weights = directory / MEDUSA_SAFETENSORS
     if weights.is_file():
-        tensors = hf._load_safetensors(weights)
+        tensors = load_safetensors(weights)
     else:
         weights = directory / MEDUSA_WEIGHTS
         if not weights.is_file():
             raise FileNotFoundError(f"no {MEDUSA_WEIGHTS} or {MEDUSA_SAFETENSORS} in {directory}")
-        try:
-            tensors = torch.load(weights, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises many kinds for a truncated or foreign file
-            raise ValueError(f"cannot read {weights} as a PyTorch state dict: {e}") from e
+        tensors = load_torch(weights, "a PyTorch state dict")
         if not isinstance(tensors, dict):
             raise ValueError(f"{weights} holds a {type(tensors).__name__}, not a state dict")
     layers = [(h, l) for h in range(num_heads) for l in range(num_layers)]

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mtp.interop.fields import check_keys, field, read_json_object
+from mtp.interop.fields import check_keys, field, load_torch, read_json_object
 from mtp.interop.hf_tokenizer import SENTENCEPIECE_FILE, sentencepiece_tokenizer
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
@@ -49,11 +49,8 @@ def read_meta(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]
             f"no {WEIGHTS_FILE} in {directory}" + (
                 f": found model-parallel shards {shards}; merge them into one file first"
                 if shards else ""))
-    try:
-        # mmap: tensors stay on disk until used, so the model never holds a second copy.
-        theirs = torch.load(weights, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # torch raises many kinds for a truncated or foreign file
-        raise ValueError(f"cannot read {weights} as a PyTorch state dict: {e}") from e
+    # mmap: tensors stay on disk until used, so the model never holds a second copy.
+    theirs = load_torch(weights, "a PyTorch state dict", mmap=True)
     if tokenizer is None:
         raise FileNotFoundError(f"no {SENTENCEPIECE_FILE} in {directory}")
     return config, rename(theirs, config, weights), tokenizer
