@@ -1,28 +1,23 @@
 """The multi-token prediction transformer: a shared trunk feeding n future-token heads.
 
-- Llama blocks: pre-norm RMSNorm, rotary embeddings on interleaved pairs (Meta's layout),
-  SwiGLU, grouped-query attention, no biases by default. Released models' variants are config
-  fields: q/k/v biases (Qwen2), output and MLP biases, a head width other than dim / n_heads,
-  `linear` and `llama3` rope scaling (`RopeScaling`).
+- Llama blocks (pre-norm RMSNorm, rotary embeddings on interleaved pairs as in Meta's code,
+  SwiGLU, grouped-query attention); released models' variants are config fields (biases,
+  head_dim, `RopeScaling`).
 - The layout of Gloeckle et al. 2024: `layers` (the trunk), `heads` (n_future stacks of
-  `head_layers` layers, all reading the trunk output), one shared final `norm` and
-  unembedding `output`. Head i predicts token t + i + 1, so trunk + head 0 is a Llama model.
-- `head_type` sets heads 1..n-1; head 0 is always blocks (the base model's last layers, so
-  a next-token checkpoint grows heads without changing it). `block`: transformer blocks;
-  `resblock` (Medusa's x + SiLU(W x)) and `linear` (W x): no attention, no KV cache slots;
-  `medusa`: resblocks on head 0's output after the shared norm, then the unembedding without
-  a second norm (Medusa's own layout, which vLLM and TensorRT-LLM run); `sequential`: below.
-- Sequential heads (DeepSeek-V3, MiMo): head k >= 1 is a chain link. At position t
+  `head_layers` layers), one shared final `norm` and unembedding `output`. Head i predicts
+  token t + i + 1, so trunk + head 0 is a Llama model.
+- `head_type` sets heads 1..n-1 (head 0 is always blocks, so a next-token checkpoint grows
+  heads without changing): `block`; `resblock` (Medusa's x + SiLU(W x)) and `linear` (W x),
+  attention-free, with no KV cache slots; `medusa`, resblocks on head 0's normed output then
+  the unembedding alone (Medusa's layout, as vLLM and TensorRT-LLM run it); `sequential`
+  (DeepSeek-V3, MiMo), where head k >= 1 is a chain link: at position t
       h_k(t) = Blocks_k(eh_proj([hnorm(norm(h_{k-1}(t))); enorm(emb(x_{t+k}))]))
-  with h_0 head 0's output, predicting x_{t+k+1}. The previous state enters through the
-  shared `norm`, as Megatron-LM's, MiMo's, vLLM's and SGLang's modules take it, so an export
-  is exactly a MiMo checkpoint. Teacher forcing feeds module k tokens[t + k] (`mtp_module`).
-- `MTPConfig.compute_matched(depth=...)` takes the heads' blocks off the trunk (n = 1 and
-  n > 1 cost the same per token); `added_heads(depth=...)` puts heads 1..n-1 on top of a
-  `depth`-block next-token model; the presets pick one with `heads` (`from_depth`).
+  with h_0 head 0's output. The previous state enters through the shared `norm`, as the
+  engines' modules take it, so an export is exactly a MiMo checkpoint.
+- `MTPConfig.compute_matched` takes the heads' blocks off the trunk (equal cost per token
+  for any n); `added_heads` puts heads 1..n-1 on top; the presets pick with `from_depth`.
 - No loss, sampling or parallelism here. The cached forward takes a `KVCache` and a
-  `CacheStep` (positions, cache slots and mask as explicit inputs): a decode step keeps its
-  shapes from one token to the next.
+  `CacheStep` (explicit positions, slots and mask): a decode step has fixed shapes.
 - Residual output projections start at std / sqrt(2 * depth) (GPT-2).
 
 Shapes in comments: B batch, T sequence, D model width, H query heads, K key/value heads,
@@ -98,13 +93,11 @@ class MTPConfig:
                 or self.n_layers < 0:
             raise ValueError(f"MTPConfig.n_layers must be an integer >= 0, got {self.n_layers!r}")
         if self.head_dim % 2:
-            raise ValueError(
-                f"MTPConfig.head_dim={self.head_dim} must be even for rotary embeddings "
-                f"(dim={self.dim}, n_heads={self.n_heads})")
+            raise ValueError(f"MTPConfig.head_dim={self.head_dim} must be even for rotary "
+                             f"embeddings (dim={self.dim}, n_heads={self.n_heads})")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"MTPConfig.n_heads={self.n_heads} must be divisible by "
-                f"n_kv_heads={self.n_kv_heads}")
+            raise ValueError(f"MTPConfig.n_heads={self.n_heads} must be divisible by "
+                             f"n_kv_heads={self.n_kv_heads}")
         if self.head_type not in HEAD_TYPES:
             raise ValueError(f"MTPConfig.head_type must be one of {HEAD_TYPES}, "
                              f"got {self.head_type!r}")
@@ -139,9 +132,9 @@ class MTPConfig:
         block_heads = n_future if head_type in BLOCK_HEAD_TYPES else 1
         n_layers = depth - block_heads * head_layers
         if n_layers < 0:
-            raise ValueError(
-                f"depth={depth} is too shallow for {block_heads} block head(s) of "
-                f"head_layers={head_layers} block(s): the trunk would have {n_layers} layers")
+            raise ValueError(f"depth={depth} is too shallow for {block_heads} block head(s) of "
+                             f"head_layers={head_layers} block(s): the trunk would have "
+                             f"{n_layers} layers")
         return cls(n_layers=n_layers, n_future=n_future, head_layers=head_layers,
                    head_type=head_type, **fields)
 

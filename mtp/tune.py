@@ -177,27 +177,25 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_has_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); elsewhere bf16 is
     emulated and slower than float32. False where /proc/cpuinfo cannot be read."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = _cpuinfo()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def machine() -> str:
     """What a timed choice depends on besides the model: the CPU, its cores, the OpenMP wait
     policy and torch; the GPU where there is one."""
-    name = "unknown cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    name = next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines()
+                 if line.startswith("model name")), "unknown cpu")
     policy = os.environ.get("OMP_WAIT_POLICY", "default").lower()
     gpu = f"|gpu={torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     return f"{name}|cores={cores()}|wait={policy}|torch={torch.__version__}{gpu}"
@@ -249,9 +247,7 @@ def given_threads(requested: int | None) -> Measurement | None:
     requested = check_threads(requested)
     if requested is not None:
         set_threads(requested)
-        return Measurement("threads", str(requested), "set", f"threads={requested}",
-                           machine=machine(), value=requested)
-    explicit = explicit_threads()
+    explicit = explicit_threads() if requested is None else (requested, f"threads={requested}")
     if explicit is not None:
         return Measurement("threads", str(explicit[0]), "set", explicit[1],
                            machine=machine(), value=explicit[0])

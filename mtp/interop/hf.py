@@ -183,32 +183,22 @@ def _llama_config(config: MTPConfig, tokenizer: Tokenizer, dtype: torch.dtype) -
                         high_freq_factor=scaling.high_freq_factor,
                         original_max_position_embeddings=scaling.original_max_seq_len)
     return {
-        "architectures": [architecture],
-        "model_type": model_type,
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.dim,
+        "architectures": [architecture], "model_type": model_type,
+        "vocab_size": config.vocab_size, "hidden_size": config.dim,
         "intermediate_size": config.ffn_hidden,
         "num_hidden_layers": config.n_layers + config.head_layers,  # trunk + head 0
-        "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.n_kv_heads,
-        "head_dim": config.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": config.max_seq_len,
-        "rms_norm_eps": config.norm_eps,
+        "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
         # transformers >= 5 reads rope_parameters; older versions, vLLM and llama.cpp's
         # converter read rope_theta and rope_scaling.
         "rope_theta": config.rope_theta,
         "rope_parameters": {**rope, "rope_theta": config.rope_theta},
         **({"rope_scaling": rope} if config.rope_scaling is not None else {}),
-        "tie_word_embeddings": config.tie_embeddings,
-        **variant,
-        "initializer_range": config.init_std,
-        "bos_token_id": tokenizer.bos_id,
-        "eos_token_id": tokenizer.eos_id,
-        "pad_token_id": tokenizer.pad_id,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-        "use_cache": True,
-    }
+        "tie_word_embeddings": config.tie_embeddings, **variant,
+        "initializer_range": config.init_std, "bos_token_id": tokenizer.bos_id,
+        "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id,
+        "torch_dtype": str(dtype).removeprefix("torch."), "use_cache": True}
 
 
 def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
@@ -302,21 +292,14 @@ def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
     rope_theta, rope_scaling = _rope(values, path, max_seq_len)
     try:
         return MTPConfig(
-            vocab_size=field(values, path, "vocab_size", "int"),
-            dim=dim,
-            n_layers=n_blocks - head_layers,
-            n_heads=n_heads,
+            vocab_size=field(values, path, "vocab_size", "int"), dim=dim,
+            n_layers=n_blocks - head_layers, n_heads=n_heads,
             n_kv_heads=field(values, path, "num_key_value_heads", "int", n_heads),
             head_dim=field(values, path, "head_dim", "int", None),
-            ffn_hidden=field(values, path, "intermediate_size", "int"),
-            max_seq_len=max_seq_len,
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            norm_eps=field(values, path, "rms_norm_eps", "number", 1e-6),
-            **biases,
-            n_future=n_future,
-            head_layers=head_layers,
-            head_type=head_type,
+            ffn_hidden=field(values, path, "intermediate_size", "int"), max_seq_len=max_seq_len,
+            rope_theta=rope_theta, rope_scaling=rope_scaling,
+            norm_eps=field(values, path, "rms_norm_eps", "number", 1e-6), **biases,
+            n_future=n_future, head_layers=head_layers, head_type=head_type,
             tie_embeddings=field(values, path, "tie_word_embeddings", "bool", False),
             init_std=field(values, path, "initializer_range", "number", 0.02))
     except ValueError as e:

@@ -6,15 +6,10 @@ model's final hidden state after the final norm: head h's logits are
 `lm_head_h`. mtp's `medusa` heads are exactly that with b = 0 and one shared lm_head; no other
 head type is (`_REFUSED` says why), nor is a single head.
 
-`write_medusa` writes
-- `base/`: trunk + head 0 as a Hugging Face Llama directory, without mtp's heads file;
-- `vllm/`: vLLM's Medusa draft model (`models/medusa.py`): config.json (model_type "medusa",
-  original_lm_head true) and model.safetensors, `blocks.{h}.layers.{l}.weight` (D, D) and
-  `lm_heads.{h}.weight` (V, D);
-- `medusa/`: FasterDecoding's, which TensorRT-LLM's conversion reads: config.json and
-  `medusa_lm_head.pt`, the state dict of `MedusaModel.medusa_head`: `{h}.{l}.linear.weight`
-  (D, D), `{h}.{l}.linear.bias` (D,) zeros, `{h}.{L}.weight` (V, D) shared by every head.
-Medusa's head h is mtp's head h + 1; W is nn.Linear's (out, in), transposed from mtp's (in, out).
+`write_medusa` writes `base/` (trunk + head 0 as a Hugging Face Llama), `vllm/` (vLLM's
+Medusa draft model, `vllm_heads`) and `medusa/` (FasterDecoding's, which TensorRT-LLM's
+conversion reads, `fasterdecoding_heads`). Medusa's head h is mtp's head h + 1; its W is
+nn.Linear's (out, in), transposed from mtp's (in, out).
 
 `read_medusa` reads it back (vLLM's heads if present); heads with their own lm_heads, non-zero
 biases or a truncated vocabulary have no mtp form and are refused naming the tensor or field.
@@ -72,7 +67,8 @@ def _head_weights(config: MTPConfig, state: dict[str, Tensor]) -> list[list[Tens
 
 def vllm_heads(config: MTPConfig, state: dict[str, Tensor]) -> tuple[dict[str, Any],
                                                                      dict[str, Tensor]]:
-    """vLLM's Medusa config.json and weights for the model's heads 1..n-1."""
+    """vLLM's Medusa config.json and weights (`models/medusa.py`'s names) for heads 1..n-1:
+    `blocks.{h}.layers.{l}.weight` (D, D), `lm_heads.{h}.weight` (V, D)."""
     check_medusa(config)
     num_heads = config.n_future - 1
     tensors = {f"blocks.{h}.layers.{l}.weight": weight
@@ -91,7 +87,9 @@ def vllm_heads(config: MTPConfig, state: dict[str, Tensor]) -> tuple[dict[str, A
 
 def fasterdecoding_heads(config: MTPConfig, state: dict[str, Tensor],
                          base_model: str) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """FasterDecoding's Medusa config.json and `medusa_lm_head.pt` state dict."""
+    """FasterDecoding's Medusa config.json and `medusa_lm_head.pt`, the state dict of
+    `MedusaModel.medusa_head`: `{h}.{l}.linear.weight` (D, D), `{h}.{l}.linear.bias` (D,)
+    zeros, `{h}.{L}.weight` (V, D) shared by every head."""
     check_medusa(config)
     L = config.head_layers
     zeros = state["output.weight"].new_zeros(config.dim)  # Medusa's ResBlock has a bias
@@ -255,22 +253,8 @@ def medusa_model(base: MTPConfig, state: dict[str, Tensor],
                                  f"mtp's Medusa heads have none")
     config = dataclasses.replace(base, n_layers=blocks - num_layers, head_layers=num_layers,
                                  n_future=num_heads + 1, head_type="medusa")
-    renamed = {_rename_block(name, base, config): tensor for name, tensor in state.items()}
-    for h in range(num_heads):
-        for l in range(num_layers):
-            renamed[f"heads.{h + 1}.{l}.weight"] = heads.weights[h][l].T.contiguous()
-    return config, renamed
-
-
-def _rename_block(name: str, old: MTPConfig, new: MTPConfig) -> str:
-    """A base-model parameter's name after the trunk/head 0 split moves to `new`'s."""
-    parts = name.split(".")
-    if parts[0] == "layers":
-        index, rest = int(parts[1]), parts[2:]
-    elif parts[0] == "heads":  # head 0's blocks follow the trunk's
-        index, rest = old.n_layers + int(parts[2]), parts[3:]
-    else:
-        return name
-    if index < new.n_layers:
-        return ".".join(["layers", str(index), *rest])
-    return ".".join(["heads", "0", str(index - new.n_layers), *rest])
+    # By their transformers names, which do not move when the trunk/head 0 split does.
+    theirs = {name: state[ours] for ours, (name, _) in hf.key_map(base).items()}
+    theirs.update({f"heads.{h + 1}.{l}.weight": heads.weights[h][l].T.contiguous()
+                   for h in range(num_heads) for l in range(num_layers)})
+    return config, {ours: theirs[name] for ours, (name, _) in hf.key_map(config).items()}

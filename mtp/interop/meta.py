@@ -71,17 +71,13 @@ def meta_config(path: Path, tokenizer: Tokenizer | None = None) -> MTPConfig:
     n_heads = field(params, path, "n_heads", "int")
     try:
         return MTPConfig(
-            vocab_size=vocab_size,
-            dim=dim,
-            n_layers=n_blocks - n_future,  # `layers` minus head 0
-            n_heads=n_heads,
-            n_kv_heads=field(params, path, "n_kv_heads", "int", n_heads),
+            vocab_size=vocab_size, dim=dim, n_layers=n_blocks - n_future,  # `layers` - head 0
+            n_heads=n_heads, n_kv_heads=field(params, path, "n_kv_heads", "int", n_heads),
             ffn_hidden=ffn_hidden(dim, field(params, path, "multiple_of", "int", 256),
                                   field(params, path, "ffn_dim_multiplier", "number", None)),
             max_seq_len=field(params, path, "max_seq_len", "int", DEFAULT_MAX_SEQ_LEN),
             rope_theta=field(params, path, "rope_theta", "number", 10000.0),
-            norm_eps=field(params, path, "norm_eps", "number", 1e-5),
-            n_future=n_future,
+            norm_eps=field(params, path, "norm_eps", "number", 1e-5), n_future=n_future,
             head_layers=1)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e

@@ -12,21 +12,19 @@ without them) whose config.json says `num_nextn_predict_layers`, with, per modul
     model.mtp_layers.{i}.final_layernorm.weight   (D,)     mtp's shared norm (a copy)
     model.mtp_layers.{i}.<Qwen2 decoder layer>             mtp heads.{k}.0 (the block)
 
-(vLLM's loader inserts `mtp_block.` before the block's keys.) MiMo's module feeds on the
-target's final-normalised state and hands on its own `final_layernorm` output: mtp's chain.
-Read back, all-zero biases are dropped (the model is a Llama again).
+(vLLM's loader inserts `mtp_block.` before the block's keys.) Read back, all-zero biases are
+dropped (the model is a Llama again).
 
-DeepSeek-V3's layout (vLLM `deepseek_mtp`, SGLang `deepseek_nextn`) puts module k = i + 1 at
-`model.layers.{num_hidden_layers + i}.`: `enorm`, `hnorm`, `eh_proj` (D, 2D) over [enorm(e);
-hnorm(h)] (embedding first), `shared_head.norm`, `shared_head.head` (V, D), optionally
-`embed_tokens`, and the decoder layer. Import only, of one module (vLLM chains a second on the
-first one's un-normalised output, which mtp does not compute).
+DeepSeek-V3's layout (vLLM `deepseek_mtp`, SGLang `deepseek_nextn`), import only and of one
+module (vLLM chains a second on the first one's un-normalised output, which mtp does not
+compute), puts module k = i + 1 at `model.layers.{num_hidden_layers + i}.`, its `eh_proj`
+over [enorm(e); hnorm(h)] (embedding first), with `shared_head.norm`, `shared_head.head` and
+optionally `embed_tokens`: copies, which must equal the main model's (as MiMo's
+`final_layernorm` must).
 
-Names, shapes and orders agree with SGLang 0.5.23's loaders (`mimo_mtp.py`,
-`deepseek_nextn.py`); no engine was run on the files. SGLang's MiMo layer zeroes the token
-embedding at position 0, which mtp does not: a draft may differ there, the verified output
-does not. A module's copies of the shared norm, unembedding and embedding must equal the main
-model's (a ValueError names the key that differs).
+Names, shapes and orders agree with SGLang 0.5.23's loaders; no engine was run on the files.
+SGLang's MiMo layer zeroes the token embedding at position 0, which mtp does not: a draft may
+differ there, the verified output does not.
 """
 
 from __future__ import annotations
