@@ -23,21 +23,13 @@ Shapes in comments: B batch, T new tokens, L key width, K key/value heads, hd he
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 
-
-class CacheShape(Protocol):
-    """What the cache needs of a model's config (`MTPConfig`), without importing the model."""
-
-    @property
-    def n_blocks(self) -> int: ...
-    @property
-    def n_kv_heads(self) -> int: ...
-    @property
-    def head_dim(self) -> int: ...
+if TYPE_CHECKING:
+    from mtp.model import MTPConfig
 
 
 class Window(NamedTuple):
@@ -131,7 +123,7 @@ class KVCache:
     drafter running some heads alone); `write` still takes the model's block index.
     """
 
-    def __init__(self, config: CacheShape, batch_size: int, max_len: int, *,
+    def __init__(self, config: MTPConfig, batch_size: int, max_len: int, *,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  blocks: range | None = None) -> None:
         self.first_block = 0 if blocks is None else blocks.start

@@ -50,8 +50,9 @@ def peek_json_object(path: Path) -> dict[str, Any] | None:
 
 
 def field(values: dict[str, Any], path: Path, name: str, kind: str,
-          default: Any = _REQUIRED) -> Any:
-    """values[name], checked to be of `kind` (see _KINDS); `default` when absent or null."""
+          default: Any = _REQUIRED, choices: tuple | None = None) -> Any:
+    """values[name], checked to be of `kind` (see _KINDS) and one of `choices` if given;
+    `default` when absent or null."""
     value = values.get(name)
     if value is None:
         if default is _REQUIRED:
@@ -60,6 +61,9 @@ def field(values: dict[str, Any], path: Path, name: str, kind: str,
         return default
     if not _KINDS[kind](value):
         raise ValueError(f"{path}: field {name!r} must be a {kind}, got {value!r}")
+    if choices is not None and value not in choices:
+        allowed = repr(choices[0]) if len(choices) == 1 else f"one of {list(choices)}"
+        raise ValueError(f"{path}: field {name!r} must be {allowed}, got {value!r}")
     return value
 
 

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from mtp.interop.fields import check_keys, require
 from mtp.interop.gguf_tokenizer import gguf_tokenizer
+from mtp.interop.hf import block_keys
 from mtp.model import MTPConfig
 from mtp.rope import RopeScaling
 from mtp.tokenizers import Tokenizer
@@ -167,12 +168,7 @@ class _Reader:
         return values
 
     def string(self, key: str = "a tensor name") -> str:
-        (length,) = self.unpack("<Q")
-        raw = self.blob[self.pos:self.pos + length]
-        if len(raw) != length:
-            raise ValueError(f"{self.path} is truncated: its header ends at byte "
-                             f"{len(self.blob)}")
-        self.pos += length
+        (raw,) = self.unpack(f"{self.unpack('<Q')[0]}s")
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -307,15 +303,13 @@ def _tensor_names(config: MTPConfig) -> dict[str, str]:
     """Every GGUF tensor name the config implies -> its mtp name."""
     names = {k: v for k, v in TOP_TENSORS.items()
              if k != "output.weight" or not config.tie_embeddings}
-    biases = {"attn_q": config.qkv_bias, "attn_k": config.qkv_bias, "attn_v": config.qkv_bias,
-              "attn_output": config.out_bias, "ffn_gate": config.mlp_bias,
-              "ffn_up": config.mlp_bias, "ffn_down": config.mlp_bias}
+    params = block_keys(config)  # biases included where the config has them
     for layer in range(config.n_layers + 1):  # the last block is head 0
         ours = f"layers.{layer}" if layer < config.n_layers else "heads.0.0"
         for stem, sub in BLOCK_TENSORS.items():
-            names[f"blk.{layer}.{stem}.weight"] = f"{ours}.{sub}.weight"
-            if biases.get(stem):
-                names[f"blk.{layer}.{stem}.bias"] = f"{ours}.{sub}.bias"
+            for kind in ("weight", "bias"):
+                if f"{sub}.{kind}" in params:
+                    names[f"blk.{layer}.{stem}.{kind}"] = f"{ours}.{sub}.{kind}"
     return names
 
 

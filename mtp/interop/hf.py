@@ -239,22 +239,11 @@ def _read_heads_layout(directory: Path) -> tuple[int, int, str]:
     if not path.is_file():
         return 1, 1, "block"
     layout = read_json_object(path)
-    if field(layout, path, "format", "str") != HEADS_FORMAT:
-        raise ValueError(f"{path}: field 'format' must be {HEADS_FORMAT!r}, got "
-                         f"{layout['format']!r}")
-    version = field(layout, path, "format_version", "int")
-    if version != HEADS_FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version={version} is not one this version of mtp "
-                         f"reads ({HEADS_FORMAT_VERSION})")
-    kind = field(layout, path, "layout", "str")
-    if kind not in HEADS_LAYOUTS:
-        raise ValueError(f"{path}: field 'layout' must be one of {list(HEADS_LAYOUTS)}, got "
-                         f"{kind!r}")
-    weights = field(layout, path, "weights", "str", HEADS_FILE)
-    if weights != HEADS_FILE:
-        raise ValueError(f"{path}: field 'weights' must be {HEADS_FILE!r}, got {weights!r}")
+    field(layout, path, "format", "str", choices=(HEADS_FORMAT,))
+    field(layout, path, "format_version", "int", choices=(HEADS_FORMAT_VERSION,))
+    field(layout, path, "weights", "str", HEADS_FILE, choices=(HEADS_FILE,))
     return (field(layout, path, "n_future", "int"), field(layout, path, "head_layers", "int"),
-            kind)
+            field(layout, path, "layout", "str", choices=HEADS_LAYOUTS))
 
 
 def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
@@ -269,10 +258,7 @@ def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
         raise ValueError(f"{path}: only Llama-architecture models load (model_type 'llama' or "
                          f"'qwen2', architectures {[a for v in ARCHITECTURES.values() for a in v]}"
                          f"), got model_type={model_type!r}, architectures={architectures!r}")
-    value = values.get("hidden_act", "silu")
-    if value != "silu":
-        raise ValueError(f"{path}: field 'hidden_act' must be 'silu' (mtp's Llama block), got "
-                         f"{value!r}")
+    field(values, path, "hidden_act", "str", "silu", choices=("silu",))  # mtp's Llama block
     if model_type == "qwen2":
         if field(values, path, "use_sliding_window", "bool", False):
             raise ValueError(f"{path}: field 'use_sliding_window' is true; mtp implements only "

@@ -162,9 +162,7 @@ def read_vllm_heads(directory: Path) -> MedusaHeads:
     """The heads of vLLM's Medusa draft directory (config.json + model.safetensors)."""
     path = directory / CONFIG_FILE
     values = read_json_object(path)
-    model_type = field(values, path, "model_type", "str")
-    if model_type != "medusa":
-        raise ValueError(f"{path}: field 'model_type' must be 'medusa', got {model_type!r}")
+    field(values, path, "model_type", "str", choices=("medusa",))
     num_heads, num_layers = (field(values, path, name, "int")
                              for name in ("num_heads", "num_hidden_layers"))
     vocab = field(values, path, "vocab_size", "int")
