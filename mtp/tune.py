@@ -111,12 +111,9 @@ class TuneCache:
         return table if isinstance(table, dict) else {}
 
     def get(self, key: str) -> Measurement | None:
-        entry = self._table().get(key)
-        if not isinstance(entry, dict):
-            return None
         try:
-            return Measurement.from_json(entry)
-        except (TypeError, ValueError):
+            return Measurement.from_json(self._table()[key])
+        except (KeyError, TypeError, ValueError):  # none, or not a record
             return None
 
     def put(self, key: str, record: Measurement) -> None:
@@ -291,10 +288,8 @@ def choose_threads(step: Callable[[], object], key: str, *, requested: int | Non
                    budget: float = 1.0, unit: str = "steps/s",
                    cache: TuneCache | None = None) -> Measurement:
     """Set the intra-op thread count for `step` (see the module docstring); its record."""
-    def measure() -> Measurement:
-        began = time.perf_counter()
-        rates = measure_rates(step, list(range(1, cores() + 1)), budget)
-        return thread_record(rates, unit, time.perf_counter() - began)
+    def measure() -> Measurement:  # `tune` times it
+        return thread_record(measure_rates(step, list(range(1, cores() + 1)), budget), unit)
 
     record = tune("threads", key, measure, given=given_threads(requested), cache=cache,
                   usable=lambda found: isinstance(found.value, int)
