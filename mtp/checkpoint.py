@@ -216,8 +216,7 @@ def _from_lightning(checkpoint: dict[str, Any],
     if "model" not in hparams or "state_dict" not in checkpoint:
         raise ValueError(f"{path} is not an mtp.train checkpoint: no model config in its "
                          f"hyper_parameters")
-    prefix = "model."
-    state = {name[len(prefix):]: tensor for name, tensor in checkpoint["state_dict"].items()
-             if name.startswith(prefix)}
+    state = {name.removeprefix("model."): tensor
+             for name, tensor in checkpoint["state_dict"].items() if name.startswith("model.")}
     tokenizer = _tokenizer_from_files(checkpoint.get("tokenizer_files", {}), path)
     return MTPConfig.from_dict(dict(hparams["model"])), state, tokenizer

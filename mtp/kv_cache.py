@@ -1,9 +1,8 @@
 """The key/value cache of every block of an `MTPModel`, preallocated and written by index.
 
-The cache is storage only (no lengths, no step state); a `CacheStep` gives the cached forward
-each new token's rotary position, the slot its key and value go to, and the mask of slots it
-attends to. So a decode step has the same shapes from the first token to the last, and can
-be captured once (CUDA graphs) and replayed.
+The cache is storage only; a `CacheStep` gives the cached forward each new token's position,
+cache slot and attention mask, so a decode step keeps its shapes from the first token to the
+last (and can be captured once as a CUDA graph).
 
 `cache_step` builds a step from per-row lengths on the device: row b's new token i sits at
 position lengths[b] + offsets[i] (its depth, in a tree), goes to slot lengths[b] + i, and
@@ -23,13 +22,21 @@ Shapes in comments: B batch, T new tokens, L key width, K key/value heads, hd he
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from mtp.model import MTPConfig
+
+class CacheShape(Protocol):
+    """What the cache needs of a model's config (`MTPConfig`), without importing the model."""
+
+    @property
+    def n_blocks(self) -> int: ...
+    @property
+    def n_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
 
 
 class Window(NamedTuple):
@@ -123,7 +130,7 @@ class KVCache:
     drafter running some heads alone); `write` still takes the model's block index.
     """
 
-    def __init__(self, config: MTPConfig, batch_size: int, max_len: int, *,
+    def __init__(self, config: CacheShape, batch_size: int, max_len: int, *,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  blocks: range | None = None) -> None:
         self.first_block = 0 if blocks is None else blocks.start

@@ -10,9 +10,8 @@ load, the model and the step, so each such tuning *step* measures its candidates
   load in whole cores (a choice made idle is not reused under load).
 - `tune`: the user's setting wins; else the cache; else measure, and store.
 
-Thread counts are measured here (`choose_threads`), for decoding and training alike, unless
-set: `threads=N`, `OMP_NUM_THREADS`, or `torch.set_num_threads` called before (torch's count
-then differs from its default and from the last one this module set).
+Thread counts are measured here (`choose_threads`) unless set: `threads=N`, `OMP_NUM_THREADS`,
+or `torch.set_num_threads` called before (`explicit_threads`).
 """
 
 from __future__ import annotations

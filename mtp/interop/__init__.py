@@ -3,7 +3,6 @@
 `medusa` (vLLM's and FasterDecoding's Medusa heads, both ways), `meta` (Meta's
 multi-token-prediction release) and `gguf` (llama.cpp's files; `gguf_tokenizer`).
 
-Each reader returns `(MTPConfig, state dict in mtp's names, Tokenizer)`, from which
-`mtp.checkpoint.load` builds the model. transformers, sentencepiece and gguf (the `.[hf]`
-extra) are imported only where a SentencePiece model or a GGUF is read.
+Each reader returns `(MTPConfig, state dict in mtp's names, Tokenizer)` for
+`mtp.checkpoint.load`; the `.[hf]` extra is imported only to read a SentencePiece or GGUF file.
 """

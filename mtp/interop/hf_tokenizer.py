@@ -12,13 +12,12 @@ prompt, so transformers encodes prompts as mtp does.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
-from mtp.interop.fields import require
+from mtp.interop.fields import require, write_json
 from mtp.tokenizers import (BPE_FILE, META_FILE, BPETokenizer, ByteTokenizer, Tokenizer,
                             load_tokenizer)
 
@@ -69,11 +68,10 @@ def write_hf_tokenizer(tokenizer: Tokenizer, directory: Path, *, model_max_lengt
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
               "pad_token": pad, "model_max_length": model_max_length,
               "add_bos_token": start is not None and start == tokenizer.bos_id,
-              "add_eos_token": False,
-              "clean_up_tokenization_spaces": False,
+              "add_eos_token": False, "clean_up_tokenization_spaces": False,
               # mtp never makes a special token from text (see mtp.tokenizers); nor will this.
               "split_special_tokens": True}
-    (directory / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    write_json(directory / TOKENIZER_CONFIG_FILE, config)
 
 
 def read_hf_tokenizer(directory: Path) -> Tokenizer:
