@@ -1,44 +1,28 @@
 """Portable checkpoints: export a trained model for inference, and load it back.
 
-An exported directory holds
-- `model.safetensors`: the weights (full, unsharded; a tied output weight is stored once);
-- `config.json`: `{"format_version", "model": MTPConfig.to_dict(), "tokenizer": {...}}`;
-- the tokenizer's own files (`Tokenizer.save`).
+An export holds `model.safetensors` (full weights; a tied output weight stored once),
+`config.json` (`{"format_version", "model": MTPConfig.to_dict(), "tokenizer": {...}}`) and
+the tokenizer's files. `export_hf`, `export_mimo` and `export_medusa` write other libraries'
+layouts instead (`mtp.interop`).
 
-`export_hf` writes a Hugging Face `LlamaForCausalLM` directory instead (`mtp.interop.hf`),
-`export_mimo` MiMo's layout, sequential heads as its MTP layers (`mtp.interop.mimo`), and
-`export_medusa` the base model as one with the heads in vLLM's and FasterDecoding's Medusa
-layouts (`mtp.interop.medusa`).
-
-`load` reads, with neither Lightning nor Hydra involved, any of these layouts:
-- such an export;
-- a Lightning `.ckpt` written by `mtp.train` (its hyperparameters carry the model config and
-  the checkpoint embeds the tokenizer's files): a single file, or the sharded folder of
-  `trainer=fsdp` (`mtp.sharded`);
-- a Hugging Face Llama (or Qwen2) directory, with mtp's heads file if `export_hf` wrote it;
-- MiMo's layout, or DeepSeek's `num_nextn_predict_layers` one, of a dense Llama-like model;
-- Meta's multi-token-prediction release (`mtp.interop.meta`);
-- an `export_medusa` directory (`mtp.interop.medusa`);
-- a GGUF file of a Llama-architecture model (llama.cpp's format, `mtp.interop.gguf`).
-The model is built on the meta device and takes the loaded tensors as its parameters
-(no second copy), in their stored dtype unless `dtype` is given (a GGUF's, dequantized:
-float32); loading is strict.
+`load` reads, without Lightning or Hydra, any layout in `LAYOUTS`: an export, a `mtp.train`
+checkpoint (a `.ckpt` file or `trainer=fsdp`'s sharded folder, `mtp.sharded`), and the
+layouts of `mtp.interop`. The model is built on the meta device around the loaded tensors
+(no second copy), strictly, in their stored dtype unless `dtype` is given.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from mtp.interop import gguf, hf, medusa, meta, mimo
-from mtp.interop.fields import read_json_object
+from mtp.interop.fields import load_safetensors, load_torch, read_json_object, write_json
 from mtp.model import MTPConfig, MTPModel
 from mtp.sharded import DCP_METADATA_FILE, META_FILE, is_sharded_checkpoint, read_sharded_checkpoint
 from mtp.tokenizers import Tokenizer, load_tokenizer
@@ -82,70 +66,54 @@ def _tokenizer_from_files(files: dict[str, str], source: Path) -> Tokenizer:
         return load_tokenizer(tmp)
 
 
-def _state_to_write(model: MTPModel, tokenizer: Tokenizer) -> dict[str, torch.Tensor] | None:
-    """The full weights on the rank that writes them (None elsewhere; a collective)."""
-    check_vocab(model.config, tokenizer)
-    state = full_state_dict(model)
-    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
-        return None
-    return state
+# Every export_* returns its directory and keeps the model's dtype. Under FSDP it gathers the
+# full weights, so call it on every rank; rank 0 writes.
 
 
 def export(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """Write `model` and `tokenizer` to `directory` (see the module docstring); return it.
+    """Write `model` and `tokenizer` to `directory` in mtp's own layout (module docstring)."""
+    return _write_layout(_write_export, model, tokenizer, directory)
 
-    Under FSDP this gathers the full weights, so call it on every rank; rank 0 writes.
-    """
-    state = _state_to_write(model, tokenizer)
-    if state is None:
-        return Path(directory)
-    if model.config.tie_embeddings:
+
+def _write_export(config: MTPConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer,
+                  directory: Path) -> None:
+    if config.tie_embeddings:
         del state[_TIED]
-    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    meta = {"format_version": FORMAT_VERSION, "model": model.config.to_dict(),
+    meta = {"format_version": FORMAT_VERSION, "model": config.to_dict(),
             "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size}}
-    (directory / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    write_json(directory / CONFIG_FILE, meta)
     tokenizer.save(directory)
-    return directory
 
 
 def export_hf(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
     """Write a Hugging Face `LlamaForCausalLM` directory (trunk + head 0), heads 1..n-1 in
-    mtp's heads file beside it, and tokenizer files `AutoTokenizer` loads; return it.
-
-    Weights keep the model's dtype. Under FSDP call it on every rank; rank 0 writes.
-    """
+    mtp's heads file beside it, and tokenizer files `AutoTokenizer` loads."""
     return _write_layout(hf.write_hf, model, tokenizer, directory)
 
 
 def export_mimo(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
     """Write MiMo's layout (`mtp.interop.mimo`): a Qwen2 model whose sequential heads are its
-    MTP layers, as vLLM and SGLang serve them; return the directory.
-
-    Weights keep the model's dtype. Under FSDP call it on every rank; rank 0 writes.
-    """
+    MTP layers, as vLLM and SGLang serve them."""
     return _write_layout(mimo.write_mimo, model, tokenizer, directory)
 
 
 def export_medusa(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """Write the base model (trunk + head 0) as a Hugging Face Llama directory in `base/` and
-    heads 1..n-1 as Medusa heads in `vllm/` and `medusa/` (FasterDecoding's); return it.
-
-    Only `medusa` heads map exactly onto Medusa's; other models are refused, before anything
-    is written, with the reason (`mtp.interop.medusa`). Under FSDP call it on every rank.
-    """
+    """Write the base model as a Hugging Face Llama in `base/` and heads 1..n-1 as Medusa heads
+    in `vllm/` and `medusa/` (FasterDecoding's). Only `medusa` heads map onto Medusa's: others
+    are refused, with the reason, before anything is written (`mtp.interop.medusa`)."""
     medusa.check_medusa(model.config)
     return _write_layout(medusa.write_medusa, model, tokenizer, directory)
 
 
 def _write_layout(write: Callable[[MTPConfig, dict[str, torch.Tensor], Tokenizer, Path], None],
                   model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """Another library's layout: `write(config, state, tokenizer, directory)` on rank 0 (the
-    full state is gathered on every rank under FSDP); return the directory."""
-    state = _state_to_write(model, tokenizer)
-    if state is not None:
+    """`write(config, state, tokenizer, directory)` on rank 0, the full state gathered on every
+    rank; return the directory."""
+    check_vocab(model.config, tokenizer)
+    state = full_state_dict(model)
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         write(model.config, state, tokenizer, Path(directory))
     return Path(directory)
 
@@ -168,9 +136,8 @@ LAYOUTS = (
 
 
 def check_tied(state: dict[str, torch.Tensor], path: Path) -> None:
-    """Refuse weights that hold an output matrix of their own under a tied config: tying would
-    silently replace it by the embedding (a tied export never stores one; an equal copy is
-    harmless)."""
+    """Refuse a tied config's weights holding an output matrix unlike the embedding, which
+    tying would silently replace (an equal copy is harmless)."""
     stored, embedding = state.get(_TIED), state.get("tok_embeddings.weight")
     if stored is None or embedding is None or stored is embedding:
         return
@@ -182,12 +149,8 @@ def check_tied(state: dict[str, torch.Tensor], path: Path) -> None:
 
 def load(path: str | Path, device: str | torch.device = "cpu",
          dtype: torch.dtype | None = None) -> tuple[MTPModel, Tokenizer]:
-    """The model (in eval mode) and tokenizer from any layout in `LAYOUTS`.
-
-    dtype None keeps the stored dtype (float32 for a GGUF). The weights are loaded once and
-    become the model's parameters (no second copy); every key must match the model, and
-    shapes must agree.
-    """
+    """The model (in eval mode) and tokenizer from any layout in `LAYOUTS`; dtype None keeps
+    the stored dtype (float32 for a GGUF). Every key and shape must match the model."""
     path = Path(path)
     config, state, tokenizer = _read(path, dtype)
     check_vocab(config, tokenizer)
@@ -212,7 +175,7 @@ def _read(path: Path,
     if gguf.is_gguf(path):
         return gguf.read_gguf(path, dtype)
     if path.is_file():
-        return _read_lightning(path)
+        return _from_lightning(load_torch(path, "a Lightning checkpoint"), path)
     if not path.is_dir():
         raise FileNotFoundError(f"no checkpoint at {path} (neither a file nor a directory)")
     if (path / CONFIG_FILE).is_file() and not hf.is_hf_llama(path):
@@ -239,26 +202,12 @@ def _read_export(directory: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], T
     if version != FORMAT_VERSION:
         raise ValueError(f"{path} has format_version={version!r}; this version of mtp reads "
                          f"format_version={FORMAT_VERSION}")
-    weights = directory / WEIGHTS_FILE
-    if not weights.is_file():
-        raise FileNotFoundError(f"no {WEIGHTS_FILE} in {directory}")
-    try:
-        state = load_file(str(weights))
-    except SafetensorError as e:
-        raise ValueError(f"corrupt weights file {weights}: {e}") from e
+    state = load_safetensors(directory / WEIGHTS_FILE)
     try:
         config = MTPConfig.from_dict(header.get("model"))
     except ValueError as e:
         raise ValueError(f"{path}: field 'model': {e}") from e
     return config, state, load_tokenizer(directory)
-
-
-def _read_lightning(path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
-    try:
-        checkpoint: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many kinds for a truncated or foreign file
-        raise ValueError(f"cannot read {path} as a Lightning checkpoint: {e}") from e
-    return _from_lightning(checkpoint, path)
 
 
 def _from_lightning(checkpoint: dict[str, Any],
@@ -267,8 +216,7 @@ def _from_lightning(checkpoint: dict[str, Any],
     if "model" not in hparams or "state_dict" not in checkpoint:
         raise ValueError(f"{path} is not an mtp.train checkpoint: no model config in its "
                          f"hyper_parameters")
-    prefix = "model."
-    state = {name[len(prefix):]: tensor for name, tensor in checkpoint["state_dict"].items()
-             if name.startswith(prefix)}
+    state = {name.removeprefix("model."): tensor
+             for name, tensor in checkpoint["state_dict"].items() if name.startswith("model.")}
     tokenizer = _tokenizer_from_files(checkpoint.get("tokenizer_files", {}), path)
     return MTPConfig.from_dict(dict(hparams["model"])), state, tokenizer

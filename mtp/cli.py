@@ -1,16 +1,11 @@
 """The one command-line grammar of mtp: `python -m mtp.X [COMMAND] key=value ...`.
 
-Every command reads its arguments as Hydra's overrides, the grammar `python -m mtp.train`
-takes (quote values with spaces or punctuation: prompt='def f(x):'; lists as [a,b]; null),
-onto a typed dataclass, its schema (`parse`). An unknown key, a value of the wrong type and a
-value its schema's checks refuse are one-line errors naming the key, before anything loads;
-`main` prints them as `error: ...` and exits with status 1. `--help` prints the command's
-docstring, which lists its keys.
-
-Two more rules every command shares:
-- dtypes are named one way (`DTYPES`; `parse_dtype`): float32, bfloat16, float16, or null for
-  the checkpoint's own; where a command can measure the choice, `auto` (`AUTO`).
-- `auto` is the one spelling of "measured": drafter=auto, k=auto, dtype=auto, threads=auto.
+Arguments are Hydra overrides, as `python -m mtp.train` takes them (prompt='def f(x):',
+lists as [a,b], null), parsed onto a typed dataclass (`parse`). A bad key or value is a
+one-line error naming the key, before anything loads; `main` prints it as `error: ...` and
+exits with status 1. `--help` prints the command's docstring. dtypes are named one way
+(`DTYPES`, `parse_dtype`; null: the checkpoint's own), and `auto` is the one spelling of
+"measured" (drafter=auto, k=auto, dtype=auto, threads=auto).
 """
 
 from __future__ import annotations
@@ -48,10 +43,7 @@ def overrides(argv: list[str]) -> dict[str, Any]:
 def parse(argv: list[str], schema: type[Schema], *, extra: Collection[str] = (),
           extra_field: str | None = None) -> Schema:
     """The dataclass `schema` with its defaults overridden by `argv` (key=value), checked.
-
-    Keys in `extra` are not fields of the schema: they are collected into the mapping field
-    `extra_field` (a drafter's options, which the drafters declare themselves).
-    """
+    Keys in `extra` (a drafter's options) go into the mapping field `extra_field`."""
     values = overrides(argv)
     collected = {key: values.pop(key) for key in list(values) if key in extra}
     if extra_field is not None:

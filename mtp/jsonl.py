@@ -11,10 +11,7 @@ from typing import Any
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Yield the JSON objects of a (optionally gzipped) JSON-lines file; blank lines are skipped.
-
-    A line that is not a JSON object raises ValueError naming the file and line number.
-    """
+    """The JSON objects of a (optionally gzipped) JSON-lines file; blank lines are skipped."""
     for _, record in numbered_jsonl(path):
         yield record
 
@@ -33,7 +30,8 @@ def parse_jsonl_line(line: str, path: str | os.PathLike, number: int) -> dict[st
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{number}: not valid JSON ({e.msg}): {line.strip()[:80]!r}") from None
+        raise ValueError(f"{path}:{number}: not valid JSON ({e.msg}): "
+                         f"{line.strip()[:80]!r}") from None
     if not isinstance(record, dict):
         raise ValueError(f"{path}:{number}: expected a JSON object, got {line.strip()[:80]!r}")
     return record

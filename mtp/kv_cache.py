@@ -1,29 +1,20 @@
 """The key/value cache of every block of an `MTPModel`, preallocated and written by index.
 
-Decoding feeds the model's cached forward three explicit inputs, bundled as a `CacheStep`:
-the rotary position of each new token, the cache slot its key and value go to, and the mask
-of the cache slots each new token attends to. The cache itself is storage only: it keeps no
-lengths and no step state, so one decode step has the same tensor shapes from the first
-token to the last, and can be captured once (CUDA graphs) and replayed.
+The cache is storage only; a `CacheStep` gives the cached forward each new token's position,
+cache slot and attention mask, so a decode step keeps its shapes from the first token to the
+last (and can be captured once as a CUDA graph).
 
-`cache_step(lengths, offsets, visible, key_len)` builds a step from per-row lengths that
-live on the device: row b's new token i sits at position lengths[b] + offsets[i] (its depth,
-in a tree), is written to slot lengths[b] + i, and sees the row's cached prefix (slots below
-lengths[b]) and the new tokens `visible[i]` allows (itself, and in a tree its ancestors).
-Attention runs over the first `key_len` slots, a fixed width: slots past a row's length are
-either rolled-back drafts or unwritten, and the mask hides them.
+`cache_step` builds a step from per-row lengths on the device: row b's new token i sits at
+position lengths[b] + offsets[i] (its depth, in a tree), goes to slot lengths[b] + i, and
+sees the row's prefix and the new tokens `visible[i]` allows. Attention runs over the first
+`key_len` slots; the mask hides those past a row's length (rolled-back drafts or unwritten).
+After a tree step, `compact` moves the accepted path's keys and values right after the
+prefix: the cache is then what running the path alone would have left.
 
-After a tree step, `compact(lengths, path)` moves the accepted root-to-node path's keys and
-values to the slots right after the prefix, by one gather and one scatter per store: the
-cache is then exactly what running the path alone would have left.
-
-An exact step (`window=W`, decoding's exact mode) also says, for each new token at position
-p, where the W positions p - W + 1 .. p sit in the cache (`CacheStep.window`): before the
-step's own tokens at their positions' slots, then along the token's path in the step's tree.
-The model's attention then sees every token in the same order whatever step it is computed
-in (`model.windowed_attention`): its keys before its window at their own slots, and its
-window gathered in position order, so that a token's arithmetic depends only on the tokens
-before it, never on the drafts around it or on where they sit.
+An exact step (`window=W`, decoding's exact mode) also says where each new token's last W
+positions sit (`CacheStep.window`): cached ones at their slots, then along the token's path
+in the step's tree. `model.windowed_attention` then sees every token's keys in the same
+order whatever step computes it, so its arithmetic depends only on the tokens before it.
 
 Shapes in comments: B batch, T new tokens, L key width, K key/value heads, hd head width.
 """
@@ -38,8 +29,7 @@ from torch import Tensor
 
 
 class CacheShape(Protocol):
-    """What the cache needs of a model's config (`MTPConfig` has it): the model imports this
-    module, not the other way round."""
+    """What the cache needs of a model's config (`MTPConfig`), without importing the model."""
 
     @property
     def n_blocks(self) -> int: ...
@@ -50,8 +40,7 @@ class CacheShape(Protocol):
 
 
 class Window(NamedTuple):
-    """An exact step's view of each new token's last W positions (the module docstring), as
-    the model's attention reads it; every field made once per step, for every layer."""
+    """An exact step's view of each new token's last W positions, made once per step."""
 
     slots: Tensor  # (B, T, W) the cache slots of the positions, in order (0 before position 0)
     bias: Tensor  # (B, T, W) 0, or -inf for a position before 0
@@ -78,16 +67,13 @@ def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
                dtype: torch.dtype = torch.float32) -> CacheStep:
     """The step of T new tokens after each row's `lengths` (B,) cached ones.
 
-    offsets (T,): new token i's position after the row's length (0, 1, 2, ... for a chain;
-        the node's depth in a tree, so siblings share a position); (B, T) when each row has
-        its own tree (a dynamic tree), as `visible` and `ancestors` then are too.
+    offsets (T,): new token i's position after the row's length (a node's depth in a tree);
+        (B, T) when each row has its own tree, as `visible` and `ancestors` then are too.
     visible (T, T) bool: new token i sees new token j; the diagonal must be True.
-    key_len: the attention width L, at least max(lengths) + T and at most the cache's length.
-    max_position: positions are clamped below it (the model's rotary table): only tokens
-        past the end of the context reach it, and their output is never kept.
-    window, ancestors: an exact step of window W (module docstring); ancestors (T, D + 1):
-        the step's token on token i's path at each depth 0..D (`tree.TreeBuffers`); dtype:
-        the model's, that of the attention biases.
+    key_len: the attention width L, from max(lengths) + T to the cache's length.
+    max_position: positions are clamped below it (only tokens past the context reach it).
+    window, ancestors: an exact step; ancestors (T, D + 1): the token on token i's path at
+        each depth (`tree.TreeBuffers`); dtype: the model's, that of the attention biases.
     """
     new, batch = offsets.shape[-1], lengths.shape[0]
     device = lengths.device
@@ -138,13 +124,10 @@ def causal(new: int, device: torch.device | str | None = None) -> tuple[Tensor, 
 class KVCache:
     """Keys and values of all blocks, (n_blocks, B, K, max_len, hd) each, written by index.
 
-    Every write and move indexes the whole store with index tensors (block, row and slot; all
-    key/value heads), never a view of it: `torch.compile` then updates the store in place,
-    where a write into a view (`keys[block].scatter_`) is compiled as a copy of the block's
-    whole store, and a move as a copy of the whole cache, at every step.
-
-    `blocks`: the model's blocks the cache holds, when not all of them (a drafter that runs
-    some heads alone keeps only theirs); `write` then takes the model's block index as ever.
+    Writes and moves index the whole store with index tensors, never a view of it:
+    `torch.compile` then updates it in place, where a write into a view is compiled as a copy
+    of the whole store at every step. `blocks`: the model's blocks held, when not all (a
+    drafter running some heads alone); `write` still takes the model's block index.
     """
 
     def __init__(self, config: CacheShape, batch_size: int, max_len: int, *,
@@ -169,11 +152,8 @@ class KVCache:
     def write(self, block: int | slice, step: CacheStep, keys: Tensor,
               values: Tensor) -> tuple[Tensor, Tensor]:
         """Write keys/values (B, K, T, hd) of `block` at the step's slots; return the block's
-        first `step.key_len` slots, (B, K, L, hd) each.
-
-        `block` may be a slice of n blocks, with keys and values (n, B, K, T, hd): the stacked
-        heads write one layer of every head at once.
-        """
+        first `step.key_len` slots, (B, K, L, hd) each. A slice of n blocks takes (n, B, K, T,
+        hd): the stacked heads write one layer of every head at once."""
         if isinstance(block, int):
             block -= self.first_block
             blocks = self._blocks[block:block + 1]  # (1,): a 0-d tensor would index as an int
@@ -186,13 +166,9 @@ class KVCache:
         return self.keys[block][..., :width, :], self.values[block][..., :width, :]
 
     def compact(self, lengths: Tensor, path: Tensor) -> None:
-        """Move each row's kept new tokens to the slots right after its prefix.
-
-        lengths (B,): each row's prefix, before the step. path (B, P): indices of the last
-        step's new tokens to keep, in order (a tree's root-to-node path); a row keeping fewer
-        than P repeats its last one, whose copies land past its new length, where they are
-        stale and hidden.
-        """
+        """Move each row's kept new tokens to the slots right after its prefix, lengths (B,).
+        path (B, P): the last step's new tokens to keep, in order; a row keeping fewer repeats
+        its last one, whose copies land past its new length (stale and hidden)."""
         blocks = self._blocks[:, None, None]  # (n_blocks, 1, 1)
         source = lengths[:, None] + path  # (B, P)
         target = lengths[:, None] + torch.arange(path.shape[1], device=path.device)  # (B, P)

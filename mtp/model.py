@@ -1,51 +1,24 @@
 """The multi-token prediction transformer: a shared trunk feeding n future-token heads.
 
-Design choices
-- Llama-style decoder blocks: pre-norm RMSNorm, rotary position embeddings (interleaved
-  pairs, as Meta's Llama code), SwiGLU MLP, grouped-query attention through
-  `scaled_dot_product_attention`. No biases by default. The variants of released models are
-  config fields and change nothing else: q/k/v biases (Qwen2), output and MLP biases (Llama's
-  attention_bias, mlp_bias), a head width other than dim / n_heads, and the rotary
-  frequencies' `linear` and `llama3` scaling (`RopeScaling`).
-- The layout of the released MTP checkpoints (Gloeckle et al. 2024): `layers` (the trunk),
-  then `heads`, n_future parallel stacks of `head_layers` blocks that all read the same trunk
-  output, then one shared final `norm` and one shared unembedding `output`. Head i predicts
-  the token i + 1 positions ahead, so trunk + head 0 is exactly a Llama model.
-- Head types (`head_type`): `block` heads are `head_layers` transformer blocks each;
-  `resblock` heads are Medusa's x + SiLU(W x) layers (Cai et al. 2024) and `linear` heads
-  plain W x layers, `head_layers` of them, which have no attention and so no KV cache slots.
-  `sequential` heads are DeepSeek-V3's multi-token prediction modules (below). Head 0 is
-  always a block head whatever the type: it is the base model's own last layer(s),
-  as Medusa keeps the base model's LM head, so trunk + head 0 stays a Llama model and a
-  next-token checkpoint grows cheap heads 1..n-1 without changing head 0. Every head reads
-  the trunk output (not head 0's, as Medusa's heads do): one layout for the loss, sharding
-  and decoding. `medusa` heads are Medusa's own layout, which serving engines run (vLLM,
-  TensorRT-LLM): resblock layers on the base model's final hidden state (head 0's output
-  after the shared final norm, what a Llama's lm_head reads), then the shared unembedding
-  without a second norm. The math of the attention-free layers is one function each
-  (`resblock`, `linear`), which the stacked heads of `generate/` call too.
-- Sequential heads (DeepSeek-V3, MiMo): head k >= 1 is a chain link, not a reader of the
-  trunk. At position t it normalises the previous depth's state and the embedding of token
-  t + k, projects their concatenation (2D -> D) and runs `head_layers` blocks:
+- Llama blocks (pre-norm RMSNorm, rotary embeddings on interleaved pairs as in Meta's code,
+  SwiGLU, grouped-query attention); released models' variants are config fields (biases,
+  head_dim, `RopeScaling`).
+- The layout of Gloeckle et al. 2024: `layers` (the trunk), `heads` (n_future stacks of
+  `head_layers` layers), one shared final `norm` and unembedding `output`. Head i predicts
+  token t + i + 1, so trunk + head 0 is a Llama model.
+- `head_type` sets heads 1..n-1 (head 0 is always blocks, so a next-token checkpoint grows
+  heads without changing): `block`; `resblock` (Medusa's x + SiLU(W x)) and `linear` (W x),
+  attention-free, with no KV cache slots; `medusa`, resblocks on head 0's normed output then
+  the unembedding alone (Medusa's layout, as vLLM and TensorRT-LLM run it); `sequential`
+  (DeepSeek-V3, MiMo), where head k >= 1 is a chain link: at position t
       h_k(t) = Blocks_k(eh_proj([hnorm(norm(h_{k-1}(t))); enorm(emb(x_{t+k}))]))
-  with h_0 head 0's output, predicting x_{t+k+1} through the shared norm and unembedding.
-  The previous state enters through the shared final `norm` first, i.e. as the tensor the
-  unembedding reads: what Megatron-LM's and MiMo's modules pass on and what vLLM and SGLang
-  feed module 1 (the target model's normalised output), so an export is exactly a MiMo
-  checkpoint. Each module has its own blocks, hence KV cache slots after the trunk's. With
-  teacher forcing (training, `forward`) module k reads tokens[t + k]: `mtp_module`.
-- Embedding and unembedding are untied by default, as in the paper.
-- Fair comparisons: `MTPConfig.compute_matched(depth=...)` takes n_future - 1 layers off the
-  trunk when heads are added, so n = 1 and n > 1 models cost the same per token.
-  `MTPConfig.added_heads(depth=...)` is the other reading of `depth`: trunk + head 0 keep all
-  `depth` blocks (the next-token model, unchanged) and heads 1..n-1 come on top, costing what
-  they add. The model presets pick one with `heads` (`MTPConfig.from_depth`).
-- This module has no loss, no sampling and no parallelism: `loss.py`, `generate/` and
-  `parallel.py` own those. For decoding, the forward takes a `KVCache` (storage, written by
-  index) and a `CacheStep`: the new tokens' positions, cache slots and attention mask are
-  explicit inputs, so a decode step keeps its shapes from one token to the next.
-- Residual output projections are initialised with std / sqrt(2 * depth) (GPT-2), which keeps
-  the residual stream's scale independent of depth.
+  with h_0 head 0's output. The previous state enters through the shared `norm`, as the
+  engines' modules take it, so an export is exactly a MiMo checkpoint.
+- `MTPConfig.compute_matched` takes the heads' blocks off the trunk (equal cost per token
+  for any n); `added_heads` puts heads 1..n-1 on top; the presets pick with `from_depth`.
+- No loss, sampling or parallelism here. The cached forward takes a `KVCache` and a
+  `CacheStep` (explicit positions, slots and mask): a decode step has fixed shapes.
+- Residual output projections start at std / sqrt(2 * depth) (GPT-2).
 
 Shapes in comments: B batch, T sequence, D model width, H query heads, K key/value heads,
 hd head width, V vocabulary, n heads used.
@@ -74,10 +47,6 @@ HEAD_DEPTHS: tuple[str, ...] = ("matched", "added")  # how `depth` counts heads 
 BLOCK_HEAD_TYPES: tuple[str, ...] = ("block", "sequential")  # heads 1..n-1 have blocks
 
 
-def _round_up(value: float, multiple: int) -> int:
-    return multiple * math.ceil(value / multiple)
-
-
 @dataclass(frozen=True, kw_only=True)
 class MTPConfig:
     """Architecture of an `MTPModel`. Validated at construction; never mutated afterwards."""
@@ -103,11 +72,10 @@ class MTPConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        # Defaults derived from other fields are filled in here, during construction only.
-        if self.n_kv_heads is None:
+        if self.n_kv_heads is None:  # derived defaults, filled in during construction only
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.ffn_hidden is None:
-            object.__setattr__(self, "ffn_hidden", _round_up(8 * self.dim / 3, 64))
+            object.__setattr__(self, "ffn_hidden", 64 * math.ceil(8 * self.dim / 3 / 64))
         if isinstance(self.rope_scaling, Mapping):
             object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(self.rope_scaling))
         for name in ("vocab_size", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
@@ -125,13 +93,11 @@ class MTPConfig:
                 or self.n_layers < 0:
             raise ValueError(f"MTPConfig.n_layers must be an integer >= 0, got {self.n_layers!r}")
         if self.head_dim % 2:
-            raise ValueError(
-                f"MTPConfig.head_dim={self.head_dim} must be even for rotary embeddings "
-                f"(dim={self.dim}, n_heads={self.n_heads})")
+            raise ValueError(f"MTPConfig.head_dim={self.head_dim} must be even for rotary "
+                             f"embeddings (dim={self.dim}, n_heads={self.n_heads})")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"MTPConfig.n_heads={self.n_heads} must be divisible by "
-                f"n_kv_heads={self.n_kv_heads}")
+            raise ValueError(f"MTPConfig.n_heads={self.n_heads} must be divisible by "
+                             f"n_kv_heads={self.n_kv_heads}")
         if self.head_type not in HEAD_TYPES:
             raise ValueError(f"MTPConfig.head_type must be one of {HEAD_TYPES}, "
                              f"got {self.head_type!r}")
@@ -160,32 +126,23 @@ class MTPConfig:
     @classmethod
     def compute_matched(cls, *, depth: int, n_future: int = 1, head_layers: int = 1,
                         head_type: str = "block", **fields: Any) -> MTPConfig:
-        """A config whose trunk + head 0 has `depth` blocks minus the extra heads' blocks.
-
-        The paper's fair comparison: a next-token model of `depth` layers becomes, with n heads,
-        a trunk of depth - n * head_layers layers plus n heads, so both run `depth` blocks per
-        token. `depth=8, n_future=4` gives a 4-layer trunk and 4 one-layer heads (sequential
-        heads too). Resblock and linear heads are not blocks: only head 0's come off the trunk.
-        """
+        """The paper's fair comparison: `depth` blocks per token in all, the block heads' taken
+        off the trunk (`depth=8, n_future=4`: a 4-layer trunk and 4 one-layer heads); resblock
+        and linear heads are not blocks, so only head 0's come off."""
         block_heads = n_future if head_type in BLOCK_HEAD_TYPES else 1
         n_layers = depth - block_heads * head_layers
         if n_layers < 0:
-            raise ValueError(
-                f"depth={depth} is too shallow for {block_heads} block head(s) of "
-                f"head_layers={head_layers} block(s): the trunk would have {n_layers} layers")
+            raise ValueError(f"depth={depth} is too shallow for {block_heads} block head(s) of "
+                             f"head_layers={head_layers} block(s): the trunk would have "
+                             f"{n_layers} layers")
         return cls(n_layers=n_layers, n_future=n_future, head_layers=head_layers,
                    head_type=head_type, **fields)
 
     @classmethod
     def added_heads(cls, *, depth: int, head_layers: int = 1, **fields: Any) -> MTPConfig:
-        """A config whose trunk + head 0 has `depth` blocks, heads 1..n-1 added on top.
-
-        The next-token model of `depth` blocks keeps its whole depth (head 0 reads `depth`
-        blocks, as with n = 1) and the other heads take nothing from it: they cost what they
-        add per token, a block each for block and sequential heads, a D x D layer for
-        resblock, linear and medusa heads (and each head's share of the unembedding).
-        `depth=12, n_future=8` gives an 11-layer trunk, head 0's block and 7 more heads.
-        """
+        """Trunk + head 0 keep all `depth` blocks (the next-token model) and heads 1..n-1 come
+        on top, costing what they add (`depth=12, n_future=8`: an 11-layer trunk, head 0's
+        block and 7 more heads)."""
         n_layers = depth - head_layers
         if n_layers < 0:
             raise ValueError(f"depth={depth} is too shallow for head 0's head_layers="
@@ -224,7 +181,6 @@ class MTPConfig:
 
 def rms_normalise(x: Tensor, eps: float) -> Tensor:
     """x / RMS(x) over the last dimension, without a gain; statistics in float32."""
-    # Normalise in float32 so bf16 activations keep their precision.
     normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
     return normed.type_as(x)
 
@@ -259,9 +215,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def project(x: Tensor, layer: nn.Linear) -> Tensor:
-    """`layer`(x), for a layer whose parameters may be stacked (see `Block`): a weight (out,
-    in) on x (..., in), or a stack of k weights (k, out, in) on x (k, ..., in), one batched
-    matrix product, biases (out,) or (k, out)."""
+    """`layer`(x): a weight (out, in) on x (..., in), or stacked weights (k, out, in) on x
+    (k, ..., in) as one batched product (see `Block`); biases (out,) or (k, out)."""
     weight, bias = layer.weight, layer.bias
     if weight.dim() == 2:
         return F.linear(x, weight, bias)
@@ -310,17 +265,13 @@ class Attention(nn.Module):
 
 def windowed_attention(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, bias: Tensor,
                        prefix_bias: Tensor, seen: Tensor) -> Tensor:
-    """Attention whose result for a query depends only on what its position sees, whatever
-    the other queries and wherever a step placed their keys (decoding's exact mode).
+    """Attention whose result for a query depends only on what its position sees, wherever a
+    step placed the other keys (decoding's exact mode).
 
-    q (B, H, T, hd); k, v (B, K, L, hd), the cache's first L slots with this step's keys
-    written; the rest a `kv_cache.Window`: each query's last W positions (`slots` (B, T, W),
-    their cache slots in order; `bias`, -inf before position 0) and what comes before them
-    (`prefix_bias` (B, 1, T, L), 0 for the slots before the window; `seen`, whether there
-    are any). The two parts are attended apart, each by one kernel of fixed shape (the prefix
-    where its keys sit, the window gathered in position order), and merged by their
-    log-sum-exps: a query's keys always meet the same arithmetic in the same order
-    (`kv_cache.cache_step(window=...)` says why a tree's keys must be gathered so).
+    q (B, H, T, hd); k, v (B, K, L, hd), the cache's first L slots; the rest a
+    `kv_cache.Window`. The prefix before each query's window (where its keys sit) and the
+    window (gathered in position order) are attended apart, each by one kernel of fixed
+    shape, and merged by their log-sum-exps: the same arithmetic in the same order always.
     """
     B, H, T, hd = q.shape
     prefix, prefix_lse = _attention_with_lse(q, k, v, prefix_bias)  # (B, H, T, hd), (B, H, T)
@@ -340,8 +291,7 @@ def windowed_attention(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, bias: Ten
 
 def _attention_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
     """Attention of q (B, H, T, hd) over k, v (B, K, L, hd) with an additive `bias` (B, 1,
-    T, L), and its log-sum-exp (B, H, T) in float32. On a CPU the fused flash kernel gives
-    both; elsewhere plain products do."""
+    T, L), and its log-sum-exp (B, H, T) in float32 (on a CPU, from the flash kernel)."""
     if q.device.type == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=bias)
@@ -366,13 +316,9 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block on x (B, T, D).
-
-    Its forward also runs k blocks at once when its parameters are theirs stacked along a
-    leading dimension (linear weights (k, out, in), biases (k, out), norm weights
-    (k, 1, 1, D); `block_index` the slice of their cache slots): x is then (k, B, T, D),
-    or (B, T, D) read by all k. Decoding stacks the heads' blocks so
-    (`mtp.decode.forward.StackedHeads`): one implementation of the block for both.
+    """A pre-norm transformer block on x (B, T, D); also k blocks at once when its parameters
+    are theirs stacked (linear weights (k, out, in), biases (k, out), norms (k, 1, 1, D),
+    `block_index` a slice) on x (k, B, T, D) or (B, T, D): `mtp.decode.forward.StackedHeads`.
     """
 
     def __init__(self, config: MTPConfig, block_index: int | slice) -> None:
@@ -399,11 +345,8 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
 
 class HeadLayer(nn.Module):
-    """One attention-free head layer, `resblock` (also `medusa`'s) or `linear`: no positions,
-    no cache.
-
-    The weight is stored (in, out) and applied as x @ W, the layout the stacked heads read.
-    """
+    """An attention-free head layer, `resblock` (also `medusa`'s) or `linear`; the weight is
+    stored (in, out) and applied as x @ W, the layout the stacked heads read."""
 
     def __init__(self, config: MTPConfig) -> None:
         super().__init__()
@@ -420,10 +363,8 @@ class HeadLayer(nn.Module):
 
 
 class SequentialHead(nn.ModuleList):
-    """A sequential head (DeepSeek-V3's MTP module): its blocks are the list, so code that walks
-    a head's blocks (sharding, compilation, checkpointing) treats it as a block head; the input
-    fusion's three parameters hang off it, named as in DeepSeek-V3's checkpoints.
-    """
+    """A sequential head (DeepSeek-V3's MTP module): a list of its blocks, as a block head is,
+    with the input fusion's parameters named as in DeepSeek-V3's checkpoints."""
 
     FUSION: tuple[str, ...] = ("hnorm", "enorm", "eh_proj")
 
@@ -444,11 +385,8 @@ class SequentialHead(nn.ModuleList):
 
 def tokens_ahead(tokens: Tensor, k: int, length: int) -> Tensor:
     """What sequential module k reads under teacher forcing: (B, length), at position t the
-    token tokens[:, t + k], and token 0 past the end of `tokens` (B, L).
-
-    Where it exists this is head k - 1's target (`mtp.train.loss.shift_targets`); past the end that
-    target is ignored, and so is every later one of module k, so the 0 never trains.
-    """
+    token tokens[:, t + k], and 0 past the end of `tokens` (B, L), where head k - 1's target
+    (`mtp.train.loss.shift_targets`) is ignored, so the 0 never trains."""
     ahead = tokens[:, k:k + length]
     return F.pad(ahead, (0, length - ahead.shape[1]))
 
@@ -490,17 +428,13 @@ class MTPModel(nn.Module):
             self.init_weights()
 
     def tie_weights(self) -> None:
-        """Make `output.weight` the embedding Parameter itself when embeddings are tied.
-
-        Loading with `load_state_dict(assign=True)` gives each module its own Parameter; call
-        this afterwards so an optimiser step keeps the two one tensor.
-        """
+        """Make `output.weight` the embedding Parameter itself when tied (again, after
+        `load_state_dict(assign=True)` gave each its own)."""
         if self.config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
     def init_rope(self) -> None:
-        """(Re)build the rotary tables on the parameters' device, e.g. after loading weights
-        into a model made on the meta device."""
+        """(Re)build the rotary tables on the parameters' device (after a meta-device load)."""
         cfg = self.config
         self.rope_cos, self.rope_sin = rope_tables(
             cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.output.weight.device,
@@ -539,21 +473,16 @@ class MTPModel(nn.Module):
 
     def trunk(self, tokens: Tensor, *, cache: KVCache | None = None,
               step: CacheStep | None = None, skip: Collection[int] = ()) -> Tensor:
-        """Embed tokens (B, T) and run the trunk: (B, T, D).
-
-        With a cache, `step` places the T new tokens (see `mtp.kv_cache`): their keys and
-        values are written to its slots, and they attend to the cache slots its mask allows.
-        `skip`: trunk layers left out (their residual passes through unchanged), as a
-        layer-skipping drafter runs the model; their cache slots are neither read nor written.
-        """
+        """Embed tokens (B, T) and run the trunk: (B, T, D). With a cache, `step` places the
+        new tokens (`mtp.kv_cache`). `skip`: trunk layers left out (a layer-skipping drafter);
+        their cache slots are neither read nor written."""
         return self.trunk_states(tokens, cache=cache, step=step, skip=skip)[0]
 
     def trunk_states(self, tokens: Tensor, *, cache: KVCache | None = None,
                      step: CacheStep | None = None, skip: Collection[int] = (),
                      keep: Sequence[int] = ()) -> tuple[Tensor, Tensor | None]:
-        """`trunk`, and the residual stream after each trunk layer in `keep`: (B, T, D) and
-        (B, T, len(keep), D), None when `keep` is empty (a feature-level drafter reads them:
-        EAGLE-3 fuses a low, a middle and a high layer's)."""
+        """`trunk`, and the residual stream after each trunk layer in `keep` (an EAGLE-3
+        drafter's features): (B, T, D) and (B, T, len(keep), D), None when `keep` is empty."""
         _check_cached(cache, step)
         cos, sin = self.rope(tokens.shape[1], step)
         h = self.tok_embeddings(tokens)  # (B, T, D)
@@ -566,9 +495,8 @@ class MTPModel(nn.Module):
         return h, torch.stack([kept[i] for i in keep], dim=2) if keep else None
 
     def resume_trunk(self, h: Tensor, start: int) -> Tensor:
-        """Trunk layers start.. on the residual stream h (B, T, D) after layer start - 1, without
-        a cache: with `trunk(tokens, skip=range(start, n_layers))` before it, the trunk in two
-        segments, as the training loss runs it to read an early exit (LayerSkip) at `start`."""
+        """Trunk layers start.. on h (B, T, D), uncached: after `trunk(tokens,
+        skip=range(start, n_layers))`, the trunk in two segments (the loss's LayerSkip exit)."""
         cos, sin = self.rope(h.shape[1])
         for block in self.layers[start:]:
             h = block(h, cos, sin, None, None)
@@ -577,9 +505,7 @@ class MTPModel(nn.Module):
     def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None,
              step: CacheStep | None = None) -> Tensor:
         """Head `index`'s layers on the trunk output: (B, T, D), what `unembed(h, index)` takes.
-
-        Medusa heads (head_type medusa, index >= 1) read head 0's output after the shared norm.
-        """
+        Medusa heads (index >= 1) read head 0's output after the shared norm."""
         _check_cached(cache, step)
         if isinstance(self.heads[index], SequentialHead):
             raise ValueError(f"head {index} is a sequential module: it reads the previous "
@@ -594,12 +520,8 @@ class MTPModel(nn.Module):
 
     def mtp_module(self, previous: Tensor, tokens: Tensor, index: int, *,
                    cache: KVCache | None = None, step: CacheStep | None = None) -> Tensor:
-        """Sequential head `index` >= 1: (B, T, D), before the shared norm.
-
-        previous: head index - 1's output (B, T, D); tokens: (B, T), at position t the token
-        t + index (teacher forcing), which the module embeds. With a cache, `step` places
-        the module's T positions in its own cache slots.
-        """
+        """Sequential head `index` >= 1: (B, T, D), before the shared norm. previous: head
+        index - 1's output (B, T, D); tokens (B, T): at position t the token t + index."""
         _check_cached(cache, step)
         head = self.heads[index]
         if not isinstance(head, SequentialHead):
@@ -613,11 +535,8 @@ class MTPModel(nn.Module):
 
     def head_states(self, trunk_out: Tensor, tokens: Tensor, n: int) -> list[Tensor]:
         """Heads 0..n-1's outputs (B, T, D) on the trunk output (B, T, D) of tokens[:, :T].
-
-        Sequential heads are teacher-forced on `tokens` (B, L >= T): module k at position t
-        reads tokens[t + k] (`tokens_ahead`); the loss passes the block with its look-ahead
-        tokens, `forward` the input alone (its last positions then predict past the input).
-        """
+        Sequential heads are teacher-forced on `tokens` (B, L >= T) (`tokens_ahead`): the loss
+        passes the look-ahead tokens too, `forward` the input alone."""
         if self.config.head_type != "sequential":
             return [self.head(trunk_out, i) for i in range(n)]
         states = [self.head(trunk_out, 0)]
@@ -627,22 +546,16 @@ class MTPModel(nn.Module):
         return states
 
     def unembed(self, h: Tensor, head: int = 0) -> Tensor:
-        """Head `head`'s logits from its output: (..., D) -> (..., V).
-
-        The shared final norm and unembedding; Medusa heads (head_type medusa, head >= 1) read
-        a normed state already and go to the unembedding alone, as Medusa's lm_heads do.
-        """
+        """Head `head`'s logits from its output: (..., D) -> (..., V), through the shared norm
+        and unembedding (Medusa heads >= 1 are normed already: the unembedding alone)."""
         if head and self.config.head_type == "medusa":
             return self.output(h)
         return self.output(self.norm(h))
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None,
                 step: CacheStep | None = None, heads: Sequence[int] | None = None) -> Tensor:
-        """Logits of the chosen heads (default all): (B, T, n, V).
-
-        With a cache, `tokens` are new tokens placed by `step` (see `trunk`). Sequential heads
-        are teacher-forced on `tokens` (`head_states`), without a cache.
-        """
+        """Logits of the chosen heads (default all): (B, T, n, V). With a cache, `tokens` are
+        new tokens placed by `step`; sequential heads are teacher-forced, without a cache."""
         heads = list(range(self.config.n_future) if heads is None else heads)
         chain = self.config.head_type == "sequential" and max(heads) > 0
         if chain and cache is not None:
@@ -657,11 +570,8 @@ class MTPModel(nn.Module):
 
     @staticmethod
     def is_base_parameter(name: str) -> bool:
-        """Whether parameter `name` belongs to the base next-token model, trunk + head 0.
-
-        The base is the embedding, the trunk, head 0 and the shared norm and unembedding:
-        what Medusa-1 freezes and Medusa-2 trains at a lower learning rate.
-        """
+        """Whether parameter `name` is the base next-token model's (all but heads 1..n-1):
+        what Medusa-1 freezes and Medusa-2 trains at a lower learning rate."""
         return not name.startswith("heads.") or name.startswith("heads.0.")
 
     def num_params(self, *, embeddings: bool = True) -> int:

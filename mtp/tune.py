@@ -1,29 +1,17 @@
 """Choices made by measurement: one record, one cache, one key.
 
-What runs fastest depends on the machine, its load, the model and the step: how many threads
-a step wants, whether a CPU decodes faster in bfloat16 at a given step width, which drafter
-pays for this model on these prompts. So mtp measures those choices rather than guessing
-them. Each is a tuning *step* (threads, dtype, drafter, trees, layer_skip) that measures its
-candidates and names the winner, and every step shares this module:
+What runs fastest (threads, dtype, drafter, trees, layer_skip) depends on the machine, its
+load, the model and the step, so each such tuning *step* measures its candidates:
+- `Measurement`: the one record: each candidate's figure, the winner, how it was chosen
+  (`measured`, `cached`, `set` by the user, or `fixed`), why, the time and budget, what the
+  budget left out, the machine; `describe()` is its printed line.
+- `TuneCache`: `$MTP_CACHE/tune.json` (`mtp.paths.cache_dir`), records by key.
+- `tune_key`: the step, what the choice depends on, and for a timed step the machine and its
+  load in whole cores (a choice made idle is not reused under load).
+- `tune`: the user's setting wins; else the cache; else measure, and store.
 
-- `Measurement`: the one result record. What was measured (each candidate's figure and its
-  unit), what won, how it was chosen (`measured`, `cached`, `set` by the user, or `fixed`
-  where nothing could be measured), why, how long it took within what budget, what the budget
-  left out, and on which machine. `describe()` is its one printed line, alike for every step.
-- `TuneCache`: one JSON file, `$MTP_CACHE/tune.json` (`mtp.paths.cache_dir`), of records by
-  key; a second run reads its choice there instead of measuring again.
-- `tune_key(step, ...)`: the one key: the step, what the choice depends on, and for a timed
-  step the machine and its load (the load average in whole cores, so that a choice made on an
-  idle machine is not reused under load).
-- `tune(...)`: a value the user set wins; else the cache; else the step measures, and the
-  record is stored.
-
-Thread counts are measured here (`choose_threads`), since decoding and training both want
-them: torch starts one thread per core, and whether that is fastest depends on the model,
-the step and the machine's load (a core held by another process stalls every parallel region
-of a step). An explicit setting wins and nothing is measured: `threads=N` (the command lines'
-option), `OMP_NUM_THREADS`, or `torch.set_num_threads` called before (torch's count then
-differs from its default and from the last one this module set).
+Thread counts are measured here (`choose_threads`) unless set: `threads=N`, `OMP_NUM_THREADS`,
+or `torch.set_num_threads` called before (`explicit_threads`).
 """
 
 from __future__ import annotations
@@ -34,7 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +40,9 @@ _ours: int | None = None  # the thread count this module set last (not the user'
 
 @dataclass(frozen=True)
 class Measurement:
-    """One tuning step's result: see the module docstring.
-
-    figures: each candidate's figure, in `unit` (higher is better unless `lower_is_better`).
-    value: the choice in a form the step reads back (JSON: a thread count, a dtype name, a
-        drafter label, a calibration), when `choice`, the label, is not enough.
-    """
+    """One tuning step's result (module docstring). figures: each candidate's, in `unit`
+    (higher is better unless `lower_is_better`); value: the choice as the step reads it back
+    (JSON), when `choice`, the label, is not enough."""
 
     step: str
     choice: str
@@ -97,8 +82,7 @@ class Measurement:
 
     def cached(self) -> Measurement:
         """This record as read back from the cache."""
-        return Measurement(**{**asdict(self), "how": "cached",
-                              "left_out": tuple(self.left_out)})
+        return replace(self, how="cached")
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "left_out": list(self.left_out)}
@@ -126,12 +110,9 @@ class TuneCache:
         return table if isinstance(table, dict) else {}
 
     def get(self, key: str) -> Measurement | None:
-        entry = self._table().get(key)
-        if not isinstance(entry, dict):
-            return None
         try:
-            return Measurement.from_json(entry)
-        except (TypeError, ValueError):
+            return Measurement.from_json(self._table()[key])
+        except (KeyError, TypeError, ValueError):  # none, or not a record
             return None
 
     def put(self, key: str, record: Measurement) -> None:
@@ -171,8 +152,7 @@ def tune(step: str, key: str | None, measure: Callable[[], Measurement], *,
     began = time.perf_counter()
     record = measure()
     if not record.seconds and record.how == "measured":
-        record = Measurement(**{**asdict(record), "seconds": time.perf_counter() - began,
-                                "left_out": tuple(record.left_out)})
+        record = replace(record, seconds=time.perf_counter() - began)
     if key is not None and record.how == "measured":
         cache.put(key, record)
     return record
@@ -193,27 +173,25 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_has_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); elsewhere bf16 is
     emulated and slower than float32. False where /proc/cpuinfo cannot be read."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = _cpuinfo()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def machine() -> str:
     """What a timed choice depends on besides the model: the CPU, its cores, the OpenMP wait
     policy and torch; the GPU where there is one."""
-    name = "unknown cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    name = next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines()
+                 if line.startswith("model name")), "unknown cpu")
     policy = os.environ.get("OMP_WAIT_POLICY", "default").lower()
     gpu = f"|gpu={torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     return f"{name}|cores={cores()}|wait={policy}|torch={torch.__version__}{gpu}"
@@ -265,9 +243,7 @@ def given_threads(requested: int | None) -> Measurement | None:
     requested = check_threads(requested)
     if requested is not None:
         set_threads(requested)
-        return Measurement("threads", str(requested), "set", f"threads={requested}",
-                           machine=machine(), value=requested)
-    explicit = explicit_threads()
+    explicit = explicit_threads() if requested is None else (requested, f"threads={requested}")
     if explicit is not None:
         return Measurement("threads", str(explicit[0]), "set", explicit[1],
                            machine=machine(), value=explicit[0])
@@ -288,9 +264,9 @@ def thread_record(rates: dict[int, float], unit: str, seconds: float = 0.0) -> M
 
 def measure_rates(step: Callable[[], object], counts: list[int], budget: float,
                   rounds: int = ROUNDS) -> dict[int, float]:
-    """Steps per second at each thread count, after one untimed warm-up: `rounds` rounds
-    that each run `step` at every count in turn for budget / (rounds * len(counts)) seconds
-    (at least once), so that a change in the machine's load falls on every count alike."""
+    """Steps per second at each thread count, after a warm-up: `rounds` rounds of every count
+    in turn, budget / (rounds * len(counts)) seconds each (at least one step), so a change in
+    the machine's load falls on every count alike."""
     step()
     share = budget / (rounds * len(counts))
     runs, seconds = dict.fromkeys(counts, 0), dict.fromkeys(counts, 0.0)
@@ -311,10 +287,8 @@ def choose_threads(step: Callable[[], object], key: str, *, requested: int | Non
                    budget: float = 1.0, unit: str = "steps/s",
                    cache: TuneCache | None = None) -> Measurement:
     """Set the intra-op thread count for `step` (see the module docstring); its record."""
-    def measure() -> Measurement:
-        began = time.perf_counter()
-        rates = measure_rates(step, list(range(1, cores() + 1)), budget)
-        return thread_record(rates, unit, time.perf_counter() - began)
+    def measure() -> Measurement:  # `tune` times it
+        return thread_record(measure_rates(step, list(range(1, cores() + 1)), budget), unit)
 
     record = tune("threads", key, measure, given=given_threads(requested), cache=cache,
                   usable=lambda found: isinstance(found.value, int)

@@ -1,12 +1,18 @@
-"""Typed reads of JSON configuration files, with errors that name the file, field and value."""
+"""Reading other libraries' files: typed JSON fields and weights, with errors that name the
+file, field and value."""
 
 from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 _REQUIRED = object()
 _KINDS = {
@@ -44,8 +50,9 @@ def peek_json_object(path: Path) -> dict[str, Any] | None:
 
 
 def field(values: dict[str, Any], path: Path, name: str, kind: str,
-          default: Any = _REQUIRED) -> Any:
-    """values[name], checked to be of `kind` (see _KINDS); `default` when absent or null."""
+          default: Any = _REQUIRED, choices: tuple | None = None) -> Any:
+    """values[name], checked to be of `kind` (see _KINDS) and one of `choices` if given;
+    `default` when absent or null."""
     value = values.get(name)
     if value is None:
         if default is _REQUIRED:
@@ -54,7 +61,43 @@ def field(values: dict[str, Any], path: Path, name: str, kind: str,
         return default
     if not _KINDS[kind](value):
         raise ValueError(f"{path}: field {name!r} must be a {kind}, got {value!r}")
+    if choices is not None and value not in choices:
+        allowed = repr(choices[0]) if len(choices) == 1 else f"one of {list(choices)}"
+        raise ValueError(f"{path}: field {name!r} must be {allowed}, got {value!r}")
     return value
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path.name} in {path.parent}")
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:
+        raise ValueError(f"corrupt weights file {path}: {e}") from e
+
+
+def load_torch(path: Path, what: str, **options: Any) -> Any:
+    """torch.load on the CPU, weights only; a ValueError saying `path` is not `what`."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, **options)
+    except Exception as e:  # torch raises many kinds for a truncated or foreign file
+        raise ValueError(f"cannot read {path} as {what}: {e}") from e
+
+
+def check_keys(found: Iterable[str], expected: Iterable[str], what: str,
+               allowed: Iterable[str] = ()) -> None:
+    """A ValueError `what: unexpected keys [...], missing keys [...]` unless `found` is
+    `expected` (give or take keys `allowed`)."""
+    found, expected = set(found), set(expected)
+    unknown, missing = sorted(found - expected - set(allowed)), sorted(expected - found)
+    if unknown or missing:
+        more = " (more left out)" if max(len(unknown), len(missing)) > 8 else ""
+        raise ValueError(f"{what}: unexpected keys {unknown[:8]}, missing keys {missing[:8]}"
+                         f"{more}")
 
 
 def require(module: str, purpose: str, package: str | None = None) -> ModuleType:

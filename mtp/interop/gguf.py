@@ -1,28 +1,18 @@
 """GGUF files (llama.cpp's format) of Llama-architecture models, import only.
 
-A GGUF holds typed metadata (`general.architecture`, `llama.*` hyperparameters,
-`tokenizer.ggml.*`), a table of tensors and their data, each tensor in its own type: F32,
-F16, BF16 or a block quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ*). Reading:
-- The header and tensor table are parsed here with `struct` over a memory map: the `gguf`
-  package's `GGUFReader` builds a numpy object per vocabulary string (seconds for a 49k
-  vocabulary); its constants and `gguf.quants.dequantize`, which does the arithmetic of
-  every block type, are used as they are.
-- Weights stream tensor by tensor: each is dequantized (float32, one tensor at a time),
-  cast to the requested dtype and kept; the file itself stays mapped, not read into memory.
-  `mtp.load` then builds the model on the meta device around these tensors: one model in
-  memory, never two.
-- Names: token_embd -> tok_embeddings, blk.{l}.attn_q/k/v/output -> layers.{l}.attention.
-  wq/wk/wv/wo (weights and biases), ffn_gate/up/down -> feed_forward.w1/w3/w2, attn_norm /
-  ffn_norm -> attention_norm / ffn_norm, output_norm -> norm, output -> output (absent:
-  tied embeddings). The last block is head 0, as for any Llama.
-- Rotary layout: llama.cpp's converter permutes Hugging Face's query/key rows (halves) back
-  to Meta's interleaved pairs, which is mtp's layout, so nothing is permuted here
-  (transformers' GGUF loader undoes that permutation instead: its `_reverse_permute_weights`).
-- Llama 3.1 rope scaling is a `rope_freqs` tensor (one divisor per frequency) rather than
-  metadata: its `llama3` parameters are recovered from it (`llama3_scaling`) and checked to
-  reproduce every divisor. `llama.rope.scaling.type` linear maps too; yarn is refused.
-Anything else a file says that mtp cannot honour (another architecture, experts, per-layer
-head counts, partial rotary, an unknown `llama.*` field or tensor) is refused by name.
+A GGUF holds typed metadata (`general.architecture`, `llama.*`, `tokenizer.ggml.*`) and a
+table of tensors, each F32, F16, BF16 or block-quantized (Q8_0, Q4_K, IQ*, ...).
+- The header is parsed here with `struct` over a memory map (the `gguf` package's
+  `GGUFReader` takes seconds on a 49k vocabulary); its constants and
+  `gguf.quants.dequantize` are used as they are.
+- Weights are dequantized one tensor at a time and cast to the requested dtype; the file
+  stays mapped, and `mtp.load` builds the model around these tensors: one copy in memory.
+- Names: `BLOCK_TENSORS`, `TOP_TENSORS`; the last block is head 0. llama.cpp's converter
+  permutes query/key rows back to Meta's interleaved pairs, mtp's layout: nothing to undo.
+- Llama 3.1 rope scaling is a `rope_freqs` tensor of divisors: its `llama3` parameters are
+  recovered (`llama3_scaling`) and checked against every divisor; linear scaling maps too.
+Anything else mtp cannot honour (another architecture, experts, partial rotary, an unknown
+`llama.*` field or tensor) is refused by name.
 """
 
 from __future__ import annotations
@@ -39,8 +29,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtp.interop.fields import require
+from mtp.interop.fields import check_keys, require
 from mtp.interop.gguf_tokenizer import gguf_tokenizer
+from mtp.interop.hf import block_keys
 from mtp.model import MTPConfig
 from mtp.rope import RopeScaling
 from mtp.tokenizers import Tokenizer
@@ -111,11 +102,8 @@ def read_gguf(path: Path, dtype: torch.dtype | None = None,
                        for t in tensors if t.name == ROPE_FREQS), None)
     config = gguf_config(metadata, tensors, path, rope_freqs)
     names = _tensor_names(config)
-    found = {t.name for t in tensors} - {ROPE_FREQS}
-    unknown, missing = sorted(found - set(names)), sorted(set(names) - found)
-    if unknown or missing:
-        raise ValueError(f"{path}: tensors do not fit its llama.* metadata: unexpected "
-                         f"{unknown[:8]}, missing {missing[:8]}")
+    check_keys((t.name for t in tensors), names, f"{path}: tensors do not fit its llama.* "
+               f"metadata", allowed=[ROPE_FREQS])
     dtype = dtype or torch.float32
     state = {names[t.name]: _dequantize(blob, t, dtype, gguf, path)
              for t in tensors if t.name != ROPE_FREQS}
@@ -180,12 +168,7 @@ class _Reader:
         return values
 
     def string(self, key: str = "a tensor name") -> str:
-        (length,) = self.unpack("<Q")
-        raw = self.blob[self.pos:self.pos + length]
-        if len(raw) != length:
-            raise ValueError(f"{self.path} is truncated: its header ends at byte "
-                             f"{len(self.blob)}")
-        self.pos += length
+        (raw,) = self.unpack(f"{self.unpack('<Q')[0]}s")
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -283,14 +266,12 @@ def _rope_scaling(get: Any, rope_freqs: Tensor | None, head_dim: int,
 
 
 def llama3_scaling(divisors: Tensor, theta: float, head_dim: int, path: Path) -> RopeScaling:
-    """The `llama3` RopeScaling whose frequencies are llama.cpp's base frequencies divided by
-    `divisors` (the rope_freqs tensor its converter writes from a Llama 3.1 config).
+    """The `llama3` RopeScaling whose frequencies are the base ones divided by `divisors`
+    (the rope_freqs tensor llama.cpp's converter writes from a Llama 3.1 config).
 
-    Divisors are 1 (short wavelengths), `factor` (long ones) and 1 / ((1 - s) / factor + s)
-    between, where s = (old / wavelength - low) / (high - low) is linear in 1 / wavelength:
-    its slope and intercept fix (old, low, high) up to a common scale, which the frequencies
-    do not depend on. low = 1 is taken (every Llama 3.x release has it). Checked: the
-    parameters must reproduce every divisor.
+    Divisors are 1, `factor`, and 1 / ((1 - s) / factor + s) between, with
+    s = (old / wavelength - low) / (high - low) linear in 1 / wavelength: its slope and
+    intercept fix (old, low, high) up to a scale, with low = 1 (every Llama 3.x has it).
     """
     base = 1.0 / theta ** (torch.arange(0, head_dim, 2).double() / head_dim)
     divisors = divisors.double()
@@ -322,15 +303,13 @@ def _tensor_names(config: MTPConfig) -> dict[str, str]:
     """Every GGUF tensor name the config implies -> its mtp name."""
     names = {k: v for k, v in TOP_TENSORS.items()
              if k != "output.weight" or not config.tie_embeddings}
-    biases = {"attn_q": config.qkv_bias, "attn_k": config.qkv_bias, "attn_v": config.qkv_bias,
-              "attn_output": config.out_bias, "ffn_gate": config.mlp_bias,
-              "ffn_up": config.mlp_bias, "ffn_down": config.mlp_bias}
+    params = block_keys(config)  # biases included where the config has them
     for layer in range(config.n_layers + 1):  # the last block is head 0
         ours = f"layers.{layer}" if layer < config.n_layers else "heads.0.0"
         for stem, sub in BLOCK_TENSORS.items():
-            names[f"blk.{layer}.{stem}.weight"] = f"{ours}.{sub}.weight"
-            if biases.get(stem):
-                names[f"blk.{layer}.{stem}.bias"] = f"{ours}.{sub}.bias"
+            for kind in ("weight", "bias"):
+                if f"{sub}.{kind}" in params:
+                    names[f"blk.{layer}.{stem}.{kind}"] = f"{ours}.{sub}.{kind}"
     return names
 
 

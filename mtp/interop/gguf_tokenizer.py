@@ -1,17 +1,12 @@
-"""The tokenizer a GGUF file describes in its metadata, rebuilt as a `tokenizers` pipeline.
-
-A GGUF (llama.cpp's format) carries no tokenizer.json: the vocabulary, merges, token types,
-special token ids and a pre-tokenizer name are `tokenizer.ggml.*` metadata. Two kinds load:
-- `gpt2`: byte-level BPE. Tokens are spelled in GPT-2's byte alphabet ("Ġthe"), merges are
-  "a b" strings, and `tokenizer.ggml.pre` names the regex that splits text before BPE, as
-  llama.cpp's llama-vocab.cpp groups the names (`PRE_TOKENIZERS`; others are refused).
-- `llama`: SentencePiece BPE. Merges are rebuilt from the token scores (highest first, as
-  transformers' `generate_merges` orders them), with byte fallback (<0xNN>) and the "▁"
-  word prefix that `tokenizer.ggml.add_space_prefix` asks for (true unless said otherwise).
-As transformers and llama.cpp do, tokens typed CONTROL become special tokens and tokens
-typed USER_DEFINED are matched whole in text. The tokenizer's template puts BOS/EOS around a
-prompt as `tokenizer.ggml.add_bos_token`/`add_eos_token` say (transformers' defaults when
-absent: BOS for `llama`, nothing for `gpt2`), so a prompt encodes as transformers encodes it.
+"""The tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata, rebuilt as a
+`tokenizers` pipeline. Two kinds load:
+- `gpt2`: byte-level BPE; `tokenizer.ggml.pre` names the split regex, grouped as llama.cpp's
+  llama-vocab.cpp groups the names (`PRE_TOKENIZERS`; others are refused).
+- `llama`: SentencePiece BPE, merges rebuilt from the scores as transformers'
+  `generate_merges` orders them, byte fallback, and the "▁" prefix `add_space_prefix` asks for.
+As in transformers and llama.cpp, CONTROL tokens are special and USER_DEFINED ones matched
+whole; the template puts BOS/EOS around a prompt as `add_bos_token`/`add_eos_token` say
+(absent: BOS for `llama`, nothing for `gpt2`), so prompts encode as transformers encodes them.
 """
 
 from __future__ import annotations

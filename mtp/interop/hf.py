@@ -1,35 +1,29 @@
 """Hugging Face transformers' Llama layout (`LlamaForCausalLM`, and `Qwen2ForCausalLM`), both ways.
 
-An mtp model's trunk + head 0 is exactly a Llama model: trunk layer l is Llama layer l and
-head 0's blocks are the last `head_layers` Llama layers. Heads 1..n-1 have no place in a
-`LlamaForCausalLM`; they go beside it, in `mtp_heads.safetensors` (keys
-`heads.{i}.{j}.<Llama layer sub-key>`, the same names and rotary layout as the Llama layers)
-with a small `mtp_heads.json` naming the layout, so a transformers user gets an ordinary
-next-token model and `mtp.load` gets every head back.
+Trunk + head 0 is a Llama model (head 0's blocks are its last `head_layers` layers). Heads
+1..n-1 go beside it in `mtp_heads.safetensors` (keys `heads.{i}.{j}.<Llama layer sub-key>`,
+Llama's names and rotary layout) with `mtp_heads.json` naming the layout: transformers sees an
+ordinary next-token model, `mtp.load` every head.
 
-Rotary embeddings: mtp (like Meta's Llama code) rotates interleaved pairs (x0, x1), (x2, x3),
-...; transformers rotates halves (x_i, x_{i + hd/2}). Rotating the rows of the query and key
-projections (weights and biases) of each attention head converts one into the other (the
-`permute` of transformers' convert_llama_weights_to_hf.py goes from interleaved to halves).
+Rotary embeddings: mtp (like Meta's code) rotates interleaved pairs, transformers halves;
+permuting each head's query and key rows (weights and biases) converts one to the other.
 
-Variants (MTPConfig fields): Llama's `head_dim`, `attention_bias` (q, k, v and output
-biases), `mlp_bias` and rope scaling of type `linear` or `llama3`; Qwen2 is a Llama with q/k/v
-biases, read as such and written as `Qwen2ForCausalLM` when those are a model's only biases.
-Anything else (another rope type, Qwen2's sliding window, partial rotary) is refused by name.
+Variants: Llama's `head_dim`, `attention_bias`, `mlp_bias` and `linear`/`llama3` rope scaling;
+Qwen2 is a Llama with q/k/v biases, written as `Qwen2ForCausalLM` when those are a model's only
+biases. Anything else (other rope types, sliding windows, partial rotary) is refused by name.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
-from mtp.interop.fields import field, peek_json_object, read_json_object
+from mtp.interop.fields import (check_keys, field, load_safetensors, peek_json_object,
+                                read_json_object, write_json)
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
 from mtp.model import HEAD_TYPES, MTPConfig, SequentialHead
 from mtp.rope import RopeScaling
@@ -40,14 +34,11 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 HEADS_FILE = "mtp_heads.safetensors"
 HEADS_LAYOUT_FILE = "mtp_heads.json"
-# The heads file's layout JSON: {"format": HEADS_FORMAT, "format_version": 1, "layout":
-# "block", "n_future", "head_layers", "weights"}. The layout is heads 1..n-1's type
-# (MTPConfig.head_type): "block": each head is `head_layers` Llama decoder layers on the trunk
-# output, like head 0; "resblock": `head_layers` layers x + SiLU(x @ W), and "linear": x @ W,
-# each W (in, out) stored as `heads.{i}.{j}.weight`; "sequential": DeepSeek-V3's modules, the
-# blocks as "block" heads' plus `heads.{i}.hnorm`, `heads.{i}.enorm` (D,) and
-# `heads.{i}.eh_proj` (D, 2D) over [hidden; embedding] (`python -m mtp.convert to_mimo` writes
-# the engines' layout instead).
+# The heads file's layout JSON: {"format": HEADS_FORMAT, "format_version": 1, "layout",
+# "n_future", "head_layers", "weights"}; layout: heads 1..n-1's MTPConfig.head_type. Block
+# layers are stored as Llama decoder layers; an attention-free layer's W (in, out) as
+# `heads.{i}.{j}.weight`; a sequential head's fusion as `heads.{i}.hnorm`, `.enorm` (D,) and
+# `.eh_proj` (D, 2D) over [hidden; embedding].
 HEADS_FORMAT = "mtp-heads"
 HEADS_FORMAT_VERSION = 1
 HEADS_LAYOUTS = HEAD_TYPES
@@ -87,14 +78,18 @@ def is_hf_llama(directory: Path) -> bool:
     return config is not None and ("model_type" in config or "architectures" in config)
 
 
-def interleaved_to_rotate_half(weight: Tensor, n_heads: int) -> Tensor:
+def interleaved_to_rotate_half(weight: Tensor, n_heads: int | None) -> Tensor:
     """Rows of a query/key projection, weight (n_heads * hd, D) or bias (n_heads * hd,):
-    interleaved pairs -> halves."""
+    interleaved pairs -> halves; n_heads None (another tensor): `weight` as it is."""
+    if n_heads is None:
+        return weight
     return weight.unflatten(0, (n_heads, -1, 2)).transpose(1, 2).reshape(weight.shape)
 
 
-def rotate_half_to_interleaved(weight: Tensor, n_heads: int) -> Tensor:
+def rotate_half_to_interleaved(weight: Tensor, n_heads: int | None) -> Tensor:
     """The inverse of `interleaved_to_rotate_half`."""
+    if n_heads is None:
+        return weight
     return weight.unflatten(0, (n_heads, 2, -1)).transpose(1, 2).reshape(weight.shape)
 
 
@@ -108,11 +103,8 @@ def block_keys(config: MTPConfig) -> dict[str, str]:
 
 
 def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
-    """Every mtp parameter name -> (its transformers/heads-file name, rotary heads or None).
-
-    The rotary heads count is set for query (n_heads) and key (n_kv_heads) projections,
-    whose rows are permuted between the two rotary layouts. A tied output weight is left out.
-    """
+    """Every mtp parameter name -> (its transformers/heads-file name, rotary heads: n_heads or
+    n_kv_heads for query and key projections, else None); a tied output weight is left out."""
     names: dict[str, tuple[str, int | None]] = {"tok_embeddings.weight": (_EMBEDDINGS, None),
                                                 "norm.weight": ("model.norm.weight", None)}
     if not config.tie_embeddings:
@@ -126,13 +118,13 @@ def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
                 blocks.append((f"heads.{i}.{j}", theirs))
             else:  # an attention-free layer: one weight, stored as it is
                 names[f"{theirs}.weight"] = (f"{theirs}.weight", None)
+    for ours, theirs in blocks:
+        for sub, hf_sub in block_keys(config).items():
+            names[f"{ours}.{sub}"] = (f"{theirs}.{hf_sub}", rotary.get(sub.rsplit(".", 1)[0]))
     if config.head_type == "sequential":
         for i in range(1, config.n_future):
             for name in SequentialHead.FUSION:
                 names[f"heads.{i}.{name}"] = (f"heads.{i}.{name}", None)
-    for ours, theirs in blocks:
-        for sub, hf_sub in block_keys(config).items():
-            names[f"{ours}.{sub}"] = (f"{theirs}.{hf_sub}", rotary.get(sub.rsplit(".", 1)[0]))
     return names
 
 
@@ -143,26 +135,30 @@ def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
     hf_config = _llama_config(config, tokenizer, dtype)  # refuses what transformers lacks
     model_state, heads_state = {}, {}
     for ours, (theirs, n_rotary) in key_map(config).items():
-        tensor = state[ours]
-        if n_rotary is not None:
-            tensor = interleaved_to_rotate_half(tensor, n_rotary)
-        (heads_state if theirs.startswith("heads.") else model_state)[theirs] = tensor.contiguous()
+        tensor = interleaved_to_rotate_half(state[ours], n_rotary).contiguous()
+        (heads_state if theirs.startswith("heads.") else model_state)[theirs] = tensor
     directory.mkdir(parents=True, exist_ok=True)
     save_file(model_state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    _write_json(directory / CONFIG_FILE, hf_config)
-    _write_json(directory / "generation_config.json", {
-        "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
-        "pad_token_id": tokenizer.pad_id})
+    write_configs(directory, hf_config, tokenizer, config.max_seq_len)
     for stale in (HEADS_FILE, HEADS_LAYOUT_FILE):  # a directory written before, with heads
         (directory / stale).unlink(missing_ok=True)
     if config.n_future > 1:
         save_file(heads_state, str(directory / HEADS_FILE), metadata={"format": "pt"})
-        _write_json(directory / HEADS_LAYOUT_FILE, {
+        write_json(directory / HEADS_LAYOUT_FILE, {
             "format": HEADS_FORMAT, "format_version": HEADS_FORMAT_VERSION,
             "layout": config.head_type,
             "n_future": config.n_future, "head_layers": config.head_layers,
             "weights": HEADS_FILE})
-    write_hf_tokenizer(tokenizer, directory, model_max_length=config.max_seq_len)
+
+
+def write_configs(directory: Path, values: dict[str, Any], tokenizer: Tokenizer,
+                  max_seq_len: int) -> None:
+    """config.json (`values`), generation_config.json and the tokenizer's files."""
+    write_json(directory / CONFIG_FILE, values)
+    write_json(directory / "generation_config.json", {
+        "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+        "pad_token_id": tokenizer.pad_id})
+    write_hf_tokenizer(tokenizer, directory, model_max_length=max_seq_len)
 
 
 def _llama_config(config: MTPConfig, tokenizer: Tokenizer, dtype: torch.dtype) -> dict[str, Any]:
@@ -187,32 +183,22 @@ def _llama_config(config: MTPConfig, tokenizer: Tokenizer, dtype: torch.dtype) -
                         high_freq_factor=scaling.high_freq_factor,
                         original_max_position_embeddings=scaling.original_max_seq_len)
     return {
-        "architectures": [architecture],
-        "model_type": model_type,
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.dim,
+        "architectures": [architecture], "model_type": model_type,
+        "vocab_size": config.vocab_size, "hidden_size": config.dim,
         "intermediate_size": config.ffn_hidden,
         "num_hidden_layers": config.n_layers + config.head_layers,  # trunk + head 0
-        "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.n_kv_heads,
-        "head_dim": config.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": config.max_seq_len,
-        "rms_norm_eps": config.norm_eps,
+        "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
         # transformers >= 5 reads rope_parameters; older versions, vLLM and llama.cpp's
         # converter read rope_theta and rope_scaling.
         "rope_theta": config.rope_theta,
         "rope_parameters": {**rope, "rope_theta": config.rope_theta},
         **({"rope_scaling": rope} if config.rope_scaling is not None else {}),
-        "tie_word_embeddings": config.tie_embeddings,
-        **variant,
-        "initializer_range": config.init_std,
-        "bos_token_id": tokenizer.bos_id,
-        "eos_token_id": tokenizer.eos_id,
-        "pad_token_id": tokenizer.pad_id,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-        "use_cache": True,
-    }
+        "tie_word_embeddings": config.tie_embeddings, **variant,
+        "initializer_range": config.init_std, "bos_token_id": tokenizer.bos_id,
+        "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id,
+        "torch_dtype": str(dtype).removeprefix("torch."), "use_cache": True}
 
 
 def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
@@ -221,21 +207,11 @@ def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     config = _mtp_config(directory / CONFIG_FILE, *heads)
     theirs = _read_safetensors(directory)
     if (directory / HEADS_FILE).is_file() or heads != (1, 1, "block"):
-        theirs.update(_load_safetensors(directory / HEADS_FILE))
-    if config.tie_embeddings and _OUTPUT in theirs:
-        # Some tied checkpoints store the output weight anyway; it must be the embeddings.
-        if not torch.equal(theirs.pop(_OUTPUT), theirs.get(_EMBEDDINGS, torch.empty(0))):
-            raise ValueError(f"{directory}: tie_word_embeddings is true but {_OUTPUT} differs "
-                             f"from {_EMBEDDINGS}")
+        theirs.update(load_safetensors(directory / HEADS_FILE))
+    drop_tied_output(config, theirs, directory)
     names = key_map(config)
-    ours_of = {name: ours for ours, (name, _) in names.items()}
-    unknown = sorted(set(theirs) - set(ours_of))
-    missing = sorted(set(ours_of) - set(theirs))
-    if unknown or missing:
-        raise ValueError(f"weights in {directory} do not fit its config.json (and "
-                         f"{HEADS_LAYOUT_FILE}): unexpected keys {unknown[:8]}, missing keys "
-                         f"{missing[:8]}" + (" (more left out)" if max(len(unknown),
-                                                                       len(missing)) > 8 else ""))
+    check_keys(theirs, (name for name, _ in names.values()),
+               f"weights in {directory} do not fit its config.json (and {HEADS_LAYOUT_FILE})")
     state = {}
     for ours, (name, n_rotary) in names.items():
         tensor = theirs.pop(name)  # drop our reference as we go: one copy in memory
@@ -249,28 +225,25 @@ def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     return config, state, read_hf_tokenizer(directory)
 
 
+def drop_tied_output(config: MTPConfig, tensors: dict[str, Tensor], directory: Path) -> None:
+    """Drop the output weight some tied checkpoints store anyway, which must be the embedding."""
+    if config.tie_embeddings and _OUTPUT in tensors:
+        if not torch.equal(tensors.pop(_OUTPUT), tensors.get(_EMBEDDINGS, torch.empty(0))):
+            raise ValueError(f"{directory}: tie_word_embeddings is true but {_OUTPUT} differs "
+                             f"from {_EMBEDDINGS}")
+
+
 def _read_heads_layout(directory: Path) -> tuple[int, int, str]:
     """(n_future, head_layers, head_type) from mtp_heads.json; (1, 1, "block") without it."""
     path = directory / HEADS_LAYOUT_FILE
     if not path.is_file():
         return 1, 1, "block"
     layout = read_json_object(path)
-    if field(layout, path, "format", "str") != HEADS_FORMAT:
-        raise ValueError(f"{path}: field 'format' must be {HEADS_FORMAT!r}, got "
-                         f"{layout['format']!r}")
-    version = field(layout, path, "format_version", "int")
-    if version != HEADS_FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version={version} is not one this version of mtp "
-                         f"reads ({HEADS_FORMAT_VERSION})")
-    kind = field(layout, path, "layout", "str")
-    if kind not in HEADS_LAYOUTS:
-        raise ValueError(f"{path}: field 'layout' must be one of {list(HEADS_LAYOUTS)}, got "
-                         f"{kind!r}")
-    weights = field(layout, path, "weights", "str", HEADS_FILE)
-    if weights != HEADS_FILE:
-        raise ValueError(f"{path}: field 'weights' must be {HEADS_FILE!r}, got {weights!r}")
+    field(layout, path, "format", "str", choices=(HEADS_FORMAT,))
+    field(layout, path, "format_version", "int", choices=(HEADS_FORMAT_VERSION,))
+    field(layout, path, "weights", "str", HEADS_FILE, choices=(HEADS_FILE,))
     return (field(layout, path, "n_future", "int"), field(layout, path, "head_layers", "int"),
-            kind)
+            field(layout, path, "layout", "str", choices=HEADS_LAYOUTS))
 
 
 def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
@@ -285,10 +258,7 @@ def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
         raise ValueError(f"{path}: only Llama-architecture models load (model_type 'llama' or "
                          f"'qwen2', architectures {[a for v in ARCHITECTURES.values() for a in v]}"
                          f"), got model_type={model_type!r}, architectures={architectures!r}")
-    value = values.get("hidden_act", "silu")
-    if value != "silu":
-        raise ValueError(f"{path}: field 'hidden_act' must be 'silu' (mtp's Llama block), got "
-                         f"{value!r}")
+    field(values, path, "hidden_act", "str", "silu", choices=("silu",))  # mtp's Llama block
     if model_type == "qwen2":
         if field(values, path, "use_sliding_window", "bool", False):
             raise ValueError(f"{path}: field 'use_sliding_window' is true; mtp implements only "
@@ -308,21 +278,14 @@ def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
     rope_theta, rope_scaling = _rope(values, path, max_seq_len)
     try:
         return MTPConfig(
-            vocab_size=field(values, path, "vocab_size", "int"),
-            dim=dim,
-            n_layers=n_blocks - head_layers,
-            n_heads=n_heads,
+            vocab_size=field(values, path, "vocab_size", "int"), dim=dim,
+            n_layers=n_blocks - head_layers, n_heads=n_heads,
             n_kv_heads=field(values, path, "num_key_value_heads", "int", n_heads),
             head_dim=field(values, path, "head_dim", "int", None),
-            ffn_hidden=field(values, path, "intermediate_size", "int"),
-            max_seq_len=max_seq_len,
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            norm_eps=field(values, path, "rms_norm_eps", "number", 1e-6),
-            **biases,
-            n_future=n_future,
-            head_layers=head_layers,
-            head_type=head_type,
+            ffn_hidden=field(values, path, "intermediate_size", "int"), max_seq_len=max_seq_len,
+            rope_theta=rope_theta, rope_scaling=rope_scaling,
+            norm_eps=field(values, path, "rms_norm_eps", "number", 1e-6), **biases,
+            n_future=n_future, head_layers=head_layers, head_type=head_type,
             tie_embeddings=field(values, path, "tie_word_embeddings", "bool", False),
             init_std=field(values, path, "initializer_range", "number", 0.02))
     except ValueError as e:
@@ -367,27 +330,14 @@ def _read_safetensors(directory: Path) -> dict[str, Tensor]:
     """Every tensor of model.safetensors, or of the shards its index names."""
     index_path = directory / INDEX_FILE
     if not index_path.is_file():
-        return _load_safetensors(directory / WEIGHTS_FILE)
+        return load_safetensors(directory / WEIGHTS_FILE)
     weight_map = field(read_json_object(index_path), index_path, "weight_map", "object")
     tensors: dict[str, Tensor] = {}
     for shard in sorted(set(weight_map.values())):
-        tensors.update(_load_safetensors(directory / shard))
+        tensors.update(load_safetensors(directory / shard))
     listed, found = set(weight_map), set(tensors)
     if listed != found:
         raise ValueError(f"{index_path} does not match its shards: listed but absent "
                          f"{sorted(listed - found)[:8]}, present but unlisted "
                          f"{sorted(found - listed)[:8]}")
     return tensors
-
-
-def _load_safetensors(path: Path) -> dict[str, Tensor]:
-    if not path.is_file():
-        raise FileNotFoundError(f"no {path.name} in {path.parent}")
-    try:
-        return load_file(str(path))
-    except SafetensorError as e:
-        raise ValueError(f"corrupt weights file {path}: {e}") from e
-
-
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")

@@ -1,31 +1,23 @@
 """Tokenizer files that transformers' `AutoTokenizer` loads, and SentencePiece conversion.
 
-- BPE: mtp's `tokenizer.json` is a `tokenizers` file already; a `tokenizer_config.json`
-  naming `PreTrainedTokenizerFast` and the special tokens makes `AutoTokenizer` load it.
-- Bytes: ids 0..255 are raw bytes, then pad, bos, eos and three reserved ids. The same ids
-  come from a `tokenizers` BPE with no merges whose vocabulary is the 256 byte-level symbols
-  in byte order (GPT-2's byte-to-unicode table), without the GPT-2 split regex, plus the
-  six specials: `AutoTokenizer` then encodes any text to exactly `ByteTokenizer`'s ids.
-- SentencePiece `tokenizer.model` (Meta's Llama releases, older Hugging Face repos) converts
-  to a `tokenizers` file through transformers (needs sentencepiece and protobuf too). The
-  ids are SentencePiece's except for text that starts with whitespace, where transformers'
-  conversion adds no dummy-prefix "▁" before the leading spaces.
-
-mtp's own header (`mtp_tokenizer.json`) is written beside these, so `mtp.load` gets back
-exactly the tokenizer that was exported. The written `tokenizer.json`'s post-processor puts
-before a text what `Tokenizer.encode_prompt` puts before a prompt (EOS for tokenizers mtp
-trained, BOS for Llama's SentencePiece), so transformers encodes prompts as mtp does.
+- BPE: mtp's `tokenizer.json`, with a `tokenizer_config.json` naming the special tokens.
+- Bytes: a merge-less BPE over the 256 byte-level symbols in byte order, plus the six
+  specials, encodes any text to exactly `ByteTokenizer`'s ids.
+- A SentencePiece `tokenizer.model` converts through transformers (ids are SentencePiece's
+  but for text starting with whitespace, which gets no dummy-prefix "▁").
+mtp's header (`mtp_tokenizer.json`) goes beside them, so `mtp.load` gets the exported tokenizer
+back; the `tokenizer.json` template puts before a text what `encode_prompt` puts before a
+prompt, so transformers encodes prompts as mtp does.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
-from mtp.interop.fields import require
+from mtp.interop.fields import require, write_json
 from mtp.tokenizers import (BPE_FILE, META_FILE, BPETokenizer, ByteTokenizer, Tokenizer,
                             load_tokenizer)
 
@@ -76,11 +68,10 @@ def write_hf_tokenizer(tokenizer: Tokenizer, directory: Path, *, model_max_lengt
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
               "pad_token": pad, "model_max_length": model_max_length,
               "add_bos_token": start is not None and start == tokenizer.bos_id,
-              "add_eos_token": False,
-              "clean_up_tokenization_spaces": False,
+              "add_eos_token": False, "clean_up_tokenization_spaces": False,
               # mtp never makes a special token from text (see mtp.tokenizers); nor will this.
               "split_special_tokens": True}
-    (directory / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    write_json(directory / TOKENIZER_CONFIG_FILE, config)
 
 
 def read_hf_tokenizer(directory: Path) -> Tokenizer:
@@ -95,11 +86,8 @@ def read_hf_tokenizer(directory: Path) -> Tokenizer:
 
 def sentencepiece_tokenizer(directory: Path, *, bos: bool = False) -> BPETokenizer:
     """The `tokenizer.model` in `directory`, converted as transformers converts Llama's.
-
-    Prompts start as transformers starts them (its template follows tokenizer_config.json's
-    add_bos_token, BOS by default), or with BOS whatever the template when `bos` is set:
-    Meta's Llama code puts BOS before every prompt.
-    """
+    Prompts start as transformers starts them, or with BOS whatever the template when `bos`
+    is set (as Meta's Llama code does)."""
     purpose = f"converting the SentencePiece {directory / SENTENCEPIECE_FILE}"
     require("sentencepiece", purpose)
     require("google.protobuf", purpose, package="protobuf")

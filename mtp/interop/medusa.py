@@ -1,43 +1,23 @@
 """Medusa heads out to serving engines, and back: vLLM's and FasterDecoding's layouts.
 
-Which mtp models are Medusa models. Medusa (Cai et al. 2024; FasterDecoding/Medusa, vLLM,
-TensorRT-LLM) puts its heads on the base model's final hidden state *after* the final norm
-(transformers' `LlamaModel` output, what `lm_head` reads), and head h's logits are
-`lm_head_h(ResBlock_L(...ResBlock_1(z)))` with ResBlock(x) = x + SiLU(W x + b) and no norm
-before `lm_head_h`. mtp's `medusa` heads (`MTPConfig.head_type`) are exactly that, with b = 0
-and every lm_head the shared unembedding: they export exactly. No other head type does:
-- `resblock` heads read the trunk output (before head 0's block) and end in the shared final
-  RMSNorm. Neither end can be moved: head 0's block is not invertible, and RMSNorm divides by
-  the RMS of its input, which no linear lm_head (nor a gain folded into one) reproduces.
-- `block` heads are transformer blocks (attention, a KV cache of their own); `linear` heads
-  have no residual: neither is a ResBlock.
-- One head (n_future=1) has no Medusa heads to export.
+Medusa (Cai et al. 2024; FasterDecoding/Medusa, vLLM, TensorRT-LLM) puts its heads on the base
+model's final hidden state after the final norm: head h's logits are
+`lm_head_h(ResBlock_L(...ResBlock_1(z)))`, ResBlock(x) = x + SiLU(W x + b), no norm before
+`lm_head_h`. mtp's `medusa` heads are exactly that with b = 0 and one shared lm_head; no other
+head type is (`_REFUSED` says why), nor is a single head.
 
-`write_medusa` writes a directory of three:
-- `base/`: the base model (trunk + head 0) as a Hugging Face Llama directory, with no mtp
-  heads file (vLLM reads every *.safetensors file of a folder without an index);
-- `vllm/`: vLLM's Medusa draft model: `config.json` with model_type "medusa", num_heads,
-  num_hidden_layers, hidden_size, vocab_size, truncated_vocab_size, medusa_fc_bias (false)
-  and original_lm_head (true: the heads share one lm_head where vLLM knows the field); and
-  `model.safetensors` with `blocks.{h}.layers.{l}.weight` (D, D), nn.Linear's (out, in), and
-  `lm_heads.{h}.weight` (V, D) for every head, as vLLM's `models/medusa.py` names them;
-- `medusa/`: FasterDecoding's layout, which TensorRT-LLM's Medusa conversion reads:
-  `config.json` with medusa_num_heads, medusa_num_layers and base_model_name_or_path, and
-  `medusa_lm_head.pt`, the state dict of `MedusaModel.medusa_head` (an nn.ModuleList of
-  nn.Sequential(ResBlock * L, lm_head)): `{h}.{l}.linear.weight` (D, D), `{h}.{l}.linear.bias`
-  (D,) zeros, and `{h}.{L}.weight` (V, D), one storage shared by every head.
-Medusa's head h is mtp's head h + 1 (both predict token t + h + 2). mtp stores a head
-layer's W as (in, out) and applies x @ W: the export transposes it.
+`write_medusa` writes `base/` (trunk + head 0 as a Hugging Face Llama), `vllm/` (vLLM's
+Medusa draft model, `vllm_heads`) and `medusa/` (FasterDecoding's, which TensorRT-LLM's
+conversion reads, `fasterdecoding_heads`). Medusa's head h is mtp's head h + 1; its W is
+nn.Linear's (out, in), transposed from mtp's (in, out).
 
-`read_medusa` reads such a directory back (vLLM's heads if present, else FasterDecoding's):
-a Medusa checkpoint whose lm_heads differ from the base model's, whose biases are not zero or
-that truncates its vocabulary has no mtp form, and is refused naming the tensor or field.
+`read_medusa` reads it back (vLLM's heads if present); heads with their own lm_heads, non-zero
+biases or a truncated vocabulary have no mtp form and are refused naming the tensor or field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -47,8 +27,9 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from mtp.interop import hf
-from mtp.interop.fields import field, read_json_object
-from mtp.model import MTPConfig
+from mtp.interop.fields import (check_keys, field, load_safetensors, load_torch,
+                                read_json_object, write_json)
+from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
 
 BASE_DIR, VLLM_DIR, MEDUSA_DIR = "base", "vllm", "medusa"
@@ -86,7 +67,8 @@ def _head_weights(config: MTPConfig, state: dict[str, Tensor]) -> list[list[Tens
 
 def vllm_heads(config: MTPConfig, state: dict[str, Tensor]) -> tuple[dict[str, Any],
                                                                      dict[str, Tensor]]:
-    """vLLM's Medusa config.json and weights for the model's heads 1..n-1."""
+    """vLLM's Medusa config.json and weights (`models/medusa.py`'s names) for heads 1..n-1:
+    `blocks.{h}.layers.{l}.weight` (D, D), `lm_heads.{h}.weight` (V, D)."""
     check_medusa(config)
     num_heads = config.n_future - 1
     tensors = {f"blocks.{h}.layers.{l}.weight": weight
@@ -105,7 +87,9 @@ def vllm_heads(config: MTPConfig, state: dict[str, Tensor]) -> tuple[dict[str, A
 
 def fasterdecoding_heads(config: MTPConfig, state: dict[str, Tensor],
                          base_model: str) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """FasterDecoding's Medusa config.json and `medusa_lm_head.pt` state dict."""
+    """FasterDecoding's Medusa config.json and `medusa_lm_head.pt`, the state dict of
+    `MedusaModel.medusa_head`: `{h}.{l}.linear.weight` (D, D), `{h}.{l}.linear.bias` (D,)
+    zeros, `{h}.{L}.weight` (V, D) shared by every head."""
     check_medusa(config)
     L = config.head_layers
     zeros = state["output.weight"].new_zeros(config.dim)  # Medusa's ResBlock has a bias
@@ -133,12 +117,11 @@ def write_medusa(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokeniz
                       f"so it runs every layer of a head with the last layer's weights; vLLM "
                       f"(and, as far as we know, TensorRT-LLM) reads each layer", stacklevel=2)
     base_config = dataclasses.replace(config, n_future=1, head_type="block")
-    base_state = {name: tensor for name, tensor in state.items()
-                  if not name.startswith("heads.") or name.startswith("heads.0.")}
+    base_state = {name: t for name, t in state.items() if MTPModel.is_base_parameter(name)}
     hf.write_hf(base_config, base_state, tokenizer, base)
     for sub, values in ((VLLM_DIR, vllm_config), (MEDUSA_DIR, medusa_config)):
         (directory / sub).mkdir(parents=True, exist_ok=True)
-        (directory / sub / CONFIG_FILE).write_text(json.dumps(values, indent=2) + "\n")
+        write_json(directory / sub / CONFIG_FILE, values)
     save_file(vllm_tensors, str(directory / VLLM_DIR / VLLM_WEIGHTS), metadata={"format": "pt"})
     (directory / MEDUSA_DIR / MEDUSA_SAFETENSORS).unlink(missing_ok=True)  # an older export's
     torch.save(medusa_tensors, directory / MEDUSA_DIR / MEDUSA_WEIGHTS)
@@ -179,9 +162,7 @@ def read_vllm_heads(directory: Path) -> MedusaHeads:
     """The heads of vLLM's Medusa draft directory (config.json + model.safetensors)."""
     path = directory / CONFIG_FILE
     values = read_json_object(path)
-    model_type = field(values, path, "model_type", "str")
-    if model_type != "medusa":
-        raise ValueError(f"{path}: field 'model_type' must be 'medusa', got {model_type!r}")
+    field(values, path, "model_type", "str", choices=("medusa",))
     num_heads, num_layers = (field(values, path, name, "int")
                              for name in ("num_heads", "num_hidden_layers"))
     vocab = field(values, path, "vocab_size", "int")
@@ -192,7 +173,7 @@ def read_vllm_heads(directory: Path) -> MedusaHeads:
                          f"heads cannot")
     bias = field(values, path, "medusa_fc_bias", "bool", False)
     shared = field(values, path, "original_lm_head", "bool", False)
-    tensors = hf._load_safetensors(directory / VLLM_WEIGHTS)
+    tensors = load_safetensors(directory / VLLM_WEIGHTS)
     tensors = {name.removeprefix("medusa_heads."): t for name, t in tensors.items()}
     layers = [(h, l) for h in range(num_heads) for l in range(num_layers)]
     expected = {f"blocks.{h}.layers.{l}.{kind}" for h, l in layers
@@ -201,7 +182,8 @@ def read_vllm_heads(directory: Path) -> MedusaHeads:
                                                         for h in range(num_heads)}
     # vLLM ignores other heads' lm_heads when original_lm_head is set
     extra = {f"lm_heads.{h}.weight" for h in range(1, num_heads)} if shared else set()
-    _check_keys(tensors, expected, extra, directory / VLLM_WEIGHTS)
+    check_keys(tensors, expected, f"{directory / VLLM_WEIGHTS} does not fit its {CONFIG_FILE}",
+               extra)
     return MedusaHeads(
         weights=[[tensors[f"blocks.{h}.layers.{l}.weight"] for l in range(num_layers)]
                  for h in range(num_heads)],
@@ -220,21 +202,18 @@ def read_fasterdecoding_heads(directory: Path) -> MedusaHeads:
                              for name in ("medusa_num_heads", "medusa_num_layers"))
     weights = directory / MEDUSA_SAFETENSORS
     if weights.is_file():
-        tensors = hf._load_safetensors(weights)
+        tensors = load_safetensors(weights)
     else:
         weights = directory / MEDUSA_WEIGHTS
         if not weights.is_file():
             raise FileNotFoundError(f"no {MEDUSA_WEIGHTS} or {MEDUSA_SAFETENSORS} in {directory}")
-        try:
-            tensors = torch.load(weights, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises many kinds for a truncated or foreign file
-            raise ValueError(f"cannot read {weights} as a PyTorch state dict: {e}") from e
+        tensors = load_torch(weights, "a PyTorch state dict")
         if not isinstance(tensors, dict):
             raise ValueError(f"{weights} holds a {type(tensors).__name__}, not a state dict")
     layers = [(h, l) for h in range(num_heads) for l in range(num_layers)]
     expected = {f"{h}.{l}.linear.{kind}" for h, l in layers for kind in ("weight", "bias")}
     expected |= {f"{h}.{num_layers}.weight" for h in range(num_heads)}
-    _check_keys(tensors, expected, set(), weights)
+    check_keys(tensors, expected, f"{weights} does not fit its {CONFIG_FILE}")
     return MedusaHeads(
         weights=[[tensors[f"{h}.{l}.linear.weight"] for l in range(num_layers)]
                  for h in range(num_heads)],
@@ -242,15 +221,6 @@ def read_fasterdecoding_heads(directory: Path) -> MedusaHeads:
                 for h in range(num_heads)],
         lm_heads=[tensors[f"{h}.{num_layers}.weight"] for h in range(num_heads)],
         source=weights)
-
-
-def _check_keys(tensors: dict[str, Tensor], expected: set[str], allowed: set[str],
-                source: Path) -> None:
-    unknown = sorted(set(tensors) - expected - allowed)
-    missing = sorted(expected - set(tensors))
-    if unknown or missing:
-        raise ValueError(f"{source} does not fit its {CONFIG_FILE}: unexpected keys "
-                         f"{unknown[:8]}, missing keys {missing[:8]}")
 
 
 def medusa_model(base: MTPConfig, state: dict[str, Tensor],
@@ -281,22 +251,8 @@ def medusa_model(base: MTPConfig, state: dict[str, Tensor],
                                  f"mtp's Medusa heads have none")
     config = dataclasses.replace(base, n_layers=blocks - num_layers, head_layers=num_layers,
                                  n_future=num_heads + 1, head_type="medusa")
-    renamed = {_rename_block(name, base, config): tensor for name, tensor in state.items()}
-    for h in range(num_heads):
-        for l in range(num_layers):
-            renamed[f"heads.{h + 1}.{l}.weight"] = heads.weights[h][l].T.contiguous()
-    return config, renamed
-
-
-def _rename_block(name: str, old: MTPConfig, new: MTPConfig) -> str:
-    """A base-model parameter's name after the trunk/head 0 split moves to `new`'s."""
-    parts = name.split(".")
-    if parts[0] == "layers":
-        index, rest = int(parts[1]), parts[2:]
-    elif parts[0] == "heads":  # head 0's blocks follow the trunk's
-        index, rest = old.n_layers + int(parts[2]), parts[3:]
-    else:
-        return name
-    if index < new.n_layers:
-        return ".".join(["layers", str(index), *rest])
-    return ".".join(["heads", "0", str(index - new.n_layers), *rest])
+    # By their transformers names, which do not move when the trunk/head 0 split does.
+    theirs = {name: state[ours] for ours, (name, _) in hf.key_map(base).items()}
+    theirs.update({f"heads.{h + 1}.{l}.weight": heads.weights[h][l].T.contiguous()
+                   for h in range(num_heads) for l in range(num_layers)})
+    return config, {ours: theirs[name] for ours, (name, _) in hf.key_map(config).items()}

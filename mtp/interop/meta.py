@@ -1,15 +1,10 @@
 """Meta's multi-token-prediction release: params.json + consolidated.pth + tokenizer.model.
 
-Layout (facebook/multi-token-prediction, Llama code with `n_future_tokens`):
-- params.json: dim, n_layers, n_heads, n_kv_heads, n_future_tokens, vocab_size, norm_eps,
-  rope_theta, multiple_of, ffn_dim_multiplier. n_layers counts the trunk and head 0.
-- consolidated.pth: `layers` has n_layers - n_future_tokens + 1 blocks: `layers[:-1]` is
-  the trunk, `layers[-1]` is head 0, and `extra_heads.{j}` is head j + 1. Every head reads
-  the trunk output, then the shared `norm` and `output`. Block sub-keys are mtp's own
-  (attention.wq, feed_forward.w1, attention_norm, ...), and rotary embeddings use the same
-  interleaved pairs: no permutation.
-- The feed-forward width is derived as Meta's llama code does (`ffn_hidden`).
-Only single-file (model-parallel size 1) checkpoints load; the 7B release is one.
+facebook/multi-token-prediction is Llama code with `n_future_tokens`: `layers[:-1]` is the
+trunk, `layers[-1]` head 0 and `extra_heads.{j}` head j + 1, all reading the trunk output,
+then the shared `norm` and `output`. Block sub-keys and rotary layout are mtp's own; the
+feed-forward width is derived as Meta's code does (`ffn_hidden`). Only single-file
+(model-parallel size 1) checkpoints load; the 7B release is one.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mtp.interop.fields import field, read_json_object
+from mtp.interop.fields import check_keys, field, load_torch, read_json_object
 from mtp.interop.hf_tokenizer import SENTENCEPIECE_FILE, sentencepiece_tokenizer
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
@@ -54,11 +49,8 @@ def read_meta(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]
             f"no {WEIGHTS_FILE} in {directory}" + (
                 f": found model-parallel shards {shards}; merge them into one file first"
                 if shards else ""))
-    try:
-        # mmap: tensors stay on disk until used, so the model never holds a second copy.
-        theirs = torch.load(weights, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # torch raises many kinds for a truncated or foreign file
-        raise ValueError(f"cannot read {weights} as a PyTorch state dict: {e}") from e
+    # mmap: tensors stay on disk until used, so the model never holds a second copy.
+    theirs = load_torch(weights, "a PyTorch state dict", mmap=True)
     if tokenizer is None:
         raise FileNotFoundError(f"no {SENTENCEPIECE_FILE} in {directory}")
     return config, rename(theirs, config, weights), tokenizer
@@ -79,17 +71,13 @@ def meta_config(path: Path, tokenizer: Tokenizer | None = None) -> MTPConfig:
     n_heads = field(params, path, "n_heads", "int")
     try:
         return MTPConfig(
-            vocab_size=vocab_size,
-            dim=dim,
-            n_layers=n_blocks - n_future,  # `layers` minus head 0
-            n_heads=n_heads,
-            n_kv_heads=field(params, path, "n_kv_heads", "int", n_heads),
+            vocab_size=vocab_size, dim=dim, n_layers=n_blocks - n_future,  # `layers` - head 0
+            n_heads=n_heads, n_kv_heads=field(params, path, "n_kv_heads", "int", n_heads),
             ffn_hidden=ffn_hidden(dim, field(params, path, "multiple_of", "int", 256),
                                   field(params, path, "ffn_dim_multiplier", "number", None)),
             max_seq_len=field(params, path, "max_seq_len", "int", DEFAULT_MAX_SEQ_LEN),
             rope_theta=field(params, path, "rope_theta", "number", 10000.0),
-            norm_eps=field(params, path, "norm_eps", "number", 1e-5),
-            n_future=n_future,
+            norm_eps=field(params, path, "norm_eps", "number", 1e-5), n_future=n_future,
             head_layers=1)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
@@ -115,9 +103,5 @@ def meta_names(config: MTPConfig) -> dict[str, str]:
 def rename(theirs: dict[str, Tensor], config: MTPConfig, source: Path) -> dict[str, Tensor]:
     """Meta's names -> mtp's, strictly: unexpected and missing keys are named."""
     names = meta_names(config)
-    unknown = sorted(set(theirs) - set(names.values()) - set(_DERIVED))
-    missing = sorted(set(names.values()) - set(theirs))
-    if unknown or missing:
-        raise ValueError(f"{source} does not fit its {PARAMS_FILE}: unexpected keys "
-                         f"{unknown[:8]}, missing keys {missing[:8]}")
+    check_keys(theirs, names.values(), f"{source} does not fit its {PARAMS_FILE}", _DERIVED)
     return {ours: theirs[name] for ours, name in names.items()}

@@ -1,43 +1,30 @@
 """The serving engines' layouts of sequential MTP modules: MiMo's (both ways) and DeepSeek-V3's
 (import), for dense Llama-like models.
 
-A Llama-architecture mtp model with sequential heads (`head_type="sequential"`,
-`head_layers=1`) is exactly a MiMo checkpoint (Xiaomi MiMo-7B; vLLM `mimo_mtp`, method "mtp"):
-a Qwen2 model (Llama's block with query/key/value biases: zero for a model without them, the
-model's own for one with `qkv_bias`) whose config.json says `num_nextn_predict_layers`, and
-per module k = i + 1, in model.safetensors:
+A Llama-architecture mtp model with sequential heads (`head_layers=1`) is exactly a MiMo
+checkpoint (Xiaomi MiMo-7B; vLLM `mimo_mtp`): a Qwen2 model (q/k/v biases: zero for a model
+without them) whose config.json says `num_nextn_predict_layers`, with, per module k = i + 1:
 
-    model.mtp_layers.{i}.hidden_layernorm.weight   (D,)     mtp heads.{k}.hnorm
-    model.mtp_layers.{i}.token_layernorm.weight    (D,)     mtp heads.{k}.enorm
-    model.mtp_layers.{i}.input_proj.weight         (D, 2D)  mtp heads.{k}.eh_proj, over
-                                                            [hidden_layernorm(h); token_layernorm(e)]
-    model.mtp_layers.{i}.final_layernorm.weight    (D,)     mtp's shared norm (a copy)
-    model.mtp_layers.{i}.<Qwen2 decoder layer>              mtp heads.{k}.0 (the block):
-        input_layernorm, post_attention_layernorm, self_attn.{q,k,v,o}_proj.weight,
-        self_attn.{q,k,v}_proj.bias, mlp.{gate,up,down}_proj.weight
+    model.mtp_layers.{i}.hidden_layernorm.weight  (D,)     mtp heads.{k}.hnorm
+    model.mtp_layers.{i}.token_layernorm.weight   (D,)     mtp heads.{k}.enorm
+    model.mtp_layers.{i}.input_proj.weight        (D, 2D)  mtp heads.{k}.eh_proj, over
+                                                  [hidden_layernorm(h); token_layernorm(e)]
+    model.mtp_layers.{i}.final_layernorm.weight   (D,)     mtp's shared norm (a copy)
+    model.mtp_layers.{i}.<Qwen2 decoder layer>             mtp heads.{k}.0 (the block)
 
-vLLM reads the block's keys under `model.mtp_layers.{i}.mtp_block.` (its loader inserts
-`mtp_block.`). MiMo's module feeds on the target's final-normalised state and hands on its
-own `final_layernorm` output, which is mtp's chain with the shared norm (see `mtp.model`).
+(vLLM's loader inserts `mtp_block.` before the block's keys.) Read back, all-zero biases are
+dropped (the model is a Llama again).
 
-Reading a MiMo directory back, biases that are all zero are dropped (the model is a Llama
-again); others are kept (`MTPConfig.qkv_bias`).
+DeepSeek-V3's layout (vLLM `deepseek_mtp`, SGLang `deepseek_nextn`), import only and of one
+module (vLLM chains a second on the first one's un-normalised output, which mtp does not
+compute), puts module k = i + 1 at `model.layers.{num_hidden_layers + i}.`, its `eh_proj`
+over [enorm(e); hnorm(h)] (embedding first), with `shared_head.norm`, `shared_head.head` and
+optionally `embed_tokens`: copies, which must equal the main model's (as MiMo's
+`final_layernorm` must).
 
-DeepSeek-V3's layout (vLLM `deepseek_mtp`, SGLang `deepseek_nextn`) puts module k = i + 1 after
-the main model's layers, at `model.layers.{num_hidden_layers + i}.`: `enorm.weight`,
-`hnorm.weight`, `eh_proj.weight` (D, 2D) over [enorm(e); hnorm(h)] (embedding first, the
-other order), `shared_head.norm.weight`, `shared_head.head.weight` (V, D), optionally
-`embed_tokens.weight`, and the decoder layer's keys. Import only, for a dense Llama-like
-model (model_type llama or qwen2), with one module: vLLM's deepseek_mtp chains a second
-module on the first one's un-normalised output, which mtp's chain does not compute.
-
-These names, shapes and concatenation orders agree with SGLang 0.5.23's loaders
-(`sglang/srt/models/mimo_mtp.py`, `deepseek_nextn.py`, read from its wheel), which name the
-keys as vLLM does; no engine was run on the files. SGLang's MiMo layer zeroes the token
-embedding at position 0, which mtp's training and drafter do not: a draft may differ there,
-the verified output does not. mtp has one final
-norm, one unembedding and one embedding: a module's own copies of them must equal the main
-model's (a ValueError names the key that differs).
+Names, shapes and orders agree with SGLang 0.5.23's loaders; no engine was run on the files.
+SGLang's MiMo layer zeroes the token embedding at position 0, which mtp does not: a draft may
+differ there, the verified output does not.
 """
 
 from __future__ import annotations
@@ -51,7 +38,7 @@ from torch import Tensor
 
 from mtp.interop import hf
 from mtp.interop.fields import field, peek_json_object, read_json_object
-from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
+from mtp.interop.hf_tokenizer import read_hf_tokenizer
 from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer
 
@@ -71,7 +58,7 @@ DEEPSEEK_SHARED = {"shared_head.norm.weight": "model.norm.weight",
 
 
 def is_mtp_layers(directory: Path) -> bool:
-    """Whether `directory`'s config.json is MiMo's or carries DeepSeek's `num_nextn_predict_layers`."""
+    """Whether `directory`'s config.json is MiMo's or has DeepSeek's `NEXTN` field."""
     values = peek_json_object(directory / hf.CONFIG_FILE)
     return values is not None and (NEXTN in values or values.get("model_type") == MIMO_TYPE)
 
@@ -89,38 +76,22 @@ def write_mimo(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer
         raise ValueError(f"MiMo is a Qwen2 model, with biases on q/k/v only: MTPConfig.out_bias="
                          f"{config.out_bias}, mlp_bias={config.mlp_bias}")
     dtype = state["tok_embeddings.weight"].dtype
-    state = dict(state)
-    if not config.qkv_bias:  # Qwen2's biases, zero: Llama's block exactly
-        for block in _blocks(config):
-            for name, heads in (("wq", config.n_heads), ("wk", config.n_kv_heads),
-                                ("wv", config.n_kv_heads)):
-                state[f"{block}.attention.{name}.bias"] = torch.zeros(heads * config.head_dim,
-                                                                      dtype=dtype)
-        config = dataclasses.replace(config, qkv_bias=True)
-    base = dataclasses.replace(config, n_future=1, head_type="block")
+    config = dataclasses.replace(config, qkv_bias=True)  # zero biases: Llama's block exactly
     tensors = {}
-    for ours, (theirs, n_rotary) in hf.key_map(base).items():
-        tensors[theirs] = _rotated(state[ours], n_rotary, hf.interleaved_to_rotate_half)
+    for ours, (theirs, n_rotary) in _names(config, mimo=True).items():
+        tensor = state.get(ours)
+        if tensor is None:  # a q/k/v bias of a model without them
+            tensor = torch.zeros(len(state[ours.removesuffix("bias") + "weight"]), dtype=dtype)
+        tensors[theirs] = hf.interleaved_to_rotate_half(tensor, n_rotary).contiguous()
     for i in range(config.n_future - 1):
-        prefix = f"model.mtp_layers.{i}."
-        for sub, hf_sub in hf.block_keys(config).items():
-            tensors[prefix + hf_sub] = _rotated(state[f"heads.{i + 1}.0.{sub}"],
-                                                _rotary(config, sub),
-                                                hf.interleaved_to_rotate_half)
-        for ours, theirs in MIMO_FUSION.items():
-            tensors[prefix + theirs] = state[f"heads.{i + 1}.{ours}"]
-        tensors[prefix + "final_layernorm.weight"] = state["norm.weight"].clone()
+        tensors[f"model.mtp_layers.{i}.final_layernorm.weight"] = state["norm.weight"].clone()
     directory.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / hf.WEIGHTS_FILE),
-              metadata={"format": "pt"})
+    save_file(tensors, str(directory / hf.WEIGHTS_FILE), metadata={"format": "pt"})
+    base = dataclasses.replace(config, n_future=1, head_type="block")
     values = hf._llama_config(base, tokenizer, dtype)  # Qwen2's: q/k/v biases only
     values.update(architectures=[MIMO_ARCHITECTURE], model_type=MIMO_TYPE,
                   **{NEXTN: config.n_future - 1}, sliding_window=None, attention_dropout=0.0)
-    hf._write_json(directory / hf.CONFIG_FILE, values)
-    hf._write_json(directory / "generation_config.json", {
-        "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
-        "pad_token_id": tokenizer.pad_id})
-    write_hf_tokenizer(tokenizer, directory, model_max_length=config.max_seq_len)
+    hf.write_configs(directory, values, tokenizer, config.max_seq_len)
 
 
 def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
@@ -147,34 +118,21 @@ def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Toke
     theirs = hf._read_safetensors(directory)
     if config.qkv_bias and _zero_biases(theirs):  # dropped: the model is a Llama
         config = dataclasses.replace(config, qkv_bias=False)
-    if config.tie_embeddings and "lm_head.weight" in theirs:  # stored anyway by some writers
-        if not torch.equal(theirs.pop("lm_head.weight"), theirs["model.embed_tokens.weight"]):
-            raise ValueError(f"{directory}: tie_word_embeddings is true but lm_head.weight "
-                             f"differs from model.embed_tokens.weight")
-    base = dataclasses.replace(config, n_future=1, head_type="block")
-    state = {}
-    for ours, (name, n_rotary) in hf.key_map(base).items():
-        state[ours] = _rotated(_take(theirs, name, directory), n_rotary,
-                               hf.rotate_half_to_interleaved)
-    main = {name: state[ours] for ours, (name, _) in hf.key_map(base).items()}
-    if config.tie_embeddings:
-        main["lm_head.weight"] = state["tok_embeddings.weight"]
+    hf.drop_tied_output(config, theirs, directory)
+    names = _names(config, mimo)
+    state = {ours: hf.rotate_half_to_interleaved(_take(theirs, name, directory), n_rotary)
+             for ours, (name, n_rotary) in names.items()}
+    if not mimo and modules:  # DeepSeek's eh_proj reads [embedding; hidden], mtp's the other
+        embedding, hidden = state["heads.1.eh_proj"].chunk(2, dim=1)
+        state["heads.1.eh_proj"] = torch.cat([hidden, embedding], dim=1)
+    main = {name: state[ours] for ours, (name, _) in names.items()}
+    main.setdefault("lm_head.weight", state["tok_embeddings.weight"])  # tied
     for i in range(modules):
-        prefix = f"model.mtp_layers.{i}." if mimo else f"model.layers.{config.n_layers + 1 + i}."
-        for sub, hf_sub in hf.block_keys(config).items():
-            state[f"heads.{i + 1}.0.{sub}"] = _rotated(
-                _take(theirs, prefix + hf_sub, directory), _rotary(config, sub),
-                hf.rotate_half_to_interleaved)
-        for ours, name in (MIMO_FUSION if mimo else DEEPSEEK_FUSION).items():
-            state[f"heads.{i + 1}.{ours}"] = _take(theirs, prefix + name, directory)
-        if not mimo:  # DeepSeek's eh_proj reads [embedding; hidden]: mtp's, [hidden; embedding]
-            embedding, hidden = state[f"heads.{i + 1}.eh_proj"].chunk(2, dim=1)
-            state[f"heads.{i + 1}.eh_proj"] = torch.cat([hidden, embedding], dim=1)
+        prefix = _prefix(config, i, mimo)
         for name, shared in (MIMO_SHARED if mimo else DEEPSEEK_SHARED).items():
             if prefix + name not in theirs and name == "embed_tokens.weight":
                 continue  # optional: vLLM takes the main model's
-            copy = _take(theirs, prefix + name, directory)
-            if not torch.equal(copy, main[shared]):
+            if not torch.equal(_take(theirs, prefix + name, directory), main[shared]):
                 raise ValueError(f"{directory}: {prefix + name} differs from {shared}; mtp's "
                                  f"modules share the main model's (one {shared})")
     if theirs:
@@ -183,21 +141,22 @@ def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Toke
     return config, state, read_hf_tokenizer(directory)
 
 
-def _blocks(config: MTPConfig) -> list[str]:
-    """Every block's name prefix: the trunk's, then the heads'."""
-    return ([f"layers.{l}" for l in range(config.n_layers)]
-            + [f"heads.{i}.{j}" for i in range(config.n_future) for j in range(config.head_layers)])
+def _prefix(config: MTPConfig, i: int, mimo: bool) -> str:
+    """Module i's key prefix in MiMo's or DeepSeek's layout."""
+    return f"model.mtp_layers.{i}." if mimo else f"model.layers.{config.n_layers + 1 + i}."
 
 
-def _rotary(config: MTPConfig, sub: str) -> int | None:
-    """The rotary heads of a query or key projection's weight or bias (permuted between the
-    layouts), else None."""
-    return {"attention.wq": config.n_heads,
-            "attention.wk": config.n_kv_heads}.get(sub.rsplit(".", 1)[0])
-
-
-def _rotated(tensor: Tensor, n_rotary: int | None, permute) -> Tensor:
-    return tensor if n_rotary is None else permute(tensor, n_rotary)
+def _names(config: MTPConfig, mimo: bool) -> dict[str, tuple[str, int | None]]:
+    """`hf.key_map`, with the modules' keys (`heads.{k}.0.<block key>`, `heads.{k}.<fusion>`)
+    in MiMo's or DeepSeek's layout."""
+    fusion = MIMO_FUSION if mimo else DEEPSEEK_FUSION
+    names = {}
+    for ours, (theirs, n_rotary) in hf.key_map(config).items():
+        if theirs.startswith("heads."):
+            _, k, rest = theirs.split(".", 2)
+            theirs = _prefix(config, int(k) - 1, mimo) + fusion.get(rest, rest.removeprefix("0."))
+        names[ours] = (theirs, n_rotary)
+    return names
 
 
 def _take(tensors: dict[str, Tensor], name: str, directory: Path) -> Tensor:
