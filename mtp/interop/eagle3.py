@@ -59,7 +59,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from mtp.interop import hf
-from mtp.interop.fields import field, read_json_object
+from mtp.interop.fields import field, load_safetensors, read_json_object, write_json
 from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer
 
@@ -101,7 +101,7 @@ def write_eagle3(target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str, 
     directory.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / hf.WEIGHTS_FILE),
               metadata={"format": "pt"})
-    hf._write_json(directory / hf.CONFIG_FILE, eagle3_config(target, tokenizer, drafter, dtype))
+    write_json(directory / hf.CONFIG_FILE, eagle3_config(target, tokenizer, drafter, dtype))
     return directory
 
 
@@ -155,7 +155,7 @@ def read_eagle3(directory: Path, target: MTPConfig, embedding: Tensor,
                "ffn_hidden": field(values, path, "intermediate_size", "int"),
                "norm_eps": field(values, path, "rms_norm_eps", "number")}
     weights = directory / hf.WEIGHTS_FILE
-    tensors = hf._load_safetensors(weights)
+    tensors = load_safetensors(weights)
     rotary, state = _rotary(drafter), {}
     for ours, theirs in KEYS.items():
         if theirs not in tensors:
