@@ -42,16 +42,11 @@ def fill(argument: str, out: Path) -> str:
     """A command's argument with {python}, {out} and {mbpp} filled in."""
     argument = argument.replace("{python}", sys.executable).replace("{out}", str(out))
     if MBPP in argument:
-        argument = argument.replace(MBPP, str(require_mbpp()))
+        path = mbpp_file()
+        if path is None:
+            raise ValueError(f"no MBPP file: set ${MBPP_ENV} to MBPP's full mbpp.jsonl")
+        argument = argument.replace(MBPP, str(path))
     return argument
-
-
-def require_mbpp() -> Path:
-    """MBPP's mbpp.jsonl, or a one-line ValueError saying where to point it."""
-    path = mbpp_file()
-    if path is None:
-        raise ValueError(f"no MBPP file: set ${MBPP_ENV} to MBPP's full mbpp.jsonl")
-    return path
 
 
 def check_inputs(parts: Sequence[Part]) -> None:
@@ -68,11 +63,6 @@ def shown(command: list[str], out: Path, repo: Path) -> str:
     if out.is_relative_to(repo):
         text = text.replace(str(out), str(out.relative_to(repo)))
     return text
-
-
-def written(part: Part, out: Path, repo: Path) -> str:
-    """The part's command as a reader would type it."""
-    return shown([fill(a, out) for a in part.command], out, repo)
 
 
 def run_part(part: Part, out: Path, repo: Path, revision: str | None,
@@ -158,7 +148,8 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
         elif failed:
             skipped = f"needs {', '.join(failed)}, which failed"
         results["parts"][part.name] = run_part(part, out, repo, revision, left) if not skipped \
-            else {"command": written(part, out, repo), "skipped": skipped, "result": None}
+            else {"command": shown([fill(a, out) for a in part.command], out, repo),
+                  "skipped": skipped, "result": None}
         path.write_text(json.dumps(results, indent=1) + "\n")  # a killed run keeps its parts
     results |= {"finished": now(), "load_after": load_average()}
     path.write_text(json.dumps(results, indent=1) + "\n")

@@ -60,15 +60,11 @@ _TEMPLATES = INTRODUCTIONS + EVENTS + ENDINGS
 ALPHABET = string.ascii_letters + " .,!\""
 
 
-def _blocked_prefixes() -> set[str]:
-    """Two-letter starts of the capitalised words the templates write (no name may be one)."""
-    words = re.findall(r"\b[A-Z][a-z]+", re.sub(r"\{\w+\}", "", " ".join(_TEMPLATES)))
-    return {w[:2] for w in words}
-
-
 def all_names() -> list[str]:
-    """Every possible name, sorted: an uppercase then a lowercase letter, less template starts."""
-    blocked = _blocked_prefixes()
+    """Every possible name, sorted: an uppercase then a lowercase letter, less the starts of
+    the capitalised words the templates write."""
+    words = re.findall(r"\b[A-Z][a-z]+", re.sub(r"\{\w+\}", "", " ".join(_TEMPLATES)))
+    blocked = {w[:2] for w in words}
     return [a + b for a in string.ascii_uppercase for b in string.ascii_lowercase
             if a + b not in blocked]
 

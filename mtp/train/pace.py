@@ -38,12 +38,6 @@ def say(line: str) -> None:
     tqdm.write(line, file=sys.stderr)
 
 
-def _runnable(record: Measurement) -> bool:
-    """Whether a cached thread count can run here (the machine's cores may be fewer now)."""
-    return record.step == "threads" and isinstance(record.value, int) \
-        and 1 <= record.value <= cores()
-
-
 class ThreadSearch(Callback):
     """Chooses training's intra-op thread count on its first batches."""
 
@@ -70,9 +64,11 @@ class ThreadSearch(Callback):
         self._started = time.perf_counter()
 
     def _cached(self) -> Measurement | None:
-        """The cached choice for this key, set; None when there is none that can run."""
+        """The cached choice for this key, set; None when there is none that can run (the
+        machine's cores may be fewer now)."""
         found = self.cache.get(self.key)
-        if found is None or not _runnable(found):
+        if found is None or found.step != "threads" or not isinstance(found.value, int) \
+                or not 1 <= found.value <= cores():
             return None
         set_threads(found.value)
         return found.cached()

@@ -123,15 +123,21 @@ def _plot_pair(history: History, kind: str, label: str, path: Path) -> Path:
             ax.plot(steps, values, color=colour, marker="o" if split == "val" else None,
                     markersize=3, label=f"head {head} (t+{head + 1})")
         title = ("training (EMA-smoothed, weight 0.6)" if split == "train" else "validation")
-        ax.set_title(f"{label}, {title}" if heads else f"{label}, {split}: not logged")
-        ax.set_xlabel("optimizer step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _finish(ax, f"{label}, {title}" if heads else f"{label}, {split}: not logged",
+                legend=bool(heads))
         ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        if heads:
-            ax.legend(fontsize="small", ncol=2)
     figure.savefig(path, dpi=110)
     return path
+
+
+def _finish(ax: Any, title: str, legend: bool) -> None:
+    """An axes' title, step axis, grid and (`legend`) legend."""
+    ax.set_title(title)
+    ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize="small", ncol=2)
 
 
 def _plot_over_steps(curves: dict[str, list[tuple[int, float]]], title: str,
@@ -142,12 +148,7 @@ def _plot_over_steps(curves: dict[str, list[tuple[int, float]]], title: str,
     for index, (label, points) in enumerate(curves.items()):
         colour = colormaps["viridis"](index / max(1, len(curves) - 1) * 0.9)
         ax.plot(*zip(*points), color=colour, label=label if len(curves) > 1 else None)
-    ax.set_title(title)
-    ax.set_xlabel("optimizer step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    if len(curves) > 1:
-        ax.legend(fontsize="small", ncol=2)
+    _finish(ax, title, legend=len(curves) > 1)
     figure.savefig(path, dpi=110)
     return path
 

@@ -221,13 +221,6 @@ def _logger(cfg: DictConfig) -> Any:
     return logger
 
 
-def _checkpointing(cfg: DictConfig, run_dir: Path) -> ModelCheckpoint:
-    return ModelCheckpoint(
-        dirpath=run_dir / "checkpoints", filename="step{step:07d}", auto_insert_metric_name=False,
-        every_n_train_steps=cfg.checkpoint.every_n_steps, save_top_k=cfg.checkpoint.keep,
-        monitor="step", mode="max", save_last=True)
-
-
 def build_trainer(cfg: DictConfig, **kwargs: Any) -> L.Trainer:
     """The `lightning.Trainer` that `cfg.trainer` describes, with `kwargs` (logger, callbacks)."""
     fields = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -332,7 +325,10 @@ def train(cfg: DictConfig) -> Path:
                              n_future=settings.loss.lookahead(config.n_future))
 
     logger = _logger(cfg)
-    checkpointing, history = _checkpointing(cfg, run_dir), MetricsHistory()
+    checkpointing, history = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints", filename="step{step:07d}", auto_insert_metric_name=False,
+        every_n_train_steps=cfg.checkpoint.every_n_steps, save_top_k=cfg.checkpoint.keep,
+        monitor="step", mode="max", save_last=True), MetricsHistory()
     trainer = build_trainer(cfg, logger=logger,
                             callbacks=[checkpointing, history,
                                        *pace_callbacks(cfg, settings, config)],

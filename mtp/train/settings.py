@@ -81,25 +81,17 @@ def _set(settings: object, name: str, value: object) -> None:
     object.__setattr__(settings, name, value)
 
 
+def _number(settings: object, key: str, check: Callable[..., Any], *args: Any, **kw: Any) -> None:
+    """Store `check(key, value, ...)` (`_real` or `_reals`) of the field `key` ends in."""
+    name = key.rsplit(".", 1)[-1]
+    _set(settings, name, check(key, getattr(settings, name), *args, **kw))
+
+
 @dataclass(frozen=True, kw_only=True)
 class LossSettings:
-    """The multi-token loss (`loss.*`, `mtp.train.loss`).
-
-    Args:
-        mode: "headwise", "naive" or "chunked": the same loss and gradients, different memory.
-        weights: each head's base weight, in [0, 1]; None: all 1 (the paper's sum).
-        schedule: "constant", "stepped", "anneal" or "ramp" (`mtp.train.schedule`): how the
-            weights beyond the next token move; schedule_steps: its points in optimizer steps
-            (stepped: [switch]; anneal, ramp: [start, end], None: the whole run);
-            schedule_factor: stepped's factor from the switch on.
-        ahead: head 0's logits also scored against tokens t + 2, ... with these weights
-            (modded-nanogpt; scheduled as heads 1, 2, ... are); None: none.
-        early_exit: LayerSkip's exit term at that trunk layer; early_exit_weight: its weight.
-        chunk_size: tokens per unembedding chunk in "chunked" mode.
-
-    `head_weights` and `ahead_weights` read the weights at a `Progress`; a training step
-    takes `resolved(...)`, the step's weights fixed.
-    """
+    """The multi-token loss (`mtp.train.loss`): `loss.*` of conf/config.yaml, which documents
+    each key. `head_weights` and `ahead_weights` read the weights at a `Progress`; a training
+    step takes `resolved(...)`, the step's weights fixed."""
 
     mode: str = "headwise"
     weights: tuple[float, ...] | None = None
@@ -116,15 +108,13 @@ class LossSettings:
         for name, what in (("weights", "one per head (or null: all 1)"),
                            ("ahead", "one per token beyond t + 1 (or null: none)")):
             if getattr(self, name) is not None:
-                _set(self, name, _reals(f"loss.{name}", getattr(self, name), _unit,
-                                        f"a list of numbers in [0, 1], {what}"))
+                _number(self, f"loss.{name}", _reals, _unit, f"a list of numbers in [0, 1], {what}")
         _choice("loss.schedule", self.schedule, SCHEDULES)
         self._check_schedule()
         if self.early_exit is not None:
             _integer("loss.early_exit", self.early_exit, 1, "a trunk layer from 1 to "
                      "n_layers - 1 (the exit reads the stream after layer early_exit - 1)")
-        _set(self, "early_exit_weight", _real("loss.early_exit_weight", self.early_exit_weight,
-                                              lambda v: v >= 0, ">= 0"))
+        _number(self, "loss.early_exit_weight", _real, lambda v: v >= 0, ">= 0")
         _integer("chunk_size", self.chunk_size, 1, ">= 1")
 
     def _check_schedule(self) -> None:
@@ -142,8 +132,7 @@ class LossSettings:
                 raise ValueError(f"loss.schedule=stepped needs loss.schedule_steps=[STEP] (the "
                                  f"switch) and loss.schedule_factor (in [0, 1]), got "
                                  f"{_shown(steps)} and {self.schedule_factor!r}")
-            _set(self, "schedule_factor", _real("loss.schedule_factor", self.schedule_factor,
-                                                _unit, "in [0, 1]"))
+            _number(self, "loss.schedule_factor", _real, _unit, "in [0, 1]")
         elif schedule in ("anneal", "ramp") and steps is not None and (
                 len(steps) != 2 or not steps[0] < steps[1]):
             raise ValueError(f"loss.schedule={schedule} takes loss.schedule_steps=[START, END] "
@@ -209,19 +198,9 @@ class LossSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimSettings:
-    """AdamW, its learning-rate schedule, accumulation, and what trains (`optim.*`).
-
-    Args:
-        lr, weight_decay, betas, eps: AdamW's; no decay on norm gains or biases.
-        warmup_steps, min_lr_ratio: linear warm-up, then cosine down to lr * min_lr_ratio
-            (`mtp.train.optim`).
-        grad_clip: max global gradient norm (0: off). accumulate: micro-batches per step.
-        freeze_trunk: Medusa-1: the base model (`MTPModel.is_base_parameter`) does not train.
-        cache_trunk: with `freeze_trunk`, each block's trunk output is computed once and kept
-            (`mtp.train.trunk_cache`).
-        trunk_lr_mult: Medusa-2: the base model's learning rate over the heads' (None: 1).
-        heads_only_steps: Medusa-2's warm-up: steps in which only heads 1..n-1 train.
-    """
+    """AdamW, its learning-rate schedule (`mtp.train.optim`), accumulation and what trains
+    (Medusa-1's frozen trunk, Medusa-2's lower rate and warm-up): `optim.*` of
+    conf/config.yaml, which documents each key."""
 
     lr: float = 3e-3
     weight_decay: float = 0.1
@@ -237,22 +216,19 @@ class OptimSettings:
     heads_only_steps: int = 0
 
     def __post_init__(self) -> None:
-        _set(self, "lr", _real("optim.lr", self.lr, lambda v: v > 0, "> 0"))
-        for name in ("weight_decay", "grad_clip"):
-            _set(self, name, _real(f"optim.{name}", getattr(self, name), lambda v: v >= 0,
-                                   ">= 0"))
-        _set(self, "betas", _reals("optim.betas", self.betas, lambda v: 0 <= v < 1,
-                                   "two numbers in [0, 1)", length=2))
-        _set(self, "eps", _real("optim.eps", self.eps, lambda v: v > 0, "> 0"))
+        _number(self, "optim.lr", _real, lambda v: v > 0, "> 0")
+        for key in ("optim.weight_decay", "optim.grad_clip"):
+            _number(self, key, _real, lambda v: v >= 0, ">= 0")
+        _number(self, "optim.betas", _reals, lambda v: 0 <= v < 1, "two numbers in [0, 1)",
+                length=2)
+        _number(self, "optim.eps", _real, lambda v: v > 0, "> 0")
         _integer("optim.warmup_steps", self.warmup_steps, 0)
-        _set(self, "min_lr_ratio", _real("optim.min_lr_ratio", self.min_lr_ratio,
-                                         lambda v: 0 <= v <= 1, "in [0, 1]"))
+        _number(self, "optim.min_lr_ratio", _real, _unit, "in [0, 1]")
         _integer("optim.accumulate", self.accumulate, 1)
         _flag("optim.freeze_trunk", self.freeze_trunk)
         _flag("optim.cache_trunk", self.cache_trunk)
         if self.trunk_lr_mult is not None:
-            _set(self, "trunk_lr_mult", _real("optim.trunk_lr_mult", self.trunk_lr_mult,
-                                              lambda v: v >= 0, ">= 0 (or null: 1)"))
+            _number(self, "optim.trunk_lr_mult", _real, lambda v: v >= 0, ">= 0 (or null: 1)")
         _integer("optim.heads_only_steps", self.heads_only_steps, 0)
         if self.freeze_trunk and (self.trunk_lr_mult is not None or self.heads_only_steps):
             raise ValueError(f"optim.freeze_trunk=true with optim.trunk_lr_mult="
@@ -271,15 +247,9 @@ class OptimSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RunSettings:
-    """The run's shape and machinery.
-
-    Args:
-        seq_len: input tokens per block. max_steps: `trainer.max_steps`, the schedule's span.
-        threads: intra-op threads on a CPU; None: measured (`mtp.train.pace`).
-        compile: `torch.compile` every block. activation_checkpointing: none, trunk or all.
-        param_dtype, reduce_dtype: `fsdp.*`, FSDP2's mixed precision ("auto": the trainer's).
-        peak_flops: `trainer.peak_flops`, the MFU denominator (`mtp.train.flops`).
-    """
+    """The run's shape and machinery: `seq_len`, `trainer.max_steps` (the schedule's span),
+    `threads`, `compile`, `activation_checkpointing`, `fsdp.*` and `trainer.peak_flops` (the
+    MFU denominator, `mtp.train.flops`), as conf/config.yaml documents them."""
 
     seq_len: int
     max_steps: int
