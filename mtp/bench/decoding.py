@@ -1,10 +1,6 @@
 """What the decoding scripts share: the keys of `DecodeSettings` they take (device, dtype,
-threads, as `python -m mtp.generate` takes them) and the saved choices of a checkpoint
-(its calibrated trees, a layer-skip search) that its drafters are built with.
-
-A script opens its checkpoint with `open_decoder(checkpoint, args.settings(...))` (or, for a
-model it built, `open_decoder(None, settings, loaded=(model, tokenizer))`): the dtype and
-threads are chosen on the model that decodes, as every command chooses them.
+threads, as `python -m mtp.generate`) and the saved choices of a checkpoint (its calibrated
+trees, a layer-skip search) that its drafters are built with.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ class Decoding:
 
 
 def saved_context(checkpoint: str | Path | None) -> DrafterContext:
-    """The choices saved for `checkpoint` that drafters read (its calibrated trees, a
-    layer-skip search), as `open_decoder` finds them; none for a model without one."""
+    """The choices saved for `checkpoint` that drafters read, as `open_decoder` finds them."""
     if checkpoint is None:
         return DrafterContext()
     return DrafterContext(saved=saved_choices(Path(checkpoint), checkpoint_id(checkpoint)))

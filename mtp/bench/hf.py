@@ -43,9 +43,8 @@ def time_hf(model, inputs: list[list[int]], max_new_tokens: int, tokenizer: Toke
 
 
 def static_compiled(device: torch.device) -> dict:
-    """transformers' options for its static cache with a compiled forward (CUDA graphs on a
-    GPU). transformers compiles by itself only on accelerators; on a CPU the CompileConfig's
-    `_compile_all_devices` (the flag its `generate` checks) asks it to."""
+    """transformers' options for its static cache with a compiled forward (on a CPU,
+    `_compile_all_devices` asks it to compile, which it does alone only on accelerators)."""
     from transformers import CompileConfig
 
     config = CompileConfig(fullgraph=True)

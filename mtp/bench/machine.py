@@ -12,15 +12,16 @@ import torch
 NOTABLE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
+def _cpuinfo(key: str) -> str | None:
+    """The value of /proc/cpuinfo's first `key` line (None without one)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((line.split(":", 1)[1] for line in lines if line.startswith(key)), None)
+
+
 def cpu_flags() -> list[str]:
     """The CPU flags that change torch's speed (bf16 arithmetic, vector width), sorted."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        return []
-    for line in cpuinfo.read_text().splitlines():
-        if line.startswith("flags"):
-            return sorted(set(line.split(":", 1)[1].split()) & set(NOTABLE_FLAGS))
-    return []
+    return sorted(set((_cpuinfo("flags") or "").split()) & set(NOTABLE_FLAGS))
 
 
 def load_average() -> list[float]:
@@ -45,12 +46,8 @@ def device_name(device: str = "cpu") -> str:
     """The accelerator's name, or the CPU's model name."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "cpu"
+    name = _cpuinfo("model name")
+    return name.strip() if name is not None else platform.processor() or "cpu"
 
 
 def machine(device: str = "cpu") -> dict[str, object]:

@@ -1,11 +1,7 @@
 """The training recipe's Hydra overrides on a benchmark's command line (scripts/bench_train.py,
-scripts/bench_heads.py): one grammar, two owners.
-
-A benchmark that builds the model `python -m mtp.train` would train takes the recipe's
-overrides beside its own keys: an argument is the recipe's when its key names a config group
-(a folder of conf/: `model=tiny`, `trainer=gpu`), is nested (`model.dim=128`,
-`optim.lr=1e-3`) or adds or removes one (`+experiment=byte8`, `~logger`); every other
-argument is the script's own key=value.
+scripts/bench_heads.py): an argument is the recipe's when its key names a config group (a
+folder of conf/: `model=tiny`), is nested (`optim.lr=1e-3`) or adds or removes one
+(`+experiment=byte8`, `~logger`); every other argument is the script's own key=value.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ def groups() -> set[str]:
 
 
 def is_override(argument: str) -> bool:
-    """Whether `argument` is the recipe's (see the module docstring)."""
+    """Whether `argument` is the recipe's."""
     match = KEY.match(argument)
     if match is None:
         return False

@@ -119,12 +119,10 @@ MIN_PART_SECONDS = 30  # a part is not started with less of the budget left
 def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
               only: Sequence[str] = (), budget: float | None = None,
               min_part_seconds: float = MIN_PART_SECONDS) -> dict[str, Any]:
-    """Run `parts` (only those named in `only`, if any, keeping the other parts' records of
-    an earlier results.json in `out`), write `out/results.json`, and return its contents.
-
-    `budget` (seconds) bounds the whole run, as a lent GPU's lease does: each part's timeout
-    is cut to what is left, and the parts that would start with less than `min_part_seconds`
-    left are recorded as skipped, so the suite's order is its priority."""
+    """Run `parts` (those in `only`, if any, keeping the others' records of an earlier
+    results.json), write `out/results.json` and return it. `budget` (seconds) bounds the whole
+    run: each part's timeout is cut to what is left, and a part with less than
+    `min_part_seconds` left is skipped."""
     unknown = sorted(set(only) - {p.name for p in parts})
     if unknown:
         raise ValueError(f"suite {name} has no part {unknown}; its parts: "
@@ -143,18 +141,16 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
             continue
         left = None if budget is None else budget - (time.perf_counter() - began)
         failed = [n for n in part.needs if (results["parts"].get(n) or {}).get("result") is None]
+        skipped = None
         if left is not None and left < min_part_seconds:
-            results["parts"][part.name] = {"command": written(part, out, repo), "skipped":
-                                           f"the budget of {budget:.0f} s was spent",
-                                           "result": None}
+            skipped = f"the budget of {budget:.0f} s was spent"
             print(f"[mtp.bench] {part.name}: skipped, {left:.0f} s of the budget left",
                   flush=True)
         elif failed:
-            results["parts"][part.name] = {"command": written(part, out, repo), "skipped":
-                                           f"needs {', '.join(failed)}, which failed",
-                                           "result": None}
-        else:
-            results["parts"][part.name] = run_part(part, out, repo, revision, left)
+            skipped = f"needs {', '.join(failed)}, which failed"
+        results["parts"][part.name] = run_part(part, out, repo, revision, left) if not skipped \
+            else {"command": written(part, out, repo),
+                  "skipped": skipped, "result": None}
         path.write_text(json.dumps(results, indent=1) + "\n")  # a killed run keeps its parts
     results |= {"finished": now(), "load_after": load_average()}
     path.write_text(json.dumps(results, indent=1) + "\n")

@@ -1,7 +1,6 @@
 """The model shape the step benchmarks share (scripts/bench_memory.py,
-scripts/bench_fsdp_comms.py): a random model of this shape, fed random token ids. A script's
-schema extends `Shape`, redeclaring the defaults it wants; `KEYS` lists the keys for its
---help."""
+scripts/bench_fsdp_comms.py): a random model fed random token ids. A script's schema extends
+`Shape`; `KEYS` lists the keys for its --help."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ The model's shape:
 
 @dataclass(frozen=True, kw_only=True)
 class Shape:
-    """A random model's shape and the batch it is fed (see the module docstring)."""
+    """A random model's shape and the batch it is fed."""
 
     vocab_size: int = 32_000
     dim: int = 256

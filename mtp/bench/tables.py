@@ -1,8 +1,5 @@
-"""Markdown tables of a results.json: one block per part, a run block and the headline.
-
-Every renderer takes a part's figures and returns Markdown; `part_block` puts the command and
-the conditions it ran in above them. `blocks(results)` maps block names (the part names,
-`run_SUITE`, `headline`) to their Markdown, for `markers.replace_blocks`.
+"""Markdown tables of a results.json: one block per part (its provenance line and a
+renderer's table), a run block and the headline, by block name (`blocks`).
 """
 
 from __future__ import annotations

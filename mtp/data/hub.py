@@ -1,6 +1,5 @@
 """Reaching the Hugging Face Hub: fail at once, with a message that suggests a local copy,
-rather than after datasets' HTTP retries. Used by the Hub source and the decontamination
-references (MBPP's copy lives on the Hub)."""
+rather than after datasets' HTTP retries."""
 
 from __future__ import annotations
 

@@ -1,20 +1,13 @@
 """Children's stories whose characters have random two-token names: the paper's induction task
 (Gloeckle et al. 2024, section 4.1 and appendix J), generated from templates, no download.
 
-The paper replaces the character names of TinyStories with random names two tokens long; here
-the stories themselves come from a small grammar (`INTRODUCTIONS`, `EVENTS`, `ENDINGS`: plain
-sentences a child's story is made of) so that nothing is downloaded. A name is an uppercase
-letter then a lowercase one (`Qx`): two tokens for a byte-level tokenizer. Given a name's first
-letter, its second is one of about 20 equally likely letters, unless the name appeared before
-in the story: then copying it (induction) predicts it. The metric (`mtp.eval.synthetic`) is
-the accuracy on the second token of every repeated name; on first occurrences it is chance,
-a control.
-
-Names never mean a template's word: no name is the start of a capitalised word of the
-templates (`Th` of `The`), and the characters of one story have distinct first letters, so
-that copying has one answer. Train and test use disjoint name pools: a name is a test name
-when a keyed hash of it falls below `TEST_NAME_FRACTION` (a fixed partition), so a test
-story's names never appear in training.
+A name is an uppercase letter then a lowercase one (`Qx`, two byte tokens). Given its first
+letter, its second is one of about 20 equally likely letters, unless the name appeared
+before in the story: then copying it (induction) predicts it. The metric
+(`mtp.eval.synthetic`) is the accuracy on the second token of every repeated name (on first
+occurrences it is chance, a control). No name starts a capitalised template word, and one
+story's characters have distinct first letters. Train and test names are disjoint pools:
+a name is a test name when a keyed hash of it falls below `TEST_NAME_FRACTION`.
 """
 
 from __future__ import annotations
@@ -67,15 +60,11 @@ _TEMPLATES = INTRODUCTIONS + EVENTS + ENDINGS
 ALPHABET = string.ascii_letters + " .,!\""
 
 
-def _blocked_prefixes() -> set[str]:
-    """Two-letter starts of the capitalised words the templates write (no name may be one)."""
-    words = re.findall(r"\b[A-Z][a-z]+", re.sub(r"\{\w+\}", "", " ".join(_TEMPLATES)))
-    return {w[:2] for w in words}
-
-
 def all_names() -> list[str]:
-    """Every possible name, sorted: an uppercase then a lowercase letter, less template starts."""
-    blocked = _blocked_prefixes()
+    """Every possible name, sorted: an uppercase then a lowercase letter, less the starts of
+    the capitalised words the templates write."""
+    words = re.findall(r"\b[A-Z][a-z]+", re.sub(r"\{\w+\}", "", " ".join(_TEMPLATES)))
+    blocked = {w[:2] for w in words}
     return [a + b for a in string.ascii_uppercase for b in string.ascii_lowercase
             if a + b not in blocked]
 
@@ -91,8 +80,7 @@ def name_pool(test: bool) -> list[str]:
 
 @dataclass(frozen=True)
 class Story:
-    """A story and where its names are: `names[i]` = (character offset, occurrence), the
-    occurrence counting from 1 within the story."""
+    """A story and its names: `names[i]` = (character offset, occurrence from 1)."""
 
     text: str
     names: tuple[tuple[int, int], ...]

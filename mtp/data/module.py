@@ -1,22 +1,14 @@
 """``MTPDataModule``: batches ``{"tokens": LongTensor (B, seq_len + n_future)}``.
 
-Map-style sources (stdlib, local files, Hub without streaming) are prepared once
-(``pipeline.prepare``) and served as blocks of memory-mapped token streams.
+Map-style sources are prepared once (``pipeline.prepare``) and served as blocks of
+memory-mapped token streams. ``ResumableSampler`` (a ``DistributedSampler``, so Lightning
+keeps it) gives each rank a disjoint slice of a permutation seeded by ``seed + epoch``;
+``ResumableDataLoader``'s ``state_dict()`` holds the epoch and the batches handed out, which
+Lightning checkpoints, so a resumed run continues with the very next batch.
 
-Ranks: ``ResumableSampler`` is a ``DistributedSampler`` (so Lightning keeps it): a
-permutation seeded by ``seed + epoch``, split into disjoint per-rank slices of equal
-length (the tail that does not divide evenly is dropped for the epoch).
-
-Resuming mid-epoch: ``ResumableDataLoader`` has ``state_dict()``/``load_state_dict()``
-holding the epoch and the batches it has handed out. Lightning saves that state in
-every checkpoint (``loops.fit_loop.state_dict.combined_loader``) and loads it back
-before iterating, so a resumed run continues with the very next batch. Lightning does
-not prefetch from loaders that have a length, so "handed out" equals "trained on".
-
-Streaming Hub sources are tokenised and packed on the fly (``StreamingBlocks``),
-sharded across ranks with ``datasets.distributed.split_dataset_by_node`` and across
-dataloader workers by ``datasets`` itself. A streamed epoch restarts from its
-beginning when resumed; limit validation with the trainer's ``limit_val_batches``.
+Streaming Hub sources are tokenised and packed on the fly (``StreamingBlocks``), sharded
+across ranks and dataloader workers; a streamed epoch restarts from its beginning when
+resumed.
 """
 
 from __future__ import annotations
@@ -94,10 +86,8 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         want_val = self.split == "val"
-        texts = (
-            t for t in (row["text"] for row in self.documents)
-            if t and t.strip() and is_validation(t, self.seed, self.val_fraction) == want_val
-        )
+        texts = (t for t in (row["text"] for row in self.documents)
+                 if t and t.strip() and is_validation(t, self.seed, self.val_fraction) == want_val)
         eos = self.tokenizer.eos_id
         ids = (self.tokenizer.encode(t) + [eos] for t in texts)
         for block in pack_iter(ids, self.seq_len, self.n_future):
@@ -107,20 +97,10 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
 class MTPDataModule(L.LightningDataModule):
     """Training and validation blocks of ``source`` for a model with ``n_future`` heads."""
 
-    def __init__(
-        self,
-        source: Source,
-        tokenizer: Tokenizer,
-        seq_len: int,
-        n_future: int,
-        batch_size: int = 8,
-        val_fraction: float = 0.01,
-        seed: int = 0,
-        num_workers: int = 0,
-        cache_dir: str | Path | None = None,
-        num_proc: int | None = None,
-        pin_memory: bool = False,
-    ) -> None:
+    def __init__(self, source: Source, tokenizer: Tokenizer, seq_len: int, n_future: int,
+                 batch_size: int = 8, val_fraction: float = 0.01, seed: int = 0,
+                 num_workers: int = 0, cache_dir: str | Path | None = None,
+                 num_proc: int | None = None, pin_memory: bool = False) -> None:
         super().__init__()
         check_block_args(seq_len, n_future)
         check_split_args(val_fraction, seed)
@@ -151,21 +131,18 @@ class MTPDataModule(L.LightningDataModule):
                 StreamingBlocks(corpus, self.tokenizer, split=split, seq_len=self.seq_len,
                                 n_future=self.n_future, val_fraction=self.val_fraction,
                                 seed=self.seed, rank=rank, world_size=world_size)
-                for split in ("train", "val")
-            )
+                for split in ("train", "val"))
             return
         self.prepared = self._prepare(corpus)
         self.train_set, self.val_set = (
             PackedBlocks(self.prepared.stream(split), self.seq_len, self.n_future)
-            for split in ("train", "val")
-        )
+            for split in ("train", "val"))
         if len(self.train_set) < world_size * self.batch_size:
             tokens = self.prepared.meta["train"]["tokens"]
             raise ValueError(
-                f"corpus {corpus.key} has {tokens} training tokens: {len(self.train_set)} blocks of "
-                f"seq_len {self.seq_len} + n_future {self.n_future}, fewer than one batch of "
-                f"{self.batch_size} per rank on {world_size} rank(s)"
-            )
+                f"corpus {corpus.key} has {tokens} training tokens: {len(self.train_set)} blocks "
+                f"of seq_len {self.seq_len} + n_future {self.n_future}, fewer than one batch of "
+                f"{self.batch_size} per rank on {world_size} rank(s)")
 
     def stats(self) -> dict:
         """Corpus figures for this module's block shape (after ``setup``)."""

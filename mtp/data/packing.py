@@ -1,11 +1,8 @@
 """Fixed-length training blocks cut from a token stream.
 
-Block j of a stream ``s`` is ``s[j*T : j*T + T + n_future]`` (T = ``seq_len``): the T
-inputs plus ``n_future`` look-ahead tokens, so every target any head sees is the real
-next token (no padding, no masks). Consecutive blocks overlap by exactly those
-``n_future`` tokens and ``blocks[:, :T]`` concatenated is the stream. What is left,
-``len(s) - blocks * T`` tokens (fewer than ``T + n_future``), is the reported remainder.
-Documents longer than a block simply span blocks.
+Block j of a stream ``s`` is ``s[j*T : j*T + T + n_future]`` (T = ``seq_len``): the inputs
+and every head's real targets (no padding, no masks). Consecutive blocks overlap by
+``n_future`` tokens; what is left, ``len(s) - blocks * T`` tokens, is the remainder.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Arithmetic in the ring F7[X]/(X^5): the paper's algorithmic-reasoning task (Gloeckle et al.
 2024, section 4.2 and appendix K), generated from a seed, no download.
 
-An element is its 5 coefficients in F7, lowest degree first, written as 5 digits: `30215`
-is 3 + 0X + 2X^2 + X^3 + 5X^4. A problem is a start element and `m` operations applied left
-to right to the running result, each operator drawn uniformly:
+An element is its 5 coefficients in F7, lowest degree first: `30215` is
+3 + 0X + 2X^2 + X^3 + 5X^4. A problem is a start element and `m` operations applied left to
+right, each uniform: `-` negation, `+ q` addition, `* q` multiplication mod X^5, `o q`
+composition r(q(X)) mod X^5. The text is the problem, ` = ` and the result
+(`10230 + 00611 - o 21005 = 31402`); a model is asked the 5 digits after `= `.
 
-    -       negation                    r -> -r
-    + q     addition                    r -> r + q
-    * q     multiplication              r -> r * q mod X^5
-    o q     composition                 r -> r(q(X)) mod X^5
-
-every operand's coefficients uniform in F7. The text is the problem, ` = ` and the result:
-`10230 + 00611 - o 21005 = 31402`; a model is asked the 5 digits after `= `.
-
-Train and test are disjoint by construction: a problem (its text before ` = `) belongs to the
-test side when a keyed hash of it falls below `TEST_FRACTION`, a fixed function of the text
-alone, so no seed, count or range of m of a training source can reach a test problem.
+A problem (its text before ` = `) is a test problem when a keyed hash of it falls below
+`TEST_FRACTION`: no seed, count or m of a training source can reach one.
 """
 
 from __future__ import annotations
@@ -55,8 +48,7 @@ def mul(a: Poly, b: Poly) -> Poly:
 
 
 def compose(a: Poly, b: Poly) -> Poly:
-    """a(b(X)) mod X^5, by Horner's rule in the ring (well defined: terms of b of degree >= 5
-    only reach degrees >= 5)."""
+    """a(b(X)) mod X^5, by Horner's rule in the ring."""
     out = (0,) * DEGREE
     for coefficient in reversed(a):
         out = add(mul(out, b), (coefficient,) + (0,) * (DEGREE - 1))
@@ -116,7 +108,7 @@ def random_problem(rng: random.Random, m: int) -> Problem:
 
 
 def is_test(prompt: str) -> bool:
-    """Whether a problem (its prompt) is reserved for testing (see the module docstring)."""
+    """Whether a problem (its prompt) is reserved for testing."""
     return in_fraction(prompt, "mtp-polynomial-test", TEST_FRACTION)
 
 

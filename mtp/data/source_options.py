@@ -1,6 +1,6 @@
-"""The command-line keys that choose a corpus source, shared by the data scripts
-(scripts/prepare_data.py, scripts/distill_data.py, whose schemas extend `SourceOptions`);
-they mirror conf/data/*.yaml's `data.source`. `KEYS` lists them for a script's --help.
+"""The command-line keys that choose a corpus source, shared by scripts/prepare_data.py and
+scripts/distill_data.py (whose schemas extend `SourceOptions`), mirroring conf/data/*.yaml's
+`data.source`; `KEYS` lists them for a script's --help.
 """
 
 from __future__ import annotations

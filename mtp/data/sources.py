@@ -1,13 +1,9 @@
 """Where documents come from: the embedded stdlib corpus, all installed Python, local files,
-or the Hub.
+or the Hub. Each source is a frozen dataclass (Hydra builds it from `conf/data/*.yaml`) whose
+``load()`` returns a ``Corpus``.
 
-Every source is a small frozen dataclass (Hydra instantiates it from ``conf/data/*.yaml``)
-whose ``load()`` returns a ``Corpus``: a ``datasets`` dataset with a ``text`` column,
-a ``key`` naming its caches, and the files it skipped and why.
-
-Skipping rule, the same for every tokenizer so byte and BPE models see the same
-documents: a file with a NUL byte is ``binary``, one that is not valid UTF-8 is
-``not UTF-8``, an empty or whitespace-only one is ``empty``; each is skipped and counted.
+Every source skips, and counts, the same files whatever the tokenizer: ``binary`` (a NUL
+byte), ``not UTF-8`` and ``empty`` (whitespace only).
 """
 
 from __future__ import annotations
@@ -52,30 +48,26 @@ class Corpus:
 
 @dataclass(frozen=True)
 class StdlibSource:
-    """The running interpreter's standard-library ``.py`` files (no download, ~30 MB).
-
-    ``site-packages`` is excluded (third-party code that varies by machine); the ``test``
-    packages stay: they are real, idiomatic Python.
-    """
+    """The running interpreter's standard-library ``.py`` files (no download, ~30 MB), less
+    ``site-packages`` (it varies by machine); the ``test`` packages stay."""
 
     def load(self) -> Corpus:
         root = Path(sysconfig.get_paths()["stdlib"])
-        files = sorted(
-            p for p in root.rglob("*.py") if "site-packages" not in p.relative_to(root).parts
-        )
+        files = sorted(p for p in root.rglob("*.py")
+                       if "site-packages" not in p.relative_to(root).parts)
         if not files:
             raise FileNotFoundError(f"no .py files under the standard library at {root}")
+        ids, texts, skipped = _read_text_files(files, root)
         version = f"py{sys.version_info.major}{sys.version_info.minor}"
-        return _corpus_from_files(files, root, prefix=f"stdlib-{version}")
+        return _corpus(ids, texts, skipped, prefix=f"stdlib-{version}", searched=[str(root)])
 
 
 @dataclass(frozen=True)
 class LocalSource:
     """Local files: text files (one document each), JSON lines or Parquet (one per record).
 
-    ``paths`` holds files, folders (read recursively, hidden entries skipped) or globs; each
-    must match a file when the source is made, so that a typo fails before any work rather
-    than after the model is built (or silently drops part of the corpus).
+    ``paths`` holds files, folders (recursively, hidden entries skipped) or globs; each must
+    match a file when the source is made, so that a typo fails before any work.
     """
 
     paths: list[str] | str
@@ -112,12 +104,8 @@ class LocalSource:
 
 @dataclass(frozen=True)
 class HubSource:
-    """A Hugging Face Hub dataset by ``name``, ``config``, ``split`` and ``text_field``.
-
-    ``streaming=True`` reads without downloading the whole corpus (the DataModule shards
-    the stream across ranks and dataloader workers). Without network this fails at once
-    with a message that suggests a local path, instead of retrying HTTP requests.
-    """
+    """A Hugging Face Hub dataset by ``name``, ``config``, ``split`` and ``text_field``;
+    ``streaming=True`` reads it without downloading it all. Offline, it fails at once."""
 
     name: str
     config: str | None = None
@@ -129,17 +117,14 @@ class HubSource:
     def load(self) -> Corpus:
         check_hub_reachable(self.name)
         try:
-            ds = datasets.load_dataset(
-                self.name, self.config, split=self.split, streaming=self.streaming,
-                revision=self.revision,
-            )
+            ds = datasets.load_dataset(self.name, self.config, split=self.split,
+                                       streaming=self.streaming, revision=self.revision)
         except (ConnectionError, OSError) as e:
             raise ConnectionError(offline_message(self.name, reason=str(e))) from e
         columns = ds.column_names
         if columns is not None and self.text_field not in columns:
-            raise ValueError(
-                f"dataset {self.name!r} has no column {self.text_field!r}; columns: {columns}"
-            )
+            raise ValueError(f"dataset {self.name!r} has no column {self.text_field!r}; "
+                             f"columns: {columns}")
         ds = ds.select_columns([self.text_field])
         if self.text_field != "text":
             ds = ds.rename_column(self.text_field, "text")
@@ -156,18 +141,13 @@ class HubSource:
 class InstalledSource:
     """All Python source installed for this interpreter, deduplicated and decontaminated.
 
-    ``paths``: the folders to read (None: every folder on ``sys.path``, the standard library
-    and site-packages, less the script's folder and the working directory: that is where the
-    command runs, not what is installed). Every ``.py`` file is read once: a file reached
-    through several folders or links, or with the same bytes as one read before, is skipped
-    as ``duplicate``.
-    ``decontaminate``: the benchmarks (``humaneval``, ``mbpp``) whose problems no kept file
+    ``paths``: the folders to read (None: ``sys.path``'s, less the script's folder and the
+    working directory). Each ``.py`` file is read once; one reached twice, or with the bytes of
+    one read before, is skipped as ``duplicate``. ``decontaminate``: the benchmarks no kept file
     may share an n-gram of ``ngram`` words with (``mtp.data.decontaminate``); such files are
-    skipped as ``contaminated`` and listed in ``Corpus.contaminated`` with the problems they
-    matched. ``humaneval_file`` and ``mbpp_file`` replace the packaged and Hub copies.
-
-    The verdicts are cached by file content under ``cache_dir`` (default: ``data_dir()``),
-    so a second load only reads and hashes the files; a process loads the corpus once.
+    skipped as ``contaminated`` and listed in ``Corpus.contaminated``. ``humaneval_file`` and
+    ``mbpp_file`` replace the packaged and Hub copies. Verdicts are cached by file content
+    under ``cache_dir`` (default: ``data_dir()``).
     """
 
     paths: tuple[str, ...] | None = None
@@ -220,10 +200,8 @@ def _expand(paths: list[str]) -> list[Path]:
         matches = glob.glob(os.path.expanduser(pattern), recursive=True) or [pattern]
         for match in map(Path, matches):
             if match.is_dir():
-                out += [
-                    p for p in match.rglob("*")
-                    if p.is_file() and not any(s.startswith(".") for s in p.relative_to(match).parts)
-                ]
+                out += [p for p in match.rglob("*") if p.is_file() and not any(
+                    s.startswith(".") for s in p.relative_to(match).parts)]
             elif match.is_file():
                 out.append(match)
     return out
@@ -267,10 +245,8 @@ def _read_records(path: Path, text_field: str) -> list[str]:
     texts = []
     for n, record in enumerate(records):
         if text_field not in record:
-            raise ValueError(
-                f"{path} record {n} has no field {text_field!r}; fields: {sorted(record)} "
-                "(set text_field)"
-            )
+            raise ValueError(f"{path} record {n} has no field {text_field!r}; fields: "
+                             f"{sorted(record)} (set text_field)")
         texts.append(record[text_field] or "")
     return texts
 
@@ -346,16 +322,10 @@ class _DecontaminationCache:
         os.replace(tmp, self.path)  # whole or absent, whichever process writes last
 
 
-def _corpus_from_files(files: list[Path], root: Path, prefix: str) -> Corpus:
-    ids, texts, skipped = _read_text_files(files, root)
-    return _corpus(ids, texts, skipped, prefix=prefix, searched=[str(root)])
-
-
 def _corpus(ids: list[str], texts: list[str], skipped: Counter, prefix: str, searched: list[str]) -> Corpus:
     if not texts:
-        raise ValueError(
-            f"empty corpus: no usable documents in {searched} (skipped: {dict(skipped) or 'none'})"
-        )
+        raise ValueError(f"empty corpus: no usable documents in {searched} (skipped: "
+                         f"{dict(skipped) or 'none'})")
     # Content hash: editing, adding or removing any document gives new caches.
     digest = hashlib.blake2b(digest_size=6)
     for doc_id, text in zip(ids, texts):

@@ -23,17 +23,15 @@ def generated_corpus(texts: list[str], task: str) -> Corpus:
 
 
 def in_fraction(text: str, key: str, fraction: float) -> bool:
-    """Whether a keyed hash of `text` falls below `fraction`: a fixed partition of all texts
-    (the same on every machine and for every seed), which makes train and test disjoint."""
+    """Whether a keyed hash of `text` falls below `fraction`: a fixed partition of all texts,
+    which makes train and test disjoint."""
     digest = hashlib.blake2b(text.encode(), digest_size=8, key=key.encode())
     return int.from_bytes(digest.digest(), "little") < fraction * 2**64
 
 
 def check_spelling(tokenizer: Tokenizer, task: str, alphabet: str, sample: str) -> None:
-    """Fail, in one line, unless `tokenizer` spells the task one token per character: every
-    character of `alphabet` is one token that decodes back to it, and the task's `sample`
-    text is as many tokens as characters (the tasks are scored token by token; a BPE that
-    merges characters moves the positions they score)."""
+    """Fail, in one line, unless `tokenizer` spells the task one token per character (each of
+    `alphabet`, and all of `sample`): the tasks are scored token by token."""
     for ch in alphabet:
         ids = tokenizer.encode(ch)
         if len(ids) != 1 or tokenizer.decode(ids) != ch:

@@ -1,24 +1,17 @@
 """The sandbox's launcher: `python -I -S launcher.py CONFIG_JSON`, run in a fresh directory
 holding `program.py`, starts that program under the limits and exits as it did.
 
-A standalone script (the standard library only, no `mtp` import): `sandbox.py` starts it in a
-new session, one per program, between the evaluator and the program, so that what the program
-does to its parent hits this disposable process. CONFIG_JSON holds `rlimits` (name -> value),
+A standalone script (the standard library only): `sandbox.py` starts it in a new session
+between the evaluator and the program. CONFIG_JSON holds `rlimits` (name -> value),
 `isolation` ("namespaces" or "none"), and for namespaces `uid`, `gid` and `tmp_bytes`.
 
-isolation="none": the launcher sets the limits, becomes a child subreaper, runs the program and
-then kills and reaps whatever the program left behind (even what called `setsid`).
-
-isolation="namespaces": the launcher unshares new mount, PID, network, IPC and UTS namespaces
-(and a user namespace when it is not root), then forks the new PID namespace's init, which
-- makes every mount private (nothing propagates back to the host) and the whole tree
-  read-only and nosuid, then mounts a fresh tmpfs of `tmp_bytes` on /tmp (the program's working
-  directory is in it), another on /dev/shm, and a /proc that shows only the sandbox;
-- drops to `uid`/`gid` (no supplementary groups), clears every capability including the
-  bounding set, sets PR_SET_NO_NEW_PRIVS and the limits, so RLIMIT_NPROC holds;
-- forks and execs the program, reaps every orphan, and on the program's exit writes its wait
-  status to the launcher and exits: the kernel then kills everything left in the namespace.
-The new network namespace has only a loopback interface, down: no connection goes anywhere.
+"none": set the limits, become a child subreaper, run the program, then kill and reap
+whatever it left behind. "namespaces": unshare mount, PID, network, IPC and UTS namespaces
+(and a user namespace when not root), then fork the namespace's init, which makes every mount
+private and the tree read-only and nosuid, mounts fresh tmpfs on /tmp and /dev/shm and a
+/proc of the sandbox, drops to `uid`/`gid` with no capabilities and PR_SET_NO_NEW_PRIVS, sets
+the limits, runs the program and reaps every orphan; when the program exits the kernel kills
+everything left in the namespace.
 """
 
 import ctypes
@@ -216,9 +209,8 @@ def python_dirs() -> list[str]:
 
 def expose(dirs: dict[str, int]) -> None:
     """Make each of `dirs` (path -> an O_PATH descriptor opened before /tmp was replaced)
-    reachable, read-only, by the sandbox user where it is not: under /tmp, or under a directory
-    others may not enter (pyenv or conda in root's home). Such a directory is covered by an
-    empty tmpfs holding only bind mounts of `dirs`, so the rest of it stays out of reach."""
+    reachable, read-only, where it is not (under /tmp, or a directory others may not enter,
+    which an empty tmpfs then covers, holding only bind mounts of `dirs`)."""
     new_mounts = []
     for path, fd in dirs.items():
         hidden = unreachable_part(path)

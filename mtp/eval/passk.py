@@ -1,9 +1,5 @@
-"""pass@k: the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models
-Trained on Code", section 2.1).
-
-With n samples of a problem of which c pass, pass@k = 1 - C(n - c, k) / C(n, k): the chance
-that k samples drawn without replacement from the n include a passing one. Computed as the
-product 1 - prod_{i = n - c + 1}^{n} (1 - k / i), which never forms the huge binomials.
+"""pass@k: the unbiased estimator of Chen et al. 2021, section 2.1: with n samples of which
+c pass, 1 - C(n - c, k) / C(n, k), computed as 1 - prod_{i = n - c + 1}^{n} (1 - k / i).
 """
 
 from __future__ import annotations
@@ -26,11 +22,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def mean_pass_at_k(counts: Mapping[str, tuple[int, int]], ks: Iterable[int]) -> dict[int, float]:
-    """Mean pass@k over problems, `counts` mapping task id to (samples, correct).
-
-    Every problem needs at least max(ks) samples: pass@k is undefined with fewer, and
-    averaging over only the problems that have enough would bias the mean.
-    """
+    """Mean pass@k over problems, `counts` mapping task id to (samples, correct); every
+    problem needs at least max(ks) samples (leaving some out would bias the mean)."""
     if not counts:
         raise ValueError("pass@k of no problems is undefined")
     ks = sorted(set(ks))

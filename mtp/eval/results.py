@@ -1,8 +1,7 @@
 """The per-sample results file, and the samples files a run scores.
 
-The results file gets one line per executed sample, appended and flushed as each finishes, so
-an interrupted run loses at most the line being written. Reopening it resumes: the records
-already there are kept, a torn last line is cut off, and the run skips their samples.
+Results are appended and flushed one line per executed sample; reopening the file resumes:
+its records are kept, a torn last line is cut off, and their samples are skipped.
 """
 
 from __future__ import annotations
@@ -72,6 +71,6 @@ class ResultsFile:
                 if record.get(key) != self.run.get(key):
                     raise ValueError(
                         f"{self.path} holds results of another run ({key}={record.get(key)!r}, "
-                        f"this run has {self.run.get(key)!r}): choose another output= to start afresh"
-                    )
+                        f"this run has {self.run.get(key)!r}): choose another output= to start "
+                        f"afresh")
         return records

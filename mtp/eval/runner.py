@@ -1,8 +1,7 @@
 """An evaluation run: generate samples (or read a samples file), execute them, report pass@k.
 
-Generation and execution overlap: each problem's samples go to the sandbox as soon as they
-are generated, and every executed sample is appended to the results file at once, so an
-interrupted run resumes where it stopped (`mtp.eval.results`).
+Each problem's samples go to the sandbox as soon as they are generated, and each executed
+sample is appended to the results file at once, so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -32,9 +31,8 @@ TASKS = ("humaneval", "mbpp", "polynomial", "induction")
 
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig(DecodeSettings):
-    """One evaluation (`python -m mtp.eval`'s arguments). Exactly one of `checkpoint` and
-    `samples`. How it decodes is a `DecodeSettings` (drafter and its options, dtype,
-    threads, ...: the same as `python -m mtp.generate`), which this extends."""
+    """One evaluation (`python -m mtp.eval`'s arguments): exactly one of `checkpoint` and
+    `samples`; how it decodes is the `DecodeSettings` this extends."""
 
     task: str = "humaneval"  # humaneval | mbpp | polynomial | induction
     checkpoint: str | None = None
@@ -73,10 +71,8 @@ class EvalConfig(DecodeSettings):
         if self.task in synthetic.TASKS:
             check_synthetic(self)
         if (self.checkpoint is None) == (self.samples is None):
-            raise ValueError(
-                f"give exactly one of checkpoint= (generate) and samples= (score a file), got "
-                f"checkpoint={self.checkpoint!r}, samples={self.samples!r}"
-            )
+            raise ValueError(f"give exactly one of checkpoint= (generate) and samples= (score a "
+                             f"file), got checkpoint={self.checkpoint!r}, samples={self.samples!r}")
         for name in ("samples_per_problem", "max_new_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
@@ -85,23 +81,18 @@ class EvalConfig(DecodeSettings):
         if self.checkpoint is not None:
             check_ks(self.pass_k, self.samples_per_problem)
             if self.temperature == 0 and self.samples_per_problem > 1:
-                raise ValueError(
-                    f"samples_per_problem={self.samples_per_problem} at temperature=0 repeats one "
-                    "greedy sample: set temperature > 0 (e.g. 0.8) for pass@k with k > 1"
-                )
+                raise ValueError(f"samples_per_problem={self.samples_per_problem} at temperature=0 "
+                                 f"repeats one greedy sample: set temperature > 0 (e.g. 0.8) for "
+                                 f"pass@k with k > 1")
 
     def run_fields(self) -> dict[str, Any]:
         """What identifies this run in its results file; a resumed run must match it."""
         generating = self.checkpoint is not None
-        return {
-            "task": self.task,
-            "checkpoint": _absolute(self.checkpoint),
-            "samples_file": _absolute(self.samples),
-            "decoding": self.drafter if generating else None,
-            "temperature": self.temperature if generating else None,
-            "top_p": self.top_p if generating else None,
-            "few_shot": self.few_shot,
-        }
+        return {"task": self.task, "checkpoint": _absolute(self.checkpoint),
+                "samples_file": _absolute(self.samples),
+                "decoding": self.drafter if generating else None,
+                "temperature": self.temperature if generating else None,
+                "top_p": self.top_p if generating else None, "few_shot": self.few_shot}
 
 
 def evaluate(config: EvalConfig) -> dict[str, Any]:
@@ -154,13 +145,8 @@ def _score_samples(path: str, k: Sequence[int], task: Task, problems: list[Probl
 
 def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                         results: ResultsFile, sandbox: Sandbox) -> str:
-    """Generate the missing samples in batches of `batch_size` (several problems and several
-    samples of one problem together) and execute them; returns the decoding used.
-
-    The checkpoint is opened for decoding once (`open_decoder`): drafter=auto measures its
-    candidates on the run's first prompts, in batches of `batch_size`, for at most a tenth of
-    the run's expected time, and every batch decodes with the choice.
-    """
+    """Generate the missing samples in batches of `batch_size` and execute them; returns the
+    decoding used (the checkpoint opened once: drafter=auto measures on the first prompts)."""
     from mtp.checkpoint import load
 
     done = results.done()
@@ -204,17 +190,14 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
 
 def _sample(config: EvalConfig, decoder: Decoder, task: Task,
             batch: list[tuple[Problem, int]]) -> list[tuple[str, dict[str, Any]]]:
-    """Generate the samples `batch` of (problem, sample index) in one batch: (completion,
-    stats) of each."""
+    """(completion, stats) of each (problem, sample index) of `batch`, generated together."""
     began = time.perf_counter()
     first, index = batch[0]
     generations = decoder.generate(
         [problem.prompt for problem, _ in batch], max_new_tokens=config.max_new_tokens,
         stop=task.stop,
-        # Seeded by the batch's first problem and sample, not call order: reruns repeat their
-        # draws, and a resumed run's batches do not replay earlier ones.
-        seed=zlib.crc32(f"{config.seed}/{first.task_id}/{index}".encode()),
-    )
+        # Seeded by the batch's first sample, not call order: reruns and resumed runs agree.
+        seed=zlib.crc32(f"{config.seed}/{first.task_id}/{index}".encode()))
     share = (time.perf_counter() - began) / len(batch)  # each sample's part of the call
     return [(g.text, {"finish_reason": g.finish_reason, "new_tokens": g.stats.new_tokens,
                       "forward_passes": g.stats.forward_passes,
@@ -237,8 +220,8 @@ def _append(results: ResultsFile, progress: tqdm, problem: Problem, index: int, 
 
 def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[Problem],
               decoding: str | None = None) -> dict[str, Any]:
-    """pass@k over `problems` from their records, with problem/sample counts and decoding speed
-    (`decoding`: the drafter that generated them, e.g. what `auto` chose)."""
+    """pass@k over `problems` from their records, with counts and decoding speed (`decoding`:
+    the drafter that generated them)."""
     keys = {str(p.task_id) for p in problems}
     mine = [r for r in records if str(r["task_id"]) in keys]
     if not mine:
@@ -258,11 +241,9 @@ def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[
         tokens = sum(r["new_tokens"] for r in mine)
         seconds = sum(r["seconds"] for r in mine)
         forwards = sum(r["forward_passes"] for r in mine)
-        summary.update(
-            decoding=decoding or config.drafter,
-            tokens_per_second=tokens / seconds if seconds else None,
-            tokens_per_forward=tokens / forwards if forwards else None,
-        )
+        summary.update(decoding=decoding or config.drafter,
+                       tokens_per_second=tokens / seconds if seconds else None,
+                       tokens_per_forward=tokens / forwards if forwards else None)
     summary["output"] = str(config.output)
     return summary
 
@@ -300,8 +281,8 @@ def check_synthetic(config: EvalConfig) -> None:
 
 
 def evaluate_synthetic(config: EvalConfig) -> dict[str, Any]:
-    """`python -m mtp.eval task=polynomial|induction`: score the checkpoint, write one record
-    per problem (or story) to `config.output`, print a table and a final JSON line."""
+    """`task=polynomial|induction`: score the checkpoint, write one record per problem (or
+    story) to `config.output`, print a table and a final JSON line."""
     from mtp.checkpoint import load
 
     model, tokenizer = load(config.checkpoint, device=config.device, dtype=config.load_dtype)

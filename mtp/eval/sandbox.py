@@ -1,33 +1,17 @@
-"""Run untrusted generated programs, each in its own process, with limits and isolation.
+"""Run untrusted generated programs, each in its own process, with limits and isolation
+(docs/evaluation.md).
 
-What it does, for each program:
-- a fresh working directory (also HOME and TMPDIR), removed afterwards;
-- a new session, so the whole process group can be killed at the end; a disposable launcher
-  process (`launcher.py`) between the evaluator and the program, so that what the program does
-  to its parent hits the launcher, not the evaluation run;
-- resource limits (setrlimit): CPU seconds, address space (memory), size of written files,
-  number of processes, no core dumps; and a wall-clock timeout;
-- stdout and stderr captured together and bounded: a program that writes more than
-  `max_output_bytes` is stopped and fails;
-- a pass needs exit status 0 *and* a random sentinel printed after the tests, so a program
-  that exits early (`sys.exit(0)`, `os._exit(0)`) before its tests ran fails.
+Each program gets a fresh working directory (also HOME and TMPDIR), a new session (its whole
+process group is killed at the end), a disposable launcher process between it and the
+evaluator (`launcher.py`), resource limits and a wall-clock timeout, and bounded output. A
+pass needs exit status 0 *and* a random sentinel printed after the tests, so a program that
+exits early fails.
 
-Isolation (`isolation=`), on Linux as root or with unprivileged user namespaces:
-- "namespaces": each program runs in new network, PID, mount, IPC and UTS namespaces: no
-  network (only a loopback interface, down), it sees and can signal only its own processes (so
-  `os.kill(-1, SIGKILL)` ends the program, nothing else), and everything it started dies with
-  it. The file system is read-only except its working directory, which lives in a private
-  tmpfs /tmp of `Limits.tmp_bytes`, and a private /dev/shm. It runs as a uid/gid of its own
-  (or, without root, the evaluating user mapped in a user namespace), with no capabilities and
-  PR_SET_NO_NEW_PRIVS, so RLIMIT_NPROC bounds a fork bomb;
-- "none": only the list above. The launcher is a child subreaper that kills what the program
-  left behind (even after `setsid`), but programs can open sockets, read and write every file
-  the evaluating user can, and, as root, fork without limit and signal any process;
-- "auto" (the default): "namespaces" where they work, else "none" with a one-line warning that
-  names what is missing. `Sandbox.isolation` says which level is in force.
-
-Not prevented at any level: programs that game their tests (redefining `AssertionError`,
-patching builtins), and reading files that every user may read.
+Isolation: "namespaces" runs each program in new network, PID, mount, IPC and UTS
+namespaces, on a read-only file system but for a private tmpfs /tmp, as a uid of its own
+with no capabilities; "none" has only the limits (the launcher still kills what the program
+left behind); "auto" is "namespaces" where they work, else "none" with a warning.
+Not prevented: programs that game their tests, and reading world-readable files.
 """
 
 from __future__ import annotations
@@ -77,13 +61,9 @@ class Limits:
                 raise ValueError(f"Limits.{name} must be positive, got {value!r}")
 
     def rlimits(self) -> dict[str, int]:
-        return {
-            "RLIMIT_CPU": self.cpu_seconds,
-            "RLIMIT_AS": self.memory_bytes,
-            "RLIMIT_FSIZE": self.file_bytes,
-            "RLIMIT_NPROC": self.processes,
-            "RLIMIT_CORE": 0,
-        }
+        return {"RLIMIT_CPU": self.cpu_seconds, "RLIMIT_AS": self.memory_bytes,
+                "RLIMIT_FSIZE": self.file_bytes, "RLIMIT_NPROC": self.processes,
+                "RLIMIT_CORE": 0}
 
 
 @dataclass(frozen=True)
@@ -105,11 +85,8 @@ class ExecResult:
 
 
 def run_program(program: str, limits: Limits = Limits(), isolation: Isolation = "auto") -> ExecResult:
-    """Run `program` in a fresh process and directory under `limits`; never raises for its faults.
-
-    `isolation="auto"` resolves as `resolve_isolation` says; "namespaces" where they do not
-    work fails the program with the reason.
-    """
+    """Run `program` in a fresh process and directory under `limits`; never raises for its
+    faults ("namespaces" where they do not work fails the program with the reason)."""
     if isolation == "auto":
         isolation = resolve_isolation("auto")
     elif isolation not in ISOLATION_LEVELS:
@@ -125,11 +102,10 @@ def run_program(program: str, limits: Limits = Limits(), isolation: Isolation = 
         sandbox_id = SANDBOX_IDS[secrets.randbelow(len(SANDBOX_IDS))]
         config = {"rlimits": limits.rlimits(), "isolation": isolation, "tmp_bytes": limits.tmp_bytes,
                   "uid": sandbox_id, "gid": sandbox_id}
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", LAUNCHER, json.dumps(config)],
-            cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        proc = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, json.dumps(config)],
+                                cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             output, overflow, timed_out = _collect(proc, limits)
         finally:
@@ -182,9 +158,7 @@ def _namespaces_missing() -> str | None:
 
 class Sandbox:
     """Runs programs in parallel worker threads (one process each); results come as they finish.
-
-    `isolation` is resolved once, here (`resolve_isolation`); `self.isolation` is the level
-    every program of this sandbox runs at, "namespaces" or "none".
+    `self.isolation` is the level ("namespaces" or "none") every program runs at.
 
     ```
     with Sandbox(Limits(timeout=3)) as sandbox:
@@ -225,11 +199,8 @@ class Sandbox:
 
 
 def _collect(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bool, bool]:
-    """Read output until the launcher exits, the output overflows or the deadline passes.
-
-    Returns (output, overflowed, timed_out). Ends when the launcher exits rather than at end
-    of file: an orphaned grandchild may hold the pipe open forever.
-    """
+    """(output, overflowed, timed_out): read until the launcher exits (not end of file: an
+    orphaned grandchild may hold the pipe open), the output overflows or the deadline passes."""
     deadline = time.monotonic() + limits.timeout
     chunks: list[bytes] = []
     size = 0

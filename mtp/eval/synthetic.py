@@ -1,13 +1,10 @@
 """The synthetic tasks' metrics: polynomial exact match per m, induction accuracy on repeated
 names (`mtp.data.polynomial`, `mtp.data.induction`).
 
-Both are read off one teacher-forced forward pass per batch: head 0's argmax at every
-position. For polynomial this is greedy decoding's exact match, not an approximation: greedy
-decoding writes the answer exactly when head 0's argmax after each correct prefix is the next
-correct digit, which is what the teacher-forced argmax checks position by position (the first
-wrong digit ends the match either way). Induction is scored per token, as the paper does:
-whether the model's top guess for the second letter of a name, having seen the story so far
-and the name's first letter, is right.
+Both are read off one teacher-forced forward pass: head 0's argmax at every position. For
+polynomial this is greedy decoding's exact match (greedy writes the answer exactly when each
+digit is the argmax after the correct prefix); induction is scored per token, as the paper
+does: the top guess for a name's second letter, given the story so far and its first.
 """
 
 from __future__ import annotations
@@ -47,9 +44,8 @@ def check_ms(ms: Sequence[int]) -> tuple[int, ...]:
 @torch.no_grad()
 def greedy_predictions(model: MTPModel, sequences: list[list[int]], pad_id: int,
                        batch_size: int = 64) -> list[torch.Tensor]:
-    """Head 0's argmax at every position of each sequence (teacher-forced): `out[i][t]` is the
-    model's guess for `sequences[i][t + 1]`. Sequences are batched by length, padded on the
-    right (a causal model's earlier positions never see the padding)."""
+    """Head 0's argmax at every position of each sequence: `out[i][t]` guesses
+    `sequences[i][t + 1]` (batched by length, padded on the right)."""
     longest = max(map(len, sequences))
     if longest > model.config.max_seq_len:
         raise ValueError(f"a sequence of {longest} tokens exceeds the model's max_seq_len="
@@ -89,9 +85,8 @@ def polynomial_correct(model: MTPModel, tokenizer: Tokenizer,
 
 def induction_counts(story: induction.Story, tokens: Sequence[int], guesses: torch.Tensor,
                      offset: int) -> dict[str, int]:
-    """Right guesses and totals on the second letter of repeated names and of first
-    occurrences. `tokens` are the story's prompt tokens, where character c is token
-    `offset + c` (one token per character, after e.g. EOS); `guesses[t]` guesses token t + 1."""
+    """Right guesses and totals on the second letter of repeated and first names; character
+    c of the story is `tokens[offset + c]`, and `guesses[t]` guesses token t + 1."""
     counts = {}
     for kind, repeated in (("repeated", True), ("first", False)):
         positions = [offset + c for c in story.second_tokens(repeated)]
@@ -112,8 +107,8 @@ def induction_records(model: MTPModel, tokenizer: Tokenizer, stories: Sequence[i
 def score(task: str, model: MTPModel, tokenizer: Tokenizer, *, size: int | None = None,
           ms: Sequence[int] = DEFAULT_MS, batch_size: int = 64
           ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The task's summary figures and per-sample records on its fixed test set (`size`
-    problems per m, or stories; None: the paper's 2,000 per m, or 1,000 stories)."""
+    """The task's summary figures and per-sample records on its fixed test set of `size`
+    problems per m, or stories (None: `DEFAULT_SIZE`)."""
     check_task(task, tokenizer)
     size = DEFAULT_SIZE[task] if size is None else size
     if task == "polynomial":

@@ -1,22 +1,12 @@
-"""Heads for a trained model: start from a checkpoint, keep its trunk and heads, add heads.
+"""Heads for a trained model: start from a checkpoint, keep its trunk and heads, add heads
+(Medusa; Gloeckle et al. 2024's finetuning).
 
-Medusa (Cai et al. 2024) and the multi-token prediction paper (Gloeckle et al. 2024, section
-on finetuning) both grow a trained next-token model's prediction heads instead of
-pretraining from scratch. `grown_config` is the new model's config: the checkpoint's
-architecture with `n_future` heads of `head_type`; `grow_heads` its initial weights:
-
-- the base model (embedding, trunk, head 0, shared norm and unembedding) and any heads the
-  checkpoint already has, as they are;
-- each new head either at random (`MTPModel.init_weights`), or `copy`: a block head copies
-  head 0's blocks (the paper), so it starts predicting what head 0 predicts; a resblock or
-  linear head cannot copy a block and starts as the identity instead (Medusa zero-initialises
-  its ResBlock for the same reason: a new head first says what the layer below it says); a
-  sequential module copies the checkpoint's last module when it has one (as MiMo grows its
-  one pretrained MTP layer into several), else its blocks copy head 0's and its input fusion
-  (`eh_proj`, the two norms) starts as in pretraining.
-
-Freezing and learning-rate groups are the training side (`lit.py`, `optim.py`); they split
-parameters with `MTPModel.is_base_parameter`.
+`grown_config` is the checkpoint's architecture with `n_future` heads of `head_type`;
+`grow_heads` its initial weights: the base model and any heads the checkpoint has, as they
+are, and each new head at random or, with `copy`: a block head copies head 0's blocks; a
+resblock or linear head starts as the identity (as Medusa zero-initialises its ResBlock); a
+sequential module copies the checkpoint's last module (as MiMo grows its MTP layer), else
+its blocks copy head 0's and its input fusion starts as in pretraining.
 """
 
 from __future__ import annotations
@@ -33,10 +23,8 @@ NEW_HEADS: tuple[str, ...] = ("copy", "random")
 
 def grown_config(base: MTPConfig, *, n_future: int, head_type: str,
                  drop_heads: bool = False, new_heads: str | None = "copy") -> MTPConfig:
-    """`base` with `n_future` heads of `head_type`; its other fields stay the checkpoint's.
-
-    Heads beyond the checkpoint's need `new_heads` (how to start them), fewer `drop_heads`.
-    """
+    """`base` with `n_future` heads of `head_type`: more heads than its need `new_heads`,
+    fewer `drop_heads`."""
     if n_future < base.n_future and not drop_heads:
         raise ValueError(f"model.n_future={n_future} is below the checkpoint's "
                          f"{base.n_future} heads: set init.drop_heads=true to keep only heads "
@@ -77,8 +65,8 @@ def grow_heads(base: MTPModel, config: MTPConfig, *, new_heads: str | None = "co
 
 def _copied(state: dict[str, Tensor], name: str, prefix: str, head_type: str,
             kept: int) -> Tensor:
-    """The `copy` initialisation of a new head's parameter `name` (module docstring); heads
-    0..kept-1 are the checkpoint's."""
+    """The `copy` initialisation of a new head's parameter `name`; heads 0..kept-1 are the
+    checkpoint's."""
     sub = name[len(prefix):]
     if head_type == "sequential" and kept > 1:
         return state[f"heads.{kept - 1}.{sub}"].clone()

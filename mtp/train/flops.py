@@ -1,37 +1,22 @@
 """Model FLOPs per token and model FLOPs utilisation (MFU).
 
-FLOPs per token of an `MTPModel` in training, counting matrix products only (norms, rotary
-embeddings, activations and the softmax are elementwise and negligible at scale), with
-D = dim, H = n_heads, K = n_kv_heads, hd = head_dim, F = ffn_hidden, V = vocab_size,
-T = seq_len and a multiply-add as 2 FLOPs:
+Matrix products only (elementwise work is negligible), a multiply-add as 2 FLOPs; D = dim,
+H = n_heads, K = n_kv_heads, hd = head_dim, F = ffn_hidden, V = vocab_size, T = seq_len:
 
-    per block, forward     2 * D * hd * (2H + 2K)   q, k, v, o projections
-                         + 2 * 3 * D * F            SwiGLU: gate, up, down
-                         + 2 * 2 * T * H * hd       scores Q K^T and the weighted sum A V
-    per head, forward      2 * D * V                the shared unembedding, once per head
-    per sequential module  2 * 2D * D               its eh_proj (head_type="sequential")
-    per resblock, linear   2 * D * D                a head layer of heads 1..n-1 that is not a
-    or medusa layer                                 block (head 0's are blocks)
-    forward                (n_layers + head_layers) * block + heads 1..n-1's layers (and
-                           modules) + n_future * unembedding
-    training               3 * forward              backward = 2 x forward (input and weight
-                                                    gradients of every product)
-    heads-only training    forward + 2 x heads 1..n-1's layers + (n_future - 1) * unembedding
-                           (`trains_base=False`: Medusa-1, `optim.freeze_trunk`; the trunk and
-                           head 0 run forward only, the frozen unembedding passes input
-                           gradients back to heads 1..n-1, and a resblock, linear or medusa
-                           head's first layer needs no input gradient)
+    block, forward         2 D hd (2H + 2K) + 2 * 3 D F + 2 * 2 T H hd   (qkvo, SwiGLU, attention)
+    head, forward          2 D V                 the shared unembedding, once per head
+    sequential module      2 * 2D * D            its eh_proj
+    resblock/linear/medusa 2 D D                 per layer of heads 1..n-1 (head 0's are blocks)
+    forward                (n_layers + head_layers) blocks + heads 1..n-1 + n_future unembeddings
+    training               3 x forward           (backward: input and weight gradients)
+    heads-only training    forward + 2 x heads 1..n-1 + (n_future - 1) unembeddings
+                           (`trains_base=False`, Medusa-1; a non-block head's first layer
+                           needs no input gradient)
 
-The trunk runs once and each head once, so this holds for every loss mode (`mtp.train.loss`);
-the input embedding is a lookup (no FLOPs). Medusa heads (head_type="medusa") read head 0's
-output, which the model recomputes for each of them in training: like activation
-checkpointing's recomputation, that is not counted. Attention is counted over the full T x T
-score matrix, the convention of PaLM's MFU (Chowdhery et al. 2022, appendix B), torchtitan
-and `torch.utils.flop_counter`, although a causal kernel skips about half of it. This is
-the model's FLOPs, not the hardware's: recomputation (activation checkpointing) is not
-counted, so MFU does not reward it.
-
-MFU = achieved model FLOPs per second / peak FLOPs per second of the hardware used.
+Attention counts the full T x T scores (PaLM's MFU convention, torchtitan,
+`torch.utils.flop_counter`); recomputation (activation checkpointing, Medusa heads re-reading
+head 0) is not counted, so MFU does not reward it.
+MFU = achieved model FLOPs per second / the hardware's peak FLOPs per second.
 """
 
 from __future__ import annotations
@@ -52,11 +37,8 @@ PEAK_FLOPS: dict[str, float] = {
 
 def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True,
                     trains_base: bool = True) -> float:
-    """Model FLOPs per input token of a training step (or a forward when training=False);
-    `trains_base=False`: a step that trains heads 1..n-1 alone (a frozen base model).
-
-    See the module docstring for the formula. `seq_len` is the attention context T.
-    """
+    """Model FLOPs per input token of a training step (a forward when training=False) at
+    context `seq_len`; `trains_base=False`: heads 1..n-1 train alone."""
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r} must be a positive integer")
     D, hd, F, V = config.dim, config.head_dim, config.ffn_hidden, config.vocab_size
@@ -84,11 +66,8 @@ def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True,
 
 def measure_peak_flops(dtype: torch.dtype = torch.float32, *, device: str = "cpu",
                        size: int = 1024, seconds: float = 0.5) -> float:
-    """Measured matrix-product peak: FLOPs/s of the best of repeated (size x size) products.
-
-    What the hardware sustains on a large dense product in `dtype` with torch's threads
-    (oneDNN/MKL on CPUs), the practical ceiling for MFU where no data sheet applies.
-    """
+    """Measured matrix-product peak in `dtype`: FLOPs/s of the best of repeated (size x size)
+    products, the ceiling for MFU where no data sheet applies."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     torch.mm(a, b)  # warm-up: kernel selection, page faults
@@ -119,11 +98,8 @@ def check_peak_flops(peak: object) -> None:
 
 
 def resolve_peak_flops(peak: float | str | None, precision: str) -> float | None:
-    """`trainer.peak_flops` as FLOPs/s: a number, a `PEAK_FLOPS` preset, "cpu" or None.
-
-    "cpu" measures this CPU's matrix-product peak (`measure_peak_flops`, half a second) in
-    the run's precision: bfloat16 under bf16 autocast, float32 otherwise. None: no MFU.
-    """
+    """`trainer.peak_flops` as FLOPs/s: a number, a `PEAK_FLOPS` preset, "cpu" (measured in
+    the run's precision, half a second) or None (no MFU)."""
     check_peak_flops(peak)
     if peak is None:
         return None

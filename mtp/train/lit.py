@@ -1,36 +1,28 @@
-"""The LightningModule: manual optimisation around `mtp.train.loss.mtp_loss`.
+"""The LightningModule: manual optimisation around `mtp.train.loss.mtp_loss`, whose headwise
+modes run their own backward passes (one per head, then the trunk's) via `manual_backward`.
 
-Manual optimisation, because the headwise loss runs its own backward passes (one per head,
-then one through the trunk) through `manual_backward`; Lightning's automatic loop would want
-a single loss tensor and so the naive, n-times-the-logits-memory backward.
-
-One optimizer step = `accumulate` micro-batches; each is weighted 1/accumulate so the
-gradient is the mean over them. `trainer.global_step` counts optimizer steps, so
-`trainer.max_steps` and the LR schedule are in optimizer steps. The schedule also ends by
-`trainer.max_time` when that comes first (`mtp.train.optim.lr_factor`): its clock is Lightning's
-`Timer`, which checkpoints restore, so a resumed run continues the same schedule. The loss
-weights' schedule (`loss.schedule`, `mtp.train.schedule`) reads the same step and clock: each
-step's loss takes `LossSettings.resolved` at the run's `Progress`, and a scheduled run logs
-the weights it used (`train/loss_weight_head{i}`, `train/loss_weight_ahead{d}`).
-Under FSDP2 the model is built on the meta device, sharded by `mtp.train.parallel.parallelize`
-and then initialised.
+One optimizer step is `accumulate` micro-batches, each weighted 1/accumulate; `global_step`,
+`trainer.max_steps` and the schedules count optimizer steps. The learning rate and the loss
+weights' schedules also end by `trainer.max_time` (Lightning's `Timer`, which checkpoints
+restore). Under FSDP2 the model is built on the meta device, sharded, then initialised.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Timer
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from mtp.model import MTPConfig, MTPModel
 from mtp.train.flops import flops_per_token, mfu, resolve_peak_flops
 from mtp.train.loss import LossOutput, LossSettings, mtp_loss
 from mtp.train.optim import LRSchedule, build_optimizer, build_scheduler, schedules
+from mtp.train.pace import max_time_timer
 from mtp.train.parallel import (
     apply_activation_checkpointing,
     gradient_sync,
@@ -43,9 +35,8 @@ from mtp.train.trunk_cache import TrunkCache
 
 
 def compile_blocks(model: MTPModel) -> None:
-    """`torch.compile` every transformer block of `model` in place (trunk and heads)."""
-    # Per block (torchtitan's choice): FSDP2 units stay intact, compile time is one block's,
-    # and parameter names are unchanged (checkpoints stay portable).
+    """`torch.compile` every transformer block of `model` in place (trunk and heads): per
+    block, as torchtitan, FSDP2 units and parameter names stay as they are."""
     for block in [*model.layers, *(b for head in model.heads for b in head)]:
         block.compile()
 
@@ -59,17 +50,9 @@ class MTPLitModule(L.LightningModule):
 
     Args:
         model: the model's `MTPConfig` (or its `to_dict()`, as a checkpoint stores it).
-        settings: the run's `TrainSettings` (`mtp.train.settings`): the loss, the optimizer
-            and its schedule, the block length and step budget, compile, activation
-            checkpointing, FSDP's mixed precision, the MFU denominator. Checked against the
-            model here, before it is built.
-        tokenizer_files: the tokenizer's saved files (name -> text), stored in every
-            checkpoint so a `.ckpt` alone can be loaded for inference.
-        init_state: initial weights (a full state dict, e.g. `mtp.train.finetune.grow_heads`)
-            instead of random ones; not saved in the hyperparameters.
-
-    The hyperparameters (`model`, `settings`) are plain dicts: Lightning resumes and `mtp.load`
-    reads a checkpoint with `weights_only=True`, and `load_from_checkpoint` rebuilds both.
+        settings: the run's `TrainSettings` (or its `to_dict()`), checked against the model.
+        tokenizer_files: the tokenizer's files (name -> text), kept in every checkpoint.
+        init_state: initial weights (a full state dict, e.g. `finetune.grow_heads`).
     """
 
     def __init__(self, model: MTPConfig | Mapping[str, Any],
@@ -105,19 +88,16 @@ class MTPLitModule(L.LightningModule):
         if self.model is not None:  # Lightning may call this more than once
             return
         mesh, run = self._device_mesh, self.settings.run
-        if mesh is None:
+        if mesh is not None and mesh.ndim > 1 and mesh["tensor_parallel"].size() > 1:
+            raise ValueError(f"tensor parallelism is not supported: the strategy's mesh is "
+                             f"{dict(zip(mesh.mesh_dim_names, mesh.shape))}; set "
+                             f"strategy.tensor_parallel_size=1")
+        with torch.device("meta") if mesh is not None else contextlib.nullcontext():
             model = MTPModel(self.config)
-            apply_activation_checkpointing(model, run.activation_checkpointing)
-            self._maybe_compile(model)
-        else:
-            if mesh.ndim > 1 and mesh["tensor_parallel"].size() > 1:
-                raise ValueError(f"tensor parallelism is not supported: the strategy's mesh is "
-                                 f"{dict(zip(mesh.mesh_dim_names, mesh.shape))}; set "
-                                 f"strategy.tensor_parallel_size=1")
-            with torch.device("meta"):
-                model = MTPModel(self.config)
-            apply_activation_checkpointing(model, run.activation_checkpointing)
-            self._maybe_compile(model)
+        apply_activation_checkpointing(model, run.activation_checkpointing)
+        if run.compile:
+            compile_blocks(model)
+        if mesh is not None:
             policy = mixed_precision(self.trainer.precision, param_dtype=run.param_dtype,
                                      reduce_dtype=run.reduce_dtype)
             parallelize(model, mesh["data_parallel"] if mesh.ndim > 1 else mesh, mp_policy=policy)
@@ -133,14 +113,10 @@ class MTPLitModule(L.LightningModule):
                     param.requires_grad_(False)
         self.model = model
 
-    def _maybe_compile(self, model: MTPModel) -> None:
-        if self.settings.run.compile:
-            compile_blocks(model)
-
     def configure_optimizers(self) -> dict[str, Any]:
         optim = self.settings.optim
         optimizer = build_optimizer(self.model, optim)
-        timer = self._timer()
+        timer = max_time_timer(self.trainer)
         # The whole budget (elapsed + remaining): a resumed run's Timer may be restored already.
         budget = timer and timer.time_elapsed() + timer.time_remaining()
         scheduler = build_scheduler(optimizer, warmup_steps=optim.warmup_steps,
@@ -151,19 +127,10 @@ class MTPLitModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler,
                                                          "interval": "step"}}
 
-    def _timer(self) -> Timer | None:
-        """The trainer's `max_time` guard, when it has one."""
-        timers = [cb for cb in self.trainer.callbacks
-                  if isinstance(cb, Timer) and cb.time_remaining() is not None]
-        return timers[0] if timers else None
-
     def _progress(self) -> Progress:
-        """Where the run is: its optimizer step and, under `trainer.max_time`, its clock.
-
-        Each rank reads its own Timer (started together, milliseconds apart): no collective
-        per step, and under FSDP each rank only updates its own shards anyway.
-        """
-        timer = self._timer() if self._trainer is not None else None
+        """The run's optimizer step and, under `trainer.max_time`, its clock (each rank reads
+        its own Timer: no collective per step)."""
+        timer = max_time_timer(self.trainer) if self._trainer is not None else None
         elapsed = timer.time_elapsed() if timer else 0.0
         return Progress(step=self.global_step, max_steps=self.settings.run.max_steps,
                         elapsed=elapsed, time_budget=timer and elapsed + timer.time_remaining())
@@ -177,8 +144,7 @@ class MTPLitModule(L.LightningModule):
             schedule.elapsed, schedule.time_budget = progress.elapsed, progress.time_budget
 
     def _loss_settings(self, train: bool) -> LossSettings:
-        """The loss with this step's scheduled weights; a training micro-batch's share of them
-        (1 / accumulate), so that a step's gradient is the mean over its micro-batches."""
+        """The loss with this step's weights (a training micro-batch's 1 / accumulate)."""
         scale = 1.0 / self.settings.optim.accumulate if train else 1.0
         self._weights_at = self._progress()
         return self.settings.loss.resolved(self.config.n_future, self._weights_at, scale)
@@ -195,8 +161,8 @@ class MTPLitModule(L.LightningModule):
 
     def _loss(self, tokens: torch.Tensor, *, train: bool,
               index: torch.Tensor | None = None) -> LossOutput:
-        """The loss of a batch (backpropagated when `train`); a training batch's `index` (its
-        blocks') reads the frozen trunk's output from `cache_trunk`'s cache."""
+        """The loss of a batch (backpropagated when `train`); `index` names a training batch's
+        blocks for `cache_trunk`'s cache."""
         seq_len = self.settings.run.seq_len
         lookahead = self.settings.loss.lookahead(self.config.n_future)
         expected = seq_len + lookahead
@@ -226,9 +192,8 @@ class MTPLitModule(L.LightningModule):
         last = (batch_idx + 1) % optim.accumulate == 0
         if first:
             self._step_started = time.perf_counter()
-        # Under FSDP, one reduce-scatter per parameter per step, in the last micro-batch. The
-        # headwise deferral waits for the trunk's backward: without one (frozen trunk, heads-only
-        # warm-up) every unit syncs in each of its backwards, FSDP's plain rule.
+        # Under FSDP, one reduce-scatter per parameter per step; without a trunk backward
+        # (frozen, warming up) every unit syncs in each of its backwards, FSDP's plain rule.
         headwise = self.settings.loss.mode != "naive" and self._trains_trunk()
         with gradient_sync(self.model, sync=last, headwise=headwise):
             out = self._loss(batch["tokens"], train=True, index=batch.get("index"))
@@ -305,8 +270,7 @@ class MTPLitModule(L.LightningModule):
 
 
 def _metrics(out: LossOutput) -> dict[str, torch.Tensor]:
-    """A loss's logged figures by name (after "train/" or "val/"): each head's loss and top-1
-    accuracy, then the look-ahead terms' and the early exit's when there are some."""
+    """A loss's logged figures by name (after "train/" or "val/")."""
     metrics = {}
     for i, (loss, accuracy) in enumerate(zip(out.head_losses, out.head_accuracy)):
         metrics[f"loss_head{i}"], metrics[f"acc_head{i}"] = loss, accuracy

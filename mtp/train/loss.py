@@ -1,57 +1,32 @@
 """Multi-token prediction loss: label shifting for n heads, and three ways to backpropagate.
 
-All three modes compute the same numbers, the sum over heads of each head's mean
-cross-entropy (optionally weighted), and give the same gradients; they differ in which
-logits are alive at once.
+Every mode gives the same loss (the weighted sum of each head's mean cross-entropy) and the
+same gradients; they differ in which logits are alive at once:
 
-- `naive`: every head's logits (B, T, n, V) materialised, one backward. For tests and
-  comparison: peak memory grows as n * V per token.
-- `headwise` (Gloeckle et al. 2024, section 2): the trunk runs once; its output is detached;
-  each head runs forward and backward in turn, accumulating into the detached output's
-  gradient and freeing its logits; one backward through the trunk ends the step. Only one
-  head's logits are alive at a time, so memory is O(V + d) per token instead of O(nV + d).
-- `chunked`: headwise, and each head's norm + unembedding + cross-entropy also runs over
-  chunks of `chunk_size` tokens, so not even one head's full (B, T, V) logits exist.
+- `naive`: every head's logits (B, T, n, V) at once, one backward (tests, comparison).
+- `headwise` (Gloeckle et al. 2024, section 2): the trunk runs once and its output is
+  detached; each head runs forward and backward in turn into that copy's gradient, freeing
+  its logits; one backward through the trunk ends the step. Memory O(V + d) per token, not
+  O(nV + d).
+- `chunked`: headwise, with each head's unembedding and cross-entropy over chunks of
+  `chunk_size` tokens: not even one head's (B, T, V) logits exist.
 
-Sequential heads (`head_type="sequential"`, DeepSeek-V3's modules) form a chain: module k
-reads module k - 1's output and, teacher-forced, the token t + k, which is head k - 1's
-target (`model.tokens_ahead`). Their headwise backward carries the gradient down the chain:
+Sequential heads (DeepSeek-V3's modules) form a chain: module k reads module k - 1's output
+and the token t + k (`model.tokens_ahead`). Headwise, each module's output is detached and its
+head's loss backpropagated at once; then, last module first, each module's backward adds its
+share into the previous output's gradient (`_sequential_backward`).
 
-    forward   h_0 = head 0(trunk);  h_k = module k(s_{k-1}, x_{t+k}),  s_k = h_k detached
-              and right away head k's loss on s_k, backward into s_k.grad: its logits freed
-    backward  for k = n-1 .. 1: h_k.backward(s_k.grad), which adds module k's share into
-              s_{k-1}.grad (already holding head k-1's loss gradient); then head 0 and the trunk
+An early exit (`early_exit=e`, LayerSkip) adds head 0's next-token loss on the stream after
+trunk layer e - 1, weighted `early_exit_weight`: the path `drafter=layer_skip` runs. The trunk
+then runs in two segments, the second on a detached copy of the first's output.
 
-So one head's logits are alive at a time, as with parallel heads; what the chain keeps
-besides is each module's activations until its backward (`activation_checkpointing=all`
-keeps only their inputs, (B, T, D) each). Gradients equal the naive backward's.
+A look-ahead term (`ahead=[a_1, ...]`, modded-nanogpt) scores head 0's logits at t against
+tokens t + 2, t + 3, ... too (head 0's targets become a list of `Target`s); blocks then carry
+1 + len(ahead) look-ahead tokens (`LossSettings.lookahead`).
 
-An early exit (`early_exit=e`, LayerSkip: Elhoushi et al. 2024) adds one more term: head 0
-also reads the residual stream after trunk layer e - 1 and predicts the next token through
-the shared norm and unembedding, weighted `early_exit_weight`. That is the path a
-layer-skipping drafter with layers e.. skipped runs (`drafter=layer_skip`), so the term
-teaches the early layers to draft. The trunk then runs in two segments, layers < e and
-layers >= e, the second on a detached copy of the first's output: the heads' gradients reach
-it through the second segment's backward, the exit's directly, and one backward through the
-first segment ends the step (one head's logits alive at a time, as before).
-
-A look-ahead term (`ahead=[a_1, a_2, ...]`, modded-nanogpt's multi-token loss on the existing
-head) scores head 0's logits at position t against tokens t + 2, t + 3, ... as well, weighted
-a_1, a_2, ...: head 0's targets become a list (`Target`), its own first, scored on the same
-logits in one backward (`_scored`); no head or parameter is added. Blocks then carry
-1 + len(ahead) look-ahead tokens (`LossSettings.lookahead`) when that is more than n_future.
-
-Frozen parameters (Medusa-1: `requires_grad=False` on the base model) cost no backward: a
-loss that needs no gradient is not backpropagated, and with a frozen embedding and trunk the
-trunk output needs none, so the trunk's backward never runs. `train_trunk=False` detaches
-the trunk output for a step, for the heads-only warm-up of Medusa-2.
-
-The code reads in that order: `mtp_loss` takes the settings (`LossSettings`: mode, weights,
-look-ahead, early exit; a training step passes them with its scheduled weights fixed,
-`LossSettings.resolved`), `run_trunk` is the trunk's part (the early exit's two segments, a
-frozen trunk's precomputed output, the heads-only warm-up), then one function per mode:
-`_naive_loss`, `_headwise_loss` with a whole head's unembedding at once (`_whole_head_loss`)
-or in chunks (`_chunked_head_loss`), and the sequential chain's `_sequential_backward`.
+Frozen parameters (Medusa-1) cost no backward: with a frozen embedding and trunk the trunk's
+backward never runs. `train_trunk=False` detaches the trunk output for a step (Medusa-2's
+heads-only warm-up).
 """
 
 from __future__ import annotations
@@ -83,23 +58,11 @@ def autograd_backward(tensor: Tensor, gradient: Tensor | None = None) -> None:
 
 def shift_targets(tokens: Tensor, seq_len: int, n_future: int,
                   ignore_index: int = IGNORE_INDEX) -> tuple[Tensor, Tensor]:
-    """Split a block of tokens into model inputs and every head's targets.
+    """Inputs (B, seq_len) and targets (B, n_future, seq_len) of a block `tokens` (B, L).
 
-    Head i at position t predicts tokens[:, t + i + 1]; a target past the end of the block is
-    `ignore_index`, so it never trains. Worked example, seq_len=3, n_future=2:
-
-        tokens  = [[10, 11, 12, 13, 14]]
-        inputs  = [[10, 11, 12]]
-        targets = [[[11, 12, 13],    # head 0: the next token
-                    [12, 13, 14]]]   # head 1: the one after
-
-    With tokens = [[10, 11, 12, 13]] (one look-ahead token short) head 1's last target is
-    ignore_index: [[[11, 12, 13], [12, 13, -100]]].
-
-    Args:
-        tokens: (B, L) token ids with L >= seq_len; the data pipeline gives L = seq_len + n.
-    Returns:
-        inputs (B, seq_len) and targets (B, n_future, seq_len).
+    Head i at position t predicts tokens[:, t + i + 1]; a target past the block's end is
+    `ignore_index`. E.g. seq_len=3, n_future=2: [[10, 11, 12, 13, 14]] gives inputs
+    [[10, 11, 12]] and targets [[[11, 12, 13], [12, 13, 14]]].
     """
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
@@ -116,8 +79,7 @@ def shift_targets(tokens: Tensor, seq_len: int, n_future: int,
 
 @dataclass(frozen=True)
 class LossOutput:
-    """Detached results of one loss computation; `loss` is the weighted sum over heads (and
-    the look-ahead and early-exit terms, when there are some)."""
+    """Detached results of one loss: `loss` is the weighted sum of every term."""
 
     loss: Tensor  # ()
     head_losses: Tensor  # (n,) mean cross-entropy of each head
@@ -149,8 +111,8 @@ def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tenso
 
 @dataclass(frozen=True)
 class Target:
-    """Tokens a head's logits are scored against, and that term's weight: a head's own
-    next tokens, or (head 0's look-ahead term) tokens further ahead."""
+    """Tokens a head's logits are scored against (its own, or head 0's look-ahead), and the
+    term's weight."""
 
     tokens: Tensor  # (B*T,) ids, ignore_index where none
     denominator: int  # targets that count, at least 1: the term's mean divides by it
@@ -164,9 +126,7 @@ def _scored(logits: Tensor, targets: Sequence[Target]) -> tuple[Tensor, Tensor, 
     """(N, V) logits scored against each target: the weighted sum (what backpropagates), each
     term's mean cross-entropy (k,) and its top-1 hits (k,)."""
     losses, hits = zip(*(_head_loss(logits, t.tokens, t.denominator) for t in targets))
-    total = targets[0].weight * losses[0]
-    for target, loss in zip(targets[1:], losses[1:]):
-        total = total + target.weight * loss
+    total = sum(target.weight * loss for target, loss in zip(targets, losses))
     return total, torch.stack(losses), torch.stack(hits)
 
 
@@ -177,18 +137,15 @@ def mtp_loss(model: MTPModel, tokens: Tensor, settings: LossSettings | None = No
     """Loss of every head on a block of tokens, and (with `backward`) its gradients.
 
     Args:
-        tokens: (B, L) ids; inputs are the first `seq_len` (default L less the look-ahead:
-            n_future, or 1 + len(ahead) when more).
-        settings: the mode, per-head weights, look-ahead term, early exit and chunk size
-            (`LossSettings`; a schedule's weights are read at the run's start: a training
-            step passes `settings.resolved(...)`); a plain call gives them as `options`
-            instead: `mtp_loss(model, tokens, mode="naive", weights=[1, 0.5])`.
-        backward: called on each tensor to backpropagate (Lightning's `manual_backward`, or
-            `autograd_backward`); None computes the loss only, e.g. for validation.
-        train_trunk: False backpropagates into the heads only, not the trunk or embedding.
-        trunk_out: the trunk's output (B, seq_len, D) for these tokens, computed before (a
-            frozen trunk's, `mtp.train.trunk_cache`): the trunk does not run, and gets no
-            gradient.
+        tokens: (B, L) ids; inputs are the first `seq_len` (default: L less the look-ahead).
+        settings: a `LossSettings` (a schedule's weights read at the run's start: a training
+            step passes `settings.resolved(...)`), or its fields as `options`:
+            `mtp_loss(model, tokens, mode="naive", weights=[1, 0.5])`.
+        backward: backpropagates a tensor (Lightning's `manual_backward`, or
+            `autograd_backward`); None computes the loss only.
+        train_trunk: False backpropagates into the heads only.
+        trunk_out: a frozen trunk's output (B, seq_len, D) for these tokens, computed before
+            (`mtp.train.trunk_cache`): the trunk does not run.
     """
     if settings is None:
         settings = LossSettings(**options)
@@ -215,8 +172,8 @@ class TrunkPass:
 
     out: Tensor  # (B, T, D) what the heads read
     exit_state: Tensor | None = None  # (B, T, D) the stream after layer early_exit - 1
-    exit_in: Tensor | None = None  # what the exit head and the later layers read: exit_state,
-    # or its detached copy (the headwise modes backpropagate into it, then through exit_state)
+    exit_in: Tensor | None = None  # exit_state or (headwise) its detached copy: what the
+    # exit head and the later layers read
 
 
 def run_trunk(model: MTPModel, inputs: Tensor, *, early_exit: int | None = None,
@@ -224,9 +181,8 @@ def run_trunk(model: MTPModel, inputs: Tensor, *, early_exit: int | None = None,
               trunk_out: Tensor | None = None) -> TrunkPass:
     """The trunk on `inputs` (B, T), or `trunk_out`, a frozen trunk's output computed before.
 
-    With an `early_exit`, the trunk runs in two segments (module docstring), the second on
-    the first's output, detached when `detach_exit`. `train=False` keeps no graph (the
-    heads-only warm-up), as does a frozen trunk by itself.
+    With an `early_exit`, in two segments, the second on the first's output (detached when
+    `detach_exit`). `train=False` keeps no graph.
     """
     if trunk_out is not None:
         if early_exit is not None or trunk_out.requires_grad \
@@ -247,8 +203,8 @@ def run_trunk(model: MTPModel, inputs: Tensor, *, early_exit: int | None = None,
 
 @dataclass(frozen=True)
 class _Heads:
-    """What each head's loss reads besides its output: its targets and their weights (head
-    0's look-ahead terms after its own), the counts, and the backward."""
+    """Each head's targets (head 0's look-ahead terms after its own), the counts, and the
+    backward."""
 
     targets: list[list[Target]]  # per head: its own next tokens first
     counts: Tensor  # (lookahead,) targets that count at each distance t+1, t+2, ...
@@ -275,8 +231,7 @@ class _Heads:
 
     def output(self, losses: Sequence[Tensor], correct: Sequence[Tensor],
                exit_loss: Tensor | None = None, exit_hits: Tensor | None = None) -> LossOutput:
-        """The detached `LossOutput` of the heads' losses and hits (each head's (k,): its own
-        target's, then head 0's look-ahead terms) and the exit's."""
+        """The detached `LossOutput` of the heads' losses and hits (k,) each, and the exit's."""
         losses = [loss.detach() for loss in losses]
         total = sum(t.weight * loss for targets, head in zip(self.targets, losses)
                     for t, loss in zip(targets, head))
@@ -314,8 +269,7 @@ def _naive_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads
 
 
 class HeadLossFn(Protocol):
-    """One head's losses and hits (k,) against its `targets` on its output (B, T, D), their
-    weighted sum backpropagated into it (`_whole_head_loss`, `_chunked_head_loss`)."""
+    """One head's losses and hits (k,) on its output (B, T, D), backpropagated into it."""
 
     def __call__(self, model: MTPModel, head: int, head_out: Tensor,
                  targets: Sequence[Target],
@@ -325,7 +279,7 @@ class HeadLossFn(Protocol):
 def _headwise_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads,
                    per_head: HeadLossFn) -> LossOutput:
     """One head at a time on the detached trunk output, then one backward through the trunk
-    (and with an early exit, the exit's loss, then the trunk's first segment)."""
+    (then the early exit's loss and the trunk's first segment)."""
     backward = heads.backward
     # Heads backpropagate into this detached copy; the trunk's backward runs once at the end.
     detached = trunk.out.detach().requires_grad_(trunk.out.requires_grad)
@@ -352,7 +306,7 @@ def _headwise_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _He
 
 def _whole_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Sequence[Target],
                      backward: BackwardFn | None) -> tuple[Tensor, Tensor]:
-    """Head `head`'s losses over all its logits (B*T, V) at once (the headwise mode)."""
+    """Head `head`'s losses over all its logits (B*T, V) at once."""
     total, losses, hits = _scored(model.unembed(head_out, head).flatten(0, 1), targets)
     if backward is not None and total.requires_grad:
         backward(total)
@@ -362,8 +316,8 @@ def _whole_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Sequ
 def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
                          head_loss: Callable[[int, Tensor], tuple[Tensor, Tensor]],
                          backward: BackwardFn | None) -> tuple[list[Tensor], list[Tensor]]:
-    """The chain's headwise losses and backward (module docstring) on the detached trunk
-    output (B, T, D); `head_loss(i, state)` backpropagates head i's loss into `state`."""
+    """The sequential chain's headwise losses and backward on the detached trunk output;
+    `head_loss(i, state)` backpropagates head i's loss into `state`."""
     links = []  # each head's output, with its graph, and its detached copy
     losses, correct = [], []
     state = trunk_out
@@ -387,8 +341,7 @@ def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
 def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor,
                        targets: Sequence[Target], backward: BackwardFn | None, *,
                        chunk_size: int) -> tuple[Tensor, Tensor]:
-    """Head `head`'s losses over chunks of `chunk_size` tokens of `head_out` (B, T, D),
-    backpropagating per chunk (the chunked mode): no (B*T, V) logits at once."""
+    """Head `head`'s losses over chunks of `chunk_size` tokens of `head_out` (B, T, D)."""
     flat = head_out.flatten(0, 1)  # (B*T, D)
     # Chunks backpropagate into this detached copy; the head's blocks run backward once.
     detached = flat.detach().requires_grad_(flat.requires_grad)

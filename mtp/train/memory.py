@@ -2,22 +2,16 @@
 
 Per rank, in bytes (D width, V vocabulary, B x T tokens per micro-batch, P parameters):
 
-    states        16 P / ranks      float32 parameters, gradients and AdamW's two moments
-                                    (sharded over the ranks by FSDP); 4 bytes only for the
-                                    parameters a frozen trunk (Medusa-1) does not train
+    states        16 P / ranks   float32 parameters, gradients, AdamW's two moments (sharded
+                                 by FSDP); 4 bytes for a frozen trunk's (Medusa-1) parameters
     activations   32 D B T per block whose activations wait for the backward: every trunk
-                  block (the trunk's backward comes last; none when it is frozen) and one
-                  head's blocks (the headwise loss runs the heads one at a time); with
-                  activation checkpointing a block keeps its input only, not counted
+                  block (none when frozen or checkpointed) and one head's blocks
     logits        4 B T V per head alive at once: one (headwise), every head (naive), none
-                  (chunked: the unembedding runs over chunks)
+                  (chunked)
 
-32 bytes per token and width is a floor: an eager bf16-autocast block saves about 57 of them
-for its backward (measured with saved-tensor hooks, tests/test_memory.py), a compiled one
-fewer, since inductor recomputes cheap elementwise results instead of saving them. The
-bound ignores the allocator's fragmentation, the gathered parameters of FSDP units and the
-CUDA context, so a run it lets through may still run out of memory; one it refuses cannot
-fit.
+32 bytes per token and width is a floor (an eager bf16 block saves about 57, tests/
+test_memory.py); fragmentation, gathered FSDP units and the CUDA context are ignored: a run
+this lets through may still run out of memory, one it refuses cannot fit.
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ class StepMemory:
 
 
 def count_parameters(config: MTPConfig) -> tuple[int, int]:
-    """Parameters of a model of `config`, and those of its base model (trunk + head 0:
-    `MTPModel.is_base_parameter`); built on the meta device, so no memory is used."""
+    """Parameters of a model of `config`, and of its base model (`is_base_parameter`)."""
     with torch.device("meta"):
         named = [(name, p.numel()) for name, p in MTPModel(config).named_parameters()]
     return sum(n for _, n in named), sum(n for name, n in named
@@ -59,7 +52,7 @@ def count_parameters(config: MTPConfig) -> tuple[int, int]:
 def step_memory(config: MTPConfig, *, batch: int, seq_len: int, loss_mode: str = "headwise",
                 activation_checkpointing: str = "none", freeze_trunk: bool = False,
                 ranks: int = 1) -> StepMemory:
-    """The lower bound of the module docstring for one micro-batch of `batch` x `seq_len`."""
+    """The lower bound for one micro-batch of `batch` x `seq_len`."""
     tokens = batch * seq_len
     per_block = ACTIVATION_BYTES * config.dim * tokens
     frozen_trunk = freeze_trunk or activation_checkpointing in ("trunk", "all")

@@ -1,12 +1,10 @@
 """AdamW with weight decay on matrices only, and a linear warm-up then cosine learning rate
 that ends at the step budget or the time budget, whichever comes first.
 
-Parameters fall into the heads (heads 1..n-1) and the base model (`MTPModel.is_base_parameter`:
-the embedding, trunk, head 0, shared norm and unembedding), each split into decayed matrices
-and undecayed vectors. The base groups' learning rate is `trunk_lr_mult` times the heads'
-(Medusa-2 trains the base model at a lower rate) and can wait `heads_only_steps` before it
-starts its own warm-up (Medusa-2's heads-only warm-up). Frozen parameters get no group, so no
-optimizer state.
+Parameters fall into the heads (1..n-1) and the base model (`MTPModel.is_base_parameter`),
+each split into decayed matrices and undecayed vectors. The base groups' rate is
+`trunk_lr_mult` times the heads' and may wait `heads_only_steps` (Medusa-2); frozen
+parameters get no group, so no optimizer state.
 """
 
 from __future__ import annotations
@@ -24,11 +22,8 @@ from mtp.train.settings import OptimSettings
 
 def param_groups(model: nn.Module, weight_decay: float, *,
                  trunk_lr_mult: float = 1.0) -> list[dict]:
-    """AdamW groups of the trainable parameters: heads then base, each decayed or not.
-
-    Each group carries its `name` ("heads", "heads_no_decay", "base", "base_no_decay") and
-    its `lr_mult`; empty groups are left out.
-    """
+    """AdamW groups of the trainable parameters, each with its `name` ("heads",
+    "heads_no_decay", "base", "base_no_decay") and `lr_mult`; empty groups are left out."""
     groups: dict[str, list] = {"heads": [], "heads_no_decay": [], "base": [],
                                "base_no_decay": []}
     for name, param in model.named_parameters():
@@ -43,8 +38,7 @@ def param_groups(model: nn.Module, weight_decay: float, *,
 
 def build_optimizer(model: nn.Module, optim: OptimSettings, *,
                     fused: bool | None = None) -> torch.optim.AdamW:
-    """AdamW over `param_groups(model)` with `optim`'s settings (lr, weight_decay, betas, eps,
-    the base model's `trunk_lr_mult`); `fused` as torch decides when None."""
+    """AdamW over `param_groups(model)` with `optim`'s settings (`fused` None: torch's)."""
     groups = param_groups(model, optim.weight_decay, trunk_lr_mult=optim.base_lr_mult)
     if not groups:
         raise ValueError("no trainable parameters: every parameter is frozen")
@@ -57,16 +51,10 @@ def lr_factor(step: int, elapsed: float = 0.0, *, warmup_steps: int, total_steps
               time_budget: float | None = None, min_lr_ratio: float = 0.1) -> float:
     """Learning-rate multiplier at optimizer step `step`, `elapsed` seconds into training.
 
-    Linear warm-up from 1/warmup_steps to 1 over the first `warmup_steps` steps, then a half
-    cosine down to `min_lr_ratio` at the end of the budget, and flat there. The budget is
-    `total_steps` steps or `time_budget` seconds, whichever runs out first: progress is
-    max(step / total_steps, elapsed / time_budget). A machine too slow to finish the steps
-    in time thus still decays fully by the deadline, while one that finishes the steps in
-    time follows the step schedule exactly (elapsed / time_budget then stays below
-    step / total_steps, and the time term never counts). Worked example, warmup 50,
-    400 steps, 840 s: a fast machine at step 225 after 420 s is at progress
-    max(0.5625, 0.5) = 0.5625, halfway down the cosine; a slow one at step 120 after 840 s
-    is at max(0.3, 1.0) = 1, the floor.
+    Linear warm-up to 1 over `warmup_steps`, then a half cosine down to `min_lr_ratio` at the
+    end of the budget, flat after. Progress is max(step / total_steps, elapsed / time_budget):
+    a machine too slow for the steps still decays fully by the deadline; one fast enough
+    follows the step schedule exactly.
     """
     progress = run_progress(step, total_steps, elapsed, time_budget)
     start = warmup_steps / total_steps  # the cosine starts where the warm-up ends
@@ -79,13 +67,9 @@ def lr_factor(step: int, elapsed: float = 0.0, *, warmup_steps: int, total_steps
 
 @dataclass
 class LRSchedule:
-    """`lr_factor` as a `LambdaLR` multiplier, with the clock the trainer updates.
-
-    A callable object rather than a closure so that `LambdaLR.state_dict()` saves its fields
-    with the checkpoint. Set `elapsed` (and `time_budget`) before each `scheduler.step()`;
-    per-group learning rates compose with it, since `LambdaLR` scales each group's own
-    initial lr by the same factor.
-    """
+    """`lr_factor` as a `LambdaLR` multiplier, with the clock the trainer sets (`elapsed`,
+    `time_budget`) before each `scheduler.step()`; an object, not a closure, so that
+    `LambdaLR.state_dict()` saves its fields."""
 
     warmup_steps: int
     total_steps: int
@@ -117,12 +101,8 @@ class LRSchedule:
 def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
                     min_lr_ratio: float = 0.1, heads_only_steps: int = 0,
                     time_budget: float | None = None) -> torch.optim.lr_scheduler.LambdaLR:
-    """A `LambdaLR` with an `LRSchedule` per group; step it once per optimizer step.
-
-    The base groups (see `param_groups`) stay at 0 for `heads_only_steps`, then warm up and
-    decay over the remaining steps. With a `time_budget`, set each schedule's `elapsed`
-    (`schedules(scheduler)`) before every step.
-    """
+    """A `LambdaLR` with an `LRSchedule` per group, stepped once per optimizer step; the base
+    groups stay at 0 for `heads_only_steps`, then warm up and decay over the rest."""
     heads = LRSchedule(warmup_steps=warmup_steps, total_steps=total_steps,
                        min_lr_ratio=min_lr_ratio, time_budget=time_budget)
     base = replace(heads, delay_steps=heads_only_steps)

@@ -1,21 +1,13 @@
 """A training run's pace: its thread count measured on its first steps, and a warning at once
 when the time budget cannot carry the planned steps.
 
-`ThreadSearch` times the first steps of training itself (no extra work): one warm-up step
-at one thread, then one step at each count from 1 to the cores available. Its result is a
-`mtp.tune.Measurement` (step "threads", unit "batches/s"; the fewest threads near the
-fastest win, `mtp.tune.thread_record`), kept in the one tuning cache (`mtp.tune.TuneCache`)
-under the model's shape, the batch and the machine (`mtp.tune.tune_key`), so a second run
-starts at the chosen count. `threads=N`, OMP_NUM_THREADS or an earlier `torch.set_num_threads`
-win, as everywhere (`mtp.tune.given_threads`). The choice is printed in one line
-(`Measurement.describe`), through tqdm's writer, so that it stands on its own line even
-while a progress bar is drawing.
+`ThreadSearch` times the first steps of training itself: one warm-up step at one thread, then
+one at each count from 1 to the cores. The choice (`mtp.tune.thread_record`) is cached
+(`mtp.tune.TuneCache`, keyed by the model's shape, batch and machine) and printed in one line
+through tqdm's writer; `threads=N`, OMP_NUM_THREADS or an earlier `torch.set_num_threads` win.
 
 `PaceCheck` then compares the measured step time with `trainer.max_time`: when the budget
-reaches fewer than 80% of `trainer.max_steps` (STARVED), it prints one line there and then
-(tokens/s, the step the guard will stop at, the likely cause), instead of a run that ends
-with a tenth of its recipe and says why only at the end. The end-of-run summary says so again
-(`mtp.train`'s stop line: the model is undertrained, and how much of the recipe ran).
+reaches fewer than STARVED of `trainer.max_steps`, it says so at once, with the likely cause.
 """
 
 from __future__ import annotations
@@ -42,19 +34,12 @@ UNIT = "batches/s"
 
 @rank_zero_only
 def say(line: str) -> None:
-    """One line to stderr, at once, on a line of its own: tqdm's writer clears a progress
-    bar drawing on the terminal, writes the line and draws the bar again below it."""
+    """One line to stderr, on a line of its own even under a progress bar (tqdm's writer)."""
     tqdm.write(line, file=sys.stderr)
 
 
-def _runnable(record: Measurement) -> bool:
-    """Whether a cached thread count can run here (the machine's cores may be fewer now)."""
-    return record.step == "threads" and isinstance(record.value, int) \
-        and 1 <= record.value <= cores()
-
-
 class ThreadSearch(Callback):
-    """Chooses training's intra-op thread count on its first batches (module docstring)."""
+    """Chooses training's intra-op thread count on its first batches."""
 
     def __init__(self, key: str, requested: int | None = None,
                  cache: TuneCache | None = None) -> None:
@@ -79,9 +64,11 @@ class ThreadSearch(Callback):
         self._started = time.perf_counter()
 
     def _cached(self) -> Measurement | None:
-        """The cached choice for this key, set; None when there is none that can run."""
+        """The cached choice for this key, set; None when there is none that can run (the
+        machine's cores may be fewer now)."""
         found = self.cache.get(self.key)
-        if found is None or not _runnable(found):
+        if found is None or found.step != "threads" or not isinstance(found.value, int) \
+                or not 1 <= found.value <= cores():
             return None
         set_threads(found.value)
         return found.cached()
@@ -115,8 +102,7 @@ class ThreadSearch(Callback):
         say(self.record.describe())
 
     def measured_rate(self) -> float | None:
-        """Batches per second at the chosen count, when this run measured it (a cached
-        figure was measured under another load)."""
+        """Batches per second at the chosen count, when this run (not a cache) measured it."""
         record = self.record
         if record is None or record.how != "measured":
             return None
@@ -162,16 +148,15 @@ class PaceCheck(Callback):
     def check(self, trainer: L.Trainer, per_batch: float, tokens: int) -> str | None:
         """The warning for a measured `per_batch` seconds (of `tokens` tokens), printed; None
         when the budget carries at least STARVED of the planned steps, or there is none."""
-        timers = [cb for cb in trainer.callbacks
-                  if isinstance(cb, Timer) and cb.time_remaining() is not None]
-        if not timers:
+        timer = max_time_timer(trainer)
+        if timer is None:
             return None
-        remaining = timers[0].time_remaining()
+        remaining = timer.time_remaining()
         per_step = per_batch * self.accumulate
         reached = min(self.max_steps, trainer.global_step + int(remaining / per_step))
         if reached >= STARVED * self.max_steps:
             return None
-        budget = timers[0].time_elapsed() + remaining
+        budget = timer.time_elapsed() + remaining
         rate = tokens * trainer.world_size / per_batch
         self.warning = (f"warning: training runs at {rate:,.0f} tokens/s ({per_step:.2f} s per "
                         f"step): the trainer.max_time budget of {timedelta(seconds=round(budget))}"
@@ -180,6 +165,12 @@ class PaceCheck(Callback):
                         f"likely cause: {likely_cause()}")
         say(self.warning)
         return self.warning
+
+
+def max_time_timer(trainer: L.Trainer) -> Timer | None:
+    """The trainer's `trainer.max_time` guard, when it has one."""
+    return next((cb for cb in trainer.callbacks
+                 if isinstance(cb, Timer) and cb.time_remaining() is not None), None)
 
 
 def likely_cause() -> str:

@@ -1,31 +1,15 @@
 """FSDP2 sharding, mixed precision and activation checkpointing of an `MTPModel`, kept apart
 from the model (torchtitan's `parallelize`).
 
-Wrapping order, innermost first; each `fully_shard` call makes one unit whose parameters are
-gathered just before it runs and whose gradients are reduce-scattered after its backward:
+FSDP units, innermost first (each gathered before it runs, reduce-scattered after its
+backward): every trunk block; every head (the headwise loss runs one head at a time); the
+shared final norm and unembedding, with the tied input embedding, never resharded within a
+step (every head calls it); the root, with `model.trunk` registered as a forward method.
 
-1. every trunk block (`model.layers[i]`);
-2. every head (`model.heads[i]`, all of that head's blocks): the headwise loss runs each
-   head's forward and backward in turn, so a head is gathered once and freed after it (a
-   sequential module's input fusion, three small tensors, stays with the root);
-3. the shared final norm and unembedding (`model.norm`, `model.output`) as one unit with
-   `reshard_after_forward=False`: every head calls it, forward and backward, n times per
-   step. With tied embeddings the input embedding joins this unit, since it holds the same
-   weight;
-4. the root (embedding and anything left), which also drives the per-step bookkeeping.
-   `model.trunk` is registered as a forward method, because the headwise loss calls it
-   instead of `model.forward`.
-
-Activation checkpointing (`apply_activation_checkpointing`) comes before sharding, as in
-torchtitan: a checkpointed block keeps only its input and recomputes the rest in backward.
-
-The headwise backward is n + 1 backward calls per micro-batch (one per head, then the trunk).
-FSDP2 ends every backward call by running the post-backward, and so the reduce-scatter, of
-each unit that call did not reach, and re-gathers the shared unit for every head. Left alone
-that costs n reduce-scatters of the V x D unembedding per step and, with gradient
-accumulation, early reductions of every unit. `gradient_sync` turns that into one
-reduce-scatter per parameter per optimizer step (docs/benchmarks.md has the counts).
-Gradients equal the unsharded model's (tests/test_parallel.py checks both on 2 CPU ranks).
+The headwise backward is n + 1 backward calls per micro-batch, and FSDP2 ends each by
+reduce-scattering every unit it did not reach: `gradient_sync` makes that one reduce-scatter
+per parameter per optimizer step (docs/benchmarks.md has the counts). Gradients equal the
+unsharded model's (tests/test_parallel.py).
 """
 
 from __future__ import annotations
@@ -54,12 +38,8 @@ _HEADS_GATHERED: weakref.WeakSet = weakref.WeakSet()  # models whose heads were 
 def parallelize(model: MTPModel, mesh: DeviceMesh, *,
                 mp_policy: MixedPrecisionPolicy | None = None,
                 reshard_after_forward: bool = True) -> MTPModel:
-    """Shard `model` in place over the 1-D data-parallel `mesh` (order in the module docstring).
-
-    Works on a model on the meta device (then `to_empty` and `init_weights()` afterwards) as on
-    a materialised one. `reshard_after_forward` applies to the trunk blocks and heads; the
-    tied or shared unembedding unit never reshards within a step.
-    """
+    """Shard `model` in place over the 1-D data-parallel `mesh`, on the meta device (then
+    `to_empty` and `init_weights()`) or not; `reshard_after_forward`: the blocks' and heads'."""
     if mesh.ndim != 1:
         raise ValueError(f"parallelize needs a 1-D data-parallel mesh, got {mesh.ndim} dims "
                          f"({mesh.mesh_dim_names})")
@@ -77,9 +57,8 @@ def parallelize(model: MTPModel, mesh: DeviceMesh, *,
     fully_shard(model, reshard_after_forward=False, **kwargs)
     # The headwise loss calls `model.trunk`, never `model.forward`: let it gather the root.
     register_fsdp_forward_method(model, "trunk")
-    # FSDP2 prefetches the next unit in backward from the forward order, which it forgets at
-    # the end of every backward call: by the trunk's (the headwise loss's last) none is left.
-    # Name each trunk block's predecessor instead, so its all-gather overlaps the backward.
+    # FSDP2 forgets the forward order at the end of every backward call, so by the trunk's
+    # (the last) it prefetches nothing: name each trunk block's predecessor instead.
     trunk = [model, *reversed(model.layers)]  # backward order: the root holds the trunk output
     for unit, previous in zip(trunk, trunk[1:]):
         unit.set_modules_to_backward_prefetch([previous])
@@ -97,11 +76,8 @@ def check_options(*, activation_checkpointing: str = "none", param_dtype: str = 
 
 def mixed_precision(precision: str, *, param_dtype: str = "auto",
                     reduce_dtype: str = "float32") -> MixedPrecisionPolicy:
-    """FSDP2's policy: gather and compute in `param_dtype`, reduce gradients in `reduce_dtype`.
-
-    `param_dtype="auto"` is bfloat16 under a bf16 Lightning precision ("bf16-mixed",
-    "bf16-true") and float32 otherwise. Sharded parameters and optimizer state stay float32.
-    """
+    """FSDP2's policy: gather and compute in `param_dtype` ("auto": bfloat16 under a bf16
+    Lightning precision, else float32), reduce gradients in `reduce_dtype`."""
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if param_dtype == "auto":
         param_dtype = "bfloat16" if str(precision).startswith("bf16") else "float32"
@@ -114,14 +90,9 @@ def mixed_precision(precision: str, *, param_dtype: str = "auto",
 
 
 def apply_activation_checkpointing(model: MTPModel, mode: str) -> None:
-    """Recompute blocks in backward instead of keeping their activations: none|trunk|all.
-
-    "trunk" checkpoints the trunk blocks, "all" the heads' blocks too. Each block keeps its
-    input and recomputes its forward just before its own backward, so the headwise loss is
-    unchanged: the trunk runs forward once, each head recomputes its blocks in its own
-    backward, and the trunk's blocks are recomputed once, in the final trunk backward.
-    Parameter names do not change (the block's `forward` is wrapped, not the block).
-    """
+    """Recompute blocks in backward instead of keeping their activations: "trunk" the trunk's
+    blocks, "all" the heads' too ("none": neither). Each block keeps its input and recomputes
+    just before its own backward; its `forward` is wrapped, so parameter names stay."""
     check_options(activation_checkpointing=mode)
     blocks = [] if mode == "none" else list(model.layers)
     if mode == "all":
@@ -136,19 +107,11 @@ def apply_activation_checkpointing(model: MTPModel, mode: str) -> None:
 def gradient_sync(model: nn.Module, *, sync: bool, headwise: bool) -> Iterator[None]:
     """Around one micro-batch's loss and backward: reduce-scatter each parameter once per step.
 
-    `sync`: this is the optimizer step's last micro-batch (gradients are reduced in it);
-    earlier ones only accumulate. `headwise`: the loss backpropagates headwise ("headwise",
-    "chunked"), n + 1 backward calls ending with the trunk's; False for one backward
-    ("naive"), where FSDP's own `set_requires_gradient_sync` is all that is needed.
-
-    In the headwise case every unit's sync stays off until that unit's last backward of the
-    step: each head's at the start of its own (and only) backward, so its reduce-scatter
-    overlaps the next head; the trunk blocks', the root's and the shared unit's when the
-    gradient reaches the trunk output (the step's last backward call). The shared unit and
-    the root also stay gathered from the first head's backward to the trunk's, instead of
-    being re-gathered for every head. A no-op without FSDP. With the loss's early exit,
-    head 0, the shared unit and the trunk's first segment run one more backward after the
-    trunk's has begun, and reduce again (the gradients are the same).
+    `sync`: the step's last micro-batch. `headwise`: n + 1 backward calls ending with the
+    trunk's (False: one backward, FSDP's own `set_requires_gradient_sync`). Headwise, each
+    unit's sync stays off until its last backward of the step: a head's at the start of its
+    own, the trunk's, root's and shared unit's when the gradient reaches the trunk output; the
+    root and the shared unit stay gathered meanwhile. A no-op without FSDP.
     """
     if not isinstance(model, FSDPModule):
         yield
@@ -207,14 +170,9 @@ def _on_output_grad(module: nn.Module, fn: Any) -> torch.utils.hooks.RemovableHa
 
 
 def end_spawned_rank() -> NoReturn:
-    """End a `torch.multiprocessing.spawn` worker that finished its work: wait for every rank,
-    tear the process group down, and exit at once with status 0.
-
-    The immediate exit skips the interpreter's finalization, where gloo (torch 2.13, CPU)
-    aborts the process about one run in twenty ("terminate called without an active
-    exception", after `destroy_process_group` has returned) and `spawn` then reports the
-    whole job failed. Whatever the rank had to hand back must already be written (a
-    `Manager` dict's writes are synchronous)."""
+    """End a finished `torch.multiprocessing.spawn` worker: barrier, tear the process group
+    down, and `os._exit(0)`, skipping the finalization where gloo (torch 2.13, CPU) aborts
+    about one run in twenty. What the rank hands back must already be written."""
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)

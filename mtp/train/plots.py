@@ -1,13 +1,9 @@
 """A run's metric history and its end-of-run plots: per-head loss and accuracy curves.
 
-`MetricsHistory` (a Lightning callback) keeps the metrics the plots need in memory, whatever
-the logger (none included), and saves them in checkpoints so a resumed run plots its whole
-history. At the end of a run `write_plots` writes `<run>/plots/`: `metrics.csv` (the
-history), `loss.png` and `accuracy.png` (training and validation, one curve per head) and
-`lr.png`, and for a run whose loss weights follow a schedule (`loss.schedule`), `weights.png`
-(`train/loss_weight_head{i}` and `train/loss_weight_ahead{d}` against the step). The same plots
-from a metrics CSV (this one, or Lightning's CSVLogger
-`<run>/logs/metrics.csv`): `python -m mtp.train.plots METRICS_CSV OUT_DIR`.
+`MetricsHistory` keeps the metrics the plots need, whatever the logger, and saves them in
+checkpoints. `write_plots` writes `<run>/plots/`: `metrics.csv`, `loss.png`, `accuracy.png`,
+`lr.png` and, under a `loss.schedule`, `weights.png`. From a metrics CSV (this one, or a
+CSVLogger's): `python -m mtp.train.plots METRICS_CSV OUT_DIR`.
 """
 
 from __future__ import annotations
@@ -82,8 +78,7 @@ def write_metrics_csv(history: History, path: Path) -> Path:
 
 
 def read_metrics_csv(path: Path) -> History:
-    """A history from a metrics CSV: `write_metrics_csv`'s or Lightning's CSVLogger's (where
-    training and validation rows of one step may be separate, and empty cells are unset)."""
+    """A history from a metrics CSV: `write_metrics_csv`'s or Lightning's CSVLogger's."""
     history: History = {}
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
@@ -128,15 +123,21 @@ def _plot_pair(history: History, kind: str, label: str, path: Path) -> Path:
             ax.plot(steps, values, color=colour, marker="o" if split == "val" else None,
                     markersize=3, label=f"head {head} (t+{head + 1})")
         title = ("training (EMA-smoothed, weight 0.6)" if split == "train" else "validation")
-        ax.set_title(f"{label}, {title}" if heads else f"{label}, {split}: not logged")
-        ax.set_xlabel("optimizer step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _finish(ax, f"{label}, {title}" if heads else f"{label}, {split}: not logged",
+                legend=bool(heads))
         ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        if heads:
-            ax.legend(fontsize="small", ncol=2)
     figure.savefig(path, dpi=110)
     return path
+
+
+def _finish(ax: Any, title: str, legend: bool) -> None:
+    """An axes' title, step axis, grid and (`legend`) legend."""
+    ax.set_title(title)
+    ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize="small", ncol=2)
 
 
 def _plot_over_steps(curves: dict[str, list[tuple[int, float]]], title: str,
@@ -147,12 +148,7 @@ def _plot_over_steps(curves: dict[str, list[tuple[int, float]]], title: str,
     for index, (label, points) in enumerate(curves.items()):
         colour = colormaps["viridis"](index / max(1, len(curves) - 1) * 0.9)
         ax.plot(*zip(*points), color=colour, label=label if len(curves) > 1 else None)
-    ax.set_title(title)
-    ax.set_xlabel("optimizer step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    if len(curves) > 1:
-        ax.legend(fontsize="small", ncol=2)
+    _finish(ax, title, legend=len(curves) > 1)
     figure.savefig(path, dpi=110)
     return path
 

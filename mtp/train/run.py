@@ -1,18 +1,10 @@
 """`python -m mtp.train +experiment=byte8`: compose the config, train, export, summarise.
 
-`train(cfg)` is the whole job (tests call it with a composed config): the settings are built
-and checked before anything heavy runs (`mtp.train.settings`), then the files they name (a
-`ckpt_path` that is not a checkpoint of ours, a local corpus whose globs match nothing) and a
-GPU run whose step cannot fit the device's memory (`mtp.train.memory`). Then the tokenizer is
-built (or loaded), the data prepared, the model trained with Lightning, validated once more,
-exported for inference (`mtp.load`), its per-head curves plotted to `<run>/plots/`, and its
-export's greedy decoding of held-out prompts measured on the training device (`decode.*`).
-On a CPU the first steps measure the thread count (`threads=N` fixes it), and a run whose
-`trainer.max_time` cannot carry 80% of its steps says so at once (`mtp.train.pace`). The
-summary, printed and in `<run>/summary.json` (`mtp.train.summary`), says when and why a run
-stopped before `trainer.max_steps` (e.g. the `trainer.max_time` guard: the model is then
-undertrained, and it says how much of the recipe ran). Third-party advertisements and
-warnings about other libraries' code are not printed (`mtp.train.quiet`).
+`train(cfg)` is the whole job: the settings are checked before anything heavy runs
+(`mtp.train.settings`), then the files they name and whether a GPU step fits
+(`mtp.train.memory`); then the tokenizer is built, the data prepared, the model trained with
+Lightning, validated, exported (`mtp.load`), its curves plotted to `<run>/plots/`, its greedy
+decoding measured (`decode.*`) and the summary printed and written (`mtp.train.summary`).
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
@@ -44,7 +36,7 @@ from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 from mtp.train.finetune import grow_heads, grown_config
 from mtp.train.lit import MTPLitModule
 from mtp.train.memory import check_fits, count_parameters, step_memory
-from mtp.train.pace import PaceCheck, ThreadSearch
+from mtp.train.pace import PaceCheck, ThreadSearch, max_time_timer
 from mtp.train.plots import MetricsHistory, write_plots
 from mtp.train.quiet import quiet_logger, quiet_third_party
 from mtp.train.settings import InitSettings, TrainSettings, check_settings
@@ -66,12 +58,8 @@ def _world_size(num_nodes: int, devices: Any) -> int:
 
 
 def cpu_precision() -> str:
-    """bf16-mixed where the CPU multiplies bf16 natively (AVX512-BF16, AMX), else 32-true.
-
-    On such CPUs bf16 matrix products run about 3x faster than float32 (measured on the
-    2-core AMD EPYC of docs/benchmarks.md), and a training step about 1.4x; elsewhere bf16
-    is emulated and slower than float32.
-    """
+    """bf16-mixed where the CPU multiplies bf16 natively (AVX512-BF16, AMX: a step about 1.4x
+    faster), else 32-true (emulated bf16 is slower than float32)."""
     return "bf16-mixed" if cpu_has_bf16() else "32-true"
 
 
@@ -81,8 +69,7 @@ def decaying_weights(decay: float, n_future: int) -> ListConfig:
 
 
 def split_weight(total: float, n_future: int) -> ListConfig:
-    """Per-head loss weights 1 for head 0 and total / (n_future - 1) for each other head:
-    DeepSeek-V3's lambda / D, one weight lambda shared by the D extra heads."""
+    """Per-head loss weights 1, then total / (n_future - 1) each: DeepSeek-V3's lambda / D."""
     extra = int(n_future) - 1
     return OmegaConf.create([1.0] + [float(total) / max(extra, 1)] * extra)
 
@@ -101,12 +88,8 @@ def context(tokenizer_kind: str) -> int:
 
 
 def lr_for_width(dim: int) -> float:
-    """The GPU recipes' peak learning rate: 1e-3 at width 512, inversely proportional to it.
-
-    1e-3 trained the 512-wide byte8 model well on an H100 (../shared/GPU.md); 1/width is
-    muP's scaling of Adam's rate for hidden matrices, and lands near GPT-3's table (6e-4 at
-    768, 2e-4 at 2,048, 1.2e-4 at 4,096: here 6.7e-4, 2.5e-4, 1.25e-4).
-    """
+    """The GPU recipes' peak learning rate: 1e-3 at width 512, times 512 / width (muP's
+    scaling for Adam; near GPT-3's table: 6e-4 at 768, 2e-4 at 2,048)."""
     return 1e-3 * 512 / int(dim)
 
 
@@ -123,10 +106,7 @@ OmegaConf.register_new_resolver("mtp.smollm2_gguf", require_smollm2_gguf, replac
 
 
 def compose(overrides: list[str] = ()) -> DictConfig:
-    """The config `python -m mtp.train *overrides` would run (for notebooks and tests).
-
-    Outside a Hydra run there is no run directory: pass `run_dir=...` among the overrides.
-    """
+    """The config `python -m mtp.train *overrides` would run (pass `run_dir=...` too)."""
     with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra.compose(config_name="config", overrides=list(overrides))
 
@@ -187,7 +167,7 @@ def grown_model(cfg: DictConfig, init: InitSettings
 
 def check_device_memory(cfg: DictConfig, settings: TrainSettings, config: MTPConfig) -> None:
     """Refuse, before any data or training, a GPU run whose step cannot fit the GPU's memory
-    (`mtp.train.memory`'s lower bound; parameters and optimizer state sharded under a strategy)."""
+    (`mtp.train.memory`'s lower bound)."""
     if cfg.trainer.get("accelerator") not in ("gpu", "cuda", "auto") or \
             not torch.cuda.is_available():
         return
@@ -208,12 +188,8 @@ def check_device_memory(cfg: DictConfig, settings: TrainSettings, config: MTPCon
 
 def check_resumable(ckpt_path: str | None) -> None:
     """Refuse, before anything is built, a `ckpt_path` that is not a Lightning checkpoint of
-    `mtp.train` (a file, or a sharded checkpoint's folder).
-
-    The file is read as Lightning will resume it, with `weights_only=True`: tensors and plain
-    values only, so a file of unknown origin runs no code; memory-mapped, so its tensors are
-    not read. Unreadable that way, it is refused as what it is, whatever torch suggests.
-    """
+    `mtp.train` (a file, or a sharded checkpoint's folder). It is read as Lightning resumes it,
+    `weights_only=True` (no code runs), memory-mapped (its tensors are not read)."""
     if not ckpt_path:
         return
     path = Path(ckpt_path)
@@ -245,13 +221,6 @@ def _logger(cfg: DictConfig) -> Any:
     return logger
 
 
-def _checkpointing(cfg: DictConfig, run_dir: Path) -> ModelCheckpoint:
-    return ModelCheckpoint(
-        dirpath=run_dir / "checkpoints", filename="step{step:07d}", auto_insert_metric_name=False,
-        every_n_train_steps=cfg.checkpoint.every_n_steps, save_top_k=cfg.checkpoint.keep,
-        monitor="step", mode="max", save_last=True)
-
-
 def build_trainer(cfg: DictConfig, **kwargs: Any) -> L.Trainer:
     """The `lightning.Trainer` that `cfg.trainer` describes, with `kwargs` (logger, callbacks)."""
     fields = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -261,9 +230,8 @@ def build_trainer(cfg: DictConfig, **kwargs: Any) -> L.Trainer:
 
 def pace_callbacks(cfg: DictConfig, settings: TrainSettings, config: MTPConfig
                    ) -> list[Callback]:
-    """On a CPU, the thread count measured on the first steps (`threads=N` fixes it) and the
-    warning at once when `trainer.max_time` cannot carry the planned steps. GPU recipes are
-    planned in time (`trainer.max_steps` is a ceiling there), so they get neither."""
+    """On a CPU, the thread search and the early warning of `mtp.train.pace`; GPU recipes
+    are planned in time (`trainer.max_steps` is a ceiling there), so they get neither."""
     run = settings.run
     if str(cfg.trainer.get("accelerator")) != "cpu":
         if run.threads:
@@ -280,11 +248,10 @@ def early_stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
     """Why `trainer.fit` ended before `max_steps` optimizer steps; None if it did not."""
     if trainer.global_step >= max_steps:
         return None
-    timers = [cb for cb in trainer.callbacks
-              if isinstance(cb, Timer) and cb.time_remaining() is not None]
-    if timers and timers[0].time_remaining() <= 0:
-        elapsed = timers[0].time_elapsed()
-        budget = elapsed + timers[0].time_remaining()
+    timer = max_time_timer(trainer)
+    if timer and timer.time_remaining() <= 0:
+        elapsed = timer.time_elapsed()
+        budget = elapsed + timer.time_remaining()
         return (f"the trainer.max_time guard ({timedelta(seconds=round(budget))}) stopped "
                 f"training after {timedelta(seconds=round(elapsed))}")
     if trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs:
@@ -358,7 +325,10 @@ def train(cfg: DictConfig) -> Path:
                              n_future=settings.loss.lookahead(config.n_future))
 
     logger = _logger(cfg)
-    checkpointing, history = _checkpointing(cfg, run_dir), MetricsHistory()
+    checkpointing, history = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints", filename="step{step:07d}", auto_insert_metric_name=False,
+        every_n_train_steps=cfg.checkpoint.every_n_steps, save_top_k=cfg.checkpoint.keep,
+        monitor="step", mode="max", save_last=True), MetricsHistory()
     trainer = build_trainer(cfg, logger=logger,
                             callbacks=[checkpointing, history,
                                        *pace_callbacks(cfg, settings, config)],
@@ -395,8 +365,7 @@ def train(cfg: DictConfig) -> Path:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    # A setting, a file or a checkpoint the user named that cannot serve: one line, as every
-    # mtp command says it (`mtp.cli`), not a traceback.
+    # A setting, file or checkpoint that cannot serve: one line (as `mtp.cli`), no traceback.
     try:
         train(cfg)
     except InterpolationResolutionError as error:  # e.g. ${mtp.smollm2_gguf:}: its message

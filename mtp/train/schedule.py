@@ -1,28 +1,21 @@
 """How far a run is, and how the loss weights of the terms beyond the next token move with it.
 
-A multi-token loss has the next-token term (head 0 against token t + 1) and terms at a
-*distance* d = 1..K beyond it: head d, which predicts token t + d + 1, and, with `loss.ahead`,
-head 0's own logits scored against token t + d + 1 (modded-nanogpt's single-head loss). A
-schedule multiplies the base weight of every term at distance d by a factor m_d(p) of the
-run's progress p in [0, 1]:
+A term at *distance* d = 1..K beyond the next token (head d, or with `loss.ahead` head 0
+scored against token t + d + 1) has its base weight multiplied by m_d(p), p the run's
+progress in [0, 1]:
 
     constant  m_d = 1                                   (the paper's sum; the default)
     stepped   m_d = 1 before the switch s, then `factor` (DeepSeek-V3: 0.3, then 0.1)
-    anneal    from 1 to 0 over the window [a, b], the farthest term first: the window is cut
-              into K equal slices and distance d falls linearly in slice K - d (counting from
-              0), so after b the loss is next-token prediction alone (the reverse curriculum;
-              modded-nanogpt's [1, 0.5, 0.25 -> 0] -> [1, 0.5 -> 0] -> [1] is K = 2, window
-              [0, 2/3])
-    ramp      the mirror image: from 0 to 1 over [a, b], the nearest term first: distance d
-              rises in slice d - 1 (the forward curriculum)
+    anneal    from 1 to 0 over the window [a, b], the farthest term first: distance d falls
+              linearly in slice K - d (from 0) of K equal slices, so after b the loss is
+              next-token alone (modded-nanogpt's reverse curriculum)
+    ramp      the mirror image: from 0 to 1, the nearest term first (distance d rises in
+              slice d - 1)
 
-Progress is the learning-rate schedule's (`mtp.train.optim.lr_factor`): p = max(step /
-max_steps, elapsed / time_budget), so a run that `trainer.max_time` ends early ends its weight
-schedule by then too. A schedule's points are optimizer steps of `trainer.max_steps`
-(`loss.schedule_steps`), i.e. the progress step / max_steps. Worked example, anneal over the
-whole run of 400 steps with K = 2: at step 100 (p = 0.25) distance 2 is half-way down its
-slice [0, 0.5] (m_2 = 0.5) and distance 1 has not started (m_1 = 1); at step 300 (p = 0.75)
-m_2 = 0 and m_1 = 0.5.
+Progress is the learning rate's (`mtp.train.optim.lr_factor`): max(step / max_steps,
+elapsed / time_budget); `loss.schedule_steps` are optimizer steps of `trainer.max_steps`.
+E.g. anneal over 400 steps, K = 2: at step 100, m_2 = 0.5, m_1 = 1; at step 300, m_2 = 0,
+m_1 = 0.5.
 """
 
 from __future__ import annotations
@@ -34,8 +27,7 @@ SCHEDULES: tuple[str, ...] = ("constant", "stepped", "anneal", "ramp")
 
 def run_progress(step: int, total_steps: int, elapsed: float = 0.0,
                  time_budget: float | None = None) -> float:
-    """max(step / total_steps, elapsed / time_budget): how far a run is through its budget of
-    steps or of time, whichever it spends faster (not clipped to 1)."""
+    """max(step / total_steps, elapsed / time_budget), not clipped to 1."""
     progress = step / total_steps
     if time_budget is not None:
         progress = max(progress, elapsed / time_budget)
@@ -64,8 +56,8 @@ class Progress:
 def distance_factors(schedule: str, levels: int, progress: float, *,
                      window: tuple[float, float] = (0.0, 1.0),
                      factor: float = 1.0) -> tuple[float, ...]:
-    """m_1..m_levels (module docstring) at `progress`; `window` is the stepped schedule's
-    switch (its first value) or the anneal's and ramp's [a, b]; `factor` the stepped one's."""
+    """m_1..m_levels at `progress`; `window`: stepped's switch (first value) or anneal's and
+    ramp's [a, b]; `factor`: stepped's."""
     if schedule == "constant":
         return (1.0,) * levels
     if schedule == "stepped":

@@ -1,25 +1,9 @@
 """A training run's settings: typed, frozen objects built once from the composed config.
 
-`check_settings(cfg)` builds them from `conf/config.yaml` before any data or model work, and
-`MTPLitModule` takes them whole. Each object checks its own fields in `__post_init__`;
-`TrainSettings` checks the ones that involve two objects (a frozen trunk and a cached one, the
-heads-only warm-up and the loss schedule's steps against the step budget);
-`TrainSettings.check_model` the ones that involve the architecture (one weight per head, the
-early exit within the trunk, the context). Each check lives in one place, and its error is one
-line naming the key as the user types it (`optim.lr=-1.0 must be > 0`), so that a command line
-and a Python caller read the same words.
-
-| object          | keys                                                             |
-|-----------------|------------------------------------------------------------------|
-| `LossSettings`  | loss.*                                                           |
-| `OptimSettings` | optim.*                                                          |
-| `RunSettings`   | seq_len, trainer.max_steps, threads, compile,                    |
-|                 | activation_checkpointing, fsdp.*, trainer.peak_flops             |
-| `InitSettings`  | init_from, init.*                                                |
-
-Lightning's checkpoints store them as plain dicts (`TrainSettings.to_dict`): resuming
-(Lightning) and `mtp.load` read checkpoints with `weights_only=True`, which unpickles no class
-of ours.
+`check_settings(cfg)` builds them before any data or model work. Each object checks its own
+fields in `__post_init__`, `TrainSettings` the checks across objects, `check_model` those that
+need the architecture; an error is one line naming the key as typed (`optim.lr=-1.0 must be
+> 0`). Checkpoints store them as plain dicts (`to_dict`), read with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -44,7 +28,7 @@ START = Progress()  # a run's first step
 
 def _real(key: str, value: object, ok: Callable[[float], bool] = lambda _: True,
           need: str = "a finite number") -> float:
-    """`value` as a float; a ValueError naming `key` unless it is a finite number and `ok`."""
+    """`value` as a float; a ValueError naming `key` unless it is finite and `ok`."""
     number = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
@@ -55,8 +39,7 @@ def _real(key: str, value: object, ok: Callable[[float], bool] = lambda _: True,
 
 def _reals(key: str, values: object, ok: Callable[[float], bool], need: str,
            length: int | None = None) -> tuple[float, ...]:
-    """`values` as a tuple of floats; a ValueError naming `key` and the whole list unless it
-    is a list (of `length`, when given) of finite numbers that are all `ok`."""
+    """`values` as a tuple of floats (a list of `length`, each `_real` and `ok`)."""
     if isinstance(values, (list, tuple)) and (length is None or len(values) == length):
         try:
             return tuple(_real(key, value, ok) for value in values)
@@ -67,7 +50,7 @@ def _reals(key: str, values: object, ok: Callable[[float], bool], need: str,
 
 
 def _integer(key: str, value: object, minimum: int, need: str = "") -> int:
-    """`value` if it is an integer >= `minimum`; a ValueError naming `key` otherwise."""
+    """`value` if it is an integer >= `minimum`, else a ValueError naming `key`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{key}={value!r} must be {need or f'an integer >= {minimum}'}")
     return value
@@ -94,35 +77,21 @@ def _shown(values: object) -> object:
 
 
 def _set(settings: object, name: str, value: object) -> None:
-    """Store a field's normalised value (a tuple for a list, a float for an int), during
-    construction only: the objects are frozen."""
+    """Store a frozen field's normalised value (a tuple for a list, a float for an int)."""
     object.__setattr__(settings, name, value)
+
+
+def _number(settings: object, key: str, check: Callable[..., Any], *args: Any, **kw: Any) -> None:
+    """Store `check(key, value, ...)` (`_real` or `_reals`) of the field `key` ends in."""
+    name = key.rsplit(".", 1)[-1]
+    _set(settings, name, check(key, getattr(settings, name), *args, **kw))
 
 
 @dataclass(frozen=True, kw_only=True)
 class LossSettings:
-    """The multi-token loss (`mtp.train.loss`): its mode, per-head weights and their schedule,
-    head 0's look-ahead term and the early exit.
-
-    Args:
-        mode: "headwise", "naive" or "chunked": the same loss and gradients, different memory.
-        weights: each head's base weight, in [0, 1]; None: all 1 (the paper's sum).
-        schedule: how the weights of the terms beyond the next token move over the run
-            (`mtp.train.schedule`): "constant", "stepped", "anneal" or "ramp".
-        schedule_steps: the schedule's points in optimizer steps of `trainer.max_steps`:
-            stepped: [switch]; anneal and ramp: [start, end] (None: the whole run).
-        schedule_factor: stepped: the weights' factor from the switch on, in [0, 1].
-        ahead: modded-nanogpt's single-head multi-token term: head 0's logits also scored
-            against tokens t + 2, t + 3, ... with these base weights, in [0, 1] (scheduled as
-            heads 1, 2, ... are); None: none.
-        early_exit: LayerSkip's early-exit term at that trunk layer (1..n_layers - 1); None:
-            none. early_exit_weight: its weight.
-        chunk_size: tokens per unembedding chunk in "chunked" mode.
-
-    Every reader of the weights asks `head_weights` and `ahead_weights` at a `Progress` (the
-    run's start by default); a training step takes `resolved(...)`, these settings with the
-    step's weights fixed.
-    """
+    """The multi-token loss (`mtp.train.loss`): `loss.*` of conf/config.yaml, which documents
+    each key. `head_weights` and `ahead_weights` read the weights at a `Progress`; a training
+    step takes `resolved(...)`, the step's weights fixed."""
 
     mode: str = "headwise"
     weights: tuple[float, ...] | None = None
@@ -139,20 +108,17 @@ class LossSettings:
         for name, what in (("weights", "one per head (or null: all 1)"),
                            ("ahead", "one per token beyond t + 1 (or null: none)")):
             if getattr(self, name) is not None:
-                _set(self, name, _reals(f"loss.{name}", getattr(self, name), _unit,
-                                        f"a list of numbers in [0, 1], {what}"))
+                _number(self, f"loss.{name}", _reals, _unit, f"a list of numbers in [0, 1], {what}")
         _choice("loss.schedule", self.schedule, SCHEDULES)
         self._check_schedule()
         if self.early_exit is not None:
             _integer("loss.early_exit", self.early_exit, 1, "a trunk layer from 1 to "
                      "n_layers - 1 (the exit reads the stream after layer early_exit - 1)")
-        _set(self, "early_exit_weight", _real("loss.early_exit_weight", self.early_exit_weight,
-                                              lambda v: v >= 0, ">= 0"))
+        _number(self, "loss.early_exit_weight", _real, lambda v: v >= 0, ">= 0")
         _integer("chunk_size", self.chunk_size, 1, ">= 1")
 
     def _check_schedule(self) -> None:
-        """The schedule's points and factor (unused ones are not checked: a preset's stepped
-        points stay harmless under loss.schedule=constant)."""
+        """The schedule's points and factor (unused ones are not checked)."""
         steps, schedule = self.schedule_steps, self.schedule
         if steps is not None:
             if not isinstance(steps, (list, tuple)) or not all(
@@ -166,8 +132,7 @@ class LossSettings:
                 raise ValueError(f"loss.schedule=stepped needs loss.schedule_steps=[STEP] (the "
                                  f"switch) and loss.schedule_factor (in [0, 1]), got "
                                  f"{_shown(steps)} and {self.schedule_factor!r}")
-            _set(self, "schedule_factor", _real("loss.schedule_factor", self.schedule_factor,
-                                                _unit, "in [0, 1]"))
+            _number(self, "loss.schedule_factor", _real, _unit, "in [0, 1]")
         elif schedule in ("anneal", "ramp") and steps is not None and (
                 len(steps) != 2 or not steps[0] < steps[1]):
             raise ValueError(f"loss.schedule={schedule} takes loss.schedule_steps=[START, END] "
@@ -189,8 +154,7 @@ class LossSettings:
                                 window=(start, end), factor=self.schedule_factor or 0.0)
 
     def head_weights(self, n_future: int, at: Progress = START) -> tuple[float, ...]:
-        """Each of the `n_future` heads' loss weight at `at` (the base weights, all 1 without
-        `weights`, times the schedule's factor of each head's distance)."""
+        """Each head's loss weight at `at`: its base weight times its distance's factor."""
         if self.weights is None:
             base = (1.0,) * n_future
         elif len(self.weights) != n_future:
@@ -211,8 +175,8 @@ class LossSettings:
 
     def resolved(self, n_future: int, at: Progress = START, scale: float = 1.0
                  ) -> LossSettings:
-        """These settings with the weights of `at` fixed (a constant schedule), every weight
-        times `scale`: 1 / accumulate gives a micro-batch's share of a step's gradient."""
+        """These settings with the weights of `at` fixed, each times `scale` (1 / accumulate:
+        a micro-batch's share of a step's gradient)."""
         if self.schedule == "constant" and scale == 1.0:
             return self
         return dataclasses.replace(
@@ -222,8 +186,8 @@ class LossSettings:
             early_exit_weight=self.early_exit_weight * scale)
 
     def check_model(self, *, n_future: int, n_layers: int | None = None) -> None:
-        """A ValueError naming the setting when these settings do not fit a model with
-        `n_future` heads and `n_layers` trunk layers (None: not known yet)."""
+        """A ValueError naming the setting unless these fit the model (n_layers None:
+        unknown)."""
         self.head_weights(n_future)
         if self.early_exit is not None and n_layers is not None \
                 and self.early_exit >= n_layers:
@@ -234,22 +198,9 @@ class LossSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimSettings:
-    """AdamW, its learning-rate schedule, accumulation, and what of the model trains.
-
-    Args:
-        lr, weight_decay, betas, eps: AdamW's; no decay on norm gains or biases.
-        warmup_steps, min_lr_ratio: linear warm-up, then cosine down to lr * min_lr_ratio at
-            the step budget or the time budget (`mtp.train.optim`).
-        grad_clip: max global gradient norm (0 turns clipping off).
-        accumulate: micro-batches per optimizer step.
-        freeze_trunk: Medusa-1: the base model (`MTPModel.is_base_parameter`) gets no
-            gradients, no optimizer state and no backward pass; only heads 1..n-1 train.
-        cache_trunk: with `freeze_trunk`, each training block's trunk output is computed once
-            and kept (`mtp.train.trunk_cache`).
-        trunk_lr_mult: Medusa-2: the base model's learning rate over the heads' (None: 1).
-        heads_only_steps: Medusa-2's warm-up: optimizer steps at the start in which only
-            heads 1..n-1 train.
-    """
+    """AdamW, its learning-rate schedule (`mtp.train.optim`), accumulation and what trains
+    (Medusa-1's frozen trunk, Medusa-2's lower rate and warm-up): `optim.*` of
+    conf/config.yaml, which documents each key."""
 
     lr: float = 3e-3
     weight_decay: float = 0.1
@@ -265,22 +216,19 @@ class OptimSettings:
     heads_only_steps: int = 0
 
     def __post_init__(self) -> None:
-        _set(self, "lr", _real("optim.lr", self.lr, lambda v: v > 0, "> 0"))
-        for name in ("weight_decay", "grad_clip"):
-            _set(self, name, _real(f"optim.{name}", getattr(self, name), lambda v: v >= 0,
-                                   ">= 0"))
-        _set(self, "betas", _reals("optim.betas", self.betas, lambda v: 0 <= v < 1,
-                                   "two numbers in [0, 1)", length=2))
-        _set(self, "eps", _real("optim.eps", self.eps, lambda v: v > 0, "> 0"))
+        _number(self, "optim.lr", _real, lambda v: v > 0, "> 0")
+        for key in ("optim.weight_decay", "optim.grad_clip"):
+            _number(self, key, _real, lambda v: v >= 0, ">= 0")
+        _number(self, "optim.betas", _reals, lambda v: 0 <= v < 1, "two numbers in [0, 1)",
+                length=2)
+        _number(self, "optim.eps", _real, lambda v: v > 0, "> 0")
         _integer("optim.warmup_steps", self.warmup_steps, 0)
-        _set(self, "min_lr_ratio", _real("optim.min_lr_ratio", self.min_lr_ratio,
-                                         lambda v: 0 <= v <= 1, "in [0, 1]"))
+        _number(self, "optim.min_lr_ratio", _real, _unit, "in [0, 1]")
         _integer("optim.accumulate", self.accumulate, 1)
         _flag("optim.freeze_trunk", self.freeze_trunk)
         _flag("optim.cache_trunk", self.cache_trunk)
         if self.trunk_lr_mult is not None:
-            _set(self, "trunk_lr_mult", _real("optim.trunk_lr_mult", self.trunk_lr_mult,
-                                              lambda v: v >= 0, ">= 0 (or null: 1)"))
+            _number(self, "optim.trunk_lr_mult", _real, lambda v: v >= 0, ">= 0 (or null: 1)")
         _integer("optim.heads_only_steps", self.heads_only_steps, 0)
         if self.freeze_trunk and (self.trunk_lr_mult is not None or self.heads_only_steps):
             raise ValueError(f"optim.freeze_trunk=true with optim.trunk_lr_mult="
@@ -299,21 +247,9 @@ class OptimSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RunSettings:
-    """What the run's shape and machinery are: block length, step budget, threads, compile,
-    activation checkpointing, FSDP's mixed precision and the MFU denominator.
-
-    Args:
-        seq_len: input tokens per block; batches are (B, seq_len + n_future).
-        max_steps: the optimizer steps the learning-rate schedule is laid out over
-            (`trainer.max_steps`).
-        threads: intra-op threads on a CPU; None: measured (`mtp.train.pace`).
-        compile: `torch.compile` every transformer block.
-        activation_checkpointing: "none", "trunk" or "all" (`mtp.train.parallel`).
-        param_dtype, reduce_dtype: FSDP2's mixed precision under a device mesh ("auto"
-            follows the trainer's precision).
-        peak_flops: `trainer.peak_flops`, the MFU denominator (`mtp.train.flops`): a number,
-            a preset, "cpu" (measured when training starts) or None (no MFU).
-    """
+    """The run's shape and machinery: `seq_len`, `trainer.max_steps` (the schedule's span),
+    `threads`, `compile`, `activation_checkpointing`, `fsdp.*` and `trainer.peak_flops` (the
+    MFU denominator, `mtp.train.flops`), as conf/config.yaml documents them."""
 
     seq_len: int
     max_steps: int
@@ -337,13 +273,9 @@ class RunSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class InitSettings:
-    """Where the weights start (`mtp.train.finetune`): a checkpoint, and the heads it lacks.
-
-    Args:
-        init_from: a trained checkpoint (anything `mtp.load` reads); None: random weights.
-        new_heads: how heads beyond the checkpoint's start: "copy" or "random" (None: add none).
-        drop_heads: allow fewer heads than the checkpoint's (keeps the first).
-    """
+    """Where the weights start (`init_from`, `init.*`; `mtp.train.finetune`): a checkpoint
+    (None: random), how heads it lacks start (`new_heads`: copy, random or None: add none), and
+    whether fewer heads than its are allowed (`drop_heads`)."""
 
     init_from: str | None = None
     new_heads: str | None = None
@@ -358,7 +290,7 @@ class InitSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSettings:
-    """Every setting of a training run, checked together (module docstring)."""
+    """Every setting of a training run, checked together."""
 
     run: RunSettings
     loss: LossSettings = field(default_factory=LossSettings)
@@ -385,9 +317,8 @@ class TrainSettings:
 
     def check_model(self, *, n_future: int, max_seq_len: int,
                     n_layers: int | None = None) -> None:
-        """A ValueError naming the setting when these settings do not fit a model with
-        `n_future` heads, a context of `max_seq_len` and `n_layers` trunk layers (None: not
-        known yet, as in a config whose trunk is `model.depth` less the heads' blocks)."""
+        """A ValueError naming the setting unless these fit the model (n_layers None:
+        unknown, as in a config whose trunk is `model.depth` less the heads' blocks)."""
         if self.run.seq_len > max_seq_len:
             raise ValueError(f"seq_len={self.run.seq_len} must be an integer in "
                              f"[1, model.max_seq_len={max_seq_len}]")
@@ -419,13 +350,8 @@ def _section(kind: type, values: Mapping[str, Any], key: str) -> Any:
 
 
 def check_settings(cfg: DictConfig) -> TrainSettings:
-    """The settings of a composed `conf/config.yaml`, built and checked: every check that
-    needs no file, no data and no model (those are `mtp.train.run`'s, after this).
-
-    The architecture is checked as `cfg.model` states it (its heads and context); under
-    `init_from` the checkpoint's trunk is checked again when the model config is known
-    (`MTPLitModule`).
-    """
+    """The settings of a composed `conf/config.yaml`, built and checked against `cfg.model`
+    (the `init_from` checkpoint's trunk is checked later, by `MTPLitModule`)."""
     def section(key: str) -> dict[str, Any]:
         return OmegaConf.to_container(cfg[key], resolve=True)
 

@@ -1,12 +1,9 @@
 """What a finished run reports: `<run>/summary.json`, and decoding measured on its export.
 
-Every `mtp.train` run writes `summary.json`: where its export, checkpoint and plots are, how
-far it trained, the per-head validation figures (`val`: `loss`, `loss_head`, `acc_head`)
-and, unless `decode.enabled=false`, `decode`: greedy decoding of held-out HumanEval prompts
-(`held_out_prompts`: no training corpus holds them, `data=installed` drops files that share
-their n-grams) by the exported model on the training device (`mtp.generate.measure.measure_decoding`:
-`tokens_per_forward` per k, `tree`, `tree_tokens_per_forward`, `repeated`, `device`, ...).
-The same decoding figures go to the logger as `decode/*` metrics at the last step.
+`summary.json` says where the export, checkpoint and plots are, how far the run trained,
+the validation figures (`val`: `loss`, `loss_head`, `acc_head`) and, unless
+`decode.enabled=false`, `decode`: greedy decoding of held-out HumanEval prompts by the export
+on the training device (`mtp.generate.measure.measure_decoding`), also logged as `decode/*`.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ SUMMARY_FILE = "summary.json"
 
 
 def decode_prompts(decode: DictConfig, config: MTPConfig, tokenizer: Tokenizer) -> list[str]:
-    """The held-out prompts the run will decode (none when `decode.enabled=false`), after
-    failing, naming the setting, on a `decode.*` value that cannot work: before training."""
+    """The held-out prompts the run will decode, after checking `decode.*` (before training)."""
     if not decode.enabled:
         return []
     for key in ("prompts", "max_new_tokens", "batch_size"):
