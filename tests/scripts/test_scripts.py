@@ -24,7 +24,9 @@ TESTED_ELSEWHERE = {"bench_decode": "scripts/test_bench_decode.py",
                     "distill_data": "scripts/test_distill_data.py",
                     "eval_hf": "scripts/test_eval_hf.py",
                     "paper_small": "scripts/test_paper_small.py",
-                    "bench_threads": "scripts/test_bench_threads.py"}
+                    "bench_threads": "scripts/test_bench_threads.py",
+                    "bench_exact": "scripts/test_bench_exact.py",
+                    "better_study": "scripts/test_better_study.py"}
 
 
 def run_script(name: str, *args: str, cwd: Path) -> tuple[list[str], dict]:
