@@ -29,7 +29,7 @@ import heapq
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -213,24 +213,13 @@ class Tree:
         return self._buffers[key]
 
     def _build(self, device: torch.device | str) -> TreeBuffers:
-        m, depth, ranks = self.n_nodes, self.depth, max(self.n_ranks, 1)
-        visible = torch.zeros(m, m, dtype=torch.bool)
-        ancestors = torch.zeros(m, depth + 1, dtype=torch.long)
-        for node, path in enumerate(self.ancestors):
-            visible[node, path] = True
-            ancestors[node] = torch.tensor(path + [node] * (depth + 1 - len(path)))
-        kids = [[] for _ in range(m)]
-        for node, parent in enumerate(self.parents[1:], start=1):
-            kids[parent].append(node)  # nodes are in rank order among siblings
-        width = max(map(len, kids))
-        children = torch.tensor([k + [-1] * (width - len(k)) for k in kids], dtype=torch.long)
-        return TreeBuffers(
-            depths=torch.tensor([0] + [len(p) for p in self.paths], device=device),
-            visible=visible.to(device),
-            parents=torch.tensor(self.parents[1:], dtype=torch.long, device=device),
-            draft_index=torch.tensor([(len(p) - 1) * ranks + p[-1] for p in self.paths],
-                                     dtype=torch.long, device=device),
-            ancestors=ancestors.to(device), children=children.to(device))
+        ranks, width = max(self.n_ranks, 1), max(self.widths, default=0)
+        parents = torch.tensor([self.parents[1:]], dtype=torch.long, device=device)
+        rows = TreeBuffers.from_parents(parents, self.depth, width)  # siblings in rank order
+        one = {f.name: getattr(rows, f.name)[0] for f in fields(TreeBuffers)}
+        one["draft_index"] = torch.tensor([(len(p) - 1) * ranks + p[-1] for p in self.paths],
+                                          dtype=torch.long, device=device)
+        return TreeBuffers(**one)
 
     def to_json(self) -> list[list[int]]:
         return [list(p) for p in self.paths]
@@ -270,7 +259,7 @@ class DynamicTree(Tree):
                          f"each step's drafts (TreeBuffers.from_parents)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _chain(depth: int) -> Tree:
     # One instance per depth: its buffers are then built once for every decode step.
     return Tree(tuple((0,) * d for d in range(1, depth + 1)), name="chain")

@@ -79,7 +79,7 @@ class Layout:
     top: list[int]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def layout(window: int, rows: int, guesses: int, length: int) -> Layout:
     """The tree of `rows` window rows of `window` columns and `guesses` chains of `length`:
     guess g is the chain (g, 0, 0, ...); R_0[c] is (guesses, 0, ..., 0) with c entries;
