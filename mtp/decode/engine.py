@@ -107,7 +107,8 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     last = torch.where(active, accepted.node, 0)  # a finished row's: path[0], as kept is 0
     children = buffers.parents == last[:, None]  # (B, m - 1): the kept node's children
     if drafts.lengths is not None:  # real ones only: padding drafts are never verified
-        children &= torch.arange(children.shape[1], device=children.device) < drafts.lengths[:, None]
+        children &= torch.arange(children.shape[1],
+                                 device=children.device) < drafts.lengths[:, None]
     grows = children.any(-1)
     return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens, last=last,
                     features=features, grows=grows)
@@ -136,7 +137,8 @@ class Engine:
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
                  sampling: SamplingConfig, rule: Rule, compile: bool = False,
-                 exact: bool = False, width: int | None = None, seed: int = 0, layers: tuple[int, ...] = ()) -> None:
+                 exact: bool = False, width: int | None = None, seed: int = 0,
+                 layers: tuple[int, ...] = ()) -> None:
         if exact:
             tree = tree.padded(width or tree.n_nodes)
         self.model, self.tree, self.sampling, self.rule = model, tree, sampling, rule

@@ -30,7 +30,6 @@ from mtp.decode.engine import Engine, rebuild_size
 from mtp.decode.output import DecodeStats, FinishReason, Generation, TextCallback
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.drafters.registry import DrafterSpec, make_drafter
-from mtp.decode.tree import Tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -128,10 +127,19 @@ class _Batch:
         rows are masked, and leave when the batch is rebuilt. Whether any row decodes on.
         `drafted`: each row's (real drafts, whether its kept node has children); `nodes`: the
         tokens the forward verified per row."""
-        engine = self.engine
+        engine, tree = self.engine, self.drafter.tree
         self.drafter.update(verified)
-        finished = _count(verified, drafted, [self.outputs[i] for i in self.rows],
-                          self.drafter.tree, nodes)
+        finished = []
+        for row, (ids, (real, grows)) in enumerate(zip(verified.new_ids, drafted)):
+            if not ids:  # finished before this step
+                continue
+            # Verified drafts: a chain's real ones up to the first rejected (the prefill
+            # drafted none); a tree's kept path, and the depth after it if its node has children.
+            checked = min(len(ids), real) if tree.is_chain or real == 0 else len(ids) - 1 + grows
+            output = self.outputs[self.rows[row]]
+            output.count_forward(checked, len(ids) - 1, nodes=nodes)
+            if output.add(ids):
+                finished.append(row)
         if finished:
             engine.finish(finished)
         live = [row for row, active in enumerate(engine.host_active) if active]
@@ -142,25 +150,6 @@ class _Batch:
             self.drafter.keep(kept)
             self.rows = [self.rows[row] for row in kept]
         return bool(live)
-
-
-def _count(verified: Verified, drafted: list[tuple[int, int]],
-           outputs: list[SequenceOutput], tree: Tree, nodes: int) -> list[int]:
-    """Give each row's output its new tokens and statistics; return the rows that finished.
-    Verified drafts: of a chain's real drafts, those after kept ones; in a tree, the kept
-    path's depths, and the depth after it when its last node has children."""
-    finished = []
-    for row, (ids, (real, grows)) in enumerate(zip(verified.new_ids, drafted)):
-        if not ids:  # finished before this step
-            continue
-        if tree.is_chain or real == 0:  # a chain, or the prefill, which drafted nothing
-            checked = min(len(ids), real)
-        else:
-            checked = len(ids) - 1 + grows
-        outputs[row].count_forward(checked, len(ids) - 1, nodes=nodes)
-        if outputs[row].add(ids):
-            finished.append(row)
-    return finished
 
 
 class SequenceOutput:

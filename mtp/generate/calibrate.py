@@ -124,7 +124,8 @@ def acceptance_rates(ranks: torch.Tensor, n_ranks: int) -> list[list[float]]:
     reachable = torch.ones(ranks.shape[0], dtype=torch.bool)
     for head in range(ranks.shape[1]):
         counts = torch.bincount(ranks[reachable, head].clamp(max=n_ranks), minlength=n_ranks + 1)
-        rates.append([round(c / max(int(reachable.sum()), 1), 4) for c in counts[:n_ranks].tolist()])
+        total = max(int(reachable.sum()), 1)
+        rates.append([round(c / total, 4) for c in counts[:n_ranks].tolist()])
         reachable &= ranks[:, head] < n_ranks
     return rates
 
