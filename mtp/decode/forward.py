@@ -7,18 +7,12 @@ where they need logits (the costliest layer of a large-vocabulary model). Eagerl
 spans the cache up to the longest row, rounded up to `KEY_BLOCK`; compiled, all of it.
 
 Stacked heads: every head reads the same trunk output, so layer j of the k heads runs as one
-`Block` (model.py) whose parameters are the k heads' stacked along a leading dimension
-(`stack_blocks`): one batched matmul per projection instead of k, one attention call with
-the heads folded into the batch, which at batch 1 saves k - 1 times a block's dispatch
-overhead (not the reading of the weights: `scripts/bench_decode.py` reports the cost per k).
-- Inference only: the weights are copies, kept on the model and rebuilt only when k or a
-  head parameter changes (`stacked_heads`), since copying costs more than a few steps.
-- Weights are stored (k, in, out), contiguous, applied as x @ W (faster on a CPU than
-  nn.Linear's x @ W^T once they fall out of cache).
-- Head i's layer j caches in block n_layers + i * head_layers + j, so layer j of heads
-  0..k-1 is the strided slice n_layers + j :: head_layers: one write and one read for all.
-- Resblock and linear heads (attention-free) past head 0 run as one batched matmul per
-  layer, weights (k - 1, D, D); Medusa heads read head 0's normed output, not the trunk's.
+`Block` (model.py) with the k heads' parameters stacked (`stack_blocks`; copies, kept on the
+model by `stacked_heads`): one batched matmul per projection, one attention call, which at
+batch 1 saves k - 1 times a block's dispatch overhead. Head i's layer j caches in block
+n_layers + i * head_layers + j, so layer j of all heads is one strided slice of the cache.
+Attention-free heads (resblock, linear) past head 0 run as one batched matmul per layer;
+Medusa heads read head 0's normed output, not the trunk's.
 
 Shapes: k heads, B batch, T new positions, D width.
 """
@@ -93,7 +87,7 @@ def padded(prompts: list[list[int]], pad_id: int, device: torch.device) -> Tenso
 def stack_blocks(config: MTPConfig, blocks: list[Block], slot: slice) -> Block:
     """One `Block` whose parameters are those of `blocks` stacked along a leading dimension
     (detached copies), writing the cache slots `slot`; linear weights stored (k, in, out),
-    contiguous, read transposed as (k, out, in)."""
+    contiguous, read transposed as (k, out, in): x @ W is faster on a CPU than x @ W^T."""
     with torch.device("meta"):
         stacked = Block(config, slot)
     for name, module in stacked.named_modules():

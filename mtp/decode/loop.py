@@ -46,12 +46,9 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
         drafter: None (autoregressive decoding), a `Drafter` (`HeadsDrafter(k, tree)`,
             `PromptLookup`, ...), a `DrafterSpec` or a registered name ("heads": every head).
             `mtp.generate.open_decoder` (or `Auto`) chooses one by measurement.
-        sampling: temperature (0: greedy), top-k and top-p of head 0's distribution. Greedy
-            output is identical for every drafter; sampled output has the same distribution.
-        acceptance: "exact" (SpecInfer's rule, lossless; greedy equals autoregressive),
-            "spectr" (SpecTr's k-sequential selection of i.i.d. sibling drafts, lossless),
-            "typical" (Medusa's typical acceptance: longer accepted paths, not lossless when
-            sampling), or a `TypicalAcceptance` with its own thresholds.
+        sampling: temperature (0: greedy), top-k and top-p of head 0's distribution.
+        acceptance: "exact" (SpecInfer's rule, lossless), "spectr" (SpecTr's, lossless),
+            "typical" (Medusa's, not lossless), or a `TypicalAcceptance` (`acceptance.py`).
         stop: strings that end a generation; the returned text stops before them.
         seed: seeds this call's random draws (None: torch's global generator).
         on_text: called as on_text(prompt_index, text) with each new piece of text.
@@ -66,7 +63,10 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     rule = acceptance_rule(acceptance)
     drafter = make_drafter(model, drafter) or Autoregressive()
     drafter.check(model, tokenizer)
-    _check_exact(exact, width, rule, drafter)
+    check_exact(exact, width, rule)
+    if width is not None and width < drafter.tree.n_nodes:
+        raise ValueError(f"width={width} is below {drafter!r}'s widest step of "
+                         f"{drafter.tree.n_nodes} tokens (the last token and its drafts)")
     encoded = tokenizer.encode_prompts(prompts)
     for index, ids in enumerate(encoded):
         if not ids:
@@ -251,21 +251,17 @@ class SequenceOutput:
                     if self.text.endswith(s[:n])), default=0)
 
 
-def _check_exact(exact: bool, width: int | None, rule: Rule, drafter: Drafter) -> None:
-    """Exact mode's settings, before any decoding (one-line errors naming the value)."""
+def check_exact(exact: bool, width: int | None, rule: Rule) -> None:
+    """Exact mode's settings, before anything loads or decodes (one-line errors)."""
     check_flag("exact", exact)
     if exact and rule is not None:
         name = "typical" if isinstance(rule, TypicalAcceptance) else "spectr"
         raise ValueError(f"acceptance={name} is a rule of its own: exact mode keeps a draft "
                          f"when it is the target's own token (acceptance=exact)")
-    if width is None:
-        return
-    if not exact:
+    if width is not None and not exact:
         raise ValueError(f"width={width} sizes exact mode's steps: give exact=True with it")
-    check_positive("width", width)
-    if width < drafter.tree.n_nodes:
-        raise ValueError(f"width={width} is below {drafter!r}'s widest step of "
-                         f"{drafter.tree.n_nodes} tokens (the last token and its drafts)")
+    if width is not None:
+        check_positive("width", width)
 
 
 def _check_arguments(vocab_size: int, tokenizer: Tokenizer, prompts: list[str],

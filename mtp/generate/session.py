@@ -31,7 +31,7 @@ from mtp.cli import AUTO, dtype_name, parse_dtype
 from mtp.decode.acceptance import acceptance_rule
 from mtp.decode.drafters.base import Drafter, DrafterContext
 from mtp.decode.drafters.registry import DrafterSpec, drafter_types
-from mtp.decode.loop import generate
+from mtp.decode.loop import check_exact, generate
 from mtp.decode.output import Generation, TextCallback
 from mtp.decode.sampling import SamplingConfig
 from mtp.generate.auto import Auto
@@ -71,7 +71,7 @@ class DecodeSettings:
         self.spec  # the drafter and its options, checked
         self.sampling
         parse_dtype(self.dtype, auto=True)
-        acceptance_rule(self.acceptance)
+        check_exact(self.exact, self.width, acceptance_rule(self.acceptance))
         check_threads(self.threads)
         try:
             torch.device(self.device)
@@ -79,14 +79,6 @@ class DecodeSettings:
             raise ValueError(f"device={self.device!r}: {error}") from None
         if not self.budget > 0:
             raise ValueError(f"budget={self.budget!r} must be > 0 seconds")
-        if self.width is not None and not self.exact:
-            raise ValueError(f"width={self.width} sizes exact mode's steps: give exact=true "
-                             f"with it")
-        if self.width is not None and self.width < 1:
-            raise ValueError(f"width={self.width} must be at least 1")
-        if self.exact and self.acceptance != "exact":
-            raise ValueError(f"acceptance={self.acceptance} is a rule of its own: exact=true "
-                             f"keeps a draft when it is the target's own token")
 
     @property
     def spec(self) -> DrafterSpec:

@@ -225,10 +225,6 @@ class HeadsDrafter(OwnHeads):
     def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
         return model.config.head_type != "sequential" and not options.online
 
-    def __init__(self, k: int, tree: Tree | None = None, siblings: str = "distinct") -> None:
-        super().__init__(k, tree, siblings)
-        self._last: Tensor | None = None  # (B, depth, D): heads 1..depth at the last position
-
     def verify_heads(self, model: MTPModel) -> int:
         return self.tree.depth + 1
 
@@ -244,7 +240,7 @@ class HeadsDrafter(OwnHeads):
         device = next(model.parameters()).device
         self._dynamic = isinstance(self.tree, DynamicTree)  # chosen at every step
         self._buffers = None if self._dynamic else self.tree.buffers(device)  # once per call
-        self._last = None
+        self._last: Tensor | None = None  # (B, depth, D): heads 1..depth at the last position
 
     def update(self, step: Verified) -> None:
         rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
