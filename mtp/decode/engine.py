@@ -259,13 +259,7 @@ class Engine:
             if self._host_depths is None:
                 self._host_depths = self.buffers.depths.tolist()
             return [self._host_depths] * self.batch
-        rows = []
-        for parents in drafts.parents.tolist():
-            depths = [0]
-            for parent in parents:  # a parent comes before its children
-                depths.append(depths[parent] + 1)
-            rows.append(depths)
-        return rows
+        return TreeBuffers.from_parents(drafts.parents, self.tree.depth, 1).depths.tolist()
 
     def verified_tree(self, drafts: Drafts) -> tuple[Tree, TreeBuffers | None]:
         """The tree a step verifies, with its buffers per row (None: a dynamic tree's, which

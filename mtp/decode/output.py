@@ -3,8 +3,9 @@ how it was decoded (`DecodeStats`), and how repetitive decoded text is (`repetit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Literal
 
 FinishReason = Literal["eos", "stop", "length", "context"]
@@ -43,13 +44,13 @@ class DecodeStats:
             raise ValueError("pooled() needs at least one DecodeStats")
         forwards = sum(s.forward_passes for s in stats)
         tokens = sum(s.new_tokens for s in stats)
-        heads = max(len(s.head_verified) for s in stats)
-        verified = [sum(s.head_verified[j] for s in stats if j < len(s.head_verified))
-                    for j in range(heads)]
-        accepted = [sum(s.head_acceptance[j] * s.head_verified[j] for s in stats
-                        if j < len(s.head_verified)) for j in range(heads)]
-        depths = [sum(s.accepted_depths[d] for s in stats if d < len(s.accepted_depths))
-                  for d in range(max(len(s.accepted_depths) for s in stats))]
+        def totals(rows: Iterable[Sequence[float]]) -> list:  # by index, over the stats
+            return [sum(column) for column in zip_longest(*rows, fillvalue=0)]
+
+        verified = totals(s.head_verified for s in stats)
+        accepted = totals([a * v for a, v in zip(s.head_acceptance, s.head_verified)]
+                          for s in stats)
+        depths = totals(s.accepted_depths for s in stats)
         return cls(forward_passes=forwards, new_tokens=tokens,
                    tokens_per_forward=tokens / max(forwards, 1),
                    head_acceptance=[a / v if v else 0.0 for a, v in zip(accepted, verified)],

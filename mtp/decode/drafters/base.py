@@ -328,6 +328,12 @@ class ChainDrafter(Drafter):
     adaptive: bool = False
     shown: tuple[str, ...] = ("num_draft",)
 
+    def size(self, num_draft: int, threshold: float = 0.0, adaptive: bool = False) -> None:
+        """Set (and check) the drafts per step, the draft-exit threshold and adaptivity."""
+        self.num_draft = check_positive("num_draft", num_draft)
+        self.threshold = check_threshold(threshold)
+        self.adaptive = check_flag("adaptive", adaptive)
+
     @property
     def tree(self) -> Tree:
         return Tree.chain(self.num_draft)

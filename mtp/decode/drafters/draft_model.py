@@ -56,9 +56,8 @@ class DraftModel(ChainDrafter):
         if not isinstance(model, MTPModel):
             raise ValueError(f"the draft model must be an MTPModel (see mtp.load), got "
                              f"{type(model).__name__}")
-        DraftModelOptions(num_draft=num_draft, threshold=threshold, adaptive=adaptive)
+        self.size(num_draft, threshold, adaptive)
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.num_draft, self.threshold, self.adaptive = num_draft, float(threshold), adaptive
         self._cache: KVCache | None = None
 
     @classmethod

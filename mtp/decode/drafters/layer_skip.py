@@ -133,9 +133,7 @@ class LayerSkip(ChainDrafter):
         if isinstance(skip, (str, bytes)) or not isinstance(skip, Sequence):
             raise ValueError(f"skip must be a list of trunk layer indices, got {skip!r:.80}")
         self.skip = tuple(skip)  # checked against the model in `check`
-        self.num_draft = check_positive("num_draft", num_draft)
-        self.threshold = check_threshold(threshold)
-        self.adaptive = check_flag("adaptive", adaptive)  # DraftBudget: from acceptance
+        self.size(num_draft, threshold, adaptive)
 
     @classmethod
     def from_options(cls, model: MTPModel, options: LayerSkipOptions,

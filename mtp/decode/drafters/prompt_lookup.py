@@ -81,8 +81,8 @@ class PromptLookup(ChainDrafter):
                  adaptive: bool = False) -> None:
         PromptLookupOptions(num_draft=num_draft, max_ngram=max_ngram, min_ngram=min_ngram,
                             adaptive=adaptive)  # checked
-        self.num_draft, self.max_ngram, self.min_ngram = num_draft, max_ngram, min_ngram
-        self.adaptive = adaptive
+        self.size(num_draft, adaptive=adaptive)
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._rows: list[NgramIndex] = []
 
     @classmethod
