@@ -107,21 +107,18 @@ class Tree:
     is_chain: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        paths = []
+        paths: dict[tuple[int, ...], None] = {}  # in order, without repeats
         for path in self.paths:
             if (isinstance(path, (str, bytes)) or not isinstance(path, Sequence) or not path
                     or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
                                for r in path)):
                 raise ValueError(f"tree {self.name}: path {path!r} must be a non-empty list of "
                                  f"ranks (integers >= 0)")
-            paths.append(tuple(path))
-        seen = set()
-        for path in paths:
-            if path in seen:
+            if tuple(path) in paths:
                 raise ValueError(f"tree {self.name}: path {list(path)} appears twice")
-            seen.add(path)
+            paths[tuple(path)] = None
         for path in paths:
-            if len(path) > 1 and path[:-1] not in seen:
+            if len(path) > 1 and path[:-1] not in paths:
                 raise ValueError(f"tree {self.name}: path {list(path)} needs its parent "
                                  f"{list(path[:-1])} in the tree too")
         object.__setattr__(self, "paths", tuple(sorted(paths, key=lambda p: (len(p), p))))
