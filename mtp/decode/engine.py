@@ -242,10 +242,10 @@ class Engine:
                        self.exact, self.layers)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
-        host = torch.cat([out.kept[:, None], out.last[:, None], out.grows[:, None], *real,
-                          out.tokens], dim=1).tolist()  # the one synchronisation (eagerly,
-        new_ids, drafted = [], []  # with `verified_tree`)
-        for row, (kept, node, grows, *rest) in enumerate(host):
+        host = torch.cat([out.kept[:, None], out.grows[:, None], *real, out.tokens],
+                         dim=1).tolist()  # the one synchronisation (eagerly, with
+        new_ids, drafted = [], []  # `verified_tree`)
+        for row, (kept, grows, *rest) in enumerate(host):
             n_real, tokens = (rest[0], rest[1:]) if real else (drafts.tokens.shape[1], rest)
             new_ids.append(tokens[:kept])  # none for a finished row
             drafted.append((n_real, bool(grows)))

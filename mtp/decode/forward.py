@@ -91,7 +91,7 @@ def stack_blocks(config: MTPConfig, blocks: list[Block], slot: slice) -> Block:
     with torch.device("meta"):
         stacked = Block(config, slot)
     for name, module in stacked.named_modules():
-        for kind, param in list(module.named_parameters(recurse=False)):
+        for kind, _ in list(module.named_parameters(recurse=False)):
             parts = [block.get_submodule(name).get_parameter(kind).detach() for block in blocks]
             if isinstance(module, RMSNorm):
                 value = torch.stack(parts)[:, None, None]  # (k, 1, 1, D)

@@ -31,11 +31,9 @@ only), so a seed and a checkpoint give one answer on any machine:
 from __future__ import annotations
 
 import random
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
