@@ -1,60 +1,39 @@
 """The decode step: verify the drafts of every row, accept a path, compact the cache.
 
 One `Engine` serves one `generate` call. Its state lives on the device: the KV cache,
-preallocated for the whole generation; `lengths` (B,), the tokens each row has cached (every
-accepted token but the last); `root` (B,), each row's last accepted token; `active` (B,),
-the rows still decoding. A step takes the drafter's `Drafts` (always `max_drafts` per row,
-padded; `Drafts.lengths` says how many are real) and runs:
+preallocated for the call; `lengths` (B,), the tokens each row has cached (every accepted
+token but the last); `root` (B,), each row's last accepted token; `active` (B,), the rows
+still decoding. A step (`verify_and_accept`) takes the drafter's `Drafts` and runs:
 
 1. verify: one forward pass over pending = [root, drafts] (m tokens) through the trunk and
-   the heads the drafter needs, each token at its place in the drafter's tree
-   (`kv_cache.cache_step`: positions, slots and mask are explicit inputs of the model);
+   the heads the drafter needs, each token at its place in the tree (`kv_cache.cache_step`);
 2. accept: the shared rule (`acceptance.accept`) keeps a path and draws the next token;
-3. compact: a tree's accepted path moves to the slots after the prefix (index copies); the
-   lengths and roots of active rows advance.
+3. compact: a tree's accepted path moves to the slots after the prefix; the lengths and
+   roots of active rows advance.
 
-Then one small host read (the kept tokens and counts) serves streaming and stopping. A
-finished row stays in the batch, masked (its lengths stop), until the batch is rebuilt
-(`rebuild_size`): at once when the step runs eagerly (shapes cost nothing there), and only
-when the live rows fit a smaller power of two when it is compiled, so that a captured step
-is reused.
+Then one small host read serves streaming and stopping. A finished row stays in the batch,
+masked, until the batch is rebuilt (`rebuild_size`).
 
-The worked example, k = 4 (a chain of three drafts). The cache holds x_0..x_8 and the root
-is x_9. The drafter proposed d_1, d_2, d_3 for positions 10, 11, 12; pending is
-[x_9, d_1, d_2, d_3] at positions 9..12 and slots 9..12:
+Example, a chain of three drafts: the cache holds x_0..x_8, the root is x_9, pending is
+[x_9, d_1, d_2, d_3] at positions 9..12; head 0 at pending i verifies d_{i+1}. If d_1, d_2
+are kept and d_3 rejected, the new tokens are d_1, d_2 and the correction c drawn at pending
+2; the cache keeps slots 9..11 (d_3's is stale, masked), lengths becomes 12, the root c, and
+the heads at pending 2 (the kept node) propose the next drafts.
 
-    pending position  i        0     1     2     3
-    token                      x_9   d_1   d_2   d_3
-    head 0 predicts position   10    11    12    13     p_i verifies d_{i+1}
-    head j predicts position   10+j  11+j  12+j  13+j
+Compiled (`compile=True`), the step is captured once per shape (a CUDA graph on a GPU), so
+it verifies the whole tree, padding included, with its random numbers drawn before it
+(`acceptance.Draws`). Eagerly, the reference, it computes only what is real: attention spans
+the cache up to the longest row (`forward.key_width`) and a chain is cut to the batch's
+longest real proposal (`Engine.verified_tree`), so a step with nothing drafted costs an
+autoregressive step's.
 
-Say d_1 and d_2 are accepted and d_3 is rejected: the new tokens are d_1, d_2 and the
-correction c drawn at pending position 2. The cache keeps slots 9..11 (x_9, d_1, d_2;
-d_3's slot is stale and hidden by the next step's mask), lengths becomes 12, the root c,
-and heads 1..3 at pending position 2 (the kept node) propose the next drafts. A tree works
-alike, with its nodes at their depths, each seeing only its ancestors; the accepted path's
-keys and values are then moved to slots 10, 11, ... (`KVCache.compact`).
-
-Compiled (`compile=True`): the step is one `torch.compile`d function, captured as a CUDA
-graph on a GPU (`mode="reduce-overhead"`), once per shape, so every step verifies the
-drafter's whole tree, padding included; random numbers are drawn before it
-(`acceptance.Draws`), so it replays exactly. Eagerly it is the reference, and it computes
-only what is real, since there padding is arithmetic paid in full (on a CPU a verify forward
-over 9 tokens costs several times one over a single token): attention spans the cache only
-up to the longest row (`forward.key_width`) instead of the whole preallocated length, and a
-chain is cut to the longest real proposal of the batch (`Engine.verified_tree`), so a step
-with nothing drafted costs what an autoregressive step costs. A tree keeps its shape (its
-nodes are not a prefix of one another). The prefill is a separate, dynamic call.
-
-Exact mode (`exact=True`): every step of the call has one width W (the drafter's tree grown
-to W nodes by padding drafts, `Tree.padded`; autoregressive decoding is the chain of W - 1
-padding drafts), a fixed batch (finished rows stay, masked) and a fixed key length (the
-whole cache), head 0 runs alone as it does in a one-head step (`StackedHeads(head0_alone)`)
-and attention sees each token's window in position order (`kv_cache.cache_step(window=W)`).
-A token's arithmetic is then the same whichever step computes it and whatever the other
-rows and drafts hold, so greedy output equals `generate(drafter=None, exact=True, width=W)`
-bit for bit, and sampling draws each position's token from its own uniform
-(`sampling.position_uniforms`), as that reference draws it.
+Exact mode (`exact=True`): every step of the call has one width W (the tree grown to W
+nodes by padding drafts, `Tree.padded`), a fixed batch and a fixed key length (the whole
+cache); head 0 runs alone as in a one-head step (`StackedHeads(head0_alone)`) and attention
+sees each token's window in position order (`kv_cache.cache_step(window=W)`). A token's
+arithmetic is then the same whichever step computes it, so greedy output equals
+`generate(drafter=None, exact=True, width=W)` bit for bit, and sampling draws each
+position's token from its own uniform (`sampling.position_uniforms`), as that reference does.
 """
 
 from __future__ import annotations
@@ -100,12 +79,9 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
                       sampling: SamplingConfig, rule: Rule, key_len: int,
                       exact: bool = False,
                       layers: tuple[int, ...] = ()) -> Verified:
-    """One decode step on the device: verify `drafts`, the nodes of `tree` (see the module
-    docstring; `exact`: its exact mode, the tree W nodes wide).
-
-    `buffers`: the tree's, on the device (built once, with the engine). Updates the cache,
-    `lengths` and `root` in place (active rows only).
-    """
+    """One decode step on the device (module docstring): verify `drafts`, the nodes of `tree`
+    (`buffers`: its, on the device). Updates the cache, `lengths` and `root` in place
+    (active rows only)."""
     # verify: the root and the drafts, each at its place in the tree (its own, each row's, for
     # a tree chosen this step)
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
@@ -131,19 +107,17 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     last = torch.where(active, accepted.node, 0)  # a finished row's: path[0], as kept is 0
     children = buffers.parents == last[:, None]  # (B, m - 1): the kept node's children
     if drafts.lengths is not None:  # real ones only: padding drafts are never verified
-        children &= torch.arange(children.shape[1], device=children.device) < drafts.lengths[:, None]
+        children &= torch.arange(children.shape[1],
+                                 device=children.device) < drafts.lengths[:, None]
     grows = children.any(-1)
     return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens, last=last,
                     features=features, grows=grows)
 
 
 def rebuild_size(live: int, batch: int, compiled: bool, exact: bool = False) -> int | None:
-    """The batch to rebuild to when `live` of `batch` rows are decoding, or None to stay.
-
-    Eagerly, finished rows leave at once. Compiled, the batch shrinks to a power of two that
-    holds the live rows, when that is smaller, so a few captured shapes serve every call.
-    In exact mode the batch never changes: a row's products depend on the rows beside it.
-    """
+    """The batch to rebuild to when `live` of `batch` rows are decoding, or None to stay:
+    eagerly, the live rows; compiled, the smaller power of two that holds them (few captured
+    shapes); in exact mode never (a row's products depend on the rows beside it)."""
     if live == batch or exact:
         return None
     if not compiled:
@@ -153,18 +127,18 @@ def rebuild_size(live: int, batch: int, compiled: bool, exact: bool = False) -> 
 
 
 class Engine:
-    """The cache, device state and step of one `generate` call (see the module docstring).
+    """The cache, device state and step of one `generate` call (module docstring).
 
-    context: the most tokens any row holds (its prompt and new tokens); tree: the drafter's
-    shape (`Tree.chain(0)`: autoregressive decoding); k: the verify forward runs heads
-    0..k-1, for the drafter (`Drafter.verify_heads`); layers: the trunk layers whose output
-    it keeps (`Drafter.verify_layers`). exact: exact mode, every step `width` tokens wide
-    (default: the tree's), sampled tokens drawn from `seed`'s position uniforms.
+    context: the most tokens any row holds; tree: the drafter's shape; k: the verify forward
+    runs heads 0..k-1 (`Drafter.verify_heads`); layers: the trunk layers whose output it
+    keeps (`Drafter.verify_layers`); exact: every step `width` tokens wide (default: the
+    tree's), sampled tokens drawn from `seed`'s position uniforms.
     """
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
-                 sampling: SamplingConfig, rule: Rule, compile: bool = False, exact: bool = False, width: int | None = None,
-                 seed: int = 0, layers: tuple[int, ...] = ()) -> None:
+                 sampling: SamplingConfig, rule: Rule, compile: bool = False,
+                 exact: bool = False, width: int | None = None, seed: int = 0,
+                 layers: tuple[int, ...] = ()) -> None:
         if exact:
             tree = tree.padded(width or tree.n_nodes)
         self.model, self.tree, self.sampling, self.rule = model, tree, sampling, rule
@@ -176,10 +150,9 @@ class Engine:
             if STACK_HEADS and k > 1 else k
         if compile:  # calls of similar lengths share one cache length, hence one graph
             context = min(model.config.max_seq_len, -(-context // CONTEXT_BLOCK) * CONTEXT_BLOCK)
-        # Slack for the last step's drafts past the context, and for finished rows, whose
-        # lengths stop after one more step but whose (ignored) tokens are still written.
-        # The blocks the verify pass runs: the trunk's and heads 0..k-1's (none for heads it
-        # leaves out, such as a sequential model's modules, which their drafter caches).
+        # Slack for the last step's drafts past the context, and for finished rows' (ignored)
+        # writes. Blocks: the trunk's and heads 0..k-1's (a sequential model's modules are
+        # their drafter's to cache).
         config = model.config
         blocks = range(config.n_layers + min(k, config.block_heads) * config.head_layers)
         self.cache = KVCache(config, batch, context + 2 * tree.n_nodes, device=self.device,
@@ -235,7 +208,7 @@ class Engine:
         Returns what was verified and kept (finished rows' `new_ids` empty) and each row's
         (real drafts, whether its kept node has children)."""
         if self.exact:
-            drafts = self.padded(drafts)
+            drafts = drafts.padded(self.tree.n_nodes - 1)
         draws = None
         if self.exact and not self.sampling.greedy:  # the uniform of each node's next token
             draws = Draws(position_uniforms(
@@ -269,10 +242,10 @@ class Engine:
                        self.exact, self.layers)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
-        host = torch.cat([out.kept[:, None], out.last[:, None], out.grows[:, None], *real,
-                          out.tokens], dim=1).tolist()  # the one synchronisation (eagerly,
-        new_ids, drafted = [], []  # with `verified_tree`)
-        for row, (kept, node, grows, *rest) in enumerate(host):
+        host = torch.cat([out.kept[:, None], out.grows[:, None], *real, out.tokens],
+                         dim=1).tolist()  # the one synchronisation (eagerly, with
+        new_ids, drafted = [], []  # `verified_tree`)
+        for row, (kept, grows, *rest) in enumerate(host):
             n_real, tokens = (rest[0], rest[1:]) if real else (drafts.tokens.shape[1], rest)
             new_ids.append(tokens[:kept])  # none for a finished row
             drafted.append((n_real, bool(grows)))
@@ -286,33 +259,12 @@ class Engine:
             if self._host_depths is None:
                 self._host_depths = self.buffers.depths.tolist()
             return [self._host_depths] * self.batch
-        rows = []
-        for parents in drafts.parents.tolist():
-            depths = [0]
-            for parent in parents:  # a parent comes before its children
-                depths.append(depths[parent] + 1)
-            rows.append(depths)
-        return rows
-
-    def padded(self, drafts: Drafts) -> Drafts:
-        """`drafts` grown to the exact step's width by padding drafts, never kept."""
-        missing = self.tree.n_nodes - 1 - drafts.count
-        if missing == 0:
-            return drafts
-        batch = drafts.tokens.shape[0]
-        tokens = torch.cat([drafts.tokens, drafts.tokens.new_zeros(batch, missing)], dim=1)
-        probs, parents = drafts.probs, drafts.parents
-        if probs is not None:
-            probs = torch.cat([probs, probs.new_zeros(batch, missing, probs.shape[2])], dim=1)
-        if parents is not None:  # padding nodes hang from the root
-            parents = torch.cat([parents, parents.new_zeros(batch, missing)], dim=1)
-        return Drafts(tokens, probs, drafts.real(), parents)
+        return TreeBuffers.from_parents(drafts.parents, self.tree.depth, 1).depths.tolist()
 
     def verified_tree(self, drafts: Drafts) -> tuple[Tree, TreeBuffers | None]:
         """The tree a step verifies, with its buffers per row (None: a dynamic tree's, which
-        come with the drafts): the drafter's, or, eagerly, for a chain whose drafter says how
-        many drafts are real (`Drafts.lengths`), the chain of the batch's longest real
-        proposal (see the module docstring). Compiled, always the drafter's: one shape."""
+        come with the drafts): the drafter's, or eagerly, for a chain with `Drafts.lengths`,
+        the chain of the batch's longest real proposal."""
         tree, buffers = self.tree, self.buffers
         if not (self.compiled or self.exact or not tree.is_chain or drafts.lengths is None):
             longest = int(drafts.lengths.max())  # a host read: eager steps only
@@ -348,9 +300,7 @@ class Engine:
         self._mark_static()
 
     def _mark_static(self) -> None:
-        """On a GPU, a compiled step is a CUDA graph that updates the cache, lengths and roots
-        in place: their addresses are fixed inputs of the graph (as in gpt-fast, and
-        transformers' static cache)."""
+        """A CUDA graph updates the cache, lengths and roots in place: fixed addresses."""
         if self.compiled and self.device.type == "cuda":
             for tensor in (self.cache.keys, self.cache.values, self.lengths, self.root,
                            self.active):
@@ -358,11 +308,8 @@ class Engine:
 
 
 class CompiledStep:
-    """`verify_and_accept` compiled (CUDA graphs on a GPU), and the shapes it was compiled for.
-
-    Each new shape (model, batch, tree, cache length, ...) is compiled, and captured, on first
-    use; `note` bounds how many.
-    """
+    """`verify_and_accept` compiled (CUDA graphs on a GPU), and the shapes it was compiled
+    for (each on first use; `note` bounds how many)."""
 
     def __init__(self, function: Callable[..., Verified]) -> None:
         self.function = function
@@ -370,7 +317,7 @@ class CompiledStep:
 
     def note(self, shape: tuple) -> None:
         """Count a shape; a ValueError past MAX_SHAPES of them, rather than compiling without
-        end (or decoding eagerly without a word, once torch.compile's own limit is hit)."""
+        end (or silently eager past torch.compile's own limit)."""
         if shape not in self.shapes and len(self.shapes) >= MAX_SHAPES:
             raise ValueError(
                 f"compile=True: the decode step was compiled for {len(self.shapes)} shapes "
@@ -380,9 +327,8 @@ class CompiledStep:
         self.shapes.add(shape)
 
 
-# On a GPU or not -> the compiled step. torch.compile keeps its compiled variants with the
-# function's code, for every model alike, so the step is compiled once per process (not per
-# model or call), and its shapes are counted there.
+# On a GPU or not -> the compiled step: torch.compile keeps its variants with the function's
+# code, so the step is compiled, and its shapes counted, once per process.
 _compiled: dict[bool, CompiledStep] = {}
 
 
@@ -400,9 +346,8 @@ def compiled_step(cuda: bool) -> CompiledStep:
 
 
 def check_compile_support(device: str) -> None:
-    """A ValueError, in one line, when this torch cannot compile the decode step on `device`:
-    compiling needs TorchDynamo, and inductor's kernels need Triton on a GPU and a C++
-    compiler on a CPU."""
+    """A one-line ValueError when this torch cannot compile the decode step on `device`
+    (TorchDynamo, and Triton on a GPU or a C++ compiler on a CPU)."""
     problem = None
     if not torch._dynamo.is_dynamo_supported():
         problem = "torch.compile is not supported by this Python/platform"

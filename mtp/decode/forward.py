@@ -2,42 +2,19 @@
 `CacheStep` places (`mtp.kv_cache`), for the verify pass, the prefill and a draft model; and
 the heads stacked into one batched block per head layer (`StackedHeads`).
 
-The heads' outputs are returned before the shared norm and unembedding, which callers apply
-only where they need logits (the unembedding is the costliest layer of a large-vocabulary
-model). Eagerly, attention spans the cache only up to the longest row, rounded up to
-`KEY_BLOCK` (`key_width`); compiled, the whole preallocated cache (one shape).
+Heads' outputs are returned before the shared norm and unembedding, which callers apply only
+where they need logits (the costliest layer of a large-vocabulary model). Eagerly, attention
+spans the cache up to the longest row, rounded up to `KEY_BLOCK`; compiled, all of it.
 
-Stacked heads. Every head reads the same trunk output, so the k heads' layer j can run as
-one block whose weights are stacked along a leading head dimension: one batched matmul per
-projection instead of k, and one attention call with the heads folded into the batch. At
-batch 1 every one of a block's few dozen small ops costs dispatch overhead: k separate heads
-pay it k times, stacked heads about once. Stacking cannot save reading the k heads' weights,
-which at batch 1 on a CPU is most of a block's time (`scripts/bench_decode.py` reports the
-cost per k).
+Stacked heads: every head reads the same trunk output, so layer j of the k heads runs as one
+`Block` (model.py) with the k heads' parameters stacked (`stack_blocks`; copies, kept on the
+model by `stacked_heads`): one batched matmul per projection, one attention call, which at
+batch 1 saves k - 1 times a block's dispatch overhead. Head i's layer j caches in block
+n_layers + i * head_layers + j, so layer j of all heads is one strided slice of the cache.
+Attention-free heads (resblock, linear) past head 0 run as one batched matmul per layer;
+Medusa heads read head 0's normed output, not the trunk's.
 
-Design choices of the stacked heads
-- One implementation of the block: layer j of the k heads is a `Block` (model.py) whose
-  parameters are the k heads' stacked (`stack_blocks`), run by the Block's own forward, so
-  every block feature (biases, grouped-query attention, rotary scaling) serves both. The
-  first layer reads the shared trunk output: it is normalised once and scaled per head.
-- Inference only: the weights are copies, not shared with the model; training never sees
-  them. Copying k blocks takes longer than a few decode steps (10-25 ms for k = 8 on a
-  CPU), so `stacked_heads(model, k)` keeps the last one built on the model itself and
-  rebuilds it only when k or a head parameter changes (another tensor, or an in-place
-  update).
-- Weights are stored (k, in, out), contiguous, and applied as x @ W: reading a weight along
-  its rows is markedly faster on a CPU than nn.Linear's x @ W^T once the weights fall out of
-  cache.
-- The cache slots of head i's layer j are block n_layers + i * head_layers + j (see `Block`
-  in model.py), so layer j of heads 0..k-1 is the strided slice n_layers + j :: head_layers of
-  the cache's blocks: one write and one read for all k heads (`KVCache.write` with a slice).
-- Resblock and linear heads (model.head_type) have no attention: head 0 (always a block) runs
-  as above, and heads 1..k-1 as one batched matmul per layer through the model's own
-  `resblock`/`linear` functions, weights (k - 1, D, D). Medusa heads (head_type medusa)
-  read head 0's output after the shared final norm instead of the trunk output.
-
-Shapes in comments: k heads, B batch, T new positions, D width, H query heads, K key/value
-heads, hd head width, L cached positions up to the end of this step.
+Shapes: k heads, B batch, T new positions, D width.
 """
 
 from __future__ import annotations
@@ -56,14 +33,10 @@ KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
 def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheStep,
                   heads: int | StackedHeads, skip: Collection[int] = (),
                   layers: Sequence[int] = ()) -> tuple[Tensor, Tensor | None]:
-    """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D), and the
-    trunk's residual stream after each of `layers`, (B, T, len(layers), D) (None without).
-
-    The heads' outputs before the shared norm and unembedding, which callers apply only where
-    they need logits (the unembedding is the costliest layer of a large-vocabulary model).
-    `heads` is n, to run the model's heads one by one, or a `StackedHeads` of n heads, which
-    computes the same in one batched block per head layer. `skip`: trunk layers left out
-    (`MTPModel.trunk`).
+    """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D) before the
+    shared norm, and the trunk's residual stream after each of `layers`, (B, T, len(layers),
+    D) (None without). `heads`: n, run one by one, or a `StackedHeads` of n heads; `skip`:
+    trunk layers left out (`MTPModel.trunk`).
     """
     trunk, features = model.trunk_states(tokens, cache=cache, step=step, skip=skip,
                                          keep=layers)  # (B, T, D)
@@ -93,12 +66,8 @@ def key_width(needed: int, max_len: int, compiled: bool = False) -> int:
 def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
             heads: int | StackedHeads, pad_id: int,
             layers: Sequence[int] = ()) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Cache the prompts, right-padded (rows 0..len(prompts)-1 of the cache), in the trunk and
-    heads 0..n-1: each row's length (B,), the hidden states (B, T, n, D) at every token and
-    the trunk features of `layers` (`hidden_states`).
-
-    A row's padding is written after its prompt, where the lengths leave it stale.
-    """
+    """Cache the prompts, right-padded (their padding is written past each row's length,
+    stale), in the trunk and heads 0..n-1: each row's length (B,), and `hidden_states`."""
     device = cache.keys.device
     lengths = torch.tensor([len(ids) for ids in prompts], device=device)
     tokens = padded(prompts, pad_id, device)  # (B, T)
@@ -117,15 +86,12 @@ def padded(prompts: list[list[int]], pad_id: int, device: torch.device) -> Tenso
 
 def stack_blocks(config: MTPConfig, blocks: list[Block], slot: slice) -> Block:
     """One `Block` whose parameters are those of `blocks` stacked along a leading dimension
-    (detached copies; see `Block` for the layout), writing the cache slots `slot`.
-
-    Linear weights are stored (k, in, out), contiguous, and the block reads them transposed
-    as (k, out, in), so that its batched products run as x @ W over the stored layout.
-    """
+    (detached copies), writing the cache slots `slot`; linear weights stored (k, in, out),
+    contiguous, read transposed as (k, out, in): x @ W is faster on a CPU than x @ W^T."""
     with torch.device("meta"):
         stacked = Block(config, slot)
     for name, module in stacked.named_modules():
-        for kind, param in list(module.named_parameters(recurse=False)):
+        for kind, _ in list(module.named_parameters(recurse=False)):
             parts = [block.get_submodule(name).get_parameter(kind).detach() for block in blocks]
             if isinstance(module, RMSNorm):
                 value = torch.stack(parts)[:, None, None]  # (k, 1, 1, D)
@@ -138,13 +104,11 @@ def stack_blocks(config: MTPConfig, blocks: list[Block], slot: slice) -> Block:
 
 
 class StackedHeads:
-    """Heads 0..k-1 of `model` as one batched block per head layer (inference only).
-
+    """Heads 0..k-1 of `model` as one batched block per head layer (inference only):
     `StackedHeads(model, k)(trunk_out, cache=cache, step=step)` equals
     `torch.stack([model.head(trunk_out, i, cache=cache, step=step) for i in range(k)], dim=2)`.
-    With `head0_alone`, head 0 runs on its own, as a one-head forward runs it (a batched
-    product rounds unlike a single one), and the stack holds heads 1..k-1: decoding's exact
-    mode, where head 0's output must not depend on how many heads a step runs.
+    With `head0_alone` (exact mode), head 0 runs on its own as a one-head forward does (a
+    batched product rounds unlike a single one), and the stack holds heads 1..k-1.
     """
 
     def __init__(self, model: MTPModel, k: int, *, head0_alone: bool = False) -> None:
@@ -175,10 +139,8 @@ class StackedHeads:
 
     def __call__(self, trunk_out: Tensor, *, cache: KVCache | None = None,
                  step: CacheStep | None = None) -> Tensor:
-        """Heads 0..k-1 on the trunk output (B, T, D): (B, T, k, D), before the shared norm.
-
-        With a cache, like `MTPModel.head`: writes this step's keys and values.
-        """
+        """Heads 0..k-1 on the trunk output (B, T, D): (B, T, k, D), before the shared norm;
+        with a cache, like `MTPModel.head`, writes this step's keys and values."""
         B, T, D = trunk_out.shape
         model = self._model()
         cos, sin = model.rope(T, step)  # (T, hd/2), or (B, T, hd/2) placed by step
@@ -202,11 +164,8 @@ class StackedHeads:
 
 def stacked_heads(model: MTPModel, k: int, *, head0_alone: bool = False) -> StackedHeads:
     """`StackedHeads(model, k, head0_alone=...)`, kept on the model and reused while heads
-    0..k-1 are unchanged: copying the heads' weights costs more than a few decode steps.
-
-    A parameter counts as changed when it is another tensor, was updated in place (its
-    version counter moved, as an optimiser step or `load_state_dict` does) or got new data
-    (`model.to(...)` keeps the Parameter objects). Parameters made under
+    0..k-1 are unchanged: the same tensors, with the same version counters (an optimiser
+    step or `load_state_dict` moves them) and data (`model.to(...)`). Parameters made under
     `torch.inference_mode` have no version counter: those heads are rebuilt every time.
     """
     params = [p for i in range(min(k, len(model.heads))) for p in model.heads[i].parameters()]
@@ -224,8 +183,8 @@ def stacked_heads(model: MTPModel, k: int, *, head0_alone: bool = False) -> Stac
 
 
 class _Kept:
-    """Where `stacked_heads` keeps a model's stacked copy, in the model's `__dict__`: derived
-    state, which a copy or a pickle of the model leaves behind (it is rebuilt on use)."""
+    """Where `stacked_heads` keeps a model's stacked copy, in its `__dict__`: derived state,
+    which a copy or a pickle of the model leaves behind."""
 
     NAME = "_stacked_heads"
 

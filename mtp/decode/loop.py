@@ -1,36 +1,19 @@
-"""`generate`: prompts in, continuations out, by autoregressive or speculative decoding.
+"""`generate`: prompts in, continuations out; the decode loop reads draft -> verify -> accept
+-> commit (`_decode`), autoregressive decoding being the same loop with no drafts.
 
-- Prompts: training packs documents into one stream, each document followed by EOS, so a
-  document starts right after an EOS. A prompt is therefore encoded as [EOS] + its tokens:
-  the model continues the start of a new document. Models imported from elsewhere start a
-  prompt as their own tokenizer does (Llama's with BOS, SmolLM2's with nothing), so the ids
-  are transformers' (`Tokenizer.encode_prompt`). Without a start token an empty prompt has
-  nothing to continue from, and is refused.
-- Batches: prompts of different lengths are right-padded and prefilled together; every
-  sequence then accepts its own number of tokens per step (its length lives on the device).
-  A finished sequence stays in the batch, masked, until the batch is rebuilt smaller
-  (`engine.rebuild_size`).
-- The context limit: a sequence holds at most `max_seq_len` tokens, the EOS and the prompt
-  included. One that reaches it stops with finish_reason "context"; a prompt that leaves no
-  room is a ValueError.
-- The loop reads as its steps: draft (the drafter proposes, `drafters/`), verify and
-  accept (the engine's one fixed-shape step on the device: a forward pass over the drafts,
-  the acceptance rule, the cache compacted, then one host read; `engine.py`), commit (the
-  outputs take their new tokens and decide who stops, the drafter hears what was kept,
-  finished rows leave). Autoregressive decoding is the same loop with no drafts
-  (`Autoregressive`): one token per forward pass, the baseline every speed-up is measured
-  against.
-- Stopping and streaming: the commit hands each sequence's `SequenceOutput` the tokens it
-  accepted in a step (one, or several at once); `SequenceOutput.add` consumes them in order
-  and stops at the first of:
-  - EOS (kept in `token_ids`, absent from the text),
-  - a stop string in the decoded text (the text is cut before it; `token_ids` end with the
-    token that completed it, however many tokens the step accepted),
-  - the token budget: `max_new_tokens` ("length"), or the room left in the model's context
-    ("context") when that is smaller.
-  Text is streamed through the tokenizer's incremental decoder, so a byte model never emits
-  half a UTF-8 character, and text that could be the start of a stop string is held back until
-  it is known not to be one.
+- Prompts: training packs documents each followed by EOS, so a prompt is encoded as [EOS] +
+  its tokens (imported models start a prompt as their own tokenizer does:
+  `Tokenizer.encode_prompt`). A prompt with no tokens, or no room in `max_seq_len`, is a
+  ValueError.
+- Batches: prompts are right-padded and prefilled together; each row accepts its own number
+  of tokens per step. A finished row stays in the batch, masked, until the batch is rebuilt
+  smaller (`engine.rebuild_size`).
+- Stopping and streaming: each row's `SequenceOutput` takes a step's accepted tokens in order
+  and stops at the first of EOS (kept in `token_ids`, not in the text), a stop string (the
+  text cut before it; `token_ids` end with the token that completed it), or the budget:
+  `max_new_tokens` ("length") or the room left in the context ("context"). Text streams
+  through the tokenizer's incremental decoder (no half UTF-8 characters), holding back what
+  could still start a stop string.
 """
 
 from __future__ import annotations
@@ -41,12 +24,12 @@ from collections.abc import Sequence
 import torch
 
 from mtp.decode.acceptance import Acceptance, Rule, TypicalAcceptance, acceptance_rule
-from mtp.decode.drafters.base import Autoregressive, Drafter, Verified
+from mtp.decode.drafters.base import (Autoregressive, Drafter, Verified, check_flag,
+                                      check_positive)
 from mtp.decode.engine import Engine, rebuild_size
 from mtp.decode.output import DecodeStats, FinishReason, Generation, TextCallback
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.drafters.registry import DrafterSpec, make_drafter
-from mtp.decode.tree import Tree
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -60,27 +43,19 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     """Continue each prompt; one `Generation` per prompt, in order.
 
     Args:
-        drafter: who proposes the drafts: None (autoregressive decoding), a `Drafter`
-            (`HeadsDrafter(k, tree)`, `DraftModel`, `PromptLookup`, `Lookahead`, `Combined`),
-            a `DrafterSpec`, or a name ("autoregressive", "heads": every head,
-            "prompt_lookup", "heads+prompt_lookup", "lookahead"). To measure the candidates
-            and keep the fastest, `mtp.generate.open_decoder` (or `mtp.generate.Auto`)
-            chooses one first.
-        sampling: temperature (0: greedy), top-k and top-p of head 0's distribution. Greedy
-            output is identical for every drafter; sampled output has the same distribution.
-        acceptance: "exact" (SpecInfer's rule, lossless; greedy equals autoregressive),
-            "spectr" (SpecTr's k-sequential selection of i.i.d. sibling drafts, lossless),
-            "typical" (Medusa's typical acceptance: longer accepted paths, not lossless when
-            sampling), or a `TypicalAcceptance` with its own thresholds.
+        drafter: None (autoregressive decoding), a `Drafter` (`HeadsDrafter(k, tree)`,
+            `PromptLookup`, ...), a `DrafterSpec` or a registered name ("heads": every head).
+            `mtp.generate.open_decoder` (or `Auto`) chooses one by measurement.
+        sampling: temperature (0: greedy), top-k and top-p of head 0's distribution.
+        acceptance: "exact" (SpecInfer's rule, lossless), "spectr" (SpecTr's, lossless),
+            "typical" (Medusa's, not lossless), or a `TypicalAcceptance` (`acceptance.py`).
         stop: strings that end a generation; the returned text stops before them.
         seed: seeds this call's random draws (None: torch's global generator).
         on_text: called as on_text(prompt_index, text) with each new piece of text.
-        compile: run the decode step compiled (`torch.compile`; CUDA graphs on a GPU),
-            captured once per shape; the eager step is the reference.
+        compile: run the decode step compiled (`torch.compile`; CUDA graphs on a GPU).
         exact: exact mode (`engine.py`): every step `width` tokens wide (default: the
             drafter's widest step), so that greedy output equals `generate(drafter=None,
-            exact=True, width=W)` bit for bit in any dtype, and sampling with a seed gives
-            its draws. `width` is exact mode's only.
+            exact=True, width=W)` bit for bit in any dtype, and seeded sampling its draws.
     """
     config = model.config
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
@@ -88,7 +63,10 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     rule = acceptance_rule(acceptance)
     drafter = make_drafter(model, drafter) or Autoregressive()
     drafter.check(model, tokenizer)
-    _check_exact(exact, width, rule, drafter)
+    check_exact(exact, width, rule)
+    if width is not None and width < drafter.tree.n_nodes:
+        raise ValueError(f"width={width} is below {drafter!r}'s widest step of "
+                         f"{drafter.tree.n_nodes} tokens (the last token and its drafts)")
     encoded = tokenizer.encode_prompts(prompts)
     for index, ids in enumerate(encoded):
         if not ids:
@@ -147,14 +125,21 @@ class _Batch:
     def commit(self, verified: Verified, drafted: list[tuple[int, int]], nodes: int) -> bool:
         """The drafter hears what was kept, each row's output takes its new tokens; finished
         rows are masked, and leave when the batch is rebuilt. Whether any row decodes on.
-
         `drafted`: each row's (real drafts, whether its kept node has children); `nodes`: the
-        tokens the forward verified per row.
-        """
-        engine = self.engine
+        tokens the forward verified per row."""
+        engine, tree = self.engine, self.drafter.tree
         self.drafter.update(verified)
-        finished = _count(verified, drafted, [self.outputs[i] for i in self.rows],
-                          self.drafter.tree, nodes)
+        finished = []
+        for row, (ids, (real, grows)) in enumerate(zip(verified.new_ids, drafted)):
+            if not ids:  # finished before this step
+                continue
+            # Verified drafts: a chain's real ones up to the first rejected (the prefill
+            # drafted none); a tree's kept path, and the depth after it if its node has children.
+            checked = min(len(ids), real) if tree.is_chain or real == 0 else len(ids) - 1 + grows
+            output = self.outputs[self.rows[row]]
+            output.count_forward(checked, len(ids) - 1, nodes=nodes)
+            if output.add(ids):
+                finished.append(row)
         if finished:
             engine.finish(finished)
         live = [row for row, active in enumerate(engine.host_active) if active]
@@ -165,28 +150,6 @@ class _Batch:
             self.drafter.keep(kept)
             self.rows = [self.rows[row] for row in kept]
         return bool(live)
-
-
-def _count(verified: Verified, drafted: list[tuple[int, int]],
-           outputs: list[SequenceOutput], tree: Tree, nodes: int) -> list[int]:
-    """Give each row's output its new tokens and statistics; return the rows that finished.
-
-    A row kept n drafts and one token of the target (`new_ids`). Of a chain's real drafts,
-    draft i counts as verified when drafts 1..i-1 were kept; in a tree, the kept path's
-    depths, and the depth after it when its last node has children.
-    """
-    finished = []
-    for row, (ids, (real, grows)) in enumerate(zip(verified.new_ids, drafted)):
-        if not ids:  # finished before this step
-            continue
-        if tree.is_chain or real == 0:  # a chain, or the prefill, which drafted nothing
-            checked = min(len(ids), real)
-        else:
-            checked = len(ids) - 1 + grows
-        outputs[row].count_forward(checked, len(ids) - 1, nodes=nodes)
-        if outputs[row].add(ids):
-            finished.append(row)
-    return finished
 
 
 class SequenceOutput:
@@ -208,8 +171,7 @@ class SequenceOutput:
         self._started = started
         self._seconds = 0.0
         self._forwards = 0
-        # Per draft position (head) 0..positions-1: drafts verified and accepted; forward
-        # passes by drafts accepted.
+        # Per draft position 0..positions-1: drafts verified, accepted; forwards by accepted.
         self._verified = [0] * positions
         self._accepted = [0] * positions
         self._depths = [0] * positions
@@ -289,23 +251,17 @@ class SequenceOutput:
                     if self.text.endswith(s[:n])), default=0)
 
 
-def _check_exact(exact: bool, width: int | None, rule: Rule, drafter: Drafter) -> None:
-    """Exact mode's settings, before any decoding (one-line errors naming the value)."""
-    if not isinstance(exact, bool):
-        raise ValueError(f"exact must be true or false, got {exact!r}")
+def check_exact(exact: bool, width: int | None, rule: Rule) -> None:
+    """Exact mode's settings, before anything loads or decodes (one-line errors)."""
+    check_flag("exact", exact)
     if exact and rule is not None:
         name = "typical" if isinstance(rule, TypicalAcceptance) else "spectr"
         raise ValueError(f"acceptance={name} is a rule of its own: exact mode keeps a draft "
                          f"when it is the target's own token (acceptance=exact)")
-    if width is None:
-        return
-    if not exact:
+    if width is not None and not exact:
         raise ValueError(f"width={width} sizes exact mode's steps: give exact=True with it")
-    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
-        raise ValueError(f"width must be an integer >= 1, got {width!r}")
-    if width < drafter.tree.n_nodes:
-        raise ValueError(f"width={width} is below {drafter!r}'s widest step of "
-                         f"{drafter.tree.n_nodes} tokens (the last token and its drafts)")
+    if width is not None:
+        check_positive("width", width)
 
 
 def _check_arguments(vocab_size: int, tokenizer: Tokenizer, prompts: list[str],
@@ -319,9 +275,7 @@ def _check_arguments(vocab_size: int, tokenizer: Tokenizer, prompts: list[str],
     for index, prompt in enumerate(prompts):
         if not isinstance(prompt, str) or not prompt:
             raise ValueError(f"prompt {index} must be a non-empty string, got {prompt!r:.80}")
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) \
-            or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    check_positive("max_new_tokens", max_new_tokens)
     if not isinstance(sampling, SamplingConfig):
         raise ValueError(f"sampling must be a SamplingConfig, got {sampling!r}")
     for string in stop:

@@ -1,13 +1,11 @@
 """What a generation returns: its text and ids (`Generation`), why it ended (`FinishReason`),
-how it was decoded (`DecodeStats`), and how repetitive decoded text is (`repetition`).
-
-`decode.SequenceOutput` builds them while the loop commits each step's tokens.
-"""
+how it was decoded (`DecodeStats`), and how repetitive decoded text is (`repetition`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Literal
 
 FinishReason = Literal["eos", "stop", "length", "context"]
@@ -16,17 +14,12 @@ TextCallback = Callable[[int, str], None]
 
 @dataclass(frozen=True)
 class DecodeStats:
-    """How a sequence was decoded. Head j's acceptance rate is over the drafts it got verified.
+    """How a sequence was decoded. "Head j" is draft position j of a step (depth j in a tree).
 
-    With another drafter than the heads, "head j" is draft position j of a step (the j-th
-    draft after the last accepted token).
-
-    `head_acceptance[0]` is 1.0 (head 0's token is always kept); `head_verified[j]` counts the
-    steps where drafts of head j reached verification (head j's drafts are verified only when
-    drafts of heads 1..j-1 before them were accepted), so rates can be pooled across
-    sequences. With a tree, head j's acceptance is the rate at which some depth-j draft was
-    kept. `accepted_depths[d]` counts the forward passes that kept d drafts (the prefill
-    counts as one that kept none); `nodes_verified` counts the tokens of every forward pass.
+    `head_verified[j]`: the steps where a draft of head j reached verification (the drafts
+    before it were kept); `head_acceptance[j]`: the share of those that kept one (head 0's
+    token: always, 1.0). `accepted_depths[d]`: the forward passes that kept d drafts (the
+    prefill kept none); `nodes_verified`: the tokens of every forward pass.
     """
 
     forward_passes: int
@@ -40,8 +33,8 @@ class DecodeStats:
 
     @property
     def nodes_per_forward(self) -> float:
-        """Tokens verified per forward pass: the tree's size; less where an eager step cut a
-        chain's padding (`engine.py`), or near the context's end."""
+        """Tokens verified per forward pass (less than the tree where an eager step cut a
+        chain's padding)."""
         return self.nodes_verified / max(self.forward_passes, 1)
 
     @classmethod
@@ -51,13 +44,13 @@ class DecodeStats:
             raise ValueError("pooled() needs at least one DecodeStats")
         forwards = sum(s.forward_passes for s in stats)
         tokens = sum(s.new_tokens for s in stats)
-        heads = max(len(s.head_verified) for s in stats)
-        verified = [sum(s.head_verified[j] for s in stats if j < len(s.head_verified))
-                    for j in range(heads)]
-        accepted = [sum(s.head_acceptance[j] * s.head_verified[j] for s in stats
-                        if j < len(s.head_verified)) for j in range(heads)]
-        depths = [sum(s.accepted_depths[d] for s in stats if d < len(s.accepted_depths))
-                  for d in range(max(len(s.accepted_depths) for s in stats))]
+        def totals(rows: Iterable[Sequence[float]]) -> list:  # by index, over the stats
+            return [sum(column) for column in zip_longest(*rows, fillvalue=0)]
+
+        verified = totals(s.head_verified for s in stats)
+        accepted = totals([a * v for a, v in zip(s.head_acceptance, s.head_verified)]
+                          for s in stats)
+        depths = totals(s.accepted_depths for s in stats)
         return cls(forward_passes=forwards, new_tokens=tokens,
                    tokens_per_forward=tokens / max(forwards, 1),
                    head_acceptance=[a / v if v else 0.0 for a, v in zip(accepted, verified)],

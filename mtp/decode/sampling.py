@@ -1,13 +1,8 @@
-"""Turning logits into a next-token distribution, and drawing from it.
-
-One `probabilities` function applies temperature, top-k and top-p, and one `sample` function
-draws from the result; the autoregressive and the speculative decoders both use exactly these
-two, so their distributions cannot drift apart. Decoding's exact mode draws instead by
-`inverse_cdf` with one uniform per sequence and position (`position_uniforms`): the token at
-a position is then a function of the seed, the sequence and the distribution there, the same
-whichever step computes it, so speculative sampling gives autoregressive sampling's draws. Greedy decoding is temperature 0: the
-distribution is one-hot on the argmax, which lets the speculative acceptance rule treat greedy
-and sampling alike (a draft is accepted with probability p(draft) / q(draft), which is 1 or 0).
+"""Logits to a next-token distribution (`probabilities`: temperature, top-k, top-p) and one
+draw from it (`sample`), the one pair every decoder uses. Greedy is temperature 0: a one-hot
+distribution, so acceptance treats greedy and sampling alike. Exact mode draws by
+`inverse_cdf` with one uniform per sequence and position (`position_uniforms`), so a
+position's token is the same whichever step computes it.
 """
 
 from __future__ import annotations
@@ -22,10 +17,8 @@ from torch import Tensor
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
-    """How a token is chosen from head 0's logits (and the drafts from the other heads').
-
-    `greedy` (temperature 0) is a plain attribute, set once here: every decode step reads it.
-    """
+    """How a token is chosen from head 0's logits (and the drafts from the other heads');
+    `greedy` (temperature 0) is a plain attribute, set once: every step reads it."""
 
     temperature: float = 0.0  # 0: greedy
     top_k: int | None = None  # keep the k most likely tokens; None: all
@@ -45,10 +38,8 @@ class SamplingConfig:
 
 
 def probabilities(logits: Tensor, config: SamplingConfig) -> Tensor:
-    """The distribution (..., V) that `config` samples from, given logits (..., V).
-
-    Computed in float32 at least (float64 logits stay float64, which the exactness tests use).
-    """
+    """The distribution (..., V) that `config` samples from, given logits (..., V), in
+    float32 at least (float64 logits stay float64, as the exactness tests use)."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if config.greedy:
@@ -74,12 +65,9 @@ def exponential(shape: tuple[int, ...], generator: torch.Generator | None,
 
 def sample(probs: Tensor, noise: Tensor) -> Tensor:
     """One token per row of `probs` (..., V): (...), given Exp(1) `noise` of the same shape.
-
-    An exponential race, argmax(p / E) with E ~ Exp(1), is a draw from p: it needs no
-    cumulative sums, works on any device and never leaves it (no host synchronisation).
-    Rows need not sum to 1 (a token is drawn in proportion to its weight), and one-hot rows
-    (greedy) give their token whatever the noise. The noise is an input, drawn before a
-    decode step, so that a captured step draws nothing itself and replays exactly.
+    An exponential race, argmax(p / E), is a draw from p (in proportion to unnormalised
+    weights; one-hot rows give their token) with no cumulative sums and no host read; the
+    noise is drawn before a step, so a captured step replays exactly.
     """
     return (probs / noise).argmax(-1)
 

@@ -1,42 +1,25 @@
-"""Candidate trees for tree verification (Medusa, SpecInfer): rank paths and their buffers.
+"""Candidate trees for tree verification (Medusa, SpecInfer, EAGLE-2): rank paths and their
+buffers.
 
 A tree is a list of rank paths, as Medusa's `medusa_choices`: `[0]` is head 1's top-1 token,
-`[0, 1]` is head 1's top-1 followed by head 2's top-2, and so on. A node at depth d is a
-token drafted by head d at the last accepted position; its parent is the path without its
-last rank. The root, node 0, is the last accepted token itself (head 0's, never a draft).
-Every prefix of a path must be in the tree too.
+`[0, 1]` head 1's top-1 followed by head 2's top-2, and so on; every prefix of a path is in
+the tree too. Node 0, the root, is the last accepted token. Nodes are numbered root first,
+then by depth, then by rank path, so a parent comes before its children; the chain of k - 1
+drafts is the tree `[0], [0, 0], ...` of k nodes.
 
-Nodes are numbered root first, then by depth, then by rank path (Medusa's order), so a
-parent always comes before its children. A tree of `n_nodes` nodes verifies `n_nodes` tokens
-(the root included) in one forward pass; the chain of k - 1 drafts is the tree
-`[0], [0, 0], ...` with k nodes.
+- `chain`; `tree8` .. `tree64`: fixed trees built from a model-independent prior
+  (`fixed_prior`) by Medusa's construction (`Tree.from_rates`: the most probable paths,
+  heads taken as independent);
+- `auto:N`: the N - 1 rank paths most often accepted on calibration prompts
+  (`Calibration`, `mtp.generate.calibrate`): a path is never accepted more often than its
+  parent, so they are prefix-closed, and they beat Medusa's construction, since heads are
+  not independent;
+- `dynamic:N` (EAGLE-2, `DynamicTree`): the drafter chooses each row's tree at every step
+  within a fixed size (nodes, depth, branching) and gives each draft's parent
+  (`Drafts.parents`); the step builds that step's buffers per row (`TreeBuffers.from_parents`).
 
-Which trees
-- `chain`: one path of rank-0 drafts, as deep as the heads allow (today's decoding).
-- `tree8`, `tree16`, `tree32`, `tree64`: fixed trees of that many nodes, built by the same
-  greedy construction as `auto:N` from a model-independent prior (`FIXED_PRIOR`).
-- `auto:N`: the N-node tree with the largest expected accepted length on calibration
-  prompts (`mtp.generate.calibrate` writes `tree.json` into an export directory; see
-  `Calibration`). `calibrate` counts, for every rank path, how often its node would have
-  been accepted, and auto:N takes the N - 1 most frequent paths: a path is never accepted
-  more often than its parent, so the result is prefix-closed, and it is optimal on those
-  positions (a short calibration that saw fewer paths completes the tree by Medusa's rule).
-  Heads are not independent (where head 1 is right, head 2 is right more often), so this
-  beats Medusa's construction, which multiplies per-(head, rank) rates along a path and takes
-  the most probable paths by best-first search (`Tree.from_rates`, also used for calibration
-  files without path counts and for the fixed presets).
-
-`TreeBuffers` holds what one decoding step needs, computed once per tree and device
-(Medusa's `generate_medusa_buffers`): depths (the position offsets), the ancestor mask, the
-index of each node's draft among the heads' top-k, the ancestors of each node (its
-root-to-node path) and the children of each node.
-
-Dynamic trees (EAGLE-2): a drafter may choose its tree anew at every step and for every row,
-from its own confidence; only the size is fixed (`DynamicTree`: the nodes, the depth, the
-most children of a node), so a step keeps its shapes. The drafter gives each draft's parent
-(`Drafts.parents`) and the step builds that step's buffers from them, one set per row
-(`TreeBuffers.from_parents`); the engine and the acceptance read every tree's buffers per
-row (`TreeBuffers.rows`).
+`TreeBuffers` holds what one step needs, computed once per tree and device (Medusa's
+`generate_medusa_buffers`).
 """
 
 from __future__ import annotations
@@ -46,7 +29,7 @@ import heapq
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -56,16 +39,14 @@ from torch import Tensor
 
 TREE_FILE = "tree.json"
 FIXED_SIZES = (8, 16, 32, 64)
-# The fixed presets' prior: every head is right at rank r with probability 0.6 * 0.4 ** r.
-# Not measured on any model: it only shapes trees that are wide near the root and deep along
-# the top-1 path. `auto:N` replaces it with measured rates.
+# The fixed presets' prior, measured on no model: every head is right at rank r with
+# probability 0.6 * 0.4 ** r (trees wide near the root and deep along the top-1 path).
 FIXED_PRIOR_TOP1, FIXED_PRIOR_DECAY, FIXED_PRIOR_RANKS = 0.6, 0.4, 8
 
 
 @dataclass(frozen=True)
 class TreeBuffers:
-    """A tree's tensors on one device (see the module docstring); the engine and the drafters
-    hold them from construction, so a decode step reads them and builds nothing."""
+    """A tree's tensors on one device, built before any step reads them."""
 
     depths: Tensor  # (m,) the position offset of every node, 0 for the root
     visible: Tensor  # (m, m) bool: node i sees node j iff j is i or one of its ancestors
@@ -112,10 +93,9 @@ class TreeBuffers:
 class Tree:
     """A candidate tree: its rank paths, validated, and the bookkeeping derived from them.
 
-    Its sizes are plain attributes, computed once here (a decode step reads them every step):
-    n_nodes, the tokens verified per step (the root and every path's node); depth, the
-    deepest node's (the tree needs heads 0..depth); n_ranks, the heads' top-k needed to
-    draft every node; is_chain, one path of rank-0 drafts (no tree mask or path compaction).
+    Plain attributes, computed once (every step reads them): n_nodes, the tokens verified per
+    step (the root included); depth, the deepest node's; n_ranks, the heads' top-k needed to
+    draft every node; is_chain, one path of rank-0 drafts (no tree mask or compaction).
     """
 
     paths: tuple[tuple[int, ...], ...]
@@ -127,21 +107,18 @@ class Tree:
     is_chain: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        paths = []
+        paths: dict[tuple[int, ...], None] = {}  # in order, without repeats
         for path in self.paths:
             if (isinstance(path, (str, bytes)) or not isinstance(path, Sequence) or not path
                     or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
                                for r in path)):
                 raise ValueError(f"tree {self.name}: path {path!r} must be a non-empty list of "
                                  f"ranks (integers >= 0)")
-            paths.append(tuple(path))
-        seen = set()
-        for path in paths:
-            if path in seen:
+            if tuple(path) in paths:
                 raise ValueError(f"tree {self.name}: path {list(path)} appears twice")
-            seen.add(path)
+            paths[tuple(path)] = None
         for path in paths:
-            if len(path) > 1 and path[:-1] not in seen:
+            if len(path) > 1 and path[:-1] not in paths:
                 raise ValueError(f"tree {self.name}: path {list(path)} needs its parent "
                                  f"{list(path[:-1])} in the tree too")
         object.__setattr__(self, "paths", tuple(sorted(paths, key=lambda p: (len(p), p))))
@@ -156,12 +133,8 @@ class Tree:
         return _chain(depth)
 
     def padded(self, n_nodes: int) -> Tree:
-        """This tree grown to `n_nodes` nodes by a chain below its last node (a chain: a longer
-        chain), its nodes numbered as before: an exact step's fixed width, whose extra nodes
-        are padding drafts, never kept."""
-        if n_nodes < self.n_nodes:
-            raise ValueError(f"width={n_nodes} is below the drafter's widest step of "
-                             f"{self.n_nodes} tokens (the last token and its drafts)")
+        """This tree grown to `n_nodes` >= its own by a chain below its last node (a chain: a
+        longer chain), its nodes numbered as before: an exact step's padding drafts."""
         if n_nodes == self.n_nodes:
             return self
         if self.is_chain:
@@ -173,12 +146,9 @@ class Tree:
     @classmethod
     def from_rates(cls, rates: Sequence[Sequence[float]], n_nodes: int,
                    name: str | None = None) -> Tree:
-        """The `n_nodes`-node tree (root included) of the most probable paths under `rates`.
-
-        rates[d][r] is the probability that head d + 1's rank-r token is accepted (given its
-        parent was); a path's probability is the product along it. Ties go to shallower,
-        then lower-ranked, paths.
-        """
+        """The `n_nodes`-node tree (root included) of the most probable paths under `rates`:
+        rates[d][r], the probability that head d + 1's rank-r token is accepted given its
+        parent was; a path's, the product along it. Ties go to shallower, then lower ranks."""
         if not isinstance(n_nodes, int) or n_nodes < 1:
             raise ValueError(f"a tree needs n_nodes >= 1 (the root), got {n_nodes!r}")
         frontier = [(-float(p), (r,)) for r, p in enumerate(rates[0])] if rates else []
@@ -240,24 +210,13 @@ class Tree:
         return self._buffers[key]
 
     def _build(self, device: torch.device | str) -> TreeBuffers:
-        m, depth, ranks = self.n_nodes, self.depth, max(self.n_ranks, 1)
-        visible = torch.zeros(m, m, dtype=torch.bool)
-        ancestors = torch.zeros(m, depth + 1, dtype=torch.long)
-        for node, path in enumerate(self.ancestors):
-            visible[node, path] = True
-            ancestors[node] = torch.tensor(path + [node] * (depth + 1 - len(path)))
-        kids = [[] for _ in range(m)]
-        for node, parent in enumerate(self.parents[1:], start=1):
-            kids[parent].append(node)  # nodes are in rank order among siblings
-        width = max(map(len, kids))
-        children = torch.tensor([k + [-1] * (width - len(k)) for k in kids], dtype=torch.long)
-        return TreeBuffers(
-            depths=torch.tensor([0] + [len(p) for p in self.paths], device=device),
-            visible=visible.to(device),
-            parents=torch.tensor(self.parents[1:], dtype=torch.long, device=device),
-            draft_index=torch.tensor([(len(p) - 1) * ranks + p[-1] for p in self.paths],
-                                     dtype=torch.long, device=device),
-            ancestors=ancestors.to(device), children=children.to(device))
+        ranks, width = max(self.n_ranks, 1), max(self.widths, default=0)
+        parents = torch.tensor([self.parents[1:]], dtype=torch.long, device=device)
+        rows = TreeBuffers.from_parents(parents, self.depth, width)  # siblings in rank order
+        one = {f.name: getattr(rows, f.name)[0] for f in fields(TreeBuffers)}
+        one["draft_index"] = torch.tensor([(len(p) - 1) * ranks + p[-1] for p in self.paths],
+                                          dtype=torch.long, device=device)
+        return TreeBuffers(**one)
 
     def to_json(self) -> list[list[int]]:
         return [list(p) for p in self.paths]
@@ -266,9 +225,8 @@ class Tree:
 @dataclass(frozen=True)
 class DynamicTree(Tree):
     """The size of a tree a drafter chooses at every step (EAGLE-2): `n_nodes` nodes (the
-    root included), at most `depth` deep, at most `branching` children a node. Its `paths`
-    are a stand-in of that size (a chain as deep, the rest under the root); a step's own
-    tree comes with its drafts (`Drafts.parents`)."""
+    root included), at most `depth` deep and `branching` children a node. Its `paths` are a
+    stand-in of that size; a step's own tree comes with its drafts (`Drafts.parents`)."""
 
     branching: int = 1
 
@@ -290,9 +248,6 @@ class DynamicTree(Tree):
         return [min(self.branching, self.n_nodes - 1)] * self.depth
 
     def padded(self, n_nodes: int) -> Tree:
-        if n_nodes < self.n_nodes:
-            raise ValueError(f"width={n_nodes} is below the drafter's widest step of "
-                             f"{self.n_nodes} tokens (the last token and its drafts)")
         return self if n_nodes == self.n_nodes else DynamicTree.of(
             n_nodes, self.depth, max(self.branching, n_nodes - self.n_nodes))
 
@@ -301,28 +256,25 @@ class DynamicTree(Tree):
                          f"each step's drafts (TreeBuffers.from_parents)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _chain(depth: int) -> Tree:
     # One instance per depth: its buffers are then built once for every decode step.
     return Tree(tuple((0,) * d for d in range(1, depth + 1)), name="chain")
 
 
 def fixed_prior(k: int) -> list[list[float]]:
-    """`FIXED_PRIOR` for heads 1..k-1: rank r accepted with 0.6 * 0.4 ** r."""
+    """The fixed presets' prior for heads 1..k-1."""
     row = [FIXED_PRIOR_TOP1 * FIXED_PRIOR_DECAY ** r for r in range(FIXED_PRIOR_RANKS)]
     return [row] * (k - 1)
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Acceptance measured on calibration prompts for one model, as `tree.json` stores it.
-
-    `rates[d][r]`: how often head d + 1's rank-r token was the token that greedy decoding
-    produced, over positions where heads 1..d were right within their top ranks (see
-    `mtp.generate.calibrate`). `paths`: the most frequent rank paths with the share of
-    positions where each path's node would have been accepted (heads 1..d ranked the truth
-    r_1..r_d), most frequent first; empty in files written before they were measured.
-    `details`: how they were measured.
+    """Acceptance measured on calibration prompts for one model, as `tree.json` stores it
+    (`mtp.generate.calibrate`): `rates[d][r]`, how often head d + 1's rank-r token was greedy
+    decoding's, where heads 1..d were right within their top ranks; `paths`, the most
+    frequent rank paths, each with the share of positions that would accept its node (empty
+    in older files); `details`, how they were measured.
     """
 
     rates: list[list[float]]
@@ -332,11 +284,8 @@ class Calibration:
     paths: list[tuple[tuple[int, ...], float]] = field(default_factory=list)
 
     def tree(self, n_nodes: int, k: int | None = None, name: str | None = None) -> Tree:
-        """`auto:N`: the N-node tree for heads 0..k-1 (default: all).
-
-        From the measured path frequencies when there are any (exact on the calibration
-        positions), else from the per-head rates under Medusa's independence assumption.
-        """
+        """`auto:N`: the N-node tree for heads 0..k-1 (default: all), from the path
+        frequencies, else from the rates under Medusa's independence assumption."""
         depth = (self.n_future if k is None else k) - 1
         name = name or f"auto:{n_nodes}"
         medusa = Tree.from_rates(self.rates[:depth], n_nodes, name=name)
@@ -368,8 +317,7 @@ class Calibration:
         return 1.0 + sum(frequency.get(path, 0.0) for path in tree.paths)
 
     def to_json(self) -> dict[str, Any]:
-        """What `tree.json` holds: the rates, the path frequencies, how they were measured,
-        and the auto:N trees of the fixed sizes (to read)."""
+        """What `tree.json` holds (with the auto:N trees of the fixed sizes, to read)."""
         return {"n_future": self.n_future, "vocab_size": self.vocab_size, "rates": self.rates,
                 "paths": {",".join(map(str, p)): f for p, f in self.paths},
                 "details": self.details,
@@ -441,12 +389,11 @@ DYNAMIC_BRANCHING = 8  # a dynamic tree's most children of a node: the heads' to
 
 def best_paths(scores: Tensor, n_nodes: int) -> tuple[Tensor, Tensor, Tensor]:
     """Each row's `n_nodes` - 1 rank paths of the largest cumulative score (EAGLE-2's dynamic
-    tree for drafters whose depths draft independently, as the heads do): scores (B, D, R),
-    the log-probability of depth d + 1's rank-r candidate. Returns each chosen node's depth
-    and rank (B, n_nodes - 1), 1-based depth, and its parent (0: the root), parents first.
-
-    A path scores no more than its parent, so the best paths are prefix-closed, and a beam of
-    n_nodes - 1 paths per depth holds every one of them; ties go to the shallower path.
+    tree, for depths that draft independently, as the heads do): scores (B, D, R), the
+    log-probability of depth d + 1's rank-r candidate. Returns each chosen node's depth
+    (1-based) and rank (B, n_nodes - 1), and its parent (0: the root), parents first. A path
+    scores no more than its parent, so a beam of n_nodes - 1 per depth holds them all; ties
+    go to the shallower path.
     """
     batch, depth, ranks = scores.shape
     budget = n_nodes - 1

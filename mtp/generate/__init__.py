@@ -1,11 +1,7 @@
-"""Generating text from a checkpoint on this machine: `open_decoder` opens a checkpoint for
-decoding with every choice measured on the model that will decode (`session.py`: the
-drafter, `auto.py`; the dtype and the threads), the one timing harness (`measure.py`), the
-tuning steps that save choices for a checkpoint (`calibrate.py`: the heads' trees,
-`skip_search.py`: layer skipping), and the command line `python -m mtp.generate`.
-
-The public names of `mtp.decode`, the algorithm, are here too, so `from mtp.generate import
-generate, HeadsDrafter` is the one import a user needs.
+"""Decoding on this machine: `open_decoder` (`session.py`; every choice measured on the
+model that will decode, the drafter by `auto.py`), the timing harness (`measure.py`), the
+tuning steps saved for a checkpoint (`calibrate.py`, `skip_search.py`) and `python -m
+mtp.generate`; with `mtp.decode`'s public names, so one import serves a user.
 """
 
 from mtp.decode import (Combined, DecodeStats, DraftModel, Drafter, DrafterContext, DrafterSpec,

@@ -1,32 +1,16 @@
 """`drafter=auto` / `k=auto`: measure candidate drafters on the first prompts, keep the fastest.
 
-Which drafter pays depends on the model (how well its heads or a draft model agree with it),
-the text (prompt lookup pays where it repeats), the batch size, sampling and the machine (the
-cost of a verify forward with k tokens relative to one token). So it is measured, not
-guessed: each candidate decodes the call's own prompts (or more prompts, in batches of the
-call's size: `batch_size`, which eval uses) for `tokens` new tokens, and the leaders decode
-them a second time, their better tokens/s counting. Autoregressive decoding is always a
-candidate and any other must beat it by `margin`, so the choice is never slower than
-autoregressive decoding by more than the measurement noise.
+Which drafter pays depends on the model, the text, the batch, sampling and the machine, so it
+is measured: each candidate (`Drafter.candidates`, in the registry's order; `k=auto`: the
+heads' chains alone) decodes the call's prompts, in batches of its size, for `tokens` new
+tokens on the model as it will decode with it (`prepare`: its dtype and threads), and the
+leaders decode them again, their better tokens/s counting. Autoregressive decoding is always
+a candidate and another must beat it by `margin`.
 
-The candidates come from the drafters themselves (`Drafter.candidates`, in the registry's
-order): the heads at every k and, for a calibrated checkpoint, its auto:N trees; prompt
-lookup; the fastest chain of heads with prompt lookup; the draft model when one is given; a
-searched layer-skipping choice. `k=auto` measures the heads' chains alone. Each candidate
-decodes on the model as it will decode with it (`prepare`: the session converts it to the
-dtype its step width wants and sets the threads for it).
-
-A budget bounds the measurement (eval's: at most `share`, 10%, of the run's expected
-autoregressive decoding time, `planned_tokens` at the rate autoregressive decoding measured
-first, and at most `budget` seconds, 30 on a CPU): candidates are measured in order while
-time is left, the second round too (a compiled step's warm-up, its compilation, is not
-counted); what the budget left out is part of the record, so a run that plans more tokens
-measures again.
-
-The result is a `mtp.tune.Measurement` (step "drafter": every candidate's tokens/s, what won,
-how long it took), cached by the tuner under a key of everything the choice depends on:
-the checkpoint, device, dtype, batch size (in powers of two), greedy or sampled decoding,
-compiled or eager, the options and the candidates.
+A budget bounds the measurement: at most `share` of the run's autoregressive decoding time
+(`planned_tokens`) and `budget` seconds; a compiled step's warm-up is not counted; what it
+left out is part of the record, so a run that plans more tokens measures again. The record
+(a `mtp.tune.Measurement`) is cached under everything the choice depends on.
 """
 
 from __future__ import annotations
@@ -84,8 +68,8 @@ class Auto:
 
     def candidates(self, model: MTPModel,
                    measured: dict[str, float]) -> dict[str, Drafter | None]:
-        """Label -> drafter (None: autoregressive): the candidates of every drafter the spec
-        measures, in order; a drafter's own may depend on those `measured` before it."""
+        """Label -> drafter (None: autoregressive): every candidate the spec measures, in
+        order; a drafter's own may depend on those `measured` before it."""
         found: dict[str, Drafter | None] = {AUTOREGRESSIVE: None}
         for name in self.spec.measured_drafters:
             for drafter in self.spec.candidates(model, self.context, measured, name):
@@ -100,13 +84,9 @@ class Auto:
     def choose(self, model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
                sampling: SamplingConfig, max_new_tokens: int, batch_size: int | None = None,
                prepare: Prepare | None = None) -> Drafter | None:
-        """The fastest drafter for these prompts (None: autoregressive decoding).
-
-        `batch_size`: the batch the drafter will decode (default: all `prompts` at once);
-        the prompts are measured in batches of that size, so that a caller can measure on
-        more prompts than one batch holds (e.g. eval at batch 1: one prompt is too few).
-        `prepare(drafter)`: the model as it decodes with that drafter (default: `model`).
-        """
+        """The fastest drafter for these prompts (None: autoregressive decoding), measured in
+        batches of `batch_size` (default: all at once); `prepare(drafter)`: the model as it
+        decodes with that drafter (default: `model`)."""
         batch_size = len(prompts) if batch_size is None else check_positive(
             "batch_size", batch_size)
         prepare = prepare or (lambda drafter: model)
@@ -119,16 +99,15 @@ class Auto:
         return None if label == AUTOREGRESSIVE else self._rebuild(model, self.record)[label]
 
     def _usable(self, model: MTPModel, found: Measurement) -> bool:
-        """A cached choice this run may reuse: one the budget cut short only for a run that
-        plans no more tokens, and one whose drafter is still among the candidates."""
+        """Whether a cached choice serves: not cut short by a budget for a run that plans
+        more tokens, and its drafter still a candidate."""
         planned = (found.value or {}).get("planned_tokens") or 0
         if found.left_out and (self.planned_tokens or 0) > planned:
             return False
         return found.choice == AUTOREGRESSIVE or found.choice in self._rebuild(model, found)
 
     def _rebuild(self, model: MTPModel, record: Measurement) -> dict[str, Drafter | None]:
-        """The candidates as they were when `record` was measured (its figures stand for the
-        measurements that later candidates depend on)."""
+        """The candidates as they were when `record` was measured."""
         return self.candidates(model, dict(record.figures))
 
     def _measure(self, model: MTPModel, tokenizer: Tokenizer, batches: list[list[str]],
@@ -136,9 +115,8 @@ class Auto:
                  prepare: Prepare) -> Measurement:
         tokens = min(self.tokens, max_new_tokens)
         began, limit = time.perf_counter(), self.budget
-        # A compiled candidate's untimed warm-up compiles its step (seconds on a GPU: 8.7 s of
-        # a 5.6 s budget on an H100): a cost the run pays once whichever step it keeps, not
-        # the candidate's speed, so the budget counts only the timed decoding then.
+        # A compiled candidate's untimed warm-up compiles its step (8.7 s of a 5.6 s budget on
+        # an H100), paid once whichever it keeps: the budget counts the timed decoding only.
         compiling = 0.0
 
         def time_left() -> bool:
@@ -176,8 +154,7 @@ class Auto:
                     measured[label] = speed(drafter)
                 else:
                     left_out.append(label)
-        # A second round for the leaders only, best of two: noise only ever slows a run down,
-        # and the runner-up gets its chance against the one that got lucky the first time.
+        # A second round for the leaders, best of two: noise only ever slows a run down.
         leaders = sorted(measured, key=measured.get, reverse=True)[:self.finalists]
         for label in dict.fromkeys([AUTOREGRESSIVE, *leaders]):  # in order, once each
             if time_left() and len(measured) > 1:

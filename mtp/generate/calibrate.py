@@ -1,26 +1,13 @@
 """`python -m mtp.generate.calibrate checkpoint=DIR`: measure the heads, write DIR/tree.json.
 
-What `tree=auto:N` needs: how often head d's rank-r token is right. For each calibration
-prompt the model decodes `max_new_tokens` tokens greedily; one teacher-forced forward pass
-over prompt + continuation then gives, at every position s of the continuation, the rank of
-the token that greedy decoding produced at s + d + 1 under head d's logits at s (the rank of
-the truth). Two summaries go into tree.json:
-- path frequencies: for every rank path (r_1, ..., r_d), the share of positions where heads
-  1..d ranked the truth exactly r_1..r_d, i.e. where that node of a tree would have been
-  accepted. auto:N takes the N - 1 most frequent paths, which maximises the accepted length
-  on these positions (`Calibration.tree`); the `paths` most frequent are kept.
-- rates[d - 1][r]: the fraction of positions where head d's rank was r, among positions
-  where heads 1..d-1 were right within their top `ranks`: the per-head table to read, and
-  Medusa's construction (`Tree.from_rates`, which assumes heads independent) for files
-  without path counts.
-Positions followed by a run of one repeated token are left out (see `truth_ranks`).
-
-The calibration is a tuning step's record ("trees", `mtp.tune`), kept by the tuner for this
-checkpoint, where generate and eval find it; `output=` also writes it as a tree.json file
-(to ship beside the checkpoint, where it is read too). Whether a tree pays is a question of
-speed, not only of acceptance: `drafter=auto` (the command lines' default) measures the
-auto:N trees of a calibrated checkpoint against the chain and keeps the fastest. Calibrate
-on prompts that you do not benchmark on.
+What `tree=auto:N` needs: how often head d's rank-r token is right. Each calibration prompt
+is decoded greedily; one teacher-forced pass over prompt + continuation gives, at every
+position s, the rank of the greedy token s + d + 1 under head d's logits (positions followed
+by a run of one repeated token left out). It saves the path frequencies (for every rank path,
+the share of positions that would accept its node: auto:N takes the N - 1 most frequent) and
+the per-head rates (Medusa's construction, for files without paths), as a tuning step's
+record for this checkpoint, where generate and eval find it. `drafter=auto` then measures the
+auto:N trees against the chain. Calibrate on prompts that you do not benchmark on.
 
   checkpoint       anything mtp.load reads (required)
   prompt_file      data/prompts/calibration.jsonl (MBPP validation-split signatures)
@@ -37,7 +24,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,7 +47,7 @@ CALIBRATION_PROMPTS = REPO_ROOT / "data/prompts/calibration.jsonl"
 @dataclass(frozen=True, kw_only=True)
 class CheckpointCalibration:
     """The command line of a calibration of a checkpoint on held-out prompts (this module's,
-    and `skip_search`'s): what it reads, where it writes, how it runs the model."""
+    and `skip_search`'s)."""
 
     checkpoint: str = MISSING
     prompt_file: str = str(CALIBRATION_PROMPTS)
@@ -97,7 +83,8 @@ def greedy_texts(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
     for prompt, generation in zip(prompts, generate(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens)):
         prefix = tokenizer.encode_prompt(prompt)  # as generate()
-        ids = torch.tensor([prefix + generation.token_ids], device=_device(model))
+        ids = torch.tensor([prefix + generation.token_ids],
+                           device=next(model.parameters()).device)
         texts.append((ids, len(prefix)))
     return texts
 
@@ -105,13 +92,10 @@ def greedy_texts(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
 @torch.inference_mode()
 def truth_ranks(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
                 max_new_tokens: int) -> torch.Tensor:
-    """(positions, n_future - 1): the rank of the greedy continuation's token under heads 1..
-
-    Row s of a continuation holds, for head d, the rank of token s + d + 1 among head d's
-    logits at position s (0: its argmax); positions without that token are left out, and so
-    are positions followed by a run of one token (a small model's greedy output can loop on
-    spaces, which every head gets right and which would drown the rates in trivial cases).
-    """
+    """(positions, n_future - 1): for head d, the rank of token s + d + 1 among its logits at
+    position s of a greedy continuation (0: its argmax); left out are positions without that
+    token and those followed by a run of one token (a small model's greedy loops on spaces,
+    which every head gets right, would drown the rates in trivial cases)."""
     n_future = model.config.n_future
     rows = []
     for ids, prefix in greedy_texts(model, tokenizer, prompts, max_new_tokens):
@@ -139,19 +123,17 @@ def acceptance_rates(ranks: torch.Tensor, n_ranks: int) -> list[list[float]]:
     reachable = torch.ones(ranks.shape[0], dtype=torch.bool)
     for head in range(ranks.shape[1]):
         counts = torch.bincount(ranks[reachable, head].clamp(max=n_ranks), minlength=n_ranks + 1)
-        rates.append([round(c / max(int(reachable.sum()), 1), 4) for c in counts[:n_ranks].tolist()])
+        total = max(int(reachable.sum()), 1)
+        rates.append([round(c / total, 4) for c in counts[:n_ranks].tolist()])
         reachable &= ranks[:, head] < n_ranks
     return rates
 
 
 def path_frequencies(ranks: torch.Tensor, n_ranks: int,
                      limit: int) -> list[tuple[tuple[int, ...], float]]:
-    """The `limit` rank paths most often accepted, with the share of positions accepting each.
-
-    A position accepts the path (r_1, ..., r_d) when heads 1..d ranked the truth r_1..r_d:
-    every prefix of its ranks up to the first one past `n_ranks`. Most frequent first, ties
-    to shallower paths, so any leading slice is a valid tree.
-    """
+    """The `limit` rank paths most often accepted (every prefix of a position's ranks up to
+    the first past `n_ranks`), with the share of positions accepting each; most frequent
+    first, ties to shallower paths, so any leading slice is a valid tree."""
     counts: Counter[tuple[int, ...]] = Counter()
     for row in ranks.tolist():
         path: tuple[int, ...] = ()
@@ -211,10 +193,6 @@ def main(argv: list[str]) -> None:
               f"{calibration.expected_length(medusa):.2f})")
     for where in save_choice(args.checkpoint, record, "tree.json", args.output):
         print(f"saved: {where}")
-
-
-def _device(model: MTPModel) -> torch.device:
-    return next(model.parameters()).device
 
 
 if __name__ == "__main__":

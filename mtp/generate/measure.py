@@ -1,17 +1,6 @@
-"""What a model's heads buy at decoding: greedy decoding of held-out prompts, measured.
-
-`measure_decoding` decodes the same prompts autoregressively (k = 1), with the heads' chain at
-every k = 2..n_future (`HeadsDrafter(k)`) and with each candidate-tree preset, all through
-`generate`, and reports per k and per tree the tokens per forward pass and the speed-up in
-tokens per second over autoregressive decoding on the model's device; the tree with the most
-tokens per forward is "the" tree. `repeated` is how repetitive the (greedy, hence shared)
-output is (`output.repetition`), so a speed-up on degenerate text is seen as such, and
-`identical` whether every speculative output equalled the autoregressive one.
-
-`time_generate` is the one generate-and-time loop: this measurement, auto's choice and every
-benchmark script time decoding with it. Every run of `mtp.train` ends with
-`measure_decoding` (summary.json's "decode", on held-out HumanEval prompts chosen by
-`mtp.train.summary`); scripts/bench_decode.py measures the same with repeats and more options.
+"""What a model's heads buy at decoding (`measure_decoding`: every run of `mtp.train` ends
+with it), and the one generate-and-time loop (`time_generate`) that it, `drafter=auto` and
+every benchmark script time decoding with.
 """
 
 from __future__ import annotations
@@ -39,8 +28,8 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Timed:
-    """What `time_generate` measured: new tokens per second over every call, the seconds
-    those calls took, the pooled statistics, and each prompt's new token ids, in order."""
+    """What `time_generate` measured: new tokens per second, seconds, the pooled statistics
+    and each prompt's new token ids, in order."""
 
     tokens_per_second: float
     seconds: float
@@ -51,12 +40,10 @@ class Timed:
 def time_calls(decode: Callable[[int, list[T]], list[R]], items: Sequence[T], batch_size: int,
                *, cuda: bool = False,
                go_on: Callable[[float, list[R]], bool] | None = None) -> tuple[float, list[R]]:
-    """Call `decode(start, batch)` on `items`, `batch_size` at a time; the seconds the calls
-    took (each one waited for when `cuda`: a kernel still queued has not been timed) and
-    their results, concatenated. The one timing loop of every decoding benchmark, mtp's own
-    (`time_generate`) and another library's (scripts/bench_hf.py). `go_on(seconds,
-    results)`, asked after each call, stops the loop when it says False: a measurement
-    within a time budget (`drafter=auto`) times at least one call."""
+    """Call `decode(start, batch)` on `items`, `batch_size` at a time: the seconds the calls
+    took (synchronised when `cuda`) and their results, concatenated; the one timing loop of
+    mtp's benchmarks and another library's (scripts/bench_hf.py). `go_on(seconds, results)`,
+    asked after each call, stops the loop when it says False."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be at least 1")
     results: list[R] = []
@@ -77,15 +64,10 @@ def time_generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
                   seed_per_batch: bool = False, warmup_tokens: int = 0,
                   go_on: Callable[[float, list[Generation]], bool] | None = None,
                   **how: Any) -> Timed:
-    """Decode `prompts` with `generate`, `batch_size` at a time, and time it.
-
-    `how` goes to `generate` as it is (`drafter`, `sampling`, `compile`, ...). `seed` seeds
-    every call; with `seed_per_batch` the call of batch i gets `seed + i` (each prompt its
-    own stream at batch 1). `warmup_tokens` > 0 first decodes the first batch for that many
-    tokens, untimed: the first call of a shape pays allocation and kernel selection.
-    `go_on` may end the timing after any batch (`time_calls`).
-    Greedy ids and per-sequence statistics do not depend on the batching; the speed does.
-    """
+    """Decode `prompts` with `generate` (`how`: its options), `batch_size` at a time, and
+    time it. `seed` seeds every call (with `seed_per_batch`, batch i's gets `seed + i`);
+    `warmup_tokens` > 0 first decodes the first batch that far, untimed; `go_on` may end the
+    timing after any batch (`time_calls`)."""
     if not prompts:
         raise ValueError("time_generate needs at least one prompt")
     if warmup_tokens > 0:
@@ -107,14 +89,11 @@ def time_generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
 def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
                      max_new_tokens: int, trees: Sequence[str] = (),
                      batch_size: int = 1) -> dict[str, Any]:
-    """Greedy decoding of `prompts` by every chain length and tree; see the module docstring.
-
-    Returns `tokens_per_forward` and `speedup` (each a mapping from k, 1..n_future, to its
-    figure), `tokens_per_second_ar`, `tree`, `tree_tokens_per_forward`, `tree_speedup`,
-    `trees` (each tree's tokens per forward), `repeated`, `identical`, `device`, `prompts`,
-    `max_new_tokens`, `batch_size` and `seconds` (the measurement's wall time). With one
-    head there are no drafts: k = 1 alone, and `tree` is None.
-    """
+    """Greedy decoding of `prompts` autoregressively (k = 1), by the heads' chain at every
+    k = 2..n_future and by each tree in `trees`: tokens per forward and speed-up per k and
+    per tree ("tree": the one of the most tokens per forward, None with one head), how
+    repetitive the output is (`repeated`), whether every output was the autoregressive one
+    (`identical`), and how it was measured."""
     if not prompts:
         raise ValueError("measure_decoding needs at least one prompt")
     began = time.perf_counter()
@@ -172,8 +151,7 @@ def format_decoding(figures: dict[str, Any]) -> list[str]:
 def plain_forward_seconds(model: MTPModel, width: int, batch: int, context: int = 128,
                           repeats: int = 15) -> float:
     """Median seconds of one cached forward over `width` new tokens per row after `context`
-    cached ones (fewer in a short model): the trunk, head 0 and the unembedding of every new
-    token, as the verify pass computes head 0's logits; nothing else of a decode step."""
+    cached ones: the trunk, head 0 and the unembedding, as the verify pass computes them."""
     device = next(model.parameters()).device
     context = min(context, model.config.max_seq_len - width)
     cache = KVCache(model.config, batch, context + width, device=device,

@@ -6,21 +6,12 @@ will decode.
     decoder = open_decoder("runs/x/export", settings, prompts=["def f(x):"])
     [result] = decoder.generate(["def f(x):"], max_new_tokens=64)
 
-`DecodeSettings` holds how to decode, validated once: the drafter and its options, device,
-dtype, threads, compile, acceptance and sampling. `open_decoder` makes the choices in this
-order, each a `mtp.tune.Measurement` printed as it is made (`report`) and cached by the
-tuner:
-
-1. load the checkpoint, in the dtype asked for (float32 when the dtype is measured), and read
-   the choices saved for it (the heads' calibrated trees, a layer-skip search);
-2. the drafter: named, it is built; measured (drafter=auto, k=auto), each candidate decodes
-   on the model as it would decode with it (steps 3 and 4 for that candidate's step width);
-3. the dtype, where `dtype=auto` on a CPU: float32 or bfloat16, whichever runs a plain
-   forward of the drafter's step width faster (bf16 gains little over float32 at one token
-   a step and much at eight: docs/benchmarks.md), the model converted to it;
-4. the threads: measured on a few decode steps of that model with that drafter;
-5. compile: as asked, else on a GPU (the compiled step, CUDA graphs, ran 4.4-6.0x the eager
-   one on an H100; on a CPU compiling costs a minute of start-up for little).
+`open_decoder` makes its choices in this order, each a `mtp.tune.Measurement` reported and
+cached: load the checkpoint (float32 when the dtype is measured) and the choices saved for
+it; the drafter (drafter=auto, k=auto: each candidate decoding as it would, in its dtype
+with its threads); the dtype (dtype=auto on a CPU: float32 or bfloat16, whichever runs a
+forward of the drafter's step width faster); the threads (a few decode steps); compile (as
+asked, else on a GPU).
 """
 
 from __future__ import annotations
@@ -40,7 +31,7 @@ from mtp.cli import AUTO, dtype_name, parse_dtype
 from mtp.decode.acceptance import acceptance_rule
 from mtp.decode.drafters.base import Drafter, DrafterContext
 from mtp.decode.drafters.registry import DrafterSpec, drafter_types
-from mtp.decode.loop import generate
+from mtp.decode.loop import check_exact, generate
 from mtp.decode.output import Generation, TextCallback
 from mtp.decode.sampling import SamplingConfig
 from mtp.generate.auto import Auto
@@ -57,24 +48,9 @@ Report = Callable[[Measurement], None]
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeSettings:
-    """How to decode: the drafter and every choice around it, checked once.
-
-    drafter: a registered drafter's name, "autoregressive", or "auto" (measured); `options`
-        its options, as the command lines take them (k=4, num_draft=8, tree=tree16, ...).
-    device: cpu, cuda, ...
-    dtype: float32, bfloat16, float16; null: the checkpoint's own (bfloat16 on a GPU); auto:
-        on a CPU with bf16 arithmetic, whichever runs the drafter's step faster (measured).
-    threads: intra-op threads; auto (or null): measured on a few decode steps.
-    compile: the decode step compiled (CUDA graphs on a GPU); null: on a GPU only.
-    acceptance: exact (SpecInfer's rule, lossless), spectr (SpecTr's, lossless, for i.i.d.
-        sibling drafts: `siblings=iid`) or typical (Medusa's; not lossless when sampling).
-    exact: exact mode (`mtp.decode.engine`): every step one width, so that greedy output is
-        bit for bit `generate(drafter=None, exact=True, width=W)`'s in any dtype, and
-        sampling with a seed gives its draws; `width`: W (null: the drafter's widest step).
-    temperature, top_k, top_p: sampling (temperature 0: greedy).
-    seed: seeds each call's random draws (null: torch's global generator).
-    budget: the most seconds `drafter=auto` measures.
-    """
+    """How to decode: the drafter (`options`: its options, as the command lines take them)
+    and every choice around it, checked once; the keys of `python -m mtp.generate` (its
+    docstring says what each means) and of eval."""
 
     drafter: str = AUTO
     options: dict[str, Any] = field(default_factory=dict)
@@ -95,7 +71,7 @@ class DecodeSettings:
         self.spec  # the drafter and its options, checked
         self.sampling
         parse_dtype(self.dtype, auto=True)
-        acceptance_rule(self.acceptance)
+        check_exact(self.exact, self.width, acceptance_rule(self.acceptance))
         check_threads(self.threads)
         try:
             torch.device(self.device)
@@ -103,14 +79,6 @@ class DecodeSettings:
             raise ValueError(f"device={self.device!r}: {error}") from None
         if not self.budget > 0:
             raise ValueError(f"budget={self.budget!r} must be > 0 seconds")
-        if self.width is not None and not self.exact:
-            raise ValueError(f"width={self.width} sizes exact mode's steps: give exact=true "
-                             f"with it")
-        if self.width is not None and self.width < 1:
-            raise ValueError(f"width={self.width} must be at least 1")
-        if self.exact and self.acceptance != "exact":
-            raise ValueError(f"acceptance={self.acceptance} is a rule of its own: exact=true "
-                             f"keeps a draft when it is the target's own token")
 
     @property
     def spec(self) -> DrafterSpec:
@@ -131,15 +99,14 @@ class DecodeSettings:
         return self.width if self.exact and self.width else step_width(drafter)
 
     def generate_options(self, drafter: Drafter | None) -> dict[str, Any]:
-        """`mtp.decode.generate`'s keyword arguments for decoding with `drafter` as these
-        settings say (how to decode, not what)."""
+        """`mtp.decode.generate`'s keyword arguments for decoding with `drafter`."""
         return {"drafter": drafter, "sampling": self.sampling, "acceptance": self.acceptance,
                 "compile": self.compiled, "exact": self.exact, "width": self.width}
 
     @property
     def load_dtype(self) -> torch.dtype | None:
-        """The dtype to load in: the one named; float32 when it is measured; else bfloat16
-        on a GPU and the checkpoint's own on a CPU."""
+        """The dtype to load in: the one named; float32 when measured; else bfloat16 on a GPU,
+        the checkpoint's own on a CPU."""
         if self.dtype == AUTO:
             return torch.float32 if torch.device(self.device).type == "cpu" else torch.bfloat16
         if self.dtype is None and torch.device(self.device).type == "cuda":
@@ -180,15 +147,12 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
                  batch_size: int = 1, max_new_tokens: int = 64,
                  planned_tokens: int | None = None, report: Report | None = report,
                  cache: TuneCache | None = None) -> Decoder:
-    """`checkpoint` opened for decoding with `settings`, every choice made on the model that
-    will decode (module docstring).
+    """`checkpoint` opened for decoding with `settings` (module docstring).
 
-    `loaded`: the model and tokenizer, when the caller loaded them already (in
-    `settings.load_dtype`); `checkpoint` may then be None (a model made in Python: no saved
-    choices, and nothing measured is cached). `prompts` (and `batch_size`,
-    `max_new_tokens`): what measured choices are measured on, the run's own first prompts;
-    `planned_tokens`: how many tokens the run will decode, of which `drafter=auto` spends at
-    most a tenth of the time measuring.
+    `loaded`: the model and tokenizer, loaded in `settings.load_dtype` (then `checkpoint` may
+    be None: no saved choices, nothing cached). `prompts`, `batch_size`, `max_new_tokens`:
+    what measured choices are measured on; `planned_tokens`: the tokens the run will decode,
+    of which `drafter=auto` spends at most a tenth of the time measuring.
     """
     report = report or (lambda record: None)
     if loaded is None:
@@ -216,8 +180,8 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
 
     records = []
     if measured:
-        auto = Auto(spec=spec, context=context, compile=settings.compiled,
-                    exact=settings.exact, width=settings.width, budget=settings.budget, planned_tokens=planned_tokens,
+        auto = Auto(spec=spec, context=context, compile=settings.compiled, exact=settings.exact,
+                    width=settings.width, budget=settings.budget, planned_tokens=planned_tokens,
                     model_id=model_id and f"{model_id}|dtype={settings.dtype}", cache=cache)
         drafter = auto.choose(model, tokenizer, prompts[:max(AUTO_PROMPTS, batch_size)],
                               sampling=settings.sampling, max_new_tokens=max_new_tokens,
@@ -237,9 +201,8 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
 
 
 def checkpoint_id(path: str | Path) -> str:
-    """A checkpoint's identity for the tuner's cache: its resolved path, and the size and
-    modification time of its files (a retrained export at the same path is another model).
-    The choices tuning steps save beside it are not part of it."""
+    """A checkpoint's identity for the tuner's cache: its resolved path and its files' sizes
+    and modification times (not the choices saved beside it)."""
     path = Path(path).resolve()
     saved = {cls.saved_file for cls in drafter_types().values() if cls.saved_file}
     files = sorted(p for p in path.iterdir() if p.is_file() and p.name not in saved) \
@@ -249,14 +212,13 @@ def checkpoint_id(path: str | Path) -> str:
 
 
 def saved_key(step: str, model_id: str) -> str:
-    """Where the tuner keeps a tuning step's choice for a checkpoint (calibrated trees, a
-    layer-skip search): by the checkpoint alone (those choices are machine-independent)."""
+    """The tuner's key of a tuning step's choice for a checkpoint (machine-independent)."""
     return tune_key(step, timed=False, model=model_id)
 
 
 def saved_file(checkpoint: str | Path, name: str) -> Path:
-    """A saved choice's file beside a checkpoint: inside an export's directory, or beside a
-    single-file checkpoint (a .ckpt, a GGUF) as FILE.<name>."""
+    """A saved choice's file beside a checkpoint: in its directory, or beside a single file
+    (a .ckpt, a GGUF) as FILE.<name>."""
     checkpoint = Path(checkpoint)
     return checkpoint / name if checkpoint.is_dir() else checkpoint.with_name(
         f"{checkpoint.name}.{name}")
@@ -264,9 +226,8 @@ def saved_file(checkpoint: str | Path, name: str) -> Path:
 
 def save_choice(checkpoint: str | Path, record: Measurement, name: str,
                 output: str | Path | None = None, cache: TuneCache | None = None) -> list[str]:
-    """Keep a tuning step's choice for `checkpoint` (`record.value`, the step's JSON): with
-    the tuner, and as the file `name` in `output` (a directory) or at `output` (a file) when
-    given. Where it went, as lines to print."""
+    """Keep a tuning step's choice (`record.value`) for `checkpoint` with the tuner, and as
+    the file `name` in `output` (a directory) or at `output` when given; where it went."""
     cache = cache or TuneCache()
     cache.put(saved_key(record.step, checkpoint_id(checkpoint)), record)
     where = [f"{record.describe()}, in {cache.path}"]
@@ -280,7 +241,7 @@ def save_choice(checkpoint: str | Path, record: Measurement, name: str,
 def saved_choices(checkpoint: Path | None, model_id: str | None,
                   cache: TuneCache | None = None) -> dict[str, Any]:
     """The saved choice of every tuning step a drafter reads, by step: the tuner's record
-    for this checkpoint, else the file beside it (a checkpoint shipped with its choices)."""
+    for this checkpoint, else the file beside it."""
     found: dict[str, Any] = {}
     cache = cache or TuneCache()
     for cls in drafter_types().values():
@@ -300,8 +261,7 @@ def saved_choices(checkpoint: Path | None, model_id: str | None,
 
 
 class DtypeVariants:
-    """A float32 model and, on demand, its bfloat16 copy: the dtype choice per step width
-    (`choose`) and the model in a dtype (`model`)."""
+    """A float32 model and, on demand, its bfloat16 copy; the dtype choice per step width."""
 
     def __init__(self, model: MTPModel, *, measure: bool, cache: TuneCache | None) -> None:
         self.base, self.measure, self.cache = model, measure, cache
@@ -319,10 +279,9 @@ class DtypeVariants:
         return model
 
     def choose(self, width: int, batch: int) -> Measurement:
-        """float32 or bfloat16 for decoding at `width` tokens a step on a CPU, whichever runs
-        a plain forward of that width faster (see the module docstring); a CPU without bf16
-        arithmetic stays in float32 (bf16 is emulated there), as does a model loaded in
-        another dtype or on a GPU, and one whose dtype was named."""
+        """float32 or bfloat16 for `width` tokens a step on a CPU, whichever runs a forward
+        faster; as loaded on a CPU without bf16 arithmetic, on a GPU, in another dtype, or
+        when the dtype was named."""
         param = next(self.base.parameters())
         loaded = dtype_name(param.dtype)
         why = ("as loaded" if not self.measure else
@@ -349,9 +308,8 @@ def choose_decode_threads(model: MTPModel, tokenizer: Tokenizer, prompt: str,
                           settings: DecodeSettings | None = None, *,
                           drafter: Drafter | None = None, batch: int = 1, budget: float = 1.0,
                           cache: TuneCache | None = None) -> Measurement:
-    """The thread count for decoding with `model` and `drafter` as `settings` say, measured
-    on a short `generate` call (8 new tokens after the prompt's first 64 characters, `batch`
-    rows)."""
+    """The thread count for decoding with `model` and `drafter`, measured on a short
+    `generate` call (8 new tokens after the prompt's first 64 characters, `batch` rows)."""
     settings = settings or DecodeSettings()
     requested = check_threads(settings.threads)
     param = next(model.parameters())

@@ -1,32 +1,21 @@
 """`python -m mtp.generate.skip_search checkpoint=PATH`: choose the trunk layers that layer
-skipping (`drafter=layer_skip`) leaves out, and write the choice beside the checkpoint.
+skipping (`drafter=layer_skip`) leaves out, and save the choice for the checkpoint.
 
-Draft & Verify searches the skipped set by Bayesian optimisation of measured time per token.
-This search ranks candidates by the same quantity, modeled from measured acceptance, and is
-deterministic: no timing enters it (greedy decoding is), so a seed and a checkpoint give one
-answer on any machine.
+Draft & Verify searches by Bayesian optimisation of measured time per token; this search
+ranks by the same quantity modeled from measured acceptance, with no timing (greedy decoding
+only), so a seed and a checkpoint give one answer on any machine:
 
-1. Prompts: `prompts` calibration prompts drawn with `seed` (MBPP validation-split
-   signatures: never a benchmark's prompts).
-2. Order: every trunk layer skipped alone, teacher-forced on the model's own greedy
-   continuations of the prompts; the share of continuation tokens it still predicts ranks
-   the layers from least to most harmful (one forward pass each).
-3. Candidates: the nested sets of the m least harmful layers, for m in 1, 2, 3, 4, 6, 8, 12,
-   16, 24, ... below n_layers. Each decodes the prompts greedily as `drafter=layer_skip` with
-   `max_draft` drafts per step (batched): the share of steps that keep at least i drafts,
-   P(A >= i), is measured for every depth i, on the drafter's real cache (a teacher-forced
-   pass would skip the layers at every position, where drafting reads the full model's
-   cache, and understate acceptance).
-4. For each candidate and each num_draft k <= max_draft, the expected tokens per step,
-   1 + P(A >= 1) + ... + P(A >= k), over the modeled cost of a step in autoregressive steps,
-   1 + step_cost + verify_cost * k + k * share(S), where share(S) is the part of a token's
-   weights the draft reads (the layers it runs, head 0, the norm and the unembedding):
-   decoding at batch 1 reads every weight once per token. `step_cost` is what a speculative
-   step costs beyond its forward passes (the drafting loop, the acceptance, the host reads)
-   and `verify_cost` what one more verified token adds to the verify pass; the defaults fit
-   SmolLM2-135M in float32 on a 2-core CPU (docs/benchmarks.md); on a GPU both are near 0.
-   The best ratio is the modeled speed-up; below 1, layer skipping does not pay for this
-   model, and the command says so.
+1. `prompts` calibration prompts drawn with `seed` (never a benchmark's);
+2. every trunk layer skipped alone, teacher-forced on the model's greedy continuations: the
+   share of tokens it still predicts ranks the layers from least to most harmful;
+3. the nested sets of the m least harmful layers (m = 1, 2, 3, 4, 6, 8, 12, ... < n_layers)
+   each decode the prompts as `drafter=layer_skip` with `max_draft` drafts, measuring the
+   share of steps that keep at least i drafts, P(A >= i), on the drafter's real cache;
+4. for each set and num_draft k <= max_draft, the modeled speed-up: expected tokens per step,
+   1 + P(A >= 1) + ... + P(A >= k), over the step's cost in autoregressive steps,
+   1 + step_cost + verify_cost * k + k * share(S), share(S) being the part of a token's
+   weights a draft reads (the defaults fit SmolLM2-135M in float32 on a 2-core CPU; on a GPU
+   both costs are near 0). Below 1, layer skipping does not pay for this model.
 
   checkpoint       anything mtp.load reads (required)
   prompt_file      data/prompts/calibration.jsonl;  prompts  8, drawn with seed (0)
@@ -42,11 +31,9 @@ answer on any machine.
 from __future__ import annotations
 
 import random
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 

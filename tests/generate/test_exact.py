@@ -116,7 +116,8 @@ def test_without_exact_mode_near_ties_part_from_width_1_decoding(trained, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("name", ["heads", "heads_tree", "prompt_lookup", "draft_model"])
+@pytest.mark.parametrize("name", ["heads", "heads_tree", "prompt_lookup", "draft_model",
+                                  "heads_dynamic"])
 def test_sampling_with_a_seed_gives_the_references_draws(trained, trained_draft, name,
                                                          dtype):
     model = _in(trained, dtype)

@@ -1,12 +1,5 @@
-"""Drafters: who proposes tokens, apart from who verifies them (`base.py` is the seam).
-
-Each module is one drafter and registers itself by name (`registry.py`): `heads.py` (the
-model's parallel heads), `sequential.py` (sequential modules, DeepSeek-V3's MTP),
-`online.py` (heads that learn while they draft), `eagle.py` (an EAGLE-3 layer on the
-target's features), `draft_model.py`, `layer_skip.py` (the
-model itself with layers skipped), `prompt_lookup.py`, `lookahead.py` (Jacobi iteration and
-an n-gram pool) and `combined.py` (several drafters, the longest draft per sequence).
-"""
+"""Drafters: who proposes tokens, apart from who verifies them (`base.py` is the seam). Each
+module is one drafter that registers itself by name (`registry.py`)."""
 
 from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified
 from mtp.decode.drafters.combined import Combined

@@ -1,23 +1,11 @@
-"""The drafter seam of speculative decoding: who proposes tokens, apart from who verifies them.
+"""The drafter seam: who proposes tokens, apart from who verifies them (vLLM's
+proposer/scorer split, transformers' `CandidateGenerator`).
 
-A drafter proposes draft tokens for every sequence of the batch, with the distributions q it
-drew them from (or none: a deterministic drafter's q is one-hot on its draft, for which the
-acceptance rule is still exact). The decode step verifies them with the target model and
-accepts a path (`acceptance.accept`); then it hands the drafter what that forward pass
-verified and kept (`Verified`), from which the drafter updates its own state (a draft
-model's cache, prompt lookup's n-gram index, the heads' hidden states). Verification and
-acceptance never know who drafted, as in vLLM's proposer/scorer split and transformers'
-`CandidateGenerator`; and `Verified` holds only facts of verification (what ran, what each
-head computed, what was kept), so a new drafter takes what it needs from it and adds no
-field to it.
-
-Every drafter has a fixed shape, its `tree` (a chain of `max_drafts` drafts, or a tree of
-`max_drafts` nodes under the last accepted token), and proposes exactly `max_drafts` drafts
-per row at every step; a row with fewer real drafts pads, and `Drafts.lengths` says how
-many are real. So a compiled verify forward has the same shape at every step, and an eager
-one verifies a chain only up to the batch's longest real proposal (`engine.py`).
-
-The decode loop (`loop.py`), in the drafter's words:
+A drafter proposes exactly `max_drafts` drafts per row at every step, the nodes of its fixed
+`tree` (padding marked by `Drafts.lengths`), with the distributions q it drew them from (none:
+deterministic, one-hot q), so a compiled verify step has one shape. The step verifies and
+accepts without knowing who drafted, then hands the drafter what it verified and kept
+(`Verified`: facts of verification only; a drafter takes what it needs and adds no field).
 
     drafter.start(model, prompts, cache, ...)    once, before the target's prefill
     drafter.update(verified)                     the prefill: the prompts, the first token
@@ -26,9 +14,6 @@ The decode loop (`loop.py`), in the drafter's words:
         (verify [last token, drafts]; accept a path)
         drafter.update(verified)                 commit: what the forward verified and kept
         drafter.keep(rows)                       now and then: finished sequences leave
-
-The drafters are this package's other modules; each registers itself by name, with its
-options and what `drafter=auto` measures of it (`registry.py`).
 """
 
 from __future__ import annotations
@@ -54,12 +39,10 @@ class Drafts:
 
     probs: the proposal distributions q (B, n, V), or None for a deterministic drafter (q is
         then one-hot on each draft). For siblings of a tree: q given the earlier siblings.
-    lengths: how many leading drafts of each row are real (B,), or None when all n are. A
-        row's drafts past its length are padding: never accepted, and with no q (the
-        correction there is drawn from the target alone).
-    parents: each draft's parent node (B, n) (0: the root), for a drafter whose tree changes
-        from step to step (`tree.DynamicTree`): its nodes' tree this step, every row its own;
-        a parent comes before its children. None for a fixed tree.
+    lengths: how many leading drafts of each row are real (B,), or None when all n are; the
+        rest are padding, never accepted.
+    parents: each draft's parent node (B, n) (0: the root; parents before children), for a
+        drafter that chooses each row's tree at every step (`tree.DynamicTree`); else None.
     """
 
     tokens: Tensor
@@ -90,10 +73,24 @@ class Drafts:
             probs = probs * real[..., None]
         return probs
 
+    def padded(self, count: int) -> Drafts:
+        """These drafts grown to `count` per row by padding drafts (zeros, hanging from the
+        root), which `lengths` leaves out."""
+        missing = count - self.count
+        if missing == 0:
+            return self
+
+        def pad(t: Tensor | None) -> Tensor | None:
+            return None if t is None else torch.cat(
+                [t, t.new_zeros(t.shape[0], missing, *t.shape[2:])], dim=1)
+
+        return Drafts(pad(self.tokens), pad(self.probs), self.real(), pad(self.parents))
+
 
 @dataclass(frozen=True)
 class Verified:
-    """What one forward pass of the target verified and kept, for every row (B rows).
+    """What one forward pass of the target verified and kept, for every row (B rows); the
+    engine fills every field, a drafter reads the ones it needs.
 
     pending (B, m): the tokens the forward ran on: the last accepted token (the tree's root),
         then the drafts; after the prefill, the prompts (right-padded).
@@ -101,7 +98,7 @@ class Verified:
         shared norm (n: the drafter's `verify_heads`).
     predicted (B, m): head 0's argmax after every pending token; None after the prefill.
     path (B, P): the pending indices that stay in the cache, in order: the kept root-to-node
-        path (the root, then the kept drafts); after the prefill, the whole prompt.
+        path; after the prefill, the whole prompt.
     kept (B,): how many leading entries of `path` are real; 0 for a row that had finished.
     tokens (B, P): the token after each path entry: the kept drafts, then the new root (the
         correction or bonus token) at index kept - 1; after the prefill, the prompt after
@@ -109,13 +106,11 @@ class Verified:
     new_ids: each row's new tokens on the host (the kept drafts and the new root); [] for a
         row that had finished before this step.
     last (B,): the pending index of each row's last kept token, whose heads predict the
-        tokens after the new root (the root for a finished row); the engine always sets it.
+        tokens after the new root (the root for a finished row).
     features (B, m, L, D): the trunk's residual stream after each layer the drafter's
         `verify_layers` names, at every pending token; None when it names none.
-    grows (B,): whether each row's kept node has children in the step's tree (a tree's
-        draft after the kept path was verified too); None after the prefill.
-
-    A plain record: the engine fills every field, and a drafter reads the ones it needs.
+    grows (B,): whether each row's kept node has children in the step's tree; None after
+        the prefill.
     """
 
     pending: Tensor
@@ -146,7 +141,7 @@ class Verified:
 class DrafterContext:
     """What building a drafter may need besides the model: the saved choices of tuning steps
     for its checkpoint, by step (`saved`: "trees", the heads' calibration; "layer_skip", the
-    searched layers), as the JSON each step saves; a drafter reads the one it needs."""
+    searched layers), as the JSON each step saves."""
 
     saved: Mapping[str, Any] = field(default_factory=dict)
 
@@ -157,11 +152,8 @@ class NoOptions:
 
 
 class Drafter(ABC):
-    """Proposes drafts for one `generate` call at a time; `start` resets its state.
-
-    A drafter that `registry.register`s itself also says, as class attributes, how the
-    command lines name, size and measure it (see `registry.py`).
-    """
+    """Proposes drafts for one `generate` call at a time; `start` resets its state. The class
+    attributes say how the command lines name, size and measure it (`registry.py`)."""
 
     #: Its name on the command lines: `python -m mtp.generate drafter=NAME`.
     name: str = ""
@@ -204,15 +196,9 @@ class Drafter(ABC):
         """Drafts per step (the verify forward has one more token)."""
         return self.tree.n_nodes - 1
 
-    @property
-    def max_depth(self) -> int:
-        """The most drafts one step can accept: the tree's depth. Sizes the per-depth
-        acceptance statistics."""
-        return self.tree.depth
-
     def verify_heads(self, model: MTPModel) -> int:
-        """How many of the target's heads the verify forward runs (their hidden states at the
-        kept node reach `update`); only head 0 unless the drafter reads the others."""
+        """How many of the target's heads the verify forward runs (their hidden states reach
+        `update`); only head 0 unless the drafter reads the others."""
         return 1
 
     def verify_layers(self, model: MTPModel) -> tuple[int, ...]:
@@ -226,11 +212,10 @@ class Drafter(ABC):
     @abstractmethod
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
-        """Begin a call: prompts as token ids (each starting with its document token), before
-        any update. `cache` is the target's (filled by its prefill, after `start`): its
-        `max_len` bounds the tokens of any row, drafts included, and a self-speculative
-        drafter (layer skipping) runs the target on it, writing only past each row's
-        committed tokens, in slots the next verify pass overwrites."""
+        """Begin a call: prompts as token ids, before any update. `cache` is the target's
+        (filled by its prefill, after `start`): its `max_len` bounds any row's tokens, drafts
+        included; a self-speculative drafter (layer skipping) may write to it only past each
+        row's committed tokens, in slots the next verify pass overwrites."""
 
     @abstractmethod
     def update(self, step: Verified) -> None:
@@ -301,15 +286,12 @@ def check_threshold(threshold: object) -> float:
 
 
 class DraftBudget:
-    """How many drafts each row proposes next, from its recent acceptance (the schedule of
-    transformers' assistant models): a step that kept every draft the row proposed raises its
-    count by two, one that rejected a draft lowers it by one, between 1 and `most`; a step
-    that proposed nothing changes nothing. Every row starts at `most`.
-
-    On a CPU a verify step costs more the more tokens it verifies, so drafts that are likely
-    rejected are cut from the step (eagerly, the chain is cut to the longest real proposal),
-    and a sequential drafter runs fewer draft forwards. The drafter sets `proposed`, each
-    row's real drafts, when it proposes; `update` reads it with what the step kept."""
+    """How many drafts each row proposes next, from its recent acceptance (transformers'
+    assistant-model schedule): a step that kept every draft the row proposed raises its count
+    by two, one that rejected a draft lowers it by one, between 1 and `most` (the start); a
+    step that proposed nothing changes nothing. Fewer likely-rejected drafts cost less to
+    verify and to draft. The drafter sets `proposed`, each row's real drafts, when it
+    proposes; `update` reads it with what the step kept."""
 
     def __init__(self, most: int, rows: int) -> None:
         self.most = most
@@ -335,18 +317,58 @@ class DraftBudget:
         self.counts = [self.counts[row] for row in rows]
 
 
-def draft_options(threshold: float, adaptive: bool) -> str:
-    """The draft-exit and adaptive options of a drafter's repr, when set."""
-    return (f", threshold={threshold}" if threshold else "") + (", adaptive" if adaptive else "")
+class ChainDrafter(Drafter):
+    """A drafter of a chain of `num_draft` drafts whose rows may draft fewer: `adaptive`
+    (each row's count follows its acceptance, `DraftBudget`) and, for one that drafts a
+    position at a time, `threshold` (`DraftSequence`). Its repr shows the attributes `shown`,
+    then the threshold and adaptive when set."""
+
+    num_draft: int
+    threshold: float = 0.0
+    adaptive: bool = False
+    shown: tuple[str, ...] = ("num_draft",)
+
+    def size(self, num_draft: int, threshold: float = 0.0, adaptive: bool = False) -> None:
+        """Set (and check) the drafts per step, the draft-exit threshold and adaptivity."""
+        self.num_draft = check_positive("num_draft", num_draft)
+        self.threshold = check_threshold(threshold)
+        self.adaptive = check_flag("adaptive", adaptive)
+
+    @property
+    def tree(self) -> Tree:
+        return Tree.chain(self.num_draft)
+
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        self._sampling, self._generator = sampling, generator
+        self._budget = DraftBudget(self.num_draft, len(prompts)) if self.adaptive else None
+
+    def update(self, step: Verified) -> None:
+        if self._budget is not None:
+            self._budget.update(step)
+
+    def keep(self, rows: list[int]) -> None:
+        if self._budget is not None:
+            self._budget.keep(rows)
+
+    def sequence(self) -> DraftSequence:
+        """This step's drafts, drawn one position at a time."""
+        return DraftSequence(self.num_draft, self._sampling, self._generator, self.threshold,
+                             self._budget)
+
+    def __repr__(self) -> str:
+        values = [(name, getattr(self, name)) for name in self.shown]
+        shown = [f"{name}={list(v) if isinstance(v, tuple) else v}" for name, v in values]
+        shown += [f"threshold={self.threshold}"] * bool(self.threshold)
+        return f"{self.name}({', '.join(shown + ['adaptive'] * self.adaptive)})"
 
 
 class DraftSequence:
     """The drafts of a drafter that drafts one position at a time (a draft model, layer
-    skipping): each position's logits are turned into a draft by the target's sampling rule
-    (`draw`), and a row stops drafting once its draft's top probability falls below
-    `threshold` (Draft & Verify's draft-exit) or it has drafted its `budget` count: its later
-    drafts are padding (`Drafts.lengths`), which an eager step does not verify. Threshold 0
-    and no budget never stop: every draft is real, with no host read."""
+    skipping), each drawn by the target's sampling rule (`draw`). A row stops drafting once
+    its draft's top probability falls below `threshold` (Draft & Verify's draft-exit) or it
+    has drafted its `budget` count; its later drafts are padding (`Drafts.lengths`). Threshold
+    0 and no budget never stop: every draft is real, with no host read."""
 
     def __init__(self, count: int, sampling: SamplingConfig, generator: torch.Generator | None,
                  threshold: float = 0.0, budget: DraftBudget | None = None) -> None:
@@ -356,11 +378,6 @@ class DraftSequence:
         self._probs: list[Tensor] = []
         self._real: Tensor | None = None  # (B,) leading confident drafts, with a threshold
         self._alive: Tensor | None = None
-
-    @property
-    def positions(self) -> int:
-        """The most positions to draft: `count`, or the budget's longest row."""
-        return self.budget.longest if self.budget else self.count
 
     def draw(self, logits: Tensor) -> Tensor | None:
         """The next draft (B, 1) from the drafter's `logits` (B, V), drawn from q = the
@@ -381,25 +398,17 @@ class DraftSequence:
     def run(self, logits: Callable[[Tensor, int], Tensor], first: Tensor) -> Drafts:
         """Draft position by position: `logits(fed, index)` runs the drafter on the tokens
         `fed` (first `first`, then each draft (B, 1)) and returns its logits (B, V) for
-        position `index`; stops at `positions` or once no row drafts on."""
+        position `index`; stops at `count` (the budget's longest row) or once no row drafts
+        on. The drafts are padded to `count` per row; the budget hears what was proposed."""
         fed: Tensor | None = first
-        for index in range(self.positions):
+        for index in range(self.budget.longest if self.budget else self.count):
             fed = self.draw(logits(fed, index))
             if fed is None:
                 break
-        return self.drafts()
-
-    def drafts(self) -> Drafts:
-        """The drafts so far, padded to `count` per row; tells the budget what was proposed."""
-        tokens, probs = torch.cat(self._tokens, dim=1), torch.stack(self._probs, dim=1)
-        missing = self.count - tokens.shape[1]
-        if missing:
-            tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], missing)], dim=1)
-            probs = torch.cat([probs, probs.new_zeros(probs.shape[0], missing,
-                                                      probs.shape[2])], dim=1)
         real = self._real
         if self.budget is not None:
-            limits = torch.tensor(self.budget.counts, device=tokens.device)
+            limits = torch.tensor(self.budget.counts, device=first.device)
             real = limits.clamp(max=len(self._tokens)) if real is None else real.minimum(limits)
             self.budget.proposed = real.tolist()
-        return Drafts(tokens, probs, real)
+        return Drafts(torch.cat(self._tokens, dim=1), torch.stack(self._probs, dim=1),
+                      real).padded(self.count)

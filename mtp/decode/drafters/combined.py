@@ -1,10 +1,6 @@
-"""Several drafters at once: each sequence takes the longest draft any of them proposes.
-
-The pair that pays is the heads plus prompt lookup: where the context repeats, lookup proposes
-a long continuation (more than the heads' k - 1); elsewhere it proposes nothing and the heads'
-draft is used. Ties go to the drafter listed first. Every drafter is told every accepted
-token, whoever drafted it, so each stays in step; the verify forward runs as many heads as the
-most demanding one needs.
+"""Several drafters at once: each sequence takes the longest draft any of them proposes (ties:
+the first listed). The pair that pays is the heads and prompt lookup: lookup's long drafts
+where the context repeats, the heads' elsewhere. Every drafter hears every accepted token.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """A separate, smaller draft model proposes γ tokens per step (Leviathan et al. 2023, Chen et
-al. 2023; transformers' `assistant_model=`, vLLM's draft-model speculator).
+al. 2023; transformers' `assistant_model=`): any model `mtp.load` reads that shares the
+target's tokenizer (its head 0 drafts), each draft drawn from its distribution under the
+target's sampling rule, so acceptance keeps the target's distribution exactly.
 
-Any model that `mtp.load` reads and that shares the target's tokenizer will do (its head 0
-drafts). It keeps its own KV cache in step with the target's accepted tokens:
-
-- Invariant at `propose`: the draft cache holds every accepted token but the last two; those
-  two are fed together in the first draft forward (T = 2). That one static shape serves every
-  case: after a step that kept all γ drafts, the last draft (never fed to the draft model) and
-  the bonus token are the two; otherwise the cache's lengths step back over the rejected
-  drafts. The cache is preallocated and written by index, like the target's (`engine.py`),
-  and its forwards have two shapes, (B, 2) and (B, 1).
-- Each draft d_i is drawn from q_i = the draft model's distribution under the same
-  temperature/top-k/top-p as the target, so the acceptance rule keeps the target's
-  distribution exactly; greedy drafts are the draft model's argmax.
-
-γ draft forwards and one verify forward per step: it pays when the draft model is much
-cheaper than the target and agrees with it often.
+It keeps its own preallocated KV cache in step with the accepted tokens: at `propose` the
+cache holds every accepted token but the last two, which the first draft forward feeds
+together (T = 2): after a step that kept every draft, the last draft (never fed) and the bonus
+token; otherwise the cache's lengths step back over the rejected drafts. Its forwards have
+two shapes, (B, 2) and (B, 1).
 """
 
 from __future__ import annotations
@@ -25,13 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import (DraftBudget, Drafter, DrafterContext, Drafts,
-                                      DraftSequence, Verified, check_flag, check_positive,
-                                      check_threshold, draft_options)
+from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
+                                      check_flag, check_positive, check_threshold)
 from mtp.decode.drafters.registry import register
 from mtp.decode.forward import cached_forward, key_width, prefill
 from mtp.decode.sampling import SamplingConfig
-from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -55,7 +45,7 @@ class DraftModelOptions:
 
 
 @register
-class DraftModel(Drafter):
+class DraftModel(ChainDrafter):
     """`model` (with its `tokenizer`, which must be the target's) drafts `num_draft` tokens."""
 
     name = "draft_model"
@@ -66,9 +56,8 @@ class DraftModel(Drafter):
         if not isinstance(model, MTPModel):
             raise ValueError(f"the draft model must be an MTPModel (see mtp.load), got "
                              f"{type(model).__name__}")
-        DraftModelOptions(num_draft=num_draft, threshold=threshold, adaptive=adaptive)
+        self.size(num_draft, threshold, adaptive)
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.num_draft, self.threshold, self.adaptive = num_draft, float(threshold), adaptive
         self._cache: KVCache | None = None
 
     @classmethod
@@ -95,10 +84,6 @@ class DraftModel(Drafter):
         if options.draft_model is not None:
             yield cls.from_options(model, options, context)
 
-    @property
-    def tree(self) -> Tree:
-        return Tree.chain(self.num_draft)
-
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         if tokenizer.fingerprint != self.tokenizer.fingerprint:
             raise ValueError(f"the draft model's tokenizer ({self.tokenizer!r}) differs from the "
@@ -118,8 +103,8 @@ class DraftModel(Drafter):
         if needed >= config.max_seq_len:
             raise ValueError(f"the draft model's max_seq_len={config.max_seq_len} cannot hold "
                              f"a prompt of {needed} tokens")
+        super().start(model, prompts, cache, sampling, generator)
         param = next(self.model.parameters())
-        self._sampling, self._generator = sampling, generator
         self._cache = KVCache(config, len(prompts), cache.max_len, device=param.device,
                               dtype=param.dtype)
         # Every prompt token but the last: `propose` feeds it with the first new token.
@@ -127,21 +112,18 @@ class DraftModel(Drafter):
                 pad_id=self.tokenizer.pad_id)
         self._accepted = [len(ids) for ids in prompts]  # accepted tokens, on the host
         self._tail: torch.Tensor | None = None  # (B, 2): the last two accepted tokens
-        self._budget = DraftBudget(self.num_draft, len(prompts)) if self.adaptive else None
 
     def update(self, step: Verified) -> None:
         self._tail = step.last_two()
         self._accepted = [n + len(ids) for n, ids in zip(self._accepted, step.new_ids)]
-        if self._budget is not None:
-            self._budget.update(step)
+        super().update(step)
 
     def keep(self, rows: list[int]) -> None:
         index = torch.tensor(rows, device=self._tail.device)
         self._cache.keep(index)
         self._tail = self._tail[index]
         self._accepted = [self._accepted[row] for row in rows]
-        if self._budget is not None:
-            self._budget.keep(rows)
+        super().keep(rows)
 
     def propose(self) -> Drafts:
         device = self._tail.device
@@ -154,9 +136,4 @@ class DraftModel(Drafter):
             hidden = cached_forward(self.model, self._cache, fed, after, width)  # (B, T, 1, D)
             return self.model.unembed(hidden[:, -1, 0])
 
-        return DraftSequence(self.num_draft, self._sampling, self._generator, self.threshold,
-                             self._budget).run(logits, self._tail)
-
-    def __repr__(self) -> str:
-        return (f"draft_model(num_draft={self.num_draft}"
-                f"{draft_options(self.threshold, self.adaptive)})")
+        return self.sequence().run(logits, self._tail)

@@ -2,10 +2,8 @@
 
 Heads 1..k-1 at the last accepted position propose the k - 1 tokens after the next one; the
 verify forward runs heads 0..k-1, so the kept node also yields the hidden states for the
-next drafts, at no extra forward pass. The worked example in `engine.py` follows one step.
-With a candidate tree (`tree.py`) the heads propose their top candidates along the tree's
-rank paths (Medusa), with its parent links; the chain is the tree of rank-0 paths. The
-drafter holds the tree's buffers (`TreeBuffers`) from `start`, so a step builds nothing.
+next drafts at no extra forward pass. With a candidate tree (`tree.py`) the heads propose
+their top candidates along the tree's rank paths (Medusa).
 """
 
 from __future__ import annotations
@@ -32,13 +30,10 @@ def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
            noise: Tensor | None = None, iid: bool = False) -> tuple[Tensor, Tensor | None]:
     """The first `ranks` candidates of each distribution in `logits` (..., V): their tokens
     (..., ranks) in rank order, and the distribution each was drawn from (..., ranks, V), None
-    when greedy.
-
-    Greedy, the r-th candidate is the r-th most likely token (deterministic). Sampling, it is
-    the r-th draw without replacement from q (an exponential race: the order of q / E with
-    E ~ Exp(1), `noise` like the logits; rank 0 is a plain draw from q), drawn from q without
-    the earlier draws, renormalised; with `iid`, an independent draw from q itself (`noise`
-    then (..., ranks, V): one race each), as SpecTr's rule takes them.
+    when greedy (the r-th most likely token). Sampling, the r-th draw without replacement
+    from q (the order of q / E, `noise` E ~ Exp(1) like the logits), drawn from q without the
+    earlier draws, renormalised; with `iid`, independent draws from q itself (`noise`
+    (..., ranks, V): one race each), as SpecTr's rule takes them.
     """
     if config.greedy:
         return logits.topk(ranks, dim=-1).indices, None
@@ -55,16 +50,22 @@ def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
     return candidates, remaining / remaining.sum(-1, keepdim=True).clamp(min=1e-30)
 
 
+def race(logits: Tensor, ranks: int, sampling: SamplingConfig,
+         generator: torch.Generator | None, iid: bool) -> Tensor | None:
+    """The Exp(1) noise `ranked` draws from `logits` with (None: greedy): like the logits, or
+    with `iid`, a race of its own for each of the `ranks` siblings."""
+    if sampling.greedy:
+        return None
+    shape = (*logits.shape[:-1], ranks, logits.shape[-1]) if iid else logits.shape
+    return exponential(shape, generator, logits.device)
+
+
 def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
           noise: Tensor | None = None, *, buffers: TreeBuffers | None = None,
           iid: bool = False) -> Drafts:
     """The heads' proposal for `tree`'s nodes 1..m-1, from the logits (B, depth, V) of heads
-    1..depth at the last accepted position.
-
-    The node at depth d and rank r gets head d's r-th candidate (`ranked`), with the
-    distribution it was drawn from when sampling. Nodes of equal depth and rank share a token
-    (every head reads the same position). `noise`: Exp(1) draws like the logits, needed when
-    sampling. `buffers`: the tree's on the logits' device, when the caller holds them.
+    1..depth at the last accepted position: the node at depth d and rank r gets head d's
+    r-th candidate (`ranked`; `noise` when sampling). `buffers`: the tree's, when held.
     """
     if buffers is None:
         buffers = tree.buffers(head_logits.device)
@@ -112,13 +113,11 @@ class HeadsOptions:
 @register
 class OwnHeads(Drafter):
     """The model's own heads draft: k tokens per forward pass at most (2 <= k <= n_future),
-    heads 1..k-1 drafting a chain, or the nodes of `tree` (a `Tree`, resolved for the model:
-    see `tree.resolve_tree`).
+    heads 1..k-1 drafting a chain, or the nodes of `tree` (`tree.resolve_tree`).
 
-    What the drafters of a model's heads share: their size and its checks, and their entry in
-    the registry. Which one drafts for a model is the variant that `serves` it: parallel
-    heads (`HeadsDrafter`), heads that learn online (`OnlineHeads`) or sequential modules
-    (`SequentialDrafter`), each in its own module."""
+    The registry's entry and the size checks of every heads drafter; the one that drafts is
+    the variant that `serves` the model: `HeadsDrafter`, `OnlineHeads` or
+    `SequentialDrafter`."""
 
     name = "heads"
     Options = HeadsOptions
@@ -168,9 +167,8 @@ class OwnHeads(Drafter):
     @classmethod
     def candidates(cls, model: MTPModel, options: HeadsOptions, context: DrafterContext,
                    measured: Mapping[str, float]) -> Iterable[OwnHeads]:
-        """Every chain k = 2..n_future; unless k=auto (chains alone), the dynamic trees of
-        DYNAMIC_SIZES nodes (parallel heads: the budget a step of this machine can carry is
-        measured so) and, with a calibration, its auto:N trees."""
+        """Every chain k = 2..n_future; unless k=auto, the dynamic trees of DYNAMIC_SIZES
+        nodes (parallel heads) and, with a calibration, its auto:N trees."""
         n_future, vocab = model.config.n_future, model.config.vocab_size
         for k in range(2, n_future + 1):
             yield cls.variant(model, k)
@@ -227,10 +225,6 @@ class HeadsDrafter(OwnHeads):
     def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
         return model.config.head_type != "sequential" and not options.online
 
-    def __init__(self, k: int, tree: Tree | None = None, siblings: str = "distinct") -> None:
-        super().__init__(k, tree, siblings)
-        self._last: Tensor | None = None  # (B, depth, D): heads 1..depth at the last position
-
     def verify_heads(self, model: MTPModel) -> int:
         return self.tree.depth + 1
 
@@ -246,7 +240,7 @@ class HeadsDrafter(OwnHeads):
         device = next(model.parameters()).device
         self._dynamic = isinstance(self.tree, DynamicTree)  # chosen at every step
         self._buffers = None if self._dynamic else self.tree.buffers(device)  # once per call
-        self._last = None
+        self._last: Tensor | None = None  # (B, depth, D): heads 1..depth at the last position
 
     def update(self, step: Verified) -> None:
         rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
@@ -259,20 +253,15 @@ class HeadsDrafter(OwnHeads):
         logits = self._model.unembed(self._last, head=1)  # (B, depth, V): heads 1..depth
         if self._dynamic:
             return dynamic_draft(logits, self.tree)
-        noise = None
-        if not self._sampling.greedy:  # iid siblings: a race of their own each
-            shape = (*logits.shape[:-1], self.tree.n_ranks, logits.shape[-1]) if self.iid \
-                else logits.shape
-            noise = exponential(shape, self._generator, logits.device)
+        noise = race(logits, self.tree.n_ranks, self._sampling, self._generator, self.iid)
         return draft(logits, self.tree, self._sampling, noise, buffers=self._buffers,
                      iid=self.iid)
 
 
 def dynamic_draft(head_logits: Tensor, tree: DynamicTree) -> Drafts:
-    """The heads' dynamic tree (EAGLE-2's, for drafts that do not depend on their parent):
-    each row's `tree.n_nodes` - 1 candidates of the largest cumulative log-probability, from
-    the top `tree.branching` tokens of heads 1..depth (B, depth, V). Deterministic drafts
-    (one-hot q), so sampling through them stays lossless."""
+    """The heads' dynamic tree (EAGLE-2): each row's `tree.n_nodes` - 1 candidates of the
+    largest cumulative log-probability among the top `tree.branching` tokens of heads
+    1..depth (B, depth, V); deterministic drafts (one-hot q)."""
     top = head_logits.float().log_softmax(-1).topk(tree.branching, dim=-1)  # (B, depth, R)
     depth, rank, parents = best_paths(top.values, tree.n_nodes)  # (B, m - 1) each
     rows = torch.arange(depth.shape[0], device=depth.device)[:, None]

@@ -1,24 +1,12 @@
-"""Layer-skipping self-speculation (Draft & Verify, Zhang et al. 2023): the target model drafts
-with some of its trunk layers skipped, then verifies the drafts with all of them.
+"""Layer-skipping self-speculation (Draft & Verify, Zhang et al. 2023): the target drafts with
+some of its trunk layers skipped, then verifies the drafts with all of them.
 
-No second model and no training: any model `mtp.load` reads drafts for itself. The draft
-pass runs on the target's own KV cache (`Drafter.start` hands it over): at every verified
-position the layers it runs read the keys and values the full model wrote, and it writes its
-own only past each row's committed tokens, in slots the verify pass then overwrites (a
-skipped layer's slots are neither read nor written). So a draft sees the exact context and
-only its own few drafted positions approximately, and costs no cache of its own.
-
-- Which layers to skip is a search (`mtp.generate.skip_search`), whose choice is saved beside
-  the checkpoint (`layer_skip.json`, `SkipChoice`) and reused.
-- `threshold`: drafting stops early in a row once the draft's top probability falls below
-  it (the paper's draft-exit; `DraftSequence`), and an eager step verifies only the real drafts.
-  `adaptive`: each row's number of drafts follows its recent acceptance (`DraftBudget`).
-- Each draft d_i is drawn from q_i = the skipped model's distribution under the target's
-  temperature/top-k/top-p, so the acceptance rule keeps the target's distribution exactly;
-  greedy drafts are its argmax, and greedy output equals autoregressive decoding.
-
-`num_draft` draft forwards of one token and one verify forward per step: it pays when the
-skipped layers are a large share of a step's cost and the rest still agree with the whole.
+No second model and no training. The draft pass runs on the target's own KV cache: at every
+verified position the layers it runs read what the full model wrote, and it writes its own
+keys and values only past each row's committed tokens, in slots the verify pass overwrites.
+Which layers to skip is a search (`mtp.generate.skip_search`), saved for the checkpoint
+(`SkipChoice`, `layer_skip.json`). Drafts are drawn by the target's sampling rule from the
+skipped model's distribution, so acceptance stays exact.
 """
 
 from __future__ import annotations
@@ -31,13 +19,11 @@ from typing import Any
 
 import torch
 
-from mtp.decode.drafters.base import (DraftBudget, Drafter, DrafterContext, Drafts,
-                                      DraftSequence, Verified, check_flag, check_positive,
-                                      check_threshold, draft_options)
+from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
+                                      check_flag, check_positive, check_threshold)
 from mtp.decode.drafters.registry import register
 from mtp.decode.forward import cached_forward, key_width
 from mtp.decode.sampling import SamplingConfig
-from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -134,21 +120,20 @@ class LayerSkipOptions:
 
 
 @register
-class LayerSkip(Drafter):
+class LayerSkip(ChainDrafter):
     """The target drafts `num_draft` tokens with its trunk layers `skip` left out."""
 
     name = "layer_skip"
     Options = LayerSkipOptions
     saved, saved_file = "layer_skip", SKIP_FILE  # python -m mtp.generate.skip_search
+    shown = ("skip", "num_draft")
 
     def __init__(self, skip: Sequence[int], num_draft: int = 4, threshold: float = 0.0,
                  adaptive: bool = False) -> None:
         if isinstance(skip, (str, bytes)) or not isinstance(skip, Sequence):
             raise ValueError(f"skip must be a list of trunk layer indices, got {skip!r:.80}")
         self.skip = tuple(skip)  # checked against the model in `check`
-        self.num_draft = check_positive("num_draft", num_draft)
-        self.threshold = check_threshold(threshold)
-        self.adaptive = check_flag("adaptive", adaptive)  # DraftBudget: from acceptance
+        self.size(num_draft, threshold, adaptive)
 
     @classmethod
     def from_options(cls, model: MTPModel, options: LayerSkipOptions,
@@ -169,21 +154,16 @@ class LayerSkip(Drafter):
         if _choice(model, options, context) is not None:
             yield cls.from_options(model, options, context)
 
-    @property
-    def tree(self) -> Tree:
-        return Tree.chain(self.num_draft)
-
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         self.skip = check_skip(self.skip, model.config.n_layers)
 
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        super().start(model, prompts, cache, sampling, generator)
         self._model, self._cache = model, cache  # self.skip was checked by `check`
-        self._sampling, self._generator = sampling, generator
         self._lengths: torch.Tensor | None = None  # (B,) what the target's cache holds
         self._host = [len(ids) for ids in prompts]  # the same, on the host
         self._root: torch.Tensor | None = None  # (B,) the last accepted token
-        self._budget = DraftBudget(self.num_draft, len(prompts)) if self.adaptive else None
 
     def update(self, step: Verified) -> None:
         if self._lengths is None:  # the prefill: the prompts are cached (kept), not the root
@@ -192,15 +172,13 @@ class LayerSkip(Drafter):
             self._lengths = self._lengths + step.kept
             self._host = [n + len(ids) for n, ids in zip(self._host, step.new_ids)]
         self._root = step.last_two()[:, 1]
-        if self._budget is not None:
-            self._budget.update(step)
+        super().update(step)
 
     def keep(self, rows: list[int]) -> None:
         index = torch.tensor(rows, device=self._root.device)
         self._lengths, self._root = self._lengths[index], self._root[index]
         self._host = [self._host[row] for row in rows]
-        if self._budget is not None:
-            self._budget.keep(rows)
+        super().keep(rows)
 
     def propose(self) -> Drafts:
         width = key_width(max(self._host) + self.num_draft + 1, self._cache.max_len)
@@ -209,12 +187,7 @@ class LayerSkip(Drafter):
                                     skip=self.skip)  # (B, 1, 1, D)
             return self._model.unembed(hidden[:, -1, 0])
 
-        return DraftSequence(self.num_draft, self._sampling, self._generator, self.threshold,
-                             self._budget).run(logits, self._root[:, None])
-
-    def __repr__(self) -> str:
-        return (f"layer_skip(skip={list(self.skip)}, num_draft={self.num_draft}"
-                f"{draft_options(self.threshold, self.adaptive)})")
+        return self.sequence().run(logits, self._root[:, None])
 
 
 def _choice(model: MTPModel, options: LayerSkipOptions,

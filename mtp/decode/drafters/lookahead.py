@@ -1,44 +1,27 @@
 """Lookahead decoding (Fu et al. 2024) as a drafter: Jacobi iteration fills an n-gram pool,
 and the n-grams that start with the last accepted token are the drafts. No extra model.
 
-Per sequence the drafter keeps a 2-D window of N - 1 rows by W columns, and a pool of
-n-grams. Row 0's column c sits c positions after the last accepted token (the root, which is
-R_0[0] itself); row l's column c sits l + c positions after it, so each column read
-downwards runs along the text:
+Per sequence: a window of N - 1 rows by W columns, and a pool of n-grams. Row l's column c
+sits l + c positions after the root (R_0[0]), so each column read downwards runs along the
+text:
 
     offset   0     1     2     3     4     5        (W = 4, N = 4)
     R_0      root  a_1   a_2   a_3
     R_1            b_0   b_1   b_2   b_3
     R_2                  c_0   c_1   c_2   c_3
 
-One forward pass verifies all of it as one tree rooted at the root (`tree.py`), with the
-pool's guesses (up to G n-grams that start with the root token, N - 1 tokens after it) as
-chains hanging from the root:
+One forward pass verifies it as one tree (lookahead decoding's mask: R_0[c]'s parent is
+R_0[c - 1], R_l[c]'s is R_{l-1}[c]), with up to G pooled guesses (n-grams that start with
+the root token) as chains under the root, tried first. Head 0's token after R_{N-2}[c] is
+the next Jacobi iterate new[c]; column c yields the n-gram R_0[c], ..., R_{N-2}[c], new[c]
+for the pool (at most G per first token, least recent dropped), as do the context's own
+n-grams. After the step the window moves on by one position, however many tokens were
+accepted (lade's default; keeping positions gave fewer tokens per forward on byte8: 2.84
+against 3.08): the rows move up, new is the last row, the new root replaces R'_0[0]. All
+N - 1 rows start drawn from the context, so every step verifies the same tree.
 
-- R_0[c]'s parent is R_0[c - 1]; R_l[c]'s parent (l >= 1) is R_{l-1}[c], so R_l[c] sees the
-  prefix, R_0[0..c] and R_1[c]..R_l[c] and sits at depth l + c, its offset. That is
-  lookahead decoding's attention mask: row 0 causal, then down the column.
-- Each node's head-0 argmax is a Jacobi update: the token after R_{N-2}[c] becomes new[c],
-  the next iterate at offset N - 1 + c, and column c yields the n-gram R_0[c], R_1[c], ...,
-  R_{N-2}[c], new[c], stored in the pool under its first token (at most G continuations per
-  token, least recently seen dropped first). The prompt's and the generated text's own
-  n-grams go into the pool too (lade's `fill_pool_with_prompt`); the newest come first.
-- After the step the window moves on by one position, however many tokens were accepted
-  (lade's default): the oldest row is dropped, the rows move up (R'_l = R_{l+1}), new is the
-  last row, and the new root replaces R'_0[0]. The window starts with all N - 1 rows drawn
-  from the context (Jacobi decoding's arbitrary first iterate; lade instead grows it a row
-  per step), so that every step verifies the same tree, and one captured verify step
-  serves the whole generation. After d > 1 accepted tokens the
-  iterates sit d - 1 positions before the text they were computed for; keeping positions
-  instead (shift by d, refill the d - 1 columns that fall off) throws iterates away and gave
-  fewer tokens per forward on the byte8 model's code prompts (2.84 against 3.08 at W=5, N=4,
-  G=5; 1.44 against 1.98 with no guesses).
-
-Verification and acceptance are the shared tree machinery: every node is a deterministic
-draft (one-hot q), so greedy decoding keeps exactly the autoregressive tokens and sampling
-(SpecInfer's rule) keeps head 0's distribution, whatever the window holds. A window token
-that happens to be head 0's choice is accepted like a guess: Jacobi decoding's own gain.
-Guesses come first among the root's children (SpecInfer tries them in that order).
+Every node is a deterministic draft (one-hot q): greedy output is autoregressive decoding's
+and sampling stays lossless, whatever the window holds.
 """
 
 from __future__ import annotations
@@ -88,24 +71,19 @@ class NgramPool:
 
 @dataclass(frozen=True)
 class Layout:
-    """One lookahead forward's tree and where each node's token comes from.
-
-    source[i]: node i + 1's index into a row's flat tokens (window rows, then the guesses'
-    tokens); top[c]: the node of R_{rows-1}[c], after which head 0 gives new[c].
-    """
+    """One lookahead forward's tree; source[i]: node i + 1's index into a row's flat tokens
+    (window rows, then the guesses'); top[c]: the node of R_{rows-1}[c] (new[c] after it)."""
 
     tree: Tree
     source: list[int]
     top: list[int]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def layout(window: int, rows: int, guesses: int, length: int) -> Layout:
-    """The tree of `rows` window rows of `window` columns and `guesses` chains of `length`.
-
-    Rank paths: guess g is the chain (g, 0, 0, ...); R_0[c] is (guesses, 0, ..., 0) with c
-    entries; R_l[c] extends R_0[c] with rank 1 (rank guesses + 1 below the root), then 0s.
-    """
+    """The tree of `rows` window rows of `window` columns and `guesses` chains of `length`:
+    guess g is the chain (g, 0, 0, ...); R_0[c] is (guesses, 0, ..., 0) with c entries;
+    R_l[c] extends R_0[c] with rank 1 (rank guesses + 1 below the root), then 0s."""
     chain = [()] + [(guesses,) + (0,) * (c - 1) for c in range(1, window)]  # R_0[c]
     flat = {}  # rank path -> index into the flat tokens
     for c in range(1, window):
@@ -143,10 +121,7 @@ class _Sequence:
 
     def advance(self, ids: list[int], new: list[int] | None, n: int) -> None:
         """Accept `ids` (the last is the new root); `new`: the next Jacobi row (None after
-        the prefill, which verified no window).
-
-        The window moves on by one position (see the module docstring).
-        """
+        the prefill, which verified no window). The window moves on by one position."""
         window = self.window
         if new is None:
             rows = [row[1:] for row in window]
@@ -161,11 +136,8 @@ class _Sequence:
         self.window[0][0] = ids[-1]
 
     def flat(self, guesses: int, length: int) -> list[int]:
-        """The window's rows, then `guesses` guesses of `length` tokens each.
-
-        A sequence with fewer guesses repeats its own (or, with none, the window's row 0):
-        padding siblings are exact drafts too, merely useless.
-        """
+        """The window's rows, then `guesses` guesses of `length` tokens each (fewer repeated,
+        or with none the window's row 0: useless but exact drafts)."""
         found = self.pool.guesses(self.window[0][0])[:guesses]
         if not found:
             found = [tuple((self.window[0][1:] * length)[:length])]
@@ -196,9 +168,7 @@ class LookaheadOptions:
 class Lookahead(Drafter):
     """Lookahead decoding: a Jacobi window of `window` columns collects `ngram`-grams; up to
     `guesses` of them that start with the last token are verified in the same forward pass.
-
-    `seed` seeds the tokens drawn from the context to refill the window (they only shape
-    the drafts: output is exact whatever they are).
+    `seed` seeds the context tokens that refill the window (they shape the drafts only).
     """
 
     name = "lookahead"
@@ -207,8 +177,7 @@ class Lookahead(Drafter):
     def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 5, seed: int = 0) -> None:
         LookaheadOptions(window=window, ngram=ngram, guesses=guesses)
         self.window, self.ngram, self.guesses, self.seed = window, ngram, guesses, seed
-        # The tree every step verifies: (W - 1) + (N - 2) W + G (N - 1) drafts, as deep as
-        # a window row's last column or a guess's last token.
+        # Every step's tree: (W - 1) + (N - 2) W + G (N - 1) drafts.
         self._plan = layout(window, ngram - 1, guesses, ngram - 1)
         self._rows: list[_Sequence] = []
 

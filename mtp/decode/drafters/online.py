@@ -1,27 +1,16 @@
 """Heads that keep learning while they draft: online speculative decoding (Liu et al. 2023).
 
-The target verifies every draft anyway, and what it commits is what it would have said
-alone: the text a deployment serves is the drafter's best teacher. `OnlineHeads` drafts as
-`HeadsDrafter` does and keeps each sequence it drafted for; at the start of the next
-`generate` call (a stream of prompts, a chat's next turn) it takes `steps` optimizer steps
-on the heads it drafts with, distilling from the target:
+`OnlineHeads` drafts as `HeadsDrafter` does and keeps each sequence it drafted for; at the
+start of the next `generate` call it takes `steps` optimizer steps on heads 1..depth,
+distilling from the target over those sequences:
 
-    trunk and head 0 over the finished sequences, no gradient:  p_t = softmax(head 0 at t)
-    head i's distribution at t:                                  q_i,t
     loss = sum over heads i = 1..depth of mean_t KL(p_{t+i} || q_i,t)
 
-Head 0 at t + i predicts the token head i predicts at t, so p_{t+i} is the target's own
-distribution for that token, soft labels that hold for sampling as well as greedy decoding.
-Only heads 1..depth change: the trunk, head 0, the norm and the unembedding (what verifies)
-have no gradient, so greedy output stays the target's and sampling stays lossless at every
-call, whatever the heads have learnt (tests/generate/drafters/test_online.py). Learning
-happens between calls, never inside one: a call's stacked heads and head caches are built
-from one set of weights.
-
-Its cost is a forward of the trunk over the finished text and a backward through the heads,
-once per call; the Adam state lives as long as the drafter. Parallel heads only (medusa,
-resblock, linear, block): sequential modules read the tokens ahead, a chain this loss does
-not train.
+p_{t+i} being head 0's distribution at t + i (the target's for the token head i predicts at
+t) and q_i,t head i's at t. The trunk, head 0, the norm and the unembedding get no gradient,
+so what verifies never changes: greedy output stays the target's and sampling lossless. It
+learns between calls, never inside one. Parallel heads only: sequential modules read the
+tokens ahead, a chain this loss does not train.
 """
 
 from __future__ import annotations

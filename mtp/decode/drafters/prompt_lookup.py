@@ -1,14 +1,8 @@
-"""Prompt lookup (n-gram) drafting: propose what followed the last n-gram where it occurred before.
-
-Saxena 2023; transformers' `prompt_lookup_num_tokens`, vLLM's n-gram speculator. The last n
-tokens of the context (the prompt and the text generated so far), for n from `max_ngram` down
-to `min_ngram`, are looked up among the context's earlier n-grams; at the most recent earlier
-occurrence of the longest one that occurs, the `num_draft` tokens that followed it are the
-drafts. Code repeats its identifiers, signatures and boilerplate, so this often pays there;
-no extra model, and deterministic drafts (one-hot q) keep greedy and sampled decoding exact.
-
-Each row keeps an index n-gram -> where its latest occurrence ends, updated as tokens arrive,
-so a lookup costs one dictionary probe per n rather than a scan of the context.
+"""Prompt lookup (n-gram) drafting (Saxena 2023; transformers' `prompt_lookup_num_tokens`):
+the longest suffix n-gram of the context (n from `max_ngram` down to `min_ngram`) is looked
+up at its most recent earlier occurrence, and the `num_draft` tokens that followed it are the
+drafts. No extra model; deterministic drafts (one-hot q) keep decoding exact. Code repeats
+its identifiers and boilerplate, so it often pays there.
 """
 
 from __future__ import annotations
@@ -18,17 +12,17 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import (DraftBudget, Drafter, DrafterContext, Drafts, Verified,
+from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
                                       check_flag, check_positive)
 from mtp.decode.drafters.registry import register
 from mtp.decode.sampling import SamplingConfig
-from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 
 
 class NgramIndex:
-    """The context of one sequence and, per n-gram size, each n-gram's latest continuation."""
+    """The context of one sequence and each n-gram's latest continuation (updated as tokens
+    arrive: a lookup is one dictionary probe per n, not a scan)."""
 
     def __init__(self, ids: Sequence[int], min_ngram: int, max_ngram: int) -> None:
         self.ids: list[int] = []
@@ -76,18 +70,19 @@ class PromptLookupOptions:
 
 
 @register
-class PromptLookup(Drafter):
+class PromptLookup(ChainDrafter):
     """Drafts `num_draft` tokens by n-gram lookup in the context (`max_ngram`..`min_ngram`)."""
 
     name = "prompt_lookup"
     Options = PromptLookupOptions
+    shown = ("num_draft", "max_ngram", "min_ngram")
 
     def __init__(self, num_draft: int = 8, max_ngram: int = 4, min_ngram: int = 2,
                  adaptive: bool = False) -> None:
-        self.options = PromptLookupOptions(num_draft=num_draft, max_ngram=max_ngram,
-                                           min_ngram=min_ngram, adaptive=adaptive)
-        self.num_draft, self.max_ngram, self.min_ngram = num_draft, max_ngram, min_ngram
-        self.adaptive = adaptive
+        PromptLookupOptions(num_draft=num_draft, max_ngram=max_ngram, min_ngram=min_ngram,
+                            adaptive=adaptive)  # checked
+        self.size(num_draft, adaptive=adaptive)
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._rows: list[NgramIndex] = []
 
     @classmethod
@@ -100,26 +95,20 @@ class PromptLookup(Drafter):
                    measured: Mapping[str, float]) -> Iterable[PromptLookup]:
         yield cls.from_options(model, options, context)
 
-    @property
-    def tree(self) -> Tree:
-        return Tree.chain(self.num_draft)
-
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        super().start(model, prompts, cache, sampling, generator)
         self._device = next(model.parameters()).device
         self._rows = [NgramIndex(ids, self.min_ngram, self.max_ngram) for ids in prompts]
-        self._budget = DraftBudget(self.num_draft, len(prompts)) if self.adaptive else None
 
     def update(self, step: Verified) -> None:
         for row, ids in zip(self._rows, step.new_ids):
             row.extend(ids)
-        if self._budget is not None:
-            self._budget.update(step)
+        super().update(step)
 
     def keep(self, rows: list[int]) -> None:
         self._rows = [self._rows[row] for row in rows]
-        if self._budget is not None:
-            self._budget.keep(rows)
+        super().keep(rows)
 
     def propose(self) -> Drafts:
         limits = self._budget.counts if self._budget else [self.num_draft] * len(self._rows)
@@ -131,7 +120,3 @@ class PromptLookup(Drafter):
         tokens = torch.tensor([ids + [0] * (width - len(ids)) for ids in found])
         lengths = torch.tensor([len(ids) for ids in found])
         return Drafts(tokens.to(self._device), None, lengths.to(self._device))
-
-    def __repr__(self) -> str:
-        return (f"prompt_lookup(num_draft={self.num_draft}, max_ngram={self.max_ngram}, "
-                f"min_ngram={self.min_ngram}{', adaptive' if self.adaptive else ''})")

@@ -1,30 +1,17 @@
-"""Drafters by name: each drafter module registers its class, and the class says everything
-the rest of mtp needs to know about it.
+"""Drafters by name: each drafter module registers its class (`@register`), and the class
+says everything the rest of mtp needs to know about it (`Drafter`'s class attributes: name,
+Options, from_options, candidates, check_named, selects, after, saved, saved_file). Every
+module of this package is imported when the registry is first read (`drafter_types`), so a
+new drafter is one module here and one test.
 
-A registered drafter is a `Drafter` subclass with
-    name = "prompt_lookup"        the name on the command lines: drafter=prompt_lookup
-    Options                       a frozen dataclass of its options, defaults and checks
-    from_options(model, options, context)       the drafter for a model (None: autoregressive)
-    candidates(model, options, context, measured)   what `drafter=auto` measures of it
-    check_named(options)          the checks that apply only when it is named, not measured
-    selects = ("k",)              options that, given with drafter=auto, name this drafter
-    after = ("heads",)            drafters whose candidates `auto` measures before its own
-    saved = "layer_skip"          a tuning step whose saved choice it reads (`DrafterContext`)
-    saved_file = "layer_skip.json"    ... and the file beside a checkpoint that holds it
-
-and the decorator `@register` adds it. Every module of this package is imported when the
-registry is first read (`drafter_types`), so a new drafter is one module here and one test.
-
-`DrafterSpec` names a drafter with options, as generate's and eval's command lines do
-(`drafter=heads k=4`); options are one flat namespace, each key belonging to the drafters
-whose `Options` has that field (`num_draft` sizes prompt lookup, the draft model and layer
-skipping alike), and checked against the drafter named before anything loads. "auto", as
-the drafter or as an option's value (k=auto), means "measured" (`mtp.generate.auto`).
+`DrafterSpec` names a drafter with options, as the command lines do (`drafter=heads k=4`).
+Options are one flat namespace, each key belonging to the drafters whose `Options` has it
+(`num_draft` sizes prompt lookup, the draft model and layer skipping alike), checked against
+the drafter named before anything loads. "auto", as the drafter or an option's value
+(k=auto), means "measured" (`mtp.generate.auto`).
 
     DrafterSpec()                                         the model's heads, every one
-    DrafterSpec("heads", k=4)                             heads 1..3 draft, head 0 verifies
-    DrafterSpec("heads", tree="tree16")                   the heads' 16-node candidate tree
-    DrafterSpec("prompt_lookup", num_draft=8)
+    DrafterSpec("heads", k=4, tree="tree16")              heads 1..3 draft a 16-node tree
     DrafterSpec("draft_model", draft_model="runs/small/export", num_draft=4)
     DrafterSpec("auto")                                   measured
 """
@@ -96,13 +83,9 @@ def option_owners() -> dict[str, list[str]]:
 
 
 class DrafterSpec:
-    """A drafter by name, with the options that size it (see the module docstring).
-
-    `DrafterSpec(drafter="heads", k=4)`; `drafter` is a registered name, "auto" (measured)
-    or "autoregressive". Options are checked here, each against the drafters it sizes, so a
-    command line with an option its drafter ignores fails before anything loads; what needs
-    the model (k within its heads, a tree within k) is checked when the drafter is built.
-    """
+    """A drafter by name ("auto": measured), with the options that size it (module
+    docstring), checked here; what needs the model (k within its heads, a tree within k) is
+    checked when the drafter is built."""
 
     def __init__(self, drafter: str = "heads", **options: Any) -> None:
         options = {key: value for key, value in options.items() if value is not None}
@@ -191,11 +174,8 @@ class DrafterSpec:
 
 def make_drafter(model: MTPModel, drafter: Drafter | DrafterSpec | str | None,
                  context: DrafterContext = DrafterContext()) -> Drafter | None:
-    """What `generate` decodes with: a drafter, or None for autoregressive decoding.
-
-    `drafter`: a `Drafter`, a `DrafterSpec`, a registered name (with default options), or
-    None (autoregressive).
-    """
+    """What `generate` decodes with, from a `Drafter`, a `DrafterSpec`, a registered name
+    (default options) or None: a drafter, or None for autoregressive decoding."""
     if drafter is None or isinstance(drafter, Drafter):
         return drafter
     if isinstance(drafter, str):
@@ -210,16 +190,11 @@ def options_help() -> str:
     """One line per registered drafter: its name, options and their defaults."""
     lines = []
     for name, cls in drafter_types().items():
-        shown = " ".join(f"{f.name}={_default(f)}" for f in option_fields(cls).values())
+        shown = " ".join(f"{f.name}={'null' if f.default is None else f.default}"
+                         for f in option_fields(cls).values())
         summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         lines.append(f"  {name:<20} {shown or '(no options)'}\n  {'':<20} {summary}")
     return "\n".join(lines)
-
-
-def _default(option: dataclasses.Field) -> str:
-    if option.default is not dataclasses.MISSING:
-        return "null" if option.default is None else str(option.default)
-    return "?"
 
 
 register(Autoregressive)  # defined with the seam, which cannot import this module

@@ -1,25 +1,20 @@
 """Sequential heads (DeepSeek-V3's MTP modules) as the drafter: one depth after another, as
 EAGLE drafts, for chains and trees.
 
-Module k at position t reads depth k - 1's state there and the token t + k, and predicts the
-token t + k + 1 (`MTPModel.mtp_module`): module k *reads token j at position j - k*. Training
-is teacher-forced, so the drafter keeps every module's KV cache exactly as in training: after
-each step, module k holds the positions whose token is accepted, 0..p - k (x_p is the root,
-the last accepted token; the target holds head 0's states at 0..p - 1). Slot = position.
+Module k at position t reads depth k - 1's state there and the token t + k, and predicts
+token t + k + 1 (`MTPModel.mtp_module`): module k *reads token j at position j - k*. As in
+training (teacher-forced), after each step module k's own KV cache holds the positions whose
+token is accepted, 0..p - k (x_p, the root, is the last accepted token). Slot = position.
 
 Each step, `propose` runs module k = 1..depth once, over
-- the commit: the tokens accepted since the last step, x_{p'+1}..x_p (the kept drafts and the
-  root; the whole prompt after the prefill), at positions p'+1-k..p-k, each fed by depth
-  k - 1's state at the token before it (head 0's from the verify pass, `Verified.path_hidden`;
-  a module's from its own commit, the first from the step before);
-- the tree: the drafts of depths 1..k-1, drawn already, node u (depth d) at position
-  p + d - k, fed by depth k - 1's state at u's parent (the root: that module's commit);
-and draws the children of the depth k - 1 nodes from module k's distributions at them (at
-the root: the commit's last state). A draft's module k + 1 context is thus exactly what
-training gave it, with the path's drafts standing for the tokens. The tree's entries sit in
-slots past the committed ones, which the next commit overwrites (the target's rule).
+- the commit: the tokens accepted since the last step, x_{p'+1}..x_p, at positions
+  p'+1-k..p-k, each fed by depth k - 1's state at the token before it (head 0's from the
+  verify pass, `Verified.path_hidden`; a module's from its own commit);
+- the tree: the drafts of depths 1..k-1, node u (depth d) at position p + d - k, fed by depth
+  k - 1's state at u's parent, in slots past the committed ones (the next commit overwrites);
+and draws the children of the depth k - 1 nodes from module k's distributions at them.
 
-The worked example, a chain of depth 3 after a step that kept one draft (p' = 9, p = 11):
+Example, a chain of depth 3 after a step that kept one draft (p' = 9, p = 11):
 
     module 1   commit x_10 x_11 at positions 9, 10   fed by head 0 at x_9 x_10   -> d_1 at 10
     module 2   commit x_10 x_11 at positions 8, 9    fed by module 1 at x_9 x_10 (x_9's from
@@ -27,11 +22,9 @@ The worked example, a chain of depth 3 after a step that kept one draft (p' = 9,
     module 3   commit x_10 x_11 at positions 7, 8    fed by module 2 at x_9 x_10; tree: d_1 at
                9, d_2 at 10                          fed by module 2 at x_11, d_1 -> d_3 at 10
 
-A module has no position before 0: tokens j < k (short prompts) are left out of module k, in
-a trash slot no query sees. Shapes are fixed (the commit padded to the tree's depth + 1, the
-prefill's to the prompt), so the drafter keeps to the static decode step's rules; sampled
-drafts come with the distributions they were drawn from (`heads.ranked`), so the
-shared acceptance stays lossless, and greedy output is autoregressive decoding's.
+Tokens j < k (short prompts) have no position in module k: they go to a trash slot no query
+sees. Shapes are fixed (the commit padded to the tree's depth + 1), and sampled drafts come
+with their distributions (`heads.ranked`), so the shared acceptance stays lossless.
 """
 
 from __future__ import annotations
@@ -42,10 +35,10 @@ import torch
 from torch import Tensor
 
 from mtp.decode.drafters.base import Drafts, Verified
-from mtp.decode.drafters.heads import HeadsOptions, OwnHeads, ranked
+from mtp.decode.drafters.heads import HeadsOptions, OwnHeads, race, ranked
 from mtp.decode.tree import DynamicTree
 from mtp.decode.forward import key_width
-from mtp.decode.sampling import SamplingConfig, exponential
+from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import CacheStep, KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -132,11 +125,7 @@ class SequentialDrafter(OwnHeads):
             # The depth k - 1 nodes' children, from module k's distributions there.
             at = self._last[0][:, None] if k == 1 else nodes_out[:, plan.groups[k]]  # (B, G, D)
             logits = model.unembed(at)  # (B, G, V)
-            noise = None
-            if not self._sampling.greedy:  # iid siblings: a race of their own each
-                shape = (*logits.shape[:-1], plan.ranks[k], logits.shape[-1]) if self.iid \
-                    else logits.shape
-                noise = exponential(shape, self._generator, logits.device)
+            noise = race(logits, plan.ranks[k], self._sampling, self._generator, self.iid)
             candidates, q = ranked(logits, plan.ranks[k], self._sampling, noise, self.iid)
             children = plan.children[k]  # (c,) node indices, in order
             drafts[:, children - 1] = candidates.flatten(1)[:, plan.picks[k]]
