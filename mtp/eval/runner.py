@@ -19,6 +19,7 @@ from typing import Any, get_args
 from tqdm import tqdm
 
 import mtp.eval.synthetic as synthetic
+from mtp.cli import AUTO
 from mtp.data.benchmarks import Problem, Task, load_task
 from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
@@ -35,6 +36,7 @@ class EvalConfig(DecodeSettings):
     `samples`; how it decodes is the `DecodeSettings` this extends."""
 
     task: str = "humaneval"  # humaneval | mbpp | polynomial | induction
+    exact: bool | str = AUTO  # exact mode where it costs at most 5% (measured)
     checkpoint: str | None = None
     samples: str | None = None  # score this JSON-lines file of {"task_id", "completion"}
     output: str | None = None  # per-sample results (JSON lines); rerun with it to resume

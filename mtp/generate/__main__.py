@@ -21,9 +21,10 @@ threads: `mtp.tune` records) and each generation's statistics go to stderr.
   compile          run the decode step compiled (CUDA graphs); null (default): on a GPU
   acceptance       exact (SpecInfer's rule, lossless), spectr (SpecTr's, lossless: for the
                    heads' siblings=iid), typical (Medusa's; not lossless when sampling)
-  exact            true: exact mode, every step one width, so the ids are bit for bit those of
-                   autoregressive decoding at that width, in any dtype (docs/decoding.md);
-                   width: that width (null: the drafter's widest step)
+  exact            auto (default): exact mode where it decodes within 5% of the plain step's
+                   speed (measured, cached); true: exact mode, every step one width, so the ids
+                   are bit for bit those of autoregressive decoding at that width, in any dtype
+                   (docs/decoding.md); width: that width (null: the drafter's widest step)
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   seed             null
   budget           the most seconds drafter=auto measures (30)
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from mtp import cli
+from mtp.cli import AUTO
 from mtp.decode.drafters.registry import option_owners, options_help
 from mtp.decode.output import DecodeStats
 from mtp.generate.prompts import read_prompts
@@ -51,6 +53,7 @@ class GenerateArgs(DecodeSettings):
     """The command line: how to decode (`DecodeSettings`) and what."""
 
     checkpoint: str = MISSING
+    exact: bool | str = AUTO
     prompt: str | None = None
     prompt_file: str | None = None
     max_new_tokens: int = 256

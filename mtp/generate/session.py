@@ -10,8 +10,9 @@ will decode.
 cached: load the checkpoint (float32 when the dtype is measured) and the choices saved for
 it; the drafter (drafter=auto, k=auto: each candidate decoding as it would, in its dtype
 with its threads); the dtype (dtype=auto on a CPU: float32 or bfloat16, whichever runs a
-forward of the drafter's step width faster); the threads (a few decode steps); compile (as
-asked, else on a GPU).
+forward of the drafter's step width faster); the threads (a few decode steps); exact mode
+(exact=auto: on where its steps decode within 5% of the plain steps' speed, `choose_exact`);
+compile (as asked, else on a GPU).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import copy
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from mtp.decode.loop import check_exact, generate
 from mtp.decode.output import Generation, TextCallback
 from mtp.decode.sampling import SamplingConfig
 from mtp.generate.auto import Auto
-from mtp.generate.measure import plain_forward_seconds, step_width
+from mtp.generate.measure import plain_forward_seconds, step_width, time_generate
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 from mtp.tune import (Measurement, TuneCache, check_threads, choose_threads, cpu_has_bf16,
@@ -43,6 +44,8 @@ from mtp.tune import (Measurement, TuneCache, check_threads, choose_threads, cpu
 
 AUTO_SECONDS = 30.0  # the most `drafter=auto` measures, unless the caller says otherwise
 AUTO_PROMPTS = 4  # and on at least this many prompts, when the caller has them
+EXACT_COST = 1.05  # exact=auto keeps exact mode where it decodes at least 1/1.05 as fast
+EXACT_TOKENS = 24  # tokens each of exact=auto's timed calls decodes
 Report = Callable[[Measurement], None]
 
 
@@ -59,7 +62,7 @@ class DecodeSettings:
     threads: int | str | None = AUTO
     compile: bool | None = None
     acceptance: str = "exact"
-    exact: bool = False
+    exact: bool | str = False  # the command lines' default: auto
     width: int | None = None
     temperature: float = 0.0
     top_k: int | None = None
@@ -71,7 +74,13 @@ class DecodeSettings:
         self.spec  # the drafter and its options, checked
         self.sampling
         parse_dtype(self.dtype, auto=True)
-        check_exact(self.exact, self.width, acceptance_rule(self.acceptance))
+        if isinstance(self.exact, str) and self.exact != AUTO:
+            raise ValueError(f"exact must be true, false or auto, got {self.exact!r}")
+        rule = acceptance_rule(self.acceptance)
+        if self.exact == AUTO:  # chosen when the decoder opens: a width must fit then
+            check_exact(True, self.width, None)
+        else:
+            check_exact(self.exact, self.width, rule)
         check_threads(self.threads)
         try:
             torch.device(self.device)
@@ -96,12 +105,14 @@ class DecodeSettings:
 
     def step_width(self, drafter: Drafter | None) -> int:
         """Tokens per row a step of `drafter` forwards: exact mode's width, or its own."""
-        return self.width if self.exact and self.width else step_width(drafter)
+        return self.width if self.exact is True and self.width else step_width(drafter)
 
     def generate_options(self, drafter: Drafter | None) -> dict[str, Any]:
-        """`mtp.decode.generate`'s keyword arguments for decoding with `drafter`."""
+        """`mtp.decode.generate`'s keyword arguments for decoding with `drafter` (exact=auto
+        not yet chosen: the plain step)."""
+        exact = self.exact is True
         return {"drafter": drafter, "sampling": self.sampling, "acceptance": self.acceptance,
-                "compile": self.compiled, "exact": self.exact, "width": self.width}
+                "compile": self.compiled, "exact": exact, "width": self.width if exact else None}
 
     @property
     def load_dtype(self) -> torch.dtype | None:
@@ -180,8 +191,10 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
 
     records = []
     if measured:
-        auto = Auto(spec=spec, context=context, compile=settings.compiled, exact=settings.exact,
-                    width=settings.width, budget=settings.budget, planned_tokens=planned_tokens,
+        auto = Auto(spec=spec, context=context, compile=settings.compiled,
+                    exact=settings.exact is True,
+                    width=settings.width if settings.exact is True else None,
+                    budget=settings.budget, planned_tokens=planned_tokens,
                     model_id=model_id and f"{model_id}|dtype={settings.dtype}", cache=cache)
         drafter = auto.choose(model, tokenizer, prompts[:max(AUTO_PROMPTS, batch_size)],
                               sampling=settings.sampling, max_new_tokens=max_new_tokens,
@@ -194,10 +207,52 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
     model = variants.keep(dtype.value)
     threads = choose_decode_threads(model, tokenizer, prompts[0], settings, drafter=drafter,
                                     batch=batch_size, cache=cache)
-    for record in (dtype, threads):
+    exact = choose_exact(model, tokenizer, prompts[:batch_size], settings, drafter,
+                         model_id=model_id, cache=cache)
+    for record in (dtype, threads, exact):
         records.append(record)
         report(record)
+    settings = replace(settings, exact=exact.value)
     return Decoder(model, tokenizer, drafter, settings, records, measured_drafter=measured)
+
+
+def choose_exact(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
+                 settings: DecodeSettings, drafter: Drafter | None, *,
+                 model_id: str | None = None, cache: TuneCache | None = None) -> Measurement:
+    """Exact mode or not: as set; for exact=auto, on where a short greedy call decodes at
+    least 1/EXACT_COST as fast in exact mode as with the plain step (timed in turns, the best
+    of two each), off where the acceptance rule is not SpecInfer's."""
+    if settings.exact != AUTO:
+        return Measurement("exact", "on" if settings.exact else "off", "set",
+                           value=settings.exact)
+    if acceptance_rule(settings.acceptance) is not None:
+        return Measurement("exact", "off", "fixed", f"acceptance={settings.acceptance} is a "
+                           f"rule of its own", value=False)
+    options = {"drafter": drafter, "compile": settings.compiled, "seed": 0}
+    width = settings.width
+
+    def measure() -> Measurement:
+        rates: dict[str, list[float]] = {"plain": [], "exact": []}
+        for round_ in range(2):
+            for mode in rates:
+                exact = {"exact": True, "width": width} if mode == "exact" else {}
+                rates[mode].append(time_generate(
+                    model, tokenizer, prompts, max_new_tokens=EXACT_TOKENS,
+                    batch_size=len(prompts), warmup_tokens=4 if round_ == 0 else 0,
+                    **options, **exact).tokens_per_second)
+        figures = {mode: max(values) for mode, values in rates.items()}
+        on = figures["exact"] * EXACT_COST >= figures["plain"]
+        why = (f"exact mode within {EXACT_COST - 1:.0%} of the plain step's speed" if on else
+               f"exact mode more than {EXACT_COST - 1:.0%} slower than the plain step")
+        return Measurement("exact", "on" if on else "off", "measured", why, figures=figures,
+                           unit="tokens/s", machine=machine(), value=on)
+
+    param = next(model.parameters())
+    key = tune_key("exact", model=model_id or fingerprint(model.config.to_dict()),
+                   drafter=repr(drafter), width=width, batch=len(prompts),
+                   dtype=dtype_name(param.dtype), threads=torch.get_num_threads(),
+                   compile=settings.compiled)
+    return tune("exact", key, measure, cache=cache)
 
 
 def checkpoint_id(path: str | Path) -> str:

@@ -1,6 +1,5 @@
 """MTPDataModule: batches, rank disjointness, resume, streaming, Hydra configs."""
 
-import os
 from pathlib import Path
 
 import datasets

@@ -23,7 +23,7 @@ def test_induction_metric_counts_only_second_tokens_of_repeated_names() -> None:
     offset = len(tokenizer.encode_prompt(""))
     perfect = torch.tensor(tokens[1:] + [0])  # guesses[t] = token t + 1: every guess right
     counts = induction_counts(story, tokens, perfect, offset)
-    repeated, first = counts["repeated"], counts["first"]
+    repeated = counts["repeated"]
     assert counts == {"repeated": repeated, "repeated_correct": repeated, "first": 2,
                       "first_correct": 2}
     assert repeated == len(story.names) - 2

@@ -5,7 +5,6 @@ import json
 import random
 
 import pytest
-import torch
 
 from mtp.generate import (Auto, Combined, DraftModel, DrafterSpec, HeadsDrafter, PromptLookup,
                           SamplingConfig, generate)

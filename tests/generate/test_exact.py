@@ -10,7 +10,8 @@ import torch
 
 from mtp.decode.tree import DynamicTree, Tree
 from mtp.generate import (Combined, DecodeSettings, DraftModel, HeadsDrafter, LayerSkip,
-                          Lookahead, PromptLookup, SamplingConfig, SequentialDrafter, generate)
+                          Lookahead, PromptLookup, SamplingConfig, SequentialDrafter, generate,
+                          open_decoder)
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
 
@@ -164,6 +165,35 @@ def test_decode_settings_check_exact_mode_once():
     settings = DecodeSettings(exact=True, width=8, drafter="heads")
     assert settings.step_width(HeadsDrafter(4)) == 8
     assert settings.generate_options(None)["width"] == 8
+    with pytest.raises(ValueError, match="exact must be true, false or auto, got 'maybe'"):
+        DecodeSettings(exact="maybe")
+    auto = DecodeSettings(exact="auto", width=8)  # a width for exact mode, if it is chosen
+    assert auto.step_width(HeadsDrafter(4)) == 4 and not auto.generate_options(None)["exact"]
+
+
+def test_exact_auto_is_a_measured_choice_the_decoder_decodes_with(trained, tmp_path):
+    """exact=auto (the command lines' default) times both steps, records the choice, caches
+    it, and the decoder decodes as chosen; a rule of its own keeps exact mode off."""
+    from mtp.tune import TuneCache
+
+    cache = TuneCache(tmp_path / "tune.json")
+    settings = DecodeSettings(drafter="heads", options={"k": 4}, exact="auto", threads=1)
+    decoder = open_decoder(None, settings, loaded=(trained, TOKENIZER), prompts=PROMPTS[:1],
+                           cache=cache)
+    [record] = [r for r in decoder.records if r.step == "exact"]
+    assert record.how == "measured" and set(record.figures) == {"plain", "exact"}
+    assert decoder.settings.exact is record.value
+    again = open_decoder(None, settings, loaded=(trained, TOKENIZER), prompts=PROMPTS[:1],
+                         cache=cache)
+    assert [r.how for r in again.records if r.step == "exact"] == ["cached"]
+    [ids] = _ids(decoder.generate(PROMPTS[:1], max_new_tokens=20))
+    width = {"width": 4} if record.value else {}
+    assert ids == _ids(generate(trained, TOKENIZER, PROMPTS[:1], max_new_tokens=20,
+                                exact=record.value, **width))[0]
+    typical = open_decoder(None, DecodeSettings(drafter="heads", exact="auto", threads=1,
+                                                acceptance="typical"),
+                           loaded=(trained, TOKENIZER), cache=cache)
+    assert [(r.how, r.value) for r in typical.records if r.step == "exact"] == [("fixed", False)]
 
 
 @pytest.mark.slow

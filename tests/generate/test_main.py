@@ -25,11 +25,14 @@ def test_streams_the_same_text_as_generate(checkpoint, capsys):
     directory, model = checkpoint
     main([f"checkpoint={directory}", "prompt='def fib(n):'", "max_new_tokens=12", "k=3"])
     out, err = capsys.readouterr()
-    [expected] = generate(model.eval(), ByteTokenizer(), ["def fib(n):"], max_new_tokens=12)
-    assert out == "def fib(n):" + expected.text + "\n"
-    dtype, threads, stats = err.splitlines()  # the choices first (the tests' thread: as set)
+    dtype, threads, exact, stats = err.splitlines()  # the choices first (the tests' thread: as set)
     assert dtype == "dtype: float32 (fixed: as loaded)"
     assert threads == "threads: 1 (set: torch.set_num_threads before)"
+    assert exact.startswith(("exact: on (measured", "exact: off (measured"))  # exact=auto
+    chosen = {"exact": True, "width": 3} if exact.startswith("exact: on") else {}
+    [expected] = generate(model.eval(), ByteTokenizer(), ["def fib(n):"], max_new_tokens=12,
+                          **chosen)
+    assert out == "def fib(n):" + expected.text + "\n"
     assert stats.startswith("[length] heads(k=3): 12 tokens in ") and "draft acceptance " in stats
 
 
