@@ -90,7 +90,7 @@ def test_calibrate_saves_a_calibration_that_generate_and_auto_read(tiny_config, 
     assert "[length] heads(tree=auto:16): 6 tokens" in capsys.readouterr().err
     auto = Auto(context=DrafterContext(saved={"trees": saved}))
     assert "heads(tree=auto:32)" in auto.candidates(model, {})
-    with pytest.raises(ValueError, match="tree='tree8' sizes heads, not drafter='prompt_lookup'"):
+    with pytest.raises(ValueError, match="tree='tree8' sizes heads or eagle, not drafter='prompt_lookup'"):
         DrafterSpec(drafter="prompt_lookup", tree="tree8")
 
 
