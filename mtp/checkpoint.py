@@ -36,10 +36,8 @@ _TIED = "output.weight"  # stored once, as tok_embeddings.weight, when embedding
 def check_vocab(config: MTPConfig, tokenizer: Tokenizer) -> None:
     """Fail unless the model's vocabulary is the tokenizer's."""
     if config.vocab_size != tokenizer.vocab_size:
-        raise ValueError(
-            f"model vocab_size={config.vocab_size} does not match the "
-            f"{tokenizer.name} tokenizer's vocab_size={tokenizer.vocab_size}"
-        )
+        raise ValueError(f"model vocab_size={config.vocab_size} does not match the "
+                         f"{tokenizer.name} tokenizer's vocab_size={tokenizer.vocab_size}")
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -77,18 +75,14 @@ def export(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path
     return _write_layout(_write_export, model, tokenizer, directory)
 
 
-def _write_export(
-    config: MTPConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, directory: Path
-) -> None:
+def _write_export(config: MTPConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer,
+                  directory: Path) -> None:
     if config.tie_embeddings:
         del state[_TIED]
     directory.mkdir(parents=True, exist_ok=True)
     save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "model": config.to_dict(),
-        "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size},
-    }
+    meta = {"format_version": FORMAT_VERSION, "model": config.to_dict(),
+            "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size}}
     write_json(directory / CONFIG_FILE, meta)
     tokenizer.save(directory)
 
@@ -113,12 +107,8 @@ def export_medusa(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) 
     return _write_layout(medusa.write_medusa, model, tokenizer, directory)
 
 
-def _write_layout(
-    write: Callable[[MTPConfig, dict[str, torch.Tensor], Tokenizer, Path], None],
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    directory: str | Path,
-) -> Path:
+def _write_layout(write: Callable[[MTPConfig, dict[str, torch.Tensor], Tokenizer, Path], None],
+                  model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
     """`write(config, state, tokenizer, directory)` on rank 0, the full state gathered on every
     rank; return the directory."""
     check_vocab(model.config, tokenizer)
@@ -152,16 +142,13 @@ def check_tied(state: dict[str, torch.Tensor], path: Path) -> None:
     if stored is None or embedding is None or stored is embedding:
         return
     if stored.shape != embedding.shape or not torch.equal(stored, embedding):
-        raise ValueError(
-            f"{path}: the config says tie_embeddings: true but the weights hold "
-            f"their own {_TIED}, unlike tok_embeddings.weight: set "
-            f"tie_embeddings: false, or drop {_TIED} from the weights"
-        )
+        raise ValueError(f"{path}: the config says tie_embeddings: true but the weights hold "
+                         f"their own {_TIED}, unlike tok_embeddings.weight: set "
+                         f"tie_embeddings: false, or drop {_TIED} from the weights")
 
 
-def load(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-) -> tuple[MTPModel, Tokenizer]:
+def load(path: str | Path, device: str | torch.device = "cpu",
+         dtype: torch.dtype | None = None) -> tuple[MTPModel, Tokenizer]:
     """The model (in eval mode) and tokenizer from any layout in `LAYOUTS`; dtype None keeps
     the stored dtype (float32 for a GGUF). Every key and shape must match the model."""
     path = Path(path)
@@ -182,9 +169,8 @@ def load(
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 
-def _read(
-    path: Path, dtype: torch.dtype | None
-) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
+def _read(path: Path,
+          dtype: torch.dtype | None) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
     """Dispatch on the layout at `path`; a GGUF is dequantized to `dtype` as it is read."""
     if gguf.is_gguf(path):
         return gguf.read_gguf(path, dtype)
@@ -205,8 +191,8 @@ def _read(
     if medusa.is_medusa_export(path):
         return medusa.read_medusa(path)
     raise FileNotFoundError(
-        f"{path} is a directory in none of the layouts mtp loads; looked for: " + "; ".join(LAYOUTS)
-    )
+        f"{path} is a directory in none of the layouts mtp loads; looked for: "
+        + "; ".join(LAYOUTS))
 
 
 def _read_export(directory: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
@@ -214,10 +200,8 @@ def _read_export(directory: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], T
     header = read_json_object(path)
     version = header.get("format_version")
     if version != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has format_version={version!r}; this version of mtp reads "
-            f"format_version={FORMAT_VERSION}"
-        )
+        raise ValueError(f"{path} has format_version={version!r}; this version of mtp reads "
+                         f"format_version={FORMAT_VERSION}")
     state = load_safetensors(directory / WEIGHTS_FILE)
     try:
         config = MTPConfig.from_dict(header.get("model"))
@@ -226,18 +210,13 @@ def _read_export(directory: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], T
     return config, state, load_tokenizer(directory)
 
 
-def _from_lightning(
-    checkpoint: dict[str, Any], path: Path
-) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
+def _from_lightning(checkpoint: dict[str, Any],
+                    path: Path) -> tuple[MTPConfig, dict[str, torch.Tensor], Tokenizer]:
     hparams = checkpoint.get("hyper_parameters", {})
     if "model" not in hparams or "state_dict" not in checkpoint:
-        raise ValueError(
-            f"{path} is not an mtp.train checkpoint: no model config in its hyper_parameters"
-        )
-    state = {
-        name.removeprefix("model."): tensor
-        for name, tensor in checkpoint["state_dict"].items()
-        if name.startswith("model.")
-    }
+        raise ValueError(f"{path} is not an mtp.train checkpoint: no model config in its "
+                         f"hyper_parameters")
+    state = {name.removeprefix("model."): tensor
+             for name, tensor in checkpoint["state_dict"].items() if name.startswith("model.")}
     tokenizer = _tokenizer_from_files(checkpoint.get("tokenizer_files", {}), path)
     return MTPConfig.from_dict(dict(hparams["model"])), state, tokenizer

@@ -40,13 +40,8 @@ def overrides(argv: list[str]) -> dict[str, Any]:
     return values
 
 
-def parse(
-    argv: list[str],
-    schema: type[Schema],
-    *,
-    extra: Collection[str] = (),
-    extra_field: str | None = None,
-) -> Schema:
+def parse(argv: list[str], schema: type[Schema], *, extra: Collection[str] = (),
+          extra_field: str | None = None) -> Schema:
     """The dataclass `schema` with its defaults overridden by `argv` (key=value), checked.
     Keys in `extra` (a drafter's options) go into the mapping field `extra_field`."""
     values = overrides(argv)
@@ -63,17 +58,15 @@ def parse(
         key = getattr(error, "full_key", None) or ""
         if "Key '" in str(error) and "not in" in str(error):
             known = sorted({*_fields(schema), *extra} - {extra_field})
-            raise ValueError(
-                f"unknown key {key or _one_line(error)!s}; known: {', '.join(known)}"
-            ) from None
+            raise ValueError(f"unknown key {key or _one_line(error)!s}; known: "
+                             f"{', '.join(known)}") from None
         shown = f"{key}={values.get(key)!r}: " if key in values else ""
         raise ValueError(f"{shown}{_one_line(error)}") from None
 
 
 def _fields(schema: type) -> list[str]:
-    return [
-        name for name in getattr(schema, "__dataclass_fields__", {}) if not name.startswith("_")
-    ]
+    return [name for name in getattr(schema, "__dataclass_fields__", {})
+            if not name.startswith("_")]
 
 
 def _one_line(error: Exception) -> str:
@@ -96,11 +89,8 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def main(
-    run: Callable[[list[str]], Any],
-    doc: str | None = None,
-    errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError),
-) -> None:
+def main(run: Callable[[list[str]], Any], doc: str | None = None,
+         errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)) -> None:
     """Run a command on sys.argv[1:]: `--help` prints `doc`; `errors` end it in one line."""
     argv = sys.argv[1:]
     if argv and argv[0] in ("-h", "--help"):

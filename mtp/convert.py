@@ -1,4 +1,4 @@
-"""`python -m mtp.convert to_hf checkpoint=<anything mtp.load reads> output=<dir>`.
+"""`python -m mtp.convert to_hf checkpoint=<export, .ckpt, or any layout mtp.load reads> output=<dir>`.
 
 Commands
   to_hf    a Hugging Face LlamaForCausalLM directory (trunk + head 0) with heads 1..n-1 in
@@ -36,13 +36,8 @@ from mtp.generate.session import checkpoint_id, saved_choices
 from mtp.interop.eagle3 import write_eagle3
 
 EAGLE3 = "to_eagle3"
-COMMANDS = {
-    "to_hf": export_hf,
-    "to_mimo": export_mimo,
-    "to_mtp": export,
-    "to_medusa": export_medusa,
-    EAGLE3: write_eagle3,
-}
+COMMANDS = {"to_hf": export_hf, "to_mimo": export_mimo, "to_mtp": export,
+            "to_medusa": export_medusa, EAGLE3: write_eagle3}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,14 +54,12 @@ class ConvertArgs:
 def parse_args(argv: list[str]) -> tuple[str, ConvertArgs]:
     """The command and its key=value arguments; ValueError naming anything unexpected."""
     if not argv or argv[0] not in COMMANDS:
-        raise ValueError(
-            f"the first argument must be a command, one of {sorted(COMMANDS)}; got {argv[:1]}"
-        )
+        raise ValueError(f"the first argument must be a command, one of {sorted(COMMANDS)}; "
+                         f"got {argv[:1]}")
     args = cli.parse(argv[1:], ConvertArgs)
     if args.eagle is not None and argv[0] != EAGLE3:
-        raise ValueError(
-            f"eagle={args.eagle} names the drafter that {EAGLE3} exports, not {argv[0]}'s"
-        )
+        raise ValueError(f"eagle={args.eagle} names the drafter that {EAGLE3} exports, not "
+                         f"{argv[0]}'s")
     return argv[0], args
 
 
@@ -79,31 +72,19 @@ def main(argv: list[str]) -> None:
         context = DrafterContext(saved=saved_choices(path, checkpoint_id(path)))
         module = EagleDrafter.found(EagleOptions(eagle=args.eagle), context)
         if module is None:
-            raise ValueError(
-                f"no EAGLE drafter for {args.checkpoint}: give eagle=DIR, or "
-                f"train one (python -m mtp.train.eagle checkpoint=...)"
-            )
+            raise ValueError(f"no EAGLE drafter for {args.checkpoint}: give eagle=DIR, or "
+                             f"train one (python -m mtp.train.eagle checkpoint=...)")
         module.config.check_target(model.config, args.eagle or "the saved EAGLE drafter")
-        output = write_eagle3(
-            model.config,
-            tokenizer,
-            module.config.to_dict(),
-            module.state_dict(),
-            model.tok_embeddings.weight,
-            Path(args.output),
-            dtype,
-        )
-        print(
-            f"wrote {output}: EAGLE-3 drafter for {args.checkpoint}, layers "
-            f"{list(module.config.layers)}, draft vocabulary {module.config.draft_vocab_size}"
-        )
+        output = write_eagle3(model.config, tokenizer, module.config.to_dict(),
+                              module.state_dict(), model.tok_embeddings.weight,
+                              Path(args.output), dtype)
+        print(f"wrote {output}: EAGLE-3 drafter for {args.checkpoint}, layers "
+              f"{list(module.config.layers)}, draft vocabulary {module.config.draft_vocab_size}")
         return
     output = COMMANDS[command](model, tokenizer, Path(args.output))
     config = model.config
-    print(
-        f"wrote {output}: {config.n_layers} trunk layers, {config.n_future} head(s), vocab "
-        f"{config.vocab_size}, {next(model.parameters()).dtype}"
-    )
+    print(f"wrote {output}: {config.n_layers} trunk layers, {config.n_future} head(s), vocab "
+          f"{config.vocab_size}, {next(model.parameters()).dtype}")
 
 
 if __name__ == "__main__":

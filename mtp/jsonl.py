@@ -30,9 +30,8 @@ def parse_jsonl_line(line: str, path: str | os.PathLike, number: int) -> dict[st
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(
-            f"{path}:{number}: not valid JSON ({e.msg}): {line.strip()[:80]!r}"
-        ) from None
+        raise ValueError(f"{path}:{number}: not valid JSON ({e.msg}): "
+                         f"{line.strip()[:80]!r}") from None
     if not isinstance(record, dict):
         raise ValueError(f"{path}:{number}: expected a JSON object, got {line.strip()[:80]!r}")
     return record

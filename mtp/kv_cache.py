@@ -61,17 +61,10 @@ class CacheStep(NamedTuple):
         return self.mask.shape[-1]
 
 
-def cache_step(
-    lengths: Tensor,
-    offsets: Tensor,
-    visible: Tensor,
-    key_len: int,
-    max_position: int | None = None,
-    *,
-    window: int | None = None,
-    ancestors: Tensor | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> CacheStep:
+def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
+               max_position: int | None = None, *, window: int | None = None,
+               ancestors: Tensor | None = None,
+               dtype: torch.dtype = torch.float32) -> CacheStep:
     """The step of T new tokens after each row's `lengths` (B,) cached ones.
 
     offsets (T,): new token i's position after the row's length (a node's depth in a tree);
@@ -89,9 +82,8 @@ def cache_step(
     positions = lengths[:, None] + offsets  # (B, T)
     if window is not None:
         ancestors = ancestors.expand(batch, *ancestors.shape[-2:])  # (B, T, D + 1)
-        return _exact_step(
-            lengths, slots, positions, ancestors, key_len, window, max_position, dtype
-        )
+        return _exact_step(lengths, slots, positions, ancestors, key_len, window,
+                           max_position, dtype)
     if max_position is not None:
         positions = positions.clamp(max=max_position - 1)
     relative = torch.arange(key_len, device=device) - lengths[:, None]  # (B, L): slot - length
@@ -102,16 +94,9 @@ def cache_step(
     return CacheStep(positions, slots, mask[:, None])
 
 
-def _exact_step(
-    lengths: Tensor,
-    slots: Tensor,
-    positions: Tensor,
-    ancestors: Tensor,
-    key_len: int,
-    window: int,
-    max_position: int | None,
-    dtype: torch.dtype,
-) -> CacheStep:
+def _exact_step(lengths: Tensor, slots: Tensor, positions: Tensor, ancestors: Tensor,
+                key_len: int, window: int, max_position: int | None,
+                dtype: torch.dtype) -> CacheStep:
     """`cache_step` of an exact step: each token's window and the prefix before it."""
     device = lengths.device
     start = positions - (window - 1)  # (B, T): the window's first position
@@ -126,9 +111,8 @@ def _exact_step(
     prefix_bias = torch.where(before, zero, -math.inf)[:, None]  # (B, 1, T, L)
     if max_position is not None:
         positions = positions.clamp(max=max_position - 1)
-    return CacheStep(
-        positions, slots, before[:, None], Window(found, bias, prefix_bias, before.any(-1)[:, None])
-    )
+    return CacheStep(positions, slots, before[:, None],
+                     Window(found, bias, prefix_bias, before.any(-1)[:, None]))
 
 
 def causal(new: int, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
@@ -146,16 +130,9 @@ class KVCache:
     drafter running some heads alone); `write` still takes the model's block index.
     """
 
-    def __init__(
-        self,
-        config: CacheShape,
-        batch_size: int,
-        max_len: int,
-        *,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        blocks: range | None = None,
-    ) -> None:
+    def __init__(self, config: CacheShape, batch_size: int, max_len: int, *,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 blocks: range | None = None) -> None:
         self.first_block = 0 if blocks is None else blocks.start
         n_blocks = config.n_blocks if blocks is None else len(blocks)
         shape = (n_blocks, batch_size, config.n_kv_heads, max_len, config.head_dim)
@@ -172,15 +149,14 @@ class KVCache:
     def max_len(self) -> int:
         return self.keys.shape[3]
 
-    def write(
-        self, block: int | slice, step: CacheStep, keys: Tensor, values: Tensor
-    ) -> tuple[Tensor, Tensor]:
+    def write(self, block: int | slice, step: CacheStep, keys: Tensor,
+              values: Tensor) -> tuple[Tensor, Tensor]:
         """Write keys/values (B, K, T, hd) of `block` at the step's slots; return the block's
         first `step.key_len` slots, (B, K, L, hd) each. A slice of n blocks takes (n, B, K, T,
         hd): the stacked heads write one layer of every head at once."""
         if isinstance(block, int):
             block -= self.first_block
-            blocks = self._blocks[block : block + 1]  # (1,): a 0-d tensor would index as an int
+            blocks = self._blocks[block:block + 1]  # (1,): a 0-d tensor would index as an int
         else:
             blocks = self._blocks[block][:, None, None]  # (n, 1, 1)
         index = (blocks, self._rows, slice(None), step.slots)  # -> ([n,] B, T, K, hd)

@@ -78,62 +78,40 @@ class MTPConfig:
             object.__setattr__(self, "ffn_hidden", 64 * math.ceil(8 * self.dim / 3 / 64))
         if isinstance(self.rope_scaling, Mapping):
             object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(self.rope_scaling))
-        for name in (
-            "vocab_size",
-            "dim",
-            "n_heads",
-            "n_kv_heads",
-            "head_dim",
-            "ffn_hidden",
-            "max_seq_len",
-            "n_future",
-            "head_layers",
-        ):
+        for name in ("vocab_size", "dim", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden",
+                     "max_seq_len", "n_future", "head_layers"):
             value = getattr(self, name)
             if name == "head_dim" and value is None:
                 if self.dim % self.n_heads:
-                    raise ValueError(
-                        f"MTPConfig.dim={self.dim} must be divisible by "
-                        f"n_heads={self.n_heads} (or set head_dim)"
-                    )
+                    raise ValueError(f"MTPConfig.dim={self.dim} must be divisible by "
+                                     f"n_heads={self.n_heads} (or set head_dim)")
                 value = self.dim // self.n_heads
                 object.__setattr__(self, "head_dim", value)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"MTPConfig.{name} must be a positive integer, got {value!r}")
-        if (
-            not isinstance(self.n_layers, int)
-            or isinstance(self.n_layers, bool)
-            or self.n_layers < 0
-        ):
+        if not isinstance(self.n_layers, int) or isinstance(self.n_layers, bool) \
+                or self.n_layers < 0:
             raise ValueError(f"MTPConfig.n_layers must be an integer >= 0, got {self.n_layers!r}")
         if self.head_dim % 2:
-            raise ValueError(
-                f"MTPConfig.head_dim={self.head_dim} must be even for rotary "
-                f"embeddings (dim={self.dim}, n_heads={self.n_heads})"
-            )
+            raise ValueError(f"MTPConfig.head_dim={self.head_dim} must be even for rotary "
+                             f"embeddings (dim={self.dim}, n_heads={self.n_heads})")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"MTPConfig.n_heads={self.n_heads} must be divisible by "
-                f"n_kv_heads={self.n_kv_heads}"
-            )
+            raise ValueError(f"MTPConfig.n_heads={self.n_heads} must be divisible by "
+                             f"n_kv_heads={self.n_kv_heads}")
         if self.head_type not in HEAD_TYPES:
-            raise ValueError(
-                f"MTPConfig.head_type must be one of {HEAD_TYPES}, got {self.head_type!r}"
-            )
+            raise ValueError(f"MTPConfig.head_type must be one of {HEAD_TYPES}, "
+                             f"got {self.head_type!r}")
         for name in ("rope_theta", "norm_eps", "init_std"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"MTPConfig.{name} must be a number > 0, got {value!r}")
         for name in ("tie_embeddings", "qkv_bias", "out_bias", "mlp_bias"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"MTPConfig.{name} must be true or false, got {getattr(self, name)!r}"
-                )
+                raise ValueError(f"MTPConfig.{name} must be true or false, got "
+                                 f"{getattr(self, name)!r}")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
-            raise ValueError(
-                f"MTPConfig.rope_scaling must be null or a mapping of "
-                f"{RopeScaling.field_names()}, got {self.rope_scaling!r}"
-            )
+            raise ValueError(f"MTPConfig.rope_scaling must be null or a mapping of "
+                             f"{RopeScaling.field_names()}, got {self.rope_scaling!r}")
 
     @property
     def block_heads(self) -> int:
@@ -146,33 +124,19 @@ class MTPConfig:
         return self.n_layers + self.block_heads * self.head_layers
 
     @classmethod
-    def compute_matched(
-        cls,
-        *,
-        depth: int,
-        n_future: int = 1,
-        head_layers: int = 1,
-        head_type: str = "block",
-        **fields: Any,
-    ) -> MTPConfig:
+    def compute_matched(cls, *, depth: int, n_future: int = 1, head_layers: int = 1,
+                        head_type: str = "block", **fields: Any) -> MTPConfig:
         """The paper's fair comparison: `depth` blocks per token in all, the block heads' taken
         off the trunk (`depth=8, n_future=4`: a 4-layer trunk and 4 one-layer heads); resblock
         and linear heads are not blocks, so only head 0's come off."""
         block_heads = n_future if head_type in BLOCK_HEAD_TYPES else 1
         n_layers = depth - block_heads * head_layers
         if n_layers < 0:
-            raise ValueError(
-                f"depth={depth} is too shallow for {block_heads} block head(s) of "
-                f"head_layers={head_layers} block(s): the trunk would have "
-                f"{n_layers} layers"
-            )
-        return cls(
-            n_layers=n_layers,
-            n_future=n_future,
-            head_layers=head_layers,
-            head_type=head_type,
-            **fields,
-        )
+            raise ValueError(f"depth={depth} is too shallow for {block_heads} block head(s) of "
+                             f"head_layers={head_layers} block(s): the trunk would have "
+                             f"{n_layers} layers")
+        return cls(n_layers=n_layers, n_future=n_future, head_layers=head_layers,
+                   head_type=head_type, **fields)
 
     @classmethod
     def added_heads(cls, *, depth: int, head_layers: int = 1, **fields: Any) -> MTPConfig:
@@ -181,9 +145,8 @@ class MTPConfig:
         block and 7 more heads)."""
         n_layers = depth - head_layers
         if n_layers < 0:
-            raise ValueError(
-                f"depth={depth} is too shallow for head 0's head_layers={head_layers} block(s)"
-            )
+            raise ValueError(f"depth={depth} is too shallow for head 0's head_layers="
+                             f"{head_layers} block(s)")
         return cls(n_layers=n_layers, head_layers=head_layers, **fields)
 
     @classmethod
@@ -192,10 +155,8 @@ class MTPConfig:
         with the heads `matched` (`compute_matched`: taken off the trunk) or `added`
         (`added_heads`: on top of it)."""
         if heads not in HEAD_DEPTHS:
-            raise ValueError(
-                f"model.heads={heads!r} is not one of {HEAD_DEPTHS}: matched takes "
-                f"the heads' blocks off the trunk, added puts them on top"
-            )
+            raise ValueError(f"model.heads={heads!r} is not one of {HEAD_DEPTHS}: matched takes "
+                             f"the heads' blocks off the trunk, added puts them on top")
         build = cls.compute_matched if heads == "matched" else cls.added_heads
         return build(depth=depth, **fields)
 
@@ -211,9 +172,8 @@ class MTPConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown MTPConfig field(s) {unknown}; known: {sorted(known)}")
-        missing = [
-            f.name for f in fields if f.default is dataclasses.MISSING and f.name not in values
-        ]
+        missing = [f.name for f in fields if f.default is dataclasses.MISSING
+                   and f.name not in values]
         if missing:
             raise ValueError(f"MTPConfig field(s) {missing} missing")
         return cls(**values)
@@ -235,13 +195,8 @@ class RMSNorm(nn.Module):
         return rms_normalise(x, self.eps) * self.weight
 
 
-def rope_tables(
-    head_dim: int,
-    max_len: int,
-    theta: float,
-    device: torch.device | None = None,
-    scaling: RopeScaling | None = None,
-) -> tuple[Tensor, Tensor]:
+def rope_tables(head_dim: int, max_len: int, theta: float, device: torch.device | None = None,
+                scaling: RopeScaling | None = None) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles, each (max_len, head_dim // 2), in float32."""
     freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
     if scaling is not None:
@@ -275,19 +230,15 @@ class Attention(nn.Module):
         super().__init__()
         self.block_index = block_index  # its slot in the KV cache (stacked blocks: a slice)
         self.n_heads, self.n_kv_heads, self.head_dim = (
-            config.n_heads,
-            config.n_kv_heads,
-            config.head_dim,
-        )
+            config.n_heads, config.n_kv_heads, config.head_dim)
         qkv_bias = config.qkv_bias
         self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=qkv_bias)
         self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=qkv_bias)
         self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=qkv_bias)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=config.out_bias)
 
-    def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, step: CacheStep | None
-    ) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
+                step: CacheStep | None) -> Tensor:
         """x (B, T, D), or (k, B, T, D) for stacked blocks: the same shape out."""
         q = project(x, self.wq).unflatten(-1, (self.n_heads, self.head_dim))  # (B, T, H, hd)
         k = project(x, self.wk).unflatten(-1, (self.n_kv_heads, self.head_dim))
@@ -301,26 +252,19 @@ class Attention(nn.Module):
         lead = q.shape[:-3]  # (B,), or (k, B) for stacked blocks: one batch for attention
         q, k, v, mask = (None if t is None else t.flatten(0, -4) for t in (q, k, v, mask))
         if step is not None and step.window is not None:  # decoding's exact mode
-            window = [
-                t.expand(*lead, *t.shape[1:]).flatten(0, len(lead) - 1) for t in step.window
-            ]  # every stacked head alike
+            window = [t.expand(*lead, *t.shape[1:]).flatten(0, len(lead) - 1)
+                      for t in step.window]  # every stacked head alike
             out = windowed_attention(q, k, v, *window)
         else:
-            out = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                is_causal=cache is None,
-                enable_gqa=self.n_kv_heads != self.n_heads,
-            )
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                 is_causal=cache is None,
+                                                 enable_gqa=self.n_kv_heads != self.n_heads)
         out = out.unflatten(0, lead).transpose(-3, -2).flatten(-2)  # (B, T, H * hd)
         return project(out, self.wo)
 
 
-def windowed_attention(
-    q: Tensor, k: Tensor, v: Tensor, slots: Tensor, bias: Tensor, prefix_bias: Tensor, seen: Tensor
-) -> Tensor:
+def windowed_attention(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, bias: Tensor,
+                       prefix_bias: Tensor, seen: Tensor) -> Tensor:
     """Attention whose result for a query depends only on what its position sees, wherever a
     step placed the other keys (decoding's exact mode).
 
@@ -335,7 +279,8 @@ def windowed_attention(
     k_window = k[rows, :, slots].flatten(0, 1).transpose(1, 2)  # (B*T, K, W, hd)
     v_window = v[rows, :, slots].flatten(0, 1).transpose(1, 2)
     alone = q.transpose(1, 2).reshape(B * T, H, 1, hd)  # each query on its own window
-    own, own_lse = _attention_with_lse(alone, k_window, v_window, bias.flatten(0, 1)[:, None, None])
+    own, own_lse = _attention_with_lse(alone, k_window, v_window, bias.flatten(0, 1)[:, None,
+                                                                                       None])
     own, own_lse = own.view(B, T, H, hd).transpose(1, 2), own_lse.view(B, T, H).transpose(1, 2)
     prefix_lse = torch.where(seen, prefix_lse, -math.inf)  # the kernel says 0 for nothing
     # softmax over both parts = the prefix's, moved towards the window's by the window's
@@ -349,8 +294,7 @@ def _attention_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> tuple[
     T, L), and its log-sum-exp (B, H, T) in float32 (on a CPU, from the flash kernel)."""
     if q.device.type == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=bias
-        )
+            q, k, v, 0.0, False, attn_mask=bias)
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, 1).float(), v.repeat_interleave(groups, 1).float()
     scores = q.float() @ k.mT * q.shape[-1] ** -0.5 + bias.float()
@@ -384,9 +328,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, step: CacheStep | None
-    ) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
+                step: CacheStep | None) -> Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin, cache, step)
         return x + self.feed_forward(self.ffn_norm(x))
 
@@ -410,9 +353,8 @@ class HeadLayer(nn.Module):
         self.kind = config.head_type
         self.weight = nn.Parameter(torch.empty(config.dim, config.dim))
 
-    def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, step: CacheStep | None
-    ) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
+                step: CacheStep | None) -> Tensor:
         # Same signature as Block, so a head is a list of layers whatever its type.
         return (linear if self.kind == "linear" else resblock)(x, self.weight)
 
@@ -436,13 +378,8 @@ class SequentialHead(nn.ModuleList):
 
     def fuse(self, hidden: Tensor, embedded: Tensor) -> Tensor:
         """eh_proj([hnorm(hidden); enorm(embedded)]): (..., D) each -> (..., D)."""
-        both = torch.cat(
-            [
-                rms_normalise(hidden, self.eps) * self.hnorm,
-                rms_normalise(embedded, self.eps) * self.enorm,
-            ],
-            dim=-1,
-        )
+        both = torch.cat([rms_normalise(hidden, self.eps) * self.hnorm,
+                          rms_normalise(embedded, self.eps) * self.enorm], dim=-1)
         return F.linear(both, self.eh_proj)
 
 
@@ -450,16 +387,14 @@ def tokens_ahead(tokens: Tensor, k: int, length: int) -> Tensor:
     """What sequential module k reads under teacher forcing: (B, length), at position t the
     token tokens[:, t + k], and 0 past the end of `tokens` (B, L), where head k - 1's target
     (`mtp.train.loss.shift_targets`) is ignored, so the 0 never trains."""
-    ahead = tokens[:, k : k + length]
+    ahead = tokens[:, k:k + length]
     return F.pad(ahead, (0, length - ahead.shape[1]))
 
 
 def _check_cached(cache: KVCache | None, step: CacheStep | None) -> None:
     if (cache is None) != (step is None):
-        raise ValueError(
-            "a cached forward needs both cache= and step= (see mtp.kv_cache); "
-            f"got cache={type(cache).__name__}, step={type(step).__name__}"
-        )
+        raise ValueError("a cached forward needs both cache= and step= (see mtp.kv_cache); "
+                         f"got cache={type(cache).__name__}, step={type(step).__name__}")
 
 
 def _head(config: MTPConfig, index: int) -> nn.ModuleList:
@@ -502,12 +437,8 @@ class MTPModel(nn.Module):
         """(Re)build the rotary tables on the parameters' device (after a meta-device load)."""
         cfg = self.config
         self.rope_cos, self.rope_sin = rope_tables(
-            cfg.head_dim,
-            cfg.max_seq_len,
-            cfg.rope_theta,
-            device=self.output.weight.device,
-            scaling=cfg.rope_scaling,
-        )
+            cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.output.weight.device,
+            scaling=cfg.rope_scaling)
 
     def _apply(self, fn: Any, recurse: bool = True) -> MTPModel:
         # .to(bfloat16), .cuda() and to_empty() all pass through here: rebuild the rotary
@@ -536,33 +467,20 @@ class MTPModel(nn.Module):
         if step is None:
             if T > self.config.max_seq_len:
                 raise ValueError(
-                    f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}"
-                )
+                    f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
             return self.rope_cos[:T], self.rope_sin[:T]
         return self.rope_cos[step.positions], self.rope_sin[step.positions]
 
-    def trunk(
-        self,
-        tokens: Tensor,
-        *,
-        cache: KVCache | None = None,
-        step: CacheStep | None = None,
-        skip: Collection[int] = (),
-    ) -> Tensor:
+    def trunk(self, tokens: Tensor, *, cache: KVCache | None = None,
+              step: CacheStep | None = None, skip: Collection[int] = ()) -> Tensor:
         """Embed tokens (B, T) and run the trunk: (B, T, D). With a cache, `step` places the
         new tokens (`mtp.kv_cache`). `skip`: trunk layers left out (a layer-skipping drafter);
         their cache slots are neither read nor written."""
         return self.trunk_states(tokens, cache=cache, step=step, skip=skip)[0]
 
-    def trunk_states(
-        self,
-        tokens: Tensor,
-        *,
-        cache: KVCache | None = None,
-        step: CacheStep | None = None,
-        skip: Collection[int] = (),
-        keep: Sequence[int] = (),
-    ) -> tuple[Tensor, Tensor | None]:
+    def trunk_states(self, tokens: Tensor, *, cache: KVCache | None = None,
+                     step: CacheStep | None = None, skip: Collection[int] = (),
+                     keep: Sequence[int] = ()) -> tuple[Tensor, Tensor | None]:
         """`trunk`, and the residual stream after each trunk layer in `keep` (an EAGLE-3
         drafter's features): (B, T, D) and (B, T, len(keep), D), None when `keep` is empty."""
         _check_cached(cache, step)
@@ -584,22 +502,14 @@ class MTPModel(nn.Module):
             h = block(h, cos, sin, None, None)
         return h
 
-    def head(
-        self,
-        trunk_out: Tensor,
-        index: int,
-        *,
-        cache: KVCache | None = None,
-        step: CacheStep | None = None,
-    ) -> Tensor:
+    def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None,
+             step: CacheStep | None = None) -> Tensor:
         """Head `index`'s layers on the trunk output: (B, T, D), what `unembed(h, index)` takes.
         Medusa heads (index >= 1) read head 0's output after the shared norm."""
         _check_cached(cache, step)
         if isinstance(self.heads[index], SequentialHead):
-            raise ValueError(
-                f"head {index} is a sequential module: it reads the previous "
-                f"depth's state and the tokens ahead (MTPModel.mtp_module)"
-            )
+            raise ValueError(f"head {index} is a sequential module: it reads the previous "
+                             f"depth's state and the tokens ahead (MTPModel.mtp_module)")
         cos, sin = self.rope(trunk_out.shape[1], step)
         h = trunk_out
         if index and self.config.head_type == "medusa":
@@ -608,24 +518,15 @@ class MTPModel(nn.Module):
             h = block(h, cos, sin, cache, step)
         return h
 
-    def mtp_module(
-        self,
-        previous: Tensor,
-        tokens: Tensor,
-        index: int,
-        *,
-        cache: KVCache | None = None,
-        step: CacheStep | None = None,
-    ) -> Tensor:
+    def mtp_module(self, previous: Tensor, tokens: Tensor, index: int, *,
+                   cache: KVCache | None = None, step: CacheStep | None = None) -> Tensor:
         """Sequential head `index` >= 1: (B, T, D), before the shared norm. previous: head
         index - 1's output (B, T, D); tokens (B, T): at position t the token t + index."""
         _check_cached(cache, step)
         head = self.heads[index]
         if not isinstance(head, SequentialHead):
-            raise ValueError(
-                f"head {index} is not a sequential module (model.head_type="
-                f"{self.config.head_type!r})"
-            )
+            raise ValueError(f"head {index} is not a sequential module (model.head_type="
+                             f"{self.config.head_type!r})")
         cos, sin = self.rope(previous.shape[1], step)
         h = head.fuse(self.norm(previous), self.tok_embeddings(tokens))  # (B, T, D)
         for block in head:
@@ -651,30 +552,21 @@ class MTPModel(nn.Module):
             return self.output(h)
         return self.output(self.norm(h))
 
-    def forward(
-        self,
-        tokens: Tensor,
-        *,
-        cache: KVCache | None = None,
-        step: CacheStep | None = None,
-        heads: Sequence[int] | None = None,
-    ) -> Tensor:
+    def forward(self, tokens: Tensor, *, cache: KVCache | None = None,
+                step: CacheStep | None = None, heads: Sequence[int] | None = None) -> Tensor:
         """Logits of the chosen heads (default all): (B, T, n, V). With a cache, `tokens` are
         new tokens placed by `step`; sequential heads are teacher-forced, without a cache."""
         heads = list(range(self.config.n_future) if heads is None else heads)
         chain = self.config.head_type == "sequential" and max(heads) > 0
         if chain and cache is not None:
-            raise ValueError(
-                "a cached forward runs head 0 only for sequential heads: their "
-                "modules need the tokens ahead (see mtp.decode.drafters.sequential)"
-            )
+            raise ValueError("a cached forward runs head 0 only for sequential heads: their "
+                             "modules need the tokens ahead (see mtp.decode.drafters.sequential)")
         h = self.trunk(tokens, cache=cache, step=step)
         if chain:
             states = self.head_states(h, tokens, max(heads) + 1)
             return torch.stack([self.unembed(states[i]) for i in heads], dim=2)
-        return torch.stack(
-            [self.unembed(self.head(h, i, cache=cache, step=step), i) for i in heads], dim=2
-        )  # (B, T, n, V)
+        return torch.stack([self.unembed(self.head(h, i, cache=cache, step=step), i)
+                            for i in heads], dim=2)  # (B, T, n, V)
 
     @staticmethod
     def is_base_parameter(name: str) -> bool:

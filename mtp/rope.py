@@ -36,34 +36,27 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         if self.type not in ROPE_SCALINGS:
-            raise ValueError(
-                f"MTPConfig.rope_scaling.type must be one of {ROPE_SCALINGS}, got {self.type!r}"
-            )
+            raise ValueError(f"MTPConfig.rope_scaling.type must be one of {ROPE_SCALINGS}, "
+                             f"got {self.type!r}")
         llama3 = ("low_freq_factor", "high_freq_factor", "original_max_seq_len")
         for name in ("factor", *llama3):
             value = getattr(self, name)
             if value is None and (name == "factor" or self.type == "llama3"):
-                raise ValueError(
-                    f"MTPConfig.rope_scaling.{name} is missing (type {self.type!r} needs it)"
-                )
+                raise ValueError(f"MTPConfig.rope_scaling.{name} is missing "
+                                 f"(type {self.type!r} needs it)")
             if value is not None and self.type == "linear" and name != "factor":
-                raise ValueError(
-                    f"MTPConfig.rope_scaling.{name} is not a field of type 'linear', got {value!r}"
-                )
+                raise ValueError(f"MTPConfig.rope_scaling.{name} is not a field of type "
+                                 f"'linear', got {value!r}")
             if value is not None and not (_is_number(value) and value > 0):
-                raise ValueError(
-                    f"MTPConfig.rope_scaling.{name} must be a number > 0, got {value!r}"
-                )
-        if self.original_max_seq_len is not None and not isinstance(self.original_max_seq_len, int):
-            raise ValueError(
-                f"MTPConfig.rope_scaling.original_max_seq_len must be an integer, "
-                f"got {self.original_max_seq_len!r}"
-            )
+                raise ValueError(f"MTPConfig.rope_scaling.{name} must be a number > 0, "
+                                 f"got {value!r}")
+        if self.original_max_seq_len is not None and not isinstance(self.original_max_seq_len,
+                                                                    int):
+            raise ValueError(f"MTPConfig.rope_scaling.original_max_seq_len must be an integer, "
+                             f"got {self.original_max_seq_len!r}")
         if self.type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
-            raise ValueError(
-                f"MTPConfig.rope_scaling.high_freq_factor={self.high_freq_factor} "
-                f"must exceed low_freq_factor={self.low_freq_factor}"
-            )
+            raise ValueError(f"MTPConfig.rope_scaling.high_freq_factor={self.high_freq_factor} "
+                             f"must exceed low_freq_factor={self.low_freq_factor}")
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -74,13 +67,11 @@ class RopeScaling:
         """A RopeScaling from a mapping of its fields (a config file's), strictly."""
         unknown = sorted(set(values) - set(cls.field_names()))
         if unknown:
-            raise ValueError(
-                f"unknown MTPConfig.rope_scaling field(s) {unknown}; known: {cls.field_names()}"
-            )
+            raise ValueError(f"unknown MTPConfig.rope_scaling field(s) {unknown}; known: "
+                             f"{cls.field_names()}")
         if "type" not in values or "factor" not in values:
-            raise ValueError(
-                f"MTPConfig.rope_scaling needs 'type' and 'factor', got {dict(values)}"
-            )
+            raise ValueError(f"MTPConfig.rope_scaling needs 'type' and 'factor', got "
+                             f"{dict(values)}")
         return cls(**values)
 
     def frequencies(self, freqs: Tensor) -> Tensor:

@@ -32,24 +32,19 @@ def read_sharded_checkpoint(path: str | Path) -> dict[str, Any]:
     on CPU in its saved dtype (the optimizer's state is not read)."""
     path = Path(path)
     if not is_sharded_checkpoint(path):
-        raise FileNotFoundError(
-            f"{path} is not a sharded checkpoint folder: it needs "
-            f"{META_FILE} and {DCP_METADATA_FILE}"
-        )
+        raise FileNotFoundError(f"{path} is not a sharded checkpoint folder: it needs "
+                                f"{META_FILE} and {DCP_METADATA_FILE}")
     try:
-        checkpoint: dict[str, Any] = torch.load(
-            path / META_FILE, map_location="cpu", weights_only=True
-        )
+        checkpoint: dict[str, Any] = torch.load(path / META_FILE, map_location="cpu",
+                                                weights_only=True)
         reader = dcp.FileSystemReader(path)
         metadata = reader.read_metadata()
     except Exception as e:  # torch raises many kinds for a truncated or foreign file
         raise ValueError(f"cannot read {path} as a sharded checkpoint: {e}") from e
     prefix = f"{_MODEL_KEY}."
-    state = {
-        key[len(prefix) :]: torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in metadata.state_dict_metadata.items()
-        if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
-    }
+    state = {key[len(prefix):]: torch.empty(meta.size, dtype=meta.properties.dtype)
+             for key, meta in metadata.state_dict_metadata.items()
+             if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
     if not state:
         raise ValueError(f"{path} holds no model weights (no '{prefix}*' tensors)")
     # DCP flattens nested dicts with dots: {"state_dict": {name: t}} reads "state_dict.<name>".

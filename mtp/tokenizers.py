@@ -91,7 +91,7 @@ class Tokenizer(ABC):
         """The token a prompt starts with, or None when the tokenizer puts none before it
         (``encode_prompt`` is the whole rule)."""
         ids, text = self.encode_prompt("a"), self.encode("a")
-        return ids[0] if ids[: len(text)] != text else None
+        return ids[0] if ids[:len(text)] != text else None
 
     @property
     def special_ids(self) -> frozenset[int]:
@@ -120,9 +120,8 @@ class ByteTokenizer(Tokenizer):
             if 0 <= i < 256:
                 out.append(i)
             elif not 256 <= i < self.vocab_size:
-                raise ValueError(
-                    f"token id {i} is outside the byte vocabulary [0, {self.vocab_size})"
-                )
+                raise ValueError(f"token id {i} is outside the byte vocabulary "
+                                 f"[0, {self.vocab_size})")
         return bytes(out)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -161,20 +160,12 @@ class BPETokenizer(Tokenizer):
     ``document_start``, what starts a prompt: "eos" (tokenizers mtp trains), "tokenizer" (its
     own template's special tokens), or "bos" whatever the template."""
 
-    def __init__(
-        self,
-        tokenizer: tokenizers.Tokenizer,
-        *,
-        bos_token: str | None = None,
-        eos_token: str | None = None,
-        pad_token: str | None = None,
-        name: str = "bpe",
-        document_start: str = "eos",
-    ) -> None:
+    def __init__(self, tokenizer: tokenizers.Tokenizer, *, bos_token: str | None = None,
+                 eos_token: str | None = None, pad_token: str | None = None,
+                 name: str = "bpe", document_start: str = "eos") -> None:
         if document_start not in DOCUMENT_STARTS:
-            raise ValueError(
-                f"document_start must be one of {DOCUMENT_STARTS}, got {document_start!r}"
-            )
+            raise ValueError(f"document_start must be one of {DOCUMENT_STARTS}, got "
+                             f"{document_start!r}")
         self._tok = tokenizer
         self.document_start = document_start
         # Text that spells a special token stays text, as with the byte tokenizer.
@@ -191,26 +182,20 @@ class BPETokenizer(Tokenizer):
         self.pad_id = _token_id(tokenizer, self.pad_token)
 
     @classmethod
-    def train(
-        cls, texts: Iterable[str], vocab_size: int = 32_000, *, min_frequency: int = 2
-    ) -> BPETokenizer:
+    def train(cls, texts: Iterable[str], vocab_size: int = 32_000, *,
+              min_frequency: int = 2) -> BPETokenizer:
         """Train a byte-level BPE on ``texts`` with pad, bos and eos as ids 0, 1, 2."""
         specials = ["<|pad|>", "<|bos|>", "<|eos|>"]
         base = 256 + len(specials)
         if vocab_size < base:
-            raise ValueError(
-                f"vocab_size={vocab_size} must be at least {base} (256 bytes + specials)"
-            )
+            raise ValueError(f"vocab_size={vocab_size} must be at least {base} (256 bytes + "
+                             f"specials)")
         tok = tokenizers.Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            special_tokens=specials,
-            show_progress=False,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        )
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                      special_tokens=specials, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tok.train_from_iterator(texts, trainer=trainer)
         return cls(tok, pad_token=specials[0], bos_token=specials[1], eos_token=specials[2])
 
@@ -221,18 +206,13 @@ class BPETokenizer(Tokenizer):
         file = path / BPE_FILE if path.is_dir() else path
         if not file.is_file():
             raise FileNotFoundError(f"no tokenizer.json at {file}")
-        meta = _read_json(file.parent / META_FILE) or _hf_specials(
-            file.parent / "tokenizer_config.json"
-        )
+        meta = (_read_json(file.parent / META_FILE)
+                or _hf_specials(file.parent / "tokenizer_config.json"))
         # A foreign tokenizer.json (no header of ours): its own template starts prompts.
-        return cls(
-            tokenizers.Tokenizer.from_file(str(file)),
-            bos_token=meta.get("bos_token"),
-            eos_token=meta.get("eos_token"),
-            pad_token=meta.get("pad_token"),
-            name=meta.get("name", "bpe"),
-            document_start=meta.get("document_start", "tokenizer"),
-        )
+        return cls(tokenizers.Tokenizer.from_file(str(file)), bos_token=meta.get("bos_token"),
+                   eos_token=meta.get("eos_token"), pad_token=meta.get("pad_token"),
+                   name=meta.get("name", "bpe"),
+                   document_start=meta.get("document_start", "tokenizer"))
 
     def encode_prompt(self, text: str | bytes) -> list[int]:
         if self.document_start == "eos":
@@ -274,17 +254,9 @@ class BPETokenizer(Tokenizer):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._tok.save(str(directory / BPE_FILE))
-        _write_meta(
-            directory,
-            {
-                "kind": "bpe",
-                "name": self.name,
-                "bos_token": self.bos_token,
-                "eos_token": self.eos_token,
-                "pad_token": self.pad_token,
-                "document_start": self.document_start,
-            },
-        )
+        _write_meta(directory, {"kind": "bpe", "name": self.name, "bos_token": self.bos_token,
+                                "eos_token": self.eos_token, "pad_token": self.pad_token,
+                                "document_start": self.document_start})
 
     @property
     def backend(self) -> tokenizers.Tokenizer:
@@ -334,9 +306,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return ByteTokenizer()
     if (path / BPE_FILE).is_file() or path.is_file():
         return BPETokenizer.from_file(path)
-    raise FileNotFoundError(
-        f"no tokenizer at {path}: looked for {path / META_FILE} (kind 'byte') and {path / BPE_FILE}"
-    )
+    raise FileNotFoundError(f"no tokenizer at {path}: looked for {path / META_FILE} (kind "
+                            f"'byte') and {path / BPE_FILE}")
 
 
 def _write_meta(directory: str | Path, meta: dict) -> None:
@@ -368,10 +339,8 @@ def _find_special(tok: tokenizers.Tokenizer, role: str, default: str | None = No
             return candidate
     if default is not None:
         return default
-    raise ValueError(
-        f"cannot find a {role} token: tried {list(_SPECIAL_CANDIDATES[role])}; "
-        f"pass {role}_token=... to BPETokenizer"
-    )
+    raise ValueError(f"cannot find a {role} token: tried {list(_SPECIAL_CANDIDATES[role])}; "
+                     f"pass {role}_token=... to BPETokenizer")
 
 
 def _token_id(tok: tokenizers.Tokenizer, token: str) -> int:
@@ -379,3 +348,4 @@ def _token_id(tok: tokenizers.Tokenizer, token: str) -> int:
     if token_id is None:
         raise ValueError(f"special token {token!r} is not in the vocabulary")
     return token_id
+

@@ -72,9 +72,8 @@ class Measurement:
         if self.why:
             how += f", {self.why}" if self.figures else f": {self.why}"
         if self.figures:
-            order = sorted(
-                self.figures.items(), key=lambda item: item[1], reverse=not self.lower_is_better
-            )
+            order = sorted(self.figures.items(), key=lambda item: item[1],
+                           reverse=not self.lower_is_better)
             shown = ", ".join(f"{label} {_figure(value)}" for label, value in order)
             how += f"; {self.unit or 'figure'}: {shown}"
         if self.left_out:
@@ -138,15 +137,9 @@ def tune_key(step: str, *, timed: bool = True, **what: Any) -> str:
     return "|".join(parts)
 
 
-def tune(
-    step: str,
-    key: str | None,
-    measure: Callable[[], Measurement],
-    *,
-    given: Measurement | None = None,
-    cache: TuneCache | None = None,
-    usable: Callable[[Measurement], bool] = lambda record: True,
-) -> Measurement:
+def tune(step: str, key: str | None, measure: Callable[[], Measurement], *,
+         given: Measurement | None = None, cache: TuneCache | None = None,
+         usable: Callable[[Measurement], bool] = lambda record: True) -> Measurement:
     """The record of `step`: `given` (the user's own setting) wins; else the cached record
     for `key` (None: never cached) when `usable`; else `measure()`, stored under `key`."""
     if given is not None:
@@ -171,7 +164,6 @@ def report(record: Measurement) -> None:
 
 
 # -- the machine ------------------------------------------------------------------------------
-
 
 def cores() -> int:
     """The cores this process may run on (its CPU affinity), as torch counts its default."""
@@ -198,14 +190,8 @@ def cpu_has_bf16() -> bool:
 def machine() -> str:
     """What a timed choice depends on besides the model: the CPU, its cores, the OpenMP wait
     policy and torch; the GPU where there is one."""
-    name = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in _cpuinfo().splitlines()
-            if line.startswith("model name")
-        ),
-        "unknown cpu",
-    )
+    name = next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines()
+                 if line.startswith("model name")), "unknown cpu")
     policy = os.environ.get("OMP_WAIT_POLICY", "default").lower()
     gpu = f"|gpu={torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     return f"{name}|cores={cores()}|wait={policy}|torch={torch.__version__}{gpu}"
@@ -221,7 +207,6 @@ def load_bucket() -> int:
 
 # -- threads ----------------------------------------------------------------------------------
 
-
 def set_threads(count: int) -> None:
     """torch.set_num_threads, remembered as this module's (not the user's) setting."""
     global _ours
@@ -234,9 +219,8 @@ def explicit_threads() -> tuple[int, str] | None:
     env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if env:
         if not env.isdigit() or int(env) < 1:
-            raise ValueError(
-                f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']!r} must be a positive integer"
-            )
+            raise ValueError(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']!r} must be a "
+                             f"positive integer")
         return int(env), f"OMP_NUM_THREADS={env}"
     now = torch.get_num_threads()
     if now not in (cores(), _ours):
@@ -261,9 +245,8 @@ def given_threads(requested: int | None) -> Measurement | None:
         set_threads(requested)
     explicit = explicit_threads() if requested is None else (requested, f"threads={requested}")
     if explicit is not None:
-        return Measurement(
-            "threads", str(explicit[0]), "set", explicit[1], machine=machine(), value=explicit[0]
-        )
+        return Measurement("threads", str(explicit[0]), "set", explicit[1],
+                           machine=machine(), value=explicit[0])
     if cores() == 1:
         return Measurement("threads", "1", "fixed", "one core", value=1)
     return None
@@ -274,22 +257,13 @@ def thread_record(rates: dict[int, float], unit: str, seconds: float = 0.0) -> M
     NEAR_BEST of the best rate win (noise, and cores left to others)."""
     best = max(rates.values())
     count = min(n for n, rate in rates.items() if rate >= NEAR_BEST * best)
-    return Measurement(
-        "threads",
-        str(count),
-        "measured",
-        f"of {cores()} cores",
-        figures={str(n): rate for n, rate in rates.items()},
-        unit=unit,
-        seconds=seconds,
-        machine=machine(),
-        value=count,
-    )
+    return Measurement("threads", str(count), "measured", f"of {cores()} cores",
+                       figures={str(n): rate for n, rate in rates.items()}, unit=unit,
+                       seconds=seconds, machine=machine(), value=count)
 
 
-def measure_rates(
-    step: Callable[[], object], counts: list[int], budget: float, rounds: int = ROUNDS
-) -> dict[int, float]:
+def measure_rates(step: Callable[[], object], counts: list[int], budget: float,
+                  rounds: int = ROUNDS) -> dict[int, float]:
     """Steps per second at each thread count, after a warm-up: `rounds` rounds of every count
     in turn, budget / (rounds * len(counts)) seconds each (at least one step), so a change in
     the machine's load falls on every count alike."""
@@ -309,28 +283,16 @@ def measure_rates(
     return {count: runs[count] / seconds[count] for count in counts}
 
 
-def choose_threads(
-    step: Callable[[], object],
-    key: str,
-    *,
-    requested: int | None = None,
-    budget: float = 1.0,
-    unit: str = "steps/s",
-    cache: TuneCache | None = None,
-) -> Measurement:
+def choose_threads(step: Callable[[], object], key: str, *, requested: int | None = None,
+                   budget: float = 1.0, unit: str = "steps/s",
+                   cache: TuneCache | None = None) -> Measurement:
     """Set the intra-op thread count for `step` (see the module docstring); its record."""
-
     def measure() -> Measurement:  # `tune` times it
         return thread_record(measure_rates(step, list(range(1, cores() + 1)), budget), unit)
 
-    record = tune(
-        "threads",
-        key,
-        measure,
-        given=given_threads(requested),
-        cache=cache,
-        usable=lambda found: isinstance(found.value, int) and 1 <= found.value <= cores(),
-    )
+    record = tune("threads", key, measure, given=given_threads(requested), cache=cache,
+                  usable=lambda found: isinstance(found.value, int)
+                  and 1 <= found.value <= cores())
     if record.how in ("measured", "cached"):  # a setting is in force already
         set_threads(record.value)
     return record

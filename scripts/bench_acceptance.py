@@ -46,11 +46,8 @@ from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
 from mtp.generate.session import DecodeSettings, open_decoder
 
-ROWS = {
-    "specinfer distinct": ("exact", "distinct"),
-    "specinfer iid": ("exact", "iid"),
-    "spectr iid": ("spectr", "iid"),
-}
+ROWS = {"specinfer distinct": ("exact", "distinct"), "specinfer iid": ("exact", "iid"),
+        "spectr iid": ("spectr", "iid")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,8 +58,7 @@ class AcceptanceArgs:
     top_k: int | None = None
     top_p: float = 1.0
     humaneval_select: list[int] = field(
-        default_factory=lambda: [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45]
-    )
+        default_factory=lambda: [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45])
     prompt_file: Path | None = None
     max_new_tokens: int = 80
     device: str = "cpu"
@@ -72,9 +68,8 @@ class AcceptanceArgs:
     def __post_init__(self) -> None:
         check_positive("max_new_tokens", self.max_new_tokens)
         if not self.temperature > 0:
-            raise ValueError(
-                f"temperature={self.temperature} must be > 0: the rules differ only when sampling"
-            )
+            raise ValueError(f"temperature={self.temperature} must be > 0: the rules differ "
+                             f"only when sampling")
         self.sampling()
         for _, siblings in ROWS.values():
             self.spec(siblings)
@@ -94,9 +89,8 @@ def parse_args(argv: list[str]) -> AcceptanceArgs:
 
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
-    settings = DecodeSettings(
-        drafter=AUTOREGRESSIVE, device=args.device, dtype=args.dtype, threads=args.threads
-    )
+    settings = DecodeSettings(drafter=AUTOREGRESSIVE, device=args.device, dtype=args.dtype,
+                              threads=args.threads)
     decoder = open_decoder(args.checkpoint, settings, max_new_tokens=args.max_new_tokens)
     model, tokenizer = decoder.model, decoder.tokenizer
     if args.prompt_file is not None:
@@ -108,42 +102,23 @@ def main(argv: list[str]) -> dict:
     rules = {}
     for name, (rule, siblings) in ROWS.items():
         drafter = args.spec(siblings).build(model, context)
-        timed = time_generate(
-            model,
-            tokenizer,
-            prompts,
-            max_new_tokens=args.max_new_tokens,
-            drafter=drafter,
-            sampling=args.sampling(),
-            acceptance=rule,
-            seed=0,
-            seed_per_batch=True,
-            warmup_tokens=8,
-        )
-        rules[name] = {
-            "tokens_per_forward": round(timed.stats.tokens_per_forward, 3),
-            "tokens_per_second": round(timed.tokens_per_second, 2),
-            "accepted_per_depth": [round(a, 3) for a in timed.stats.head_acceptance],
-        }
+        timed = time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+                              drafter=drafter, sampling=args.sampling(), acceptance=rule,
+                              seed=0, seed_per_batch=True, warmup_tokens=8)
+        rules[name] = {"tokens_per_forward": round(timed.stats.tokens_per_forward, 3),
+                       "tokens_per_second": round(timed.tokens_per_second, 2),
+                       "accepted_per_depth": [round(a, 3) for a in timed.stats.head_acceptance]}
     info = machine(args.device)
     tree = args.spec("iid").options["tree"]
-    print(
-        f"{args.checkpoint}: heads tree={tree}, T={args.temperature}, "
-        f"{len(prompts)} prompts x {args.max_new_tokens} tokens, batch 1, {info['threads']} "
-        f"threads, load {' '.join(map(str, info['load']))}"
-    )
+    print(f"{args.checkpoint}: heads tree={tree}, T={args.temperature}, "
+          f"{len(prompts)} prompts x {args.max_new_tokens} tokens, batch 1, {info['threads']} "
+          f"threads, load {' '.join(map(str, info['load']))}")
     print(f"{'rule':<20} {'tok/fwd':>8} {'tokens/s':>9}")
     for name, row in rules.items():
         print(f"{name:<20} {row['tokens_per_forward']:>8.3f} {row['tokens_per_second']:>9.1f}")
-    result = {
-        "rules": rules,
-        "tree": tree,
-        "temperature": args.temperature,
-        "prompts": len(prompts),
-        "max_new_tokens": args.max_new_tokens,
-        "checkpoint": str(args.checkpoint),
-        **info,
-    }
+    result = {"rules": rules, "tree": tree,
+              "temperature": args.temperature, "prompts": len(prompts),
+              "max_new_tokens": args.max_new_tokens, "checkpoint": str(args.checkpoint), **info}
     print(json.dumps(result))
     return result
 

@@ -106,9 +106,8 @@ class DecodeBenchArgs(Decoding):
         if self.humaneval < 0:
             raise ValueError(f"humaneval={self.humaneval} must be >= 0")
         if self.ks is not None and (not self.ks or min(self.ks) < 2):
-            raise ValueError(
-                f"ks={self.ks}: each k must be >= 2 (k=1 is autoregressive, always measured)"
-            )
+            raise ValueError(f"ks={self.ks}: each k must be >= 2 (k=1 is autoregressive, "
+                             f"always measured)")
 
 
 def parse_args(argv: list[str]) -> DecodeBenchArgs:
@@ -117,25 +116,21 @@ def parse_args(argv: list[str]) -> DecodeBenchArgs:
 
 def newest_byte8_export(root: Path) -> Path:
     """The newest export of `python -m mtp.train +experiment=byte8` under `root`."""
-    for config in sorted(
-        root.glob("*/export/config.json"), key=lambda p: p.stat().st_mtime, reverse=True
-    ):
+    for config in sorted(root.glob("*/export/config.json"), key=lambda p: p.stat().st_mtime,
+                         reverse=True):
         meta = json.loads(config.read_text())
         if meta["model"]["n_future"] == 8 and meta["tokenizer"]["name"] == "byte":
             return config.parent
-    raise FileNotFoundError(
-        f"no byte8 export under {root}: run `python -m mtp.train "
-        f"+experiment=byte8` first, or give checkpoint=... or "
-        f"random_model=true"
-    )
+    raise FileNotFoundError(f"no byte8 export under {root}: run `python -m mtp.train "
+                            f"+experiment=byte8` first, or give checkpoint=... or "
+                            f"random_model=true")
 
 
 def random_model(device: str, dtype: torch.dtype | None) -> tuple[MTPModel, ByteTokenizer]:
     """The byte8 shape (conf/model/small.yaml, 8 heads), untrained; the same every run."""
     torch.manual_seed(0)
-    config = MTPConfig.compute_matched(
-        depth=12, n_future=8, vocab_size=262, dim=256, n_heads=8, max_seq_len=1024
-    )
+    config = MTPConfig.compute_matched(depth=12, n_future=8, vocab_size=262, dim=256,
+                                       n_heads=8, max_seq_len=1024)
     return MTPModel(config).to(device=device, dtype=dtype).eval(), ByteTokenizer()
 
 
@@ -149,9 +144,8 @@ def plot(rows: list[dict], chain_rows: list[dict], path: Path, title: str) -> No
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     series = {"chain (k nodes)": chain_rows}
     for row in rows:
-        series.setdefault(
-            "auto:N trees" if row["tree"].startswith("auto:") else "fixed trees", []
-        ).append(row)
+        series.setdefault("auto:N trees" if row["tree"].startswith("auto:") else "fixed trees",
+                          []).append(row)
     for name, points in series.items():
         points = sorted(points, key=lambda r: r["nodes"])
         for axis, key in zip(axes, ("tokens_per_forward", "speedup")):
@@ -174,16 +168,12 @@ def main(argv: list[str]) -> None:
     engine.STACK_HEADS = not args.unstacked_heads
     prompts = read_prompts(args.prompts) + humaneval_prompts(args.humaneval)
     settings = args.settings()
-    how = {
-        "prompts": prompts[:1],
-        "batch_size": args.batch_size,
-        "max_new_tokens": args.max_new_tokens,
-    }
+    how = {"prompts": prompts[:1], "batch_size": args.batch_size,
+           "max_new_tokens": args.max_new_tokens}
     if args.random_model:
         checkpoint = "random"
-        decoder = open_decoder(
-            None, settings, **how, loaded=random_model(args.device, settings.load_dtype)
-        )
+        decoder = open_decoder(None, settings, **how,
+                               loaded=random_model(args.device, settings.load_dtype))
     else:
         checkpoint = args.checkpoint or newest_byte8_export(Path("outputs/train"))
         decoder = open_decoder(checkpoint, settings, **how)
@@ -201,15 +191,8 @@ def main(argv: list[str]) -> None:
     for drafter in configs.values():  # warm-up: allocator, kernels, caches; compiled shapes
         for mode in modes:
             if mode:
-                time_generate(
-                    model,
-                    tokenizer,
-                    prompts,
-                    max_new_tokens=args.max_new_tokens,
-                    batch_size=args.batch_size,
-                    drafter=drafter,
-                    compile=True,
-                )
+                time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+                              batch_size=args.batch_size, drafter=drafter, compile=True)
             else:
                 generate(model, tokenizer, prompts[:1], max_new_tokens=16, drafter=drafter)
     speed = {(name, mode): [] for name in configs for mode in modes}
@@ -221,15 +204,10 @@ def main(argv: list[str]) -> None:
         for _ in range(args.repeats):
             for name, drafter in configs.items():
                 for mode in modes:
-                    timed = time_generate(
-                        model,
-                        tokenizer,
-                        prompts,
-                        max_new_tokens=args.max_new_tokens,
-                        batch_size=args.batch_size,
-                        drafter=drafter,
-                        compile=mode,
-                    )
+                    timed = time_generate(model, tokenizer, prompts,
+                                          max_new_tokens=args.max_new_tokens,
+                                          batch_size=args.batch_size, drafter=drafter,
+                                          compile=mode)
                     stats[name], ids = timed.stats, timed.token_ids
                     speed[name, mode].append(timed.tokens_per_second)
                     if name == 1:
@@ -240,127 +218,79 @@ def main(argv: list[str]) -> None:
         return statistics.median(speed[name, mode])
 
     widths = {1: 1} | {k: k for k in ks} | {spec: tree.n_nodes for spec, tree in trees.items()}
-    seconds = {
-        width: plain_forward_seconds(model, width, args.batch_size)
-        for width in sorted(set(widths.values()))
-    }
+    seconds = {width: plain_forward_seconds(model, width, args.batch_size)
+               for width in sorted(set(widths.values()))}
     plain = {name: seconds[width] / seconds[1] for name, width in widths.items()}
 
     ar = rate(1)
     # Seconds per forward pass relative to autoregressive decoding's (whose tok/fwd is 1).
-    cost = {
-        name: ar / stats[1].tokens_per_forward * stats[name].tokens_per_forward / rate(name)
-        for name in configs
-    }
+    cost = {name: ar / stats[1].tokens_per_forward * stats[name].tokens_per_forward
+            / rate(name) for name in configs}
 
     def row(name) -> dict:
-        both = (
-            {}
-            if len(modes) == 1
-            else {
-                "eager_tokens_per_second": round(rate(name, False), 1),
-                "compile_speedup": round(rate(name, True) / rate(name, False), 3),
-            }
-        )
-        return {
-            "tokens_per_second": round(rate(name), 1),
-            "speedup": round(rate(name) / ar, 3),
-            "tokens_per_forward": round(stats[name].tokens_per_forward, 3),
-            "forward_cost": round(cost[name], 3),
-            "plain_cost": round(plain[name], 3),
-            "nodes_per_forward": round(stats[name].nodes_per_forward, 2),
-            "head_acceptance": [round(a, 3) for a in stats[name].head_acceptance],
-            "accepted_depths": stats[name].accepted_depths,
-            "identical": identical[name],
-        } | both
+        both = {} if len(modes) == 1 else {
+            "eager_tokens_per_second": round(rate(name, False), 1),
+            "compile_speedup": round(rate(name, True) / rate(name, False), 3)}
+        return {"tokens_per_second": round(rate(name), 1),
+                "speedup": round(rate(name) / ar, 3),
+                "tokens_per_forward": round(stats[name].tokens_per_forward, 3),
+                "forward_cost": round(cost[name], 3),
+                "plain_cost": round(plain[name], 3),
+                "nodes_per_forward": round(stats[name].nodes_per_forward, 2),
+                "head_acceptance": [round(a, 3) for a in stats[name].head_acceptance],
+                "accepted_depths": stats[name].accepted_depths,
+                "identical": identical[name]} | both
 
     rows = [{"k": k, "nodes": k} | row(k) for k in [1, *ks]]
-    tree_rows = [
-        {"tree": spec, "nodes": tree.n_nodes, "depth": tree.depth} | row(spec)
-        for spec, tree in trees.items()
-    ]
+    tree_rows = [{"tree": spec, "nodes": tree.n_nodes, "depth": tree.depth} | row(spec)
+                 for spec, tree in trees.items()]
     # the share of output tokens inside an 8-gram that the same output already produced
     repeated = round(repetition(ar_ids[compiled], 8), 3)
-    print(
-        f"checkpoint {checkpoint}  device {args.device} {dtype_name}  "
-        f"{'compiled' if compiled else 'eager'}{' (and eager)' if len(modes) > 1 else ''}"
-        f"{'' if engine.STACK_HEADS else ' (heads unstacked)'}  "
-        f"threads {torch.get_num_threads()}  batch {args.batch_size}  prompts {len(prompts)} x "
-        f"{args.max_new_tokens} new tokens  repeats {args.repeats}  "
-        f"repeated (tokens inside an earlier 8-gram) {repeated:.1%}"
-    )
+    print(f"checkpoint {checkpoint}  device {args.device} {dtype_name}  "
+          f"{'compiled' if compiled else 'eager'}{' (and eager)' if len(modes) > 1 else ''}"
+          f"{'' if engine.STACK_HEADS else ' (heads unstacked)'}  "
+          f"threads {torch.get_num_threads()}  batch {args.batch_size}  prompts {len(prompts)} x "
+          f"{args.max_new_tokens} new tokens  repeats {args.repeats}  "
+          f"repeated (tokens inside an earlier 8-gram) {repeated:.1%}")
     eager = " eager tok/s compiled/eager" if len(modes) > 1 else ""
-    print(
-        f"{'decoding':>14} {'nodes':>5} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
-        f"{'fwd cost':>8} {'plain':>6} {'identical':>9}{eager}  head acceptance"
-    )
+    print(f"{'decoding':>14} {'nodes':>5} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
+          f"{'fwd cost':>8} {'plain':>6} {'identical':>9}{eager}  head acceptance")
     for r in rows + tree_rows:
         name = f"k={r['k']}" if "k" in r else r["tree"]
         heads = " ".join(f"{a:.2f}" for a in r["head_acceptance"])
-        versus = (
-            f" {r['eager_tokens_per_second']:>11.1f} {r['compile_speedup']:>13.2f}x"
-            if len(modes) > 1
-            else ""
-        )
-        print(
-            f"{name:>14} {r['nodes']:>5} {r['tokens_per_second']:>9.1f} {r['speedup']:>7.2f}x "
-            f"{r['tokens_per_forward']:>8.2f} {r['forward_cost']:>7.2f}x "
-            f"{r['plain_cost']:>5.2f}x {str(r['identical']):>9}{versus}  {heads}"
-        )
+        versus = (f" {r['eager_tokens_per_second']:>11.1f} {r['compile_speedup']:>13.2f}x"
+                  if len(modes) > 1 else "")
+        print(f"{name:>14} {r['nodes']:>5} {r['tokens_per_second']:>9.1f} {r['speedup']:>7.2f}x "
+              f"{r['tokens_per_forward']:>8.2f} {r['forward_cost']:>7.2f}x "
+              f"{r['plain_cost']:>5.2f}x {str(r['identical']):>9}{versus}  {heads}")
     best = max(rows[1:], key=lambda r: r["speedup"])
     summary = {
-        "tokens_per_second_ar": round(ar, 1),
-        "tokens_per_second_spec": best["tokens_per_second"],
-        "speedup": best["speedup"],
-        "k": best["k"],
-        "tokens_per_forward": best["tokens_per_forward"],
-        "identical": all(identical.values()),
+        "tokens_per_second_ar": round(ar, 1), "tokens_per_second_spec": best["tokens_per_second"],
+        "speedup": best["speedup"], "k": best["k"], "tokens_per_forward":
+        best["tokens_per_forward"], "identical": all(identical.values()),
         "chain_tokens_per_forward": rows[-1]["tokens_per_forward"],
-        "repeated": repeated,
-    }
+        "repeated": repeated}
     if tree_rows:
         top = max(tree_rows, key=lambda r: r["tokens_per_forward"])
         fastest = max(tree_rows, key=lambda r: r["speedup"])
-        summary |= {
-            "tree_tokens_per_forward": top["tokens_per_forward"],
-            "tree_nodes": top["nodes"],
-            "tree_speedup": top["speedup"],
-            "tree_identical": all(r["identical"] for r in tree_rows),
-            "tree": top["tree"],
-            "fastest_tree": fastest["tree"],
-            "fastest_tree_speedup": fastest["speedup"],
-        }
+        summary |= {"tree_tokens_per_forward": top["tokens_per_forward"],
+                    "tree_nodes": top["nodes"], "tree_speedup": top["speedup"],
+                    "tree_identical": all(r["identical"] for r in tree_rows),
+                    "tree": top["tree"], "fastest_tree": fastest["tree"],
+                    "fastest_tree_speedup": fastest["speedup"]}
     if args.plot and tree_rows:
-        plot(
-            tree_rows,
-            rows[1:],
-            args.plot,
-            f"{checkpoint}: {len(prompts)} prompts x "
-            f"{args.max_new_tokens} bytes, greedy, batch 1, {args.device}, "
-            f"{torch.get_num_threads()} threads",
-        )
-    print(
-        json.dumps(
-            summary
-            | {
-                "checkpoint": str(checkpoint),
-                "device": args.device,
-                "dtype": dtype_name,
-                "compiled": compiled,
-                "stacked_heads": engine.STACK_HEADS,
-                "device_name": torch.cuda.get_device_name(args.device)
-                if args.device.startswith("cuda")
-                else "cpu",
-                "threads": torch.get_num_threads(),
-                "torch": torch.__version__,
-                "max_new_tokens": args.max_new_tokens,
-                "prompts": len(prompts),
-                "batch_size": args.batch_size,
-                "per_k": rows,
-                "per_tree": tree_rows,
-            }
-        )
-    )
+        plot(tree_rows, rows[1:], args.plot, f"{checkpoint}: {len(prompts)} prompts x "
+             f"{args.max_new_tokens} bytes, greedy, batch 1, {args.device}, "
+             f"{torch.get_num_threads()} threads")
+    print(json.dumps(summary | {
+        "checkpoint": str(checkpoint), "device": args.device, "dtype": dtype_name,
+        "compiled": compiled, "stacked_heads": engine.STACK_HEADS,
+        "device_name": torch.cuda.get_device_name(args.device)
+        if args.device.startswith("cuda") else "cpu",
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
+        "batch_size": args.batch_size, "per_k": rows,
+        "per_tree": tree_rows}))
 
 
 if __name__ == "__main__":

@@ -73,39 +73,24 @@ def main(argv: list[str]) -> dict:
         for _ in range(args.rounds):
             for width in args.widths:
                 for name, model in models.items():
-                    seconds.setdefault((width, name), []).append(
-                        plain_forward_seconds(model, width, args.batch, args.context, args.repeats)
-                    )
+                    seconds.setdefault((width, name), []).append(plain_forward_seconds(
+                        model, width, args.batch, args.context, args.repeats))
     widths = {}
     for width in args.widths:
         f32, bf16 = (statistics.median(seconds[width, name]) for name in models)
-        widths[str(width)] = {
-            "float32": round(f32 * 1e3, 3),
-            "bfloat16": round(bf16 * 1e3, 3),
-            "speedup": round(f32 / bf16, 3),
-        }
+        widths[str(width)] = {"float32": round(f32 * 1e3, 3), "bfloat16": round(bf16 * 1e3, 3),
+                              "speedup": round(f32 / bf16, 3)}
     info = machine("cpu")
-    print(
-        f"{args.checkpoint}  batch {args.batch}, {args.context} cached tokens, "
-        f"{info['threads']} threads, load {' '.join(map(str, info['load']))}, flags "
-        f"{' '.join(info['cpu_flags'])}"
-    )
-    print(
-        f"{'width':>5} {'float32 ms':>11} {'bfloat16 ms':>12} {'bf16 speed-up':>14} "
-        f"{'fp32 ms/token':>14}"
-    )
+    print(f"{args.checkpoint}  batch {args.batch}, {args.context} cached tokens, "
+          f"{info['threads']} threads, load {' '.join(map(str, info['load']))}, flags "
+          f"{' '.join(info['cpu_flags'])}")
+    print(f"{'width':>5} {'float32 ms':>11} {'bfloat16 ms':>12} {'bf16 speed-up':>14} "
+          f"{'fp32 ms/token':>14}")
     for width, row in widths.items():
-        print(
-            f"{width:>5} {row['float32']:>11.2f} {row['bfloat16']:>12.2f} "
-            f"{row['speedup']:>13.2f}x {row['float32'] / int(width):>14.2f}"
-        )
-    result = {
-        "checkpoint": str(args.checkpoint),
-        "batch": args.batch,
-        "context": args.context,
-        "widths": widths,
-        **info,
-    }
+        print(f"{width:>5} {row['float32']:>11.2f} {row['bfloat16']:>12.2f} "
+              f"{row['speedup']:>13.2f}x {row['float32'] / int(width):>14.2f}")
+    result = {"checkpoint": str(args.checkpoint), "batch": args.batch, "context": args.context,
+              "widths": widths, **info}
     print(json.dumps(result))
     return result
 

@@ -18,8 +18,8 @@ load reaches both alike. A row per method and dtype:
   tokens_per_forward (exact mode's), width, repeated (the share of tokens inside an n-gram
                   of `repeated_ngram` tokens seen earlier in the same output)
 Prompts: HumanEval's (held out from every training set here), `humaneval_select`, or a
-`prompt_file`'s, each decoded alone (batch 1), greedy. Prints a table, then one JSON line:
-{"rows": {"<method> <dtype>": {"plain", "exact", "cost", "speedup", "identical", "plain_identical",
+`prompt_file`'s, each decoded alone (batch 1), greedy. Prints a table, then one JSON line: {"rows": {"<method>
+<dtype>": {"plain", "exact", "cost", "speedup", "identical", "plain_identical",
 "tokens_per_forward", "width", "repeated"}}, "baseline": <float32 width-1 tokens/s>, ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar); the drafters' options (num_draft=8,
@@ -70,8 +70,7 @@ class ExactArgs:
     options: dict[str, Any] = field(default_factory=dict)
     dtypes: list[str] = field(default_factory=lambda: ["float32", "bfloat16"])
     humaneval_select: list[int] = field(
-        default_factory=lambda: [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45]
-    )
+        default_factory=lambda: [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45])
     prompt_file: Path | None = None
     max_new_tokens: int = 80
     repeats: int = 2
@@ -83,10 +82,8 @@ class ExactArgs:
         for key in ("max_new_tokens", "repeats", "repeated_ngram"):
             check_positive(key, getattr(self, key))
         if not self.dtypes or not self.methods or not self.humaneval_select:
-            raise ValueError(
-                f"dtypes={self.dtypes}, methods={self.methods} and "
-                f"humaneval_select={self.humaneval_select} each need an entry"
-            )
+            raise ValueError(f"dtypes={self.dtypes}, methods={self.methods} and "
+                             f"humaneval_select={self.humaneval_select} each need an entry")
         for name in self.dtypes:
             if cli.parse_dtype(name) is None:
                 raise ValueError(f"dtypes={self.dtypes}: name float32, bfloat16 or float16")
@@ -104,9 +101,8 @@ class ExactArgs:
         return spec
 
     def settings(self) -> DecodeSettings:
-        return DecodeSettings(
-            drafter=AUTOREGRESSIVE, device=self.device, dtype=self.dtypes[0], threads=self.threads
-        )
+        return DecodeSettings(drafter=AUTOREGRESSIVE, device=self.device, dtype=self.dtypes[0],
+                              threads=self.threads)
 
 
 def parse_args(argv: list[str]) -> ExactArgs:
@@ -116,36 +112,22 @@ def parse_args(argv: list[str]) -> ExactArgs:
 class Bench:
     """Times plain and exact decoding of the prompts in one dtype at a time."""
 
-    def __init__(
-        self,
-        args: ExactArgs,
-        model: MTPModel,
-        tokenizer: Tokenizer,
-        prompts: list[str],
-        context: DrafterContext,
-    ) -> None:
+    def __init__(self, args: ExactArgs, model: MTPModel, tokenizer: Tokenizer,
+                 prompts: list[str], context: DrafterContext) -> None:
         self.args, self.model, self.tokenizer, self.prompts = args, model, tokenizer, prompts
         self.context = context
         self.rows: dict[str, dict] = {}
         self.baseline = 0.0  # float32 (the first dtype) width-1 autoregressive tokens/s
 
     def run(self, drafter: Drafter | None, **how: Any) -> Timed:
-        return time_generate(
-            self.model,
-            self.tokenizer,
-            self.prompts,
-            max_new_tokens=self.args.max_new_tokens,
-            drafter=drafter,
-            warmup_tokens=8,
-            **how,
-        )
+        return time_generate(self.model, self.tokenizer, self.prompts,
+                             max_new_tokens=self.args.max_new_tokens, drafter=drafter,
+                             warmup_tokens=8, **how)
 
     def pair(self, drafter: Drafter | None, width: int) -> tuple[Timed, Timed]:
         """The best of `repeats` alternating plain and exact runs."""
-        runs = [
-            (self.run(drafter), self.run(drafter, exact=True, width=width))
-            for _ in range(self.args.repeats)
-        ]
+        runs = [(self.run(drafter), self.run(drafter, exact=True, width=width))
+                for _ in range(self.args.repeats)]
         return tuple(max(timed, key=lambda t: t.tokens_per_second) for timed in zip(*runs))
 
     def dtype(self, dtype: str) -> None:
@@ -154,31 +136,22 @@ class Bench:
         references: dict[int, Timed] = {}
         plain_reference = None
         for entry in ["autoregressive", *self.args.methods]:
-            drafter = (
-                None
-                if entry == AUTOREGRESSIVE
-                else self.args.spec(entry).build(self.model, self.context)
-            )
+            drafter = None if entry == AUTOREGRESSIVE else \
+                self.args.spec(entry).build(self.model, self.context)
             width = step_width(drafter)
             if width not in references:  # the exact reference at this width, and width 1
                 plain, references[width] = self.pair(None, width)
                 plain_reference = plain_reference or plain
                 self.baseline = self.baseline or plain.tokens_per_second
-                self.add(
-                    f"autoregressive width {width} {tag}",
-                    plain,
-                    references[width],
-                    plain_reference,
-                    references[width],
-                    width,
-                )
+                self.add(f"autoregressive width {width} {tag}", plain, references[width],
+                         plain_reference, references[width], width)
             if drafter is not None:
                 plain, exact = self.pair(drafter, width)
-                self.add(f"{entry} {tag}", plain, exact, plain_reference, references[width], width)
+                self.add(f"{entry} {tag}", plain, exact, plain_reference, references[width],
+                         width)
 
-    def add(
-        self, name: str, plain: Timed, exact: Timed, width1: Timed, reference: Timed, width: int
-    ) -> None:
+    def add(self, name: str, plain: Timed, exact: Timed, width1: Timed, reference: Timed,
+            width: int) -> None:
         self.rows[name] = {
             "plain": round(plain.tokens_per_second, 2),
             "exact": round(exact.tokens_per_second, 2),
@@ -186,29 +159,20 @@ class Bench:
             "speedup": round(exact.tokens_per_second / self.baseline, 3),
             "identical": exact.token_ids == reference.token_ids,
             "plain_identical": plain.token_ids == width1.token_ids,
-            "tokens_per_forward": round(exact.stats.tokens_per_forward, 3),
-            "width": width,
-            "repeated": round(repetition(exact.token_ids, self.args.repeated_ngram), 3),
-        }
-        print(
-            f"  measured {name}: plain {plain.tokens_per_second:.1f}, exact "
-            f"{exact.tokens_per_second:.1f} tokens/s",
-            file=sys.stderr,
-        )
+            "tokens_per_forward": round(exact.stats.tokens_per_forward, 3), "width": width,
+            "repeated": round(repetition(exact.token_ids, self.args.repeated_ngram), 3)}
+        print(f"  measured {name}: plain {plain.tokens_per_second:.1f}, exact "
+              f"{exact.tokens_per_second:.1f} tokens/s", file=sys.stderr)
 
 
 def print_table(rows: dict[str, dict]) -> None:
     width = max(map(len, rows))
-    print(
-        f"{'method':<{width}} {'plain':>7} {'exact':>7} {'cost':>6} {'speedup':>8} "
-        f"{'tok/fwd':>7} {'identical':>9} {'plain_id':>8} {'repeated':>8}"
-    )
+    print(f"{'method':<{width}} {'plain':>7} {'exact':>7} {'cost':>6} {'speedup':>8} "
+          f"{'tok/fwd':>7} {'identical':>9} {'plain_id':>8} {'repeated':>8}")
     for name, r in rows.items():
-        print(
-            f"{name:<{width}} {r['plain']:>7.1f} {r['exact']:>7.1f} {r['cost']:>6.3f} "
-            f"{r['speedup']:>7.2f}x {r['tokens_per_forward']:>7.2f} {str(r['identical']):>9} "
-            f"{str(r['plain_identical']):>8} {r['repeated']:>8.2f}"
-        )
+        print(f"{name:<{width}} {r['plain']:>7.1f} {r['exact']:>7.1f} {r['cost']:>6.3f} "
+              f"{r['speedup']:>7.2f}x {r['tokens_per_forward']:>7.2f} {str(r['identical']):>9} "
+              f"{str(r['plain_identical']):>8} {r['repeated']:>8.2f}")
 
 
 def main(argv: list[str]) -> None:
@@ -219,31 +183,19 @@ def main(argv: list[str]) -> None:
     else:
         pool = humaneval_prompts(max(args.humaneval_select) + 1)
         prompts, source = [pool[i] for i in args.humaneval_select], "HumanEval"
-    bench = Bench(args, decoder.model, decoder.tokenizer, prompts, saved_context(args.checkpoint))
+    bench = Bench(args, decoder.model, decoder.tokenizer, prompts,
+                  saved_context(args.checkpoint))
     for dtype in args.dtypes:
         bench.dtype(dtype)
     info = machine(args.device)
-    print(
-        f"checkpoint {args.checkpoint}  device {args.device}  threads {info['threads']}  "
-        f"load {' '.join(map(str, info['load']))}  flags {' '.join(info['cpu_flags'])}"
-    )
-    print(
-        f"prompts: {len(prompts)} {source} x {args.max_new_tokens} new tokens, batch 1, "
-        f"greedy; float32 width-1 autoregressive {bench.baseline:.1f} tokens/s"
-    )
+    print(f"checkpoint {args.checkpoint}  device {args.device}  threads {info['threads']}  "
+          f"load {' '.join(map(str, info['load']))}  flags {' '.join(info['cpu_flags'])}")
+    print(f"prompts: {len(prompts)} {source} x {args.max_new_tokens} new tokens, batch 1, "
+          f"greedy; float32 width-1 autoregressive {bench.baseline:.1f} tokens/s")
     print_table(bench.rows)
-    print(
-        json.dumps(
-            {
-                "rows": bench.rows,
-                "baseline": round(bench.baseline, 2),
-                "checkpoint": str(args.checkpoint),
-                "prompts": len(prompts),
-                "max_new_tokens": args.max_new_tokens,
-                **info,
-            }
-        )
-    )
+    print(json.dumps({"rows": bench.rows, "baseline": round(bench.baseline, 2),
+                      "checkpoint": str(args.checkpoint), "prompts": len(prompts),
+                      "max_new_tokens": args.max_new_tokens, **info}))
 
 
 if __name__ == "__main__":

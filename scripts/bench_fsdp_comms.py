@@ -53,7 +53,8 @@ class CommsArgs(Shape):
             raise ValueError(f"accumulate={self.accumulate} must be >= 1 micro-batch")
         for key, allowed in (("mode", ("headwise", "chunked")), ("device", ("cpu", "cuda"))):
             if getattr(self, key) not in allowed:
-                raise ValueError(f"{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
+                raise ValueError(f"{key}={getattr(self, key)!r} is not one of "
+                                 f"{', '.join(allowed)}")
         if self.ranks is not None and self.ranks < 2:
             raise ValueError(f"ranks={self.ranks}: sharding needs at least 2 ranks")
 
@@ -75,16 +76,13 @@ def fsdp_default(model: MTPModel, *, sync: bool, headwise: bool):
 def _count(calls: Counter, nbytes: Counter) -> None:
     """Wrap torch.distributed's collectives that FSDP2 calls, counting calls and bytes."""
     for name, short in COLLECTIVES.items():
-        original = getattr(dist, name)
-
-        def counted(*args, _fn=original, _short=short, **kwargs):
+        def counted(*args, _fn=getattr(dist, name), _short=short, **kwargs):
             # The unsharded side: an all-gather's output, a reduce-scatter's input.
             side = "input" if _short == "reduce_scatter" else "output"
             full = kwargs[side] if side in kwargs else args[0 if side == "output" else 1]
             calls[_short] += 1
             nbytes[_short] += full.numel() * full.element_size()
             return _fn(*args, **kwargs)
-
         setattr(dist, name, counted)
 
 
@@ -95,26 +93,18 @@ def _worker(rank: int, world: int, port: int, args: CommsArgs, results: dict) ->
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
-
     torch.set_num_threads(1)
     calls, nbytes = Counter(), Counter()
     _count(calls, nbytes)
-    config = MTPConfig(
-        vocab_size=args.vocab_size,
-        dim=args.dim,
-        n_layers=args.n_layers,
-        n_heads=args.n_heads,
-        n_future=args.n_future,
-        max_seq_len=args.seq_len,
-    )
+    config = MTPConfig(vocab_size=args.vocab_size, dim=args.dim, n_layers=args.n_layers,
+                       n_heads=args.n_heads, n_future=args.n_future, max_seq_len=args.seq_len)
     for name, sync_context in (("fsdp default", fsdp_default), ("gradient_sync", gradient_sync)):
         torch.manual_seed(0)
         model = MTPModel(config).to(args.device)
         parallelize(model, init_device_mesh(args.device, (world,)))
-        tokens = torch.randint(
-            0, args.vocab_size, (args.batch, args.seq_len + args.n_future), device=args.device
-        )
-        for _step in range(2):  # the first step builds FSDP's state; count the second
+        tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + args.n_future),
+                               device=args.device)
+        for step in range(2):  # the first step builds FSDP's state; count the second
             calls.clear()
             nbytes.clear()
             for micro in range(args.accumulate):
@@ -139,26 +129,17 @@ def main(argv: list[str]) -> None:
     mp.spawn(_worker, args=(world, port, args, results), nprocs=world, join=True)
 
     units = args.n_layers + args.n_future + 2  # trunk blocks, heads, shared unembedding, root
-    print(
-        f"FSDP2 collectives per optimizer step: {world} {args.device} ranks, vocab "
-        f"{args.vocab_size}, dim {args.dim}, trunk {args.n_layers}, n = {args.n_future}, "
-        f"{args.mode}, accumulate {args.accumulate}; {units} FSDP units"
-    )
+    print(f"FSDP2 collectives per optimizer step: {world} {args.device} ranks, vocab "
+          f"{args.vocab_size}, dim {args.dim}, trunk {args.n_layers}, n = {args.n_future}, "
+          f"{args.mode}, accumulate {args.accumulate}; {units} FSDP units")
     print(f"{'':<15}{'all-gathers':>12}{'MiB':>9}{'reduce-scatters':>17}{'MiB':>9}")
-    summary: dict = {
-        "world_size": world,
-        "n_future": args.n_future,
-        "mode": args.mode,
-        "accumulate": args.accumulate,
-        "fsdp_units": units,
-    }
+    summary: dict = {"world_size": world, "n_future": args.n_future, "mode": args.mode,
+                     "accumulate": args.accumulate, "fsdp_units": units}
     for name, r in results.items():
         calls, nbytes = r["calls"], r["bytes"]
-        print(
-            f"{name:<15}{calls.get('all_gather', 0):>12}"
-            f"{nbytes.get('all_gather', 0) / 2**20:>9.1f}{calls.get('reduce_scatter', 0):>17}"
-            f"{nbytes.get('reduce_scatter', 0) / 2**20:>9.1f}"
-        )
+        print(f"{name:<15}{calls.get('all_gather', 0):>12}"
+              f"{nbytes.get('all_gather', 0) / 2**20:>9.1f}{calls.get('reduce_scatter', 0):>17}"
+              f"{nbytes.get('reduce_scatter', 0) / 2**20:>9.1f}")
         key = name.replace(" ", "_")
         for short in COLLECTIVES.values():
             summary[f"{key}_{short}s"] = calls.get(short, 0)

@@ -101,10 +101,8 @@ class HeadsArgs:
 
     def __post_init__(self) -> None:
         if len(self.steps) not in (1, len(self.n_future)):
-            raise ValueError(
-                f"steps={self.steps}: one value for every n, or one per n_future "
-                f"({len(self.n_future)})"
-            )
+            raise ValueError(f"steps={self.steps}: one value for every n, or one per n_future "
+                             f"({len(self.n_future)})")
         if not self.n_future or min(self.n_future) < 2:
             raise ValueError(f"n_future={self.n_future}: each n must be >= 2")
 
@@ -124,29 +122,17 @@ def run_dir(out: Path, head_type: str, n_future: int) -> Path:
     return out / f"{head_type}{n_future}"
 
 
-def train(
-    out: Path, head_type: str, n_future: int, steps: int, warmup: int, overrides: list[str]
-) -> Path:
+def train(out: Path, head_type: str, n_future: int, steps: int, warmup: int,
+          overrides: list[str]) -> Path:
     """Train one run with `python -m mtp.train` unless its export exists; its directory."""
     run = run_dir(out, head_type, n_future)
     if (run / "export" / "config.json").is_file():
         return run
-    command = [
-        sys.executable,
-        "-m",
-        "mtp.train",
-        "+experiment=byte8",
-        f"model.n_future={n_future}",
-        f"model.head_type={head_type}",
-        f"trainer.max_steps={steps}",
-        f"trainer.val_check_interval={steps}",
-        "trainer.max_time=null",
-        f"optim.warmup_steps={warmup}",
-        "logger=none",
-        "trainer.enable_progress_bar=false",
-        f"hydra.run.dir={run}",
-        *overrides,
-    ]
+    command = [sys.executable, "-m", "mtp.train", "+experiment=byte8",
+               f"model.n_future={n_future}", f"model.head_type={head_type}",
+               f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
+               "trainer.max_time=null", f"optim.warmup_steps={warmup}", "logger=none",
+               "trainer.enable_progress_bar=false", f"hydra.run.dir={run}", *overrides]
     print(f"training {run_name(head_type, n_future)}: {' '.join(command[1:])}", flush=True)
     began = time.perf_counter()
     subprocess.run(command, check=True, cwd=REPO)
@@ -177,9 +163,8 @@ def trained_steps(run: Path) -> int:
     return max(int(row["step"]) for row in metrics(run))
 
 
-def tokens_per_forward(
-    run: Path, prompts: list[str], tree: str, max_new_tokens: int
-) -> dict[str, float]:
+def tokens_per_forward(run: Path, prompts: list[str], tree: str,
+                       max_new_tokens: int) -> dict[str, float]:
     """Tokens per forward with the chain of every head and with `tree`, greedy and sampled
     (T = 0.8, seeded), and how repetitive each decoding's output is."""
     model, tokenizer = load(run / "export")
@@ -187,37 +172,21 @@ def tokens_per_forward(
     prompts = [p for p in prompts if len(tokenizer.encode(p)) < room]
     result = {"prompts": len(prompts)}
     for suffix, sampling in (("", SamplingConfig()), ("_t08", SamplingConfig(temperature=0.8))):
-        for name, spec in (
-            ("chain", DrafterSpec(drafter="heads")),
-            ("tree", DrafterSpec(drafter="heads", tree=tree)),
-        ):
-            timed = time_generate(
-                model,
-                tokenizer,
-                prompts,
-                max_new_tokens=max_new_tokens,
-                batch_size=len(prompts),
-                drafter=spec.build(model),
-                sampling=sampling,
-                seed=0,
-            )
+        for name, spec in (("chain", DrafterSpec(drafter="heads")),
+                           ("tree", DrafterSpec(drafter="heads", tree=tree))):
+            timed = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                  batch_size=len(prompts), drafter=spec.build(model),
+                                  sampling=sampling, seed=0)
             result[f"tokens_per_forward_{name}{suffix}"] = timed.stats.tokens_per_forward
             result[f"repeated_{name}{suffix}"] = sum(
-                repeated_share(ids, 16) for ids in timed.token_ids
-            ) / len(timed.token_ids)
+                repeated_share(ids, 16) for ids in timed.token_ids) / len(timed.token_ids)
     return result
 
 
 def recipe_config(head_type: str, n_future: int, overrides: list[str]) -> MTPConfig:
     """The model `python -m mtp.train +experiment=byte8` trains at this n and head type."""
-    cfg = compose(
-        [
-            "+experiment=byte8",
-            f"model.n_future={n_future}",
-            f"model.head_type={head_type}",
-            *overrides,
-        ]
-    )
+    cfg = compose(["+experiment=byte8", f"model.n_future={n_future}",
+                   f"model.head_type={head_type}", *overrides])
     return model_config(cfg, ByteTokenizer())
 
 
@@ -225,23 +194,10 @@ def step_bytes(c: MTPConfig, batch: int, seq_len: int) -> int:
     """One training step's memory (bench_memory.py's measurement, in a fresh process)."""
     variant = "sequential" if c.head_type == "sequential" else "headwise"
     child = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "bench_memory.py"),
-            f"vocab_size={c.vocab_size}",
-            f"dim={c.dim}",
-            f"n_layers={c.n_layers}",
-            f"n_heads={c.n_heads}",
-            f"n_future={c.n_future}",
-            f"batch={batch}",
-            f"seq_len={seq_len}",
-            "threads=2",
-            f"variant={variant}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+        [sys.executable, str(REPO / "scripts" / "bench_memory.py"), f"vocab_size={c.vocab_size}",
+         f"dim={c.dim}", f"n_layers={c.n_layers}", f"n_heads={c.n_heads}",
+         f"n_future={c.n_future}", f"batch={batch}", f"seq_len={seq_len}", "threads=2",
+         f"variant={variant}"], capture_output=True, text=True, check=True)
     return json.loads(child.stdout.strip().splitlines()[-1])["step_bytes"]
 
 
@@ -249,9 +205,8 @@ def step_seconds(config: MTPConfig, repeats: int, batch: int, seq_len: int) -> f
     """One optimizer step of the model at the recipe's batch: best of `repeats`."""
     torch.manual_seed(0)
     model = MTPModel(config).train()
-    optimizer = build_optimizer(
-        model, OptimSettings(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
-    )
+    optimizer = build_optimizer(model, OptimSettings(lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95),
+                                                     eps=1e-8))
     tokens = torch.randint(0, model.config.vocab_size, (batch, seq_len + model.config.n_future))
 
     def step() -> float:
@@ -274,33 +229,23 @@ def plot(runs: dict[str, dict], path: Path, title: str) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     colors = {4: "#37a", 8: "#c63"}
-    for _name, r in runs.items():
+    for name, r in runs.items():
         style = "-" if r["head_type"] == "block" else "--"
-        left.plot(
-            range(1, r["n_future"] + 1),
-            r["val_acc"],
-            style,
-            marker="o",
-            color=colors.get(r["n_future"], "#555"),
-            label=f"{'parallel' if r['head_type'] == 'block' else 'sequential'}, "
-            f"n = {r['n_future']}",
-        )
-    left.set_xlabel(
-        "bytes ahead (head i predicts byte t + i + 1; a sequential module reads "
-        "the true bytes up to t + i)",
-        fontsize=8,
-    )
+        left.plot(range(1, r["n_future"] + 1), r["val_acc"], style, marker="o",
+                  color=colors.get(r["n_future"], "#555"),
+                  label=f"{'parallel' if r['head_type'] == 'block' else 'sequential'}, "
+                        f"n = {r['n_future']}")
+    left.set_xlabel("bytes ahead (head i predicts byte t + i + 1; a sequential module reads "
+                    "the true bytes up to t + i)", fontsize=8)
     left.xaxis.get_major_locator().set_params(integer=True)
     left.set_ylabel("validation accuracy (teacher-forced)")
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
     names = list(runs)
-    bars = (
-        ("tokens_per_forward_chain_t08", "chain, T = 0.8", "#37a"),
-        ("tokens_per_forward_tree_t08", "tree, T = 0.8", "#8a5"),
-        ("tokens_per_forward_chain", "chain, greedy (loops)", "#bcd"),
-        ("tokens_per_forward_tree", "tree, greedy (loops)", "#cdb"),
-    )
+    bars = (("tokens_per_forward_chain_t08", "chain, T = 0.8", "#37a"),
+            ("tokens_per_forward_tree_t08", "tree, T = 0.8", "#8a5"),
+            ("tokens_per_forward_chain", "chain, greedy (loops)", "#bcd"),
+            ("tokens_per_forward_tree", "tree, greedy (loops)", "#cdb"))
     width = 0.2
     for j, (key, label, color) in enumerate(bars):
         xs = [i + (j - 1.5) * width for i in range(len(names))]
@@ -308,7 +253,8 @@ def plot(runs: dict[str, dict], path: Path, title: str) -> None:
         right.bar(xs, values, width=width, label=label, color=color)
         for x, value in zip(xs, values):
             right.text(x, value, f"{value:.2f}", ha="center", va="bottom", fontsize=6)
-    right.set_xticks(range(len(names)), [n.replace("block", "parallel") for n in names], fontsize=8)
+    right.set_xticks(range(len(names)), [n.replace("block", "parallel") for n in names],
+                     fontsize=8)
     right.set_ylabel("tokens per forward (HumanEval prompts)")
     right.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
@@ -318,9 +264,8 @@ def plot(runs: dict[str, dict], path: Path, title: str) -> None:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    steps = dict(
-        zip(args.n_future, args.steps * len(args.n_future) if len(args.steps) == 1 else args.steps)
-    )
+    steps = dict(zip(args.n_future, args.steps * len(args.n_future) if len(args.steps) == 1
+                     else args.steps))
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     results_file = args.out / "results.json"
@@ -334,63 +279,41 @@ def main(argv: list[str]) -> None:
             config = recipe_config(head_type, n, args.overrides)
             if not args.cost_only:
                 run = train(args.out, head_type, n, steps[n], args.warmup, args.overrides)
-                row.update(
-                    steps=trained_steps(run),
-                    val_acc=val_accuracies(run, n),
-                    **tokens_per_forward(run, prompts, args.tree, args.max_new_tokens),
-                )
+                row.update(steps=trained_steps(run), val_acc=val_accuracies(run, n),
+                           **tokens_per_forward(run, prompts, args.tree, args.max_new_tokens))
             row["step_bytes"] = step_bytes(config, args.batch, args.seq_len)
             if args.time:
-                row["step_seconds"] = step_seconds(
-                    config, args.time_steps, args.batch, args.seq_len
-                )
+                row["step_seconds"] = step_seconds(config, args.time_steps, args.batch,
+                                                   args.seq_len)
             results_file.write_text(json.dumps(results, indent=1) + "\n")
-    results.update(
-        tree=args.tree,
-        humaneval=args.humaneval,
-        max_new_tokens=args.max_new_tokens,
-        batch=args.batch,
-        seq_len=args.seq_len,
-        machine=machine(),
-    )
+    results.update(tree=args.tree, humaneval=args.humaneval,
+                   max_new_tokens=args.max_new_tokens, batch=args.batch, seq_len=args.seq_len,
+                   machine=machine())
     results_file.write_text(json.dumps(results, indent=1) + "\n")
 
-    print(
-        f"byte8 shape, parallel and sequential trained alike at each n; decoding "
-        f"{args.humaneval} HumanEval prompts x {args.max_new_tokens} bytes; tokens per "
-        f"forward (repeated share)"
-    )
-    print(
-        f"{'run':<16}{'steps':>6}  {'head accuracies (val)':<50}{'chain T=0.8':>14}"
-        f"{'tree T=0.8':>14}{'chain greedy':>14}{'tree greedy':>14}{'step MiB':>10}{'step s':>8}"
-    )
+    print(f"byte8 shape, parallel and sequential trained alike at each n; decoding "
+          f"{args.humaneval} HumanEval prompts x {args.max_new_tokens} bytes; tokens per "
+          f"forward (repeated share)")
+    print(f"{'run':<16}{'steps':>6}  {'head accuracies (val)':<50}{'chain T=0.8':>14}"
+          f"{'tree T=0.8':>14}{'chain greedy':>14}{'tree greedy':>14}{'step MiB':>10}{'step s':>8}")
     for name, r in runs.items():
         if "val_acc" in r:
             accs = " ".join(f"{a:.3f}" for a in r["val_acc"])
-            cells = "".join(
-                f"{r['tokens_per_forward_' + k]:>8.2f} ({r['repeated_' + k]:.2f})"
-                for k in ("chain_t08", "tree_t08", "chain", "tree")
-            )
+            cells = "".join(f"{r['tokens_per_forward_' + k]:>8.2f} ({r['repeated_' + k]:.2f})"
+                            for k in ("chain_t08", "tree_t08", "chain", "tree"))
             trained = f"{r['steps']:>6}  {accs:<50}{cells}"
         else:  # cost_only=true
             trained = f"{'-':>6}  {'not trained':<50}{'':>56}"
         seconds = r.get("step_seconds")
-        print(
-            f"{name:<16}{trained}{r['step_bytes'] / 2**20:>10.0f}"
-            f"{'' if seconds is None else f'{seconds:.2f}':>8}"
-        )
+        print(f"{name:<16}{trained}{r['step_bytes'] / 2**20:>10.0f}"
+              f"{'' if seconds is None else f'{seconds:.2f}':>8}")
     trained = {name: r for name, r in runs.items() if "val_acc" in r}
     if trained:
-        budgets = ", ".join(
-            sorted({f"n = {r['n_future']}: {r['steps']} steps" for r in trained.values()})
-        )
-        plot(
-            trained,
-            args.plot,
-            f"parallel heads vs sequential modules, byte8 shape, the same "
-            f"trunk and budget at each n ({budgets}; {args.tree} for the "
-            f"tree)",
-        )
+        budgets = ", ".join(sorted({f"n = {r['n_future']}: {r['steps']} steps"
+                                    for r in trained.values()}))
+        plot(trained, args.plot, f"parallel heads vs sequential modules, byte8 shape, the same "
+                                 f"trunk and budget at each n ({budgets}; {args.tree} for the "
+                                 f"tree)")
     print(json.dumps(results))
 
 

@@ -101,35 +101,21 @@ def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
             break
     tokenizer = BPETokenizer.train(texts, vocab_size=32_000)
     torch.manual_seed(0)
-    config = MTPConfig(
-        vocab_size=tokenizer.vocab_size,
-        dim=512,
-        n_layers=6,
-        n_heads=8,
-        n_kv_heads=8,
-        n_future=4,
-        max_seq_len=2048,
-    )
+    config = MTPConfig(vocab_size=tokenizer.vocab_size, dim=512, n_layers=6, n_heads=8,
+                       n_kv_heads=8, n_future=4, max_seq_len=2048)
     return MTPModel(config).eval(), tokenizer
 
 
-def time_mtp(
-    model, tokenizer, prompts: list[str], max_new_tokens: int, k: int, compile: bool
-) -> tuple[float, list[list[int]], float]:
+def time_mtp(model, tokenizer, prompts: list[str], max_new_tokens: int, k: int,
+             compile: bool) -> tuple[float, list[list[int]], float]:
     """Seconds over all prompts, new ids, and tokens per forward pass of mtp's `generate`."""
-    timed = time_generate(
-        model,
-        tokenizer,
-        prompts,
-        max_new_tokens=max_new_tokens,
-        drafter=DrafterSpec("heads", k=k).build(model),
-        compile=compile,
-    )
+    timed = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                          drafter=DrafterSpec("heads", k=k).build(model), compile=compile)
     return timed.seconds, timed.token_ids, timed.stats.tokens_per_forward
 
 
 def distinct_4grams(outputs: list[list[int]]) -> float:
-    grams = [tuple(ids[i : i + 4]) for ids in outputs for i in range(len(ids) - 3)]
+    grams = [tuple(ids[i:i + 4]) for ids in outputs for i in range(len(ids) - 3)]
     return len(set(grams)) / max(len(grams), 1)
 
 
@@ -157,20 +143,13 @@ def main(argv: list[str]) -> None:
     ks = list(range(2, model.config.n_future + 1))
     methods = {
         "hf": lambda n, tokens: time_hf(hf, inputs[:n], tokens, tokenizer),
-        "hf_static": lambda n, tokens: time_hf(
-            hf, inputs[:n], tokens, tokenizer, **static_compiled(device)
-        ),
+        "hf_static": lambda n, tokens: time_hf(hf, inputs[:n], tokens, tokenizer,
+                                               **static_compiled(device)),
         "hf_prompt_lookup": lambda n, tokens: time_hf(
-            hf, inputs[:n], tokens, tokenizer, prompt_lookup_num_tokens=args.prompt_lookup_tokens
-        ),
-        **{
-            f"mtp_k{k}": (
-                lambda n, tokens, k=k: time_mtp(
-                    model, tokenizer, prompts[:n], tokens, k, args.compile
-                )
-            )
-            for k in [1, *ks]
-        },
+            hf, inputs[:n], tokens, tokenizer, prompt_lookup_num_tokens=args.prompt_lookup_tokens),
+        **{f"mtp_k{k}": (lambda n, tokens, k=k: time_mtp(model, tokenizer, prompts[:n], tokens,
+                                                        k, args.compile))
+           for k in [1, *ks]},
     }
     if not args.static:
         del methods["hf_static"]
@@ -182,9 +161,8 @@ def main(argv: list[str]) -> None:
         outputs, tokens_per_forward = {}, {}
         for _ in range(args.repeats):
             for name, method in methods.items():
-                seconds, outputs[name], tokens_per_forward[name] = method(
-                    len(prompts), args.max_new_tokens
-                )
+                seconds, outputs[name], tokens_per_forward[name] = method(len(prompts),
+                                                                          args.max_new_tokens)
                 speed[name].append(sum(map(len, outputs[name])) / seconds)
     median = {name: statistics.median(values) for name, values in speed.items()}
     static = median.get("hf_static")  # None with static=false
@@ -194,52 +172,36 @@ def main(argv: list[str]) -> None:
     new_tokens = sum(map(len, reference))
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(
-        f"checkpoint {checkpoint}  {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
-        f"params  {device_name} {dtype_name}  mtp {'compiled' if args.compile else 'eager'}  "
-        f"threads {torch.get_num_threads()}  {len(prompts)} prompts x "
-        f"<= {args.max_new_tokens} new tokens ({new_tokens} generated)  repeats "
-        f"{args.repeats}  transformers {transformers.__version__}  torch {torch.__version__}"
-    )
+    print(f"checkpoint {checkpoint}  {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+          f"params  {device_name} {dtype_name}  mtp {'compiled' if args.compile else 'eager'}  "
+          f"threads {torch.get_num_threads()}  {len(prompts)} prompts x "
+          f"<= {args.max_new_tokens} new tokens ({new_tokens} generated)  repeats "
+          f"{args.repeats}  transformers {transformers.__version__}  torch {torch.__version__}")
     print(f"{'method':<20} {'tokens/s':>9} {'vs hf':>7} {'tok/fwd':>8} {'same ids':>9}")
     for name in methods:
         tpf = f"{tokens_per_forward[name]:.2f}" if tokens_per_forward[name] else ""
-        print(
-            f"{name:<20} {median[name]:>9.1f} {median[name] / median['hf']:>6.2f}x {tpf:>8} "
-            f"{str(same[name]):>9}"
-        )
-    print(
-        json.dumps(
-            {
-                "hf_tokens_per_second": round(median["hf"], 1),
-                "hf_static_tokens_per_second": static and round(static, 1),
-                "hf_prompt_lookup_tokens_per_second": round(median["hf_prompt_lookup"], 1),
-                "mtp_ar_tokens_per_second": round(median["mtp_k1"], 1),
-                "mtp_spec_tokens_per_second": round(median[f"mtp_k{best_k}"], 1),
-                "mtp_spec_k": best_k,
-                "mtp_spec_tokens_per_forward": round(tokens_per_forward[f"mtp_k{best_k}"], 3),
-                "mtp_ar_over_hf": round(median["mtp_k1"] / median["hf"], 3),
-                "mtp_ar_over_hf_static": static and round(median["mtp_k1"] / static, 3),
-                "mtp_spec_over_hf": round(median[f"mtp_k{best_k}"] / median["hf"], 3),
-                "hf_prompt_lookup_over_hf": round(median["hf_prompt_lookup"] / median["hf"], 3),
-                "identical": all(same.values()),
-                "distinct_4grams": round(distinct_4grams(reference), 3),
-                "per_method_tokens_per_second": {name: round(v, 1) for name, v in median.items()},
-                "compiled": args.compile,
-                "device": args.device,
-                "device_name": device_name,
-                "checkpoint": checkpoint,
-                "dtype": dtype_name,
-                "threads": torch.get_num_threads(),
-                "prompts": len(prompts),
-                "max_new_tokens": args.max_new_tokens,
-                "new_tokens": new_tokens,
-                "repeats": args.repeats,
-                "transformers": transformers.__version__,
-                "torch": torch.__version__,
-            }
-        )
-    )
+        print(f"{name:<20} {median[name]:>9.1f} {median[name] / median['hf']:>6.2f}x {tpf:>8} "
+              f"{str(same[name]):>9}")
+    print(json.dumps({
+        "hf_tokens_per_second": round(median["hf"], 1),
+        "hf_static_tokens_per_second": static and round(static, 1),
+        "hf_prompt_lookup_tokens_per_second": round(median["hf_prompt_lookup"], 1),
+        "mtp_ar_tokens_per_second": round(median["mtp_k1"], 1),
+        "mtp_spec_tokens_per_second": round(median[f"mtp_k{best_k}"], 1),
+        "mtp_spec_k": best_k,
+        "mtp_spec_tokens_per_forward": round(tokens_per_forward[f"mtp_k{best_k}"], 3),
+        "mtp_ar_over_hf": round(median["mtp_k1"] / median["hf"], 3),
+        "mtp_ar_over_hf_static": static and round(median["mtp_k1"] / static, 3),
+        "mtp_spec_over_hf": round(median[f"mtp_k{best_k}"] / median["hf"], 3),
+        "hf_prompt_lookup_over_hf": round(median["hf_prompt_lookup"] / median["hf"], 3),
+        "identical": all(same.values()),
+        "distinct_4grams": round(distinct_4grams(reference), 3),
+        "per_method_tokens_per_second": {name: round(v, 1) for name, v in median.items()},
+        "compiled": args.compile, "device": args.device, "device_name": device_name,
+        "checkpoint": checkpoint, "dtype": dtype_name, "threads": torch.get_num_threads(),
+        "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+        "new_tokens": new_tokens, "repeats": args.repeats,
+        "transformers": transformers.__version__, "torch": torch.__version__}))
 
 
 if __name__ == "__main__":

@@ -67,9 +67,8 @@ class LayerSkipArgs(Decoding):
         for key in ("num_draft", "max_new_tokens", "repeated_ngram"):
             check_positive(key, getattr(self, key))
         if not (self.prompt or self.humaneval) or min(self.humaneval or [0]) < 0:
-            raise ValueError(
-                f"humaneval={self.humaneval}: give prompt indices >= 0 (or prompt=[...])"
-            )
+            raise ValueError(f"humaneval={self.humaneval}: give prompt indices >= 0 (or "
+                             f"prompt=[...])")
         DrafterSpec("layer_skip", threshold=self.threshold)  # checked as the drafter checks it
 
 
@@ -84,10 +83,8 @@ def skip_choice(args: LayerSkipArgs, config: MTPConfig) -> SkipChoice:
         return SkipChoice.load(args.choice, **shape)
     saved = saved_context(args.checkpoint).saved.get(LayerSkip.saved)
     if saved is None:
-        raise ValueError(
-            f"{args.checkpoint} has no layer-skip choice: python -m "
-            f"mtp.generate.skip_search checkpoint=... (or give choice=FILE)"
-        )
+        raise ValueError(f"{args.checkpoint} has no layer-skip choice: python -m "
+                         f"mtp.generate.skip_search checkpoint=... (or give choice=FILE)")
     return SkipChoice.from_json(saved, **shape)
 
 
@@ -98,94 +95,59 @@ def main(argv: list[str]) -> None:
     else:
         pool = humaneval_prompts(max(args.humaneval) + 1)
         prompts = [pool[i] for i in args.humaneval]
-    decoder = open_decoder(
-        args.checkpoint, args.settings(), prompts=prompts[:1], max_new_tokens=args.max_new_tokens
-    )
+    decoder = open_decoder(args.checkpoint, args.settings(), prompts=prompts[:1],
+                           max_new_tokens=args.max_new_tokens)
     model, tokenizer = decoder.model, decoder.tokenizer
     n_layers = model.config.n_layers
     choice = skip_choice(args, model.config)
     order = choice.details.get("order")
     if order is None:
-        raise ValueError(
-            "the choice has no search order: search again with python -m mtp.generate.skip_search"
-        )
-    sets = {
-        f"skip {m} of {n_layers}": tuple(sorted(order[:m]))
-        for m in args.skipped
-        if 0 < m < n_layers
-    }
+        raise ValueError("the choice has no search order: search again with "
+                         "python -m mtp.generate.skip_search")
+    sets = {f"skip {m} of {n_layers}": tuple(sorted(order[:m]))
+            for m in args.skipped if 0 < m < n_layers}
     sets[f"search's choice ({len(choice.skip)}), k={choice.num_draft}"] = choice.skip
     methods: dict[str, tuple[tuple[int, ...], LayerSkip | None]] = {"autoregressive": ((), None)}
     for name, skip in sets.items():
         k = choice.num_draft if skip == choice.skip and "choice" in name else args.num_draft
-        methods[name] = (
-            skip,
-            DrafterSpec("layer_skip", skip=list(skip), num_draft=k, threshold=args.threshold).build(
-                model
-            ),
-        )
+        methods[name] = (skip, DrafterSpec("layer_skip", skip=list(skip), num_draft=k,
+                                           threshold=args.threshold).build(model))
 
     rows: dict[str, dict] = {}
     reference: list[list[int]] = []
     base = 0.0
     for name, (skip, drafter) in methods.items():
-        timed = time_generate(
-            model,
-            tokenizer,
-            prompts,
-            max_new_tokens=args.max_new_tokens,
-            drafter=drafter,
-            warmup_tokens=8,
-        )
+        timed = time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+                              drafter=drafter, warmup_tokens=8)
         stats, ids = timed.stats, timed.token_ids
         if drafter is None:
             reference, base = ids, timed.tokens_per_second
         rows[name] = {
-            "skipped": list(skip),
-            "tokens_per_second": round(timed.tokens_per_second, 1),
+            "skipped": list(skip), "tokens_per_second": round(timed.tokens_per_second, 1),
             "speedup": round(timed.tokens_per_second / base, 3),
             "tokens_per_forward": round(stats.tokens_per_forward, 3),
             "acceptance": round(stats.head_acceptance[1], 3) if drafter else None,
             "draft_share": round(draft_share(model, skip), 3) if drafter else None,
             "identical": ids == reference,
-            "repeated": round(repetition(ids, args.repeated_ngram), 3),
-        }
+            "repeated": round(repetition(ids, args.repeated_ngram), 3)}
 
     info = machine("cpu")
-    print(
-        f"checkpoint {args.checkpoint}  threads {info['threads']}  load "
-        f"{' '.join(map(str, info['load']))}  flags {' '.join(info['cpu_flags'])}"
-    )
-    print(
-        f"{len(prompts)} prompts x {args.max_new_tokens} new tokens, batch 1, greedy; "
-        f"num_draft {args.num_draft}, threshold {args.threshold}"
-    )
+    print(f"checkpoint {args.checkpoint}  threads {info['threads']}  load "
+          f"{' '.join(map(str, info['load']))}  flags {' '.join(info['cpu_flags'])}")
+    print(f"{len(prompts)} prompts x {args.max_new_tokens} new tokens, batch 1, greedy; "
+          f"num_draft {args.num_draft}, threshold {args.threshold}")
     width = max(map(len, rows))
-    print(
-        f"{'method':<{width}} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} {'accept':>7} "
-        f"{'share':>6} {'identical':>9} {'repeated':>8}"
-    )
+    print(f"{'method':<{width}} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} {'accept':>7} "
+          f"{'share':>6} {'identical':>9} {'repeated':>8}")
     for name, row in rows.items():
         accept = "" if row["acceptance"] is None else f"{row['acceptance']:.2f}"
         share = "" if row["draft_share"] is None else f"{row['draft_share']:.2f}"
-        print(
-            f"{name:<{width}} {row['tokens_per_second']:>9.1f} {row['speedup']:>7.2f}x "
-            f"{row['tokens_per_forward']:>8.2f} {accept:>7} {share:>6} "
-            f"{str(row['identical']):>9} {row['repeated']:>8.2f}"
-        )
-    print(
-        json.dumps(
-            {
-                "rows": rows,
-                "checkpoint": str(args.checkpoint),
-                "prompts": len(prompts),
-                "max_new_tokens": args.max_new_tokens,
-                "num_draft": args.num_draft,
-                "threshold": args.threshold,
-                **info,
-            }
-        )
-    )
+        print(f"{name:<{width}} {row['tokens_per_second']:>9.1f} {row['speedup']:>7.2f}x "
+              f"{row['tokens_per_forward']:>8.2f} {accept:>7} {share:>6} "
+              f"{str(row['identical']):>9} {row['repeated']:>8.2f}")
+    print(json.dumps({"rows": rows, "checkpoint": str(args.checkpoint), "prompts": len(prompts),
+                      "max_new_tokens": args.max_new_tokens, "num_draft": args.num_draft,
+                      "threshold": args.threshold, **info}))
 
 
 if __name__ == "__main__":

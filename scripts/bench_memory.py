@@ -66,13 +66,10 @@ class MemoryArgs(Shape):
         check_positive("chunk_size", self.chunk_size)
         check_positive("threads", self.threads)
         if self.n_future < 2:
-            raise ValueError(f"n_future={self.n_future} must be >= 2 to compare with next-token")
-        for key, allowed in (
-            ("variants", VARIANTS),
-            ("activation_checkpointing", CHECKPOINTING),
-            ("variant", VARIANTS),
-            ("ac", CHECKPOINTING),
-        ):
+            raise ValueError(f"n_future={self.n_future} must be >= 2 to compare with "
+                             f"next-token")
+        for key, allowed in (("variants", VARIANTS), ("activation_checkpointing", CHECKPOINTING),
+                             ("variant", VARIANTS), ("ac", CHECKPOINTING)):
             given = getattr(self, key)
             for value in [given] if isinstance(given, str) else given or []:
                 if value not in allowed:
@@ -92,26 +89,21 @@ def run_variant(args: MemoryArgs) -> dict:
     """One forward + backward of the chosen variant in this process; its memory and time."""
     import torch
 
-    from mtp.model import MTPConfig, MTPModel
     from mtp.train.loss import autograd_backward, mtp_loss
+    from mtp.model import MTPConfig, MTPModel
     from mtp.train.parallel import apply_activation_checkpointing
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     n_future = 1 if args.variant == "ntp" else args.n_future
-    config = MTPConfig(
-        vocab_size=args.vocab_size,
-        dim=args.dim,
-        n_layers=args.n_layers,
-        n_heads=args.n_heads,
-        max_seq_len=args.seq_len,
-        n_future=n_future,
-        head_type="sequential" if args.variant == "sequential" else "block",
-    )
+    config = MTPConfig(vocab_size=args.vocab_size, dim=args.dim, n_layers=args.n_layers,
+                       n_heads=args.n_heads, max_seq_len=args.seq_len, n_future=n_future,
+                       head_type="sequential" if args.variant == "sequential" else "block")
     device = torch.device(args.device)
     model = MTPModel(config).to(device)
     apply_activation_checkpointing(model, args.ac)
-    tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + n_future), device=device)
+    tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + n_future),
+                           device=device)
     mode = MODES.get(args.variant, args.variant)
 
     def step() -> float:
@@ -119,7 +111,8 @@ def run_variant(args: MemoryArgs) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        mtp_loss(model, tokens, mode=mode, backward=autograd_backward, chunk_size=args.chunk_size)
+        mtp_loss(model, tokens, mode=mode, backward=autograd_backward,
+                 chunk_size=args.chunk_size)
         if device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start
@@ -138,14 +131,9 @@ def run_variant(args: MemoryArgs) -> dict:
         seconds = step()
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         seconds = min(seconds, step())
-    return {
-        "variant": args.variant,
-        "activation_checkpointing": args.ac,
-        "n_future": n_future,
-        "peak_bytes": peak,
-        "step_bytes": peak - before,
-        "seconds": seconds,
-    }
+    return {"variant": args.variant, "activation_checkpointing": args.ac,
+            "n_future": n_future, "peak_bytes": peak,
+            "step_bytes": peak - before, "seconds": seconds}
 
 
 def main(argv: list[str]) -> None:
@@ -155,50 +143,32 @@ def main(argv: list[str]) -> None:
         return
 
     results = {}
-    shape = [
-        *args.arguments(),
-        f"chunk_size={args.chunk_size}",
-        f"device={args.device}",
-        f"threads={args.threads}",
-    ]
+    shape = [*args.arguments(), f"chunk_size={args.chunk_size}", f"device={args.device}",
+             f"threads={args.threads}"]
     for variant in args.variants:
         for ac in args.activation_checkpointing:
             name = variant if ac == "none" else f"{variant}+ac={ac}"
-            child = subprocess.run(
-                [sys.executable, __file__, *shape, f"variant={variant}", f"ac={ac}"],
-                capture_output=True,
-                text=True,
-            )
+            child = subprocess.run([sys.executable, __file__, *shape, f"variant={variant}",
+                                    f"ac={ac}"], capture_output=True, text=True)
             if child.returncode != 0:
                 sys.exit(f"variant {name} failed:\n{child.stderr}")
             results[name] = json.loads(child.stdout.strip().splitlines()[-1])
 
     unit = "allocated" if args.device.startswith("cuda") else "RSS"
-    print(
-        f"one training step: vocab {args.vocab_size}, dim {args.dim}, trunk {args.n_layers} "
-        f"layers, batch {args.batch} x seq {args.seq_len}, device {args.device}"
-    )
-    print(
-        f"{'variant':<18}{'n':>3}{'peak ' + unit + ' MiB':>18}{'step MiB':>11}"
-        f"{'step/ntp':>10}{'time s':>9}{'time/ntp':>10}"
-    )
+    print(f"one training step: vocab {args.vocab_size}, dim {args.dim}, trunk {args.n_layers} "
+          f"layers, batch {args.batch} x seq {args.seq_len}, device {args.device}")
+    print(f"{'variant':<18}{'n':>3}{'peak ' + unit + ' MiB':>18}{'step MiB':>11}"
+          f"{'step/ntp':>10}{'time s':>9}{'time/ntp':>10}")
     ntp = results.get("ntp")
     for variant, r in results.items():
         mem_ratio = r["step_bytes"] / ntp["step_bytes"] if ntp else float("nan")
         time_ratio = r["seconds"] / ntp["seconds"] if ntp else float("nan")
-        print(
-            f"{variant:<18}{r['n_future']:>3}{r['peak_bytes'] / 2**20:>18.0f}"
-            f"{r['step_bytes'] / 2**20:>11.0f}{mem_ratio:>10.2f}{r['seconds']:>9.2f}"
-            f"{time_ratio:>10.2f}"
-        )
+        print(f"{variant:<18}{r['n_future']:>3}{r['peak_bytes'] / 2**20:>18.0f}"
+              f"{r['step_bytes'] / 2**20:>11.0f}{mem_ratio:>10.2f}{r['seconds']:>9.2f}"
+              f"{time_ratio:>10.2f}")
 
-    summary: dict = {
-        "n_future": args.n_future,
-        "vocab_size": args.vocab_size,
-        "batch": args.batch,
-        "seq_len": args.seq_len,
-        "device": args.device,
-    }
+    summary: dict = {"n_future": args.n_future, "vocab_size": args.vocab_size,
+                     "batch": args.batch, "seq_len": args.seq_len, "device": args.device}
     for name, r in results.items():
         variant = name.replace("+ac=", "_ac_")
         summary[f"{variant}_peak_bytes"] = r["peak_bytes"]

@@ -105,9 +105,8 @@ def method(entry: str) -> tuple[str, dict[str, Any]]:
     """A `methods` entry: the drafter's name (or auto) and its own options (key=value)."""
     name, *options = entry.split()
     if name != AUTO and name not in drafter_types():
-        raise ValueError(
-            f"methods: unknown drafter {name!r}; choose from {', '.join(default_methods())}"
-        )
+        raise ValueError(f"methods: unknown drafter {name!r}; choose from "
+                         f"{', '.join(default_methods())}")
     return name, cli.overrides(options)
 
 
@@ -143,9 +142,8 @@ class MethodsArgs:
             except ValueError as error:
                 raise ValueError(f"dtypes={self.dtypes}: {error}") from None
         if self.hf and 0.0 not in self.temperatures:
-            raise ValueError(
-                f"hf=true compares greedy decoding: temperatures={self.temperatures} must include 0"
-            )
+            raise ValueError(f"hf=true compares greedy decoding: temperatures="
+                             f"{self.temperatures} must include 0")
         DrafterSpec(AUTO, **self.options)  # each option belongs to a drafter, checked
         for entry in self.methods:
             name, spec, _ = self.method(entry)
@@ -155,9 +153,8 @@ class MethodsArgs:
 
     def settings(self) -> DecodeSettings:
         """How the model is opened: in the first dtype, on `device`, with `threads`."""
-        return DecodeSettings(
-            drafter=AUTOREGRESSIVE, device=self.device, dtype=self.dtypes[0], threads=self.threads
-        )
+        return DecodeSettings(drafter=AUTOREGRESSIVE, device=self.device,
+                              dtype=self.dtypes[0], threads=self.threads)
 
     def method(self, entry: str) -> tuple[str, DrafterSpec, bool]:
         """A `methods` entry: its name, its spec (the options that size it, the entry's own
@@ -170,16 +167,11 @@ class MethodsArgs:
             selects = {key for cls in types.values() for key in cls.selects}
             given = {key: value for key, value in self.options.items() if key not in selects}
             return name, DrafterSpec(AUTO, **given, **own), False
-        options = {
-            **{key: value for key, value in self.options.items() if name in owners[key]},
-            **own,
-        }
+        options = {**{key: value for key, value in self.options.items()
+                      if name in owners[key]}, **own}
         cls = types[name]
-        named = (
-            bool(own)
-            or any(key in options for key in cls.selects)
-            or cls.candidates.__func__ is Drafter.candidates.__func__
-        )
+        named = (bool(own) or any(key in options for key in cls.selects)
+                 or cls.candidates.__func__ is Drafter.candidates.__func__)
         return name, DrafterSpec(name if named else AUTO, **options), named
 
 
@@ -192,48 +184,28 @@ def label(drafter: Drafter | None) -> str:
     """A row's name: the drafter without its options (the heads' k or tree kept)."""
     if drafter is None:
         return AUTOREGRESSIVE
-    return OPTIONS.sub("", repr(drafter)) + (
-        " adaptive" if getattr(drafter, "adaptive", False) else ""
-    )
+    return OPTIONS.sub("", repr(drafter)) + (" adaptive" if getattr(drafter, "adaptive", False)
+                                             else "")
 
 
-def row(
-    speed: float,
-    tokens_per_forward: float | None,
-    autoregressive: float | None,
-    baseline: float,
-    identical: bool | None,
-    repeated: float,
-) -> dict:
+def row(speed: float, tokens_per_forward: float | None, autoregressive: float | None,
+        baseline: float, identical: bool | None, repeated: float) -> dict:
     """A method's figures: `speedup` against `baseline` (the first dtype's autoregressive
     tokens/s), `forward_cost` a step's time in autoregressive steps of the same dtype
     (tokens per forward over the speed-up against `autoregressive`; None without either)."""
-    cost = (
-        None
-        if tokens_per_forward is None or autoregressive is None
-        else round(tokens_per_forward * autoregressive / speed, 3)
-    )
-    return {
-        "tokens_per_second": round(speed, 1),
-        "speedup": round(speed / baseline, 3),
-        "tokens_per_forward": None if tokens_per_forward is None else round(tokens_per_forward, 3),
-        "forward_cost": cost,
-        "identical": identical,
-        "repeated": round(repeated, 3),
-    }
+    cost = None if tokens_per_forward is None or autoregressive is None else \
+        round(tokens_per_forward * autoregressive / speed, 3)
+    return {"tokens_per_second": round(speed, 1), "speedup": round(speed / baseline, 3),
+            "tokens_per_forward": None if tokens_per_forward is None else
+            round(tokens_per_forward, 3), "forward_cost": cost, "identical": identical,
+            "repeated": round(repeated, 3)}
 
 
 class Bench:
     """Measures the methods of `args` on one model and prompt set, row by row."""
 
-    def __init__(
-        self,
-        args: MethodsArgs,
-        model: MTPModel,
-        tokenizer: Tokenizer,
-        prompts: list[str],
-        context: DrafterContext,
-    ) -> None:
+    def __init__(self, args: MethodsArgs, model: MTPModel, tokenizer: Tokenizer,
+                 prompts: list[str], context: DrafterContext) -> None:
         self.args, self.model, self.tokenizer, self.prompts = args, model, tokenizer, prompts
         self.context = context
         self.rows: dict[str, dict] = {}
@@ -256,17 +228,11 @@ class Bench:
                     drafter = self.auto(spec, sampling, suffix.strip() or "greedy")
                     self.measure(drafter, f"auto ({label(drafter)}){suffix}", sampling)
                     continue
-                found = (
-                    [spec.build(self.model, self.context)]
-                    if named
-                    else spec.candidates(self.model, self.context, measured, name)
-                )
+                found = [spec.build(self.model, self.context)] if named else \
+                    spec.candidates(self.model, self.context, measured, name)
                 for drafter in found:  # each once; a name another drafter took: its repr
-                    shown = (
-                        label(drafter)
-                        if label(drafter) + suffix not in self.rows
-                        else repr(drafter)
-                    )
+                    shown = label(drafter) if label(drafter) + suffix not in self.rows else \
+                        repr(drafter)
                     if drafter is not None and repr(drafter) not in measured:
                         measured[repr(drafter)] = self.measure(drafter, shown + suffix, sampling)
 
@@ -274,43 +240,25 @@ class Bench:
         """auto's choice for these prompts (its measuring time kept apart)."""
         auto = Auto(spec=spec, context=self.context, budget=self.args.budget)
         began = time.perf_counter()
-        drafter = auto.choose(
-            self.model,
-            self.tokenizer,
-            spread(self.prompts, self.args.auto_prompts),
-            sampling=sampling,
-            max_new_tokens=self.args.max_new_tokens,
-            batch_size=1,
-        )
+        drafter = auto.choose(self.model, self.tokenizer,
+                              spread(self.prompts, self.args.auto_prompts), sampling=sampling,
+                              max_new_tokens=self.args.max_new_tokens, batch_size=1)
         self.auto_seconds[kind] = time.perf_counter() - began
         return drafter
 
     def measure(self, drafter: Drafter | None, name: str, sampling: SamplingConfig) -> float:
         """Decode every prompt with `drafter`; its row under `name`, and its tokens/s."""
-        timed = time_generate(
-            self.model,
-            self.tokenizer,
-            self.prompts,
-            max_new_tokens=self.args.max_new_tokens,
-            drafter=drafter,
-            sampling=sampling,
-            seed=0,
-            seed_per_batch=True,
-            warmup_tokens=8,
-        )
+        timed = time_generate(self.model, self.tokenizer, self.prompts,
+                              max_new_tokens=self.args.max_new_tokens, drafter=drafter,
+                              sampling=sampling, seed=0, seed_per_batch=True, warmup_tokens=8)
         if drafter is None:
             self.ar = timed.tokens_per_second
             if sampling.greedy:
                 self.reference = timed.token_ids
         base = self.baseline.setdefault(sampling.temperature, self.ar)
-        self.rows[name] = row(
-            timed.tokens_per_second,
-            timed.stats.tokens_per_forward,
-            self.ar,
-            base,
-            timed.token_ids == self.reference if sampling.greedy else None,
-            repetition(timed.token_ids, self.args.repeated_ngram),
-        )
+        self.rows[name] = row(timed.tokens_per_second, timed.stats.tokens_per_forward, self.ar,
+                              base, timed.token_ids == self.reference if sampling.greedy
+                              else None, repetition(timed.token_ids, self.args.repeated_ngram))
         print(f"  measured {name}: {timed.tokens_per_second:.1f} tokens/s", file=sys.stderr)
         return timed.tokens_per_second
 
@@ -322,30 +270,21 @@ class Bench:
         hf = hf_model(self.model, self.tokenizer)
         _, spec, _ = self.args.method("prompt_lookup")
         lookup = spec.options_of("prompt_lookup").num_draft
-        methods = {
-            "transformers": {},
-            "transformers prompt_lookup": {"prompt_lookup_num_tokens": lookup},
-        }
+        methods = {"transformers": {},
+                   "transformers prompt_lookup": {"prompt_lookup_num_tokens": lookup}}
         if self.args.hf_early_exit is not None:
             methods[f"transformers early_exit({self.args.hf_early_exit})"] = {
-                "assistant_early_exit": self.args.hf_early_exit
-            }
+                "assistant_early_exit": self.args.hf_early_exit}
         inputs = self.tokenizer.encode_prompts(self.prompts)
         with torch.inference_mode():
             for name, options in methods.items():
                 time_hf(hf, inputs[:1], 8, self.tokenizer, **options)  # warm-up
-                seconds, ids, _ = time_hf(
-                    hf, inputs, self.args.max_new_tokens, self.tokenizer, **options
-                )
+                seconds, ids, _ = time_hf(hf, inputs, self.args.max_new_tokens, self.tokenizer,
+                                          **options)
                 speed = sum(map(len, ids)) / seconds
-                self.rows[name + tag] = row(
-                    speed,
-                    None,
-                    None,
-                    self.baseline[0.0],
-                    ids == self.reference,
-                    repetition(ids, self.args.repeated_ngram),
-                )
+                self.rows[name + tag] = row(speed, None, None, self.baseline[0.0],
+                                            ids == self.reference,
+                                            repetition(ids, self.args.repeated_ngram))
                 print(f"  measured {name + tag}: {speed:.1f} tokens/s", file=sys.stderr)
 
 
@@ -369,16 +308,9 @@ def plot(rows: dict[str, dict], path: Path, title: str) -> None:
     names = list(rows)
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.2))
     speedups = [rows[n]["speedup"] for n in names]
-    colors = [
-        "#888"
-        if n.startswith("autoregressive")
-        else "#a70"
-        if n.startswith("transformers")
-        else "#c44"
-        if rows[n]["repeated"] > 0.5
-        else "#37a"
-        for n in names
-    ]
+    colors = ["#888" if n.startswith("autoregressive") else
+              "#a70" if n.startswith("transformers") else
+              "#c44" if rows[n]["repeated"] > 0.5 else "#37a" for n in names]
     ax.barh(names, speedups, color=colors)
     ax.axvline(1.0, color="black", linewidth=0.8)
     for y, (value, name) in enumerate(zip(speedups, names)):
@@ -395,29 +327,22 @@ def plot(rows: dict[str, dict], path: Path, title: str) -> None:
 
 def print_table(rows: dict[str, dict]) -> None:
     width = max(map(len, rows))
-    print(
-        f"{'method':<{width}} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
-        f"{'fwd_cost':>8} {'identical':>9} {'repeated':>8}"
-    )
+    print(f"{'method':<{width}} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
+          f"{'fwd_cost':>8} {'identical':>9} {'repeated':>8}")
     for name, figures in rows.items():
-        per_forward, cost = (
-            f"{figures[key]:>8.2f}" if figures[key] is not None else f"{'':>8}"
-            for key in ("tokens_per_forward", "forward_cost")
-        )
-        print(
-            f"{name:<{width}} {figures['tokens_per_second']:>9.1f} "
-            f"{figures['speedup']:>7.2f}x {per_forward} {cost} "
-            f"{str(figures['identical']):>9} {figures['repeated']:>8.2f}"
-        )
+        per_forward, cost = (f"{figures[key]:>8.2f}" if figures[key] is not None else f"{'':>8}"
+                             for key in ("tokens_per_forward", "forward_cost"))
+        print(f"{name:<{width}} {figures['tokens_per_second']:>9.1f} "
+              f"{figures['speedup']:>7.2f}x {per_forward} {cost} "
+              f"{str(figures['identical']):>9} {figures['repeated']:>8.2f}")
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     draft_model = args.options.get("draft_model")
     if draft_model is not None and not Path(draft_model).exists():
-        raise FileNotFoundError(
-            f"no draft model at {draft_model}; train one with {DRAFT_MODEL_COMMAND}"
-        )
+        raise FileNotFoundError(f"no draft model at {draft_model}; train one with "
+                                f"{DRAFT_MODEL_COMMAND}")
     decoder = open_decoder(args.checkpoint, args.settings(), max_new_tokens=args.max_new_tokens)
     model, tokenizer = decoder.model, decoder.tokenizer
     room = model.config.max_seq_len - args.max_new_tokens - 16
@@ -428,48 +353,28 @@ def main(argv: list[str]) -> None:
         if args.hf and dtype == args.dtypes[0]:  # transformers' baseline, in the first dtype
             bench.transformers("")
     rows, info = bench.rows, machine(args.device)
-    print(
-        f"checkpoint {args.checkpoint}  draft model {draft_model}  device {args.device}  "
-        f"threads {info['threads']}  load {' '.join(map(str, info['load']))}  "
-        f"flags {' '.join(info['cpu_flags'])}"
-    )
+    print(f"checkpoint {args.checkpoint}  draft model {draft_model}  device {args.device}  "
+          f"threads {info['threads']}  load {' '.join(map(str, info['load']))}  "
+          f"flags {' '.join(info['cpu_flags'])}")
     code = f"{args.prompts.name} + " if args.code_prompts else ""
-    print(
-        f"prompts: {len(prompts)} ({code}{humaneval} HumanEval) x {args.max_new_tokens} new "
-        f"tokens, batch 1; auto calibration "
-        + ", ".join(f"{k} {v:.1f} s" for k, v in bench.auto_seconds.items())
-    )
+    print(f"prompts: {len(prompts)} ({code}{humaneval} HumanEval) x {args.max_new_tokens} new "
+          f"tokens, batch 1; auto calibration "
+          + ", ".join(f"{k} {v:.1f} s" for k, v in bench.auto_seconds.items()))
     print_table(rows)
     degenerate = [name for name, figures in rows.items() if figures["repeated"] > 0.5]
     if degenerate:
-        print(
-            f"warning: degenerate output (over half the tokens repeat an earlier "
-            f"{args.repeated_ngram}-gram) in {', '.join(degenerate)}: its speed-ups mean "
-            f"little",
-            file=sys.stderr,
-        )
+        print(f"warning: degenerate output (over half the tokens repeat an earlier "
+              f"{args.repeated_ngram}-gram) in {', '.join(degenerate)}: its speed-ups mean "
+              f"little", file=sys.stderr)
     if args.plot:
-        plot(
-            rows,
-            args.plot,
-            f"{Path(args.checkpoint).parent.name}: {len(prompts)} code "
-            f"prompts, {args.max_new_tokens} tokens, batch 1, {info['threads']} threads",
-        )
-    print(
-        json.dumps(
-            {
-                "methods": rows,
-                "checkpoint": str(args.checkpoint),
-                "draft_model": draft_model,
-                "prompts": len(prompts),
-                "max_new_tokens": args.max_new_tokens,
-                "auto_calibration_seconds": {k: round(v, 2) for k, v in bench.auto_seconds.items()},
-                "degenerate": degenerate,
-                "device": args.device,
-                **info,
-            }
-        )
-    )
+        plot(rows, args.plot, f"{Path(args.checkpoint).parent.name}: {len(prompts)} code "
+             f"prompts, {args.max_new_tokens} tokens, batch 1, {info['threads']} threads")
+    print(json.dumps({"methods": rows, "checkpoint": str(args.checkpoint),
+                      "draft_model": draft_model, "prompts": len(prompts),
+                      "max_new_tokens": args.max_new_tokens,
+                      "auto_calibration_seconds": {k: round(v, 2) for k, v in
+                                                   bench.auto_seconds.items()},
+                      "degenerate": degenerate, "device": args.device, **info}))
 
 
 if __name__ == "__main__":

@@ -78,16 +78,9 @@ def parse_args(argv: list[str]) -> OnlineArgs:
     return cli.parse(argv, OnlineArgs)
 
 
-def stream(
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    prompts: list[str],
-    drafter: Drafter,
-    max_new_tokens: int,
-    window: int,
-) -> tuple[dict, list[list[int]]]:
+def stream(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], drafter: Drafter,
+           max_new_tokens: int, window: int) -> tuple[dict, list[list[int]]]:
     """Decode `prompts` one call each with `drafter`; its figures and every output's ids."""
-
     def decode(_: int, batch: list[str]) -> list[Generation]:
         return generate(model, tokenizer, batch, max_new_tokens=max_new_tokens, drafter=drafter)
 
@@ -101,30 +94,21 @@ def stream(
     def per_forward(part: slice) -> float:
         return round(sum(tokens[part]) / max(sum(passes[part]), 1), 3)
 
-    return {
-        "tokens_per_forward": per_forward(slice(None)),
-        "first_window": per_forward(slice(0, window)),
-        "last_window": per_forward(slice(-window, None)),
-        "tokens_per_second": round(sum(tokens) / seconds, 2),
-        "tokens_per_second_decoding": round(sum(tokens) / (seconds - learning), 2),
-        "learning_seconds": round(learning, 1),
-        "optimizer_steps": learnt,
-    }, [g.token_ids for g in done]
+    return {"tokens_per_forward": per_forward(slice(None)),
+            "first_window": per_forward(slice(0, window)),
+            "last_window": per_forward(slice(-window, None)),
+            "tokens_per_second": round(sum(tokens) / seconds, 2),
+            "tokens_per_second_decoding": round(sum(tokens) / (seconds - learning), 2),
+            "learning_seconds": round(learning, 1), "optimizer_steps": learnt}, \
+        [g.token_ids for g in done]
 
 
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
-    prompts = (
-        read_prompts(args.prompts)
-        if args.prompts
-        else humaneval_prompts(args.offset + args.humaneval)[args.offset :]
-    )
-    decoder = open_decoder(
-        args.checkpoint,
-        args.settings("heads", options={"k": args.k}),
-        prompts=prompts[:1],
-        max_new_tokens=args.max_new_tokens,
-    )
+    prompts = read_prompts(args.prompts) if args.prompts else \
+        humaneval_prompts(args.offset + args.humaneval)[args.offset:]
+    decoder = open_decoder(args.checkpoint, args.settings("heads", options={"k": args.k}),
+                           prompts=prompts[:1], max_new_tokens=args.max_new_tokens)
     frozen_model, tokenizer, frozen_heads = decoder.model, decoder.tokenizer, decoder.drafter
     if frozen_heads is None:
         raise ValueError(f"{args.checkpoint} has one head: there are no heads to compare")
@@ -134,53 +118,30 @@ def main(argv: list[str]) -> dict:
     prompts = [p for p in prompts if len(tokenizer.encode_prompt(p)) < context]
     window = min(args.window, max(len(prompts) // 2, 1))
     generate(frozen_model, tokenizer, prompts[:1], max_new_tokens=8, drafter=frozen_heads)
-    frozen, frozen_ids = stream(
-        frozen_model, tokenizer, prompts, frozen_heads, args.max_new_tokens, window
-    )
-    online, online_ids = stream(
-        learning_model,
-        tokenizer,
-        prompts,
-        OnlineHeads(k, lr=args.lr, steps=args.steps),
-        args.max_new_tokens,
-        window,
-    )
+    frozen, frozen_ids = stream(frozen_model, tokenizer, prompts, frozen_heads,
+                                args.max_new_tokens, window)
+    online, online_ids = stream(learning_model, tokenizer, prompts,
+                                OnlineHeads(k, lr=args.lr, steps=args.steps),
+                                args.max_new_tokens, window)
     info = machine("cpu")
     repeated = repetition(frozen_ids, 16)
     source = args.prompts or f"HumanEval prompts from {args.offset}"
-    print(
-        f"{args.checkpoint}: {len(prompts)} prompts ({source}), "
-        f"{args.max_new_tokens} new tokens, batch 1, greedy, k = {k}; online lr {args.lr}, "
-        f"{args.steps} step(s) per call; {info['threads']} threads, load "
-        f"{' '.join(map(str, info['load']))}; {repeated:.0%} of the output repeats an "
-        f"earlier 16-gram"
-    )
-    print(
-        f"{'heads':<7} {'tok/fwd':>8} {'first ' + str(window):>9} {'last ' + str(window):>8} "
-        f"{'tokens/s':>9} {'decoding':>9} {'learning s':>11}"
-    )
+    print(f"{args.checkpoint}: {len(prompts)} prompts ({source}), "
+          f"{args.max_new_tokens} new tokens, batch 1, greedy, k = {k}; online lr {args.lr}, "
+          f"{args.steps} step(s) per call; {info['threads']} threads, load "
+          f"{' '.join(map(str, info['load']))}; {repeated:.0%} of the output repeats an "
+          f"earlier 16-gram")
+    print(f"{'heads':<7} {'tok/fwd':>8} {'first ' + str(window):>9} {'last ' + str(window):>8} "
+          f"{'tokens/s':>9} {'decoding':>9} {'learning s':>11}")
     for name, row in (("frozen", frozen), ("online", online)):
-        print(
-            f"{name:<7} {row['tokens_per_forward']:>8.2f} {row['first_window']:>9.2f} "
-            f"{row['last_window']:>8.2f} {row['tokens_per_second']:>9.1f} "
-            f"{row['tokens_per_second_decoding']:>9.1f} {row['learning_seconds']:>11.1f}"
-        )
-    result = {
-        "frozen": frozen,
-        "online": online,
-        "identical": frozen_ids == online_ids,
-        "prompts": len(prompts),
-        "prompt_source": str(source),
-        "offset": args.offset,
-        "k": k,
-        "lr": args.lr,
-        "steps": args.steps,
-        "window": window,
-        "max_new_tokens": args.max_new_tokens,
-        "repeated": round(repeated, 3),
-        "checkpoint": str(args.checkpoint),
-        **info,
-    }
+        print(f"{name:<7} {row['tokens_per_forward']:>8.2f} {row['first_window']:>9.2f} "
+              f"{row['last_window']:>8.2f} {row['tokens_per_second']:>9.1f} "
+              f"{row['tokens_per_second_decoding']:>9.1f} {row['learning_seconds']:>11.1f}")
+    result = {"frozen": frozen, "online": online, "identical": frozen_ids == online_ids,
+              "prompts": len(prompts), "prompt_source": str(source), "offset": args.offset,
+              "k": k, "lr": args.lr, "steps": args.steps, "window": window,
+              "max_new_tokens": args.max_new_tokens, "repeated": round(repeated, 3),
+              "checkpoint": str(args.checkpoint), **info}
     print(json.dumps(result))
     return result
 

@@ -63,21 +63,13 @@ def main(argv: list[str]) -> None:
     best = {}
     for name in args.dtypes:
         for size in args.sizes:
-            flops = measure_peak_flops(
-                cli.parse_dtype(name), device=args.device, size=size, seconds=args.seconds
-            )
+            flops = measure_peak_flops(cli.parse_dtype(name), device=args.device, size=size,
+                                       seconds=args.seconds)
             best[name] = max(best.get(name, 0.0), flops)
             print(f"{name:<9} {size:>5} {flops / 1e9:>9.1f}", flush=True)
-    print(
-        json.dumps(
-            {
-                "benchmark": "peak_flops",
-                "device": args.device,
-                "threads": torch.get_num_threads(),
-                "peak_flops": {k: round(v) for k, v in best.items()},
-            }
-        )
-    )
+    print(json.dumps({"benchmark": "peak_flops", "device": args.device,
+                      "threads": torch.get_num_threads(),
+                      "peak_flops": {k: round(v) for k, v in best.items()}}))
 
 
 if __name__ == "__main__":

@@ -73,47 +73,28 @@ def main(argv: list[str]) -> None:
     if args.mbpp_file:
         tasks.append(load_task("mbpp", args.mbpp_file))
     if args.problems is not None:
-        tasks = [
-            replace(t, problems=dict(list(t.problems.items())[: args.problems])) for t in tasks
-        ]
+        tasks = [replace(t, problems=dict(list(t.problems.items())[:args.problems]))
+                 for t in tasks]
     seconds: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):
         for task in tasks:
             for level in args.levels:
                 seconds.setdefault((task.name, level), []).append(
-                    time_references(task, level, args.workers)
-                )
+                    time_references(task, level, args.workers))
     rows = []
-    print(
-        f"{'task':<10} {'programs':>8} {'isolation':<10} {'seconds':>8} {'ms/program':>10}  rounds"
-    )
+    print(f"{'task':<10} {'programs':>8} {'isolation':<10} {'seconds':>8} {'ms/program':>10}  "
+          f"rounds")
     for (name, level), times in seconds.items():
         programs = len(next(t for t in tasks if t.name == name).problems)
         median = statistics.median(times)
-        rows.append(
-            {
-                "task": name,
-                "programs": programs,
-                "isolation": level,
-                "seconds": round(median, 2),
-                "ms_per_program": round(1000 * median / programs, 1),
-                "rounds": [round(t, 2) for t in times],
-            }
-        )
-        print(
-            f"{name:<10} {programs:>8} {level:<10} {median:>8.2f} "
-            f"{1000 * median / programs:>10.1f}  " + " ".join(f"{t:.2f}" for t in times)
-        )
-    print(
-        json.dumps(
-            {
-                "benchmark": "sandbox_references",
-                "workers": args.workers or os.cpu_count(),
-                "load_average": os.getloadavg()[0],
-                "results": rows,
-            }
-        )
-    )
+        rows.append({"task": name, "programs": programs, "isolation": level,
+                     "seconds": round(median, 2),
+                     "ms_per_program": round(1000 * median / programs, 1),
+                     "rounds": [round(t, 2) for t in times]})
+        print(f"{name:<10} {programs:>8} {level:<10} {median:>8.2f} "
+              f"{1000 * median / programs:>10.1f}  " + " ".join(f"{t:.2f}" for t in times))
+    print(json.dumps({"benchmark": "sandbox_references", "workers": args.workers or os.cpu_count(),
+                      "load_average": os.getloadavg()[0], "results": rows}))
 
 
 if __name__ == "__main__":

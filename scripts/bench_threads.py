@@ -60,9 +60,8 @@ class ThreadsArgs:
             if name not in MODELS:
                 raise ValueError(f"models: {name!r} is not one of {', '.join(MODELS)}")
         if self.worker_threads not in ("default", "measured"):
-            raise ValueError(
-                f"worker_threads={self.worker_threads!r} is not one of default, measured"
-            )
+            raise ValueError(f"worker_threads={self.worker_threads!r} is not one of default, "
+                             f"measured")
         if not self.seconds > 0:
             raise ValueError(f"seconds={self.seconds!r} must be > 0")
 
@@ -81,20 +80,14 @@ def worker(model_name: str, threads: str, seconds: float, new_tokens: int) -> di
     model, tokenizer = build(model_name)
     generate(model, tokenizer, [PROMPT], max_new_tokens=4)  # warm-up
     if threads == "measured":  # as a command opens a model: threads=auto
-        open_decoder(
-            None,
-            DecodeSettings(drafter="autoregressive", threads="auto"),
-            loaded=(model, tokenizer),
-            prompts=[PROMPT],
-        )
+        open_decoder(None, DecodeSettings(drafter="autoregressive", threads="auto"),
+                     loaded=(model, tokenizer), prompts=[PROMPT])
     tokens, began = 0, time.perf_counter()
     while tokens == 0 or time.perf_counter() - began < seconds:
         [done] = generate(model, tokenizer, [PROMPT], max_new_tokens=new_tokens)
         tokens += done.stats.new_tokens
-    return {
-        "tokens_per_second": tokens / (time.perf_counter() - began),
-        "threads": torch.get_num_threads(),
-    }
+    return {"tokens_per_second": tokens / (time.perf_counter() - began),
+            "threads": torch.get_num_threads()}
 
 
 def build(model_name: str):
@@ -115,25 +108,13 @@ def build(model_name: str):
 def run_setting(model_name: str, setting: str, args: ThreadsArgs) -> dict:
     """One setting in a fresh process (its own OpenMP runtime and thread cache)."""
     env, threads = SETTINGS[setting]
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
-    }
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     with tempfile.TemporaryDirectory() as cache:
         done = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                f"worker={model_name}",
-                f"worker_threads={threads}",
-                f"seconds={args.seconds}",
-                f"new_tokens={MODELS[model_name]}",
-            ],
-            env={**clean, **env, "MTP_CACHE": cache},
-            capture_output=True,
-            text=True,
-        )
+            [sys.executable, __file__, f"worker={model_name}", f"worker_threads={threads}",
+             f"seconds={args.seconds}", f"new_tokens={MODELS[model_name]}"],
+            env={**clean, **env, "MTP_CACHE": cache}, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{model_name}, {setting}: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.splitlines()[-1])
@@ -146,11 +127,9 @@ def busy_loop() -> subprocess.Popen:
 
 def machine() -> dict:
     flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
-    return {
-        "cores": len(os.sched_getaffinity(0)),
-        "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags],
-        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-    }
+    return {"cores": len(os.sched_getaffinity(0)),
+            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags],
+            "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
 
 
 def main(argv: list[str]) -> None:
@@ -170,51 +149,31 @@ def main(argv: list[str]) -> None:
             try:
                 for setting in SETTINGS:
                     result = run_setting(model_name, setting, args)
-                    rows.append(
-                        {"model": model_name, "setting": setting, "loaded": loaded, **result}
-                    )
+                    rows.append({"model": model_name, "setting": setting,
+                                 "loaded": loaded, **result})
             finally:
                 if competitor is not None:
                     competitor.kill()
                     competitor.wait()
-    print(
-        f"cores {before['cores']}  flags {' '.join(before['cpu_flags'])}  load before "
-        f"{before['load']}, after {machine()['load']}"
-    )
-    print(
-        f"{'model':<8} {'setting':<25} {'idle tok/s':>10} {'thr':>3} {'loaded tok/s':>12} "
-        f"{'thr':>3} {'loaded/idle':>11}"
-    )
+    print(f"cores {before['cores']}  flags {' '.join(before['cpu_flags'])}  load before "
+          f"{before['load']}, after {machine()['load']}")
+    print(f"{'model':<8} {'setting':<25} {'idle tok/s':>10} {'thr':>3} {'loaded tok/s':>12} "
+          f"{'thr':>3} {'loaded/idle':>11}")
     summary = []
     for model_name in models:
         for setting in SETTINGS:
-            idle, busy = (
-                next(
-                    r
-                    for r in rows
-                    if r["model"] == model_name
-                    and r["setting"] == setting
-                    and r["loaded"] == loaded
-                )
-                for loaded in (False, True)
-            )
+            idle, busy = (next(r for r in rows if r["model"] == model_name and
+                               r["setting"] == setting and r["loaded"] == loaded)
+                          for loaded in (False, True))
             ratio = busy["tokens_per_second"] / idle["tokens_per_second"]
-            print(
-                f"{model_name:<8} {setting:<25} {idle['tokens_per_second']:>10.1f} "
-                f"{idle['threads']:>3} {busy['tokens_per_second']:>12.1f} "
-                f"{busy['threads']:>3} {ratio:>10.2f}x"
-            )
-            summary.append(
-                {
-                    "model": model_name,
-                    "setting": setting,
-                    "idle_tokens_per_second": round(idle["tokens_per_second"], 1),
-                    "idle_threads": idle["threads"],
-                    "loaded_tokens_per_second": round(busy["tokens_per_second"], 1),
-                    "loaded_threads": busy["threads"],
-                    "loaded_over_idle": round(ratio, 3),
-                }
-            )
+            print(f"{model_name:<8} {setting:<25} {idle['tokens_per_second']:>10.1f} "
+                  f"{idle['threads']:>3} {busy['tokens_per_second']:>12.1f} "
+                  f"{busy['threads']:>3} {ratio:>10.2f}x")
+            summary.append({"model": model_name, "setting": setting,
+                            "idle_tokens_per_second": round(idle["tokens_per_second"], 1),
+                            "idle_threads": idle["threads"],
+                            "loaded_tokens_per_second": round(busy["tokens_per_second"], 1),
+                            "loaded_threads": busy["threads"], "loaded_over_idle": round(ratio, 3)})
     print(json.dumps({"rows": summary, "machine": before, "seconds": args.seconds}))
 
 

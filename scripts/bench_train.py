@@ -79,11 +79,11 @@ class TrainArgs:
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"vocab_size={self.vocab_size} must be a positive integer")
         if self.steps < 1 or self.warmup < 0:
-            raise ValueError(
-                f"need steps >= 1 and warmup >= 0, got steps={self.steps}, warmup={self.warmup}"
-            )
+            raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={self.steps}, "
+                             f"warmup={self.warmup}")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
+            raise ValueError(f"precision={self.precision!r} is not one of "
+                             f"{', '.join(PRECISIONS)}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r} is not one of cpu, cuda")
 
@@ -100,16 +100,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def stepper(
-    config: MTPConfig,
-    mode: str,
-    *,
-    batch: int,
-    seq_len: int,
-    precision: str,
-    compile: bool,
-    device: str,
-) -> Callable[[], float]:
+def stepper(config: MTPConfig, mode: str, *, batch: int, seq_len: int, precision: str,
+            compile: bool, device: str) -> Callable[[], float]:
     """A fresh model of `config` and its optimizer; each call runs one optimizer step on a
     fixed random batch and returns its wall time."""
     torch.manual_seed(0)
@@ -117,12 +109,10 @@ def stepper(
     if compile:
         compile_blocks(model)
     optimizer = build_optimizer(model, OptimSettings(lr=1e-3))
-    tokens = torch.randint(0, config.vocab_size, (batch, seq_len + config.n_future), device=device)
-    autocast = (
-        torch.autocast(device, dtype=torch.bfloat16)
-        if precision == "bf16-mixed"
-        else contextlib.nullcontext()
-    )
+    tokens = torch.randint(0, config.vocab_size, (batch, seq_len + config.n_future),
+                           device=device)
+    autocast = (torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed"
+                else contextlib.nullcontext())
 
     def step() -> float:
         _sync(device)
@@ -138,13 +128,8 @@ def stepper(
     return step
 
 
-def seconds_per_step(
-    makers: dict[str, Callable[[], Callable[[], float]]],
-    *,
-    steps: int,
-    warmup: int,
-    interleave: bool,
-) -> dict[str, float]:
+def seconds_per_step(makers: dict[str, Callable[[], Callable[[], float]]], *, steps: int,
+                     warmup: int, interleave: bool) -> dict[str, float]:
     """Each variant's median step time after `warmup` steps (compilation included there).
 
     `interleave`: every variant's model lives at once and the timed steps go round the
@@ -177,9 +162,8 @@ def main(argv: list[str]) -> dict:
     dtype = torch.bfloat16 if args.precision == "bf16-mixed" else torch.float32
 
     def measured_peak() -> float:
-        return measure_peak_flops(
-            dtype, device=args.device, size=4096 if args.device == "cuda" else 2048, seconds=2.0
-        )
+        return measure_peak_flops(dtype, device=args.device,
+                                  size=4096 if args.device == "cuda" else 2048, seconds=2.0)
 
     if args.peak_flops is None:
         peak, peak_source = measured_peak(), "measured"
@@ -188,80 +172,51 @@ def main(argv: list[str]) -> dict:
         peak_source = str(args.peak_flops)
 
     def shape(n_future: int) -> MTPConfig:
-        cfg = compose(
-            ["+experiment=byte8", "run_dir=unused", *args.overrides, f"model.n_future={n_future}"]
-        )
+        cfg = compose(["+experiment=byte8", "run_dir=unused", *args.overrides,
+                       f"model.n_future={n_future}"])
         config = model_config(cfg, ByteTokenizer())
         return replace(config, vocab_size=args.vocab_size or config.vocab_size)
 
     multi = shape(args.n_future)
-    variants = [
-        (f"n={multi.n_future} {mode}", multi, mode) for mode in ("headwise", "chunked", "naive")
-    ]
-    variants += [
-        ("n=1 same trunk", replace(multi, n_future=1), "headwise"),
-        ("n=1 compute-matched", shape(1), "headwise"),
-    ]
-    makers = {
-        name: partial(
-            stepper,
-            config,
-            mode,
-            batch=args.batch,
-            seq_len=args.seq_len,
-            precision=args.precision,
-            compile=args.compile,
-            device=args.device,
-        )
-        for name, config, mode in variants
-    }
-    step_times = seconds_per_step(
-        makers, steps=args.steps, warmup=args.warmup, interleave=args.device == "cpu"
-    )
+    variants = [(f"n={multi.n_future} {mode}", multi, mode)
+                for mode in ("headwise", "chunked", "naive")]
+    variants += [("n=1 same trunk", replace(multi, n_future=1), "headwise"),
+                 ("n=1 compute-matched", shape(1), "headwise")]
+    makers = {name: partial(stepper, config, mode, batch=args.batch, seq_len=args.seq_len,
+                            precision=args.precision, compile=args.compile, device=args.device)
+              for name, config, mode in variants}
+    step_times = seconds_per_step(makers, steps=args.steps, warmup=args.warmup,
+                                  interleave=args.device == "cpu")
     if peak_source == "measured":  # before and after the steps: the best the machine showed
         peak = max(peak, measured_peak())
-    print(
-        f"shape: dim {multi.dim}, trunk {multi.n_layers}, heads {multi.n_future}, vocab "
-        f"{multi.vocab_size}; batch {args.batch} x seq {args.seq_len}; {args.device}, "
-        f"{args.precision}"
-        f"{', compiled' if args.compile else ''}; {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}; peak {peak / 1e9:,.1f} GFLOP/s ({peak_source})"
-    )
+    print(f"shape: dim {multi.dim}, trunk {multi.n_layers}, heads {multi.n_future}, vocab "
+          f"{multi.vocab_size}; batch {args.batch} x seq {args.seq_len}; {args.device}, "
+          f"{args.precision}"
+          f"{', compiled' if args.compile else ''}; {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}; peak {peak / 1e9:,.1f} GFLOP/s ({peak_source})")
     print(f"{'variant':<22} {'blocks':>6} {'tokens/s':>9} {'step ms':>8} {'MFU':>7}")
     results, mfus = {}, {}
-    for name, config, _mode in variants:
+    for name, config, mode in variants:
         seconds = step_times[name]
         rate = args.batch * args.seq_len / seconds
         results[name] = round(rate, 1)
         mfus[name] = mfu(rate, flops_per_token(config, args.seq_len), peak)
-        print(
-            f"{name:<22} {config.n_blocks:>6} {rate:>9.0f} {seconds * 1e3:>8.1f} {mfus[name]:>7.2%}"
-        )
+        print(f"{name:<22} {config.n_blocks:>6} {rate:>9.0f} {seconds * 1e3:>8.1f} "
+              f"{mfus[name]:>7.2%}")
     default = f"n={multi.n_future} headwise"
     same = step_times[default] / step_times["n=1 same trunk"]
     matched = step_times[default] / step_times["n=1 compute-matched"]
-    print(
-        f"step time n={multi.n_future} / n=1: {same:.3f}x same trunk, {matched:.3f}x "
-        f"compute-matched; MFU ({default}) {mfus[default]:.2%}"
-    )
-    summary = {
-        "benchmark": "train_tokens_per_sec",
-        "batch": args.batch,
-        "seq_len": args.seq_len,
-        "threads": torch.get_num_threads(),
-        "results": results,
-        "device": args.device,
-        "precision": args.precision,
-        "compile": args.compile,
-        "peak_flops": peak,
-        "peak_source": peak_source,
-        "mfu": round(mfus[default], 5),
-        "mfu_per_variant": {k: round(v, 5) for k, v in mfus.items()},
-        "time_ratio_same_trunk": round(same, 4),
-        "time_ratio_compute_matched": round(matched, 4),
-        "n_future": multi.n_future,
-        "vocab_size": multi.vocab_size,
-    }
+    print(f"step time n={multi.n_future} / n=1: {same:.3f}x same trunk, {matched:.3f}x "
+          f"compute-matched; MFU ({default}) {mfus[default]:.2%}")
+    summary = {"benchmark": "train_tokens_per_sec", "batch": args.batch,
+               "seq_len": args.seq_len, "threads": torch.get_num_threads(),
+               "results": results, "device": args.device, "precision": args.precision,
+               "compile": args.compile, "peak_flops": peak, "peak_source": peak_source,
+               "mfu": round(mfus[default], 5),
+               "mfu_per_variant": {k: round(v, 5) for k, v in mfus.items()},
+               "time_ratio_same_trunk": round(same, 4),
+               "time_ratio_compute_matched": round(matched, 4),
+               "n_future": multi.n_future, "vocab_size": multi.vocab_size}
     print(json.dumps(summary))
     return summary
 

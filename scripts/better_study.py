@@ -78,21 +78,14 @@ RECIPES: dict[str, Recipe] = {
     "byte8": Recipe("byte8", about="today's default: 8 block heads off a 12-block depth"),
     "added": Recipe("byte8_added", about="8 block heads on top of byte1's 12 blocks"),
     "light": Recipe("byte8_light", about="7 resblock heads on top, DeepSeek's 0.3 / 7 each"),
-    "light4": Recipe(
-        "byte8_light", ("model.n_future=4",), about="3 resblock heads on top, 0.3 / 3 each"
-    ),
+    "light4": Recipe("byte8_light", ("model.n_future=4",),
+                     about="3 resblock heads on top, 0.3 / 3 each"),
     "stepped": Recipe("byte8_stepped", about="light, 0.3 then 0.1 from 68% (DeepSeek-V3)"),
-    "anneal": Recipe(
-        "byte8_anneal",
-        finish=True,
-        about="resblock heads 1 -> 0, farthest first; heads-only finish",
-    ),
+    "anneal": Recipe("byte8_anneal", finish=True,
+                     about="resblock heads 1 -> 0, farthest first; heads-only finish"),
     "ramp": Recipe("byte8_ramp", about="resblock heads 0 -> 1, nearest first"),
-    "ahead": Recipe(
-        "byte1_ahead",
-        finish=True,
-        about="head 0 on t+1..t+3 annealed to t+1 (modded-nanogpt); finish adds heads",
-    ),
+    "ahead": Recipe("byte1_ahead", finish=True,
+                    about="head 0 on t+1..t+3 annealed to t+1 (modded-nanogpt); finish adds heads"),
 }
 
 
@@ -111,43 +104,16 @@ class Size:
 SIZES: dict[str, Size] = {
     # No periodic checkpoints: a study reuses finished runs only, and writing them would
     # spend the runs' time budget.
-    "cpu": Size(
-        ("decode.prompts=16", "checkpoint.every_n_steps=100000"),
-        seconds=840,
-        flops_steps=400,
-        finish_steps=100,
-        finish_seconds=120,
-        ceiling=100_000,
-    ),
-    "short": Size(
-        ("decode.prompts=8", "checkpoint.every_n_steps=100000"),
-        seconds=300,
-        flops_steps=150,
-        finish_steps=40,
-        finish_seconds=45,
-        ceiling=100_000,
-    ),
-    "tiny": Size(
-        (
-            "model=tiny",
-            "seq_len=32",
-            "data.batch_size=2",
-            "data.val_fraction=0.3",
-            "trainer.limit_val_batches=2",
-            "trainer.val_check_interval=4",
-            "optim.warmup_steps=1",
-            "trainer.log_every_n_steps=1",
-            "decode.prompts=1",
-            "decode.max_new_tokens=8",
-            "decode.trees=[tree8]",
-            "checkpoint.every_n_steps=1000",
-        ),
-        seconds=600,
-        flops_steps=4,
-        finish_steps=2,
-        finish_seconds=300,
-        ceiling=4,
-    ),
+    "cpu": Size(("decode.prompts=16", "checkpoint.every_n_steps=100000"), seconds=840,
+                flops_steps=400, finish_steps=100, finish_seconds=120, ceiling=100_000),
+    "short": Size(("decode.prompts=8", "checkpoint.every_n_steps=100000"), seconds=300,
+                  flops_steps=150, finish_steps=40, finish_seconds=45, ceiling=100_000),
+    "tiny": Size(("model=tiny", "seq_len=32", "data.batch_size=2", "data.val_fraction=0.3",
+                  "trainer.limit_val_batches=2", "trainer.val_check_interval=4",
+                  "optim.warmup_steps=1", "trainer.log_every_n_steps=1", "decode.prompts=1",
+                  "decode.max_new_tokens=8", "decode.trees=[tree8]",
+                  "checkpoint.every_n_steps=1000"),
+                 seconds=600, flops_steps=4, finish_steps=2, finish_seconds=300, ceiling=4),
 }
 
 
@@ -167,16 +133,12 @@ class StudyArgs:
     extra: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for key, values, known in (
-            ("recipes", self.recipes, RECIPES),
-            ("regimes", self.regimes, REGIMES),
-        ):
+        for key, values, known in (("recipes", self.recipes, RECIPES),
+                                   ("regimes", self.regimes, REGIMES)):
             unknown = [v for v in values if v not in known]
             if unknown or not values:
-                raise ValueError(
-                    f"{key}={values}: {unknown[0] if unknown else 'none'} is not "
-                    f"one of {', '.join(known)}"
-                )
+                raise ValueError(f"{key}={values}: {unknown[0] if unknown else 'none'} is not "
+                                 f"one of {', '.join(known)}")
         if self.size not in SIZES:
             raise ValueError(f"size={self.size!r} is not one of {', '.join(SIZES)}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -186,7 +148,6 @@ class StudyArgs:
 
 
 # -- planning ----------------------------------------------------------------------------------
-
 
 def _compose(overrides: list[str]) -> Any:
     from mtp.train.run import compose
@@ -223,15 +184,9 @@ def _base(args: StudyArgs, seed: int) -> list[str]:
     """Overrides of every run of the study: the size, the corpus, quiet, the seed."""
     corpus = ["data=local", f"data.source.paths=[{args.corpus}]"] if args.corpus else []
     threads = args.threads or len(os.sched_getaffinity(0))
-    return [
-        *SIZES[args.size].overrides,
-        *corpus,
-        "logger=none",
-        "trainer.enable_progress_bar=false",
-        f"threads={threads}",
-        f"seed={seed}",
-        *args.extra,
-    ]
+    return [*SIZES[args.size].overrides, *corpus, "logger=none",
+            "trainer.enable_progress_bar=false", f"threads={threads}", f"seed={seed}",
+            *args.extra]
 
 
 def plan(args: StudyArgs, out: Path) -> list[dict[str, Any]]:
@@ -255,58 +210,41 @@ def plan(args: StudyArgs, out: Path) -> list[dict[str, Any]]:
                 run_dir = out / regime / name / f"seed{seed}"
                 finish, finish_fpt = None, 0.0
                 if recipe.finish:  # the first run's model, its heads as the finish grows them
-                    finish = ["+experiment=heads_finish", *base, f"init_from={run_dir / 'export'}"]
+                    finish = ["+experiment=heads_finish", *base,
+                              f"init_from={run_dir / 'export'}"]
                     grown = _compose(finish[:-1]).model
-                    finish_fpt = flops_per_token(
-                        dataclasses.replace(
-                            config, n_future=grown.n_future, head_type=grown.head_type
-                        ),
-                        cfg.seq_len,
-                        trains_base=False,
-                    )
+                    finish_fpt = flops_per_token(dataclasses.replace(
+                        config, n_future=grown.n_future, head_type=grown.head_type),
+                        cfg.seq_len, trains_base=False)
                     first.append("decode.enabled=false")  # the finish's export decodes
                 if regime == "time":
                     seconds = size.seconds - (size.finish_seconds if finish else 0)
                     steps = size.ceiling
                     first += [f"trainer.max_steps={steps}", f"trainer.max_time={_hms(seconds)}"]
                     if finish:
-                        finish += [
-                            f"trainer.max_steps={size.ceiling}",
-                            f"trainer.max_time={_hms(size.finish_seconds)}",
-                        ]
+                        finish += [f"trainer.max_steps={size.ceiling}",
+                                   f"trainer.max_time={_hms(size.finish_seconds)}"]
                 else:
                     byte1 = _model(_compose(["+experiment=byte1", *_base(args, seed)]))
                     budget = size.flops_steps * flops_per_token(byte1, cfg.seq_len)
                     if finish:
                         budget -= size.finish_steps * finish_fpt
-                        finish += [
-                            f"trainer.max_steps={size.finish_steps}",
-                            "trainer.max_time=null",
-                        ]
+                        finish += [f"trainer.max_steps={size.finish_steps}",
+                                   "trainer.max_time=null"]
                     steps = max(1, math.floor(budget / fpt))
                     first += [f"trainer.max_steps={steps}", "trainer.max_time=null"]
                 first += _rescaled(cfg, steps)
                 check_settings(_compose(first))
                 if finish:
                     check_settings(_compose(finish))
-                specs.append(
-                    {
-                        "regime": regime,
-                        "recipe": name,
-                        "seed": seed,
-                        "run_dir": str(run_dir),
-                        "overrides": first,
-                        "finish": finish,
-                        "tokens_per_step": tokens,
-                        "flops_per_token": fpt,
-                        "finish_flops_per_token": finish_fpt,
-                    }
-                )
+                specs.append({"regime": regime, "recipe": name, "seed": seed,
+                              "run_dir": str(run_dir), "overrides": first,
+                              "finish": finish, "tokens_per_step": tokens,
+                              "flops_per_token": fpt, "finish_flops_per_token": finish_fpt})
     return specs
 
 
 # -- running -----------------------------------------------------------------------------------
-
 
 def train_run(overrides: list[str], run_dir: Path, in_process: bool) -> float:
     """One `python -m mtp.train` run into `run_dir` (reused when its summary exists); the
@@ -321,13 +259,9 @@ def train_run(overrides: list[str], run_dir: Path, in_process: bool) -> float:
         train(compose([*overrides, f"run_dir={run_dir}"]))
     else:
         with open(run_dir / "run.log", "w") as log:
-            subprocess.run(
-                [sys.executable, "-m", "mtp.train", *overrides, f"hydra.run.dir={run_dir}"],
-                check=True,
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            subprocess.run([sys.executable, "-m", "mtp.train", *overrides,
+                            f"hydra.run.dir={run_dir}"], check=True, cwd=REPO, stdout=log,
+                           stderr=subprocess.STDOUT)
     return time.perf_counter() - began
 
 
@@ -349,10 +283,8 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
     done = run_dir / "result.json"
     if done.is_file():
         result = json.loads(done.read_text())
-        return {
-            **result,
-            "tokens_per_forward": {int(k): v for k, v in result["tokens_per_forward"].items()},
-        }
+        return {**result, "tokens_per_forward": {int(k): v for k, v in
+                                                 result["tokens_per_forward"].items()}}
     seconds = train_run(spec["overrides"], run_dir, in_process)
     first = json.loads((run_dir / "summary.json").read_text())
     final, finish_steps = first, None
@@ -361,42 +293,30 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
         final = json.loads((run_dir / "finish" / "summary.json").read_text())
         finish_steps = final["steps"]
     with open(log, "a") as f:
-        f.write(
-            f"{time.strftime('%H:%M:%S')} done {spec['regime']}/{spec['recipe']}/"
-            f"seed{spec['seed']} ({seconds:.0f} s)\n"
-        )
+        f.write(f"{time.strftime('%H:%M:%S')} done {spec['regime']}/{spec['recipe']}/"
+                f"seed{spec['seed']} ({seconds:.0f} s)\n")
     for summary, where in ((first, run_dir), (final, run_dir / "finish")):
         if summary["val"] is None:
-            raise ValueError(
-                f"{where} has no validation figures: its corpus is too small "
-                f"for data.val_fraction (extra=['data.val_fraction=0.3'])"
-            )
+            raise ValueError(f"{where} has no validation figures: its corpus is too small "
+                             f"for data.val_fraction (extra=['data.val_fraction=0.3'])")
     decode = final["decode"] or {}
     per_k = decode.get("tokens_per_forward", {"1": 1.0})
     n_future = len(final["val"]["acc_head"])
     result = {
-        "regime": spec["regime"],
-        "recipe": spec["recipe"],
-        "seed": spec["seed"],
-        "steps": first["steps"],
-        "max_steps": first["max_steps"],
-        "finish_steps": finish_steps,
-        "stopped_early": first["stopped_early"],
-        "parameters": final["parameters"],
+        "regime": spec["regime"], "recipe": spec["recipe"], "seed": spec["seed"],
+        "steps": first["steps"], "max_steps": first["max_steps"], "finish_steps": finish_steps,
+        "stopped_early": first["stopped_early"], "parameters": final["parameters"],
         "flops_per_token": spec["flops_per_token"],
-        "flops": spec["tokens_per_step"]
-        * (
-            first["steps"] * spec["flops_per_token"]
-            + (finish_steps or 0) * spec["finish_flops_per_token"]
-        ),
+        "flops": spec["tokens_per_step"] * (first["steps"] * spec["flops_per_token"] + (
+            finish_steps or 0) * spec["finish_flops_per_token"]),
         "val_loss_head0": first["val"]["loss_head"][0],
         "val_acc_head0": first["val"]["acc_head"][0],
         "acc_head": final["val"]["acc_head"],
         # no drafts (one head): a token per forward; a chain longer than the heads: none
-        "tokens_per_forward": {k: per_k.get(str(k), 1.0 if n_future == 1 else None) for k in KS},
-        "tree": decode.get("tree"),
-        "tree_tokens_per_forward": decode.get("tree_tokens_per_forward")
-        or (1.0 if n_future == 1 else None),
+        "tokens_per_forward": {k: per_k.get(str(k), 1.0 if n_future == 1 else None)
+                               for k in KS},
+        "tree": decode.get("tree"), "tree_tokens_per_forward": decode.get(
+            "tree_tokens_per_forward") or (1.0 if n_future == 1 else None),
         "decode_prompts": decode.get("prompts"),
         "step_seconds": step_seconds(run_dir, spec["tokens_per_step"]),
         "seconds": round(seconds, 1),
@@ -407,18 +327,13 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
 
 # -- the summary -------------------------------------------------------------------------------
 
-
 def spread(values: list[float | None]) -> dict[str, Any] | None:
     """Mean, standard deviation, min and max over seeds (None where a value is missing)."""
     if not values or any(v is None for v in values):
         return None
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "min": min(values),
-        "max": max(values),
-        "seeds": values,
-    }
+    return {"mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "seeds": values}
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -428,32 +343,26 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     for regime in REGIMES:
         table = {}
         for name in RECIPES:
-            runs = sorted(
-                (r for r in results if r["regime"] == regime and r["recipe"] == name),
-                key=lambda r: r["seed"],
-            )
+            runs = sorted((r for r in results if r["regime"] == regime and r["recipe"] == name),
+                          key=lambda r: r["seed"])
             if not runs:
                 continue
             heads = len(runs[0]["acc_head"])
             table[name] = {
-                "steps": [r["steps"] for r in runs],
-                "parameters": runs[0]["parameters"],
+                "steps": [r["steps"] for r in runs], "parameters": runs[0]["parameters"],
                 "val_acc_head0": spread([r["val_acc_head0"] for r in runs]),
                 "val_loss_head0": spread([r["val_loss_head0"] for r in runs]),
-                "acc_head": [
-                    statistics.fmean(r["acc_head"][i] for r in runs) for i in range(heads)
-                ],
-                **{
-                    f"tokens_per_forward_k{k}": spread([r["tokens_per_forward"][k] for r in runs])
-                    for k in KS
-                },
-                "tree_tokens_per_forward": spread([r["tree_tokens_per_forward"] for r in runs]),
+                "acc_head": [statistics.fmean(r["acc_head"][i] for r in runs)
+                             for i in range(heads)],
+                **{f"tokens_per_forward_k{k}": spread([r["tokens_per_forward"][k]
+                                                       for r in runs]) for k in KS},
+                "tree_tokens_per_forward": spread([r["tree_tokens_per_forward"]
+                                                   for r in runs]),
                 "step_seconds": spread([r["step_seconds"] for r in runs]),
             }
         for cell in table.values():
-            cell["step_ratio"] = _ratio(
-                cell["step_seconds"], table.get("byte1", {}).get("step_seconds")
-            )
+            cell["step_ratio"] = _ratio(cell["step_seconds"], table.get("byte1", {}).get(
+                "step_seconds"))
             cell["targets"] = _targets(cell, table.get("byte1"), table.get("byte8"))
         if table:
             out[regime] = table
@@ -468,24 +377,22 @@ def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
     return None if a is None or b is None else a["mean"] / b["mean"]
 
 
-def _targets(
-    cell: dict[str, Any], byte1: dict[str, Any] | None, byte8: dict[str, Any] | None
-) -> dict[str, bool | None]:
+def _targets(cell: dict[str, Any], byte1: dict[str, Any] | None,
+             byte8: dict[str, Any] | None) -> dict[str, bool | None]:
     """docs/better.md's targets: next-byte accuracy within 0.005 of byte1's, 90% of byte8's
     tokens per forward at k = 4, a step at most 1.10x byte1's (None: not measured)."""
     acc, k4 = _mean(cell["val_acc_head0"]), _mean(cell["tokens_per_forward_k4"])
     acc1 = byte1 and _mean(byte1["val_acc_head0"])
     k4_8 = byte8 and _mean(byte8["tokens_per_forward_k4"])
-    met = {
-        "accuracy": None if acc is None or acc1 is None else acc >= acc1 - 0.005,
-        "drafting": None if k4 is None or k4_8 is None else k4 >= 0.9 * k4_8,
-        "step": None if cell["step_ratio"] is None else cell["step_ratio"] <= 1.10,
-    }
+    met = {"accuracy": None if acc is None or acc1 is None else acc >= acc1 - 0.005,
+           "drafting": None if k4 is None or k4_8 is None else k4 >= 0.9 * k4_8,
+           "step": None if cell["step_ratio"] is None else cell["step_ratio"] <= 1.10}
     met["all"] = all(met.values()) if None not in met.values() else None
     return met
 
 
-def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path, title: str) -> Path:
+def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path,
+         title: str) -> Path:
     """Next-byte accuracy against tokens per forward at k = 4, one point per recipe and
     seed, a regime per panel; the targets as lines."""
     import matplotlib
@@ -499,43 +406,21 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path, tit
     for ax, regime in zip(axes[0], regimes):
         table = summary.get(regime, {})
         for index, name in enumerate(RECIPES):
-            runs = [
-                r
-                for r in results
-                if r["regime"] == regime
-                and r["recipe"] == name
-                and r["tokens_per_forward"][4] is not None
-            ]
+            runs = [r for r in results if r["regime"] == regime and r["recipe"] == name
+                    and r["tokens_per_forward"][4] is not None]
             if not runs:
                 continue
             xs = [r["tokens_per_forward"][4] for r in runs]
             ys = [r["val_acc_head0"] for r in runs]
             ax.scatter(xs, ys, color=colours(index), alpha=0.45, s=18)
-            ax.scatter(
-                [statistics.fmean(xs)],
-                [statistics.fmean(ys)],
-                color=colours(index),
-                marker="D",
-                s=46,
-                edgecolor="black",
-                label=name,
-            )
+            ax.scatter([statistics.fmean(xs)], [statistics.fmean(ys)], color=colours(index),
+                       marker="D", s=46, edgecolor="black", label=name)
         if "byte1" in table:
-            ax.axhline(
-                table["byte1"]["val_acc_head0"]["mean"] - 0.005,
-                color="grey",
-                ls="--",
-                lw=1,
-                label="byte1's accuracy - 0.005",
-            )
+            ax.axhline(table["byte1"]["val_acc_head0"]["mean"] - 0.005, color="grey", ls="--",
+                       lw=1, label="byte1's accuracy - 0.005")
         if "byte8" in table and table["byte8"]["tokens_per_forward_k4"]:
-            ax.axvline(
-                0.9 * table["byte8"]["tokens_per_forward_k4"]["mean"],
-                color="grey",
-                ls=":",
-                lw=1,
-                label="90% of byte8's tokens per forward",
-            )
+            ax.axvline(0.9 * table["byte8"]["tokens_per_forward_k4"]["mean"], color="grey",
+                       ls=":", lw=1, label="90% of byte8's tokens per forward")
         ax.set_xlabel("tokens per forward, heads k = 4 (greedy, held-out HumanEval)")
         ax.set_ylabel("next-byte validation accuracy (head 0)")
         ax.set_title(f"equal {'wall-clock' if regime == 'time' else 'FLOPs'} ({title})")
@@ -551,38 +436,30 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path, tit
 def _cell(figure: dict[str, Any] | None, digits: int = 3) -> str:
     if figure is None:
         return "-"
-    return f"{figure['mean']:.{digits}f}" + (
-        f"+-{figure['std']:.{digits}f}" if len(figure["seeds"]) > 1 else ""
-    )
+    return f"{figure['mean']:.{digits}f}" + (f"+-{figure['std']:.{digits}f}"
+                                              if len(figure["seeds"]) > 1 else "")
 
 
 def print_table(summary: dict[str, Any]) -> None:
-    print(
-        f"{'regime':<6} {'recipe':<8} {'steps':>11} {'next-byte acc':>13} {'val loss':>13} "
-        f"{'k=2':>5} {'k=4':>11} {'k=8':>5} {'tree':>5} {'step':>6}  targets "
-        f"(acc, drafting, step)"
-    )
+    print(f"{'regime':<6} {'recipe':<8} {'steps':>11} {'next-byte acc':>13} {'val loss':>13} "
+          f"{'k=2':>5} {'k=4':>11} {'k=8':>5} {'tree':>5} {'step':>6}  targets "
+          f"(acc, drafting, step)")
     for regime, table in summary.items():
         for name, cell in table.items():
             steps = f"{min(cell['steps'])}-{max(cell['steps'])}"
-            targets = " ".join(
-                {True: "yes", False: "no", None: "-"}[cell["targets"][key]]
-                for key in ("accuracy", "drafting", "step")
-            )
+            targets = " ".join({True: "yes", False: "no", None: "-"}[cell["targets"][key]]
+                               for key in ("accuracy", "drafting", "step"))
             ratio = cell["step_ratio"]
-            print(
-                f"{regime:<6} {name:<8} {steps:>11} {_cell(cell['val_acc_head0']):>13} "
-                f"{_cell(cell['val_loss_head0']):>13} "
-                f"{_cell(cell['tokens_per_forward_k2'], 2):>5} "
-                f"{_cell(cell['tokens_per_forward_k4'], 2):>11} "
-                f"{_cell(cell['tokens_per_forward_k8'], 2):>5} "
-                f"{_cell(cell['tree_tokens_per_forward'], 2):>5} "
-                f"{'-' if ratio is None else f'{ratio:.2f}x':>6}  {targets}"
-            )
+            print(f"{regime:<6} {name:<8} {steps:>11} {_cell(cell['val_acc_head0']):>13} "
+                  f"{_cell(cell['val_loss_head0']):>13} "
+                  f"{_cell(cell['tokens_per_forward_k2'], 2):>5} "
+                  f"{_cell(cell['tokens_per_forward_k4'], 2):>11} "
+                  f"{_cell(cell['tokens_per_forward_k8'], 2):>5} "
+                  f"{_cell(cell['tree_tokens_per_forward'], 2):>5} "
+                  f"{'-' if ratio is None else f'{ratio:.2f}x':>6}  {targets}")
 
 
 # -- the command -------------------------------------------------------------------------------
-
 
 def parse_args(argv: list[str]) -> StudyArgs:
     return cli.parse(argv, StudyArgs)
@@ -605,32 +482,18 @@ def main(argv: list[str]) -> dict[str, Any]:
     title = f"size={args.size}, {len(args.seeds)} seed(s)"
     figure = plot(results, summary, Path(args.figures or out) / "better_study.png", title)
     print_table(summary)
-    report = {
-        "benchmark": "better_study",
-        "size": args.size,
-        "commit": commit(REPO),
-        "seconds": round(time.perf_counter() - began),
-        "jobs": args.jobs,
-        "machine": {"before": before, "after": machine()},
-        "budget": {
-            "time_seconds": size.seconds,
-            "flops_steps_of_byte1": size.flops_steps,
-            "finish_steps": size.finish_steps,
-            "finish_seconds": size.finish_seconds,
-        },
-        "recipes": {
-            name: {
-                "experiment": RECIPES[name].experiment,
-                "overrides": list(RECIPES[name].overrides),
-                "finish": RECIPES[name].finish,
-                "about": RECIPES[name].about,
-            }
-            for name in args.recipes
-        },
-        "summary": summary,
-        "figure": str(figure),
-        "runs": {f"{r['regime']}/{r['recipe']}/seed{r['seed']}": r for r in results},
-    }
+    report = {"benchmark": "better_study", "size": args.size, "commit": commit(REPO),
+              "seconds": round(time.perf_counter() - began), "jobs": args.jobs,
+              "machine": {"before": before, "after": machine()},
+              "budget": {"time_seconds": size.seconds, "flops_steps_of_byte1": size.flops_steps,
+                         "finish_steps": size.finish_steps,
+                         "finish_seconds": size.finish_seconds},
+              "recipes": {name: {"experiment": RECIPES[name].experiment,
+                                 "overrides": list(RECIPES[name].overrides),
+                                 "finish": RECIPES[name].finish, "about": RECIPES[name].about}
+                          for name in args.recipes},
+              "summary": summary, "figure": str(figure),
+              "runs": {f"{r['regime']}/{r['recipe']}/seed{r['seed']}": r for r in results}}
     report = json.loads(json.dumps(report))  # what the file and the last line hold
     (out / "better_study.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report), flush=True)

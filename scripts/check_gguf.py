@@ -89,12 +89,8 @@ def default_gguf() -> Path:
 
 
 def measure_load(path: Path) -> dict:
-    run = subprocess.run(
-        [sys.executable, "-c", _LOAD.format(path=str(path))],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    run = subprocess.run([sys.executable, "-c", _LOAD.format(path=str(path))],
+                         capture_output=True, text=True, check=True)
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
@@ -125,12 +121,11 @@ def main(argv: list[str]) -> None:
     model, tokenizer = decoder.model, decoder.tokenizer
     start = time.perf_counter()
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
+        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     theirs_seconds = time.perf_counter() - start
     their_tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
-    problems = list(load_task("humaneval").problems.values())[: args.prompts]
+    problems = list(load_task("humaneval").problems.values())[:args.prompts]
     prompts = [p.prompt for p in problems]
     ids = tokenizer.encode_prompts(prompts)
     same_hf = [a == their_tokenizer(p).input_ids for a, p in zip(ids, prompts)]
@@ -141,19 +136,13 @@ def main(argv: list[str]) -> None:
         for problem, prompt, prompt_ids in zip(problems, prompts, ids):
             tokens = torch.tensor([prompt_ids])
             ours_logits = model(tokens)[0, :, 0]
-            logits_diff = max(
-                logits_diff, (ours_logits - theirs(tokens).logits[0]).abs().max().item()
-            )
+            logits_diff = max(logits_diff,
+                              (ours_logits - theirs(tokens).logits[0]).abs().max().item())
             [ours] = decoder.generate([prompt], max_new_tokens=args.max_new_tokens)
-            greedy = theirs.generate(
-                tokens,
-                attention_mask=torch.ones_like(tokens),
-                max_new_tokens=args.max_new_tokens,
-                do_sample=False,
-                eos_token_id=tokenizer.eos_id,
-                pad_token_id=tokenizer.pad_id,
-            )
-            theirs_ids = greedy[0, tokens.shape[1] :].tolist()
+            greedy = theirs.generate(tokens, attention_mask=torch.ones_like(tokens),
+                                     max_new_tokens=args.max_new_tokens, do_sample=False,
+                                     eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+            theirs_ids = greedy[0, tokens.shape[1]:].tolist()
             at = first_divergence(ours.token_ids, theirs_ids)
             margin = None
             if at is not None:  # how close to a tie the two libraries' argmax was there
@@ -163,43 +152,27 @@ def main(argv: list[str]) -> None:
             identical += at is None
             rows.append((problem.task_id, len(prompt_ids), len(ours.token_ids), at, margin))
 
-    print(
-        f"{'prompt':<14} {'prompt ids':>10} {'= transformers':>14} {'= llama.cpp':>11} "
-        f"{'new ids':>8}  greedy ids equal"
-    )
+    print(f"{'prompt':<14} {'prompt ids':>10} {'= transformers':>14} {'= llama.cpp':>11} "
+          f"{'new ids':>8}  greedy ids equal")
     for (task_id, n_prompt, n_new, at, margin), hf, cp in zip(rows, same_hf, same_cpp):
         verdict = "yes" if at is None else f"no: from token {at} (margin {margin:.2e})"
         print(f"{task_id:<14} {n_prompt:>10} {str(hf):>14} {str(cp):>11} {n_new:>8}  {verdict}")
-    print(
-        f"mtp load {ours_load['seconds']:.1f} s, peak RSS {ours_load['rss_peak_mb']:.0f} MB "
-        f"({ours_load['rss_before_mb']:.0f} MB before loading; float32 weights "
-        f"{ours_load['weights_mb']:.0f} MB; file {path.stat().st_size / 2**20:.0f} MB); "
-        f"transformers load {theirs_seconds:.1f} s"
-    )
-    print(
-        f"prompt ids equal transformers' GGUF tokenizer's: {sum(same_hf)}/{len(ids)}; "
-        f"llama.cpp's: {'not installed' if cpp is None else f'{sum(same_cpp)}/{len(ids)}'}; "
-        f"largest logit difference {logits_diff:.2e}"
-    )
-    print(
-        json.dumps(
-            {
-                "gguf": path.name,
-                "prompts": len(prompts),
-                "max_new_tokens": args.max_new_tokens,
-                "mtp_load_s": round(ours_load["seconds"], 2),
-                "mtp_rss_before_mb": round(ours_load["rss_before_mb"]),
-                "mtp_rss_peak_mb": round(ours_load["rss_peak_mb"]),
-                "weights_mb": round(ours_load["weights_mb"]),
-                "file_mb": round(path.stat().st_size / 2**20),
-                "transformers_load_s": round(theirs_seconds, 2),
-                "ids_equal_transformers": sum(same_hf),
-                "ids_equal_llama_cpp": None if cpp is None else sum(same_cpp),
-                "max_abs_logit_diff": logits_diff,
-                "greedy_identical": identical,
-            }
-        )
-    )
+    print(f"mtp load {ours_load['seconds']:.1f} s, peak RSS {ours_load['rss_peak_mb']:.0f} MB "
+          f"({ours_load['rss_before_mb']:.0f} MB before loading; float32 weights "
+          f"{ours_load['weights_mb']:.0f} MB; file {path.stat().st_size / 2**20:.0f} MB); "
+          f"transformers load {theirs_seconds:.1f} s")
+    print(f"prompt ids equal transformers' GGUF tokenizer's: {sum(same_hf)}/{len(ids)}; "
+          f"llama.cpp's: {'not installed' if cpp is None else f'{sum(same_cpp)}/{len(ids)}'}; "
+          f"largest logit difference {logits_diff:.2e}")
+    print(json.dumps({
+        "gguf": path.name, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+        "mtp_load_s": round(ours_load["seconds"], 2),
+        "mtp_rss_before_mb": round(ours_load["rss_before_mb"]),
+        "mtp_rss_peak_mb": round(ours_load["rss_peak_mb"]),
+        "weights_mb": round(ours_load["weights_mb"]), "file_mb": round(
+            path.stat().st_size / 2**20), "transformers_load_s": round(theirs_seconds, 2),
+        "ids_equal_transformers": sum(same_hf), "ids_equal_llama_cpp": None if cpp is None
+        else sum(same_cpp), "max_abs_logit_diff": logits_diff, "greedy_identical": identical}))
 
 
 if __name__ == "__main__":

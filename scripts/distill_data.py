@@ -89,9 +89,8 @@ class DistillArgs(SourceOptions, Decoding):
     def __post_init__(self) -> None:
         SourceOptions.__post_init__(self)
         if self.prompts_from not in PROMPTS_FROM:
-            raise ValueError(
-                f"prompts_from={self.prompts_from!r} is not one of {', '.join(PROMPTS_FROM)}"
-            )
+            raise ValueError(f"prompts_from={self.prompts_from!r} is not one of "
+                             f"{', '.join(PROMPTS_FROM)}")
         for name in ("prompts", "prompt_chars", "max_new_tokens", "batch_size"):
             check_positive(name, getattr(self, name) if name != "prompt_chars" else self.chars)
         self.decoding()  # the drafter, sampling, device, dtype and threads, checked
@@ -105,23 +104,16 @@ class DistillArgs(SourceOptions, Decoding):
 
     def decoding(self) -> DecodeSettings:
         """How the continuations are decoded: the heads (k), sampled as asked."""
-        return self.settings(
-            "heads",
-            options={"k": self.k},
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=self.seed,
-        )
+        return self.settings("heads", options={"k": self.k}, temperature=self.temperature,
+                             top_k=self.top_k, top_p=self.top_p, seed=self.seed)
 
 
 def parse_args(argv: list[str]) -> DistillArgs:
     return cli.parse(argv, DistillArgs)
 
 
-def pick_prompts(
-    texts: list[tuple[str, str]], n: int, chars: int, seed: int
-) -> list[tuple[str, str]]:
+def pick_prompts(texts: list[tuple[str, str]], n: int, chars: int, seed: int
+                 ) -> list[tuple[str, str]]:
     """Up to n (source, prompt) pairs: `chars` characters from a random line start of a
     random document (documents shorter than a prompt are skipped)."""
     rng = random.Random(seed)
@@ -130,15 +122,14 @@ def pick_prompts(
         raise ValueError(f"no document is longer than prompt_chars={chars}")
     prompts = []
     for source, text in (rng.choice(usable) for _ in range(n)):
-        starts = [0] + [i + 1 for i, c in enumerate(text[: len(text) - chars]) if c == "\n"]
+        starts = [0] + [i + 1 for i, c in enumerate(text[:len(text) - chars]) if c == "\n"]
         start = rng.choice(starts)
-        prompts.append((source, text[start : start + chars]))
+        prompts.append((source, text[start:start + chars]))
     return prompts
 
 
-def function_prompts(
-    texts: list[tuple[str, str]], n: int, chars: int, seed: int
-) -> list[tuple[str, str]]:
+def function_prompts(texts: list[tuple[str, str]], n: int, chars: int, seed: int
+                     ) -> list[tuple[str, str]]:
     """Up to n (source, prompt) pairs: a top-level function's signature and docstring, as
     HumanEval's prompts are, each at most `chars` characters; distinct, chosen at random."""
     found = {}
@@ -149,10 +140,9 @@ def function_prompts(
             continue
         lines = text.splitlines(keepends=True)
         for node in module.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(
-                node
-            ):
-                prompt = "".join(lines[node.lineno - 1 : node.body[0].end_lineno])
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and ast.get_docstring(node)):
+                prompt = "".join(lines[node.lineno - 1:node.body[0].end_lineno])
                 if len(prompt) <= chars:
                     found.setdefault(prompt.rstrip() + "\n", f"{source}:{node.name}")
     if not found:
@@ -171,16 +161,12 @@ def mbpp_prompts(path: Path, n: int, seed: int) -> list[tuple[str, str]]:
     for row in read_jsonl(path):
         if row["task_id"] not in MBPP_TRAIN_IDS:
             continue
-        defs = [
-            line.rstrip()
-            for line in row["code"].replace("\r\n", "\n").split("\n")
-            if line.startswith("def ")
-        ]
+        defs = [line.rstrip() for line in row["code"].replace("\r\n", "\n").split("\n")
+                if line.startswith("def ")]
         called = [d for d in defs if d[4:].split("(")[0] + "(" in row["test_list"][0]]
         if called:
-            prompts.append(
-                (f"mbpp/{row['task_id']}", f'{called[-1]}\n    """{row["text"].strip()}"""\n')
-            )
+            prompts.append((f"mbpp/{row['task_id']}",
+                            f'{called[-1]}\n    """{row["text"].strip()}"""\n'))
     if not prompts:
         raise ValueError(f"{path}: no MBPP train-split task (ids 601-974) with a signature")
     return random.Random(seed).sample(prompts, min(n, len(prompts)))
@@ -191,17 +177,13 @@ def choose_prompts(args: DistillArgs) -> tuple[int, list[tuple[str, str]]]:
     if args.prompts_from == "mbpp":
         path = args.mbpp()
         if path is None:
-            raise ValueError(
-                "prompts_from=mbpp needs MBPP's full mbpp.jsonl: mbpp_file=PATH or $MTP_MBPP_FILE"
-            )
+            raise ValueError("prompts_from=mbpp needs MBPP's full mbpp.jsonl: mbpp_file=PATH "
+                             "or $MTP_MBPP_FILE")
         return 0, mbpp_prompts(path, args.prompts, args.seed)
     documents = args.make_source().load().documents
     ids = documents["id"] if "id" in documents.column_names else range(len(documents))
-    texts = [
-        (str(i), t)
-        for i, t in zip(ids, documents["text"])
-        if not is_validation(t, args.split_seed, args.val_fraction)
-    ]
+    texts = [(str(i), t) for i, t in zip(ids, documents["text"])
+             if not is_validation(t, args.split_seed, args.val_fraction)]
     pick = pick_prompts if args.prompts_from == "windows" else function_prompts
     return len(texts), pick(texts, args.prompts, args.chars, args.seed)
 
@@ -209,70 +191,39 @@ def choose_prompts(args: DistillArgs) -> tuple[int, list[tuple[str, str]]]:
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
     documents, prompts = choose_prompts(args)
-    decoder = open_decoder(
-        args.checkpoint,
-        args.decoding(),
-        prompts=[prompts[0][1]],
-        batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
-    )
+    decoder = open_decoder(args.checkpoint, args.decoding(), prompts=[prompts[0][1]],
+                           batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     started, new_tokens, forwards, reasons = time.perf_counter(), 0, 0, Counter()
-    with out.open("w") as f, tqdm(total=len(prompts), desc="distilling", unit="prompt") as progress:
+    with out.open("w") as f, tqdm(total=len(prompts), desc="distilling",
+                                       unit="prompt") as progress:
         for first in range(0, len(prompts), args.batch_size):
-            batch = prompts[first : first + args.batch_size]
-            outputs = decoder.generate(
-                [prompt for _, prompt in batch],
-                max_new_tokens=args.max_new_tokens,
-                seed=args.seed + first,
-            )
+            batch = prompts[first:first + args.batch_size]
+            outputs = decoder.generate([prompt for _, prompt in batch],
+                                       max_new_tokens=args.max_new_tokens,
+                                       seed=args.seed + first)
             for (source, prompt), out in zip(batch, outputs):
-                f.write(
-                    json.dumps(
-                        {
-                            "text": prompt + out.text,
-                            "prompt": prompt,
-                            "continuation": out.text,
-                            "source": source,
-                            "finish_reason": out.finish_reason,
-                        }
-                    )
-                    + "\n"
-                )
+                f.write(json.dumps({"text": prompt + out.text, "prompt": prompt,
+                                    "continuation": out.text, "source": source,
+                                    "finish_reason": out.finish_reason}) + "\n")
                 new_tokens += out.stats.new_tokens
                 forwards += out.stats.forward_passes
                 reasons[out.finish_reason] += 1
             progress.update(len(batch))
     seconds = time.perf_counter() - started
 
-    stats = {
-        "out": str(out),
-        "checkpoint": str(args.checkpoint),
-        "prompts_from": args.prompts_from,
-        "documents": documents,
-        "prompts": len(prompts),
-        "new_tokens": new_tokens,
-        "tokens_per_second": round(new_tokens / seconds, 1),
-        "tokens_per_forward": round(new_tokens / max(forwards, 1), 3),
-        "finish_reasons": dict(reasons),
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "seconds": round(seconds, 1),
-        "device": args.device,
-        "threads": torch.get_num_threads(),
-    }
+    stats = {"out": str(out), "checkpoint": str(args.checkpoint),
+             "prompts_from": args.prompts_from, "documents": documents,
+             "prompts": len(prompts), "new_tokens": new_tokens,
+             "tokens_per_second": round(new_tokens / seconds, 1),
+             "tokens_per_forward": round(new_tokens / max(forwards, 1), 3),
+             "finish_reasons": dict(reasons), "temperature": args.temperature,
+             "top_k": args.top_k, "top_p": args.top_p, "seconds": round(seconds, 1),
+             "device": args.device, "threads": torch.get_num_threads()}
     print(f"checkpoint {args.checkpoint}  ->  {args.out}")
-    for key in (
-        "documents",
-        "prompts",
-        "new_tokens",
-        "tokens_per_second",
-        "tokens_per_forward",
-        "finish_reasons",
-        "seconds",
-    ):
+    for key in ("documents", "prompts", "new_tokens", "tokens_per_second",
+                "tokens_per_forward", "finish_reasons", "seconds"):
         print(f"{key:<20} {stats[key]}")
     print(json.dumps(stats))
     return stats

@@ -118,7 +118,7 @@ class StopInCompletion:
         self.tokenizer, self.prompt_length, self.stop = tokenizer, prompt_length, stop
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        text = completion_text(self.tokenizer, input_ids[0, self.prompt_length :].tolist())
+        text = completion_text(self.tokenizer, input_ids[0, self.prompt_length:].tolist())
         done = any(s in text for s in self.stop)
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
@@ -130,24 +130,20 @@ def completion_text(tokenizer, ids: list[int]) -> str:
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     """The completion: the text before the first stop string (Chen et al. 2021)."""
     hits = [i for i in (text.find(s) for s in stop) if i >= 0]
-    return text[: min(hits)] if hits else text
+    return text[:min(hits)] if hits else text
 
 
-def generate_one(
-    model, tokenizer, ids: list[int], stop: tuple[str, ...], max_new_tokens: int
-) -> tuple[str, list[int]]:
+def generate_one(model, tokenizer, ids: list[int], stop: tuple[str, ...],
+                 max_new_tokens: int) -> tuple[str, list[int]]:
     """transformers' greedy continuation of `ids`: the completion and its new token ids."""
     from transformers import StoppingCriteriaList
 
     tensor = torch.tensor([ids], device=model.device)
-    out = model.generate(
-        tensor,
-        attention_mask=torch.ones_like(tensor),
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        stopping_criteria=StoppingCriteriaList([StopInCompletion(tokenizer, len(ids), stop)]),
-    )
-    new = out[0, len(ids) :].tolist()
+    out = model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False,
+                         max_new_tokens=max_new_tokens,
+                         stopping_criteria=StoppingCriteriaList(
+                             [StopInCompletion(tokenizer, len(ids), stop)]))
+    new = out[0, len(ids):].tolist()
     return cut_at_stop(completion_text(tokenizer, new), stop), new
 
 
@@ -164,13 +160,9 @@ def compare(ours: dict[str, dict], theirs_file: Path) -> dict:
     # mtp counts the token that completed a stop string, as the criterion here stops on it.
     lengths = [key for key in common if ours[key]["new_tokens"] != theirs[key]["new_tokens"]]
     mtp_counts = {key: (1, int(theirs[key]["passed"])) for key in common}
-    return {
-        "compared": len(common),
-        "identical": len(common) - len(differ),
-        "different": differ,
-        "different_lengths": lengths,
-        "mtp_pass@1": mean_pass_at_k(mtp_counts, [1])[1],
-    }
+    return {"compared": len(common), "identical": len(common) - len(differ),
+            "different": differ, "different_lengths": lengths,
+            "mtp_pass@1": mean_pass_at_k(mtp_counts, [1])[1]}
 
 
 def main(argv: list[str]) -> dict:
@@ -182,7 +174,7 @@ def main(argv: list[str]) -> dict:
     transformers.logging.set_verbosity_error()
     dtype = args.load_dtype()
     task = load_task(args.task, args.data_file, args.few_shot)
-    problems = list(task.problems.values())[: args.limit]
+    problems = list(task.problems.values())[:args.limit]
     _, tokenizer = load(args.checkpoint)  # mtp's prompt ids, as mtp.eval encodes them
     model, their_tokenizer = load_hf(args.checkpoint, dtype, args.device)
 
@@ -195,65 +187,38 @@ def main(argv: list[str]) -> dict:
                 continue
             ids = tokenizer.encode_prompt(problem.prompt)
             began = time.perf_counter()
-            completion, new = generate_one(
-                model, their_tokenizer, ids, task.stop, args.max_new_tokens
-            )
-            record = {
-                "task_id": problem.task_id,
-                "completion": completion,
-                "new_tokens": len(new),
-                "seconds": time.perf_counter() - began,
-            }
+            completion, new = generate_one(model, their_tokenizer, ids, task.stop,
+                                           args.max_new_tokens)
+            record = {"task_id": problem.task_id, "completion": completion,
+                      "new_tokens": len(new), "seconds": time.perf_counter() - began}
             f.write(json.dumps(record) + "\n")
             f.flush()
             done[str(problem.task_id)] = record
-            print(
-                f"{problem.task_id:<15} {len(new):>4} new tokens  {record['seconds']:6.1f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"{problem.task_id:<15} {len(new):>4} new tokens  {record['seconds']:6.1f} s",
+                  file=sys.stderr, flush=True)
     generated = time.perf_counter() - started
 
     results = args.out.with_name(args.out.stem + ".results.jsonl")
-    summary = evaluate(
-        EvalConfig(
-            task=args.task,
-            samples=str(args.out),
-            output=str(results),
-            data_file=args.data_file,
-            few_shot=args.few_shot,
-            limit=args.limit,
-            isolation=args.isolation,
-        )
-    )
+    summary = evaluate(EvalConfig(task=args.task, samples=str(args.out), output=str(results),
+                                  data_file=args.data_file, few_shot=args.few_shot,
+                                  limit=args.limit, isolation=args.isolation))
     ours = {str(p.task_id): done[str(p.task_id)] for p in problems}
     tokens = sum(r["new_tokens"] for r in ours.values())
     seconds = sum(r["seconds"] for r in ours.values())
-    stats = {
-        "task": args.task,
-        "pass@1": summary["pass@1"],
-        "problems": summary["problems"],
-        "max_new_tokens": args.max_new_tokens,
-        "new_tokens": tokens,
-        "tokens_per_second": round(tokens / seconds, 2) if seconds else None,
-        "seconds_this_run": round(generated, 1),
-        "checkpoint": str(args.checkpoint),
-        "samples": str(args.out),
-        "results": str(results),
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "device": args.device,
-        "dtype": str(dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-    }
+    stats = {"task": args.task, "pass@1": summary["pass@1"], "problems": summary["problems"],
+             "max_new_tokens": args.max_new_tokens, "new_tokens": tokens,
+             "tokens_per_second": round(tokens / seconds, 2) if seconds else None,
+             "seconds_this_run": round(generated, 1), "checkpoint": str(args.checkpoint),
+             "samples": str(args.out), "results": str(results),
+             "transformers": transformers.__version__, "torch": torch.__version__,
+             "device": args.device, "dtype": str(dtype).removeprefix("torch."),
+             "threads": torch.get_num_threads()}
     if args.compare:
         stats.update(compare(ours, args.compare))
-        print(
-            f"completions identical to {args.compare}: {stats['identical']}/"
-            f"{stats['compared']}; pass@1 transformers {stats['pass@1']:.4f}, "
-            f"mtp {stats['mtp_pass@1']:.4f}"
-            + (f"; different: {', '.join(stats['different'])}" if stats["different"] else "")
-        )
+        print(f"completions identical to {args.compare}: {stats['identical']}/"
+              f"{stats['compared']}; pass@1 transformers {stats['pass@1']:.4f}, "
+              f"mtp {stats['mtp_pass@1']:.4f}"
+              + (f"; different: {', '.join(stats['different'])}" if stats["different"] else ""))
     print(json.dumps(stats))
     return stats
 

@@ -53,97 +53,35 @@ REPO = Path(__file__).resolve().parents[1]
 LADDERS: dict[str, dict[str, Any]] = {
     "cpu": {
         "seeds": [0, 1, 2],
-        "induction": {
-            "sizes": [("60k", 32, 4, 4), ("250k", 64, 4, 4)],
-            "n": [1, 2],
-            "steps": 1500,
-            "batch": 16,
-            "seq_len": 256,
-            "lr": 1e-2,
-            "warmup": 60,
-            "eval_every": 150,
-            "curve_size": 100,
-            "final_size": 500,
-            "documents": 100_000,
-            "max_time": "00:00:12:00",
-        },
-        "polynomial": {
-            "sizes": [("80k", 32, 5, 4), ("300k", 64, 5, 4)],
-            "n": [1, 2, 4],
-            "steps": 450,
-            "batch": 32,
-            "seq_len": 128,
-            "lr": 1e-2,
-            "warmup": 40,
-            "eval_every": 75,
-            "curve_size": 20,
-            "final_size": 200,
-            "documents": 200_000,
-            "max_time": "00:00:04:00",
-        },
+        "induction": {"sizes": [("60k", 32, 4, 4), ("250k", 64, 4, 4)],
+                      "n": [1, 2], "steps": 1500, "batch": 16, "seq_len": 256, "lr": 1e-2,
+                      "warmup": 60, "eval_every": 150, "curve_size": 100, "final_size": 500,
+                      "documents": 100_000, "max_time": "00:00:12:00"},
+        "polynomial": {"sizes": [("80k", 32, 5, 4), ("300k", 64, 5, 4)],
+                       "n": [1, 2, 4], "steps": 450, "batch": 32, "seq_len": 128, "lr": 1e-2,
+                       "warmup": 40, "eval_every": 75, "curve_size": 20, "final_size": 200,
+                       "documents": 200_000, "max_time": "00:00:04:00"},
     },
     "gpu": {  # the paper's shapes (appendix J, K): width, layers, attention heads
         "seeds": [0, 1, 2],
-        "induction": {
-            "sizes": [
-                ("1M", 128, 5, 4),
-                ("3M", 256, 4, 8),
-                ("10M", 384, 6, 8),
-                ("30M", 512, 10, 8),
-            ],
-            "n": [1, 2],
-            "steps": 20_000,
-            "batch": 64,
-            "seq_len": 512,
-            "lr": 1e-3,
-            "warmup": 500,
-            "eval_every": 1000,
-            "curve_size": 500,
-            "final_size": 1000,
-            "documents": 2_000_000,
-        },
-        "polynomial": {
-            "sizes": [("30M", 512, 10, 8), ("100M", 768, 14, 12)],
-            "n": [1, 2, 4],
-            "steps": 20_000,
-            "batch": 128,
-            "seq_len": 256,
-            "lr": 1e-3,
-            "warmup": 500,
-            "eval_every": 1000,
-            "curve_size": 200,
-            "final_size": 2000,
-            "documents": 5_000_000,
-        },
+        "induction": {"sizes": [("1M", 128, 5, 4), ("3M", 256, 4, 8), ("10M", 384, 6, 8),
+                                ("30M", 512, 10, 8)],
+                      "n": [1, 2], "steps": 20_000, "batch": 64, "seq_len": 512, "lr": 1e-3,
+                      "warmup": 500, "eval_every": 1000, "curve_size": 500, "final_size": 1000,
+                      "documents": 2_000_000},
+        "polynomial": {"sizes": [("30M", 512, 10, 8), ("100M", 768, 14, 12)],
+                       "n": [1, 2, 4], "steps": 20_000, "batch": 128, "seq_len": 256,
+                       "lr": 1e-3, "warmup": 500, "eval_every": 1000, "curve_size": 200,
+                       "final_size": 2000, "documents": 5_000_000},
     },
     "smoke": {  # seconds: the tests' sweep
         "seeds": [0],
-        "induction": {
-            "sizes": [("a", 16, 2, 2), ("b", 32, 2, 4)],
-            "n": [1, 2],
-            "steps": 4,
-            "batch": 2,
-            "seq_len": 64,
-            "lr": 3e-3,
-            "warmup": 1,
-            "eval_every": 2,
-            "curve_size": 4,
-            "final_size": 4,
-            "documents": 200,
-        },
-        "polynomial": {
-            "sizes": [("a", 16, 5, 2), ("b", 32, 5, 4)],
-            "n": [1, 4],
-            "steps": 4,
-            "batch": 2,
-            "seq_len": 64,
-            "lr": 3e-3,
-            "warmup": 1,
-            "eval_every": 2,
-            "curve_size": 2,
-            "final_size": 2,
-            "documents": 200,
-        },
+        "induction": {"sizes": [("a", 16, 2, 2), ("b", 32, 2, 4)], "n": [1, 2], "steps": 4,
+                      "batch": 2, "seq_len": 64, "lr": 3e-3, "warmup": 1, "eval_every": 2,
+                      "curve_size": 4, "final_size": 4, "documents": 200},
+        "polynomial": {"sizes": [("a", 16, 5, 2), ("b", 32, 5, 4)], "n": [1, 4], "steps": 4,
+                       "batch": 2, "seq_len": 64, "lr": 3e-3, "warmup": 1, "eval_every": 2,
+                       "curve_size": 2, "final_size": 2, "documents": 200},
     },
 }
 TASKS = ("induction", "polynomial")
@@ -181,36 +119,22 @@ def run_key(task: str, size: str, n: int, seed: int) -> str:
     return f"{task}/{size}/n={n}/seed{seed}"
 
 
-def overrides(
-    task: str, ladder: dict[str, Any], size: tuple, n: int, seed: int, run_dir: Path, device: str
-) -> list[str]:
+def overrides(task: str, ladder: dict[str, Any], size: tuple, n: int, seed: int,
+              run_dir: Path, device: str) -> list[str]:
     """The `python -m mtp.train` overrides of one run."""
     name, dim, depth, heads = size
     return [
-        f"data={task}",
-        "tokenizer=byte",
-        "model=tiny",
-        f"model.dim={dim}",
-        f"model.depth={depth}",
-        f"model.n_heads={heads}",
-        f"model.n_future={n}",
-        f"seq_len={ladder['seq_len']}",
-        f"data.batch_size={ladder['batch']}",
-        f"data.source.documents={ladder['documents']}",
-        f"seed={seed}",
+        f"data={task}", "tokenizer=byte", "model=tiny", f"model.dim={dim}",
+        f"model.depth={depth}", f"model.n_heads={heads}", f"model.n_future={n}",
+        f"seq_len={ladder['seq_len']}", f"data.batch_size={ladder['batch']}",
+        f"data.source.documents={ladder['documents']}", f"seed={seed}",
         f"trainer.max_steps={ladder['steps']}",
         f"trainer.max_time={ladder.get('max_time') or 'null'}",  # a guard: the ladder's budget
-        f"trainer.val_check_interval={ladder['steps']}",
-        "trainer.limit_val_batches=4",
-        "trainer.enable_progress_bar=false",
-        "trainer.peak_flops=null",
-        "logger=none",
-        f"optim.lr={ladder['lr']}",
-        f"optim.warmup_steps={ladder['warmup']}",
-        "decode.enabled=false",
-        f"checkpoint.every_n_steps={ladder['eval_every']}",
-        "checkpoint.keep=-1",
-        f"run_dir={run_dir}",
+        f"trainer.val_check_interval={ladder['steps']}", "trainer.limit_val_batches=4",
+        "trainer.enable_progress_bar=false", "trainer.peak_flops=null", "logger=none",
+        f"optim.lr={ladder['lr']}", f"optim.warmup_steps={ladder['warmup']}",
+        "decode.enabled=false", f"checkpoint.every_n_steps={ladder['eval_every']}",
+        "checkpoint.keep=-1", f"run_dir={run_dir}",
         *(["trainer=gpu", "data.num_workers=2"] if device == "cuda" else ["threads=1"]),
     ]
 
@@ -233,29 +157,22 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     checkpoints = sorted((run_dir / "checkpoints").glob("step*.ckpt"))
     for path in checkpoints:
         model, tokenizer = load(path, device=device)
-        figures, _ = score(
-            spec["task"], model, tokenizer, size=spec["curve_size"], batch_size=64, **kwargs
-        )
+        figures, _ = score(spec["task"], model, tokenizer, size=spec["curve_size"],
+                           batch_size=64, **kwargs)
         curve.append({"step": int(path.stem[4:]), **figures})
     model, tokenizer = load(export, device=device)
-    final, _ = score(
-        spec["task"], model, tokenizer, size=spec["final_size"], batch_size=64, **kwargs
-    )
+    final, _ = score(spec["task"], model, tokenizer, size=spec["final_size"], batch_size=64,
+                     **kwargs)
     summary = json.loads((run_dir / "summary.json").read_text())
     for path in (run_dir / "checkpoints").glob("*.ckpt"):
         path.unlink()  # optimizer state of every checkpoint: the scores are what is kept
-    result = {
-        **{k: spec[k] for k in ("task", "size", "n", "seed", "dim", "depth", "heads")},
-        "parameters": summary["parameters"],
-        "steps": summary["steps"],
-        "stopped_early": summary["stopped_early"],
-        "tokens": summary["steps"] * spec["tokens_per_step"],
-        "train_seconds": round(trained, 1),
-        "eval_seconds": round(time.perf_counter() - began - trained, 1),
-        "threads": torch.get_num_threads(),
-        "final": final,
-        "curve": curve,
-    }
+    result = {**{k: spec[k] for k in ("task", "size", "n", "seed", "dim", "depth", "heads")},
+              "parameters": summary["parameters"], "steps": summary["steps"],
+              "stopped_early": summary["stopped_early"],
+              "tokens": summary["steps"] * spec["tokens_per_step"],
+              "train_seconds": round(trained, 1),
+              "eval_seconds": round(time.perf_counter() - began - trained, 1),
+              "threads": torch.get_num_threads(), "final": final, "curve": curve}
     (run_dir / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -269,24 +186,14 @@ def plan(budget: str, out: Path, device: str, tasks: tuple[str, ...]) -> list[di
             for n in config["n"]:
                 for seed in ladder["seeds"]:
                     run_dir = out / task / size[0] / f"n{n}" / f"seed{seed}"
-                    specs.append(
-                        {
-                            "task": task,
-                            "size": size[0],
-                            "n": n,
-                            "seed": seed,
-                            "dim": size[1],
-                            "depth": size[2],
-                            "heads": size[3],
-                            "run_dir": str(run_dir),
-                            "device": device,
-                            "curve_size": config["curve_size"],
-                            "final_size": config["final_size"],
-                            "tokens_per_step": config["batch"] * config["seq_len"],
-                            "overrides": overrides(task, config, size, n, seed, run_dir, device),
-                        }
-                    )
-    return sorted(specs, key=lambda s: -(s["dim"] ** 2) * s["depth"] * s["tokens_per_step"])
+                    specs.append({
+                        "task": task, "size": size[0], "n": n, "seed": seed, "dim": size[1],
+                        "depth": size[2], "heads": size[3], "run_dir": str(run_dir),
+                        "device": device, "curve_size": config["curve_size"],
+                        "final_size": config["final_size"],
+                        "tokens_per_step": config["batch"] * config["seq_len"],
+                        "overrides": overrides(task, config, size, n, seed, run_dir, device)})
+    return sorted(specs, key=lambda s: -s["dim"] ** 2 * s["depth"] * s["tokens_per_step"])
 
 
 def check_plan(specs: list[dict[str, Any]]) -> None:
@@ -322,9 +229,8 @@ def prepare(specs: list[dict[str, Any]]) -> None:
         if spec["task"] in done:
             continue
         cfg = compose(spec["overrides"])
-        instantiate(
-            cfg.data, tokenizer=ByteTokenizer(), seq_len=cfg.seq_len, n_future=1
-        ).prepare_data()
+        instantiate(cfg.data, tokenizer=ByteTokenizer(), seq_len=cfg.seq_len,
+                    n_future=1).prepare_data()
         done.add(spec["task"])
 
 
@@ -338,13 +244,8 @@ def launch(spec: dict[str, Any], log: Path, in_process: bool = False) -> dict[st
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
         with open(run_dir / "run.log", "w") as f:
-            subprocess.run(
-                [sys.executable, __file__, f"run={run_dir / 'spec.json'}"],
-                check=True,
-                cwd=REPO,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-            )
+            subprocess.run([sys.executable, __file__, f"run={run_dir / 'spec.json'}"],
+                           check=True, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
     with open(log, "a") as f:
         key = run_key(spec["task"], spec["size"], spec["n"], spec["seed"])
         f.write(f"{time.strftime('%H:%M:%S')} done {key}\n")
@@ -353,13 +254,9 @@ def launch(spec: dict[str, Any], log: Path, in_process: bool = False) -> dict[st
 
 
 def spread(values: list[float]) -> dict[str, Any]:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "min": min(values),
-        "max": max(values),
-        "seeds": values,
-    }
+    return {"mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "seeds": values}
 
 
 def summarize(results: list[dict[str, Any]], ladder: dict[str, Any]) -> dict[str, Any]:
@@ -372,38 +269,28 @@ def summarize(results: list[dict[str, Any]], ladder: dict[str, Any]) -> dict[str
         table: dict[str, Any] = {}
         for size in dict.fromkeys(r["size"] for r in sorted(mine, key=lambda r: r["parameters"])):
             for n in sorted({r["n"] for r in mine}):
-                runs = sorted(
-                    (r for r in mine if r["size"] == size and r["n"] == n), key=lambda r: r["seed"]
-                )
+                runs = sorted((r for r in mine if r["size"] == size and r["n"] == n),
+                              key=lambda r: r["seed"])
                 if not runs:
                     continue
-                cell = {
-                    "parameters": runs[0]["parameters"],
-                    "steps": [r["steps"] for r in runs],
-                    "val_loss_head0": spread(
-                        [r["val"]["loss_head"][0] if r["val"] else math.nan for r in runs]
-                    ),
-                    HEADLINE[task]: spread([r["final"][HEADLINE[task]] for r in runs]),
-                }
+                cell = {"parameters": runs[0]["parameters"],
+                        "steps": [r["steps"] for r in runs],
+                        "val_loss_head0": spread([r["val"]["loss_head"][0] if r["val"]
+                                                  else math.nan for r in runs]),
+                        HEADLINE[task]: spread([r["final"][HEADLINE[task]] for r in runs])}
                 if task == "induction":
                     cell["accuracy_first"] = spread([r["final"]["accuracy_first"] for r in runs])
                 else:
-                    cell["accuracy_m"] = {
-                        m: spread([r["final"][f"accuracy_m{m}"] for r in runs]) for m in MS
-                    }
+                    cell["accuracy_m"] = {m: spread([r["final"][f"accuracy_m{m}"] for r in runs])
+                                          for m in MS}
                 table.setdefault(size, {})[f"n={n}"] = cell
         out[task] = table
     if "induction" in out:
         smallest = next(iter(out["induction"]))
         cells = out["induction"][smallest]
         if {"n=1", "n=2"} <= cells.keys():
-            gaps = [
-                b - a
-                for a, b in zip(
-                    cells["n=1"]["accuracy_repeated"]["seeds"],
-                    cells["n=2"]["accuracy_repeated"]["seeds"],
-                )
-            ]
+            gaps = [b - a for a, b in zip(cells["n=1"]["accuracy_repeated"]["seeds"],
+                                          cells["n=2"]["accuracy_repeated"]["seeds"])]
             out["induction_gap_smallest"] = {"size": smallest, "n=2 - n=1": spread(gaps)}
     return out
 
@@ -442,35 +329,18 @@ def plot_induction(summary: dict[str, Any], path: Path, title: str) -> Path:
     fig, axes = _panels(1)
     ax, table = axes[0][0], summary.get("induction", {})
     for n in (1, 2):
-        points = [
-            (cells[f"n={n}"]["parameters"], cells[f"n={n}"]["accuracy_repeated"])
-            for cells in table.values()
-            if f"n={n}" in cells
-        ]
+        points = [(cells[f"n={n}"]["parameters"], cells[f"n={n}"]["accuracy_repeated"])
+                  for cells in table.values() if f"n={n}" in cells]
         if not points:
             continue
-        ax.plot(
-            [x for x, _ in points],
-            [s["mean"] for _, s in points],
-            "o-",
-            color=COLOUR[n],
-            label=f"n={n} (mean)",
-        )
+        ax.plot([x for x, _ in points], [s["mean"] for _, s in points], "o-", color=COLOUR[n],
+                label=f"n={n} (mean)")
         for x, s in points:
             ax.scatter([x] * len(s["seeds"]), s["seeds"], color=COLOUR[n], alpha=0.35, s=14)
-        control = [
-            cells[f"n={n}"]["accuracy_first"]["mean"]
-            for cells in table.values()
-            if f"n={n}" in cells
-        ]
-        ax.plot(
-            [x for x, _ in points],
-            control,
-            "x--",
-            color=COLOUR[n],
-            alpha=0.6,
-            label=f"n={n}, first occurrences (control)",
-        )
+        control = [cells[f"n={n}"]["accuracy_first"]["mean"] for cells in table.values()
+                   if f"n={n}" in cells]
+        ax.plot([x for x, _ in points], control, "x--", color=COLOUR[n], alpha=0.6,
+                label=f"n={n}, first occurrences (control)")
     ax.set_xscale("log")
     _label(ax, "parameters", "accuracy, 2nd token of repeated names", f"induction ({title})")
     return _save(fig, path)
@@ -484,26 +354,16 @@ def plot_polynomial(summary: dict[str, Any], path: Path, title: str) -> Path:
     for ax, size in zip(axes[0], sizes):
         for key, cell in table[size].items():
             n = int(key[2:])
-            ax.plot(
-                MS,
-                [cell["accuracy_m"][m]["mean"] for m in MS],
-                "o-",
-                color=COLOUR.get(n),
-                label=f"{key} (mean)",
-            )
+            ax.plot(MS, [cell["accuracy_m"][m]["mean"] for m in MS], "o-", color=COLOUR.get(n),
+                    label=f"{key} (mean)")
             for m in MS:
                 seeds = cell["accuracy_m"][m]["seeds"]
-                ax.scatter(
-                    [m + (n - 2) * 0.08] * len(seeds), seeds, color=COLOUR.get(n), alpha=0.35, s=12
-                )
+                ax.scatter([m + (n - 2) * 0.08] * len(seeds), seeds, color=COLOUR.get(n),
+                           alpha=0.35, s=12)
         ax.axvspan(5.5, 10.5, color="grey", alpha=0.08)
         ax.set_xticks(MS)
-        _label(
-            ax,
-            "operations m (shaded: out of domain)",
-            "exact match",
-            f"F7[X]/(X^5), {size} ({title})",
-        )
+        _label(ax, "operations m (shaded: out of domain)", "exact match",
+               f"F7[X]/(X^5), {size} ({title})")
     return _save(fig, path)
 
 
@@ -516,27 +376,20 @@ def plot_curves(results: list[dict[str, Any]], path: Path) -> Path:
         size = min(mine, key=lambda r: r["parameters"])["size"]  # the smallest: n matters most
         first_seed = min(r["seed"] for r in mine)
         for r in (r for r in mine if r["size"] == size):
-            ax.plot(
-                [p["step"] for p in r["curve"]],
-                [p[HEADLINE[task]] for p in r["curve"]],
-                color=COLOUR.get(r["n"]),
-                alpha=0.7,
-                label=f"n={r['n']}" if r["seed"] == first_seed else None,
-            )
+            ax.plot([p["step"] for p in r["curve"]], [p[HEADLINE[task]] for p in r["curve"]],
+                    color=COLOUR.get(r["n"]), alpha=0.7,
+                    label=f"n={r['n']}" if r["seed"] == first_seed else None)
         _label(ax, "optimizer step", HEADLINE[task], f"{task}, {size}: learning curves, every seed")
     return _save(fig, path)
 
 
-def plot(
-    results: list[dict[str, Any]], summary: dict[str, Any], figures: Path, title: str
-) -> list[Path]:
+def plot(results: list[dict[str, Any]], summary: dict[str, Any], figures: Path,
+         title: str) -> list[Path]:
     """The paper's two figures, and the learning curves."""
     figures.mkdir(parents=True, exist_ok=True)
-    return [
-        plot_induction(summary, figures / "paper_small_induction.png", title),
-        plot_polynomial(summary, figures / "paper_small_polynomial.png", title),
-        plot_curves(results, figures / "paper_small_curves.png"),
-    ]
+    return [plot_induction(summary, figures / "paper_small_induction.png", title),
+            plot_polynomial(summary, figures / "paper_small_polynomial.png", title),
+            plot_curves(results, figures / "paper_small_curves.png")]
 
 
 def print_table(summary: dict[str, Any]) -> None:
@@ -544,17 +397,13 @@ def print_table(summary: dict[str, Any]) -> None:
         for size, cells in summary.get(task, {}).items():
             for key, cell in cells.items():
                 s = cell[HEADLINE[task]]
-                extra = (
-                    f"first {cell['accuracy_first']['mean']:.3f}"
-                    if task == "induction"
-                    else "m1..10 " + " ".join(f"{cell['accuracy_m'][m]['mean']:.2f}" for m in MS)
-                )
-                print(
-                    f"{task:<10} {size:>5} {key:<4} params {cell['parameters']:>9,}  "
-                    f"steps {min(cell['steps'])}-{max(cell['steps'])}  val loss "
-                    f"{cell['val_loss_head0']['mean']:.3f}  "
-                    f"{HEADLINE[task]} {s['mean']:.3f} +- {s['std']:.3f}  {extra}"
-                )
+                extra = (f"first {cell['accuracy_first']['mean']:.3f}" if task == "induction"
+                         else "m1..10 " + " ".join(f"{cell['accuracy_m'][m]['mean']:.2f}"
+                                                   for m in MS))
+                print(f"{task:<10} {size:>5} {key:<4} params {cell['parameters']:>9,}  "
+                      f"steps {min(cell['steps'])}-{max(cell['steps'])}  val loss "
+                      f"{cell['val_loss_head0']['mean']:.3f}  "
+                      f"{HEADLINE[task]} {s['mean']:.3f} +- {s['std']:.3f}  {extra}")
     gap = summary.get("induction_gap_smallest")
     if gap:
         g = gap["n=2 - n=1"]
@@ -585,22 +434,13 @@ def main(argv: list[str]) -> dict[str, Any]:
     title = f"budget={args.budget}, {len(LADDERS[args.budget]['seeds'])} seeds"
     figures = plot(results, summary, args.figures or out, title)
     print_table(summary)
-    report = {
-        "benchmark": "paper_small",
-        "budget": args.budget,
-        "device": device,
-        "jobs": jobs,
-        "seconds": round(time.perf_counter() - began),
-        "machine": {
-            "before": before,
-            "after": after,
-            "threads_per_run": 1 if device == "cpu" else None,
-        },
-        "ladder": LADDERS[args.budget],
-        "summary": summary,
-        "figures": [str(p) for p in figures],
-        "runs": {run_key(r["task"], r["size"], r["n"], r["seed"]): r for r in results},
-    }
+    report = {"benchmark": "paper_small", "budget": args.budget, "device": device,
+              "jobs": jobs, "seconds": round(time.perf_counter() - began),
+              "machine": {"before": before, "after": after, "threads_per_run": 1
+                          if device == "cpu" else None},
+              "ladder": LADDERS[args.budget], "summary": summary,
+              "figures": [str(p) for p in figures],
+              "runs": {run_key(r["task"], r["size"], r["n"], r["seed"]): r for r in results}}
     report = json.loads(json.dumps(report))  # what the file and the last line hold
     (out / "paper_small.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report), flush=True)

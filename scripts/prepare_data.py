@@ -60,15 +60,11 @@ def table(stats: dict) -> str:
     for key in ("documents", "bytes", "tokens", "bytes_per_token", "blocks", "remainder_tokens"):
         rows.append((key, *(f"{stats[split][key]:,}" for split in ("train", "val"))))
     width = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width)))
-        for r in rows
-    ]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(r, width))) for r in rows]
     skipped = ", ".join(f"{n} {why}" for why, n in stats["skipped"].items()) or "none"
-    contaminated = [
-        f"  {path}: {', '.join(problems)}"
-        for path, problems in stats.get("contaminated", {}).items()
-    ]
+    contaminated = [f"  {path}: {', '.join(problems)}"
+                    for path, problems in stats.get("contaminated", {}).items()]
     return "\n".join([*lines, f"files skipped: {skipped}", *contaminated])
 
 
@@ -79,29 +75,20 @@ def main(argv: list[str]) -> dict:
     corpus = source.load()
     load_seconds = time.perf_counter() - start
     split = {"val_fraction": args.val_fraction, "seed": args.seed, "cache_dir": args.cache_dir}
-    tokenizer = build_tokenizer(
-        args.tokenizer, vocab_size=args.vocab_size, path=args.tokenizer_path, source=source, **split
-    )
+    tokenizer = build_tokenizer(args.tokenizer, vocab_size=args.vocab_size,
+                                path=args.tokenizer_path, source=source, **split)
     tokenizer_seconds = time.perf_counter() - start - load_seconds
     prepared = prepare(corpus, tokenizer, num_proc=args.num_proc, **split)
     stats = prepared.stats(args.seq_len, args.n_future)
-    stats.update(
-        vocab_size=tokenizer.vocab_size,
-        directory=str(prepared.directory),
-        contaminated=corpus.contaminated,
-        load_seconds=round(load_seconds, 2),
-        tokenizer_seconds=round(tokenizer_seconds, 2),
-        seconds=round(time.perf_counter() - start, 2),
-    )
-    print(
-        f"{stats['source']}  tokenizer {tokenizer.name} (vocab {tokenizer.vocab_size})  "
-        f"blocks of {args.seq_len} + {args.n_future}  ->  {prepared.directory}"
-    )
+    stats.update(vocab_size=tokenizer.vocab_size, directory=str(prepared.directory),
+                 contaminated=corpus.contaminated, load_seconds=round(load_seconds, 2),
+                 tokenizer_seconds=round(tokenizer_seconds, 2),
+                 seconds=round(time.perf_counter() - start, 2))
+    print(f"{stats['source']}  tokenizer {tokenizer.name} (vocab {tokenizer.vocab_size})  "
+          f"blocks of {args.seq_len} + {args.n_future}  ->  {prepared.directory}")
     print(table(stats))
-    print(
-        f"prepared in {stats['seconds']:.1f} s (reading the source {load_seconds:.1f} s, "
-        f"tokenizer {stats['tokenizer_seconds']:.1f} s)"
-    )
+    print(f"prepared in {stats['seconds']:.1f} s (reading the source {load_seconds:.1f} s, "
+          f"tokenizer {stats['tokenizer_seconds']:.1f} s)")
     print(json.dumps(stats))
     return stats
 

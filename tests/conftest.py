@@ -9,9 +9,10 @@ import torch
 from hypothesis import settings
 
 import mtp.tune
+
+from mtp.train.loss import autograd_backward, mtp_loss
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
-from mtp.train.loss import autograd_backward, mtp_loss
 
 # Measured choices (threads, drafters) go to a cache of the session's own, inherited by the
 # commands tests start, never to the user's ~/.cache/mtp.
@@ -44,37 +45,19 @@ def _one_thread_as_set():
 @pytest.fixture
 def tiny_config() -> MTPConfig:
     """2 trunk layers, width 32, byte vocabulary (262), 4 heads of one block each."""
-    return MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=64,
-        n_future=4,
-        head_layers=1,
-    )
+    return MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                     max_seq_len=64, n_future=4, head_layers=1)
 
 
-DOCS = [
-    "def add(a, b):\n    return a + b\n",
-    "print('héllo wörld €')\n",
-    "for i in range(10):\n    print(i)\n",
-]
+DOCS = ["def add(a, b):\n    return a + b\n", "print('héllo wörld €')\n",
+        "for i in range(10):\n    print(i)\n"]
 
 
 def recite_docs(n_future: int, dim: int, steps: int, head_type: str = "block") -> MTPModel:
     """A byte model trained for a few seconds to recite DOCS (EOS after each), float64."""
     torch.manual_seed(0)
-    config = MTPConfig(
-        vocab_size=262,
-        dim=dim,
-        n_layers=2,
-        n_heads=4,
-        max_seq_len=96,
-        n_future=n_future,
-        head_type=head_type,
-    )
+    config = MTPConfig(vocab_size=262, dim=dim, n_layers=2, n_heads=4, max_seq_len=96,
+                       n_future=n_future, head_type=head_type)
     model = MTPModel(config)
     recite(model, DOCS, steps)
     return model.double().eval()
@@ -83,15 +66,13 @@ def recite_docs(n_future: int, dim: int, steps: int, head_type: str = "block") -
 def recite(model: MTPModel, docs: list[str], steps: int) -> None:
     """Train the model's trainable parameters to recite `docs` (bytes, EOS after each)."""
     tokenizer = ByteTokenizer()
-    stream = torch.tensor(
-        [t for _ in range(20) for doc in docs for t in tokenizer.encode(doc) + [tokenizer.eos_id]]
-    )
+    stream = torch.tensor([t for _ in range(20) for doc in docs
+                           for t in tokenizer.encode(doc) + [tokenizer.eos_id]])
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
     for _ in range(steps):
         starts = torch.randint(0, len(stream) - 36, (16,)).tolist()
-        mtp_loss(
-            model, torch.stack([stream[s : s + 36] for s in starts]), backward=autograd_backward
-        )
+        mtp_loss(model, torch.stack([stream[s:s + 36] for s in starts]),
+                 backward=autograd_backward)
         optimizer.step()
         optimizer.zero_grad()
 

@@ -19,26 +19,16 @@ gguf = __import__("pytest").importorskip("gguf")
 T = gguf.GGMLQuantizationType
 
 # transformers' Llama name (after model.layers.{l}.) -> GGUF's (after blk.{l}.)
-LAYER_NAMES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
+LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+               "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
 
 
 def permute(weights: torch.Tensor, n_head: int) -> torch.Tensor:
     """llama.cpp's LlamaModel.permute: Hugging Face's rotate-half rows -> interleaved pairs."""
-    return (
-        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weights.shape)
-    )
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
 
 
 def k_quant_blocks(values: np.ndarray, qtype) -> np.ndarray:
@@ -48,19 +38,11 @@ def k_quant_blocks(values: np.ndarray, qtype) -> np.ndarray:
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(0)
     data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    scales = {
-        T.Q4_K: (0, 2),
-        T.Q5_K: (0, 2),
-        T.Q6_K: (size - 2,),
-        T.Q2_K: (size - 4, size - 2),
-        T.Q3_K: (size - 2,),
-    }[qtype]
+    scales = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (size - 2,), T.Q2_K: (size - 4, size - 2),
+              T.Q3_K: (size - 2,)}[qtype]
     for offset in scales:
-        data[..., offset : offset + 2] = (
-            rng.uniform(1e-3, 4e-3, (rows, cols // block))
-            .astype(np.float16)[..., None]
-            .view(np.uint8)
-        )
+        data[..., offset:offset + 2] = rng.uniform(1e-3, 4e-3, (rows, cols // block)).astype(
+            np.float16)[..., None].view(np.uint8)
     return data.reshape(rows, -1)
 
 
@@ -73,9 +55,8 @@ def _quantize(tensor: torch.Tensor, qtype) -> np.ndarray:
     return gguf.quants.quantize(values, qtype)
 
 
-def llama3_rope_freqs(
-    head_dim: int, theta: float, factor: float, low: float, high: float, old: int
-) -> torch.Tensor:
+def llama3_rope_freqs(head_dim: int, theta: float, factor: float, low: float, high: float,
+                      old: int) -> torch.Tensor:
     """llama.cpp's converter's rope_freqs tensor for a Llama 3.1 rope_scaling."""
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     factors = []
@@ -91,9 +72,8 @@ def llama3_rope_freqs(
     return torch.tensor(factors, dtype=torch.float32)
 
 
-def write_gguf(
-    path: Path, model, tokenizer: dict, qtype=T.F16, *, extra_metadata: dict | None = None
-) -> Path:
+def write_gguf(path: Path, model, tokenizer: dict, qtype=T.F16, *,
+               extra_metadata: dict | None = None) -> Path:
     """The GGUF of transformers `model` with `tokenizer` (a dict of tokenizer.ggml.* values:
     model, pre, tokens, token_type, merges or scores, bos/eos/pad ids, add_bos_token...)."""
     config = model.config
@@ -118,17 +98,9 @@ def write_gguf(
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
     elif rope.get("rope_type") == "llama3":
-        writer.add_tensor(
-            "rope_freqs.weight",
-            llama3_rope_freqs(
-                head_dim,
-                rope["rope_theta"],
-                rope["factor"],
-                rope["low_freq_factor"],
-                rope["high_freq_factor"],
-                rope["original_max_position_embeddings"],
-            ).numpy(),
-        )
+        writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(
+            head_dim, rope["rope_theta"], rope["factor"], rope["low_freq_factor"],
+            rope["high_freq_factor"], rope["original_max_position_embeddings"]).numpy())
     for key, value in tokenizer.items():
         _add(writer, f"tokenizer.ggml.{key}", value)
     for key, value in (extra_metadata or {}).items():
@@ -136,16 +108,14 @@ def write_gguf(
 
     state = model.state_dict()
     n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
-    tensors = {
-        "token_embd.weight": state["model.embed_tokens.weight"],
-        "output_norm.weight": state["model.norm.weight"],
-    }
+    tensors = {"token_embd.weight": state["model.embed_tokens.weight"],
+               "output_norm.weight": state["model.norm.weight"]}
     if not config.tie_word_embeddings:
         tensors["output.weight"] = state["lm_head.weight"]
     for name, tensor in state.items():
         if not name.startswith("model.layers."):
             continue
-        layer, rest = name[len("model.layers.") :].split(".", 1)
+        layer, rest = name[len("model.layers."):].split(".", 1)
         stem, kind = rest.rsplit(".", 1)
         if stem == "self_attn.q_proj":
             tensor = permute(tensor, n_head)
@@ -154,9 +124,8 @@ def write_gguf(
         tensors[f"blk.{layer}.{LAYER_NAMES[stem]}.{kind}"] = tensor
     for name, tensor in tensors.items():
         kind = qtype if tensor.ndim == 2 else T.F32
-        writer.add_tensor(
-            name, _quantize(tensor, kind), raw_dtype=kind if kind not in (T.F32, T.F16) else None
-        )
+        writer.add_tensor(name, _quantize(tensor, kind), raw_dtype=kind if kind not in (
+            T.F32, T.F16) else None)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -188,14 +157,8 @@ def byte_level_vocab(tokenizer, pre: str = "gpt-2") -> dict:
     vocab = state["model"]["vocab"]
     tokens = sorted(vocab, key=vocab.get)
     merges = [m if isinstance(m, str) else " ".join(m) for m in state["model"]["merges"]]
-    return {
-        "model": "gpt2",
-        "pre": pre,
-        "tokens": tokens,
-        "token_type": [3 if t in ("<|pad|>", "<|bos|>", "<|eos|>") else 1 for t in tokens],
-        "merges": merges,
-        "bos_token_id": tokenizer.bos_id,
-        "eos_token_id": tokenizer.eos_id,
-        "padding_token_id": tokenizer.pad_id,
-        "add_bos_token": False,
-    }
+    return {"model": "gpt2", "pre": pre, "tokens": tokens,
+            "token_type": [3 if t in ("<|pad|>", "<|bos|>", "<|eos|>") else 1 for t in tokens],
+            "merges": merges, "bos_token_id": tokenizer.bos_id,
+            "eos_token_id": tokenizer.eos_id, "padding_token_id": tokenizer.pad_id,
+            "add_bos_token": False}

@@ -12,9 +12,8 @@ from mtp.tokenizers import BPETokenizer, ByteTokenizer
 
 
 @pytest.mark.parametrize("tie", [False, True])
-def test_export_round_trip_gives_identical_logits(
-    tmp_path: Path, tiny_config: MTPConfig, tie: bool
-) -> None:
+def test_export_round_trip_gives_identical_logits(tmp_path: Path, tiny_config: MTPConfig,
+                                                  tie: bool) -> None:
     config = MTPConfig.from_dict({**tiny_config.to_dict(), "tie_embeddings": tie})
     model = MTPModel(config).eval()
     export(model, ByteTokenizer(), tmp_path)
@@ -40,19 +39,13 @@ def test_bpe_tokenizer_travels_with_the_export(tmp_path: Path) -> None:
     assert loaded.encode("return x") == tokenizer.encode("return x")
 
 
-def test_lightning_checkpoint_loads_without_lightning(
-    tmp_path: Path, tiny_config: MTPConfig
-) -> None:
+def test_lightning_checkpoint_loads_without_lightning(tmp_path: Path,
+                                                     tiny_config: MTPConfig) -> None:
     model = MTPModel(tiny_config)
     path = tmp_path / "last.ckpt"
-    torch.save(
-        {
-            "hyper_parameters": {"model": tiny_config.to_dict(), "seq_len": 32},
-            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-            "tokenizer_files": tokenizer_files(ByteTokenizer()),
-        },
-        path,
-    )
+    torch.save({"hyper_parameters": {"model": tiny_config.to_dict(), "seq_len": 32},
+                "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "tokenizer_files": tokenizer_files(ByteTokenizer())}, path)
     loaded, tokenizer = load(path)
     tokens = torch.randint(0, 256, (1, 8))
     torch.testing.assert_close(loaded(tokens), model.eval()(tokens), rtol=0, atol=0)
@@ -65,7 +58,8 @@ def test_vocab_mismatch_is_refused(tmp_path: Path, tiny_config: MTPConfig) -> No
         export(model, ByteTokenizer(), tmp_path)
 
 
-def test_missing_and_corrupt_checkpoints_are_named(tmp_path: Path, tiny_config: MTPConfig) -> None:
+def test_missing_and_corrupt_checkpoints_are_named(tmp_path: Path,
+                                                   tiny_config: MTPConfig) -> None:
     with pytest.raises(FileNotFoundError, match="no checkpoint at .*nowhere"):
         load(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="none of the layouts mtp loads"):
@@ -79,14 +73,12 @@ def test_missing_and_corrupt_checkpoints_are_named(tmp_path: Path, tiny_config: 
         load(tmp_path / "junk.ckpt")
 
 
-def test_weights_that_do_not_fit_the_config_are_named(
-    tmp_path: Path, tiny_config: MTPConfig
-) -> None:
+def test_weights_that_do_not_fit_the_config_are_named(tmp_path: Path,
+                                                      tiny_config: MTPConfig) -> None:
     export(MTPModel(tiny_config), ByteTokenizer(), tmp_path)
     bigger = {**tiny_config.to_dict(), "dim": 64}
     (tmp_path / "config.json").write_text(
-        (tmp_path / "config.json").read_text().replace('"dim": 32', '"dim": 64')
-    )
+        (tmp_path / "config.json").read_text().replace('"dim": 32', '"dim": 64'))
     assert MTPConfig.from_dict(bigger).dim == 64
     with pytest.raises(ValueError, match="do not fit the model config"):
         load(tmp_path)
@@ -106,35 +98,20 @@ def test_tied_embeddings_load_as_one_parameter(tmp_path: Path, tiny_config: MTPC
     torch.testing.assert_close(reloaded(tokens), model(tokens), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(
-    "edit, message",
-    [
-        (lambda meta: [meta], r"must hold a JSON object, got list"),
-        (lambda meta: {**meta, "model": None}, r"field 'model'.*mapping of fields, got None"),
-        (
-            lambda meta: {
-                **meta,
-                "model": {k: v for k, v in meta["model"].items() if k != "vocab_size"},
-            },
-            r"field 'model'.*\['vocab_size'\]",
-        ),
-        (
-            lambda meta: {**meta, "model": {**meta["model"], "rope_theta": "10000"}},
-            r"rope_theta must be a number > 0, got '10000'",
-        ),
-        (
-            lambda meta: {**meta, "model": {**meta["model"], "norm_eps": None}},
-            r"norm_eps must be a number > 0, got None",
-        ),
-        (
-            lambda meta: {**meta, "model": {**meta["model"], "tie_embeddings": "false"}},
-            r"tie_embeddings must be true or false, got 'false'",
-        ),
-    ],
-)
+@pytest.mark.parametrize("edit, message", [
+    (lambda meta: [meta], r"must hold a JSON object, got list"),
+    (lambda meta: {**meta, "model": None}, r"field 'model'.*mapping of fields, got None"),
+    (lambda meta: {**meta, "model": {k: v for k, v in meta["model"].items()
+                                     if k != "vocab_size"}}, r"field 'model'.*\['vocab_size'\]"),
+    (lambda meta: {**meta, "model": {**meta["model"], "rope_theta": "10000"}},
+     r"rope_theta must be a number > 0, got '10000'"),
+    (lambda meta: {**meta, "model": {**meta["model"], "norm_eps": None}},
+     r"norm_eps must be a number > 0, got None"),
+    (lambda meta: {**meta, "model": {**meta["model"], "tie_embeddings": "false"}},
+     r"tie_embeddings must be true or false, got 'false'"),
+])
 def test_malformed_config_json_is_a_value_error_naming_file_field_value(
-    tmp_path: Path, tiny_config: MTPConfig, edit, message: str
-) -> None:
+        tmp_path: Path, tiny_config: MTPConfig, edit, message: str) -> None:
     export(MTPModel(tiny_config), ByteTokenizer(), tmp_path)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(edit(json.loads(path.read_text()))))

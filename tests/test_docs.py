@@ -82,17 +82,13 @@ def blocks(page: Path) -> Iterator[Block]:
         if not match:
             index += 1
             continue
-        end = next((j for j in range(index + 1, len(lines)) if lines[j].startswith("```")), None)
+        end = next((j for j in range(index + 1, len(lines)) if lines[j].startswith("```")),
+                   None)
         if end is None:
             raise ValueError(f"{page}:{index + 1}: a code block is never closed")
         marker = SKIP_MARKER.match(lines[index - 1].strip()) if index else None
-        yield Block(
-            page,
-            index + 1,
-            match["lang"],
-            "\n".join(lines[index + 1 : end]),
-            marker["reason"] if marker else None,
-        )
+        yield Block(page, index + 1, match["lang"], "\n".join(lines[index + 1:end]),
+                    marker["reason"] if marker else None)
         index = end + 1
 
 
@@ -109,13 +105,11 @@ def logical_lines(text: str) -> Iterator[str]:
 
 def expand(line: str, variables: dict[str, str], where: str) -> str:
     """`$NAME` and `${NAME}` replaced by what the page set them to; an unset one is an error."""
-
     def value(match: re.Match) -> str:
         name = match["braced"] or match["bare"]
         if name not in variables:
             raise ValueError(f"{where}: ${name} is used but the page never sets it")
         return variables[name]
-
     return VARIABLE.sub(value, line)
 
 
@@ -221,9 +215,8 @@ def parse_args_of(target: str):
         spec = importlib.util.find_spec(target)
         if spec is None:
             pytest.fail(f"no module {target}")
-        module = importlib.import_module(
-            f"{target}.__main__" if spec.submodule_search_locations else target
-        )
+        module = importlib.import_module(f"{target}.__main__" if spec.submodule_search_locations
+                                         else target)
     if not hasattr(module, "parse_args"):
         pytest.fail(f"{target} has no parse_args: its command line is not mtp.cli's")
     return module.parse_args
@@ -271,18 +264,10 @@ def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_a_block_that_uses_a_name_before_importing_it_fails() -> None:
     """The README's old snippet: HeadsDrafter(k=8) a few lines before its import."""
-    block = Block(
-        REPO_ROOT / "README.md",
-        1,
-        "python",
-        "\n".join(
-            [
-                "drafter = HeadsDrafter(k=8)",
-                "from mtp.generate import HeadsDrafter",
-            ]
-        ),
-        None,
-    )
+    block = Block(REPO_ROOT / "README.md", 1, "python", "\n".join([
+        "drafter = HeadsDrafter(k=8)",
+        "from mtp.generate import HeadsDrafter",
+    ]), None)
     with pytest.raises(NameError, match="HeadsDrafter"):
         run_block(block)
 
@@ -307,24 +292,20 @@ def test_the_docs_have_commands_and_blocks_to_check() -> None:
 
 def test_the_extraction_reads_shell_as_a_shell_does(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text(
-        "\n".join(
-            [
-                "```bash",
-                "RUN=$(ls -d outputs/train/* | tail -1)",
-                "M=data.batch_size=4",
-                "pip install x && OMP_NUM_THREADS=1 python -m mtp.train +experiment=byte8 $M \\",
-                "    trainer.max_steps=2   # a comment",
-                "flock /tmp/lock nice -n -5 python scripts/bench_decode.py checkpoint=$RUN/export",
-                "python -m pytest -q",
-                "```",
-                "<!-- not tested: needs a GPU -->",
-                "```bash",
-                "python -m mtp.train trainer=gpu",
-                "```",
-            ]
-        )
-    )
+    page.write_text("\n".join([
+        "```bash",
+        "RUN=$(ls -d outputs/train/* | tail -1)",
+        "M=data.batch_size=4",
+        "pip install x && OMP_NUM_THREADS=1 python -m mtp.train +experiment=byte8 $M \\",
+        "    trainer.max_steps=2   # a comment",
+        "flock /tmp/lock nice -n -5 python scripts/bench_decode.py checkpoint=$RUN/export",
+        "python -m pytest -q",
+        "```",
+        "<!-- not tested: needs a GPU -->",
+        "```bash",
+        "python -m mtp.train trainer=gpu",
+        "```",
+    ]))
     found = [(c.target, c.argv) for c in commands(page)]
     assert found == [
         ("mtp.train", ["+experiment=byte8", "data.batch_size=4", "trainer.max_steps=2"]),
@@ -355,9 +336,8 @@ def test_every_skip_marker_precedes_a_block() -> None:
         for index, line in enumerate(lines):
             if line.strip().startswith("<!-- not tested"):
                 assert SKIP_MARKER.match(line.strip()), f"{page.name}:{index + 1}: no reason"
-                assert index + 1 < len(lines) and FENCE.match(lines[index + 1]), (
+                assert index + 1 < len(lines) and FENCE.match(lines[index + 1]), \
                     f"{page.name}:{index + 1}: the marker is not right before a code block"
-                )
 
 
 def test_relative_links_point_at_files() -> None:

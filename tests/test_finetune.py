@@ -34,16 +34,8 @@ SEQ_LEN = 16
 
 def _base(n_future: int = 1, head_type: str = "block") -> MTPModel:
     """A 'trained' base model: random weights, perturbed so that no two heads agree."""
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=64,
-        n_future=n_future,
-        head_type=head_type,
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       max_seq_len=64, n_future=n_future, head_type=head_type)
     return MTPModel(config)
 
 
@@ -51,11 +43,8 @@ def test_grown_config_keeps_the_architecture_and_refuses_silent_drops():
     base = _base(n_future=2).config
     grown = grown_config(base, n_future=5, head_type="block")
     assert (grown.n_future, grown.n_layers, grown.dim) == (5, base.n_layers, base.dim)
-    with pytest.raises(
-        ValueError,
-        match=r"n_future=1 is below the checkpoint's 2 heads.*"
-        r"init.drop_heads=true",
-    ):
+    with pytest.raises(ValueError, match=r"n_future=1 is below the checkpoint's 2 heads.*"
+                                         r"init.drop_heads=true"):
         grown_config(base, n_future=1, head_type="block")
     assert grown_config(base, n_future=1, head_type="block", drop_heads=True).n_future == 1
     with pytest.raises(ValueError, match=r"head_type='resblock' differs .*heads 1..1 \('block'\)"):
@@ -74,15 +63,13 @@ def test_copied_heads_start_as_head_0_or_the_identity(head_type):
     torch.testing.assert_close(model(tokens)[:, :, 0], base(tokens)[:, :, 0], rtol=0, atol=0)
     trunk = model.trunk(tokens)
     expected = {"block": model.head(trunk, 0), "medusa": model.norm(model.head(trunk, 0))}.get(
-        head_type, trunk
-    )  # medusa heads read the base model's final (normed) hidden state
+        head_type, trunk)  # medusa heads read the base model's final (normed) hidden state
     for i in (1, 2):
         torch.testing.assert_close(model.head(trunk, i), expected, rtol=0, atol=0)
     if head_type in ("block", "medusa"):  # every new head first predicts what head 0 does
         logits = model(tokens)
-        torch.testing.assert_close(
-            logits[:, :, 1:], logits[:, :, :1].expand_as(logits[:, :, 1:]), rtol=0, atol=0
-        )
+        torch.testing.assert_close(logits[:, :, 1:], logits[:, :, :1].expand_as(logits[:, :, 1:]),
+                                   rtol=0, atol=0)
     random = MTPModel(config)
     random.load_state_dict(grow_heads(base, config, new_heads="random"))
     assert not torch.equal(random.head(trunk, 1), expected)
@@ -93,32 +80,24 @@ def test_copied_heads_start_as_head_0_or_the_identity(head_type):
 def _blocks(n_future: int) -> list[dict[str, torch.Tensor]]:
     stream = torch.tensor(list(b"def add(a, b):\n    return a + b\n\n" * 40))
     width = SEQ_LEN + n_future
-    return [{"tokens": stream[i : i + width]} for i in range(0, len(stream) - width, SEQ_LEN)]
+    return [{"tokens": stream[i:i + width]} for i in range(0, len(stream) - width, SEQ_LEN)]
 
 
 def _fit(lit: MTPLitModule, steps: int) -> L.Trainer:
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
     trainer.fit(lit, DataLoader(_blocks(lit.config.n_future), batch_size=4))
     return trainer
 
 
-def _grown(
-    head_type: str = "resblock", *, max_steps: int, **optim: object
-) -> tuple[MTPModel, MTPLitModule]:
+def _grown(head_type: str = "resblock", *, max_steps: int, **optim: object
+           ) -> tuple[MTPModel, MTPLitModule]:
     base = _base()
     config = grown_config(base.config, n_future=3, head_type=head_type)
-    settings = TrainSettings(
-        run=RunSettings(seq_len=SEQ_LEN, max_steps=max_steps),
-        optim=OptimSettings(lr=1e-2, warmup_steps=1, **optim),
-        init=InitSettings(init_from="the base model above"),
-    )
+    settings = TrainSettings(run=RunSettings(seq_len=SEQ_LEN, max_steps=max_steps),
+                             optim=OptimSettings(lr=1e-2, warmup_steps=1, **optim),
+                             init=InitSettings(init_from="the base model above"))
     lit = MTPLitModule(config, settings, init_state=grow_heads(base, config))
     return base, lit
 
@@ -140,11 +119,8 @@ def test_new_sequential_modules_copy_the_last_module_or_head_0s_blocks():
     for name, tensor in grown.heads[2].state_dict().items():
         for k in (3, 4):
             assert torch.equal(state[f"heads.{k}.{name}"], tensor), (k, name)
-    with pytest.raises(
-        ValueError,
-        match=r"model.n_future=5 is above the checkpoint's 3 head\(s\): "
-        r"set init.new_heads",
-    ):
+    with pytest.raises(ValueError, match=r"model.n_future=5 is above the checkpoint's 3 head\(s\): "
+                                         r"set init.new_heads"):
         grown_config(config, n_future=5, head_type="sequential", new_heads=None)
     with pytest.raises(ValueError, match=r"head_type='block' differs .*\('sequential'\)"):
         grown_config(config, n_future=4, head_type="block")
@@ -166,7 +142,8 @@ def test_medusa1_trains_the_new_heads_only(head_type):
             assert not torch.equal(param, initial[name]), name  # the new heads trained
     tokens = torch.randint(0, 262, (2, 12))
     with torch.no_grad():
-        torch.testing.assert_close(model(tokens)[:, :, 0], base(tokens)[:, :, 0], rtol=0, atol=0)
+        torch.testing.assert_close(model(tokens)[:, :, 0], base(tokens)[:, :, 0],
+                                   rtol=0, atol=0)
 
 
 def test_medusa2_trains_the_base_at_its_multiplier_after_the_heads_only_warm_up():
@@ -179,19 +156,12 @@ def test_medusa2_trains_the_base_at_its_multiplier_after_the_heads_only_warm_up(
 
         def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
             if trainer.global_step == 2:
-                after_warm_up.update(
-                    {n: p.detach().clone() for n, p in lit.model.named_parameters()}
-                )
+                after_warm_up.update({n: p.detach().clone()
+                                      for n, p in lit.model.named_parameters()})
 
-    trainer = L.Trainer(
-        max_steps=6,
-        accelerator="cpu",
-        logger=False,
-        callbacks=[Record()],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", logger=False, callbacks=[Record()],
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
     trainer.fit(lit, DataLoader(_blocks(3), batch_size=4))
     # Warm-up: the base's rate stays 0 and nothing changes it; then it trains at 0.25x.
     assert [lr["base"] for lr in lrs[:2]] == [0.0, 0.0] and lrs[0]["heads"] > 0
@@ -199,9 +169,8 @@ def test_medusa2_trains_the_base_at_its_multiplier_after_the_heads_only_warm_up(
     for name, param in after_warm_up.items():
         if MTPModel.is_base_parameter(name):
             assert torch.equal(param, base.state_dict()[name]), name
-    assert not torch.equal(
-        lit.model.layers[0].attention.wq.weight, base.layers[0].attention.wq.weight
-    )
+    assert not torch.equal(lit.model.layers[0].attention.wq.weight,
+                           base.layers[0].attention.wq.weight)
 
 
 def test_joint_training_uses_the_configured_groups():
@@ -215,10 +184,8 @@ def test_joint_training_uses_the_configured_groups():
     assert groups["heads"]["lr"] == pytest.approx(1e-2)
     assert groups["base_no_decay"]["weight_decay"] == 0.0
     named = {id(p): n for n, p in lit.model.named_parameters()}
-    assert all(
-        named[id(p)].startswith("heads.") and not named[id(p)].startswith("heads.0.")
-        for p in groups["heads"]["params"]
-    )
+    assert all(named[id(p)].startswith("heads.") and not named[id(p)].startswith("heads.0.")
+               for p in groups["heads"]["params"])
     counted = sum(len(g["params"]) for g in optimizer.param_groups)
     assert counted == len(list(lit.model.parameters()))
 
@@ -227,19 +194,13 @@ def test_a_frozen_trunk_with_a_trunk_group_is_refused():
     with pytest.raises(ValueError, match="trunk_lr_mult=0.1 .*could train it"):
         OptimSettings(freeze_trunk=True, trunk_lr_mult=0.1)
     for overrides, message in [
-        (
-            ["+experiment=medusa1", "init_from=x", "optim.trunk_lr_mult=0.5"],
-            "freeze_trunk=true with optim.trunk_lr_mult=0.5",
-        ),
-        (
-            ["+experiment=medusa1", "init_from=x", "optim.heads_only_steps=10"],
-            "heads_only_steps=10: a frozen trunk",
-        ),
+        (["+experiment=medusa1", "init_from=x", "optim.trunk_lr_mult=0.5"],
+         "freeze_trunk=true with optim.trunk_lr_mult=0.5"),
+        (["+experiment=medusa1", "init_from=x", "optim.heads_only_steps=10"],
+         "heads_only_steps=10: a frozen trunk"),
         (["+experiment=medusa1"], "freeze_trunk=true needs init_from"),
-        (
-            ["+experiment=medusa2", "init_from=x", "optim.heads_only_steps=400"],
-            r"heads_only_steps=400 must be in \[0, trainer.max_steps=400\)",
-        ),
+        (["+experiment=medusa2", "init_from=x", "optim.heads_only_steps=400"],
+         r"heads_only_steps=400 must be in \[0, trainer.max_steps=400\)"),
         (["init_from=x", "init.new_heads=zeros"], "init.new_heads='zeros'"),
     ]:
         with pytest.raises(ValueError, match=message):
@@ -252,7 +213,8 @@ def test_a_frozen_trunk_with_a_trunk_group_is_refused():
 @pytest.fixture(scope="module")
 def base_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
-    config = MTPConfig.compute_matched(depth=4, vocab_size=262, dim=32, n_heads=4, max_seq_len=128)
+    config = MTPConfig.compute_matched(depth=4, vocab_size=262, dim=32, n_heads=4,
+                                       max_seq_len=128)
     return export(MTPModel(config), ByteTokenizer(), tmp_path_factory.mktemp("base") / "export")
 
 
@@ -261,30 +223,16 @@ def _overrides(tmp_path: Path, base: Path, *extra: str) -> list[str]:
     corpus.mkdir(exist_ok=True)
     for path in sorted((REPO_ROOT / "mtp").glob("*.py"))[:6]:
         shutil.copy(path, corpus / path.name)
-    return [
-        "+experiment=medusa1",
-        f"init_from={base}",
-        "data=local",
-        f"data.source.paths=[{corpus}]",
-        f"data.cache_dir={tmp_path / 'cache'}",
-        "data.val_fraction=0.3",
-        "data.batch_size=4",
-        "seq_len=32",
-        "logger=none",
-        "trainer.limit_val_batches=1",
-        "trainer.enable_progress_bar=false",
-        "optim.warmup_steps=1",
-        "trainer.precision=32-true",
-        "trainer.max_steps=3",
-        "trainer.val_check_interval=3",
-        f"run_dir={tmp_path / 'run'}",
-        *extra,
-    ]
+    return ["+experiment=medusa1", f"init_from={base}", "data=local",
+            f"data.source.paths=[{corpus}]", f"data.cache_dir={tmp_path / 'cache'}",
+            "data.val_fraction=0.3", "data.batch_size=4", "seq_len=32", "logger=none",
+            "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
+            "optim.warmup_steps=1", "trainer.precision=32-true", "trainer.max_steps=3",
+            "trainer.val_check_interval=3", f"run_dir={tmp_path / 'run'}", *extra]
 
 
-def test_medusa1_end_to_end_keeps_head_0_and_records_the_head_type(
-    tmp_path: Path, base_export: Path
-) -> None:
+def test_medusa1_end_to_end_keeps_head_0_and_records_the_head_type(tmp_path: Path,
+                                                                    base_export: Path) -> None:
     export_dir = train(compose(_overrides(tmp_path, base_export)))
     model, tokenizer = mtp.load(export_dir)
     base, _ = mtp.load(base_export)
@@ -296,26 +244,22 @@ def test_medusa1_end_to_end_keeps_head_0_and_records_the_head_type(
 
 
 def test_medusa2_end_to_end_trains_the_base_too(tmp_path: Path, base_export: Path) -> None:
-    cfg = compose(
-        _overrides(tmp_path, base_export, "optim.heads_only_steps=1")[1:] + ["+experiment=medusa2"]
-    )
+    cfg = compose(_overrides(tmp_path, base_export, "optim.heads_only_steps=1")[1:]
+                  + ["+experiment=medusa2"])
     assert list(cfg.loss.weights) == pytest.approx([1, 0.8, 0.64, 0.512])
     model, _ = mtp.load(train(cfg))
     base, _ = mtp.load(base_export)
-    assert not torch.equal(model.layers[0].attention.wq.weight, base.layers[0].attention.wq.weight)
+    assert not torch.equal(model.layers[0].attention.wq.weight,
+                           base.layers[0].attention.wq.weight)
 
 
-@pytest.mark.parametrize(
-    "extra, message",
-    [
-        (["tokenizer=bpe"], r"has a byte tokenizer \(vocab_size=262\) but tokenizer=bpe"),
-        (["model.vocab_size=300"], "model.vocab_size=300 does not match"),
-        (["model.n_future=1"], "leaves nothing to train"),
-    ],
-)
-def test_init_from_mismatches_fail_before_training(
-    tmp_path: Path, base_export: Path, extra: list[str], message: str
-) -> None:
+@pytest.mark.parametrize("extra, message", [
+    (["tokenizer=bpe"], r"has a byte tokenizer \(vocab_size=262\) but tokenizer=bpe"),
+    (["model.vocab_size=300"], "model.vocab_size=300 does not match"),
+    (["model.n_future=1"], "leaves nothing to train"),
+])
+def test_init_from_mismatches_fail_before_training(tmp_path: Path, base_export: Path,
+                                                   extra: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         train(compose(_overrides(tmp_path, base_export, *extra)))
     assert not (tmp_path / "run" / "checkpoints").exists()
@@ -336,9 +280,9 @@ def next_token_model() -> MTPModel:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("head_type", ["block", "resblock", "linear", "medusa", "sequential"])
-def test_medusa1_heads_draft_for_greedy_speculative_decoding(
-    next_token_model: MTPModel, head_type: str, tmp_path: Path
-) -> None:
+def test_medusa1_heads_draft_for_greedy_speculative_decoding(next_token_model: MTPModel,
+                                                             head_type: str,
+                                                             tmp_path: Path) -> None:
     """Heads grown on a trained model: exported and loaded, greedy speculative decoding with
     them equals autoregressive decoding token for token, and they draft useful tokens."""
     config = grown_config(next_token_model.config, n_future=4, head_type=head_type)
@@ -349,9 +293,8 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(
     recite(model, DOCS, 60)
     with torch.no_grad():  # the base model's own logits, bit for bit
         tokens = torch.tensor([list(b"def add(a, b):")])
-        torch.testing.assert_close(
-            model(tokens, heads=[0]), next_token_model(tokens, heads=[0]), rtol=0, atol=0
-        )
+        torch.testing.assert_close(model(tokens, heads=[0]), next_token_model(tokens, heads=[0]),
+                                   rtol=0, atol=0)
     export(model, ByteTokenizer(), tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["model"]["head_type"] == head_type
     loaded, tokenizer = mtp.load(tmp_path, dtype=torch.float64)
@@ -359,25 +302,18 @@ def test_medusa1_heads_draft_for_greedy_speculative_decoding(
     reference = generate(loaded, tokenizer, prompts, max_new_tokens=40)
     assert reference[0].text == "a, b):\n    return a + b\n"  # head 0 is the base model's
     for k in (2, 4):
-        generations = generate(
-            loaded, tokenizer, prompts, max_new_tokens=40, drafter=DrafterSpec(drafter="heads", k=k)
-        )
+        generations = generate(loaded, tokenizer, prompts, max_new_tokens=40,
+                               drafter=DrafterSpec(drafter="heads", k=k))
         assert [g.token_ids for g in generations] == [g.token_ids for g in reference], k
-    trees = generate(
-        loaded,
-        tokenizer,
-        prompts,
-        max_new_tokens=40,
-        drafter=DrafterSpec(drafter="heads", tree="tree8"),
-    )
+    trees = generate(loaded, tokenizer, prompts, max_new_tokens=40,
+                     drafter=DrafterSpec(drafter="heads", tree="tree8"))
     assert [g.token_ids for g in trees] == [g.token_ids for g in reference]
     assert generations[0].stats.tokens_per_forward > 1.25  # random heads: about 1
 
 
 @pytest.mark.parametrize("head_type", ["resblock", "linear", "medusa", "sequential"])
-def test_hugging_face_export_records_the_head_type_and_loads_back(
-    tmp_path: Path, head_type: str
-) -> None:
+def test_hugging_face_export_records_the_head_type_and_loads_back(tmp_path: Path,
+                                                                   head_type: str) -> None:
     config = grown_config(_base().config, n_future=3, head_type=head_type)
     model = MTPModel(config).eval()
     export_hf(model, ByteTokenizer(), tmp_path)
@@ -410,17 +346,11 @@ def _fsdp_worker(rank: int, port: int, results: dict, head_type: str) -> None:
             param.requires_grad_(not MTPModel.is_base_parameter(name))
         parallelize(sharded, init_device_mesh("cpu", (2,)))
         mtp_loss(sharded, tokens.chunk(2)[rank], backward=autograd_backward)
-        grads = {
-            name: None if p.grad is None else p.grad.full_tensor()
-            for name, p in sharded.named_parameters()
-        }
+        grads = {name: None if p.grad is None else p.grad.full_tensor()
+                 for name, p in sharded.named_parameters()}
         if rank == 0:
-            results.update(
-                {
-                    name: (grad, p.grad)
-                    for (name, p), grad in zip(reference.named_parameters(), grads.values())
-                }
-            )
+            results.update({name: (grad, p.grad) for (name, p), grad in
+                            zip(reference.named_parameters(), grads.values())})
         end_spawned_rank()
     finally:  # reached only when the work above raised
         dist.destroy_process_group()
@@ -434,9 +364,8 @@ def test_fsdp_medusa1_resblock_heads_match_one_process(head_type: str) -> None:
         port = s.getsockname()[1]
     results = mp.Manager().dict()
     mp.spawn(_fsdp_worker, args=(port, results, head_type), nprocs=2, join=True)
-    assert len(results) == len(
-        list(MTPModel(grown_config(_base().config, n_future=3, head_type=head_type)).parameters())
-    )
+    assert len(results) == len(list(MTPModel(grown_config(
+        _base().config, n_future=3, head_type=head_type)).parameters()))
     for name, (sharded, single) in dict(results).items():
         if MTPModel.is_base_parameter(name):
             assert sharded is None and single is None, name

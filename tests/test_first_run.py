@@ -24,9 +24,8 @@ def test_sequential_heads_are_measured_after_training(tiny_config) -> None:
     # The end-of-training decoding resolves the heads' drafter as generate does: sequential
     # modules draft with SequentialDrafter (HeadsDrafter refuses them).
     model = MTPModel(dataclasses.replace(tiny_config, head_type="sequential")).eval()
-    figures = measure_decoding(
-        model, ByteTokenizer(), ["def f(x):", "import os\n"], max_new_tokens=6, trees=["tree8"]
-    )
+    figures = measure_decoding(model, ByteTokenizer(), ["def f(x):", "import os\n"],
+                               max_new_tokens=6, trees=["tree8"])
     assert set(figures["tokens_per_forward"]) == {1, 2, 3, 4} and figures["identical"]
     assert figures["tree"] == "tree8"
 
@@ -53,33 +52,23 @@ def test_a_tied_config_with_its_own_output_weight_is_refused(tiny_config, tmp_pa
 def test_the_missing_checkpoint_error_is_one_short_line(tmp_path) -> None:
     with pytest.raises(FileNotFoundError) as error:
         load(tmp_path / "nowhere")
-    assert (
-        str(error.value)
-        == f"no checkpoint at {tmp_path / 'nowhere'} (neither a file nor a directory)"
-    )
-    result = subprocess.run(
-        [sys.executable, "-m", "mtp.generate", f"checkpoint={tmp_path / 'nowhere'}", "prompt=x"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    assert str(error.value) == f"no checkpoint at {tmp_path / 'nowhere'} (neither a file nor a directory)"
+    result = subprocess.run([sys.executable, "-m", "mtp.generate",
+                             f"checkpoint={tmp_path / 'nowhere'}", "prompt=x"],
+                            capture_output=True, text=True, check=False)
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert len(result.stderr) < 200, result.stderr
 
 
-@pytest.mark.parametrize(
-    ("argument", "message"),
-    [
-        ("max_new_tokens=-5", "max_new_tokens=-5 must be at least 1"),
-        ("temperature=-1", "temperature must be a finite number >= 0, got -1"),
-        ("top_p=2", "top_p must be in \\(0, 1\\], got 2"),
-        ("threads=0", "threads=0 must be a positive integer or auto"),
-        ("stop=['']", "stop strings must be non-empty"),
-    ],
-)
-def test_generate_refuses_bad_arguments_before_loading(
-    argument: str, message: str, tmp_path: Path, capsys
-) -> None:
+@pytest.mark.parametrize(("argument", "message"), [
+    ("max_new_tokens=-5", "max_new_tokens=-5 must be at least 1"),
+    ("temperature=-1", "temperature must be a finite number >= 0, got -1"),
+    ("top_p=2", "top_p must be in \\(0, 1\\], got 2"),
+    ("threads=0", "threads=0 must be a positive integer or auto"),
+    ("stop=['']", "stop strings must be non-empty"),
+])
+def test_generate_refuses_bad_arguments_before_loading(argument: str, message: str,
+                                                       tmp_path: Path, capsys) -> None:
     # The checkpoint does not exist: an argument error that came after loading would be the
     # missing checkpoint's instead, and the prompt would be echoed first.
     with pytest.raises(ValueError, match=message):
@@ -88,35 +77,19 @@ def test_generate_refuses_bad_arguments_before_loading(
 
 
 def test_eval_refuses_bad_arguments_before_loading(tmp_path: Path) -> None:
-    for bad, message in (
-        (dict(max_new_tokens=-5), "max_new_tokens=-5 must be at least 1"),
-        (dict(threads=0), "threads=0 must be a positive integer or auto"),
-    ):
+    for bad, message in ((dict(max_new_tokens=-5), "max_new_tokens=-5 must be at least 1"),
+                         (dict(threads=0), "threads=0 must be a positive integer or auto")):
         with pytest.raises(ValueError, match=message):
-            EvalConfig(
-                task="humaneval",
-                output=str(tmp_path / "r.jsonl"),
-                checkpoint=str(tmp_path / "nowhere"),
-                **bad,
-            )
+            EvalConfig(task="humaneval", output=str(tmp_path / "r.jsonl"),
+                       checkpoint=str(tmp_path / "nowhere"), **bad)
 
 
 # Third-party lines the first training command printed before (issue: a quiet first run):
 # Lightning's litlogger tip, wandb's console lines (its anonymous-setting warning among them),
 # torch's LeafSpec deprecation that Lightning's code triggers, Lightning's remark that its
 # model summary cannot size bf16 weights.
-THIRD_PARTY = (
-    "💡",
-    "litlogger",
-    "wandb",
-    "anonymous",
-    "LeafSpec",
-    "deprecated",
-    "Deprecation",
-    "FutureWarning",
-    "UserWarning",
-    "is not supported by the model summary",
-)
+THIRD_PARTY = ("💡", "litlogger", "wandb", "anonymous", "LeafSpec", "deprecated", "Deprecation",
+               "FutureWarning", "UserWarning", "is not supported by the model summary")
 
 
 def test_the_first_training_command_prints_its_own_lines_only(tmp_path: Path) -> None:
@@ -128,37 +101,16 @@ def test_the_first_training_command_prints_its_own_lines_only(tmp_path: Path) ->
     corpus.mkdir()
     for path in sorted((REPO_ROOT / "mtp" / "train").glob("*.py"))[:8]:
         shutil.copy(path, corpus / path.name)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("WANDB_", "PYTHONWARNINGS", "OMP_NUM_THREADS"))
-    }
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("WANDB_", "PYTHONWARNINGS", "OMP_NUM_THREADS"))}
     env["MTP_CACHE"] = str(tmp_path / "cache")  # nothing measured yet, as on a first run
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mtp.train",
-            "+experiment=byte8",
-            "model=tiny",
-            "data=local",
-            f"data.source.paths=[{corpus}]",
-            f"data.cache_dir={tmp_path / 'data'}",
-            "data.val_fraction=0.3",
-            "data.batch_size=2",
-            "seq_len=32",
-            "trainer.max_steps=4",
-            "trainer.val_check_interval=4",
-            "trainer.limit_val_batches=1",
-            "decode.enabled=false",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+        [sys.executable, "-m", "mtp.train", "+experiment=byte8", "model=tiny", "data=local",
+         f"data.source.paths=[{corpus}]", f"data.cache_dir={tmp_path / 'data'}",
+         "data.val_fraction=0.3", "data.batch_size=2", "seq_len=32", "trainer.max_steps=4",
+         "trainer.val_check_interval=4", "trainer.limit_val_batches=1", "decode.enabled=false",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = done.stdout + done.stderr
     for line in printed.splitlines():

@@ -33,7 +33,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from the package, up level - 1 packages
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join(parent + ([base] if base else []))
             # `from package import submodule` imports the submodule too
             targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
@@ -100,9 +100,7 @@ def test_the_import_graph_is_read_whole():
     graph, _ = _graphs()
     assert "mtp.decode.loop" in graph["mtp.decode"]  # a package's re-exports
     assert "mtp.kv_cache" in graph["mtp.model"]  # a TYPE_CHECKING import
-    assert (
-        "mtp.checkpoint" in graph["mtp.decode.drafters.draft_model"]
-    )  # an import inside a function
+    assert "mtp.checkpoint" in graph["mtp.decode.drafters.draft_model"]  # an import inside a function
 
 
 def test_no_module_imports_itself_back():

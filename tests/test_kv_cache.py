@@ -32,9 +32,8 @@ def test_cached_logits_equal_full_recomputation_for_every_head(model):
     cache = _cache(model, batch=2)
     pieces, length = [], 0
     for size, key_len in ((5, 5), (1, 32), (3, 16), (1, 12), (1, 12), (1, 12)):
-        pieces.append(
-            _forward(model, tokens[:, length : length + size], cache, [length] * 2, key_len)
-        )
+        pieces.append(_forward(model, tokens[:, length:length + size], cache, [length] * 2,
+                               key_len))
         length += size
     torch.testing.assert_close(torch.cat(pieces, dim=1), full)
 
@@ -80,11 +79,7 @@ def test_positions_past_the_context_are_clamped():
     assert step.positions.tolist() == [[6, 7, 7], [2, 3, 4]]
     assert step.slots.tolist() == [[6, 7, 8], [2, 3, 4]]
     # Row 1's slots 5..8 hold nothing of its own: hidden.
-    assert step.mask[1, 0].int().tolist() == [
-        [1, 1, 1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0, 0, 0, 0],
-        [1, 1, 1, 1, 1, 0, 0, 0, 0],
-    ]
+    assert step.mask[1, 0].int().tolist() == [[1, 1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0, 0]]
 
 
 # A tree over 7 new tokens: node 0 is the root; parents[i] < i. Root-to-leaf paths:
@@ -154,16 +149,8 @@ def test_compiled_writes_and_moves_update_the_cache_in_place(tiny_config):
 
     max_len = 97  # a store of 2 * 3 * 4 * 97 * 8 = 18624 elements: a distinctive loop bound
     config = MTPModel(tiny_config).config
-    config = type(config)(
-        **{
-            **config.to_dict(),
-            "n_layers": 1,
-            "n_future": 1,
-            "n_heads": 4,
-            "n_kv_heads": 4,
-            "dim": 32,
-        }
-    )
+    config = type(config)(**{**config.to_dict(), "n_layers": 1, "n_future": 1, "n_heads": 4,
+                             "n_kv_heads": 4, "dim": 32})
     cache = KVCache(config, 3, max_len)
     one_block, whole = 3 * 4 * max_len * 8, cache.keys.numel()
     lengths = torch.tensor([5, 9, 2])

@@ -28,7 +28,7 @@ def _blocks(n_future: int) -> list[dict[str, torch.Tensor]]:
     """Overlapping blocks of a repetitive byte stream, as the data pipeline cuts them."""
     stream = torch.tensor(list(b"def add(a, b):\n    return a + b\n\n" * 120))
     width = SEQ_LEN + n_future
-    return [{"tokens": stream[i : i + width]} for i in range(0, len(stream) - width, SEQ_LEN)]
+    return [{"tokens": stream[i:i + width]} for i in range(0, len(stream) - width, SEQ_LEN)]
 
 
 class _Losses(Callback):
@@ -42,48 +42,31 @@ class _Losses(Callback):
 class _Gradients(Callback):
     """The gradients an optimizer step is about to apply (after clipping, if any)."""
 
-    def on_before_optimizer_step(
-        self, trainer: L.Trainer, lit: MTPLitModule, *args: object
-    ) -> None:
+    def on_before_optimizer_step(self, trainer: L.Trainer, lit: MTPLitModule,
+                                 *args: object) -> None:
         self.grads = {name: p.grad.clone() for name, p in lit.model.named_parameters()}
 
 
-def _settings(
-    max_steps: int, *, loss: LossSettings | None = None, compile: bool = False, **optim: object
-) -> TrainSettings:
+def _settings(max_steps: int, *, loss: LossSettings | None = None, compile: bool = False,
+              **optim: object) -> TrainSettings:
     """The settings of these tests' runs: SEQ_LEN, lr 1e-2 and a 2-step warm-up unless said."""
-    return TrainSettings(
-        run=RunSettings(seq_len=SEQ_LEN, max_steps=max_steps, compile=compile),
-        loss=loss or LossSettings(),
-        optim=OptimSettings(**{"lr": 1e-2, "warmup_steps": 2, **optim}),
-    )
+    return TrainSettings(run=RunSettings(seq_len=SEQ_LEN, max_steps=max_steps, compile=compile),
+                         loss=loss or LossSettings(),
+                         optim=OptimSettings(**{"lr": 1e-2, "warmup_steps": 2, **optim}))
 
 
-def _fit(
-    config: MTPConfig,
-    steps: int,
-    *,
-    batch_size: int = 4,
-    callbacks: list[Callback] = (),
-    precision: str = "32-true",
-    **settings: object,
-) -> tuple[MTPLitModule, list[float]]:
+def _fit(config: MTPConfig, steps: int, *, batch_size: int = 4,
+         callbacks: list[Callback] = (), precision: str = "32-true", **settings: object
+         ) -> tuple[MTPLitModule, list[float]]:
     L.seed_everything(0, verbose=False)
     lit = MTPLitModule(config, _settings(steps, **settings))
     losses = _Losses()
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        callbacks=[losses, *callbacks],
-        precision=precision,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    loader = DataLoader(
-        _blocks(lit.settings.loss.lookahead(config.n_future)), batch_size=batch_size, shuffle=False
-    )
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False,
+                        callbacks=[losses, *callbacks], precision=precision,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    loader = DataLoader(_blocks(lit.settings.loss.lookahead(config.n_future)),
+                        batch_size=batch_size, shuffle=False)
     trainer.fit(lit, loader)
     return lit, losses.losses
 
@@ -113,10 +96,8 @@ def _check_curve(losses: list[float], path: Path) -> None:
     if os.environ.get("MTP_WRITE_CURVE"):
         path.write_text(json.dumps({"steps": len(losses), "losses": losses}, indent=1) + "\n")
     if not path.exists():
-        pytest.fail(
-            f"the reference loss curve {path} is missing; if that is intended, "
-            f"regenerate it: MTP_WRITE_CURVE=1 pytest tests/test_lit.py"
-        )
+        pytest.fail(f"the reference loss curve {path} is missing; if that is intended, "
+                    f"regenerate it: MTP_WRITE_CURVE=1 pytest tests/test_lit.py")
     stored = json.loads(path.read_text())["losses"]
     assert losses == pytest.approx(stored, rel=1e-3)
 
@@ -136,16 +117,16 @@ def test_accumulation_gives_the_larger_batchs_gradients(tiny_config: MTPConfig) 
     assert big.grads.keys() == accumulated.grads.keys()
     for name, grad in big.grads.items():
         assert grad.abs().sum() > 0, name
-        torch.testing.assert_close(accumulated.grads[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(accumulated.grads[name], grad, rtol=1e-4, atol=1e-7,
+                                   msg=name)
 
 
 def test_a_bf16_mixed_step_runs_under_autocast(tiny_config: MTPConfig) -> None:
     dtypes = []
 
     class Dtypes(Callback):
-        def on_train_batch_start(
-            self, trainer: L.Trainer, lit: MTPLitModule, *args: object
-        ) -> None:
+        def on_train_batch_start(self, trainer: L.Trainer, lit: MTPLitModule,
+                                 *args: object) -> None:
             if not dtypes:
                 lit.model.output.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
 
@@ -176,61 +157,45 @@ def test_loss_modes_train_alike(tiny_config: MTPConfig, mode: str) -> None:
 
 def test_non_finite_loss_stops_the_run(tiny_config: MTPConfig) -> None:
     class Poison(Callback):
-        def on_train_batch_start(
-            self, trainer: L.Trainer, lit: MTPLitModule, batch: object, batch_idx: int
-        ) -> None:
+        def on_train_batch_start(self, trainer: L.Trainer, lit: MTPLitModule, batch: object,
+                                 batch_idx: int) -> None:
             if batch_idx == 3:
                 with torch.no_grad():
                     lit.model.output.weight.fill_(float("nan"))
 
     lit = MTPLitModule(tiny_config, _settings(10, lr=3e-3, warmup_steps=1))
-    trainer = L.Trainer(
-        max_steps=10,
-        accelerator="cpu",
-        logger=False,
-        callbacks=[Poison()],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-    )
+    trainer = L.Trainer(max_steps=10, accelerator="cpu", logger=False, callbacks=[Poison()],
+                        enable_checkpointing=False, enable_progress_bar=False)
     with pytest.raises(NonFiniteLossError, match="non-finite loss .* at step 3"):
         trainer.fit(lit, DataLoader(_blocks(4), batch_size=4))
     assert trainer.global_step == 3  # the bad step was never applied
 
 
-def test_a_scheduled_run_trains_and_logs_the_weights_of_each_step(tiny_config: MTPConfig) -> None:
+def test_a_scheduled_run_trains_and_logs_the_weights_of_each_step(
+        tiny_config: MTPConfig) -> None:
     """The forward curriculum over 6 steps, 3 distances: head 1 rises over steps 0-2, head 2
     over 2-4, head 3 over 4-6; step 0 trains head 0 alone."""
     names = [f"train/loss_weight_head{i}" for i in (1, 2, 3)]
     recorded, gradients = _Recorded(*names), _Gradients()
     _fit(tiny_config, 1, callbacks=[gradients], loss=LossSettings(schedule="ramp"))
-    assert all(
-        gradients.grads[f"heads.{i}.0.feed_forward.w2.weight"].abs().sum() == 0 for i in (1, 2, 3)
-    )
+    assert all(gradients.grads[f"heads.{i}.0.feed_forward.w2.weight"].abs().sum() == 0
+               for i in (1, 2, 3))
     assert gradients.grads["heads.0.0.feed_forward.w2.weight"].abs().sum() > 0
     _fit(tiny_config, 6, callbacks=[recorded], loss=LossSettings(schedule="ramp"))
     logged = list(zip(*(recorded.values[name] for name in names)))
-    assert logged == [
-        pytest.approx(w, abs=1e-6)
-        for w in [(0, 0, 0), (0.5, 0, 0), (1, 0, 0), (1, 0.5, 0), (1, 1, 0), (1, 1, 0.5)]
-    ]
+    assert logged == [pytest.approx(w, abs=1e-6) for w in [
+        (0, 0, 0), (0.5, 0, 0), (1, 0, 0), (1, 0.5, 0), (1, 1, 0), (1, 1, 0.5)]]
 
 
 def test_the_look_ahead_term_trains_one_head_on_longer_blocks(tiny_config: MTPConfig) -> None:
     """loss.ahead on a one-head model: blocks of seq_len + 3 tokens, the look-ahead losses and
     their annealed weights logged (t+3's falls over steps 0-2, then t+2's over 2-4)."""
     one_head = MTPConfig(**{**tiny_config.to_dict(), "n_future": 1})
-    names = [
-        "train/loss_weight_ahead1",
-        "train/loss_weight_ahead2",
-        "train/loss_ahead1",
-        "train/acc_ahead2",
-        "train/loss_head0",
-        "train/loss",
-    ]
+    names = ["train/loss_weight_ahead1", "train/loss_weight_ahead2", "train/loss_ahead1",
+             "train/acc_ahead2", "train/loss_head0", "train/loss"]
     recorded = _Recorded(*names)
-    lit, _ = _fit(
-        one_head, 4, callbacks=[recorded], loss=LossSettings(ahead=[0.5, 0.25], schedule="anneal")
-    )
+    lit, _ = _fit(one_head, 4, callbacks=[recorded],
+                  loss=LossSettings(ahead=[0.5, 0.25], schedule="anneal"))
     values = recorded.values
     assert values["train/loss_weight_ahead1"] == pytest.approx([0.5, 0.5, 0.5, 0.25])
     assert values["train/loss_weight_ahead2"] == pytest.approx([0.25, 0.125, 0, 0])
@@ -245,11 +210,8 @@ def test_bad_settings_are_named(tiny_config: MTPConfig) -> None:
         MTPLitModule(tiny_config, TrainSettings(run=run))
     with pytest.raises(ValueError, match=r"loss.weights=\[1.0\] .*n_future=4"):
         MTPLitModule(tiny_config, _settings(10, loss=LossSettings(weights=[1.0])))
-    with pytest.raises(
-        ValueError,
-        match=r"loss.early_exit=2 must be a trunk layer from 1 to "
-        r"n_layers - 1 = 1",
-    ):
+    with pytest.raises(ValueError, match=r"loss.early_exit=2 must be a trunk layer from 1 to "
+                                         r"n_layers - 1 = 1"):
         MTPLitModule(tiny_config, _settings(10, loss=LossSettings(early_exit=2)))
     lit = MTPLitModule(tiny_config, _settings(10))
     lit.configure_model()
@@ -271,30 +233,21 @@ class _SlowAndRecorded(Callback):
         self.lrs.append(trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0])
 
 
-def _fit_slowly(
-    config: MTPConfig, steps: int, seconds: int, ckpt_path: Path | None = None
-) -> tuple[L.Trainer, list[float]]:
+def _fit_slowly(config: MTPConfig, steps: int, seconds: int, ckpt_path: Path | None = None
+                ) -> tuple[L.Trainer, list[float]]:
     L.seed_everything(0, verbose=False)
     lit = MTPLitModule(config, _settings(10_000, warmup_steps=1))  # steps alone barely decay
     recorded = _SlowAndRecorded()
-    trainer = L.Trainer(
-        max_steps=steps,
-        max_time={"seconds": seconds},
-        accelerator="cpu",
-        logger=False,
-        callbacks=[recorded],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = L.Trainer(max_steps=steps, max_time={"seconds": seconds}, accelerator="cpu",
+                        logger=False, callbacks=[recorded], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(lit, DataLoader(_blocks(4), batch_size=4), ckpt_path=ckpt_path)
     return trainer, recorded.lrs
 
 
 @pytest.mark.slow
-def test_a_resumed_run_continues_the_time_budgeted_schedule(
-    tiny_config: MTPConfig, tmp_path: Path
-) -> None:
+def test_a_resumed_run_continues_the_time_budgeted_schedule(tiny_config: MTPConfig,
+                                                            tmp_path: Path) -> None:
     """The schedule's clock is Lightning's Timer, which checkpoints restore: a run resumed
     part-way into its time budget continues the decay instead of restarting it."""
     first, first_lrs = _fit_slowly(tiny_config, 5, 20)
@@ -306,9 +259,8 @@ def test_a_resumed_run_continues_the_time_budgeted_schedule(
     assert all(a >= b for a, b in zip(lrs, lrs[1:])), lrs  # no restart after resuming
 
 
-def test_resuming_a_run_its_time_guard_stopped_ends_at_once(
-    tiny_config: MTPConfig, tmp_path: Path
-) -> None:
+def test_resuming_a_run_its_time_guard_stopped_ends_at_once(tiny_config: MTPConfig,
+                                                            tmp_path: Path) -> None:
     stopped, _ = _fit_slowly(tiny_config, 1000, 1)
     assert 0 < stopped.global_step < 1000
     stopped.save_checkpoint(tmp_path / "spent.ckpt")
@@ -316,22 +268,15 @@ def test_resuming_a_run_its_time_guard_stopped_ends_at_once(
     assert resumed.global_step == stopped.global_step and lrs == []  # the budget is spent
 
 
-def test_checkpoints_hold_plain_settings_that_load_back(
-    tiny_config: MTPConfig, tmp_path: Path
-) -> None:
+def test_checkpoints_hold_plain_settings_that_load_back(tiny_config: MTPConfig,
+                                                        tmp_path: Path) -> None:
     """Lightning resumes and `mtp.load` reads a checkpoint with weights_only=True: the
     hyperparameters are plain values, from which `load_from_checkpoint` rebuilds the same
     config and settings."""
     settings = _settings(1, loss=LossSettings(weights=[1, 0.5, 0.5, 0.5]), trunk_lr_mult=0.5)
     lit = MTPLitModule(tiny_config, settings, tokenizer_files=tokenizer_files(ByteTokenizer()))
-    trainer = L.Trainer(
-        max_steps=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(lit, DataLoader(_blocks(4), batch_size=4))
     trainer.save_checkpoint(tmp_path / "one.ckpt")
     stored = torch.load(tmp_path / "one.ckpt", weights_only=True)["hyper_parameters"]

@@ -35,31 +35,12 @@ def _gradients(model: MTPModel, tokens: torch.Tensor, **kwargs) -> tuple[float, 
     return out, {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize(
-    "n_future,head_type",
-    [
-        (1, "block"),
-        (2, "block"),
-        (4, "block"),
-        (8, "block"),
-        (4, "resblock"),
-        (4, "linear"),
-        (4, "medusa"),
-        (2, "sequential"),
-        (5, "sequential"),
-    ],
-)
+@pytest.mark.parametrize("n_future,head_type", [
+    (1, "block"), (2, "block"), (4, "block"), (8, "block"), (4, "resblock"), (4, "linear"),
+    (4, "medusa"), (2, "sequential"), (5, "sequential")])
 def test_naive_headwise_and_chunked_give_equal_losses_and_gradients(n_future, head_type):
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=64,
-        n_future=n_future,
-        head_type=head_type,
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       max_seq_len=64, n_future=n_future, head_type=head_type)
     model = MTPModel(config).double()
     tokens = torch.randint(0, 262, (2, 12 + n_future))
     weights = [1.0 / (i + 1) for i in range(n_future)]
@@ -71,9 +52,8 @@ def test_naive_headwise_and_chunked_give_equal_losses_and_gradients(n_future, he
         assert torch.equal(out.head_correct, naive.head_correct)
         assert grads.keys() == naive_grads.keys()
         for name, grad in grads.items():
-            torch.testing.assert_close(
-                grad, naive_grads[name], rtol=1e-10, atol=1e-12, msg=f"{mode}: gradient of {name}"
-            )
+            torch.testing.assert_close(grad, naive_grads[name], rtol=1e-10, atol=1e-12,
+                                       msg=f"{mode}: gradient of {name}")
     assert all(g.abs().sum() > 0 for g in naive_grads.values())
 
 
@@ -103,70 +83,44 @@ def test_accuracy_counts_top1_hits_on_real_targets_only(tiny_config):
 
 def test_zero_weight_head_gets_no_gradient(tiny_config):
     model = MTPModel(tiny_config)
-    mtp_loss(
-        model, torch.randint(0, 262, (2, 12)), weights=[1, 1, 0, 1], backward=autograd_backward
-    )
+    mtp_loss(model, torch.randint(0, 262, (2, 12)), weights=[1, 1, 0, 1],
+             backward=autograd_backward)
     assert all(p.grad.abs().sum() == 0 for p in model.heads[2].parameters())
     assert all(p.grad.abs().sum() > 0 for p in model.heads[3].parameters())
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(mode="fast"), "loss.mode='fast' is not one of"),
-        (
-            dict(weights=[1.0, 0.5]),
-            r"loss.weights=\[1.0, 0.5\] needs one weight per head "
-            r"\(model.n_future=4\)",
-        ),
-        (
-            dict(weights=[1.0, -1.0, 1.0, 1.0]),
-            r"loss.weights=\[1.0, -1.0, 1.0, 1.0\] must be a "
-            r"list of numbers in \[0, 1\]",
-        ),
-        (dict(weights=[1.0, 2.0, 1.0, 1.0]), r"must be a list of numbers in \[0, 1\]"),
-        (dict(ahead=[0.5, 1.5]), r"loss.ahead=\[0.5, 1.5\] must be a list of numbers in \[0, 1\]"),
-        (dict(chunk_size=0), "chunk_size=0 must be >= 1"),
-        (dict(schedule="cosine"), "loss.schedule='cosine' is not one of"),
-        (dict(schedule="stepped"), r"loss.schedule=stepped needs loss.schedule_steps=\[STEP\]"),
-        (
-            dict(schedule="stepped", schedule_steps=[10], schedule_factor=2.0),
-            r"loss.schedule_factor=2.0 must be in \[0, 1\]",
-        ),
-        (
-            dict(schedule="anneal", schedule_steps=[10, 5]),
-            r"loss.schedule=anneal takes loss.schedule_steps=\[START, END\] with START < END",
-        ),
-        (
-            dict(schedule="ramp", schedule_steps=[-1, 5]),
-            r"loss.schedule_steps=\[-1, 5\] must be a list of optimizer steps >= 0",
-        ),
-    ],
-)
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mode="fast"), "loss.mode='fast' is not one of"),
+    (dict(weights=[1.0, 0.5]), r"loss.weights=\[1.0, 0.5\] needs one weight per head "
+                               r"\(model.n_future=4\)"),
+    (dict(weights=[1.0, -1.0, 1.0, 1.0]), r"loss.weights=\[1.0, -1.0, 1.0, 1.0\] must be a "
+                                          r"list of numbers in \[0, 1\]"),
+    (dict(weights=[1.0, 2.0, 1.0, 1.0]), r"must be a list of numbers in \[0, 1\]"),
+    (dict(ahead=[0.5, 1.5]), r"loss.ahead=\[0.5, 1.5\] must be a list of numbers in \[0, 1\]"),
+    (dict(chunk_size=0), "chunk_size=0 must be >= 1"),
+    (dict(schedule="cosine"), "loss.schedule='cosine' is not one of"),
+    (dict(schedule="stepped"), r"loss.schedule=stepped needs loss.schedule_steps=\[STEP\]"),
+    (dict(schedule="stepped", schedule_steps=[10], schedule_factor=2.0),
+     r"loss.schedule_factor=2.0 must be in \[0, 1\]"),
+    (dict(schedule="anneal", schedule_steps=[10, 5]),
+     r"loss.schedule=anneal takes loss.schedule_steps=\[START, END\] with START < END"),
+    (dict(schedule="ramp", schedule_steps=[-1, 5]),
+     r"loss.schedule_steps=\[-1, 5\] must be a list of optimizer steps >= 0"),
+])
 def test_bad_loss_arguments_are_named(tiny_config, kwargs, message):
     with pytest.raises(ValueError, match=message):
         mtp_loss(MTPModel(tiny_config), torch.zeros(1, 8, dtype=torch.long), **kwargs)
 
 
-@pytest.mark.parametrize(
-    "chunk_size, head_type",
-    [(1, "block"), (2, "block"), (16, "block"), (2, "sequential"), (16, "sequential")],
-)
+@pytest.mark.parametrize("chunk_size, head_type", [(1, "block"), (2, "block"), (16, "block"),
+                                                   (2, "sequential"), (16, "sequential")])
 def test_chunked_loss_with_ignore_index_targets_equals_naive(chunk_size, head_type):
     """Blocks one look-ahead token long: heads 1..3 lose targets to ignore_index, head 3 has
     none at all, and with small chunks whole chunks hold only ignore_index targets. Sequential
     modules then read token 0 where the block has no look-ahead token left: only ignored
     targets depend on it."""
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=64,
-        n_future=4,
-        head_type=head_type,
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       max_seq_len=64, n_future=4, head_type=head_type)
     model = MTPModel(config).double()
     tokens = torch.randint(0, 262, (2, 4))  # seq_len 3 + 1 look-ahead token
     naive, naive_grads = _gradients(model, tokens, seq_len=3, mode="naive")
@@ -190,15 +144,8 @@ def _freeze_base(model: MTPModel) -> None:
 @pytest.mark.parametrize("mode", ["naive", "headwise", "chunked"])
 def test_a_frozen_base_gets_no_gradient_and_no_trunk_backward(mode, head_type):
     """Medusa-1: only heads 1..n-1 train, and nothing runs backward through the trunk."""
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        max_seq_len=64,
-        n_future=3,
-        head_type=head_type,
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64,
+                       n_future=3, head_type=head_type)
     model = MTPModel(config).double()
     tokens = torch.randint(0, 262, (2, 15))
     _, reference = _gradients(model, tokens, mode="naive")
@@ -233,15 +180,8 @@ def test_sequential_modules_read_the_tokens_ahead_and_never_the_padding():
     """Module k at position t reads token t + k: changing the block's last look-ahead token
     changes only the last position of the last module's output; and the loss of a block one
     token short of look-ahead is the full block's loss over the targets that exist."""
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=1,
-        n_heads=4,
-        max_seq_len=64,
-        n_future=3,
-        head_type="sequential",
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=64,
+                       n_future=3, head_type="sequential")
     model = MTPModel(config).double()
     tokens = torch.randint(0, 262, (2, 8 + 3))
     with torch.no_grad():
@@ -261,15 +201,8 @@ def test_sequential_modules_read_the_tokens_ahead_and_never_the_padding():
     with torch.no_grad():
         logits = torch.stack([model.unembed(s) for s in before], dim=2)  # (B, T, n, V)
     targets[:, 2, -1] = IGNORE_INDEX
-    full = [
-        F.cross_entropy(
-            logits[:, :, i].flatten(0, 1),
-            targets[:, i].flatten(),
-            ignore_index=IGNORE_INDEX,
-            reduction="sum",
-        )
-        for i in range(3)
-    ]
+    full = [F.cross_entropy(logits[:, :, i].flatten(0, 1), targets[:, i].flatten(),
+                            ignore_index=IGNORE_INDEX, reduction="sum") for i in range(3)]
     torch.testing.assert_close(short_sum, torch.stack(full))
 
 
@@ -278,15 +211,8 @@ def test_sequential_modules_under_activation_checkpointing_give_the_same_gradien
     input: the gradients must not change."""
     from mtp.train.parallel import apply_activation_checkpointing
 
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        max_seq_len=64,
-        n_future=3,
-        head_type="sequential",
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64,
+                       n_future=3, head_type="sequential")
     model = MTPModel(config).double()
     tokens = torch.randint(0, 262, (2, 15))
     _, reference = _gradients(model, tokens, mode="naive")
@@ -300,16 +226,8 @@ def test_sequential_modules_under_activation_checkpointing_give_the_same_gradien
 def test_the_early_exit_adds_head_0_on_the_early_layers_in_every_mode(head_type):
     """LayerSkip's term: the same loss and gradients in every mode, and what autograd gives for
     the sum written out: the heads' losses plus w * CE(head 0 after layers 0..e-1)."""
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=64,
-        n_future=3,
-        head_type=head_type,
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=4, n_heads=4, n_kv_heads=2,
+                       max_seq_len=64, n_future=3, head_type=head_type)
     model = MTPModel(config).double()
     tokens = torch.randint(0, 262, (2, 12 + 3))
     model.zero_grad(set_to_none=True)
@@ -322,41 +240,30 @@ def test_the_early_exit_adds_head_0_on_the_early_layers_in_every_mode(head_type)
     reference = {name: p.grad.clone() for name, p in model.named_parameters()}
     naive = None
     for mode in ("naive", "headwise", "chunked"):
-        out, grads = _gradients(
-            model, tokens, mode=mode, chunk_size=5, early_exit=2, early_exit_weight=0.3
-        )
+        out, grads = _gradients(model, tokens, mode=mode, chunk_size=5, early_exit=2,
+                                early_exit_weight=0.3)
         naive = naive or grads
         torch.testing.assert_close(out.loss, reference_loss, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(out.exit_loss, exit_ce.detach(), rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(out.head_losses, plain.head_losses, rtol=1e-12, atol=1e-12)
         assert out.exit_correct == (exit_logits.argmax(-1) == targets[:, 0]).sum()
         for name, grad in grads.items():
-            torch.testing.assert_close(
-                grad, naive[name], rtol=1e-10, atol=1e-12, msg=f"{mode}: gradient of {name}"
-            )
+            torch.testing.assert_close(grad, naive[name], rtol=1e-10, atol=1e-12,
+                                       msg=f"{mode}: gradient of {name}")
             # Against two separate backward passes: float64 attention on a CPU rounds
             # differently (1e-8 relative here) when both terms' gradients reach it at once.
-            torch.testing.assert_close(
-                grad, reference[name], rtol=1e-6, atol=1e-7, msg=f"{mode}: gradient of {name}"
-            )
+            torch.testing.assert_close(grad, reference[name], rtol=1e-6, atol=1e-7,
+                                       msg=f"{mode}: gradient of {name}")
 
 
-@pytest.mark.parametrize(
-    "early_exit, weight, message",
-    [
-        (0, 1.0, "loss.early_exit=0 must be a trunk layer from 1 to n_layers - 1 "),
-        (2, 1.0, "loss.early_exit=2 must be a trunk layer from 1 to n_layers - 1 = 1"),
-        (1, -1.0, "loss.early_exit_weight=-1.0 must be >= 0"),
-    ],
-)
+@pytest.mark.parametrize("early_exit, weight, message", [
+    (0, 1.0, "loss.early_exit=0 must be a trunk layer from 1 to n_layers - 1 "),
+    (2, 1.0, "loss.early_exit=2 must be a trunk layer from 1 to n_layers - 1 = 1"),
+    (1, -1.0, "loss.early_exit_weight=-1.0 must be >= 0")])
 def test_bad_early_exits_are_named(tiny_config, early_exit, weight, message):
     with pytest.raises(ValueError, match=message):
-        mtp_loss(
-            MTPModel(tiny_config),
-            torch.zeros(1, 8, dtype=torch.long),
-            early_exit=early_exit,
-            early_exit_weight=weight,
-        )
+        mtp_loss(MTPModel(tiny_config), torch.zeros(1, 8, dtype=torch.long),
+                 early_exit=early_exit, early_exit_weight=weight)
 
 
 # The weights at given steps of a 400-step run, heads 0..2 with base weights 1, 0.5, 0.25
@@ -364,37 +271,17 @@ def test_bad_early_exits_are_named(tiny_config, early_exit, weight, message):
 SCHEDULED = [
     (dict(schedule="constant"), {0: (1, 0.5, 0.25), 399: (1, 0.5, 0.25)}),
     # DeepSeek-V3's step: from step 270 on, the extra heads' weights times the factor
-    (
-        dict(schedule="stepped", schedule_steps=[270], schedule_factor=0.5),
-        {0: (1, 0.5, 0.25), 269: (1, 0.5, 0.25), 270: (1, 0.25, 0.125), 399: (1, 0.25, 0.125)},
-    ),
+    (dict(schedule="stepped", schedule_steps=[270], schedule_factor=0.5),
+     {0: (1, 0.5, 0.25), 269: (1, 0.5, 0.25), 270: (1, 0.25, 0.125), 399: (1, 0.25, 0.125)}),
     # reverse curriculum over the run: head 2 falls in [0, 200], then head 1 in [200, 400]
-    (
-        dict(schedule="anneal"),
-        {
-            0: (1, 0.5, 0.25),
-            100: (1, 0.5, 0.125),
-            200: (1, 0.5, 0),
-            300: (1, 0.25, 0),
-            400: (1, 0, 0),
-        },
-    ),
+    (dict(schedule="anneal"), {0: (1, 0.5, 0.25), 100: (1, 0.5, 0.125), 200: (1, 0.5, 0),
+                               300: (1, 0.25, 0), 400: (1, 0, 0)}),
     # forward curriculum: head 1 rises in [0, 200], then head 2 in [200, 400]
-    (
-        dict(schedule="ramp"),
-        {
-            0: (1, 0, 0),
-            100: (1, 0.25, 0),
-            200: (1, 0.5, 0),
-            300: (1, 0.5, 0.125),
-            400: (1, 0.5, 0.25),
-        },
-    ),
+    (dict(schedule="ramp"), {0: (1, 0, 0), 100: (1, 0.25, 0), 200: (1, 0.5, 0),
+                             300: (1, 0.5, 0.125), 400: (1, 0.5, 0.25)}),
     # a window: nothing moves before step 100; the anneal is done at step 300
-    (
-        dict(schedule="anneal", schedule_steps=[100, 300]),
-        {50: (1, 0.5, 0.25), 150: (1, 0.5, 0.125), 250: (1, 0.25, 0), 350: (1, 0, 0)},
-    ),
+    (dict(schedule="anneal", schedule_steps=[100, 300]),
+     {50: (1, 0.5, 0.25), 150: (1, 0.5, 0.125), 250: (1, 0.25, 0), 350: (1, 0, 0)}),
 ]
 
 
@@ -406,22 +293,15 @@ def test_each_schedule_gives_its_weights_at_given_steps(schedule, expected):
         assert settings.head_weights(3, at) == weights, step
         resolved = settings.resolved(3, at, scale=0.5)  # a micro-batch's share
         assert resolved.schedule == "constant" and resolved.head_weights(3) == tuple(
-            w / 2 for w in weights
-        )
+            w / 2 for w in weights)
 
 
 def test_the_single_head_loss_anneals_to_next_token_prediction():
     """modded-nanogpt: head 0 on t+1, t+2, t+3 weighted 1, 1/2, 1/4, annealed over the first
     3/4 of the run here: [1, 0.5, 0.25 -> 0] -> [1, 0.5 -> 0] -> [1]."""
     settings = LossSettings(ahead=[0.5, 0.25], schedule="anneal", schedule_steps=[0, 300])
-    expected = {
-        0: (0.5, 0.25),
-        75: (0.5, 0.125),
-        150: (0.5, 0),
-        225: (0.25, 0),
-        300: (0, 0),
-        399: (0, 0),
-    }
+    expected = {0: (0.5, 0.25), 75: (0.5, 0.125), 150: (0.5, 0), 225: (0.25, 0), 300: (0, 0),
+                399: (0, 0)}
     for step, weights in expected.items():
         at = Progress(step=step, max_steps=400)
         assert settings.ahead_weights(1, at) == weights, step
@@ -455,8 +335,7 @@ def test_the_look_ahead_term_scores_head_0_against_the_tokens_further_ahead(mode
     torch.testing.assert_close(out.ahead_losses, torch.stack(ce[1:]).detach())
     assert out.head_losses.shape == (1,) and out.ahead_count.tolist() == [24, 24]
     assert out.ahead_correct.tolist() == [
-        (logits.argmax(-1) == targets[:, d].flatten()).sum().item() for d in (1, 2)
-    ]
+        (logits.argmax(-1) == targets[:, d].flatten()).sum().item() for d in (1, 2)]
     for name, grad in grads.items():
         torch.testing.assert_close(grad, reference[name], rtol=1e-10, atol=1e-12, msg=name)
 
@@ -465,17 +344,9 @@ def test_the_look_ahead_term_scores_head_0_against_the_tokens_further_ahead(mode
 def test_added_heads_give_equal_gradients_in_every_mode(head_type):
     """Heads on top of a full-depth trunk (model.heads=added), weighted as a schedule has
     them mid-run: naive, headwise and chunked give the same losses and gradients."""
-    config = MTPConfig.from_depth(
-        depth=3,
-        heads="added",
-        n_future=4,
-        head_type=head_type,
-        vocab_size=262,
-        dim=32,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=64,
-    )
+    config = MTPConfig.from_depth(depth=3, heads="added", n_future=4, head_type=head_type,
+                                  vocab_size=262, dim=32, n_heads=4, n_kv_heads=2,
+                                  max_seq_len=64)
     assert config.n_layers + config.head_layers == 3  # head 0 reads every block of depth
     model = MTPModel(config).double()
     tokens = torch.randint(0, 262, (2, 12 + 4))
@@ -488,11 +359,7 @@ def test_added_heads_give_equal_gradients_in_every_mode(head_type):
         torch.testing.assert_close(out.loss, naive.loss, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(out.head_losses, naive.head_losses, rtol=1e-12, atol=1e-12)
         for name, grad in grads.items():
-            torch.testing.assert_close(
-                grad, naive_grads[name], rtol=1e-10, atol=1e-12, msg=f"{mode}: gradient of {name}"
-            )
-    assert all(
-        naive_grads[name].abs().sum() > 0
-        for name, _ in model.named_parameters()
-        if name.startswith("heads.3.")
-    )
+            torch.testing.assert_close(grad, naive_grads[name], rtol=1e-10, atol=1e-12,
+                                       msg=f"{mode}: gradient of {name}")
+    assert all(naive_grads[name].abs().sum() > 0 for name, _ in model.named_parameters()
+               if name.startswith("heads.3."))

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mtp.model import MTPConfig, MTPModel
 from mtp.train.memory import ACTIVATION_BYTES, GIB, check_fits, count_parameters, step_memory
+from mtp.model import MTPConfig, MTPModel
 from mtp.train.run import compose, train
 
 
@@ -22,10 +22,8 @@ def saved_activation_bytes(config: MTPConfig, batch: int, seq_len: int) -> int:
             saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
         return tensor
 
-    with (
-        torch.autocast("cpu", dtype=torch.bfloat16),
-        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-    ):
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model.trunk(tokens)
     return sum(saved.values())
 
@@ -48,45 +46,29 @@ def test_states_are_sharded_and_frozen_parameters_keep_no_optimizer_state() -> N
     assert frozen.states == 16 * (total - base) + 4 * base and frozen.activations < one.activations
     assert step_memory(config, batch=2, seq_len=32, loss_mode="naive").logits == 4 * one.logits
     assert step_memory(config, batch=2, seq_len=32, loss_mode="chunked").logits == 0
-    assert step_memory(config, batch=2, seq_len=32, activation_checkpointing="all").activations == 0
+    assert step_memory(config, batch=2, seq_len=32,
+                       activation_checkpointing="all").activations == 0
 
 
 def test_a_step_that_cannot_fit_is_named() -> None:
     config = MTPConfig(vocab_size=262, dim=64, n_layers=2, n_heads=4)
     memory = step_memory(config, batch=8, seq_len=1024)
     check_fits(memory, capacity=memory.total, device="cuda:0", what="m")
-    with pytest.raises(
-        ValueError,
-        match=r"^m needs at least .* GiB per device .* more than "
-        r"cuda:0's 0\.1 GiB: lower data\.batch_size",
-    ):
+    with pytest.raises(ValueError, match=r"^m needs at least .* GiB per device .* more than "
+                                         r"cuda:0's 0\.1 GiB: lower data\.batch_size"):
         check_fits(memory, capacity=memory.total - 1, device="cuda:0", what="m")
 
 
 def test_train_refuses_a_gpu_preset_beyond_the_device_before_reading_data(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
-) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """trainer=gpu model=7b on an 80 GB GPU: 6.7B parameters need 100 GiB of states alone."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(
-        torch.cuda,
-        "get_device_properties",
-        lambda _: SimpleNamespace(total_memory=80 * GIB, name="H100 (stand-in)"),
-    )
-    cfg = compose(
-        [
-            "+experiment=byte8",
-            "trainer=gpu",
-            "model=7b",
-            f"run_dir={tmp_path}",
-            "data.source.paths=[/nonexistent]",
-        ]
-    )  # reading it would fail differently
-    with pytest.raises(
-        ValueError,
-        match=r"the model \(6\d{3}\.\dM parameters\) at data\."
-        r"batch_size=8 x seq_len=8192 needs at least .* than "
-        r"cuda:0 \(H100 \(stand-in\)\)'s 80\.0 GiB",
-    ):
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda _: SimpleNamespace(total_memory=80 * GIB, name="H100 (stand-in)"))
+    cfg = compose(["+experiment=byte8", "trainer=gpu", "model=7b", f"run_dir={tmp_path}",
+                   "data.source.paths=[/nonexistent]"])  # reading it would fail differently
+    with pytest.raises(ValueError, match=r"the model \(6\d{3}\.\dM parameters\) at data\."
+                                         r"batch_size=8 x seq_len=8192 needs at least .* than "
+                                         r"cuda:0 \(H100 \(stand-in\)\)'s 80\.0 GiB"):
         train(cfg)
     assert not any(tmp_path.iterdir())

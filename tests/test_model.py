@@ -34,7 +34,7 @@ def test_rope_preserves_norms_and_depends_on_relative_position():
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
 
     def rotated(x, pos):
-        return apply_rope(x, cos[pos : pos + 1], sin[pos : pos + 1])
+        return apply_rope(x, cos[pos:pos + 1], sin[pos:pos + 1])
 
     torch.testing.assert_close(rotated(q, 5).norm(), q.norm())
     dot = lambda m, n: (rotated(q, m) * rotated(k, n)).sum()  # noqa: E731
@@ -66,24 +66,20 @@ def test_compute_matched_takes_the_extra_heads_off_the_trunk():
         MTPConfig.compute_matched(depth=3, n_future=4, vocab_size=262)
 
 
-@pytest.mark.parametrize(
-    "head_type, blocks",
-    [("block", 19), ("sequential", 19), ("resblock", 12), ("linear", 12), ("medusa", 12)],
-)
+@pytest.mark.parametrize("head_type, blocks", [
+    ("block", 19), ("sequential", 19), ("resblock", 12), ("linear", 12), ("medusa", 12)])
 def test_added_heads_keep_head_0_at_the_whole_depth(head_type, blocks):
     """model.heads=added: trunk + head 0 is byte1's 12-block model whatever the heads, which
     come on top (block and sequential heads with their own blocks); head 0's parameters are
     named and shaped as the next-token model's, so its weights could be byte1's."""
-    added = MTPConfig.from_depth(
-        depth=12, heads="added", n_future=8, head_type=head_type, vocab_size=262, dim=32, n_heads=4
-    )
+    added = MTPConfig.from_depth(depth=12, heads="added", n_future=8, head_type=head_type,
+                                 vocab_size=262, dim=32, n_heads=4)
     one = MTPConfig.from_depth(depth=12, heads="added", vocab_size=262, dim=32, n_heads=4)
     assert (added.n_layers, added.n_future, added.n_blocks) == (11, 8, blocks)
     assert one == MTPConfig.compute_matched(depth=12, vocab_size=262, dim=32, n_heads=4)
     base = {k: v.shape for k, v in MTPModel(one).state_dict().items()}
-    assert {
-        k: v.shape for k, v in MTPModel(added).state_dict().items() if MTPModel.is_base_parameter(k)
-    } == base
+    assert {k: v.shape for k, v in MTPModel(added).state_dict().items()
+            if MTPModel.is_base_parameter(k)} == base
     assert MTPConfig.from_depth(depth=12, n_future=8, vocab_size=262).n_layers == 4  # matched
     with pytest.raises(ValueError, match="model.heads='on_top' is not one of"):
         MTPConfig.from_depth(depth=12, heads="on_top", vocab_size=262)
@@ -91,19 +87,16 @@ def test_added_heads_keep_head_0_at_the_whole_depth(head_type, blocks):
         MTPConfig.added_heads(depth=1, head_layers=2, vocab_size=262)
 
 
-@pytest.mark.parametrize(
-    "fields, message",
-    [
-        (dict(dim=30, n_heads=4), "dim=30 must be divisible by n_heads=4"),
-        (dict(n_heads=4, n_kv_heads=3), "n_heads=4 must be divisible by n_kv_heads=3"),
-        (dict(n_future=0), "n_future must be a positive integer, got 0"),
-        (dict(head_layers=0), "head_layers must be a positive integer, got 0"),
-        (dict(vocab_size=-1), "vocab_size must be a positive integer, got -1"),
-        (dict(n_layers=-2), "n_layers must be an integer >= 0, got -2"),
-        (dict(dim=24, n_heads=8), "must be even for rotary"),
-        (dict(norm_eps=0.0), "norm_eps must be a number > 0, got 0.0"),
-    ],
-)
+@pytest.mark.parametrize("fields, message", [
+    (dict(dim=30, n_heads=4), "dim=30 must be divisible by n_heads=4"),
+    (dict(n_heads=4, n_kv_heads=3), "n_heads=4 must be divisible by n_kv_heads=3"),
+    (dict(n_future=0), "n_future must be a positive integer, got 0"),
+    (dict(head_layers=0), "head_layers must be a positive integer, got 0"),
+    (dict(vocab_size=-1), "vocab_size must be a positive integer, got -1"),
+    (dict(n_layers=-2), "n_layers must be an integer >= 0, got -2"),
+    (dict(dim=24, n_heads=8), "must be even for rotary"),
+    (dict(norm_eps=0.0), "norm_eps must be a number > 0, got 0.0"),
+])
 def test_invalid_configs_name_the_field_and_value(fields, message):
     with pytest.raises(ValueError, match=message):
         MTPConfig(**{"vocab_size": 262, **fields})
@@ -140,96 +133,50 @@ def test_rope_tables_stay_float32_when_the_model_is_cast(tiny_config):
 
 
 def test_llama_variants_are_fields_that_round_trip():
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=12,
-        qkv_bias=True,
-        out_bias=True,
-        mlp_bias=True,
-        rope_scaling={
-            "type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_seq_len": 8192,
-        },
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_heads=4, n_kv_heads=2, head_dim=12,
+                       qkv_bias=True, out_bias=True, mlp_bias=True,
+                       rope_scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_seq_len": 8192})
     assert isinstance(config.rope_scaling, RopeScaling)
     assert MTPConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     model = MTPModel(config)
     attention = model.layers[0].attention
     assert attention.wq.weight.shape == (4 * 12, 32) and attention.wo.weight.shape == (32, 48)
-    assert all(
-        b is not None and not b.any()
-        for b in (attention.wq.bias, attention.wo.bias, model.layers[0].feed_forward.w2.bias)
-    )
+    assert all(b is not None and not b.any() for b in (attention.wq.bias, attention.wo.bias,
+                                                        model.layers[0].feed_forward.w2.bias))
     assert MTPConfig(vocab_size=262, dim=30, n_heads=4, head_dim=8).head_dim == 8
 
 
-@pytest.mark.parametrize(
-    "scaling, message",
-    [
-        ({"type": "yarn", "factor": 2.0}, "rope_scaling.type must be one of"),
-        ({"type": "linear"}, "needs 'type' and 'factor'"),
-        ({"type": "llama3", "factor": 8.0}, "rope_scaling.low_freq_factor is missing"),
-        (
-            {"type": "linear", "factor": 2.0, "low_freq_factor": 1.0},
-            "is not a field of type 'linear'",
-        ),
-        ({"type": "linear", "factor": 0}, "rope_scaling.factor must be a number > 0"),
-        (
-            {
-                "type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 4.0,
-                "high_freq_factor": 1.0,
-                "original_max_seq_len": 8192,
-            },
-            "high_freq_factor=1.0 must exceed low_freq_factor=4.0",
-        ),
-        (
-            {"type": "linear", "factor": 2.0, "beta": 1},
-            r"unknown MTPConfig.rope_scaling field\(s\) \['beta'\]",
-        ),
-    ],
-)
+@pytest.mark.parametrize("scaling, message", [
+    ({"type": "yarn", "factor": 2.0}, "rope_scaling.type must be one of"),
+    ({"type": "linear"}, "needs 'type' and 'factor'"),
+    ({"type": "llama3", "factor": 8.0}, "rope_scaling.low_freq_factor is missing"),
+    ({"type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, "is not a field of type 'linear'"),
+    ({"type": "linear", "factor": 0}, "rope_scaling.factor must be a number > 0"),
+    ({"type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+      "original_max_seq_len": 8192}, "high_freq_factor=1.0 must exceed low_freq_factor=4.0"),
+    ({"type": "linear", "factor": 2.0, "beta": 1},
+     r"unknown MTPConfig.rope_scaling field\(s\) \['beta'\]"),
+])
 def test_invalid_rope_scaling_names_the_field(scaling, message):
     with pytest.raises(ValueError, match=message):
         MTPConfig(vocab_size=262, rope_scaling=scaling)
 
 
-@pytest.mark.parametrize(
-    "rope",
-    [
-        {"rope_type": "linear", "factor": 4.0},
-        {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-    ],
-    ids=["linear", "llama3"],
-)
+@pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 4.0}, {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}], ids=["linear", "llama3"])
 def test_rope_scaling_frequencies_equal_transformers(rope):
     """Llama 3.1 8B's rotary frequencies (head width 128, theta 5e5), as transformers has them."""
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    theirs = transformers.LlamaConfig(
-        hidden_size=4096,
-        num_attention_heads=32,
-        max_position_embeddings=131072,
-        rope_parameters={**rope, "rope_theta": 5e5},
-    )
+    theirs = transformers.LlamaConfig(hidden_size=4096, num_attention_heads=32,
+                                      max_position_embeddings=131072,
+                                      rope_parameters={**rope, "rope_theta": 5e5})
     expected, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](theirs, "cpu")
-    fields = {
-        k: v for k, v in rope.items() if k not in ("rope_type", "original_max_position_embeddings")
-    }
+    fields = {k: v for k, v in rope.items() if k not in ("rope_type",
+                                                         "original_max_position_embeddings")}
     if "original_max_position_embeddings" in rope:
         fields["original_max_seq_len"] = rope["original_max_position_embeddings"]
     scaling = RopeScaling(type=rope["rope_type"], **fields)

@@ -33,8 +33,7 @@ def test_a_machine_on_pace_follows_the_step_schedule_exactly() -> None:
     for step in range(0, 400, 5):
         elapsed = 1.925 * step
         assert lr_factor(step, elapsed, time_budget=840, **STEPS) == pytest.approx(
-            _step_cosine(step), abs=1e-12
-        )
+            _step_cosine(step), abs=1e-12)
 
 
 def test_a_slow_machine_decays_by_the_deadline() -> None:
@@ -55,9 +54,8 @@ def test_a_deadline_during_warmup_caps_the_ramp() -> None:
 
 def test_per_group_learning_rates_compose_and_state_round_trips() -> None:
     weights = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))]
-    optimizer = torch.optim.SGD(
-        [{"params": weights[:1], "lr": 1.0}, {"params": weights[1:], "lr": 0.1}]
-    )
+    optimizer = torch.optim.SGD([{"params": weights[:1], "lr": 1.0},
+                                 {"params": weights[1:], "lr": 0.1}])
     scheduler = build_scheduler(optimizer, time_budget=100.0, **STEPS)
     schedule = scheduler.lr_lambdas[0]
     for step in range(60):
@@ -66,25 +64,20 @@ def test_per_group_learning_rates_compose_and_state_round_trips() -> None:
         scheduler.step()
     expected = lr_factor(60, 118.0, time_budget=100.0, **STEPS)
     assert scheduler.get_last_lr() == pytest.approx([expected, 0.1 * expected])
-    restored = build_scheduler(
-        torch.optim.SGD([{"params": weights[:1], "lr": 1.0}, {"params": weights[1:], "lr": 0.1}]),
-        time_budget=100.0,
-        **STEPS,
-    )
+    restored = build_scheduler(torch.optim.SGD([{"params": weights[:1], "lr": 1.0},
+                                                {"params": weights[1:], "lr": 0.1}]),
+                               time_budget=100.0, **STEPS)
     restored.load_state_dict(scheduler.state_dict())
     assert restored.lr_lambdas[0] == schedule  # the clock travels with the checkpoint
     assert restored.last_epoch == 60
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        (dict(warmup_steps=-1, total_steps=10), "warmup_steps=-1"),
-        (dict(warmup_steps=1, total_steps=0), "total_steps=0"),
-        (dict(warmup_steps=1, total_steps=10, min_lr_ratio=2.0), "min_lr_ratio must be in"),
-        (dict(warmup_steps=1, total_steps=10, time_budget=0.0), "time_budget must be > 0"),
-    ],
-)
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(warmup_steps=-1, total_steps=10), "warmup_steps=-1"),
+    (dict(warmup_steps=1, total_steps=0), "total_steps=0"),
+    (dict(warmup_steps=1, total_steps=10, min_lr_ratio=2.0), "min_lr_ratio must be in"),
+    (dict(warmup_steps=1, total_steps=10, time_budget=0.0), "time_budget must be > 0"),
+])
 def test_bad_schedules_are_named(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         LRSchedule(**kwargs)

@@ -28,31 +28,16 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(corpus: Path, run_dir: Path, *extra: str):
-    return compose(
-        [
-            "+experiment=byte8",
-            "model=tiny",
-            "data=local",
-            f"data.source.paths=[{corpus}]",
-            f"data.cache_dir={corpus.parent / 'cache'}",
-            "data.val_fraction=0.2",
-            "data.batch_size=2",
-            "seq_len=32",
-            "logger=none",
-            "trainer.limit_val_batches=1",
-            "trainer.enable_progress_bar=false",
-            "trainer.precision=32-true",
-            "trainer.peak_flops=null",
-            "decode.enabled=false",
-            f"run_dir={run_dir}",
-            *extra,
-        ]
-    )
+    return compose(["+experiment=byte8", "model=tiny", "data=local",
+                    f"data.source.paths=[{corpus}]", f"data.cache_dir={corpus.parent / 'cache'}",
+                    "data.val_fraction=0.2", "data.batch_size=2", "seq_len=32", "logger=none",
+                    "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
+                    "trainer.precision=32-true", "trainer.peak_flops=null",
+                    "decode.enabled=false", f"run_dir={run_dir}", *extra])
 
 
 def test_a_starved_run_says_so_at_once_and_its_summary_says_undertrained(
-    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
-) -> None:
+        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     read = PackedBlocks.__getitem__
 
     def slow(self, j):  # a throttled data loader: each block takes 50 ms
@@ -61,15 +46,8 @@ def test_a_starved_run_says_so_at_once_and_its_summary_says_undertrained(
 
     monkeypatch.setattr(PackedBlocks, "__getitem__", slow)
     # 200 steps in a 3-second budget: at ~0.1 s per step the guard stops near step 30.
-    train(
-        _cfg(
-            corpus,
-            tmp_path,
-            "trainer.max_steps=200",
-            "trainer.max_time=00:00:00:03",
-            "trainer.val_check_interval=1000",
-        )
-    )
+    train(_cfg(corpus, tmp_path, "trainer.max_steps=200", "trainer.max_time=00:00:00:03",
+               "trainer.val_check_interval=1000"))
     out = capsys.readouterr()
     warnings = [line for line in out.err.splitlines() if line.startswith("warning: training")]
     assert len(warnings) == 1, out.err
@@ -77,9 +55,7 @@ def test_a_starved_run_says_so_at_once_and_its_summary_says_undertrained(
     assert "tokens/s" in warning and "trainer.max_steps=200" in warning
     assert "undertrained; likely cause: " in warning
     reached = int(warning.split("reaches about step ")[1].split()[0])
-    assert (
-        reached < 200
-    )  # an estimate from the first steps (a loaded machine moves it): short of the plan
+    assert reached < 200  # an estimate from the first steps (a loaded machine moves it): short of the plan
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] < 100 and summary["recipe_fraction"] < 0.5
     assert "the model is undertrained" in out.out
@@ -94,8 +70,7 @@ def test_a_run_within_its_budget_does_not_warn(corpus: Path, tmp_path: Path, cap
 
 
 def test_training_measures_its_threads_once_then_reuses_them(
-    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
-) -> None:
+        corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """The first run measures the count on its first batches: one `Measurement` (threads,
     batches/s) in the one tuning cache; the second reads it back; a setting wins."""
     monkeypatch.setenv("MTP_CACHE", str(tmp_path / "cache"))
@@ -121,15 +96,8 @@ def test_training_measures_its_threads_once_then_reuses_them(
         assert f"threads: {chosen} (cached, measured in " in capsys.readouterr().err
         assert torch.get_num_threads() == chosen
 
-        train(
-            _cfg(
-                corpus,
-                tmp_path / "c",
-                "trainer.max_steps=2",
-                "trainer.val_check_interval=2",
-                "threads=1",
-            )
-        )
+        train(_cfg(corpus, tmp_path / "c", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                   "threads=1"))
         assert "threads: 1 (set: threads=1)" in capsys.readouterr().err
     finally:
         torch.set_num_threads(1)

@@ -18,15 +18,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
-from mtp.model import MTPConfig, MTPModel
 from mtp.train.loss import autograd_backward, mtp_loss
-from mtp.train.parallel import (
-    apply_activation_checkpointing,
-    end_spawned_rank,
-    gradient_sync,
-    mixed_precision,
-    parallelize,
-)
+from mtp.model import MTPConfig, MTPModel
+from mtp.train.parallel import (apply_activation_checkpointing, end_spawned_rank, gradient_sync,
+                          mixed_precision, parallelize)
 
 WORLD = 2
 N_FUTURE = 3
@@ -62,18 +57,9 @@ def _free_port() -> int:
 
 
 def _config(case: Case) -> MTPConfig:
-    return MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=64,
-        n_future=N_FUTURE,
-        head_layers=2,
-        tie_embeddings=case.tie,
-        head_type=case.head_type,
-    )
+    return MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                     max_seq_len=64, n_future=N_FUTURE, head_layers=2, tie_embeddings=case.tie,
+                     head_type=case.head_type)
 
 
 class Collectives:
@@ -89,14 +75,12 @@ class Collectives:
         def foreach_reduce(fsdp_params, *args, **kwargs):
             self.reduced.update(p._param_fqn for p in fsdp_params)
             return reduce(fsdp_params, *args, **kwargs)
-
         _fsdp_param_group.foreach_reduce = foreach_reduce
 
     def _counting(self, name, fn):
         def counted(*args, **kwargs):
             self.calls[name] += 1
             return fn(*args, **kwargs)
-
         return counted
 
     def clear(self) -> None:
@@ -124,25 +108,17 @@ def _step(model: MTPModel, batches: list[torch.Tensor], case: Case) -> None:
     weights = [1 / case.accumulate] * N_FUTURE
     for i, tokens in enumerate(batches):
         with gradient_sync(model, sync=i == len(batches) - 1, headwise=case.mode != "naive"):
-            mtp_loss(
-                model,
-                tokens,
-                mode=case.mode,
-                weights=weights,
-                backward=autograd_backward,
-                chunk_size=24,
-                early_exit=case.early_exit,
-                early_exit_weight=1 / case.accumulate,
-            )
+            mtp_loss(model, tokens, mode=case.mode, weights=weights, backward=autograd_backward,
+                     chunk_size=24, early_exit=case.early_exit,
+                     early_exit_weight=1 / case.accumulate)
 
 
 def _run(rank: int, case: Case, collectives: Collectives) -> dict:
     torch.manual_seed(0)
     config = _config(case)
     reference = MTPModel(config)
-    batches = [
-        torch.randint(0, config.vocab_size, (4, 16 + N_FUTURE)) for _ in range(case.accumulate)
-    ]
+    batches = [torch.randint(0, config.vocab_size, (4, 16 + N_FUTURE))
+               for _ in range(case.accumulate)]
     _step(reference, batches, case)
 
     sharded = MTPModel(config)
@@ -157,12 +133,9 @@ def _run(rank: int, case: Case, collectives: Collectives) -> dict:
     _step(sharded, mine, case)
 
     grads = {name: p.grad.full_tensor() for name, p in sharded.named_parameters()}
-    return {
-        "calls": dict(collectives.calls),
-        "reduced": dict(collectives.reduced),
-        "units": _units(sharded),
-        "grads": {name: (grads[name], p.grad) for name, p in reference.named_parameters()},
-    }
+    return {"calls": dict(collectives.calls), "reduced": dict(collectives.reduced),
+            "units": _units(sharded),
+            "grads": {name: (grads[name], p.grad) for name, p in reference.named_parameters()}}
 
 
 def _units(model: MTPModel) -> int:
@@ -178,7 +151,8 @@ def two_rank_results() -> dict:
 
 
 @pytest.mark.parametrize("name", [name for name, case in CASES.items() if not case.bf16])
-def test_two_rank_fsdp_gradients_match_single_process(two_rank_results: dict, name: str) -> None:
+def test_two_rank_fsdp_gradients_match_single_process(two_rank_results: dict,
+                                                      name: str) -> None:
     grads = two_rank_results[name]["grads"]
     assert len(grads) == len(list(MTPModel(_config(CASES[name])).parameters()))
     for param, (sharded, single) in grads.items():
@@ -186,10 +160,8 @@ def test_two_rank_fsdp_gradients_match_single_process(two_rank_results: dict, na
         assert single.abs().sum() > 0, param  # every parameter really trained
 
 
-@pytest.mark.parametrize(
-    "name",
-    [name for name, case in CASES.items() if case.mode != "naive" and case.early_exit is None],
-)
+@pytest.mark.parametrize("name", [name for name, case in CASES.items()
+                                  if case.mode != "naive" and case.early_exit is None])
 def test_one_reduce_scatter_per_parameter_per_step(two_rank_results: dict, name: str) -> None:
     """Headwise: n + 1 backward calls per micro-batch, yet each unit reduces once per step.
     (An early exit backpropagates through head 0, the shared unit and the first trunk
@@ -232,9 +204,8 @@ def test_mixed_precision_policy_choice() -> None:
 
 
 @pytest.mark.parametrize("mode", ["trunk", "all"])
-def test_activation_checkpointing_keeps_gradients_and_names(
-    tiny_config: MTPConfig, mode: str
-) -> None:
+def test_activation_checkpointing_keeps_gradients_and_names(tiny_config: MTPConfig,
+                                                            mode: str) -> None:
     reference = MTPModel(tiny_config)
     checkpointed = MTPModel(tiny_config)
     checkpointed.load_state_dict(reference.state_dict())

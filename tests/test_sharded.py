@@ -18,24 +18,18 @@ from mtp.tokenizers import ByteTokenizer
 
 def _write_sharded(model: MTPModel, folder: Path) -> None:
     """Model and optimizer states as DCP shards plus meta.pt, as ModelParallelStrategy saves."""
-    state = {
-        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-        "optimizer_0": {"state": {"step": torch.tensor(3.0)}},
-    }
+    state = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+             "optimizer_0": {"state": {"step": torch.tensor(3.0)}}}
     dcp.save(state, checkpoint_id=folder, no_dist=True)
-    meta = {
-        "hyper_parameters": {"model": model.config.to_dict(), "seq_len": 16},
-        "global_step": 3,
-        "tokenizer_files": tokenizer_files(ByteTokenizer()),
-    }
+    meta = {"hyper_parameters": {"model": model.config.to_dict(), "seq_len": 16},
+            "global_step": 3, "tokenizer_files": tokenizer_files(ByteTokenizer())}
     torch.save(meta, folder / META_FILE)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # saving in one process
 @pytest.mark.parametrize("tie", [False, True])
-def test_sharded_folder_loads_like_the_model(
-    tmp_path: Path, tiny_config: MTPConfig, tie: bool
-) -> None:
+def test_sharded_folder_loads_like_the_model(tmp_path: Path, tiny_config: MTPConfig,
+                                             tie: bool) -> None:
     config = MTPConfig.from_dict({**tiny_config.to_dict(), "tie_embeddings": tie})
     model = MTPModel(config).eval()
     _write_sharded(model, tmp_path / "last.ckpt")

@@ -29,7 +29,6 @@ def stream(decoder, chunks) -> tuple[str, list[str]]:
 
 # --- byte tokenizer ---------------------------------------------------------------
 
-
 def test_byte_layout():
     tok = ByteTokenizer()
     assert (tok.vocab_size, tok.pad_id, tok.bos_id, tok.eos_id) == (262, 256, 257, 258)
@@ -87,7 +86,6 @@ def test_byte_save_load(tmp_path):
 
 
 # --- BPE ----------------------------------------------------------------------------
-
 
 def test_bpe_trains_with_specials_and_round_trips(bpe):
     assert 259 < bpe.vocab_size <= 400  # a tiny corpus may run out of merges first
@@ -149,9 +147,8 @@ def test_hf_tokenizer_config_names_the_specials(tmp_path):
     tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]"))
     tok.add_special_tokens(["[CLS]", "[SEP]", "[PAD]"])
     tok.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": {"content": "[CLS]"}, "eos_token": "[SEP]", "pad_token": "[PAD]"})
-    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": {"content": "[CLS]"}, "eos_token": "[SEP]", "pad_token": "[PAD]"}))
     loaded = load_tokenizer(tmp_path / "tokenizer.json")
     assert (loaded.bos_id, loaded.eos_id, loaded.pad_id) == (1, 2, 3)
 

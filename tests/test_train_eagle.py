@@ -58,25 +58,15 @@ def reference_loss(module, model, features, tokens, targets, t2d, steps, decay):
         for j in range(steps):
             if b == 0:
                 losses.append([])
-            x = [
-                torch.cat(
-                    [
-                        _rms(
-                            model.tok_embeddings.weight[tokens[b, t + 1 + j]],
-                            p["input_norm.weight"],
-                            eps,
-                        ),
-                        _rms(hidden[t], p["hidden_norm.weight"], eps),
-                    ]
-                )
-                for t in range(T)
-            ]
+            x = [torch.cat([_rms(model.tok_embeddings.weight[tokens[b, t + 1 + j]],
+                                 p["input_norm.weight"], eps),
+                            _rms(hidden[t], p["hidden_norm.weight"], eps)]) for t in range(T)]
             q = [(p["attention.wq.weight"] @ x[t]).reshape(H, hd) for t in range(T)]
             k = [(p["attention.wk.weight"] @ x[t]).reshape(K, hd) for t in range(T)]
-            q = [torch.stack([_rotate(q[t][h], t + j, theta) for h in range(H)]) for t in range(T)]
-            keys.append(
-                [torch.stack([_rotate(k[t][g], t + j, theta) for g in range(K)]) for t in range(T)]
-            )
+            q = [torch.stack([_rotate(q[t][h], t + j, theta) for h in range(H)])
+                 for t in range(T)]
+            keys.append([torch.stack([_rotate(k[t][g], t + j, theta) for g in range(K)])
+                         for t in range(T)])
             values.append([(p["attention.wv.weight"] @ x[t]).reshape(K, hd) for t in range(T)])
             out = []
             for t in range(T):
@@ -84,14 +74,13 @@ def reference_loss(module, model, features, tokens, targets, t2d, steps, decay):
                 heads = []
                 for h in range(H):
                     g = h // (H // K)
-                    scores = torch.stack([q[t][h] @ keys[i][s][g] for i, s in seen]) / hd**0.5
+                    scores = torch.stack([q[t][h] @ keys[i][s][g] for i, s in seen]) / hd ** 0.5
                     weights = scores.softmax(0)
                     heads.append(sum(w * values[i][s][g] for w, (i, s) in zip(weights, seen)))
                 h1 = hidden[t] + p["attention.wo.weight"] @ torch.cat(heads)
                 n = _rms(h1, p["ffn_norm.weight"], eps)
-                mlp = p["feed_forward.w2.weight"] @ (
-                    F.silu(p["feed_forward.w1.weight"] @ n) * (p["feed_forward.w3.weight"] @ n)
-                )
+                mlp = p["feed_forward.w2.weight"] @ (F.silu(p["feed_forward.w1.weight"] @ n)
+                                                     * (p["feed_forward.w3.weight"] @ n))
                 out.append(h1 + mlp)
             for t in range(T):
                 label = int(t2d[targets[b, t + 1 + j]])
@@ -100,15 +89,14 @@ def reference_loss(module, model, features, tokens, targets, t2d, steps, decay):
                     losses[j].append(-logits.log_softmax(0)[label])
             hidden = out
     step_losses = [torch.stack(step).mean() for step in losses]
-    total = sum(decay**j * loss for j, loss in enumerate(step_losses))
+    total = sum(decay ** j * loss for j, loss in enumerate(step_losses))
     return total, [float(loss.detach()) for loss in step_losses]
 
 
 def test_the_unrolled_loss_is_training_time_test_written_out():
     torch.manual_seed(0)
-    config = MTPConfig(
-        vocab_size=40, dim=16, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=32, rope_theta=50.0
-    )
+    config = MTPConfig(vocab_size=40, dim=16, n_layers=3, n_heads=4, n_kv_heads=2,
+                       max_seq_len=32, rope_theta=50.0)
     model = MTPModel(config).double().eval().requires_grad_(False)
     d2t = torch.tensor([0, 3, 4, 7, 9, 10, 15, 20, 21, 30, 33, 39])
     module = Eagle(EagleConfig.for_target(config, len(d2t)), d2t).double()
@@ -156,9 +144,8 @@ def test_the_cache_keeps_the_targets_features_and_next_tokens(tiny_config):
     assert calls == [2, 2] and len(cache) == 4
     with torch.no_grad():
         logits = model(blocks[:1])[0, :, 0]
-    assert torch.equal(
-        cache.trunk_out(model, blocks[:1], torch.tensor([0]))[1][0], logits.argmax(-1)
-    )
+    assert torch.equal(cache.trunk_out(model, blocks[:1], torch.tensor([0]))[1][0],
+                       logits.argmax(-1))
 
 
 @pytest.fixture(scope="module")
@@ -166,33 +153,18 @@ def recited(tmp_path_factory):
     """A byte model that recites DOCS, exported, and a JSON lines corpus of DOCS."""
     root = tmp_path_factory.mktemp("eagle")
     export(recite_docs(n_future=1, dim=32, steps=200).float(), ByteTokenizer(), root / "target")
-    (root / "docs.jsonl").write_text(
-        "".join(json.dumps({"text": doc}) + "\n" for _ in range(40) for doc in DOCS)
-    )
+    (root / "docs.jsonl").write_text("".join(json.dumps({"text": doc}) + "\n"
+                                             for _ in range(40) for doc in DOCS))
     return root
 
 
 def test_the_command_trains_saves_and_is_found(recited, capsys):
     root = recited
-    args = parse_args(
-        [
-            f"checkpoint={root / 'target'}",
-            f"data=[{root / 'docs.jsonl'}]",
-            f"out={root / 'eagle'}",
-            "draft_vocab=40",
-            "seq_len=32",
-            "batch_size=8",
-            "max_steps=120",
-            "unroll=3",
-            "lr=3e-3",
-            "warmup_steps=10",
-            "val_fraction=0.2",
-            "log_every=40",
-            "val_batches=2",
-            "precision=float32",
-            f"output={root / 'shipped.json'}",
-        ]
-    )
+    args = parse_args([f"checkpoint={root / 'target'}", f"data=[{root / 'docs.jsonl'}]",
+                       f"out={root / 'eagle'}", "draft_vocab=40", "seq_len=32",
+                       "batch_size=8", "max_steps=120", "unroll=3", "lr=3e-3",
+                       "warmup_steps=10", "val_fraction=0.2", "log_every=40", "val_batches=2",
+                       "precision=float32", f"output={root / 'shipped.json'}"])
     module, details = train_eagle(args)
     printed = capsys.readouterr().out
     assert [step for step, _, _ in details["history"]] == [40, 80, 120]  # the curve
@@ -216,14 +188,12 @@ def test_the_command_trains_saves_and_is_found(recited, capsys):
 
 def test_bad_arguments_are_one_line_errors():
     base = ["checkpoint=x", "data=[a.jsonl]"]
-    for extra, message in (
-        (["precision=half"], "precision='half' is not one of"),
-        (["layers=[1,2]"], "three trunk layer indices"),
-        (["layers=[3,2,1]"], "must be in order"),
-        (["unroll=0"], "unroll must be an integer >= 1"),
-        (["minutes=0"], "minutes=0.0 must be > 0"),
-        (["data=[]"], "data=\\[...\\] must name"),
-    ):
+    for extra, message in ((["precision=half"], "precision='half' is not one of"),
+                           (["layers=[1,2]"], "three trunk layer indices"),
+                           (["layers=[3,2,1]"], "must be in order"),
+                           (["unroll=0"], "unroll must be an integer >= 1"),
+                           (["minutes=0"], "minutes=0.0 must be > 0"),
+                           (["data=[]"], "data=\\[...\\] must name")):
         with pytest.raises(ValueError, match=message):
             parse_args(base + extra)
     with pytest.raises(ValueError, match="data=... is required"):

@@ -19,23 +19,16 @@ def _frozen_base(config: MTPConfig) -> MTPModel:
     return model
 
 
-def _train(
-    model: MTPModel, blocks: torch.Tensor, order: list[list[int]], cache: TrunkCache | None
-) -> dict[str, torch.Tensor]:
+def _train(model: MTPModel, blocks: torch.Tensor, order: list[list[int]],
+           cache: TrunkCache | None) -> dict[str, torch.Tensor]:
     """One AdamW step per batch of block indices in `order`; the trained heads' weights."""
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=1e-2)
     for batch in order:
         tokens, index = blocks[batch], torch.tensor(batch)
         trunk_out = None if cache is None else cache.trunk_out(model, tokens[:, :SEQ], index)
-        mtp_loss(
-            model,
-            tokens,
-            seq_len=SEQ,
-            mode="headwise",
-            backward=autograd_backward,
-            trunk_out=trunk_out,
-        )
+        mtp_loss(model, tokens, seq_len=SEQ, mode="headwise", backward=autograd_backward,
+                 trunk_out=trunk_out)
         optimizer.step()
         optimizer.zero_grad()
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -64,17 +57,11 @@ def test_cached_trunk_outputs_train_the_same_heads(tiny_config: MTPConfig, head_
 def test_a_cached_trunk_needs_a_frozen_one(tiny_config: MTPConfig) -> None:
     with pytest.raises(ValueError, match="optim.cache_trunk=true keeps a frozen trunk's outputs"):
         OptimSettings(cache_trunk=True)
-    with pytest.raises(
-        ValueError,
-        match="optim.cache_trunk=true keeps the trunk's final outputs, "
-        "which loss.early_exit=1 cannot read",
-    ):
-        TrainSettings(
-            run=RunSettings(seq_len=SEQ, max_steps=10),
-            loss=LossSettings(early_exit=1),
-            optim=OptimSettings(freeze_trunk=True, cache_trunk=True),
-            init=InitSettings(init_from="base"),
-        )
+    with pytest.raises(ValueError, match="optim.cache_trunk=true keeps the trunk's final outputs, "
+                                         "which loss.early_exit=1 cannot read"):
+        TrainSettings(run=RunSettings(seq_len=SEQ, max_steps=10), loss=LossSettings(early_exit=1),
+                      optim=OptimSettings(freeze_trunk=True, cache_trunk=True),
+                      init=InitSettings(init_from="base"))
     model = MTPModel(tiny_config)
     tokens = torch.randint(0, tiny_config.vocab_size, (2, SEQ + tiny_config.n_future))
     live = model.trunk(tokens[:, :SEQ])  # carries the trunk's graph: not a frozen output

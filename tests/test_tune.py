@@ -35,52 +35,29 @@ def unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 
 def slower_with_more_threads(calls: list[int]):
     """A step that takes longer the more threads torch has: 1 is the fastest."""
-
     def step() -> None:
         calls.append(torch.get_num_threads())
         time.sleep(0.002 * torch.get_num_threads())
-
     return step
 
 
 def test_a_record_round_trips_and_prints_in_one_line() -> None:
-    record = Measurement(
-        "drafter",
-        "heads(k=4)",
-        "measured",
-        figures={"autoregressive": 100.0, "heads(k=4)": 180.5},
-        unit="tokens/s",
-        seconds=2.5,
-        budget=3.0,
-        left_out=("lookahead",),
-        machine="m",
-        value={"planned_tokens": 64},
-    )
+    record = Measurement("drafter", "heads(k=4)", "measured", figures={
+        "autoregressive": 100.0, "heads(k=4)": 180.5}, unit="tokens/s", seconds=2.5,
+        budget=3.0, left_out=("lookahead",), machine="m", value={"planned_tokens": 64})
     assert Measurement.from_json(json.loads(json.dumps(record.to_json()))) == record
     line = record.describe()
-    assert line == (
-        "drafter: heads(k=4) (measured in 2.5 s of a 3.0 s budget; tokens/s: "
-        "heads(k=4) 180, autoregressive 100; 1 left out by the budget)"
-    )
+    assert line == ("drafter: heads(k=4) (measured in 2.5 s of a 3.0 s budget; tokens/s: "
+                    "heads(k=4) 180, autoregressive 100; 1 left out by the budget)")
     assert record.cached().how == "cached" and record.cached().describe().startswith(
-        "drafter: heads(k=4) (cached, measured in 2.5 s"
-    )
-    dtype = Measurement(
-        "dtype",
-        "bfloat16",
-        "measured",
-        "a forward of 8 tokens",
-        figures={"float32": 12.0, "bfloat16": 6.0},
-        unit="ms",
-        lower_is_better=True,
-    )
-    assert dtype.describe() == (
-        "dtype: bfloat16 (measured, a forward of 8 tokens; ms: bfloat16 6, float32 12)"
-    )
-    assert (
-        Measurement("dtype", "float32", "fixed", "as loaded").describe()
-        == "dtype: float32 (fixed: as loaded)"
-    )
+        "drafter: heads(k=4) (cached, measured in 2.5 s")
+    dtype = Measurement("dtype", "bfloat16", "measured", "a forward of 8 tokens",
+                        figures={"float32": 12.0, "bfloat16": 6.0}, unit="ms",
+                        lower_is_better=True)
+    assert dtype.describe() == ("dtype: bfloat16 (measured, a forward of 8 tokens; ms: "
+                                "bfloat16 6, float32 12)")
+    assert Measurement("dtype", "float32", "fixed", "as loaded").describe() == \
+        "dtype: float32 (fixed: as loaded)"
     with pytest.raises(ValueError, match="how='guessed' is not one of"):
         Measurement("threads", "2", "guessed")
 
@@ -98,19 +75,14 @@ def test_tune_measures_once_then_reads_the_cache(tmp_path: Path) -> None:
     assert (first.how, second.how, len(calls)) == ("measured", "cached", 1)
     assert first.seconds >= 0 and json.loads(cache.path.read_text())["key"]["choice"] == "float32"
     # A record another step wrote, or one the caller cannot use, is measured again.
-    assert (
-        tune.tune(
-            "threads", "key", lambda: Measurement("threads", "1", "measured", value=1), cache=cache
-        ).how
-        == "measured"
-    )
-    assert tune.tune("dtype", "key", measure, cache=cache, usable=lambda r: False).how == "measured"
+    assert tune.tune("threads", "key", lambda: Measurement("threads", "1", "measured", value=1),
+                     cache=cache).how == "measured"
+    assert tune.tune("dtype", "key", measure, cache=cache,
+                     usable=lambda r: False).how == "measured"
     # The user's own setting wins and nothing is measured or stored.
     given = Measurement("dtype", "bfloat16", "set", "dtype=bfloat16")
-    assert (
-        tune.tune("dtype", "other", lambda: pytest.fail("measured"), given=given, cache=cache)
-        is given
-    )
+    assert tune.tune("dtype", "other", lambda: pytest.fail("measured"), given=given,
+                     cache=cache) is given
     assert "other" not in json.loads(cache.path.read_text())
     # An unreadable cache is measured again, and rewritten.
     cache.path.write_text("{not json")
@@ -146,17 +118,12 @@ def test_fewer_threads_win_a_near_tie() -> None:
     assert tune.thread_record({1: 100.0, 2: 130.0, 3: 131.0}, "steps/s").value == 2
 
 
-def test_an_explicit_setting_wins_and_nothing_is_measured(
-    unset: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_explicit_setting_wins_and_nothing_is_measured(unset: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     never = lambda: pytest.fail("measured despite an explicit setting")  # noqa: E731
     record = choose_threads(never, "k", requested=3)
     assert (record.value, record.how, record.why, torch.get_num_threads()) == (
-        3,
-        "set",
-        "threads=3",
-        3,
-    )
+        3, "set", "threads=3", 3)
 
     torch.set_num_threads(2)  # the user's call, before mtp's
     record = choose_threads(never, "k")
@@ -178,13 +145,8 @@ def test_the_key_holds_what_the_choice_depends_on(tiny_config, monkeypatch) -> N
     assert key != tune_key("threads", kind="decode", model=config, width=8, batch=1)
     assert key != tune_key("threads", kind="decode", model=config, width=1, batch=4)
     assert key != tune_key("threads", kind="train", model=config, width=1, batch=1)
-    assert key != tune_key(
-        "threads",
-        kind="decode",
-        model=tune.fingerprint({**tiny_config.to_dict(), "dim": 64}),
-        width=1,
-        batch=1,
-    )
+    assert key != tune_key("threads", kind="decode", model=tune.fingerprint(
+        {**tiny_config.to_dict(), "dim": 64}), width=1, batch=1)
     monkeypatch.setattr(tune, "load_bucket", lambda: 99)  # a busier machine: remeasured
     assert key != tune_key("threads", kind="decode", model=config, width=1, batch=1)
     untimed = tune_key("trees", timed=False, model="abc")
@@ -200,18 +162,11 @@ def test_decoding_measures_generate_on_the_model(unset: Path, tiny_config) -> No
 
 
 def _fresh_python(code: str, **env: str) -> str:
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**clean, "PYTHONPATH": str(REPO_ROOT), "OMP_DISPLAY_ENV": "true", **env},
-        check=True,
-    )
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**clean, "PYTHONPATH": str(REPO_ROOT), "OMP_DISPLAY_ENV": "true",
+                               **env}, check=True)
     return done.stdout + done.stderr
 
 
@@ -222,6 +177,5 @@ def test_importing_mtp_makes_openmp_threads_wait_passively() -> None:
     assert "OMP_WAIT_POLICY = 'PASSIVE'" in out
     # torch's default count is one per core of the process's affinity, as cores() assumes.
     assert f"threads {cores()}" in out
-    assert "OMP_WAIT_POLICY = 'ACTIVE'" in _fresh_python(
-        "import mtp, torch", OMP_WAIT_POLICY="active"
-    )
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in _fresh_python("import mtp, torch",
+                                                         OMP_WAIT_POLICY="active")

@@ -54,9 +54,8 @@ class BenchArgs:
 def parse_args(argv: list[str]) -> tuple[str, BenchArgs]:
     """The suite and its key=value arguments; ValueError naming anything unexpected."""
     if not argv or argv[0] not in SUITES:
-        raise ValueError(
-            f"the first argument must be a suite, one of {', '.join(SUITES)}; got {argv[:1]}"
-        )
+        raise ValueError(f"the first argument must be a suite, one of {', '.join(SUITES)}; "
+                         f"got {argv[:1]}")
     return argv[0], cli.parse(argv[1:], BenchArgs)
 
 
@@ -80,23 +79,13 @@ def main(argv: list[str]) -> dict:
     generated = blocks(results, {p.name: p.renderer for p in parts})
     targets = [args.docs, args.readme]
     if name != "smoke":
-        targets = [
-            args.docs or REPO / "docs" / "benchmarks.md",
-            args.readme or (REPO / "README.md" if name == "cpu" else None),
-        ]
+        targets = [args.docs or REPO / "docs" / "benchmarks.md",
+                   args.readme or (REPO / "README.md" if name == "cpu" else None)]
     for path in [t for t in targets if t is not None] if args.update_docs else []:
         print(f"[mtp.bench] {path}: regenerated {', '.join(update(path, generated)) or 'nothing'}")
     failed = [part for part, record in results["parts"].items() if record.get("result") is None]
-    print(
-        json.dumps(
-            {
-                "suite": results["suite"],
-                "commit": results["commit"],
-                "parts": len(results["parts"]),
-                "failed": failed,
-            }
-        )
-    )
+    print(json.dumps({"suite": results["suite"], "commit": results["commit"],
+                      "parts": len(results["parts"]), "failed": failed}))
     return results
 
 

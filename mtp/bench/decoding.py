@@ -37,9 +37,8 @@ class Decoding:
 
     def settings(self, drafter: str = AUTOREGRESSIVE, **how: Any) -> DecodeSettings:
         """These keys as `DecodeSettings`, with the drafter and whatever else `how` sets."""
-        return DecodeSettings(
-            drafter=drafter, device=self.device, dtype=self.dtype, threads=self.threads, **how
-        )
+        return DecodeSettings(drafter=drafter, device=self.device, dtype=self.dtype,
+                              threads=self.threads, **how)
 
 
 def saved_context(checkpoint: str | Path | None) -> DrafterContext:

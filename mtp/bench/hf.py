@@ -23,31 +23,20 @@ def hf_model(model: MTPModel, tokenizer: Tokenizer) -> Any:
     param = next(model.parameters())
     with tempfile.TemporaryDirectory() as tmp:
         export_hf(model, tokenizer, tmp)
-        return (
-            transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=param.dtype)
-            .eval()
-            .to(param.device)
-        )
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=param.dtype).eval().to(param.device)
 
 
-def time_hf(
-    model, inputs: list[list[int]], max_new_tokens: int, tokenizer: Tokenizer, **options
-) -> tuple[float, list[list[int]], None]:
+def time_hf(model, inputs: list[list[int]], max_new_tokens: int, tokenizer: Tokenizer,
+            **options) -> tuple[float, list[list[int]], None]:
     """Seconds over all prompts and the new ids of transformers' greedy `generate`."""
-
     def decode(_: int, batch: list[list[int]]) -> list[list[int]]:
         [ids] = batch
         tensor = torch.tensor([ids], device=model.device)
-        out = model.generate(
-            tensor,
-            attention_mask=torch.ones_like(tensor),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=tokenizer.eos_id,
-            pad_token_id=tokenizer.pad_id,
-            **options,
-        )
-        return [out[0, len(ids) :].tolist()]  # waits for the device
+        out = model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_id,
+                             pad_token_id=tokenizer.pad_id, **options)
+        return [out[0, len(ids):].tolist()]  # waits for the device
 
     seconds, outputs = time_calls(decode, inputs, 1)
     return seconds, outputs, None

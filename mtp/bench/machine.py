@@ -31,11 +31,9 @@ def load_average() -> list[float]:
 
 def commit(repo: Path) -> str | None:
     """The checkout's commit, "-dirty" appended when tracked files differ (None outside git)."""
-
     def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-        ).stdout.strip()
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
 
     try:
         head = git("rev-parse", "--short=12", "HEAD")
@@ -54,12 +52,6 @@ def device_name(device: str = "cpu") -> str:
 
 def machine(device: str = "cpu") -> dict[str, object]:
     """The machine a figure comes from: CPU flags, load, threads, cores, torch, device."""
-    return {
-        "cpu_flags": cpu_flags(),
-        "load": load_average(),
-        "threads": torch.get_num_threads(),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "device": device,
-        "device_name": device_name(device),
-    }
+    return {"cpu_flags": cpu_flags(), "load": load_average(),
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+            "torch": torch.__version__, "device": device, "device_name": device_name(device)}

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import re
 
-BLOCK = re.compile(
-    r"(<!-- mtp\.bench:begin (?P<name>[\w.-]+) -->\n)(?P<body>.*?)"
-    r"(<!-- mtp\.bench:end (?P=name) -->)",
-    re.DOTALL,
-)
+BLOCK = re.compile(r"(<!-- mtp\.bench:begin (?P<name>[\w.-]+) -->\n)(?P<body>.*?)"
+                   r"(<!-- mtp\.bench:end (?P=name) -->)", re.DOTALL)
 
 
 def block_names(text: str) -> list[str]:
@@ -20,7 +17,6 @@ def block_names(text: str) -> list[str]:
 def replace_blocks(text: str, blocks: dict[str, str]) -> str:
     """`text` with the body of each block named in `blocks` replaced (the markers stay; a
     block with no new body keeps its old one)."""
-
     def body(match: re.Match) -> str:
         name = match.group("name")
         if name not in blocks:

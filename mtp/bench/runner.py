@@ -36,10 +36,8 @@ def last_json(stdout: str) -> dict[str, Any] | None:
 
 
 # Inputs a command may name, each found on this machine or refused with how to get it.
-INPUTS = {
-    "{mbpp}": (lambda: mbpp_file(), f"MBPP's mbpp.jsonl: set ${MBPP_ENV} to it"),
-    "{smollm2}": (lambda: smollm2_gguf(), f"SmolLM2's GGUF: {SMOLLM2_INSTALL}"),
-}
+INPUTS = {"{mbpp}": (lambda: mbpp_file(), f"MBPP's mbpp.jsonl: set ${MBPP_ENV} to it"),
+          "{smollm2}": (lambda: smollm2_gguf(), f"SmolLM2's GGUF: {SMOLLM2_INSTALL}")}
 
 
 def fill(argument: str, out: Path) -> str:
@@ -68,9 +66,8 @@ def written(part: Part, out: Path, repo: Path) -> str:
     return text.replace("{mbpp}", f"${MBPP_ENV}").replace("{smollm2}", "$GGUF")
 
 
-def run_part(
-    part: Part, out: Path, repo: Path, revision: str | None, timeout: float | None = None
-) -> dict[str, Any]:
+def run_part(part: Part, out: Path, repo: Path, revision: str | None,
+             timeout: float | None = None) -> dict[str, Any]:
     """Run one part (within `timeout` seconds, default the part's own); its record: command,
     commit, device, CPU flags, load before and after, repeats, seconds, return code, and its
     figures (`result`, None when it failed)."""
@@ -78,31 +75,22 @@ def run_part(
     command = [fill(a, out) for a in part.command]
     record: dict[str, Any] = {
         "command": written(part, out, repo),
-        "commit": revision,
-        "device": part.device,
-        "device_name": device_name(part.device),
-        "cpu_flags": cpu_flags(),
-        "repeats": part.repeats,
-        "started": now(),
-        "load_before": load_average(),
-    }
-    print(
-        f"[mtp.bench] {part.name}: {record['command']} (timeout {timeout:.0f} s, load "
-        f"{record['load_before']})",
-        flush=True,
-    )
+        "commit": revision, "device": part.device, "device_name": device_name(part.device),
+        "cpu_flags": cpu_flags(), "repeats": part.repeats, "started": now(),
+        "load_before": load_average()}
+    print(f"[mtp.bench] {part.name}: {record['command']} (timeout {timeout:.0f} s, load "
+          f"{record['load_before']})", flush=True)
     log = out / "logs" / f"{part.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     try:
-        done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, cwd=repo, capture_output=True, text=True,
+                              timeout=timeout)
         code, stdout, stderr = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as error:
         code = "timeout"
-        stdout, stderr = (
-            s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
-            for s in (error.stdout, error.stderr)
-        )
+        stdout, stderr = (s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
+                          for s in (error.stdout, error.stderr))
     record["seconds"] = round(time.perf_counter() - began, 1)
     record["load_after"] = load_average()
     record["returncode"] = code
@@ -120,48 +108,33 @@ def run_part(
     if result is None:
         record["output_tail"] = (stdout + stderr)[-TAIL:]
     status = "ok" if result is not None else f"FAILED ({code})"
-    print(
-        f"[mtp.bench] {part.name}: {status} in {record['seconds']} s, load after "
-        f"{record['load_after']}",
-        flush=True,
-    )
+    print(f"[mtp.bench] {part.name}: {status} in {record['seconds']} s, load after "
+          f"{record['load_after']}", flush=True)
     return record
 
 
 MIN_PART_SECONDS = 30  # a part is not started with less of the budget left
 
 
-def run_suite(
-    name: str,
-    parts: Sequence[Part],
-    out: Path,
-    repo: Path,
-    only: Sequence[str] = (),
-    budget: float | None = None,
-    min_part_seconds: float = MIN_PART_SECONDS,
-) -> dict[str, Any]:
+def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
+              only: Sequence[str] = (), budget: float | None = None,
+              min_part_seconds: float = MIN_PART_SECONDS) -> dict[str, Any]:
     """Run `parts` (those in `only`, if any, keeping the others' records of an earlier
     results.json), write `out/results.json` and return it. `budget` (seconds) bounds the whole
     run: each part's timeout is cut to what is left, and a part with less than
     `min_part_seconds` left is skipped."""
     unknown = sorted(set(only) - {p.name for p in parts})
     if unknown:
-        raise ValueError(
-            f"suite {name} has no part {unknown}; its parts: {', '.join(p.name for p in parts)}"
-        )
+        raise ValueError(f"suite {name} has no part {unknown}; its parts: "
+                         f"{', '.join(p.name for p in parts)}")
     check_inputs([p for p in parts if not only or p.name in only])
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS_FILE
     previous = json.loads(path.read_text()) if only and path.is_file() else {}
     revision = commit(repo)
     results: dict[str, Any] = {
-        "suite": name,
-        "commit": revision,
-        "started": now(),
-        "machine": machine(),
-        "load_before": load_average(),
-        "parts": dict(previous.get("parts", {})),
-    }
+        "suite": name, "commit": revision, "started": now(), "machine": machine(),
+        "load_before": load_average(), "parts": dict(previous.get("parts", {}))}
     began = time.perf_counter()
     for part in parts:
         if only and part.name not in only:
@@ -171,14 +144,13 @@ def run_suite(
         skipped = None
         if left is not None and left < min_part_seconds:
             skipped = f"the budget of {budget:.0f} s was spent"
-            print(f"[mtp.bench] {part.name}: skipped, {left:.0f} s of the budget left", flush=True)
+            print(f"[mtp.bench] {part.name}: skipped, {left:.0f} s of the budget left",
+                  flush=True)
         elif failed:
             skipped = f"needs {', '.join(failed)}, which failed"
-        results["parts"][part.name] = (
-            run_part(part, out, repo, revision, left)
-            if not skipped
-            else {"command": written(part, out, repo), "skipped": skipped, "result": None}
-        )
+        results["parts"][part.name] = run_part(part, out, repo, revision, left) if not skipped \
+            else {"command": written(part, out, repo),
+                  "skipped": skipped, "result": None}
         path.write_text(json.dumps(results, indent=1) + "\n")  # a killed run keeps its parts
     results |= {"finished": now(), "load_after": load_average()}
     path.write_text(json.dumps(results, indent=1) + "\n")

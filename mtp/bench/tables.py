@@ -20,11 +20,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def provenance(record: Record) -> str:
     """The line above a table: the command and the conditions it ran in."""
-    load = "-".join(f"{value:.1f}" for value in (record["load_before"][0], record["load_after"][0]))
-    return (
-        f"`{record['command']}`: {record['seconds']:.0f} s, load {load}, "
-        f"{record['device_name']}, commit {record['commit']}, {record['started']}"
-    )
+    load = "-".join(f"{value:.1f}" for value in (record["load_before"][0],
+                                                 record["load_after"][0]))
+    return (f"`{record['command']}`: {record['seconds']:.0f} s, load {load}, "
+            f"{record['device_name']}, commit {record['commit']}, {record['started']}")
 
 
 def x(value: float) -> str:
@@ -37,150 +36,81 @@ def decode(r: dict[str, Any]) -> str:
     headers += ["eager tokens/s", "compiled / eager"] if compiled else []
     rows = []
     for row in r["per_k"] + r.get("per_tree", []):
-        cells = [
-            f"k={row['k']}" if "k" in row else row["tree"],
-            row["nodes"],
-            row["tokens_per_second"],
-            x(row["speedup"]),
-            f"{row['tokens_per_forward']:.2f}",
-            x(row["forward_cost"]),
-            row["identical"],
-        ]
+        cells = [f"k={row['k']}" if "k" in row else row["tree"], row["nodes"],
+                 row["tokens_per_second"], x(row["speedup"]), f"{row['tokens_per_forward']:.2f}",
+                 x(row["forward_cost"]), row["identical"]]
         if compiled:
             cells += [row["eager_tokens_per_second"], x(row["compile_speedup"])]
         rows.append(cells)
-    head = (
-        f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch "
-        f"{r['batch_size']}, greedy, {r['dtype']}, "
-        f"{'compiled step' if r['compiled'] else 'eager step'}, {r['threads']} threads; "
-        f"{r['repeated']:.0%} of the output repeats an earlier 8-gram"
-    )
+    head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch "
+            f"{r['batch_size']}, greedy, {r['dtype']}, "
+            f"{'compiled step' if r['compiled'] else 'eager step'}, {r['threads']} threads; "
+            f"{r['repeated']:.0%} of the output repeats an earlier 8-gram")
     return head + "\n\n" + table(headers, rows)
 
 
 def methods(r: dict[str, Any]) -> str:
-    rows = [
-        [
-            name,
-            m["tokens_per_second"],
-            x(m["speedup"]),
-            f"{m['tokens_per_forward']:.2f}",
-            "" if m["identical"] is None else m["identical"],
-            f"{m['repeated']:.2f}",
-        ]
-        for name, m in r["methods"].items()
-    ]
-    auto = ", ".join(
-        f"{kind.strip()} {seconds:.1f} s" for kind, seconds in r["auto_calibration_seconds"].items()
-    )
-    head = (
-        f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, "
-        f"{r['threads']} threads; auto's measuring: {auto}"
-    )
-    return (
-        head
-        + "\n\n"
-        + table(["method", "tokens/s", "speed-up", "tok/fwd", "identical", "repeated"], rows)
-    )
+    rows = [[name, m["tokens_per_second"], x(m["speedup"]), f"{m['tokens_per_forward']:.2f}",
+             "" if m["identical"] is None else m["identical"], f"{m['repeated']:.2f}"]
+            for name, m in r["methods"].items()]
+    auto = ", ".join(f"{kind.strip()} {seconds:.1f} s"
+                     for kind, seconds in r["auto_calibration_seconds"].items())
+    head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, "
+            f"{r['threads']} threads; auto's measuring: {auto}")
+    return head + "\n\n" + table(["method", "tokens/s", "speed-up", "tok/fwd", "identical",
+                                  "repeated"], rows)
 
 
 def exact(r: dict[str, Any]) -> str:
-    rows = [
-        [
-            name,
-            row["width"],
-            row["plain"],
-            row["exact"],
-            f"{row['cost']:.3f}",
-            x(row["speedup"]),
-            f"{row['tokens_per_forward']:.2f}",
-            row["identical"],
-            row["plain_identical"],
-        ]
-        for name, row in r["rows"].items()
-    ]
-    head = (
-        f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, greedy, "
-        f"{r['threads']} threads; speed-ups against float32 width-1 autoregressive "
-        f"decoding ({r['baseline']} tokens/s)"
-    )
-    return (
-        head
-        + "\n\n"
-        + table(
-            [
-                "method",
-                "width",
-                "plain tokens/s",
-                "exact tokens/s",
-                "cost",
-                "speed-up",
-                "tok/fwd",
-                "identical",
-                "plain identical",
-            ],
-            rows,
-        )
-    )
+    rows = [[name, row["width"], row["plain"], row["exact"], f"{row['cost']:.3f}",
+             x(row["speedup"]), f"{row['tokens_per_forward']:.2f}", row["identical"],
+             row["plain_identical"]] for name, row in r["rows"].items()]
+    head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, greedy, "
+            f"{r['threads']} threads; speed-ups against float32 width-1 autoregressive "
+            f"decoding ({r['baseline']} tokens/s)")
+    return head + "\n\n" + table(["method", "width", "plain tokens/s", "exact tokens/s",
+                                  "cost", "speed-up", "tok/fwd", "identical",
+                                  "plain identical"], rows)
 
 
 def acceptance(r: dict[str, Any]) -> str:
-    rows = [
-        [
-            name,
-            f"{row['tokens_per_forward']:.3f}",
-            row["tokens_per_second"],
-            " ".join(f"{a:.2f}" for a in row["accepted_per_depth"]),
-        ]
-        for name, row in r["rules"].items()
-    ]
-    head = (
-        f"the heads' {r['tree']}, T = {r['temperature']}, {r['prompts']} prompts x "
-        f"{r['max_new_tokens']} new tokens, batch 1, {r['threads']} threads"
-    )
+    rows = [[name, f"{row['tokens_per_forward']:.3f}", row["tokens_per_second"],
+             " ".join(f"{a:.2f}" for a in row["accepted_per_depth"])]
+            for name, row in r["rules"].items()]
+    head = (f"the heads' {r['tree']}, T = {r['temperature']}, {r['prompts']} prompts x "
+            f"{r['max_new_tokens']} new tokens, batch 1, {r['threads']} threads")
     return head + "\n\n" + table(["rule", "tok/fwd", "tokens/s", "accepted per depth"], rows)
 
 
 def eagle(r: dict[str, Any]) -> str:
     steps = " ".join(str(j) for j in range(r["unroll"]))
-    rows = [
-        ["steps, seconds", f"{r['steps']}, {r['seconds']:.0f}"],
-        ["training tokens in the draft vocabulary", f"{r['coverage']:.1%}"],
-        [f"val loss, unrolled steps {steps}", " ".join(f"{v:.3f}" for v in r["val_loss"])],
-        [f"val accuracy, unrolled steps {steps}", " ".join(f"{v:.3f}" for v in r["val_accuracy"])],
-    ]
-    rows += [
-        [
-            f"step {step}: train loss, accuracy per unrolled step",
-            f"{loss:.3f}, " + " ".join(f"{a:.3f}" for a in accuracy),
-        ]
-        for step, loss, accuracy in r["history"]
-    ]
+    rows = [["steps, seconds", f"{r['steps']}, {r['seconds']:.0f}"],
+            ["training tokens in the draft vocabulary", f"{r['coverage']:.1%}"],
+            [f"val loss, unrolled steps {steps}", " ".join(f"{v:.3f}" for v in r["val_loss"])],
+            [f"val accuracy, unrolled steps {steps}",
+             " ".join(f"{v:.3f}" for v in r["val_accuracy"])]]
+    rows += [[f"step {step}: train loss, accuracy per unrolled step",
+              f"{loss:.3f}, " + " ".join(f"{a:.3f}" for a in accuracy)]
+             for step, loss, accuracy in r["history"]]
     return table(["", ""], rows)
 
 
 def dtype(r: dict[str, Any]) -> str:
-    rows = [
-        [width, f"{w['float32']:.1f} ms", f"{w['bfloat16']:.1f} ms", x(w["speedup"])]
-        for width, w in r["widths"].items()
-    ]
-    head = (
-        f"a cached forward of `width` new tokens after {r['context']} cached ones, batch "
-        f"{r['batch']}, {r['threads']} threads, flags {' '.join(r['cpu_flags'])}"
-    )
+    rows = [[width, f"{w['float32']:.1f} ms", f"{w['bfloat16']:.1f} ms", x(w["speedup"])]
+            for width, w in r["widths"].items()]
+    head = (f"a cached forward of `width` new tokens after {r['context']} cached ones, batch "
+            f"{r['batch']}, {r['threads']} threads, flags {' '.join(r['cpu_flags'])}")
     return head + "\n\n" + table(["width", "float32", "bfloat16", "bf16 speed-up"], rows)
 
 
 def hf(r: dict[str, Any]) -> str:
     per = r["per_method_tokens_per_second"]
     rows = [[name, value, x(value / r["hf_tokens_per_second"])] for name, value in per.items()]
-    head = (
-        f"{r['prompts']} prompts x <= {r['max_new_tokens']} new tokens ({r['new_tokens']} "
-        f"generated), batch 1, greedy, {r['dtype']}, mtp "
-        f"{'compiled' if r['compiled'] else 'eager'}, {r['threads']} threads, transformers "
-        f"{r['transformers']}; every method the same ids: {r['identical']}; mtp k = "
-        f"{r['mtp_spec_k']}: {r['mtp_spec_tokens_per_forward']:.2f} tokens per forward"
-    )
+    head = (f"{r['prompts']} prompts x <= {r['max_new_tokens']} new tokens ({r['new_tokens']} "
+            f"generated), batch 1, greedy, {r['dtype']}, mtp "
+            f"{'compiled' if r['compiled'] else 'eager'}, {r['threads']} threads, transformers "
+            f"{r['transformers']}; every method the same ids: {r['identical']}; mtp k = "
+            f"{r['mtp_spec_k']}: {r['mtp_spec_tokens_per_forward']:.2f} tokens per forward")
     return head + "\n\n" + table(["method", "tokens/s", "vs transformers"], rows)
 
 
@@ -189,123 +119,76 @@ def memory(r: dict[str, Any]) -> str:
     rows = []
     for v in variants:
         n = 1 if v.startswith("ntp") else r["n_future"]
-        rows.append(
-            [
-                v.replace("_ac_", "+ac="),
-                n,
-                f"{r[v + '_peak_bytes'] / MIB:,.0f} MiB",
-                f"{r[v + '_step_bytes'] / MIB:,.0f} MiB",
-                f"{r.get(v + '_over_ntp', float('nan')):.2f}",
-                f"{r[v + '_seconds']:.2f} s",
-                f"{r.get(v + '_time_over_ntp', float('nan')):.2f}",
-            ]
-        )
-    head = (
-        f"one training step, vocabulary {r['vocab_size']}, batch {r['batch']} x "
-        f"{r['seq_len']}, {r['device']}"
-    )
-    return (
-        head
-        + "\n\n"
-        + table(
-            ["variant", "n", "peak", "step", "step / next-token", "time", "time / next-token"], rows
-        )
-    )
+        rows.append([v.replace("_ac_", "+ac="), n, f"{r[v + '_peak_bytes'] / MIB:,.0f} MiB",
+                     f"{r[v + '_step_bytes'] / MIB:,.0f} MiB",
+                     f"{r.get(v + '_over_ntp', float('nan')):.2f}", f"{r[v + '_seconds']:.2f} s",
+                     f"{r.get(v + '_time_over_ntp', float('nan')):.2f}"])
+    head = (f"one training step, vocabulary {r['vocab_size']}, batch {r['batch']} x "
+            f"{r['seq_len']}, {r['device']}")
+    return head + "\n\n" + table(["variant", "n", "peak", "step", "step / next-token", "time",
+                                  "time / next-token"], rows)
 
 
 def train_step(r: dict[str, Any]) -> str:
-    rows = [
-        [name, f"{rate:,.0f}", f"{r['mfu_per_variant'][name]:.2%}"]
-        for name, rate in r["results"].items()
-    ]
-    step = "; ".join(
-        [
-            f"vocabulary {r['vocab_size']}, n = {r['n_future']}, "
-            f"batch {r['batch']} x {r['seq_len']}",
-            f"{r['device']} {r['precision']}{', compiled' if r['compile'] else ''}",
-            f"{r['threads']} threads",
-            f"peak {r['peak_flops'] / 1e9:,.1f} GFLOP/s ({r['peak_source']})",
-        ]
-    )
-    head = (
-        f"{step}; step time n = {r['n_future']} / n = 1: {r['time_ratio_same_trunk']:.3f} "
-        f"(same trunk), {r['time_ratio_compute_matched']:.3f} (compute-matched)"
-    )
+    rows = [[name, f"{rate:,.0f}", f"{r['mfu_per_variant'][name]:.2%}"]
+            for name, rate in r["results"].items()]
+    step = "; ".join([
+        f"vocabulary {r['vocab_size']}, n = {r['n_future']}, batch {r['batch']} x {r['seq_len']}",
+        f"{r['device']} {r['precision']}{', compiled' if r['compile'] else ''}",
+        f"{r['threads']} threads",
+        f"peak {r['peak_flops'] / 1e9:,.1f} GFLOP/s ({r['peak_source']})"])
+    head = (f"{step}; step time n = {r['n_future']} / n = 1: {r['time_ratio_same_trunk']:.3f} "
+            f"(same trunk), {r['time_ratio_compute_matched']:.3f} (compute-matched)")
     return head + "\n\n" + table(["variant", "tokens/s", "MFU"], rows)
 
 
 def peak_flops(r: dict[str, Any]) -> str:
     rows = [[dtype, f"{value / 1e9:,.1f}"] for dtype, value in r["peak_flops"].items()]
-    return f"{r['device']}, {r['threads']} threads\n\n" + table(
-        ["dtype", "GFLOP/s (best matrix product)"], rows
-    )
+    return (f"{r['device']}, {r['threads']} threads\n\n"
+            + table(["dtype", "GFLOP/s (best matrix product)"], rows))
 
 
 def fsdp_comms(r: dict[str, Any]) -> str:
     names = [key.removesuffix("_all_gathers") for key in r if key.endswith("_all_gathers")]
-    rows = [
-        [
-            name.replace("_", " "),
-            r[f"{name}_all_gathers"],
-            f"{r[f'{name}_all_gather_bytes'] / MIB:.1f}",
-            r[f"{name}_reduce_scatters"],
-            f"{r[f'{name}_reduce_scatter_bytes'] / MIB:.1f}",
-        ]
-        for name in names
-    ]
-    head = (
-        f"{r['world_size']} ranks, n = {r['n_future']}, {r['mode']}, accumulate "
-        f"{r['accumulate']}, {r['fsdp_units']} FSDP units"
-    )
+    rows = [[name.replace("_", " "), r[f"{name}_all_gathers"],
+             f"{r[f'{name}_all_gather_bytes'] / MIB:.1f}", r[f"{name}_reduce_scatters"],
+             f"{r[f'{name}_reduce_scatter_bytes'] / MIB:.1f}"] for name in names]
+    head = (f"{r['world_size']} ranks, n = {r['n_future']}, {r['mode']}, accumulate "
+            f"{r['accumulate']}, {r['fsdp_units']} FSDP units")
     return head + "\n\n" + table(["", "all-gathers", "MiB", "reduce-scatters", "MiB"], rows)
 
 
 def heads_cost(r: dict[str, Any]) -> str:
-    rows = [
-        [
-            name.replace("block", "parallel"),
-            f"{run['step_bytes'] / MIB:,.0f}",
-            f"{run['step_seconds']:.2f}" if "step_seconds" in run else "",
-        ]
-        for name, run in r["runs"].items()
-    ]
+    rows = [[name.replace("block", "parallel"), f"{run['step_bytes'] / MIB:,.0f}",
+             f"{run['step_seconds']:.2f}" if "step_seconds" in run else ""]
+            for name, run in r["runs"].items()]
     head = f"byte8 shape, batch {r['batch']} x {r['seq_len']}, float32"
     return head + "\n\n" + table(["heads", "step memory MiB", "step s"], rows)
 
 
 def sandbox(r: dict[str, Any]) -> str:
-    rows = [
-        [row["task"], row["programs"], row["isolation"], row["seconds"], row["ms_per_program"]]
-        for row in r["results"]
-    ]
-    return f"{r['workers']} workers\n\n" + table(
-        ["task", "programs", "isolation", "seconds", "ms / program"], rows
-    )
+    rows = [[row["task"], row["programs"], row["isolation"], row["seconds"],
+             row["ms_per_program"]] for row in r["results"]]
+    return (f"{r['workers']} workers\n\n"
+            + table(["task", "programs", "isolation", "seconds", "ms / program"], rows))
 
 
 def byte8(r: dict[str, Any]) -> str:
     val, dec = r["val"] or {}, r["decode"]
     accs = " ".join(f"{a:.3f}" for a in val.get("acc_head", []))
-    rows = [
-        ["steps", f"{r['steps']} (stopped: {r['stopped_early'] or 'max_steps'})"],
-        ["parameters", f"{r['parameters'] / 1e6:.1f}M"],
-        ["val loss, summed over the heads", f"{val.get('loss', float('nan')):.3f}"],
-        ["val accuracy, head 0 ... n-1", accs],
-    ]
+    rows = [["steps", f"{r['steps']} (stopped: {r['stopped_early'] or 'max_steps'})"],
+            ["parameters", f"{r['parameters'] / 1e6:.1f}M"],
+            ["val loss, summed over the heads", f"{val.get('loss', float('nan')):.3f}"],
+            ["val accuracy, head 0 ... n-1", accs]]
     if dec:
-        rows += [
-            [
-                "tokens per forward, k = 1 ... n",
-                " ".join(f"{v:.2f}" for v in dec["tokens_per_forward"].values()),
-            ],
-            ["speed-up, k = 1 ... n", " ".join(f"{v:.2f}" for v in dec["speedup"].values())],
-            [
-                f"tree {dec['tree']}: tokens per forward, speed-up",
-                f"{dec['tree_tokens_per_forward']}, {dec['tree_speedup']}",
-            ],
-            ["autoregressive tokens/s", dec["tokens_per_second_ar"]],
-            ["output repeating an earlier 8-gram", f"{dec['repeated']:.0%}"],
-        ]
+        rows += [["tokens per forward, k = 1 ... n", " ".join(
+            f"{v:.2f}" for v in dec["tokens_per_forward"].values())],
+                 ["speed-up, k = 1 ... n", " ".join(
+                     f"{v:.2f}" for v in dec["speedup"].values())],
+                 [f"tree {dec['tree']}: tokens per forward, speed-up",
+                  f"{dec['tree_tokens_per_forward']}, {dec['tree_speedup']}"],
+                 ["autoregressive tokens/s", dec["tokens_per_second_ar"]],
+                 ["output repeating an earlier 8-gram", f"{dec['repeated']:.0%}"]]
         rows = [row for row in rows if "None" not in str(row[1])]
     return table(["", ""], rows)
 
@@ -320,23 +203,10 @@ def tests(r: dict[str, Any]) -> str:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "decode": decode,
-    "methods": methods,
-    "exact": exact,
-    "dtype": dtype,
-    "acceptance": acceptance,
-    "eagle": eagle,
-    "hf": hf,
-    "memory": memory,
-    "train_step": train_step,
-    "peak_flops": peak_flops,
-    "fsdp_comms": fsdp_comms,
-    "heads_cost": heads_cost,
-    "sandbox": sandbox,
-    "byte8": byte8,
-    "eval": evaluation,
-    "tests": tests,
-}
+    "decode": decode, "methods": methods, "exact": exact, "dtype": dtype,
+    "acceptance": acceptance, "eagle": eagle, "hf": hf, "memory": memory, "train_step": train_step,
+    "peak_flops": peak_flops, "fsdp_comms": fsdp_comms, "heads_cost": heads_cost,
+    "sandbox": sandbox, "byte8": byte8, "eval": evaluation, "tests": tests}
 
 
 def part_block(record: Record, renderer: str) -> str | None:
@@ -346,10 +216,8 @@ def part_block(record: Record, renderer: str) -> str | None:
     if "skipped" in record:
         return f"Not measured: `{record['command']}` was skipped ({record['skipped']})."
     if record["result"] is None:
-        return (
-            provenance(record) + f"\n\nFailed (exit {record['returncode']}) after "
-            f"{record['seconds']:.0f} s; the log is in the run's logs/ folder."
-        )
+        return (provenance(record) + f"\n\nFailed (exit {record['returncode']}) after "
+                f"{record['seconds']:.0f} s; the log is in the run's logs/ folder.")
     return provenance(record) + "\n\n" + RENDERERS[renderer](record["result"])
 
 
@@ -358,14 +226,12 @@ def run_block(results: Record) -> str:
     m, parts = results["machine"], [p for p in results["parts"].values() if "started" in p]
     commits = sorted({p["commit"] for p in parts if p.get("commit")}) or [results["commit"]]
     started = min([p["started"] for p in parts] or [results["started"]])
-    return (
-        f"Generated by `python -m mtp.bench {results['suite']}` at commit "
-        f"{', '.join(map(str, commits))}, {started} to {results.get('finished', '?')}, on "
-        f"{m['device_name']} ({m['cpus']} cores, flags {' '.join(m['cpu_flags'])}; torch "
-        f"{m['torch']}); load average {results['load_before'][0]:.1f} before, "
-        f"{results.get('load_after', ['?'])[0]} after (1-minute); each table's first line "
-        f"has its own command, commit, time and load."
-    )
+    return (f"Generated by `python -m mtp.bench {results['suite']}` at commit "
+            f"{', '.join(map(str, commits))}, {started} to {results.get('finished', '?')}, on "
+            f"{m['device_name']} ({m['cpus']} cores, flags {' '.join(m['cpu_flags'])}; torch "
+            f"{m['torch']}); load average {results['load_before'][0]:.1f} before, "
+            f"{results.get('load_after', ['?'])[0]} after (1-minute); each table's first line "
+            f"has its own command, commit, time and load.")
 
 
 def headline(results: Record) -> str:
@@ -376,70 +242,38 @@ def headline(results: Record) -> str:
         d = parts["decode"]
         trained = parts.get("byte8") or {}
         model = f"byte8, {trained['steps']} steps" if "steps" in trained else "byte8"
-        rows.append(
-            [
-                f"greedy speed-up, heads' chain ({model}, CPU, batch 1)",
-                f"{d['speedup']:.2f}x at k = {d['k']} ({d['tokens_per_forward']:.2f} "
-                f"tokens per forward)",
-                f"{'identical' if d['identical'] else 'differing'} "
-                f"output, {d['repeated']:.0%} of it repeating an earlier 8-gram",
-            ]
-        )
+        rows.append([f"greedy speed-up, heads' chain ({model}, CPU, batch 1)",
+                     f"{d['speedup']:.2f}x at k = {d['k']} ({d['tokens_per_forward']:.2f} "
+                     f"tokens per forward)", f"{'identical' if d['identical'] else 'differing'} "
+                     f"output, {d['repeated']:.0%} of it repeating an earlier 8-gram"])
         if "tree_tokens_per_forward" in d:
-            rows.append(
-                [
-                    f"tokens per forward, tree {d['tree']}",
-                    f"{d['tree_tokens_per_forward']:.2f}",
-                    f"{d['tree_speedup']:.2f}x",
-                ]
-            )
+            rows.append([f"tokens per forward, tree {d['tree']}",
+                         f"{d['tree_tokens_per_forward']:.2f}", f"{d['tree_speedup']:.2f}x"])
     if parts.get("memory"):
         m = parts["memory"]
         naive = f"naive {m['naive_over_ntp']:.2f}" if "naive_over_ntp" in m else ""
-        rows.append(
-            [
-                f"training step memory over next-token (n = {m['n_future']}, vocab "
-                f"{m['vocab_size']})",
-                f"headwise {m['headwise_over_ntp']:.2f}",
-                naive,
-            ]
-        )
+        rows.append([f"training step memory over next-token (n = {m['n_future']}, vocab "
+                     f"{m['vocab_size']})", f"headwise {m['headwise_over_ntp']:.2f}", naive])
     if parts.get("train_step"):
         t = parts["train_step"]
-        rows.append(
-            [
-                f"step time n = {t['n_future']} / n = 1, compute-matched",
-                f"{t['time_ratio_compute_matched']:.2f}",
-                f"MFU {t['mfu']:.1%} ({t['precision']})",
-            ]
-        )
+        rows.append([f"step time n = {t['n_future']} / n = 1, compute-matched",
+                     f"{t['time_ratio_compute_matched']:.2f}",
+                     f"MFU {t['mfu']:.1%} ({t['precision']})"])
     if parts.get("hf"):
         h = parts["hf"]
-        static = (
-            f", {h['mtp_ar_over_hf_static']:.2f}x its compiled static cache"
-            if h.get("mtp_ar_over_hf_static")
-            else ""
-        )
-        rows.append(
-            [
-                "autoregressive decoding against transformers' generate",
-                f"{h['mtp_ar_over_hf']:.2f}x{static}",
-                f"speculative: {h['mtp_spec_over_hf']:.2f}x",
-            ]
-        )
+        static = (f", {h['mtp_ar_over_hf_static']:.2f}x its compiled static cache"
+                  if h.get("mtp_ar_over_hf_static") else "")
+        rows.append(["autoregressive decoding against transformers' generate",
+                     f"{h['mtp_ar_over_hf']:.2f}x{static}",
+                     f"speculative: {h['mtp_spec_over_hf']:.2f}x"])
     if not rows:
         return "No headline figures: the run measured none."
-    loads = [
-        load[0]
-        for record in results["parts"].values()
-        for load in (record.get("load_before"), record.get("load_after"))
-        if load
-    ]
+    loads = [load[0] for record in results["parts"].values()
+             for load in (record.get("load_before"), record.get("load_after")) if load]
     return table(["figure", "value", ""], rows) + (
         f"\n\n{results['machine']['device_name']}, commit {results['commit']}, load average "
         f"{min(loads):.1f}-{max(loads):.1f} (timed figures move with it); "
-        f"[how each is measured](docs/benchmarks.md)"
-    )
+        f"[how each is measured](docs/benchmarks.md)")
 
 
 def blocks(results: Record, renderers: dict[str, str]) -> dict[str, str]:

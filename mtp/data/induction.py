@@ -20,7 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from mtp.data.sources import Corpus
-from mtp.data.synthetic import check_positive, check_spelling, generated_corpus, in_fraction
+from mtp.data.synthetic import (check_positive, check_spelling,
+                                generated_corpus, in_fraction)
 from mtp.tokenizers import Tokenizer
 
 TEST_NAME_FRACTION = 0.25
@@ -39,7 +40,7 @@ INTRODUCTIONS = (
 EVENTS = (
     "One day {A} and {B} went to the {place}.",
     "{A} found a {thing} near the {place}.",
-    '{B} said, "{A}, let us play with the {thing}!"',
+    "{B} said, \"{A}, let us play with the {thing}!\"",
     "{A} was {feeling}.",
     "{B} gave the {thing} to {A}.",
     "{A} and {B} played all day.",
@@ -56,7 +57,7 @@ ENDINGS = (
     "{B} hugged {A}. The end.",
 )
 _TEMPLATES = INTRODUCTIONS + EVENTS + ENDINGS
-ALPHABET = string.ascii_letters + ' .,!"'
+ALPHABET = string.ascii_letters + " .,!\""
 
 
 def all_names() -> list[str]:
@@ -64,12 +65,8 @@ def all_names() -> list[str]:
     the capitalised words the templates write."""
     words = re.findall(r"\b[A-Z][a-z]+", re.sub(r"\{\w+\}", "", " ".join(_TEMPLATES)))
     blocked = {w[:2] for w in words}
-    return [
-        a + b
-        for a in string.ascii_uppercase
-        for b in string.ascii_lowercase
-        if a + b not in blocked
-    ]
+    return [a + b for a in string.ascii_uppercase for b in string.ascii_lowercase
+            if a + b not in blocked]
 
 
 def is_test_name(name: str) -> bool:
@@ -101,18 +98,13 @@ def random_story(rng: random.Random, pool: list[str], events: int = 5) -> Story:
     cast = {"A": first, "B": second}
     sentences = [(rng.choice(INTRODUCTIONS), {"A": "A"}), (rng.choice(INTRODUCTIONS), {"A": "B"})]
     for template in rng.choices(EVENTS, k=events) + [rng.choice(ENDINGS)]:
-        sentences.append(
-            (template, {"A": "A", "B": "B"} if rng.random() < 0.5 else {"A": "B", "B": "A"})
-        )
+        sentences.append((template, {"A": "A", "B": "B"} if rng.random() < 0.5
+                          else {"A": "B", "B": "A"}))
     text, names, seen = "", [], Counter()
     for template, roles in sentences:
-        fill = {
-            "role": rng.choice(ROLES),
-            "adj": rng.choice(ADJECTIVES),
-            "place": rng.choice(PLACES),
-            "thing": rng.choice(THINGS),
-            "feeling": rng.choice(FEELINGS),
-        }
+        fill = {"role": rng.choice(ROLES), "adj": rng.choice(ADJECTIVES),
+                "place": rng.choice(PLACES), "thing": rng.choice(THINGS),
+                "feeling": rng.choice(FEELINGS)}
         for piece in re.split(r"(\{\w+\})", template):
             key = piece[1:-1] if piece.startswith("{") else None
             if key in roles:
@@ -162,7 +154,5 @@ class InductionSource:
 
 @functools.lru_cache(maxsize=2)  # a run loads its source several times (tokenizer, prepare, setup)
 def _load_induction(source: InductionSource) -> Corpus:
-    return generated_corpus(
-        [s.text for s in stories(source.seed, source.documents, test=False, events=source.events)],
-        "induction",
-    )
+    return generated_corpus([s.text for s in stories(source.seed, source.documents, test=False,
+                                                     events=source.events)], "induction")

@@ -34,9 +34,8 @@ class ResumableSampler(DistributedSampler):
     """Seeded, per-rank disjoint shuffling that can start part-way into an epoch."""
 
     def __init__(self, dataset: PackedBlocks, *, num_replicas: int, rank: int, seed: int) -> None:
-        super().__init__(
-            dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True
-        )
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed,
+                         drop_last=True)
         self.start = 0  # samples of this rank's epoch to skip, set by a restore
 
     def __iter__(self) -> Iterator[int]:
@@ -50,24 +49,10 @@ class ResumableDataLoader(DataLoader):
 
     sampler: ResumableSampler
 
-    def __init__(
-        self,
-        dataset: PackedBlocks,
-        *,
-        sampler: ResumableSampler,
-        batch_size: int,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-    ) -> None:
-        super().__init__(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            drop_last=True,
-            persistent_workers=num_workers > 0,
-        )
+    def __init__(self, dataset: PackedBlocks, *, sampler: ResumableSampler, batch_size: int,
+                 num_workers: int = 0, pin_memory: bool = False) -> None:
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                         pin_memory=pin_memory, drop_last=True, persistent_workers=num_workers > 0)
         self._batches = 0  # batches handed out in the current epoch
 
     def __iter__(self) -> Iterator[Any]:
@@ -87,41 +72,22 @@ class ResumableDataLoader(DataLoader):
 class StreamingBlocks(torch.utils.data.IterableDataset):
     """Blocks of a streamed corpus: this rank's documents of one split, tokenised and packed."""
 
-    def __init__(
-        self,
-        corpus: Corpus,
-        tokenizer: Tokenizer,
-        *,
-        split: str,
-        seq_len: int,
-        n_future: int,
-        val_fraction: float,
-        seed: int,
-        rank: int,
-        world_size: int,
-    ) -> None:
+    def __init__(self, corpus: Corpus, tokenizer: Tokenizer, *, split: str, seq_len: int,
+                 n_future: int, val_fraction: float, seed: int, rank: int, world_size: int) -> None:
         check_block_args(seq_len, n_future)
         documents = split_dataset_by_node(corpus.documents, rank=rank, world_size=world_size)
         if split == "train":
             documents = documents.shuffle(seed=seed, buffer_size=_SHUFFLE_BUFFER)
         self.documents, self.tokenizer, self.split = documents, tokenizer, split
-        self.seq_len, self.n_future, self.val_fraction, self.seed = (
-            seq_len,
-            n_future,
-            val_fraction,
-            seed,
-        )
+        self.seq_len, self.n_future, self.val_fraction, self.seed = seq_len, n_future, val_fraction, seed
 
     def set_epoch(self, epoch: int) -> None:
         self.documents.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         want_val = self.split == "val"
-        texts = (
-            t
-            for t in (row["text"] for row in self.documents)
-            if t and t.strip() and is_validation(t, self.seed, self.val_fraction) == want_val
-        )
+        texts = (t for t in (row["text"] for row in self.documents)
+                 if t and t.strip() and is_validation(t, self.seed, self.val_fraction) == want_val)
         eos = self.tokenizer.eos_id
         ids = (self.tokenizer.encode(t) + [eos] for t in texts)
         for block in pack_iter(ids, self.seq_len, self.n_future):
@@ -131,20 +97,10 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
 class MTPDataModule(L.LightningDataModule):
     """Training and validation blocks of ``source`` for a model with ``n_future`` heads."""
 
-    def __init__(
-        self,
-        source: Source,
-        tokenizer: Tokenizer,
-        seq_len: int,
-        n_future: int,
-        batch_size: int = 8,
-        val_fraction: float = 0.01,
-        seed: int = 0,
-        num_workers: int = 0,
-        cache_dir: str | Path | None = None,
-        num_proc: int | None = None,
-        pin_memory: bool = False,
-    ) -> None:
+    def __init__(self, source: Source, tokenizer: Tokenizer, seq_len: int, n_future: int,
+                 batch_size: int = 8, val_fraction: float = 0.01, seed: int = 0,
+                 num_workers: int = 0, cache_dir: str | Path | None = None,
+                 num_proc: int | None = None, pin_memory: bool = False) -> None:
         super().__init__()
         check_block_args(seq_len, n_future)
         check_split_args(val_fraction, seed)
@@ -156,11 +112,7 @@ class MTPDataModule(L.LightningDataModule):
         self.seq_len, self.n_future, self.batch_size = seq_len, n_future, batch_size
         self.val_fraction, self.seed = val_fraction, seed
         self.num_workers, self.cache_dir, self.num_proc, self.pin_memory = (
-            num_workers,
-            cache_dir,
-            num_proc,
-            pin_memory,
-        )
+            num_workers, cache_dir, num_proc, pin_memory)
         self.prepared: PreparedCorpus | None = None
         self.train_set: torch.utils.data.Dataset | None = None
         self.val_set: torch.utils.data.Dataset | None = None
@@ -176,32 +128,21 @@ class MTPDataModule(L.LightningDataModule):
         rank, world_size = self._rank_and_world()
         if corpus.streaming:
             self.train_set, self.val_set = (
-                StreamingBlocks(
-                    corpus,
-                    self.tokenizer,
-                    split=split,
-                    seq_len=self.seq_len,
-                    n_future=self.n_future,
-                    val_fraction=self.val_fraction,
-                    seed=self.seed,
-                    rank=rank,
-                    world_size=world_size,
-                )
-                for split in ("train", "val")
-            )
+                StreamingBlocks(corpus, self.tokenizer, split=split, seq_len=self.seq_len,
+                                n_future=self.n_future, val_fraction=self.val_fraction,
+                                seed=self.seed, rank=rank, world_size=world_size)
+                for split in ("train", "val"))
             return
         self.prepared = self._prepare(corpus)
         self.train_set, self.val_set = (
             PackedBlocks(self.prepared.stream(split), self.seq_len, self.n_future)
-            for split in ("train", "val")
-        )
+            for split in ("train", "val"))
         if len(self.train_set) < world_size * self.batch_size:
             tokens = self.prepared.meta["train"]["tokens"]
             raise ValueError(
                 f"corpus {corpus.key} has {tokens} training tokens: {len(self.train_set)} blocks "
                 f"of seq_len {self.seq_len} + n_future {self.n_future}, fewer than one batch of "
-                f"{self.batch_size} per rank on {world_size} rank(s)"
-            )
+                f"{self.batch_size} per rank on {world_size} rank(s)")
 
     def stats(self) -> dict:
         """Corpus figures for this module's block shape (after ``setup``)."""
@@ -213,16 +154,9 @@ class MTPDataModule(L.LightningDataModule):
         if isinstance(self.train_set, StreamingBlocks):
             return self._loader(self.train_set)
         rank, world_size = self._rank_and_world()
-        sampler = ResumableSampler(
-            self.train_set, num_replicas=world_size, rank=rank, seed=self.seed
-        )
-        return ResumableDataLoader(
-            self.train_set,
-            sampler=sampler,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-        )
+        sampler = ResumableSampler(self.train_set, num_replicas=world_size, rank=rank, seed=self.seed)
+        return ResumableDataLoader(self.train_set, sampler=sampler, batch_size=self.batch_size,
+                                   num_workers=self.num_workers, pin_memory=self.pin_memory)
 
     def val_dataloader(self) -> DataLoader | list:
         if isinstance(self.val_set, StreamingBlocks):
@@ -230,29 +164,16 @@ class MTPDataModule(L.LightningDataModule):
         if len(self.val_set) == 0:
             return []  # Lightning then skips validation
         rank, world_size = self._rank_and_world()
-        sampler = DistributedSampler(
-            self.val_set, num_replicas=world_size, rank=rank, shuffle=False
-        )
+        sampler = DistributedSampler(self.val_set, num_replicas=world_size, rank=rank, shuffle=False)
         return self._loader(self.val_set, sampler=sampler)
 
     def _loader(self, dataset: torch.utils.data.Dataset, **kwargs: Any) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            **kwargs,
-        )
+        return DataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+                          pin_memory=self.pin_memory, **kwargs)
 
     def _prepare(self, corpus: Corpus) -> PreparedCorpus:
-        return prepare(
-            corpus,
-            self.tokenizer,
-            val_fraction=self.val_fraction,
-            seed=self.seed,
-            cache_dir=self.cache_dir,
-            num_proc=self.num_proc,
-        )
+        return prepare(corpus, self.tokenizer, val_fraction=self.val_fraction, seed=self.seed,
+                       cache_dir=self.cache_dir, num_proc=self.num_proc)
 
     def _rank_and_world(self) -> tuple[int, int]:
         if self.trainer is not None:

@@ -34,11 +34,8 @@ _STREAMING_BPE_DOCS = 100_000  # a streamed corpus trains BPE on its first docum
 
 def is_validation(text: str, seed: int, val_fraction: float) -> bool:
     """Whether a document belongs to the validation split."""
-    digest = hashlib.blake2b(
-        text.encode("utf-8", "surrogatepass"),
-        digest_size=8,
-        key=seed.to_bytes(8, "little", signed=True),
-    )
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8,
+                             key=seed.to_bytes(8, "little", signed=True))
     return int.from_bytes(digest.digest(), "little") < val_fraction * 2**64
 
 
@@ -67,13 +64,8 @@ class PreparedCorpus:
 
     def stats(self, seq_len: int, n_future: int) -> dict:
         """Figures per split; ``tokens == blocks * seq_len + remainder_tokens`` always."""
-        out = {
-            "source": self.meta["source"],
-            "tokenizer": self.meta["tokenizer"],
-            "seq_len": seq_len,
-            "n_future": n_future,
-            "skipped": self.meta["skipped"],
-        }
+        out = {"source": self.meta["source"], "tokenizer": self.meta["tokenizer"],
+               "seq_len": seq_len, "n_future": n_future, "skipped": self.meta["skipped"]}
         for split in SPLITS:
             s = dict(self.meta[split])
             s["bytes_per_token"] = round(s["bytes"] / s["tokens"], 4) if s["tokens"] else 0.0
@@ -83,57 +75,35 @@ class PreparedCorpus:
         return out
 
 
-def prepare(
-    corpus: Corpus,
-    tokenizer: Tokenizer,
-    *,
-    val_fraction: float = 0.01,
-    seed: int = 0,
-    cache_dir: str | Path | None = None,
-    num_proc: int | None = None,
-) -> PreparedCorpus:
+def prepare(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float = 0.01, seed: int = 0,
+            cache_dir: str | Path | None = None, num_proc: int | None = None) -> PreparedCorpus:
     """Tokenise ``corpus`` (cached), split it and write the train/val streams once."""
     check_split_args(val_fraction, seed)
     if corpus.streaming:
-        raise ValueError(
-            "a streaming corpus is tokenised on the fly; prepare() needs a map-style one"
-        )
+        raise ValueError("a streaming corpus is tokenised on the fly; prepare() needs a "
+                         "map-style one")
     directory = _split_dir(corpus, cache_dir, f"{tokenizer.fingerprint}", val_fraction, seed)
     directory.mkdir(parents=True, exist_ok=True)
     tokenised = corpus.documents.map(
-        _Tokenise(tokenizer, seed, val_fraction),
-        batched=True,
+        _Tokenise(tokenizer, seed, val_fraction), batched=True,
         remove_columns=corpus.documents.column_names,
         cache_file_name=str(directory / "tokens.arrow"),
-        new_fingerprint=f"{directory.parent.name}-{directory.name}"[-64:],
-        num_proc=num_proc,
-        desc=f"tokenising {corpus.key} ({tokenizer.name})",
-    )
+        new_fingerprint=f"{directory.parent.name}-{directory.name}"[-64:], num_proc=num_proc,
+        desc=f"tokenising {corpus.key} ({tokenizer.name})")
     meta_path = directory / "meta.json"
     if not meta_path.is_file():
         meta = _write_streams(tokenised, directory, tokenizer)
-        meta.update(
-            source=corpus.key,
-            tokenizer=tokenizer.name,
-            skipped=corpus.skipped,
-            contaminated=corpus.contaminated,
-        )
+        meta.update(source=corpus.key, tokenizer=tokenizer.name, skipped=corpus.skipped,
+                    contaminated=corpus.contaminated)
         tmp = meta_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta, indent=2) + "\n")
         os.replace(tmp, meta_path)  # meta.json last: its presence means the streams are whole
     return PreparedCorpus(directory, json.loads(meta_path.read_text()))
 
 
-def build_tokenizer(
-    kind: str = "byte",
-    *,
-    vocab_size: int = 32_000,
-    path: str | None = None,
-    source: Source | None = None,
-    val_fraction: float = 0.01,
-    seed: int = 0,
-    cache_dir: str | Path | None = None,
-) -> Tokenizer:
+def build_tokenizer(kind: str = "byte", *, vocab_size: int = 32_000, path: str | None = None,
+                    source: Source | None = None, val_fraction: float = 0.01, seed: int = 0,
+                    cache_dir: str | Path | None = None) -> Tokenizer:
     """The tokenizer a run uses: byte, a BPE loaded from ``path``, or a BPE trained once on
     the training split of ``source`` and cached under the corpus's folder."""
     if kind == "byte":
@@ -143,9 +113,8 @@ def build_tokenizer(
     if path is not None:
         return load_tokenizer(path)
     if source is None:
-        raise ValueError(
-            "training a BPE tokenizer needs a source (or give path= to a tokenizer.json)"
-        )
+        raise ValueError("training a BPE tokenizer needs a source (or give path= to a "
+                         "tokenizer.json)")
     check_split_args(val_fraction, seed)
     corpus = source.load()
     directory = _split_dir(corpus, cache_dir, f"bpe{vocab_size}", val_fraction, seed)
@@ -166,11 +135,9 @@ class _Tokenise:
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         texts = batch["text"]
         eos = self.tokenizer.eos_id
-        return {
-            "ids": [ids + [eos] for ids in self.tokenizer.encode_batch(texts)],
-            "n_bytes": [len(t.encode("utf-8")) for t in texts],
-            "is_val": [is_validation(t, self.seed, self.val_fraction) for t in texts],
-        }
+        return {"ids": [ids + [eos] for ids in self.tokenizer.encode_batch(texts)],
+                "n_bytes": [len(t.encode("utf-8")) for t in texts],
+                "is_val": [is_validation(t, self.seed, self.val_fraction) for t in texts]}
 
 
 def _write_streams(tokenised, directory: Path, tokenizer: Tokenizer) -> dict:
@@ -194,9 +161,8 @@ def _write_streams(tokenised, directory: Path, tokenizer: Tokenizer) -> dict:
     return meta
 
 
-def _split_dir(
-    corpus: Corpus, cache_dir: str | Path | None, name: str, val_fraction: float, seed: int
-) -> Path:
+def _split_dir(corpus: Corpus, cache_dir: str | Path | None, name: str, val_fraction: float,
+               seed: int) -> Path:
     root = Path(cache_dir) if cache_dir is not None else data_dir()
     return root / corpus.key / f"{name}-val{val_fraction:g}-seed{seed}"
 

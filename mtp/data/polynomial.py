@@ -18,7 +18,8 @@ import random
 from dataclasses import dataclass
 
 from mtp.data.sources import Corpus
-from mtp.data.synthetic import check_positive, check_spelling, generated_corpus, in_fraction
+from mtp.data.synthetic import (check_positive, check_spelling,
+                                generated_corpus, in_fraction)
 from mtp.tokenizers import Tokenizer
 
 P, DEGREE = 7, 5  # the field F7 and the truncation X^5
@@ -161,6 +162,5 @@ class PolynomialSource:
 @functools.lru_cache(maxsize=2)  # a run loads its source several times (tokenizer, prepare, setup)
 def _load_polynomial(source: PolynomialSource) -> Corpus:
     ms = tuple(range(source.min_ops, source.max_ops + 1))
-    return generated_corpus(
-        [p.text for p in problems(source.seed, source.documents, ms, test=False)], "polynomial"
-    )
+    return generated_corpus([p.text for p in problems(source.seed, source.documents, ms,
+                                                      test=False)], "polynomial")

@@ -50,10 +50,8 @@ class SourceOptions:
             raise ValueError(f"source={self.source!r} is not one of {', '.join(SOURCES)}")
         unknown = [name for name in self.decontaminate if name not in BENCHMARKS]
         if unknown:
-            raise ValueError(
-                f"decontaminate={self.decontaminate}: {unknown[0]!r} is not one "
-                f"of {', '.join(BENCHMARKS)}"
-            )
+            raise ValueError(f"decontaminate={self.decontaminate}: {unknown[0]!r} is not one "
+                             f"of {', '.join(BENCHMARKS)}")
         if self.source == "local" and not self.paths:
             raise ValueError("source=local needs paths=[...] (files, folders or globs)")
         if self.source == "hub" and not self.name:
@@ -71,20 +69,12 @@ class SourceOptions:
         if self.source == "installed":
             mbpp = self.mbpp()
             paths = None if self.paths is None else tuple(self.paths)
-            return InstalledSource(
-                paths=paths,
-                decontaminate=tuple(self.decontaminate),
-                humaneval_file=self.humaneval_file,
-                mbpp_file=None if mbpp is None else str(mbpp),
-                ngram=self.ngram,
-                cache_dir=cache_dir,
-            )
+            return InstalledSource(paths=paths, decontaminate=tuple(self.decontaminate),
+                                   humaneval_file=self.humaneval_file,
+                                   mbpp_file=None if mbpp is None else str(mbpp),
+                                   ngram=self.ngram, cache_dir=cache_dir)
         if self.source == "local":
             return LocalSource(paths=list(self.paths), text_field=self.text_field)
-        return HubSource(
-            name=self.name,
-            config=self.config,
-            split=self.split,
-            text_field=self.text_field,
-            revision=self.revision,
-        )
+        return HubSource(name=self.name, config=self.config, split=self.split,
+                         text_field=self.text_field, revision=self.revision)
+

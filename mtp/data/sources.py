@@ -53,9 +53,8 @@ class StdlibSource:
 
     def load(self) -> Corpus:
         root = Path(sysconfig.get_paths()["stdlib"])
-        files = sorted(
-            p for p in root.rglob("*.py") if "site-packages" not in p.relative_to(root).parts
-        )
+        files = sorted(p for p in root.rglob("*.py")
+                       if "site-packages" not in p.relative_to(root).parts)
         if not files:
             raise FileNotFoundError(f"no .py files under the standard library at {root}")
         ids, texts, skipped = _read_text_files(files, root)
@@ -80,11 +79,9 @@ class LocalSource:
             raise ValueError("LocalSource.paths is empty: name at least one file, folder or glob")
         missing = [path for path in paths if not _expand([path])]
         if missing:
-            raise FileNotFoundError(
-                f"data.source.paths: {', '.join(map(str, missing))} "
-                f"match{'es' if len(missing) == 1 else ''} no file "
-                f"(cwd {Path.cwd()})"
-            )
+            raise FileNotFoundError(f"data.source.paths: {', '.join(map(str, missing))} "
+                                    f"match{'es' if len(missing) == 1 else ''} no file "
+                                    f"(cwd {Path.cwd()})")
 
     def _paths(self) -> list[str]:
         return [self.paths] if isinstance(self.paths, str) else list(self.paths)
@@ -120,20 +117,14 @@ class HubSource:
     def load(self) -> Corpus:
         check_hub_reachable(self.name)
         try:
-            ds = datasets.load_dataset(
-                self.name,
-                self.config,
-                split=self.split,
-                streaming=self.streaming,
-                revision=self.revision,
-            )
+            ds = datasets.load_dataset(self.name, self.config, split=self.split,
+                                       streaming=self.streaming, revision=self.revision)
         except (ConnectionError, OSError) as e:
             raise ConnectionError(offline_message(self.name, reason=str(e))) from e
         columns = ds.column_names
         if columns is not None and self.text_field not in columns:
-            raise ValueError(
-                f"dataset {self.name!r} has no column {self.text_field!r}; columns: {columns}"
-            )
+            raise ValueError(f"dataset {self.name!r} has no column {self.text_field!r}; "
+                             f"columns: {columns}")
         ds = ds.select_columns([self.text_field])
         if self.text_field != "text":
             ds = ds.rename_column(self.text_field, "text")
@@ -181,18 +172,16 @@ class InstalledSource:
         """The folders read, in order: ``paths``, or ``sys.path``'s (see the class docstring)."""
         if self.paths is not None:
             if not self.paths:
-                raise ValueError(
-                    "InstalledSource.paths is empty: name a folder, or null for sys.path's"
-                )
+                raise ValueError("InstalledSource.paths is empty: name a folder, or null for "
+                                 "sys.path's")
             missing = [p for p in self.paths if not Path(p).expanduser().is_dir()]
             if missing:
                 raise ValueError(f"InstalledSource.paths: {missing} are not folders")
             return [Path(p).expanduser() for p in self.paths]
         # sys.path[0] is the running script's folder (or the working directory): not installed.
         here = Path.cwd().resolve()
-        return [
-            Path(p) for p in sys.path[1:] if p and Path(p).is_dir() and Path(p).resolve() != here
-        ]
+        return [Path(p) for p in sys.path[1:]
+                if p and Path(p).is_dir() and Path(p).resolve() != here]
 
     def load(self) -> Corpus:
         return _load_installed(self)
@@ -211,12 +200,8 @@ def _expand(paths: list[str]) -> list[Path]:
         matches = glob.glob(os.path.expanduser(pattern), recursive=True) or [pattern]
         for match in map(Path, matches):
             if match.is_dir():
-                out += [
-                    p
-                    for p in match.rglob("*")
-                    if p.is_file()
-                    and not any(s.startswith(".") for s in p.relative_to(match).parts)
-                ]
+                out += [p for p in match.rglob("*") if p.is_file() and not any(
+                    s.startswith(".") for s in p.relative_to(match).parts)]
             elif match.is_file():
                 out.append(match)
     return out
@@ -260,10 +245,8 @@ def _read_records(path: Path, text_field: str) -> list[str]:
     texts = []
     for n, record in enumerate(records):
         if text_field not in record:
-            raise ValueError(
-                f"{path} record {n} has no field {text_field!r}; fields: "
-                f"{sorted(record)} (set text_field)"
-            )
+            raise ValueError(f"{path} record {n} has no field {text_field!r}; fields: "
+                             f"{sorted(record)} (set text_field)")
         texts.append(record[text_field] or "")
     return texts
 
@@ -271,21 +254,16 @@ def _read_records(path: Path, text_field: str) -> list[str]:
 @functools.lru_cache(maxsize=2)
 def _load_installed(source: InstalledSource) -> Corpus:
     # The references first: one that cannot be read fails before 400 MB of files are read.
-    references = load_references(
-        source.decontaminate,
-        {"humaneval": source.humaneval_file, "mbpp": source.mbpp_file},
-        source.ngram,
-    )
+    references = load_references(source.decontaminate, {
+        "humaneval": source.humaneval_file, "mbpp": source.mbpp_file}, source.ngram)
     roots = source.roots()
     found = [p.resolve() for root in roots for p in _python_files(root)]
     files = list(dict.fromkeys(found))  # a file under two roots, or linked, is read once
     if not files:
         raise ValueError(f"no .py files in {[str(r) for r in roots]} (data=installed)")
     ids, texts, skipped = _read_text_files(files, root=None)
-    digests = [
-        hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-        for t in texts
-    ]
+    digests = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+               for t in texts]
     first: dict[str, int] = {}  # content hash -> the first file with that content
     for i, digest in enumerate(digests):
         first.setdefault(digest, i)
@@ -301,13 +279,8 @@ def _load_installed(source: InstalledSource) -> Corpus:
         skipped["contaminated"] = len(contaminated)
     kept = [i for i in first.values() if ids[i] not in contaminated]
     version = f"py{sys.version_info.major}{sys.version_info.minor}"
-    corpus = _corpus(
-        [ids[i] for i in kept],
-        [texts[i] for i in kept],
-        skipped,
-        prefix=f"installed-{version}",
-        searched=[str(r) for r in roots],
-    )
+    corpus = _corpus([ids[i] for i in kept], [texts[i] for i in kept], skipped,
+                     prefix=f"installed-{version}", searched=[str(r) for r in roots])
     return Corpus(corpus.documents, corpus.key, corpus.skipped, contaminated)
 
 
@@ -317,9 +290,8 @@ def _python_files(root: Path) -> list[Path]:
     found = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-        found += [
-            p for p in (Path(folder, n) for n in sorted(names) if n.endswith(".py")) if p.is_file()
-        ]
+        found += [p for p in (Path(folder, n) for n in sorted(names) if n.endswith(".py"))
+                  if p.is_file()]
     return found
 
 
@@ -330,9 +302,8 @@ class _DecontaminationCache:
         self.references = references
         root = Path(cache_dir) if cache_dir is not None else data_dir()
         self.path = root / "decontamination" / f"{references.key}-n{references.ngram}.json"
-        self.known: dict[str, list[str]] = (
-            json.loads(self.path.read_text()) if self.path.is_file() else {}
-        )
+        self.known: dict[str, list[str]] = (json.loads(self.path.read_text())
+                                            if self.path.is_file() else {})
         self.new = 0
 
     def matches(self, digest: str, text: str) -> list[str]:
@@ -351,13 +322,10 @@ class _DecontaminationCache:
         os.replace(tmp, self.path)  # whole or absent, whichever process writes last
 
 
-def _corpus(
-    ids: list[str], texts: list[str], skipped: Counter, prefix: str, searched: list[str]
-) -> Corpus:
+def _corpus(ids: list[str], texts: list[str], skipped: Counter, prefix: str, searched: list[str]) -> Corpus:
     if not texts:
-        raise ValueError(
-            f"empty corpus: no usable documents in {searched} (skipped: {dict(skipped) or 'none'})"
-        )
+        raise ValueError(f"empty corpus: no usable documents in {searched} (skipped: "
+                         f"{dict(skipped) or 'none'})")
     # Content hash: editing, adding or removing any document gives new caches.
     digest = hashlib.blake2b(digest_size=6)
     for doc_id, text in zip(ids, texts):

@@ -18,13 +18,8 @@ def check_positive(name: str, value: object) -> None:
 
 def generated_corpus(texts: list[str], task: str) -> Corpus:
     """A generator's documents as a `Corpus` (one per text, keyed by their content)."""
-    return _corpus(
-        [str(i) for i in range(len(texts))],
-        texts,
-        Counter(),
-        prefix=task,
-        searched=[f"the {task} generator"],
-    )
+    return _corpus([str(i) for i in range(len(texts))], texts, Counter(), prefix=task,
+                   searched=[f"the {task} generator"])
 
 
 def in_fraction(text: str, key: str, fraction: float) -> bool:
@@ -40,14 +35,10 @@ def check_spelling(tokenizer: Tokenizer, task: str, alphabet: str, sample: str) 
     for ch in alphabet:
         ids = tokenizer.encode(ch)
         if len(ids) != 1 or tokenizer.decode(ids) != ch:
-            raise ValueError(
-                f"tokenizer {tokenizer.name!r} cannot spell {ch!r} of the {task} "
-                f"task's alphabet as one token (ids {ids}): use tokenizer=byte"
-            )
+            raise ValueError(f"tokenizer {tokenizer.name!r} cannot spell {ch!r} of the {task} "
+                             f"task's alphabet as one token (ids {ids}): use tokenizer=byte")
     ids = tokenizer.encode(sample)
     if len(ids) != len(sample):
-        raise ValueError(
-            f"tokenizer {tokenizer.name!r} encodes {sample[:40]!r}... in {len(ids)} "
-            f"tokens, not one per character as the {task} task is scored: "
-            f"use tokenizer=byte"
-        )
+        raise ValueError(f"tokenizer {tokenizer.name!r} encodes {sample[:40]!r}... in {len(ids)} "
+                         f"tokens, not one per character as the {task} task is scored: "
+                         f"use tokenizer=byte")

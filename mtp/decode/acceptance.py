@@ -35,7 +35,8 @@ import torch
 from torch import Tensor
 
 from mtp.decode.drafters.base import Drafts
-from mtp.decode.sampling import SamplingConfig, exponential, inverse_cdf, probabilities, sample
+from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, probabilities,
+                                 sample)
 from mtp.decode.tree import Tree, TreeBuffers
 
 ACCEPTANCE = ("exact", "typical", "spectr")
@@ -50,10 +51,8 @@ class TypicalAcceptance:
 
     def __post_init__(self) -> None:
         if not (0 < self.epsilon <= 1 and 0 < self.alpha <= 1):
-            raise ValueError(
-                f"typical acceptance needs 0 < epsilon, alpha <= 1, got "
-                f"epsilon={self.epsilon!r}, alpha={self.alpha!r}"
-            )
+            raise ValueError(f"typical acceptance needs 0 < epsilon, alpha <= 1, got "
+                             f"epsilon={self.epsilon!r}, alpha={self.alpha!r}")
 
 
 @dataclass(frozen=True)
@@ -74,10 +73,8 @@ def acceptance_rule(acceptance: Acceptance) -> Rule:
     if isinstance(acceptance, (TypicalAcceptance, KSequential)):
         return acceptance
     if acceptance not in ACCEPTANCE:
-        raise ValueError(
-            f"acceptance must be one of {ACCEPTANCE}, a TypicalAcceptance or a "
-            f"KSequential, got {acceptance!r}"
-        )
+        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, a TypicalAcceptance or a "
+                         f"KSequential, got {acceptance!r}")
     return {"exact": None, "typical": TypicalAcceptance(), "spectr": KSequential()}[acceptance]
 
 
@@ -92,13 +89,8 @@ class Draws:
     exponential: Tensor | None = None
 
     @staticmethod
-    def draw(
-        batch: int,
-        nodes: int,
-        vocab: int,
-        generator: torch.Generator | None,
-        device: torch.device | str,
-    ) -> Draws:
+    def draw(batch: int, nodes: int, vocab: int, generator: torch.Generator | None,
+             device: torch.device | str) -> Draws:
         uniform = torch.rand((batch, nodes - 1), generator=generator, device=device)
         return Draws(uniform, exponential((batch, vocab), generator, device))
 
@@ -114,17 +106,9 @@ class Accepted:
     tokens: Tensor  # (B, depth + 1)
 
 
-def accept(
-    drafts: Drafts,
-    target: Tensor,
-    tree: Tree,
-    sampling: SamplingConfig,
-    draws: Draws | None = None,
-    rule: Rule = None,
-    *,
-    buffers: TreeBuffers | None = None,
-    exact: bool = False,
-) -> Accepted:
+def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
+           draws: Draws | None = None, rule: Rule = None, *,
+           buffers: TreeBuffers | None = None, exact: bool = False) -> Accepted:
     """Verify `drafts` (the nodes of `tree`) against head 0's logits `target` (B, m, V) by
     `rule` (`acceptance_rule`), or exact mode's (module docstring); `draws` when sampling.
     `buffers`: the tree's on `target`'s device (default: looked up)."""
@@ -140,37 +124,28 @@ def accept(
     if tree.n_nodes == 1:  # no drafts: an autoregressive step
         node = torch.zeros(batch, dtype=torch.long, device=target.device)
         target0 = target[:, 0]
-        next_token = (
-            target0.argmax(-1)
-            if sampling.greedy
-            else inverse_cdf(probabilities(target0, sampling), draws.uniform[:, 0])
-            if exact
-            else sample(probabilities(target0, sampling), draws.exponential)
-        )
+        next_token = target0.argmax(-1) if sampling.greedy else inverse_cdf(
+            probabilities(target0, sampling), draws.uniform[:, 0]) if exact else sample(
+            probabilities(target0, sampling), draws.exponential)
     elif sampling.greedy or exact:
-        predicted = (
-            target.argmax(-1)
-            if sampling.greedy
-            else inverse_cdf(probabilities(target, sampling), draws.uniform)
-        )  # (B, m) the token after each node
-        node = _deepest_kept(
-            _and(drafts.tokens == predicted.gather(1, buffers.parents), real), buffers
-        )
+        predicted = target.argmax(-1) if sampling.greedy else inverse_cdf(
+            probabilities(target, sampling), draws.uniform)  # (B, m) the token after each node
+        node = _deepest_kept(_and(drafts.tokens == predicted.gather(1, buffers.parents), real),
+                             buffers)
         next_token = predicted[rows, node]
     elif isinstance(rule, TypicalAcceptance):
         p = probabilities(target, sampling)  # (B, m, V)
         entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, m)
-        threshold = torch.minimum(
-            rule.alpha * torch.exp(-entropy), torch.full_like(entropy, rule.epsilon)
-        )
+        threshold = torch.minimum(rule.alpha * torch.exp(-entropy),
+                                  torch.full_like(entropy, rule.epsilon))
         parents = buffers.parents[..., None].expand(-1, -1, p.shape[-1])  # (B, m - 1, V)
         p_draft = p.gather(1, parents).gather(-1, drafts.tokens[..., None]).squeeze(-1)
-        node = _deepest_kept(_and(p_draft > threshold.gather(1, buffers.parents), real), buffers)
+        node = _deepest_kept(_and(p_draft > threshold.gather(1, buffers.parents), real),
+                             buffers)
         next_token = sample(p[rows, node], draws.exponential)
     else:
-        node, residual = _descend(
-            drafts, probabilities(target, sampling), tree, buffers, real, draws.uniform, rule
-        )
+        node, residual = _descend(drafts, probabilities(target, sampling), tree, buffers, real,
+                                  draws.uniform, rule)
         next_token = sample(residual, draws.exponential)
     path = buffers.ancestors[rows, node][:, 1:]  # (B, depth): the accepted nodes, then padding
     tokens = drafts.tokens.gather(1, (path - 1).clamp(min=0))
@@ -194,15 +169,8 @@ def _deepest_kept(kept: Tensor, buffers: TreeBuffers) -> Tensor:
     return (on_path * (buffers.depths + 1)).argmax(-1)  # argmax returns the first maximum
 
 
-def _descend(
-    drafts: Drafts,
-    p_all: Tensor,
-    tree: Tree,
-    buffers: TreeBuffers,
-    real: Tensor | None,
-    uniforms: Tensor,
-    rule: Rule,
-) -> tuple[Tensor, Tensor]:
+def _descend(drafts: Drafts, p_all: Tensor, tree: Tree, buffers: TreeBuffers,
+             real: Tensor | None, uniforms: Tensor, rule: Rule) -> tuple[Tensor, Tensor]:
     """SpecInfer's or SpecTr's rule (module docstring): the last accepted node (B,) and the
     distribution (B, V) after it. uniforms (B, m - 1): node i's test draws uniforms[:, i - 1]."""
     batch = p_all.shape[0]
@@ -236,15 +204,9 @@ def _residual(p: Tensor, removed: Tensor) -> Tensor:
     return torch.where(total > 0, residual / total.clamp(min=1e-30), p)
 
 
-def _recursive_rejection(
-    drafts: Drafts,
-    p: Tensor,
-    children: Tensor,
-    descending: Tensor,
-    real: Tensor | None,
-    uniforms: Tensor,
-    rule: None = None,
-) -> tuple[Tensor, Tensor]:
+def _recursive_rejection(drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
+                         real: Tensor | None, uniforms: Tensor,
+                         rule: None = None) -> tuple[Tensor, Tensor]:
     """SpecInfer's rule at one node per row: the kept child (-1: none) and the target after."""
     rows = torch.arange(p.shape[0], device=p.device)
     chosen = torch.full_like(rows, -1)
@@ -266,15 +228,9 @@ def _recursive_rejection(
     return chosen, p
 
 
-def _k_sequential(
-    drafts: Drafts,
-    p: Tensor,
-    children: Tensor,
-    descending: Tensor,
-    real: Tensor | None,
-    uniforms: Tensor,
-    rule: KSequential,
-) -> tuple[Tensor, Tensor]:
+def _k_sequential(drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
+                  real: Tensor | None, uniforms: Tensor,
+                  rule: KSequential) -> tuple[Tensor, Tensor]:
     """SpecTr's rule at one node per row, whose children are k i.i.d. drafts from one q: the
     kept child (-1: none) and the target after."""
     rows = torch.arange(p.shape[0], device=p.device)
@@ -287,9 +243,9 @@ def _k_sequential(
     rho, share = _rho(p, q, k, rule.iterations)  # (B,) each
     chosen = torch.full_like(rows, -1)
     for rank in range(children.shape[1]):
-        token = drafts.tokens.gather(1, index[:, rank : rank + 1])[:, 0]  # (B,)
+        token = drafts.tokens.gather(1, index[:, rank:rank + 1])[:, 0]  # (B,)
         q_token, p_token = q[rows, token], p[rows, token]
-        uniform = uniforms.gather(1, index[:, rank : rank + 1])[:, 0].to(p.dtype)
+        uniform = uniforms.gather(1, index[:, rank:rank + 1])[:, 0].to(p.dtype)
         trying = valid[:, rank] & (chosen < 0) & (q_token > 0)
         kept = trying & (uniform * rho * q_token < p_token)  # min(1, p / (rho q))
         chosen = torch.where(kept, children[:, rank], chosen)

@@ -48,22 +48,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mtp.decode.acceptance import Draws, Rule, accept
 from mtp.decode.drafters.base import Drafts, Verified
-from mtp.decode.forward import (
-    StackedHeads,
-    hidden_states,
-    key_width,
-    padded,
-    prefill,
-    stacked_heads,
-)
-from mtp.decode.sampling import (
-    SamplingConfig,
-    exponential,
-    inverse_cdf,
-    position_uniforms,
-    probabilities,
-    sample,
-)
+from mtp.decode.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
+                                  stacked_heads)
+from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, position_uniforms,
+                                 probabilities, sample)
 from mtp.decode.tree import DynamicTree, Tree, TreeBuffers
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
@@ -85,23 +73,12 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
     return sdpa_kernel(DECODE_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def verify_and_accept(
-    model: MTPModel,
-    cache: KVCache,
-    lengths: Tensor,
-    root: Tensor,
-    active: Tensor,
-    drafts: Drafts,
-    draws: Draws | None,
-    tree: Tree,
-    buffers: TreeBuffers,
-    heads: int | StackedHeads,
-    sampling: SamplingConfig,
-    rule: Rule,
-    key_len: int,
-    exact: bool = False,
-    layers: tuple[int, ...] = (),
-) -> Verified:
+def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Tensor,
+                      active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
+                      buffers: TreeBuffers, heads: int | StackedHeads,
+                      sampling: SamplingConfig, rule: Rule, key_len: int,
+                      exact: bool = False,
+                      layers: tuple[int, ...] = ()) -> Verified:
     """One decode step on the device (module docstring): verify `drafts`, the nodes of `tree`
     (`buffers`: its, on the device). Updates the cache, `lengths` and `root` in place
     (active rows only)."""
@@ -110,20 +87,14 @@ def verify_and_accept(
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
     if drafts.parents is not None:
         buffers = TreeBuffers.from_parents(drafts.parents, tree.depth, tree.branching)
-    step = cache_step(
-        lengths,
-        buffers.depths,
-        buffers.visible,
-        key_len,
-        model.config.max_seq_len,
-        window=tree.n_nodes if exact else None,
-        ancestors=buffers.ancestors,
-        dtype=cache.keys.dtype,
-    )
+    step = cache_step(lengths, buffers.depths, buffers.visible, key_len,
+                      model.config.max_seq_len, window=tree.n_nodes if exact else None,
+                      ancestors=buffers.ancestors, dtype=cache.keys.dtype)
     hidden, features = hidden_states(model, pending, cache, step, heads, layers=layers)
     target = model.unembed(hidden[:, :, 0])  # (B, m, V); hidden (B, m, n, D)
     # accept: a path, and the token after it
-    accepted = accept(drafts, target, tree, sampling, draws, rule, buffers=buffers, exact=exact)
+    accepted = accept(drafts, target, tree, sampling, draws, rule, buffers=buffers,
+                      exact=exact)
     rows = torch.arange(pending.shape[0], device=pending.device)
     path = buffers.ancestors[rows, accepted.node]  # (B, depth + 1), padded with the node
     # compact: the kept path's keys and values follow the prefix (a chain's are in place)
@@ -136,21 +107,11 @@ def verify_and_accept(
     last = torch.where(active, accepted.node, 0)  # a finished row's: path[0], as kept is 0
     children = buffers.parents == last[:, None]  # (B, m - 1): the kept node's children
     if drafts.lengths is not None:  # real ones only: padding drafts are never verified
-        children &= (
-            torch.arange(children.shape[1], device=children.device) < drafts.lengths[:, None]
-        )
+        children &= torch.arange(children.shape[1],
+                                 device=children.device) < drafts.lengths[:, None]
     grows = children.any(-1)
-    return Verified(
-        pending,
-        hidden,
-        target.argmax(-1),
-        path,
-        kept,
-        accepted.tokens,
-        last=last,
-        features=features,
-        grows=grows,
-    )
+    return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens, last=last,
+                    features=features, grows=grows)
 
 
 def rebuild_size(live: int, batch: int, compiled: bool, exact: bool = False) -> int | None:
@@ -174,22 +135,10 @@ class Engine:
     tree's), sampled tokens drawn from `seed`'s position uniforms.
     """
 
-    def __init__(
-        self,
-        model: MTPModel,
-        batch: int,
-        context: int,
-        tree: Tree,
-        k: int,
-        *,
-        sampling: SamplingConfig,
-        rule: Rule,
-        compile: bool = False,
-        exact: bool = False,
-        width: int | None = None,
-        seed: int = 0,
-        layers: tuple[int, ...] = (),
-    ) -> None:
+    def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
+                 sampling: SamplingConfig, rule: Rule, compile: bool = False,
+                 exact: bool = False, width: int | None = None, seed: int = 0,
+                 layers: tuple[int, ...] = ()) -> None:
         if exact:
             tree = tree.padded(width or tree.n_nodes)
         self.model, self.tree, self.sampling, self.rule = model, tree, sampling, rule
@@ -197,9 +146,8 @@ class Engine:
         param = next(model.parameters())
         self.device = param.device
         self.k = k  # in a compiled shape's key: a stack is a new object per k change
-        self.heads: int | StackedHeads = (
-            stacked_heads(model, k, head0_alone=exact) if STACK_HEADS and k > 1 else k
-        )
+        self.heads: int | StackedHeads = stacked_heads(model, k, head0_alone=exact) \
+            if STACK_HEADS and k > 1 else k
         if compile:  # calls of similar lengths share one cache length, hence one graph
             context = min(model.config.max_seq_len, -(-context // CONTEXT_BLOCK) * CONTEXT_BLOCK)
         # Slack for the last step's drafts past the context, and for finished rows' (ignored)
@@ -207,14 +155,8 @@ class Engine:
         # their drafter's to cache).
         config = model.config
         blocks = range(config.n_layers + min(k, config.block_heads) * config.head_layers)
-        self.cache = KVCache(
-            config,
-            batch,
-            context + 2 * tree.n_nodes,
-            device=self.device,
-            dtype=param.dtype,
-            blocks=blocks,
-        )
+        self.cache = KVCache(config, batch, context + 2 * tree.n_nodes, device=self.device,
+                             dtype=param.dtype, blocks=blocks)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.root = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.active = torch.ones(batch, dtype=torch.bool, device=self.device)
@@ -232,16 +174,14 @@ class Engine:
     def batch(self) -> int:
         return self.lengths.shape[0]
 
-    def prefill(
-        self, prompts: list[list[int]], generator: torch.Generator | None, pad_id: int
-    ) -> Verified:
+    def prefill(self, prompts: list[list[int]], generator: torch.Generator | None,
+                pad_id: int) -> Verified:
         """Cache the prompts and draw each row's first token: the prefill verifies the
         prompts and keeps them whole (see `Verified`)."""
         pending = padded(prompts, pad_id, self.device)  # (B, T)
         with attention_kernels(self.device):
-            lengths, hidden, features = prefill(
-                self.model, self.cache, prompts, self.heads, pad_id, self.layers
-            )
+            lengths, hidden, features = prefill(self.model, self.cache, prompts, self.heads,
+                                                pad_id, self.layers)
         self.lengths.copy_(lengths)
         self.host_lengths = [len(ids) for ids in prompts]
         rows = torch.arange(len(prompts), device=self.device)
@@ -250,30 +190,20 @@ class Engine:
         if self.sampling.greedy:
             self.root.copy_(probs.argmax(-1))
         elif self.exact:  # the first new token sits at position len(prompt)
-            uniform = position_uniforms(
-                self.seed, range(len(prompts)), [[len(ids)] for ids in prompts], self.device
-            )
+            uniform = position_uniforms(self.seed, range(len(prompts)),
+                                        [[len(ids)] for ids in prompts], self.device)
             self.root.copy_(inverse_cdf(probs, uniform[:, 0]))
         else:
             self.root.copy_(sample(probs, exponential(probs.shape, generator, self.device)))
         tokens = pending.roll(-1, dims=1)  # the token after each prompt token
         tokens[rows, lengths - 1] = self.root
         path = torch.arange(pending.shape[1], device=self.device).expand_as(pending)
-        return Verified(
-            pending,
-            hidden,
-            None,
-            path,
-            lengths,
-            tokens,
-            [[token] for token in self.root.tolist()],
-            last=lengths - 1,
-            features=features,
-        )
+        return Verified(pending, hidden, None, path, lengths, tokens,
+                        [[token] for token in self.root.tolist()], last=lengths - 1,
+                        features=features)
 
-    def verify_and_accept(
-        self, drafts: Drafts, generator: torch.Generator | None
-    ) -> tuple[Verified, list[tuple[int, int]]]:
+    def verify_and_accept(self, drafts: Drafts, generator: torch.Generator | None
+                          ) -> tuple[Verified, list[tuple[int, int]]]:
         """Verify, accept and compact (`verify_and_accept`); then the step's one host read.
         Returns what was verified and kept (finished rows' `new_ids` empty) and each row's
         (real drafts, whether its kept node has children)."""
@@ -281,78 +211,39 @@ class Engine:
             drafts = drafts.padded(self.tree.n_nodes - 1)
         draws = None
         if self.exact and not self.sampling.greedy:  # the uniform of each node's next token
-            draws = Draws(
-                position_uniforms(
-                    self.seed,
-                    range(self.batch),
-                    [
-                        [length + depth + 1 for depth in depths]
-                        for length, depths in zip(self.host_lengths, self.node_depths(drafts))
-                    ],
-                    self.device,
-                )
-            )
+            draws = Draws(position_uniforms(
+                self.seed, range(self.batch),
+                [[length + depth + 1 for depth in depths] for length, depths in
+                 zip(self.host_lengths, self.node_depths(drafts))], self.device))
         elif not self.sampling.greedy:  # every node's, even when cut: one seed, one output
-            draws = Draws.draw(
-                self.batch, self.tree.n_nodes, self.model.config.vocab_size, generator, self.device
-            )
+            draws = Draws.draw(self.batch, self.tree.n_nodes, self.model.config.vocab_size,
+                               generator, self.device)
         tree, buffers = self.verified_tree(drafts)
         if tree is not self.tree:  # eagerly, a chain's padding is cut
             width = tree.n_nodes - 1
-            drafts = replace(
-                drafts,
-                tokens=drafts.tokens[:, :width],
-                probs=None if drafts.probs is None else drafts.probs[:, :width],
-            )
+            drafts = replace(drafts, tokens=drafts.tokens[:, :width],
+                             probs=None if drafts.probs is None else drafts.probs[:, :width])
             if draws is not None:
                 draws = replace(draws, uniform=draws.uniform[:, :width])
-        key_len = key_width(
-            max(self.host_lengths) + tree.n_nodes, self.cache.max_len, self.compiled or self.exact
-        )
+        key_len = key_width(max(self.host_lengths) + tree.n_nodes, self.cache.max_len,
+                            self.compiled or self.exact)
         step = verify_and_accept
         if self._step is not None:
             param = next(self.model.parameters())
-            self._step.note(
-                (
-                    self.model.config,
-                    param.dtype,
-                    self.batch,
-                    self.tree.paths,
-                    key_len,
-                    self.k,
-                    self.sampling,
-                    self.rule,
-                    drafts.probs is None,
-                    self.exact,
-                    self.layers,
-                )
-            )
+            self._step.note((self.model.config, param.dtype, self.batch, self.tree.paths,
+                             key_len, self.k, self.sampling, self.rule, drafts.probs is None,
+                             self.exact, self.layers))
             step = self._step.function
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
-            out = step(
-                self.model,
-                self.cache,
-                self.lengths,
-                self.root,
-                self.active,
-                drafts,
-                draws,
-                tree,
-                buffers,
-                self.heads,
-                self.sampling,
-                self.rule,
-                key_len,
-                self.exact,
-                self.layers,
-            )
+            out = step(self.model, self.cache, self.lengths, self.root, self.active, drafts,
+                       draws, tree, buffers, self.heads, self.sampling, self.rule, key_len,
+                       self.exact, self.layers)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
-        host = torch.cat(
-            [out.kept[:, None], out.grows[:, None], *real, out.tokens], dim=1
-        ).tolist()  # the one synchronisation (eagerly, with
+        host = torch.cat([out.kept[:, None], out.grows[:, None], *real, out.tokens],
+                         dim=1).tolist()  # the one synchronisation (eagerly, with
         new_ids, drafted = [], []  # `verified_tree`)
         for row, (kept, grows, *rest) in enumerate(host):
             n_real, tokens = (rest[0], rest[1:]) if real else (drafts.tokens.shape[1], rest)
@@ -384,10 +275,8 @@ class Engine:
                 tree, buffers = self._cut_chains[longest]
         if buffers is None:
             if drafts.parents is None:
-                raise ValueError(
-                    f"{tree.name}: a dynamic tree's drafter must give each "
-                    f"draft's parent (Drafts.parents)"
-                )
+                raise ValueError(f"{tree.name}: a dynamic tree's drafter must give each "
+                                 f"draft's parent (Drafts.parents)")
             return tree, None
         key = (tree.n_nodes, self.batch)
         if key not in self._rows:  # a view per batch size, made once
@@ -404,9 +293,8 @@ class Engine:
         """Keep only the batch `rows`, in that order (a new, smaller batch)."""
         index = torch.tensor(rows, device=self.device)
         self.cache.keep(index)
-        self.lengths, self.root, self.active = (
-            t.index_select(0, index) for t in (self.lengths, self.root, self.active)
-        )
+        self.lengths, self.root, self.active = (t.index_select(0, index) for t in
+                                                (self.lengths, self.root, self.active))
         self.host_lengths = [self.host_lengths[row] for row in rows]
         self.host_active = [self.host_active[row] for row in rows]
         self._mark_static()
@@ -414,13 +302,8 @@ class Engine:
     def _mark_static(self) -> None:
         """A CUDA graph updates the cache, lengths and roots in place: fixed addresses."""
         if self.compiled and self.device.type == "cuda":
-            for tensor in (
-                self.cache.keys,
-                self.cache.values,
-                self.lengths,
-                self.root,
-                self.active,
-            ):
+            for tensor in (self.cache.keys, self.cache.values, self.lengths, self.root,
+                           self.active):
                 torch._dynamo.mark_static_address(tensor)
 
 
@@ -440,8 +323,7 @@ class CompiledStep:
                 f"compile=True: the decode step was compiled for {len(self.shapes)} shapes "
                 f"(models, batch sizes, drafter trees, cache lengths, ...), the most allowed "
                 f"(engine.MAX_SHAPES); decode with fewer distinct batch sizes and lengths, or "
-                f"with compile=False"
-            )
+                f"with compile=False")
         self.shapes.add(shape)
 
 
@@ -455,15 +337,11 @@ def compiled_step(cuda: bool) -> CompiledStep:
     if cuda not in _compiled:
         check_compile_support("cuda" if cuda else "cpu")
         # Every shape is a compiled variant of the one function: allow MAX_SHAPES of them.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_SHAPES)
-        _compiled[cuda] = CompiledStep(
-            torch.compile(
-                verify_and_accept,
-                fullgraph=True,
-                dynamic=False,
-                mode="reduce-overhead" if cuda else None,
-            )
-        )
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                   MAX_SHAPES)
+        _compiled[cuda] = CompiledStep(torch.compile(
+            verify_and_accept, fullgraph=True, dynamic=False,
+            mode="reduce-overhead" if cuda else None))
     return _compiled[cuda]
 
 
@@ -486,6 +364,5 @@ def check_compile_support(device: str) -> None:
         except Exception as error:  # noqa: BLE001 (whatever inductor's lookup raises)
             problem = f"torch.compile found no C++ compiler for CPU kernels ({error})"
     if problem:
-        raise ValueError(
-            f"compile=True: {problem} (torch {torch.__version__}); decode with compile=False"
-        )
+        raise ValueError(f"compile=True: {problem} (torch {torch.__version__}); decode with "
+                         f"compile=False")

@@ -27,47 +27,31 @@ from torch import Tensor, nn
 
 from mtp.kv_cache import CacheStep, KVCache, cache_step, causal
 from mtp.model import Block, MTPConfig, MTPModel, RMSNorm, linear, resblock
-
 KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
 
 
-def hidden_states(
-    model: MTPModel,
-    tokens: Tensor,
-    cache: KVCache,
-    step: CacheStep,
-    heads: int | StackedHeads,
-    skip: Collection[int] = (),
-    layers: Sequence[int] = (),
-) -> tuple[Tensor, Tensor | None]:
+def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheStep,
+                  heads: int | StackedHeads, skip: Collection[int] = (),
+                  layers: Sequence[int] = ()) -> tuple[Tensor, Tensor | None]:
     """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D) before the
     shared norm, and the trunk's residual stream after each of `layers`, (B, T, len(layers),
     D) (None without). `heads`: n, run one by one, or a `StackedHeads` of n heads; `skip`:
     trunk layers left out (`MTPModel.trunk`).
     """
-    trunk, features = model.trunk_states(
-        tokens, cache=cache, step=step, skip=skip, keep=layers
-    )  # (B, T, D)
+    trunk, features = model.trunk_states(tokens, cache=cache, step=step, skip=skip,
+                                         keep=layers)  # (B, T, D)
     if isinstance(heads, StackedHeads):
         return heads(trunk, cache=cache, step=step), features
-    return torch.stack(
-        [model.head(trunk, i, cache=cache, step=step) for i in range(heads)], dim=2
-    ), features
+    return torch.stack([model.head(trunk, i, cache=cache, step=step) for i in range(heads)],
+                       dim=2), features
 
 
-def cached_forward(
-    model: MTPModel,
-    cache: KVCache,
-    tokens: Tensor,
-    lengths: Tensor,
-    key_len: int,
-    heads: int | StackedHeads = 1,
-    skip: Collection[int] = (),
-) -> Tensor:
+def cached_forward(model: MTPModel, cache: KVCache, tokens: Tensor, lengths: Tensor,
+                   key_len: int, heads: int | StackedHeads = 1,
+                   skip: Collection[int] = ()) -> Tensor:
     """`hidden_states` of T new tokens in a row (B, T) after each row's `lengths`."""
-    step = cache_step(
-        lengths, *causal(tokens.shape[1], tokens.device), key_len, model.config.max_seq_len
-    )
+    step = cache_step(lengths, *causal(tokens.shape[1], tokens.device), key_len,
+                      model.config.max_seq_len)
     return hidden_states(model, tokens, cache, step, heads, skip)[0]
 
 
@@ -79,14 +63,9 @@ def key_width(needed: int, max_len: int, compiled: bool = False) -> int:
     return min(max_len, -(-needed // KEY_BLOCK) * KEY_BLOCK)
 
 
-def prefill(
-    model: MTPModel,
-    cache: KVCache,
-    prompts: list[list[int]],
-    heads: int | StackedHeads,
-    pad_id: int,
-    layers: Sequence[int] = (),
-) -> tuple[Tensor, Tensor, Tensor | None]:
+def prefill(model: MTPModel, cache: KVCache, prompts: list[list[int]],
+            heads: int | StackedHeads, pad_id: int,
+            layers: Sequence[int] = ()) -> tuple[Tensor, Tensor, Tensor | None]:
     """Cache the prompts, right-padded (their padding is written past each row's length,
     stale), in the trunk and heads 0..n-1: each row's length (B,), and `hidden_states`."""
     device = cache.keys.device
@@ -101,7 +80,7 @@ def padded(prompts: list[list[int]], pad_id: int, device: torch.device) -> Tenso
     """The prompts as one tensor (B, T), right-padded with `pad_id`."""
     tokens = torch.full((len(prompts), max(map(len, prompts))), pad_id, dtype=torch.long)
     for row, ids in enumerate(prompts):
-        tokens[row, : len(ids)] = torch.tensor(ids)
+        tokens[row, :len(ids)] = torch.tensor(ids)
     return tokens.to(device)
 
 
@@ -135,49 +114,31 @@ class StackedHeads:
     def __init__(self, model: MTPModel, k: int, *, head0_alone: bool = False) -> None:
         config = model.config
         if not 1 <= k <= config.n_future:
-            raise ValueError(
-                f"k (heads stacked) must be from 1 to n_future={config.n_future}, got {k!r}"
-            )
+            raise ValueError(f"k (heads stacked) must be from 1 to n_future={config.n_future}, "
+                             f"got {k!r}")
         if config.head_type == "sequential" and k > 1:
-            raise ValueError(
-                "sequential heads form a chain, not a stack: stacked heads take "
-                "head 0 alone of a model.head_type='sequential' model"
-            )
+            raise ValueError("sequential heads form a chain, not a stack: stacked heads take "
+                             "head 0 alone of a model.head_type='sequential' model")
         self._model = weakref.ref(model)  # for its rotary tables and norm: the model keeps us
         self.k, self.head0_alone = k, head0_alone
         first, stride = config.n_layers, config.head_layers
         n_block = min(k, config.block_heads)  # heads 0..n_block-1 are blocks
         start = 1 if head0_alone else 0  # the first stacked block head
         with torch.no_grad():
-            self.layers = (
-                [
-                    stack_blocks(
-                        config,
-                        [model.heads[i][j] for i in range(start, n_block)],
-                        slice(first + start * stride + j, first + j + n_block * stride, stride),
-                    )
-                    for j in range(config.head_layers)
-                ]
-                if n_block > start
-                else []
-            )
+            self.layers = [
+                stack_blocks(config, [model.heads[i][j] for i in range(start, n_block)],
+                             slice(first + start * stride + j, first + j + n_block * stride,
+                                   stride))
+                for j in range(config.head_layers)] if n_block > start else []
             # Heads n_block..k-1: attention-free layers, (k - n_block, D, D) per layer.
-            self.light = (
-                [
-                    torch.stack(
-                        [model.heads[i][j].weight.detach() for i in range(n_block, k)]
-                    ).contiguous()
-                    for j in range(config.head_layers)
-                ]
-                if k > n_block
-                else []
-            )
+            self.light = [torch.stack([model.heads[i][j].weight.detach()
+                                       for i in range(n_block, k)]).contiguous()
+                          for j in range(config.head_layers)] if k > n_block else []
         self.light_layer = linear if config.head_type == "linear" else resblock
         self.medusa = config.head_type == "medusa"
 
-    def __call__(
-        self, trunk_out: Tensor, *, cache: KVCache | None = None, step: CacheStep | None = None
-    ) -> Tensor:
+    def __call__(self, trunk_out: Tensor, *, cache: KVCache | None = None,
+                 step: CacheStep | None = None) -> Tensor:
         """Heads 0..k-1 on the trunk output (B, T, D): (B, T, k, D), before the shared norm;
         with a cache, like `MTPModel.head`, writes this step's keys and values."""
         B, T, D = trunk_out.shape
@@ -210,13 +171,11 @@ def stacked_heads(model: MTPModel, k: int, *, head0_alone: bool = False) -> Stac
     params = [p for i in range(min(k, len(model.heads))) for p in model.heads[i].parameters()]
     if any(p.is_inference() for p in params):
         return StackedHeads(model, k, head0_alone=head0_alone)
-    built_from = (k, head0_alone, [(p._version, p.data_ptr(), p.dtype, p.device) for p in params])
+    built_from = (k, head0_alone, [(p._version, p.data_ptr(), p.dtype, p.device)
+                                   for p in params])
     kept = vars(model).setdefault(_Kept.NAME, _Kept())  # no module attribute: no state_dict
-    if (
-        kept.entry is not None
-        and kept.entry[0] == built_from
-        and all(ref() is p for ref, p in zip(kept.entry[1], params))
-    ):
+    if kept.entry is not None and kept.entry[0] == built_from and all(
+            ref() is p for ref, p in zip(kept.entry[1], params)):
         return kept.entry[2]
     heads = StackedHeads(model, k, head0_alone=head0_alone)
     kept.entry = (built_from, [weakref.ref(p) for p in params], heads)

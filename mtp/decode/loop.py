@@ -24,31 +24,22 @@ from collections.abc import Sequence
 import torch
 
 from mtp.decode.acceptance import Acceptance, Rule, TypicalAcceptance, acceptance_rule
-from mtp.decode.drafters.base import Autoregressive, Drafter, Verified, check_flag, check_positive
-from mtp.decode.drafters.registry import DrafterSpec, make_drafter
+from mtp.decode.drafters.base import (Autoregressive, Drafter, Verified, check_flag,
+                                      check_positive)
 from mtp.decode.engine import Engine, rebuild_size
 from mtp.decode.output import DecodeStats, FinishReason, Generation, TextCallback
 from mtp.decode.sampling import SamplingConfig
+from mtp.decode.drafters.registry import DrafterSpec, make_drafter
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
 
-def generate(
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    prompts: list[str],
-    *,
-    max_new_tokens: int = 256,
-    drafter: Drafter | DrafterSpec | str | None = None,
-    sampling: SamplingConfig = SamplingConfig(),
-    stop: Sequence[str] | str = (),
-    seed: int | None = None,
-    on_text: TextCallback | None = None,
-    acceptance: Acceptance = "exact",
-    compile: bool = False,
-    exact: bool = False,
-    width: int | None = None,
-) -> list[Generation]:
+def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
+             max_new_tokens: int = 256, drafter: Drafter | DrafterSpec | str | None = None,
+             sampling: SamplingConfig = SamplingConfig(), stop: Sequence[str] | str = (),
+             seed: int | None = None, on_text: TextCallback | None = None,
+             acceptance: Acceptance = "exact", compile: bool = False, exact: bool = False,
+             width: int | None = None) -> list[Generation]:
     """Continue each prompt; one `Generation` per prompt, in order.
 
     Args:
@@ -74,76 +65,46 @@ def generate(
     drafter.check(model, tokenizer)
     check_exact(exact, width, rule)
     if width is not None and width < drafter.tree.n_nodes:
-        raise ValueError(
-            f"width={width} is below {drafter!r}'s widest step of "
-            f"{drafter.tree.n_nodes} tokens (the last token and its drafts)"
-        )
+        raise ValueError(f"width={width} is below {drafter!r}'s widest step of "
+                         f"{drafter.tree.n_nodes} tokens (the last token and its drafts)")
     encoded = tokenizer.encode_prompts(prompts)
     for index, ids in enumerate(encoded):
         if not ids:
-            raise ValueError(
-                f"prompt {index} is empty and the {tokenizer.name} tokenizer puts "
-                f"no token before a prompt: there is nothing to continue from"
-            )
+            raise ValueError(f"prompt {index} is empty and the {tokenizer.name} tokenizer puts "
+                             f"no token before a prompt: there is nothing to continue from")
         if len(ids) >= config.max_seq_len:
             raise ValueError(
                 f"prompt {index} is {len(ids)} tokens (with the tokenizer's special tokens), "
                 f"which leaves no room in the model's context of max_seq_len="
-                f"{config.max_seq_len} tokens"
-            )
+                f"{config.max_seq_len} tokens")
 
     tree = drafter.tree
     started = time.perf_counter()
     outputs = []
     for index, ids in enumerate(encoded):
         room = config.max_seq_len - len(ids)
-        outputs.append(
-            SequenceOutput(
-                index,
-                tokenizer,
-                budget=min(max_new_tokens, room),
-                budget_reason="length" if max_new_tokens <= room else "context",
-                stop=stop,
-                positions=tree.depth + 1,
-                on_text=on_text,
-                started=started,
-            )
-        )
+        outputs.append(SequenceOutput(
+            index, tokenizer, budget=min(max_new_tokens, room),
+            budget_reason="length" if max_new_tokens <= room else "context", stop=stop,
+            positions=tree.depth + 1, on_text=on_text, started=started))
     context = min(config.max_seq_len, max(map(len, encoded)) + max_new_tokens)
     param = next(model.parameters())
     generator = None
     if seed is not None:
         generator = torch.Generator(device=param.device).manual_seed(seed)
     elif exact and not sampling.greedy:  # a seed of torch's global generator: reproducible
-        seed = int(torch.randint(2**62, ()))
+        seed = int(torch.randint(2 ** 62, ()))
     with torch.inference_mode():  # every tensor of the call alike (a compiled step's guards)
-        engine = Engine(
-            model,
-            len(encoded),
-            context,
-            tree,
-            drafter.verify_heads(model),
-            sampling=sampling,
-            rule=rule,
-            compile=compile,
-            exact=exact,
-            width=width,
-            seed=seed or 0,
-            layers=drafter.verify_layers(model),
-        )
+        engine = Engine(model, len(encoded), context, tree, drafter.verify_heads(model),
+                        sampling=sampling, rule=rule, compile=compile, exact=exact,
+                        width=width, seed=seed or 0, layers=drafter.verify_layers(model))
         drafter.start(model, encoded, engine.cache, sampling, generator)
         _decode(engine, drafter, outputs, generator, tokenizer.pad_id, encoded)
     return [output.result() for output in outputs]
 
 
-def _decode(
-    engine: Engine,
-    drafter: Drafter,
-    outputs: list[SequenceOutput],
-    generator: torch.Generator | None,
-    pad_id: int,
-    prompts: list[list[int]],
-) -> None:
+def _decode(engine: Engine, drafter: Drafter, outputs: list[SequenceOutput],
+            generator: torch.Generator | None, pad_id: int, prompts: list[list[int]]) -> None:
     """The decode loop (see the module docstring); fills `outputs`."""
     batch = _Batch(engine, drafter, outputs)
     verified = engine.prefill(prompts, generator, pad_id)
@@ -184,9 +145,7 @@ class _Batch:
         live = [row for row, active in enumerate(engine.host_active) if active]
         size = rebuild_size(len(live), engine.batch, engine.compiled, engine.exact)
         if live and size is not None:  # finished rows leave; padding rows (if any) stay masked
-            kept = (
-                live + [row for row in range(engine.batch) if row not in live][: size - len(live)]
-            )
+            kept = live + [row for row in range(engine.batch) if row not in live][:size - len(live)]
             engine.keep(kept)
             self.drafter.keep(kept)
             self.rows = [self.rows[row] for row in kept]
@@ -196,18 +155,9 @@ class _Batch:
 class SequenceOutput:
     """Accumulates one sequence's accepted tokens; decides when it is finished."""
 
-    def __init__(
-        self,
-        index: int,
-        tokenizer: Tokenizer,
-        *,
-        budget: int,
-        budget_reason: FinishReason,
-        stop: Sequence[str],
-        positions: int,
-        on_text: TextCallback | None,
-        started: float,
-    ) -> None:
+    def __init__(self, index: int, tokenizer: Tokenizer, *, budget: int,
+                 budget_reason: FinishReason, stop: Sequence[str], positions: int,
+                 on_text: TextCallback | None, started: float) -> None:
         self.index = index
         self.token_ids: list[int] = []
         self.text = ""
@@ -264,15 +214,11 @@ class SequenceOutput:
             raise RuntimeError(f"sequence {self.index} has not finished")
         new = len(self.token_ids)
         stats = DecodeStats(
-            forward_passes=self._forwards,
-            new_tokens=new,
+            forward_passes=self._forwards, new_tokens=new,
             tokens_per_forward=new / max(self._forwards, 1),
             head_acceptance=[a / v if v else 0.0 for a, v in zip(self._accepted, self._verified)],
-            seconds=self._seconds,
-            head_verified=list(self._verified),
-            accepted_depths=list(self._depths),
-            nodes_verified=self._nodes,
-        )
+            seconds=self._seconds, head_verified=list(self._verified),
+            accepted_depths=list(self._depths), nodes_verified=self._nodes)
         return Generation(self.text, list(self.token_ids), self.finish_reason, stats)
 
     def _append_text(self, piece: str) -> None:
@@ -282,7 +228,7 @@ class SequenceOutput:
         self.text += piece
         hits = [i for i in (self.text.find(s, searched_from) for s in self._stop) if i >= 0]
         if hits:
-            self.text = self.text[: min(hits)]
+            self.text = self.text[:min(hits)]
             self._finish("stop")
 
     def _finish(self, reason: FinishReason) -> None:
@@ -296,15 +242,13 @@ class SequenceOutput:
             return
         end = len(self.text) if self.finished else len(self.text) - self._held_back()
         if end > self._emitted:
-            self._on_text(self.index, self.text[self._emitted : end])
+            self._on_text(self.index, self.text[self._emitted:end])
             self._emitted = end
 
     def _held_back(self) -> int:
         """Length of the longest tail of the text that a stop string could still start with."""
-        return max(
-            (n for s in self._stop for n in range(len(s) - 1, 0, -1) if self.text.endswith(s[:n])),
-            default=0,
-        )
+        return max((n for s in self._stop for n in range(len(s) - 1, 0, -1)
+                    if self.text.endswith(s[:n])), default=0)
 
 
 def check_exact(exact: bool, width: int | None, rule: Rule) -> None:
@@ -312,29 +256,20 @@ def check_exact(exact: bool, width: int | None, rule: Rule) -> None:
     check_flag("exact", exact)
     if exact and rule is not None:
         name = "typical" if isinstance(rule, TypicalAcceptance) else "spectr"
-        raise ValueError(
-            f"acceptance={name} is a rule of its own: exact mode keeps a draft "
-            f"when it is the target's own token (acceptance=exact)"
-        )
+        raise ValueError(f"acceptance={name} is a rule of its own: exact mode keeps a draft "
+                         f"when it is the target's own token (acceptance=exact)")
     if width is not None and not exact:
         raise ValueError(f"width={width} sizes exact mode's steps: give exact=True with it")
     if width is not None:
         check_positive("width", width)
 
 
-def _check_arguments(
-    vocab_size: int,
-    tokenizer: Tokenizer,
-    prompts: list[str],
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    stop: tuple[str, ...],
-) -> None:
+def _check_arguments(vocab_size: int, tokenizer: Tokenizer, prompts: list[str],
+                     max_new_tokens: int, sampling: SamplingConfig,
+                     stop: tuple[str, ...]) -> None:
     if tokenizer.vocab_size != vocab_size:
-        raise ValueError(
-            f"the tokenizer ({tokenizer!r}) has {tokenizer.vocab_size} tokens but "
-            f"the model's vocab_size is {vocab_size}: they do not belong together"
-        )
+        raise ValueError(f"the tokenizer ({tokenizer!r}) has {tokenizer.vocab_size} tokens but "
+                         f"the model's vocab_size is {vocab_size}: they do not belong together")
     if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
         raise ValueError(f"prompts must be a non-empty list of strings, got {prompts!r:.80}")
     for index, prompt in enumerate(prompts):

@@ -44,25 +44,18 @@ class DecodeStats:
             raise ValueError("pooled() needs at least one DecodeStats")
         forwards = sum(s.forward_passes for s in stats)
         tokens = sum(s.new_tokens for s in stats)
-
         def totals(rows: Iterable[Sequence[float]]) -> list:  # by index, over the stats
             return [sum(column) for column in zip_longest(*rows, fillvalue=0)]
 
         verified = totals(s.head_verified for s in stats)
-        accepted = totals(
-            [a * v for a, v in zip(s.head_acceptance, s.head_verified)] for s in stats
-        )
+        accepted = totals([a * v for a, v in zip(s.head_acceptance, s.head_verified)]
+                          for s in stats)
         depths = totals(s.accepted_depths for s in stats)
-        return cls(
-            forward_passes=forwards,
-            new_tokens=tokens,
-            tokens_per_forward=tokens / max(forwards, 1),
-            head_acceptance=[a / v if v else 0.0 for a, v in zip(accepted, verified)],
-            seconds=max(s.seconds for s in stats),
-            head_verified=verified,
-            accepted_depths=depths,
-            nodes_verified=sum(s.nodes_verified for s in stats),
-        )
+        return cls(forward_passes=forwards, new_tokens=tokens,
+                   tokens_per_forward=tokens / max(forwards, 1),
+                   head_acceptance=[a / v if v else 0.0 for a, v in zip(accepted, verified)],
+                   seconds=max(s.seconds for s in stats), head_verified=verified,
+                   accepted_depths=depths, nodes_verified=sum(s.nodes_verified for s in stats))
 
 
 def repeated_share(ids: Sequence[int], n: int) -> float:
@@ -72,9 +65,9 @@ def repeated_share(ids: Sequence[int], n: int) -> float:
     seen: set[tuple[int, ...]] = set()
     covered = [False] * len(ids)
     for start in range(len(ids) - n + 1):
-        gram = tuple(ids[start : start + n])
+        gram = tuple(ids[start:start + n])
         if gram in seen:
-            covered[start : start + n] = [True] * n
+            covered[start:start + n] = [True] * n
         seen.add(gram)
     return sum(covered) / len(ids)
 

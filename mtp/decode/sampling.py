@@ -26,15 +26,11 @@ class SamplingConfig:
     greedy: bool = field(init=False, repr=False, compare=False)  # temperature 0, set below
 
     def __post_init__(self) -> None:
-        if not (
-            isinstance(self.temperature, (int, float))
-            and math.isfinite(self.temperature)
-            and self.temperature >= 0
-        ):
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if self.top_k is not None and (
-            not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1
-        ):
+        if self.top_k is not None and (not isinstance(self.top_k, int)
+                                       or isinstance(self.top_k, bool) or self.top_k < 1):
             raise ValueError(f"top_k must be None or an integer >= 1, got {self.top_k!r}")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
@@ -61,9 +57,8 @@ def probabilities(logits: Tensor, config: SamplingConfig) -> Tensor:
     return logits.softmax(-1)
 
 
-def exponential(
-    shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device | str
-) -> Tensor:
+def exponential(shape: tuple[int, ...], generator: torch.Generator | None,
+                device: torch.device | str) -> Tensor:
     """Exp(1) draws of `shape` in float32: the noise `sample` turns into tokens."""
     return torch.empty(shape, device=device).exponential_(generator=generator)
 
@@ -88,16 +83,13 @@ def _mix(value: int) -> int:
     return z ^ (z >> 31)
 
 
-def position_uniforms(
-    seed: int, rows: Sequence[int], positions: Sequence[Sequence[int]], device: torch.device | str
-) -> Tensor:
+def position_uniforms(seed: int, rows: Sequence[int], positions: Sequence[Sequence[int]],
+                      device: torch.device | str) -> Tensor:
     """One uniform in [0, 1) for each row's `positions` (B, m): a hash of (seed, the row's
     sequence number `rows[b]`, the position), so every step that draws a position's token
     draws it with the same number."""
-    values = [
-        [_mix(_mix(_mix(seed) ^ row) ^ position) / 2**64 for position in row_positions]
-        for row, row_positions in zip(rows, positions)
-    ]
+    values = [[_mix(_mix(_mix(seed) ^ row) ^ position) / 2 ** 64 for position in row_positions]
+              for row, row_positions in zip(rows, positions)]
     return torch.tensor(values, dtype=torch.float64, device=device)
 
 

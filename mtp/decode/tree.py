@@ -60,19 +60,9 @@ class TreeBuffers:
         views (one tree for every row), a dynamic tree's as they are."""
         if self.depths.dim() == 2:
             return self
-        return TreeBuffers(
-            *(
-                t.expand(batch, *t.shape)
-                for t in (
-                    self.depths,
-                    self.visible,
-                    self.parents,
-                    self.draft_index,
-                    self.ancestors,
-                    self.children,
-                )
-            )
-        )
+        return TreeBuffers(*(t.expand(batch, *t.shape) for t in (
+            self.depths, self.visible, self.parents, self.draft_index, self.ancestors,
+            self.children)))
 
     @staticmethod
     def from_parents(parents: Tensor, depth: int, branching: int) -> TreeBuffers:
@@ -90,13 +80,13 @@ class TreeBuffers:
         steps = (depths[..., None] - torch.arange(depth + 1, device=device)).clamp(min=0)
         ancestors = chain.gather(2, steps)  # root first, then down to the node, then the node
         visible = torch.zeros(batch, m, m, dtype=torch.bool, device=device).scatter_(
-            2, ancestors, True
-        )
+            2, ancestors, True)
         child = torch.arange(1, m, device=device)
         own = up[:, None, 1:] == torch.arange(m, device=device)[None, :, None]  # (B, m, m-1)
         order = torch.where(own, child, m).sort(-1).values[..., :branching]  # in index order
         children = torch.where(order < m, order, -1)
-        return TreeBuffers(depths, visible, parents, torch.zeros_like(parents), ancestors, children)
+        return TreeBuffers(depths, visible, parents, torch.zeros_like(parents), ancestors,
+                           children)
 
 
 @dataclass(frozen=True)
@@ -119,25 +109,18 @@ class Tree:
     def __post_init__(self) -> None:
         paths: dict[tuple[int, ...], None] = {}  # in order, without repeats
         for path in self.paths:
-            if (
-                isinstance(path, (str, bytes))
-                or not isinstance(path, Sequence)
-                or not path
-                or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path)
-            ):
-                raise ValueError(
-                    f"tree {self.name}: path {path!r} must be a non-empty list of "
-                    f"ranks (integers >= 0)"
-                )
+            if (isinstance(path, (str, bytes)) or not isinstance(path, Sequence) or not path
+                    or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
+                               for r in path)):
+                raise ValueError(f"tree {self.name}: path {path!r} must be a non-empty list of "
+                                 f"ranks (integers >= 0)")
             if tuple(path) in paths:
                 raise ValueError(f"tree {self.name}: path {list(path)} appears twice")
             paths[tuple(path)] = None
         for path in paths:
             if len(path) > 1 and path[:-1] not in paths:
-                raise ValueError(
-                    f"tree {self.name}: path {list(path)} needs its parent "
-                    f"{list(path[:-1])} in the tree too"
-                )
+                raise ValueError(f"tree {self.name}: path {list(path)} needs its parent "
+                                 f"{list(path[:-1])} in the tree too")
         object.__setattr__(self, "paths", tuple(sorted(paths, key=lambda p: (len(p), p))))
         object.__setattr__(self, "n_nodes", len(paths) + 1)
         object.__setattr__(self, "depth", max(map(len, paths), default=0))
@@ -161,9 +144,8 @@ class Tree:
         return Tree(self.paths + extra, name=f"{self.name}+{len(extra)}")
 
     @classmethod
-    def from_rates(
-        cls, rates: Sequence[Sequence[float]], n_nodes: int, name: str | None = None
-    ) -> Tree:
+    def from_rates(cls, rates: Sequence[Sequence[float]], n_nodes: int,
+                   name: str | None = None) -> Tree:
         """The `n_nodes`-node tree (root included) of the most probable paths under `rates`:
         rates[d][r], the probability that head d + 1's rank-r token is accepted given its
         parent was; a path's, the product along it. Ties go to shallower, then lower ranks."""
@@ -206,24 +188,19 @@ class Tree:
         counts: dict[tuple[int, ...], int] = {}
         for path in self.paths:
             counts[path[:-1]] = counts.get(path[:-1], 0) + 1
-        return [
-            max(c for parent, c in counts.items() if len(parent) == d) for d in range(self.depth)
-        ]
+        return [max(c for parent, c in counts.items() if len(parent) == d)
+                for d in range(self.depth)]
 
     def check(self, k: int, vocab_size: int) -> None:
         """A ValueError naming the first path the model cannot draft."""
         for path in self.paths:
             if len(path) > k - 1:
-                raise ValueError(
-                    f"tree {self.name}: path {list(path)} has depth {len(path)}, "
-                    f"but heads 1..{k - 1} draft depths 1..{k - 1} "
-                    f"({k} heads used)"
-                )
+                raise ValueError(f"tree {self.name}: path {list(path)} has depth {len(path)}, "
+                                 f"but heads 1..{k - 1} draft depths 1..{k - 1} "
+                                 f"({k} heads used)")
             if max(path) >= vocab_size:
-                raise ValueError(
-                    f"tree {self.name}: path {list(path)} has rank {max(path)}, "
-                    f"beyond the vocabulary of {vocab_size} tokens"
-                )
+                raise ValueError(f"tree {self.name}: path {list(path)} has rank {max(path)}, "
+                                 f"beyond the vocabulary of {vocab_size} tokens")
 
     def buffers(self, device: torch.device | str) -> TreeBuffers:
         """This tree's tensors on `device`, built once."""
@@ -237,9 +214,8 @@ class Tree:
         parents = torch.tensor([self.parents[1:]], dtype=torch.long, device=device)
         rows = TreeBuffers.from_parents(parents, self.depth, width)  # siblings in rank order
         one = {f.name: getattr(rows, f.name)[0] for f in fields(TreeBuffers)}
-        one["draft_index"] = torch.tensor(
-            [(len(p) - 1) * ranks + p[-1] for p in self.paths], dtype=torch.long, device=device
-        )
+        one["draft_index"] = torch.tensor([(len(p) - 1) * ranks + p[-1] for p in self.paths],
+                                          dtype=torch.long, device=device)
         return TreeBuffers(**one)
 
     def to_json(self) -> list[list[int]]:
@@ -257,10 +233,8 @@ class DynamicTree(Tree):
     @classmethod
     def of(cls, n_nodes: int, depth: int, branching: int) -> DynamicTree:
         if not 1 <= depth < n_nodes or branching < 1:
-            raise ValueError(
-                f"a dynamic tree needs 1 <= depth < n_nodes and branching >= 1, "
-                f"got n_nodes={n_nodes}, depth={depth}, branching={branching}"
-            )
+            raise ValueError(f"a dynamic tree needs 1 <= depth < n_nodes and branching >= 1, "
+                             f"got n_nodes={n_nodes}, depth={depth}, branching={branching}")
         paths = [(0,) * d for d in range(1, depth + 1)]
         paths += [(r,) for r in range(1, n_nodes - depth)]
         return cls(tuple(paths), name=f"dynamic:{n_nodes}", branching=branching)
@@ -274,17 +248,12 @@ class DynamicTree(Tree):
         return [min(self.branching, self.n_nodes - 1)] * self.depth
 
     def padded(self, n_nodes: int) -> Tree:
-        return (
-            self
-            if n_nodes == self.n_nodes
-            else DynamicTree.of(n_nodes, self.depth, max(self.branching, n_nodes - self.n_nodes))
-        )
+        return self if n_nodes == self.n_nodes else DynamicTree.of(
+            n_nodes, self.depth, max(self.branching, n_nodes - self.n_nodes))
 
     def buffers(self, device: torch.device | str) -> TreeBuffers:
-        raise ValueError(
-            f"tree {self.name} is chosen at every step: its buffers come with "
-            f"each step's drafts (TreeBuffers.from_parents)"
-        )
+        raise ValueError(f"tree {self.name} is chosen at every step: its buffers come with "
+                         f"each step's drafts (TreeBuffers.from_parents)")
 
 
 @functools.cache
@@ -295,7 +264,7 @@ def _chain(depth: int) -> Tree:
 
 def fixed_prior(k: int) -> list[list[float]]:
     """The fixed presets' prior for heads 1..k-1."""
-    row = [FIXED_PRIOR_TOP1 * FIXED_PRIOR_DECAY**r for r in range(FIXED_PRIOR_RANKS)]
+    row = [FIXED_PRIOR_TOP1 * FIXED_PRIOR_DECAY ** r for r in range(FIXED_PRIOR_RANKS)]
     return [row] * (k - 1)
 
 
@@ -325,7 +294,7 @@ class Calibration:
         # A path is never accepted more often than its parent: the most frequent paths (ties
         # to shallower) are prefix-closed.
         frequent = sorted((-f, len(p), p) for p, f in self.paths if len(p) <= depth)
-        chosen = {path for _, _, path in frequent[: n_nodes - 1]}
+        chosen = {path for _, _, path in frequent[:n_nodes - 1]}
         # Calibration saw too few distinct paths (a short calibration): the rest by Medusa's
         # rule, most probable first, so that parents come before their children.
         for path in sorted(medusa.paths, key=lambda p: (-self._product(p), len(p), p)):
@@ -349,14 +318,10 @@ class Calibration:
 
     def to_json(self) -> dict[str, Any]:
         """What `tree.json` holds (with the auto:N trees of the fixed sizes, to read)."""
-        return {
-            "n_future": self.n_future,
-            "vocab_size": self.vocab_size,
-            "rates": self.rates,
-            "paths": {",".join(map(str, p)): f for p, f in self.paths},
-            "details": self.details,
-            "trees": {str(n): self.tree(n).to_json() for n in FIXED_SIZES},
-        }
+        return {"n_future": self.n_future, "vocab_size": self.vocab_size, "rates": self.rates,
+                "paths": {",".join(map(str, p)): f for p, f in self.paths},
+                "details": self.details,
+                "trees": {str(n): self.tree(n).to_json() for n in FIXED_SIZES}}
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / TREE_FILE
@@ -373,54 +338,34 @@ class Calibration:
         return cls.from_json(data, n_future=n_future, vocab_size=vocab_size, source=str(path))
 
     @classmethod
-    def from_json(
-        cls, data: Any, *, n_future: int, vocab_size: int, source: str = "the saved calibration"
-    ) -> Calibration:
+    def from_json(cls, data: Any, *, n_future: int, vocab_size: int,
+                  source: str = "the saved calibration") -> Calibration:
         """A calibration from `to_json`'s form, checked against a model of that shape."""
         try:
             rates = [[float(p) for p in row] for row in data["rates"]]
-            paths = [
-                (tuple(int(r) for r in p.split(",")), float(f))
-                for p, f in data.get("paths", {}).items()
-            ]
-            calibration = cls(
-                rates,
-                int(data["n_future"]),
-                int(data["vocab_size"]),
-                data.get("details", {}),
-                paths,
-            )
+            paths = [(tuple(int(r) for r in p.split(",")), float(f))
+                     for p, f in data.get("paths", {}).items()]
+            calibration = cls(rates, int(data["n_future"]), int(data["vocab_size"]),
+                              data.get("details", {}), paths)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{source} is not a tree calibration: {e}") from e
         if (calibration.n_future, calibration.vocab_size) != (n_future, vocab_size):
             raise ValueError(
                 f"{source} was calibrated for n_future={calibration.n_future}, vocab_size="
                 f"{calibration.vocab_size}, not this model's n_future={n_future}, "
-                f"vocab_size={vocab_size}"
-            )
+                f"vocab_size={vocab_size}")
         if len(rates) != n_future - 1 or any(not 0 <= p <= 1 for row in rates for p in row):
-            raise ValueError(
-                f"{source}: rates must be {n_future - 1} rows (heads "
-                f"1..{n_future - 1}) of probabilities"
-            )
-        if any(
-            not p or len(p) > n_future - 1 or min(p) < 0 or not 0 <= f <= 1
-            for p, f in calibration.paths
-        ):
-            raise ValueError(
-                f"{source}: paths must map rank paths of depth 1..{n_future - 1} "
-                f'("0,1") to frequencies'
-            )
+            raise ValueError(f"{source}: rates must be {n_future - 1} rows (heads "
+                             f"1..{n_future - 1}) of probabilities")
+        if any(not p or len(p) > n_future - 1 or min(p) < 0 or not 0 <= f <= 1
+               for p, f in calibration.paths):
+            raise ValueError(f"{source}: paths must map rank paths of depth 1..{n_future - 1} "
+                             f"(\"0,1\") to frequencies")
         return calibration
 
 
-def resolve_tree(
-    spec: Tree | str | Sequence[Sequence[int]],
-    *,
-    k: int,
-    vocab_size: int,
-    calibration: Calibration | None = None,
-) -> Tree:
+def resolve_tree(spec: Tree | str | Sequence[Sequence[int]], *, k: int, vocab_size: int,
+                 calibration: Calibration | None = None) -> Tree:
     """The tree that `spec` names, checked against a model using heads 0..k-1.
 
     `spec`: a `Tree`; a list of rank paths; "chain"; "tree8", "tree16", "tree32", "tree64";
@@ -433,10 +378,8 @@ def resolve_tree(
     elif isinstance(spec, Sequence) and spec:
         tree = Tree(tuple(spec))
     else:
-        raise ValueError(
-            f"tree must be a preset name, 'auto:N', a JSON file or a non-empty list "
-            f"of rank paths, got {spec!r}"
-        )
+        raise ValueError(f"tree must be a preset name, 'auto:N', a JSON file or a non-empty list "
+                         f"of rank paths, got {spec!r}")
     tree.check(k, vocab_size)
     return tree
 
@@ -469,21 +412,14 @@ def best_paths(scores: Tensor, n_nodes: int) -> tuple[Tensor, Tensor, Tensor]:
     order = pooled.sort(dim=1, descending=True, stable=True).indices[:, :budget]
     order = order.sort(dim=1).values  # back to depth order: parents before children
     chosen = torch.zeros_like(pooled, dtype=torch.long).scatter_(  # pool place -> node
-        1, order, torch.arange(1, budget + 1, device=device).expand(batch, budget)
-    )
+        1, order, torch.arange(1, budget + 1, device=device).expand(batch, budget))
     sizes = [k.shape[1] for k in kept_scores]
     starts = [0] + torch.tensor(sizes).cumsum(0).tolist()[:-1]
-    parent_place = torch.cat(
-        [torch.zeros_like(kept_parent[0]) - 1]
-        + [kept_parent[d] + starts[d - 1] for d in range(1, depth)],
-        1,
-    )  # (B, P); -1: the root
+    parent_place = torch.cat([torch.zeros_like(kept_parent[0]) - 1] + [
+        kept_parent[d] + starts[d - 1] for d in range(1, depth)], 1)  # (B, P); -1: the root
     parents = torch.where(parent_place >= 0, chosen.gather(1, parent_place.clamp(min=0)), 0)
-    return (
-        torch.cat(levels, 1).gather(1, order),
-        torch.cat(kept_rank, 1).gather(1, order),
-        parents.gather(1, order),
-    )
+    return (torch.cat(levels, 1).gather(1, order), torch.cat(kept_rank, 1).gather(1, order),
+            parents.gather(1, order))
 
 
 def _named_tree(spec: str, k: int, calibration: Calibration | None) -> Tree:
@@ -492,13 +428,10 @@ def _named_tree(spec: str, k: int, calibration: Calibration | None) -> Tree:
     if spec.startswith("dynamic:"):
         size = spec[8:]
         if not size.isdigit() or int(size) < 2:
-            raise ValueError(
-                f"tree={spec!r}: dynamic:N needs a node budget N >= 2 (the last "
-                f"token and a draft), e.g. dynamic:16"
-            )
-        return DynamicTree.of(
-            int(size), min(k - 1, int(size) - 1), min(DYNAMIC_BRANCHING, int(size) - 1)
-        )
+            raise ValueError(f"tree={spec!r}: dynamic:N needs a node budget N >= 2 (the last "
+                             f"token and a draft), e.g. dynamic:16")
+        return DynamicTree.of(int(size), min(k - 1, int(size) - 1),
+                              min(DYNAMIC_BRANCHING, int(size) - 1))
     if spec.startswith("tree") and spec[4:] in {str(n) for n in FIXED_SIZES}:
         return Tree.from_rates(fixed_prior(k), int(spec[4:]), name=spec)
     if spec.startswith("auto:"):
@@ -509,8 +442,7 @@ def _named_tree(spec: str, k: int, calibration: Calibration | None) -> Tree:
             raise ValueError(
                 f"tree={spec!r} needs measured acceptance rates: run `python -m "
                 f"mtp.generate.calibrate checkpoint=...` first (generate's command line and "
-                f"eval read its choice)"
-            )
+                f"eval read its choice)")
         return calibration.tree(int(size), k, name=spec)
     path = Path(spec)
     if path.suffix == ".json":
@@ -525,8 +457,6 @@ def _named_tree(spec: str, k: int, calibration: Calibration | None) -> Tree:
         if not isinstance(paths, list) or not paths:
             raise ValueError(f"tree file {path} must hold a non-empty list of rank paths")
         return Tree(tuple(paths), name=str(path))
-    raise ValueError(
-        f"unknown tree {spec!r}: expected chain, "
-        f"{', '.join(f'tree{n}' for n in FIXED_SIZES)}, auto:N, dynamic:N, a "
-        f".json file of rank paths, or a list of rank paths"
-    )
+    raise ValueError(f"unknown tree {spec!r}: expected chain, "
+                     f"{', '.join(f'tree{n}' for n in FIXED_SIZES)}, auto:N, dynamic:N, a "
+                     f".json file of rank paths, or a list of rank paths")

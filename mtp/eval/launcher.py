@@ -49,14 +49,10 @@ def check(result: int, what: str) -> int:
     return result
 
 
-def mount(
-    source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None
-) -> None:
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     args = [None if s is None else s.encode() for s in (source, target, fstype)]
-    check(
-        libc.mount(*args, ctypes.c_ulong(flags), data and data.encode()),
-        f"mount {fstype or 'flags ' + hex(flags)} on {target}",
-    )
+    check(libc.mount(*args, ctypes.c_ulong(flags), data and data.encode()),
+          f"mount {fstype or 'flags ' + hex(flags)} on {target}")
 
 
 def set_limits(rlimits: dict[str, int]) -> None:
@@ -135,10 +131,8 @@ def run_isolated(config: dict) -> None:
     uid, gid = os.getuid(), os.getgid()
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
     try:
-        check(
-            libc.unshare(flags | (CLONE_NEWUSER if in_userns else 0)),
-            "unshare(mount, PID, network, IPC, UTS" + (", user)" if in_userns else ")"),
-        )
+        check(libc.unshare(flags | (CLONE_NEWUSER if in_userns else 0)),
+              "unshare(mount, PID, network, IPC, UTS" + (", user)" if in_userns else ")"))
         if in_userns:
             map_ids(config["uid"], uid, config["gid"], gid)
     except SetupError as e:
@@ -151,7 +145,7 @@ def run_isolated(config: dict) -> None:
             run_init(config, program, workdir, status_write, in_userns)
         except SetupError as e:
             fail(e)
-        except BaseException as e:  # noqa: BLE001 (a bug here must not pass for the program's fault)
+        except BaseException as e:  # noqa: BLE001: a bug here must not pass for the program's fault
             fail(f"{type(e).__name__}: {e}")
     os.close(status_write)
     _, status = os.waitpid(init, 0)
@@ -160,11 +154,9 @@ def run_isolated(config: dict) -> None:
 
 
 def map_ids(inner_uid: int, outer_uid: int, inner_gid: int, outer_gid: int) -> None:
-    for path, text in (
-        ("/proc/self/uid_map", f"{inner_uid} {outer_uid} 1"),
-        ("/proc/self/setgroups", "deny"),
-        ("/proc/self/gid_map", f"{inner_gid} {outer_gid} 1"),
-    ):
+    for path, text in (("/proc/self/uid_map", f"{inner_uid} {outer_uid} 1"),
+                       ("/proc/self/setgroups", "deny"),
+                       ("/proc/self/gid_map", f"{inner_gid} {outer_gid} 1")):
         try:
             with open(path, "w") as f:
                 f.write(text)
@@ -172,9 +164,7 @@ def map_ids(inner_uid: int, outer_uid: int, inner_gid: int, outer_gid: int) -> N
             raise SetupError(f"writing {path}: {e.strerror}") from None
 
 
-def run_init(
-    config: dict, program: bytes, workdir: str, status_write: int, in_userns: bool
-) -> None:
+def run_init(config: dict, program: bytes, workdir: str, status_write: int, in_userns: bool) -> None:
     """PID 1 of the new namespace: build the file system, drop privileges, run and reap."""
     # Signals from inside reach an init only through a handler: Python's SIGINT one must go.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -254,25 +244,12 @@ def set_read_only(path: str) -> None:
     5.12 (mount_setattr), else a remount of each."""
 
     class MountAttr(ctypes.Structure):
-        _fields_ = [
-            ("attr_set", ctypes.c_uint64),
-            ("attr_clr", ctypes.c_uint64),
-            ("propagation", ctypes.c_uint64),
-            ("userns_fd", ctypes.c_uint64),
-        ]
+        _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                    ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
     attr = MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, 0, 0)
-    if (
-        libc.syscall(
-            SYS_MOUNT_SETATTR,
-            AT_FDCWD,
-            path.encode(),
-            AT_RECURSIVE,
-            ctypes.byref(attr),
-            ctypes.sizeof(attr),
-        )
-        == 0
-    ):
+    if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), AT_RECURSIVE, ctypes.byref(attr),
+                    ctypes.sizeof(attr)) == 0:
         return
     if ctypes.get_errno() != 38:  # ENOSYS: an older kernel; any other error is real
         check(-1, f"mount_setattr({path}, read-only)")
@@ -301,17 +278,12 @@ def drop_privileges(uid: int, gid: int, in_userns: bool) -> None:
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     class CapData(ctypes.Structure):
-        _fields_ = [
-            ("effective", ctypes.c_uint32),
-            ("permitted", ctypes.c_uint32),
-            ("inheritable", ctypes.c_uint32),
-        ]
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
 
     # Leaving uid 0 clears them, but inside a user namespace we never were uid 0.
-    check(
-        libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), ctypes.byref((CapData * 2)())),
-        "clearing capabilities",
-    )
+    check(libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), ctypes.byref((CapData * 2)())),
+          "clearing capabilities")
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
 
 

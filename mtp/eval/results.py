@@ -65,17 +65,12 @@ class ResultsFile:
         if lines[-1]:  # interrupted mid-line: drop the torn record, it will be redone
             text = text[: len(text) - len(lines[-1])]
             self.path.write_text(text, encoding="utf-8")
-        records = [
-            parse_jsonl_line(line, self.path, i)
-            for i, line in enumerate(lines[:-1], 1)
-            if line.strip()
-        ]
+        records = [parse_jsonl_line(line, self.path, i) for i, line in enumerate(lines[:-1], 1) if line.strip()]
         for record in records:
             for key in RUN_KEYS:
                 if record.get(key) != self.run.get(key):
                     raise ValueError(
                         f"{self.path} holds results of another run ({key}={record.get(key)!r}, "
                         f"this run has {self.run.get(key)!r}): choose another output= to start "
-                        f"afresh"
-                    )
+                        f"afresh")
         return records

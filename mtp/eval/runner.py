@@ -26,6 +26,7 @@ from mtp.eval.results import ResultsFile, read_samples
 from mtp.eval.sandbox import ExecResult, Isolation, Limits, Sandbox
 from mtp.generate.session import Decoder, DecodeSettings, open_decoder
 
+
 TASKS = ("humaneval", "mbpp", "polynomial", "induction")
 
 
@@ -58,27 +59,22 @@ class EvalConfig(DecodeSettings):
                 object.__setattr__(self, name, [getattr(self, name)])
         k = self.options.get("k")
         if isinstance(k, (list, tuple)):
-            raise ValueError(
-                f"k={list(k)}: k is the heads' tokens per forward pass (as in "
-                f"mtp.generate); pass@k's list is pass_k={list(k)}"
-            )
+            raise ValueError(f"k={list(k)}: k is the heads' tokens per forward pass (as in "
+                             f"mtp.generate); pass@k's list is pass_k={list(k)}")
         super().__post_init__()  # how it decodes
         if self.task not in TASKS:
             raise ValueError(f"task={self.task!r} is not one of {', '.join(TASKS)}")
         if self.isolation not in get_args(Isolation):
-            raise ValueError(
-                f"isolation={self.isolation!r} is not one of {', '.join(get_args(Isolation))}"
-            )
+            raise ValueError(f"isolation={self.isolation!r} is not one of "
+                             f"{', '.join(get_args(Isolation))}")
         if self.output is None:  # a fresh directory per run, as Hydra's runs have
             run = time.strftime("%Y-%m-%d_%H-%M-%S")
             object.__setattr__(self, "output", f"outputs/eval/{self.task}/{run}/results.jsonl")
         if self.task in synthetic.TASKS:
             check_synthetic(self)
         if (self.checkpoint is None) == (self.samples is None):
-            raise ValueError(
-                f"give exactly one of checkpoint= (generate) and samples= (score a "
-                f"file), got checkpoint={self.checkpoint!r}, samples={self.samples!r}"
-            )
+            raise ValueError(f"give exactly one of checkpoint= (generate) and samples= (score a "
+                             f"file), got checkpoint={self.checkpoint!r}, samples={self.samples!r}")
         for name in ("samples_per_problem", "max_new_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
@@ -87,24 +83,18 @@ class EvalConfig(DecodeSettings):
         if self.checkpoint is not None:
             check_ks(self.pass_k, self.samples_per_problem)
             if self.temperature == 0 and self.samples_per_problem > 1:
-                raise ValueError(
-                    f"samples_per_problem={self.samples_per_problem} at temperature=0 "
-                    f"repeats one greedy sample: set temperature > 0 (e.g. 0.8) for "
-                    f"pass@k with k > 1"
-                )
+                raise ValueError(f"samples_per_problem={self.samples_per_problem} at temperature=0 "
+                                 f"repeats one greedy sample: set temperature > 0 (e.g. 0.8) for "
+                                 f"pass@k with k > 1")
 
     def run_fields(self) -> dict[str, Any]:
         """What identifies this run in its results file; a resumed run must match it."""
         generating = self.checkpoint is not None
-        return {
-            "task": self.task,
-            "checkpoint": _absolute(self.checkpoint),
-            "samples_file": _absolute(self.samples),
-            "decoding": self.drafter if generating else None,
-            "temperature": self.temperature if generating else None,
-            "top_p": self.top_p if generating else None,
-            "few_shot": self.few_shot,
-        }
+        return {"task": self.task, "checkpoint": _absolute(self.checkpoint),
+                "samples_file": _absolute(self.samples),
+                "decoding": self.drafter if generating else None,
+                "temperature": self.temperature if generating else None,
+                "top_p": self.top_p if generating else None, "few_shot": self.few_shot}
 
 
 def evaluate(config: EvalConfig) -> dict[str, Any]:
@@ -114,17 +104,12 @@ def evaluate(config: EvalConfig) -> dict[str, Any]:
     task = load_task(config.task, config.data_file, config.few_shot)
     problems = list(task.problems.values())[: config.limit]
     limits = Limits(timeout=config.timeout, cpu_seconds=max(1, round(config.timeout)))
-    with (
-        Sandbox(limits, config.workers, config.isolation) as sandbox,
-        ResultsFile(
-            config.output, {**config.run_fields(), "isolation": sandbox.isolation}
-        ) as results,
-    ):
+    with Sandbox(limits, config.workers, config.isolation) as sandbox, \
+            ResultsFile(config.output, {**config.run_fields(), "isolation": sandbox.isolation}) as results:
         decoding = None
         if config.samples is not None:
-            problems = _score_samples(
-                config.samples, config.pass_k, task, problems, results, sandbox
-            )
+            problems = _score_samples(config.samples, config.pass_k, task, problems, results,
+                                      sandbox)
         else:
             decoding = _generate_and_score(config, task, problems, results, sandbox)
     summary = summarize(config, results.records, problems, decoding)
@@ -132,14 +117,8 @@ def evaluate(config: EvalConfig) -> dict[str, Any]:
     return summary
 
 
-def _score_samples(
-    path: str,
-    k: Sequence[int],
-    task: Task,
-    problems: list[Problem],
-    results: ResultsFile,
-    sandbox: Sandbox,
-) -> list[Problem]:
+def _score_samples(path: str, k: Sequence[int], task: Task, problems: list[Problem],
+                   results: ResultsFile, sandbox: Sandbox) -> list[Problem]:
     """Execute a samples file's completions; return the problems it attempts."""
     samples = read_samples(path)
     unknown = sorted({task_id for task_id, _ in samples} - task.problems.keys())
@@ -150,11 +129,9 @@ def _score_samples(
     chosen = {str(p.task_id) for p in problems}
     missing = [key for key in task.problems if key in chosen and key not in per_task]
     if missing:
-        print(
-            f"warning: {path} has no samples for {len(missing)} of {len(chosen)} problems: "
-            f"{_listing(missing)}; pass@k covers the {len(chosen) - len(missing)} attempted",
-            file=sys.stderr,
-        )
+        print(f"warning: {path} has no samples for {len(missing)} of {len(chosen)} problems: "
+              f"{_listing(missing)}; pass@k covers the {len(chosen) - len(missing)} attempted",
+              file=sys.stderr)
     done = results.done()
     seen: Counter[str] = Counter()
     for task_id, completion in samples:
@@ -168,18 +145,15 @@ def _score_samples(
     return [p for p in problems if str(p.task_id) in per_task]
 
 
-def _generate_and_score(
-    config: EvalConfig, task: Task, problems: list[Problem], results: ResultsFile, sandbox: Sandbox
-) -> str:
+def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
+                        results: ResultsFile, sandbox: Sandbox) -> str:
     """Generate the missing samples in batches of `batch_size` and execute them; returns the
     decoding used (the checkpoint opened once: drafter=auto measures on the first prompts)."""
     from mtp.checkpoint import load
 
     done = results.done()
-    todo = [
-        (p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])
-        for p in problems
-    ]
+    todo = [(p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])
+            for p in problems]
     model, tokenizer = load(config.checkpoint, device=config.device, dtype=config.load_dtype)
     context = model.config.max_seq_len
     progress = tqdm(total=sum(len(indices) for _, indices in todo), desc=task.name)
@@ -189,125 +163,65 @@ def _generate_and_score(
         prompt_tokens = len(tokenizer.encode_prompt(problem.prompt))
         if indices and prompt_tokens >= context:
             too_long.append(str(problem.task_id))
-            reason = (
-                f"failed: prompt of {prompt_tokens} tokens leaves no room in max_seq_len={context}"
-            )
+            reason = f"failed: prompt of {prompt_tokens} tokens leaves no room in max_seq_len={context}"
             for index in indices:
-                _append(
-                    results,
-                    progress,
-                    problem,
-                    index,
-                    "",
-                    False,
-                    reason,
-                    {
-                        "finish_reason": "context",
-                        "new_tokens": 0,
-                        "forward_passes": 0,
-                        "tokens_per_forward": 0.0,
-                        "seconds": 0.0,
-                    },
-                )
+                _append(results, progress, problem, index, "", False, reason, {
+                    "finish_reason": "context", "new_tokens": 0, "forward_passes": 0,
+                    "tokens_per_forward": 0.0, "seconds": 0.0})
             continue
         items += [(problem, index) for index in indices]
     decoder = None  # with no sample left to generate, a measured drafter is not measured
     if items or not config.spec.measured:
-        decoder = open_decoder(
-            config.checkpoint,
-            config,
-            loaded=(model, tokenizer),
-            prompts=[p.prompt for p, _ in items],
-            batch_size=max(1, min(config.batch_size, len(items))),
-            max_new_tokens=config.max_new_tokens,
-            planned_tokens=len(items) * config.max_new_tokens,
-        )
+        decoder = open_decoder(config.checkpoint, config, loaded=(model, tokenizer),
+                               prompts=[p.prompt for p, _ in items],
+                               batch_size=max(1, min(config.batch_size, len(items))),
+                               max_new_tokens=config.max_new_tokens,
+                               planned_tokens=len(items) * config.max_new_tokens)
     for start in range(0, len(items), config.batch_size):
         batch = items[start : start + config.batch_size]
-        for (problem, index), (completion, stats) in zip(
-            batch, _sample(config, decoder, task, batch)
-        ):
+        for (problem, index), (completion, stats) in zip(batch, _sample(config, decoder, task, batch)):
             sandbox.submit((problem, index, completion, stats), problem.program(completion))
         _record(sandbox.finished(), results, progress)
     _record(sandbox.finished(wait=True), results, progress)
     progress.close()
     if too_long:
-        print(
-            f"warning: {len(too_long)} prompts do not fit the model's context of {context} tokens "
-            f"and count as failed: {_listing(too_long)}",
-            file=sys.stderr,
-        )
+        print(f"warning: {len(too_long)} prompts do not fit the model's context of {context} tokens "
+              f"and count as failed: {_listing(too_long)}", file=sys.stderr)
     return decoder.label if decoder is not None else config.drafter
 
 
-def _sample(
-    config: EvalConfig, decoder: Decoder, task: Task, batch: list[tuple[Problem, int]]
-) -> list[tuple[str, dict[str, Any]]]:
+def _sample(config: EvalConfig, decoder: Decoder, task: Task,
+            batch: list[tuple[Problem, int]]) -> list[tuple[str, dict[str, Any]]]:
     """(completion, stats) of each (problem, sample index) of `batch`, generated together."""
     began = time.perf_counter()
     first, index = batch[0]
     generations = decoder.generate(
-        [problem.prompt for problem, _ in batch],
-        max_new_tokens=config.max_new_tokens,
+        [problem.prompt for problem, _ in batch], max_new_tokens=config.max_new_tokens,
         stop=task.stop,
         # Seeded by the batch's first sample, not call order: reruns and resumed runs agree.
-        seed=zlib.crc32(f"{config.seed}/{first.task_id}/{index}".encode()),
-    )
+        seed=zlib.crc32(f"{config.seed}/{first.task_id}/{index}".encode()))
     share = (time.perf_counter() - began) / len(batch)  # each sample's part of the call
-    return [
-        (
-            g.text,
-            {
-                "finish_reason": g.finish_reason,
-                "new_tokens": g.stats.new_tokens,
-                "forward_passes": g.stats.forward_passes,
-                "tokens_per_forward": g.stats.tokens_per_forward,
-                "seconds": share,
-            },
-        )
-        for g in generations
-    ]
+    return [(g.text, {"finish_reason": g.finish_reason, "new_tokens": g.stats.new_tokens,
+                      "forward_passes": g.stats.forward_passes,
+                      "tokens_per_forward": g.stats.tokens_per_forward, "seconds": share})
+            for g in generations]
 
 
-def _record(
-    finished: Iterator[tuple[Any, ExecResult]], results: ResultsFile, progress: tqdm
-) -> None:
+def _record(finished: Iterator[tuple[Any, ExecResult]], results: ResultsFile, progress: tqdm) -> None:
     """Append each executed sample to the results file as it arrives."""
     for (problem, index, completion, stats), outcome in finished:
-        _append(
-            results, progress, problem, index, completion, outcome.passed, outcome.describe(), stats
-        )
+        _append(results, progress, problem, index, completion, outcome.passed, outcome.describe(), stats)
 
 
-def _append(
-    results: ResultsFile,
-    progress: tqdm,
-    problem: Problem,
-    index: int,
-    completion: str,
-    passed: bool,
-    result: str,
-    stats: dict[str, Any],
-) -> None:
-    results.append(
-        {
-            "task_id": problem.task_id,
-            "sample": index,
-            "completion": completion,
-            "passed": passed,
-            "result": result,
-            **stats,
-        }
-    )
+def _append(results: ResultsFile, progress: tqdm, problem: Problem, index: int, completion: str,
+            passed: bool, result: str, stats: dict[str, Any]) -> None:
+    results.append({"task_id": problem.task_id, "sample": index, "completion": completion,
+                    "passed": passed, "result": result, **stats})
     progress.update()
 
 
-def summarize(
-    config: EvalConfig,
-    records: list[dict[str, Any]],
-    problems: list[Problem],
-    decoding: str | None = None,
-) -> dict[str, Any]:
+def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[Problem],
+              decoding: str | None = None) -> dict[str, Any]:
     """pass@k over `problems` from their records, with counts and decoding speed (`decoding`:
     the drafter that generated them)."""
     keys = {str(p.task_id) for p in problems}
@@ -329,11 +243,9 @@ def summarize(
         tokens = sum(r["new_tokens"] for r in mine)
         seconds = sum(r["seconds"] for r in mine)
         forwards = sum(r["forward_passes"] for r in mine)
-        summary.update(
-            decoding=decoding or config.drafter,
-            tokens_per_second=tokens / seconds if seconds else None,
-            tokens_per_forward=tokens / forwards if forwards else None,
-        )
+        summary.update(decoding=decoding or config.drafter,
+                       tokens_per_second=tokens / seconds if seconds else None,
+                       tokens_per_forward=tokens / forwards if forwards else None)
     summary["output"] = str(config.output)
     return summary
 
@@ -359,14 +271,11 @@ def _listing(items: Sequence[str], most: int = 5) -> str:
 def check_synthetic(config: EvalConfig) -> None:
     """The options a synthetic task's evaluation takes (one-line errors)."""
     if config.samples is not None:
-        raise ValueError(
-            f"task={config.task} scores a checkpoint (its argmax); a samples file "
-            f"({config.samples}) has no logits to score"
-        )
+        raise ValueError(f"task={config.task} scores a checkpoint (its argmax); a samples file "
+                         f"({config.samples}) has no logits to score")
     if config.temperature != 0:
-        raise ValueError(
-            f"task={config.task} is scored greedily: temperature={config.temperature} must be 0"
-        )
+        raise ValueError(f"task={config.task} is scored greedily: temperature="
+                         f"{config.temperature} must be 0")
     if config.m is not None:
         if config.task != "polynomial":
             raise ValueError(f"m={config.m} is the polynomial task's, not {config.task}'s")
@@ -380,25 +289,14 @@ def evaluate_synthetic(config: EvalConfig) -> dict[str, Any]:
 
     model, tokenizer = load(config.checkpoint, device=config.device, dtype=config.load_dtype)
     began = time.perf_counter()
-    figures, records = synthetic.score(
-        config.task,
-        model,
-        tokenizer,
-        size=config.limit,
-        ms=config.m or synthetic.DEFAULT_MS,
-        batch_size=config.batch_size,
-    )
+    figures, records = synthetic.score(config.task, model, tokenizer, size=config.limit,
+                             ms=config.m or synthetic.DEFAULT_MS, batch_size=config.batch_size)
     with ResultsFile(config.output, config.run_fields()) as results:
         done = results.done()
         for record in records:
             if (record["task_id"], 0) not in done:
                 results.append({**record, "sample": 0})
-    summary = {
-        "task": config.task,
-        **figures,
-        "decoding": "greedy (teacher-forced argmax)",
-        "seconds": round(time.perf_counter() - began, 2),
-        "output": str(config.output),
-    }
+    summary = {"task": config.task, **figures, "decoding": "greedy (teacher-forced argmax)",
+               "seconds": round(time.perf_counter() - began, 2), "output": str(config.output)}
     print_summary(summary)
     return summary

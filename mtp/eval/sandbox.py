@@ -61,13 +61,9 @@ class Limits:
                 raise ValueError(f"Limits.{name} must be positive, got {value!r}")
 
     def rlimits(self) -> dict[str, int]:
-        return {
-            "RLIMIT_CPU": self.cpu_seconds,
-            "RLIMIT_AS": self.memory_bytes,
-            "RLIMIT_FSIZE": self.file_bytes,
-            "RLIMIT_NPROC": self.processes,
-            "RLIMIT_CORE": 0,
-        }
+        return {"RLIMIT_CPU": self.cpu_seconds, "RLIMIT_AS": self.memory_bytes,
+                "RLIMIT_FSIZE": self.file_bytes, "RLIMIT_NPROC": self.processes,
+                "RLIMIT_CORE": 0}
 
 
 @dataclass(frozen=True)
@@ -88,9 +84,7 @@ class ExecResult:
         return f"failed: {self.reason}" if self.status == "failed" else self.status
 
 
-def run_program(
-    program: str, limits: Limits = Limits(), isolation: Isolation = "auto"
-) -> ExecResult:
+def run_program(program: str, limits: Limits = Limits(), isolation: Isolation = "auto") -> ExecResult:
     """Run `program` in a fresh process and directory under `limits`; never raises for its
     faults ("namespaces" where they do not work fails the program with the reason)."""
     if isolation == "auto":
@@ -103,31 +97,15 @@ def run_program(
     try:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as f:
             f.write(f"{program}\n\nprint({sentinel!r}, flush=True)\n")
-        env = {
-            "PATH": os.defpath,
-            "HOME": workdir,
-            "TMPDIR": workdir,
-            "PYTHONHASHSEED": "0",
-            "LANG": "C.UTF-8",
-            "PYTHONIOENCODING": "utf-8",
-        }
+        env = {"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "PYTHONHASHSEED": "0",
+               "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         sandbox_id = SANDBOX_IDS[secrets.randbelow(len(SANDBOX_IDS))]
-        config = {
-            "rlimits": limits.rlimits(),
-            "isolation": isolation,
-            "tmp_bytes": limits.tmp_bytes,
-            "uid": sandbox_id,
-            "gid": sandbox_id,
-        }
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", LAUNCHER, json.dumps(config)],
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        config = {"rlimits": limits.rlimits(), "isolation": isolation, "tmp_bytes": limits.tmp_bytes,
+                  "uid": sandbox_id, "gid": sandbox_id}
+        proc = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, json.dumps(config)],
+                                cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             output, overflow, timed_out = _collect(proc, limits)
         finally:
@@ -137,9 +115,7 @@ def run_program(
         if timed_out:
             return ExecResult("timed out", "", text, seconds)
         if overflow:
-            return ExecResult(
-                "failed", f"output exceeded {limits.max_output_bytes} bytes", text, seconds
-            )
+            return ExecResult("failed", f"output exceeded {limits.max_output_bytes} bytes", text, seconds)
         if proc.returncode == 0 and sentinel in text:
             return ExecResult("passed", "", text.replace(sentinel, "").rstrip("\n"), seconds)
         return ExecResult("failed", _failure_reason(text, proc.returncode), text, seconds)
@@ -165,11 +141,8 @@ def resolve_isolation(isolation: Isolation) -> Literal["namespaces", "none"]:
 
 @cache
 def _warn_of_fallback(missing: str) -> None:
-    print(
-        f"warning: sandbox isolation=auto fell back to none (no namespaces: {missing}); "
-        "programs can reach the network and every file this user can",
-        file=sys.stderr,
-    )
+    print(f"warning: sandbox isolation=auto fell back to none (no namespaces: {missing}); "
+          "programs can reach the network and every file this user can", file=sys.stderr)
 
 
 @cache
@@ -195,9 +168,8 @@ class Sandbox:
     ```
     """
 
-    def __init__(
-        self, limits: Limits = Limits(), workers: int | None = None, isolation: Isolation = "auto"
-    ):
+    def __init__(self, limits: Limits = Limits(), workers: int | None = None,
+                 isolation: Isolation = "auto"):
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.limits = limits
@@ -211,11 +183,7 @@ class Sandbox:
 
     def finished(self, wait: bool = False) -> Iterator[tuple[Any, ExecResult]]:
         """Yield `(key, result)` of finished programs; with `wait`, of all submitted ones."""
-        futures = (
-            as_completed(list(self._pending))
-            if wait
-            else [f for f in list(self._pending) if f.done()]
-        )
+        futures = as_completed(list(self._pending)) if wait else [f for f in list(self._pending) if f.done()]
         for future in futures:
             yield self._pending.pop(future), future.result()
 

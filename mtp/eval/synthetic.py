@@ -42,17 +42,14 @@ def check_ms(ms: Sequence[int]) -> tuple[int, ...]:
 
 
 @torch.no_grad()
-def greedy_predictions(
-    model: MTPModel, sequences: list[list[int]], pad_id: int, batch_size: int = 64
-) -> list[torch.Tensor]:
+def greedy_predictions(model: MTPModel, sequences: list[list[int]], pad_id: int,
+                       batch_size: int = 64) -> list[torch.Tensor]:
     """Head 0's argmax at every position of each sequence: `out[i][t]` guesses
     `sequences[i][t + 1]` (batched by length, padded on the right)."""
     longest = max(map(len, sequences))
     if longest > model.config.max_seq_len:
-        raise ValueError(
-            f"a sequence of {longest} tokens exceeds the model's max_seq_len="
-            f"{model.config.max_seq_len}"
-        )
+        raise ValueError(f"a sequence of {longest} tokens exceeds the model's max_seq_len="
+                         f"{model.config.max_seq_len}")
     device = next(model.parameters()).device
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out: list[torch.Tensor | None] = [None] * len(sequences)
@@ -68,19 +65,15 @@ def greedy_predictions(
     return out
 
 
-def polynomial_correct(
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    problems: Sequence[polynomial.Problem],
-    batch_size: int = 64,
-) -> list[tuple[bool, str]]:
+def polynomial_correct(model: MTPModel, tokenizer: Tokenizer,
+                       problems: Sequence[polynomial.Problem], batch_size: int = 64
+                       ) -> list[tuple[bool, str]]:
     """Per problem: whether the greedy answer is exactly right, and the digits the model wrote
     up to its first wrong one (inclusive)."""
     prompts = [tokenizer.encode_prompt(p.prompt) for p in problems]
     answers = [tokenizer.encode(p.answer) for p in problems]
-    guesses = greedy_predictions(
-        model, [q + a for q, a in zip(prompts, answers)], tokenizer.pad_id, batch_size
-    )
+    guesses = greedy_predictions(model, [q + a for q, a in zip(prompts, answers)],
+                                 tokenizer.pad_id, batch_size)
     out = []
     for prompt, answer, guess in zip(prompts, answers, guesses):
         written = guess[len(prompt) - 1 : len(prompt) - 1 + len(answer)].tolist()
@@ -90,9 +83,8 @@ def polynomial_correct(
     return out
 
 
-def induction_counts(
-    story: induction.Story, tokens: Sequence[int], guesses: torch.Tensor, offset: int
-) -> dict[str, int]:
+def induction_counts(story: induction.Story, tokens: Sequence[int], guesses: torch.Tensor,
+                     offset: int) -> dict[str, int]:
     """Right guesses and totals on the second letter of repeated and first names; character
     c of the story is `tokens[offset + c]`, and `guesses[t]` guesses token t + 1."""
     counts = {}
@@ -103,9 +95,8 @@ def induction_counts(
     return counts
 
 
-def induction_records(
-    model: MTPModel, tokenizer: Tokenizer, stories: Sequence[induction.Story], batch_size: int = 64
-) -> list[dict[str, int]]:
+def induction_records(model: MTPModel, tokenizer: Tokenizer, stories: Sequence[induction.Story],
+                      batch_size: int = 64) -> list[dict[str, int]]:
     """`induction_counts` of every story."""
     offset = len(tokenizer.encode_prompt(""))
     sequences = [tokenizer.encode_prompt(s.text) for s in stories]
@@ -113,15 +104,9 @@ def induction_records(
     return [induction_counts(s, q, g, offset) for s, q, g in zip(stories, sequences, guesses)]
 
 
-def score(
-    task: str,
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    *,
-    size: int | None = None,
-    ms: Sequence[int] = DEFAULT_MS,
-    batch_size: int = 64,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def score(task: str, model: MTPModel, tokenizer: Tokenizer, *, size: int | None = None,
+          ms: Sequence[int] = DEFAULT_MS, batch_size: int = 64
+          ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The task's summary figures and per-sample records on its fixed test set of `size`
     problems per m, or stories (None: `DEFAULT_SIZE`)."""
     check_task(task, tokenizer)
@@ -129,17 +114,9 @@ def score(
     if task == "polynomial":
         problems = polynomial.test_set(size, check_ms(ms))
         results = polynomial_correct(model, tokenizer, problems, batch_size)
-        records = [
-            {
-                "task_id": f"m{p.m}/{i % size}",
-                "m": p.m,
-                "prompt": p.prompt,
-                "answer": p.answer,
-                "completion": written,
-                "passed": right,
-            }
-            for i, (p, (right, written)) in enumerate(zip(problems, results))
-        ]
+        records = [{"task_id": f"m{p.m}/{i % size}", "m": p.m, "prompt": p.prompt,
+                    "answer": p.answer, "completion": written, "passed": right}
+                   for i, (p, (right, written)) in enumerate(zip(problems, results))]
         summary = {"accuracy": _mean([r["passed"] for r in records])}
         for m in dict.fromkeys(p.m for p in problems):
             summary[f"accuracy_m{m}"] = _mean([r["passed"] for r in records if r["m"] == m])
@@ -149,13 +126,9 @@ def score(
     counts = induction_records(model, tokenizer, stories, batch_size)
     records = [{"task_id": str(i), **c} for i, c in enumerate(counts)]
     totals = {key: sum(c[key] for c in counts) for key in counts[0]}
-    summary = {
-        "accuracy_repeated": totals["repeated_correct"] / totals["repeated"],
-        "accuracy_first": totals["first_correct"] / totals["first"],
-        "repeated": totals["repeated"],
-        "first": totals["first"],
-        "stories": len(stories),
-    }
+    summary = {"accuracy_repeated": totals["repeated_correct"] / totals["repeated"],
+               "accuracy_first": totals["first_correct"] / totals["first"],
+               "repeated": totals["repeated"], "first": totals["first"], "stories": len(stories)}
     return summary, records
 
 

@@ -4,52 +4,15 @@ tuning steps saved for a checkpoint (`calibrate.py`, `skip_search.py`) and `pyth
 mtp.generate`; with `mtp.decode`'s public names, so one import serves a user.
 """
 
-from mtp.decode import (
-    Combined,
-    DecodeStats,
-    Drafter,
-    DrafterContext,
-    DrafterSpec,
-    DraftModel,
-    Drafts,
-    EagleDrafter,
-    Generation,
-    HeadsDrafter,
-    LayerSkip,
-    Lookahead,
-    OnlineHeads,
-    PromptLookup,
-    SamplingConfig,
-    SequentialDrafter,
-    TypicalAcceptance,
-    drafter_types,
-    generate,
-)
+from mtp.decode import (Combined, DecodeStats, DraftModel, Drafter, DrafterContext, DrafterSpec,
+                        Drafts, EagleDrafter, Generation, HeadsDrafter, LayerSkip, Lookahead, OnlineHeads,
+                        PromptLookup, SamplingConfig, SequentialDrafter, TypicalAcceptance,
+                        drafter_types, generate)
 from mtp.generate.auto import Auto
-from mtp.generate.session import Decoder, DecodeSettings, open_decoder
+from mtp.generate.session import DecodeSettings, Decoder, open_decoder
 
-__all__ = [
-    "Auto",
-    "Combined",
-    "DecodeSettings",
-    "DecodeStats",
-    "Decoder",
-    "DraftModel",
-    "Drafter",
-    "DrafterContext",
-    "DrafterSpec",
-    "Drafts",
-    "EagleDrafter",
-    "Generation",
-    "HeadsDrafter",
-    "LayerSkip",
-    "Lookahead",
-    "OnlineHeads",
-    "PromptLookup",
-    "SamplingConfig",
-    "SequentialDrafter",
-    "TypicalAcceptance",
-    "drafter_types",
-    "generate",
-    "open_decoder",
-]
+__all__ = ["Auto", "Combined", "DecodeSettings", "DecodeStats", "Decoder", "DraftModel",
+           "Drafter", "DrafterContext", "DrafterSpec", "Drafts", "EagleDrafter", "Generation", "HeadsDrafter",
+           "LayerSkip", "Lookahead", "OnlineHeads", "PromptLookup", "SamplingConfig",
+           "SequentialDrafter", "TypicalAcceptance", "drafter_types", "generate",
+           "open_decoder"]

@@ -80,38 +80,31 @@ def describe(stats: DecodeStats, drafter: str) -> str:
     """One line of decoding statistics."""
     rate = stats.new_tokens / stats.seconds if stats.seconds else float("nan")
     drafts = " ".join(f"{a:.2f}" for a in stats.head_acceptance[1:])
-    line = (
-        f"{drafter}: {stats.new_tokens} tokens in {stats.forward_passes} forward passes "
-        f"({stats.tokens_per_forward:.2f} tokens/forward), {stats.seconds:.2f} s, "
-        f"{rate:.1f} tokens/s" + (f"; draft acceptance {drafts}" if drafts else "")
-    )
+    line = (f"{drafter}: {stats.new_tokens} tokens in {stats.forward_passes} forward passes "
+            f"({stats.tokens_per_forward:.2f} tokens/forward), {stats.seconds:.2f} s, "
+            f"{rate:.1f} tokens/s" + (f"; draft acceptance {drafts}" if drafts else ""))
     if stats.nodes_per_forward > 1:
         depths = " ".join(map(str, stats.accepted_depths))
-        line += (
-            f"; {stats.nodes_per_forward:.1f} tokens verified per forward; forward "
-            f"passes by drafts accepted (0, 1, ...): {depths}"
-        )
+        line += (f"; {stats.nodes_per_forward:.1f} tokens verified per forward; forward "
+                 f"passes by drafts accepted (0, 1, ...): {depths}")
     return line
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
-    decoder = open_decoder(
-        args.checkpoint, args, prompts=prompts[:1], max_new_tokens=args.max_new_tokens
-    )
+    decoder = open_decoder(args.checkpoint, args, prompts=prompts[:1],
+                           max_new_tokens=args.max_new_tokens)
     for index, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(f"\n### prompt {index}", flush=True)
         print(prompt, end="", flush=True)
-        [result] = decoder.generate(
-            [prompt],
-            max_new_tokens=args.max_new_tokens,
-            stop=args.stop,
-            on_text=lambda _, text: print(text, end="", flush=True),
-        )
+        [result] = decoder.generate([prompt], max_new_tokens=args.max_new_tokens,
+                                    stop=args.stop,
+                                    on_text=lambda _, text: print(text, end="", flush=True))
         print(flush=True)
-        print(f"[{result.finish_reason}] {describe(result.stats, decoder.label)}", file=sys.stderr)
+        print(f"[{result.finish_reason}] {describe(result.stats, decoder.label)}",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ class Auto:
     def choice(self) -> str | None:
         return self.record.choice if self.record else None
 
-    def candidates(self, model: MTPModel, measured: dict[str, float]) -> dict[str, Drafter | None]:
+    def candidates(self, model: MTPModel,
+                   measured: dict[str, float]) -> dict[str, Drafter | None]:
         """Label -> drafter (None: autoregressive): every candidate the spec measures, in
         order; a drafter's own may depend on those `measured` before it."""
         found: dict[str, Drafter | None] = {AUTOREGRESSIVE: None}
@@ -80,33 +81,20 @@ class Auto:
         """Whether `drafter`'s steps fit an exact step of the width asked for."""
         return self.width is None or drafter.tree.n_nodes <= self.width
 
-    def choose(
-        self,
-        model: MTPModel,
-        tokenizer: Tokenizer,
-        prompts: list[str],
-        *,
-        sampling: SamplingConfig,
-        max_new_tokens: int,
-        batch_size: int | None = None,
-        prepare: Prepare | None = None,
-    ) -> Drafter | None:
+    def choose(self, model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
+               sampling: SamplingConfig, max_new_tokens: int, batch_size: int | None = None,
+               prepare: Prepare | None = None) -> Drafter | None:
         """The fastest drafter for these prompts (None: autoregressive decoding), measured in
         batches of `batch_size` (default: all at once); `prepare(drafter)`: the model as it
         decodes with that drafter (default: `model`)."""
-        batch_size = (
-            len(prompts) if batch_size is None else check_positive("batch_size", batch_size)
-        )
+        batch_size = len(prompts) if batch_size is None else check_positive(
+            "batch_size", batch_size)
         prepare = prepare or (lambda drafter: model)
-        batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+        batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
         key = self._key(model, batch_size, sampling)
-        self.record = tune(
-            "drafter",
-            key,
-            lambda: self._measure(model, tokenizer, batches, sampling, max_new_tokens, prepare),
-            cache=self.cache,
-            usable=lambda found: self._usable(model, found),
-        )
+        self.record = tune("drafter", key, lambda: self._measure(
+            model, tokenizer, batches, sampling, max_new_tokens, prepare),
+            cache=self.cache, usable=lambda found: self._usable(model, found))
         label = self.record.choice
         return None if label == AUTOREGRESSIVE else self._rebuild(model, self.record)[label]
 
@@ -122,15 +110,9 @@ class Auto:
         """The candidates as they were when `record` was measured."""
         return self.candidates(model, dict(record.figures))
 
-    def _measure(
-        self,
-        model: MTPModel,
-        tokenizer: Tokenizer,
-        batches: list[list[str]],
-        sampling: SamplingConfig,
-        max_new_tokens: int,
-        prepare: Prepare,
-    ) -> Measurement:
+    def _measure(self, model: MTPModel, tokenizer: Tokenizer, batches: list[list[str]],
+                 sampling: SamplingConfig, max_new_tokens: int,
+                 prepare: Prepare) -> Measurement:
         tokens = min(self.tokens, max_new_tokens)
         began, limit = time.perf_counter(), self.budget
         # A compiled candidate's untimed warm-up compiles its step (8.7 s of a 5.6 s budget on
@@ -155,20 +137,10 @@ class Auto:
                 return time_left()  # one batch at least
 
             return time_generate(
-                prepare(drafter),
-                tokenizer,
-                [p for batch in batches for p in batch],
-                max_new_tokens=tokens,
-                batch_size=len(batches[0]),
-                seed=0,
-                warmup_tokens=2,
-                go_on=go_on,
-                drafter=drafter,
-                sampling=sampling,
-                compile=self.compile,
-                exact=self.exact,
-                width=self.width,
-            ).tokens_per_second
+                prepare(drafter), tokenizer, [p for batch in batches for p in batch],
+                max_new_tokens=tokens, batch_size=len(batches[0]), seed=0, warmup_tokens=2,
+                go_on=go_on, drafter=drafter, sampling=sampling, compile=self.compile,
+                exact=self.exact, width=self.width).tokens_per_second
 
         measured = {AUTOREGRESSIVE: speed(None, first=True)}
         candidates, left_out = {AUTOREGRESSIVE: None}, []
@@ -183,40 +155,26 @@ class Auto:
                 else:
                     left_out.append(label)
         # A second round for the leaders, best of two: noise only ever slows a run down.
-        leaders = sorted(measured, key=measured.get, reverse=True)[: self.finalists]
+        leaders = sorted(measured, key=measured.get, reverse=True)[:self.finalists]
         for label in dict.fromkeys([AUTOREGRESSIVE, *leaders]):  # in order, once each
             if time_left() and len(measured) > 1:
                 measured[label] = max(measured[label], speed(candidates[label]))
         best = max(measured, key=measured.get)
         if measured[best] < self.margin * measured[AUTOREGRESSIVE]:
             best = AUTOREGRESSIVE
-        return Measurement(
-            "drafter",
-            best,
-            "measured",
-            figures=measured,
-            unit="tokens/s",
-            seconds=time.perf_counter() - began,
-            budget=limit,
-            left_out=tuple(left_out),
-            machine=machine(),
-            value={"planned_tokens": self.planned_tokens},
-        )
+        return Measurement("drafter", best, "measured", figures=measured, unit="tokens/s",
+                           seconds=time.perf_counter() - began, budget=limit,
+                           left_out=tuple(left_out), machine=machine(),
+                           value={"planned_tokens": self.planned_tokens})
 
     def _key(self, model: MTPModel, batch: int, sampling: SamplingConfig) -> str | None:
         if self.model_id is None:  # a model without a checkpoint: measured every time
             return None
         param = next(model.parameters())
-        return tune_key(
-            "drafter",
-            model=self.model_id,
-            device=param.device.type,
-            dtype=str(param.dtype).removeprefix("torch."),
-            batch=1 << (batch - 1).bit_length(),
-            sampling="greedy" if sampling.greedy else "sampled",
-            compiled=self.compile,
-            exact=self.exact,
-            width=self.width,
-            spec=fingerprint(repr(self.spec)),
-            saved=fingerprint(sorted(self.context.saved)),
-        )
+        return tune_key("drafter", model=self.model_id, device=param.device.type,
+                        dtype=str(param.dtype).removeprefix("torch."),
+                        batch=1 << (batch - 1).bit_length(),
+                        sampling="greedy" if sampling.greedy else "sampled",
+                        compiled=self.compile, exact=self.exact, width=self.width,
+                        spec=fingerprint(repr(self.spec)),
+                        saved=fingerprint(sorted(self.context.saved)))

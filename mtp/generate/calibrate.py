@@ -75,25 +75,23 @@ class CalibrateArgs(CheckpointCalibration):
         check_positive("paths", self.paths)
 
 
-def greedy_texts(
-    model: MTPModel, tokenizer: Tokenizer, prompts: list[str], max_new_tokens: int
-) -> list[tuple[torch.Tensor, int]]:
+def greedy_texts(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
+                 max_new_tokens: int) -> list[tuple[torch.Tensor, int]]:
     """Each prompt with the model's greedy continuation, as ids (1, T) on the model's
     device, and the length of the prompt's ids (where the continuation starts)."""
     texts = []
-    for prompt, generation in zip(
-        prompts, generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
-    ):
+    for prompt, generation in zip(prompts, generate(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens)):
         prefix = tokenizer.encode_prompt(prompt)  # as generate()
-        ids = torch.tensor([prefix + generation.token_ids], device=next(model.parameters()).device)
+        ids = torch.tensor([prefix + generation.token_ids],
+                           device=next(model.parameters()).device)
         texts.append((ids, len(prefix)))
     return texts
 
 
 @torch.inference_mode()
-def truth_ranks(
-    model: MTPModel, tokenizer: Tokenizer, prompts: list[str], max_new_tokens: int
-) -> torch.Tensor:
+def truth_ranks(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
+                max_new_tokens: int) -> torch.Tensor:
     """(positions, n_future - 1): for head d, the rank of token s + d + 1 among its logits at
     position s of a greedy continuation (0: its argmax); left out are positions without that
     token and those followed by a run of one token (a small model's greedy loops on spaces,
@@ -105,19 +103,17 @@ def truth_ranks(
         start, end = prefix - 1, ids.shape[1] - n_future  # every head's truth exists
         if end <= start:
             continue
-        window = ids[0, start + 1 : end + n_future].unfold(0, n_future, 1)  # (S, n) s+1..s+n
+        window = ids[0, start + 1:end + n_future].unfold(0, n_future, 1)  # (S, n) s+1..s+n
         varied = (window != window[:, :1]).any(1)  # not a run of one token (spaces, "___")
         ranks = []
         for head in range(1, n_future):
             scores = logits[start:end, head]  # (S, V) head's logits at positions s
-            truth = ids[0, start + head + 1 : end + head + 1]  # (S,) token s + head + 1
+            truth = ids[0, start + head + 1:end + head + 1]  # (S,) token s + head + 1
             ranks.append((scores > scores.gather(1, truth[:, None])).sum(1))
         rows.append(torch.stack(ranks, dim=1)[varied])  # (S', n - 1)
     if not rows:
-        raise ValueError(
-            f"no position to measure: give longer continuations than "
-            f"max_new_tokens={max_new_tokens} for a model with {n_future} heads"
-        )
+        raise ValueError(f"no position to measure: give longer continuations than "
+                         f"max_new_tokens={max_new_tokens} for a model with {n_future} heads")
     return torch.cat(rows).cpu()
 
 
@@ -133,9 +129,8 @@ def acceptance_rates(ranks: torch.Tensor, n_ranks: int) -> list[list[float]]:
     return rates
 
 
-def path_frequencies(
-    ranks: torch.Tensor, n_ranks: int, limit: int
-) -> list[tuple[tuple[int, ...], float]]:
+def path_frequencies(ranks: torch.Tensor, n_ranks: int,
+                     limit: int) -> list[tuple[tuple[int, ...], float]]:
     """The `limit` rank paths most often accepted (every prefix of a position's ranks up to
     the first past `n_ranks`), with the share of positions accepting each; most frequent
     first, ties to shallower paths, so any leading slice is a valid tree."""
@@ -163,36 +158,17 @@ def calibrate(args: CalibrateArgs) -> tuple[Calibration, Measurement]:
     rates = acceptance_rates(ranks, args.ranks)
     seconds = time.perf_counter() - began
     details: dict[str, Any] = {
-        "prompt_file": args.prompt_file,
-        "prompts": len(prompts),
-        "positions": ranks.shape[0],
-        "max_new_tokens": args.max_new_tokens,
-        "device": args.device,
-        "dtype": args.dtype,
-        "threads": torch.get_num_threads(),
-        "seconds": round(seconds, 1),
-    }
-    calibration = Calibration(
-        rates,
-        config.n_future,
-        config.vocab_size,
-        details=details,
-        paths=path_frequencies(ranks, args.ranks, args.paths),
-    )
-    lengths = {
-        f"auto:{size}": calibration.expected_length(calibration.tree(size)) for size in SIZES
-    }
-    record = Measurement(
-        "trees",
-        f"heads 1..{config.n_future - 1} at ranks < {args.ranks}",
-        "measured",
-        f"{ranks.shape[0]} positions of {len(prompts)} prompts",
-        figures=lengths,
-        unit="tokens per forward on these positions",
-        seconds=seconds,
-        machine=machine(),
-        value=calibration.to_json(),
-    )
+        "prompt_file": args.prompt_file, "prompts": len(prompts), "positions": ranks.shape[0],
+        "max_new_tokens": args.max_new_tokens, "device": args.device, "dtype": args.dtype,
+        "threads": torch.get_num_threads(), "seconds": round(seconds, 1)}
+    calibration = Calibration(rates, config.n_future, config.vocab_size, details=details,
+                              paths=path_frequencies(ranks, args.ranks, args.paths))
+    lengths = {f"auto:{size}": calibration.expected_length(calibration.tree(size))
+               for size in SIZES}
+    record = Measurement("trees", f"heads 1..{config.n_future - 1} at ranks < {args.ranks}",
+                         "measured", f"{ranks.shape[0]} positions of {len(prompts)} prompts",
+                         figures=lengths, unit="tokens per forward on these positions",
+                         seconds=seconds, machine=machine(), value=calibration.to_json())
     return calibration, record
 
 
@@ -212,11 +188,9 @@ def main(argv: list[str]) -> None:
     for size in SIZES:
         tree = calibration.tree(size)
         medusa = Tree.from_rates(calibration.rates, size)
-        print(
-            f"auto:{size}: depth {tree.depth}, {calibration.expected_length(tree):.2f} tokens "
-            f"per forward on these positions (the rates' independent-heads tree: "
-            f"{calibration.expected_length(medusa):.2f})"
-        )
+        print(f"auto:{size}: depth {tree.depth}, {calibration.expected_length(tree):.2f} tokens "
+              f"per forward on these positions (the rates' independent-heads tree: "
+              f"{calibration.expected_length(medusa):.2f})")
     for where in save_choice(args.checkpoint, record, "tree.json", args.output):
         print(f"saved: {where}")
 

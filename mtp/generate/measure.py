@@ -37,14 +37,9 @@ class Timed:
     token_ids: list[list[int]]
 
 
-def time_calls(
-    decode: Callable[[int, list[T]], list[R]],
-    items: Sequence[T],
-    batch_size: int,
-    *,
-    cuda: bool = False,
-    go_on: Callable[[float, list[R]], bool] | None = None,
-) -> tuple[float, list[R]]:
+def time_calls(decode: Callable[[int, list[T]], list[R]], items: Sequence[T], batch_size: int,
+               *, cuda: bool = False,
+               go_on: Callable[[float, list[R]], bool] | None = None) -> tuple[float, list[R]]:
     """Call `decode(start, batch)` on `items`, `batch_size` at a time: the seconds the calls
     took (synchronised when `cuda`) and their results, concatenated; the one timing loop of
     mtp's benchmarks and another library's (scripts/bench_hf.py). `go_on(seconds, results)`,
@@ -55,7 +50,7 @@ def time_calls(
     seconds = 0.0
     for start in range(0, len(items), batch_size):
         began = time.perf_counter()
-        results += decode(start, list(items[start : start + batch_size]))
+        results += decode(start, list(items[start:start + batch_size]))
         if cuda:
             torch.cuda.synchronize()
         seconds += time.perf_counter() - began
@@ -64,19 +59,11 @@ def time_calls(
     return seconds, results
 
 
-def time_generate(
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    prompts: Sequence[str],
-    *,
-    max_new_tokens: int,
-    batch_size: int = 1,
-    seed: int | None = None,
-    seed_per_batch: bool = False,
-    warmup_tokens: int = 0,
-    go_on: Callable[[float, list[Generation]], bool] | None = None,
-    **how: Any,
-) -> Timed:
+def time_generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str], *,
+                  max_new_tokens: int, batch_size: int = 1, seed: int | None = None,
+                  seed_per_batch: bool = False, warmup_tokens: int = 0,
+                  go_on: Callable[[float, list[Generation]], bool] | None = None,
+                  **how: Any) -> Timed:
     """Decode `prompts` with `generate` (`how`: its options), `batch_size` at a time, and
     time it. `seed` seeds every call (with `seed_per_batch`, batch i's gets `seed + i`);
     `warmup_tokens` > 0 first decodes the first batch that far, untimed; `go_on` may end the
@@ -84,42 +71,24 @@ def time_generate(
     if not prompts:
         raise ValueError("time_generate needs at least one prompt")
     if warmup_tokens > 0:
-        generate(
-            model,
-            tokenizer,
-            list(prompts[:batch_size]),
-            max_new_tokens=warmup_tokens,
-            seed=seed,
-            **how,
-        )
+        generate(model, tokenizer, list(prompts[:batch_size]), max_new_tokens=warmup_tokens,
+                 seed=seed, **how)
 
     def decode(start: int, batch: list[str]) -> list[Generation]:
         index = start // batch_size
-        return generate(
-            model,
-            tokenizer,
-            batch,
-            max_new_tokens=max_new_tokens,
-            seed=seed + index if seed is not None and seed_per_batch else seed,
-            **how,
-        )
+        return generate(model, tokenizer, batch, max_new_tokens=max_new_tokens,
+                        seed=seed + index if seed is not None and seed_per_batch else seed,
+                        **how)
 
-    seconds, results = time_calls(
-        decode, prompts, batch_size, cuda=next(model.parameters()).is_cuda, go_on=go_on
-    )
+    seconds, results = time_calls(decode, prompts, batch_size,
+                                  cuda=next(model.parameters()).is_cuda, go_on=go_on)
     stats = DecodeStats.pooled([r.stats for r in results])
     return Timed(stats.new_tokens / seconds, seconds, stats, [r.token_ids for r in results])
 
 
-def measure_decoding(
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    prompts: list[str],
-    *,
-    max_new_tokens: int,
-    trees: Sequence[str] = (),
-    batch_size: int = 1,
-) -> dict[str, Any]:
+def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
+                     max_new_tokens: int, trees: Sequence[str] = (),
+                     batch_size: int = 1) -> dict[str, Any]:
     """Greedy decoding of `prompts` autoregressively (k = 1), by the heads' chain at every
     k = 2..n_future and by each tree in `trees`: tokens per forward and speed-up per k and
     per tree ("tree": the one of the most tokens per forward, None with one head), how
@@ -132,32 +101,17 @@ def measure_decoding(
     drafters: dict[Any, OwnHeads | None] = {1: None}
     drafters |= {k: OwnHeads.variant(model, k) for k in range(2, config.n_future + 1)}
     if config.n_future > 1:
-        drafters |= {
-            name: OwnHeads.variant(
-                model,
-                config.n_future,
-                resolve_tree(name, k=config.n_future, vocab_size=config.vocab_size),
-            )
-            for name in trees
-        }
+        drafters |= {name: OwnHeads.variant(model, config.n_future, resolve_tree(
+            name, k=config.n_future, vocab_size=config.vocab_size)) for name in trees}
     rates, stats, outputs = {}, {}, {}
     with torch.inference_mode():
         for name, drafter in drafters.items():
             # Warm-up: the first call of a shape pays allocation and kernel selection.
             generate(model, tokenizer, prompts[:1], max_new_tokens=8, drafter=drafter)
-            timed = time_generate(
-                model,
-                tokenizer,
-                prompts,
-                max_new_tokens=max_new_tokens,
-                batch_size=batch_size,
-                drafter=drafter,
-            )
-            rates[name], stats[name], outputs[name] = (
-                timed.tokens_per_second,
-                timed.stats,
-                timed.token_ids,
-            )
+            timed = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                  batch_size=batch_size, drafter=drafter)
+            rates[name], stats[name], outputs[name] = (timed.tokens_per_second, timed.stats,
+                                                       timed.token_ids)
     ar = rates[1]
     chain = [k for k in drafters if isinstance(k, int)]
     tree_names = [name for name in drafters if isinstance(name, str)]
@@ -173,9 +127,7 @@ def measure_decoding(
         "repeated": round(repetition(outputs[1]), 3),
         "identical": all(ids == outputs[1] for ids in outputs.values()),
         "device": str(next(model.parameters()).device),
-        "prompts": len(prompts),
-        "max_new_tokens": max_new_tokens,
-        "batch_size": batch_size,
+        "prompts": len(prompts), "max_new_tokens": max_new_tokens, "batch_size": batch_size,
         "seconds": round(time.perf_counter() - began, 1),
     }
 
@@ -183,43 +135,30 @@ def measure_decoding(
 def format_decoding(figures: dict[str, Any]) -> list[str]:
     """The printed summary's lines for `measure_decoding`'s figures."""
     ks = list(figures["tokens_per_forward"])
-    lines = [
-        f"decoding {figures['prompts']} HumanEval prompts x {figures['max_new_tokens']} "
-        f"new tokens (greedy, batch {figures['batch_size']}, {figures['device']}; "
-        f"{figures['repeated']:.0%} of the text repeats an earlier 8-gram)",
-        "   k  tok/fwd  speed-up",
-        *(
-            f"{k:>4}  {figures['tokens_per_forward'][k]:>7.2f}  {figures['speedup'][k]:>7.2f}x"
-            for k in ks
-        ),
-    ]
+    lines = [f"decoding {figures['prompts']} HumanEval prompts x {figures['max_new_tokens']} "
+             f"new tokens (greedy, batch {figures['batch_size']}, {figures['device']}; "
+             f"{figures['repeated']:.0%} of the text repeats an earlier 8-gram)",
+             "   k  tok/fwd  speed-up",
+             *(f"{k:>4}  {figures['tokens_per_forward'][k]:>7.2f}  {figures['speedup'][k]:>7.2f}x"
+               for k in ks)]
     if figures["tree"]:
-        lines.append(
-            f"tree {figures['tree']}: {figures['tree_tokens_per_forward']:.2f} tokens "
-            f"per forward, {figures['tree_speedup']:.2f}x"
-        )
+        lines.append(f"tree {figures['tree']}: {figures['tree_tokens_per_forward']:.2f} tokens "
+                     f"per forward, {figures['tree_speedup']:.2f}x")
     return lines
 
 
 @torch.inference_mode()
-def plain_forward_seconds(
-    model: MTPModel, width: int, batch: int, context: int = 128, repeats: int = 15
-) -> float:
+def plain_forward_seconds(model: MTPModel, width: int, batch: int, context: int = 128,
+                          repeats: int = 15) -> float:
     """Median seconds of one cached forward over `width` new tokens per row after `context`
     cached ones: the trunk, head 0 and the unembedding, as the verify pass computes them."""
     device = next(model.parameters()).device
     context = min(context, model.config.max_seq_len - width)
-    cache = KVCache(
-        model.config, batch, context + width, device=device, dtype=next(model.parameters()).dtype
-    )
+    cache = KVCache(model.config, batch, context + width, device=device,
+                    dtype=next(model.parameters()).dtype)
     prompt = torch.randint(0, model.config.vocab_size, (batch, context), device=device)
-    cached_forward(
-        model,
-        cache,
-        prompt,
-        torch.zeros(batch, dtype=torch.long, device=device),
-        key_width(context, cache.max_len),
-    )
+    cached_forward(model, cache, prompt, torch.zeros(batch, dtype=torch.long, device=device),
+                   key_width(context, cache.max_len))
     tokens = torch.randint(0, model.config.vocab_size, (batch, width), device=device)
     lengths = torch.full((batch,), context, device=device)
     key_len = key_width(context + width, cache.max_len)

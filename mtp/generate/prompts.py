@@ -24,9 +24,7 @@ def read_prompts(path: str | Path) -> list[str]:
             raise ValueError(f"{path}:{number} is not JSON: {e}") from e
         prompt = item.get("prompt") if isinstance(item, dict) else item
         if not isinstance(prompt, str):
-            raise ValueError(
-                f"{path}:{number} must be a JSON string or an object with a "
-                f"string 'prompt', got {line.strip()[:80]!r}"
-            )
+            raise ValueError(f"{path}:{number} must be a JSON string or an object with a "
+                             f"string 'prompt', got {line.strip()[:80]!r}")
         prompts.append(prompt)
     return prompts

@@ -39,18 +39,8 @@ from mtp.generate.auto import Auto
 from mtp.generate.measure import plain_forward_seconds, step_width, time_generate
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
-from mtp.tune import (
-    Measurement,
-    TuneCache,
-    check_threads,
-    choose_threads,
-    cpu_has_bf16,
-    fingerprint,
-    machine,
-    report,
-    tune,
-    tune_key,
-)
+from mtp.tune import (Measurement, TuneCache, check_threads, choose_threads, cpu_has_bf16,
+                      fingerprint, machine, report, tune, tune_key)
 
 AUTO_SECONDS = 30.0  # the most `drafter=auto` measures, unless the caller says otherwise
 AUTO_PROMPTS = 4  # and on at least this many prompts, when the caller has them
@@ -81,7 +71,8 @@ class DecodeSettings:
     budget: float = AUTO_SECONDS
 
     def __post_init__(self) -> None:
-        _ = self.spec, self.sampling  # the drafter and its options, the sampling: checked
+        self.spec  # the drafter and its options, checked
+        self.sampling
         parse_dtype(self.dtype, auto=True)
         if isinstance(self.exact, str) and self.exact != AUTO:
             raise ValueError(f"exact must be true, false or auto, got {self.exact!r}")
@@ -120,14 +111,8 @@ class DecodeSettings:
         """`mtp.decode.generate`'s keyword arguments for decoding with `drafter` (exact=auto
         not yet chosen: the plain step)."""
         exact = self.exact is True
-        return {
-            "drafter": drafter,
-            "sampling": self.sampling,
-            "acceptance": self.acceptance,
-            "compile": self.compiled,
-            "exact": exact,
-            "width": self.width if exact else None,
-        }
+        return {"drafter": drafter, "sampling": self.sampling, "acceptance": self.acceptance,
+                "compile": self.compiled, "exact": exact, "width": self.width if exact else None}
 
     @property
     def load_dtype(self) -> torch.dtype | None:
@@ -157,42 +142,22 @@ class Decoder:
         name = repr(self.drafter) if self.drafter is not None else "autoregressive"
         return f"auto -> {name}" if self.measured_drafter else name
 
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        max_new_tokens: int = 256,
-        stop: Sequence[str] | str = (),
-        seed: int | None = None,
-        on_text: TextCallback | None = None,
-    ) -> list[Generation]:
+    def generate(self, prompts: list[str], *, max_new_tokens: int = 256,
+                 stop: Sequence[str] | str = (), seed: int | None = None,
+                 on_text: TextCallback | None = None) -> list[Generation]:
         """`mtp.decode.generate` with this decoder's drafter and settings (`seed` overrides
         the settings' seed for this call)."""
         settings = self.settings
-        return generate(
-            self.model,
-            self.tokenizer,
-            prompts,
-            max_new_tokens=max_new_tokens,
-            **settings.generate_options(self.drafter),
-            stop=stop,
-            seed=settings.seed if seed is None else seed,
-            on_text=on_text,
-        )
+        return generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
+                        **settings.generate_options(self.drafter), stop=stop,
+                        seed=settings.seed if seed is None else seed, on_text=on_text)
 
 
-def open_decoder(
-    checkpoint: str | Path | None,
-    settings: DecodeSettings,
-    *,
-    loaded: tuple[MTPModel, Tokenizer] | None = None,
-    prompts: Sequence[str] = (),
-    batch_size: int = 1,
-    max_new_tokens: int = 64,
-    planned_tokens: int | None = None,
-    report: Report | None = report,
-    cache: TuneCache | None = None,
-) -> Decoder:
+def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
+                 loaded: tuple[MTPModel, Tokenizer] | None = None, prompts: Sequence[str] = (),
+                 batch_size: int = 1, max_new_tokens: int = 64,
+                 planned_tokens: int | None = None, report: Report | None = report,
+                 cache: TuneCache | None = None) -> Decoder:
     """`checkpoint` opened for decoding with `settings` (module docstring).
 
     `loaded`: the model and tokenizer, loaded in `settings.load_dtype` (then `checkpoint` may
@@ -203,9 +168,8 @@ def open_decoder(
     report = report or (lambda record: None)
     if loaded is None:
         if checkpoint is None:
-            raise ValueError(
-                "open_decoder needs a checkpoint, or the model loaded=(model, tokenizer)"
-            )
+            raise ValueError("open_decoder needs a checkpoint, or the model loaded=(model, "
+                             "tokenizer)")
         loaded = load(checkpoint, device=settings.device, dtype=settings.load_dtype)
     model, tokenizer = loaded
     if checkpoint is not None:
@@ -219,46 +183,32 @@ def open_decoder(
 
     def prepare(drafter: Drafter | None) -> MTPModel:
         """The model in the dtype and with the threads a step of this drafter wants."""
-        chosen = variants.model(variants.choose(settings.step_width(drafter), batch_size).value)
-        choose_decode_threads(
-            chosen, tokenizer, prompts[0], settings, drafter=drafter, batch=batch_size, cache=cache
-        )
+        chosen = variants.model(variants.choose(settings.step_width(drafter),
+                                                batch_size).value)
+        choose_decode_threads(chosen, tokenizer, prompts[0], settings, drafter=drafter,
+                              batch=batch_size, cache=cache)
         return chosen
 
     records = []
     if measured:
-        auto = Auto(
-            spec=spec,
-            context=context,
-            compile=settings.compiled,
-            exact=settings.exact is True,
-            width=settings.width if settings.exact is True else None,
-            budget=settings.budget,
-            planned_tokens=planned_tokens,
-            model_id=model_id and f"{model_id}|dtype={settings.dtype}",
-            cache=cache,
-        )
-        drafter = auto.choose(
-            model,
-            tokenizer,
-            prompts[: max(AUTO_PROMPTS, batch_size)],
-            sampling=settings.sampling,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            prepare=prepare,
-        )
+        auto = Auto(spec=spec, context=context, compile=settings.compiled,
+                    exact=settings.exact is True,
+                    width=settings.width if settings.exact is True else None,
+                    budget=settings.budget, planned_tokens=planned_tokens,
+                    model_id=model_id and f"{model_id}|dtype={settings.dtype}", cache=cache)
+        drafter = auto.choose(model, tokenizer, prompts[:max(AUTO_PROMPTS, batch_size)],
+                              sampling=settings.sampling, max_new_tokens=max_new_tokens,
+                              batch_size=batch_size, prepare=prepare)
         records.append(auto.record)
         report(auto.record)
     else:
         drafter = spec.build(model, context)
     dtype = variants.choose(settings.step_width(drafter), batch_size)
     model = variants.keep(dtype.value)
-    threads = choose_decode_threads(
-        model, tokenizer, prompts[0], settings, drafter=drafter, batch=batch_size, cache=cache
-    )
-    exact = choose_exact(
-        model, tokenizer, prompts[:batch_size], settings, drafter, model_id=model_id, cache=cache
-    )
+    threads = choose_decode_threads(model, tokenizer, prompts[0], settings, drafter=drafter,
+                                    batch=batch_size, cache=cache)
+    exact = choose_exact(model, tokenizer, prompts[:batch_size], settings, drafter,
+                         model_id=model_id, cache=cache)
     for record in (dtype, threads, exact):
         records.append(record)
         report(record)
@@ -266,29 +216,18 @@ def open_decoder(
     return Decoder(model, tokenizer, drafter, settings, records, measured_drafter=measured)
 
 
-def choose_exact(
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    prompts: Sequence[str],
-    settings: DecodeSettings,
-    drafter: Drafter | None,
-    *,
-    model_id: str | None = None,
-    cache: TuneCache | None = None,
-) -> Measurement:
+def choose_exact(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
+                 settings: DecodeSettings, drafter: Drafter | None, *,
+                 model_id: str | None = None, cache: TuneCache | None = None) -> Measurement:
     """Exact mode or not: as set; for exact=auto, on where a short greedy call decodes at
     least 1/EXACT_COST as fast in exact mode as with the plain step (timed in turns, the best
     of two each), off where the acceptance rule is not SpecInfer's."""
     if settings.exact != AUTO:
-        return Measurement("exact", "on" if settings.exact else "off", "set", value=settings.exact)
+        return Measurement("exact", "on" if settings.exact else "off", "set",
+                           value=settings.exact)
     if acceptance_rule(settings.acceptance) is not None:
-        return Measurement(
-            "exact",
-            "off",
-            "fixed",
-            f"acceptance={settings.acceptance} is a rule of its own",
-            value=False,
-        )
+        return Measurement("exact", "off", "fixed", f"acceptance={settings.acceptance} is a "
+                           f"rule of its own", value=False)
     options = {"drafter": drafter, "compile": settings.compiled, "seed": 0}
     width = settings.width
 
@@ -297,47 +236,22 @@ def choose_exact(
         for round_ in range(2):
             for mode in rates:
                 exact = {"exact": True, "width": width} if mode == "exact" else {}
-                rates[mode].append(
-                    time_generate(
-                        model,
-                        tokenizer,
-                        prompts,
-                        max_new_tokens=EXACT_TOKENS,
-                        batch_size=len(prompts),
-                        warmup_tokens=4 if round_ == 0 else 0,
-                        **options,
-                        **exact,
-                    ).tokens_per_second
-                )
+                rates[mode].append(time_generate(
+                    model, tokenizer, prompts, max_new_tokens=EXACT_TOKENS,
+                    batch_size=len(prompts), warmup_tokens=4 if round_ == 0 else 0,
+                    **options, **exact).tokens_per_second)
         figures = {mode: max(values) for mode, values in rates.items()}
         on = figures["exact"] * EXACT_COST >= figures["plain"]
-        why = (
-            f"exact mode within {EXACT_COST - 1:.0%} of the plain step's speed"
-            if on
-            else f"exact mode more than {EXACT_COST - 1:.0%} slower than the plain step"
-        )
-        return Measurement(
-            "exact",
-            "on" if on else "off",
-            "measured",
-            why,
-            figures=figures,
-            unit="tokens/s",
-            machine=machine(),
-            value=on,
-        )
+        why = (f"exact mode within {EXACT_COST - 1:.0%} of the plain step's speed" if on else
+               f"exact mode more than {EXACT_COST - 1:.0%} slower than the plain step")
+        return Measurement("exact", "on" if on else "off", "measured", why, figures=figures,
+                           unit="tokens/s", machine=machine(), value=on)
 
     param = next(model.parameters())
-    key = tune_key(
-        "exact",
-        model=model_id or fingerprint(model.config.to_dict()),
-        drafter=repr(drafter),
-        width=width,
-        batch=len(prompts),
-        dtype=dtype_name(param.dtype),
-        threads=torch.get_num_threads(),
-        compile=settings.compiled,
-    )
+    key = tune_key("exact", model=model_id or fingerprint(model.config.to_dict()),
+                   drafter=repr(drafter), width=width, batch=len(prompts),
+                   dtype=dtype_name(param.dtype), threads=torch.get_num_threads(),
+                   compile=settings.compiled)
     return tune("exact", key, measure, cache=cache)
 
 
@@ -346,11 +260,8 @@ def checkpoint_id(path: str | Path) -> str:
     and modification times (not the choices saved beside it)."""
     path = Path(path).resolve()
     saved = {cls.saved_file for cls in drafter_types().values() if cls.saved_file}
-    files = (
-        sorted(p for p in path.iterdir() if p.is_file() and p.name not in saved)
-        if path.is_dir()
-        else [path]
-    )
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name not in saved) \
+        if path.is_dir() else [path]
     stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.exists()]
     return hashlib.sha1(json.dumps([str(path), stats]).encode()).hexdigest()[:16]
 
@@ -364,20 +275,12 @@ def saved_file(checkpoint: str | Path, name: str) -> Path:
     """A saved choice's file beside a checkpoint: in its directory, or beside a single file
     (a .ckpt, a GGUF) as FILE.<name>."""
     checkpoint = Path(checkpoint)
-    return (
-        checkpoint / name
-        if checkpoint.is_dir()
-        else checkpoint.with_name(f"{checkpoint.name}.{name}")
-    )
+    return checkpoint / name if checkpoint.is_dir() else checkpoint.with_name(
+        f"{checkpoint.name}.{name}")
 
 
-def save_choice(
-    checkpoint: str | Path,
-    record: Measurement,
-    name: str,
-    output: str | Path | None = None,
-    cache: TuneCache | None = None,
-) -> list[str]:
+def save_choice(checkpoint: str | Path, record: Measurement, name: str,
+                output: str | Path | None = None, cache: TuneCache | None = None) -> list[str]:
     """Keep a tuning step's choice (`record.value`) for `checkpoint` with the tuner, and as
     the file `name` in `output` (a directory) or at `output` when given; where it went."""
     cache = cache or TuneCache()
@@ -390,9 +293,8 @@ def save_choice(
     return where
 
 
-def saved_choices(
-    checkpoint: Path | None, model_id: str | None, cache: TuneCache | None = None
-) -> dict[str, Any]:
+def saved_choices(checkpoint: Path | None, model_id: str | None,
+                  cache: TuneCache | None = None) -> dict[str, Any]:
     """The saved choice of every tuning step a drafter reads, by step: the tuner's record
     for this checkpoint, else the file beside it."""
     found: dict[str, Any] = {}
@@ -437,75 +339,42 @@ class DtypeVariants:
         when the dtype was named."""
         param = next(self.base.parameters())
         loaded = dtype_name(param.dtype)
-        why = (
-            "as loaded"
-            if not self.measure
-            else "as loaded: not a float32 model on a CPU"
-            if param.device.type != "cpu" or param.dtype != torch.float32
-            else "this CPU has no bf16 arithmetic"
-            if not cpu_has_bf16()
-            else None
-        )
+        why = ("as loaded" if not self.measure else
+               "as loaded: not a float32 model on a CPU"
+               if param.device.type != "cpu" or param.dtype != torch.float32 else
+               "this CPU has no bf16 arithmetic" if not cpu_has_bf16() else None)
         if why is not None:
             return Measurement("dtype", loaded, "fixed", why, value=loaded)
 
         def measure() -> Measurement:
-            seconds = {
-                name: plain_forward_seconds(self.model(name), width, batch) * 1e3
-                for name in ("float32", "bfloat16")
-            }
+            seconds = {name: plain_forward_seconds(self.model(name), width, batch) * 1e3
+                       for name in ("float32", "bfloat16")}
             best = min(seconds, key=seconds.get)
-            return Measurement(
-                "dtype",
-                best,
-                "measured",
-                f"a forward of {width} tokens",
-                figures=seconds,
-                unit="ms",
-                lower_is_better=True,
-                machine=machine(),
-                value=best,
-            )
+            return Measurement("dtype", best, "measured", f"a forward of {width} tokens",
+                               figures=seconds, unit="ms", lower_is_better=True,
+                               machine=machine(), value=best)
 
-        key = tune_key(
-            "dtype", model=fingerprint(self.base.config.to_dict()), width=width, batch=batch
-        )
+        key = tune_key("dtype", model=fingerprint(self.base.config.to_dict()), width=width,
+                       batch=batch)
         return tune("dtype", key, measure, cache=self.cache)
 
 
-def choose_decode_threads(
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    prompt: str,
-    settings: DecodeSettings | None = None,
-    *,
-    drafter: Drafter | None = None,
-    batch: int = 1,
-    budget: float = 1.0,
-    cache: TuneCache | None = None,
-) -> Measurement:
+def choose_decode_threads(model: MTPModel, tokenizer: Tokenizer, prompt: str,
+                          settings: DecodeSettings | None = None, *,
+                          drafter: Drafter | None = None, batch: int = 1, budget: float = 1.0,
+                          cache: TuneCache | None = None) -> Measurement:
     """The thread count for decoding with `model` and `drafter`, measured on a short
     `generate` call (8 new tokens after the prompt's first 64 characters, `batch` rows)."""
     settings = settings or DecodeSettings()
     requested = check_threads(settings.threads)
     param = next(model.parameters())
     if param.device.type != "cpu" and requested is None:  # a GPU's step uses no CPU threads
-        return Measurement(
-            "threads",
-            str(torch.get_num_threads()),
-            "fixed",
-            f"not measured on {param.device.type}",
-            value=torch.get_num_threads(),
-        )
-    key = tune_key(
-        "threads",
-        kind="decode",
-        model=fingerprint(model.config.to_dict()),
-        width=settings.step_width(drafter),
-        batch=batch,
-        dtype=dtype_name(param.dtype),
-        device=param.device.type,
-    )
+        return Measurement("threads", str(torch.get_num_threads()), "fixed",
+                           f"not measured on {param.device.type}",
+                           value=torch.get_num_threads())
+    key = tune_key("threads", kind="decode", model=fingerprint(model.config.to_dict()),
+                   width=settings.step_width(drafter), batch=batch,
+                   dtype=dtype_name(param.dtype), device=param.device.type)
     prompts = [prompt[:64]] * batch
     options = settings.generate_options(drafter) | {"compile": False}  # the step, not a graph
 

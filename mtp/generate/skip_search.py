@@ -38,16 +38,16 @@ from dataclasses import dataclass
 import torch
 
 from mtp import cli
+from mtp.decode.loop import generate
+from mtp.generate.calibrate import CheckpointCalibration, greedy_texts
+from mtp.generate.session import save_choice
+from mtp.tune import Measurement, machine
 from mtp.decode.drafters.base import check_positive
 from mtp.decode.drafters.layer_skip import SKIP_FILE, LayerSkip, SkipChoice
-from mtp.decode.loop import generate
 from mtp.decode.output import DecodeStats
-from mtp.generate.calibrate import CheckpointCalibration, greedy_texts
 from mtp.generate.prompts import read_prompts
-from mtp.generate.session import save_choice
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
-from mtp.tune import Measurement, machine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,15 +80,14 @@ class Candidate:
 
 
 @torch.inference_mode()
-def agreement(
-    model: MTPModel, texts: list[tuple[torch.Tensor, int]], skip: tuple[int, ...]
-) -> float:
+def agreement(model: MTPModel, texts: list[tuple[torch.Tensor, int]],
+              skip: tuple[int, ...]) -> float:
     """The share of continuation tokens that the model with `skip` left out predicts
     (argmax, teacher-forced)."""
     hits = total = 0
     for ids, start in texts:
         hidden = model.head(model.trunk(ids, skip=skip), 0)  # (1, T, D)
-        predicted = model.unembed(hidden[0, start - 1 : -1]).argmax(-1)  # predicts start..T-1
+        predicted = model.unembed(hidden[0, start - 1:-1]).argmax(-1)  # predicts start..T-1
         hits += int((predicted == ids[0, start:]).sum())
         total += ids.shape[1] - start
     return hits / total
@@ -100,23 +99,12 @@ def harm_order(model: MTPModel, texts: list[tuple[torch.Tensor, int]]) -> list[i
     return sorted(range(len(alone)), key=lambda layer: (-alone[layer], layer))
 
 
-def kept_shares(
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    prompts: list[str],
-    skip: tuple[int, ...],
-    max_draft: int,
-    max_new_tokens: int,
-) -> tuple[float, ...]:
+def kept_shares(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
+                skip: tuple[int, ...], max_draft: int, max_new_tokens: int) -> tuple[float, ...]:
     """P(A >= i), i = 1..max_draft: the share of decode steps (prefills aside) that kept at
     least i drafts, decoding `prompts` greedily with `skip` drafting `max_draft`."""
-    generations = generate(
-        model,
-        tokenizer,
-        prompts,
-        max_new_tokens=max_new_tokens,
-        drafter=LayerSkip(list(skip), max_draft),
-    )
+    generations = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                           drafter=LayerSkip(list(skip), max_draft))
     depths = DecodeStats.pooled([g.stats for g in generations]).accepted_depths
     depths = depths + [0] * (max_draft + 1 - len(depths))
     depths[0] -= len(generations)  # each prefill counts as a forward that kept nothing
@@ -128,23 +116,17 @@ def draft_share(model: MTPModel, skip: tuple[int, ...]) -> float:
     """The part of one token's weights a draft reads with `skip` left out: the trunk layers
     it runs, head 0, the final norm and the unembedding (the embedding is a lookup)."""
     layer = [sum(p.numel() for p in block.parameters()) for block in model.layers]
-    rest = sum(
-        p.numel()
-        for module in (model.heads[0], model.norm, model.output)
-        for p in module.parameters()
-    )
+    rest = sum(p.numel() for module in (model.heads[0], model.norm, model.output)
+               for p in module.parameters())
     return (sum(n for i, n in enumerate(layer) if i not in skip) + rest) / (sum(layer) + rest)
 
 
-def best_step(
-    kept: Sequence[float], share: float, *, step_cost: float, verify_cost: float
-) -> tuple[int, float]:
+def best_step(kept: Sequence[float], share: float, *, step_cost: float,
+              verify_cost: float) -> tuple[int, float]:
     """The num_draft with the highest modeled speed-up, and that speed-up (see the module
     docstring); `kept[i - 1]` is P(A >= i)."""
-
     def speedup(k: int) -> float:
         return (1 + sum(kept[:k])) / (1 + step_cost + verify_cost * k + k * share)
-
     k = max(range(1, len(kept) + 1), key=lambda k: (speedup(k), -k))
     return k, speedup(k)
 
@@ -158,29 +140,18 @@ def nested_counts(n_layers: int) -> list[int]:
     return sorted({c for c in counts if c < n_layers})
 
 
-def search(
-    model: MTPModel,
-    tokenizer: Tokenizer,
-    prompts: list[str],
-    *,
-    max_draft: int = 8,
-    step_cost: float = 0.6,
-    verify_cost: float = 0.03,
-    max_new_tokens: int = 64,
-) -> tuple[list[Candidate], list[int]]:
+def search(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *, max_draft: int = 8,
+           step_cost: float = 0.6, verify_cost: float = 0.03,
+           max_new_tokens: int = 64) -> tuple[list[Candidate], list[int]]:
     """Every candidate of the search (see the module docstring), best first, and the trunk
     layers from the least to the most harmful to skip alone (the nested sets' order)."""
     n_layers = model.config.n_layers
     if n_layers < 2:
-        raise ValueError(
-            f"the model's trunk has {n_layers} layer: layer skipping needs a "
-            f"layer to keep and one to skip"
-        )
-    texts = [
-        (ids, start)
-        for ids, start in greedy_texts(model, tokenizer, prompts, max_new_tokens)
-        if ids.shape[1] > start
-    ]  # continued by at least one token
+        raise ValueError(f"the model's trunk has {n_layers} layer: layer skipping needs a "
+                         f"layer to keep and one to skip")
+    texts = [(ids, start) for ids, start in greedy_texts(model, tokenizer, prompts,
+                                                         max_new_tokens)
+             if ids.shape[1] > start]  # continued by at least one token
     if not texts:
         raise ValueError("the model continued no calibration prompt: nothing to measure on")
     order = harm_order(model, texts)
@@ -189,14 +160,9 @@ def search(
         skip = tuple(sorted(order[:m]))
         kept = kept_shares(model, tokenizer, prompts, skip, max_draft, max_new_tokens)
         share = draft_share(model, skip)
-        candidates.append(
-            Candidate(
-                skip,
-                kept,
-                round(share, 4),
-                *best_step(kept, share, step_cost=step_cost, verify_cost=verify_cost),
-            )
-        )
+        candidates.append(Candidate(skip, kept, round(share, 4),
+                                    *best_step(kept, share, step_cost=step_cost,
+                                               verify_cost=verify_cost)))
     return sorted(candidates, key=lambda c: (-c.speedup, -len(c.skip))), order
 
 
@@ -210,58 +176,32 @@ def main(argv: list[str]) -> None:
     pool = read_prompts(args.prompt_file)
     prompts = random.Random(args.seed).sample(pool, min(args.prompts, len(pool)))
     began = time.perf_counter()
-    candidates, order = search(
-        model,
-        tokenizer,
-        prompts,
-        max_draft=args.max_draft,
-        step_cost=args.step_cost,
-        verify_cost=args.verify_cost,
-        max_new_tokens=args.max_new_tokens,
-    )
+    candidates, order = search(model, tokenizer, prompts, max_draft=args.max_draft,
+                               step_cost=args.step_cost, verify_cost=args.verify_cost,
+                               max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - began
-    print(
-        f"{'skipped':>7} {'kept >= 1':>9} {'kept >= 2':>9} {'draft share':>11} "
-        f"{'num_draft':>9} {'modeled speed-up':>16}  layers skipped"
-    )
+    print(f"{'skipped':>7} {'kept >= 1':>9} {'kept >= 2':>9} {'draft share':>11} "
+          f"{'num_draft':>9} {'modeled speed-up':>16}  layers skipped")
     for c in sorted(candidates, key=lambda c: len(c.skip)):
         second = f"{c.kept[1]:>9.3f}" if len(c.kept) > 1 else f"{'':>9}"
-        print(
-            f"{len(c.skip):>7} {c.kept[0]:>9.3f} {second} {c.share:>11.3f} {c.num_draft:>9} "
-            f"{c.speedup:>15.2f}x  {list(c.skip)}"
-        )
+        print(f"{len(c.skip):>7} {c.kept[0]:>9.3f} {second} {c.share:>11.3f} {c.num_draft:>9} "
+              f"{c.speedup:>15.2f}x  {list(c.skip)}")
     best = candidates[0]
-    details = {
-        "kept": list(best.kept),
-        "draft_share": best.share,
-        "modeled_speedup": round(best.speedup, 3),
-        "step_cost": args.step_cost,
-        "verify_cost": args.verify_cost,
-        "prompt_file": args.prompt_file,
-        "prompts": len(prompts),
-        "seed": args.seed,
-        "max_draft": args.max_draft,
-        "max_new_tokens": args.max_new_tokens,
-        "dtype": args.dtype,
-        "seconds": round(seconds, 1),
-        "order": order,
-    }  # least harmful first: the nested sets
-    choice = SkipChoice(
-        best.skip, best.num_draft, model.config.n_layers, model.config.vocab_size, details
-    )
+    details = {"kept": list(best.kept), "draft_share": best.share,
+               "modeled_speedup": round(best.speedup, 3), "step_cost": args.step_cost,
+               "verify_cost": args.verify_cost,
+               "prompt_file": args.prompt_file, "prompts": len(prompts), "seed": args.seed,
+               "max_draft": args.max_draft, "max_new_tokens": args.max_new_tokens,
+               "dtype": args.dtype, "seconds": round(seconds, 1),
+               "order": order}  # least harmful first: the nested sets
+    choice = SkipChoice(best.skip, best.num_draft, model.config.n_layers,
+                        model.config.vocab_size, details)
     record = Measurement(
-        "layer_skip",
-        f"skip {list(best.skip)}, num_draft={best.num_draft}",
-        "measured",
-        "below 1: layer skipping does not pay for this model"
-        if best.speedup <= 1
-        else f"{best.kept[0]:.3f} of steps keep a draft",
+        "layer_skip", f"skip {list(best.skip)}, num_draft={best.num_draft}", "measured",
+        "below 1: layer skipping does not pay for this model" if best.speedup <= 1 else
+        f"{best.kept[0]:.3f} of steps keep a draft",
         figures={f"{len(c.skip)} layers": c.speedup for c in candidates},
-        unit="modeled speed-up",
-        seconds=seconds,
-        machine=machine(),
-        value=choice.to_json(),
-    )
+        unit="modeled speed-up", seconds=seconds, machine=machine(), value=choice.to_json())
     for where in save_choice(args.checkpoint, record, SKIP_FILE, args.output):
         print(f"saved: {where}")
 

@@ -65,35 +65,24 @@ from mtp.tokenizers import Tokenizer
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # mtp's Eagle parameter -> EAGLE-3's name; the block's own as transformers' Llama names them.
-KEYS = {
-    "fc.weight": "fc.weight",
-    "norm.weight": "norm.weight",
-    "lm_head.weight": "lm_head.weight",
-    "input_norm.weight": "midlayer.input_layernorm.weight",
-    "hidden_norm.weight": "midlayer.hidden_norm.weight",
-    **{
-        ours: f"midlayer.{theirs}"
-        for ours, theirs in hf.BLOCK_KEYS.items()
-        if ours != "attention_norm.weight"
-    },
-}
+KEYS = {"fc.weight": "fc.weight", "norm.weight": "norm.weight",
+        "lm_head.weight": "lm_head.weight",
+        "input_norm.weight": "midlayer.input_layernorm.weight",
+        "hidden_norm.weight": "midlayer.hidden_norm.weight",
+        **{ours: f"midlayer.{theirs}" for ours, theirs in hf.BLOCK_KEYS.items()
+           if ours != "attention_norm.weight"}}
 EMBEDDING = "embed_tokens.weight"
 
 
 def _rotary(drafter: Mapping[str, Any]) -> dict[str, int]:
     """The query and key projections, whose rows the two rotary layouts order differently."""
-    return {"attention.wq.weight": drafter["n_heads"], "attention.wk.weight": drafter["n_kv_heads"]}
+    return {"attention.wq.weight": drafter["n_heads"],
+            "attention.wk.weight": drafter["n_kv_heads"]}
 
 
-def write_eagle3(
-    target: MTPConfig,
-    tokenizer: Tokenizer,
-    drafter: Mapping[str, Any],
-    state: Mapping[str, Tensor],
-    embedding: Tensor,
-    directory: Path,
-    dtype: torch.dtype | None = None,
-) -> Path:
+def write_eagle3(target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str, Any],
+                 state: Mapping[str, Tensor], embedding: Tensor, directory: Path,
+                 dtype: torch.dtype | None = None) -> Path:
     """Write an EAGLE-3 directory (module docstring) of the drafter whose config fields
     (`EagleConfig.to_dict()`) and state (mtp's names, `d2t` target ids) are given, for the
     model of `target` whose token embedding is `embedding`; in `dtype` (None: the state's)."""
@@ -110,46 +99,32 @@ def write_eagle3(
     tensors["t2d"] = torch.zeros(target.vocab_size, dtype=torch.bool).index_fill(0, d2t, True)
     tensors[EMBEDDING] = embedding.detach().to("cpu", dtype)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {k: v.contiguous() for k, v in tensors.items()},
-        str(directory / hf.WEIGHTS_FILE),
-        metadata={"format": "pt"},
-    )
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / hf.WEIGHTS_FILE),
+              metadata={"format": "pt"})
     write_json(directory / hf.CONFIG_FILE, eagle3_config(target, tokenizer, drafter, dtype))
     return directory
 
 
-def eagle3_config(
-    target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str, Any], dtype: torch.dtype
-) -> dict[str, Any]:
+def eagle3_config(target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str, Any],
+                  dtype: torch.dtype) -> dict[str, Any]:
     """config.json: the target's Llama config, narrowed to the drafter's one layer."""
     values = hf._llama_config(target, tokenizer, dtype)  # rotary settings, token ids
     layers = list(drafter["layers"])
     values.update(
-        architectures=[ARCHITECTURE],
-        model_type="llama",
-        num_hidden_layers=1,
-        hidden_size=drafter["target_dim"],
-        target_hidden_size=drafter["target_dim"],
-        intermediate_size=drafter["ffn_hidden"],
-        num_attention_heads=drafter["n_heads"],
-        num_key_value_heads=drafter["n_kv_heads"],
-        head_dim=drafter["head_dim"],
-        rms_norm_eps=drafter["norm_eps"],
-        vocab_size=drafter["target_vocab_size"],
-        draft_vocab_size=drafter["draft_vocab_size"],
-        tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
+        architectures=[ARCHITECTURE], model_type="llama", num_hidden_layers=1,
+        hidden_size=drafter["target_dim"], target_hidden_size=drafter["target_dim"],
+        intermediate_size=drafter["ffn_hidden"], num_attention_heads=drafter["n_heads"],
+        num_key_value_heads=drafter["n_kv_heads"], head_dim=drafter["head_dim"],
+        rms_norm_eps=drafter["norm_eps"], vocab_size=drafter["target_vocab_size"],
+        draft_vocab_size=drafter["draft_vocab_size"], tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False,
         eagle_config={"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True},
-        eagle_aux_hidden_state_layer_ids=[layer + 1 for layer in layers],
-    )
+        eagle_aux_hidden_state_layer_ids=[layer + 1 for layer in layers])
     return values
 
 
-def read_eagle3(
-    directory: Path, target: MTPConfig, embedding: Tensor, default_layers: Sequence[int]
-) -> tuple[dict[str, Any], dict[str, Tensor]]:
+def read_eagle3(directory: Path, target: MTPConfig, embedding: Tensor,
+                default_layers: Sequence[int]) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """An EAGLE-3 directory (vLLM's and SGLang's layout) read as a drafter for the model of
     `target`, whose token embedding is `embedding`: the drafter's config fields and state
     (mtp's names, `d2t` the target ids), for `Eagle.from_state`. `default_layers`: the trunk
@@ -159,36 +134,26 @@ def read_eagle3(
     values = read_json_object(path)
     architectures = field(values, path, "architectures", "list", [])
     if not any("Eagle3" in str(name) for name in architectures):
-        raise ValueError(
-            f"{path}: architectures {architectures} is not an EAGLE-3 drafter's "
-            f"(e.g. {ARCHITECTURE})"
-        )
+        raise ValueError(f"{path}: architectures {architectures} is not an EAGLE-3 drafter's "
+                         f"(e.g. {ARCHITECTURE})")
     if field(values, path, "num_hidden_layers", "int") != 1:
-        raise ValueError(
-            f"{path}: num_hidden_layers={values['num_hidden_layers']}: mtp's EAGLE "
-            f"drafter has one layer"
-        )
+        raise ValueError(f"{path}: num_hidden_layers={values['num_hidden_layers']}: mtp's EAGLE "
+                         f"drafter has one layer")
     width = field(values, path, "hidden_size", "int")
     vocab = field(values, path, "vocab_size", "int")
     heads = field(values, path, "num_attention_heads", "int")
     if field(values, path, "target_hidden_size", "int", width) != width:
-        raise ValueError(
-            f"{path}: hidden_size={width} differs from target_hidden_size="
-            f"{values['target_hidden_size']}: mtp's drafter is as wide as its "
-            f"target"
-        )
-    drafter = {
-        "target_dim": width,
-        "target_vocab_size": vocab,
-        "target_layers": target.n_layers,
-        "layers": _layers(values, path, default_layers),
-        "draft_vocab_size": field(values, path, "draft_vocab_size", "int", vocab),
-        "n_heads": heads,
-        "n_kv_heads": field(values, path, "num_key_value_heads", "int", heads),
-        "head_dim": field(values, path, "head_dim", "int", width // heads),
-        "ffn_hidden": field(values, path, "intermediate_size", "int"),
-        "norm_eps": field(values, path, "rms_norm_eps", "number"),
-    }
+        raise ValueError(f"{path}: hidden_size={width} differs from target_hidden_size="
+                         f"{values['target_hidden_size']}: mtp's drafter is as wide as its "
+                         f"target")
+    drafter = {"target_dim": width, "target_vocab_size": vocab,
+               "target_layers": target.n_layers, "layers": _layers(values, path, default_layers),
+               "draft_vocab_size": field(values, path, "draft_vocab_size", "int", vocab),
+               "n_heads": heads, "n_kv_heads": field(values, path, "num_key_value_heads", "int",
+                                                     heads),
+               "head_dim": field(values, path, "head_dim", "int", width // heads),
+               "ffn_hidden": field(values, path, "intermediate_size", "int"),
+               "norm_eps": field(values, path, "rms_norm_eps", "number")}
     weights = directory / hf.WEIGHTS_FILE
     tensors = load_safetensors(weights)
     rotary, state = _rotary(drafter), {}
@@ -196,21 +161,16 @@ def read_eagle3(
         if theirs not in tensors:
             raise ValueError(f"{weights} has no {theirs}")
         tensor = tensors[theirs]
-        state[ours] = (
-            hf.rotate_half_to_interleaved(tensor, rotary[ours]) if ours in rotary else tensor
-        )
+        state[ours] = hf.rotate_half_to_interleaved(tensor, rotary[ours]) if ours in rotary \
+            else tensor
     offsets = tensors.get("d2t")
-    state["d2t"] = torch.arange(drafter["draft_vocab_size"]) + (
-        0 if offsets is None else offsets.long()
-    )
+    state["d2t"] = torch.arange(drafter["draft_vocab_size"]) + (0 if offsets is None
+                                                                 else offsets.long())
     own = tensors.get(EMBEDDING)
-    if own is not None and (
-        own.shape != embedding.shape or not torch.equal(own.to(embedding), embedding.detach())
-    ):
-        raise ValueError(
-            f"{weights}: {EMBEDDING} differs from the target's token embedding, "
-            f"which mtp's drafter reads"
-        )
+    if own is not None and (own.shape != embedding.shape
+                            or not torch.equal(own.to(embedding), embedding.detach())):
+        raise ValueError(f"{weights}: {EMBEDDING} differs from the target's token embedding, "
+                         f"which mtp's drafter reads")
     return drafter, state
 
 

@@ -32,9 +32,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"corrupt {path}: {e}") from e
     if not isinstance(value, dict):
-        raise ValueError(
-            f"{path} must hold a JSON object, got {type(value).__name__} {value!r:.80}"
-        )
+        raise ValueError(f"{path} must hold a JSON object, got {type(value).__name__} "
+                         f"{value!r:.80}")
     return value
 
 
@@ -50,14 +49,8 @@ def peek_json_object(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def field(
-    values: dict[str, Any],
-    path: Path,
-    name: str,
-    kind: str,
-    default: Any = _REQUIRED,
-    choices: tuple | None = None,
-) -> Any:
+def field(values: dict[str, Any], path: Path, name: str, kind: str,
+          default: Any = _REQUIRED, choices: tuple | None = None) -> Any:
     """values[name], checked to be of `kind` (see _KINDS) and one of `choices` if given;
     `default` when absent or null."""
     value = values.get(name)
@@ -95,16 +88,16 @@ def load_torch(path: Path, what: str, **options: Any) -> Any:
         raise ValueError(f"cannot read {path} as {what}: {e}") from e
 
 
-def check_keys(
-    found: Iterable[str], expected: Iterable[str], what: str, allowed: Iterable[str] = ()
-) -> None:
+def check_keys(found: Iterable[str], expected: Iterable[str], what: str,
+               allowed: Iterable[str] = ()) -> None:
     """A ValueError `what: unexpected keys [...], missing keys [...]` unless `found` is
     `expected` (give or take keys `allowed`)."""
     found, expected = set(found), set(expected)
     unknown, missing = sorted(found - expected - set(allowed)), sorted(expected - found)
     if unknown or missing:
         more = " (more left out)" if max(len(unknown), len(missing)) > 8 else ""
-        raise ValueError(f"{what}: unexpected keys {unknown[:8]}, missing keys {missing[:8]}{more}")
+        raise ValueError(f"{what}: unexpected keys {unknown[:8]}, missing keys {missing[:8]}"
+                         f"{more}")
 
 
 def require(module: str, purpose: str, package: str | None = None) -> ModuleType:
@@ -113,7 +106,5 @@ def require(module: str, purpose: str, package: str | None = None) -> ModuleType
         return importlib.import_module(module)
     except ImportError as e:
         package = package or module
-        raise ImportError(
-            f"{purpose} needs the {package!r} package, which is not installed: "
-            f"pip install {package} (or pip install 'mtp[hf]')"
-        ) from e
+        raise ImportError(f"{purpose} needs the {package!r} package, which is not installed: "
+                          f"pip install {package} (or pip install 'mtp[hf]')") from e

@@ -43,58 +43,24 @@ ARCHITECTURE = "llama"
 # llama.* metadata mtp maps (the rest of its meaning is fixed by the architecture); any other
 # llama.* key is refused, since it could change what the model computes.
 KNOWN_FIELDS = {
-    "block_count",
-    "context_length",
-    "embedding_length",
-    "feed_forward_length",
-    "vocab_size",
-    "attention.head_count",
-    "attention.head_count_kv",
-    "attention.key_length",
-    "attention.value_length",
-    "attention.layer_norm_rms_epsilon",
-    "rope.dimension_count",
-    "rope.freq_base",
-    "rope.scaling.type",
-    "rope.scaling.factor",
-    "rope.scale_linear",
-    "rope.scaling.original_context_length",
-    "rope.scaling.finetuned",
-    "expert_count",
+    "block_count", "context_length", "embedding_length", "feed_forward_length", "vocab_size",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length",
+    "attention.value_length", "attention.layer_norm_rms_epsilon", "rope.dimension_count",
+    "rope.freq_base", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
+    "rope.scaling.original_context_length", "rope.scaling.finetuned", "expert_count",
     "expert_used_count",
 }
 # GGUF tensor sub-names of a block -> mtp's; biases are looked up with the same stems.
-BLOCK_TENSORS = {
-    "attn_q": "attention.wq",
-    "attn_k": "attention.wk",
-    "attn_v": "attention.wv",
-    "attn_output": "attention.wo",
-    "ffn_gate": "feed_forward.w1",
-    "ffn_up": "feed_forward.w3",
-    "ffn_down": "feed_forward.w2",
-    "attn_norm": "attention_norm",
-    "ffn_norm": "ffn_norm",
-}
-TOP_TENSORS = {
-    "token_embd.weight": "tok_embeddings.weight",
-    "output_norm.weight": "norm.weight",
-    "output.weight": "output.weight",
-}
+BLOCK_TENSORS = {"attn_q": "attention.wq", "attn_k": "attention.wk", "attn_v": "attention.wv",
+                 "attn_output": "attention.wo", "ffn_gate": "feed_forward.w1",
+                 "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+                 "attn_norm": "attention_norm", "ffn_norm": "ffn_norm"}
+TOP_TENSORS = {"token_embd.weight": "tok_embeddings.weight", "output_norm.weight": "norm.weight",
+               "output.weight": "output.weight"}
 ROPE_FREQS = "rope_freqs.weight"
 # Scalar metadata value types (gguf.GGUFValueType): struct format; 8 is a string, 9 an array.
-_SCALARS = {
-    0: "<B",
-    1: "<b",
-    2: "<H",
-    3: "<h",
-    4: "<I",
-    5: "<i",
-    6: "<f",
-    7: "<?",
-    10: "<Q",
-    11: "<q",
-    12: "<d",
-}
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+            11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 
 
@@ -117,10 +83,8 @@ def is_gguf(path: Path) -> bool:
         return f.read(4) == MAGIC
 
 
-def read_gguf(
-    path: Path,
-    dtype: torch.dtype | None = None,
-) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
+def read_gguf(path: Path, dtype: torch.dtype | None = None,
+              ) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     """Config, weights (mtp names, dequantized to `dtype`, default float32) and tokenizer."""
     gguf = require("gguf", f"reading the GGUF file {path}", package="gguf")
     with open(path, "rb") as f:
@@ -131,33 +95,23 @@ def read_gguf(
     metadata, tensors = read_header(blob, path, gguf)
     architecture = metadata.get("general.architecture")
     if architecture != ARCHITECTURE:
-        raise ValueError(
-            f"{path}: general.architecture is {architecture!r}; mtp reads GGUF "
-            f"files of the {ARCHITECTURE!r} architecture only"
-        )
+        raise ValueError(f"{path}: general.architecture is {architecture!r}; mtp reads GGUF "
+                         f"files of the {ARCHITECTURE!r} architecture only")
     tokenizer = gguf_tokenizer(metadata, path)
-    rope_freqs = next(
-        (_dequantize(blob, t, torch.float32, gguf, path) for t in tensors if t.name == ROPE_FREQS),
-        None,
-    )
+    rope_freqs = next((_dequantize(blob, t, torch.float32, gguf, path)
+                       for t in tensors if t.name == ROPE_FREQS), None)
     config = gguf_config(metadata, tensors, path, rope_freqs)
     names = _tensor_names(config)
-    check_keys(
-        (t.name for t in tensors),
-        names,
-        f"{path}: tensors do not fit its llama.* metadata",
-        allowed=[ROPE_FREQS],
-    )
+    check_keys((t.name for t in tensors), names, f"{path}: tensors do not fit its llama.* "
+               f"metadata", allowed=[ROPE_FREQS])
     dtype = dtype or torch.float32
-    state = {
-        names[t.name]: _dequantize(blob, t, dtype, gguf, path)
-        for t in tensors
-        if t.name != ROPE_FREQS
-    }
+    state = {names[t.name]: _dequantize(blob, t, dtype, gguf, path)
+             for t in tensors if t.name != ROPE_FREQS}
     return config, state, tokenizer
 
 
-def read_header(blob: mmap.mmap, path: Path, gguf: Any) -> tuple[dict[str, Any], list[TensorInfo]]:
+def read_header(blob: mmap.mmap, path: Path, gguf: Any) -> tuple[dict[str, Any],
+                                                                 list[TensorInfo]]:
     """The metadata and tensor table; a ValueError naming the file for anything malformed,
     truncated, or of a tensor type the `gguf` package does not know."""
     if blob[:4] != MAGIC:
@@ -184,23 +138,16 @@ def read_header(blob: mmap.mmap, path: Path, gguf: Any) -> tuple[dict[str, Any],
             qtype = gguf.GGMLQuantizationType(ggml_type)
             block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
         except (ValueError, KeyError):
-            raise ValueError(
-                f"{path}: tensor {name!r} has ggml type {ggml_type}, which the gguf "
-                f"package (version {package_version('gguf')}) does not know"
-            ) from None
+            raise ValueError(f"{path}: tensor {name!r} has ggml type {ggml_type}, which the gguf "
+                             f"package (version {package_version('gguf')}) does not know") from None
         if shape[-1] % block:
-            raise ValueError(
-                f"{path}: tensor {name!r} of type {qtype.name} has rows of "
-                f"{shape[-1]} values, not a multiple of its blocks of {block}"
-            )
-        info = TensorInfo(
-            name, shape, ggml_type, data_start + offset, math.prod(shape) // block * block_bytes
-        )
+            raise ValueError(f"{path}: tensor {name!r} of type {qtype.name} has rows of "
+                             f"{shape[-1]} values, not a multiple of its blocks of {block}")
+        info = TensorInfo(name, shape, ggml_type, data_start + offset,
+                          math.prod(shape) // block * block_bytes)
         if info.start + info.nbytes > len(blob):
-            raise ValueError(
-                f"{path} is truncated: tensor {name!r} ends at byte "
-                f"{info.start + info.nbytes}, the file has {len(blob)} bytes"
-            )
+            raise ValueError(f"{path} is truncated: tensor {name!r} ends at byte "
+                             f"{info.start + info.nbytes}, the file has {len(blob)} bytes")
         tensors.append(info)
     return metadata, tensors
 
@@ -215,9 +162,8 @@ class _Reader:
         try:
             values = struct.unpack_from(fmt, self.blob, self.pos)
         except struct.error:
-            raise ValueError(
-                f"{self.path} is truncated: its header ends at byte {len(self.blob)}"
-            ) from None
+            raise ValueError(f"{self.path} is truncated: its header ends at byte "
+                             f"{len(self.blob)}") from None
         self.pos += struct.calcsize(fmt)
         return values
 
@@ -239,25 +185,20 @@ class _Reader:
                 fmt = _SCALARS[item]
                 return list(self.unpack(f"<{count}{fmt[1]}"))
             return [self.value(item, key) for _ in range(count)]
-        raise ValueError(
-            f"{self.path}: metadata {key!r} has value type {kind}, which is not a GGUF type"
-        )
+        raise ValueError(f"{self.path}: metadata {key!r} has value type {kind}, which is not "
+                         f"a GGUF type")
 
 
-def gguf_config(
-    metadata: dict[str, Any],
-    tensors: list[TensorInfo],
-    path: Path,
-    rope_freqs: Tensor | None = None,
-) -> MTPConfig:
+def gguf_config(metadata: dict[str, Any], tensors: list[TensorInfo], path: Path,
+                rope_freqs: Tensor | None = None) -> MTPConfig:
     """The MTPConfig of a llama GGUF (one head: the last block is head 0); `rope_freqs` is
     the file's rope_freqs tensor if it has one."""
     prefix = f"{ARCHITECTURE}."
-    unknown = sorted(
-        k for k in metadata if k.startswith(prefix) and k[len(prefix) :] not in KNOWN_FIELDS
-    )
+    unknown = sorted(k for k in metadata if k.startswith(prefix)
+                     and k[len(prefix):] not in KNOWN_FIELDS)
     if unknown:
-        raise ValueError(f"{path}: metadata {unknown[:4]} is not something mtp's Llama implements")
+        raise ValueError(f"{path}: metadata {unknown[:4]} is not something mtp's Llama "
+                         f"implements")
 
     def get(key: str, kind: type, default: Any = None) -> Any:
         value = metadata.get(prefix + key, default)
@@ -266,17 +207,13 @@ def gguf_config(
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
-            raise ValueError(
-                f"{path}: metadata {prefix + key} must be a single "
-                f"{kind.__name__}, got {value!r:.80}"
-            )
+            raise ValueError(f"{path}: metadata {prefix + key} must be a single "
+                             f"{kind.__name__}, got {value!r:.80}")
         return value
 
     if get("expert_count", int, 0):
-        raise ValueError(
-            f"{path}: metadata {prefix}expert_count is "
-            f"{get('expert_count', int)}: mtp implements no mixture of experts"
-        )
+        raise ValueError(f"{path}: metadata {prefix}expert_count is "
+                         f"{get('expert_count', int)}: mtp implements no mixture of experts")
     shapes = {t.name: t.shape for t in tensors}
     if "token_embd.weight" not in shapes:
         raise ValueError(f"{path}: no tensor token_embd.weight")
@@ -287,44 +224,33 @@ def gguf_config(
     rotary = get("rope.dimension_count", int, head_dim)
     for key, value in (("attention.value_length", value_dim), ("rope.dimension_count", rotary)):
         if value != head_dim:
-            raise ValueError(
-                f"{path}: metadata {prefix}{key}={value} differs from the head "
-                f"width {head_dim}; mtp rotates and attends over whole heads"
-            )
+            raise ValueError(f"{path}: metadata {prefix}{key}={value} differs from the head "
+                             f"width {head_dim}; mtp rotates and attends over whole heads")
     fields = dict(
-        vocab_size=shapes["token_embd.weight"][0],
-        dim=dim,
-        n_layers=get("block_count", int) - 1,
-        n_heads=n_heads,
-        n_kv_heads=get("attention.head_count_kv", int, n_heads),
-        head_dim=head_dim,
-        ffn_hidden=get("feed_forward_length", int),
-        max_seq_len=get("context_length", int),
+        vocab_size=shapes["token_embd.weight"][0], dim=dim,
+        n_layers=get("block_count", int) - 1, n_heads=n_heads,
+        n_kv_heads=get("attention.head_count_kv", int, n_heads), head_dim=head_dim,
+        ffn_hidden=get("feed_forward_length", int), max_seq_len=get("context_length", int),
         rope_theta=get("rope.freq_base", float, 10000.0),
         rope_scaling=_rope_scaling(get, rope_freqs, head_dim, path),
         norm_eps=get("attention.layer_norm_rms_epsilon", float),
-        qkv_bias="blk.0.attn_q.bias" in shapes,
-        out_bias="blk.0.attn_output.bias" in shapes,
+        qkv_bias="blk.0.attn_q.bias" in shapes, out_bias="blk.0.attn_output.bias" in shapes,
         mlp_bias="blk.0.ffn_down.bias" in shapes,
-        tie_embeddings="output.weight" not in shapes,
-    )
+        tie_embeddings="output.weight" not in shapes)
     vocab = get("vocab_size", int, fields["vocab_size"])
     tokens = len(metadata.get("tokenizer.ggml.tokens", ()))
     if not vocab == fields["vocab_size"] == tokens:
-        raise ValueError(
-            f"{path}: the vocabulary sizes disagree: token_embd.weight has "
-            f"{fields['vocab_size']} rows, {prefix}vocab_size is {vocab}, "
-            f"tokenizer.ggml.tokens has {tokens} tokens"
-        )
+        raise ValueError(f"{path}: the vocabulary sizes disagree: token_embd.weight has "
+                         f"{fields['vocab_size']} rows, {prefix}vocab_size is {vocab}, "
+                         f"tokenizer.ggml.tokens has {tokens} tokens")
     try:
         return MTPConfig(**fields)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
 
 
-def _rope_scaling(
-    get: Any, rope_freqs: Tensor | None, head_dim: int, path: Path
-) -> RopeScaling | None:
+def _rope_scaling(get: Any, rope_freqs: Tensor | None, head_dim: int,
+                  path: Path) -> RopeScaling | None:
     kind = get("rope.scaling.type", str, "none")
     factor = get("rope.scaling.factor", float, 0.0) or get("rope.scale_linear", float, 0.0)
     if rope_freqs is not None:
@@ -334,10 +260,8 @@ def _rope_scaling(
     if kind == "linear" or (kind == "none" and factor not in (0.0, 1.0)):
         return RopeScaling(type="linear", factor=factor)
     if kind != "none":
-        raise ValueError(
-            f"{path}: metadata llama.rope.scaling.type is {kind!r}; mtp implements "
-            f"'linear' and Llama 3's (the {ROPE_FREQS} tensor)"
-        )
+        raise ValueError(f"{path}: metadata llama.rope.scaling.type is {kind!r}; mtp implements "
+                         f"'linear' and Llama 3's (the {ROPE_FREQS} tensor)")
     return None
 
 
@@ -352,10 +276,8 @@ def llama3_scaling(divisors: Tensor, theta: float, head_dim: int, path: Path) ->
     base = 1.0 / theta ** (torch.arange(0, head_dim, 2).double() / head_dim)
     divisors = divisors.double()
     if divisors.shape != base.shape:
-        raise ValueError(
-            f"{path}: {ROPE_FREQS} has {divisors.numel()} values for heads of "
-            f"width {head_dim} ({base.numel()} frequencies)"
-        )
+        raise ValueError(f"{path}: {ROPE_FREQS} has {divisors.numel()} values for heads of "
+                         f"width {head_dim} ({base.numel()} frequencies)")
     factor = float(divisors.max())
     middle = (divisors > 1 + 1e-6) & (divisors < factor - 1e-6)
     if int(middle.sum()) >= 2:
@@ -366,28 +288,21 @@ def llama3_scaling(divisors: Tensor, theta: float, head_dim: int, path: Path) ->
             # high - low, with low = 1; rounded, as float32 divisors blur it (the check
             # below holds the rounding to account).
             scale = round(float(-1 / intercept), 3)
-            scaling = RopeScaling(
-                type="llama3",
-                factor=factor,
-                low_freq_factor=1.0,
-                high_freq_factor=1.0 + scale,
-                original_max_seq_len=round(float(slope * scale)),
-            )
+            scaling = RopeScaling(type="llama3", factor=factor, low_freq_factor=1.0,
+                                  high_freq_factor=1.0 + scale,
+                                  original_max_seq_len=round(float(slope * scale)))
             scaled = scaling.frequencies(base.float()).double()
             if torch.allclose(base / scaled, divisors, rtol=1e-4, atol=0):
                 return scaling
-    raise ValueError(
-        f"{path}: {ROPE_FREQS} is not Llama 3.1's rope scaling (1 at short "
-        f"wavelengths, a factor at long ones, a smooth step between): "
-        f"{[round(v, 4) for v in divisors.tolist()[:8]]}..."
-    )
+    raise ValueError(f"{path}: {ROPE_FREQS} is not Llama 3.1's rope scaling (1 at short "
+                     f"wavelengths, a factor at long ones, a smooth step between): "
+                     f"{[round(v, 4) for v in divisors.tolist()[:8]]}...")
 
 
 def _tensor_names(config: MTPConfig) -> dict[str, str]:
     """Every GGUF tensor name the config implies -> its mtp name."""
-    names = {
-        k: v for k, v in TOP_TENSORS.items() if k != "output.weight" or not config.tie_embeddings
-    }
+    names = {k: v for k, v in TOP_TENSORS.items()
+             if k != "output.weight" or not config.tie_embeddings}
     params = block_keys(config)  # biases included where the config has them
     for layer in range(config.n_layers + 1):  # the last block is head 0
         ours = f"layers.{layer}" if layer < config.n_layers else "heads.0.0"
@@ -398,9 +313,8 @@ def _tensor_names(config: MTPConfig) -> dict[str, str]:
     return names
 
 
-def _dequantize(
-    blob: mmap.mmap, info: TensorInfo, dtype: torch.dtype, gguf: Any, path: Path
-) -> Tensor:
+def _dequantize(blob: mmap.mmap, info: TensorInfo, dtype: torch.dtype, gguf: Any,
+                path: Path) -> Tensor:
     """One tensor, dequantized and cast to `dtype` (no float32 detour for F16/BF16)."""
     qtype = gguf.GGMLQuantizationType(info.ggml_type)
     raw = np.frombuffer(blob, dtype=np.uint8, count=info.nbytes, offset=info.start)
@@ -411,8 +325,6 @@ def _dequantize(
     try:
         values = gguf.quants.dequantize(raw.reshape(*info.shape[:-1], -1), qtype)
     except NotImplementedError:
-        raise ValueError(
-            f"{path}: tensor {info.name!r} is {qtype.name}, which the gguf "
-            f"package (version {package_version('gguf')}) cannot dequantize"
-        ) from None
+        raise ValueError(f"{path}: tensor {info.name!r} is {qtype.name}, which the gguf "
+                         f"package (version {package_version('gguf')}) cannot dequantize") from None
     return torch.from_numpy(values).view(info.shape).to(dtype)

@@ -22,14 +22,8 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from mtp.interop.fields import (
-    check_keys,
-    field,
-    load_safetensors,
-    peek_json_object,
-    read_json_object,
-    write_json,
-)
+from mtp.interop.fields import (check_keys, field, load_safetensors, peek_json_object,
+                                read_json_object, write_json)
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
 from mtp.model import HEAD_TYPES, MTPConfig, SequentialHead
 from mtp.rope import RopeScaling
@@ -63,23 +57,17 @@ BLOCK_KEYS = {
 }
 # Biases, present when the MTPConfig field that keys them is true.
 BIAS_KEYS = {
-    "qkv_bias": {
-        "attention.wq.bias": "self_attn.q_proj.bias",
-        "attention.wk.bias": "self_attn.k_proj.bias",
-        "attention.wv.bias": "self_attn.v_proj.bias",
-    },
+    "qkv_bias": {"attention.wq.bias": "self_attn.q_proj.bias",
+                 "attention.wk.bias": "self_attn.k_proj.bias",
+                 "attention.wv.bias": "self_attn.v_proj.bias"},
     "out_bias": {"attention.wo.bias": "self_attn.o_proj.bias"},
-    "mlp_bias": {
-        "feed_forward.w1.bias": "mlp.gate_proj.bias",
-        "feed_forward.w3.bias": "mlp.up_proj.bias",
-        "feed_forward.w2.bias": "mlp.down_proj.bias",
-    },
+    "mlp_bias": {"feed_forward.w1.bias": "mlp.gate_proj.bias",
+                 "feed_forward.w3.bias": "mlp.up_proj.bias",
+                 "feed_forward.w2.bias": "mlp.down_proj.bias"},
 }
 # The architectures read, by model_type.
-ARCHITECTURES = {
-    "llama": ("LlamaForCausalLM", "LlamaModel"),
-    "qwen2": ("Qwen2ForCausalLM", "Qwen2Model"),
-}
+ARCHITECTURES = {"llama": ("LlamaForCausalLM", "LlamaModel"),
+                 "qwen2": ("Qwen2ForCausalLM", "Qwen2Model")}
 ROPE_TYPES = ("default", "linear", "llama3")
 _EMBEDDINGS, _OUTPUT = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -117,10 +105,8 @@ def block_keys(config: MTPConfig) -> dict[str, str]:
 def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
     """Every mtp parameter name -> (its transformers/heads-file name, rotary heads: n_heads or
     n_kv_heads for query and key projections, else None); a tied output weight is left out."""
-    names: dict[str, tuple[str, int | None]] = {
-        "tok_embeddings.weight": (_EMBEDDINGS, None),
-        "norm.weight": ("model.norm.weight", None),
-    }
+    names: dict[str, tuple[str, int | None]] = {"tok_embeddings.weight": (_EMBEDDINGS, None),
+                                                "norm.weight": ("model.norm.weight", None)}
     if not config.tie_embeddings:
         names["output.weight"] = (_OUTPUT, None)
     rotary = {"attention.wq": config.n_heads, "attention.wk": config.n_kv_heads}
@@ -142,9 +128,8 @@ def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
     return names
 
 
-def write_hf(
-    config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer, directory: Path
-) -> None:
+def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
+             directory: Path) -> None:
     """Write a `LlamaForCausalLM` directory (and the heads file when n_future > 1)."""
     dtype = state["tok_embeddings.weight"].dtype
     hf_config = _llama_config(config, tokenizer, dtype)  # refuses what transformers lacks
@@ -159,32 +144,20 @@ def write_hf(
         (directory / stale).unlink(missing_ok=True)
     if config.n_future > 1:
         save_file(heads_state, str(directory / HEADS_FILE), metadata={"format": "pt"})
-        write_json(
-            directory / HEADS_LAYOUT_FILE,
-            {
-                "format": HEADS_FORMAT,
-                "format_version": HEADS_FORMAT_VERSION,
-                "layout": config.head_type,
-                "n_future": config.n_future,
-                "head_layers": config.head_layers,
-                "weights": HEADS_FILE,
-            },
-        )
+        write_json(directory / HEADS_LAYOUT_FILE, {
+            "format": HEADS_FORMAT, "format_version": HEADS_FORMAT_VERSION,
+            "layout": config.head_type,
+            "n_future": config.n_future, "head_layers": config.head_layers,
+            "weights": HEADS_FILE})
 
 
-def write_configs(
-    directory: Path, values: dict[str, Any], tokenizer: Tokenizer, max_seq_len: int
-) -> None:
+def write_configs(directory: Path, values: dict[str, Any], tokenizer: Tokenizer,
+                  max_seq_len: int) -> None:
     """config.json (`values`), generation_config.json and the tokenizer's files."""
     write_json(directory / CONFIG_FILE, values)
-    write_json(
-        directory / "generation_config.json",
-        {
-            "bos_token_id": tokenizer.bos_id,
-            "eos_token_id": tokenizer.eos_id,
-            "pad_token_id": tokenizer.pad_id,
-        },
-    )
+    write_json(directory / "generation_config.json", {
+        "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+        "pad_token_id": tokenizer.pad_id})
     write_hf_tokenizer(tokenizer, directory, model_max_length=max_seq_len)
 
 
@@ -197,49 +170,35 @@ def _llama_config(config: MTPConfig, tokenizer: Tokenizer, dtype: torch.dtype) -
         model_type, architecture = "llama", "LlamaForCausalLM"
         variant = {"attention_bias": config.qkv_bias, "mlp_bias": config.mlp_bias}
     else:
-        raise ValueError(
-            f"no transformers Llama or Qwen2 has MTPConfig.qkv_bias="
-            f"{config.qkv_bias}, out_bias={config.out_bias}, mlp_bias="
-            f"{config.mlp_bias}: Llama biases all four attention projections or "
-            f"none, Qwen2 only q/k/v and no MLP"
-        )
+        raise ValueError(f"no transformers Llama or Qwen2 has MTPConfig.qkv_bias="
+                         f"{config.qkv_bias}, out_bias={config.out_bias}, mlp_bias="
+                         f"{config.mlp_bias}: Llama biases all four attention projections or "
+                         f"none, Qwen2 only q/k/v and no MLP")
     rope: dict[str, Any] = {"rope_type": "default"}
     if config.rope_scaling is not None:
         scaling = config.rope_scaling
         rope = {"rope_type": scaling.type, "factor": scaling.factor}
         if scaling.type == "llama3":
-            rope.update(
-                low_freq_factor=scaling.low_freq_factor,
-                high_freq_factor=scaling.high_freq_factor,
-                original_max_position_embeddings=scaling.original_max_seq_len,
-            )
+            rope.update(low_freq_factor=scaling.low_freq_factor,
+                        high_freq_factor=scaling.high_freq_factor,
+                        original_max_position_embeddings=scaling.original_max_seq_len)
     return {
-        "architectures": [architecture],
-        "model_type": model_type,
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.dim,
+        "architectures": [architecture], "model_type": model_type,
+        "vocab_size": config.vocab_size, "hidden_size": config.dim,
         "intermediate_size": config.ffn_hidden,
         "num_hidden_layers": config.n_layers + config.head_layers,  # trunk + head 0
-        "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.n_kv_heads,
-        "head_dim": config.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": config.max_seq_len,
-        "rms_norm_eps": config.norm_eps,
+        "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
         # transformers >= 5 reads rope_parameters; older versions, vLLM and llama.cpp's
         # converter read rope_theta and rope_scaling.
         "rope_theta": config.rope_theta,
         "rope_parameters": {**rope, "rope_theta": config.rope_theta},
         **({"rope_scaling": rope} if config.rope_scaling is not None else {}),
-        "tie_word_embeddings": config.tie_embeddings,
-        **variant,
-        "initializer_range": config.init_std,
-        "bos_token_id": tokenizer.bos_id,
-        "eos_token_id": tokenizer.eos_id,
-        "pad_token_id": tokenizer.pad_id,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-        "use_cache": True,
-    }
+        "tie_word_embeddings": config.tie_embeddings, **variant,
+        "initializer_range": config.init_std, "bos_token_id": tokenizer.bos_id,
+        "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id,
+        "torch_dtype": str(dtype).removeprefix("torch."), "use_cache": True}
 
 
 def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
@@ -251,21 +210,16 @@ def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
         theirs.update(load_safetensors(directory / HEADS_FILE))
     drop_tied_output(config, theirs, directory)
     names = key_map(config)
-    check_keys(
-        theirs,
-        (name for name, _ in names.values()),
-        f"weights in {directory} do not fit its config.json (and {HEADS_LAYOUT_FILE})",
-    )
+    check_keys(theirs, (name for name, _ in names.values()),
+               f"weights in {directory} do not fit its config.json (and {HEADS_LAYOUT_FILE})")
     state = {}
     for ours, (name, n_rotary) in names.items():
         tensor = theirs.pop(name)  # drop our reference as we go: one copy in memory
         if n_rotary is not None:
-            expected = (n_rotary * config.head_dim, config.dim)[: tensor.ndim]
+            expected = (n_rotary * config.head_dim, config.dim)[:tensor.ndim]
             if tuple(tensor.shape) != expected:
-                raise ValueError(
-                    f"{directory}: {name} has shape {tuple(tensor.shape)}, the "
-                    f"config says {expected}"
-                )
+                raise ValueError(f"{directory}: {name} has shape {tuple(tensor.shape)}, the "
+                                 f"config says {expected}")
             tensor = rotate_half_to_interleaved(tensor, n_rotary)
         state[ours] = tensor
     return config, state, read_hf_tokenizer(directory)
@@ -275,9 +229,8 @@ def drop_tied_output(config: MTPConfig, tensors: dict[str, Tensor], directory: P
     """Drop the output weight some tied checkpoints store anyway, which must be the embedding."""
     if config.tie_embeddings and _OUTPUT in tensors:
         if not torch.equal(tensors.pop(_OUTPUT), tensors.get(_EMBEDDINGS, torch.empty(0))):
-            raise ValueError(
-                f"{directory}: tie_word_embeddings is true but {_OUTPUT} differs from {_EMBEDDINGS}"
-            )
+            raise ValueError(f"{directory}: tie_word_embeddings is true but {_OUTPUT} differs "
+                             f"from {_EMBEDDINGS}")
 
 
 def _read_heads_layout(directory: Path) -> tuple[int, int, str]:
@@ -289,117 +242,86 @@ def _read_heads_layout(directory: Path) -> tuple[int, int, str]:
     field(layout, path, "format", "str", choices=(HEADS_FORMAT,))
     field(layout, path, "format_version", "int", choices=(HEADS_FORMAT_VERSION,))
     field(layout, path, "weights", "str", HEADS_FILE, choices=(HEADS_FILE,))
-    return (
-        field(layout, path, "n_future", "int"),
-        field(layout, path, "head_layers", "int"),
-        field(layout, path, "layout", "str", choices=HEADS_LAYOUTS),
-    )
+    return (field(layout, path, "n_future", "int"), field(layout, path, "head_layers", "int"),
+            field(layout, path, "layout", "str", choices=HEADS_LAYOUTS))
 
 
-def _mtp_config(
-    path: Path,
-    n_future: int,
-    head_layers: int,
-    head_type: str,
-    values: dict[str, Any] | None = None,
-) -> MTPConfig:
+def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
+                values: dict[str, Any] | None = None) -> MTPConfig:
     """An MTPConfig from a transformers Llama or Qwen2 config.json (or its `values`, read
     from `path` already); other variants refused."""
     values = read_json_object(path) if values is None else values
     model_type = field(values, path, "model_type", "str", "llama")
-    architectures = field(
-        values, path, "architectures", "list", [ARCHITECTURES.get(model_type, ("?",))[0]]
-    )
+    architectures = field(values, path, "architectures", "list",
+                          [ARCHITECTURES.get(model_type, ("?",))[0]])
     if model_type not in ARCHITECTURES or not set(architectures) <= set(ARCHITECTURES[model_type]):
-        raise ValueError(
-            f"{path}: only Llama-architecture models load (model_type 'llama' or "
-            f"'qwen2', architectures {[a for v in ARCHITECTURES.values() for a in v]}"
-            f"), got model_type={model_type!r}, architectures={architectures!r}"
-        )
+        raise ValueError(f"{path}: only Llama-architecture models load (model_type 'llama' or "
+                         f"'qwen2', architectures {[a for v in ARCHITECTURES.values() for a in v]}"
+                         f"), got model_type={model_type!r}, architectures={architectures!r}")
     field(values, path, "hidden_act", "str", "silu", choices=("silu",))  # mtp's Llama block
     if model_type == "qwen2":
         if field(values, path, "use_sliding_window", "bool", False):
-            raise ValueError(
-                f"{path}: field 'use_sliding_window' is true; mtp implements only full attention"
-            )
+            raise ValueError(f"{path}: field 'use_sliding_window' is true; mtp implements only "
+                             f"full attention")
         biases = {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
     else:
         attention_bias = field(values, path, "attention_bias", "bool", False)
-        biases = {
-            "qkv_bias": attention_bias,
-            "out_bias": attention_bias,
-            "mlp_bias": field(values, path, "mlp_bias", "bool", False),
-        }
+        biases = {"qkv_bias": attention_bias, "out_bias": attention_bias,
+                  "mlp_bias": field(values, path, "mlp_bias", "bool", False)}
     n_heads = field(values, path, "num_attention_heads", "int")
     dim = field(values, path, "hidden_size", "int")
     n_blocks = field(values, path, "num_hidden_layers", "int")
     if n_blocks < head_layers:
-        raise ValueError(
-            f"{path}: field 'num_hidden_layers' must be at least head_layers="
-            f"{head_layers} ({HEADS_LAYOUT_FILE}), got {n_blocks}"
-        )
+        raise ValueError(f"{path}: field 'num_hidden_layers' must be at least head_layers="
+                         f"{head_layers} ({HEADS_LAYOUT_FILE}), got {n_blocks}")
     max_seq_len = field(values, path, "max_position_embeddings", "int", 2048)
     rope_theta, rope_scaling = _rope(values, path, max_seq_len)
     try:
         return MTPConfig(
-            vocab_size=field(values, path, "vocab_size", "int"),
-            dim=dim,
-            n_layers=n_blocks - head_layers,
-            n_heads=n_heads,
+            vocab_size=field(values, path, "vocab_size", "int"), dim=dim,
+            n_layers=n_blocks - head_layers, n_heads=n_heads,
             n_kv_heads=field(values, path, "num_key_value_heads", "int", n_heads),
             head_dim=field(values, path, "head_dim", "int", None),
-            ffn_hidden=field(values, path, "intermediate_size", "int"),
-            max_seq_len=max_seq_len,
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            norm_eps=field(values, path, "rms_norm_eps", "number", 1e-6),
-            **biases,
-            n_future=n_future,
-            head_layers=head_layers,
-            head_type=head_type,
+            ffn_hidden=field(values, path, "intermediate_size", "int"), max_seq_len=max_seq_len,
+            rope_theta=rope_theta, rope_scaling=rope_scaling,
+            norm_eps=field(values, path, "rms_norm_eps", "number", 1e-6), **biases,
+            n_future=n_future, head_layers=head_layers, head_type=head_type,
             tie_embeddings=field(values, path, "tie_word_embeddings", "bool", False),
-            init_std=field(values, path, "initializer_range", "number", 0.02),
-        )
+            init_std=field(values, path, "initializer_range", "number", 0.02))
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
 
 
-def _rope(values: dict[str, Any], path: Path, max_seq_len: int) -> tuple[float, RopeScaling | None]:
+def _rope(values: dict[str, Any], path: Path,
+          max_seq_len: int) -> tuple[float, RopeScaling | None]:
     """rope theta and scaling from transformers >= 5's rope_parameters or the older top-level
     rope_theta and rope_scaling; rope types other than ROPE_TYPES are refused."""
     name = "rope_parameters" if values.get("rope_parameters") is not None else "rope_scaling"
     rope = field(values, path, name, "object", {})
-    theta = field(rope, path, "rope_theta", "number", None) or field(
-        values, path, "rope_theta", "number", 10000.0
-    )
+    theta = field(rope, path, "rope_theta", "number", None) \
+        or field(values, path, "rope_theta", "number", 10000.0)
     partial = rope.get("partial_rotary_factor", values.get("partial_rotary_factor", 1.0))
     if partial != 1:
-        raise ValueError(
-            f"{path}: field 'partial_rotary_factor' is {partial!r}; mtp rotates "
-            f"every dimension of a head (1.0)"
-        )
+        raise ValueError(f"{path}: field 'partial_rotary_factor' is {partial!r}; mtp rotates "
+                         f"every dimension of a head (1.0)")
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ROPE_TYPES:
-        raise ValueError(
-            f"{path}: field {name!r} has rope_type {kind!r}; mtp implements {list(ROPE_TYPES)}"
-        )
+        raise ValueError(f"{path}: field {name!r} has rope_type {kind!r}; mtp implements "
+                         f"{list(ROPE_TYPES)}")
     if kind == "default":
         return theta, None
     factor = field(rope, path, "factor", "number")
     if kind == "linear":
         return theta, RopeScaling(type="linear", factor=factor)
     # As transformers: a top-level original_max_position_embeddings wins over the rope dict's.
-    original = field(values, path, "original_max_position_embeddings", "int", None) or field(
-        rope, path, "original_max_position_embeddings", "int", max_seq_len
-    )
+    original = field(values, path, "original_max_position_embeddings", "int", None) \
+        or field(rope, path, "original_max_position_embeddings", "int", max_seq_len)
     try:
         return theta, RopeScaling(
-            type="llama3",
-            factor=factor,
+            type="llama3", factor=factor,
             low_freq_factor=field(rope, path, "low_freq_factor", "number"),
             high_freq_factor=field(rope, path, "high_freq_factor", "number"),
-            original_max_seq_len=original,
-        )
+            original_max_seq_len=original)
     except ValueError as e:
         raise ValueError(f"{path}: field {name!r}: {e}") from e
 
@@ -415,9 +337,7 @@ def _read_safetensors(directory: Path) -> dict[str, Tensor]:
         tensors.update(load_safetensors(directory / shard))
     listed, found = set(weight_map), set(tensors)
     if listed != found:
-        raise ValueError(
-            f"{index_path} does not match its shards: listed but absent "
-            f"{sorted(listed - found)[:8]}, present but unlisted "
-            f"{sorted(found - listed)[:8]}"
-        )
+        raise ValueError(f"{index_path} does not match its shards: listed but absent "
+                         f"{sorted(listed - found)[:8]}, present but unlisted "
+                         f"{sorted(found - listed)[:8]}")
     return tensors

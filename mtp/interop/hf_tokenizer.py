@@ -18,34 +18,19 @@ import tokenizers
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
 from mtp.interop.fields import require, write_json
-from mtp.tokenizers import (
-    BPE_FILE,
-    META_FILE,
-    BPETokenizer,
-    ByteTokenizer,
-    Tokenizer,
-    load_tokenizer,
-)
+from mtp.tokenizers import (BPE_FILE, META_FILE, BPETokenizer, ByteTokenizer, Tokenizer,
+                            load_tokenizer)
 
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
-BYTE_SPECIALS = (
-    "<|pad|>",
-    "<|bos|>",
-    "<|eos|>",
-    "<|reserved_0|>",
-    "<|reserved_1|>",
-    "<|reserved_2|>",
-)  # ids 256..261, in ByteTokenizer's order
+BYTE_SPECIALS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|reserved_0|>", "<|reserved_1|>",
+                 "<|reserved_2|>")  # ids 256..261, in ByteTokenizer's order
 
 
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable characters (byte-level BPE symbols)."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
     shifted = iter(range(256, 512))
     return {b: chr(b if b in printable else next(shifted)) for b in range(256)}
 
@@ -65,9 +50,8 @@ def write_hf_tokenizer(tokenizer: Tokenizer, directory: Path, *, model_max_lengt
     tokenizer.save(directory)  # mtp's header (+ tokenizer.json for BPE)
     if isinstance(tokenizer, ByteTokenizer):
         backend = byte_tokenizer_json()
-        pad, bos, eos = (
-            BYTE_SPECIALS[i - 256] for i in (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
-        )
+        pad, bos, eos = (BYTE_SPECIALS[i - 256] for i in (tokenizer.pad_id, tokenizer.bos_id,
+                                                          tokenizer.eos_id))
     elif isinstance(tokenizer, BPETokenizer):
         backend = tokenizers.Tokenizer.from_str(tokenizer.backend.to_str())
         pad, bos, eos = tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token
@@ -79,21 +63,14 @@ def write_hf_tokenizer(tokenizer: Tokenizer, directory: Path, *, model_max_lengt
         # beside one): make it put the document start before every text.
         token = backend.id_to_token(start)
         backend.post_processor = processors.TemplateProcessing(
-            single=f"{token} $A", pair=f"{token} $A {token} $B", special_tokens=[(token, start)]
-        )
+            single=f"{token} $A", pair=f"{token} $A {token} $B", special_tokens=[(token, start)])
     backend.save(str(directory / BPE_FILE))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": bos,
-        "eos_token": eos,
-        "pad_token": pad,
-        "model_max_length": model_max_length,
-        "add_bos_token": start is not None and start == tokenizer.bos_id,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        # mtp never makes a special token from text (see mtp.tokenizers); nor will this.
-        "split_special_tokens": True,
-    }
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
+              "pad_token": pad, "model_max_length": model_max_length,
+              "add_bos_token": start is not None and start == tokenizer.bos_id,
+              "add_eos_token": False, "clean_up_tokenization_spaces": False,
+              # mtp never makes a special token from text (see mtp.tokenizers); nor will this.
+              "split_special_tokens": True}
     write_json(directory / TOKENIZER_CONFIG_FILE, config)
 
 
@@ -103,9 +80,8 @@ def read_hf_tokenizer(directory: Path) -> Tokenizer:
         return load_tokenizer(directory)
     if (directory / SENTENCEPIECE_FILE).is_file():
         return sentencepiece_tokenizer(directory)
-    raise FileNotFoundError(
-        f"no tokenizer in {directory}: looked for {META_FILE}, {BPE_FILE} and {SENTENCEPIECE_FILE}"
-    )
+    raise FileNotFoundError(f"no tokenizer in {directory}: looked for {META_FILE}, {BPE_FILE} "
+                            f"and {SENTENCEPIECE_FILE}")
 
 
 def sentencepiece_tokenizer(directory: Path, *, bos: bool = False) -> BPETokenizer:
@@ -119,10 +95,6 @@ def sentencepiece_tokenizer(directory: Path, *, bos: bool = False) -> BPETokeniz
     # transformers.LlamaTokenizer reads tokenizer.model itself and builds the equivalent
     # `tokenizers` pipeline (byte fallback, the leading-space rule).
     slow = transformers.LlamaTokenizer.from_pretrained(str(directory))
-    return BPETokenizer(
-        slow.backend_tokenizer,
-        bos_token=slow.bos_token,
-        eos_token=slow.eos_token,
-        name="sentencepiece",
-        document_start="bos" if bos else "tokenizer",
-    )
+    return BPETokenizer(slow.backend_tokenizer, bos_token=slow.bos_token,
+                        eos_token=slow.eos_token, name="sentencepiece",
+                        document_start="bos" if bos else "tokenizer")

@@ -39,23 +39,16 @@ def ffn_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> 
 
 def read_meta(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     """Config, weights (mtp names, stored dtype, memory-mapped) and tokenizer of a Meta dir."""
-    tokenizer = (
-        sentencepiece_tokenizer(directory, bos=True)
-        if (directory / SENTENCEPIECE_FILE).is_file()
-        else None
-    )
+    tokenizer = sentencepiece_tokenizer(directory, bos=True) \
+        if (directory / SENTENCEPIECE_FILE).is_file() else None
     config = meta_config(directory / PARAMS_FILE, tokenizer)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         shards = sorted(p.name for p in directory.glob("consolidated.*.pth"))
         raise FileNotFoundError(
-            f"no {WEIGHTS_FILE} in {directory}"
-            + (
+            f"no {WEIGHTS_FILE} in {directory}" + (
                 f": found model-parallel shards {shards}; merge them into one file first"
-                if shards
-                else ""
-            )
-        )
+                if shards else ""))
     # mmap: tensors stay on disk until used, so the model never holds a second copy.
     theirs = load_torch(weights, "a PyTorch state dict", mmap=True)
     if tokenizer is None:
@@ -69,9 +62,8 @@ def meta_config(path: Path, tokenizer: Tokenizer | None = None) -> MTPConfig:
     n_blocks = field(params, path, "n_layers", "int")
     n_future = field(params, path, "n_future_tokens", "int", 1)
     if not 1 <= n_future <= n_blocks:
-        raise ValueError(
-            f"{path}: field 'n_future_tokens' must be from 1 to n_layers={n_blocks}, got {n_future}"
-        )
+        raise ValueError(f"{path}: field 'n_future_tokens' must be from 1 to n_layers="
+                         f"{n_blocks}, got {n_future}")
     vocab_size = field(params, path, "vocab_size", "int", -1)
     if vocab_size < 1 and tokenizer is not None:
         vocab_size = tokenizer.vocab_size
@@ -79,22 +71,14 @@ def meta_config(path: Path, tokenizer: Tokenizer | None = None) -> MTPConfig:
     n_heads = field(params, path, "n_heads", "int")
     try:
         return MTPConfig(
-            vocab_size=vocab_size,
-            dim=dim,
-            n_layers=n_blocks - n_future,  # `layers` - head 0
-            n_heads=n_heads,
-            n_kv_heads=field(params, path, "n_kv_heads", "int", n_heads),
-            ffn_hidden=ffn_hidden(
-                dim,
-                field(params, path, "multiple_of", "int", 256),
-                field(params, path, "ffn_dim_multiplier", "number", None),
-            ),
+            vocab_size=vocab_size, dim=dim, n_layers=n_blocks - n_future,  # `layers` - head 0
+            n_heads=n_heads, n_kv_heads=field(params, path, "n_kv_heads", "int", n_heads),
+            ffn_hidden=ffn_hidden(dim, field(params, path, "multiple_of", "int", 256),
+                                  field(params, path, "ffn_dim_multiplier", "number", None)),
             max_seq_len=field(params, path, "max_seq_len", "int", DEFAULT_MAX_SEQ_LEN),
             rope_theta=field(params, path, "rope_theta", "number", 10000.0),
-            norm_eps=field(params, path, "norm_eps", "number", 1e-5),
-            n_future=n_future,
-            head_layers=1,
-        )
+            norm_eps=field(params, path, "norm_eps", "number", 1e-5), n_future=n_future,
+            head_layers=1)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
 
@@ -108,9 +92,8 @@ def meta_names(config: MTPConfig) -> dict[str, str]:
     for name in ours:
         if name.startswith("heads."):
             _, head, _, sub = name.split(".", 3)  # heads.{i}.0.{sub}: one block per head
-            name_there = (
-                f"layers.{trunk}.{sub}" if head == "0" else f"extra_heads.{int(head) - 1}.{sub}"
-            )
+            name_there = f"layers.{trunk}.{sub}" if head == "0" else \
+                f"extra_heads.{int(head) - 1}.{sub}"
         else:
             name_there = name
         names[name] = name_there

@@ -47,19 +47,14 @@ MIMO_TYPE, MIMO_ARCHITECTURE = "mimo", "MiMoForCausalLM"
 LLAMA_LIKE = ("llama", "qwen2")  # model types whose checkpoints may carry DeepSeek's modules
 QWEN2_BIASES = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")
 # mtp's fusion parameter -> the module's key in each layout (module docstring).
-MIMO_FUSION = {
-    "hnorm": "hidden_layernorm.weight",
-    "enorm": "token_layernorm.weight",
-    "eh_proj": "input_proj.weight",
-}
+MIMO_FUSION = {"hnorm": "hidden_layernorm.weight", "enorm": "token_layernorm.weight",
+               "eh_proj": "input_proj.weight"}
 DEEPSEEK_FUSION = {"hnorm": "hnorm.weight", "enorm": "enorm.weight", "eh_proj": "eh_proj.weight"}
 # A module's copies of the main model's shared tensors, which must equal them.
 MIMO_SHARED = {"final_layernorm.weight": "model.norm.weight"}
-DEEPSEEK_SHARED = {
-    "shared_head.norm.weight": "model.norm.weight",
-    "shared_head.head.weight": "lm_head.weight",
-    "embed_tokens.weight": "model.embed_tokens.weight",
-}
+DEEPSEEK_SHARED = {"shared_head.norm.weight": "model.norm.weight",
+                   "shared_head.head.weight": "lm_head.weight",
+                   "embed_tokens.weight": "model.embed_tokens.weight"}
 
 
 def is_mtp_layers(directory: Path) -> bool:
@@ -68,24 +63,18 @@ def is_mtp_layers(directory: Path) -> bool:
     return values is not None and (NEXTN in values or values.get("model_type") == MIMO_TYPE)
 
 
-def write_mimo(
-    config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer, directory: Path
-) -> None:
+def write_mimo(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
+               directory: Path) -> None:
     """Write a MiMo directory (module docstring): config.json, model.safetensors, tokenizer."""
     if config.n_future > 1 and config.head_type != "sequential":
-        raise ValueError(
-            f"MiMo's MTP layers are sequential modules: model.head_type="
-            f"{config.head_type!r} heads have no place in them (to_hf keeps them)"
-        )
+        raise ValueError(f"MiMo's MTP layers are sequential modules: model.head_type="
+                         f"{config.head_type!r} heads have no place in them (to_hf keeps them)")
     if config.head_layers != 1:
-        raise ValueError(
-            f"a MiMo MTP layer holds one decoder layer, but model.head_layers={config.head_layers}"
-        )
+        raise ValueError(f"a MiMo MTP layer holds one decoder layer, but model.head_layers="
+                         f"{config.head_layers}")
     if config.out_bias or config.mlp_bias:
-        raise ValueError(
-            f"MiMo is a Qwen2 model, with biases on q/k/v only: MTPConfig.out_bias="
-            f"{config.out_bias}, mlp_bias={config.mlp_bias}"
-        )
+        raise ValueError(f"MiMo is a Qwen2 model, with biases on q/k/v only: MTPConfig.out_bias="
+                         f"{config.out_bias}, mlp_bias={config.mlp_bias}")
     dtype = state["tok_embeddings.weight"].dtype
     config = dataclasses.replace(config, qkv_bias=True)  # zero biases: Llama's block exactly
     tensors = {}
@@ -100,13 +89,8 @@ def write_mimo(
     save_file(tensors, str(directory / hf.WEIGHTS_FILE), metadata={"format": "pt"})
     base = dataclasses.replace(config, n_future=1, head_type="block")
     values = hf._llama_config(base, tokenizer, dtype)  # Qwen2's: q/k/v biases only
-    values.update(
-        architectures=[MIMO_ARCHITECTURE],
-        model_type=MIMO_TYPE,
-        **{NEXTN: config.n_future - 1},
-        sliding_window=None,
-        attention_dropout=0.0,
-    )
+    values.update(architectures=[MIMO_ARCHITECTURE], model_type=MIMO_TYPE,
+                  **{NEXTN: config.n_future - 1}, sliding_window=None, attention_dropout=0.0)
     hf.write_configs(directory, values, tokenizer, config.max_seq_len)
 
 
@@ -117,33 +101,27 @@ def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Toke
     values = read_json_object(path)
     model_type = field(values, path, "model_type", "str")
     if model_type != MIMO_TYPE and model_type not in LLAMA_LIKE:
-        raise ValueError(
-            f"{path}: field 'model_type' is {model_type!r}; sequential modules "
-            f"import from dense Llama-like models only ({MIMO_TYPE!r}, "
-            f"{', '.join(map(repr, LLAMA_LIKE))}): not from mixtures of experts or "
-            f"DeepSeek-V3's latent attention"
-        )
+        raise ValueError(f"{path}: field 'model_type' is {model_type!r}; sequential modules "
+                         f"import from dense Llama-like models only ({MIMO_TYPE!r}, "
+                         f"{', '.join(map(repr, LLAMA_LIKE))}): not from mixtures of experts or "
+                         f"DeepSeek-V3's latent attention")
     modules = field(values, path, NEXTN, "int", 0)
     mimo = model_type == MIMO_TYPE
     if modules < 0 or (not mimo and modules > 1):
-        raise ValueError(
-            f"{path}: field {NEXTN!r} must be 0 or 1 in DeepSeek's layout (vLLM "
-            f"chains a second module on the first one's un-normalised output, "
-            f"which mtp does not compute), got {modules}"
-        )
-    qwen2 = dict(values, model_type="qwen2", architectures=["Qwen2ForCausalLM"]) if mimo else values
-    config = hf._mtp_config(
-        path, 1 + modules, 1, "sequential" if modules else "block", values=qwen2
-    )
+        raise ValueError(f"{path}: field {NEXTN!r} must be 0 or 1 in DeepSeek's layout (vLLM "
+                         f"chains a second module on the first one's un-normalised output, "
+                         f"which mtp does not compute), got {modules}")
+    qwen2 = dict(values, model_type="qwen2", architectures=["Qwen2ForCausalLM"]) if mimo \
+        else values
+    config = hf._mtp_config(path, 1 + modules, 1, "sequential" if modules else "block",
+                            values=qwen2)
     theirs = hf._read_safetensors(directory)
     if config.qkv_bias and _zero_biases(theirs):  # dropped: the model is a Llama
         config = dataclasses.replace(config, qkv_bias=False)
     hf.drop_tied_output(config, theirs, directory)
     names = _names(config, mimo)
-    state = {
-        ours: hf.rotate_half_to_interleaved(_take(theirs, name, directory), n_rotary)
-        for ours, (name, n_rotary) in names.items()
-    }
+    state = {ours: hf.rotate_half_to_interleaved(_take(theirs, name, directory), n_rotary)
+             for ours, (name, n_rotary) in names.items()}
     if not mimo and modules:  # DeepSeek's eh_proj reads [embedding; hidden], mtp's the other
         embedding, hidden = state["heads.1.eh_proj"].chunk(2, dim=1)
         state["heads.1.eh_proj"] = torch.cat([hidden, embedding], dim=1)
@@ -155,15 +133,11 @@ def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Toke
             if prefix + name not in theirs and name == "embed_tokens.weight":
                 continue  # optional: vLLM takes the main model's
             if not torch.equal(_take(theirs, prefix + name, directory), main[shared]):
-                raise ValueError(
-                    f"{directory}: {prefix + name} differs from {shared}; mtp's "
-                    f"modules share the main model's (one {shared})"
-                )
+                raise ValueError(f"{directory}: {prefix + name} differs from {shared}; mtp's "
+                                 f"modules share the main model's (one {shared})")
     if theirs:
-        raise ValueError(
-            f"{directory}: unexpected weights {sorted(theirs)[:8]} for "
-            f"{NEXTN}={modules} in {hf.CONFIG_FILE}"
-        )
+        raise ValueError(f"{directory}: unexpected weights {sorted(theirs)[:8]} for "
+                         f"{NEXTN}={modules} in {hf.CONFIG_FILE}")
     return config, state, read_hf_tokenizer(directory)
 
 

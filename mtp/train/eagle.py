@@ -103,15 +103,8 @@ class EagleArgs:
     output: str | None = None
 
     def __post_init__(self) -> None:
-        for name in (
-            "draft_vocab",
-            "unroll",
-            "seq_len",
-            "batch_size",
-            "max_steps",
-            "log_every",
-            "val_batches",
-        ):
+        for name in ("draft_vocab", "unroll", "seq_len", "batch_size", "max_steps",
+                     "log_every", "val_batches"):
             check_positive(name, getattr(self, name))
         check_positive("warmup_steps", self.warmup_steps, least=0)
         if self.threads is not None:
@@ -119,7 +112,8 @@ class EagleArgs:
         if not self.data:
             raise ValueError("data=[...] must name at least one file")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
+            raise ValueError(f"precision={self.precision!r} is not one of "
+                             f"{', '.join(PRECISIONS)}")
         for name in ("lr", "decay", "grad_clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
@@ -151,9 +145,8 @@ def inverse_map(d2t: Tensor, vocab_size: int) -> Tensor:
     return t2d
 
 
-def target_outputs(
-    layers: tuple[int, ...], seq_len: int
-) -> Callable[[MTPModel, Tensor], tuple[Tensor, Tensor]]:
+def target_outputs(layers: tuple[int, ...], seq_len: int
+                   ) -> Callable[[MTPModel, Tensor], tuple[Tensor, Tensor]]:
     """What the cache keeps of a block's inputs (B, seq_len + unroll): the target's features
     after `layers` at the first `seq_len` positions (B, seq_len, 3, D), and its own next
     token after every input (B, seq_len + unroll), head 0's argmax."""
@@ -168,18 +161,15 @@ def target_outputs(
     return compute
 
 
-def unrolled(
-    module: Eagle, model: MTPModel, features: Tensor, tokens: Tensor, steps: int
-) -> list[Tensor]:
+def unrolled(module: Eagle, model: MTPModel, features: Tensor, tokens: Tensor,
+             steps: int) -> list[Tensor]:
     """Training-time test (module docstring): the draft logits (B, T, N) of each of `steps`
     unrolled steps over a block. features (B, T, 3, D): the target's at positions 0..T-1;
     tokens (B, >= T + steps): the block's tokens."""
     T = features.shape[1]
     if T + steps > model.config.max_seq_len:
-        raise ValueError(
-            f"seq_len + unroll = {T + steps} exceeds the target's max_seq_len="
-            f"{model.config.max_seq_len}"
-        )
+        raise ValueError(f"seq_len + unroll = {T + steps} exceeds the target's max_seq_len="
+                         f"{model.config.max_seq_len}")
     hidden = module.fuse(features)  # (B, T, D)
     keys: list[Tensor] = []
     values: list[Tensor] = []
@@ -188,47 +178,30 @@ def unrolled(
         positions = torch.arange(j, T + j, device=features.device)
         cos, sin = model.rope_cos[positions], model.rope_sin[positions]
         # Step j sees step 0's entries at positions <= t, and its own of steps 1..j at t.
-        mask = torch.cat(
-            [
-                torch.ones(T, T, dtype=torch.bool, device=features.device).tril(),
-                *[torch.eye(T, dtype=torch.bool, device=features.device)] * j,
-            ],
-            dim=1,
-        )  # (T, T * (j + 1))
+        mask = torch.cat([torch.ones(T, T, dtype=torch.bool, device=features.device).tril(),
+                          *[torch.eye(T, dtype=torch.bool, device=features.device)] * j],
+                         dim=1)  # (T, T * (j + 1))
         attend = partial(_attend, module.attention, cos, sin, mask, keys, values)
-        embedded = model.tok_embeddings(tokens[:, 1 + j : 1 + j + T])
+        embedded = model.tok_embeddings(tokens[:, 1 + j:1 + j + T])
         hidden = module(hidden, embedded, cos, sin, attend=attend)
         logits.append(module.logits(hidden))
     return logits
 
 
-def _attend(
-    attention: Attention,
-    cos: Tensor,
-    sin: Tensor,
-    mask: Tensor,
-    keys: list[Tensor],
-    values: list[Tensor],
-    x: Tensor,
-) -> Tensor:
+def _attend(attention: Attention, cos: Tensor, sin: Tensor, mask: Tensor, keys: list[Tensor],
+            values: list[Tensor], x: Tensor) -> Tensor:
     """The drafter's attention at one unrolled step over x (B, T, 2D): its keys and values
     join those of the steps before (`keys`, `values`), and each position sees what `mask`
     (T, all keys) allows."""
-    q, k, v = (
-        project(x, w).unflatten(-1, (-1, attention.head_dim))
-        for w in (attention.wq, attention.wk, attention.wv)
-    )
+    q, k, v = (project(x, w).unflatten(-1, (-1, attention.head_dim))
+               for w in (attention.wq, attention.wk, attention.wv))
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
     keys.append(k)
     values.append(v)
-    out = F.scaled_dot_product_attention(
-        q,
-        torch.cat(keys, dim=2),
-        torch.cat(values, dim=2),
-        attn_mask=mask,
-        enable_gqa=attention.n_kv_heads != attention.n_heads,
-    )
+    out = F.scaled_dot_product_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2),
+                                         attn_mask=mask,
+                                         enable_gqa=attention.n_kv_heads != attention.n_heads)
     return project(out.transpose(1, 2).flatten(-2), attention.wo)
 
 
@@ -243,16 +216,8 @@ class UnrolledLoss:
     covered: float
 
 
-def unrolled_loss(
-    module: Eagle,
-    model: MTPModel,
-    features: Tensor,
-    tokens: Tensor,
-    targets: Tensor,
-    t2d: Tensor,
-    steps: int,
-    decay: float = 0.8,
-) -> UnrolledLoss:
+def unrolled_loss(module: Eagle, model: MTPModel, features: Tensor, tokens: Tensor,
+                  targets: Tensor, t2d: Tensor, steps: int, decay: float = 0.8) -> UnrolledLoss:
     """Training-time test's loss: step j at position t predicts the target's own next token
     after x_{t+1+j}, `targets`[:, t + 1 + j] (targets (B, T + steps): the target's token
     after each of the block's tokens), over the draft vocabulary (`t2d`, -1 outside: left
@@ -261,15 +226,14 @@ def unrolled_loss(
     total, losses, accuracy = features.new_zeros(()), [], []
     labels = None
     for j, logits in enumerate(unrolled(module, model, features, tokens, steps)):
-        labels = t2d[targets[:, 1 + j : 1 + j + T]]  # (B, T)
+        labels = t2d[targets[:, 1 + j:1 + j + T]]  # (B, T)
         wide = logits.float() if logits.element_size() < 4 else logits  # bf16: in float32
         loss = F.cross_entropy(wide.flatten(0, 1), labels.flatten(), ignore_index=-1)
-        total = total + decay**j * loss
+        total = total + decay ** j * loss
         real = labels >= 0
         losses.append(float(loss.detach()))
-        accuracy.append(
-            float((logits.argmax(-1) == labels)[real].float().mean()) if real.any() else 0.0
-        )
+        accuracy.append(float((logits.argmax(-1) == labels)[real].float().mean())
+                        if real.any() else 0.0)
     return UnrolledLoss(total, losses, accuracy, float((labels >= 0).float().mean()))
 
 
@@ -296,15 +260,9 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
     model, tokenizer = load(args.checkpoint)
     model.eval().requires_grad_(False)
     layers = tuple(args.layers) if args.layers is not None else None
-    data = MTPDataModule(
-        source,
-        tokenizer,
-        args.seq_len,
-        n_future=args.unroll,
-        batch_size=args.batch_size,
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-    )
+    data = MTPDataModule(source, tokenizer, args.seq_len,
+                         n_future=args.unroll, batch_size=args.batch_size,
+                         val_fraction=args.val_fraction, seed=args.seed)
     data.setup()
     stream = np.asarray(data.prepared.stream("train"))
     counts = torch.from_numpy(np.bincount(stream, minlength=model.config.vocab_size))
@@ -316,17 +274,15 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
         module.lm_head.weight.copy_(model.output.weight[d2t])
         module.norm.weight.copy_(model.norm.weight)
     t2d = inverse_map(d2t, model.config.vocab_size)
-    report(
-        f"target {args.checkpoint}: layers {list(config.layers)} fused; draft vocabulary "
-        f"{len(d2t)} tokens, {coverage:.1%} of the training tokens; "
-        f"{len(data.train_set)} training blocks of {args.seq_len} + {args.unroll}"
-    )
+    report(f"target {args.checkpoint}: layers {list(config.layers)} fused; draft vocabulary "
+           f"{len(d2t)} tokens, {coverage:.1%} of the training tokens; "
+           f"{len(data.train_set)} training blocks of {args.seq_len} + {args.unroll}")
 
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.bfloat16 else nullcontext()
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.bfloat16
+                else nullcontext())
     cache = TrunkCache(target_outputs(config.layers, args.seq_len))
-    optimizer = torch.optim.AdamW(
-        module.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0
-    )
+    optimizer = torch.optim.AdamW(module.parameters(), lr=args.lr, betas=(0.9, 0.95),
+                                  weight_decay=0.0)
     budget = None if args.minutes is None else 60 * args.minutes
     started = time.perf_counter()
     batches = _batches(data.train_dataloader())
@@ -335,27 +291,19 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
     for step in range(1, args.max_steps + 1):
         elapsed = time.perf_counter() - started
         if budget is not None and elapsed >= budget:
-            report(
-                f"stopped at step {step - 1} of max_steps={args.max_steps}: the "
-                f"{args.minutes:g}-minute budget ran out"
-            )
+            report(f"stopped at step {step - 1} of max_steps={args.max_steps}: the "
+                   f"{args.minutes:g}-minute budget ran out")
             step -= 1
             break
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * lr_factor(
-                step - 1,
-                elapsed,
-                warmup_steps=args.warmup_steps,
-                total_steps=args.max_steps,
-                time_budget=budget,
-            )
+            group["lr"] = args.lr * lr_factor(step - 1, elapsed, warmup_steps=args.warmup_steps,
+                                              total_steps=args.max_steps, time_budget=budget)
         batch = next(batches)
         tokens = batch["tokens"]
         with autocast:
             features, targets = cache.trunk_out(model, tokens, batch["index"])
-            out = unrolled_loss(
-                module, model, features, tokens, targets, t2d, args.unroll, args.decay
-            )
+            out = unrolled_loss(module, model, features, tokens, targets, t2d, args.unroll,
+                                args.decay)
         if not math.isfinite(float(out.loss.detach())):
             raise ValueError(f"non-finite loss at step {step}: lower lr (lr={args.lr})")
         out.loss.backward()
@@ -365,45 +313,29 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
         window.append(out)
         if step % args.log_every == 0 or step == args.max_steps:
             loss = round(float(np.mean([o.step_losses[0] for o in window])), 4)
-            accuracy = [
-                round(float(np.mean([o.step_accuracy[j] for o in window])), 4)
-                for j in range(args.unroll)
-            ]
+            accuracy = [round(float(np.mean([o.step_accuracy[j] for o in window])), 4)
+                        for j in range(args.unroll)]
             history.append((step, loss, accuracy))
-            report(
-                f"step {step}: loss {loss:.3f}, accuracy per step "
-                + " ".join(f"{a:.3f}" for a in accuracy)
-                + f", {time.perf_counter() - started:.0f} s, "
-                f"{cache.nbytes() / 1e9:.2f} GB cached"
-            )
+            report(f"step {step}: loss {loss:.3f}, accuracy per step "
+                   + " ".join(f"{a:.3f}" for a in accuracy)
+                   + f", {time.perf_counter() - started:.0f} s, "
+                   f"{cache.nbytes() / 1e9:.2f} GB cached")
             window = []
     module.eval()
     val = validate(module, model, data, t2d, args, autocast)
     seconds = time.perf_counter() - started
-    details = {
-        "checkpoint": str(args.checkpoint),
-        "data": list(args.data),
-        "steps": step,
-        "seconds": round(seconds, 1),
-        "coverage": round(coverage, 4),
-        "unroll": args.unroll,
-        "val_loss": val[0],
-        "val_accuracy": val[1],
-        "history": history,
-    }
+    details = {"checkpoint": str(args.checkpoint), "data": list(args.data), "steps": step,
+               "seconds": round(seconds, 1), "coverage": round(coverage, 4),
+               "unroll": args.unroll, "val_loss": val[0], "val_accuracy": val[1],
+               "history": history}
     report("unrolled step  " + "  ".join(f"{j:>6}" for j in range(args.unroll)))
     report("val loss       " + "  ".join(f"{v:6.3f}" for v in val[0]))
     report("val accuracy   " + "  ".join(f"{v:6.3f}" for v in val[1]))
     path = module.save(args.out, details)
     weights = str((path.parent / WEIGHTS_FILE).resolve())
-    record = Measurement(
-        "eagle",
-        str(Path(args.out).resolve()),
-        "set",
-        f"trained by python -m mtp.train.eagle ({step} steps)",
-        seconds=seconds,
-        value=module.describe(weights, details),
-    )
+    record = Measurement("eagle", str(Path(args.out).resolve()), "set",
+                         f"trained by python -m mtp.train.eagle ({step} steps)",
+                         seconds=seconds, value=module.describe(weights, details))
     report(f"saved: {path}")
     for where in save_choice(args.checkpoint, record, CONFIG_FILE, args.output):
         report(f"saved: {where}")
@@ -411,9 +343,8 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
 
 
 @torch.no_grad()
-def validate(
-    module: Eagle, model: MTPModel, data: MTPDataModule, t2d: Tensor, args: EagleArgs, autocast
-) -> tuple[list[float], list[float]]:
+def validate(module: Eagle, model: MTPModel, data: MTPDataModule, t2d: Tensor,
+             args: EagleArgs, autocast) -> tuple[list[float], list[float]]:
     """Each unrolled step's mean loss and accuracy on up to `val_batches` held-out batches
     (none held out: the training batches')."""
     loader = data.val_dataloader() or data.train_dataloader()
@@ -424,18 +355,12 @@ def validate(
             break
         with autocast:
             features, targets = compute(model, batch["tokens"])
-            results.append(
-                unrolled_loss(
-                    module, model, features, batch["tokens"], targets, t2d, args.unroll, args.decay
-                )
-            )
-    return (
-        [round(float(np.mean([r.step_losses[j] for r in results])), 4) for j in range(args.unroll)],
-        [
-            round(float(np.mean([r.step_accuracy[j] for r in results])), 4)
-            for j in range(args.unroll)
-        ],
-    )
+            results.append(unrolled_loss(module, model, features, batch["tokens"], targets,
+                                         t2d, args.unroll, args.decay))
+    return ([round(float(np.mean([r.step_losses[j] for r in results])), 4)
+             for j in range(args.unroll)],
+            [round(float(np.mean([r.step_accuracy[j] for r in results])), 4)
+             for j in range(args.unroll)])
 
 
 def main(argv: list[str]) -> None:

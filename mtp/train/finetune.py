@@ -21,50 +21,33 @@ from mtp.model import MTPConfig, MTPModel
 NEW_HEADS: tuple[str, ...] = ("copy", "random")
 
 
-def grown_config(
-    base: MTPConfig,
-    *,
-    n_future: int,
-    head_type: str,
-    drop_heads: bool = False,
-    new_heads: str | None = "copy",
-) -> MTPConfig:
+def grown_config(base: MTPConfig, *, n_future: int, head_type: str,
+                 drop_heads: bool = False, new_heads: str | None = "copy") -> MTPConfig:
     """`base` with `n_future` heads of `head_type`: more heads than its need `new_heads`,
     fewer `drop_heads`."""
     if n_future < base.n_future and not drop_heads:
-        raise ValueError(
-            f"model.n_future={n_future} is below the checkpoint's "
-            f"{base.n_future} heads: set init.drop_heads=true to keep only heads "
-            f"0..{n_future - 1}"
-        )
+        raise ValueError(f"model.n_future={n_future} is below the checkpoint's "
+                         f"{base.n_future} heads: set init.drop_heads=true to keep only heads "
+                         f"0..{n_future - 1}")
     if n_future > base.n_future and new_heads is None:
-        raise ValueError(
-            f"model.n_future={n_future} is above the checkpoint's {base.n_future} "
-            f"head(s): set init.new_heads to one of {NEW_HEADS} to add heads "
-            f"{base.n_future}..{n_future - 1}"
-        )
+        raise ValueError(f"model.n_future={n_future} is above the checkpoint's {base.n_future} "
+                         f"head(s): set init.new_heads to one of {NEW_HEADS} to add heads "
+                         f"{base.n_future}..{n_future - 1}")
     kept_heads = min(n_future, base.n_future)
     if kept_heads > 1 and head_type != base.head_type:
-        raise ValueError(
-            f"model.head_type={head_type!r} differs from the type of the "
-            f"checkpoint's heads 1..{base.n_future - 1} ({base.head_type!r}): "
-            f"keep head_type={base.head_type!r}, or start from a next-token "
-            f"(one-head) checkpoint"
-        )
+        raise ValueError(f"model.head_type={head_type!r} differs from the type of the "
+                         f"checkpoint's heads 1..{base.n_future - 1} ({base.head_type!r}): "
+                         f"keep head_type={base.head_type!r}, or start from a next-token "
+                         f"(one-head) checkpoint")
     return dataclasses.replace(base, n_future=n_future, head_type=head_type)
 
 
 @torch.no_grad()
-def grow_heads(
-    base: MTPModel,
-    config: MTPConfig,
-    *,
-    new_heads: str | None = "copy",
-) -> dict[str, Tensor]:
+def grow_heads(base: MTPModel, config: MTPConfig, *, new_heads: str | None = "copy",
+               ) -> dict[str, Tensor]:
     """Initial weights (a state dict) of `MTPModel(config)` grown from the `base` model."""
-    if new_heads not in NEW_HEADS and not (
-        new_heads is None and config.n_future <= base.config.n_future
-    ):
+    if new_heads not in NEW_HEADS and not (new_heads is None
+                                           and config.n_future <= base.config.n_future):
         raise ValueError(f"init.new_heads={new_heads!r} is not one of {NEW_HEADS}")
     model = MTPModel(config)  # random weights for whatever the base does not provide
     state = model.state_dict()
@@ -80,10 +63,11 @@ def grow_heads(
     return state
 
 
-def _copied(state: dict[str, Tensor], name: str, prefix: str, head_type: str, kept: int) -> Tensor:
+def _copied(state: dict[str, Tensor], name: str, prefix: str, head_type: str,
+            kept: int) -> Tensor:
     """The `copy` initialisation of a new head's parameter `name`; heads 0..kept-1 are the
     checkpoint's."""
-    sub = name[len(prefix) :]
+    sub = name[len(prefix):]
     if head_type == "sequential" and kept > 1:
         return state[f"heads.{kept - 1}.{sub}"].clone()
     if head_type in ("block", "sequential"):

@@ -35,9 +35,8 @@ PEAK_FLOPS: dict[str, float] = {
 }
 
 
-def flops_per_token(
-    config: MTPConfig, seq_len: int, *, training: bool = True, trains_base: bool = True
-) -> float:
+def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True,
+                    trains_base: bool = True) -> float:
     """Model FLOPs per input token of a training step (a forward when training=False) at
     context `seq_len`; `trains_base=False`: heads 1..n-1 train alone."""
     if not isinstance(seq_len, int) or seq_len < 1:
@@ -53,7 +52,8 @@ def flops_per_token(
     extra = (config.n_future - 1) * config.head_layers * extra_layer  # heads 1..n-1
     if config.head_type == "sequential":
         extra += (config.n_future - 1) * 2 * 2 * D * D
-    forward = (config.n_layers + config.head_layers) * block + extra + config.n_future * unembedding
+    forward = (config.n_layers + config.head_layers) * block + extra \
+        + config.n_future * unembedding
     if not training:
         return float(forward)
     if trains_base:
@@ -64,13 +64,8 @@ def flops_per_token(
     return float(forward + backward)
 
 
-def measure_peak_flops(
-    dtype: torch.dtype = torch.float32,
-    *,
-    device: str = "cpu",
-    size: int = 1024,
-    seconds: float = 0.5,
-) -> float:
+def measure_peak_flops(dtype: torch.dtype = torch.float32, *, device: str = "cpu",
+                       size: int = 1024, seconds: float = 0.5) -> float:
     """Measured matrix-product peak in `dtype`: FLOPs/s of the best of repeated (size x size)
     products, the ceiling for MFU where no data sheet applies."""
     a = torch.randn(size, size, device=device).to(dtype)
@@ -85,7 +80,7 @@ def measure_peak_flops(
         if device != "cpu":
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return 2 * size ** 3 / best
 
 
 def check_peak_flops(peak: object) -> None:
@@ -95,9 +90,8 @@ def check_peak_flops(peak: object) -> None:
         return
     if isinstance(peak, str):
         if peak not in PEAK_FLOPS:
-            raise ValueError(
-                f"trainer.peak_flops={peak!r} is not a number, 'cpu' or one of {sorted(PEAK_FLOPS)}"
-            )
+            raise ValueError(f"trainer.peak_flops={peak!r} is not a number, 'cpu' or one of "
+                             f"{sorted(PEAK_FLOPS)}")
         return
     if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0:
         raise ValueError(f"trainer.peak_flops={peak!r} must be > 0 FLOPs/s")

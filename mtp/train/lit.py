@@ -55,27 +55,19 @@ class MTPLitModule(L.LightningModule):
         init_state: initial weights (a full state dict, e.g. `finetune.grow_heads`).
     """
 
-    def __init__(
-        self,
-        model: MTPConfig | Mapping[str, Any],
-        settings: TrainSettings | Mapping[str, Any],
-        *,
-        tokenizer_files: dict[str, str] | None = None,
-        init_state: dict[str, torch.Tensor] | None = None,
-    ) -> None:
+    def __init__(self, model: MTPConfig | Mapping[str, Any],
+                 settings: TrainSettings | Mapping[str, Any], *,
+                 tokenizer_files: dict[str, str] | None = None,
+                 init_state: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.config = model if isinstance(model, MTPConfig) else MTPConfig.from_dict(dict(model))
-        self.settings = (
-            settings if isinstance(settings, TrainSettings) else TrainSettings.from_dict(settings)
-        )
-        self.settings.check_model(
-            n_future=self.config.n_future,
-            max_seq_len=self.config.max_seq_len,
-            n_layers=self.config.n_layers,
-        )
-        self.save_hyperparameters(
-            {"model": self.config.to_dict(), "settings": self.settings.to_dict()}
-        )
+        self.settings = settings if isinstance(settings, TrainSettings) \
+            else TrainSettings.from_dict(settings)
+        self.settings.check_model(n_future=self.config.n_future,
+                                  max_seq_len=self.config.max_seq_len,
+                                  n_layers=self.config.n_layers)
+        self.save_hyperparameters({"model": self.config.to_dict(),
+                                   "settings": self.settings.to_dict()})
         self.trunk_cache = TrunkCache() if self.settings.optim.cache_trunk else None
         self.automatic_optimization = False
         self._init_state = init_state
@@ -85,8 +77,8 @@ class MTPLitModule(L.LightningModule):
         self._schedules: list[LRSchedule] = []
         self._weights_at = Progress()  # where the last loss read its scheduled weights
         self._flops_per_token = flops_per_token(
-            self.config, self.settings.run.seq_len, trains_base=not self.settings.optim.freeze_trunk
-        )
+            self.config, self.settings.run.seq_len,
+            trains_base=not self.settings.optim.freeze_trunk)
         self._peak_flops: float | None = None  # per device; resolved when training starts
 
     # -- model ------------------------------------------------------------------------------
@@ -97,27 +89,23 @@ class MTPLitModule(L.LightningModule):
             return
         mesh, run = self._device_mesh, self.settings.run
         if mesh is not None and mesh.ndim > 1 and mesh["tensor_parallel"].size() > 1:
-            raise ValueError(
-                f"tensor parallelism is not supported: the strategy's mesh is "
-                f"{dict(zip(mesh.mesh_dim_names, mesh.shape))}; set "
-                f"strategy.tensor_parallel_size=1"
-            )
+            raise ValueError(f"tensor parallelism is not supported: the strategy's mesh is "
+                             f"{dict(zip(mesh.mesh_dim_names, mesh.shape))}; set "
+                             f"strategy.tensor_parallel_size=1")
         with torch.device("meta") if mesh is not None else contextlib.nullcontext():
             model = MTPModel(self.config)
         apply_activation_checkpointing(model, run.activation_checkpointing)
         if run.compile:
             compile_blocks(model)
         if mesh is not None:
-            policy = mixed_precision(
-                self.trainer.precision, param_dtype=run.param_dtype, reduce_dtype=run.reduce_dtype
-            )
+            policy = mixed_precision(self.trainer.precision, param_dtype=run.param_dtype,
+                                     reduce_dtype=run.reduce_dtype)
             parallelize(model, mesh["data_parallel"] if mesh.ndim > 1 else mesh, mp_policy=policy)
             model.to_empty(device=self.device)
             model.init_weights()
         if self._init_state is not None:
-            set_model_state_dict(
-                model, self._init_state, options=StateDictOptions(full_state_dict=True, strict=True)
-            )
+            set_model_state_dict(model, self._init_state,
+                                 options=StateDictOptions(full_state_dict=True, strict=True))
             self._init_state = None  # the weights are in the model now; free the copy
         if self.settings.optim.freeze_trunk:
             for name, param in model.named_parameters():
@@ -131,31 +119,21 @@ class MTPLitModule(L.LightningModule):
         timer = max_time_timer(self.trainer)
         # The whole budget (elapsed + remaining): a resumed run's Timer may be restored already.
         budget = timer and timer.time_elapsed() + timer.time_remaining()
-        scheduler = build_scheduler(
-            optimizer,
-            warmup_steps=optim.warmup_steps,
-            total_steps=self.settings.run.max_steps,
-            min_lr_ratio=optim.min_lr_ratio,
-            heads_only_steps=optim.heads_only_steps,
-            time_budget=budget,
-        )
+        scheduler = build_scheduler(optimizer, warmup_steps=optim.warmup_steps,
+                                    total_steps=self.settings.run.max_steps,
+                                    min_lr_ratio=optim.min_lr_ratio,
+                                    heads_only_steps=optim.heads_only_steps, time_budget=budget)
         self._schedules = schedules(scheduler)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
-        }
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler,
+                                                         "interval": "step"}}
 
     def _progress(self) -> Progress:
         """The run's optimizer step and, under `trainer.max_time`, its clock (each rank reads
         its own Timer: no collective per step)."""
         timer = max_time_timer(self.trainer) if self._trainer is not None else None
         elapsed = timer.time_elapsed() if timer else 0.0
-        return Progress(
-            step=self.global_step,
-            max_steps=self.settings.run.max_steps,
-            elapsed=elapsed,
-            time_budget=timer and elapsed + timer.time_remaining(),
-        )
+        return Progress(step=self.global_step, max_steps=self.settings.run.max_steps,
+                        elapsed=elapsed, time_budget=timer and elapsed + timer.time_remaining())
 
     def _update_schedule_clock(self) -> None:
         """Give the LR schedule the training time so far."""
@@ -173,48 +151,34 @@ class MTPLitModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         if "16-mixed" == str(self.trainer.precision):
-            raise ValueError(
-                "precision=16-mixed needs a gradient scaler, which manual "
-                "optimisation here does not run: use bf16-mixed or 32-true"
-            )
+            raise ValueError("precision=16-mixed needs a gradient scaler, which manual "
+                             "optimisation here does not run: use bf16-mixed or 32-true")
         # Here, not in the settings: "cpu" measures this CPU in the trainer's precision.
-        self._peak_flops = resolve_peak_flops(
-            self.settings.run.peak_flops, str(self.trainer.precision)
-        )
+        self._peak_flops = resolve_peak_flops(self.settings.run.peak_flops,
+                                              str(self.trainer.precision))
 
     # -- steps ------------------------------------------------------------------------------
 
-    def _loss(
-        self, tokens: torch.Tensor, *, train: bool, index: torch.Tensor | None = None
-    ) -> LossOutput:
+    def _loss(self, tokens: torch.Tensor, *, train: bool,
+              index: torch.Tensor | None = None) -> LossOutput:
         """The loss of a batch (backpropagated when `train`); `index` names a training batch's
         blocks for `cache_trunk`'s cache."""
         seq_len = self.settings.run.seq_len
         lookahead = self.settings.loss.lookahead(self.config.n_future)
         expected = seq_len + lookahead
         if tokens.ndim != 2 or tokens.shape[1] != expected:
-            raise ValueError(
-                f"batch['tokens'] has shape {tuple(tokens.shape)}; expected "
-                f"(batch, seq_len + look-ahead = {seq_len} + {lookahead} = "
-                f"{expected}: n_future heads, or 1 + len(loss.ahead))"
-            )
+            raise ValueError(f"batch['tokens'] has shape {tuple(tokens.shape)}; expected "
+                             f"(batch, seq_len + look-ahead = {seq_len} + {lookahead} = "
+                             f"{expected}: n_future heads, or 1 + len(loss.ahead))")
         trunk_out = None
         if train and self.trunk_cache is not None:
             if index is None:
-                raise ValueError(
-                    "cache_trunk needs each training block's index (batch['index'],"
-                    " from a map-style corpus; a streamed one has none)"
-                )
+                raise ValueError("cache_trunk needs each training block's index (batch['index'],"
+                                 " from a map-style corpus; a streamed one has none)")
             trunk_out = self.trunk_cache.trunk_out(self.model, tokens[:, :seq_len], index)
-        return mtp_loss(
-            self.model,
-            tokens,
-            self._loss_settings(train),
-            seq_len=seq_len,
-            backward=self.manual_backward if train else None,
-            train_trunk=self._trains_trunk(),
-            trunk_out=trunk_out,
-        )
+        return mtp_loss(self.model, tokens, self._loss_settings(train), seq_len=seq_len,
+                        backward=self.manual_backward if train else None,
+                        train_trunk=self._trains_trunk(), trunk_out=trunk_out)
 
     def _trains_trunk(self) -> bool:
         """Whether this step backpropagates through the trunk (not frozen, not warming up)."""
@@ -237,8 +201,7 @@ class MTPLitModule(L.LightningModule):
         self._check_finite("loss", loss, out)
         # The whole batch's losses and accuracies, not rank 0's share: one all-reduce over ranks.
         loss, *metrics = self.trainer.strategy.reduce(
-            torch.stack([loss, *_metrics(out).values()]), reduce_op="mean"
-        )
+            torch.stack([loss, *_metrics(out).values()]), reduce_op="mean")
         self.log("train/loss", loss, prog_bar=True)
         for name, value in zip(_metrics(out), metrics):
             self.log(f"train/{name}", value)
@@ -252,9 +215,8 @@ class MTPLitModule(L.LightningModule):
             norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
             self._check_finite("gradient norm", norm, out)
             self.log("train/grad_norm", norm)
-        lrs = dict(
-            zip((group["name"] for group in optimizer.param_groups), scheduler.get_last_lr())
-        )
+        lrs = dict(zip((group["name"] for group in optimizer.param_groups),
+                       scheduler.get_last_lr()))
         self.log("train/lr", lrs.get("heads", lrs.get("base")), prog_bar=True)
         if optim.base_lr_mult != 1.0 or optim.heads_only_steps:
             self.log("train/lr_trunk", lrs["base"])
@@ -264,12 +226,8 @@ class MTPLitModule(L.LightningModule):
         scheduler.step()
 
         seconds = time.perf_counter() - (self._step_started or time.perf_counter())
-        tokens = (
-            optim.accumulate
-            * batch["tokens"].shape[0]
-            * self.settings.run.seq_len
-            * self.trainer.world_size
-        )
+        tokens = (optim.accumulate * batch["tokens"].shape[0] * self.settings.run.seq_len
+                  * self.trainer.world_size)
         rate = tokens / max(seconds, 1e-9)
         self.log("train/tokens_per_sec", rate, prog_bar=True)
         if self._peak_flops:
@@ -285,8 +243,7 @@ class MTPLitModule(L.LightningModule):
                 f"non-finite {what} ({value.item()}) at step {self.global_step}, "
                 f"per-head losses {out.head_losses.tolist()}; stopping without saving this "
                 f"state. Lower optim.lr or raise optim.warmup_steps, and resume from the last "
-                f"good checkpoint (ckpt_path=.../checkpoints/last.ckpt)."
-            )
+                f"good checkpoint (ckpt_path=.../checkpoints/last.ckpt).")
 
     def _log_weights(self) -> None:
         """The loss weights this step used: the schedule, plotted beside the losses."""
@@ -318,7 +275,8 @@ def _metrics(out: LossOutput) -> dict[str, torch.Tensor]:
     for i, (loss, accuracy) in enumerate(zip(out.head_losses, out.head_accuracy)):
         metrics[f"loss_head{i}"], metrics[f"acc_head{i}"] = loss, accuracy
     if out.ahead_losses is not None:
-        for d, (loss, accuracy) in enumerate(zip(out.ahead_losses, out.ahead_accuracy), start=1):
+        for d, (loss, accuracy) in enumerate(zip(out.ahead_losses, out.ahead_accuracy),
+                                             start=1):
             metrics[f"loss_ahead{d}"], metrics[f"acc_ahead{d}"] = loss, accuracy
     if out.exit_loss is not None:
         metrics["loss_exit"] = out.exit_loss

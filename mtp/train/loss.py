@@ -56,9 +56,8 @@ def autograd_backward(tensor: Tensor, gradient: Tensor | None = None) -> None:
     tensor.backward(gradient)
 
 
-def shift_targets(
-    tokens: Tensor, seq_len: int, n_future: int, ignore_index: int = IGNORE_INDEX
-) -> tuple[Tensor, Tensor]:
+def shift_targets(tokens: Tensor, seq_len: int, n_future: int,
+                  ignore_index: int = IGNORE_INDEX) -> tuple[Tensor, Tensor]:
     """Inputs (B, seq_len) and targets (B, n_future, seq_len) of a block `tokens` (B, L).
 
     Head i at position t predicts tokens[:, t + i + 1]; a target past the block's end is
@@ -68,12 +67,13 @@ def shift_targets(
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be (batch, length), got shape {tuple(tokens.shape)}")
     if not 1 <= seq_len <= tokens.shape[1]:
-        raise ValueError(f"seq_len={seq_len} must be in [1, {tokens.shape[1]}] (the block length)")
+        raise ValueError(f"seq_len={seq_len} must be in [1, {tokens.shape[1]}] "
+                         f"(the block length)")
     if n_future < 1:
         raise ValueError(f"n_future must be >= 1, got {n_future}")
     missing = seq_len + n_future - tokens.shape[1]
     padded = F.pad(tokens, (0, max(missing, 0)), value=ignore_index)
-    targets = torch.stack([padded[:, i + 1 : i + 1 + seq_len] for i in range(n_future)], dim=1)
+    targets = torch.stack([padded[:, i + 1:i + 1 + seq_len] for i in range(n_future)], dim=1)
     return tokens[:, :seq_len], targets
 
 
@@ -97,11 +97,8 @@ class LossOutput:
 
     @property
     def ahead_accuracy(self) -> Tensor | None:
-        return (
-            None
-            if self.ahead_losses is None
-            else self.ahead_correct / self.ahead_count.clamp(min=1)
-        )
+        return None if self.ahead_losses is None else \
+            self.ahead_correct / self.ahead_count.clamp(min=1)
 
 
 def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tensor, Tensor]:
@@ -133,17 +130,10 @@ def _scored(logits: Tensor, targets: Sequence[Target]) -> tuple[Tensor, Tensor, 
     return total, torch.stack(losses), torch.stack(hits)
 
 
-def mtp_loss(
-    model: MTPModel,
-    tokens: Tensor,
-    settings: LossSettings | None = None,
-    *,
-    seq_len: int | None = None,
-    backward: BackwardFn | None = None,
-    train_trunk: bool = True,
-    trunk_out: Tensor | None = None,
-    **options: Any,
-) -> LossOutput:
+def mtp_loss(model: MTPModel, tokens: Tensor, settings: LossSettings | None = None, *,
+             seq_len: int | None = None, backward: BackwardFn | None = None,
+             train_trunk: bool = True, trunk_out: Tensor | None = None,
+             **options: Any) -> LossOutput:
     """Loss of every head on a block of tokens, and (with `backward`) its gradients.
 
     Args:
@@ -166,22 +156,13 @@ def mtp_loss(
     lookahead = settings.lookahead(config.n_future)
     seq_len = tokens.shape[1] - lookahead if seq_len is None else seq_len
     inputs, targets = shift_targets(tokens, seq_len, lookahead)
-    trunk = run_trunk(
-        model,
-        inputs,
-        early_exit=settings.early_exit,
-        train=train_trunk,
-        detach_exit=settings.mode != "naive",
-        trunk_out=trunk_out,
-    )
+    trunk = run_trunk(model, inputs, early_exit=settings.early_exit, train=train_trunk,
+                      detach_exit=settings.mode != "naive", trunk_out=trunk_out)
     heads = _Heads.of(targets, settings, config.n_future, backward)
     if settings.mode == "naive":
         return _naive_loss(model, tokens, trunk, heads)
-    per_head = (
-        _whole_head_loss
-        if settings.mode == "headwise"
-        else functools.partial(_chunked_head_loss, chunk_size=settings.chunk_size)
-    )
+    per_head = _whole_head_loss if settings.mode == "headwise" else \
+        functools.partial(_chunked_head_loss, chunk_size=settings.chunk_size)
     return _headwise_loss(model, tokens, trunk, heads, per_head)
 
 
@@ -195,38 +176,28 @@ class TrunkPass:
     # exit head and the later layers read
 
 
-def run_trunk(
-    model: MTPModel,
-    inputs: Tensor,
-    *,
-    early_exit: int | None = None,
-    train: bool = True,
-    detach_exit: bool = True,
-    trunk_out: Tensor | None = None,
-) -> TrunkPass:
+def run_trunk(model: MTPModel, inputs: Tensor, *, early_exit: int | None = None,
+              train: bool = True, detach_exit: bool = True,
+              trunk_out: Tensor | None = None) -> TrunkPass:
     """The trunk on `inputs` (B, T), or `trunk_out`, a frozen trunk's output computed before.
 
     With an `early_exit`, in two segments, the second on the first's output (detached when
     `detach_exit`). `train=False` keeps no graph.
     """
     if trunk_out is not None:
-        if early_exit is not None or trunk_out.requires_grad or trunk_out.shape[:2] != inputs.shape:
-            raise ValueError(
-                f"a precomputed trunk_out (shape {tuple(trunk_out.shape)}) must "
-                f"be a frozen trunk's output for inputs of shape "
-                f"{tuple(inputs.shape)}, without an early exit "
-                f"(early_exit={early_exit})"
-            )
+        if early_exit is not None or trunk_out.requires_grad \
+                or trunk_out.shape[:2] != inputs.shape:
+            raise ValueError(f"a precomputed trunk_out (shape {tuple(trunk_out.shape)}) must "
+                             f"be a frozen trunk's output for inputs of shape "
+                             f"{tuple(inputs.shape)}, without an early exit "
+                             f"(early_exit={early_exit})")
         return TrunkPass(trunk_out)
     with torch.set_grad_enabled(train and torch.is_grad_enabled()):
         if early_exit is None:
             return TrunkPass(model.trunk(inputs))  # no graph unless the trunk trains
         exit_state = model.trunk(inputs, skip=range(early_exit, model.config.n_layers))
-        exit_in = (
-            exit_state.detach().requires_grad_(exit_state.requires_grad)
-            if detach_exit
-            else exit_state
-        )
+        exit_in = exit_state.detach().requires_grad_(exit_state.requires_grad) \
+            if detach_exit else exit_state
         return TrunkPass(model.resume_trunk(exit_in, early_exit), exit_state, exit_in)
 
 
@@ -241,21 +212,16 @@ class _Heads:
     backward: BackwardFn | None
 
     @classmethod
-    def of(
-        cls, targets: Tensor, settings: LossSettings, n_future: int, backward: BackwardFn | None
-    ) -> _Heads:
+    def of(cls, targets: Tensor, settings: LossSettings, n_future: int,
+           backward: BackwardFn | None) -> _Heads:
         """The `n_future` heads of `targets` (B, lookahead, T), weighted as `settings` say."""
         counts = (targets != IGNORE_INDEX).sum(dim=(0, 2))
         denominators = counts.clamp(min=1).tolist()
         flat = [targets[:, i].flatten() for i in range(targets.shape[1])]
-        per_head = [
-            [Target(flat[i], denominators[i], weight)]
-            for i, weight in enumerate(settings.head_weights(n_future))
-        ]
-        per_head[0] += [
-            Target(flat[d], denominators[d], weight)
-            for d, weight in enumerate(settings.ahead_weights(n_future), start=1)
-        ]
+        per_head = [[Target(flat[i], denominators[i], weight)]
+                    for i, weight in enumerate(settings.head_weights(n_future))]
+        per_head[0] += [Target(flat[d], denominators[d], weight) for d, weight
+                        in enumerate(settings.ahead_weights(n_future), start=1)]
         return cls(per_head, counts, settings.early_exit_weight, backward)
 
     def exit_targets(self) -> list[Target]:
@@ -263,54 +229,37 @@ class _Heads:
         own = self.targets[0][0]
         return [Target(own.tokens, own.denominator, self.exit_weight)]
 
-    def output(
-        self,
-        losses: Sequence[Tensor],
-        correct: Sequence[Tensor],
-        exit_loss: Tensor | None = None,
-        exit_hits: Tensor | None = None,
-    ) -> LossOutput:
+    def output(self, losses: Sequence[Tensor], correct: Sequence[Tensor],
+               exit_loss: Tensor | None = None, exit_hits: Tensor | None = None) -> LossOutput:
         """The detached `LossOutput` of the heads' losses and hits (k,) each, and the exit's."""
         losses = [loss.detach() for loss in losses]
-        total = sum(
-            t.weight * loss
-            for targets, head in zip(self.targets, losses)
-            for t, loss in zip(targets, head)
-        )
+        total = sum(t.weight * loss for targets, head in zip(self.targets, losses)
+                    for t, loss in zip(targets, head))
         if exit_loss is not None:
             exit_loss = exit_loss.detach()
             total = total + self.exit_weight * exit_loss
         ahead = len(self.targets[0]) - 1
-        return LossOutput(
-            loss=total,
-            head_losses=torch.stack([loss[0] for loss in losses]),
-            head_correct=torch.stack([hits[0] for hits in correct]),
-            head_count=self.counts[: len(losses)],
-            exit_loss=exit_loss,
-            exit_correct=exit_hits,
-            ahead_losses=losses[0][1:] if ahead else None,
-            ahead_correct=correct[0][1:] if ahead else None,
-            ahead_count=self.counts[1 : 1 + ahead] if ahead else None,
-        )
+        return LossOutput(loss=total, head_losses=torch.stack([loss[0] for loss in losses]),
+                          head_correct=torch.stack([hits[0] for hits in correct]),
+                          head_count=self.counts[:len(losses)],
+                          exit_loss=exit_loss, exit_correct=exit_hits,
+                          ahead_losses=losses[0][1:] if ahead else None,
+                          ahead_correct=correct[0][1:] if ahead else None,
+                          ahead_count=self.counts[1:1 + ahead] if ahead else None)
 
 
 def _naive_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads) -> LossOutput:
     """Every head's logits at once (B, T, n, V) and one backward of the weighted sum."""
     n = len(heads.targets)
-    logits = torch.stack(
-        [
-            model.unembed(state, i)
-            for i, state in enumerate(model.head_states(trunk.out, tokens, n))
-        ],
-        dim=2,
-    )  # (B, T, n, V)
+    logits = torch.stack([model.unembed(state, i) for i, state in
+                          enumerate(model.head_states(trunk.out, tokens, n))],
+                         dim=2)  # (B, T, n, V)
     results = [_scored(logits[:, :, i].flatten(0, 1), heads.targets[i]) for i in range(n)]
     total = sum(weighted for weighted, _, _ in results)
     exit_loss = exit_hits = None
     if trunk.exit_in is not None:
         exit_total, exit_loss, exit_hits = _scored(
-            model.unembed(model.head(trunk.exit_in, 0)).flatten(0, 1), heads.exit_targets()
-        )
+            model.unembed(model.head(trunk.exit_in, 0)).flatten(0, 1), heads.exit_targets())
         total = total + exit_total
         exit_loss, exit_hits = exit_loss[0], exit_hits[0]
     if heads.backward is not None and total.requires_grad:
@@ -322,19 +271,13 @@ def _naive_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads
 class HeadLossFn(Protocol):
     """One head's losses and hits (k,) on its output (B, T, D), backpropagated into it."""
 
-    def __call__(
-        self,
-        model: MTPModel,
-        head: int,
-        head_out: Tensor,
-        targets: Sequence[Target],
-        backward: BackwardFn | None,
-    ) -> tuple[Tensor, Tensor]: ...
+    def __call__(self, model: MTPModel, head: int, head_out: Tensor,
+                 targets: Sequence[Target],
+                 backward: BackwardFn | None) -> tuple[Tensor, Tensor]: ...
 
 
-def _headwise_loss(
-    model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads, per_head: HeadLossFn
-) -> LossOutput:
+def _headwise_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads,
+                   per_head: HeadLossFn) -> LossOutput:
     """One head at a time on the detached trunk output, then one backward through the trunk
     (then the early exit's loss and the trunk's first segment)."""
     backward = heads.backward
@@ -347,29 +290,22 @@ def _headwise_loss(
     if model.config.head_type == "sequential":
         losses, correct = _sequential_backward(model, detached, tokens, head_loss, backward)
     else:
-        losses, correct = zip(
-            *(head_loss(i, model.head(detached, i)) for i in range(len(heads.targets)))
-        )
+        losses, correct = zip(*(head_loss(i, model.head(detached, i))
+                                for i in range(len(heads.targets))))
     if backward is not None and detached.grad is not None:
         backward(trunk.out, detached.grad)  # into exit_in.grad, with an early exit
     exit_loss = exit_hits = None
     if trunk.exit_in is not None:
-        exit_loss, exit_hits = per_head(
-            model, 0, model.head(trunk.exit_in, 0), heads.exit_targets(), backward
-        )
+        exit_loss, exit_hits = per_head(model, 0, model.head(trunk.exit_in, 0),
+                                        heads.exit_targets(), backward)
         exit_loss, exit_hits = exit_loss[0], exit_hits[0]
         if backward is not None and trunk.exit_in.grad is not None:
             backward(trunk.exit_state, trunk.exit_in.grad)
     return heads.output(losses, correct, exit_loss, exit_hits)
 
 
-def _whole_head_loss(
-    model: MTPModel,
-    head: int,
-    head_out: Tensor,
-    targets: Sequence[Target],
-    backward: BackwardFn | None,
-) -> tuple[Tensor, Tensor]:
+def _whole_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Sequence[Target],
+                     backward: BackwardFn | None) -> tuple[Tensor, Tensor]:
     """Head `head`'s losses over all its logits (B*T, V) at once."""
     total, losses, hits = _scored(model.unembed(head_out, head).flatten(0, 1), targets)
     if backward is not None and total.requires_grad:
@@ -377,13 +313,9 @@ def _whole_head_loss(
     return losses.detach(), hits
 
 
-def _sequential_backward(
-    model: MTPModel,
-    trunk_out: Tensor,
-    tokens: Tensor,
-    head_loss: Callable[[int, Tensor], tuple[Tensor, Tensor]],
-    backward: BackwardFn | None,
-) -> tuple[list[Tensor], list[Tensor]]:
+def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
+                         head_loss: Callable[[int, Tensor], tuple[Tensor, Tensor]],
+                         backward: BackwardFn | None) -> tuple[list[Tensor], list[Tensor]]:
     """The sequential chain's headwise losses and backward on the detached trunk output;
     `head_loss(i, state)` backpropagates head i's loss into `state`."""
     links = []  # each head's output, with its graph, and its detached copy
@@ -406,15 +338,9 @@ def _sequential_backward(
     return losses, correct
 
 
-def _chunked_head_loss(
-    model: MTPModel,
-    head: int,
-    head_out: Tensor,
-    targets: Sequence[Target],
-    backward: BackwardFn | None,
-    *,
-    chunk_size: int,
-) -> tuple[Tensor, Tensor]:
+def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor,
+                       targets: Sequence[Target], backward: BackwardFn | None, *,
+                       chunk_size: int) -> tuple[Tensor, Tensor]:
     """Head `head`'s losses over chunks of `chunk_size` tokens of `head_out` (B, T, D)."""
     flat = head_out.flatten(0, 1)  # (B*T, D)
     # Chunks backpropagate into this detached copy; the head's blocks run backward once.
@@ -422,9 +348,8 @@ def _chunked_head_loss(
     losses, hits = [], []
     for start in range(0, detached.shape[0], chunk_size):
         end = start + chunk_size
-        total, chunk_losses, chunk_hits = _scored(
-            model.unembed(detached[start:end], head), [t.chunk(start, end) for t in targets]
-        )
+        total, chunk_losses, chunk_hits = _scored(model.unembed(detached[start:end], head),
+                                                  [t.chunk(start, end) for t in targets])
         if backward is not None and total.requires_grad:
             backward(total)
         losses.append(chunk_losses.detach())

@@ -45,19 +45,13 @@ def count_parameters(config: MTPConfig) -> tuple[int, int]:
     """Parameters of a model of `config`, and of its base model (`is_base_parameter`)."""
     with torch.device("meta"):
         named = [(name, p.numel()) for name, p in MTPModel(config).named_parameters()]
-    return sum(n for _, n in named), sum(n for name, n in named if MTPModel.is_base_parameter(name))
+    return sum(n for _, n in named), sum(n for name, n in named
+                                         if MTPModel.is_base_parameter(name))
 
 
-def step_memory(
-    config: MTPConfig,
-    *,
-    batch: int,
-    seq_len: int,
-    loss_mode: str = "headwise",
-    activation_checkpointing: str = "none",
-    freeze_trunk: bool = False,
-    ranks: int = 1,
-) -> StepMemory:
+def step_memory(config: MTPConfig, *, batch: int, seq_len: int, loss_mode: str = "headwise",
+                activation_checkpointing: str = "none", freeze_trunk: bool = False,
+                ranks: int = 1) -> StepMemory:
     """The lower bound for one micro-batch of `batch` x `seq_len`."""
     tokens = batch * seq_len
     per_block = ACTIVATION_BYTES * config.dim * tokens
@@ -72,8 +66,7 @@ def step_memory(
     return StepMemory(
         states=(STATE_BYTES * (parameters - frozen) + 4 * frozen) // max(ranks, 1),
         activations=(trunk + head) * per_block,
-        logits=heads_alive * LOGIT_BYTES * tokens * config.vocab_size,
-    )
+        logits=heads_alive * LOGIT_BYTES * tokens * config.vocab_size)
 
 
 def check_fits(memory: StepMemory, *, capacity: int, device: str, what: str) -> None:
@@ -86,5 +79,4 @@ def check_fits(memory: StepMemory, *, capacity: int, device: str, what: str) -> 
         f"{memory.activations / GIB:.1f} GiB, logits {memory.logits / GIB:.1f} GiB), more "
         f"than {device}'s {capacity / GIB:.1f} GiB: lower data.batch_size or seq_len, set "
         f"activation_checkpointing=trunk or loss.mode=chunked, choose a smaller model, or "
-        f"shard it with trainer=fsdp over more GPUs"
-    )
+        f"shard it with trainer=fsdp over more GPUs")

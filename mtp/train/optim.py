@@ -20,31 +20,24 @@ from mtp.train.schedule import run_progress
 from mtp.train.settings import OptimSettings
 
 
-def param_groups(
-    model: nn.Module, weight_decay: float, *, trunk_lr_mult: float = 1.0
-) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, *,
+                 trunk_lr_mult: float = 1.0) -> list[dict]:
     """AdamW groups of the trainable parameters, each with its `name` ("heads",
     "heads_no_decay", "base", "base_no_decay") and `lr_mult`; empty groups are left out."""
-    groups: dict[str, list] = {"heads": [], "heads_no_decay": [], "base": [], "base_no_decay": []}
+    groups: dict[str, list] = {"heads": [], "heads_no_decay": [], "base": [],
+                               "base_no_decay": []}
     for name, param in model.named_parameters():
         if param.requires_grad:
             part = "base" if MTPModel.is_base_parameter(name) else "heads"
             groups[part if param.ndim >= 2 else f"{part}_no_decay"].append(param)
-    return [
-        {
-            "name": name,
-            "params": params,
-            "weight_decay": 0.0 if name.endswith("no_decay") else weight_decay,
-            "lr_mult": trunk_lr_mult if name.startswith("base") else 1.0,
-        }
-        for name, params in groups.items()
-        if params
-    ]
+    return [{"name": name, "params": params,
+             "weight_decay": 0.0 if name.endswith("no_decay") else weight_decay,
+             "lr_mult": trunk_lr_mult if name.startswith("base") else 1.0}
+            for name, params in groups.items() if params]
 
 
-def build_optimizer(
-    model: nn.Module, optim: OptimSettings, *, fused: bool | None = None
-) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, optim: OptimSettings, *,
+                    fused: bool | None = None) -> torch.optim.AdamW:
     """AdamW over `param_groups(model)` with `optim`'s settings (`fused` None: torch's)."""
     groups = param_groups(model, optim.weight_decay, trunk_lr_mult=optim.base_lr_mult)
     if not groups:
@@ -54,15 +47,8 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps, fused=fused)
 
 
-def lr_factor(
-    step: int,
-    elapsed: float = 0.0,
-    *,
-    warmup_steps: int,
-    total_steps: int,
-    time_budget: float | None = None,
-    min_lr_ratio: float = 0.1,
-) -> float:
+def lr_factor(step: int, elapsed: float = 0.0, *, warmup_steps: int, total_steps: int,
+              time_budget: float | None = None, min_lr_ratio: float = 0.1) -> float:
     """Learning-rate multiplier at optimizer step `step`, `elapsed` seconds into training.
 
     Linear warm-up to 1 over `warmup_steps`, then a half cosine down to `min_lr_ratio` at the
@@ -94,15 +80,11 @@ class LRSchedule:
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0 or self.total_steps < 1:
-            raise ValueError(
-                f"need warmup_steps >= 0 and total_steps >= 1, got "
-                f"warmup_steps={self.warmup_steps}, total_steps={self.total_steps}"
-            )
+            raise ValueError(f"need warmup_steps >= 0 and total_steps >= 1, got "
+                             f"warmup_steps={self.warmup_steps}, total_steps={self.total_steps}")
         if not 0 <= self.delay_steps < self.total_steps:
-            raise ValueError(
-                f"optim.heads_only_steps={self.delay_steps} must be in "
-                f"[0, total_steps={self.total_steps})"
-            )
+            raise ValueError(f"optim.heads_only_steps={self.delay_steps} must be in "
+                             f"[0, total_steps={self.total_steps})")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if self.time_budget is not None and not self.time_budget > 0:
@@ -111,38 +93,21 @@ class LRSchedule:
     def __call__(self, step: int) -> float:
         if step < self.delay_steps:
             return 0.0
-        return lr_factor(
-            step - self.delay_steps,
-            self.elapsed,
-            warmup_steps=self.warmup_steps,
-            total_steps=self.total_steps - self.delay_steps,
-            time_budget=self.time_budget,
-            min_lr_ratio=self.min_lr_ratio,
-        )
+        return lr_factor(step - self.delay_steps, self.elapsed, warmup_steps=self.warmup_steps,
+                         total_steps=self.total_steps - self.delay_steps,
+                         time_budget=self.time_budget, min_lr_ratio=self.min_lr_ratio)
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer,
-    *,
-    warmup_steps: int,
-    total_steps: int,
-    min_lr_ratio: float = 0.1,
-    heads_only_steps: int = 0,
-    time_budget: float | None = None,
-) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
+                    min_lr_ratio: float = 0.1, heads_only_steps: int = 0,
+                    time_budget: float | None = None) -> torch.optim.lr_scheduler.LambdaLR:
     """A `LambdaLR` with an `LRSchedule` per group, stepped once per optimizer step; the base
     groups stay at 0 for `heads_only_steps`, then warm up and decay over the rest."""
-    heads = LRSchedule(
-        warmup_steps=warmup_steps,
-        total_steps=total_steps,
-        min_lr_ratio=min_lr_ratio,
-        time_budget=time_budget,
-    )
+    heads = LRSchedule(warmup_steps=warmup_steps, total_steps=total_steps,
+                       min_lr_ratio=min_lr_ratio, time_budget=time_budget)
     base = replace(heads, delay_steps=heads_only_steps)
-    factors = [
-        base if group.get("name", "base").startswith("base") else heads
-        for group in optimizer.param_groups
-    ]
+    factors = [base if group.get("name", "base").startswith("base") else heads
+               for group in optimizer.param_groups]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
 
 

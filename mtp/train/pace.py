@@ -41,9 +41,8 @@ def say(line: str) -> None:
 class ThreadSearch(Callback):
     """Chooses training's intra-op thread count on its first batches."""
 
-    def __init__(
-        self, key: str, requested: int | None = None, cache: TuneCache | None = None
-    ) -> None:
+    def __init__(self, key: str, requested: int | None = None,
+                 cache: TuneCache | None = None) -> None:
         self.key, self.requested = key, requested
         self.cache = cache or TuneCache()
         self.counts: list[int] = []  # counts still to time, in order
@@ -68,33 +67,22 @@ class ThreadSearch(Callback):
         """The cached choice for this key, set; None when there is none that can run (the
         machine's cores may be fewer now)."""
         found = self.cache.get(self.key)
-        if (
-            found is None
-            or found.step != "threads"
-            or not isinstance(found.value, int)
-            or not 1 <= found.value <= cores()
-        ):
+        if found is None or found.step != "threads" or not isinstance(found.value, int) \
+                or not 1 <= found.value <= cores():
             return None
         set_threads(found.value)
         return found.cached()
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
         if self.done:
             return
         if self._batch >= 1:  # after the warm-up, one batch per count
             set_threads(self.counts[self._batch - 1])
         self._began = time.perf_counter()
 
-    def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.done:
             return
         if self._batch >= 1:
@@ -124,28 +112,20 @@ class ThreadSearch(Callback):
 class PaceCheck(Callback):
     """Warns, once and early, when `trainer.max_time` cannot carry `trainer.max_steps`."""
 
-    def __init__(
-        self, max_steps: int, seq_len: int, accumulate: int = 1, search: ThreadSearch | None = None
-    ) -> None:
+    def __init__(self, max_steps: int, seq_len: int, accumulate: int = 1,
+                 search: ThreadSearch | None = None) -> None:
         self.max_steps, self.seq_len, self.accumulate = max_steps, seq_len, accumulate
         self.search = search
         self.batch_seconds: list[float] = []
         self.warning: str | None = None
         self._checked, self._began, self._seen = False, 0.0, 0
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
         self._began = time.perf_counter()
 
-    def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._checked:
             return
         seconds = time.perf_counter() - self._began
@@ -178,27 +158,19 @@ class PaceCheck(Callback):
             return None
         budget = timer.time_elapsed() + remaining
         rate = tokens * trainer.world_size / per_batch
-        self.warning = (
-            f"warning: training runs at {rate:,.0f} tokens/s ({per_step:.2f} s per "
-            f"step): the trainer.max_time budget of {timedelta(seconds=round(budget))}"
-            f" reaches about step {reached} of trainer.max_steps={self.max_steps} "
-            f"({reached / self.max_steps:.0%}), and the model will be undertrained; "
-            f"likely cause: {likely_cause()}"
-        )
+        self.warning = (f"warning: training runs at {rate:,.0f} tokens/s ({per_step:.2f} s per "
+                        f"step): the trainer.max_time budget of {timedelta(seconds=round(budget))}"
+                        f" reaches about step {reached} of trainer.max_steps={self.max_steps} "
+                        f"({reached / self.max_steps:.0%}), and the model will be undertrained; "
+                        f"likely cause: {likely_cause()}")
         say(self.warning)
         return self.warning
 
 
 def max_time_timer(trainer: L.Trainer) -> Timer | None:
     """The trainer's `trainer.max_time` guard, when it has one."""
-    return next(
-        (
-            cb
-            for cb in trainer.callbacks
-            if isinstance(cb, Timer) and cb.time_remaining() is not None
-        ),
-        None,
-    )
+    return next((cb for cb in trainer.callbacks
+                 if isinstance(cb, Timer) and cb.time_remaining() is not None), None)
 
 
 def likely_cause() -> str:
@@ -210,12 +182,8 @@ def likely_cause() -> str:
         load = 0.0
     others = load - min(threads, n)  # this run accounts for about its threads
     if others >= 0.5:
-        return (
-            f"a busy CPU (load average {load:.1f} on {n} cores, about {max(1, round(others))}"
-            f" of it from other processes); free the CPU, or raise trainer.max_time"
-        )
-    return (
-        f"this CPU or its thread count ({threads} of {n} cores) is slower than the "
-        f"recipe's reference machine; set threads=, lower trainer.max_steps, or raise "
-        f"trainer.max_time"
-    )
+        return (f"a busy CPU (load average {load:.1f} on {n} cores, about {max(1, round(others))}"
+                f" of it from other processes); free the CPU, or raise trainer.max_time")
+    return (f"this CPU or its thread count ({threads} of {n} cores) is slower than the "
+            f"recipe's reference machine; set threads=, lower trainer.max_steps, or raise "
+            f"trainer.max_time")

@@ -25,12 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import (
-    FSDPModule,
-    MixedPrecisionPolicy,
-    fully_shard,
-    register_fsdp_forward_method,
-)
+from torch.distributed.fsdp import (FSDPModule, MixedPrecisionPolicy, fully_shard,
+                                    register_fsdp_forward_method)
 from torch.utils.checkpoint import checkpoint
 
 from mtp.model import MTPModel
@@ -39,20 +35,14 @@ ACTIVATION_CHECKPOINTING = ("none", "trunk", "all")
 _HEADS_GATHERED: weakref.WeakSet = weakref.WeakSet()  # models whose heads were gathered once
 
 
-def parallelize(
-    model: MTPModel,
-    mesh: DeviceMesh,
-    *,
-    mp_policy: MixedPrecisionPolicy | None = None,
-    reshard_after_forward: bool = True,
-) -> MTPModel:
+def parallelize(model: MTPModel, mesh: DeviceMesh, *,
+                mp_policy: MixedPrecisionPolicy | None = None,
+                reshard_after_forward: bool = True) -> MTPModel:
     """Shard `model` in place over the 1-D data-parallel `mesh`, on the meta device (then
     `to_empty` and `init_weights()`) or not; `reshard_after_forward`: the blocks' and heads'."""
     if mesh.ndim != 1:
-        raise ValueError(
-            f"parallelize needs a 1-D data-parallel mesh, got {mesh.ndim} dims "
-            f"({mesh.mesh_dim_names})"
-        )
+        raise ValueError(f"parallelize needs a 1-D data-parallel mesh, got {mesh.ndim} dims "
+                         f"({mesh.mesh_dim_names})")
     kwargs = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
     for block in model.layers:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
@@ -75,24 +65,17 @@ def parallelize(
     return model
 
 
-def check_options(
-    *,
-    activation_checkpointing: str = "none",
-    param_dtype: str = "auto",
-    reduce_dtype: str = "float32",
-) -> None:
+def check_options(*, activation_checkpointing: str = "none", param_dtype: str = "auto",
+                  reduce_dtype: str = "float32") -> None:
     """Fail early, naming the value, on an unknown activation checkpointing mode or dtype."""
     if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
-        raise ValueError(
-            f"activation_checkpointing={activation_checkpointing!r} is not one of "
-            f"{ACTIVATION_CHECKPOINTING}"
-        )
+        raise ValueError(f"activation_checkpointing={activation_checkpointing!r} is not one of "
+                         f"{ACTIVATION_CHECKPOINTING}")
     mixed_precision("32-true", param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
-def mixed_precision(
-    precision: str, *, param_dtype: str = "auto", reduce_dtype: str = "float32"
-) -> MixedPrecisionPolicy:
+def mixed_precision(precision: str, *, param_dtype: str = "auto",
+                    reduce_dtype: str = "float32") -> MixedPrecisionPolicy:
     """FSDP2's policy: gather and compute in `param_dtype` ("auto": bfloat16 under a bf16
     Lightning precision, else float32), reduce gradients in `reduce_dtype`."""
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -100,11 +83,10 @@ def mixed_precision(
         param_dtype = "bfloat16" if str(precision).startswith("bf16") else "float32"
     for name, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
         if value not in dtypes:
-            raise ValueError(
-                f"fsdp.{name}={value!r} is not one of {sorted(dtypes)}"
-                f"{' or auto' if name == 'param_dtype' else ''}"
-            )
-    return MixedPrecisionPolicy(param_dtype=dtypes[param_dtype], reduce_dtype=dtypes[reduce_dtype])
+            raise ValueError(f"fsdp.{name}={value!r} is not one of {sorted(dtypes)}"
+                             f"{' or auto' if name == 'param_dtype' else ''}")
+    return MixedPrecisionPolicy(param_dtype=dtypes[param_dtype],
+                                reduce_dtype=dtypes[reduce_dtype])
 
 
 def apply_activation_checkpointing(model: MTPModel, mode: str) -> None:
@@ -157,11 +139,8 @@ def gradient_sync(model: nn.Module, *, sync: bool, headwise: bool) -> Iterator[N
             model.set_requires_gradient_sync(True)
         return grad
 
-    hooks = [
-        _on_output_grad(
-            model.layers[-1] if len(model.layers) else model.tok_embeddings, trunk_backward_starts
-        )
-    ]
+    hooks = [_on_output_grad(model.layers[-1] if len(model.layers) else model.tok_embeddings,
+                             trunk_backward_starts)]
     if sync:
         for head in model.heads:
             unit = head[-1]  # any module of the head's unit; its last sees the gradient first
@@ -183,12 +162,10 @@ def _enable_sync(unit: FSDPModule, grad: Tensor) -> Tensor:
 
 def _on_output_grad(module: nn.Module, fn: Any) -> torch.utils.hooks.RemovableHandle:
     """Call `fn(grad)` when the gradient of `module`'s output arrives (its backward starts)."""
-
     @torch.compiler.disable  # FSDP state changes belong outside a compiled block's graph
     def forward_hook(_module: nn.Module, _args: Any, output: Tensor) -> None:
         if output.requires_grad:
             output.register_hook(fn)
-
     return module.register_forward_hook(forward_hook)
 
 

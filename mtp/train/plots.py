@@ -57,9 +57,8 @@ class MetricsHistory(Callback):
         return {"history": {name: list(points) for name, points in self.history.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = {
-            name: [tuple(p) for p in points] for name, points in state_dict["history"].items()
-        }
+        self.history = {name: [tuple(p) for p in points]
+                        for name, points in state_dict["history"].items()}
 
 
 def write_metrics_csv(history: History, path: Path) -> Path:
@@ -121,20 +120,11 @@ def _plot_pair(history: History, kind: str, label: str, path: Path) -> Path:
             if split == "train":
                 values = _smooth(list(values), 0.6)
             colour = colormaps["viridis"](head / max(1, n - 1) * 0.9)
-            ax.plot(
-                steps,
-                values,
-                color=colour,
-                marker="o" if split == "val" else None,
-                markersize=3,
-                label=f"head {head} (t+{head + 1})",
-            )
-        title = "training (EMA-smoothed, weight 0.6)" if split == "train" else "validation"
-        _finish(
-            ax,
-            f"{label}, {title}" if heads else f"{label}, {split}: not logged",
-            legend=bool(heads),
-        )
+            ax.plot(steps, values, color=colour, marker="o" if split == "val" else None,
+                    markersize=3, label=f"head {head} (t+{head + 1})")
+        title = ("training (EMA-smoothed, weight 0.6)" if split == "train" else "validation")
+        _finish(ax, f"{label}, {title}" if heads else f"{label}, {split}: not logged",
+                legend=bool(heads))
         ax.set_ylabel(label)
     figure.savefig(path, dpi=110)
     return path
@@ -150,7 +140,8 @@ def _finish(ax: Any, title: str, legend: bool) -> None:
         ax.legend(fontsize="small", ncol=2)
 
 
-def _plot_over_steps(curves: dict[str, list[tuple[int, float]]], title: str, path: Path) -> Path:
+def _plot_over_steps(curves: dict[str, list[tuple[int, float]]], title: str,
+                     path: Path) -> Path:
     """One small figure of `curves` (label -> points) against the optimizer step."""
     figure = Figure(figsize=(5.5, 3.5), layout="constrained")
     ax = figure.subplots()
@@ -169,9 +160,8 @@ def _weight_curves(history: History) -> dict[str, list[tuple[int, float]]]:
         match = _WEIGHT_METRIC.match(name)
         if match and points:
             term, index = match[1], int(match[2])
-            label = (
-                f"head {index} (t+{index + 1})" if term == "head" else f"head 0 on t+{index + 1}"
-            )
+            label = (f"head {index} (t+{index + 1})" if term == "head"
+                     else f"head 0 on t+{index + 1}")
             found[(term == "ahead", index)] = (label, points)
     return dict(found[key] for key in sorted(found))
 
@@ -181,28 +171,22 @@ def write_plots(history: History, out_dir: Path) -> list[Path]:
     `weights.png` to `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [
-        write_metrics_csv(history, out_dir / "metrics.csv"),
-        _plot_pair(history, "loss", "cross-entropy", out_dir / "loss.png"),
-        _plot_pair(history, "acc", "top-1 accuracy", out_dir / "accuracy.png"),
-    ]
+    written = [write_metrics_csv(history, out_dir / "metrics.csv"),
+               _plot_pair(history, "loss", "cross-entropy", out_dir / "loss.png"),
+               _plot_pair(history, "acc", "top-1 accuracy", out_dir / "accuracy.png")]
     if history.get("train/lr"):
-        written.append(
-            _plot_over_steps({"lr": history["train/lr"]}, "learning rate", out_dir / "lr.png")
-        )
+        written.append(_plot_over_steps({"lr": history["train/lr"]}, "learning rate",
+                                        out_dir / "lr.png"))
     weights = _weight_curves(history)
     if weights:
-        written.append(
-            _plot_over_steps(weights, "loss weights (loss.schedule)", out_dir / "weights.png")
-        )
+        written.append(_plot_over_steps(weights, "loss weights (loss.schedule)",
+                                        out_dir / "weights.png"))
     return written
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description="Plot a run's per-head curves from a metrics "
-        "CSV (<run>/plots/metrics.csv or a CSVLogger's)"
-    )
+    parser = argparse.ArgumentParser(description="Plot a run's per-head curves from a metrics "
+                                                 "CSV (<run>/plots/metrics.csv or a CSVLogger's)")
     parser.add_argument("metrics", type=Path)
     parser.add_argument("out_dir", type=Path)
     args = parser.parse_args()

@@ -115,11 +115,9 @@ def model_config(cfg: DictConfig, tokenizer: Tokenizer) -> MTPConfig:
     """The model's `MTPConfig` from `cfg.model`, its vocabulary the tokenizer's."""
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     if fields.get("vocab_size") is not None and fields["vocab_size"] != tokenizer.vocab_size:
-        raise ValueError(
-            f"model.vocab_size={fields['vocab_size']} does not match "
-            f"tokenizer={tokenizer.name}'s vocab_size={tokenizer.vocab_size}; "
-            f"leave model.vocab_size=null to take the tokenizer's"
-        )
+        raise ValueError(f"model.vocab_size={fields['vocab_size']} does not match "
+                         f"tokenizer={tokenizer.name}'s vocab_size={tokenizer.vocab_size}; "
+                         f"leave model.vocab_size=null to take the tokenizer's")
     fields["vocab_size"] = tokenizer.vocab_size
     config = instantiate(fields)
     check_vocab(config, tokenizer)
@@ -130,88 +128,61 @@ def check_init_tokenizer(cfg: DictConfig, tokenizer: Tokenizer) -> None:
     """Fail unless the `init_from` checkpoint's tokenizer is the configured one."""
     kind, source = cfg.tokenizer.kind, f"init_from={cfg.init_from}"
     if (kind == "byte") != isinstance(tokenizer, ByteTokenizer):
-        raise ValueError(
-            f"{source} has a {tokenizer.name} tokenizer (vocab_size="
-            f"{tokenizer.vocab_size}) but tokenizer={kind} is configured: "
-            f"choose the checkpoint's (tokenizer=byte or tokenizer=bpe)"
-        )
+        raise ValueError(f"{source} has a {tokenizer.name} tokenizer (vocab_size="
+                         f"{tokenizer.vocab_size}) but tokenizer={kind} is configured: "
+                         f"choose the checkpoint's (tokenizer=byte or tokenizer=bpe)")
     if kind == "bpe":
         if cfg.tokenizer.get("path"):
             configured = load_tokenizer(cfg.tokenizer.path)
             if configured.fingerprint != tokenizer.fingerprint:
-                raise ValueError(
-                    f"{source} has another BPE tokenizer than tokenizer.path="
-                    f"{cfg.tokenizer.path} (vocab_size {tokenizer.vocab_size} vs "
-                    f"{configured.vocab_size}, or different merges)"
-                )
+                raise ValueError(f"{source} has another BPE tokenizer than tokenizer.path="
+                                 f"{cfg.tokenizer.path} (vocab_size {tokenizer.vocab_size} vs "
+                                 f"{configured.vocab_size}, or different merges)")
         elif cfg.tokenizer.vocab_size not in (None, tokenizer.vocab_size):  # None: the checkpoint's
-            raise ValueError(
-                f"{source} has a BPE vocabulary of {tokenizer.vocab_size} tokens "
-                f"but tokenizer.vocab_size={cfg.tokenizer.vocab_size} is configured"
-            )
+            raise ValueError(f"{source} has a BPE vocabulary of {tokenizer.vocab_size} tokens "
+                             f"but tokenizer.vocab_size={cfg.tokenizer.vocab_size} is configured")
     vocab_size = cfg.model.get("vocab_size")
     if vocab_size is not None and vocab_size != tokenizer.vocab_size:
-        raise ValueError(
-            f"model.vocab_size={vocab_size} does not match {source}'s vocab_size="
-            f"{tokenizer.vocab_size}"
-        )
+        raise ValueError(f"model.vocab_size={vocab_size} does not match {source}'s vocab_size="
+                         f"{tokenizer.vocab_size}")
 
 
-def grown_model(
-    cfg: DictConfig, init: InitSettings
-) -> tuple[Tokenizer, MTPConfig, dict[str, torch.Tensor]]:
+def grown_model(cfg: DictConfig, init: InitSettings
+                ) -> tuple[Tokenizer, MTPConfig, dict[str, torch.Tensor]]:
     """The `init_from` checkpoint's tokenizer, the grown config and its initial weights."""
     base, tokenizer = load(init.init_from)
     check_init_tokenizer(cfg, tokenizer)
-    config = grown_config(
-        base.config,
-        n_future=cfg.model.n_future,
-        head_type=cfg.model.head_type,
-        drop_heads=init.drop_heads,
-        new_heads=init.new_heads,
-    )
+    config = grown_config(base.config, n_future=cfg.model.n_future,
+                          head_type=cfg.model.head_type, drop_heads=init.drop_heads,
+                          new_heads=init.new_heads)
     state = grow_heads(base, config, new_heads=init.new_heads)
     kept = min(config.n_future, base.config.n_future)
-    added = (
-        f"heads {kept}..{config.n_future - 1} added ({config.head_type}, {init.new_heads})"
-        if config.n_future > kept
-        else "no heads added"
-    )
-    rank_zero_info(
-        f"init_from {init.init_from}: {config.n_layers}-layer trunk and heads "
-        f"0..{kept - 1} kept, {added}; the architecture is the checkpoint's "
-        f"(model.* other than n_future and head_type is not used)"
-    )
+    added = (f"heads {kept}..{config.n_future - 1} added ({config.head_type}, "
+             f"{init.new_heads})" if config.n_future > kept else "no heads added")
+    rank_zero_info(f"init_from {init.init_from}: {config.n_layers}-layer trunk and heads "
+                   f"0..{kept - 1} kept, {added}; the architecture is the checkpoint's "
+                   f"(model.* other than n_future and head_type is not used)")
     return tokenizer, config, state
 
 
 def check_device_memory(cfg: DictConfig, settings: TrainSettings, config: MTPConfig) -> None:
     """Refuse, before any data or training, a GPU run whose step cannot fit the GPU's memory
     (`mtp.train.memory`'s lower bound)."""
-    if (
-        cfg.trainer.get("accelerator") not in ("gpu", "cuda", "auto")
-        or not torch.cuda.is_available()
-    ):
+    if cfg.trainer.get("accelerator") not in ("gpu", "cuda", "auto") or \
+            not torch.cuda.is_available():
         return
     sharded = cfg.trainer.get("strategy") is not None
     ranks = _world_size(cfg.trainer.num_nodes, cfg.trainer.devices) if sharded else 1
     run = settings.run
-    memory = step_memory(
-        config,
-        batch=cfg.data.batch_size,
-        seq_len=run.seq_len,
-        loss_mode=settings.loss.mode,
-        ranks=ranks,
-        activation_checkpointing=run.activation_checkpointing,
-        freeze_trunk=settings.optim.freeze_trunk,
-    )
+    memory = step_memory(config, batch=cfg.data.batch_size, seq_len=run.seq_len,
+                         loss_mode=settings.loss.mode, ranks=ranks,
+                         activation_checkpointing=run.activation_checkpointing,
+                         freeze_trunk=settings.optim.freeze_trunk)
     device = torch.cuda.get_device_properties(0)
     choice = HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
     parameters = count_parameters(config)[0]
-    what = (
-        f"{f'model={choice}' if choice else 'the model'} ({parameters / 1e6:.1f}M parameters) "
-        f"at data.batch_size={cfg.data.batch_size} x seq_len={run.seq_len}"
-    )
+    what = (f"{f'model={choice}' if choice else 'the model'} ({parameters / 1e6:.1f}M parameters) "
+            f"at data.batch_size={cfg.data.batch_size} x seq_len={run.seq_len}")
     check_fits(memory, capacity=device.total_memory, device=f"cuda:0 ({device.name})", what=what)
 
 
@@ -225,32 +196,19 @@ def check_resumable(ckpt_path: str | None) -> None:
     if not path.exists():
         raise ValueError(f"ckpt_path={ckpt_path} does not exist")
     if path.is_dir() and not is_sharded_checkpoint(path):
-        raise ValueError(
-            f"ckpt_path={ckpt_path} is a folder but not a sharded checkpoint "
-            f"(trainer=fsdp writes one with {META_FILE} and .metadata)"
-        )
+        raise ValueError(f"ckpt_path={ckpt_path} is a folder but not a sharded checkpoint "
+                         f"(trainer=fsdp writes one with {META_FILE} and .metadata)")
     try:
-        checkpoint = torch.load(
-            path / META_FILE if path.is_dir() else path,
-            map_location="cpu",
-            weights_only=True,
-            mmap=True,
-        )
+        checkpoint = torch.load(path / META_FILE if path.is_dir() else path,
+                                map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # torch raises many kinds for a foreign or truncated file
-        raise ValueError(
-            f"ckpt_path={ckpt_path} is not a Lightning checkpoint: it does not "
-            f"load as tensors and plain values ({type(error).__name__})"
-        ) from None
+        raise ValueError(f"ckpt_path={ckpt_path} is not a Lightning checkpoint: it does not "
+                         f"load as tensors and plain values ({type(error).__name__})") from None
     hyper = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
-    if (
-        not isinstance(hyper, dict)
-        or "model" not in hyper
-        or "pytorch-lightning_version" not in checkpoint
-    ):
-        raise ValueError(
-            f"ckpt_path={ckpt_path} is not a checkpoint that mtp.train wrote: it "
-            f"has no model config in Lightning's hyper_parameters"
-        )
+    if not isinstance(hyper, dict) or "model" not in hyper \
+            or "pytorch-lightning_version" not in checkpoint:
+        raise ValueError(f"ckpt_path={ckpt_path} is not a checkpoint that mtp.train wrote: it "
+                         f"has no model config in Lightning's hyper_parameters")
 
 
 def _logger(cfg: DictConfig) -> Any:
@@ -270,7 +228,8 @@ def build_trainer(cfg: DictConfig, **kwargs: Any) -> L.Trainer:
     return instantiate(fields, **kwargs)
 
 
-def pace_callbacks(cfg: DictConfig, settings: TrainSettings, config: MTPConfig) -> list[Callback]:
+def pace_callbacks(cfg: DictConfig, settings: TrainSettings, config: MTPConfig
+                   ) -> list[Callback]:
     """On a CPU, the thread search and the early warning of `mtp.train.pace`; GPU recipes
     are planned in time (`trainer.max_steps` is a ceiling there), so they get neither."""
     run = settings.run
@@ -278,15 +237,9 @@ def pace_callbacks(cfg: DictConfig, settings: TrainSettings, config: MTPConfig) 
         if run.threads:
             set_threads(run.threads)
         return []
-    key = tune_key(
-        "threads",
-        kind="train",
-        model=fingerprint(config.to_dict()),
-        width=run.seq_len,
-        batch=cfg.data.batch_size,
-        dtype=str(cfg.trainer.precision),
-        device="cpu",
-    )
+    key = tune_key("threads", kind="train", model=fingerprint(config.to_dict()),
+                   width=run.seq_len, batch=cfg.data.batch_size,
+                   dtype=str(cfg.trainer.precision), device="cpu")
     search = ThreadSearch(key, requested=run.threads)
     return [search, PaceCheck(run.max_steps, run.seq_len, settings.optim.accumulate, search)]
 
@@ -299,10 +252,8 @@ def early_stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
     if timer and timer.time_remaining() <= 0:
         elapsed = timer.time_elapsed()
         budget = elapsed + timer.time_remaining()
-        return (
-            f"the trainer.max_time guard ({timedelta(seconds=round(budget))}) stopped "
-            f"training after {timedelta(seconds=round(elapsed))}"
-        )
+        return (f"the trainer.max_time guard ({timedelta(seconds=round(budget))}) stopped "
+                f"training after {timedelta(seconds=round(elapsed))}")
     if trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs:
         return f"the data ran out after trainer.max_epochs={trainer.max_epochs} epoch(s)"
     return "a callback asked the trainer to stop"
@@ -314,51 +265,33 @@ def _stop_line(trainer: L.Trainer, max_steps: int) -> str | None:
         return None
     scheduler = trainer.lr_scheduler_configs[0].scheduler
     lr, peak = scheduler.get_last_lr()[0], scheduler.base_lrs[0]
-    line = (
-        f"stopped early at step {trainer.global_step} of trainer.max_steps={max_steps}:\n"
-        f"  {reason};\n  the learning rate had come down to {lr:.3g} ({lr / peak:.0%} of "
-        f"its peak): the schedule ends by the time budget too"
-    )
+    line = (f"stopped early at step {trainer.global_step} of trainer.max_steps={max_steps}:\n"
+            f"  {reason};\n  the learning rate had come down to {lr:.3g} ({lr / peak:.0%} of "
+            f"its peak): the schedule ends by the time budget too")
     if reason.startswith("the trainer.max_time guard"):
-        line += (
-            f"\n  the model is undertrained: {trainer.global_step / max_steps:.0%} of the "
-            f"recipe ran ({trainer.global_step} of {max_steps} steps)"
-        )
+        line += (f"\n  the model is undertrained: {trainer.global_step / max_steps:.0%} of the "
+                 f"recipe ran ({trainer.global_step} of {max_steps} steps)")
     return line
 
 
 @rank_zero_only
-def _print_summary(
-    metrics: list[dict[str, float]],
-    n_future: int,
-    export_dir: Path,
-    last_ckpt: str,
-    stopped: str | None,
-    plots: Path,
-    decode: dict[str, Any] | None,
-    summary: Path,
-) -> None:
+def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: Path,
+                   last_ckpt: str, stopped: str | None, plots: Path,
+                   decode: dict[str, Any] | None, summary: Path) -> None:
     if metrics:
         lines = ["", "head  predicts  val loss  val acc"]
         for i in range(n_future):
-            lines.append(
-                f"{i:>4}  t+{i + 1:<7} {metrics[0][f'val/loss_head{i}']:>8.4f}  "
-                f"{metrics[0][f'val/acc_head{i}']:>7.4f}"
-            )
+            lines.append(f"{i:>4}  t+{i + 1:<7} {metrics[0][f'val/loss_head{i}']:>8.4f}  "
+                         f"{metrics[0][f'val/acc_head{i}']:>7.4f}")
     else:
         lines = ["", "no validation data (raise data.val_fraction for a per-head summary)"]
     if decode:
         lines += ["", *format_decoding(decode)]
     if stopped:
         lines += ["", stopped]
-    lines += [
-        "",
-        f"resume:   ckpt_path={last_ckpt}",
-        f"exported: {export_dir}",
-        f"   load:  mtp.load({str(export_dir)!r})",
-        f"plots:    {plots}",
-        f"summary:  {summary}",
-    ]
+    lines += ["", f"resume:   ckpt_path={last_ckpt}", f"exported: {export_dir}",
+              f"   load:  mtp.load({str(export_dir)!r})", f"plots:    {plots}",
+              f"summary:  {summary}"]
     print("\n".join(lines), flush=True)
 
 
@@ -376,52 +309,30 @@ def train(cfg: DictConfig) -> Path:
         tokenizer, config, init_state = grown_model(cfg, settings.init)
     else:
         tokenizer = build_tokenizer(
-            **OmegaConf.to_container(cfg.tokenizer, resolve=True),
-            source=source,
-            val_fraction=cfg.data.val_fraction,
-            seed=cfg.data.seed,
-            cache_dir=cfg.data.cache_dir,
-        )
+            **OmegaConf.to_container(cfg.tokenizer, resolve=True), source=source,
+            val_fraction=cfg.data.val_fraction, seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
         config, init_state = model_config(cfg, tokenizer), None
     prompts = decode_prompts(cfg.decode, config, tokenizer)
     if cfg.decode.enabled and not prompts:
-        rank_zero_warn(
-            f"no HumanEval prompt leaves decode.max_new_tokens="
-            f"{cfg.decode.max_new_tokens} in model.max_seq_len={config.max_seq_len}: "
-            f"this run will not measure decoding (decode.enabled=false silences this)"
-        )
+        rank_zero_warn(f"no HumanEval prompt leaves decode.max_new_tokens="
+                       f"{cfg.decode.max_new_tokens} in model.max_seq_len={config.max_seq_len}: "
+                       f"this run will not measure decoding (decode.enabled=false silences this)")
     check_device_memory(cfg, settings, config)
-    lit = MTPLitModule(
-        config, settings, tokenizer_files=tokenizer_files(tokenizer), init_state=init_state
-    )
+    lit = MTPLitModule(config, settings, tokenizer_files=tokenizer_files(tokenizer),
+                       init_state=init_state)
     # Blocks carry the look-ahead the loss reads: n_future tokens, or loss.ahead's.
-    datamodule = instantiate(
-        cfg.data,
-        tokenizer=tokenizer,
-        seq_len=settings.run.seq_len,
-        n_future=settings.loss.lookahead(config.n_future),
-    )
+    datamodule = instantiate(cfg.data, tokenizer=tokenizer, seq_len=settings.run.seq_len,
+                             n_future=settings.loss.lookahead(config.n_future))
 
     logger = _logger(cfg)
-    checkpointing, history = (
-        ModelCheckpoint(
-            dirpath=run_dir / "checkpoints",
-            filename="step{step:07d}",
-            auto_insert_metric_name=False,
-            every_n_train_steps=cfg.checkpoint.every_n_steps,
-            save_top_k=cfg.checkpoint.keep,
-            monitor="step",
-            mode="max",
-            save_last=True,
-        ),
-        MetricsHistory(),
-    )
-    trainer = build_trainer(
-        cfg,
-        logger=logger,
-        callbacks=[checkpointing, history, *pace_callbacks(cfg, settings, config)],
-        default_root_dir=str(run_dir),
-    )
+    checkpointing, history = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints", filename="step{step:07d}", auto_insert_metric_name=False,
+        every_n_train_steps=cfg.checkpoint.every_n_steps, save_top_k=cfg.checkpoint.keep,
+        monitor="step", mode="max", save_last=True), MetricsHistory()
+    trainer = build_trainer(cfg, logger=logger,
+                            callbacks=[checkpointing, history,
+                                       *pace_callbacks(cfg, settings, config)],
+                            default_root_dir=str(run_dir))
     if logger:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     trainer.fit(lit, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
@@ -437,34 +348,18 @@ def train(cfg: DictConfig) -> Path:
             if logger:
                 logger.log_metrics(decode_metrics(decode), step=trainer.global_step)
                 logger.save()
-        write_summary(
-            run_dir,
-            {
-                "run_dir": str(run_dir),
-                "export": str(export_dir),
-                "checkpoint": checkpointing.last_model_path,
-                "plots": str(plots),
-                "steps": trainer.global_step,
-                "max_steps": max_steps,
-                "stopped_early": early_stop_reason(trainer, max_steps),
-                "recipe_fraction": round(trainer.global_step / max_steps, 3),
-                "threads": torch.get_num_threads(),
-                "parameters": count_parameters(config)[0],
-                "val": val_figures(metrics, config.n_future),
-                "decode": decode,
-            },
-        )
+        write_summary(run_dir, {
+            "run_dir": str(run_dir), "export": str(export_dir),
+            "checkpoint": checkpointing.last_model_path, "plots": str(plots),
+            "steps": trainer.global_step, "max_steps": max_steps,
+            "stopped_early": early_stop_reason(trainer, max_steps),
+            "recipe_fraction": round(trainer.global_step / max_steps, 3),
+            "threads": torch.get_num_threads(),
+            "parameters": count_parameters(config)[0],
+            "val": val_figures(metrics, config.n_future), "decode": decode})
     trainer.strategy.barrier()
-    _print_summary(
-        metrics,
-        config.n_future,
-        export_dir,
-        checkpointing.last_model_path,
-        _stop_line(trainer, max_steps),
-        plots,
-        decode,
-        summary,
-    )
+    _print_summary(metrics, config.n_future, export_dir, checkpointing.last_model_path,
+                   _stop_line(trainer, max_steps), plots, decode, summary)
     return export_dir
 
 

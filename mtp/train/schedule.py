@@ -25,9 +25,8 @@ from dataclasses import dataclass
 SCHEDULES: tuple[str, ...] = ("constant", "stepped", "anneal", "ramp")
 
 
-def run_progress(
-    step: int, total_steps: int, elapsed: float = 0.0, time_budget: float | None = None
-) -> float:
+def run_progress(step: int, total_steps: int, elapsed: float = 0.0,
+                 time_budget: float | None = None) -> float:
     """max(step / total_steps, elapsed / time_budget), not clipped to 1."""
     progress = step / total_steps
     if time_budget is not None:
@@ -54,14 +53,9 @@ class Progress:
         return step / self.max_steps
 
 
-def distance_factors(
-    schedule: str,
-    levels: int,
-    progress: float,
-    *,
-    window: tuple[float, float] = (0.0, 1.0),
-    factor: float = 1.0,
-) -> tuple[float, ...]:
+def distance_factors(schedule: str, levels: int, progress: float, *,
+                     window: tuple[float, float] = (0.0, 1.0),
+                     factor: float = 1.0) -> tuple[float, ...]:
     """m_1..m_levels at `progress`; `window`: stepped's switch (first value) or anneal's and
     ramp's [a, b]; `factor`: stepped's."""
     if schedule == "constant":

@@ -26,12 +26,8 @@ LOSS_MODES: tuple[str, ...] = ("naive", "headwise", "chunked")
 START = Progress()  # a run's first step
 
 
-def _real(
-    key: str,
-    value: object,
-    ok: Callable[[float], bool] = lambda _: True,
-    need: str = "a finite number",
-) -> float:
+def _real(key: str, value: object, ok: Callable[[float], bool] = lambda _: True,
+          need: str = "a finite number") -> float:
     """`value` as a float; a ValueError naming `key` unless it is finite and `ok`."""
     number = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -41,9 +37,8 @@ def _real(
     return number
 
 
-def _reals(
-    key: str, values: object, ok: Callable[[float], bool], need: str, length: int | None = None
-) -> tuple[float, ...]:
+def _reals(key: str, values: object, ok: Callable[[float], bool], need: str,
+           length: int | None = None) -> tuple[float, ...]:
     """`values` as a tuple of floats (a list of `length`, each `_real` and `ok`)."""
     if isinstance(values, (list, tuple)) and (length is None or len(values) == length):
         try:
@@ -110,22 +105,15 @@ class LossSettings:
 
     def __post_init__(self) -> None:
         _choice("loss.mode", self.mode, LOSS_MODES)
-        for name, what in (
-            ("weights", "one per head (or null: all 1)"),
-            ("ahead", "one per token beyond t + 1 (or null: none)"),
-        ):
+        for name, what in (("weights", "one per head (or null: all 1)"),
+                           ("ahead", "one per token beyond t + 1 (or null: none)")):
             if getattr(self, name) is not None:
                 _number(self, f"loss.{name}", _reals, _unit, f"a list of numbers in [0, 1], {what}")
         _choice("loss.schedule", self.schedule, SCHEDULES)
         self._check_schedule()
         if self.early_exit is not None:
-            _integer(
-                "loss.early_exit",
-                self.early_exit,
-                1,
-                "a trunk layer from 1 to "
-                "n_layers - 1 (the exit reads the stream after layer early_exit - 1)",
-            )
+            _integer("loss.early_exit", self.early_exit, 1, "a trunk layer from 1 to "
+                     "n_layers - 1 (the exit reads the stream after layer early_exit - 1)")
         _number(self, "loss.early_exit_weight", _real, lambda v: v >= 0, ">= 0")
         _integer("chunk_size", self.chunk_size, 1, ">= 1")
 
@@ -134,31 +122,21 @@ class LossSettings:
         steps, schedule = self.schedule_steps, self.schedule
         if steps is not None:
             if not isinstance(steps, (list, tuple)) or not all(
-                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps
-            ):
-                raise ValueError(
-                    f"loss.schedule_steps={steps!r} must be a list of optimizer "
-                    f"steps >= 0 (or null)"
-                )
+                    isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
+                raise ValueError(f"loss.schedule_steps={steps!r} must be a list of optimizer "
+                                 f"steps >= 0 (or null)")
             _set(self, "schedule_steps", tuple(steps))
             steps = self.schedule_steps
         if schedule == "stepped":
             if steps is None or len(steps) != 1 or self.schedule_factor is None:
-                raise ValueError(
-                    f"loss.schedule=stepped needs loss.schedule_steps=[STEP] (the "
-                    f"switch) and loss.schedule_factor (in [0, 1]), got "
-                    f"{_shown(steps)} and {self.schedule_factor!r}"
-                )
+                raise ValueError(f"loss.schedule=stepped needs loss.schedule_steps=[STEP] (the "
+                                 f"switch) and loss.schedule_factor (in [0, 1]), got "
+                                 f"{_shown(steps)} and {self.schedule_factor!r}")
             _number(self, "loss.schedule_factor", _real, _unit, "in [0, 1]")
-        elif (
-            schedule in ("anneal", "ramp")
-            and steps is not None
-            and (len(steps) != 2 or not steps[0] < steps[1])
-        ):
-            raise ValueError(
-                f"loss.schedule={schedule} takes loss.schedule_steps=[START, END] "
-                f"with START < END (or null: the whole run), got {_shown(steps)}"
-            )
+        elif schedule in ("anneal", "ramp") and steps is not None and (
+                len(steps) != 2 or not steps[0] < steps[1]):
+            raise ValueError(f"loss.schedule={schedule} takes loss.schedule_steps=[START, END] "
+                             f"with START < END (or null: the whole run), got {_shown(steps)}")
 
     def levels(self, n_future: int) -> int:
         """Distances beyond the next token that the loss scores: heads 1..n-1, look-ahead."""
@@ -172,23 +150,16 @@ class LossSettings:
         steps = self.schedule_steps or ()
         start = at.of(steps[0]) if steps else 0.0
         end = at.of(steps[1]) if len(steps) > 1 else 1.0
-        return distance_factors(
-            self.schedule,
-            self.levels(n_future),
-            at.fraction,
-            window=(start, end),
-            factor=self.schedule_factor or 0.0,
-        )
+        return distance_factors(self.schedule, self.levels(n_future), at.fraction,
+                                window=(start, end), factor=self.schedule_factor or 0.0)
 
     def head_weights(self, n_future: int, at: Progress = START) -> tuple[float, ...]:
         """Each head's loss weight at `at`: its base weight times its distance's factor."""
         if self.weights is None:
             base = (1.0,) * n_future
         elif len(self.weights) != n_future:
-            raise ValueError(
-                f"loss.weights={list(self.weights)} needs one weight per head "
-                f"(model.n_future={n_future})"
-            )
+            raise ValueError(f"loss.weights={list(self.weights)} needs one weight per head "
+                             f"(model.n_future={n_future})")
         else:
             base = self.weights
         if self.schedule == "constant":
@@ -202,31 +173,27 @@ class LossSettings:
             return self.ahead or ()
         return tuple(w * f for w, f in zip(self.ahead, self._factors(n_future, at)))
 
-    def resolved(self, n_future: int, at: Progress = START, scale: float = 1.0) -> LossSettings:
+    def resolved(self, n_future: int, at: Progress = START, scale: float = 1.0
+                 ) -> LossSettings:
         """These settings with the weights of `at` fixed, each times `scale` (1 / accumulate:
         a micro-batch's share of a step's gradient)."""
         if self.schedule == "constant" and scale == 1.0:
             return self
         return dataclasses.replace(
-            self,
-            weights=tuple(w * scale for w in self.head_weights(n_future, at)),
+            self, weights=tuple(w * scale for w in self.head_weights(n_future, at)),
             ahead=tuple(w * scale for w in self.ahead_weights(n_future, at)) or None,
-            schedule="constant",
-            schedule_steps=None,
-            schedule_factor=None,
-            early_exit_weight=self.early_exit_weight * scale,
-        )
+            schedule="constant", schedule_steps=None, schedule_factor=None,
+            early_exit_weight=self.early_exit_weight * scale)
 
     def check_model(self, *, n_future: int, n_layers: int | None = None) -> None:
         """A ValueError naming the setting unless these fit the model (n_layers None:
         unknown)."""
         self.head_weights(n_future)
-        if self.early_exit is not None and n_layers is not None and self.early_exit >= n_layers:
-            raise ValueError(
-                f"loss.early_exit={self.early_exit} must be a trunk layer from 1 "
-                f"to n_layers - 1 = {n_layers - 1} (the exit reads the stream "
-                f"after layer early_exit - 1)"
-            )
+        if self.early_exit is not None and n_layers is not None \
+                and self.early_exit >= n_layers:
+            raise ValueError(f"loss.early_exit={self.early_exit} must be a trunk layer from 1 "
+                             f"to n_layers - 1 = {n_layers - 1} (the exit reads the stream "
+                             f"after layer early_exit - 1)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,9 +219,8 @@ class OptimSettings:
         _number(self, "optim.lr", _real, lambda v: v > 0, "> 0")
         for key in ("optim.weight_decay", "optim.grad_clip"):
             _number(self, key, _real, lambda v: v >= 0, ">= 0")
-        _number(
-            self, "optim.betas", _reals, lambda v: 0 <= v < 1, "two numbers in [0, 1)", length=2
-        )
+        _number(self, "optim.betas", _reals, lambda v: 0 <= v < 1, "two numbers in [0, 1)",
+                length=2)
         _number(self, "optim.eps", _real, lambda v: v > 0, "> 0")
         _integer("optim.warmup_steps", self.warmup_steps, 0)
         _number(self, "optim.min_lr_ratio", _real, _unit, "in [0, 1]")
@@ -265,17 +231,13 @@ class OptimSettings:
             _number(self, "optim.trunk_lr_mult", _real, lambda v: v >= 0, ">= 0 (or null: 1)")
         _integer("optim.heads_only_steps", self.heads_only_steps, 0)
         if self.freeze_trunk and (self.trunk_lr_mult is not None or self.heads_only_steps):
-            raise ValueError(
-                f"optim.freeze_trunk=true with optim.trunk_lr_mult="
-                f"{self.trunk_lr_mult} and optim.heads_only_steps="
-                f"{self.heads_only_steps}: a frozen trunk has no optimizer group "
-                f"that could train it (Medusa-2 is freeze_trunk=false)"
-            )
+            raise ValueError(f"optim.freeze_trunk=true with optim.trunk_lr_mult="
+                             f"{self.trunk_lr_mult} and optim.heads_only_steps="
+                             f"{self.heads_only_steps}: a frozen trunk has no optimizer group "
+                             f"that could train it (Medusa-2 is freeze_trunk=false)")
         if self.cache_trunk and not self.freeze_trunk:
-            raise ValueError(
-                "optim.cache_trunk=true keeps a frozen trunk's outputs: it needs "
-                "optim.freeze_trunk=true (Medusa-1)"
-            )
+            raise ValueError("optim.cache_trunk=true keeps a frozen trunk's outputs: it needs "
+                             "optim.freeze_trunk=true (Medusa-1)")
 
     @property
     def base_lr_mult(self) -> float:
@@ -300,19 +262,12 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         _integer("seq_len", self.seq_len, 1)
-        _integer(
-            "trainer.max_steps",
-            self.max_steps,
-            1,
-            "a positive step budget: the learning-rate schedule is laid out over it",
-        )
+        _integer("trainer.max_steps", self.max_steps, 1,
+                 "a positive step budget: the learning-rate schedule is laid out over it")
         _set(self, "threads", check_threads(self.threads))
         _flag("compile", self.compile)
-        check_options(
-            activation_checkpointing=self.activation_checkpointing,
-            param_dtype=self.param_dtype,
-            reduce_dtype=self.reduce_dtype,
-        )
+        check_options(activation_checkpointing=self.activation_checkpointing,
+                      param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
         check_peak_flops(self.peak_flops)
 
 
@@ -328,10 +283,8 @@ class InitSettings:
 
     def __post_init__(self) -> None:
         if self.new_heads is not None and self.new_heads not in NEW_HEADS:
-            raise ValueError(
-                f"init.new_heads={self.new_heads!r} is not one of {NEW_HEADS} "
-                f"(or null: add no heads)"
-            )
+            raise ValueError(f"init.new_heads={self.new_heads!r} is not one of {NEW_HEADS} "
+                             f"(or null: add no heads)")
         _flag("init.drop_heads", self.drop_heads)
 
 
@@ -347,43 +300,32 @@ class TrainSettings:
     def __post_init__(self) -> None:
         optim = self.optim
         if optim.freeze_trunk and not self.init.init_from:
-            raise ValueError(
-                "optim.freeze_trunk=true needs init_from=<checkpoint>: freezing a "
-                "random trunk trains heads on noise"
-            )
+            raise ValueError("optim.freeze_trunk=true needs init_from=<checkpoint>: freezing a "
+                             "random trunk trains heads on noise")
         if optim.cache_trunk and self.loss.early_exit is not None:
-            raise ValueError(
-                f"optim.cache_trunk=true keeps the trunk's final outputs, which "
-                f"loss.early_exit={self.loss.early_exit} cannot read (it needs "
-                f"layer {self.loss.early_exit - 1}'s): set loss.early_exit=null"
-            )
+            raise ValueError(f"optim.cache_trunk=true keeps the trunk's final outputs, which "
+                             f"loss.early_exit={self.loss.early_exit} cannot read (it needs "
+                             f"layer {self.loss.early_exit - 1}'s): set loss.early_exit=null")
         steps = self.loss.schedule_steps
         if self.loss.schedule != "constant" and steps and max(steps) > self.run.max_steps:
-            raise ValueError(
-                f"loss.schedule_steps={list(steps)} must be within the run's "
-                f"trainer.max_steps={self.run.max_steps} (loss.schedule="
-                f"{self.loss.schedule})"
-            )
+            raise ValueError(f"loss.schedule_steps={list(steps)} must be within the run's "
+                             f"trainer.max_steps={self.run.max_steps} (loss.schedule="
+                             f"{self.loss.schedule})")
         if not optim.heads_only_steps < self.run.max_steps:
-            raise ValueError(
-                f"optim.heads_only_steps={optim.heads_only_steps} must be in "
-                f"[0, trainer.max_steps={self.run.max_steps})"
-            )
+            raise ValueError(f"optim.heads_only_steps={optim.heads_only_steps} must be in "
+                             f"[0, trainer.max_steps={self.run.max_steps})")
 
-    def check_model(self, *, n_future: int, max_seq_len: int, n_layers: int | None = None) -> None:
+    def check_model(self, *, n_future: int, max_seq_len: int,
+                    n_layers: int | None = None) -> None:
         """A ValueError naming the setting unless these fit the model (n_layers None:
         unknown, as in a config whose trunk is `model.depth` less the heads' blocks)."""
         if self.run.seq_len > max_seq_len:
-            raise ValueError(
-                f"seq_len={self.run.seq_len} must be an integer in "
-                f"[1, model.max_seq_len={max_seq_len}]"
-            )
+            raise ValueError(f"seq_len={self.run.seq_len} must be an integer in "
+                             f"[1, model.max_seq_len={max_seq_len}]")
         self.loss.check_model(n_future=n_future, n_layers=n_layers)
         if self.optim.freeze_trunk and n_future == 1:
-            raise ValueError(
-                "optim.freeze_trunk=true with model.n_future=1 leaves nothing to "
-                "train: set model.n_future above 1 (the heads to add)"
-            )
+            raise ValueError("optim.freeze_trunk=true with model.n_future=1 leaves nothing to "
+                             "train: set model.n_future above 1 (the heads to add)")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain values (tuples, numbers, strings), for checkpoints' hyperparameters."""
@@ -392,12 +334,8 @@ class TrainSettings:
     @classmethod
     def from_dict(cls, values: Mapping[str, Mapping[str, Any]]) -> TrainSettings:
         """The settings `to_dict` gave (e.g. read back from a checkpoint)."""
-        parts = {
-            "run": RunSettings,
-            "loss": LossSettings,
-            "optim": OptimSettings,
-            "init": InitSettings,
-        }
+        parts = {"run": RunSettings, "loss": LossSettings, "optim": OptimSettings,
+                 "init": InitSettings}
         return cls(**{name: _section(parts[name], values[name], name) for name in values})
 
 
@@ -406,36 +344,28 @@ def _section(kind: type, values: Mapping[str, Any], key: str) -> Any:
     names = {f.name for f in dataclasses.fields(kind)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise ValueError(
-            f"{key}.{unknown[0]} is not a setting; {key} has {', '.join(sorted(names))}"
-        )
+        raise ValueError(f"{key}.{unknown[0]} is not a setting; {key} has "
+                         f"{', '.join(sorted(names))}")
     return kind(**values)
 
 
 def check_settings(cfg: DictConfig) -> TrainSettings:
     """The settings of a composed `conf/config.yaml`, built and checked against `cfg.model`
     (the `init_from` checkpoint's trunk is checked later, by `MTPLitModule`)."""
-
     def section(key: str) -> dict[str, Any]:
         return OmegaConf.to_container(cfg[key], resolve=True)
 
     trainer, fsdp = cfg.trainer, section("fsdp")
     settings = TrainSettings(
-        run=RunSettings(
-            seq_len=cfg.seq_len,
-            max_steps=trainer.get("max_steps"),
-            threads=cfg.threads,
-            compile=cfg.compile,
-            activation_checkpointing=cfg.activation_checkpointing,
-            param_dtype=fsdp.get("param_dtype", "auto"),
-            reduce_dtype=fsdp.get("reduce_dtype", "float32"),
-            peak_flops=trainer.get("peak_flops"),
-        ),
+        run=RunSettings(seq_len=cfg.seq_len, max_steps=trainer.get("max_steps"),
+                        threads=cfg.threads, compile=cfg.compile,
+                        activation_checkpointing=cfg.activation_checkpointing,
+                        param_dtype=fsdp.get("param_dtype", "auto"),
+                        reduce_dtype=fsdp.get("reduce_dtype", "float32"),
+                        peak_flops=trainer.get("peak_flops")),
         loss=_section(LossSettings, section("loss"), "loss"),
         optim=_section(OptimSettings, section("optim"), "optim"),
-        init=_section(
-            InitSettings, {"init_from": cfg.init_from or None, **section("init")}, "init"
-        ),
-    )
+        init=_section(InitSettings, {"init_from": cfg.init_from or None, **section("init")},
+                      "init"))
     settings.check_model(n_future=cfg.model.n_future, max_seq_len=cfg.model.max_seq_len)
     return settings

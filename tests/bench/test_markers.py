@@ -4,13 +4,8 @@ from mtp.bench.markers import block_names, replace_blocks
 
 
 def marked(*names: str) -> str:
-    return (
-        "".join(
-            f"text\n<!-- mtp.bench:begin {n} -->\nold {n}\n<!-- mtp.bench:end {n} -->\n"
-            for n in names
-        )
-        + "end\n"
-    )
+    return "".join(f"text\n<!-- mtp.bench:begin {n} -->\nold {n}\n<!-- mtp.bench:end {n} -->\n"
+                   for n in names) + "end\n"
 
 
 def test_replace_blocks_keeps_the_markers_and_everything_around_them() -> None:

@@ -23,26 +23,15 @@ def test_last_json_reads_only_a_final_json_object() -> None:
 
 def test_a_failure_or_a_hang_costs_one_part(tmp_path: Path) -> None:
     parts = (
-        Part(
-            name="good",
-            command=(PY, "-c", "print('table'); print('{\"x\": 2}')"),
-            timeout=30,
-            repeats=3,
-        ),
-        Part(name="bad", command=(PY, "-c", "import sys; print('boom'); sys.exit(3)"), timeout=30),
+        Part(name="good", command=(PY, "-c", "print('table'); print('{\"x\": 2}')"), timeout=30,
+             repeats=3),
+        Part(name="bad", command=(PY, "-c", "import sys; print('boom'); sys.exit(3)"),
+             timeout=30),
         Part(name="hang", command=(PY, "-c", "import time; time.sleep(30)"), timeout=1),
         Part(name="after_bad", command=(PY, "-c", "print('{}')"), timeout=30, needs=("bad",)),
-        Part(
-            name="file",
-            command=(
-                PY,
-                "-c",
-                "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'y': 1}))",
-                "{out}/y.json",
-            ),
-            timeout=30,
-            result_file="y.json",
-        ),
+        Part(name="file", command=(PY, "-c", "import json, sys; open(sys.argv[1], 'w')"
+                                   ".write(json.dumps({'y': 1}))", "{out}/y.json"), timeout=30,
+             result_file="y.json"),
     )
     results = run_suite("test", parts, tmp_path, REPO)
     assert json.loads((tmp_path / "results.json").read_text()) == results
@@ -76,11 +65,9 @@ def test_a_failure_or_a_hang_costs_one_part(tmp_path: Path) -> None:
 def test_a_budget_cuts_timeouts_and_skips_what_it_has_no_time_for(tmp_path: Path) -> None:
     """A lent GPU's lease: the parts run in order until the budget is spent."""
     sleep = (PY, "-c", "import time; time.sleep(30)")
-    parts = (
-        Part(name="first", command=(PY, "-c", "print('{}')"), timeout=30),
-        Part(name="long", command=sleep, timeout=600),
-        Part(name="late", command=(PY, "-c", "print('{}')"), timeout=30),
-    )
+    parts = (Part(name="first", command=(PY, "-c", "print('{}')"), timeout=30),
+             Part(name="long", command=sleep, timeout=600),
+             Part(name="late", command=(PY, "-c", "print('{}')"), timeout=30))
     results = run_suite("test", parts, tmp_path, REPO, budget=4, min_part_seconds=0.5)
     first, long, late = (results["parts"][n] for n in ("first", "long", "late"))
     assert first["result"] == {}
@@ -88,24 +75,18 @@ def test_a_budget_cuts_timeouts_and_skips_what_it_has_no_time_for(tmp_path: Path
     assert late["result"] is None and "budget of 4 s" in late["skipped"]
 
 
-def test_a_part_that_needs_mbpp_is_refused_in_one_line_without_it(
-    tmp_path: Path, monkeypatch
-) -> None:
-    parts = (
-        Part(name="first", command=(PY, "-c", "print('{}')"), timeout=30),
-        Part(name="sandbox", command=(PY, "-c", "print('{}')", "mbpp_file={mbpp}"), timeout=30),
-    )
+def test_a_part_that_needs_mbpp_is_refused_in_one_line_without_it(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    parts = (Part(name="first", command=(PY, "-c", "print('{}')"), timeout=30),
+             Part(name="sandbox", command=(PY, "-c", "print('{}')", "mbpp_file={mbpp}"),
+                  timeout=30))
     monkeypatch.setattr(runner, "mbpp_file", lambda: None)
-    with pytest.raises(
-        ValueError,
-        match=r"^part sandbox needs MBPP's mbpp.jsonl: set "
-        r"\$MTP_MBPP_FILE",
-    ):
+    with pytest.raises(ValueError, match=r"^part sandbox needs MBPP's mbpp.jsonl: set "
+                                         r"\$MTP_MBPP_FILE"):
         run_suite("test", parts, tmp_path, REPO)
     assert not (tmp_path / "results.json").exists()  # nothing ran
-    assert (
-        run_suite("test", parts, tmp_path, REPO, only=["first"])["parts"]["first"]["result"] == {}
-    )
+    assert run_suite("test", parts, tmp_path, REPO, only=["first"])["parts"]["first"]["result"] \
+        == {}
     mbpp = tmp_path / "mbpp.jsonl"
     monkeypatch.setattr(runner, "mbpp_file", lambda: mbpp)
     assert runner.fill("mbpp_file={mbpp}", tmp_path) == f"mbpp_file={mbpp}"

@@ -40,9 +40,8 @@ def test_every_part_s_command_parses(name: str, tmp_path: Path) -> None:
         elif command[:2] == ["-m", "mtp.train"] or command[:2] == ["-m", "pytest"]:
             continue
         else:
-            parse = importlib.import_module(
-                command[1] + ".__main__" if command[1] in ("mtp.eval", "mtp.bench") else command[1]
-            ).parse_args
+            parse = importlib.import_module(command[1] + ".__main__" if command[1] in (
+                "mtp.eval", "mtp.bench") else command[1]).parse_args
         parse(command[1:] if command[0].startswith("scripts/") else command[2:])
 
 
@@ -60,21 +59,9 @@ def test_smoke_suite_writes_results_and_regenerates_the_docs(tmp_path: Path) -> 
     docs, readme = tmp_path / "benchmarks.md", tmp_path / "README.md"
     docs.write_text(marked("run_smoke", "decode", "memory", "peak_flops"))
     readme.write_text(marked("headline"))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mtp.bench",
-            "smoke",
-            f"out={tmp_path / 'out'}",
-            f"docs={docs}",
-            f"readme={readme}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = subprocess.run([sys.executable, "-m", "mtp.bench", "smoke", f"out={tmp_path / 'out'}",
+                           f"docs={docs}", f"readme={readme}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["failed"] == [] and summary["parts"] == len(suite("smoke"))
@@ -83,9 +70,5 @@ def test_smoke_suite_writes_results_and_regenerates_the_docs(tmp_path: Path) -> 
     text = docs.read_text()
     assert "old" not in text and "| k=2 |" in text and "| headwise | 4 |" in text
     assert "python -m mtp.bench smoke" in text and block_names(text) == [
-        "run_smoke",
-        "decode",
-        "memory",
-        "peak_flops",
-    ]
+        "run_smoke", "decode", "memory", "peak_flops"]
     assert "greedy speed-up" in readme.read_text()

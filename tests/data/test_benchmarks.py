@@ -2,15 +2,13 @@ from pathlib import Path
 
 import pytest
 
-from mtp.data.benchmarks import HUMANEVAL_STOP, Task, load_task
 from mtp.eval.sandbox import Limits, Sandbox
+from mtp.data.benchmarks import HUMANEVAL_STOP, Task, load_task
 from mtp.paths import mbpp_file
 
 MBPP_FILE = mbpp_file()
-needs_mbpp = pytest.mark.skipif(
-    MBPP_FILE is None,
-    reason="MBPP data not found: set $MTP_MBPP_FILE or put it in ../shared/data/mbpp",
-)
+needs_mbpp = pytest.mark.skipif(MBPP_FILE is None, reason="MBPP data not found: set "
+                                "$MTP_MBPP_FILE or put it in ../shared/data/mbpp")
 # Generous: a few MBPP references take ~4 s on a slow, busy CPU.
 LIMITS = Limits(timeout=30, cpu_seconds=30)
 
@@ -64,11 +62,7 @@ def test_mbpp_few_shot_uses_prompt_split_tasks_2_3_4() -> None:
     task = load_task("mbpp", str(MBPP_FILE), few_shot=3)
     prompt = task.problems["11"].prompt
     assert prompt.count("[BEGIN]\n") == 4 and prompt.count("\n[DONE]\n\n") == 3
-    assert (
-        prompt.index("similar_elements")
-        < prompt.index("is_not_prime")
-        < prompt.index("heap_queue_largest")
-    )
+    assert prompt.index("similar_elements") < prompt.index("is_not_prime") < prompt.index("heap_queue_largest")
     assert "\r" not in prompt
     assert prompt.endswith(load_task("mbpp", str(MBPP_FILE)).problems["11"].prompt)
 
@@ -100,9 +94,7 @@ def test_bad_task_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="few_shot=5"):
         load_task("mbpp", few_shot=5)
     only_train = tmp_path / "mbpp.jsonl"
-    only_train.write_text(
-        '{"task_id": 700, "text": "t", "code": "", "test_setup_code": "", "test_list": []}\n'
-    )
+    only_train.write_text('{"task_id": 700, "text": "t", "code": "", "test_setup_code": "", "test_list": []}\n')
     with pytest.raises(ValueError, match="no MBPP test-split tasks"):
         load_task("mbpp", str(only_train))
     with pytest.raises(ValueError, match=r"lacks the few-shot tasks \[2, 3\]"):

@@ -10,16 +10,10 @@ from pathlib import Path
 import pytest
 
 from mtp.data import InstalledSource
-from mtp.data.benchmarks import humaneval
-from mtp.data.decontaminate import (
-    MIN_WORDS,
-    NGRAM,
-    References,
-    benchmark_texts,
-    load_references,
-    tokens,
-)
+from mtp.data.decontaminate import (MIN_WORDS, NGRAM, References, benchmark_texts,
+                                    load_references, tokens)
 from mtp.data.sources import _load_installed
+from mtp.data.benchmarks import humaneval
 from mtp.paths import mbpp_file
 
 MBPP_FILE = mbpp_file()  # read in place, never copied here
@@ -35,13 +29,7 @@ def _fresh_loads():
 
 def test_words_leave_out_spacing_punctuation_numbers_letters_and_keywords():
     assert tokens("for i in range(len(numbers)):\n    x_1 = 2 * numbers[i]  # café") == [
-        "range",
-        "len",
-        "numbers",
-        "x_1",
-        "numbers",
-        "café",
-    ]
+        "range", "len", "numbers", "x_1", "numbers", "café"]
 
 
 def test_a_shared_ngram_matches_however_it_is_spaced():
@@ -84,11 +72,8 @@ def site(tmp_path: Path) -> Path:
 
 
 def test_installed_source_dedupes_and_drops_a_planted_humaneval_solution(site: Path) -> None:
-    source = InstalledSource(
-        paths=[str(site / "lib"), str(site / "site-packages")],
-        decontaminate=["humaneval"],
-        cache_dir=str(site / "cache"),
-    )
+    source = InstalledSource(paths=[str(site / "lib"), str(site / "site-packages")],
+                             decontaminate=["humaneval"], cache_dir=str(site / "cache"))
     corpus = source.load()
     solved = str((site / "site-packages" / "pkg" / "solved.py").resolve())
     assert corpus.contaminated == {solved: ["HumanEval/2"]}
@@ -99,9 +84,8 @@ def test_installed_source_dedupes_and_drops_a_planted_humaneval_solution(site: P
 
 
 def test_verdicts_are_cached_by_content(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    source = InstalledSource(
-        paths=[str(site)], decontaminate=["humaneval"], cache_dir=str(site / "cache")
-    )
+    source = InstalledSource(paths=[str(site)], decontaminate=["humaneval"],
+                             cache_dir=str(site / "cache"))
     first = source.load()
     [cache] = (site / "cache" / "decontamination").iterdir()
     assert len(json.loads(cache.read_text())) == 6  # one verdict per distinct content
@@ -117,35 +101,22 @@ def test_a_planted_mbpp_solution_is_dropped(tmp_path: Path) -> None:
     row = next(r for r in map(json.loads, MBPP_FILE.open()) if r["task_id"] == 16)
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "tutorial.py").write_text(f"# from a tutorial\n{row['code']}\n")
-    (tmp_path / "lib" / "other.py").write_text(
-        "import re\n\ndef text_match(t):\n    return re.search('^[a-z]+$', t)\n"
-    )
-    corpus = InstalledSource(
-        paths=[str(tmp_path / "lib")], mbpp_file=str(MBPP_FILE), cache_dir=str(tmp_path / "cache")
-    ).load()
+    (tmp_path / "lib" / "other.py").write_text("import re\n\ndef text_match(t):\n"
+                                               "    return re.search('^[a-z]+$', t)\n")
+    corpus = InstalledSource(paths=[str(tmp_path / "lib")], mbpp_file=str(MBPP_FILE),
+                             cache_dir=str(tmp_path / "cache")).load()
     assert list(corpus.contaminated.values()) == [["MBPP/16"]]
     assert corpus.documents["id"] == [str((tmp_path / "lib" / "other.py").resolve())]
 
 
 def test_default_folders_are_sys_path_less_the_script_and_working_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     script, installed, cwd = (tmp_path / name for name in ("script", "installed", "cwd"))
     for folder in (script, installed, cwd):
         folder.mkdir()
     monkeypatch.chdir(cwd)
-    monkeypatch.setattr(
-        sys,
-        "path",
-        [
-            str(script),
-            "",
-            str(installed),
-            str(cwd),
-            str(tmp_path / "missing"),
-            str(tmp_path / "x.zip"),
-        ],
-    )
+    monkeypatch.setattr(sys, "path", [str(script), "", str(installed), str(cwd),
+                                      str(tmp_path / "missing"), str(tmp_path / "x.zip")])
     assert InstalledSource(decontaminate=[]).roots() == [installed]
 
 
@@ -159,29 +130,22 @@ def test_a_source_without_files_names_its_folders(tmp_path: Path) -> None:
 
 def test_an_unreadable_reference_is_named_before_any_file_is_read(tmp_path: Path) -> None:
     missing = tmp_path / "mbpp.jsonl"
-    with pytest.raises(
-        ValueError,
-        match=rf"decontamination reference mbpp: cannot read it "
-        rf"from {missing} .*data\.source\.mbpp_file=",
-    ):
+    with pytest.raises(ValueError, match=rf"decontamination reference mbpp: cannot read it "
+                                         rf"from {missing} .*data\.source\.mbpp_file="):
         InstalledSource(paths=[str(tmp_path / "not-read")], mbpp_file=str(missing)).load()
     with pytest.raises(ValueError, match="'gsm8k' is not one of"):
         InstalledSource(decontaminate=["gsm8k"])
 
 
 def test_mbpp_from_an_unreachable_hub_fails_fast_naming_the_option(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def unreachable(*args, **kwargs):
         raise urllib.error.URLError("no network")
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(urllib.request, "urlopen", unreachable)
-    with pytest.raises(
-        ValueError,
-        match=r"reference mbpp: cannot read it from the Hugging Face "
-        r"Hub .*unreachable.*data\.source\.mbpp_file=/path",
-    ):
+    with pytest.raises(ValueError, match=r"reference mbpp: cannot read it from the Hugging Face "
+                                         r"Hub .*unreachable.*data\.source\.mbpp_file=/path"):
         InstalledSource(paths=[str(tmp_path)]).load()
 
 

@@ -9,13 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from mtp.data import (
-    Corpus,
-    LocalSource,
-    MTPDataModule,
-    ResumableSampler,
-    StreamingBlocks,
-    build_tokenizer,
-    prepare,
+    Corpus, LocalSource, MTPDataModule, ResumableSampler, StreamingBlocks, build_tokenizer, prepare,
 )
 from mtp.tokenizers import ByteTokenizer
 
@@ -33,16 +27,8 @@ def corpus_dir(tmp_path_factory):
 
 
 def make_module(corpus_dir, tmp_path, **kwargs):
-    args = dict(
-        source=LocalSource(paths=[str(corpus_dir)]),
-        tokenizer=ByteTokenizer(),
-        seq_len=SEQ,
-        n_future=N,
-        batch_size=4,
-        val_fraction=0.1,
-        seed=3,
-        cache_dir=tmp_path,
-    )
+    args = dict(source=LocalSource(paths=[str(corpus_dir)]), tokenizer=ByteTokenizer(), seq_len=SEQ,
+                n_future=N, batch_size=4, val_fraction=0.1, seed=3, cache_dir=tmp_path)
     dm = MTPDataModule(**{**args, **kwargs})
     dm.prepare_data()
     dm.setup("fit")
@@ -109,36 +95,25 @@ def test_too_small_corpus_is_a_clear_error(tmp_path):
 
 def test_bad_arguments_name_the_value(corpus_dir, tmp_path):
     with pytest.raises(ValueError, match="val_fraction.*1.5"):
-        MTPDataModule(
-            LocalSource(paths=[str(corpus_dir)]), ByteTokenizer(), SEQ, N, val_fraction=1.5
-        )
+        MTPDataModule(LocalSource(paths=[str(corpus_dir)]), ByteTokenizer(), SEQ, N, val_fraction=1.5)
     with pytest.raises(ValueError, match="batch_size.*0"):
         MTPDataModule(LocalSource(paths=[str(corpus_dir)]), ByteTokenizer(), SEQ, N, batch_size=0)
 
 
 def test_streaming_blocks_match_prepared_blocks_and_split_ranks(corpus_dir, tmp_path):
     local = LocalSource(paths=[str(corpus_dir)]).load()
-    streamed_docs = datasets.Dataset.from_dict(
-        {"text": local.documents["text"]}
-    ).to_iterable_dataset(num_shards=2)
+    streamed_docs = datasets.Dataset.from_dict({"text": local.documents["text"]}).to_iterable_dataset(num_shards=2)
     corpus = Corpus(streamed_docs, "stream-test")
     tok = ByteTokenizer()
     args = dict(seq_len=SEQ, n_future=N, val_fraction=0.1, seed=3)
-    val = [
-        b["tokens"] for b in StreamingBlocks(corpus, tok, split="val", rank=0, world_size=1, **args)
-    ]
+    val = [b["tokens"] for b in StreamingBlocks(corpus, tok, split="val", rank=0, world_size=1, **args)]
     prepared = prepare(local, tok, val_fraction=0.1, seed=3, cache_dir=tmp_path)
     expected = make_module(corpus_dir, tmp_path).val_set
     assert len(val) == len(expected) > 0
     assert all(torch.equal(a, expected[j]["tokens"]) for j, a in enumerate(val))
     assert prepared.meta["val"]["tokens"] == len(prepared.stream("val"))
-    per_rank = [
-        [
-            tuple(b["tokens"].tolist())
-            for b in StreamingBlocks(corpus, tok, split="train", rank=r, world_size=2, **args)
-        ]
-        for r in (0, 1)
-    ]
+    per_rank = [[tuple(b["tokens"].tolist()) for b in StreamingBlocks(
+        corpus, tok, split="train", rank=r, world_size=2, **args)] for r in (0, 1)]
     assert per_rank[0] and per_rank[1] and not set(per_rank[0]) & set(per_rank[1])
 
 
@@ -154,24 +129,13 @@ def test_configs_compose_and_build(data, tokenizer, corpus_dir, tmp_path):
     if data == "hub":
         overrides.append("data.source.name=someone/corpus")
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose(
-            overrides=[f"+{o}" if o.startswith(("data=", "tokenizer=")) else o for o in overrides]
-        )
+        cfg = compose(overrides=[f"+{o}" if o.startswith(("data=", "tokenizer=")) else o for o in overrides])
     source = instantiate(cfg.data.source)
-    assert (
-        type(source)
-        .__name__.lower()
-        .startswith({"stdlib": "stdlib", "local": "local", "hub": "hub"}[data])
-    )
+    assert type(source).__name__.lower().startswith({"stdlib": "stdlib", "local": "local", "hub": "hub"}[data])
     if data != "local":
         return  # building those needs the stdlib scan or the Hub; covered elsewhere
-    tok = build_tokenizer(
-        **cfg.tokenizer,
-        source=source,
-        val_fraction=cfg.data.val_fraction,
-        seed=cfg.data.seed,
-        cache_dir=cfg.data.cache_dir,
-    )
+    tok = build_tokenizer(**cfg.tokenizer, source=source, val_fraction=cfg.data.val_fraction,
+                          seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
     dm = instantiate(cfg.data, tokenizer=tok, seq_len=SEQ, n_future=N)
     assert isinstance(dm, MTPDataModule) and dm.source == source
     dm.prepare_data()
@@ -201,28 +165,11 @@ def test_lightning_resumes_mid_epoch_at_the_next_batch(corpus_dir, tmp_path):
 
     def fit(ckpt_path=None):
         module = _Recorder()
-        every3 = L.pytorch.callbacks.ModelCheckpoint(
-            tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1
-        )
-        trainer = L.Trainer(
-            max_steps=6,
-            accelerator="cpu",
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            callbacks=[every3],
-        )
-        dm = MTPDataModule(
-            LocalSource(paths=[str(corpus_dir)]),
-            ByteTokenizer(),
-            SEQ,
-            N,
-            batch_size=2,
-            val_fraction=0.1,
-            seed=3,
-            cache_dir=tmp_path,
-        )
+        every3 = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)
+        trainer = L.Trainer(max_steps=6, accelerator="cpu", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, limit_val_batches=0, callbacks=[every3])
+        dm = MTPDataModule(LocalSource(paths=[str(corpus_dir)]), ByteTokenizer(), SEQ, N, batch_size=2,
+                           val_fraction=0.1, seed=3, cache_dir=tmp_path)
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
         return module.seen
 

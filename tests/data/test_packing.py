@@ -7,9 +7,7 @@ import torch
 from mtp.data import PackedBlocks, num_blocks, pack_iter
 
 
-@pytest.mark.parametrize(
-    "n_tokens,seq_len,n_future", [(103, 8, 4), (12, 8, 4), (11, 8, 4), (64, 8, 1)]
-)
+@pytest.mark.parametrize("n_tokens,seq_len,n_future", [(103, 8, 4), (12, 8, 4), (11, 8, 4), (64, 8, 1)])
 def test_blocks_tile_the_stream_and_targets_are_real(n_tokens, seq_len, n_future):
     stream = np.arange(n_tokens, dtype=np.uint16) * 7 % 251
     blocks = PackedBlocks(stream, seq_len, n_future)
@@ -21,9 +19,7 @@ def test_blocks_tile_the_stream_and_targets_are_real(n_tokens, seq_len, n_future
     if tokens is None:
         return
     assert tokens.shape == (len(blocks), seq_len + n_future)
-    assert torch.equal(
-        tokens[:, :seq_len].reshape(-1), torch.from_numpy(stream[:covered].astype(np.int64))
-    )
+    assert torch.equal(tokens[:, :seq_len].reshape(-1), torch.from_numpy(stream[:covered].astype(np.int64)))
     for j in range(len(blocks)):
         for t in range(seq_len):
             for i in range(n_future):  # head i at position t predicts stream[pos + i + 1]

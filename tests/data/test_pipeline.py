@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
-from corpus_files import write_corpus  # tests/ is on the path
 
 from mtp.data import LocalSource, build_tokenizer, is_validation, prepare
 from mtp.tokenizers import ByteTokenizer
+
+from corpus_files import write_corpus  # tests/ is on the path
 
 
 class CountingByteTokenizer(ByteTokenizer):
@@ -37,9 +38,7 @@ def test_prepare_accounts_for_every_token(tmp_path):
     assert stats["train"]["documents"] + stats["val"]["documents"] == len(texts)
     total_bytes = sum(len(t.encode()) for t in texts)
     assert stats["train"]["bytes"] + stats["val"]["bytes"] == total_bytes
-    assert stats["train"]["tokens"] + stats["val"]["tokens"] == total_bytes + len(
-        texts
-    )  # + EOS each
+    assert stats["train"]["tokens"] + stats["val"]["tokens"] == total_bytes + len(texts)  # + EOS each
     for split in ("train", "val"):
         s = stats[split]
         assert s["tokens"] == s["blocks"] * 16 + s["remainder_tokens"]
@@ -56,11 +55,8 @@ def test_second_prepare_does_no_tokenisation(tmp_path):
     first = prepare(corpus, CountingByteTokenizer(), cache_dir=tmp_path / "cache")
     assert CountingByteTokenizer.calls > 0
     CountingByteTokenizer.calls = 0
-    again = prepare(
-        LocalSource(paths=[str(tmp_path / "src")]).load(),
-        CountingByteTokenizer(),
-        cache_dir=tmp_path / "cache",
-    )
+    again = prepare(LocalSource(paths=[str(tmp_path / "src")]).load(), CountingByteTokenizer(),
+                    cache_dir=tmp_path / "cache")
     assert CountingByteTokenizer.calls == 0
     assert (first.directory / "tokens.arrow").is_file()
     assert np.array_equal(first.stream("train"), again.stream("train"))
@@ -68,9 +64,7 @@ def test_second_prepare_does_no_tokenisation(tmp_path):
 
 def test_bpe_is_trained_once_on_train_split_and_cached(tmp_path):
     source = LocalSource(paths=[str(write_corpus(tmp_path / "src"))])
-    kwargs = dict(
-        vocab_size=300, source=source, val_fraction=0.2, seed=0, cache_dir=tmp_path / "cache"
-    )
+    kwargs = dict(vocab_size=300, source=source, val_fraction=0.2, seed=0, cache_dir=tmp_path / "cache")
     tok = build_tokenizer("bpe", **kwargs)
     files = list((tmp_path / "cache").rglob("tokenizer.json"))
     assert len(files) == 1 and "bpe300-val0.2-seed0" in str(files[0])

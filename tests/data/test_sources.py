@@ -10,9 +10,10 @@ import huggingface_hub
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from corpus_files import write_corpus  # tests/ is on the path
 
 from mtp.data import HubSource, LocalSource
+
+from corpus_files import write_corpus  # tests/ is on the path
 
 
 def test_local_source_skips_and_counts(tmp_path):
@@ -23,13 +24,10 @@ def test_local_source_skips_and_counts(tmp_path):
 
 def test_local_source_globs_jsonl_and_parquet(tmp_path):
     write_corpus(tmp_path / "src", n=3)
-    (tmp_path / "docs.jsonl").write_text(
-        "\n".join(json.dumps({"content": f"doc {i}"}) for i in range(4))
-    )
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"content": f"doc {i}"}) for i in range(4)))
     pq.write_table(pa.table({"content": ["p1", "p2", ""]}), tmp_path / "docs.parquet")
-    corpus = LocalSource(
-        paths=[str(tmp_path / "src" / "*.py"), str(tmp_path / "docs.*")], text_field="content"
-    ).load()
+    corpus = LocalSource(paths=[str(tmp_path / "src" / "*.py"), str(tmp_path / "docs.*")],
+                         text_field="content").load()
     texts = corpus.documents["text"]
     assert len(texts) == 3 + 4 + 2
     assert {"doc 0", "p2"} <= set(texts)

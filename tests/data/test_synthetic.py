@@ -8,12 +8,10 @@ from mtp.data import InductionSource, PolynomialSource, induction, polynomial
 
 
 def test_generators_are_deterministic_and_seeded() -> None:
-    assert polynomial.problems(3, 50, (1, 2, 5), test=False) == polynomial.problems(
-        3, 50, (1, 2, 5), test=False
-    )
-    assert polynomial.problems(3, 50, (1,), test=False) != polynomial.problems(
-        4, 50, (1,), test=False
-    )
+    assert polynomial.problems(3, 50, (1, 2, 5), test=False) == \
+        polynomial.problems(3, 50, (1, 2, 5), test=False)
+    assert polynomial.problems(3, 50, (1,), test=False) != polynomial.problems(4, 50, (1,),
+                                                                                test=False)
     assert induction.stories(3, 20, test=False) == induction.stories(3, 20, test=False)
     assert induction.stories(3, 20, test=False) != induction.stories(4, 20, test=False)
     first, again = PolynomialSource(documents=300).load(), PolynomialSource(documents=300).load()
@@ -21,9 +19,8 @@ def test_generators_are_deterministic_and_seeded() -> None:
     assert PolynomialSource(documents=300, seed=1).load().key != first.key
     assert polynomial.test_set(20) == polynomial.test_set(20)
     assert polynomial.test_set(30)[:20] != []  # a larger test set extends a smaller, per m
-    assert [p for p in polynomial.test_set(30) if p.m == 4][:20] == [
-        p for p in polynomial.test_set(20) if p.m == 4
-    ]
+    assert [p for p in polynomial.test_set(30) if p.m == 4][:20] == \
+        [p for p in polynomial.test_set(20) if p.m == 4]
 
 
 def test_polynomial_train_and_test_never_share_a_problem() -> None:
@@ -44,18 +41,13 @@ def test_induction_name_pools_are_disjoint_and_test_stories_use_test_names() -> 
     train_pool, test_pool = set(induction.name_pool(False)), set(induction.name_pool(True))
     assert not train_pool & test_pool and len(test_pool) > 100 and len(train_pool) > 300
     train = InductionSource(documents=500, seed=0).load().documents["text"]
-    train_names = {
-        s.text[c : c + 2] for s in induction.stories(0, 500, test=False) for c, _ in s.names
-    }
+    train_names = {s.text[c : c + 2] for s in induction.stories(0, 500, test=False)
+                   for c, _ in s.names}
     assert train_names <= train_pool
     test_names = {s.text[c : c + 2] for s in induction.test_set(300) for c, _ in s.names}
     assert test_names <= test_pool
-    assert not any(
-        name in text
-        for text in train
-        for name in test_names
-        if f" {name} " in text or f" {name}." in text
-    )
+    assert not any(name in text for text in train for name in test_names
+                   if f" {name} " in text or f" {name}." in text)
 
 
 def test_stories_mark_every_name_and_names_are_not_template_words() -> None:
@@ -110,11 +102,8 @@ def test_problem_texts_evaluate_to_their_answers() -> None:
                 running, i = tuple(-c % 7 for c in running), i + 1
             else:
                 q = polynomial.parse_poly(words[i + 1])
-                running = (
-                    tuple((x + y) % 7 for x, y in zip(running, q))
-                    if op == "+"
-                    else _direct(running, q, op)
-                )
+                running = (tuple((x + y) % 7 for x, y in zip(running, q)) if op == "+"
+                           else _direct(running, q, op))
                 i += 2
             ops += 1
         assert ops == problem.m and polynomial.format_poly(running) == problem.answer
@@ -125,24 +114,10 @@ def test_python_m_mtp_train_refuses_bad_input_in_one_line(tmp_path) -> None:
     import sys
 
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mtp.train",
-            "data=polynomial",
-            "data.source.max_ops=21",
-            "model=tiny",
-            "logger=none",
-            f"run_dir={tmp_path}",
-            f"hydra.run.dir={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+        [sys.executable, "-m", "mtp.train", "data=polynomial", "data.source.max_ops=21",
+         "model=tiny", "logger=none", f"run_dir={tmp_path}", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
-    assert (
-        done.stderr.strip().splitlines()[-1]
-        == "error: data.source.max_ops=21 must be an integer number of operations in 1..20"
-    )
+    assert done.stderr.strip().splitlines()[-1] == \
+        "error: data.source.max_ops=21 must be an integer number of operations in 1..20"
     assert not (tmp_path / "checkpoints").exists()

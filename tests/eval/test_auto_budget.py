@@ -20,7 +20,8 @@ PROMPTS = ["def add(a, b):\n", "import os\n", "for i in range(3):\n", "x = [1, 2
 
 @pytest.fixture
 def model() -> MTPModel:
-    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=1024, n_future=8)
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=1024,
+                       n_future=8)
     return MTPModel(config).eval()
 
 
@@ -42,9 +43,8 @@ def slow_generate(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def test_the_budget_bounds_the_measurement_and_says_what_it_left_out(model, slow_generate):
     auto = Auto(tokens=4, budget=0.4)
     began = time.perf_counter()
-    auto.choose(
-        model, ByteTokenizer(), PROMPTS, sampling=SamplingConfig(), max_new_tokens=4, batch_size=1
-    )
+    auto.choose(model, ByteTokenizer(), PROMPTS, sampling=SamplingConfig(), max_new_tokens=4,
+                batch_size=1)
     spent = time.perf_counter() - began
     # The budget is checked between decodings: at most one candidate's warm-up and batch more.
     assert spent < 0.4 + 0.4, spent
@@ -57,26 +57,23 @@ def test_the_budget_bounds_the_measurement_and_says_what_it_left_out(model, slow
     assert line.endswith(f"; {len(record.left_out)} left out by the budget)")
 
     unbounded = Auto(tokens=4)
-    unbounded.choose(
-        model, ByteTokenizer(), PROMPTS[:1], sampling=SamplingConfig(), max_new_tokens=4
-    )
+    unbounded.choose(model, ByteTokenizer(), PROMPTS[:1], sampling=SamplingConfig(),
+                     max_new_tokens=4)
     assert not unbounded.record.left_out
     assert len(unbounded.record.figures) > len(record.figures)
 
 
 def test_the_budget_is_a_share_of_the_planned_decoding(model, slow_generate):
     auto = Auto(tokens=4, budget=30.0, planned_tokens=40)
-    auto.choose(
-        model, ByteTokenizer(), PROMPTS, sampling=SamplingConfig(), max_new_tokens=4, batch_size=1
-    )
+    auto.choose(model, ByteTokenizer(), PROMPTS, sampling=SamplingConfig(), max_new_tokens=4,
+                batch_size=1)
     expected = 0.1 * 40 / auto.record.figures["autoregressive"]  # 10% of 40 tokens at AR's rate
     assert auto.record.budget == pytest.approx(expected, rel=0.3) and auto.record.budget < 30.0
     assert auto.record.left_out
 
 
 def test_eval_spends_its_budget_once_and_the_next_run_reuses_the_choice(
-    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
-) -> None:
+        model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setenv("MTP_CACHE", str(tmp_path / "cache"))
     checkpoint = str(export(model, ByteTokenizer(), tmp_path / "export"))
     measured: list[Auto] = []
@@ -89,16 +86,9 @@ def test_eval_spends_its_budget_once_and_the_next_run_reuses_the_choice(
     monkeypatch.setattr(Auto, "_measure", spy)
 
     def run(name: str) -> dict:
-        return evaluate(
-            EvalConfig(
-                task="humaneval",
-                checkpoint=checkpoint,
-                limit=2,
-                max_new_tokens=8,
-                batch_size=1,
-                output=str(tmp_path / f"{name}.jsonl"),
-            )
-        )
+        return evaluate(EvalConfig(task="humaneval", checkpoint=checkpoint, limit=2,
+                                   max_new_tokens=8, batch_size=1,
+                                   output=str(tmp_path / f"{name}.jsonl")))
 
     first = run("first")
     err = capsys.readouterr().err
@@ -106,8 +96,7 @@ def test_eval_spends_its_budget_once_and_the_next_run_reuses_the_choice(
     assert auto.budget == AUTO_SECONDS
     # 2 problems x 8 tokens: 10% of that at the autoregressive rate, far under 30 s.
     assert auto.record.budget == pytest.approx(
-        0.1 * 16 / auto.record.figures["autoregressive"], rel=0.01
-    )
+        0.1 * 16 / auto.record.figures["autoregressive"], rel=0.01)
     choice = first["decoding"].removeprefix("auto -> ")
     assert f"drafter: {choice} (measured in " in err and "tokens/s: " in err
     cache = json.loads((tmp_path / "cache" / "tune.json").read_text())
@@ -133,14 +122,8 @@ def test_a_compiled_steps_warm_up_is_not_spent_from_the_budget(model, monkeypatc
     measured = {}
     for compile in (False, True):
         auto = Auto(tokens=4, budget=0.4, compile=compile)
-        auto.choose(
-            model,
-            ByteTokenizer(),
-            PROMPTS[:1],
-            sampling=SamplingConfig(),
-            max_new_tokens=4,
-            batch_size=1,
-        )
+        auto.choose(model, ByteTokenizer(), PROMPTS[:1], sampling=SamplingConfig(),
+                    max_new_tokens=4, batch_size=1)
         measured[compile] = len(auto.record.figures)
     assert measured[False] <= 2  # eager: a 0.3 s warm-up is the candidate's own cost
     assert measured[True] > measured[False] + 2

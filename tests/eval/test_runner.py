@@ -17,11 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 # Hand-written HumanEval samples: HumanEval/0 passes 1 of 4, HumanEval/2 passes 3 of 4. Then
 # pass@1 = (1/4 + 3/4) / 2 = 0.5 and pass@2 = ((1 - C(3,2)/C(4,2)) + 1) / 2 = 0.75.
 SAMPLES = [
-    (
-        "HumanEval/0",
-        "    return any(abs(a - b) < threshold\n"
-        "               for i, a in enumerate(numbers) for b in numbers[i + 1:])\n",
-    ),
+    ("HumanEval/0", "    return any(abs(a - b) < threshold\n"
+                    "               for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"),
     ("HumanEval/0", "    return False\n"),
     ("HumanEval/0", "    return True\n"),
     ("HumanEval/0", "    return (\n"),  # syntax error
@@ -38,15 +35,11 @@ def write_samples(path: Path, samples: list[tuple[str, str]]) -> Path:
 
 
 def score(samples: Path, output: Path, **overrides) -> dict:
-    return evaluate(
-        EvalConfig(task="humaneval", samples=str(samples), output=str(output), **overrides)
-    )
+    return evaluate(EvalConfig(task="humaneval", samples=str(samples), output=str(output), **overrides))
 
 
 def test_scoring_a_samples_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    summary = score(
-        write_samples(tmp_path / "s.jsonl", SAMPLES), tmp_path / "r.jsonl", pass_k=[1, 2]
-    )
+    summary = score(write_samples(tmp_path / "s.jsonl", SAMPLES), tmp_path / "r.jsonl", pass_k=[1, 2])
     assert summary["pass@1"] == pytest.approx(0.5) and summary["pass@2"] == pytest.approx(0.75)
     assert (summary["problems"], summary["samples"]) == (2, 8)
     out = capsys.readouterr()
@@ -103,14 +96,9 @@ def test_bad_samples_files(tmp_path: Path) -> None:
     [
         ({}, "exactly one of checkpoint="),
         ({"checkpoint": "c", "samples": "s"}, "exactly one of checkpoint="),
-        (
-            {"checkpoint": "c", "drafter": "greedy"},
-            "unknown drafter 'greedy': choose one of auto, ",
-        ),
-        (
-            {"checkpoint": "c", "pass_k": [1, 10], "samples_per_problem": 5, "temperature": 0.8},
-            r"k=\[1, 10\]",
-        ),
+        ({"checkpoint": "c", "drafter": "greedy"}, "unknown drafter 'greedy': choose one of auto, "),
+        ({"checkpoint": "c", "pass_k": [1, 10], "samples_per_problem": 5, "temperature": 0.8},
+         r"k=\[1, 10\]"),
         ({"checkpoint": "c", "k": [1, 10]}, r"pass@k's list is pass_k=\[1, 10\]"),
         ({"checkpoint": "c", "samples_per_problem": 4}, "samples_per_problem=4 at temperature=0"),
         ({"checkpoint": "c", "limit": 0}, "limit=0"),
@@ -139,19 +127,9 @@ def _config(**settings) -> EvalConfig:
 def test_cli_scores_a_samples_file(tmp_path: Path) -> None:
     samples = write_samples(tmp_path / "s.jsonl", SAMPLES[4:])
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mtp.eval",
-            "task=humaneval",
-            f"samples={samples}",
-            "pass_k=[1,4]",
-            f"output={tmp_path / 'r.jsonl'}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-m", "mtp.eval", "task=humaneval", f"samples={samples}", "pass_k=[1,4]",
+         f"output={tmp_path / 'r.jsonl'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout.splitlines()[-1])
@@ -175,30 +153,18 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     malformed = tmp_path / "bad.jsonl"
     malformed.write_text('{"task_id": \n')
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mtp.eval",
-            "task=humaneval",
-            f"samples={malformed}",
-            f"output={tmp_path / 'r.jsonl'}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-m", "mtp.eval", "task=humaneval", f"samples={malformed}",
+         f"output={tmp_path / 'r.jsonl'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 1
-    assert (
-        run.stderr == f"error: {malformed}:1: not valid JSON (Expecting value): '{{\"task_id\":'\n"
-    )
+    assert run.stderr == f"error: {malformed}:1: not valid JSON (Expecting value): " \
+                         f"'{{\"task_id\":'\n"
 
 
 MBPP_FILE = mbpp_file()
-needs_mbpp = pytest.mark.skipif(
-    MBPP_FILE is None,
-    reason="MBPP data not found: set $MTP_MBPP_FILE or put it in ../shared/data/mbpp",
-)
+needs_mbpp = pytest.mark.skipif(MBPP_FILE is None, reason="MBPP data not found: set "
+                                "$MTP_MBPP_FILE or put it in ../shared/data/mbpp")
 
 
 @pytest.fixture
@@ -210,16 +176,8 @@ def tiny_checkpoint(tmp_path: Path) -> str:
     from mtp.model import MTPConfig, MTPModel
     from mtp.tokenizers import ByteTokenizer
 
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=640,
-        n_future=4,
-        head_layers=1,
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       max_seq_len=640, n_future=4, head_layers=1)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a width-32 model: more threads only spin against each other
     yield str(export(MTPModel(config), ByteTokenizer(), tmp_path / "tiny"))
@@ -227,46 +185,26 @@ def tiny_checkpoint(tmp_path: Path) -> str:
 
 
 @needs_mbpp
-@pytest.mark.parametrize(
-    ("drafter", "k", "decoding"),
-    [
-        ("heads", None, "heads(k=4)"),
-        ("heads", 1, "autoregressive"),
-        ("autoregressive", None, "autoregressive"),
-        ("prompt_lookup", None, "prompt_lookup(num_draft=8, max_ngram=4, min_ngram=2)"),
-        ("lookahead", None, "lookahead(window=5, ngram=4, guesses=5)"),
-    ],
-)
-def test_generating_with_a_tiny_model(
-    tmp_path: Path, tiny_checkpoint: str, drafter: str, k: int | None, decoding: str
-) -> None:
+@pytest.mark.parametrize(("drafter", "k", "decoding"),
+                         [("heads", None, "heads(k=4)"), ("heads", 1, "autoregressive"),
+                          ("autoregressive", None, "autoregressive"),
+                          ("prompt_lookup", None, "prompt_lookup(num_draft=8, max_ngram=4, "
+                                                  "min_ngram=2)"),
+                          ("lookahead", None, "lookahead(window=5, ngram=4, guesses=5)")])
+def test_generating_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str, drafter: str,
+                                      k: int | None, decoding: str) -> None:
     output = tmp_path / "r.jsonl"
-    config = _config(
-        task="mbpp",
-        checkpoint=tiny_checkpoint,
-        data_file=str(MBPP_FILE),
-        output=str(output),
-        limit=2,
-        samples_per_problem=2,
-        pass_k=[1, 2],
-        temperature=0.8,
-        drafter=drafter,
-        k=k,
-        max_new_tokens=8,
-        batch_size=3,
-    )  # one batch holds two problems
+    config = _config(task="mbpp", checkpoint=tiny_checkpoint, data_file=str(MBPP_FILE),
+                     output=str(output), limit=2, samples_per_problem=2, pass_k=[1, 2],
+                     temperature=0.8, drafter=drafter, k=k, max_new_tokens=8,
+                     batch_size=3)  # one batch holds two problems
     summary = evaluate(config)
     assert (summary["problems"], summary["samples"], summary["decoding"]) == (2, 4, decoding)
     assert summary["pass@1"] == 0.0  # random weights write no working code
     assert summary["tokens_per_second"] > 0
     records = [json.loads(line) for line in output.read_text().splitlines()]
-    assert sorted((r["task_id"], r["sample"]) for r in records) == [
-        (t, i) for t in (11, 12) for i in range(2)
-    ]
-    assert all(
-        0 < r["new_tokens"] <= 8 and r["finish_reason"] in ("length", "stop", "eos")
-        for r in records
-    )
+    assert sorted((r["task_id"], r["sample"]) for r in records) == [(t, i) for t in (11, 12) for i in range(2)]
+    assert all(0 < r["new_tokens"] <= 8 and r["finish_reason"] in ("length", "stop", "eos") for r in records)
     if decoding == "autoregressive":  # one token per forward pass
         assert all(r["forward_passes"] == r["new_tokens"] for r in records)
         assert summary["tokens_per_forward"] == 1.0
@@ -274,62 +212,31 @@ def test_generating_with_a_tiny_model(
 
 
 @needs_mbpp
-def test_prompts_longer_than_the_context_count_as_failed(
-    tmp_path: Path, tiny_checkpoint: str, capsys: pytest.CaptureFixture
-) -> None:
-    summary = evaluate(
-        EvalConfig(
-            task="mbpp",
-            checkpoint=tiny_checkpoint,
-            data_file=str(MBPP_FILE),
-            output=str(tmp_path / "r.jsonl"),
-            limit=2,
-            few_shot=3,
-            max_new_tokens=8,
-        )
-    )
+def test_prompts_longer_than_the_context_count_as_failed(tmp_path: Path, tiny_checkpoint: str,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    summary = evaluate(EvalConfig(task="mbpp", checkpoint=tiny_checkpoint, data_file=str(MBPP_FILE),
+                                  output=str(tmp_path / "r.jsonl"), limit=2, few_shot=3,
+                                  max_new_tokens=8))
     assert summary["pass@1"] == 0.0 and summary["samples"] == 2
     assert "2 prompts do not fit the model's context of 640 tokens" in capsys.readouterr().err
     record = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
-    assert (
-        record["finish_reason"] == "context"
-        and "leaves no room in max_seq_len=640" in record["result"]
-    )
+    assert record["finish_reason"] == "context" and "leaves no room in max_seq_len=640" in record["result"]
 
 
 @needs_mbpp
 def test_cli_end_to_end_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str) -> None:
     output = tmp_path / "r.jsonl"
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mtp.eval",
-            "task=mbpp",
-            f"checkpoint={tiny_checkpoint}",
-            f"data_file={MBPP_FILE}",
-            "limit=2",
-            "samples_per_problem=2",
-            "temperature=0.8",
-            "pass_k=[1,2]",
-            "max_new_tokens=8",
-            f"output={output}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-m", "mtp.eval", "task=mbpp", f"checkpoint={tiny_checkpoint}",
+         f"data_file={MBPP_FILE}", "limit=2", "samples_per_problem=2", "temperature=0.8",
+         "pass_k=[1,2]", "max_new_tokens=8", f"output={output}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**os.environ, "OMP_NUM_THREADS": "1", "MTP_CACHE": str(tmp_path / "cache")},
     )
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout.splitlines()[-1])
     assert {k: summary[k] for k in ("task", "problems", "samples", "pass@1", "pass@2")} == {
-        "task": "mbpp",
-        "problems": 2,
-        "samples": 4,
-        "pass@1": 0.0,
-        "pass@2": 0.0,
-    }
+        "task": "mbpp", "problems": 2, "samples": 4, "pass@1": 0.0, "pass@2": 0.0}
     assert summary["decoding"].startswith("auto -> ")  # the default measured its candidates
     choice = summary["decoding"].removeprefix("auto -> ")
     assert f"drafter: {choice} (measured in " in run.stderr  # once, before decoding
@@ -341,15 +248,8 @@ def test_cli_end_to_end_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str) 
 
 @needs_mbpp
 def test_generating_with_a_candidate_tree(tmp_path: Path, tiny_checkpoint: str) -> None:
-    config = _config(
-        task="mbpp",
-        checkpoint=tiny_checkpoint,
-        data_file=str(MBPP_FILE),
-        output=str(tmp_path / "r.jsonl"),
-        limit=1,
-        drafter="heads",
-        tree="tree8",
-        max_new_tokens=8,
-    )
+    config = _config(task="mbpp", checkpoint=tiny_checkpoint, data_file=str(MBPP_FILE),
+                     output=str(tmp_path / "r.jsonl"), limit=1, drafter="heads",
+                     tree="tree8", max_new_tokens=8)
     summary = evaluate(config)
     assert summary["decoding"] == "heads(tree=tree8)" and summary["samples"] == 1

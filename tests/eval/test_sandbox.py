@@ -43,11 +43,8 @@ def processes_of(uid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            uid_line = next(
-                line
-                for line in (entry / "status").read_text().splitlines()
-                if line.startswith("Uid:")
-            )
+            uid_line = next(line for line in (entry / "status").read_text().splitlines()
+                            if line.startswith("Uid:"))
         except (OSError, StopIteration):
             continue  # not a process, or gone
         if int(uid_line.split()[1]) == uid and alive(int(entry.name)):
@@ -65,12 +62,8 @@ def pid_namespace() -> None:
     its init), cannot see this test's process, and are not root."""
     if MISSING is not None:
         pytest.skip(f"no namespaces here: {MISSING}")
-    probe = run_program(
-        f"import os\nprint(os.getpid(), os.getppid(), os.getuid(), "
-        f"int(os.path.exists('/proc/{os.getpid()}')))",
-        SAFE,
-        "namespaces",
-    )
+    probe = run_program(f"import os\nprint(os.getpid(), os.getppid(), os.getuid(), "
+                        f"int(os.path.exists('/proc/{os.getpid()}')))", SAFE, "namespaces")
     pid, parent, uid, sees_us = printed_ints(probe.output) if probe.passed else (0, 0, 0, 1)
     if (pid, parent, sees_us) != (2, 1, 0) or uid == 0:
         pytest.skip(f"programs do not run in a PID namespace of their own: {probe}")
@@ -79,21 +72,15 @@ def pid_namespace() -> None:
 def test_passing_and_failing_programs() -> None:
     assert run_program("assert sorted([3, 1, 2]) == [1, 2, 3]").passed
     failed = run_program("assert 1 == 2, 'one is not two'")
-    assert (
-        failed.status == "failed" and failed.describe() == "failed: AssertionError: one is not two"
-    )
+    assert failed.status == "failed" and failed.describe() == "failed: AssertionError: one is not two"
     assert run_program("def f(:\n    pass").reason.startswith("SyntaxError")
     assert run_program("import sys\nsys.exit(3)").reason == "exit status 3"
     assert run_program("import sys\nsys.exit(250)").reason == "exit status 250"
-    assert (
-        run_program("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)").reason
-        == "killed by SIGTERM"
-    )
+    assert run_program("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)").reason == "killed by SIGTERM"
 
 
-@pytest.mark.parametrize(
-    "exit_call", ["import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"]
-)
+@pytest.mark.parametrize("exit_call", ["import sys; sys.exit(0)", "import os; os._exit(0)",
+                                       "raise SystemExit"])
 def test_exiting_before_the_tests_is_not_a_pass(exit_call: str) -> None:
     result = run_program(f"{exit_call}\nassert False")
     assert result.status == "failed" and result.reason == "exited before the tests finished"
@@ -208,10 +195,8 @@ def test_fork_bomb_is_bounded_by_the_process_limit(pid_namespace: None) -> None:
     )
     result = run_program(counting, limits, "namespaces")
     assert result.passed and printed_ints(result.output) == [limits.processes - 1]  # + itself
-    bomb = (
-        "import os\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n        os.fork()\n"
-        "    except OSError:\n        pass\n"
-    )
+    bomb = "import os\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n        os.fork()\n" \
+           "    except OSError:\n        pass\n"
     result = run_program(bomb, Limits(timeout=3, cpu_seconds=3, processes=8), "namespaces")
     assert result.status == "timed out"
     assert_nothing_left(result, "namespaces")
@@ -239,18 +224,14 @@ def test_kill_minus_one_reaches_only_the_sandbox(pid_namespace: None) -> None:
 
 
 def test_killpg_of_the_evaluators_group_finds_nothing(pid_namespace: None) -> None:
-    result = run_program(
-        f"import os, signal\nos.killpg({os.getpgrp()}, signal.SIGKILL)", SAFE, "namespaces"
-    )
+    result = run_program(f"import os, signal\nos.killpg({os.getpgrp()}, signal.SIGKILL)", SAFE, "namespaces")
     assert result.status == "failed" and result.reason.startswith("ProcessLookupError")
 
 
 @pytest.mark.parametrize("isolation", LEVELS)
 def test_killing_its_parent_hits_the_launcher_or_the_init(isolation: str) -> None:
-    program = (
-        "import os, signal, time\nprint(os.getppid(), flush=True)\n"
-        "os.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(0.5)"
-    )
+    program = ("import os, signal, time\nprint(os.getppid(), flush=True)\n"
+               "os.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(0.5)")
     result = run_program(program, SAFE, isolation)
     assert printed_ints(result.output) != [os.getpid()]
     if isolation == "none":  # the launcher dies, and the program with it
@@ -263,8 +244,7 @@ def test_killing_its_parent_hits_the_launcher_or_the_init(isolation: str) -> Non
 def test_no_connection_even_to_the_hosts_loopback() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.setblocking(False)
-        port = server.getsockname()[1]
-        program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)"
+        program = f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=1)"
         result = run_program(program, SAFE, "namespaces")
         assert result.status == "failed" and "Error" in result.reason
         with pytest.raises(BlockingIOError):
@@ -291,14 +271,9 @@ def victim() -> Path:
 
 
 @needs_namespaces
-@pytest.mark.parametrize(
-    "action",
-    [
-        "open({path!r}, 'a').write('changed')",
-        "open({new!r}, 'w').write('new')",
-        "os.remove({path!r})",
-    ],
-)
+@pytest.mark.parametrize("action", ["open({path!r}, 'a').write('changed')",
+                                    "open({new!r}, 'w').write('new')",
+                                    "os.remove({path!r})"])
 def test_files_outside_the_working_directory_are_read_only(victim: Path, action: str) -> None:
     program = "import os\n" + action.format(path=str(victim), new=str(victim.with_name("new")))
     result = run_program(program, SAFE, "namespaces")
@@ -327,19 +302,14 @@ def test_filling_tmp_stops_at_its_size_and_stays_private() -> None:
     result = run_program(program, limits, "namespaces")
     assert result.status == "failed" and "No space left on device" in result.reason
     assert not list(Path(tempfile.gettempdir()).glob("fill*"))
-    assert run_program(
-        "import os\nassert not [f for f in os.listdir('/tmp') if f.startswith('fill')]",
-        SAFE,
-        "namespaces",
-    ).passed  # the next program's /tmp is fresh
+    assert run_program("import os\nassert not [f for f in os.listdir('/tmp') if f.startswith('fill')]",
+                       SAFE, "namespaces").passed  # the next program's /tmp is fresh
 
 
 @needs_namespaces
 def test_isolated_program_has_no_privileges() -> None:
-    program = (
-        "import os\nprint(os.getuid(), os.getgid(), len(os.getgroups()))\n"
-        "print(*[line for line in open('/proc/self/status') if line.startswith(('Cap', 'NoNew'))])"
-    )
+    program = "import os\nprint(os.getuid(), os.getgid(), len(os.getgroups()))\n" \
+              "print(*[line for line in open('/proc/self/status') if line.startswith(('Cap', 'NoNew'))])"
     result = run_program(program, SAFE, "namespaces")
     assert result.passed, result.output
     uid, gid, groups, *_ = printed_ints(result.output)
@@ -362,9 +332,7 @@ def load(name):
     return module
 """
 EVAL_DIR = str(REPO / "mtp" / "eval")
-AS_NOBODY = (
-    LOAD
-    + """
+AS_NOBODY = LOAD + """
 launcher = load("launcher")
 launcher.check(launcher.libc.unshare(launcher.CLONE_NEWNS), "unshare")
 launcher.mount(None, "/", None, launcher.MS_REC | launcher.MS_PRIVATE)
@@ -378,7 +346,6 @@ sandbox = load("sandbox")
 result = sandbox.run_program(sys.argv[1], sandbox.Limits(timeout=30), "namespaces")
 print(result.status, result.reason, result.output, sep="\\n")
 """
-)
 
 
 @needs_namespaces
@@ -387,16 +354,11 @@ def test_an_unprivileged_user_gets_isolation_through_a_user_namespace() -> None:
     program = (
         "import os\n"
         "print(os.getuid(), os.getppid(), open('/proc/self/uid_map').read().split()[1])\n"
-        "print(*[line for line in open('/proc/self/status')\n"
-        "        if line.startswith(('CapEff', 'CapBnd'))])\n"
+        "print(*[line for line in open('/proc/self/status') if line.startswith(('CapEff', 'CapBnd'))])\n"
         "open('/etc/mtp-sandbox-test', 'w')\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", AS_NOBODY, program, EVAL_DIR],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = subprocess.run([sys.executable, "-c", AS_NOBODY, program, EVAL_DIR],
+                         capture_output=True, text=True, timeout=60)
     if run.stderr.startswith("SKIP: "):
         pytest.skip(run.stderr.strip().removeprefix("SKIP: "))
     assert run.returncode == 0, run.stderr
@@ -427,8 +389,7 @@ def test_the_run_goes_on_after_hostile_programs() -> None:
     hostile = {
         "loop": "while True:\n    pass",
         "exit": "import os\nos._exit(0)",
-        "kill": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)",
+        "kill": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(os.getpid(), signal.SIGKILL)",
         "flood": "while True:\n    print('y' * 4096)",
     }
     with Sandbox(Limits(timeout=8, cpu_seconds=8, memory_bytes=256 << 20), workers=2) as sandbox:
@@ -438,18 +399,12 @@ def test_the_run_goes_on_after_hostile_programs() -> None:
         results = dict(sandbox.finished(wait=True))
     assert len(sandbox) == 0
     assert {key: r.status for key, r in results.items()} == {
-        "loop": "timed out",
-        "exit": "failed",
-        "kill": "failed",
-        "flood": "failed",
-        "good": "passed",
+        "loop": "timed out", "exit": "failed", "kill": "failed", "flood": "failed", "good": "passed",
     }
 
 
 def test_auto_falls_back_with_a_warning_naming_what_is_missing(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(
-        sandbox_module, "_namespaces_missing", lambda: "unshare: Operation not permitted"
-    )
+    monkeypatch.setattr(sandbox_module, "_namespaces_missing", lambda: "unshare: Operation not permitted")
     assert resolve_isolation("auto") == "none"
     warning = capsys.readouterr().err
     assert warning.count("\n") == 1 and "unshare: Operation not permitted" in warning
@@ -458,21 +413,13 @@ def test_auto_falls_back_with_a_warning_naming_what_is_missing(monkeypatch, caps
     assert resolve_isolation("none") == "none" and capsys.readouterr().err == ""
 
 
-@pytest.mark.skipif(
-    os.getuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv"
-)
+@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
 def test_auto_falls_back_where_the_kernel_refuses_namespaces() -> None:
-    code = (
-        LOAD + "sandbox = load('sandbox')\nprint(sandbox.resolve_isolation('auto'))\n"
-        "print(sandbox.run_program('print(6 * 7)').output)\n"
-    )
+    code = LOAD + "sandbox = load('sandbox')\nprint(sandbox.resolve_isolation('auto'))\n" \
+                  "print(sandbox.run_program('print(6 * 7)').output)\n"
     # Root without CAP_SYS_ADMIN, as in a default Docker container: unshare is refused.
-    run = subprocess.run(
-        ["setpriv", "--bounding-set=-sys_admin", sys.executable, "-c", code, "_", EVAL_DIR],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = subprocess.run(["setpriv", "--bounding-set=-sys_admin", sys.executable, "-c", code, "_", EVAL_DIR],
+                         capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["none", "42"]
     assert run.stderr.count("\n") == 1 and "fell back to none" in run.stderr

@@ -13,19 +13,12 @@ def accept(drafts, target, generator=None):
     """The rule on target distributions (B, m, V) of a chain; their logs are the logits
     `accept` takes (log 0 = -inf keeps one-hot rows one-hot, which is greedy decoding)."""
     greedy = bool(target.eq(1).sum(-1).eq(1).all()) and (
-        drafts.probs is None or bool(drafts.probs.eq(1).sum(-1).eq(1).all())
-    )
+        drafts.probs is None or bool(drafts.probs.eq(1).sum(-1).eq(1).all()))
     batch, nodes, vocab = target.shape
     draws = None if greedy else Draws.draw(batch, nodes, vocab, generator, "cpu")
-    result = accept_drafts(
-        drafts,
-        target.log(),
-        Tree.chain(drafts.count),
-        SamplingConfig(temperature=0 if greedy else 1),
-        draws,
-    )
+    result = accept_drafts(drafts, target.log(), Tree.chain(drafts.count),
+                           SamplingConfig(temperature=0 if greedy else 1), draws)
     return result.n_accepted, result.tokens
-
 
 N = 40_000  # rows sampled at once; each a frequency's standard error is below 0.0025
 
@@ -69,9 +62,8 @@ def test_speculative_sampling_keeps_head_0s_distribution():
     q2 = torch.tensor([0.7, 0.1, 0.1, 0.1], dtype=torch.float64)  # head 2's proposal
     generator = torch.Generator().manual_seed(0)
     proposals = torch.stack([q1, q2]).expand(N, 2, 4)
-    draft_ids = torch.stack(
-        [torch.multinomial(q, N, replacement=True, generator=generator) for q in (q1, q2)], dim=1
-    )  # (N, 2)
+    draft_ids = torch.stack([torch.multinomial(q, N, replacement=True, generator=generator)
+                             for q in (q1, q2)], dim=1)  # (N, 2)
     target = torch.stack([p0, p1, p0]).expand(N, 3, 4)
     n_accepted, tokens = accept(Drafts(draft_ids, proposals), target, generator)
 

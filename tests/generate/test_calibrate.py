@@ -27,20 +27,10 @@ def test_rates_condition_on_the_earlier_heads():
 def test_path_frequencies_count_every_accepted_prefix():
     ranks = torch.tensor([[0, 0, 1], [0, 1, 0], [1, 0, 0], [5, 0, 0]])
     assert path_frequencies(ranks, n_ranks=2, limit=100) == [
-        ((0,), 0.5),
-        ((1,), 0.25),
-        ((0, 0), 0.25),
-        ((0, 1), 0.25),
-        ((1, 0), 0.25),
-        ((0, 0, 1), 0.25),
-        ((0, 1, 0), 0.25),
-        ((1, 0, 0), 0.25),
-    ]  # (5, ...) accepts nothing
-    assert path_frequencies(ranks, n_ranks=2, limit=3) == [
-        ((0,), 0.5),
-        ((1,), 0.25),
-        ((0, 0), 0.25),
-    ]
+        ((0,), 0.5), ((1,), 0.25), ((0, 0), 0.25), ((0, 1), 0.25), ((1, 0), 0.25),
+        ((0, 0, 1), 0.25), ((0, 1, 0), 0.25), ((1, 0, 0), 0.25)]  # (5, ...) accepts nothing
+    assert path_frequencies(ranks, n_ranks=2, limit=3) == [((0,), 0.5), ((1,), 0.25),
+                                                           ((0, 0), 0.25)]
 
 
 def test_frequent_paths_beat_the_independent_heads_tree_when_heads_agree():
@@ -48,9 +38,8 @@ def test_frequent_paths_beat_the_independent_heads_tree_when_heads_agree():
     # far off. Heads 2 and 3 are right exactly where head 1's top choice was: correlated.
     ranks = torch.tensor([[0, 0, 0]] * 4 + [[1, 9, 9]] * 6)
     rates = acceptance_rates(ranks, n_ranks=2)
-    calibration = Calibration(
-        rates, n_future=4, vocab_size=262, paths=path_frequencies(ranks, n_ranks=2, limit=100)
-    )
+    calibration = Calibration(rates, n_future=4, vocab_size=262,
+                              paths=path_frequencies(ranks, n_ranks=2, limit=100))
     frequent, medusa = calibration.tree(4), Tree.from_rates(rates, 4)
     assert set(frequent.paths) == {(1,), (0,), (0, 0)}
     assert set(medusa.paths) == {(1,), (0,), (1, 0)}  # independence: 0.6 * 0.4 > 0.4 * 0.4
@@ -77,23 +66,15 @@ def test_truth_ranks_match_a_manual_count(tiny_config):
             assert ranks[row, head - 1] == (logits[s, head] > logits[s, head, truth]).sum()
 
 
-def test_calibrate_saves_a_calibration_that_generate_and_auto_read(
-    tiny_config, tmp_path, capsys, monkeypatch
-):
+def test_calibrate_saves_a_calibration_that_generate_and_auto_read(tiny_config, tmp_path,
+                                                                    capsys, monkeypatch):
     monkeypatch.setenv("MTP_CACHE", str(tmp_path / "cache"))
     model = MTPModel(tiny_config)
     directory = export(model, ByteTokenizer(), tmp_path / "export")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps(p) for p in ["def f(x):", "import os\n"]))
-    main(
-        [
-            f"checkpoint={directory}",
-            f"prompt_file={prompts}",
-            "max_new_tokens=20",
-            "ranks=4",
-            f"output={tmp_path}",
-        ]
-    )
+    main([f"checkpoint={directory}", f"prompt_file={prompts}", "max_new_tokens=20",
+          "ranks=4", f"output={tmp_path}"])
     out = capsys.readouterr().out
     assert "auto:16: depth" in out and "saved: trees: heads 1..3 at ranks < 4 (measured" in out
     [saved] = saved_choices(directory, checkpoint_id(directory)).values()
@@ -104,21 +85,12 @@ def test_calibrate_saves_a_calibration_that_generate_and_auto_read(
     assert data == saved
     assert "paths" in data  # a random model's heads never rank the truth in their top 4: {}
     assert len(data["trees"]["16"]) == 15
-    generate_main(
-        [
-            f"checkpoint={directory}",
-            "prompt=xy",
-            "max_new_tokens=6",
-            "drafter=heads",
-            "tree=auto:16",
-        ]
-    )
+    generate_main([f"checkpoint={directory}", "prompt=xy", "max_new_tokens=6",
+                   "drafter=heads", "tree=auto:16"])
     assert "[length] heads(tree=auto:16): 6 tokens" in capsys.readouterr().err
     auto = Auto(context=DrafterContext(saved={"trees": saved}))
     assert "heads(tree=auto:32)" in auto.candidates(model, {})
-    with pytest.raises(
-        ValueError, match="tree='tree8' sizes heads or eagle, not drafter='prompt_lookup'"
-    ):
+    with pytest.raises(ValueError, match="tree='tree8' sizes heads or eagle, not drafter='prompt_lookup'"):
         DrafterSpec(drafter="prompt_lookup", tree="tree8")
 
 

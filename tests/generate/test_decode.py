@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from mtp.generate import DecodeStats, DrafterSpec, HeadsDrafter, SamplingConfig, generate
 from mtp.decode.forward import prefill
 from mtp.decode.loop import SequenceOutput
 from mtp.decode.tree import Calibration, resolve_tree
-from mtp.generate import DecodeStats, DrafterSpec, HeadsDrafter, SamplingConfig, generate
 from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -40,7 +40,7 @@ def test_prefill_equals_full_recomputation_for_ragged_prompts(random_model):
     logits = random_model.unembed(hidden)  # (B, T, 3, V)
     for row, ids in enumerate(prompts):
         full = random_model(torch.tensor([ids]))[0, :, :3]  # (T, 3, V)
-        torch.testing.assert_close(logits[row, : len(ids)], full)
+        torch.testing.assert_close(logits[row, :len(ids)], full)
     assert lengths.tolist() == [6, 3]
 
 
@@ -48,9 +48,8 @@ def test_greedy_speculative_equals_autoregressive_on_a_random_model(random_model
     prompts = ["def f(x):", "a", "import torch\nimport numpy"]
     reference = generate(random_model, TOKENIZER, prompts, max_new_tokens=24)
     for k in range(2, random_model.config.n_future + 1):
-        generations = generate(
-            random_model, TOKENIZER, prompts, max_new_tokens=24, drafter=heads(k)
-        )
+        generations = generate(random_model, TOKENIZER, prompts, max_new_tokens=24,
+                               drafter=heads(k))
         assert _ids(generations) == _ids(reference), f"k={k}"
         assert [g.text for g in generations] == [g.text for g in reference]
         for g in generations:
@@ -63,86 +62,58 @@ def test_greedy_speculative_equals_autoregressive_on_a_trained_model(trained):
     assert reference[0].text == "a, b):\n    return a + b\n"
     assert reference[0].finish_reason == "eos" and reference[0].token_ids[-1] == 258
     for k in range(2, 5):
-        generations = generate(trained, TOKENIZER, prompts, max_new_tokens=48, drafter=heads(k))
+        generations = generate(trained, TOKENIZER, prompts, max_new_tokens=48,
+                               drafter=heads(k))
         assert _ids(generations) == _ids(reference), f"k={k}"
     # The heads have learnt the documents: most drafts are kept.
     assert generations[0].stats.tokens_per_forward > 2.5
     assert min(generations[0].stats.head_acceptance) > 0.5
 
 
-TREES = [
-    "chain",
-    "tree8",
-    "tree16",
-    "tree32",
-    "tree64",
-    [[0], [1], [2], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 0, 1]],
-]
+TREES = ["chain", "tree8", "tree16", "tree32", "tree64",
+         [[0], [1], [2], [0, 0], [1, 0], [0, 1], [0, 0, 0], [0, 0, 1]]]
 
 
 @pytest.mark.parametrize("tree", TREES, ids=str)
 def test_greedy_tree_equals_autoregressive(random_model, trained, tree):
     """Every preset on a random and a trained model, ragged batches, up to the context end."""
-    for model, prompts in (
-        (random_model, ["def f(x):", "a", "import torch\nimport numpy"]),
-        (trained, ["def add(", "print('h", "for i", "zzz"]),
-    ):
+    for model, prompts in ((random_model, ["def f(x):", "a", "import torch\nimport numpy"]),
+                           (trained, ["def add(", "print('h", "for i", "zzz"])):
         reference = generate(model, TOKENIZER, prompts, max_new_tokens=48)
-        generations = generate(
-            model, TOKENIZER, prompts, max_new_tokens=48, drafter=tree_drafter(tree)
-        )
+        generations = generate(model, TOKENIZER, prompts, max_new_tokens=48,
+                               drafter=tree_drafter(tree))
         assert _ids(generations) == _ids(reference), tree
-        [alone] = generate(
-            model, TOKENIZER, prompts[:1], max_new_tokens=48, drafter=tree_drafter(tree)
-        )
+        [alone] = generate(model, TOKENIZER, prompts[:1], max_new_tokens=48,
+                               drafter=tree_drafter(tree))
         assert alone.token_ids == reference[0].token_ids
     if tree != "chain":  # the trained heads' second choices are sometimes right
         stats = DecodeStats.pooled([g.stats for g in generations])
-        chain = DecodeStats.pooled(
-            [
-                g.stats
-                for g in generate(trained, TOKENIZER, prompts, max_new_tokens=48, drafter=heads(4))
-            ]
-        )
+        chain = DecodeStats.pooled([g.stats for g in generate(
+            trained, TOKENIZER, prompts, max_new_tokens=48, drafter=heads(4))])
         assert stats.tokens_per_forward >= chain.tokens_per_forward - 0.05
 
 
 def test_auto_tree_from_a_calibration_and_typical_greedy(trained):
     rates = [[0.6, 0.2, 0.1], [0.7, 0.1, 0.05], [0.8, 0.1, 0.05]]
-    tree = resolve_tree(
-        "auto:12", k=4, vocab_size=262, calibration=Calibration(rates, n_future=4, vocab_size=262)
-    )
+    tree = resolve_tree("auto:12", k=4, vocab_size=262,
+                        calibration=Calibration(rates, n_future=4, vocab_size=262))
     prompts = ["for i in range(", "d"]
     reference = generate(trained, TOKENIZER, prompts, max_new_tokens=40)
-    assert _ids(
-        generate(trained, TOKENIZER, prompts, max_new_tokens=40, drafter=HeadsDrafter(4, tree))
-    ) == _ids(reference)
-    typical = generate(
-        trained,
-        TOKENIZER,
-        prompts,
-        max_new_tokens=40,
-        drafter=HeadsDrafter(4, tree),
-        acceptance="typical",
-    )
+    assert _ids(generate(trained, TOKENIZER, prompts, max_new_tokens=40,
+                         drafter=HeadsDrafter(4, tree))) \
+        == _ids(reference)
+    typical = generate(trained, TOKENIZER, prompts, max_new_tokens=40,
+                       drafter=HeadsDrafter(4, tree), acceptance="typical")
     assert _ids(typical) == _ids(reference)  # at temperature 0 typical acceptance is greedy
-    sampled = generate(
-        trained,
-        TOKENIZER,
-        prompts,
-        max_new_tokens=40,
-        drafter=HeadsDrafter(4, tree),
-        seed=0,
-        acceptance="typical",
-        sampling=SamplingConfig(temperature=0.8),
-    )
+    sampled = generate(trained, TOKENIZER, prompts, max_new_tokens=40,
+                       drafter=HeadsDrafter(4, tree), seed=0, acceptance="typical",
+                       sampling=SamplingConfig(temperature=0.8))
     assert all(g.stats.tokens_per_forward > 1 for g in sampled)
 
 
 def test_tree_statistics(trained):
-    [g] = generate(
-        trained, TOKENIZER, ["def add("], drafter=tree_drafter("tree16"), max_new_tokens=40
-    )
+    [g] = generate(trained, TOKENIZER, ["def add("], drafter=tree_drafter("tree16"),
+                   max_new_tokens=40)
     s = g.stats
     assert sum(s.accepted_depths) == s.forward_passes
     # every forward pass gives its accepted drafts and one token (the last may be cut short)
@@ -150,9 +121,7 @@ def test_tree_statistics(trained):
     assert s.nodes_verified == 1 + 16 * (s.forward_passes - 1)
     assert s.nodes_per_forward == s.nodes_verified / s.forward_passes
     assert s.head_verified[0] == s.forward_passes >= s.head_verified[1]
-    depth = resolve_tree(
-        "tree16", k=trained.config.n_future, vocab_size=trained.config.vocab_size
-    ).depth
+    depth = resolve_tree("tree16", k=trained.config.n_future, vocab_size=trained.config.vocab_size).depth
     # one entry per depth, not per node: accepting d drafts needs a path of depth d
     assert len(s.accepted_depths) == len(s.head_acceptance) == depth + 1 < 16
 
@@ -161,26 +130,15 @@ def test_tree_statistics(trained):
 def test_ragged_batch_equals_one_by_one(trained, k):
     prompts = ["for i in range(", "d", "print('héllo", "qq"]
     together = generate(trained, TOKENIZER, prompts, max_new_tokens=30, drafter=heads(k))
-    alone = [
-        generate(trained, TOKENIZER, [p], max_new_tokens=30, drafter=heads(k))[0] for p in prompts
-    ]
+    alone = [generate(trained, TOKENIZER, [p], max_new_tokens=30, drafter=heads(k))[0] for p in prompts]
     assert _ids(together) == _ids(alone)
     assert [g.finish_reason for g in together] == [g.finish_reason for g in alone]
 
 
 def test_stop_string_spanning_accepted_tokens_is_cut(trained):
     streamed = []
-    outputs = {
-        k: generate(
-            trained,
-            TOKENIZER,
-            ["def add("],
-            drafter=heads(k),
-            stop=["return", "zz"],
-            on_text=lambda i, text: streamed.append(text),
-        )[0]
-        for k in (1, 4)
-    }
+    outputs = {k: generate(trained, TOKENIZER, ["def add("], drafter=heads(k), stop=["return", "zz"],
+                           on_text=lambda i, text: streamed.append(text))[0] for k in (1, 4)}
     for g in outputs.values():
         assert g.text == "a, b):\n    "
         assert g.finish_reason == "stop"
@@ -208,29 +166,16 @@ def test_context_limit_stops_without_crashing(trained):
 
 def test_byte_model_streams_only_whole_characters(trained):
     pieces = []
-    [g] = generate(
-        trained,
-        TOKENIZER,
-        ["print('h"],
-        drafter=heads(4),
-        on_text=lambda i, text: pieces.append(text),
-    )
+    [g] = generate(trained, TOKENIZER, ["print('h"], drafter=heads(4),
+                   on_text=lambda i, text: pieces.append(text))
     assert g.text == "éllo wörld €')\n"
     assert "".join(pieces) == g.text and all("\ufffd" not in p for p in pieces)
 
 
 def test_incomplete_utf8_is_held_back():
     pieces = []
-    output = SequenceOutput(
-        0,
-        TOKENIZER,
-        budget=10,
-        budget_reason="length",
-        stop=(),
-        positions=1,
-        on_text=lambda i, text: pieces.append(text),
-        started=0.0,
-    )
+    output = SequenceOutput(0, TOKENIZER, budget=10, budget_reason="length", stop=(),
+                            positions=1, on_text=lambda i, text: pieces.append(text), started=0.0)
     euro = list("€".encode())  # three bytes
     output.add(euro[:1])
     output.add(euro[1:2])
@@ -240,9 +185,8 @@ def test_incomplete_utf8_is_held_back():
 
 
 def test_statistics(trained):
-    ar, spec = (
-        generate(trained, TOKENIZER, ["def add(", "for i"], drafter=heads(k)) for k in (1, 4)
-    )
+    ar, spec = (generate(trained, TOKENIZER, ["def add(", "for i"], drafter=heads(k))
+                for k in (1, 4))
     for g in ar:
         assert g.stats.forward_passes == g.stats.new_tokens and g.stats.tokens_per_forward == 1
     for g in spec:
@@ -256,27 +200,21 @@ def test_statistics(trained):
     assert pooled.tokens_per_forward == pooled.new_tokens / pooled.forward_passes
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        ({"prompts": [""]}, "prompt 0 must be a non-empty string, got ''"),
-        ({"prompts": "def f():"}, "prompts must be a non-empty list of strings"),
-        ({"prompts": []}, "prompts must be a non-empty list of strings"),
-        ({"prompts": ["x" * 64]}, "prompt 0 is 65 tokens .* max_seq_len=64"),
-        ({"drafter": DrafterSpec(drafter="heads", k=5)}, "k must be from 1 to n_future=4, got k=5"),
-        ({"drafter": "auto"}, "chosen by measurement: use mtp.generate.auto"),
-        ({"drafter": "fast"}, "unknown drafter 'fast'"),
-        ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
-        ({"stop": ["ok", ""]}, "stop strings must be non-empty strings, got ''"),
-        (
-            {"drafter": tree_drafter([[0], [0, 0]], k=2)},
-            r"path \[0, 0\] has depth 2, but heads 1..1",
-        ),
-        ({"drafter": tree_drafter([[0], [300]])}, r"path \[300\] has rank 300, beyond the vocab"),
-        ({"drafter": tree_drafter("auto:16")}, "needs measured acceptance rates"),
-        ({"acceptance": "medusa"}, "acceptance must be one of"),
-    ],
-)
+@pytest.mark.parametrize("kwargs, message", [
+    ({"prompts": [""]}, "prompt 0 must be a non-empty string, got ''"),
+    ({"prompts": "def f():"}, "prompts must be a non-empty list of strings"),
+    ({"prompts": []}, "prompts must be a non-empty list of strings"),
+    ({"prompts": ["x" * 64]}, "prompt 0 is 65 tokens .* max_seq_len=64"),
+    ({"drafter": DrafterSpec(drafter="heads", k=5)}, "k must be from 1 to n_future=4, got k=5"),
+    ({"drafter": "auto"}, "chosen by measurement: use mtp.generate.auto"),
+    ({"drafter": "fast"}, "unknown drafter 'fast'"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
+    ({"stop": ["ok", ""]}, "stop strings must be non-empty strings, got ''"),
+    ({"drafter": tree_drafter([[0], [0, 0]], k=2)}, r"path \[0, 0\] has depth 2, but heads 1..1"),
+    ({"drafter": tree_drafter([[0], [300]])}, r"path \[300\] has rank 300, beyond the vocab"),
+    ({"drafter": tree_drafter("auto:16")}, "needs measured acceptance rates"),
+    ({"acceptance": "medusa"}, "acceptance must be one of"),
+])
 def test_bad_arguments_are_clear_errors(random_model, kwargs, message):
     arguments = {"prompts": ["def f():"], **kwargs}
     with pytest.raises(ValueError, match=message):

@@ -33,14 +33,8 @@ def _step_files(model: MTPModel, drafter: HeadsDrafter, step: int, **options) ->
 
     sys.setprofile(profile)
     try:
-        generate(
-            model,
-            ByteTokenizer(),
-            ["def add(a, b):"],
-            max_new_tokens=40,
-            drafter=drafter,
-            **options,
-        )
+        generate(model, ByteTokenizer(), ["def add(a, b):"], max_new_tokens=40,
+                 drafter=drafter, **options)
     finally:
         sys.setprofile(None)
     assert proposals > step, f"the decode ended after {proposals} steps"
@@ -52,16 +46,8 @@ def _step_files(model: MTPModel, drafter: HeadsDrafter, step: int, **options) ->
 # model's blocks, the cache's writes and the step's positions), the acceptance rule and the
 # drafter; the tree's buffers were built before the first step, and the records that travel
 # between them have no methods to run.
-STEP = {
-    "decode/loop.py",
-    "decode/engine.py",
-    "decode/forward.py",
-    "decode/acceptance.py",
-    "decode/drafters/heads.py",
-    "model.py",
-    "kv_cache.py",
-    "tokenizers.py",
-}
+STEP = {"decode/loop.py", "decode/engine.py", "decode/forward.py", "decode/acceptance.py",
+        "decode/drafters/heads.py", "model.py", "kv_cache.py", "tokenizers.py"}
 
 
 def test_one_greedy_chain_step_enters_eight_files(tiny_config):
@@ -75,12 +61,7 @@ def test_one_sampled_tree_step_enters_nine_files(tiny_config):
     """A tree adds no file; sampling adds the one that draws from a distribution."""
     torch.manual_seed(0)
     tree = Tree(((0,), (1,), (0, 0), (1, 0)))
-    files = _step_files(
-        MTPModel(tiny_config).eval(),
-        HeadsDrafter(4, tree),
-        step=3,
-        sampling=SamplingConfig(temperature=0.8),
-        seed=0,
-    )
+    files = _step_files(MTPModel(tiny_config).eval(), HeadsDrafter(4, tree), step=3,
+                        sampling=SamplingConfig(temperature=0.8), seed=0)
     assert files <= STEP | {"decode/sampling.py"}, sorted(files - STEP)
     assert len(files) <= 9

@@ -6,21 +6,13 @@ import random
 
 import pytest
 
+from mtp.generate import (Auto, Combined, DraftModel, DrafterSpec, HeadsDrafter, PromptLookup,
+                          SamplingConfig, generate)
+from mtp.tune import TuneCache
 from mtp.decode.drafters.prompt_lookup import NgramIndex
-from mtp.generate import (
-    Auto,
-    Combined,
-    DrafterSpec,
-    DraftModel,
-    HeadsDrafter,
-    PromptLookup,
-    SamplingConfig,
-    generate,
-)
 from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import BPETokenizer, ByteTokenizer
-from mtp.tune import TuneCache
 
 TOKENIZER = ByteTokenizer()
 PROMPTS = ["def add(", "print('h", "for i", "zzz", "for i in range(10):\n    print(i)\nfor"]
@@ -50,24 +42,20 @@ def _drafters(draft_model):
     }
 
 
-@pytest.mark.parametrize(
-    "name", ["prompt_lookup", "draft_model", "heads+prompt_lookup", "heads+draft_model"]
-)
+@pytest.mark.parametrize("name", ["prompt_lookup", "draft_model", "heads+prompt_lookup",
+                                  "heads+draft_model"])
 def test_greedy_equals_autoregressive_on_a_random_model(random_model, random_draft, name):
     reference = generate(random_model, TOKENIZER, PROMPTS[:3], max_new_tokens=24)
     drafter = _drafters(random_draft)[name]
     together = generate(random_model, TOKENIZER, PROMPTS[:3], max_new_tokens=24, drafter=drafter)
     assert _ids(together) == _ids(reference)
-    alone = [
-        generate(random_model, TOKENIZER, [p], max_new_tokens=24, drafter=drafter)[0]
-        for p in PROMPTS[:3]
-    ]
+    alone = [generate(random_model, TOKENIZER, [p], max_new_tokens=24, drafter=drafter)[0]
+             for p in PROMPTS[:3]]
     assert _ids(alone) == _ids(reference)
 
 
-@pytest.mark.parametrize(
-    "name", ["prompt_lookup", "draft_model", "heads+prompt_lookup", "heads+draft_model"]
-)
+@pytest.mark.parametrize("name", ["prompt_lookup", "draft_model", "heads+prompt_lookup",
+                                  "heads+draft_model"])
 def test_greedy_equals_autoregressive_on_a_trained_model(trained, trained_draft, name):
     reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40)
     drafter = _drafters(trained_draft)[name]
@@ -97,8 +85,8 @@ def _plain_lookup(ids, num_draft, min_ngram, max_ngram):
             continue
         suffix = ids[-n:]
         for start in range(len(ids) - n - 1, -1, -1):
-            if ids[start : start + n] == suffix:
-                return ids[start + n : start + n + num_draft]
+            if ids[start:start + n] == suffix:
+                return ids[start + n:start + n + num_draft]
     return []
 
 
@@ -108,21 +96,16 @@ def test_ngram_index_matches_a_plain_scan():
         ids = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
         low, high = rng.randrange(1, 4), rng.randrange(1, 6)
         low, high = min(low, high), max(low, high)
-        index = NgramIndex(ids[: rng.randrange(len(ids) + 1)], low, high)
-        index.extend(ids[len(index.ids) :])
+        index = NgramIndex(ids[:rng.randrange(len(ids) + 1)], low, high)
+        index.extend(ids[len(index.ids):])
         assert index.lookup(5) == _plain_lookup(ids, 5, low, high), (ids, low, high)
 
 
 def test_prompt_lookup_proposes_a_repeated_ngrams_continuation(random_model):
     drafter = PromptLookup(num_draft=4, max_ngram=3, min_ngram=2)
     prompt = TOKENIZER.encode("x = foo(bar)\ny = foo(")
-    drafter.start(
-        random_model,
-        [prompt, TOKENIZER.encode("abc")],
-        KVCache(random_model.config, 2, 64),
-        SamplingConfig(),
-        None,
-    )
+    drafter.start(random_model, [prompt, TOKENIZER.encode("abc")],
+                  KVCache(random_model.config, 2, 64), SamplingConfig(), None)
     drafts = drafter.propose()
     assert TOKENIZER.decode(drafts.tokens[0].tolist()) == "bar)"
     assert drafts.lengths.tolist() == [4, 0]  # "bc" never occurred before: nothing proposed
@@ -135,18 +118,16 @@ def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
     cache = TuneCache(tmp_path / "tune.json")
     auto = Auto(tokens=8, model_id="a checkpoint", cache=cache)
     reference = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12)
-    chosen = auto.choose(
-        random_model, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(), max_new_tokens=12
-    )
+    chosen = auto.choose(random_model, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(),
+                         max_new_tokens=12)
     got = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12, drafter=chosen)
     assert _ids(got) == _ids(reference)
     measured = auto.record.figures
     assert auto.choice in measured and auto.record.unit == "tokens/s"
     assert measured["autoregressive"] > 0 and "heads(k=4)" in measured
-    assert "heads(k=4)+prompt_lookup(num_draft=8, max_ngram=4, min_ngram=2)" in measured or any(
-        label.endswith("+prompt_lookup(num_draft=8, max_ngram=4, min_ngram=2)")
-        for label in measured
-    )  # the fastest chain with prompt lookup
+    assert "heads(k=4)+prompt_lookup(num_draft=8, max_ngram=4, min_ngram=2)" in measured \
+        or any(label.endswith("+prompt_lookup(num_draft=8, max_ngram=4, min_ngram=2)")
+               for label in measured)  # the fastest chain with prompt lookup
     best = max(measured, key=measured.get)
     if auto.choice != "autoregressive":  # a drafter wins only by the margin over AR
         assert auto.choice == best
@@ -158,14 +139,14 @@ def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
     fresh._measure = lambda *args: pytest.fail("measured again")
     clone = MTPModel(random_model.config).double().eval()
     clone.load_state_dict(random_model.state_dict())
-    again = fresh.choose(clone, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(), max_new_tokens=4)
+    again = fresh.choose(clone, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(),
+                         max_new_tokens=4)
     assert fresh.choice == auto.choice and fresh.record.how == "cached"
     assert repr(again) == repr(chosen)
 
 
-def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(
-    random_model, monkeypatch
-):
+def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(random_model,
+                                                                         monkeypatch):
     import mtp.generate.measure as measure_module  # auto times through the one harness
 
     timed = []  # (drafter, prompts) of every timed generate call (warm-ups are 2 tokens)
@@ -178,14 +159,8 @@ def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(
 
     monkeypatch.setattr(measure_module, "generate", spy)
     auto = Auto(tokens=4, finalists=2)
-    auto.choose(
-        random_model,
-        TOKENIZER,
-        PROMPTS[:3],
-        sampling=SamplingConfig(),
-        max_new_tokens=4,
-        batch_size=1,
-    )
+    auto.choose(random_model, TOKENIZER, PROMPTS[:3], sampling=SamplingConfig(),
+                max_new_tokens=4, batch_size=1)
     assert {size for _, size in timed} == {1}  # three prompts, one at a time
     runs = {label: [d for d, _ in timed].count(label) for label, _ in timed}
     assert set(runs.values()) == {3, 6}  # once or twice over the three prompts
@@ -196,46 +171,39 @@ def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(
 
 def test_k_auto_measures_the_heads_only(random_model):
     auto = Auto(spec=DrafterSpec(k="auto"), tokens=4)
-    drafter = auto.choose(
-        random_model, TOKENIZER, PROMPTS[:1], sampling=SamplingConfig(), max_new_tokens=4
-    )
-    assert set(auto.record.figures) == {"autoregressive", "heads(k=2)", "heads(k=3)", "heads(k=4)"}
+    drafter = auto.choose(random_model, TOKENIZER, PROMPTS[:1], sampling=SamplingConfig(),
+                          max_new_tokens=4)
+    assert set(auto.record.figures) == {"autoregressive", "heads(k=2)", "heads(k=3)",
+                                        "heads(k=4)"}
     assert drafter is None or isinstance(drafter, HeadsDrafter)
 
 
-def test_draft_model_with_another_tokenizer_is_refused_before_decoding(random_model, random_draft):
+def test_draft_model_with_another_tokenizer_is_refused_before_decoding(random_model,
+                                                                       random_draft):
     other = BPETokenizer.train(["def f(x): return x"] * 4, vocab_size=262)
     with pytest.raises(ValueError, match="tokenizer .* differs from the target's"):
         generate(random_model, TOKENIZER, ["x"], drafter=DraftModel(random_draft, other))
 
 
-@pytest.mark.parametrize(
-    "make, message",
-    [
-        (lambda: PromptLookup(min_ngram=0), "min_ngram must be an integer >= 1, got 0"),
-        (lambda: PromptLookup(max_ngram=0), "max_ngram must be an integer >= 1, got 0"),
-        (lambda: PromptLookup(max_ngram=2, min_ngram=3), "max_ngram=2 must be >= min_ngram=3"),
-        (lambda: PromptLookup(num_draft=0), "num_draft must be an integer >= 1, got 0"),
-        (lambda: HeadsDrafter(1), "k must be an integer >= 2, got 1"),
-    ],
-)
+@pytest.mark.parametrize("make, message", [
+    (lambda: PromptLookup(min_ngram=0), "min_ngram must be an integer >= 1, got 0"),
+    (lambda: PromptLookup(max_ngram=0), "max_ngram must be an integer >= 1, got 0"),
+    (lambda: PromptLookup(max_ngram=2, min_ngram=3), "max_ngram=2 must be >= min_ngram=3"),
+    (lambda: PromptLookup(num_draft=0), "num_draft must be an integer >= 1, got 0"),
+    (lambda: HeadsDrafter(1), "k must be an integer >= 2, got 1"),
+])
 def test_bad_drafter_sizes(make, message):
     with pytest.raises(ValueError, match=message):
         make()
 
 
-@pytest.mark.parametrize(
-    "drafter, message",
-    [
-        (
-            "medusa",
-            "unknown drafter 'medusa': choose one of auto, autoregressive, heads, prompt_lookup",
-        ),
-        ("draft_model", "needs draft_model=PATH"),
-        (HeadsDrafter(5), "k from 2 to n_future=4, got k=5"),
-        (3, "drafter must be a Drafter, a DrafterSpec, a name or None, got 3"),
-    ],
-)
+@pytest.mark.parametrize("drafter, message", [
+    ("medusa", "unknown drafter 'medusa': choose one of auto, autoregressive, heads, "
+               "prompt_lookup"),
+    ("draft_model", "needs draft_model=PATH"),
+    (HeadsDrafter(5), "k from 2 to n_future=4, got k=5"),
+    (3, "drafter must be a Drafter, a DrafterSpec, a name or None, got 3"),
+])
 def test_bad_drafter_arguments(random_model, drafter, message):
     with pytest.raises(ValueError, match=message):
         generate(random_model, TOKENIZER, ["x"], drafter=drafter)

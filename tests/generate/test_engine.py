@@ -10,18 +10,9 @@ import pytest
 import torch
 
 import mtp.decode.engine as engine
+from mtp.generate import (Combined, DraftModel, DrafterSpec, HeadsDrafter, LayerSkip,
+                          Lookahead, PromptLookup, SamplingConfig, generate)
 from mtp.decode.engine import rebuild_size
-from mtp.generate import (
-    Combined,
-    DrafterSpec,
-    DraftModel,
-    HeadsDrafter,
-    LayerSkip,
-    Lookahead,
-    PromptLookup,
-    SamplingConfig,
-    generate,
-)
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 
@@ -40,86 +31,36 @@ def static(monkeypatch):
     its own shapes: the session's models would otherwise reach MAX_SHAPES across tests."""
     shapes = []
 
-    def step(
-        model,
-        cache,
-        lengths,
-        root,
-        active,
-        drafts,
-        draws,
-        tree,
-        buffers,
-        heads,
-        sampling,
-        typical,
-        key_len,
-        *rest,
-    ):
+    def step(model, cache, lengths, root, active, drafts, draws, tree, buffers, heads,
+             sampling, typical, key_len, *rest):
         shapes.append((lengths.shape[0], drafts.count + 1, key_len, cache.max_len))
-        return engine.verify_and_accept(
-            model,
-            cache,
-            lengths,
-            root,
-            active,
-            drafts,
-            draws,
-            tree,
-            buffers,
-            heads,
-            sampling,
-            typical,
-            key_len,
-            *rest,
-        )
+        return engine.verify_and_accept(model, cache, lengths, root, active, drafts, draws,
+                                        tree, buffers, heads, sampling, typical, key_len, *rest)
 
     monkeypatch.setattr(engine, "_compiled", {False: engine.CompiledStep(step)})
     return shapes
 
 
 def _drafters(draft):
-    return {
-        "autoregressive": None,
-        "heads": HeadsDrafter(4),
-        "tree": DrafterSpec(drafter="heads", tree="tree16"),
-        "prompt_lookup": PromptLookup(num_draft=5),
-        "lookahead": Lookahead(4, 3, 2),
-        "draft_model": DraftModel(draft, TOKENIZER, 3),
+    return {"autoregressive": None, "heads": HeadsDrafter(4), "tree": DrafterSpec(
+        drafter="heads", tree="tree16"), "prompt_lookup": PromptLookup(num_draft=5),
+        "lookahead": Lookahead(4, 3, 2), "draft_model": DraftModel(draft, TOKENIZER, 3),
         "layer_skip": LayerSkip([1], 3),
-        "heads+prompt_lookup": Combined(HeadsDrafter(3), PromptLookup()),
-    }
+        "heads+prompt_lookup": Combined(HeadsDrafter(3), PromptLookup())}
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "autoregressive",
-        "heads",
-        "tree",
-        "prompt_lookup",
-        "lookahead",
-        "draft_model",
-        "layer_skip",
-        "heads+prompt_lookup",
-    ],
-)
-def test_static_step_equals_the_eager_step_for_every_drafter(trained, trained_draft, static, name):
+@pytest.mark.parametrize("name", ["autoregressive", "heads", "tree", "prompt_lookup",
+                                  "lookahead", "draft_model", "layer_skip",
+                                  "heads+prompt_lookup"])
+def test_static_step_equals_the_eager_step_for_every_drafter(trained, trained_draft, static,
+                                                             name):
     drafter = _drafters(trained_draft)[name]
-    eager = generate(
-        trained, TOKENIZER, PROMPTS, max_new_tokens=48, drafter=drafter, stop=["print"]
-    )
+    eager = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48, drafter=drafter,
+                     stop=["print"])
     reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48, stop=["print"])
     assert _ids(eager) == _ids(reference)
-    got = generate(
-        trained,
-        TOKENIZER,
-        PROMPTS,
-        max_new_tokens=48,
-        drafter=drafter,
-        stop=["print"],
-        compile=True,
-    )
+    got = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48, drafter=drafter,
+                   stop=["print"], compile=True)
     assert _ids(got) == _ids(reference)
     assert [g.finish_reason for g in got] == [g.finish_reason for g in reference]
     assert {"eos", "stop", "context"} <= {g.finish_reason for g in got}
@@ -134,9 +75,8 @@ def test_finished_rows_stay_masked_until_the_batch_halves(trained, static):
     # Four rows: two stop at once (EOS), so the batch of 4 runs on with two masked rows
     # until the third finishes; the last runs alone.
     prompts = ["def add(", "print('h", "for i in range(10):\n", "z" * 20]
-    got = generate(
-        trained, TOKENIZER, prompts, max_new_tokens=60, drafter=HeadsDrafter(4), compile=True
-    )
+    got = generate(trained, TOKENIZER, prompts, max_new_tokens=60, drafter=HeadsDrafter(4),
+                   compile=True)
     assert _ids(got) == _ids(generate(trained, TOKENIZER, prompts, max_new_tokens=60))
     batches = [shape[0] for shape in static]
     assert batches[0] == 4 and set(batches) <= {4, 2, 1} and batches[-1] < 4
@@ -145,30 +85,16 @@ def test_finished_rows_stay_masked_until_the_batch_halves(trained, static):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_sampled_static_steps_replay_the_eager_draws(trained, trained_draft, static, temperature):
+def test_sampled_static_steps_replay_the_eager_draws(trained, trained_draft, static,
+                                                     temperature):
     """Draws are inputs of the step: one seed gives one output, static or eager, also where
     the eager step cut a chain's padding (prompt lookup; with the draft model's q)."""
     sampling = SamplingConfig(temperature=temperature)
-    for drafter in (
-        None,
-        HeadsDrafter(4),
-        DrafterSpec(drafter="heads", tree="tree8"),
-        PromptLookup(num_draft=5),
-        Combined(DraftModel(trained_draft, TOKENIZER, 2), PromptLookup(num_draft=5)),
-    ):
-        runs = [
-            generate(
-                trained,
-                TOKENIZER,
-                PROMPTS[:1],
-                max_new_tokens=30,
-                drafter=drafter,
-                sampling=sampling,
-                seed=3,
-                compile=compile,
-            )
-            for compile in (False, True)
-        ]
+    for drafter in (None, HeadsDrafter(4), DrafterSpec(drafter="heads", tree="tree8"),
+                    PromptLookup(num_draft=5),
+                    Combined(DraftModel(trained_draft, TOKENIZER, 2), PromptLookup(num_draft=5))):
+        runs = [generate(trained, TOKENIZER, PROMPTS[:1], max_new_tokens=30, drafter=drafter,
+                         sampling=sampling, seed=3, compile=compile) for compile in (False, True)]
         assert _ids(runs[0]) == _ids(runs[1])
 
 
@@ -193,34 +119,29 @@ def _record_steps(monkeypatch, drafter):
 
 @pytest.mark.parametrize("name", ["prompt_lookup", "draft_model+prompt_lookup"])
 @pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["batch1", "batch6"])
-def test_eager_chain_steps_verify_the_longest_real_proposal(
-    trained, trained_draft, monkeypatch, name, prompts
-):
+def test_eager_chain_steps_verify_the_longest_real_proposal(trained, trained_draft, monkeypatch,
+                                                           name, prompts):
     """Eagerly, a chain's step verifies the root and the batch's longest real proposal, not
     the padding: its width varies from step to step, and the output is still autoregressive
     decoding's."""
-    drafter = {
-        "prompt_lookup": PromptLookup(num_draft=6),
-        "draft_model+prompt_lookup": Combined(
-            DraftModel(trained_draft, TOKENIZER, 2), PromptLookup(num_draft=6)
-        ),
-    }[name]
+    drafter = {"prompt_lookup": PromptLookup(num_draft=6),
+               "draft_model+prompt_lookup": Combined(DraftModel(trained_draft, TOKENIZER, 2),
+                                                     PromptLookup(num_draft=6))}[name]
     reference = generate(trained, TOKENIZER, prompts, max_new_tokens=48, stop=["print"])
     proposed, forwards = _record_steps(monkeypatch, drafter)
-    got = generate(trained, TOKENIZER, prompts, max_new_tokens=48, drafter=drafter, stop=["print"])
+    got = generate(trained, TOKENIZER, prompts, max_new_tokens=48, drafter=drafter,
+                   stop=["print"])
     assert _ids(got) == _ids(reference)
     assert forwards == [1 + max(real) for real in proposed]
     assert len(set(forwards)) > 1 and max(forwards) == 7  # cut steps, and full ones
     if len(prompts) > 1:  # rows of one step with different numbers of real drafts
         assert any(len(set(real)) > 1 for real in proposed)
-    assert sum(g.stats.nodes_verified for g in got) == len(prompts) + sum(
-        w * len(real) for w, real in zip(forwards, proposed)
-    )
+    assert sum(g.stats.nodes_verified for g in got) == \
+        len(prompts) + sum(w * len(real) for w, real in zip(forwards, proposed))
 
 
-def test_a_step_with_nothing_drafted_verifies_one_token_unless_compiled(
-    trained, static, monkeypatch
-):
+def test_a_step_with_nothing_drafted_verifies_one_token_unless_compiled(trained, static,
+                                                                        monkeypatch):
     """No prompt-lookup match (no 40-gram in a short context): every eager step is an
     autoregressive one; compiled, the step keeps its fixed width of num_draft + 1."""
     drafter = PromptLookup(num_draft=4, max_ngram=40, min_ngram=40)
@@ -233,23 +154,16 @@ def test_a_step_with_nothing_drafted_verifies_one_token_unless_compiled(
     assert set(forwards) == {1}
     assert all(g.stats.nodes_per_forward == 1 for g in eager)
     forwards.clear()
-    compiled = generate(
-        trained, TOKENIZER, prompts, max_new_tokens=16, drafter=drafter, compile=True
-    )
+    compiled = generate(trained, TOKENIZER, prompts, max_new_tokens=16, drafter=drafter,
+                        compile=True)
     assert _ids(compiled) == _ids(reference)
     assert set(forwards) == {5} and {shape[1] for shape in static} == {5}
 
 
 def test_rebuild_sizes():
     assert rebuild_size(8, 8, compiled=True) is None
-    assert [rebuild_size(live, 8, compiled=True) for live in (7, 5, 4, 3, 2, 1)] == [
-        None,
-        None,
-        4,
-        4,
-        2,
-        1,
-    ]
+    assert [rebuild_size(live, 8, compiled=True) for live in (7, 5, 4, 3, 2, 1)] == \
+        [None, None, 4, 4, 2, 1]
     assert rebuild_size(3, 6, compiled=True) == 4 and rebuild_size(5, 6, compiled=True) is None
     assert rebuild_size(5, 8, compiled=False) == 5  # eagerly finished rows leave at once
 
@@ -265,9 +179,8 @@ def test_compiled_shapes_are_bounded(trained, static, monkeypatch):
 def test_a_shape_counts_once_however_often_the_drafters_alternate(trained, static):
     # Stacked heads are rebuilt when k changes; the shape they give is still one per k.
     for k in (2, 3, 2, 3):
-        generate(
-            trained, TOKENIZER, PROMPTS[:1], max_new_tokens=8, drafter=HeadsDrafter(k), compile=True
-        )
+        generate(trained, TOKENIZER, PROMPTS[:1], max_new_tokens=8, drafter=HeadsDrafter(k),
+                 compile=True)
     assert len(engine._compiled[False].shapes) == 2
 
 
@@ -276,11 +189,8 @@ def test_compile_without_support_is_a_one_line_error(tiny_config, monkeypatch):
     model = MTPModel(tiny_config).eval()
     monkeypatch.setattr(engine, "_compiled", type(engine._compiled)())
     monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
-    with pytest.raises(
-        ValueError,
-        match=r"compile=True: torch.compile is not supported .* "
-        r"compile=False",
-    ):
+    with pytest.raises(ValueError, match=r"compile=True: torch.compile is not supported .* "
+                                         r"compile=False"):
         generate(model, TOKENIZER, ["def f("], max_new_tokens=4, compile=True)
 
 
@@ -290,25 +200,11 @@ def test_compiled_step_equals_the_eager_step(tiny_config):
     prompts = ["def f(x):", "import os\nimport sys\n"]
     reference = generate(model, TOKENIZER, prompts, max_new_tokens=40, stop=["\n\n"])
     for drafter in (None, DrafterSpec(drafter="heads", tree=[[0], [1], [0, 0]])):
-        got = generate(
-            model,
-            TOKENIZER,
-            prompts,
-            max_new_tokens=40,
-            drafter=drafter,
-            stop=["\n\n"],
-            compile=True,
-        )
+        got = generate(model, TOKENIZER, prompts, max_new_tokens=40, drafter=drafter,
+                       stop=["\n\n"], compile=True)
         assert _ids(got) == _ids(reference)
-        again = generate(
-            model,
-            TOKENIZER,
-            prompts,
-            max_new_tokens=40,
-            drafter=drafter,
-            stop=["\n\n"],
-            compile=True,
-        )  # compiled already: the same shapes
+        again = generate(model, TOKENIZER, prompts, max_new_tokens=40, drafter=drafter,
+                         stop=["\n\n"], compile=True)  # compiled already: the same shapes
         assert _ids(again) == _ids(reference)
 
 
@@ -327,9 +223,8 @@ def _part_at_near_ties(model, prompts, got, reference, share=0.02):
             continue
         ids = TOKENIZER.encode_prompt(prompt) + a[:same]
         with torch.no_grad():
-            logits = model(torch.tensor([ids], device=model.output.weight.device), heads=[0])[
-                0, -1, 0
-            ].float()
+            logits = model(torch.tensor([ids], device=model.output.weight.device),
+                           heads=[0])[0, -1, 0].float()
         gap = (logits[a[same]] - logits[b[same]]).abs()
         assert gap <= share * (logits.max() - logits.min()), (prompt, same, gap)
 
@@ -342,25 +237,18 @@ def test_bfloat16_cuda_graphs_decode_as_the_eager_step():
     compiled and eager outputs part at token 12 of a random model: bitwise equality is more
     than the arithmetic gives)."""
     torch.manual_seed(0)
-    config = MTPConfig(vocab_size=262, dim=256, n_layers=4, n_heads=8, max_seq_len=512, n_future=8)
+    config = MTPConfig(vocab_size=262, dim=256, n_layers=4, n_heads=8, max_seq_len=512,
+                       n_future=8)
     model = MTPModel(config).to("cuda", torch.bfloat16).eval()
     prompts = ["def fibonacci(n):", "class Stack:\n"]
     eager = generate(model, TOKENIZER, prompts, max_new_tokens=64)
     graphs = generate(model, TOKENIZER, prompts, max_new_tokens=64, compile=True)
     _part_at_near_ties(model, prompts, graphs, eager)
     for drafter in (HeadsDrafter(8), DrafterSpec(drafter="heads", tree="tree32")):
-        _part_at_near_ties(
-            model,
-            prompts,
-            generate(model, TOKENIZER, prompts, max_new_tokens=64, drafter=drafter),
-            eager,
-        )
-        _part_at_near_ties(
-            model,
-            prompts,
-            generate(model, TOKENIZER, prompts, max_new_tokens=64, drafter=drafter, compile=True),
-            graphs,
-        )
+        _part_at_near_ties(model, prompts, generate(
+            model, TOKENIZER, prompts, max_new_tokens=64, drafter=drafter), eager)
+        _part_at_near_ties(model, prompts, generate(
+            model, TOKENIZER, prompts, max_new_tokens=64, drafter=drafter, compile=True), graphs)
 
 
 @pytest.mark.gpu
@@ -370,16 +258,16 @@ def test_no_attention_plan_is_built_per_step_on_a_gpu():
     decode steps must not call it, in bfloat16 or float32."""
     from torch.profiler import ProfilerActivity, profile
 
-    config = MTPConfig(vocab_size=262, dim=128, n_layers=2, n_heads=4, max_seq_len=256, n_future=4)
+    config = MTPConfig(vocab_size=262, dim=128, n_layers=2, n_heads=4, max_seq_len=256,
+                       n_future=4)
     for dtype in (torch.bfloat16, torch.float32):
         model = MTPModel(config).to("cuda", dtype).eval()
         generate(model, TOKENIZER, ["warm up"], max_new_tokens=8, drafter=HeadsDrafter(4))
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             generate(model, TOKENIZER, ["def f(x):"], max_new_tokens=32, drafter=HeadsDrafter(4))
         names = {event.key for event in prof.key_averages()}
-        assert not [
-            name for name in names if "cudnn" in name.lower() and "attention" in name.lower()
-        ], dtype
+        assert not [name for name in names if "cudnn" in name.lower() and "attention" in
+                    name.lower()], dtype
 
 
 def test_steps_hand_drafters_the_hidden_states_of_every_cached_token(trained):
@@ -394,20 +282,15 @@ def test_steps_hand_drafters_the_hidden_states_of_every_cached_token(trained):
             super().update(step)
 
     prompt = "def add("
-    [g] = generate(
-        trained,
-        TOKENIZER,
-        [prompt],
-        max_new_tokens=20,
-        drafter=Recorder(4, DrafterSpec(drafter="heads", tree="tree8").build(trained).tree),
-    )
-    pieces = [hidden[0, : int(count[0])] for hidden, count, _ in seen]
+    [g] = generate(trained, TOKENIZER, [prompt], max_new_tokens=20,
+                   drafter=Recorder(4, DrafterSpec(drafter="heads", tree="tree8").build(
+                       trained).tree))
+    pieces = [hidden[0, :int(count[0])] for hidden, count, _ in seen]
     text = [TOKENIZER.eos_id, *TOKENIZER.encode(prompt), *g.token_ids]
     with torch.no_grad():
-        full = torch.stack(
-            [trained.head(trained.trunk(torch.tensor([text])), i) for i in range(4)], dim=2
-        )[0]  # (T, 4, D)
+        full = torch.stack([trained.head(trained.trunk(torch.tensor([text])), i)
+                            for i in range(4)], dim=2)[0]  # (T, 4, D)
     # Every token but the last root; the last step may keep drafts past the budget too.
     cached = torch.cat(pieces)
     assert cached.shape[0] >= len(text) - 1
-    torch.testing.assert_close(cached[: len(text) - 1], full[: len(text) - 1])
+    torch.testing.assert_close(cached[:len(text) - 1], full[:len(text) - 1])

@@ -9,19 +9,9 @@ import pytest
 import torch
 
 from mtp.decode.tree import DynamicTree, Tree
-from mtp.generate import (
-    Combined,
-    DecodeSettings,
-    DraftModel,
-    HeadsDrafter,
-    LayerSkip,
-    Lookahead,
-    PromptLookup,
-    SamplingConfig,
-    SequentialDrafter,
-    generate,
-    open_decoder,
-)
+from mtp.generate import (Combined, DecodeSettings, DraftModel, HeadsDrafter, LayerSkip,
+                          Lookahead, PromptLookup, SamplingConfig, SequentialDrafter, generate,
+                          open_decoder)
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
 
@@ -43,12 +33,10 @@ def _in(model: MTPModel, dtype: torch.dtype) -> MTPModel:
 
 def _drafters(draft: MTPModel):
     return {
-        "heads": HeadsDrafter(4),
-        "heads_tree": HeadsDrafter(4, TREE),
+        "heads": HeadsDrafter(4), "heads_tree": HeadsDrafter(4, TREE),
         "prompt_lookup": PromptLookup(num_draft=5),
         "draft_model": DraftModel(draft, TOKENIZER, num_draft=3),
-        "layer_skip": LayerSkip([1], 3, threshold=0.3),
-        "lookahead": Lookahead(4, 3, 2),
+        "layer_skip": LayerSkip([1], 3, threshold=0.3), "lookahead": Lookahead(4, 3, 2),
         "heads+prompt_lookup": Combined(HeadsDrafter(3), PromptLookup(num_draft=4)),
         "heads_dynamic": HeadsDrafter(4, DynamicTree.of(8, 3, 4)),
     }
@@ -62,7 +50,7 @@ def _check(model: MTPModel, drafter, prompts=PROMPTS, *, width=None, **options):
     got = generate(model, TOKENIZER, prompts, drafter=drafter, **kwargs)
     assert _ids(got) == _ids(reference)
     assert [g.finish_reason for g in got] == [g.finish_reason for g in reference]
-    for prompt, _expected in zip(prompts, reference):  # alone: its own reference, a batch of 1
+    for prompt, expected in zip(prompts, reference):  # alone: its own reference, a batch of 1
         [alone] = generate(model, TOKENIZER, [prompt], drafter=drafter, **kwargs)
         [single] = generate(model, TOKENIZER, [prompt], **kwargs)
         assert alone.token_ids == single.token_ids
@@ -70,19 +58,9 @@ def _check(model: MTPModel, drafter, prompts=PROMPTS, *, width=None, **options):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
-@pytest.mark.parametrize(
-    "name",
-    [
-        "heads",
-        "heads_tree",
-        "prompt_lookup",
-        "draft_model",
-        "layer_skip",
-        "lookahead",
-        "heads+prompt_lookup",
-        "heads_dynamic",
-    ],
-)
+@pytest.mark.parametrize("name", ["heads", "heads_tree", "prompt_lookup", "draft_model",
+                                  "layer_skip", "lookahead", "heads+prompt_lookup",
+                                  "heads_dynamic"])
 def test_every_drafter_gives_the_references_ids(trained, trained_draft, name, dtype):
     model = _in(trained, dtype)
     drafter = _drafters(_in(trained_draft, dtype))[name]
@@ -119,12 +97,8 @@ def _near_ties(model: MTPModel, dtype: torch.dtype) -> MTPModel:
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
 def test_near_ties_keep_the_references_ids(trained, trained_draft, dtype):
     model = _near_ties(trained, dtype)
-    for drafter in (
-        HeadsDrafter(4),
-        HeadsDrafter(4, TREE),
-        PromptLookup(num_draft=5),
-        DraftModel(_in(trained_draft, dtype), TOKENIZER, num_draft=3),
-    ):
+    for drafter in (HeadsDrafter(4), HeadsDrafter(4, TREE), PromptLookup(num_draft=5),
+                    DraftModel(_in(trained_draft, dtype), TOKENIZER, num_draft=3)):
         _check(model, drafter)
 
 
@@ -136,34 +110,23 @@ def test_without_exact_mode_near_ties_part_from_width_1_decoding(trained, dtype)
     (bfloat16 on an Intel Xeon with AVX512-BF16) there is nothing to show."""
     model = _near_ties(trained, dtype)
     width_1 = _ids(generate(model, TOKENIZER, PROMPTS, max_new_tokens=40))
-    parted = [
-        _ids(generate(model, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)) != width_1
-        for drafter in (HeadsDrafter(4), HeadsDrafter(4, TREE))
-    ]
+    parted = [_ids(generate(model, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter))
+              != width_1 for drafter in (HeadsDrafter(4), HeadsDrafter(4, TREE))]
     if not any(parted):
         pytest.skip("this CPU rounds a row alike at every step width: nothing parts here")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
-@pytest.mark.parametrize(
-    "name", ["heads", "heads_tree", "prompt_lookup", "draft_model", "heads_dynamic"]
-)
-def test_sampling_with_a_seed_gives_the_references_draws(trained, trained_draft, name, dtype):
+@pytest.mark.parametrize("name", ["heads", "heads_tree", "prompt_lookup", "draft_model",
+                                  "heads_dynamic"])
+def test_sampling_with_a_seed_gives_the_references_draws(trained, trained_draft, name,
+                                                         dtype):
     model = _in(trained, dtype)
     drafter = _drafters(_in(trained_draft, dtype))[name]
     sampling = SamplingConfig(temperature=0.8, top_p=0.95)
     got = _check(model, drafter, sampling=sampling, seed=7)
-    other = generate(
-        model,
-        TOKENIZER,
-        PROMPTS,
-        max_new_tokens=40,
-        stop=["print"],
-        exact=True,
-        width=drafter.tree.n_nodes,
-        sampling=sampling,
-        seed=8,
-    )
+    other = generate(model, TOKENIZER, PROMPTS, max_new_tokens=40, stop=["print"], exact=True,
+                     width=drafter.tree.n_nodes, sampling=sampling, seed=8)
     assert _ids(other) != _ids(got)  # the seed matters: these are draws, not the argmax
 
 
@@ -173,28 +136,22 @@ def test_exact_sampling_draws_from_the_target_distribution():
     from mtp.decode.sampling import inverse_cdf, position_uniforms
 
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
-    uniforms = torch.cat(
-        [position_uniforms(seed, [0], [[5]], "cpu")[:, 0] for seed in range(20_000)]
-    )
+    uniforms = torch.cat([position_uniforms(seed, [0], [[5]], "cpu")[:, 0]
+                          for seed in range(20_000)])
     tokens = inverse_cdf(probs.expand(len(uniforms), 4), uniforms)
     share = torch.bincount(tokens, minlength=4).double() / len(tokens)
     torch.testing.assert_close(share, probs, atol=0.01, rtol=0)
     assert inverse_cdf(torch.tensor([0.0, 1.0, 0.0]), torch.tensor(0.999)).item() == 1
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        ({"width": 4}, "width=4 sizes exact mode's steps: give exact=True with it"),
-        (
-            {"exact": True, "width": 2, "drafter": HeadsDrafter(4)},
-            r"width=2 is below heads\(k=4\)'s widest step of 4 tokens",
-        ),
-        ({"exact": True, "acceptance": "typical"}, "acceptance=typical is a rule of its own"),
-        ({"exact": "yes"}, "exact must be true or false, got 'yes'"),
-        ({"exact": True, "width": 0}, "width must be an integer >= 1, got 0"),
-    ],
-)
+@pytest.mark.parametrize("kwargs, message", [
+    ({"width": 4}, "width=4 sizes exact mode's steps: give exact=True with it"),
+    ({"exact": True, "width": 2, "drafter": HeadsDrafter(4)},
+     r"width=2 is below heads\(k=4\)'s widest step of 4 tokens"),
+    ({"exact": True, "acceptance": "typical"}, "acceptance=typical is a rule of its own"),
+    ({"exact": "yes"}, "exact must be true or false, got 'yes'"),
+    ({"exact": True, "width": 0}, "width must be an integer >= 1, got 0"),
+])
 def test_bad_exact_settings_are_refused_before_decoding(trained, kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate(trained, TOKENIZER, ["x"], max_new_tokens=2, **kwargs)
@@ -221,32 +178,21 @@ def test_exact_auto_is_a_measured_choice_the_decoder_decodes_with(trained, tmp_p
 
     cache = TuneCache(tmp_path / "tune.json")
     settings = DecodeSettings(drafter="heads", options={"k": 4}, exact="auto", threads=1)
-    decoder = open_decoder(
-        None, settings, loaded=(trained, TOKENIZER), prompts=PROMPTS[:1], cache=cache
-    )
+    decoder = open_decoder(None, settings, loaded=(trained, TOKENIZER), prompts=PROMPTS[:1],
+                           cache=cache)
     [record] = [r for r in decoder.records if r.step == "exact"]
     assert record.how == "measured" and set(record.figures) == {"plain", "exact"}
     assert decoder.settings.exact is record.value
-    again = open_decoder(
-        None, settings, loaded=(trained, TOKENIZER), prompts=PROMPTS[:1], cache=cache
-    )
+    again = open_decoder(None, settings, loaded=(trained, TOKENIZER), prompts=PROMPTS[:1],
+                         cache=cache)
     assert [r.how for r in again.records if r.step == "exact"] == ["cached"]
     [ids] = _ids(decoder.generate(PROMPTS[:1], max_new_tokens=20))
     width = {"width": 4} if record.value else {}
-    assert (
-        ids
-        == _ids(
-            generate(
-                trained, TOKENIZER, PROMPTS[:1], max_new_tokens=20, exact=record.value, **width
-            )
-        )[0]
-    )
-    typical = open_decoder(
-        None,
-        DecodeSettings(drafter="heads", exact="auto", threads=1, acceptance="typical"),
-        loaded=(trained, TOKENIZER),
-        cache=cache,
-    )
+    assert ids == _ids(generate(trained, TOKENIZER, PROMPTS[:1], max_new_tokens=20,
+                                exact=record.value, **width))[0]
+    typical = open_decoder(None, DecodeSettings(drafter="heads", exact="auto", threads=1,
+                                                acceptance="typical"),
+                           loaded=(trained, TOKENIZER), cache=cache)
     assert [(r.how, r.value) for r in typical.records if r.step == "exact"] == [("fixed", False)]
 
 
@@ -254,26 +200,10 @@ def test_exact_auto_is_a_measured_choice_the_decoder_decodes_with(trained, tmp_p
 def test_the_compiled_exact_step_gives_the_references_ids(trained):
     model = _in(trained, torch.float32)
     for drafter in (HeadsDrafter(4), HeadsDrafter(4, TREE)):
-        reference = _ids(
-            generate(
-                model,
-                TOKENIZER,
-                PROMPTS[:2],
-                max_new_tokens=24,
-                exact=True,
-                width=drafter.tree.n_nodes,
-                compile=True,
-            )
-        )
-        got = generate(
-            model,
-            TOKENIZER,
-            PROMPTS[:2],
-            max_new_tokens=24,
-            drafter=drafter,
-            exact=True,
-            compile=True,
-        )
+        reference = _ids(generate(model, TOKENIZER, PROMPTS[:2], max_new_tokens=24, exact=True,
+                              width=drafter.tree.n_nodes, compile=True))
+        got = generate(model, TOKENIZER, PROMPTS[:2], max_new_tokens=24, drafter=drafter,
+                       exact=True, compile=True)
         assert _ids(got) == reference
 
 

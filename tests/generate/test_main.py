@@ -30,9 +30,8 @@ def test_streams_the_same_text_as_generate(checkpoint, capsys):
     assert threads == "threads: 1 (set: torch.set_num_threads before)"
     assert exact.startswith(("exact: on (measured", "exact: off (measured"))  # exact=auto
     chosen = {"exact": True, "width": 3} if exact.startswith("exact: on") else {}
-    [expected] = generate(
-        model.eval(), ByteTokenizer(), ["def fib(n):"], max_new_tokens=12, **chosen
-    )
+    [expected] = generate(model.eval(), ByteTokenizer(), ["def fib(n):"], max_new_tokens=12,
+                          **chosen)
     assert out == "def fib(n):" + expected.text + "\n"
     assert stats.startswith("[length] heads(k=3): 12 tokens in ") and "draft acceptance " in stats
 
@@ -42,16 +41,8 @@ def test_prompt_file_with_several_prompts(checkpoint, tmp_path, capsys):
     file = tmp_path / "prompts.jsonl"
     file.write_text(json.dumps({"prompt": "import os\n"}) + "\n\n" + json.dumps("x = 1") + "\n")
     assert read_prompts(file) == ["import os\n", "x = 1"]
-    main(
-        [
-            f"checkpoint={directory}",
-            f"prompt_file={file}",
-            "max_new_tokens=3",
-            "k=1",
-            "temperature=0.8",
-            "seed=1",
-        ]
-    )
+    main([f"checkpoint={directory}", f"prompt_file={file}", "max_new_tokens=3", "k=1",
+          "temperature=0.8", "seed=1"])
     out, err = capsys.readouterr()
     assert "### prompt 0\nimport os\n" in out and "### prompt 1\nx = 1" in out
     assert err.count("autoregressive: 3 tokens in 3 forward passes (1.00 tokens/forward)") == 2
@@ -83,10 +74,7 @@ def test_missing_or_corrupt_checkpoint_is_one_line_error(tmp_path):
     for path in (tmp_path / "missing", tmp_path):
         result = subprocess.run(
             [sys.executable, "-m", "mtp.generate", f"checkpoint={path}", "prompt=x"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+            capture_output=True, text=True, check=False)
         assert result.returncode == 1
         assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
 
@@ -99,25 +87,22 @@ def test_bf16_generation_runs(checkpoint):
 
 def test_dtype_auto_says_what_it_measured(checkpoint, capsys):
     directory, _ = checkpoint
-    main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=4", "k=3", "dtype=auto"])
+    main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=4", "k=3",
+          "dtype=auto"])
     err = capsys.readouterr().err
     # bf16 is measured only where the CPU has bf16 arithmetic; float32 is measured anyway
-    assert (
-        "dtype: float32 (fixed: this CPU has no bf16 arithmetic)" in err
-        or ", a forward of 3 tokens; ms: " in err
-    )
+    assert ("dtype: float32 (fixed: this CPU has no bf16 arithmetic)" in err
+            or ", a forward of 3 tokens; ms: " in err)
 
 
-def test_default_drafter_is_auto_and_names_its_choice(checkpoint, tmp_path, capsys, monkeypatch):
+def test_default_drafter_is_auto_and_names_its_choice(checkpoint, tmp_path, capsys,
+                                                      monkeypatch):
     monkeypatch.setenv("MTP_CACHE", str(tmp_path))
     directory, _ = checkpoint
     main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=6"])
     err = capsys.readouterr().err
-    [entry] = [
-        e
-        for e in json.loads((tmp_path / "tune.json").read_text()).values()
-        if e["step"] == "drafter"
-    ]
+    [entry] = [e for e in json.loads((tmp_path / "tune.json").read_text()).values()
+               if e["step"] == "drafter"]
     assert f"drafter: {entry['choice']} (measured in " in err
     assert f"auto -> {entry['choice']}: 6 tokens in " in err
     main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=6"])

@@ -2,21 +2,20 @@
 one generate-and-time loop (time_generate, time_calls) that it and every benchmark use."""
 
 import pytest
-from conftest import DOCS  # tests/ is on the path
 
 from mtp.generate import HeadsDrafter, SamplingConfig, generate
 from mtp.generate.measure import format_decoding, measure_decoding, time_calls, time_generate
 from mtp.model import MTPConfig, MTPModel
+from mtp.train.summary import decode_prompts, held_out_prompts
 from mtp.tokenizers import ByteTokenizer
 from mtp.train.run import compose, model_config
-from mtp.train.summary import decode_prompts, held_out_prompts
+from conftest import DOCS  # tests/ is on the path
 
 
 def test_heads_that_learnt_the_text_accept_drafts_at_every_k(trained: MTPModel) -> None:
     prompts = [doc[:8] for doc in DOCS]
-    figures = measure_decoding(
-        trained, ByteTokenizer(), prompts, max_new_tokens=24, trees=["tree8", "tree16"]
-    )
+    figures = measure_decoding(trained, ByteTokenizer(), prompts, max_new_tokens=24,
+                               trees=["tree8", "tree16"])
     tpf = figures["tokens_per_forward"]
     assert list(tpf) == [1, 2, 3, 4] and tpf[1] == 1.0 and figures["speedup"][1] == 1.0
     assert tpf[4] > 2.0 and all(1.0 <= tpf[k] <= k for k in tpf)
@@ -32,39 +31,21 @@ def test_heads_that_learnt_the_text_accept_drafts_at_every_k(trained: MTPModel) 
 
 def test_time_generate_decodes_as_generate_does_batch_by_batch(trained: MTPModel) -> None:
     tokenizer, prompts = ByteTokenizer(), [doc[:8] for doc in DOCS]
-    timed = time_generate(
-        trained,
-        tokenizer,
-        prompts,
-        max_new_tokens=12,
-        batch_size=2,
-        warmup_tokens=2,
-        drafter=HeadsDrafter(4),
-    )
+    timed = time_generate(trained, tokenizer, prompts, max_new_tokens=12, batch_size=2,
+                          warmup_tokens=2, drafter=HeadsDrafter(4))
     alone = generate(trained, tokenizer, prompts, max_new_tokens=12)
     assert timed.token_ids == [g.token_ids for g in alone]  # greedy: lossless, any batching
     assert timed.stats.new_tokens == sum(len(ids) for ids in timed.token_ids)
     assert timed.stats.tokens_per_forward > 1.0
     assert timed.seconds > 0 and timed.tokens_per_second == pytest.approx(
-        timed.stats.new_tokens / timed.seconds
-    )
+        timed.stats.new_tokens / timed.seconds)
     # seed_per_batch: batch i is seeded seed + i, so each prompt decodes as its own call would
     sampling = SamplingConfig(temperature=1.0)
-    timed = time_generate(
-        trained,
-        tokenizer,
-        prompts,
-        max_new_tokens=6,
-        seed=5,
-        seed_per_batch=True,
-        sampling=sampling,
-    )
-    assert timed.token_ids == [
-        generate(trained, tokenizer, [p], max_new_tokens=6, seed=5 + i, sampling=sampling)[
-            0
-        ].token_ids
-        for i, p in enumerate(prompts)
-    ]
+    timed = time_generate(trained, tokenizer, prompts, max_new_tokens=6, seed=5,
+                          seed_per_batch=True, sampling=sampling)
+    assert timed.token_ids == [generate(trained, tokenizer, [p], max_new_tokens=6, seed=5 + i,
+                                        sampling=sampling)[0].token_ids
+                               for i, p in enumerate(prompts)]
     with pytest.raises(ValueError, match="at least one prompt"):
         time_generate(trained, tokenizer, [], max_new_tokens=4)
     with pytest.raises(ValueError, match="batch_size=0"):
@@ -85,25 +66,20 @@ def test_time_calls_times_each_batch_and_keeps_the_order() -> None:
 
 def test_a_one_head_model_measures_autoregressive_decoding_only() -> None:
     model = MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=64))
-    figures = measure_decoding(
-        model.eval(), ByteTokenizer(), ["def f("], max_new_tokens=4, trees=["tree8"]
-    )
+    figures = measure_decoding(model.eval(), ByteTokenizer(), ["def f("], max_new_tokens=4,
+                               trees=["tree8"])
     assert figures["tokens_per_forward"] == {1: 1.0} and figures["tree"] is None
     assert figures["trees"] == {} and "tree" not in format_decoding(figures)[-1]
 
 
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ("decode.prompts=0", r"decode\.prompts=0 must be a positive integer"),
-        ("decode.max_new_tokens=512", r"decode\.max_new_tokens=512 leaves no room .*=512"),
-        ("decode.trees=[auto:16]", r"'auto:16' needs a calibration"),
-        ("decode.trees=[tree9]", r"tree9"),
-    ],
-)
-def test_decode_settings_that_cannot_work_are_named_before_training(
-    override: str, message: str
-) -> None:
+@pytest.mark.parametrize(("override", "message"), [
+    ("decode.prompts=0", r"decode\.prompts=0 must be a positive integer"),
+    ("decode.max_new_tokens=512", r"decode\.max_new_tokens=512 leaves no room .*=512"),
+    ("decode.trees=[auto:16]", r"'auto:16' needs a calibration"),
+    ("decode.trees=[tree9]", r"tree9"),
+])
+def test_decode_settings_that_cannot_work_are_named_before_training(override: str,
+                                                                    message: str) -> None:
     cfg = compose(["+experiment=byte8", "model=tiny", "run_dir=/tmp/unused", override])
     config = model_config(cfg, ByteTokenizer())
     with pytest.raises(ValueError, match=message):
@@ -116,12 +92,8 @@ def test_the_run_decodes_the_prompts_that_fit_or_none() -> None:
     assert len(decode_prompts(cfg.decode, config, ByteTokenizer())) == cfg.decode.prompts
     small = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=128)
     assert decode_prompts(cfg.decode, small, ByteTokenizer()) == []
-    assert (
-        decode_prompts(
-            compose(["decode.enabled=false", "run_dir=/x"]).decode, config, ByteTokenizer()
-        )
-        == []
-    )
+    assert decode_prompts(compose(["decode.enabled=false", "run_dir=/x"]).decode, config,
+                          ByteTokenizer()) == []
 
 
 def test_held_out_prompts_are_humaneval_prompts_that_leave_room() -> None:
@@ -131,12 +103,8 @@ def test_held_out_prompts_are_humaneval_prompts_that_leave_room() -> None:
     assert all('"""' in p or "'''" in p for p in prompts)  # a docstring to complete
     assert held_out_prompts(tokenizer, 5, max_seq_len=65, max_new_tokens=64) == []
     with pytest.raises(ValueError, match="at least one prompt"):
-        measure_decoding(
-            MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4)),
-            tokenizer,
-            [],
-            max_new_tokens=4,
-        )
+        measure_decoding(MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4)),
+                         tokenizer, [], max_new_tokens=4)
 
 
 def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch, tmp_path) -> None:
@@ -147,13 +115,10 @@ def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch, tmp_path
     import mtp.generate.session as session
     from mtp.tune import TuneCache
 
-    model = MTPModel(
-        MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=64, n_future=4)
-    ).eval()
+    model = MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=64,
+                               n_future=4)).eval()
     weights = {n: p.clone() for n, p in model.state_dict().items()}
-    assert (
-        measure.step_width(None) == 1 and measure.step_width(HeadsDrafter(4)) == 4
-    )  # k = 4: 3 drafts
+    assert measure.step_width(None) == 1 and measure.step_width(HeadsDrafter(4)) == 4  # k = 4: 3 drafts
     widths = []
 
     def timed(at: MTPModel, width: int, batch: int) -> float:
@@ -168,19 +133,16 @@ def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch, tmp_path
     one = variants.choose(1, 1)
     assert one.value == "float32" and widths == [1, 1]
     assert all(torch.equal(p, weights[n]) for n, p in model.state_dict().items())  # untouched
-    assert one.describe() == (
-        f"dtype: float32 (measured in {one.seconds:.1f} s, a forward of "
-        f"1 tokens; ms: float32 1000, bfloat16 2000)"
-    )
+    assert one.describe() == (f"dtype: float32 (measured in {one.seconds:.1f} s, a forward of "
+                              f"1 tokens; ms: float32 1000, bfloat16 2000)")
     wide = variants.choose(9, 1)
     assert wide.value == "bfloat16" and widths == [1, 1, 9, 9]
     assert next(variants.keep("bfloat16").parameters()).dtype == torch.bfloat16
     assert variants.choose(9, 1).how == "cached" and widths == [1, 1, 9, 9]
     monkeypatch.setattr(session, "cpu_has_bf16", lambda: False)  # bf16 emulated: float32
     plain = session.DtypeVariants(MTPModel(model.config).eval(), measure=True, cache=None)
-    assert (
-        plain.choose(9, 1).describe() == "dtype: float32 (fixed: this CPU has no bf16 arithmetic)"
-    )
+    assert plain.choose(9, 1).describe() == "dtype: float32 (fixed: this CPU has no bf16 " \
+                                            "arithmetic)"
     named = session.DtypeVariants(model, measure=False, cache=None)
     assert named.choose(9, 1).how == "fixed" and widths == [1, 1, 9, 9]
 

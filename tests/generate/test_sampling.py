@@ -6,16 +6,13 @@ import torch
 from mtp.decode.sampling import SamplingConfig, exponential, probabilities, sample
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        ({"temperature": -0.5}, "temperature must be a finite number >= 0, got -0.5"),
-        ({"temperature": math.nan}, "temperature must be a finite number >= 0, got nan"),
-        ({"top_k": 0}, "top_k must be None or an integer >= 1, got 0"),
-        ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
-        ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
-    ],
-)
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": -0.5}, "temperature must be a finite number >= 0, got -0.5"),
+    ({"temperature": math.nan}, "temperature must be a finite number >= 0, got nan"),
+    ({"top_k": 0}, "top_k must be None or an integer >= 1, got 0"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+])
 def test_bad_settings_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingConfig(**kwargs)
@@ -30,9 +27,8 @@ def test_greedy_is_one_hot_on_the_argmax():
 
 def test_temperature_top_k_and_top_p():
     logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
-    torch.testing.assert_close(
-        probabilities(logits, SamplingConfig(temperature=1.0)), torch.tensor([0.5, 0.25, 0.15, 0.1])
-    )
+    torch.testing.assert_close(probabilities(logits, SamplingConfig(temperature=1.0)),
+                               torch.tensor([0.5, 0.25, 0.15, 0.1]))
     hot = probabilities(logits, SamplingConfig(temperature=2.0))
     torch.testing.assert_close(hot, (logits / 2).softmax(-1))
     top2 = probabilities(logits, SamplingConfig(temperature=1.0, top_k=2))
@@ -48,9 +44,8 @@ def test_sample_draws_from_the_distribution_even_unnormalised():
     weights = torch.tensor([3.0, 0.0, 1.0, 6.0]).expand(40_000, 4)  # sums to 10
     draws = sample(weights, exponential(weights.shape, torch.Generator().manual_seed(0), "cpu"))
     freq = torch.bincount(draws, minlength=4).double() / len(draws)
-    torch.testing.assert_close(
-        freq, torch.tensor([0.3, 0.0, 0.1, 0.6], dtype=torch.float64), atol=0.01, rtol=0
-    )
+    torch.testing.assert_close(freq, torch.tensor([0.3, 0.0, 0.1, 0.6], dtype=torch.float64),
+                               atol=0.01, rtol=0)
 
 
 def test_bf16_logits_give_float32_probabilities():

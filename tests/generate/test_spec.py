@@ -12,28 +12,19 @@ def random_model(tiny_config):
     return MTPModel(tiny_config).double().eval()
 
 
-@pytest.mark.parametrize(
-    "options, message",
-    [
-        ({"drafter": "ngram"}, "unknown drafter 'ngram': choose one of"),
-        ({"drafter": "draft_model"}, "needs draft_model=PATH"),
-        (
-            {"drafter": "heads", "max_ngram": 3},
-            r"max_ngram=3 sizes prompt_lookup or "
-            r"heads\+prompt_lookup, not drafter='heads'",
-        ),
-        ({"drafter": "prompt_lookup", "k": 2}, r"k=2 sizes heads or heads\+prompt_lookup, not"),
-        ({"drafter": "lookahead", "num_draft": 2}, "num_draft=2 sizes prompt_lookup"),
-        ({"drafter": "heads", "k": 0}, "k must be an integer >= 1, 'auto' or None"),
-        (
-            {"drafter": "heads", "k": [1, 10]},
-            r"k must be an integer >= 1, 'auto' or None .* got \[1, 10\]",
-        ),
-        ({"drafter": "prompt_lookup", "window": 3}, "window=3 sizes lookahead, not"),
-        ({"drafter": "heads+prompt_lookup", "k": 1}, "needs k >= 2"),
-        ({"drafter": "heads", "k": "auto", "tree": "tree8"}, "k='auto' measures chains"),
-    ],
-)
+@pytest.mark.parametrize("options, message", [
+    ({"drafter": "ngram"}, "unknown drafter 'ngram': choose one of"),
+    ({"drafter": "draft_model"}, "needs draft_model=PATH"),
+    ({"drafter": "heads", "max_ngram": 3}, r"max_ngram=3 sizes prompt_lookup or "
+                                           r"heads\+prompt_lookup, not drafter='heads'"),
+    ({"drafter": "prompt_lookup", "k": 2}, r"k=2 sizes heads or heads\+prompt_lookup, not"),
+    ({"drafter": "lookahead", "num_draft": 2}, "num_draft=2 sizes prompt_lookup"),
+    ({"drafter": "heads", "k": 0}, "k must be an integer >= 1, 'auto' or None"),
+    ({"drafter": "heads", "k": [1, 10]}, r"k must be an integer >= 1, 'auto' or None .* got \[1, 10\]"),
+    ({"drafter": "prompt_lookup", "window": 3}, "window=3 sizes lookahead, not"),
+    ({"drafter": "heads+prompt_lookup", "k": 1}, "needs k >= 2"),
+    ({"drafter": "heads", "k": "auto", "tree": "tree8"}, "k='auto' measures chains"),
+])
 def test_drafter_spec_errors_name_the_option(options, message):
     with pytest.raises(ValueError, match=message):
         DrafterSpec(**options)
@@ -56,17 +47,14 @@ def test_drafter_specs_build_the_drafter_they_name(random_model):
     assert repr(DrafterSpec().build(random_model)) == "heads(k=4)"  # the default builds
 
 
-@pytest.mark.parametrize(
-    "name, options, message",
-    [
-        ("lookahead", {"k": 2}, "k=2 sizes heads or heads.prompt_lookup, not drafter='lookahead'"),
-        ("lookahead", {"num_draft": 3}, "num_draft=3 sizes .*, not drafter='lookahead'"),
-        ("lookahead", {"max_ngram": 3}, "max_ngram=3 sizes prompt_lookup"),
-        ("heads", {"window": 3}, "window=3 sizes lookahead, not drafter='heads'"),
-        ("prompt_lookup", {"guesses": 3}, "guesses=3 sizes lookahead"),
-        ("jacobi", {}, "unknown drafter 'jacobi': choose one of .*, lookahead"),
-    ],
-)
+@pytest.mark.parametrize("name, options, message", [
+    ("lookahead", {"k": 2}, "k=2 sizes heads or heads.prompt_lookup, not drafter='lookahead'"),
+    ("lookahead", {"num_draft": 3}, "num_draft=3 sizes .*, not drafter='lookahead'"),
+    ("lookahead", {"max_ngram": 3}, "max_ngram=3 sizes prompt_lookup"),
+    ("heads", {"window": 3}, "window=3 sizes lookahead, not drafter='heads'"),
+    ("prompt_lookup", {"guesses": 3}, "guesses=3 sizes lookahead"),
+    ("jacobi", {}, "unknown drafter 'jacobi': choose one of .*, lookahead"),
+])
 def test_bad_options(name, options, message):
     with pytest.raises(ValueError, match=message):
         DrafterSpec(drafter=name, **options)

@@ -12,21 +12,11 @@ and the draft model combined with it run that cut step at most steps.
 import pytest
 import torch
 
+from mtp.generate import (Combined, DecodeStats, DraftModel, HeadsDrafter, LayerSkip,
+                          Lookahead, OnlineHeads, PromptLookup, SamplingConfig,
+                          SequentialDrafter, generate)
 from mtp.decode.sampling import probabilities
 from mtp.decode.tree import DynamicTree, Tree
-from mtp.generate import (
-    Combined,
-    DecodeStats,
-    DraftModel,
-    HeadsDrafter,
-    LayerSkip,
-    Lookahead,
-    OnlineHeads,
-    PromptLookup,
-    SamplingConfig,
-    SequentialDrafter,
-    generate,
-)
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -67,9 +57,8 @@ class DigitTokenizer(Tokenizer):
 
 @pytest.fixture
 def model():
-    config = MTPConfig(
-        vocab_size=4, dim=16, n_layers=1, n_heads=2, max_seq_len=16, n_future=3, init_std=0.15
-    )  # large weights: peaked, disagreeing heads
+    config = MTPConfig(vocab_size=4, dim=16, n_layers=1, n_heads=2, max_seq_len=16,
+                       n_future=3, init_std=0.15)  # large weights: peaked, disagreeing heads
     return MTPModel(config).double().eval()
 
 
@@ -92,7 +81,8 @@ def _exact(model, prefix, sampling, depth):
 
 def _draft_model():
     torch.manual_seed(1)  # another model than the target: it disagrees with it often
-    config = MTPConfig(vocab_size=4, dim=8, n_layers=1, n_heads=2, max_seq_len=16, init_std=0.15)
+    config = MTPConfig(vocab_size=4, dim=8, n_layers=1, n_heads=2, max_seq_len=16,
+                       init_std=0.15)
     return DraftModel(MTPModel(config).double().eval(), DigitTokenizer(), num_draft=2)
 
 
@@ -104,53 +94,29 @@ T1, NUCLEUS = SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, t
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
 
 
-@pytest.mark.parametrize(
-    "drafter, sampling",
-    [
-        ("k=1", T1),
-        ("k=1", NUCLEUS),
-        ("k=3", T1),
-        ("k=3", NUCLEUS),
-        ("tree", NUCLEUS),
-        ("draft_model", NUCLEUS),
-        ("prompt_lookup", T1),
-        ("prompt_lookup_wide", T1),
-        ("draft_model+prompt_lookup", NUCLEUS),
-        ("lookahead", NUCLEUS),
-        ("dynamic", NUCLEUS),
-        ("exact", NUCLEUS),
-    ],
-)
+@pytest.mark.parametrize("drafter, sampling", [
+    ("k=1", T1), ("k=1", NUCLEUS), ("k=3", T1), ("k=3", NUCLEUS), ("tree", NUCLEUS),
+    ("draft_model", NUCLEUS), ("prompt_lookup", T1), ("prompt_lookup_wide", T1),
+    ("draft_model+prompt_lookup", NUCLEUS), ("lookahead", NUCLEUS), ("dynamic", NUCLEUS),
+    ("exact", NUCLEUS)])
 def test_sampled_generations_follow_head_0(model, drafter, sampling):
     exact = _exact(model, [EOS, 0, 1], sampling, depth=3)
-    how = {
-        "k=1": None,
-        "k=3": HeadsDrafter(3),
-        "tree": HeadsDrafter(3, Tree(TREE)),
-        "draft_model": _draft_model(),
-        "prompt_lookup": PromptLookup(num_draft=2, max_ngram=1, min_ngram=1),
-        # the context ([EOS, 0, 1] and 3 new tokens) has at most 5 tokens after a match
-        "prompt_lookup_wide": PromptLookup(num_draft=8, max_ngram=1, min_ngram=1),
-        # rows with the draft model's 2 drafts (its q) beside rows with up to 4 one-hot
-        "draft_model+prompt_lookup": Combined(
-            _draft_model(), PromptLookup(num_draft=4, max_ngram=1, min_ngram=1)
-        ),
-        "lookahead": Lookahead(window=2, ngram=3, guesses=1),
-        # a tree each row chooses at each step from its heads' confidence (EAGLE-2)
-        "dynamic": HeadsDrafter(3, DynamicTree.of(5, 2, 3)),
-        # exact mode: each position's token from its own uniform (inverse CDF)
-        "exact": HeadsDrafter(3, Tree(TREE)),
-    }
-    generations = generate(
-        model,
-        DigitTokenizer(),
-        ["01"] * N,
-        max_new_tokens=3,
-        sampling=sampling,
-        seed=0,
-        drafter=how[drafter],
-        exact=drafter == "exact",
-    )
+    how = {"k=1": None, "k=3": HeadsDrafter(3), "tree": HeadsDrafter(3, Tree(TREE)),
+           "draft_model": _draft_model(),
+           "prompt_lookup": PromptLookup(num_draft=2, max_ngram=1, min_ngram=1),
+           # the context ([EOS, 0, 1] and 3 new tokens) has at most 5 tokens after a match
+           "prompt_lookup_wide": PromptLookup(num_draft=8, max_ngram=1, min_ngram=1),
+           # rows with the draft model's 2 drafts (its q) beside rows with up to 4 one-hot
+           "draft_model+prompt_lookup": Combined(
+               _draft_model(), PromptLookup(num_draft=4, max_ngram=1, min_ngram=1)),
+           "lookahead": Lookahead(window=2, ngram=3, guesses=1),
+           # a tree each row chooses at each step from its heads' confidence (EAGLE-2)
+           "dynamic": HeadsDrafter(3, DynamicTree.of(5, 2, 3)),
+           # exact mode: each position's token from its own uniform (inverse CDF)
+           "exact": HeadsDrafter(3, Tree(TREE))}
+    generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
+                           sampling=sampling, seed=0, drafter=how[drafter],
+                           exact=drafter == "exact")
     _assert_distribution(generations, exact)
     pooled = DecodeStats.pooled([g.stats for g in generations])
     if drafter == "prompt_lookup_wide":  # the padding was cut: at most 5 drafts per step
@@ -181,27 +147,12 @@ def _assert_distribution(generations, exact):
 def test_sequential_modules_draft_losslessly(tree):
     """Each module's drafts depend on the drafts before them (a tree's siblings differ per
     parent): their q must still be the distribution they were drawn from."""
-    config = MTPConfig(
-        vocab_size=4,
-        dim=16,
-        n_layers=1,
-        n_heads=2,
-        max_seq_len=16,
-        n_future=3,
-        init_std=0.15,
-        head_type="sequential",
-    )
+    config = MTPConfig(vocab_size=4, dim=16, n_layers=1, n_heads=2, max_seq_len=16,
+                       n_future=3, init_std=0.15, head_type="sequential")
     model = MTPModel(config).double().eval()
     exact = _exact(model, [EOS, 0, 1], NUCLEUS, depth=3)
-    generations = generate(
-        model,
-        DigitTokenizer(),
-        ["01"] * N,
-        max_new_tokens=3,
-        sampling=NUCLEUS,
-        seed=0,
-        drafter=SequentialDrafter(3, tree),
-    )
+    generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
+                           sampling=NUCLEUS, seed=0, drafter=SequentialDrafter(3, tree))
     _assert_distribution(generations, exact)
     rate = [g.stats.head_acceptance[1] for g in generations if g.stats.head_verified[1]]
     assert 0.1 < sum(rate) / len(rate) < 0.95  # the rejection rule was exercised
@@ -214,27 +165,19 @@ def test_exact_enumeration_is_a_distribution(model):
     assert max(exact.values()) < 0.5  # spread out enough to be a test
 
 
-@pytest.mark.parametrize(
-    "drafter",
-    [LayerSkip([1], num_draft=2), LayerSkip([0], num_draft=3, threshold=0.4)],
-    ids=["layer_skip", "layer_skip_exit"],
-)
+@pytest.mark.parametrize("drafter", [LayerSkip([1], num_draft=2),
+                                     LayerSkip([0], num_draft=3, threshold=0.4)],
+                         ids=["layer_skip", "layer_skip_exit"])
 def test_layer_skipping_drafts_losslessly(drafter):
     """The target drafting for itself with a layer skipped, on its own cache; with a
     draft-exit threshold, rows stop drafting early and the step verifies the real drafts."""
     torch.manual_seed(2)
-    config = MTPConfig(vocab_size=4, dim=16, n_layers=2, n_heads=2, max_seq_len=16, init_std=0.15)
+    config = MTPConfig(vocab_size=4, dim=16, n_layers=2, n_heads=2, max_seq_len=16,
+                       init_std=0.15)
     model = MTPModel(config).double().eval()
     exact = _exact(model, [EOS, 0, 1], NUCLEUS, depth=3)
-    generations = generate(
-        model,
-        DigitTokenizer(),
-        ["01"] * N,
-        max_new_tokens=3,
-        sampling=NUCLEUS,
-        seed=0,
-        drafter=drafter,
-    )
+    generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
+                           sampling=NUCLEUS, seed=0, drafter=drafter)
     _assert_distribution(generations, exact)
     rate = [g.stats.head_acceptance[1] for g in generations if g.stats.head_verified[1]]
     assert 0.1 < sum(rate) / len(rate) < 0.95  # drafts are rejected: the rule was exercised
@@ -251,15 +194,8 @@ def test_heads_that_learn_between_calls_draft_losslessly(model):
     before = [p.clone() for p in model.heads[1].parameters()]
     generations = []
     for call in range(5):
-        generations += generate(
-            model,
-            DigitTokenizer(),
-            ["01"] * (N // 5),
-            max_new_tokens=3,
-            sampling=NUCLEUS,
-            seed=call,
-            drafter=online,
-        )
+        generations += generate(model, DigitTokenizer(), ["01"] * (N // 5), max_new_tokens=3,
+                                sampling=NUCLEUS, seed=call, drafter=online)
     assert online.learnt == 8
     assert any(not torch.equal(p, q) for p, q in zip(model.heads[1].parameters(), before))
     _assert_distribution(generations, exact)
@@ -271,16 +207,8 @@ def test_spectr_and_specinfer_keep_head_0s_distribution_on_iid_siblings(model, a
     rejection and SpecTr's k-sequential selection alike give head 0's distribution."""
     exact = _exact(model, [EOS, 0, 1], NUCLEUS, depth=3)
     drafter = HeadsDrafter(3, Tree(TREE), siblings="iid")
-    generations = generate(
-        model,
-        DigitTokenizer(),
-        ["01"] * N,
-        max_new_tokens=3,
-        sampling=NUCLEUS,
-        seed=0,
-        drafter=drafter,
-        acceptance=acceptance,
-    )
+    generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,
+                           sampling=NUCLEUS, seed=0, drafter=drafter, acceptance=acceptance)
     _assert_distribution(generations, exact)
 
 

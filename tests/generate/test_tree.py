@@ -9,15 +9,8 @@ from mtp.decode.acceptance import Draws, TypicalAcceptance, accept
 from mtp.decode.drafters.base import Drafts
 from mtp.decode.drafters.heads import draft
 from mtp.decode.sampling import SamplingConfig, exponential
-from mtp.decode.tree import (
-    TREE_FILE,
-    Calibration,
-    DynamicTree,
-    Tree,
-    TreeBuffers,
-    best_paths,
-    resolve_tree,
-)
+from mtp.decode.tree import (TREE_FILE, Calibration, DynamicTree, Tree, TreeBuffers,
+                             best_paths, resolve_tree)
 
 MEDUSA_LIKE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
@@ -56,29 +49,22 @@ def test_from_rates_takes_the_most_probable_paths():
     assert set(tree.paths) == {(0,), (0, 0), (1,), (1, 0), (2,)}
     # every prefix-closed 5-path tree has a smaller expected accepted length
     value = {p: 1.0 for p in [()]}
-    for path in sorted(
-        {(a,) for a in range(3)}
-        | {(a, b) for a in range(3) for b in range(3)}
-        | {(a, b, c) for a in range(3) for b in range(3) for c in range(3)},
-        key=len,
-    ):
+    for path in sorted({(a,) for a in range(3)} | {(a, b) for a in range(3) for b in range(3)}
+                       | {(a, b, c) for a in range(3) for b in range(3) for c in range(3)},
+                       key=len):
         value[path] = value[path[:-1]] * rates[len(path) - 1][path[-1]]
     chosen = sum(value[p] for p in tree.paths)
     assert chosen == pytest.approx(0.5 + 0.45 + 0.3 + 0.27 + 0.1)
-    assert chosen >= max(
-        value[(0,)] + value[(0, 0)] + value[(0, 0, 0)] + value[(1,)] + value[(1, 0)], 0
-    )
+    assert chosen >= max(value[(0,)] + value[(0, 0)] + value[(0, 0, 0)] + value[(1,)]
+                         + value[(1, 0)], 0)
 
 
-@pytest.mark.parametrize(
-    "paths, message",
-    [
-        ([[0], [0]], r"path \[0\] appears twice"),
-        ([[0], []], r"path \[\] must be a non-empty list of ranks"),
-        ([[0], [-1]], r"path \[-1\] must be a non-empty list"),
-        ([[0], [1, 0]], r"path \[1, 0\] needs its parent \[1\]"),
-    ],
-)
+@pytest.mark.parametrize("paths, message", [
+    ([[0], [0]], r"path \[0\] appears twice"),
+    ([[0], []], r"path \[\] must be a non-empty list of ranks"),
+    ([[0], [-1]], r"path \[-1\] must be a non-empty list"),
+    ([[0], [1, 0]], r"path \[1, 0\] needs its parent \[1\]"),
+])
 def test_malformed_trees_name_the_path(paths, message):
     with pytest.raises(ValueError, match=message):
         Tree(tuple(paths))
@@ -97,7 +83,6 @@ def test_trees_the_model_cannot_draft_name_the_path():
 
 def test_calibration_round_trip_and_mismatch(tmp_path):
     rates = [[0.5, 0.2], [0.6, 0.1], [0.7, 0.05]]
-
     def load(directory, n_future=4):
         return Calibration.load(directory / TREE_FILE, n_future=n_future, vocab_size=262)
 
@@ -107,11 +92,8 @@ def test_calibration_round_trip_and_mismatch(tmp_path):
     tree = resolve_tree("auto:5", k=4, vocab_size=262, calibration=found)
     assert tree.n_nodes == 5 and tree.paths == Tree.from_rates(rates, 5).paths
     assert resolve_tree("auto:9", k=2, vocab_size=262, calibration=found).depth == 1
-    with pytest.raises(
-        ValueError,
-        match=r"tree.json was calibrated for n_future=4, "
-        r"vocab_size=262, not this model's n_future=8",
-    ):
+    with pytest.raises(ValueError, match=r"tree.json was calibrated for n_future=4, "
+                                         r"vocab_size=262, not this model's n_future=8"):
         load(tmp_path, n_future=8)
     (tmp_path / "paths.json").write_text(json.dumps([[0], [1, 3]]))
     with pytest.raises(ValueError, match=r"paths.json: path \[1, 3\] needs its parent \[1\]"):
@@ -122,14 +104,9 @@ def test_calibration_round_trip_and_mismatch(tmp_path):
     found = load(tmp_path / "empty")
     assert found.paths == paths
     assert resolve_tree("auto:4", k=4, vocab_size=262, calibration=found).paths == (
-        (0,),
-        (1,),
-        (0, 0),
-    )  # the three most frequent paths, not the rates' tree
+        (0,), (1,), (0, 0))  # the three most frequent paths, not the rates' tree
     assert set(resolve_tree("auto:3", k=2, vocab_size=262, calibration=found).paths) == {
-        (0,),
-        (1,),
-    }  # within heads 0..1: depth 1 only
+        (0,), (1,)}  # within heads 0..1: depth 1 only
     data = json.loads((tmp_path / "empty" / "tree.json").read_text())
     data["paths"]["0,0,0,0"] = 0.05
     (tmp_path / "empty" / "tree.json").write_text(json.dumps(data))
@@ -163,18 +140,11 @@ def test_typical_acceptance_keeps_likely_drafts_and_is_greedy_at_temperature_0()
     # threshold: min(0.09, 0.3 * exp(-H)) = 0.09 here; both 0 and 1 pass, 2 does not
     draws = Draws.draw(1, 3, 3, None, "cpu")
     for tokens, node in (([0, 1], 1), ([2, 1], 2), ([2, 2], 0)):
-        result = accept(
-            Drafts(torch.tensor([tokens])),
-            target,
-            tree,
-            SamplingConfig(temperature=1.0),
-            draws,
-            typical,
-        )
+        result = accept(Drafts(torch.tensor([tokens])), target, tree,
+                        SamplingConfig(temperature=1.0), draws, typical)
         assert result.node.tolist() == [node]
-    greedy = accept(
-        Drafts(torch.tensor([[1, 0]])), target, tree, SamplingConfig(), rule=TypicalAcceptance()
-    )
+    greedy = accept(Drafts(torch.tensor([[1, 0]])), target, tree, SamplingConfig(),
+                    rule=TypicalAcceptance())
     assert greedy.node.tolist() == [2]  # only head 0's argmax (token 0, node 2) is kept
 
 
@@ -202,7 +172,8 @@ def test_sibling_candidates_keep_head_0s_distribution():
     result = accept(fixed, target, tree, sampling, Draws.draw(n, 4, vocab, generator, "cpu"))
     first = torch.bincount(result.tokens[:, 0], minlength=vocab).double() / n
     torch.testing.assert_close(first, p, atol=0.01, rtol=0)
-    assert (result.n_accepted == 1).double().mean() == pytest.approx(0.4 + 0.25 + 0.05, abs=0.01)
+    assert (result.n_accepted == 1).double().mean() == pytest.approx(0.4 + 0.25 + 0.05,
+                                                                      abs=0.01)
 
 
 def test_a_tree_drafter_cannot_be_combined():

@@ -31,16 +31,8 @@ def pair():
     """A target of 10 trunk layers and head 0 (the engines' default layers: 1, 4, 7) and a
     random drafter over 200 of its tokens, norms away from 1."""
     torch.manual_seed(0)
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=10,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=64,
-        rope_theta=500.0,
-        norm_eps=1e-6,
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=10, n_heads=4, n_kv_heads=2,
+                       max_seq_len=64, rope_theta=500.0, norm_eps=1e-6)
     model = MTPModel(config).double().eval()
     d2t = torch.randperm(262)[:200].sort().values
     module = Eagle(EagleConfig.for_target(config, 200), d2t).double().eval()
@@ -60,15 +52,13 @@ def _engine_logits(directory: Path, target: MTPModel, tokens: torch.Tensor) -> t
     `midlayer`, the final norm, lm_head, and draft id i at target id i + d2t[i]."""
     values = json.loads((directory / "config.json").read_text())
     w = load_file(str(directory / "model.safetensors"))
-    config = transformers.LlamaConfig(
-        **{k: v for k, v in values.items() if k not in ("architectures",)}
-    )
+    config = transformers.LlamaConfig(**{k: v for k, v in values.items()
+                                         if k not in ("architectures",)})
     eps, H, K = values["rms_norm_eps"], values["num_attention_heads"], values["num_key_value_heads"]
     hd = values["head_dim"]
     T = tokens.shape[1] - 1
-    _, kept = target.trunk_states(
-        tokens[:, :T], keep=[i - 1 for i in values["eagle_aux_hidden_state_layer_ids"]]
-    )
+    _, kept = target.trunk_states(tokens[:, :T], keep=[i - 1 for i in
+                                                       values["eagle_aux_hidden_state_layer_ids"]])
     hidden = kept.flatten(-2) @ w["fc.weight"].T  # (B, T, D)
     embeds = w["embed_tokens.weight"][tokens[:, 1:]]
 
@@ -78,13 +68,8 @@ def _engine_logits(directory: Path, target: MTPModel, tokens: torch.Tensor) -> t
         return layer(x)
 
     residual = hidden
-    x = torch.cat(
-        [
-            norm(embeds, "midlayer.input_layernorm.weight"),
-            norm(hidden, "midlayer.hidden_norm.weight"),
-        ],
-        dim=-1,
-    )  # [embeds; hidden]
+    x = torch.cat([norm(embeds, "midlayer.input_layernorm.weight"),
+                   norm(hidden, "midlayer.hidden_norm.weight")], dim=-1)  # [embeds; hidden]
     q = (x @ w["midlayer.self_attn.q_proj.weight"].T).unflatten(-1, (H, hd)).transpose(1, 2)
     k = (x @ w["midlayer.self_attn.k_proj.weight"].T).unflatten(-1, (K, hd)).transpose(1, 2)
     v = (x @ w["midlayer.self_attn.v_proj.weight"].T).unflatten(-1, (K, hd)).transpose(1, 2)
@@ -106,14 +91,8 @@ def _engine_logits(directory: Path, target: MTPModel, tokens: torch.Tensor) -> t
 
 def test_the_engines_read_the_drafters_logits(tmp_path, pair):
     model, module = pair
-    write_eagle3(
-        model.config,
-        TOKENIZER,
-        module.config.to_dict(),
-        module.state_dict(),
-        model.tok_embeddings.weight,
-        tmp_path / "eagle3",
-    )
+    write_eagle3(model.config, TOKENIZER, module.config.to_dict(), module.state_dict(),
+                 model.tok_embeddings.weight, tmp_path / "eagle3")
     tokens = torch.randint(0, 262, (2, 13))
     theirs = _engine_logits(tmp_path / "eagle3", model, tokens)
     with torch.no_grad():
@@ -124,13 +103,9 @@ def test_the_engines_read_the_drafters_logits(tmp_path, pair):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
     values = json.loads((tmp_path / "eagle3" / "config.json").read_text())
     assert values["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert (
-        values["draft_vocab_size"],
-        values["vocab_size"],
-        values["target_hidden_size"],
-        values["num_hidden_layers"],
-        values["tie_word_embeddings"],
-    ) == (200, 262, 32, 1, False)
+    assert (values["draft_vocab_size"], values["vocab_size"], values["target_hidden_size"],
+            values["num_hidden_layers"], values["tie_word_embeddings"]) == (200, 262, 32, 1,
+                                                                            False)
     # Both engines' conventions name the same layers, which are their default.
     assert module.config.layers == engine_layers(model.config) == (1, 4, 7)
     assert values["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 4, 7]  # SGLang
@@ -142,48 +117,32 @@ def test_the_engines_read_the_drafters_logits(tmp_path, pair):
 
 def test_the_files_read_back_into_the_same_drafter(tmp_path, pair):
     model, module = pair
-    write_eagle3(
-        model.config,
-        TOKENIZER,
-        module.config.to_dict(),
-        module.state_dict(),
-        model.tok_embeddings.weight,
-        tmp_path / "eagle3",
-    )
-    values, state = read_eagle3(
-        tmp_path / "eagle3", model.config, model.tok_embeddings.weight, engine_layers(model.config)
-    )
+    write_eagle3(model.config, TOKENIZER, module.config.to_dict(), module.state_dict(),
+                 model.tok_embeddings.weight, tmp_path / "eagle3")
+    values, state = read_eagle3(tmp_path / "eagle3", model.config, model.tok_embeddings.weight,
+                                engine_layers(model.config))
     back = Eagle.from_state(values, state, "the export")
     assert back.config == module.config
     for name, tensor in module.state_dict().items():
         assert torch.equal(back.state_dict()[name], tensor), name
     prompts = ["def add(", "print('h", "x"]
-    runs = [
-        generate(model, TOKENIZER, prompts, max_new_tokens=20, drafter=EagleDrafter(m, 4))
-        for m in (module, back)
-    ]
+    runs = [generate(model, TOKENIZER, prompts, max_new_tokens=20, drafter=EagleDrafter(m, 4))
+            for m in (module, back)]
     assert [g.token_ids for g in runs[0]] == [g.token_ids for g in runs[1]]
-    assert [g.stats.accepted_depths for g in runs[0]] == [g.stats.accepted_depths for g in runs[1]]
+    assert [g.stats.accepted_depths for g in runs[0]] == [g.stats.accepted_depths
+                                                          for g in runs[1]]
 
 
 def test_the_convert_command_writes_the_trained_drafter(tmp_path, pair):
     model, module = pair
     export(model.float(), TOKENIZER, tmp_path / "target")
     module.float().save(tmp_path / "drafter")
-    main(
-        [
-            "to_eagle3",
-            f"checkpoint={tmp_path / 'target'}",
-            f"eagle={tmp_path / 'drafter'}",
-            f"output={tmp_path / 'served'}",
-            "dtype=bfloat16",
-        ]
-    )
+    main(["to_eagle3", f"checkpoint={tmp_path / 'target'}", f"eagle={tmp_path / 'drafter'}",
+          f"output={tmp_path / 'served'}", "dtype=bfloat16"])
     weights = load_file(str(tmp_path / "served" / "model.safetensors"))
     assert weights["fc.weight"].dtype == torch.bfloat16
-    assert (
-        json.loads((tmp_path / "served" / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    )
+    assert json.loads((tmp_path / "served" / "config.json").read_text())["torch_dtype"] == \
+        "bfloat16"
     with pytest.raises(ValueError, match="no EAGLE drafter for"):
         main(["to_eagle3", f"checkpoint={tmp_path / 'target'}", f"output={tmp_path / 'x'}"])
     with pytest.raises(ValueError, match="eagle=d names the drafter that to_eagle3 exports"):
@@ -193,26 +152,19 @@ def test_the_convert_command_writes_the_trained_drafter(tmp_path, pair):
 def test_bad_files_are_named(tmp_path, pair, tiny_config):
     model, module = pair
     directory = tmp_path / "eagle3"
-    write_eagle3(
-        model.config,
-        TOKENIZER,
-        module.config.to_dict(),
-        module.state_dict(),
-        model.tok_embeddings.weight,
-        directory,
-    )
+    write_eagle3(model.config, TOKENIZER, module.config.to_dict(), module.state_dict(),
+                 model.tok_embeddings.weight, directory)
     layers = engine_layers(model.config)
 
     def read(target=model):
-        values, state = read_eagle3(directory, target.config, target.tok_embeddings.weight, layers)
+        values, state = read_eagle3(directory, target.config, target.tok_embeddings.weight,
+                                    layers)
         return Eagle.from_state(values, state, "the export")
 
-    other = MTPModel(
-        MTPConfig(**{**model.config.to_dict(), "dim": 16, "n_heads": 2, "n_kv_heads": 1})
-    ).double()
-    with pytest.raises(
-        ValueError, match="trained for a model with dim=32, but this model has dim=16"
-    ):
+    other = MTPModel(MTPConfig(**{**model.config.to_dict(), "dim": 16, "n_heads": 2,
+                                  "n_kv_heads": 1})).double()
+    with pytest.raises(ValueError, match="trained for a model with dim=32, but this model has "
+                                         "dim=16"):
         module.config.check_target(other.config, "the export")
     with pytest.raises(ValueError, match="embed_tokens.weight differs from the target's"):
         read(MTPModel(model.config).double())
@@ -222,8 +174,7 @@ def test_bad_files_are_named(tmp_path, pair, tiny_config):
     with pytest.raises(ValueError, match="entry 5 is .*, outside the target's vocabulary of 262"):
         read()
     values = json.loads((directory / "config.json").read_text())
-    (directory / "config.json").write_text(
-        json.dumps({**values, "architectures": ["LlamaForCausalLM"]})
-    )
+    (directory / "config.json").write_text(json.dumps({**values,
+                                                       "architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(ValueError, match="is not an EAGLE-3 drafter's"):
         read()

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from llama_variants import VARIANTS, random_llama  # tests/ is on the path
 
 from mtp import export_hf, load
 from mtp.generate import generate
@@ -15,6 +14,8 @@ from mtp.interop.hf_tokenizer import read_hf_tokenizer
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import BPETokenizer, ByteTokenizer
 
+from llama_variants import VARIANTS, random_llama  # tests/ is on the path
+
 transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4
@@ -22,18 +23,9 @@ TEXT = "héllo wörld\n\tdef f(x): return x <|eos|> ✓"
 
 
 def _mtp_config(gqa: bool, tie: bool, n_future: int = 3, vocab_size: int = 262) -> MTPConfig:
-    return MTPConfig(
-        vocab_size=vocab_size,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2 if gqa else 4,
-        max_seq_len=64,
-        n_future=n_future,
-        tie_embeddings=tie,
-        rope_theta=500.0,
-        norm_eps=1e-6,
-    )
+    return MTPConfig(vocab_size=vocab_size, dim=32, n_layers=2, n_heads=4,
+                     n_kv_heads=2 if gqa else 4, max_seq_len=64, n_future=n_future,
+                     tie_embeddings=tie, rope_theta=500.0, norm_eps=1e-6)
 
 
 def _hf_logits(directory: Path, tokens: torch.Tensor) -> torch.Tensor:
@@ -42,10 +34,10 @@ def _hf_logits(directory: Path, tokens: torch.Tensor) -> torch.Tensor:
         return model.eval()(tokens).logits
 
 
-@pytest.mark.parametrize("gqa, tie", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("gqa, tie", [(False, False), (True, False), (False, True),
+                                      (True, True)])
 def test_export_gives_head0_logits_in_transformers_and_every_head_back(
-    tmp_path: Path, gqa: bool, tie: bool
-) -> None:
+        tmp_path: Path, gqa: bool, tie: bool) -> None:
     model = MTPModel(_mtp_config(gqa, tie)).eval()
     export_hf(model, ByteTokenizer(), tmp_path)
     tokens = torch.randint(0, 262, (2, 24))
@@ -59,62 +51,41 @@ def test_export_gives_head0_logits_in_transformers_and_every_head_back(
     assert layout["layout"] == "block" and layout["n_future"] == 3
 
 
-@pytest.mark.parametrize(
-    "tokenizer",
-    [
-        ByteTokenizer(),
-        BPETokenizer.train(["def f(x):\n    return x + 1\n", "héllo wörld ✓"] * 20, vocab_size=300),
-    ],
-    ids=["byte", "bpe"],
-)
+@pytest.mark.parametrize("tokenizer", [ByteTokenizer(), BPETokenizer.train(
+    ["def f(x):\n    return x + 1\n", "héllo wörld ✓"] * 20, vocab_size=300)],
+    ids=["byte", "bpe"])
 def test_auto_tokenizer_gives_mtp_ids(tmp_path: Path, tokenizer) -> None:
     config = MTPConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=4)
     export_hf(MTPModel(config), tokenizer, tmp_path)
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert theirs(TEXT, add_special_tokens=False)["input_ids"] == tokenizer.encode(TEXT)
     # A prompt starts with EOS, as mtp's training documents do, in transformers too.
-    assert (
-        theirs(TEXT)["input_ids"]
-        == tokenizer.encode_prompt(TEXT)
-        == [tokenizer.eos_id, *tokenizer.encode(TEXT)]
-    )
+    assert theirs(TEXT)["input_ids"] == tokenizer.encode_prompt(TEXT) == [
+        tokenizer.eos_id, *tokenizer.encode(TEXT)]
     assert (theirs.bos_token_id, theirs.eos_token_id, theirs.pad_token_id) == (
-        tokenizer.bos_id,
-        tokenizer.eos_id,
-        tokenizer.pad_id,
-    )
+        tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
     assert theirs.decode(tokenizer.encode(TEXT)) == tokenizer.decode(tokenizer.encode(TEXT))
 
 
-def _random_llama(
-    directory: Path, *, gqa: bool, tie: bool, dtype=torch.float32, shard: bool = False
-):
+def _random_llama(directory: Path, *, gqa: bool, tie: bool, dtype=torch.float32,
+                  shard: bool = False):
     """A random transformers LlamaForCausalLM saved with a BPE tokenizer.json."""
     tokenizer = BPETokenizer.train(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300)
     config = transformers.LlamaConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2 if gqa else 4,
-        max_position_embeddings=64,
-        rope_theta=1000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=tie,
-    )
+        vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2 if gqa else 4,
+        max_position_embeddings=64, rope_theta=1000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=tie)
     model = transformers.LlamaForCausalLM(config).to(dtype).eval()
     model.save_pretrained(directory, max_shard_size="20KB" if shard else "5GB")
     tokenizer.save(directory)
     return model, tokenizer
 
 
-@pytest.mark.parametrize(
-    "gqa, tie, shard", [(False, False, False), (True, False, True), (True, True, False)]
-)
-def test_transformers_llama_loads_with_equal_logits(
-    tmp_path: Path, gqa: bool, tie: bool, shard: bool
-) -> None:
+@pytest.mark.parametrize("gqa, tie, shard", [(False, False, False), (True, False, True),
+                                             (True, True, False)])
+def test_transformers_llama_loads_with_equal_logits(tmp_path: Path, gqa: bool, tie: bool,
+                                                    shard: bool) -> None:
     reference, _ = _random_llama(tmp_path, gqa=gqa, tie=tie, shard=shard)
     assert shard == (tmp_path / "model.safetensors.index.json").is_file()
     model, tokenizer = load(tmp_path)
@@ -170,28 +141,21 @@ def test_strict_loading_names_keys_and_shapes(tmp_path: Path) -> None:
         load(tmp_path)
 
 
-@pytest.mark.parametrize(
-    "field, value, message",
-    [
-        ("rope_parameters", {"rope_type": "yarn", "factor": 8.0}, "rope_type 'yarn'"),
-        (
-            "rope_scaling",
-            {"type": "dynamic", "factor": 2.0},
-            "'rope_scaling' has rope_type 'dynamic'",
-        ),
-        ("rope_parameters", {"rope_type": "llama3", "factor": 8.0}, "'low_freq_factor' is missing"),
-        ("partial_rotary_factor", 0.5, "'partial_rotary_factor' is 0.5"),
-        ("hidden_act", "gelu", "'hidden_act' must be 'silu'"),
-        ("num_attention_heads", "4", "'num_attention_heads' must be a int, got '4'"),
-        ("tie_word_embeddings", "false", "'tie_word_embeddings' must be a bool"),
-        ("attention_bias", 1, "'attention_bias' must be a bool"),
-        ("model_type", "mistral", "only Llama-architecture models load"),
-    ],
-)
-def test_unsupported_or_malformed_llama_config_is_named(
-    tmp_path: Path, field: str, value, message: str
-) -> None:
-    export_hf(MTPModel(_mtp_config(gqa=False, tie=False, n_future=1)), ByteTokenizer(), tmp_path)
+@pytest.mark.parametrize("field, value, message", [
+    ("rope_parameters", {"rope_type": "yarn", "factor": 8.0}, "rope_type 'yarn'"),
+    ("rope_scaling", {"type": "dynamic", "factor": 2.0}, "'rope_scaling' has rope_type 'dynamic'"),
+    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0}, "'low_freq_factor' is missing"),
+    ("partial_rotary_factor", 0.5, "'partial_rotary_factor' is 0.5"),
+    ("hidden_act", "gelu", "'hidden_act' must be 'silu'"),
+    ("num_attention_heads", "4", "'num_attention_heads' must be a int, got '4'"),
+    ("tie_word_embeddings", "false", "'tie_word_embeddings' must be a bool"),
+    ("attention_bias", 1, "'attention_bias' must be a bool"),
+    ("model_type", "mistral", "only Llama-architecture models load"),
+])
+def test_unsupported_or_malformed_llama_config_is_named(tmp_path: Path, field: str, value,
+                                                        message: str) -> None:
+    export_hf(MTPModel(_mtp_config(gqa=False, tie=False, n_future=1)), ByteTokenizer(),
+              tmp_path)
     path = tmp_path / "config.json"
     values = json.loads(path.read_text())
     if field == "rope_scaling":  # the older form, read when rope_parameters is absent
@@ -216,8 +180,7 @@ def test_a_tokenizer_that_adds_bos_starts_prompts_with_bos(tmp_path: Path) -> No
     assert tokenizer.document_start_id == tokenizer.eos_id  # mtp-trained: documents follow EOS
     raw = tokenizer._tok
     raw.post_processor = processors.TemplateProcessing(
-        single="<|bos|> $A", special_tokens=[("<|bos|>", tokenizer.bos_id)]
-    )
+        single="<|bos|> $A", special_tokens=[("<|bos|>", tokenizer.bos_id)])
     raw.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "mtp_tokenizer.json").unlink()  # as a Hugging Face repo has it
     _, loaded = load(tmp_path)
@@ -234,23 +197,13 @@ def random_variant(directory: Path, variant: str):
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_llama_variants_load_and_export_with_transformers_logits(
-    tmp_path: Path, variant: str
-) -> None:
+def test_llama_variants_load_and_export_with_transformers_logits(tmp_path: Path,
+                                                                 variant: str) -> None:
     reference = random_variant(tmp_path / "theirs", variant)
     model, tokenizer = load(tmp_path / "theirs")
-    expected = MTPConfig(
-        vocab_size=tokenizer.vocab_size,
-        dim=32,
-        n_layers=1,
-        n_heads=4,
-        n_kv_heads=2,
-        ffn_hidden=64,
-        max_seq_len=64,
-        norm_eps=1e-5,
-        rope_theta=model.config.rope_theta,
-        **VARIANTS[variant][2],
-    )
+    expected = MTPConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=4,
+                         n_kv_heads=2, ffn_hidden=64, max_seq_len=64, norm_eps=1e-5,
+                         rope_theta=model.config.rope_theta, **VARIANTS[variant][2])
     assert model.config == expected
     tokens = torch.randint(0, tokenizer.vocab_size, (2, 40))
     with torch.no_grad():
@@ -264,15 +217,9 @@ def test_llama_variants_load_and_export_with_transformers_logits(
     prompt = "def f(x):"
     [ours] = generate(model, tokenizer, [prompt], max_new_tokens=8)
     ids = torch.tensor([tokenizer.encode_prompt(prompt)])
-    greedy = reference.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=8,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    assert ours.token_ids == greedy[0, ids.shape[1] :].tolist()
+    greedy = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert ours.token_ids == greedy[0, ids.shape[1]:].tolist()
 
 
 def test_rope_scaling_changes_the_logits(tmp_path: Path) -> None:
@@ -287,7 +234,8 @@ def test_rope_scaling_changes_the_logits(tmp_path: Path) -> None:
 
 
 def test_bias_layouts_transformers_lacks_are_refused(tmp_path: Path) -> None:
-    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, qkv_bias=True, mlp_bias=True)
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, qkv_bias=True,
+                       mlp_bias=True)
     with pytest.raises(ValueError, match="qkv_bias=True, out_bias=False, mlp_bias=True"):
         export_hf(MTPModel(config), ByteTokenizer(), tmp_path)
     assert not (tmp_path / "model.safetensors").exists()
@@ -301,31 +249,24 @@ def test_qwen2_sliding_window_is_refused(tmp_path: Path) -> None:
         load(tmp_path)
 
 
-@pytest.mark.parametrize(
-    "template, tokenizer_config",
-    [
-        (False, {"tokenizer_class": "GPT2Tokenizer"}),  # SmolLM2's: no template, no BOS
-        (True, {"tokenizer_class": "PreTrainedTokenizerFast"}),  # Llama 3's: BOS in the template
-        (True, {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True}),
-        # transformers >= 5 follows tokenizer.json's template over add_bos_token beside it.
-        (False, {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True}),
-    ],
-    ids=["smollm2", "llama3", "llama", "template-wins"],
-)
-def test_prompts_start_as_transformers_starts_them(
-    tmp_path: Path, template: bool, tokenizer_config: dict
-) -> None:
+@pytest.mark.parametrize("template, tokenizer_config", [
+    (False, {"tokenizer_class": "GPT2Tokenizer"}),  # SmolLM2's: no template, no BOS
+    (True, {"tokenizer_class": "PreTrainedTokenizerFast"}),  # Llama 3's: BOS in the template
+    (True, {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True}),
+    # transformers >= 5 follows tokenizer.json's template over add_bos_token beside it.
+    (False, {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True}),
+], ids=["smollm2", "llama3", "llama", "template-wins"])
+def test_prompts_start_as_transformers_starts_them(tmp_path: Path, template: bool,
+                                                   tokenizer_config: dict) -> None:
     from tokenizers import processors
 
     raw = BPETokenizer.train(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300).backend
     if template:
         raw.post_processor = processors.TemplateProcessing(
-            single="<|bos|> $A", special_tokens=[("<|bos|>", raw.token_to_id("<|bos|>"))]
-        )
+            single="<|bos|> $A", special_tokens=[("<|bos|>", raw.token_to_id("<|bos|>"))])
     raw.save(str(tmp_path / "tokenizer.json"))  # a Hugging Face repo's files: no mtp header
-    (tmp_path / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<|bos|>", "eos_token": "<|eos|>", **tokenizer_config})
-    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|bos|>", "eos_token": "<|eos|>", **tokenizer_config}))
     ours = read_hf_tokenizer(tmp_path)
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
     # (Text spelling a special token differs by design: mtp encodes it as text.)
@@ -334,29 +275,19 @@ def test_prompts_start_as_transformers_starts_them(
     assert ours.document_start_id == (ours.bos_id if template else None)
 
 
-@pytest.mark.parametrize(
-    "tokenizer_config",
-    [
-        None,
-        {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True},
-        {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False},
-        {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": True},
-    ],
-    ids=["no-config", "bos", "no-bos", "bos-eos"],
-)
+@pytest.mark.parametrize("tokenizer_config", [
+    None, {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True},
+    {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False},
+    {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": True}],
+    ids=["no-config", "bos", "no-bos", "bos-eos"])
 def test_sentencepiece_prompts_start_as_transformers_starts_them(
-    tmp_path: Path, tokenizer_config: dict | None
-) -> None:
+        tmp_path: Path, tokenizer_config: dict | None) -> None:
     """A tokenizer.model alone: tokenizer_config.json's add_bos_token/add_eos_token decide."""
     spm = pytest.importorskip("sentencepiece")
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(["def add(a, b):\n    return a + b\n"] * 20),
-        model_prefix=str(tmp_path / "tokenizer"),
-        vocab_size=300,
-        model_type="bpe",
-        byte_fallback=True,
-        minloglevel=2,
-    )
+        model_prefix=str(tmp_path / "tokenizer"), vocab_size=300, model_type="bpe",
+        byte_fallback=True, minloglevel=2)
     (tmp_path / "tokenizer.vocab").unlink()
     if tokenizer_config is not None:
         (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))

@@ -28,22 +28,11 @@ from mtp.tokenizers import ByteTokenizer
 transformers = pytest.importorskip("transformers")
 
 
-def _model(
-    head_layers: int = 1, head_type: str = "medusa", n_future: int = 4, tie: bool = False
-) -> MTPModel:
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=64,
-        n_future=n_future,
-        head_layers=head_layers,
-        head_type=head_type,
-        tie_embeddings=tie,
-        norm_eps=1e-6,
-    )
+def _model(head_layers: int = 1, head_type: str = "medusa", n_future: int = 4,
+            tie: bool = False) -> MTPModel:
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       max_seq_len=64, n_future=n_future, head_layers=head_layers,
+                       head_type=head_type, tie_embeddings=tie, norm_eps=1e-6)
     model = MTPModel(config).eval()
     with torch.no_grad():  # a final norm gain far from 1 and heads far from the identity
         model.norm.weight.uniform_(0.5, 2.0)
@@ -89,11 +78,8 @@ def _vllm_logits(directory: Path, hidden: torch.Tensor, shared_lm_head: bool) ->
     for h in range(config["num_heads"]):
         x = hidden
         for l in range(config["num_hidden_layers"]):
-            bias = (
-                weights[f"blocks.{h}.layers.{l}.bias"].double()
-                if config.get("medusa_fc_bias", False)
-                else None
-            )
+            bias = weights[f"blocks.{h}.layers.{l}.bias"].double() \
+                if config.get("medusa_fc_bias", False) else None
             x = x + F.silu(F.linear(x, weights[f"blocks.{h}.layers.{l}.weight"].double(), bias))
         lm_head = weights["lm_heads.0.weight" if shared_lm_head else f"lm_heads.{h}.weight"]
         logits.append(F.linear(x, lm_head.double()))
@@ -117,12 +103,9 @@ def _fasterdecoding_logits(directory: Path, hidden: torch.Tensor) -> list:
     config = json.loads((directory / "config.json").read_text())
     n_heads, n_layers = config["medusa_num_heads"], config["medusa_num_layers"]
     D, V = hidden.shape[-1], 262
-    medusa_head = nn.ModuleList(
-        [
-            nn.Sequential(*([ResBlock(D)] * n_layers), nn.Linear(D, V, bias=False))
-            for _ in range(n_heads)
-        ]
-    ).double()
+    medusa_head = nn.ModuleList([nn.Sequential(*([ResBlock(D)] * n_layers),
+                                               nn.Linear(D, V, bias=False))
+                                 for _ in range(n_heads)]).double()
     state = torch.load(directory / "medusa_lm_head.pt", map_location="cpu", weights_only=True)
     result = medusa_head.load_state_dict(state, strict=False)
     assert not result.missing_keys and not result.unexpected_keys
@@ -140,21 +123,15 @@ def _layerwise_logits(directory: Path, hidden: torch.Tensor) -> list:
     for h in range(config["medusa_num_heads"]):
         x = hidden
         for l in range(n_layers):
-            x = x + F.silu(
-                F.linear(
-                    x,
-                    state[f"{h}.{l}.linear.weight"].double(),
-                    state[f"{h}.{l}.linear.bias"].double(),
-                )
-            )
+            x = x + F.silu(F.linear(x, state[f"{h}.{l}.linear.weight"].double(),
+                                    state[f"{h}.{l}.linear.bias"].double()))
         logits.append(F.linear(x, state[f"{h}.{n_layers}.weight"].double()))
     return logits
 
 
 @pytest.mark.parametrize("head_layers, tie", [(1, False), (2, False), (1, True)])
 def test_both_layouts_give_mtp_logits_on_transformers_hidden_states(
-    tmp_path: Path, head_layers: int, tie: bool
-) -> None:
+        tmp_path: Path, head_layers: int, tie: bool) -> None:
     model = _model(head_layers, tie=tie)
     _export(model, tmp_path)
     assert sorted(p.name for p in (tmp_path / "base").iterdir() if "mtp_heads" in p.name) == []
@@ -169,11 +146,9 @@ def test_both_layouts_give_mtp_logits_on_transformers_hidden_states(
         torch.testing.assert_close(hidden, mtp_hidden, rtol=0, atol=1e-6)
         torch.testing.assert_close(base_logits, ours[:, :, 0], rtol=0, atol=1e-6)
         on_hidden = [reference.unembed(_head_layers(reference, i, hidden), i) for i in (1, 2, 3)]
-    readers = [
-        _vllm_logits(tmp_path / "vllm", hidden, shared_lm_head=False),
-        _vllm_logits(tmp_path / "vllm", hidden, shared_lm_head=True),
-        _layerwise_logits(tmp_path / "medusa", hidden),
-    ]
+    readers = [_vllm_logits(tmp_path / "vllm", hidden, shared_lm_head=False),
+               _vllm_logits(tmp_path / "vllm", hidden, shared_lm_head=True),
+               _layerwise_logits(tmp_path / "medusa", hidden)]
     if head_layers == 1:
         readers.append(_fasterdecoding_logits(tmp_path / "medusa", hidden))
     else:  # what the export warns about: one ResBlock module repeated runs other weights
@@ -190,36 +165,18 @@ def test_both_layouts_give_mtp_logits_on_transformers_hidden_states(
 def test_exported_config_fields_and_shapes(tmp_path: Path) -> None:
     _export(_model(), tmp_path)
     vllm = json.loads((tmp_path / "vllm" / "config.json").read_text())
-    assert {
-        k: vllm[k]
-        for k in (
-            "model_type",
-            "num_heads",
-            "num_hidden_layers",
-            "hidden_size",
-            "vocab_size",
-            "truncated_vocab_size",
-            "medusa_fc_bias",
-            "original_lm_head",
-        )
-    } == {
-        "model_type": "medusa",
-        "num_heads": 3,
-        "num_hidden_layers": 1,
-        "hidden_size": 32,
-        "vocab_size": 262,
-        "truncated_vocab_size": 262,
-        "medusa_fc_bias": False,
-        "original_lm_head": True,
-    }
+    assert {k: vllm[k] for k in ("model_type", "num_heads", "num_hidden_layers", "hidden_size",
+                                 "vocab_size", "truncated_vocab_size", "medusa_fc_bias",
+                                 "original_lm_head")} == {
+        "model_type": "medusa", "num_heads": 3, "num_hidden_layers": 1, "hidden_size": 32,
+        "vocab_size": 262, "truncated_vocab_size": 262, "medusa_fc_bias": False,
+        "original_lm_head": True}
     # vLLM renames every config key with "num" and "heads" in it to num_heads: only one here
     assert [k for k in vllm if "num" in k and "heads" in k] == ["num_heads"]
     weights = load_file(tmp_path / "vllm" / "model.safetensors")
     shapes = {k: tuple(v.shape) for k, v in weights.items()}
-    assert shapes == {
-        **{f"blocks.{h}.layers.0.weight": (32, 32) for h in range(3)},
-        **{f"lm_heads.{h}.weight": (262, 32) for h in range(3)},
-    }
+    assert shapes == {**{f"blocks.{h}.layers.0.weight": (32, 32) for h in range(3)},
+                      **{f"lm_heads.{h}.weight": (262, 32) for h in range(3)}}
     medusa = json.loads((tmp_path / "medusa" / "config.json").read_text())
     assert (medusa["medusa_num_heads"], medusa["medusa_num_layers"]) == (3, 1)
     assert Path(medusa["base_model_name_or_path"]) == (tmp_path / "base").resolve()
@@ -227,16 +184,14 @@ def test_exported_config_fields_and_shapes(tmp_path: Path) -> None:
     assert {k: tuple(v.shape) for k, v in state.items()} == {
         **{f"{h}.0.linear.weight": (32, 32) for h in range(3)},
         **{f"{h}.0.linear.bias": (32,) for h in range(3)},
-        **{f"{h}.1.weight": (262, 32) for h in range(3)},
-    }
+        **{f"{h}.1.weight": (262, 32) for h in range(3)}}
     assert not any(state[f"{h}.0.linear.bias"].any() for h in range(3))
 
 
 @pytest.mark.parametrize("layout", ["vllm", "medusa"])
 @pytest.mark.parametrize("head_layers, tie", [(1, False), (2, False), (1, True)])
-def test_mtp_load_gives_every_head_back(
-    tmp_path: Path, layout: str, head_layers: int, tie: bool
-) -> None:
+def test_mtp_load_gives_every_head_back(tmp_path: Path, layout: str, head_layers: int,
+                                        tie: bool) -> None:
     model = _model(head_layers, tie=tie)
     _export(model, tmp_path)
     shutil.rmtree(tmp_path / ("medusa" if layout == "vllm" else "vllm"))
@@ -259,42 +214,26 @@ def test_loaded_heads_decode_losslessly(tmp_path: Path) -> None:
 def test_convert_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     model = _model()
     export(model, ByteTokenizer(), tmp_path / "export")
-    main(
-        [
-            "to_medusa",
-            f"checkpoint={tmp_path / 'export'}",
-            f"output={tmp_path / 'out'}",
-            "dtype=bfloat16",
-        ]
-    )
+    main(["to_medusa", f"checkpoint={tmp_path / 'export'}", f"output={tmp_path / 'out'}",
+          "dtype=bfloat16"])
     assert "wrote" in capsys.readouterr().out
-    assert (
-        load_file(tmp_path / "out" / "vllm" / "model.safetensors")["lm_heads.0.weight"].dtype
-        == torch.bfloat16
-    )
+    assert load_file(tmp_path / "out" / "vllm" / "model.safetensors")[
+        "lm_heads.0.weight"].dtype == torch.bfloat16
     loaded, _ = load(tmp_path / "out")
     assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
-    torch.testing.assert_close(
-        loaded.heads[1][0].weight, model.heads[1][0].weight.bfloat16(), rtol=0, atol=0
-    )
+    torch.testing.assert_close(loaded.heads[1][0].weight, model.heads[1][0].weight.bfloat16(),
+                               rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (
-            {"head_type": "resblock"},
-            r"head_type='resblock'.*read the trunk output.*"
-            r"model.head_type=medusa",
-        ),
-        ({"head_type": "block"}, r"head_type='block'.*transformer blocks"),
-        ({"head_type": "linear"}, r"head_type='linear'.*no residual"),
-        ({"n_future": 1}, r"one head \(n_future=1\)"),
-    ],
-)
-def test_models_that_do_not_map_are_refused_before_writing(
-    tmp_path: Path, kwargs: dict, message: str
-) -> None:
+@pytest.mark.parametrize("kwargs, message", [
+    ({"head_type": "resblock"}, r"head_type='resblock'.*read the trunk output.*"
+                                r"model.head_type=medusa"),
+    ({"head_type": "block"}, r"head_type='block'.*transformer blocks"),
+    ({"head_type": "linear"}, r"head_type='linear'.*no residual"),
+    ({"n_future": 1}, r"one head \(n_future=1\)"),
+])
+def test_models_that_do_not_map_are_refused_before_writing(tmp_path: Path, kwargs: dict,
+                                                            message: str) -> None:
     with pytest.raises(ValueError, match=message) as error:
         export_medusa(_model(**kwargs), ByteTokenizer(), tmp_path / "out")
     assert "\n" not in str(error.value)
@@ -308,36 +247,21 @@ def _edit_vllm(directory: Path, config: dict | None = None, tensors: dict | None
     save_file({**load_file(weights), **(tensors or {})}, str(weights))
 
 
-@pytest.mark.parametrize(
-    "config, tensors, message",
-    [
-        (
-            {"original_lm_head": False},
-            {"lm_heads.1.weight": torch.ones(262, 32)},
-            r"head 1's lm_head differs",
-        ),
-        (
-            {"original_lm_head": False, "medusa_fc_bias": True},
-            {f"blocks.{h}.layers.0.bias": torch.full((32,), 0.1) for h in range(3)},
-            r"head 0 layer 0 has a non-zero bias",
-        ),
-        ({"truncated_vocab_size": 100}, {}, r"truncated_vocab_size.*token_map"),
-        (
-            {"num_hidden_layers": 4},
-            {
-                f"blocks.{h}.layers.{l}.weight": torch.zeros(32, 32)
-                for h in range(3)
-                for l in range(1, 4)
-            },
-            r"heads of 4 layers need a base model of at least as many layers.*got 3",
-        ),
-        ({"num_heads": 4}, {}, r"missing keys \['blocks.3.layers.0.weight'\]"),
-        ({"model_type": "eagle"}, {}, r"'model_type' must be 'medusa'"),
-    ],
-)
-def test_heads_mtp_cannot_express_are_refused(
-    tmp_path: Path, config: dict, tensors: dict, message: str
-) -> None:
+@pytest.mark.parametrize("config, tensors, message", [
+    ({"original_lm_head": False}, {"lm_heads.1.weight": torch.ones(262, 32)},
+     r"head 1's lm_head differs"),
+    ({"original_lm_head": False, "medusa_fc_bias": True},
+     {f"blocks.{h}.layers.0.bias": torch.full((32,), 0.1) for h in range(3)},
+     r"head 0 layer 0 has a non-zero bias"),
+    ({"truncated_vocab_size": 100}, {}, r"truncated_vocab_size.*token_map"),
+    ({"num_hidden_layers": 4}, {f"blocks.{h}.layers.{l}.weight": torch.zeros(32, 32)
+                                for h in range(3) for l in range(1, 4)},
+     r"heads of 4 layers need a base model of at least as many layers.*got 3"),
+    ({"num_heads": 4}, {}, r"missing keys \['blocks.3.layers.0.weight'\]"),
+    ({"model_type": "eagle"}, {}, r"'model_type' must be 'medusa'"),
+])
+def test_heads_mtp_cannot_express_are_refused(tmp_path: Path, config: dict, tensors: dict,
+                                              message: str) -> None:
     _export(_model(), tmp_path)
     _edit_vllm(tmp_path, config, tensors)
     with pytest.raises(ValueError, match=message) as error:

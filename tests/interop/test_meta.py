@@ -18,70 +18,35 @@ spm = pytest.importorskip("sentencepiece")
 DIM, N_HEADS, N_KV_HEADS, N_LAYERS, N_FUTURE = 32, 4, 2, 5, 3
 HIDDEN = 112  # Meta's rule for dim 32, multiple_of 16, ffn_dim_multiplier 1.3 (by hand)
 TRUNK = N_LAYERS - N_FUTURE  # `layers` has TRUNK + 1 entries: the trunk, then head 0
-CORPUS = [
-    "def add(a, b):\n    return a + b\n",
-    "for i in range(10):\n    print(i)\n",
-    "hello world, a tiny corpus for a tiny tokenizer",
-] * 20
+CORPUS = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
+          "hello world, a tiny corpus for a tiny tokenizer"] * 20
 
 
 def _block(prefix: str) -> dict[str, torch.Tensor]:
     hd = DIM // N_HEADS
-    shapes = {
-        "attention.wq.weight": (N_HEADS * hd, DIM),
-        "attention.wk.weight": (N_KV_HEADS * hd, DIM),
-        "attention.wv.weight": (N_KV_HEADS * hd, DIM),
-        "attention.wo.weight": (DIM, N_HEADS * hd),
-        "feed_forward.w1.weight": (HIDDEN, DIM),
-        "feed_forward.w3.weight": (HIDDEN, DIM),
-        "feed_forward.w2.weight": (DIM, HIDDEN),
-        "attention_norm.weight": (DIM,),
-        "ffn_norm.weight": (DIM,),
-    }
-    return {
-        f"{prefix}.{name}": (
-            1 + 0.1 * torch.randn(shape) if len(shape) == 1 else 0.2 * torch.randn(shape)
-        )
-        for name, shape in shapes.items()
-    }
+    shapes = {"attention.wq.weight": (N_HEADS * hd, DIM), "attention.wk.weight":
+              (N_KV_HEADS * hd, DIM), "attention.wv.weight": (N_KV_HEADS * hd, DIM),
+              "attention.wo.weight": (DIM, N_HEADS * hd), "feed_forward.w1.weight":
+              (HIDDEN, DIM), "feed_forward.w3.weight": (HIDDEN, DIM), "feed_forward.w2.weight":
+              (DIM, HIDDEN), "attention_norm.weight": (DIM,), "ffn_norm.weight": (DIM,)}
+    return {f"{prefix}.{name}": (1 + 0.1 * torch.randn(shape) if len(shape) == 1
+                                 else 0.2 * torch.randn(shape)) for name, shape in shapes.items()}
 
 
 @pytest.fixture
 def meta_dir(tmp_path: Path) -> Path:
     """A random checkpoint in Meta's layout, with a tiny Llama-style tokenizer.model."""
     spm.SentencePieceTrainer.train(  # Llama's normalisation settings: text kept as it is
-        sentence_iterator=iter(CORPUS),
-        model_prefix=str(tmp_path / "tokenizer"),
-        vocab_size=300,
-        model_type="bpe",
-        byte_fallback=True,
-        split_digits=True,
-        normalization_rule_name="identity",
-        remove_extra_whitespaces=False,
-        minloglevel=2,
-    )
+        sentence_iterator=iter(CORPUS), model_prefix=str(tmp_path / "tokenizer"),
+        vocab_size=300, model_type="bpe", byte_fallback=True, split_digits=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, minloglevel=2)
     vocab = spm.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model")).vocab_size()
-    (tmp_path / "params.json").write_text(
-        json.dumps(
-            {
-                "dim": DIM,
-                "n_layers": N_LAYERS,
-                "n_heads": N_HEADS,
-                "n_kv_heads": N_KV_HEADS,
-                "n_future_tokens": N_FUTURE,
-                "vocab_size": vocab,
-                "multiple_of": 16,
-                "ffn_dim_multiplier": 1.3,
-                "norm_eps": 1e-5,
-                "rope_theta": 10000.0,
-            }
-        )
-    )
-    state = {
-        "tok_embeddings.weight": torch.randn(vocab, DIM),
-        "norm.weight": 1 + 0.1 * torch.randn(DIM),
-        "output.weight": torch.randn(vocab, DIM),
-    }
+    (tmp_path / "params.json").write_text(json.dumps({
+        "dim": DIM, "n_layers": N_LAYERS, "n_heads": N_HEADS, "n_kv_heads": N_KV_HEADS,
+        "n_future_tokens": N_FUTURE, "vocab_size": vocab, "multiple_of": 16,
+        "ffn_dim_multiplier": 1.3, "norm_eps": 1e-5, "rope_theta": 10000.0}))
+    state = {"tok_embeddings.weight": torch.randn(vocab, DIM),
+             "norm.weight": 1 + 0.1 * torch.randn(DIM), "output.weight": torch.randn(vocab, DIM)}
     for i in range(TRUNK + 1):
         state.update(_block(f"layers.{i}"))
     for j in range(N_FUTURE - 1):
@@ -99,42 +64,28 @@ def _permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 def _llama_with_head(meta: dict[str, torch.Tensor], head: int, vocab: int):
     """transformers' Llama with the trunk, then head `head`'s block as its last layer."""
     config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=DIM,
-        intermediate_size=HIDDEN,
-        num_hidden_layers=TRUNK + 1,
-        num_attention_heads=N_HEADS,
-        num_key_value_heads=N_KV_HEADS,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
+        vocab_size=vocab, hidden_size=DIM, intermediate_size=HIDDEN, num_hidden_layers=TRUNK + 1,
+        num_attention_heads=N_HEADS, num_key_value_heads=N_KV_HEADS, rms_norm_eps=1e-5,
+        rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(config).eval()
-    state = {
-        "model.embed_tokens.weight": meta["tok_embeddings.weight"],
-        "model.norm.weight": meta["norm.weight"],
-        "lm_head.weight": meta["output.weight"],
-    }
+    state = {"model.embed_tokens.weight": meta["tok_embeddings.weight"],
+             "model.norm.weight": meta["norm.weight"], "lm_head.weight": meta["output.weight"]}
     sources = [f"layers.{i}" for i in range(TRUNK)]
     sources.append(f"layers.{TRUNK}" if head == 0 else f"extra_heads.{head - 1}")
     for i, src in enumerate(sources):
         layer = f"model.layers.{i}"
         state |= {
-            f"{layer}.self_attn.q_proj.weight": _permute(
-                meta[f"{src}.attention.wq.weight"], N_HEADS
-            ),
-            f"{layer}.self_attn.k_proj.weight": _permute(
-                meta[f"{src}.attention.wk.weight"], N_KV_HEADS
-            ),
+            f"{layer}.self_attn.q_proj.weight": _permute(meta[f"{src}.attention.wq.weight"],
+                                                         N_HEADS),
+            f"{layer}.self_attn.k_proj.weight": _permute(meta[f"{src}.attention.wk.weight"],
+                                                         N_KV_HEADS),
             f"{layer}.self_attn.v_proj.weight": meta[f"{src}.attention.wv.weight"],
             f"{layer}.self_attn.o_proj.weight": meta[f"{src}.attention.wo.weight"],
             f"{layer}.mlp.gate_proj.weight": meta[f"{src}.feed_forward.w1.weight"],
             f"{layer}.mlp.up_proj.weight": meta[f"{src}.feed_forward.w3.weight"],
             f"{layer}.mlp.down_proj.weight": meta[f"{src}.feed_forward.w2.weight"],
             f"{layer}.input_layernorm.weight": meta[f"{src}.attention_norm.weight"],
-            f"{layer}.post_attention_layernorm.weight": meta[f"{src}.ffn_norm.weight"],
-        }
+            f"{layer}.post_attention_layernorm.weight": meta[f"{src}.ffn_norm.weight"]}
     model.load_state_dict(state, strict=True)
     return model
 
@@ -181,11 +132,8 @@ def test_strict_meta_loading_names_keys(meta_dir: Path) -> None:
     state = torch.load(meta_dir / "consolidated.pth")
     state["extra_heads.7.attention.wq.weight"] = state.pop("extra_heads.1.attention.wq.weight")
     torch.save(state, meta_dir / "consolidated.pth")
-    with pytest.raises(
-        ValueError,
-        match=r"unexpected keys \['extra_heads.7.attention.wq.weight'"
-        r"\], missing keys \['extra_heads.1.attention.wq",
-    ):
+    with pytest.raises(ValueError, match=r"unexpected keys \['extra_heads.7.attention.wq.weight'"
+                                         r"\], missing keys \['extra_heads.1.attention.wq"):
         load(meta_dir)
     (meta_dir / "params.json").write_text(json.dumps({"dim": DIM, "n_layers": "5"}))
     with pytest.raises(ValueError, match=r"params.json: field 'n_layers' must be a int, got '5'"):
@@ -195,11 +143,8 @@ def test_strict_meta_loading_names_keys(meta_dir: Path) -> None:
 @pytest.mark.slow
 def test_convert_cli_writes_a_hf_llama_with_every_head(meta_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "hf"
-    subprocess.run(
-        [sys.executable, "-m", "mtp.convert", "to_hf", f"checkpoint={meta_dir}", f"output={out}"],
-        check=True,
-        capture_output=True,
-    )
+    subprocess.run([sys.executable, "-m", "mtp.convert", "to_hf", f"checkpoint={meta_dir}",
+                    f"output={out}"], check=True, capture_output=True)
     original, _ = load(meta_dir)
     converted, tokenizer = load(out)
     tokens = torch.randint(0, original.config.vocab_size, (1, 16))
@@ -207,8 +152,5 @@ def test_convert_cli_writes_a_hf_llama_with_every_head(meta_dir: Path, tmp_path:
         torch.testing.assert_close(converted(tokens), original(tokens), rtol=0, atol=1e-5)
     theirs = transformers.AutoTokenizer.from_pretrained(out)
     # transformers starts a prompt with BOS too, as Meta's Llama code does.
-    assert (
-        theirs("def add(a, b):")["input_ids"]
-        == tokenizer.encode_prompt("def add(a, b):")
+    assert theirs("def add(a, b):")["input_ids"] == tokenizer.encode_prompt("def add(a, b):") \
         == [tokenizer.bos_id, *tokenizer.encode("def add(a, b):")]
-    )

@@ -20,19 +20,9 @@ def test_bench_acceptance_table_and_json(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
     result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            f"checkpoint={directory}",
-            f"prompt_file={prompts}",
-            "max_new_tokens=6",
-            "threads=1",
-            "tree=tree8",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+        [sys.executable, str(SCRIPT), f"checkpoint={directory}", f"prompt_file={prompts}",
+         "max_new_tokens=6", "threads=1", "tree=tree8"], capture_output=True, text=True,
+        check=True)
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     rules = figures["rules"]
     assert "| spectr iid |" in tables.acceptance(figures)  # docs/benchmarks.md's table

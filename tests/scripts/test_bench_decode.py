@@ -17,37 +17,19 @@ def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
     prompts = tmp_path / "prompts.jsonl"  # short enough for the tiny context of 64
     prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n" + json.dumps("import os") + "\n")
     result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            f"checkpoint={directory}",
-            f"prompts={prompts}",
-            "max_new_tokens=6",
-            "ks=[2,4]",
-            "trees=[tree8]",
-            f"plot={tmp_path / 'trees.png'}",
-            "repeats=1",
-            "threads=1",
-            "device=cpu",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+        [sys.executable, str(SCRIPT), f"checkpoint={directory}", f"prompts={prompts}",
+         "max_new_tokens=6", "ks=[2,4]", "trees=[tree8]", f"plot={tmp_path / 'trees.png'}",
+         "repeats=1", "threads=1", "device=cpu"],
+        capture_output=True, text=True, check=True)
     *table, last = result.stdout.strip().splitlines()
     summary = json.loads(last)
-    for key in (
-        "tokens_per_second_ar",
-        "tokens_per_second_spec",
-        "speedup",
-        "k",
-        "tokens_per_forward",
-        "identical",
-    ):
+    for key in ("tokens_per_second_ar", "tokens_per_second_spec", "speedup", "k",
+                "tokens_per_forward", "identical"):
         assert key in summary
     assert summary["identical"] is True and summary["k"] in (2, 4)
     assert summary["tree_nodes"] == 8 and summary["tree_identical"] is True
-    for key in ("chain_tokens_per_forward", "tree_tokens_per_forward", "tree_speedup", "repeated"):
+    for key in ("chain_tokens_per_forward", "tree_tokens_per_forward", "tree_speedup",
+                "repeated"):
         assert key in summary
     assert (tmp_path / "trees.png").stat().st_size > 0
     assert [row["k"] for row in summary["per_k"]] == [1, 2, 4]
@@ -59,13 +41,11 @@ def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
 
 
 def test_bad_arguments_are_one_line_errors_naming_the_key(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "compile=sometimes"], capture_output=True, text=True
-    )
+    result = subprocess.run([sys.executable, str(SCRIPT), "compile=sometimes"],
+                            capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.strip() == "error: compile='sometimes' is not one of true, false, both"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--ks", "2"], capture_output=True, text=True
-    )
+    result = subprocess.run([sys.executable, str(SCRIPT), "--ks", "2"], capture_output=True,
+                            text=True)
     assert result.returncode == 1 and result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1

@@ -24,44 +24,17 @@ def test_bench_methods_table_plot_and_json(tiny_config, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
     result = subprocess.run(
-        [
-            sys.executable,
-            str(METHODS),
-            f"checkpoint={directory}",
-            f"draft_model={draft_dir}",
-            f"prompts={prompts}",
-            "humaneval=0",
-            "max_new_tokens=6",
-            "threads=1",
-            "device=cpu",
-            f"plot={tmp_path / 'plot.png'}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+        [sys.executable, str(METHODS), f"checkpoint={directory}", f"draft_model={draft_dir}",
+         f"prompts={prompts}", "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu",
+         f"plot={tmp_path / 'plot.png'}"], capture_output=True, text=True, check=True)
     *table, last = result.stdout.strip().splitlines()
     methods = json.loads(last)["methods"]
     # every drafter's candidates, as drafter=auto measures them: the heads at every k
-    for name in (
-        "autoregressive",
-        "heads(k=2)",
-        "heads(k=3)",
-        "heads(k=4)",
-        "prompt_lookup",
-        "draft_model",
-        "lookahead",
-        "autoregressive T=0.8",
-    ):
+    for name in ("autoregressive", "heads(k=2)", "heads(k=3)", "heads(k=4)", "prompt_lookup",
+                 "draft_model", "lookahead", "autoregressive T=0.8"):
         row = methods[name]
-        assert set(row) == {
-            "tokens_per_second",
-            "speedup",
-            "tokens_per_forward",
-            "forward_cost",
-            "identical",
-            "repeated",
-        }
+        assert set(row) == {"tokens_per_second", "speedup", "tokens_per_forward",
+                            "forward_cost", "identical", "repeated"}
         assert row["identical"] is (None if "T=" in name else True)
     assert any(name.startswith("auto (") for name in methods)
     assert any(name.endswith("+prompt_lookup") for name in methods)
@@ -79,32 +52,14 @@ def test_bench_methods_subset_with_layer_skipping_and_adaptive_drafts(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
     result = subprocess.run(
-        [
-            sys.executable,
-            str(METHODS),
-            f"checkpoint={directory}",
-            f"prompts={prompts}",
-            "humaneval=0",
-            "max_new_tokens=6",
-            "threads=1",
-            "device=cpu",
-            'methods=[prompt_lookup,"prompt_lookup adaptive=true",layer_skip,'
-            '"layer_skip adaptive=true"]',
-            f"skip={choice}",
-            "temperatures=[0]",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+        [sys.executable, str(METHODS), f"checkpoint={directory}", f"prompts={prompts}",
+         "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu",
+         'methods=[prompt_lookup,"prompt_lookup adaptive=true",layer_skip,'
+         '"layer_skip adaptive=true"]', f"skip={choice}", "temperatures=[0]"],
+        capture_output=True, text=True, check=True)
     methods = json.loads(result.stdout.strip().splitlines()[-1])["methods"]
-    assert list(methods) == [
-        "autoregressive",
-        "prompt_lookup",
-        "prompt_lookup adaptive",
-        "layer_skip",
-        "layer_skip adaptive",
-    ]
+    assert list(methods) == ["autoregressive", "prompt_lookup", "prompt_lookup adaptive",
+                             "layer_skip", "layer_skip adaptive"]
     assert all(row["identical"] for row in methods.values())
 
 
@@ -119,33 +74,14 @@ def test_bench_methods_in_both_dtypes_beside_transformers(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
     result = subprocess.run(
-        [
-            sys.executable,
-            str(METHODS),
-            f"checkpoint={directory}",
-            f"prompts={prompts}",
-            "humaneval=0",
-            "max_new_tokens=6",
-            "threads=1",
-            "device=cpu",
-            "methods=[prompt_lookup]",
-            "temperatures=[0]",
-            "dtypes=[float32,bfloat16]",
-            "hf=true",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+        [sys.executable, str(METHODS), f"checkpoint={directory}", f"prompts={prompts}",
+         "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu", "methods=[prompt_lookup]",
+         "temperatures=[0]", "dtypes=[float32,bfloat16]", "hf=true"],
+        capture_output=True, text=True, check=True)
     methods = json.loads(result.stdout.strip().splitlines()[-1])["methods"]
-    assert list(methods) == [
-        "autoregressive",
-        "prompt_lookup",
-        "transformers",
-        "transformers prompt_lookup",
-        "autoregressive bf16",
-        "prompt_lookup bf16",
-    ]
+    assert list(methods) == ["autoregressive", "prompt_lookup", "transformers",
+                             "transformers prompt_lookup", "autoregressive bf16",
+                             "prompt_lookup bf16"]
     assert methods["autoregressive"]["speedup"] == 1.0
     assert methods["autoregressive bf16"]["forward_cost"] == 1.0
     for name in ("prompt_lookup", "transformers", "transformers prompt_lookup"):
@@ -160,23 +96,14 @@ def test_methods_are_the_registry_s_drafters_with_generate_s_options():
     from script_modules import load_script  # tests/ is on the path
 
     bench = load_script("bench_methods")
-    args = bench.parse_args(
-        [
-            "checkpoint=x",
-            "num_draft=4",
-            "draft_model=small",
-            'methods=[heads,"heads k=2",draft_model,auto]',
-        ]
-    )
+    args = bench.parse_args(["checkpoint=x", "num_draft=4", "draft_model=small",
+                             'methods=[heads,"heads k=2",draft_model,auto]'])
     assert args.options == {"num_draft": 4, "draft_model": "small"}
     spec = bench.DrafterSpec
     assert args.method("heads k=2") == ("heads", spec("heads", k=2), True)
     assert args.method("lookahead") == ("lookahead", spec("lookahead"), True)  # auto skips it
     assert args.method("draft_model") == (  # what auto measures of it
-        "draft_model",
-        spec("auto", num_draft=4, draft_model="small"),
-        False,
-    )
+        "draft_model", spec("auto", num_draft=4, draft_model="small"), False)
     assert args.method("auto") == ("auto", spec("auto", num_draft=4, draft_model="small"), False)
     assert bench.parse_args(["checkpoint=x", "k=4"]).method("heads")[2]  # k selects the heads
     with pytest.raises(ValueError, match="unknown drafter 'medusa'"):

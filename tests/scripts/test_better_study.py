@@ -26,7 +26,7 @@ def study():
 
 @pytest.fixture
 def corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A small local corpus (every module of this package) and a data cache of its own."""
+    """A small local corpus (this package's modules, every folder's) and a data cache of the test's own."""
     monkeypatch.setenv("MTP_DATA_DIR", str(tmp_path / "data"))
     root = tmp_path / "corpus"
     root.mkdir()
@@ -36,15 +36,8 @@ def corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _args(out: Path, corpus: Path, *extra: str) -> list[str]:
-    return [
-        "size=tiny",
-        "seeds=[0]",
-        "jobs=0",
-        f"out={out}",
-        f"corpus={corpus}",
-        "extra=['trainer.precision=32-true']",
-        *extra,
-    ]
+    return ["size=tiny", "seeds=[0]", "jobs=0", f"out={out}", f"corpus={corpus}",
+            "extra=['trainer.precision=32-true']", *extra]
 
 
 def test_a_tiny_study_writes_its_json_and_figure(study, corpus, tmp_path, capsys) -> None:
@@ -56,7 +49,8 @@ def test_a_tiny_study_writes_its_json_and_figure(study, corpus, tmp_path, capsys
     assert any(line.startswith("regime recipe") for line in printed)  # the table
     figure = out / "better_study.png"
     assert figure.stat().st_size > 10_000 and report["figure"] == str(figure)
-    assert report["runs"].keys() == {"flops/byte1/seed0", "flops/byte8/seed0", "flops/anneal/seed0"}
+    assert report["runs"].keys() == {"flops/byte1/seed0", "flops/byte8/seed0",
+                                     "flops/anneal/seed0"}
     table = report["summary"]["flops"]
     for name in ("byte1", "byte8", "anneal"):
         cell = table[name]
@@ -91,16 +85,13 @@ def test_the_time_regime_splits_the_budget_with_the_finish(study, tmp_path) -> N
     assert specs["byte1"]["finish"] is None
 
 
-@pytest.mark.parametrize(
-    "argument, message",
-    [
-        ("recipes=[byte1,byte9]", "recipes=['byte1', 'byte9']: byte9 is not one of byte1, "),
-        ("regimes=[speed]", "regimes=['speed']: speed is not one of time, flops"),
-        ("size=huge", "size='huge' is not one of cpu, short, tiny"),
-        ("seeds=[0,0]", "seeds=[0, 0] must be distinct"),
-        ("extra=['loss.schedule=cosine']", "loss.schedule='cosine' is not one of"),
-    ],
-)
+@pytest.mark.parametrize("argument, message", [
+    ("recipes=[byte1,byte9]", "recipes=['byte1', 'byte9']: byte9 is not one of byte1, "),
+    ("regimes=[speed]", "regimes=['speed']: speed is not one of time, flops"),
+    ("size=huge", "size='huge' is not one of cpu, short, tiny"),
+    ("seeds=[0,0]", "seeds=[0, 0] must be distinct"),
+    ("extra=['loss.schedule=cosine']", "loss.schedule='cosine' is not one of"),
+])
 def test_bad_input_is_one_line_before_training(study, tmp_path, argument, message) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
         study.main([f"out={tmp_path / 'out'}", "size=tiny", argument])

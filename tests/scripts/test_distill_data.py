@@ -22,28 +22,19 @@ def setup(tmp_path: Path) -> tuple[Path, Path]:
     corpus.mkdir()
     for i in range(6):
         (corpus / f"m{i}.py").write_text("".join(f"value_{i}_{j} = {j}\n" for j in range(20)))
-    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=128, n_future=2)
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=128,
+                       n_future=2)
     return export(MTPModel(config), ByteTokenizer(), tmp_path / "export"), corpus
 
 
 @pytest.mark.parametrize("sampled", [False, True])
-def test_writes_what_the_local_source_reads(
-    setup: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture, sampled: bool
-):
+def test_writes_what_the_local_source_reads(setup: tuple[Path, Path], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture, sampled: bool):
     checkpoint, corpus = setup
     out = tmp_path / "distilled" / "data.jsonl"
-    argv = [
-        f"checkpoint={checkpoint}",
-        f"out={out}",
-        "source=local",
-        f"paths=[{corpus}]",
-        "prompts=5",
-        "prompt_chars=40",
-        "max_new_tokens=12",
-        "batch_size=2",
-        "val_fraction=0",
-        "threads=1",
-    ]
+    argv = [f"checkpoint={checkpoint}", f"out={out}", "source=local", f"paths=[{corpus}]",
+            "prompts=5", "prompt_chars=40", "max_new_tokens=12", "batch_size=2",
+            "val_fraction=0", "threads=1"]
     if sampled:
         argv += ["temperature=0.8", "top_p=0.9"]
     stats = distill_data.main(argv)
@@ -63,21 +54,15 @@ def test_writes_what_the_local_source_reads(
 
     corpus_read = LocalSource(paths=[str(out)]).load()
     assert corpus_read.documents["text"] == [r["text"] for r in records]
-    prepared = prepare(
-        corpus_read, ByteTokenizer(), val_fraction=0.0, seed=0, cache_dir=tmp_path / "cache"
-    )
+    prepared = prepare(corpus_read, ByteTokenizer(), val_fraction=0.0, seed=0,
+                       cache_dir=tmp_path / "cache")
     assert prepared.stats(16, 2)["train"]["documents"] == 5
 
 
 def test_bad_arguments_are_named(setup: tuple[Path, Path], tmp_path: Path):
     checkpoint, corpus = setup
-    common = [
-        f"checkpoint={checkpoint}",
-        f"out={tmp_path / 'x.jsonl'}",
-        "source=local",
-        f"paths=[{corpus}]",
-        "threads=1",
-    ]
+    common = [f"checkpoint={checkpoint}", f"out={tmp_path / 'x.jsonl'}", "source=local",
+              f"paths=[{corpus}]", "threads=1"]
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
         distill_data.parse_args([*common, "batch_size=0"])
     with pytest.raises(ValueError, match="prompts_from='lines' is not one of"):

@@ -12,9 +12,8 @@ def paper_small():
     return load_script("paper_small")
 
 
-def test_tiny_sweep_writes_the_json_and_both_figures(
-    paper_small, tmp_path, capsys, monkeypatch
-) -> None:
+def test_tiny_sweep_writes_the_json_and_both_figures(paper_small, tmp_path, capsys,
+                                                     monkeypatch) -> None:
     monkeypatch.setenv("MTP_DATA_DIR", str(tmp_path / "data"))
     report = paper_small.main(["budget=smoke", "jobs=0", f"out={tmp_path}"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == report
@@ -23,13 +22,9 @@ def test_tiny_sweep_writes_the_json_and_both_figures(
         figure = tmp_path / f"paper_small_{name}.png"
         assert figure.stat().st_size > 10_000 and str(figure) in report["figures"]
     ladder = paper_small.LADDERS["smoke"]
-    expected = {
-        paper_small.run_key(task, size[0], n, seed)
-        for task in ("induction", "polynomial")
-        for size in ladder[task]["sizes"]
-        for n in ladder[task]["n"]
-        for seed in ladder["seeds"]
-    }
+    expected = {paper_small.run_key(task, size[0], n, seed)
+                for task in ("induction", "polynomial") for size in ladder[task]["sizes"]
+                for n in ladder[task]["n"] for seed in ladder["seeds"]}
     assert report["runs"].keys() == expected
     summary = report["summary"]
     # every (size, n) has its mean and spread over seeds; polynomial for m = 1..10
@@ -42,10 +37,8 @@ def test_tiny_sweep_writes_the_json_and_both_figures(
     assert run["steps"] == 4 and 0 <= run["final"]["accuracy_repeated"] <= 1
     # equal compute: n = 1 and n = 2 have the same blocks per token, so the same parameters
     # but for the extra heads' blocks in place of trunk blocks
-    assert (
-        summary["induction"]["b"]["n=1"]["parameters"]
-        == summary["induction"]["b"]["n=2"]["parameters"]
-    )
+    assert summary["induction"]["b"]["n=1"]["parameters"] == \
+        summary["induction"]["b"]["n=2"]["parameters"]
     # a second call reuses every run's result
     again = paper_small.main(["budget=smoke", "jobs=0", f"out={tmp_path}"])
     assert again["runs"] == report["runs"]

@@ -20,18 +20,9 @@ def corpus(tmp_path):
 
 @pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
 def test_prints_table_and_json(corpus, tmp_path, capsys, tokenizer):
-    stats = prepare_data.main(
-        [
-            "source=local",
-            f"paths=[{corpus}]",
-            f"tokenizer={tokenizer}",
-            "vocab_size=300",
-            "seq_len=32",
-            "n_future=4",
-            "val_fraction=0.2",
-            f"cache_dir={tmp_path / 'cache'}",
-        ]
-    )
+    stats = prepare_data.main(["source=local", f"paths=[{corpus}]", f"tokenizer={tokenizer}",
+                               "vocab_size=300", "seq_len=32", "n_future=4", "val_fraction=0.2",
+                               f"cache_dir={tmp_path / 'cache'}"])
     out = capsys.readouterr().out.strip().splitlines()
     assert json.loads(out[-1]) == stats
     assert any(line.startswith("documents") for line in out)

@@ -13,22 +13,6 @@ from mtp.decode.drafters.prompt_lookup import PromptLookup
 from mtp.decode.drafters.registry import DrafterSpec, drafter_types, make_drafter
 from mtp.decode.drafters.sequential import SequentialDrafter
 
-__all__ = [
-    "Combined",
-    "DraftModel",
-    "Drafter",
-    "DrafterContext",
-    "DrafterSpec",
-    "Drafts",
-    "EagleDrafter",
-    "HeadsDrafter",
-    "LayerSkip",
-    "Lookahead",
-    "OnlineHeads",
-    "OwnHeads",
-    "PromptLookup",
-    "SequentialDrafter",
-    "Verified",
-    "drafter_types",
-    "make_drafter",
-]
+__all__ = ["Combined", "DraftModel", "Drafter", "DrafterContext", "DrafterSpec", "Drafts",
+           "EagleDrafter", "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads", "OwnHeads", "PromptLookup",
+           "SequentialDrafter", "Verified", "drafter_types", "make_drafter"]

@@ -81,11 +81,8 @@ class Drafts:
             return self
 
         def pad(t: Tensor | None) -> Tensor | None:
-            return (
-                None
-                if t is None
-                else torch.cat([t, t.new_zeros(t.shape[0], missing, *t.shape[2:])], dim=1)
-            )
+            return None if t is None else torch.cat(
+                [t, t.new_zeros(t.shape[0], missing, *t.shape[2:])], dim=1)
 
         return Drafts(pad(self.tokens), pad(self.probs), self.real(), pad(self.parents))
 
@@ -172,20 +169,20 @@ class Drafter(ABC):
     saved_file: str | None = None
 
     @classmethod
-    def from_options(cls, model: MTPModel, options: Any, context: DrafterContext) -> Drafter | None:
+    def from_options(cls, model: MTPModel, options: Any,
+                     context: DrafterContext) -> Drafter | None:
         """The drafter `options` describe for `model` (None: autoregressive decoding)."""
         raise NotImplementedError(f"{cls.__name__} is not built by name")
 
     @classmethod
-    def candidates(
-        cls, model: MTPModel, options: Any, context: DrafterContext, measured: Mapping[str, float]
-    ) -> Iterable[Drafter]:
+    def candidates(cls, model: MTPModel, options: Any, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[Drafter]:
         """What `drafter=auto` measures of this drafter for `model` (none by default);
         `measured`: the tokens/s of the candidates measured so far, by label."""
         return ()
 
-    @classmethod  # noqa: B027 (optional: most drafters check nothing more)
-    def check_named(cls, options: Any) -> None:
+    @classmethod
+    def check_named(cls, options: Any) -> None:  # noqa: B027 (optional)
         """Raise ValueError for options that cannot work when this drafter is named (not
         merely a candidate of auto), before anything loads."""
 
@@ -213,14 +210,8 @@ class Drafter(ABC):
         """Raise ValueError before any decoding if the drafter cannot serve this model."""
 
     @abstractmethod
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         """Begin a call: prompts as token ids, before any update. `cache` is the target's
         (filled by its prefill, after `start`): its `max_len` bounds any row's tokens, drafts
         included; a self-speculative drafter (layer skipping) may write to it only past each
@@ -256,23 +247,16 @@ class Autoregressive(Drafter):
     def tree(self) -> Tree:
         return Tree.chain(0)
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
-        self._none = torch.zeros(
-            len(prompts), 0, dtype=torch.long, device=next(model.parameters()).device
-        )
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
+        self._none = torch.zeros(len(prompts), 0, dtype=torch.long,
+                                 device=next(model.parameters()).device)
 
     def update(self, step: Verified) -> None:
         pass
 
     def keep(self, rows: list[int]) -> None:
-        self._none = self._none[: len(rows)]
+        self._none = self._none[:len(rows)]
 
     def propose(self) -> Drafts:
         return Drafts(self._none)
@@ -294,14 +278,10 @@ def check_flag(name: str, value: object) -> bool:
 
 def check_threshold(threshold: object) -> float:
     """A draft-exit threshold (a probability in [0, 1)), or a ValueError naming it."""
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not 0 <= threshold < 1
-    ):
-        raise ValueError(
-            f"threshold must be a probability in [0, 1) (0: never stop early), got {threshold!r}"
-        )
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+            or not 0 <= threshold < 1:
+        raise ValueError(f"threshold must be a probability in [0, 1) (0: never stop early), "
+                         f"got {threshold!r}")
     return float(threshold)
 
 
@@ -329,9 +309,8 @@ class DraftBudget:
             if not ids or not count:  # a finished row, or nothing proposed: no evidence
                 continue
             kept_all = len(ids) - 1 >= count  # the kept drafts, then the target's token
-            self.counts[row] = (
-                min(self.most, self.counts[row] + 2) if kept_all else max(1, self.counts[row] - 1)
-            )
+            self.counts[row] = min(self.most, self.counts[row] + 2) if kept_all \
+                else max(1, self.counts[row] - 1)
         self.proposed = []
 
     def keep(self, rows: list[int]) -> None:
@@ -359,14 +338,8 @@ class ChainDrafter(Drafter):
     def tree(self) -> Tree:
         return Tree.chain(self.num_draft)
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._sampling, self._generator = sampling, generator
         self._budget = DraftBudget(self.num_draft, len(prompts)) if self.adaptive else None
 
@@ -380,9 +353,8 @@ class ChainDrafter(Drafter):
 
     def sequence(self) -> DraftSequence:
         """This step's drafts, drawn one position at a time."""
-        return DraftSequence(
-            self.num_draft, self._sampling, self._generator, self.threshold, self._budget
-        )
+        return DraftSequence(self.num_draft, self._sampling, self._generator, self.threshold,
+                             self._budget)
 
     def __repr__(self) -> str:
         values = [(name, getattr(self, name)) for name in self.shown]
@@ -398,14 +370,8 @@ class DraftSequence:
     has drafted its `budget` count; its later drafts are padding (`Drafts.lengths`). Threshold
     0 and no budget never stop: every draft is real, with no host read."""
 
-    def __init__(
-        self,
-        count: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        threshold: float = 0.0,
-        budget: DraftBudget | None = None,
-    ) -> None:
+    def __init__(self, count: int, sampling: SamplingConfig, generator: torch.Generator | None,
+                 threshold: float = 0.0, budget: DraftBudget | None = None) -> None:
         self.count, self.sampling, self.generator = count, sampling, generator
         self.threshold, self.budget = threshold, budget
         self._tokens: list[Tensor] = []
@@ -418,11 +384,8 @@ class DraftSequence:
         sampling rule's distribution (greedy: its argmax); None once no row drafts on.
         Confidence is the top probability of the logits' softmax, whatever the sampling."""
         probs = probabilities(logits, self.sampling)
-        tokens = (
-            probs.argmax(-1)
-            if self.sampling.greedy
-            else sample(probs, exponential(probs.shape, self.generator, logits.device))
-        )[:, None]
+        tokens = (probs.argmax(-1) if self.sampling.greedy else sample(
+            probs, exponential(probs.shape, self.generator, logits.device)))[:, None]
         self._tokens.append(tokens)
         self._probs.append(probs)
         if not self.threshold:
@@ -447,6 +410,5 @@ class DraftSequence:
             limits = torch.tensor(self.budget.counts, device=first.device)
             real = limits.clamp(max=len(self._tokens)) if real is None else real.minimum(limits)
             self.budget.proposed = real.tolist()
-        return Drafts(torch.cat(self._tokens, dim=1), torch.stack(self._probs, dim=1), real).padded(
-            self.count
-        )
+        return Drafts(torch.cat(self._tokens, dim=1), torch.stack(self._probs, dim=1),
+                      real).padded(self.count)

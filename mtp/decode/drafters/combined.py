@@ -30,9 +30,8 @@ class Combined(Drafter):
             raise ValueError(f"Combined needs two or more drafters, got {drafters!r}")
         trees = [d for d in drafters if not d.tree.is_chain]
         if trees:  # the longest draft per row is a chain's notion; tree nodes are not a prefix
-            raise ValueError(
-                f"Combined takes chains of drafts, not the candidate tree of {trees[0]!r}"
-            )
+            raise ValueError(f"Combined takes chains of drafts, not the candidate tree of "
+                             f"{trees[0]!r}")
         self.drafters = drafters
         self.name = "+".join(d.name for d in drafters)
 
@@ -50,14 +49,8 @@ class Combined(Drafter):
         for drafter in self.drafters:
             drafter.check(model, tokenizer)
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._vocab = model.config.vocab_size
         for drafter in self.drafters:
             drafter.start(model, prompts, cache, sampling, generator)
@@ -82,12 +75,13 @@ class Combined(Drafter):
         probs = torch.zeros(batch, width, self._vocab, device=choice.device, dtype=dtype)
         for index, (p, q) in enumerate(zip(proposals, qs)):
             rows = choice == index
-            tokens[rows, : p.count] = p.tokens[rows]
-            probs[rows, : p.count] = q[rows].to(dtype)
+            tokens[rows, :p.count] = p.tokens[rows]
+            probs[rows, :p.count] = q[rows].to(dtype)
         return Drafts(tokens, probs, lengths.gather(0, choice[None])[0])
 
     def __repr__(self) -> str:
         return "+".join(map(repr, self.drafters))
+
 
 
 CHAIN = re.compile(r"heads\(k=(\d+)\)")  # a chain of heads, as the heads' candidates say
@@ -102,13 +96,10 @@ class HeadsLookupOptions(PromptLookupOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.k is not None and (
-            not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 2
-        ):
-            raise ValueError(
-                f"drafter=heads+prompt_lookup needs k >= 2 (k=1 drafts nothing "
-                f"with the heads: use drafter=prompt_lookup), got k={self.k!r}"
-            )
+        if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool)
+                                   or self.k < 2):
+            raise ValueError(f"drafter=heads+prompt_lookup needs k >= 2 (k=1 drafts nothing "
+                             f"with the heads: use drafter=prompt_lookup), got k={self.k!r}")
 
 
 @register
@@ -120,34 +111,23 @@ class HeadsAndLookup(Combined):
     after = ("heads", "prompt_lookup")
 
     @classmethod
-    def from_options(
-        cls, model: MTPModel, options: HeadsLookupOptions, context: DrafterContext
-    ) -> HeadsAndLookup:
+    def from_options(cls, model: MTPModel, options: HeadsLookupOptions,
+                     context: DrafterContext) -> HeadsAndLookup:
         n_future = model.config.n_future
         if n_future == 1:
-            raise ValueError(
-                "drafter=heads+prompt_lookup needs the heads, but the model has "
-                "one (n_future=1): use drafter=prompt_lookup"
-            )
+            raise ValueError("drafter=heads+prompt_lookup needs the heads, but the model has "
+                             "one (n_future=1): use drafter=prompt_lookup")
         k = n_future if options.k is None else options.k
         return cls(OwnHeads.variant(model, k), PromptLookup.from_options(model, options, context))
 
     @classmethod
-    def candidates(
-        cls,
-        model: MTPModel,
-        options: HeadsLookupOptions,
-        context: DrafterContext,
-        measured: Mapping[str, float],
-    ) -> Iterable[HeadsAndLookup]:
+    def candidates(cls, model: MTPModel, options: HeadsLookupOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[HeadsAndLookup]:
         """The fastest chain of heads measured so far, with prompt lookup."""
-        chains = {
-            int(match[1]): rate
-            for label, rate in measured.items()
-            if (match := CHAIN.fullmatch(label))
-        }
+        chains = {int(match[1]): rate for label, rate in measured.items()
+                  if (match := CHAIN.fullmatch(label))}
         if chains:
             k = max(chains, key=chains.get)
-            yield cls(
-                OwnHeads.variant(model, k), PromptLookup.from_options(model, options, context)
-            )
+            yield cls(OwnHeads.variant(model, k),
+                      PromptLookup.from_options(model, options, context))
+

@@ -17,15 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import (
-    ChainDrafter,
-    DrafterContext,
-    Drafts,
-    Verified,
-    check_flag,
-    check_positive,
-    check_threshold,
-)
+from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
+                                      check_flag, check_positive, check_threshold)
 from mtp.decode.drafters.registry import register
 from mtp.decode.forward import cached_forward, key_width, prefill
 from mtp.decode.sampling import SamplingConfig
@@ -58,18 +51,11 @@ class DraftModel(ChainDrafter):
     name = "draft_model"
     Options = DraftModelOptions
 
-    def __init__(
-        self,
-        model: MTPModel,
-        tokenizer: Tokenizer,
-        num_draft: int = 4,
-        threshold: float = 0.0,
-        adaptive: bool = False,
-    ) -> None:
+    def __init__(self, model: MTPModel, tokenizer: Tokenizer, num_draft: int = 4,
+                 threshold: float = 0.0, adaptive: bool = False) -> None:
         if not isinstance(model, MTPModel):
-            raise ValueError(
-                f"the draft model must be an MTPModel (see mtp.load), got {type(model).__name__}"
-            )
+            raise ValueError(f"the draft model must be an MTPModel (see mtp.load), got "
+                             f"{type(model).__name__}")
         self.size(num_draft, threshold, adaptive)
         self.model, self.tokenizer = model.eval(), tokenizer
         self._cache: KVCache | None = None
@@ -77,15 +63,12 @@ class DraftModel(ChainDrafter):
     @classmethod
     def check_named(cls, options: DraftModelOptions) -> None:
         if options.draft_model is None:
-            raise ValueError(
-                "drafter=draft_model needs draft_model=PATH (a checkpoint that "
-                "shares the tokenizer)"
-            )
+            raise ValueError("drafter=draft_model needs draft_model=PATH (a checkpoint that "
+                             "shares the tokenizer)")
 
     @classmethod
-    def from_options(
-        cls, model: MTPModel, options: DraftModelOptions, context: DrafterContext
-    ) -> DraftModel:
+    def from_options(cls, model: MTPModel, options: DraftModelOptions,
+                     context: DrafterContext) -> DraftModel:
         """The draft model checkpoint, loaded on the target's device and dtype."""
         from mtp.checkpoint import load  # the one drafter that reads a checkpoint
 
@@ -95,59 +78,38 @@ class DraftModel(ChainDrafter):
         return cls(small, tokenizer, options.num_draft, options.threshold, options.adaptive)
 
     @classmethod
-    def candidates(
-        cls,
-        model: MTPModel,
-        options: DraftModelOptions,
-        context: DrafterContext,
-        measured: Mapping[str, float],
-    ) -> Iterable[DraftModel]:
+    def candidates(cls, model: MTPModel, options: DraftModelOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[DraftModel]:
         """The draft model, when one is given."""
         if options.draft_model is not None:
             yield cls.from_options(model, options, context)
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         if tokenizer.fingerprint != self.tokenizer.fingerprint:
-            raise ValueError(
-                f"the draft model's tokenizer ({self.tokenizer!r}) differs from the "
-                f"target's ({tokenizer!r}): a draft model must share the tokenizer"
-            )
+            raise ValueError(f"the draft model's tokenizer ({self.tokenizer!r}) differs from the "
+                             f"target's ({tokenizer!r}): a draft model must share the tokenizer")
         if self.model.config.vocab_size != model.config.vocab_size:
-            raise ValueError(
-                f"the draft model's vocab_size={self.model.config.vocab_size} "
-                f"differs from the target's {model.config.vocab_size}"
-            )
+            raise ValueError(f"the draft model's vocab_size={self.model.config.vocab_size} "
+                             f"differs from the target's {model.config.vocab_size}")
         mine, theirs = next(self.model.parameters()), next(model.parameters())
         if mine.device != theirs.device:
-            raise ValueError(
-                f"the draft model is on {mine.device} but the target on "
-                f"{theirs.device}: move them to one device"
-            )
+            raise ValueError(f"the draft model is on {mine.device} but the target on "
+                             f"{theirs.device}: move them to one device")
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         config = self.model.config
         needed = max(map(len, prompts))
         if needed >= config.max_seq_len:
-            raise ValueError(
-                f"the draft model's max_seq_len={config.max_seq_len} cannot hold "
-                f"a prompt of {needed} tokens"
-            )
+            raise ValueError(f"the draft model's max_seq_len={config.max_seq_len} cannot hold "
+                             f"a prompt of {needed} tokens")
         super().start(model, prompts, cache, sampling, generator)
         param = next(self.model.parameters())
-        self._cache = KVCache(
-            config, len(prompts), cache.max_len, device=param.device, dtype=param.dtype
-        )
+        self._cache = KVCache(config, len(prompts), cache.max_len, device=param.device,
+                              dtype=param.dtype)
         # Every prompt token but the last: `propose` feeds it with the first new token.
-        prefill(
-            self.model, self._cache, [ids[:-1] for ids in prompts], 1, pad_id=self.tokenizer.pad_id
-        )
+        prefill(self.model, self._cache, [ids[:-1] for ids in prompts], 1,
+                pad_id=self.tokenizer.pad_id)
         self._accepted = [len(ids) for ids in prompts]  # accepted tokens, on the host
         self._tail: torch.Tensor | None = None  # (B, 2): the last two accepted tokens
 
@@ -169,7 +131,6 @@ class DraftModel(ChainDrafter):
         # rows about to stop) are clamped, their drafts merely wrong.
         lengths = torch.tensor(self._accepted, device=device) - 2
         width = key_width(max(self._accepted) + self.num_draft, self._cache.max_len)
-
         def logits(fed: torch.Tensor, index: int) -> torch.Tensor:  # fed: (B, 2), then (B, 1)
             after = lengths + (index + 1 if index else 0)  # the two tail tokens, then a draft each
             hidden = cached_forward(self.model, self._cache, fed, after, width)  # (B, T, 1, D)

@@ -93,15 +93,12 @@ def default_layers(config: MTPConfig) -> tuple[int, int, int]:
 def check_layers(layers: object, n_layers: int) -> tuple[int, ...]:
     """`layers` as three trunk layer indices in order, or a ValueError naming the bad one."""
     if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or len(layers) != 3:
-        raise ValueError(
-            f"layers must be three trunk layer indices (low, middle, high), got {layers!r:.80}"
-        )
+        raise ValueError(f"layers must be three trunk layer indices (low, middle, high), got "
+                         f"{layers!r:.80}")
     for layer in layers:
         if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < n_layers:
-            raise ValueError(
-                f"layers={list(layers)} names layer {layer!r}, but the target's "
-                f"trunk has layers 0..{n_layers - 1}"
-            )
+            raise ValueError(f"layers={list(layers)} names layer {layer!r}, but the target's "
+                             f"trunk has layers 0..{n_layers - 1}")
     if list(layers) != sorted(layers):
         raise ValueError(f"layers={list(layers)} must be in order: low, middle, high")
     return tuple(layers)
@@ -111,26 +108,21 @@ def check_map(d2t: Tensor, vocab_size: int) -> Tensor:
     """The draft vocabulary's map (N,), draft id -> target id, checked: integers within the
     target's vocabulary, each target token at most once; a ValueError naming the first bad
     entry."""
-    if d2t.dim() != 1 or d2t.numel() == 0 or d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
-        raise ValueError(
-            f"the draft vocabulary map must be a non-empty 1-d integer tensor, "
-            f"got {d2t.dtype} of shape {tuple(d2t.shape)}"
-        )
+    if d2t.dim() != 1 or d2t.numel() == 0 or d2t.dtype.is_floating_point or d2t.dtype == \
+            torch.bool:
+        raise ValueError(f"the draft vocabulary map must be a non-empty 1-d integer tensor, "
+                         f"got {d2t.dtype} of shape {tuple(d2t.shape)}")
     outside = ((d2t < 0) | (d2t >= vocab_size)).nonzero()
     if len(outside):
         i = int(outside[0])
-        raise ValueError(
-            f"the draft vocabulary map's entry {i} is {int(d2t[i])}, outside the "
-            f"target's vocabulary of {vocab_size} tokens (0..{vocab_size - 1})"
-        )
+        raise ValueError(f"the draft vocabulary map's entry {i} is {int(d2t[i])}, outside the "
+                         f"target's vocabulary of {vocab_size} tokens (0..{vocab_size - 1})")
     ordered, entries = d2t.sort(stable=True)
     twice = (ordered[1:] == ordered[:-1]).nonzero()
     if len(twice):
         i = int(twice[0])
-        raise ValueError(
-            f"the draft vocabulary map has target token {int(ordered[i])} twice "
-            f"(entries {int(entries[i])} and {int(entries[i + 1])})"
-        )
+        raise ValueError(f"the draft vocabulary map has target token {int(ordered[i])} twice "
+                         f"(entries {int(entries[i])} and {int(entries[i + 1])})")
     return d2t.long()
 
 
@@ -152,75 +144,46 @@ class EagleConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        for name in (
-            "target_dim",
-            "target_vocab_size",
-            "target_layers",
-            "draft_vocab_size",
-            "n_heads",
-            "n_kv_heads",
-            "head_dim",
-            "ffn_hidden",
-        ):
+        for name in ("target_dim", "target_vocab_size", "target_layers", "draft_vocab_size",
+                     "n_heads", "n_kv_heads", "head_dim", "ffn_hidden"):
             check_positive(f"EagleConfig.{name}", getattr(self, name))
         object.__setattr__(self, "layers", check_layers(list(self.layers), self.target_layers))
         if self.draft_vocab_size > self.target_vocab_size:
-            raise ValueError(
-                f"draft_vocab_size={self.draft_vocab_size} exceeds the target's "
-                f"vocabulary of {self.target_vocab_size} tokens"
-            )
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} exceeds the target's "
+                             f"vocabulary of {self.target_vocab_size} tokens")
         self.block()  # the attention's shapes, checked
 
     @classmethod
-    def for_target(
-        cls, config: MTPConfig, draft_vocab_size: int, layers: Sequence[int] | None = None
-    ) -> EagleConfig:
+    def for_target(cls, config: MTPConfig, draft_vocab_size: int,
+                   layers: Sequence[int] | None = None) -> EagleConfig:
         """A drafter for the model of `config`: its width and attention shapes."""
         if config.n_layers < 1:
             raise ValueError("an EAGLE drafter reads trunk layers: the model has none")
-        return cls(
-            target_dim=config.dim,
-            target_vocab_size=config.vocab_size,
-            target_layers=config.n_layers,
-            layers=tuple(default_layers(config) if layers is None else layers),
-            draft_vocab_size=draft_vocab_size,
-            n_heads=config.n_heads,
-            n_kv_heads=config.n_kv_heads,
-            head_dim=config.head_dim,
-            ffn_hidden=config.ffn_hidden,
-            norm_eps=config.norm_eps,
-        )
+        return cls(target_dim=config.dim, target_vocab_size=config.vocab_size,
+                   target_layers=config.n_layers,
+                   layers=tuple(default_layers(config) if layers is None else layers),
+                   draft_vocab_size=draft_vocab_size, n_heads=config.n_heads,
+                   n_kv_heads=config.n_kv_heads, head_dim=config.head_dim,
+                   ffn_hidden=config.ffn_hidden, norm_eps=config.norm_eps)
 
     def block(self) -> MTPConfig:
         """The layer's shapes as a one-block model config (its attention, feed-forward and
         KV cache are `mtp.model`'s)."""
-        return MTPConfig(
-            vocab_size=self.target_vocab_size,
-            dim=self.target_dim,
-            n_layers=0,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            head_dim=self.head_dim,
-            ffn_hidden=self.ffn_hidden,
-            norm_eps=self.norm_eps,
-        )
+        return MTPConfig(vocab_size=self.target_vocab_size, dim=self.target_dim, n_layers=0,
+                         n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+                         head_dim=self.head_dim, ffn_hidden=self.ffn_hidden,
+                         norm_eps=self.norm_eps)
 
     def check_target(self, config: MTPConfig, source: str = "the EAGLE drafter") -> None:
         """A ValueError, naming the value, unless the drafter was made for a model of this
         width, vocabulary, trunk depth and head width."""
-        for ours, theirs in (
-            ("target_dim", "dim"),
-            ("target_vocab_size", "vocab_size"),
-            ("target_layers", "n_layers"),
-            ("head_dim", "head_dim"),
-        ):
+        for ours, theirs in (("target_dim", "dim"), ("target_vocab_size", "vocab_size"),
+                             ("target_layers", "n_layers"), ("head_dim", "head_dim")):
             if getattr(self, ours) != getattr(config, theirs):
-                raise ValueError(
-                    f"{source} was trained for a model with {theirs}="
-                    f"{getattr(self, ours)}, but this model has {theirs}="
-                    f"{getattr(config, theirs)}: train one for it "
-                    f"(python -m mtp.train.eagle)"
-                )
+                raise ValueError(f"{source} was trained for a model with {theirs}="
+                                 f"{getattr(self, ours)}, but this model has {theirs}="
+                                 f"{getattr(config, theirs)}: train one for it "
+                                 f"(python -m mtp.train.eagle)")
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "layers": list(self.layers)}
@@ -265,10 +228,8 @@ class Eagle(nn.Module):
         if d2t is None:
             d2t = torch.arange(config.draft_vocab_size)
         if d2t.shape != (config.draft_vocab_size,):
-            raise ValueError(
-                f"the draft vocabulary map has {d2t.numel()} entries for "
-                f"draft_vocab_size={config.draft_vocab_size}"
-            )
+            raise ValueError(f"the draft vocabulary map has {d2t.numel()} entries for "
+                             f"draft_vocab_size={config.draft_vocab_size}")
         self.register_buffer("d2t", check_map(d2t, config.target_vocab_size))
         self.init_weights()
 
@@ -277,23 +238,16 @@ class Eagle(nn.Module):
             if name.endswith("norm.weight"):
                 nn.init.ones_(param)
             else:  # the residual branches' outputs start smaller, as the model's (GPT-2)
-                scale = 2**-0.5 if name.endswith(("wo.weight", "w2.weight")) else 1.0
+                scale = 2 ** -0.5 if name.endswith(("wo.weight", "w2.weight")) else 1.0
                 nn.init.normal_(param, std=std * scale)
 
     def fuse(self, features: Tensor) -> Tensor:
         """The target's three layers' features (..., 3, D) -> the drafter's (..., D)."""
         return self.fc(features.flatten(-2))  # [low; middle; high]
 
-    def forward(
-        self,
-        hidden: Tensor,
-        embedded: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        cache: KVCache | None = None,
-        step: CacheStep | None = None,
-        attend: Callable[[Tensor], Tensor] | None = None,
-    ) -> Tensor:
+    def forward(self, hidden: Tensor, embedded: Tensor, cos: Tensor, sin: Tensor,
+                cache: KVCache | None = None, step: CacheStep | None = None,
+                attend: Callable[[Tensor], Tensor] | None = None) -> Tensor:
         """The layer on features `hidden` (B, T, D) and token embeddings `embedded`: its
         output (B, T, D) before the final norm, the next step's feature. Attention is
         causal without a cache, placed by `step` with one, or `attend`'s (training)."""
@@ -322,15 +276,12 @@ class Eagle(nn.Module):
         path.write_text(json.dumps(self.describe(WEIGHTS_FILE, details), indent=1) + "\n")
         return path
 
-    def describe(self, weights: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def describe(self, weights: str, details: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
         """The JSON that names this drafter, its weights at `weights` (a path)."""
-        return {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "config": self.config.to_dict(),
-            "weights": weights,
-            "details": dict(details or {}),
-        }
+        return {"format": FORMAT, "format_version": FORMAT_VERSION,
+                "config": self.config.to_dict(), "weights": weights,
+                "details": dict(details or {})}
 
     @classmethod
     def load(cls, source: str | Path | Mapping[str, Any]) -> Eagle:
@@ -343,10 +294,8 @@ class Eagle(nn.Module):
             path = Path(source)
             path = path / CONFIG_FILE if path.is_dir() else path
             if not path.is_file():
-                raise ValueError(
-                    f"eagle={source}: no EAGLE drafter there (no {CONFIG_FILE}; "
-                    f"python -m mtp.train.eagle writes one)"
-                )
+                raise ValueError(f"eagle={source}: no EAGLE drafter there (no {CONFIG_FILE}; "
+                                 f"python -m mtp.train.eagle writes one)")
             try:
                 values = json.loads(path.read_text())
             except ValueError as error:
@@ -357,10 +306,8 @@ class Eagle(nn.Module):
         weights = Path(str(values.get("weights")))
         if not weights.is_absolute():
             if base is None:
-                raise ValueError(
-                    f"{name} names its weights {weights} relative to a directory "
-                    f"it does not know: give eagle=DIR"
-                )
+                raise ValueError(f"{name} names its weights {weights} relative to a directory "
+                                 f"it does not know: give eagle=DIR")
             weights = base / weights
         try:
             state = load_file(str(weights))
@@ -376,16 +323,13 @@ class Eagle(nn.Module):
         d2t = state.get("d2t")
         if d2t is None:
             raise ValueError(f"{source} has no draft vocabulary map (d2t)")
-        module = cls(config, d2t).to(
-            state["fc.weight"].dtype if "fc.weight" in state else torch.float32
-        )
+        module = cls(config, d2t).to(state["fc.weight"].dtype if "fc.weight" in state
+                                     else torch.float32)
         try:
             module.load_state_dict(state)
         except RuntimeError as error:
-            raise ValueError(
-                f"{source}: the weights do not fit the config: "
-                f"{str(error).splitlines()[-1].strip()}"
-            ) from None
+            raise ValueError(f"{source}: the weights do not fit the config: "
+                             f"{str(error).splitlines()[-1].strip()}") from None
         return module.eval().requires_grad_(False)
 
 
@@ -420,9 +364,8 @@ class EagleDrafter(Drafter):
 
     def __init__(self, module: Eagle, num_draft: int = 5, tree: Tree | None = None) -> None:
         if not isinstance(module, Eagle):
-            raise ValueError(
-                f"the EAGLE drafter needs an Eagle module (Eagle.load), got {type(module).__name__}"
-            )
+            raise ValueError(f"the EAGLE drafter needs an Eagle module (Eagle.load), got "
+                             f"{type(module).__name__}")
         self.module = module.eval()
         self.num_draft = check_positive("num_draft", num_draft)
         self._tree = Tree.chain(num_draft) if tree is None else tree
@@ -431,10 +374,8 @@ class EagleDrafter(Drafter):
     @classmethod
     def check_named(cls, options: EagleOptions) -> None:
         if isinstance(options.tree, str) and options.tree.startswith("auto:"):
-            raise ValueError(
-                f"tree={options.tree!r} is the heads' calibrated tree: "
-                f"drafter=eagle takes tree8 .. tree64, rank paths or a .json file"
-            )
+            raise ValueError(f"tree={options.tree!r} is the heads' calibrated tree: "
+                             f"drafter=eagle takes tree8 .. tree64, rank paths or a .json file")
         if options.tree is not None:  # its depth within num_draft
             resolve_tree(options.tree, k=options.num_draft + 1, vocab_size=1 << 30)
 
@@ -447,31 +388,22 @@ class EagleDrafter(Drafter):
         return None if saved is None else Eagle.load(saved)
 
     @classmethod
-    def from_options(
-        cls, model: MTPModel, options: EagleOptions, context: DrafterContext
-    ) -> EagleDrafter:
+    def from_options(cls, model: MTPModel, options: EagleOptions,
+                     context: DrafterContext) -> EagleDrafter:
         module = cls.found(options, context)
         if module is None:
-            raise ValueError(
-                "drafter=eagle needs a trained drafter: eagle=DIR, or train one "
-                "for the checkpoint (python -m mtp.train.eagle checkpoint=...)"
-            )
+            raise ValueError("drafter=eagle needs a trained drafter: eagle=DIR, or train one "
+                             "for the checkpoint (python -m mtp.train.eagle checkpoint=...)")
         module.config.check_target(model.config, options.eagle or "the saved EAGLE drafter")
         tree = None
         if options.tree is not None:
-            tree = resolve_tree(
-                options.tree, k=options.num_draft + 1, vocab_size=module.config.draft_vocab_size
-            )
+            tree = resolve_tree(options.tree, k=options.num_draft + 1,
+                                vocab_size=module.config.draft_vocab_size)
         return cls(module, options.num_draft, tree)
 
     @classmethod
-    def candidates(
-        cls,
-        model: MTPModel,
-        options: EagleOptions,
-        context: DrafterContext,
-        measured: Mapping[str, float],
-    ) -> Iterable[EagleDrafter]:
+    def candidates(cls, model: MTPModel, options: EagleOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[EagleDrafter]:
         """With a drafter (given or saved for the checkpoint): its chain and its trees."""
         module = cls.found(options, context)
         if module is None:
@@ -479,15 +411,8 @@ class EagleDrafter(Drafter):
         module.config.check_target(model.config)
         trees = [options.tree] if options.tree is not None else [None, *CANDIDATE_TREES]
         for tree in trees:
-            yield cls(
-                module,
-                options.num_draft,
-                None
-                if tree is None
-                else resolve_tree(
-                    tree, k=options.num_draft + 1, vocab_size=module.config.draft_vocab_size
-                ),
-            )
+            yield cls(module, options.num_draft, None if tree is None else resolve_tree(
+                tree, k=options.num_draft + 1, vocab_size=module.config.draft_vocab_size))
 
     @property
     def tree(self) -> Tree:
@@ -500,24 +425,14 @@ class EagleDrafter(Drafter):
         self.module.config.check_target(model.config)
         self.tree.check(self.tree.depth + 1, self.module.config.draft_vocab_size)
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         param = next(model.parameters())
         self._layer = self._on(param.device, param.dtype)
         self._model, self._sampling, self._generator = model, sampling, generator
-        self._cache = KVCache(
-            self.module.config.block(),
-            len(prompts),
-            cache.max_len + self.tree.n_nodes + 1,
-            device=param.device,
-            dtype=param.dtype,
-        )
+        self._cache = KVCache(self.module.config.block(), len(prompts),
+                              cache.max_len + self.tree.n_nodes + 1, device=param.device,
+                              dtype=param.dtype)
         self._held = torch.zeros(len(prompts), dtype=torch.long, device=param.device)
         self._accepted = [len(ids) for ids in prompts]  # tokens each row has, on the host
         self._commit: tuple[Tensor, Tensor, Tensor] | None = None
@@ -555,10 +470,10 @@ class EagleDrafter(Drafter):
         features, tokens, counts = self._commit
         width = tokens.shape[1]
         old, new = self._held, self._held + counts
-        length = key_width(
-            max(self._accepted) + max(width, self.tree.n_nodes) + 1, self._cache.max_len
-        )
-        step = cache_step(old, *causal(width, old.device), length, self._model.config.max_seq_len)
+        length = key_width(max(self._accepted) + max(width, self.tree.n_nodes) + 1,
+                           self._cache.max_len)
+        step = cache_step(old, *causal(width, old.device), length,
+                          self._model.config.max_seq_len)
         out = self._layer_step(self._layer.fuse(features), tokens, step)
         rows = torch.arange(tokens.shape[0], device=old.device)
         self._held = new
@@ -572,9 +487,8 @@ class EagleDrafter(Drafter):
     def propose(self) -> Drafts:
         if self._dynamic:  # EAGLE-2: the drafter's own confidence shapes each row's tree
             tree = self.tree
-            tokens, parents, _ = self.dynamic(
-                depth=tree.depth, top_k=tree.branching, nodes=tree.n_nodes - 1
-            )
+            tokens, parents, _ = self.dynamic(depth=tree.depth, top_k=tree.branching,
+                                              nodes=tree.n_nodes - 1)
             return Drafts(tokens, None, parents=parents)  # top ranks: one-hot q, lossless
         plan, tree = self._plan, self.tree
         root, new, length = self._run_commit()
@@ -586,19 +500,13 @@ class EagleDrafter(Drafter):
             if k > 1:  # feed the nodes of depth k - 1, each with its parent's output
                 first, last = plan.nodes[k - 1], plan.nodes[k]  # they are nodes first+1..last
                 parents = torch.cat([root[:, None], outputs], dim=1)[:, plan.parents[k][first:]]
-                full = cache_step(
-                    new,
-                    plan.depths[1 : last + 1] - 1,
-                    plan.visible[1 : last + 1, 1 : last + 1],
-                    length,
-                    self._model.config.max_seq_len,
-                )
-                step = CacheStep(
-                    full.positions[:, first:], full.slots[:, first:], full.mask[:, :, first:]
-                )
-                outputs = torch.cat(
-                    [outputs, self._layer_step(parents, drafts[:, first:last], step)], dim=1
-                )
+                full = cache_step(new, plan.depths[1:last + 1] - 1,
+                                  plan.visible[1:last + 1, 1:last + 1], length,
+                                  self._model.config.max_seq_len)
+                step = CacheStep(full.positions[:, first:], full.slots[:, first:],
+                                 full.mask[:, :, first:])
+                outputs = torch.cat([outputs, self._layer_step(
+                    parents, drafts[:, first:last], step)], dim=1)
             at = root[:, None] if k == 1 else outputs[:, plan.groups[k]]  # (B, G, D)
             candidates, q = self._ranked(at, plan.ranks[k])
             drafts[:, plan.children[k] - 1] = candidates.flatten(1)[:, plan.picks[k]]
@@ -621,7 +529,8 @@ class EagleDrafter(Drafter):
         j), and q (None: the drafts are the layer's top ranks)."""
         root, new, length = self._run_commit()
         batch, device = root.shape[0], root.device
-        outputs, seen = [root[:, None]], [torch.ones(batch, 1, 1, dtype=torch.bool, device=device)]
+        outputs, seen = [root[:, None]], [torch.ones(batch, 1, 1, dtype=torch.bool,
+                                                     device=device)]
         fed = 0  # nodes fed to the layer so far, at slots new .. new + fed - 1
 
         def expand(tokens: Tensor, parents: Tensor, at_depth: int) -> Tensor:
@@ -631,33 +540,22 @@ class EagleDrafter(Drafter):
             rows = torch.arange(batch, device=device)[:, None]
             # Which fed nodes (and the root, column 0) each new node sees: its parent's
             # ancestors, and itself.
-            sees = torch.cat(
-                [
-                    ancestry[rows, parents],
-                    torch.eye(k, dtype=torch.bool, device=device).expand(batch, k, k),
-                ],
-                dim=2,
-            )  # (B, k, 1 + fed + k)
+            sees = torch.cat([ancestry[rows, parents], torch.eye(k, dtype=torch.bool,
+                                                                 device=device).expand(
+                batch, k, k)], dim=2)  # (B, k, 1 + fed + k)
             relative = torch.arange(length, device=device) - new[:, None]  # (B, L)
             column = (relative + 1).clamp(0, fed + k)  # slot new + j holds fed node j + 1
             among = sees.gather(2, column[:, None, :].expand(-1, k, -1))
             among &= ((relative >= 0) & (relative < fed + k))[:, None, :]
             mask = (relative < 0)[:, None, :] | among  # the committed entries, or the path
-            positions = (
-                (new - 1 + at_depth)[:, None]
-                .expand(batch, k)
-                .clamp(max=self._model.config.max_seq_len - 1)
-            )
+            positions = (new - 1 + at_depth)[:, None].expand(batch, k).clamp(
+                max=self._model.config.max_seq_len - 1)
             slots = new[:, None] + fed + torch.arange(k, device=device)
-            out = self._layer_step(
-                states[rows, parents],
-                self._layer.d2t[tokens],
-                CacheStep(positions, slots, mask[:, None]),
-            )
+            out = self._layer_step(states[rows, parents], self._layer.d2t[tokens],
+                                   CacheStep(positions, slots, mask[:, None]))
             outputs.append(out)
-            grown = torch.cat(
-                [ancestry, torch.zeros(batch, 1 + fed, k, dtype=torch.bool, device=device)], dim=2
-            )
+            grown = torch.cat([ancestry, torch.zeros(batch, 1 + fed, k, dtype=torch.bool,
+                                                     device=device)], dim=2)
             seen[:] = [torch.cat([grown, sees], dim=1)]
             fed += k
             return torch.log_softmax(self._layer.logits(out).float(), dim=-1)
@@ -667,21 +565,12 @@ class EagleDrafter(Drafter):
         return self._layer.d2t[tokens], parents, q
 
     def __repr__(self) -> str:
-        return (
-            f"eagle(num_draft={self.num_draft})"
-            if self.tree.is_chain
-            else f"eagle(tree={self.tree.name})"
-        )
+        return (f"eagle(num_draft={self.num_draft})" if self.tree.is_chain
+                else f"eagle(tree={self.tree.name})")
 
 
-def dynamic_tree(
-    first: Tensor,
-    expand: Callable[[Tensor, Tensor, int], Tensor],
-    *,
-    depth: int,
-    top_k: int,
-    nodes: int,
-) -> tuple[Tensor, Tensor, None]:
+def dynamic_tree(first: Tensor, expand: Callable[[Tensor, Tensor, int], Tensor], *,
+                 depth: int, top_k: int, nodes: int) -> tuple[Tensor, Tensor, None]:
     """EAGLE-2's dynamic draft tree for every row (Li et al. 2024), from the drafter's own
     confidence: a node's score is the sum of its path's draft log-probabilities.
 
@@ -704,10 +593,8 @@ def dynamic_tree(
         raise ValueError(f"top_k={top_k} exceeds the draft vocabulary of {vocab} tokens")
     pool = top_k + (depth - 1) * top_k * top_k
     if not 1 <= nodes <= pool:
-        raise ValueError(
-            f"nodes={nodes} must be from 1 to the {pool} candidates that depth="
-            f"{depth} and top_k={top_k} draft"
-        )
+        raise ValueError(f"nodes={nodes} must be from 1 to the {pool} candidates that depth="
+                         f"{depth} and top_k={top_k} draft")
     device = first.device
     scores, tokens = first.topk(top_k, dim=-1)  # depth 1: (B, k)
     layer = torch.arange(1, top_k + 1, device=device).expand(batch, top_k)  # pool numbers
@@ -736,14 +623,5 @@ def dynamic_tree(
     return tokens.gather(1, kept), where.gather(1, parents.gather(1, kept)), None
 
 
-__all__ = [
-    "Eagle",
-    "EagleConfig",
-    "EagleDrafter",
-    "EagleOptions",
-    "check_layers",
-    "check_map",
-    "default_layers",
-    "dynamic_tree",
-    "engine_layers",
-]
+__all__ = ["Eagle", "EagleConfig", "EagleDrafter", "EagleOptions", "check_layers", "check_map",
+           "default_layers", "dynamic_tree", "engine_layers"]

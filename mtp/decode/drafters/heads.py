@@ -15,29 +15,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtp.decode.drafters.base import (
-    Drafter,
-    DrafterContext,
-    Drafts,
-    Verified,
-    check_flag,
-    check_positive,
-)
+from mtp.decode.drafters.base import (Drafter, DrafterContext, Drafts, Verified, check_flag,
+                                      check_positive)
 from mtp.decode.drafters.registry import AUTO, drafter_types, register
 from mtp.decode.sampling import SamplingConfig, exponential, probabilities
-from mtp.decode.tree import Calibration, DynamicTree, Tree, TreeBuffers, best_paths, resolve_tree
+from mtp.decode.tree import (Calibration, DynamicTree, Tree, TreeBuffers, best_paths,
+                             resolve_tree)
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
 
-def ranked(
-    logits: Tensor,
-    ranks: int,
-    config: SamplingConfig,
-    noise: Tensor | None = None,
-    iid: bool = False,
-) -> tuple[Tensor, Tensor | None]:
+def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
+           noise: Tensor | None = None, iid: bool = False) -> tuple[Tensor, Tensor | None]:
     """The first `ranks` candidates of each distribution in `logits` (..., V): their tokens
     (..., ranks) in rank order, and the distribution each was drawn from (..., ranks, V), None
     when greedy (the r-th most likely token). Sampling, the r-th draw without replacement
@@ -60,13 +50,8 @@ def ranked(
     return candidates, remaining / remaining.sum(-1, keepdim=True).clamp(min=1e-30)
 
 
-def race(
-    logits: Tensor,
-    ranks: int,
-    sampling: SamplingConfig,
-    generator: torch.Generator | None,
-    iid: bool,
-) -> Tensor | None:
+def race(logits: Tensor, ranks: int, sampling: SamplingConfig,
+         generator: torch.Generator | None, iid: bool) -> Tensor | None:
     """The Exp(1) noise `ranked` draws from `logits` with (None: greedy): like the logits, or
     with `iid`, a race of its own for each of the `ranks` siblings."""
     if sampling.greedy:
@@ -75,15 +60,9 @@ def race(
     return exponential(shape, generator, logits.device)
 
 
-def draft(
-    head_logits: Tensor,
-    tree: Tree,
-    config: SamplingConfig,
-    noise: Tensor | None = None,
-    *,
-    buffers: TreeBuffers | None = None,
-    iid: bool = False,
-) -> Drafts:
+def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
+          noise: Tensor | None = None, *, buffers: TreeBuffers | None = None,
+          iid: bool = False) -> Drafts:
     """The heads' proposal for `tree`'s nodes 1..m-1, from the logits (B, depth, V) of heads
     1..depth at the last accepted position: the node at depth d and rank r gets head d's
     r-th candidate (`ranked`; `noise` when sampling). `buffers`: the tree's, when held.
@@ -92,10 +71,8 @@ def draft(
         buffers = tree.buffers(head_logits.device)
     index = buffers.draft_index  # (m - 1,)
     candidates, q = ranked(head_logits, max(tree.n_ranks, 1), config, noise, iid)
-    return Drafts(
-        candidates.flatten(1)[:, index],  # (B, depth, ranks) -> nodes
-        None if q is None else q.flatten(1, 2)[:, index],
-    )
+    return Drafts(candidates.flatten(1)[:, index],  # (B, depth, ranks) -> nodes
+                  None if q is None else q.flatten(1, 2)[:, index])
 
 
 AUTO_TREE_SIZES = (16, 32, 64)  # the calibrated trees `drafter=auto` measures
@@ -121,12 +98,13 @@ class HeadsOptions:
 
     def __post_init__(self) -> None:
         k = self.k
-        if k is not None and k != AUTO and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
-            raise ValueError(f"k must be an integer >= 1, 'auto' or None (every head), got {k!r}")
+        if k is not None and k != AUTO and (not isinstance(k, int) or isinstance(k, bool)
+                                            or k < 1):
+            raise ValueError(f"k must be an integer >= 1, 'auto' or None (every head), got "
+                             f"{k!r}")
         if self.tree is not None and k == AUTO:
-            raise ValueError(
-                "tree= gives the heads one candidate tree; k='auto' measures chains: choose one"
-            )
+            raise ValueError("tree= gives the heads one candidate tree; k='auto' measures "
+                             "chains: choose one")
         check_flag("online", self.online)
         if self.siblings not in SIBLINGS:
             raise ValueError(f"siblings={self.siblings!r} is not one of {', '.join(SIBLINGS)}")
@@ -151,10 +129,8 @@ class OwnHeads(Drafter):
         self.iid = HeadsOptions(siblings=siblings).siblings == "iid"
         self._tree = Tree.chain(k - 1) if tree is None else tree
         if self._tree.depth > self.k - 1:
-            raise ValueError(
-                f"tree {self._tree.name} has depth {self._tree.depth}, but k={k} "
-                f"heads draft depths 1..{k - 1}"
-            )
+            raise ValueError(f"tree {self._tree.name} has depth {self._tree.depth}, but k={k} "
+                             f"heads draft depths 1..{k - 1}")
 
     @classmethod
     def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
@@ -162,30 +138,20 @@ class OwnHeads(Drafter):
         return False
 
     @classmethod
-    def variant(
-        cls,
-        model: MTPModel,
-        k: int,
-        tree: Tree | None = None,
-        *,
-        online: bool = False,
-        siblings: str = "distinct",
-    ) -> OwnHeads:
+    def variant(cls, model: MTPModel, k: int, tree: Tree | None = None, *,
+                online: bool = False, siblings: str = "distinct") -> OwnHeads:
         """The heads drafter that serves `model`: k heads, `tree` (None: the chain)."""
         drafter_types()  # every variant's module imported
         options = HeadsOptions(k=k, online=online, siblings=siblings)
         for variant in _subclasses(OwnHeads):
             if variant.serves(model, options):
                 return variant(k, tree, siblings)
-        raise ValueError(
-            f"no heads drafter serves model.head_type="
-            f"{model.config.head_type!r} with online={online}"
-        )
+        raise ValueError(f"no heads drafter serves model.head_type="
+                         f"{model.config.head_type!r} with online={online}")
 
     @classmethod
-    def from_options(
-        cls, model: MTPModel, options: HeadsOptions, context: DrafterContext
-    ) -> OwnHeads | None:
+    def from_options(cls, model: MTPModel, options: HeadsOptions,
+                     context: DrafterContext) -> OwnHeads | None:
         n_future = model.config.n_future
         k = n_future if options.k is None else options.k
         if not 1 <= k <= n_future:
@@ -194,22 +160,13 @@ class OwnHeads(Drafter):
             return None if k == 1 else cls.variant(model, k, online=options.online)
         if k == 1:
             raise ValueError(f"a tree needs k from 2 to n_future={n_future}, got k=1")
-        tree = resolve_tree(
-            options.tree,
-            k=k,
-            vocab_size=model.config.vocab_size,
-            calibration=calibration(model, context),
-        )
+        tree = resolve_tree(options.tree, k=k, vocab_size=model.config.vocab_size,
+                            calibration=calibration(model, context))
         return cls.variant(model, k, tree, online=options.online, siblings=options.siblings)
 
     @classmethod
-    def candidates(
-        cls,
-        model: MTPModel,
-        options: HeadsOptions,
-        context: DrafterContext,
-        measured: Mapping[str, float],
-    ) -> Iterable[OwnHeads]:
+    def candidates(cls, model: MTPModel, options: HeadsOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[OwnHeads]:
         """Every chain k = 2..n_future; unless k=auto, the dynamic trees of DYNAMIC_SIZES
         nodes (parallel heads) and, with a calibration, its auto:N trees."""
         n_future, vocab = model.config.n_future, model.config.vocab_size
@@ -219,17 +176,13 @@ class OwnHeads(Drafter):
             return
         if model.config.head_type != "sequential":
             for size in DYNAMIC_SIZES:
-                yield cls.variant(
-                    model, n_future, resolve_tree(f"dynamic:{size}", k=n_future, vocab_size=vocab)
-                )
+                yield cls.variant(model, n_future, resolve_tree(
+                    f"dynamic:{size}", k=n_future, vocab_size=vocab))
         found = calibration(model, context)
         if found is not None:
             for size in AUTO_TREE_SIZES:
-                yield cls.variant(
-                    model,
-                    n_future,
-                    resolve_tree(f"auto:{size}", k=n_future, vocab_size=vocab, calibration=found),
-                )
+                yield cls.variant(model, n_future, resolve_tree(
+                    f"auto:{size}", k=n_future, vocab_size=vocab, calibration=found))
 
     @property
     def tree(self) -> Tree:
@@ -239,11 +192,9 @@ class OwnHeads(Drafter):
         """A ValueError unless the model has the k heads and the tree's ranks."""
         n_future = model.config.n_future
         if self.k > n_future:
-            raise ValueError(
-                f"the heads drafter needs k from 2 to n_future={n_future}, got "
-                f"k={self.k}"
-                + (" (the model has one head: use another drafter)" if n_future == 1 else "")
-            )
+            raise ValueError(f"the heads drafter needs k from 2 to n_future={n_future}, got "
+                             f"k={self.k}" + (" (the model has one head: use another drafter)"
+                                              if n_future == 1 else ""))
         self.tree.check(self.k, model.config.vocab_size)
 
     def __repr__(self) -> str:
@@ -255,9 +206,8 @@ def calibration(model: MTPModel, context: DrafterContext) -> Calibration | None:
     saved = context.saved.get(OwnHeads.saved)
     if saved is None:
         return None
-    return Calibration.from_json(
-        saved, n_future=model.config.n_future, vocab_size=model.config.vocab_size
-    )
+    return Calibration.from_json(saved, n_future=model.config.n_future,
+                                 vocab_size=model.config.vocab_size)
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -280,20 +230,12 @@ class HeadsDrafter(OwnHeads):
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         if model.config.head_type == "sequential":
-            raise ValueError(
-                "model.head_type='sequential': its modules draft one depth after "
-                "another, with SequentialDrafter (drafter=heads chooses it)"
-            )
+            raise ValueError("model.head_type='sequential': its modules draft one depth after "
+                             "another, with SequentialDrafter (drafter=heads chooses it)")
         self.check_size(model)
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._model, self._sampling, self._generator = model, sampling, generator
         device = next(model.parameters()).device
         self._dynamic = isinstance(self.tree, DynamicTree)  # chosen at every step
@@ -302,7 +244,7 @@ class HeadsDrafter(OwnHeads):
 
     def update(self, step: Verified) -> None:
         rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
-        self._last = step.hidden[rows, step.last, 1 : self.tree.depth + 1]  # (B, depth, D)
+        self._last = step.hidden[rows, step.last, 1:self.tree.depth + 1]  # (B, depth, D)
 
     def keep(self, rows: list[int]) -> None:
         self._last = self._last[torch.tensor(rows, device=self._last.device)]
@@ -312,7 +254,8 @@ class HeadsDrafter(OwnHeads):
         if self._dynamic:
             return dynamic_draft(logits, self.tree)
         noise = race(logits, self.tree.n_ranks, self._sampling, self._generator, self.iid)
-        return draft(logits, self.tree, self._sampling, noise, buffers=self._buffers, iid=self.iid)
+        return draft(logits, self.tree, self._sampling, noise, buffers=self._buffers,
+                     iid=self.iid)
 
 
 def dynamic_draft(head_logits: Tensor, tree: DynamicTree) -> Drafts:

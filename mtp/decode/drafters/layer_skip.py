@@ -19,15 +19,8 @@ from typing import Any
 
 import torch
 
-from mtp.decode.drafters.base import (
-    ChainDrafter,
-    DrafterContext,
-    Drafts,
-    Verified,
-    check_flag,
-    check_positive,
-    check_threshold,
-)
+from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
+                                      check_flag, check_positive, check_threshold)
 from mtp.decode.drafters.registry import register
 from mtp.decode.forward import cached_forward, key_width
 from mtp.decode.sampling import SamplingConfig
@@ -44,17 +37,13 @@ def check_skip(skip: object, n_layers: int) -> tuple[int, ...]:
         raise ValueError(f"skip must be a list of trunk layer indices, got {skip!r:.80}")
     for layer in skip:
         if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer < n_layers:
-            raise ValueError(
-                f"skip={list(skip)!r} names layer {layer!r}, but the model's trunk "
-                f"has layers 0..{n_layers - 1}"
-            )
+            raise ValueError(f"skip={list(skip)!r} names layer {layer!r}, but the model's trunk "
+                             f"has layers 0..{n_layers - 1}")
     if len(set(skip)) != len(skip):
         raise ValueError(f"skip={list(skip)!r} names a layer twice")
     if len(skip) == n_layers:
-        raise ValueError(
-            f"skip={list(skip)!r} skips every one of the trunk's {n_layers} "
-            f"layers: the draft would read the embedding alone"
-        )
+        raise ValueError(f"skip={list(skip)!r} skips every one of the trunk's {n_layers} "
+                         f"layers: the draft would read the embedding alone")
     return tuple(sorted(skip))
 
 
@@ -89,31 +78,19 @@ class SkipChoice:
         return cls.from_json(values, n_layers=n_layers, vocab_size=vocab_size, source=str(path))
 
     @classmethod
-    def from_json(
-        cls,
-        values: Any,
-        *,
-        n_layers: int,
-        vocab_size: int,
-        source: str = "the saved layer-skip choice",
-    ) -> SkipChoice:
+    def from_json(cls, values: Any, *, n_layers: int, vocab_size: int,
+                  source: str = "the saved layer-skip choice") -> SkipChoice:
         """A choice from `to_json`'s form, refusing one made for another model's shape."""
         try:
-            choice = cls(
-                tuple(values["skip"]),
-                int(values["num_draft"]),
-                int(values["n_layers"]),
-                int(values["vocab_size"]),
-                values.get("details", {}),
-            )
+            choice = cls(tuple(values["skip"]), int(values["num_draft"]),
+                         int(values["n_layers"]), int(values["vocab_size"]),
+                         values.get("details", {}))
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"cannot read {source} as a layer-skip choice: {error}") from error
         if (choice.n_layers, choice.vocab_size) != (n_layers, vocab_size):
-            raise ValueError(
-                f"{source} was searched for a model of {choice.n_layers} layers "
-                f"and {choice.vocab_size} tokens, not this one ({n_layers}, "
-                f"{vocab_size}): search again (python -m mtp.generate.skip_search)"
-            )
+            raise ValueError(f"{source} was searched for a model of {choice.n_layers} layers "
+                             f"and {choice.vocab_size} tokens, not this one ({n_layers}, "
+                             f"{vocab_size}): search again (python -m mtp.generate.skip_search)")
         check_skip(list(choice.skip), n_layers)
         return choice
 
@@ -136,10 +113,10 @@ class LayerSkipOptions:
         check_threshold(self.threshold)
         check_flag("adaptive", self.adaptive)
         skip = self.skip
-        if skip is not None and (isinstance(skip, bytes) or not isinstance(skip, (str, Sequence))):
-            raise ValueError(
-                f"skip must be a list of trunk layer indices or a layer_skip.json, got {skip!r:.80}"
-            )
+        if skip is not None and (isinstance(skip, bytes)
+                                 or not isinstance(skip, (str, Sequence))):
+            raise ValueError(f"skip must be a list of trunk layer indices or a "
+                             f"layer_skip.json, got {skip!r:.80}")
 
 
 @register
@@ -151,41 +128,28 @@ class LayerSkip(ChainDrafter):
     saved, saved_file = "layer_skip", SKIP_FILE  # python -m mtp.generate.skip_search
     shown = ("skip", "num_draft")
 
-    def __init__(
-        self,
-        skip: Sequence[int],
-        num_draft: int = 4,
-        threshold: float = 0.0,
-        adaptive: bool = False,
-    ) -> None:
+    def __init__(self, skip: Sequence[int], num_draft: int = 4, threshold: float = 0.0,
+                 adaptive: bool = False) -> None:
         if isinstance(skip, (str, bytes)) or not isinstance(skip, Sequence):
             raise ValueError(f"skip must be a list of trunk layer indices, got {skip!r:.80}")
         self.skip = tuple(skip)  # checked against the model in `check`
         self.size(num_draft, threshold, adaptive)
 
     @classmethod
-    def from_options(
-        cls, model: MTPModel, options: LayerSkipOptions, context: DrafterContext
-    ) -> LayerSkip:
+    def from_options(cls, model: MTPModel, options: LayerSkipOptions,
+                     context: DrafterContext) -> LayerSkip:
         """Layer skipping with `skip`, or the choice saved in its file, or the checkpoint's
         searched choice."""
         chosen = _choice(model, options, context)
         if chosen is None:
-            raise ValueError(
-                "drafter=layer_skip needs skip=[layers] or a searched choice: "
-                "python -m mtp.generate.skip_search checkpoint=..."
-            )
+            raise ValueError("drafter=layer_skip needs skip=[layers] or a searched choice: "
+                             "python -m mtp.generate.skip_search checkpoint=...")
         skip, num_draft = chosen
         return cls(skip, options.num_draft or num_draft, options.threshold, options.adaptive)
 
     @classmethod
-    def candidates(
-        cls,
-        model: MTPModel,
-        options: LayerSkipOptions,
-        context: DrafterContext,
-        measured: Mapping[str, float],
-    ) -> Iterable[LayerSkip]:
+    def candidates(cls, model: MTPModel, options: LayerSkipOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[LayerSkip]:
         """The searched choice, when the checkpoint has one (or skip= is given)."""
         if _choice(model, options, context) is not None:
             yield cls.from_options(model, options, context)
@@ -193,14 +157,8 @@ class LayerSkip(ChainDrafter):
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         self.skip = check_skip(self.skip, model.config.n_layers)
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         super().start(model, prompts, cache, sampling, generator)
         self._model, self._cache = model, cache  # self.skip was checked by `check`
         self._lengths: torch.Tensor | None = None  # (B,) what the target's cache holds
@@ -224,35 +182,30 @@ class LayerSkip(ChainDrafter):
 
     def propose(self) -> Drafts:
         width = key_width(max(self._host) + self.num_draft + 1, self._cache.max_len)
-
         def logits(fed: torch.Tensor, index: int) -> torch.Tensor:  # fed: the root, a draft
-            hidden = cached_forward(
-                self._model, self._cache, fed, self._lengths + index, width, skip=self.skip
-            )  # (B, 1, 1, D)
+            hidden = cached_forward(self._model, self._cache, fed, self._lengths + index, width,
+                                    skip=self.skip)  # (B, 1, 1, D)
             return self._model.unembed(hidden[:, -1, 0])
 
         return self.sequence().run(logits, self._root[:, None])
 
 
-def _choice(
-    model: MTPModel, options: LayerSkipOptions, context: DrafterContext
-) -> tuple[Sequence[int], int] | None:
+def _choice(model: MTPModel, options: LayerSkipOptions,
+            context: DrafterContext) -> tuple[Sequence[int], int] | None:
     """The layers to skip and the drafts per step: given, from a file, or saved; or None."""
     config = model.config
     if options.skip is None:
         saved = context.saved.get(LayerSkip.saved)
         if saved is None:
             return None
-        choice = SkipChoice.from_json(saved, n_layers=config.n_layers, vocab_size=config.vocab_size)
+        choice = SkipChoice.from_json(saved, n_layers=config.n_layers,
+                                      vocab_size=config.vocab_size)
         return choice.skip, choice.num_draft
     if isinstance(options.skip, str):
         if not Path(options.skip).is_file():
-            raise ValueError(
-                f"skip={options.skip!r} is neither a list of trunk layers nor a "
-                f"layer_skip.json file"
-            )
-        choice = SkipChoice.load(
-            options.skip, n_layers=config.n_layers, vocab_size=config.vocab_size
-        )
+            raise ValueError(f"skip={options.skip!r} is neither a list of trunk layers nor a "
+                             f"layer_skip.json file")
+        choice = SkipChoice.load(options.skip, n_layers=config.n_layers,
+                                 vocab_size=config.vocab_size)
         return choice.skip, choice.num_draft
     return options.skip, 4  # checked against the model by LayerSkip.check

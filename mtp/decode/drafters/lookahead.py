@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified, check_positive
+from mtp.decode.drafters.base import (Drafter, DrafterContext, Drafts, Verified,
+                                      check_positive)
 from mtp.decode.drafters.registry import register
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree
@@ -61,7 +62,7 @@ class NgramPool:
     def add_text(self, ids: Sequence[int], n: int, start: int = 0) -> None:
         """Every n-gram of `ids` that ends at index `start` or later, in text order."""
         for end in range(max(start, n - 1), len(ids)):
-            self.add(ids[end - n + 1], tuple(ids[end - n + 2 : end + 1]))
+            self.add(ids[end - n + 1], tuple(ids[end - n + 2:end + 1]))
 
     def guesses(self, key: int) -> list[tuple[int, ...]]:
         """The continuations of `key`, most recent first."""
@@ -111,13 +112,12 @@ class _Sequence:
         self.width = drafter.window
         # The prompt's last token is the root until the first token is accepted.
         self.window = [self._refill([self.context[-1]])] + [
-            self._refill([]) for _ in range(drafter.ngram - 2)
-        ]
+            self._refill([]) for _ in range(drafter.ngram - 2)]
 
     def _refill(self, row: list[int]) -> list[int]:
         """`row` cut or topped up to W tokens drawn from the context (lade's `copy_from`)."""
         missing = self.width - len(row)
-        return row[: self.width] + [self.rng.choice(self.context) for _ in range(missing)]
+        return row[:self.width] + [self.rng.choice(self.context) for _ in range(missing)]
 
     def advance(self, ids: list[int], new: list[int] | None, n: int) -> None:
         """Accept `ids` (the last is the new root); `new`: the next Jacobi row (None after
@@ -159,10 +159,8 @@ class LookaheadOptions:
     def __post_init__(self) -> None:
         check_positive("window", self.window, least=2)
         if not isinstance(self.ngram, int) or isinstance(self.ngram, bool) or self.ngram < 2:
-            raise ValueError(
-                f"ngram (the n-gram size N) must be an integer >= 2: a 1-gram has "
-                f"no continuation to propose, got {self.ngram!r}"
-            )
+            raise ValueError(f"ngram (the n-gram size N) must be an integer >= 2: a 1-gram has "
+                             f"no continuation to propose, got {self.ngram!r}")
         check_positive("guesses", self.guesses, least=0)
 
 
@@ -184,27 +182,19 @@ class Lookahead(Drafter):
         self._rows: list[_Sequence] = []
 
     @classmethod
-    def from_options(
-        cls, model: MTPModel, options: LookaheadOptions, context: DrafterContext
-    ) -> Lookahead:
+    def from_options(cls, model: MTPModel, options: LookaheadOptions,
+                     context: DrafterContext) -> Lookahead:
         return cls(options.window, options.ngram, options.guesses)
 
     @property
     def tree(self) -> Tree:
         return self._plan.tree
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._device = next(model.parameters()).device
-        self._rows = [
-            _Sequence(ids, self, self.seed * 1_000_003 + index) for index, ids in enumerate(prompts)
-        ]
+        self._rows = [_Sequence(ids, self, self.seed * 1_000_003 + index)
+                      for index, ids in enumerate(prompts)]
 
     def update(self, step: Verified) -> None:
         # Its window lives on the host: a read of its own, after the step's (lookahead alone).

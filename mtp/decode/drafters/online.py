@@ -37,15 +37,8 @@ class OnlineHeads(HeadsDrafter):
     def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
         return model.config.head_type != "sequential" and options.online
 
-    def __init__(
-        self,
-        k: int,
-        tree: Tree | None = None,
-        siblings: str = "distinct",
-        *,
-        lr: float = 1e-4,
-        steps: int = 1,
-    ) -> None:
+    def __init__(self, k: int, tree: Tree | None = None, siblings: str = "distinct", *,
+                 lr: float = 1e-4, steps: int = 1) -> None:
         super().__init__(k, tree, siblings)
         if not lr > 0:
             raise ValueError(f"online learning rate must be > 0, got lr={lr!r}")
@@ -59,14 +52,8 @@ class OnlineHeads(HeadsDrafter):
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + ", online)"
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         if self._texts:
             self.learn(model, self._texts)
         self._texts = [list(prompt) for prompt in prompts]
@@ -93,7 +80,7 @@ class OnlineHeads(HeadsDrafter):
         with torch.inference_mode(False), torch.enable_grad():
             for p in heads:
                 p.requires_grad_(True)
-            texts = [ids[-model.config.max_seq_len :] for ids in texts]
+            texts = [ids[-model.config.max_seq_len:] for ids in texts]
             by_length: dict[int, list[list[int]]] = {}
             for ids in texts:  # texts of one length run as one batch
                 by_length.setdefault(len(ids), []).append(ids)
@@ -120,7 +107,6 @@ class OnlineHeads(HeadsDrafter):
         loss = torch.zeros((), device=tokens.device)
         for i in range(1, min(self.tree.depth, tokens.shape[1] - 1) + 1):
             head = F.log_softmax(model.unembed(model.head(trunk, i), i).float(), dim=-1)
-            loss = loss + F.kl_div(
-                head[:, :-i], target[:, i:], log_target=True, reduction="batchmean"
-            ) / (tokens.shape[1] - i)  # per text
+            loss = loss + F.kl_div(head[:, :-i], target[:, i:], log_target=True,
+                                   reduction="batchmean") / (tokens.shape[1] - i)  # per text
         return loss

@@ -12,14 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import (
-    ChainDrafter,
-    DrafterContext,
-    Drafts,
-    Verified,
-    check_flag,
-    check_positive,
-)
+from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
+                                      check_flag, check_positive)
 from mtp.decode.drafters.registry import register
 from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import KVCache
@@ -42,15 +36,15 @@ class NgramIndex:
             end = len(self.ids)
             for n in self.sizes:
                 if end >= n:
-                    self.index[tuple(self.ids[end - n : end])] = end
+                    self.index[tuple(self.ids[end - n:end])] = end
             self.ids.append(token)
 
     def lookup(self, num_draft: int) -> list[int]:
         """The continuation of the longest suffix n-gram seen before (most recent), or []."""
         end = len(self.ids)
         for n in self.sizes:
-            if end >= n and (at := self.index.get(tuple(self.ids[end - n :]))) is not None:
-                return self.ids[at : at + num_draft]
+            if end >= n and (at := self.index.get(tuple(self.ids[end - n:]))) is not None:
+                return self.ids[at:at + num_draft]
         return []
 
 
@@ -71,7 +65,8 @@ class PromptLookupOptions:
         check_positive("min_ngram", self.min_ngram)
         check_positive("max_ngram", self.max_ngram)
         if self.max_ngram < self.min_ngram:
-            raise ValueError(f"max_ngram={self.max_ngram} must be >= min_ngram={self.min_ngram}")
+            raise ValueError(f"max_ngram={self.max_ngram} must be >= min_ngram="
+                             f"{self.min_ngram}")
 
 
 @register
@@ -82,40 +77,26 @@ class PromptLookup(ChainDrafter):
     Options = PromptLookupOptions
     shown = ("num_draft", "max_ngram", "min_ngram")
 
-    def __init__(
-        self, num_draft: int = 8, max_ngram: int = 4, min_ngram: int = 2, adaptive: bool = False
-    ) -> None:
-        PromptLookupOptions(
-            num_draft=num_draft, max_ngram=max_ngram, min_ngram=min_ngram, adaptive=adaptive
-        )  # checked
+    def __init__(self, num_draft: int = 8, max_ngram: int = 4, min_ngram: int = 2,
+                 adaptive: bool = False) -> None:
+        PromptLookupOptions(num_draft=num_draft, max_ngram=max_ngram, min_ngram=min_ngram,
+                            adaptive=adaptive)  # checked
         self.size(num_draft, adaptive=adaptive)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._rows: list[NgramIndex] = []
 
     @classmethod
-    def from_options(
-        cls, model: MTPModel, options: PromptLookupOptions, context: DrafterContext
-    ) -> PromptLookup:
+    def from_options(cls, model: MTPModel, options: PromptLookupOptions,
+                     context: DrafterContext) -> PromptLookup:
         return cls(options.num_draft, options.max_ngram, options.min_ngram, options.adaptive)
 
     @classmethod
-    def candidates(
-        cls,
-        model: MTPModel,
-        options: PromptLookupOptions,
-        context: DrafterContext,
-        measured: Mapping[str, float],
-    ) -> Iterable[PromptLookup]:
+    def candidates(cls, model: MTPModel, options: PromptLookupOptions, context: DrafterContext,
+                   measured: Mapping[str, float]) -> Iterable[PromptLookup]:
         yield cls.from_options(model, options, context)
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         super().start(model, prompts, cache, sampling, generator)
         self._device = next(model.parameters()).device
         self._rows = [NgramIndex(ids, self.min_ngram, self.max_ngram) for ids in prompts]

@@ -38,14 +38,11 @@ def register(cls: type[Drafter]) -> type[Drafter]:
     """Class decorator: make `cls` (with its `name` and `Options`) a named drafter."""
     name = cls.name
     if not name or name == AUTO or not dataclasses.is_dataclass(cls.Options):
-        raise ValueError(
-            f"a registered drafter needs a name (not {AUTO!r}) and an Options "
-            f"dataclass, got {cls.__name__} with name={name!r}"
-        )
+        raise ValueError(f"a registered drafter needs a name (not {AUTO!r}) and an Options "
+                         f"dataclass, got {cls.__name__} with name={name!r}")
     if name in _TYPES and _TYPES[name] is not cls:
-        raise ValueError(
-            f"two drafters are named {name!r}: {_TYPES[name].__name__} and {cls.__name__}"
-        )
+        raise ValueError(f"two drafters are named {name!r}: {_TYPES[name].__name__} and "
+                         f"{cls.__name__}")
     _TYPES[name] = cls
     return cls
 
@@ -94,20 +91,16 @@ class DrafterSpec:
         options = {key: value for key, value in options.items() if value is not None}
         types = drafter_types()  # an option given as None (null) is its default
         if drafter != AUTO and drafter not in types:
-            raise ValueError(
-                f"unknown drafter {drafter!r}: choose one of {', '.join([AUTO, *types])}"
-            )
+            raise ValueError(f"unknown drafter {drafter!r}: choose one of "
+                             f"{', '.join([AUTO, *types])}")
         owners = option_owners()
         for key, value in options.items():
             if key not in owners:
-                raise ValueError(
-                    f"unknown drafter option {key}={value!r}; the drafters' "
-                    f"options: {', '.join(sorted(owners))}"
-                )
+                raise ValueError(f"unknown drafter option {key}={value!r}; the drafters' "
+                                 f"options: {', '.join(sorted(owners))}")
             if drafter != AUTO and drafter not in owners[key]:
-                raise ValueError(
-                    f"{key}={value!r} sizes {' or '.join(owners[key])}, not drafter={drafter!r}"
-                )
+                raise ValueError(f"{key}={value!r} sizes {' or '.join(owners[key])}, not "
+                                 f"drafter={drafter!r}")
         self.drafter = drafter
         self.options: Mapping[str, Any] = dict(options)
         measured = self.measured
@@ -149,34 +142,27 @@ class DrafterSpec:
         if self.drafter != AUTO:
             return [self.drafter]
         automatic = [key for key, value in self.options.items() if value == AUTO]
-        return [
-            name
-            for name, cls in drafter_types().items()
-            if not automatic or any(key in cls.selects for key in automatic)
-        ]
+        return [name for name, cls in drafter_types().items()
+                if not automatic or any(key in cls.selects for key in automatic)]
 
-    def build(self, model: MTPModel, context: DrafterContext = DrafterContext()) -> Drafter | None:
+    def build(self, model: MTPModel, context: DrafterContext = DrafterContext()
+              ) -> Drafter | None:
         """The drafter for `model` (None: autoregressive decoding)."""
         if self.measured:
-            raise ValueError(
-                f"{self} is chosen by measurement: use mtp.generate.auto "
-                f"(the command lines and mtp.generate.open_decoder do)"
-            )
+            raise ValueError(f"{self} is chosen by measurement: use mtp.generate.auto "
+                             f"(the command lines and mtp.generate.open_decoder do)")
         cls = drafter_types()[self.chosen]
         return cls.from_options(model, self.options_of(self.chosen), context)
 
-    def candidates(
-        self, model: MTPModel, context: DrafterContext, measured: Mapping[str, float], name: str
-    ) -> Iterable[Drafter]:
+    def candidates(self, model: MTPModel, context: DrafterContext,
+                   measured: Mapping[str, float], name: str) -> Iterable[Drafter]:
         """Drafter `name`'s candidates for a measurement, sized by this spec's options."""
         cls = drafter_types()[name]
         return cls.candidates(model, self.options_of(name), context, measured)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DrafterSpec) and (self.drafter, dict(self.options)) == (
-            other.drafter,
-            dict(other.options),
-        )
+            other.drafter, dict(other.options))
 
     def __hash__(self) -> int:
         return hash((self.drafter, tuple(sorted(map(str, self.options.items())))))
@@ -186,11 +172,8 @@ class DrafterSpec:
         return f"drafter={self.drafter}{given}"
 
 
-def make_drafter(
-    model: MTPModel,
-    drafter: Drafter | DrafterSpec | str | None,
-    context: DrafterContext = DrafterContext(),
-) -> Drafter | None:
+def make_drafter(model: MTPModel, drafter: Drafter | DrafterSpec | str | None,
+                 context: DrafterContext = DrafterContext()) -> Drafter | None:
     """What `generate` decodes with, from a `Drafter`, a `DrafterSpec`, a registered name
     (default options) or None: a drafter, or None for autoregressive decoding."""
     if drafter is None or isinstance(drafter, Drafter):
@@ -198,9 +181,8 @@ def make_drafter(
     if isinstance(drafter, str):
         drafter = DrafterSpec(drafter)
     if not isinstance(drafter, DrafterSpec):
-        raise ValueError(
-            f"drafter must be a Drafter, a DrafterSpec, a name or None, got {drafter!r:.80}"
-        )
+        raise ValueError(f"drafter must be a Drafter, a DrafterSpec, a name or None, got "
+                         f"{drafter!r:.80}")
     return drafter.build(model, context)
 
 
@@ -208,10 +190,8 @@ def options_help() -> str:
     """One line per registered drafter: its name, options and their defaults."""
     lines = []
     for name, cls in drafter_types().items():
-        shown = " ".join(
-            f"{f.name}={'null' if f.default is None else f.default}"
-            for f in option_fields(cls).values()
-        )
+        shown = " ".join(f"{f.name}={'null' if f.default is None else f.default}"
+                         for f in option_fields(cls).values())
         summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         lines.append(f"  {name:<20} {shown or '(no options)'}\n  {'':<20} {summary}")
     return "\n".join(lines)

@@ -36,9 +36,9 @@ from torch import Tensor
 
 from mtp.decode.drafters.base import Drafts, Verified
 from mtp.decode.drafters.heads import HeadsOptions, OwnHeads, race, ranked
+from mtp.decode.tree import DynamicTree
 from mtp.decode.forward import key_width
 from mtp.decode.sampling import SamplingConfig
-from mtp.decode.tree import DynamicTree
 from mtp.kv_cache import CacheStep, KVCache
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -53,52 +53,33 @@ class SequentialDrafter(OwnHeads):
         if model.config.head_type != "sequential":
             return False
         if options.online:
-            raise ValueError(
-                "online=true trains parallel heads; model.head_type='sequential' "
-                "modules draft a chain that cannot learn online here"
-            )
+            raise ValueError("online=true trains parallel heads; model.head_type='sequential' "
+                             "modules draft a chain that cannot learn online here")
         return True
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         if model.config.head_type != "sequential":
-            raise ValueError(
-                f"SequentialDrafter drafts with sequential modules, but "
-                f"model.head_type={model.config.head_type!r}: use HeadsDrafter"
-            )
+            raise ValueError(f"SequentialDrafter drafts with sequential modules, but "
+                             f"model.head_type={model.config.head_type!r}: use HeadsDrafter")
         if isinstance(self.tree, DynamicTree):
-            raise ValueError(
-                f"tree={self.tree.name}: sequential modules draft a fixed tree "
-                f"(chain, tree8..tree64, auto:N or rank paths)"
-            )
+            raise ValueError(f"tree={self.tree.name}: sequential modules draft a fixed tree "
+                             f"(chain, tree8..tree64, auto:N or rank paths)")
         self.check_size(model)
 
-    def start(
-        self,
-        model: MTPModel,
-        prompts: Sequence[Sequence[int]],
-        cache: KVCache,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> None:
+    def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
+              sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         config, depth = model.config, self.tree.depth
         self._model, self._sampling, self._generator = model, sampling, generator
         param = next(model.parameters())
         first = config.n_layers + config.head_layers  # module 1's first block
         # Past max_len: the tree's scratch slots and the trash slot.
-        self._cache = KVCache(
-            config,
-            len(prompts),
-            cache.max_len + self.tree.n_nodes + 1,
-            device=param.device,
-            dtype=param.dtype,
-            blocks=range(first, first + depth * config.head_layers),
-        )
+        self._cache = KVCache(config, len(prompts), cache.max_len + self.tree.n_nodes + 1,
+                              device=param.device, dtype=param.dtype,
+                              blocks=range(first, first + depth * config.head_layers))
         self._root = torch.zeros(len(prompts), dtype=torch.long, device=param.device)  # p
         # Module k's state at the root token (k = 1..depth): what feeds module k + 1 next.
-        self._last = [
-            torch.zeros(len(prompts), config.dim, dtype=param.dtype, device=param.device)
-            for _ in range(depth)
-        ]
+        self._last = [torch.zeros(len(prompts), config.dim, dtype=param.dtype,
+                                  device=param.device) for _ in range(depth)]
         self._commit: tuple[Tensor, Tensor, Tensor] | None = None
         self._plan = TreePlan(self.tree, param.device)
 
@@ -121,28 +102,24 @@ class SequentialDrafter(OwnHeads):
         batch, width = tokens.shape
         old, new = self._root, self._root + counts
         rows = torch.arange(batch, device=tokens.device)
-        drafts = torch.zeros(batch, self.tree.n_nodes - 1, dtype=torch.long, device=tokens.device)
+        drafts = torch.zeros(batch, self.tree.n_nodes - 1, dtype=torch.long,
+                             device=tokens.device)
         probs = []
         length = key_width(int(new.max()) + self.tree.n_nodes + 1, self._cache.max_len)
         nodes_out = fed[:, :0]  # depth k - 1's states at the tree's nodes (none for head 0)
         for k in range(1, self.tree.depth + 1):
             n = plan.nodes[k]  # the tree's nodes 1..n have depths 1..k-1
-            parents = torch.cat(
-                [self._last[k - 2][:, None] if k > 1 else fed[:, :0], nodes_out], dim=1
-            )  # (B, 1 + nodes, D): root, then nodes
+            parents = torch.cat([self._last[k - 2][:, None] if k > 1 else fed[:, :0],
+                                 nodes_out], dim=1)  # (B, 1 + nodes, D): root, then nodes
             node_fed = parents[:, plan.parents[k]]  # (B, n, D)
             step = self._step(k, old, counts, new, n, length)
-            out = model.mtp_module(
-                torch.cat([fed, node_fed], dim=1),
-                torch.cat([tokens, drafts[:, :n]], dim=1),
-                k,
-                cache=self._cache,
-                step=step,
-            )  # (B, C + n, D)
+            out = model.mtp_module(torch.cat([fed, node_fed], dim=1),
+                                   torch.cat([tokens, drafts[:, :n]], dim=1), k,
+                                   cache=self._cache, step=step)  # (B, C + n, D)
             committed, nodes_out = out[:, :width], out[:, width:]
             # Module k at the tokens before the next commit's: its state at the old root, then
             # its commit's; then its state at the new root (unchanged for a finished row).
-            fed = torch.cat([self._last[k - 1][:, None], committed[:, : width - 1]], dim=1)
+            fed = torch.cat([self._last[k - 1][:, None], committed[:, :width - 1]], dim=1)
             root_state = committed[rows, (counts - 1).clamp(min=0)]
             self._last[k - 1] = torch.where(counts[:, None] > 0, root_state, self._last[k - 1])
             # The depth k - 1 nodes' children, from module k's distributions there.
@@ -157,9 +134,8 @@ class SequentialDrafter(OwnHeads):
         self._root = new
         return Drafts(drafts, None if self._sampling.greedy else torch.cat(probs, dim=1))
 
-    def _step(
-        self, k: int, old: Tensor, counts: Tensor, new: Tensor, n: int, length: int
-    ) -> CacheStep:
+    def _step(self, k: int, old: Tensor, counts: Tensor, new: Tensor, n: int,
+              length: int) -> CacheStep:
         """Positions, slots and mask of module k's commit (C tokens) and the tree's nodes
         1..n (module docstring): (B, C + n) each, the mask (B, 1, C + n, L) over `length`
         slots."""
@@ -171,26 +147,22 @@ class SequentialDrafter(OwnHeads):
         position = old[:, None] + 1 + torch.arange(width, device=device) - k  # (B, C)
         valid = (torch.arange(width, device=device) < counts[:, None]) & (position >= 0)
         commit_slot = torch.where(valid, position, trash[:, None])
-        commit_mask = torch.where(
-            valid[..., None], slots <= position[..., None], slots == trash[:, None, None]
-        )  # (B, C, L)
-        node_position = new[:, None] + self._plan.depths[1 : n + 1] - k  # (B, n)
+        commit_mask = torch.where(valid[..., None], slots <= position[..., None],
+                                  slots == trash[:, None, None])  # (B, C, L)
+        node_position = new[:, None] + self._plan.depths[1:n + 1] - k  # (B, n)
         node_slot = holds[:, None] + torch.arange(n, device=device)
         # Node u sees its ancestors and itself, but no node before position 0 but itself.
-        seen = self._plan.visible[1 : n + 1, 1 : n + 1] & (
-            (node_position >= 0)[:, None, :] | torch.eye(n, dtype=torch.bool, device=device)
-        )
+        seen = self._plan.visible[1:n + 1, 1:n + 1] & ((node_position >= 0)[:, None, :]
+                                                       | torch.eye(n, dtype=torch.bool,
+                                                                   device=device))
         relative = slots - holds[:, None]  # (B, L)
         among = seen.gather(2, relative.clamp(0, max(n - 1, 0))[:, None, :].expand(-1, n, -1))
         among &= ((relative >= 0) & (relative < n))[:, None, :]
         node_mask = (relative < 0)[:, None, :] | among  # the committed slots, or the path
         limit = self._model.config.max_seq_len - 1  # past the context: rows about to stop
         positions = torch.cat([position, node_position], dim=1).clamp(0, limit)
-        return CacheStep(
-            positions,
-            torch.cat([commit_slot, node_slot], dim=1),
-            torch.cat([commit_mask, node_mask], dim=1)[:, None],
-        )
+        return CacheStep(positions, torch.cat([commit_slot, node_slot], dim=1),
+                         torch.cat([commit_mask, node_mask], dim=1)[:, None])
 
 
 class TreePlan:
@@ -207,7 +179,8 @@ class TreePlan:
         for k in range(1, tree.depth + 1):
             n = sum(1 for d in depths[1:] if d < k)
             self.nodes[k] = n
-            self.parents[k] = torch.tensor(tree.parents[1 : n + 1], dtype=torch.long, device=device)
+            self.parents[k] = torch.tensor(tree.parents[1:n + 1], dtype=torch.long,
+                                           device=device)
             groups = [u for u, d in enumerate(depths) if d == k - 1]
             children = [u for u, d in enumerate(depths) if d == k]
             ranks = [tree.paths[u - 1][-1] for u in children]
@@ -215,9 +188,5 @@ class TreePlan:
             self.groups[k] = torch.tensor([u - 1 for u in groups], device=device)
             self.children[k] = torch.tensor(children, device=device)
             self.picks[k] = torch.tensor(
-                [
-                    groups.index(tree.parents[u]) * self.ranks[k] + r
-                    for u, r in zip(children, ranks)
-                ],
-                device=device,
-            )
+                [groups.index(tree.parents[u]) * self.ranks[k] + r
+                 for u, r in zip(children, ranks)], device=device)

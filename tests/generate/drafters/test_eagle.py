@@ -37,17 +37,17 @@ def _ids(generations):
 def train_eagle(model: MTPModel, steps: int, unroll: int = 3, draft_vocab: int = 48) -> Eagle:
     """An EAGLE drafter trained for `steps` steps on DOCS (training-time test), float64."""
     torch.manual_seed(0)
-    stream = torch.tensor(
-        [t for _ in range(20) for doc in DOCS for t in TOKENIZER.encode(doc) + [TOKENIZER.eos_id]]
-    )
-    d2t = draft_vocabulary(torch.bincount(stream, minlength=model.config.vocab_size), draft_vocab)
+    stream = torch.tensor([t for _ in range(20) for doc in DOCS
+                           for t in TOKENIZER.encode(doc) + [TOKENIZER.eos_id]])
+    d2t = draft_vocabulary(torch.bincount(stream, minlength=model.config.vocab_size),
+                           draft_vocab)
     module = Eagle(EagleConfig.for_target(model.config, len(d2t)), d2t).double()
     t2d = inverse_map(d2t, model.config.vocab_size)
     compute = target_outputs(module.config.layers, 32)
     optimizer = torch.optim.AdamW(module.parameters(), lr=3e-3)
     for _ in range(steps):
         starts = torch.randint(0, len(stream) - 32 - unroll, (8,)).tolist()
-        tokens = torch.stack([stream[s : s + 32 + unroll] for s in starts])
+        tokens = torch.stack([stream[s:s + 32 + unroll] for s in starts])
         with torch.no_grad():
             features, targets = compute(model, tokens)
         unrolled_loss(module, model, features, tokens, targets, t2d, unroll).loss.backward()
@@ -70,32 +70,29 @@ def trained_eagle(target) -> Eagle:
 @pytest.fixture
 def random_pair():
     """A random target of three trunk layers and a random drafter over 100 of its tokens."""
-    config = MTPConfig(vocab_size=262, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=96)
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=3, n_heads=4, n_kv_heads=2,
+                       max_seq_len=96)
     model = MTPModel(config).double().eval()
     d2t = torch.randperm(262)[:100].sort().values
     return model, Eagle(EagleConfig.for_target(config, 100), d2t).double().eval()
 
 
 def _drafters(module):
-    return {
-        "chain": EagleDrafter(module, 4),
-        "tree": EagleDrafter(module, 3, SMALL_TREE),
-        "tree16": EagleDrafter(module, 4, Tree.from_rates([[0.6, 0.3, 0.1]] * 4, 16)),
-        "dynamic": EagleDrafter(module, 4, DynamicTree.of(10, 4, 3)),
-    }
+    return {"chain": EagleDrafter(module, 4), "tree": EagleDrafter(module, 3, SMALL_TREE),
+            "tree16": EagleDrafter(module, 4, Tree.from_rates([[0.6, 0.3, 0.1]] * 4, 16)),
+            "dynamic": EagleDrafter(module, 4, DynamicTree.of(10, 4, 3))}
 
 
 @pytest.mark.parametrize("name", ["chain", "tree", "tree16", "dynamic"])
-def test_greedy_equals_autoregressive_in_ragged_batches(target, trained_eagle, random_pair, name):
+def test_greedy_equals_autoregressive_in_ragged_batches(target, trained_eagle, random_pair,
+                                                        name):
     for model, module in ((target, trained_eagle), random_pair):
         drafter = _drafters(module)[name]
         reference = generate(model, TOKENIZER, PROMPTS, max_new_tokens=40)
         together = generate(model, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)
         assert _ids(together) == _ids(reference)
-        alone = [
-            generate(model, TOKENIZER, [p], max_new_tokens=40, drafter=drafter)[0]
-            for p in PROMPTS[:3]
-        ]
+        alone = [generate(model, TOKENIZER, [p], max_new_tokens=40, drafter=drafter)[0]
+                 for p in PROMPTS[:3]]
         assert _ids(alone) == _ids(reference[:3])
         if model is target:  # the trained drafter drafts what the target recites
             assert min(g.stats.tokens_per_forward for g in together[:3]) > 1.5
@@ -105,27 +102,21 @@ def test_greedy_equals_autoregressive_in_ragged_batches(target, trained_eagle, r
 def test_exact_mode_gives_the_reference_of_its_width(target, trained_eagle, name):
     drafter = _drafters(trained_eagle)[name]
     for width in (drafter.tree.n_nodes, drafter.tree.n_nodes + 2):
-        reference = generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, exact=True, width=width)
-        ours = generate(
-            target, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=drafter, exact=True, width=width
-        )
+        reference = generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, exact=True,
+                             width=width)
+        ours = generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=drafter,
+                        exact=True, width=width)
         assert _ids(ours) == _ids(reference)
 
 
 def test_the_static_step_decodes_as_the_eager_one(target, trained_eagle, monkeypatch):
     """compile=True runs the static step eagerly (as in tests/generate/test_engine.py)."""
-    monkeypatch.setattr(engine, "_compiled", {False: engine.CompiledStep(engine.verify_and_accept)})
+    monkeypatch.setattr(engine, "_compiled",
+                        {False: engine.CompiledStep(engine.verify_and_accept)})
     reference = generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, stop=["print"])
     for drafter in _drafters(trained_eagle).values():
-        static = generate(
-            target,
-            TOKENIZER,
-            PROMPTS,
-            max_new_tokens=30,
-            drafter=drafter,
-            compile=True,
-            stop=["print"],
-        )
+        static = generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=drafter,
+                          compile=True, stop=["print"])
         assert _ids(static) == _ids(reference)
 
 
@@ -163,9 +154,8 @@ def test_drafts_are_what_training_time_test_trains(target, trained_eagle, tree):
             for u in range(1, t.n_nodes):
                 path = t.ancestors[u][1:-1]  # u's ancestors below the root
                 depth = len(path) + 1
-                if root - 1 >= T or any(
-                    nodes[a] != int(text[0, root + 1 + i]) for i, a in enumerate(path)
-                ):
+                if root - 1 >= T or any(nodes[a] != int(text[0, root + 1 + i])
+                                        for i, a in enumerate(path)):
                     continue
                 rank = t.paths[u - 1][-1]
                 expected = logits[depth - 1][0, root - 1].topk(rank + 1).indices[rank]
@@ -182,9 +172,8 @@ def _eagle2(first, expand, depth, top_k, nodes):
     for d in range(1, depth):
         fed_numbers = {n: len(fed_of) + 1 + i for i, n in enumerate(layer)}
         fed_of.update(fed_numbers)
-        logp = expand(
-            [pool[n - 1][1] for n in layer], [fed_of.get(pool[n - 1][2], 0) for n in layer], d
-        )
+        logp = expand([pool[n - 1][1] for n in layer], [fed_of.get(pool[n - 1][2], 0)
+                                                        for n in layer], d)
         children = []
         for n, row in zip(layer, logp):
             for s, x in zip(*row.topk(top_k)):
@@ -212,13 +201,11 @@ def test_the_dynamic_tree_is_eagle2(depth, top_k, nodes):
     tokens, parents, q = dynamic_tree(first, expand, depth=depth, top_k=top_k, nodes=nodes)
     assert q is None and tokens.shape == parents.shape == (batch, nodes)
     for row in range(batch):
-
         def one(t, p, d, row=row):
             return expand(torch.tensor([t] * batch), torch.tensor([p] * batch), d)[row]
 
         assert (tokens[row].tolist(), parents[row].tolist()) == _eagle2(
-            first[row], one, depth, top_k, nodes
-        )
+            first[row], one, depth, top_k, nodes)
         assert all(p < i + 1 for i, p in enumerate(parents[row].tolist()))
     with pytest.raises(ValueError, match="nodes=40 must be from 1 to the 12 candidates"):
         dynamic_tree(first, expand, depth=2, top_k=3, nodes=40)
@@ -240,9 +227,8 @@ class Dynamic(EagleDrafter):
 
 def test_a_dynamic_tree_of_one_branch_is_the_chain(target, trained_eagle):
     chain, dynamic = Recorder(trained_eagle, 4), Dynamic(trained_eagle, 4)
-    outputs = [
-        generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=d) for d in (chain, dynamic)
-    ]
+    outputs = [generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=d)
+               for d in (chain, dynamic)]
     assert _ids(outputs[0]) == _ids(outputs[1])
     assert [drafts for _, drafts in chain.seen] == dynamic.seen
     assert len(dynamic.parents) > 10
@@ -278,7 +264,7 @@ def test_dynamic_nodes_are_their_parents_best_children(target, trained_eagle):
                 while node:
                     path.insert(0, tokens[node - 1])
                     node = parents[node - 1]
-                seq = torch.tensor([text[: root + 1] + path])
+                seq = torch.tensor([text[:root + 1] + path])
                 with torch.no_grad():
                     _, features = target.trunk_states(seq, keep=module.config.layers)
                     logits = unrolled(module, target, features[:, :root], seq, len(path))
@@ -301,41 +287,36 @@ def test_a_drafter_is_saved_and_found(tmp_path, target, trained_eagle):
     found = DrafterSpec("eagle", tree="tree16").build(target, context)
     assert (repr(named), repr(found)) == ("eagle(num_draft=3)", "eagle(tree=tree16)")
     for drafter in (named, found):
-        assert _ids(
-            generate(target, TOKENIZER, PROMPTS, max_new_tokens=20, drafter=drafter)
-        ) == _ids(reference)
+        assert _ids(generate(target, TOKENIZER, PROMPTS, max_new_tokens=20,
+                             drafter=drafter)) == _ids(reference)
     spec = DrafterSpec("auto")
     assert [repr(d) for d in spec.candidates(target, context, {}, "eagle")] == [
-        "eagle(num_draft=5)",
-        "eagle(tree=tree16)",
-        "eagle(tree=tree32)",
-        "eagle(tree=dynamic:16)",
-    ]
+        "eagle(num_draft=5)", "eagle(tree=tree16)", "eagle(tree=tree32)",
+        "eagle(tree=dynamic:16)"]
     assert list(spec.candidates(target, DrafterContext(), {}, "eagle")) == []
     assert path.name == "eagle.json"
 
 
 def test_bad_input_is_refused_in_one_line(tmp_path, target, trained_eagle, random_pair):
     other, _ = random_pair  # three trunk layers, not two
-    with pytest.raises(
-        ValueError, match="trained for a model with n_layers=2, but this model has n_layers=3"
-    ):
+    with pytest.raises(ValueError, match="trained for a model with n_layers=2, but this model "
+                                         "has n_layers=3"):
         generate(other, TOKENIZER, ["x"], drafter=EagleDrafter(trained_eagle))
-    for field, value, shown in (
-        ("dim", 16, "dim=32, but this model has dim=16"),
-        ("vocab_size", 300, "vocab_size=262, but this model has vocab_size=300"),
-    ):
+    for field, value, shown in (("dim", 16, "dim=32, but this model has dim=16"),
+                                ("vocab_size", 300, "vocab_size=262, but this model has "
+                                                    "vocab_size=300")):
         config = MTPConfig(**{**target.config.to_dict(), field: value})
         with pytest.raises(ValueError, match=shown):
             EagleDrafter(trained_eagle).check(MTPModel(config), TOKENIZER)
     config = trained_eagle.config
-    with pytest.raises(
-        ValueError, match="entry 3 is 262, outside the target's vocabulary of 262 tokens"
-    ):
+    with pytest.raises(ValueError, match="entry 3 is 262, outside the target's vocabulary "
+                                         "of 262 tokens"):
         check_map(torch.tensor([0, 5, 9, 262]), 262)
     with pytest.raises(ValueError, match="target token 5 twice"):
-        Eagle(EagleConfig(**{**config.to_dict(), "draft_vocab_size": 3}), torch.tensor([5, 1, 5]))
-    with pytest.raises(ValueError, match="names layer 2, but the target's trunk has layers 0..1"):
+        Eagle(EagleConfig(**{**config.to_dict(), "draft_vocab_size": 3}),
+              torch.tensor([5, 1, 5]))
+    with pytest.raises(ValueError, match="names layer 2, but the target's trunk has layers "
+                                         "0..1"):
         EagleConfig(**{**config.to_dict(), "layers": (0, 1, 2)})
     trained_eagle.save(tmp_path / "bad")
     state = {k: v.clone() for k, v in trained_eagle.state_dict().items()}

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from mtp.checkpoint import export
-from mtp.decode.drafters.layer_skip import SKIP_FILE, SkipChoice
-from mtp.generate import DrafterSpec, DraftModel, LayerSkip, PromptLookup, generate
+from mtp.generate import DraftModel, DrafterSpec, LayerSkip, PromptLookup, generate
 from mtp.generate.__main__ import main as generate_main
+from mtp.decode.drafters.layer_skip import SKIP_FILE, SkipChoice
 from mtp.generate.session import saved_file
-from mtp.generate.skip_search import best_step, draft_share, kept_shares, nested_counts, search
+from mtp.generate.skip_search import (best_step, draft_share, kept_shares, nested_counts,
+                                     search)
 from mtp.generate.skip_search import main as search_main
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -30,24 +31,20 @@ def _ids(generations):
 def deep():
     """A random 4-layer model (float64): deep enough to skip some layers and keep others."""
     torch.manual_seed(0)
-    config = MTPConfig(
-        vocab_size=262, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=96, n_future=2
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=4, n_heads=4, n_kv_heads=2,
+                       max_seq_len=96, n_future=2)
     return MTPModel(config).double().eval()
 
 
-@pytest.mark.parametrize(
-    "drafter",
-    [LayerSkip([1, 2], 3), LayerSkip([0], 5), LayerSkip([3], 4, threshold=0.005)],
-    ids=["middle", "first", "exit"],
-)
+@pytest.mark.parametrize("drafter", [LayerSkip([1, 2], 3), LayerSkip([0], 5),
+                                     LayerSkip([3], 4, threshold=0.005)],
+                         ids=["middle", "first", "exit"])
 def test_greedy_equals_autoregressive(deep, drafter):
     reference = _ids(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=40))
-    assert _ids(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)) == reference
-    alone = [
-        generate(deep, TOKENIZER, [p], max_new_tokens=40, drafter=drafter)[0].token_ids
-        for p in PROMPTS
-    ]
+    assert _ids(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)) \
+        == reference
+    alone = [generate(deep, TOKENIZER, [p], max_new_tokens=40, drafter=drafter)[0].token_ids
+             for p in PROMPTS]
     assert alone == reference
 
 
@@ -62,9 +59,8 @@ def test_skipping_nothing_drafts_what_the_target_says_on_its_own_cache(deep):
     # The draft pass reads the full model's keys and values of every verified token and its
     # own of the tokens it drafted this step: with no layer skipped those are the target's,
     # so every draft is kept. A draft that read stale or misplaced slots would be rejected.
-    for generation in generate(
-        deep, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=LayerSkip([], 4)
-    ):
+    for generation in generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30,
+                               drafter=LayerSkip([], 4)):
         stats = generation.stats
         assert stats.head_acceptance[1:] == [1.0] * 4
         assert stats.forward_passes == 1 + -(-(stats.new_tokens - 1) // 5)
@@ -76,13 +72,8 @@ def test_the_draft_exit_stops_drafting_below_the_threshold(deep):
     # the first draft, which is then not verified).
     reference = _ids(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30))
     for threshold, nodes in ((1e-6, 7), (0.99, 1)):
-        got = generate(
-            deep,
-            TOKENIZER,
-            PROMPTS,
-            max_new_tokens=30,
-            drafter=LayerSkip([1], 6, threshold=threshold),
-        )
+        got = generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30,
+                       drafter=LayerSkip([1], 6, threshold=threshold))
         assert _ids(got) == reference
         for generation in got:  # the prefill verifies the prompt: one node, as an exit
             steps = generation.stats.forward_passes - 1
@@ -113,10 +104,8 @@ def test_the_search_is_deterministic_and_its_choice_reloads(deep, tmp_path):
     kept = kept_shares(deep, TOKENIZER, prompts, best.skip, 5, 24)
     assert kept == best.kept and list(kept) == sorted(kept, reverse=True) and kept[0] > 0
     assert best.share == pytest.approx(draft_share(deep, best.skip), abs=1e-4)
-    assert best_step(kept, draft_share(deep, best.skip), **costs) == (
-        best.num_draft,
-        pytest.approx(best.speedup),
-    )
+    assert best_step(kept, draft_share(deep, best.skip), **costs) \
+        == (best.num_draft, pytest.approx(best.speedup))
     choice = SkipChoice(best.skip, best.num_draft, 4, 262, {"seed": 0})
     path = choice.save(tmp_path)
     assert path == tmp_path / SKIP_FILE
@@ -133,7 +122,8 @@ def test_the_kept_shares_count_steps_not_prefills(deep):
 def test_the_modeled_step(deep):
     k, speedup = best_step([1.0] * 8, 0.5, step_cost=0.0, verify_cost=0.1)
     assert k == 8 and speedup == pytest.approx(9 / (1 + 0.8 + 4))
-    assert best_step([0.0] * 8, 0.5, step_cost=0.0, verify_cost=0.1) == (1, pytest.approx(1 / 1.6))
+    assert best_step([0.0] * 8, 0.5, step_cost=0.0, verify_cost=0.1) \
+        == (1, pytest.approx(1 / 1.6))
     assert best_step([0.9, 0.5, 0.1], 0.2, step_cost=0.0, verify_cost=0.1)[0] == 2
     # A fixed cost per step favours longer steps.
     assert best_step([0.6, 0.5, 0.45], 0.5, step_cost=0.0, verify_cost=0.1)[0] == 1
@@ -142,24 +132,16 @@ def test_the_modeled_step(deep):
     assert nested_counts(29) == [1, 2, 3, 4, 6, 8, 12, 16, 24]
 
 
-def test_the_command_lines_search_save_the_choice_and_decode_with_it(
-    deep, tmp_path, capsys, monkeypatch
-):
+def test_the_command_lines_search_save_the_choice_and_decode_with_it(deep, tmp_path, capsys,
+                                                                     monkeypatch):
     monkeypatch.setenv("MTP_CACHE", str(tmp_path / "cache"))
     checkpoint = tmp_path / "export"
     export(deep.float(), TOKENIZER, checkpoint)
     deep.double()
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS) + "\n")
-    search_main(
-        [
-            f"checkpoint={checkpoint}",
-            f"prompt_file={prompts}",
-            "prompts=3",
-            "max_new_tokens=16",
-            f"output={tmp_path}",
-        ]
-    )
+    search_main([f"checkpoint={checkpoint}", f"prompt_file={prompts}", "prompts=3",
+                 "max_new_tokens=16", f"output={tmp_path}"])
     out = capsys.readouterr().out
     assert "saved: layer_skip: skip [" in out and f"saved: {tmp_path / SKIP_FILE}" in out
     choice = json.loads((tmp_path / SKIP_FILE).read_text())
@@ -167,13 +149,10 @@ def test_the_command_lines_search_save_the_choice_and_decode_with_it(
     assert sorted(choice["details"]["order"]) == [0, 1, 2, 3]
     # generate finds the choice the tuner keeps for this checkpoint
     assert not (checkpoint / SKIP_FILE).exists()
-    generate_main(
-        [f"checkpoint={checkpoint}", "prompt='def add('", "max_new_tokens=12", "drafter=layer_skip"]
-    )
-    assert (
-        f"layer_skip(skip={choice['skip']}, num_draft={choice['num_draft']})"
+    generate_main([f"checkpoint={checkpoint}", "prompt='def add('", "max_new_tokens=12",
+                   "drafter=layer_skip"])
+    assert f"layer_skip(skip={choice['skip']}, num_draft={choice['num_draft']})" \
         in capsys.readouterr().err
-    )
 
 
 def test_a_checkpoint_shipped_with_its_choice_decodes_with_it(deep, tmp_path, monkeypatch):
@@ -183,41 +162,31 @@ def test_a_checkpoint_shipped_with_its_choice_decodes_with_it(deep, tmp_path, mo
     SkipChoice((2,), 3, 4, 262).save(checkpoint)
     from mtp.generate import DecodeSettings, open_decoder
 
-    decoder = open_decoder(checkpoint, DecodeSettings(drafter="layer_skip", threads=1), report=None)
+    decoder = open_decoder(checkpoint, DecodeSettings(drafter="layer_skip", threads=1),
+                           report=None)
     assert repr(decoder.drafter) == "layer_skip(skip=[2], num_draft=3)"
     assert saved_file(tmp_path / "model.gguf", SKIP_FILE) == tmp_path / f"model.gguf.{SKIP_FILE}"
 
 
-@pytest.mark.parametrize(
-    "skip, message",
-    [
-        ([0, 1, 2, 3], "skips every one of the trunk's 4 layers"),
-        ([1, 4], "names layer 4, but the model's trunk has layers 0..3"),
-        ([-1], "names layer -1"),
-        ([2, 2], "names a layer twice"),
-        ("1,2", "skip='1,2' is neither a list of trunk layers nor a layer_skip.json file"),
-    ],
-)
+@pytest.mark.parametrize("skip, message", [
+    ([0, 1, 2, 3], "skips every one of the trunk's 4 layers"),
+    ([1, 4], "names layer 4, but the model's trunk has layers 0..3"),
+    ([-1], "names layer -1"),
+    ([2, 2], "names a layer twice"),
+    ("1,2", "skip='1,2' is neither a list of trunk layers nor a layer_skip.json file"),
+])
 def test_bad_skip_sets_are_refused_before_decoding(deep, skip, message):
     with pytest.raises(ValueError, match=message):
-        generate(
-            deep,
-            TOKENIZER,
-            ["x"],
-            max_new_tokens=4,
-            drafter=DrafterSpec(drafter="layer_skip", skip=skip),
-        )
+        generate(deep, TOKENIZER, ["x"], max_new_tokens=4,
+                 drafter=DrafterSpec(drafter="layer_skip", skip=skip))
 
 
-@pytest.mark.parametrize(
-    "options, message",
-    [
-        ({"drafter": "layer_skip", "threshold": 1.0}, "threshold must be a probability in"),
-        ({"drafter": "layer_skip", "threshold": -0.1}, "threshold must be a probability in"),
-        ({"drafter": "heads", "skip": [1]}, "sizes layer_skip, not drafter='heads'"),
-        ({"drafter": "prompt_lookup", "threshold": 0.5}, "sizes draft_model or layer_skip"),
-    ],
-)
+@pytest.mark.parametrize("options, message", [
+    ({"drafter": "layer_skip", "threshold": 1.0}, "threshold must be a probability in"),
+    ({"drafter": "layer_skip", "threshold": -0.1}, "threshold must be a probability in"),
+    ({"drafter": "heads", "skip": [1]}, "sizes layer_skip, not drafter='heads'"),
+    ({"drafter": "prompt_lookup", "threshold": 0.5}, "sizes draft_model or layer_skip"),
+])
 def test_bad_options_are_refused_when_the_spec_is_made(options, message):
     with pytest.raises(ValueError, match=message):
         DrafterSpec(**options)
@@ -252,22 +221,19 @@ def test_the_draft_budget_follows_acceptance():
     assert budget.counts == [2, 3]
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda draft: LayerSkip([0], 6, adaptive=True),  # skipping layer 0: drafts often wrong
-        lambda draft: LayerSkip([0], 5, threshold=0.3, adaptive=True),
-        lambda draft: DraftModel(draft, TOKENIZER, num_draft=6, adaptive=True),
-        lambda draft: PromptLookup(num_draft=8, adaptive=True),
-    ],
-    ids=["layer_skip", "layer_skip_exit", "draft_model", "prompt_lookup"],
-)
+@pytest.mark.parametrize("make", [
+    lambda draft: LayerSkip([0], 6, adaptive=True),  # skipping layer 0: drafts often wrong
+    lambda draft: LayerSkip([0], 5, threshold=0.3, adaptive=True),
+    lambda draft: DraftModel(draft, TOKENIZER, num_draft=6, adaptive=True),
+    lambda draft: PromptLookup(num_draft=8, adaptive=True)],
+    ids=["layer_skip", "layer_skip_exit", "draft_model", "prompt_lookup"])
 def test_adaptive_drafting_keeps_greedy_identity(trained, trained_draft, make):
     reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48)
     fixed = make(trained_draft)
     fixed.adaptive = False
     full = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48, drafter=fixed)
-    adaptive = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48, drafter=make(trained_draft))
+    adaptive = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48,
+                        drafter=make(trained_draft))
     assert _ids(adaptive) == _ids(full) == _ids(reference)
 
 
@@ -279,24 +245,16 @@ def test_adaptive_drafting_stops_proposing_rejected_drafts(trained, trained_draf
     with torch.no_grad():
         never.output.weight.zero_()
         never.output.weight[0] = 1.0  # token 0 wins every argmax
-    runs = [
-        generate(
-            trained,
-            TOKENIZER,
-            ["def add("],
-            max_new_tokens=30,
-            drafter=DraftModel(never, TOKENIZER, num_draft=6, adaptive=adaptive),
-        )[0]
-        for adaptive in (False, True)
-    ]
+    runs = [generate(trained, TOKENIZER, ["def add("], max_new_tokens=30,
+                     drafter=DraftModel(never, TOKENIZER, num_draft=6, adaptive=adaptive))[0]
+            for adaptive in (False, True)]
     fixed, adaptive = (run.stats for run in runs)
     assert runs[0].token_ids == runs[1].token_ids
     steps = fixed.new_tokens - 1  # nothing kept: one token a forward, the prefill's first
     assert fixed.forward_passes == adaptive.forward_passes == steps + 1
     assert fixed.nodes_verified == 1 + 7 * steps  # the prefill, then six drafts a step
-    assert adaptive.nodes_verified == 1 + sum(
-        1 + min(6, max(1, 7 - step)) for step in range(1, steps + 1)
-    )
+    assert adaptive.nodes_verified == 1 + sum(1 + min(6, max(1, 7 - step))
+                                              for step in range(1, steps + 1))
 
 
 def test_adaptive_is_a_flag():

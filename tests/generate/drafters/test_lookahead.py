@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from mtp.checkpoint import export
-from mtp.decode.acceptance import accept
-from mtp.decode.drafters.base import Verified
-from mtp.decode.drafters.lookahead import NgramPool, layout
-from mtp.decode.forward import hidden_states, prefill
-from mtp.decode.sampling import SamplingConfig
 from mtp.generate import Combined, DrafterSpec, HeadsDrafter, Lookahead, generate
 from mtp.generate.__main__ import main
+from mtp.decode.acceptance import accept
+from mtp.decode.drafters.base import Verified
+from mtp.decode.forward import hidden_states, prefill
+from mtp.decode.drafters.lookahead import NgramPool, layout
+from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -38,10 +38,8 @@ def test_greedy_equals_autoregressive_on_a_random_model(random_model, window, ng
     together = generate(random_model, TOKENIZER, PROMPTS[:4], max_new_tokens=60, drafter=drafter)
     assert _ids(together) == _ids(reference)
     assert [g.finish_reason for g in together] == [g.finish_reason for g in reference]
-    alone = [
-        generate(random_model, TOKENIZER, [p], max_new_tokens=60, drafter=drafter)[0]
-        for p in PROMPTS[:2]
-    ]
+    alone = [generate(random_model, TOKENIZER, [p], max_new_tokens=60, drafter=drafter)[0]
+             for p in PROMPTS[:2]]
     assert _ids(alone) == _ids(reference[:2])
 
 
@@ -87,9 +85,8 @@ def _full_step(model, window, ngram, guesses, prompt="xabcxabdxab"):
     drafter = Lookahead(window, ngram, guesses)
     drafter.start(model, [ids], KVCache(model.config, 1, 64), SamplingConfig(), None)
     row = drafter._rows[0]
-    row.window = [row.window[0]] + [
-        torch.randint(0, 262, (window,)).tolist() for _ in range(ngram - 2)
-    ]
+    row.window = [row.window[0]] + [torch.randint(0, 262, (window,)).tolist()
+                                    for _ in range(ngram - 2)]
     row.window[0][0] = ids[-1]  # the root
     cache = KVCache(model.config, 1, 64, dtype=torch.float64)
     lengths, _, _ = prefill(model, cache, [ids[:-1]], 1, TOKENIZER.pad_id)
@@ -108,22 +105,19 @@ def _plain(model, ids):
 
 @pytest.mark.parametrize("window, ngram, guesses", [(4, 4, 2), (3, 2, 1)])
 def test_every_node_sees_exactly_its_own_sequence(random_model, window, ngram, guesses):
-    prefix, drafter, drafts, pending, target, _ = _full_step(random_model, window, ngram, guesses)
+    prefix, drafter, drafts, pending, target, _ = _full_step(random_model, window, ngram,
+                                                             guesses)
     rows = drafter._rows[0].window
     found = drafter._rows[0].pool.guesses(rows[0][0])
     assert len(found) == guesses and drafter.tree.n_nodes == 1 + drafts.count
     # Each node's virtual sequence, built from the window and the pool alone.
-    virtual = [rows[0][: c + 1] for c in range(window)]
-    virtual += [
-        rows[0][: c + 1] + [rows[r][c] for r in range(1, row + 1)]
-        for row in range(1, ngram - 1)
-        for c in range(window)
-    ]
+    virtual = [rows[0][:c + 1] for c in range(window)]
+    virtual += [rows[0][:c + 1] + [rows[r][c] for r in range(1, row + 1)]
+                for row in range(1, ngram - 1) for c in range(window)]
     pad = found * guesses
-    virtual += [[rows[0][0], *pad[g][: j + 1]] for g in range(guesses) for j in range(ngram - 1)]
-    flat_index = [c for c in range(window)] + [
-        r * window + c for r in range(1, ngram - 1) for c in range(window)
-    ]
+    virtual += [[rows[0][0], *pad[g][:j + 1]] for g in range(guesses) for j in range(ngram - 1)]
+    flat_index = [c for c in range(window)] + [r * window + c for r in range(1, ngram - 1)
+                                               for c in range(window)]
     flat_index += [(ngram - 1) * window + i for i in range(guesses * (ngram - 1))]
     plan = layout(window, ngram - 1, guesses, ngram - 1)
     at = {0: 0} | {index: node + 1 for node, index in enumerate(plan.source)}
@@ -135,23 +129,19 @@ def test_every_node_sees_exactly_its_own_sequence(random_model, window, ngram, g
 
 def test_the_pool_collects_each_columns_ngram(random_model):
     window, ngram = 4, 3
-    prefix, drafter, drafts, pending, target, hidden = _full_step(
-        random_model, window, ngram, guesses=8
-    )
+    prefix, drafter, drafts, pending, target, hidden = _full_step(random_model, window, ngram,
+                                                                  guesses=8)
     old = [list(r) for r in drafter._rows[0].window]
     result = accept(drafts, target, drafter.tree, SamplingConfig())
     n = int(result.n_accepted[0])
-    new_ids = [result.tokens[0, : n + 1].tolist()]
+    new_ids = [result.tokens[0, :n + 1].tolist()]
     path = drafter.tree.buffers("cpu").ancestors[result.node]
-    drafter.update(
-        Verified(
-            pending, hidden, target.argmax(-1), path, result.n_accepted + 1, result.tokens, new_ids
-        )
-    )
+    drafter.update(Verified(pending, hidden, target.argmax(-1), path, result.n_accepted + 1,
+                            result.tokens, new_ids))
     row = drafter._rows[0]
     new = []
     for c in range(window):  # the plain Jacobi step of column c
-        column = old[0][: c + 1] + [old[r][c] for r in range(1, ngram - 1)]
+        column = old[0][:c + 1] + [old[r][c] for r in range(1, ngram - 1)]
         new.append(int(_plain(random_model, prefix + column).argmax()))
         gram = tuple(old[r][c] for r in range(1, ngram - 1)) + (new[c],)
         assert gram in row.pool.guesses(old[0][c])
@@ -179,9 +169,8 @@ def test_near_the_cache_end_and_after_finished_rows(trained):
     steps' trees reach past the context, whose drafts are never kept."""
     prompts = PROMPTS + ["def add(a, b):\n    return a + b\n" * 2 + "for i in range(10):\n"]
     reference = generate(trained, TOKENIZER, prompts, max_new_tokens=90, stop=["print"])
-    got = generate(
-        trained, TOKENIZER, prompts, max_new_tokens=90, drafter=Lookahead(6, 5, 4), stop=["print"]
-    )
+    got = generate(trained, TOKENIZER, prompts, max_new_tokens=90, drafter=Lookahead(6, 5, 4),
+                   stop=["print"])
     assert _ids(got) == _ids(reference)
     reasons = [g.finish_reason for g in reference]
     assert {"stop", "context"} <= set(reasons)  # some rows finished early, one ran to the end
@@ -191,17 +180,8 @@ def test_near_the_cache_end_and_after_finished_rows(trained):
 def test_command_lines(tiny_config, tmp_path, capsys):
     model = MTPModel(tiny_config)
     directory = export(model, TOKENIZER, tmp_path / "export")
-    main(
-        [
-            f"checkpoint={directory}",
-            "prompt='def f(x):'",
-            "max_new_tokens=10",
-            "drafter=lookahead",
-            "window=3",
-            "ngram=3",
-            "guesses=2",
-        ]
-    )
+    main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=10",
+          "drafter=lookahead", "window=3", "ngram=3", "guesses=2"])
     out, err = capsys.readouterr()
     [expected] = generate(model.eval(), TOKENIZER, ["def f(x):"], max_new_tokens=10)
     assert out == "def f(x):" + expected.text + "\n"
@@ -214,20 +194,14 @@ def test_command_lines(tiny_config, tmp_path, capsys):
         main([f"checkpoint={directory}", "prompt=x", "drafter=lookahead", "window=1"])
 
 
-@pytest.mark.parametrize(
-    "make, message",
-    [
-        (lambda: Lookahead(window=1), "window must be an integer >= 2, got 1"),
-        (
-            lambda: Lookahead(ngram=1),
-            r"ngram \(the n-gram size N\) must be an integer >= 2: a "
-            r"1-gram has no continuation to propose, got 1",
-        ),
-        (lambda: Lookahead(guesses=-1), "guesses must be an integer >= 0, got -1"),
-        (lambda: Lookahead(window=2.5), "window must be an integer >= 2, got 2.5"),
-        (lambda: Combined(HeadsDrafter(2), Lookahead()), "not the candidate tree of lookahead"),
-    ],
-)
+@pytest.mark.parametrize("make, message", [
+    (lambda: Lookahead(window=1), "window must be an integer >= 2, got 1"),
+    (lambda: Lookahead(ngram=1), r"ngram \(the n-gram size N\) must be an integer >= 2: a "
+                                 r"1-gram has no continuation to propose, got 1"),
+    (lambda: Lookahead(guesses=-1), "guesses must be an integer >= 0, got -1"),
+    (lambda: Lookahead(window=2.5), "window must be an integer >= 2, got 2.5"),
+    (lambda: Combined(HeadsDrafter(2), Lookahead()), "not the candidate tree of lookahead"),
+])
 def test_bad_sizes(make, message):
     with pytest.raises(ValueError, match=message):
         make()

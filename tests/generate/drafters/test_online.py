@@ -5,11 +5,11 @@ import copy
 
 import pytest
 import torch
-from conftest import DOCS  # tests/ is on the path
 
 from mtp.generate import DrafterSpec, HeadsDrafter, OnlineHeads, generate
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
+from conftest import DOCS  # tests/ is on the path
 
 TOKENIZER = ByteTokenizer()
 
@@ -34,9 +34,8 @@ def test_greedy_output_stays_the_targets_while_the_heads_learn(fresh_heads) -> N
     for _ in range(5):  # a stream: the same prompts again
         got = generate(fresh_heads, TOKENIZER, prompts, max_new_tokens=40, drafter=online)
         assert [g.token_ids for g in got] == [g.token_ids for g in reference]
-        per_forward.append(
-            sum(g.stats.new_tokens for g in got) / sum(g.stats.forward_passes for g in got)
-        )
+        per_forward.append(sum(g.stats.new_tokens for g in got) /
+                           sum(g.stats.forward_passes for g in got))
     assert online.learnt == 4 * 10  # four calls after the first, ten steps each
     assert any(not torch.equal(p, q) for p, q in zip(fresh_heads.heads[1].parameters(), before))
     head0 = dict(copy.deepcopy(fresh_heads).heads[0].named_parameters())
@@ -49,14 +48,12 @@ def test_greedy_output_stays_the_targets_while_the_heads_learn(fresh_heads) -> N
 
 
 def test_the_trunk_and_head_0_never_change(fresh_heads) -> None:
-    base = {
-        n: p.clone() for n, p in fresh_heads.named_parameters() if MTPModel.is_base_parameter(n)
-    }
+    base = {n: p.clone() for n, p in fresh_heads.named_parameters()
+            if MTPModel.is_base_parameter(n)}
     online = OnlineHeads(3, lr=1e-2)
     for _ in range(3):
-        generate(
-            fresh_heads, TOKENIZER, ["def add(", "import o"], max_new_tokens=16, drafter=online
-        )
+        generate(fresh_heads, TOKENIZER, ["def add(", "import o"], max_new_tokens=16,
+                 drafter=online)
     assert online.learnt == 2
     for name, p in fresh_heads.named_parameters():
         if name in base:
@@ -65,28 +62,17 @@ def test_the_trunk_and_head_0_never_change(fresh_heads) -> None:
 
 
 def test_online_is_for_heads_that_can_learn() -> None:
-    with pytest.raises(ValueError, match="online=True sizes heads, not drafter='prompt_lookup'"):
+    with pytest.raises(ValueError, match="online=True sizes heads, not "
+                                         "drafter='prompt_lookup'"):
         DrafterSpec(drafter="prompt_lookup", online=True)
     with pytest.raises(ValueError, match="online must be true or false, got 'yes'"):
         DrafterSpec(drafter="heads", online="yes")
-    sequential = MTPModel(
-        MTPConfig(
-            vocab_size=262,
-            dim=16,
-            n_layers=1,
-            n_heads=2,
-            max_seq_len=32,
-            n_future=3,
-            head_type="sequential",
-        )
-    )
+    sequential = MTPModel(MTPConfig(vocab_size=262, dim=16, n_layers=1, n_heads=2,
+                                    max_seq_len=32, n_future=3, head_type="sequential"))
     with pytest.raises(ValueError, match="online=true trains parallel heads"):
         DrafterSpec(drafter="heads", online=True).build(sequential)
     with pytest.raises(ValueError, match="learning rate must be > 0, got lr=0"):
         OnlineHeads(2, lr=0)
-    built = DrafterSpec(drafter="heads", k=3, online=True).build(
-        MTPModel(
-            MTPConfig(vocab_size=262, dim=16, n_layers=1, n_heads=2, max_seq_len=32, n_future=4)
-        )
-    )
+    built = DrafterSpec(drafter="heads", k=3, online=True).build(MTPModel(MTPConfig(
+        vocab_size=262, dim=16, n_layers=1, n_heads=2, max_seq_len=32, n_future=4)))
     assert isinstance(built, OnlineHeads) and built.k == 3

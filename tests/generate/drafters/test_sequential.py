@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import mtp.decode.engine as engine
-from mtp.decode.forward import StackedHeads
-from mtp.decode.sampling import SamplingConfig
-from mtp.decode.tree import Tree
 from mtp.generate import DrafterSpec, HeadsDrafter, SequentialDrafter, generate
 from mtp.generate.auto import Auto
+from mtp.decode.sampling import SamplingConfig
+from mtp.decode.forward import StackedHeads
+from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -27,41 +27,27 @@ def _ids(generations):
 
 @pytest.fixture
 def random_sequential():
-    config = MTPConfig(
-        vocab_size=262,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=96,
-        n_future=4,
-        head_type="sequential",
-    )
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       max_seq_len=96, n_future=4, head_type="sequential")
     return MTPModel(config).double().eval()
 
 
 def _drafters(model):
-    return {
-        "chain": SequentialDrafter(4),
-        "k=2": DrafterSpec(drafter="heads", k=2),
-        "tree16": DrafterSpec(drafter="heads", tree="tree16"),
-        "small tree": SequentialDrafter(4, SMALL_TREE),
-    }
+    return {"chain": SequentialDrafter(4), "k=2": DrafterSpec(drafter="heads", k=2),
+            "tree16": DrafterSpec(drafter="heads", tree="tree16"),
+            "small tree": SequentialDrafter(4, SMALL_TREE)}
 
 
 @pytest.mark.parametrize("name", ["chain", "k=2", "tree16", "small tree"])
-def test_greedy_equals_autoregressive_in_ragged_batches(
-    trained_sequential, random_sequential, name
-):
+def test_greedy_equals_autoregressive_in_ragged_batches(trained_sequential, random_sequential,
+                                                        name):
     for model in (trained_sequential, random_sequential):
         reference = generate(model, TOKENIZER, PROMPTS, max_new_tokens=40)
         drafter = _drafters(model)[name]
         together = generate(model, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)
         assert _ids(together) == _ids(reference)
-        alone = [
-            generate(model, TOKENIZER, [p], max_new_tokens=40, drafter=drafter)[0]
-            for p in PROMPTS[:3]
-        ]
+        alone = [generate(model, TOKENIZER, [p], max_new_tokens=40, drafter=drafter)[0]
+                 for p in PROMPTS[:3]]
         assert _ids(alone) == _ids(reference[:3])
         if model is trained_sequential:
             assert max(g.stats.tokens_per_forward for g in together) > 1.8
@@ -97,8 +83,7 @@ def test_drafts_are_the_teacher_forced_modules_predictions(trained_sequential, t
                 path = t.ancestors[u][1:-1]  # u's ancestors below the root
                 depth = len(path) + 1
                 if root + depth >= len(text) or any(
-                    nodes[a] != text[root + i + 1] for i, a in enumerate(path)
-                ):
+                        nodes[a] != text[root + i + 1] for i, a in enumerate(path)):
                     continue
                 rank = t.paths[u - 1][-1]
                 expected = logits[root - 1, depth].topk(rank + 1).indices[rank]
@@ -115,39 +100,28 @@ def static(monkeypatch):
 
 @pytest.mark.parametrize("drafter", [SequentialDrafter(4), SequentialDrafter(4, SMALL_TREE)])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_the_static_step_decodes_as_the_eager_one(trained_sequential, static, drafter, temperature):
+def test_the_static_step_decodes_as_the_eager_one(trained_sequential, static, drafter,
+                                                  temperature):
     # Sampling draws as many numbers as the batch has rows, which differ between the steps
     # (finished rows stay in a static batch): one prompt then.
     prompts = PROMPTS if temperature == 0 else PROMPTS[:1]
     sampling = SamplingConfig(temperature=temperature)
-    runs = [
-        generate(
-            trained_sequential,
-            TOKENIZER,
-            prompts,
-            max_new_tokens=30,
-            seed=3,
-            drafter=drafter,
-            sampling=sampling,
-            compile=compile,
-            stop=["print"],
-        )
-        for compile in (False, True)
-    ]
+    runs = [generate(trained_sequential, TOKENIZER, prompts, max_new_tokens=30, seed=3,
+                     drafter=drafter, sampling=sampling, compile=compile, stop=["print"])
+            for compile in (False, True)]
     assert _ids(runs[0]) == _ids(runs[1])
     if temperature == 0:
-        reference = generate(
-            trained_sequential, TOKENIZER, PROMPTS, max_new_tokens=30, stop=["print"]
-        )
+        reference = generate(trained_sequential, TOKENIZER, PROMPTS, max_new_tokens=30,
+                             stop=["print"])
         assert _ids(runs[1]) == _ids(reference)
 
 
 def test_auto_measures_the_modules(random_sequential):
     auto = Auto(spec=DrafterSpec(k="auto"), tokens=4)
-    drafter = auto.choose(
-        random_sequential, TOKENIZER, PROMPTS[:1], sampling=SamplingConfig(), max_new_tokens=4
-    )
-    assert set(auto.record.figures) == {"autoregressive", "heads(k=2)", "heads(k=3)", "heads(k=4)"}
+    drafter = auto.choose(random_sequential, TOKENIZER, PROMPTS[:1], sampling=SamplingConfig(),
+                          max_new_tokens=4)
+    assert set(auto.record.figures) == {"autoregressive", "heads(k=2)", "heads(k=3)",
+                                        "heads(k=4)"}
     assert drafter is None or isinstance(drafter, SequentialDrafter)
 
 
