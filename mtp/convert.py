@@ -1,4 +1,4 @@
-"""`python -m mtp.convert to_hf checkpoint=<export, .ckpt, or any layout mtp.load reads> output=<dir>`.
+"""`python -m mtp.convert to_hf checkpoint=<export, .ckpt, or what mtp.load reads> output=<dir>`.
 
 Commands
   to_hf    a Hugging Face LlamaForCausalLM directory (trunk + head 0) with heads 1..n-1 in

@@ -18,8 +18,8 @@ load reaches both alike. A row per method and dtype:
   tokens_per_forward (exact mode's), width, repeated (the share of tokens inside an n-gram
                   of `repeated_ngram` tokens seen earlier in the same output)
 Prompts: HumanEval's (held out from every training set here), `humaneval_select`, or a
-`prompt_file`'s, each decoded alone (batch 1), greedy. Prints a table, then one JSON line: {"rows": {"<method>
-<dtype>": {"plain", "exact", "cost", "speedup", "identical", "plain_identical",
+`prompt_file`'s, each decoded alone (batch 1), greedy. Prints a table, then one JSON line:
+{"rows": {"<method> <dtype>": {"plain", "exact", "cost", "speedup", "identical", "plain_identical",
 "tokens_per_forward", "width", "repeated"}}, "baseline": <float32 width-1 tokens/s>, ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar); the drafters' options (num_draft=8,

@@ -76,7 +76,9 @@ def fsdp_default(model: MTPModel, *, sync: bool, headwise: bool):
 def _count(calls: Counter, nbytes: Counter) -> None:
     """Wrap torch.distributed's collectives that FSDP2 calls, counting calls and bytes."""
     for name, short in COLLECTIVES.items():
-        def counted(*args, _fn=getattr(dist, name), _short=short, **kwargs):
+        original = getattr(dist, name)
+
+        def counted(*args, _fn=original, _short=short, **kwargs):
             # The unsharded side: an all-gather's output, a reduce-scatter's input.
             side = "input" if _short == "reduce_scatter" else "output"
             full = kwargs[side] if side in kwargs else args[0 if side == "output" else 1]
@@ -104,7 +106,7 @@ def _worker(rank: int, world: int, port: int, args: CommsArgs, results: dict) ->
         parallelize(model, init_device_mesh(args.device, (world,)))
         tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + args.n_future),
                                device=args.device)
-        for step in range(2):  # the first step builds FSDP's state; count the second
+        for _ in range(2):  # the first step builds FSDP's state; count the second
             calls.clear()
             nbytes.clear()
             for micro in range(args.accumulate):

@@ -229,7 +229,7 @@ def plot(runs: dict[str, dict], path: Path, title: str) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     colors = {4: "#37a", 8: "#c63"}
-    for name, r in runs.items():
+    for r in runs.values():
         style = "-" if r["head_type"] == "block" else "--"
         left.plot(range(1, r["n_future"] + 1), r["val_acc"], style, marker="o",
                   color=colors.get(r["n_future"], "#555"),

@@ -196,7 +196,7 @@ def main(argv: list[str]) -> dict:
           f"torch {torch.__version__}; peak {peak / 1e9:,.1f} GFLOP/s ({peak_source})")
     print(f"{'variant':<22} {'blocks':>6} {'tokens/s':>9} {'step ms':>8} {'MFU':>7}")
     results, mfus = {}, {}
-    for name, config, mode in variants:
+    for name, config, _mode in variants:
         seconds = step_times[name]
         rate = args.batch * args.seq_len / seconds
         results[name] = round(rate, 1)

@@ -28,6 +28,7 @@ def offline_message(name: str, reason: str) -> str:
     """Why Hub dataset `name` cannot be loaded, and what to do instead."""
     return (
         f"cannot load Hub dataset {name!r} ({reason}). Without network, download it "
-        "elsewhere and use a local source instead, e.g. `data=local data.source.paths=[/path/to/files]`; "
+        "elsewhere and use a local source instead, e.g. "
+        "`data=local data.source.paths=[/path/to/files]`; "
         "if it is already in your Hugging Face cache, set HF_HUB_OFFLINE=1."
     )

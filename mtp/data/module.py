@@ -79,7 +79,8 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
         if split == "train":
             documents = documents.shuffle(seed=seed, buffer_size=_SHUFFLE_BUFFER)
         self.documents, self.tokenizer, self.split = documents, tokenizer, split
-        self.seq_len, self.n_future, self.val_fraction, self.seed = seq_len, n_future, val_fraction, seed
+        self.seq_len, self.n_future = seq_len, n_future
+        self.val_fraction, self.seed = val_fraction, seed
 
     def set_epoch(self, epoch: int) -> None:
         self.documents.set_epoch(epoch)
@@ -154,7 +155,8 @@ class MTPDataModule(L.LightningDataModule):
         if isinstance(self.train_set, StreamingBlocks):
             return self._loader(self.train_set)
         rank, world_size = self._rank_and_world()
-        sampler = ResumableSampler(self.train_set, num_replicas=world_size, rank=rank, seed=self.seed)
+        sampler = ResumableSampler(self.train_set, num_replicas=world_size, rank=rank,
+                                   seed=self.seed)
         return ResumableDataLoader(self.train_set, sampler=sampler, batch_size=self.batch_size,
                                    num_workers=self.num_workers, pin_memory=self.pin_memory)
 
@@ -164,7 +166,8 @@ class MTPDataModule(L.LightningDataModule):
         if len(self.val_set) == 0:
             return []  # Lightning then skips validation
         rank, world_size = self._rank_and_world()
-        sampler = DistributedSampler(self.val_set, num_replicas=world_size, rank=rank, shuffle=False)
+        sampler = DistributedSampler(self.val_set, num_replicas=world_size, rank=rank,
+                                     shuffle=False)
         return self._loader(self.val_set, sampler=sampler)
 
     def _loader(self, dataset: torch.utils.data.Dataset, **kwargs: Any) -> DataLoader:

@@ -39,12 +39,15 @@ class PackedBlocks(torch.utils.data.Dataset):
         if not 0 <= j < len(self):
             raise IndexError(f"block {j} out of range for {len(self)} blocks")
         start = j * self.seq_len
-        block = np.asarray(self.stream[start : start + self.seq_len + self.n_future], dtype=np.int64)
-        # The index names the block for a cache of its frozen trunk output (`mtp.train.trunk_cache`).
+        end = start + self.seq_len + self.n_future
+        block = np.asarray(self.stream[start:end], dtype=np.int64)
+        # The index names the block for a cache of its frozen trunk output
+        # (`mtp.train.trunk_cache`).
         return {"tokens": torch.from_numpy(block), "index": torch.tensor(j)}  # (T + n_future,)
 
 
-def pack_iter(documents: Iterable[list[int]], seq_len: int, n_future: int) -> Iterator[torch.Tensor]:
+def pack_iter(documents: Iterable[list[int]], seq_len: int,
+              n_future: int) -> Iterator[torch.Tensor]:
     """The same blocks as ``PackedBlocks`` from a stream of tokenised documents (streaming)."""
     check_block_args(seq_len, n_future)
     buffer: list[int] = []

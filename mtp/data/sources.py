@@ -322,7 +322,8 @@ class _DecontaminationCache:
         os.replace(tmp, self.path)  # whole or absent, whichever process writes last
 
 
-def _corpus(ids: list[str], texts: list[str], skipped: Counter, prefix: str, searched: list[str]) -> Corpus:
+def _corpus(ids: list[str], texts: list[str], skipped: Counter, prefix: str,
+            searched: list[str]) -> Corpus:
     if not texts:
         raise ValueError(f"empty corpus: no usable documents in {searched} (skipped: "
                          f"{dict(skipped) or 'none'})")

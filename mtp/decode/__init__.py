@@ -6,13 +6,13 @@ reads files or parses a command line: that is `mtp.generate`'s.
 
 from mtp.decode.acceptance import TypicalAcceptance
 from mtp.decode.drafters import (Combined, DraftModel, Drafter, DrafterContext, DrafterSpec,
-                                 Drafts, EagleDrafter, HeadsDrafter, LayerSkip, Lookahead, OnlineHeads,
-                                 PromptLookup, SequentialDrafter, drafter_types)
+                                 Drafts, EagleDrafter, HeadsDrafter, LayerSkip, Lookahead,
+                                 OnlineHeads, PromptLookup, SequentialDrafter, drafter_types)
 from mtp.decode.loop import generate
 from mtp.decode.output import DecodeStats, Generation
 from mtp.decode.sampling import SamplingConfig
 
 __all__ = ["Combined", "DecodeStats", "DraftModel", "Drafter", "DrafterContext", "DrafterSpec",
-           "Drafts", "EagleDrafter", "Generation", "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads",
-           "PromptLookup", "SamplingConfig", "SequentialDrafter", "TypicalAcceptance",
-           "drafter_types", "generate"]
+           "Drafts", "EagleDrafter", "Generation", "HeadsDrafter", "LayerSkip", "Lookahead",
+           "OnlineHeads", "PromptLookup", "SamplingConfig", "SequentialDrafter",
+           "TypicalAcceptance", "drafter_types", "generate"]

@@ -49,7 +49,8 @@ def check(result: int, what: str) -> int:
     return result
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+def mount(source: str | None, target: str, fstype: str | None, flags: int,
+          data: str | None = None) -> None:
     args = [None if s is None else s.encode() for s in (source, target, fstype)]
     check(libc.mount(*args, ctypes.c_ulong(flags), data and data.encode()),
           f"mount {fstype or 'flags ' + hex(flags)} on {target}")
@@ -145,7 +146,7 @@ def run_isolated(config: dict) -> None:
             run_init(config, program, workdir, status_write, in_userns)
         except SetupError as e:
             fail(e)
-        except BaseException as e:  # noqa: BLE001: a bug here must not pass for the program's fault
+        except BaseException as e:  # noqa: BLE001 (a bug here must not pass for the program's fault)
             fail(f"{type(e).__name__}: {e}")
     os.close(status_write)
     _, status = os.waitpid(init, 0)
@@ -164,7 +165,8 @@ def map_ids(inner_uid: int, outer_uid: int, inner_gid: int, outer_gid: int) -> N
             raise SetupError(f"writing {path}: {e.strerror}") from None
 
 
-def run_init(config: dict, program: bytes, workdir: str, status_write: int, in_userns: bool) -> None:
+def run_init(config: dict, program: bytes, workdir: str, status_write: int,
+             in_userns: bool) -> None:
     """PID 1 of the new namespace: build the file system, drop privileges, run and reap."""
     # Signals from inside reach an init only through a handler: Python's SIGINT one must go.
     signal.signal(signal.SIGINT, signal.SIG_DFL)

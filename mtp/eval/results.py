@@ -65,7 +65,8 @@ class ResultsFile:
         if lines[-1]:  # interrupted mid-line: drop the torn record, it will be redone
             text = text[: len(text) - len(lines[-1])]
             self.path.write_text(text, encoding="utf-8")
-        records = [parse_jsonl_line(line, self.path, i) for i, line in enumerate(lines[:-1], 1) if line.strip()]
+        records = [parse_jsonl_line(line, self.path, i)
+                   for i, line in enumerate(lines[:-1], 1) if line.strip()]
         for record in records:
             for key in RUN_KEYS:
                 if record.get(key) != self.run.get(key):

@@ -105,7 +105,8 @@ def evaluate(config: EvalConfig) -> dict[str, Any]:
     problems = list(task.problems.values())[: config.limit]
     limits = Limits(timeout=config.timeout, cpu_seconds=max(1, round(config.timeout)))
     with Sandbox(limits, config.workers, config.isolation) as sandbox, \
-            ResultsFile(config.output, {**config.run_fields(), "isolation": sandbox.isolation}) as results:
+            ResultsFile(config.output,
+                        {**config.run_fields(), "isolation": sandbox.isolation}) as results:
         decoding = None
         if config.samples is not None:
             problems = _score_samples(config.samples, config.pass_k, task, problems, results,
@@ -163,7 +164,8 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
         prompt_tokens = len(tokenizer.encode_prompt(problem.prompt))
         if indices and prompt_tokens >= context:
             too_long.append(str(problem.task_id))
-            reason = f"failed: prompt of {prompt_tokens} tokens leaves no room in max_seq_len={context}"
+            reason = (f"failed: prompt of {prompt_tokens} tokens leaves no room in "
+                      f"max_seq_len={context}")
             for index in indices:
                 _append(results, progress, problem, index, "", False, reason, {
                     "finish_reason": "context", "new_tokens": 0, "forward_passes": 0,
@@ -179,14 +181,15 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                                planned_tokens=len(items) * config.max_new_tokens)
     for start in range(0, len(items), config.batch_size):
         batch = items[start : start + config.batch_size]
-        for (problem, index), (completion, stats) in zip(batch, _sample(config, decoder, task, batch)):
+        completions = _sample(config, decoder, task, batch)
+        for (problem, index), (completion, stats) in zip(batch, completions):
             sandbox.submit((problem, index, completion, stats), problem.program(completion))
         _record(sandbox.finished(), results, progress)
     _record(sandbox.finished(wait=True), results, progress)
     progress.close()
     if too_long:
-        print(f"warning: {len(too_long)} prompts do not fit the model's context of {context} tokens "
-              f"and count as failed: {_listing(too_long)}", file=sys.stderr)
+        print(f"warning: {len(too_long)} prompts do not fit the model's context of {context} "
+              f"tokens and count as failed: {_listing(too_long)}", file=sys.stderr)
     return decoder.label if decoder is not None else config.drafter
 
 
@@ -207,10 +210,12 @@ def _sample(config: EvalConfig, decoder: Decoder, task: Task,
             for g in generations]
 
 
-def _record(finished: Iterator[tuple[Any, ExecResult]], results: ResultsFile, progress: tqdm) -> None:
+def _record(finished: Iterator[tuple[Any, ExecResult]], results: ResultsFile,
+            progress: tqdm) -> None:
     """Append each executed sample to the results file as it arrives."""
     for (problem, index, completion, stats), outcome in finished:
-        _append(results, progress, problem, index, completion, outcome.passed, outcome.describe(), stats)
+        _append(results, progress, problem, index, completion, outcome.passed,
+                outcome.describe(), stats)
 
 
 def _append(results: ResultsFile, progress: tqdm, problem: Problem, index: int, completion: str,

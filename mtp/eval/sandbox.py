@@ -84,7 +84,8 @@ class ExecResult:
         return f"failed: {self.reason}" if self.status == "failed" else self.status
 
 
-def run_program(program: str, limits: Limits = Limits(), isolation: Isolation = "auto") -> ExecResult:
+def run_program(program: str, limits: Limits = Limits(),
+                isolation: Isolation = "auto") -> ExecResult:
     """Run `program` in a fresh process and directory under `limits`; never raises for its
     faults ("namespaces" where they do not work fails the program with the reason)."""
     if isolation == "auto":
@@ -100,8 +101,8 @@ def run_program(program: str, limits: Limits = Limits(), isolation: Isolation = 
         env = {"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "PYTHONHASHSEED": "0",
                "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         sandbox_id = SANDBOX_IDS[secrets.randbelow(len(SANDBOX_IDS))]
-        config = {"rlimits": limits.rlimits(), "isolation": isolation, "tmp_bytes": limits.tmp_bytes,
-                  "uid": sandbox_id, "gid": sandbox_id}
+        config = {"rlimits": limits.rlimits(), "isolation": isolation,
+                  "tmp_bytes": limits.tmp_bytes, "uid": sandbox_id, "gid": sandbox_id}
         proc = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER, json.dumps(config)],
                                 cwd=workdir, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -115,7 +116,8 @@ def run_program(program: str, limits: Limits = Limits(), isolation: Isolation = 
         if timed_out:
             return ExecResult("timed out", "", text, seconds)
         if overflow:
-            return ExecResult("failed", f"output exceeded {limits.max_output_bytes} bytes", text, seconds)
+            reason = f"output exceeded {limits.max_output_bytes} bytes"
+            return ExecResult("failed", reason, text, seconds)
         if proc.returncode == 0 and sentinel in text:
             return ExecResult("passed", "", text.replace(sentinel, "").rstrip("\n"), seconds)
         return ExecResult("failed", _failure_reason(text, proc.returncode), text, seconds)
@@ -183,7 +185,8 @@ class Sandbox:
 
     def finished(self, wait: bool = False) -> Iterator[tuple[Any, ExecResult]]:
         """Yield `(key, result)` of finished programs; with `wait`, of all submitted ones."""
-        futures = as_completed(list(self._pending)) if wait else [f for f in list(self._pending) if f.done()]
+        pending = list(self._pending)
+        futures = as_completed(pending) if wait else [f for f in pending if f.done()]
         for future in futures:
             yield self._pending.pop(future), future.result()
 

@@ -5,14 +5,14 @@ mtp.generate`; with `mtp.decode`'s public names, so one import serves a user.
 """
 
 from mtp.decode import (Combined, DecodeStats, DraftModel, Drafter, DrafterContext, DrafterSpec,
-                        Drafts, EagleDrafter, Generation, HeadsDrafter, LayerSkip, Lookahead, OnlineHeads,
-                        PromptLookup, SamplingConfig, SequentialDrafter, TypicalAcceptance,
-                        drafter_types, generate)
+                        Drafts, EagleDrafter, Generation, HeadsDrafter, LayerSkip, Lookahead,
+                        OnlineHeads, PromptLookup, SamplingConfig, SequentialDrafter,
+                        TypicalAcceptance, drafter_types, generate)
 from mtp.generate.auto import Auto
 from mtp.generate.session import DecodeSettings, Decoder, open_decoder
 
 __all__ = ["Auto", "Combined", "DecodeSettings", "DecodeStats", "Decoder", "DraftModel",
-           "Drafter", "DrafterContext", "DrafterSpec", "Drafts", "EagleDrafter", "Generation", "HeadsDrafter",
-           "LayerSkip", "Lookahead", "OnlineHeads", "PromptLookup", "SamplingConfig",
-           "SequentialDrafter", "TypicalAcceptance", "drafter_types", "generate",
+           "Drafter", "DrafterContext", "DrafterSpec", "Drafts", "EagleDrafter", "Generation",
+           "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads", "PromptLookup",
+           "SamplingConfig", "SequentialDrafter", "TypicalAcceptance", "drafter_types", "generate",
            "open_decoder"]

@@ -71,8 +71,7 @@ class DecodeSettings:
     budget: float = AUTO_SECONDS
 
     def __post_init__(self) -> None:
-        self.spec  # the drafter and its options, checked
-        self.sampling
+        _ = self.spec, self.sampling  # parsed here so bad options fail before anything loads
         parse_dtype(self.dtype, auto=True)
         if isinstance(self.exact, str) and self.exact != AUTO:
             raise ValueError(f"exact must be true, false or auto, got {self.exact!r}")

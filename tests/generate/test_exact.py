@@ -50,7 +50,7 @@ def _check(model: MTPModel, drafter, prompts=PROMPTS, *, width=None, **options):
     got = generate(model, TOKENIZER, prompts, drafter=drafter, **kwargs)
     assert _ids(got) == _ids(reference)
     assert [g.finish_reason for g in got] == [g.finish_reason for g in reference]
-    for prompt, expected in zip(prompts, reference):  # alone: its own reference, a batch of 1
+    for prompt in prompts:  # alone: its own reference, a batch of 1
         [alone] = generate(model, TOKENIZER, [prompt], drafter=drafter, **kwargs)
         [single] = generate(model, TOKENIZER, [prompt], **kwargs)
         assert alone.token_ids == single.token_ids

@@ -31,7 +31,7 @@ def _model(n_future: int = 3, gqa: bool = True, tie: bool = False,
                        tie_embeddings=tie, rope_theta=500.0, norm_eps=1e-6, qkv_bias=qkv_bias)
     model = MTPModel(config).double().eval()
     with torch.no_grad():  # norm gains away from 1 and biases from 0: every one matters
-        for name, param in model.named_parameters():
+        for param in model.parameters():
             if param.ndim == 1:
                 param.uniform_(0.5, 1.5)
     return model

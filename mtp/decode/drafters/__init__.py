@@ -14,5 +14,5 @@ from mtp.decode.drafters.registry import DrafterSpec, drafter_types, make_drafte
 from mtp.decode.drafters.sequential import SequentialDrafter
 
 __all__ = ["Combined", "DraftModel", "Drafter", "DrafterContext", "DrafterSpec", "Drafts",
-           "EagleDrafter", "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads", "OwnHeads", "PromptLookup",
-           "SequentialDrafter", "Verified", "drafter_types", "make_drafter"]
+           "EagleDrafter", "HeadsDrafter", "LayerSkip", "Lookahead", "OnlineHeads", "OwnHeads",
+           "PromptLookup", "SequentialDrafter", "Verified", "drafter_types", "make_drafter"]

@@ -181,8 +181,8 @@ class Drafter(ABC):
         `measured`: the tokens/s of the candidates measured so far, by label."""
         return ()
 
-    @classmethod
-    def check_named(cls, options: Any) -> None:  # noqa: B027 (optional)
+    @classmethod  # noqa: B027 (optional: most drafters have nothing to check)
+    def check_named(cls, options: Any) -> None:
         """Raise ValueError for options that cannot work when this drafter is named (not
         merely a candidate of auto), before anything loads."""
 
