@@ -181,12 +181,13 @@ def test_command_lines(tiny_config, tmp_path, capsys):
     model = MTPModel(tiny_config)
     directory = export(model, TOKENIZER, tmp_path / "export")
     main([f"checkpoint={directory}", "prompt='def f(x):'", "max_new_tokens=10",
-          "drafter=lookahead", "window=3", "ngram=3", "guesses=2"])
+          "drafter=lookahead", "window=3", "ngram=3", "guesses=2", "exact=false"])
     out, err = capsys.readouterr()
     [expected] = generate(model.eval(), TOKENIZER, ["def f(x):"], max_new_tokens=10)
     assert out == "def f(x):" + expected.text + "\n"
-    dtype, threads, stats = err.splitlines()  # the choices first (the tests' thread: as set)
+    dtype, threads, exact, stats = err.splitlines()  # the choices first (threads: as set)
     assert threads.startswith("threads: 1 (set: ")
+    assert exact == "exact: off (set)"
     assert stats.startswith("[length] lookahead(window=3, ngram=3, guesses=2): 10 tokens in ")
     drafter = DrafterSpec(drafter="lookahead", ngram=2).build(model)
     assert (drafter.window, drafter.ngram, drafter.guesses) == (5, 2, 5)
