@@ -160,7 +160,9 @@ def test_byte_presets_fit_every_benchmark_prompt_and_512_new_bytes() -> None:
     if (mbpp_file := mbpp_data_file()) is not None:
         tasks.append(mbpp(str(mbpp_file)))
     longest = max(len(p.prompt.encode()) for task in tasks for p in task.problems.values())
-    assert longest + 1 + 512 <= CONTEXT["byte"] < longest + 1 + 512 + 1024
+    assert longest + 1 + 512 <= CONTEXT["byte"]
+    if len(tasks) == 2:  # sized for MBPP's longest prompt, not much more (without its file,
+        assert CONTEXT["byte"] < longest + 1 + 512 + 1024  # HumanEval's alone fit easily)
     for model in ("50m", "150m", "400m"):
         cfg = compose(["+experiment=byte8", f"model={model}", "run_dir=/tmp/unused"])
         assert model_config(cfg, ByteTokenizer()).max_seq_len == CONTEXT["byte"]
