@@ -189,15 +189,15 @@ SMOLLM2 = (
         needs=("smollm2_eagle",)),
     Part(name="smollm2_eagle_exact", command=script(
         "bench_exact", "checkpoint={smollm2}", HELD_OUT, "max_new_tokens=80",
-        'methods=[eagle,"eagle tree=dynamic:16"]', "eagle={out}/eagle",
+        'methods=[eagle,"eagle tree=dynamic:16",prompt_lookup]', "eagle={out}/eagle",
         "dtypes=[float32,bfloat16]", "repeats=1", "threads=2"), timeout=3600, table="exact",
         needs=("smollm2_eagle",)),
     Part(name="smollm2_mixed", command=script(
-        "bench_methods", f"checkpoint={SMOLLM2_HEADS}", "prompts=data/prompts/mixed.jsonl",
-        "humaneval=0", "max_new_tokens=80", 'methods=["heads k=4","heads tree=dynamic:16",'
-        'prompt_lookup,"heads+prompt_lookup k=4","eagle tree=dynamic:16"]',
-        "eagle={out}/eagle", "temperatures=[0]", "threads=2"), timeout=2400, table="methods",
-        needs=("smollm2_heads", "smollm2_eagle")),
+        "bench_methods", "checkpoint={smollm2}", "prompts=data/prompts/mixed.jsonl",
+        "humaneval=0", "max_new_tokens=80",
+        'methods=[eagle,"eagle tree=dynamic:16",prompt_lookup]', "eagle={out}/eagle",
+        "dtypes=[float32,bfloat16]", "temperatures=[0]", "threads=2"), timeout=2400,
+        table="methods", needs=("smollm2_eagle",)),
 )
 
 SUITES: dict[str, tuple[Part, ...]] = {"smoke": SMOKE, "cpu": CPU, "gpu": GPU,

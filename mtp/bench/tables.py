@@ -89,9 +89,10 @@ def eagle(r: dict[str, Any]) -> str:
             [f"val loss, unrolled steps {steps}", " ".join(f"{v:.3f}" for v in r["val_loss"])],
             [f"val accuracy, unrolled steps {steps}",
              " ".join(f"{v:.3f}" for v in r["val_accuracy"])]]
+    history = r["history"][::-1][::max(1, len(r["history"]) // 8)][::-1]  # ~8, the last kept
     rows += [[f"step {step}: train loss, accuracy per unrolled step",
               f"{loss:.3f}, " + " ".join(f"{a:.3f}" for a in accuracy)]
-             for step, loss, accuracy in r["history"]]
+             for step, loss, accuracy in history]
     return table(["", ""], rows)
 
 
