@@ -56,7 +56,7 @@ def methods(r: dict[str, Any]) -> str:
     auto = ", ".join(f"{kind.strip()} {seconds:.1f} s"
                      for kind, seconds in r["auto_calibration_seconds"].items())
     head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, "
-            f"{r['threads']} threads; auto's measuring: {auto}")
+            f"{r['threads']} threads" + (f"; auto's measuring: {auto}" if auto else ""))
     return head + "\n\n" + table(["method", "tokens/s", "speed-up", "tok/fwd", "identical",
                                   "repeated"], rows)
 
