@@ -7,6 +7,7 @@ dataclass schemas (and the type hints `mtp.cli` reads from them) find their modu
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -30,3 +31,20 @@ def load_script(path: str | Path) -> ModuleType:
             del sys.modules[name]
             raise
     return sys.modules[name]
+
+
+def prompt_file(tmp_path: Path) -> Path:
+    """The benchmark scripts' test prompts: one code line and one that repeats itself."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
+    return path
+
+
+def tiny_export(tmp_path: Path) -> Path:
+    """A random 4-head byte model exported to `tmp_path/export`."""
+    from mtp.checkpoint import export
+    from mtp.model import MTPConfig, MTPModel
+    from mtp.tokenizers import ByteTokenizer
+
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_future=4, max_seq_len=64)
+    return export(MTPModel(config), ByteTokenizer(), tmp_path / "export")

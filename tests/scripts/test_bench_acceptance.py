@@ -7,18 +7,13 @@ import sys
 from pathlib import Path
 
 from mtp.bench import tables
-from mtp.checkpoint import export
-from mtp.model import MTPConfig, MTPModel
-from mtp.tokenizers import ByteTokenizer
+from script_modules import prompt_file, tiny_export  # tests/ is on the path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_acceptance.py"
 
 
 def test_bench_acceptance_table_and_json(tmp_path):
-    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_future=4, max_seq_len=64)
-    directory = export(MTPModel(config), ByteTokenizer(), tmp_path / "export")
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
+    directory, prompts = tiny_export(tmp_path), prompt_file(tmp_path)
     result = subprocess.run(
         [sys.executable, str(SCRIPT), f"checkpoint={directory}", f"prompt_file={prompts}",
          "max_new_tokens=6", "threads=1", "tree=tree8"], capture_output=True, text=True,

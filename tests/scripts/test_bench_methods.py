@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_modules import prompt_file  # tests/ is on the path
 
 from mtp.checkpoint import export
 from mtp.model import MTPModel
@@ -21,8 +22,7 @@ def test_bench_methods_table_plot_and_json(tiny_config, tmp_path):
     directory = export(MTPModel(tiny_config), ByteTokenizer(), tmp_path / "export")
     draft = MTPModel(MTPConfig(vocab_size=262, dim=16, n_layers=1, n_heads=2, max_seq_len=64))
     draft_dir = export(draft, ByteTokenizer(), tmp_path / "draft")
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
+    prompts = prompt_file(tmp_path)
     result = subprocess.run(
         [sys.executable, str(METHODS), f"checkpoint={directory}", f"draft_model={draft_dir}",
          f"prompts={prompts}", "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu",
@@ -50,8 +50,7 @@ def test_bench_methods_subset_with_layer_skipping_and_adaptive_drafts(tmp_path):
     config = MTPConfig(vocab_size=262, dim=32, n_layers=3, n_heads=4, max_seq_len=64)
     directory = export(MTPModel(config), ByteTokenizer(), tmp_path / "export")
     choice = SkipChoice((1,), 3, 3, 262).save(tmp_path / "layer_skip.json")
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
+    prompts = prompt_file(tmp_path)
     result = subprocess.run(
         [sys.executable, str(METHODS), f"checkpoint={directory}", f"prompts={prompts}",
          "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu",
@@ -72,8 +71,7 @@ def test_bench_methods_in_both_dtypes_beside_transformers(tmp_path):
 
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
     directory = export(MTPModel(config), ByteTokenizer(), tmp_path / "export")
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps("def f(x):") + "\n" + json.dumps("ab ab ab ab ab") + "\n")
+    prompts = prompt_file(tmp_path)
     result = subprocess.run(
         [sys.executable, str(METHODS), f"checkpoint={directory}", f"prompts={prompts}",
          "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu", "methods=[prompt_lookup]",
