@@ -20,10 +20,12 @@ at two sizes) and paper_small_curves.png (task accuracy against step). Prints a 
 ends with one JSON line: {"benchmark", "budget", "machine", "ladder", "runs", "summary"}.
 
 Arguments are key=value (`mtp.cli`'s grammar):
-  budget           cpu (default), gpu or smoke (seconds: the tests'): the ladder
+  budget           cpu (default), paper_cpu (the paper's 1M and 3M induction models, 5
+                   seeds), gpu or smoke (seconds: the tests'): the ladder
+  sizes            null: every size of the ladder; [1M]: those of its sizes
   out              runs/paper_small of the checkout
   figures          where the figures go (null: out)
-  tasks            [induction,polynomial]
+  tasks            null: the ladder's tasks; [induction]: those of them
   jobs             runs at a time (null: 2 on a CPU, 1 on a GPU; 0: one at a time in this
                    process, no start-up per run)
   device           null: cuda for budget=gpu, else cpu
@@ -40,7 +42,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,15 @@ LADDERS: dict[str, dict[str, Any]] = {
                        "warmup": 40, "eval_every": 75, "curve_size": 20, "final_size": 200,
                        "documents": 200_000, "max_time": "00:00:04:00"},
     },
+    # The paper's two smallest induction models (1M, 3M) in about a CPU hour for one size:
+    # 5 seeds, n = 2 both compute-matched (the paper's design) and with its head on top.
+    "paper_cpu": {
+        "seeds": [0, 1, 2, 3, 4],
+        "induction": {"sizes": [("1M", 128, 5, 4), ("3M", 256, 4, 8)],
+                      "n": [1, 2], "added": [2], "steps": 800, "batch": 16, "seq_len": 256,
+                      "lr": 5e-3, "warmup": 60, "eval_every": 100, "curve_size": 100,
+                      "final_size": 500, "documents": 100_000, "max_time": "00:00:14:00"},
+    },
     "gpu": {  # the paper's shapes (appendix J, K): width, layers, attention heads
         "seeds": [0, 1, 2],
         "induction": {"sizes": [("1M", 128, 5, 4), ("3M", 256, 4, 8), ("10M", 384, 6, 8),
@@ -76,7 +87,8 @@ LADDERS: dict[str, dict[str, Any]] = {
     },
     "smoke": {  # seconds: the tests' sweep
         "seeds": [0],
-        "induction": {"sizes": [("a", 16, 2, 2), ("b", 32, 2, 4)], "n": [1, 2], "steps": 4,
+        "induction": {"sizes": [("a", 16, 2, 2), ("b", 32, 2, 4)], "n": [1, 2], "added": [2],
+                      "steps": 4,
                       "batch": 2, "seq_len": 64, "lr": 3e-3, "warmup": 1, "eval_every": 2,
                       "curve_size": 4, "final_size": 4, "documents": 200},
         "polynomial": {"sizes": [("a", 16, 5, 2), ("b", 32, 5, 4)], "n": [1, 4], "steps": 4,
@@ -94,7 +106,8 @@ class PaperArgs:
     budget: str = "cpu"
     out: Path = REPO / "runs" / "paper_small"
     figures: Path | None = None
-    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    tasks: list[str] | None = None
+    sizes: list[str] | None = None
     jobs: int | None = None
     device: str | None = None
     run: Path | None = None
@@ -102,9 +115,15 @@ class PaperArgs:
     def __post_init__(self) -> None:
         if self.budget not in LADDERS:
             raise ValueError(f"budget={self.budget!r} is not one of {', '.join(LADDERS)}")
-        unknown = [t for t in self.tasks if t not in TASKS]
+        unknown = [t for t in self.tasks or [] if t not in TASKS]
         if unknown:
             raise ValueError(f"tasks: unknown task {unknown[0]!r}; expected one of {TASKS}")
+        ladder = LADDERS[self.budget]
+        known = {s[0] for task in TASKS for s in ladder.get(task, {}).get("sizes", [])}
+        if self.sizes is not None and (not self.sizes or not set(self.sizes) <= known):
+            wrong = next((s for s in self.sizes if s not in known), "none")
+            raise ValueError(f"sizes: {wrong!r} is not a size of budget={self.budget} "
+                             f"({', '.join(sorted(known))})")
         if self.jobs is not None and self.jobs < 0:
             raise ValueError(f"jobs={self.jobs} must be >= 0 (0: one at a time, in process)")
         if self.device not in (None, "cpu", "cuda"):
@@ -115,17 +134,24 @@ def parse_args(argv: list[str]) -> PaperArgs:
     return cli.parse(argv, PaperArgs)
 
 
-def run_key(task: str, size: str, n: int, seed: int) -> str:
-    return f"{task}/{size}/n={n}/seed{seed}"
+def variant(n: int, added: bool = False) -> str:
+    """A run's heads: "n=2" compute-matched (its heads' blocks come off the trunk), "n=2 added"
+    (head 0 keeps the full depth, the other heads come on top)."""
+    return f"n={n}" + (" added" if added else "")
+
+
+def run_key(task: str, size: str, n: int, seed: int, added: bool = False) -> str:
+    return f"{task}/{size}/{variant(n, added)}/seed{seed}"
 
 
 def overrides(task: str, ladder: dict[str, Any], size: tuple, n: int, seed: int,
-              run_dir: Path, device: str) -> list[str]:
+              run_dir: Path, device: str, added: bool = False) -> list[str]:
     """The `python -m mtp.train` overrides of one run."""
     name, dim, depth, heads = size
     return [
         f"data={task}", "tokenizer=byte", "model=tiny", f"model.dim={dim}",
         f"model.depth={depth}", f"model.n_heads={heads}", f"model.n_future={n}",
+        f"model.heads={'added' if added else 'matched'}",
         f"seq_len={ladder['seq_len']}", f"data.batch_size={ladder['batch']}",
         f"data.source.documents={ladder['documents']}", f"seed={seed}",
         f"trainer.max_steps={ladder['steps']}",
@@ -166,7 +192,8 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     summary = json.loads((run_dir / "summary.json").read_text())
     for path in (run_dir / "checkpoints").glob("*.ckpt"):
         path.unlink()  # optimizer state of every checkpoint: the scores are what is kept
-    result = {**{k: spec[k] for k in ("task", "size", "n", "seed", "dim", "depth", "heads")},
+    result = {**{k: spec[k] for k in ("task", "size", "n", "added", "seed", "dim", "depth",
+                                       "heads")},
               "parameters": summary["parameters"], "steps": summary["steps"],
               "stopped_early": summary["stopped_early"],
               "tokens": summary["steps"] * spec["tokens_per_step"],
@@ -177,22 +204,32 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def plan(budget: str, out: Path, device: str, tasks: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Every run of the ladder, largest first (so the last to finish are short)."""
+def plan(budget: str, out: Path, device: str, tasks: tuple[str, ...],
+         sizes: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every run of the ladder, largest first (so the last to finish are short), each seed's
+    runs together (so a ladder stopped part-way has whole seeds)."""
     ladder, specs = LADDERS[budget], []
     for task in tasks:
-        config = ladder[task]
+        config = ladder.get(task)
+        if config is None:
+            raise ValueError(f"tasks: budget={budget} has no {task} ladder "
+                             f"(it has {', '.join(t for t in TASKS if t in ladder)})")
+        heads = [(n, False) for n in config["n"]] + [(n, True) for n in config.get("added", [])]
         for size in config["sizes"]:
-            for n in config["n"]:
-                for seed in ladder["seeds"]:
-                    run_dir = out / task / size[0] / f"n{n}" / f"seed{seed}"
+            if sizes is not None and size[0] not in sizes:
+                continue
+            for seed in ladder["seeds"]:
+                for n, added in heads:
+                    heads_dir = f"n{n}" + ("added" if added else "")
+                    run_dir = out / task / size[0] / heads_dir / f"seed{seed}"
                     specs.append({
-                        "task": task, "size": size[0], "n": n, "seed": seed, "dim": size[1],
-                        "depth": size[2], "heads": size[3], "run_dir": str(run_dir),
-                        "device": device, "curve_size": config["curve_size"],
-                        "final_size": config["final_size"],
+                        "task": task, "size": size[0], "n": n, "added": added, "seed": seed,
+                        "dim": size[1], "depth": size[2], "heads": size[3],
+                        "run_dir": str(run_dir), "device": device,
+                        "curve_size": config["curve_size"], "final_size": config["final_size"],
                         "tokens_per_step": config["batch"] * config["seq_len"],
-                        "overrides": overrides(task, config, size, n, seed, run_dir, device)})
+                        "overrides": overrides(task, config, size, n, seed, run_dir, device,
+                                               added)})
     return sorted(specs, key=lambda s: -s["dim"] ** 2 * s["depth"] * s["tokens_per_step"])
 
 
@@ -247,7 +284,7 @@ def launch(spec: dict[str, Any], log: Path, in_process: bool = False) -> dict[st
             subprocess.run([sys.executable, __file__, f"run={run_dir / 'spec.json'}"],
                            check=True, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
     with open(log, "a") as f:
-        key = run_key(spec["task"], spec["size"], spec["n"], spec["seed"])
+        key = run_key(spec["task"], spec["size"], spec["n"], spec["seed"], spec["added"])
         f.write(f"{time.strftime('%H:%M:%S')} done {key}\n")
     val = json.loads((Path(spec["run_dir"]) / "summary.json").read_text())["val"]
     return {**json.loads(result.read_text()), "val": val}  # the trainer's per-head figures
@@ -259,8 +296,41 @@ def spread(values: list[float]) -> dict[str, Any]:
             "min": min(values), "max": max(values), "seeds": values}
 
 
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (p > 0.5): bisection on its CDF, the density integrated by
+    Simpson's rule (no scipy in the stack)."""
+    scale = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(x: float, steps: int = 2000) -> float:
+        h = x / steps
+        f = [scale * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    low, high = 0.0, 1000.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def paired_gap(base: list[float], other: list[float], level: float = 0.9) -> dict[str, Any]:
+    """other - base per seed (the same seed trains both on the same data): mean, spread and the
+    t interval at `level` over seeds."""
+    gaps = [b - a for a, b in zip(base, other)]
+    cell = spread(gaps)
+    if len(gaps) > 1:
+        half = t_quantile((1 + level) / 2, len(gaps) - 1) * cell["std"] / math.sqrt(len(gaps))
+        cell[f"interval{round(level * 100)}"] = [cell["mean"] - half, cell["mean"] + half]
+    return cell
+
+
+def _variant_of(result: dict[str, Any]) -> tuple[int, bool]:
+    return result["n"], result.get("added", False)  # runs from before added heads: matched
+
+
 def summarize(results: list[dict[str, Any]], ladder: dict[str, Any]) -> dict[str, Any]:
-    """Mean and spread over seeds per (task, size, n); the induction gap at the smallest size."""
+    """Mean and spread over seeds per (task, size, heads); the induction gaps to n = 1 at the
+    smallest size, per seed, with their 90% interval."""
     out: dict[str, Any] = {}
     for task in TASKS:
         mine = [r for r in results if r["task"] == task]
@@ -268,8 +338,8 @@ def summarize(results: list[dict[str, Any]], ladder: dict[str, Any]) -> dict[str
             continue
         table: dict[str, Any] = {}
         for size in dict.fromkeys(r["size"] for r in sorted(mine, key=lambda r: r["parameters"])):
-            for n in sorted({r["n"] for r in mine}):
-                runs = sorted((r for r in mine if r["size"] == size and r["n"] == n),
+            for heads in sorted({_variant_of(r) for r in mine}):
+                runs = sorted((r for r in mine if r["size"] == size and _variant_of(r) == heads),
                               key=lambda r: r["seed"])
                 if not runs:
                     continue
@@ -283,15 +353,16 @@ def summarize(results: list[dict[str, Any]], ladder: dict[str, Any]) -> dict[str
                 else:
                     cell["accuracy_m"] = {m: spread([r["final"][f"accuracy_m{m}"] for r in runs])
                                           for m in MS}
-                table.setdefault(size, {})[f"n={n}"] = cell
+                table.setdefault(size, {})[variant(*heads)] = cell
         out[task] = table
     if "induction" in out:
         smallest = next(iter(out["induction"]))
         cells = out["induction"][smallest]
-        if {"n=1", "n=2"} <= cells.keys():
-            gaps = [b - a for a, b in zip(cells["n=1"]["accuracy_repeated"]["seeds"],
-                                          cells["n=2"]["accuracy_repeated"]["seeds"])]
-            out["induction_gap_smallest"] = {"size": smallest, "n=2 - n=1": spread(gaps)}
+        if "n=1" in cells and len(cells) > 1:
+            base = cells["n=1"]["accuracy_repeated"]["seeds"]
+            out["induction_gap_smallest"] = {"size": smallest, **{
+                f"{key} - n=1": paired_gap(base, cell["accuracy_repeated"]["seeds"])
+                for key, cell in cells.items() if key != "n=1"}}
     return out
 
 
@@ -313,7 +384,7 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-COLOUR = {1: "tab:blue", 2: "tab:orange", 4: "tab:green"}
+COLOUR = {"n=1": "tab:blue", "n=2": "tab:orange", "n=4": "tab:green", "n=2 added": "tab:red"}
 
 
 def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
@@ -328,19 +399,18 @@ def plot_induction(summary: dict[str, Any], path: Path, title: str) -> Path:
     """Fig. 7: accuracy on repeated names' second token against parameters, n = 1 and 2."""
     fig, axes = _panels(1)
     ax, table = axes[0][0], summary.get("induction", {})
-    for n in (1, 2):
-        points = [(cells[f"n={n}"]["parameters"], cells[f"n={n}"]["accuracy_repeated"])
-                  for cells in table.values() if f"n={n}" in cells]
-        if not points:
-            continue
-        ax.plot([x for x, _ in points], [s["mean"] for _, s in points], "o-", color=COLOUR[n],
-                label=f"n={n} (mean)")
-        for x, s in points:
-            ax.scatter([x] * len(s["seeds"]), s["seeds"], color=COLOUR[n], alpha=0.35, s=14)
-        control = [cells[f"n={n}"]["accuracy_first"]["mean"] for cells in table.values()
-                   if f"n={n}" in cells]
-        ax.plot([x for x, _ in points], control, "x--", color=COLOUR[n], alpha=0.6,
-                label=f"n={n}, first occurrences (control)")
+    for key in dict.fromkeys(k for cells in table.values() for k in cells):
+        # x: n = 1's parameters, so the variants of a size share a column (added heads
+        # have more parameters, not more depth for head 0)
+        points = [(cells["n=1"]["parameters"] if "n=1" in cells else cells[key]["parameters"],
+                   cells[key]) for cells in table.values() if key in cells]
+        ax.plot([x for x, _ in points], [c["accuracy_repeated"]["mean"] for _, c in points],
+                "o-", color=COLOUR.get(key), label=f"{key} (mean)")
+        for x, c in points:
+            seeds = c["accuracy_repeated"]["seeds"]
+            ax.scatter([x] * len(seeds), seeds, color=COLOUR.get(key), alpha=0.35, s=14)
+        ax.plot([x for x, _ in points], [c["accuracy_first"]["mean"] for _, c in points], "x--",
+                color=COLOUR.get(key), alpha=0.6, label=f"{key}, first occurrences (control)")
     ax.set_xscale("log")
     _label(ax, "parameters", "accuracy, 2nd token of repeated names", f"induction ({title})")
     return _save(fig, path)
@@ -352,13 +422,12 @@ def plot_polynomial(summary: dict[str, Any], path: Path, title: str) -> Path:
     sizes = list(table)[-2:]
     fig, axes = _panels(len(sizes))
     for ax, size in zip(axes[0], sizes):
-        for key, cell in table[size].items():
-            n = int(key[2:])
-            ax.plot(MS, [cell["accuracy_m"][m]["mean"] for m in MS], "o-", color=COLOUR.get(n),
+        for i, (key, cell) in enumerate(table[size].items()):
+            ax.plot(MS, [cell["accuracy_m"][m]["mean"] for m in MS], "o-", color=COLOUR.get(key),
                     label=f"{key} (mean)")
             for m in MS:
                 seeds = cell["accuracy_m"][m]["seeds"]
-                ax.scatter([m + (n - 2) * 0.08] * len(seeds), seeds, color=COLOUR.get(n),
+                ax.scatter([m + (i - 1) * 0.08] * len(seeds), seeds, color=COLOUR.get(key),
                            alpha=0.35, s=12)
         ax.axvspan(5.5, 10.5, color="grey", alpha=0.08)
         ax.set_xticks(MS)
@@ -376,9 +445,10 @@ def plot_curves(results: list[dict[str, Any]], path: Path) -> Path:
         size = min(mine, key=lambda r: r["parameters"])["size"]  # the smallest: n matters most
         first_seed = min(r["seed"] for r in mine)
         for r in (r for r in mine if r["size"] == size):
+            key = variant(*_variant_of(r))
             ax.plot([p["step"] for p in r["curve"]], [p[HEADLINE[task]] for p in r["curve"]],
-                    color=COLOUR.get(r["n"]), alpha=0.7,
-                    label=f"n={r['n']}" if r["seed"] == first_seed else None)
+                    color=COLOUR.get(key), alpha=0.7,
+                    label=key if r["seed"] == first_seed else None)
         _label(ax, "optimizer step", HEADLINE[task], f"{task}, {size}: learning curves, every seed")
     return _save(fig, path)
 
@@ -400,14 +470,16 @@ def print_table(summary: dict[str, Any]) -> None:
                 extra = (f"first {cell['accuracy_first']['mean']:.3f}" if task == "induction"
                          else "m1..10 " + " ".join(f"{cell['accuracy_m'][m]['mean']:.2f}"
                                                    for m in MS))
-                print(f"{task:<10} {size:>5} {key:<4} params {cell['parameters']:>9,}  "
+                print(f"{task:<10} {size:>5} {key:<9} params {cell['parameters']:>9,}  "
                       f"steps {min(cell['steps'])}-{max(cell['steps'])}  val loss "
                       f"{cell['val_loss_head0']['mean']:.3f}  "
                       f"{HEADLINE[task]} {s['mean']:.3f} +- {s['std']:.3f}  {extra}")
-    gap = summary.get("induction_gap_smallest")
-    if gap:
-        g = gap["n=2 - n=1"]
-        print(f"induction n=2 - n=1 at {gap['size']}: {g['mean']:+.3f} +- {g['std']:.3f}")
+    gap = summary.get("induction_gap_smallest", {})
+    for key, g in gap.items():
+        if key != "size":
+            interval = g.get("interval90")
+            ci = f"  90% interval [{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else ""
+            print(f"induction {key} at {gap['size']}: {g['mean']:+.3f} +- {g['std']:.3f}{ci}")
 
 
 def main(argv: list[str]) -> dict[str, Any]:
@@ -417,7 +489,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     device = args.device or ("cuda" if args.budget == "gpu" else "cpu")
     jobs = (1 if device == "cuda" else 2) if args.jobs is None else args.jobs
     out = args.out.resolve()
-    specs = plan(args.budget, out, device, tuple(args.tasks))
+    tasks = args.tasks or [t for t in TASKS if t in LADDERS[args.budget]]
+    specs = plan(args.budget, out, device, tuple(tasks), args.sizes)
     check_plan(specs)  # a ValueError in one line, before any training
     os.environ.setdefault("MTP_DATA_DIR", str(out / "data"))
     out.mkdir(parents=True, exist_ok=True)
@@ -440,7 +513,8 @@ def main(argv: list[str]) -> dict[str, Any]:
                           if device == "cpu" else None},
               "ladder": LADDERS[args.budget], "summary": summary,
               "figures": [str(p) for p in figures],
-              "runs": {run_key(r["task"], r["size"], r["n"], r["seed"]): r for r in results}}
+              "runs": {run_key(r["task"], r["size"], r["n"], r["seed"], r.get("added", False)): r
+                       for r in results}}
     report = json.loads(json.dumps(report))  # what the file and the last line hold
     (out / "paper_small.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report), flush=True)

@@ -22,9 +22,12 @@ def test_tiny_sweep_writes_the_json_and_both_figures(paper_small, tmp_path, caps
         figure = tmp_path / f"paper_small_{name}.png"
         assert figure.stat().st_size > 10_000 and str(figure) in report["figures"]
     ladder = paper_small.LADDERS["smoke"]
-    expected = {paper_small.run_key(task, size[0], n, seed)
+    expected = {paper_small.run_key(task, size[0], n, seed, added)
                 for task in ("induction", "polynomial") for size in ladder[task]["sizes"]
-                for n in ladder[task]["n"] for seed in ladder["seeds"]}
+                for n, added in [(n, False) for n in ladder[task]["n"]]
+                + [(n, True) for n in ladder[task].get("added", [])]
+                for seed in ladder["seeds"]}
+    assert "induction/a/n=2 added/seed0" in expected
     assert report["runs"].keys() == expected
     summary = report["summary"]
     # every (size, n) has its mean and spread over seeds; polynomial for m = 1..10
@@ -39,6 +42,15 @@ def test_tiny_sweep_writes_the_json_and_both_figures(paper_small, tmp_path, caps
     # but for the extra heads' blocks in place of trunk blocks
     assert summary["induction"]["b"]["n=1"]["parameters"] == \
         summary["induction"]["b"]["n=2"]["parameters"]
+    # heads on top: head 0 keeps n = 1's whole depth, the second head's block is added
+    assert summary["induction"]["b"]["n=2 added"]["parameters"] > \
+        summary["induction"]["b"]["n=1"]["parameters"]
+    gap = summary["induction_gap_smallest"]
+    assert set(gap) == {"size", "n=2 - n=1", "n=2 added - n=1"}
+    seeds = [run["final"]["accuracy_repeated"] for key, run in report["runs"].items()
+             if key.startswith("induction/a/n=2 added/")]
+    base = summary["induction"]["a"]["n=1"]["accuracy_repeated"]["seeds"]
+    assert gap["n=2 added - n=1"]["seeds"] == [b - a for a, b in zip(base, seeds)]
     # a second call reuses every run's result
     again = paper_small.main(["budget=smoke", "jobs=0", f"out={tmp_path}"])
     assert again["runs"] == report["runs"]
@@ -55,3 +67,25 @@ def test_bad_input_is_one_line_before_training(paper_small, tmp_path, monkeypatc
     with pytest.raises(ValueError, match="depth=3 is too shallow"):
         paper_small.main(["budget=smoke", f"out={tmp_path}"])
     assert not (tmp_path / "polynomial").exists()
+
+
+def test_paired_gap_interval_is_students_t(paper_small) -> None:
+    # t quantiles of the textbooks' tables: df 4 -> 2.132, 1 -> 6.314 (two-sided 90%)
+    assert abs(paper_small.t_quantile(0.95, 4) - 2.1318) < 1e-3
+    assert abs(paper_small.t_quantile(0.95, 1) - 6.3138) < 1e-3
+    gap = paper_small.paired_gap([0.1, 0.2, 0.3, 0.1, 0.0], [0.2, 0.2, 0.5, 0.1, 0.1])
+    assert gap["seeds"] == pytest.approx([0.1, 0.0, 0.2, 0.0, 0.1])
+    half = 2.1318 * gap["std"] / 5 ** 0.5
+    assert gap["interval90"] == pytest.approx([0.08 - half, 0.08 + half], abs=1e-4)
+
+
+def test_paper_cpu_ladder_is_the_papers_smallest_induction_models(paper_small, tmp_path) -> None:
+    specs = paper_small.plan("paper_cpu", tmp_path, "cpu", ("induction",), ["1M"])
+    assert len(specs) == 5 * 3  # 5 seeds x (n = 1, n = 2 matched, n = 2 added)
+    assert {(s["dim"], s["depth"], s["heads"]) for s in specs} == {(128, 5, 4)}
+    assert sum("model.heads=added" in s["overrides"] for s in specs) == 5
+    paper_small.check_plan(specs[:3])
+    with pytest.raises(ValueError, match="sizes: '2M' is not a size of budget=paper_cpu"):
+        paper_small.parse_args(["budget=paper_cpu", "sizes=[2M]"])
+    with pytest.raises(ValueError, match="budget=paper_cpu has no polynomial ladder"):
+        paper_small.plan("paper_cpu", tmp_path, "cpu", ("polynomial",))
