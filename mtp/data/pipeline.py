@@ -95,7 +95,7 @@ def prepare(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float = 0.01,
         meta = _write_streams(tokenised, directory, tokenizer)
         meta.update(source=corpus.key, tokenizer=tokenizer.name, skipped=corpus.skipped,
                     contaminated=corpus.contaminated)
-        tmp = meta_path.with_suffix(".tmp")
+        tmp = meta_path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(meta, indent=2) + "\n")
         os.replace(tmp, meta_path)  # meta.json last: its presence means the streams are whole
     return PreparedCorpus(directory, json.loads(meta_path.read_text()))
@@ -143,7 +143,10 @@ class _Tokenise:
 def _write_streams(tokenised, directory: Path, tokenizer: Tokenizer) -> dict:
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
     meta: dict = {"dtype": np.dtype(dtype).name}
-    files = {split: (directory / f"{split}.bin.tmp").open("wb") for split in SPLITS}
+    # Per-process temporary names: runs started together (a sweep's parallel jobs) each write
+    # whole streams and the last atomic replace wins with identical bytes.
+    tmp = {split: directory / f"{split}.bin.{os.getpid()}.tmp" for split in SPLITS}
+    files = {split: tmp[split].open("wb") for split in SPLITS}
     counts = {split: {"documents": 0, "bytes": 0, "tokens": 0} for split in SPLITS}
     for table in tokenised.with_format("arrow").iter(batch_size=10_000):
         is_val = table["is_val"]
@@ -156,7 +159,7 @@ def _write_streams(tokenised, directory: Path, tokenizer: Tokenizer) -> dict:
             counts[split]["tokens"] += len(tokens)
     for split, f in files.items():
         f.close()
-        os.replace(directory / f"{split}.bin.tmp", directory / f"{split}.bin")
+        os.replace(tmp[split], directory / f"{split}.bin")
     meta.update(counts)
     return meta
 
