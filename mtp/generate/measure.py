@@ -144,7 +144,24 @@ def format_decoding(figures: dict[str, Any]) -> list[str]:
     if figures["tree"]:
         lines.append(f"tree {figures['tree']}: {figures['tree_tokens_per_forward']:.2f} tokens "
                      f"per forward, {figures['tree_speedup']:.2f}x")
-    return lines
+    return lines + verdict(figures)
+
+
+def verdict(figures: dict[str, Any]) -> list[str]:
+    """The line a reader of the table wants: which configuration pays, or plainly that none
+    does (then the heads' model decodes faster without them)."""
+    choices = {f"k={k}": x for k, x in figures["speedup"].items() if k > 1}
+    if figures["tree"]:
+        choices[f"tree {figures['tree']}"] = figures["tree_speedup"]
+    if not choices:
+        return []
+    best = max(choices, key=choices.get)
+    same = "identical ids" if figures.get("identical") else "ids NOT identical"
+    if choices[best] > 1.0:
+        return [f"best: {best}, {choices[best]:.2f}x autoregressive decoding ({same})"]
+    return [f"none pays: every k and tree is slower than autoregressive decoding here (best "
+            f"{best}, {choices[best]:.2f}x); decode with drafter=autoregressive, or drafter=auto "
+            f"to measure the other drafters"]
 
 
 @torch.inference_mode()

@@ -26,7 +26,27 @@ def test_heads_that_learnt_the_text_accept_drafts_at_every_k(trained: MTPModel) 
     assert 0.0 <= figures["repeated"] <= 1.0 and figures["device"] == "cpu"
     assert (figures["prompts"], figures["max_new_tokens"], figures["batch_size"]) == (3, 24, 1)
     lines = format_decoding(figures)
-    assert lines[1].split() == ["k", "tok/fwd", "speed-up"] and len(lines) == 2 + 4 + 1
+    assert lines[1].split() == ["k", "tok/fwd", "speed-up"] and len(lines) == 2 + 4 + 1 + 1
+    # the last line says which configuration pays, or plainly that none does
+    speedups = {f"k={k}": x for k, x in figures["speedup"].items() if k > 1}
+    speedups[f"tree {figures['tree']}"] = figures["tree_speedup"]
+    best = max(speedups, key=speedups.get)
+    assert lines[-1].startswith("best: " if speedups[best] > 1 else "none pays: ")
+    assert best in lines[-1] and f"{speedups[best]:.2f}x" in lines[-1]
+
+
+def test_the_verdict_says_plainly_when_no_configuration_pays() -> None:
+    figures = {"prompts": 2, "max_new_tokens": 8, "batch_size": 1, "device": "cpu",
+               "repeated": 0.1, "tokens_per_forward": {1: 1.0, 2: 1.4, 4: 1.5},
+               "speedup": {1: 1.0, 2: 0.85, 4: 0.7}, "tree": "tree8",
+               "tree_tokens_per_forward": 1.6, "tree_speedup": 0.8, "identical": True}
+    assert format_decoding(figures)[-1] == (
+        "none pays: every k and tree is slower than autoregressive decoding here (best k=2, "
+        "0.85x); decode with drafter=autoregressive, or drafter=auto to measure the other "
+        "drafters")
+    figures["tree_speedup"] = 1.31
+    assert format_decoding(figures)[-1] == \
+        "best: tree tree8, 1.31x autoregressive decoding (identical ids)"
 
 
 def test_time_generate_decodes_as_generate_does_batch_by_batch(trained: MTPModel) -> None:
