@@ -318,6 +318,9 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
         "tree": decode.get("tree"), "tree_tokens_per_forward": decode.get(
             "tree_tokens_per_forward") or (1.0 if n_future == 1 else None),
         "decode_prompts": decode.get("prompts"),
+        # the share of decoded text that repeats an earlier 8-gram: drafts of repeated text
+        # are easy, so tokens per forward is read beside it
+        "repeated": decode.get("repeated"),
         "step_seconds": step_seconds(run_dir, spec["tokens_per_step"]),
         "seconds": round(seconds, 1),
     }
@@ -358,6 +361,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
                                                        for r in runs]) for k in KS},
                 "tree_tokens_per_forward": spread([r["tree_tokens_per_forward"]
                                                    for r in runs]),
+                "repeated": spread([r.get("repeated") for r in runs]),
                 "step_seconds": spread([r["step_seconds"] for r in runs]),
             }
         for cell in table.values():
@@ -442,20 +446,21 @@ def _cell(figure: dict[str, Any] | None, digits: int = 3) -> str:
 
 def print_table(summary: dict[str, Any]) -> None:
     print(f"{'regime':<6} {'recipe':<8} {'steps':>11} {'next-byte acc':>13} {'val loss':>13} "
-          f"{'k=2':>5} {'k=4':>11} {'k=8':>5} {'tree':>5} {'step':>6}  targets "
+          f"{'k=2':>5} {'k=4':>11} {'k=8':>5} {'tree':>5} {'rep':>4} {'step':>6}  targets "
           f"(acc, drafting, step)")
     for regime, table in summary.items():
         for name, cell in table.items():
             steps = f"{min(cell['steps'])}-{max(cell['steps'])}"
             targets = " ".join({True: "yes", False: "no", None: "-"}[cell["targets"][key]]
                                for key in ("accuracy", "drafting", "step"))
-            ratio = cell["step_ratio"]
+            ratio, repeated = cell["step_ratio"], _mean(cell["repeated"])
             print(f"{regime:<6} {name:<8} {steps:>11} {_cell(cell['val_acc_head0']):>13} "
                   f"{_cell(cell['val_loss_head0']):>13} "
                   f"{_cell(cell['tokens_per_forward_k2'], 2):>5} "
                   f"{_cell(cell['tokens_per_forward_k4'], 2):>11} "
                   f"{_cell(cell['tokens_per_forward_k8'], 2):>5} "
                   f"{_cell(cell['tree_tokens_per_forward'], 2):>5} "
+                  f"{'-' if repeated is None else f'{repeated:.2f}':>4} "
                   f"{'-' if ratio is None else f'{ratio:.2f}x':>6}  {targets}")
 
 

@@ -59,6 +59,8 @@ def test_a_tiny_study_writes_its_json_and_figure(study, corpus, tmp_path, capsys
     assert table["byte1"]["tokens_per_forward_k4"]["mean"] == 1.0  # one head: no drafts
     assert table["byte8"]["tokens_per_forward_k8"]["mean"] >= 1.0
     assert len(table["anneal"]["acc_head"]) == 8 and table["byte1"]["step_ratio"] == 1.0
+    # the decoded text's repeated share, which tokens per forward is read beside
+    assert all(0 <= table[name]["repeated"]["mean"] <= 1 for name in table)
     # equal FLOPs: byte1's 4 steps are the budget; anneal's first run and its finish fit it
     runs = report["runs"]
     budget = runs["flops/byte1/seed0"]["flops"]
