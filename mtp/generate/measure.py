@@ -147,6 +147,9 @@ def format_decoding(figures: dict[str, Any]) -> list[str]:
     return lines + verdict(figures)
 
 
+LOOPING = 0.8  # repeated share of a loop (docs/better.md: next-byte models 0.37-0.73, loops 0.88-0.98)
+
+
 def verdict(figures: dict[str, Any]) -> list[str]:
     """The line a reader of the table wants: which configuration pays, or plainly that none
     does (then the heads' model decodes faster without them)."""
@@ -157,8 +160,12 @@ def verdict(figures: dict[str, Any]) -> list[str]:
         return []
     best = max(choices, key=choices.get)
     same = "identical ids" if figures.get("identical") else "ids NOT identical"
+    # An undertrained model's greedy text falls into a loop that any head drafts: its speed-up
+    # is not one to quote.
+    loop = (f" (on text that is {figures['repeated']:.0%} repetition: a loop, not a figure to "
+            f"quote)" if figures["repeated"] >= LOOPING else "")
     if choices[best] > 1.0:
-        return [f"best: {best}, {choices[best]:.2f}x autoregressive decoding ({same})"]
+        return [f"best: {best}, {choices[best]:.2f}x autoregressive decoding ({same}){loop}"]
     return [f"none pays: every k and tree is slower than autoregressive decoding here (best "
             f"{best}, {choices[best]:.2f}x); decode with drafter=autoregressive, or drafter=auto "
             f"to measure the other drafters"]

@@ -47,6 +47,9 @@ def test_the_verdict_says_plainly_when_no_configuration_pays() -> None:
     figures["tree_speedup"] = 1.31
     assert format_decoding(figures)[-1] == \
         "best: tree tree8, 1.31x autoregressive decoding (identical ids)"
+    figures["repeated"] = 0.98  # an undertrained model's loop: said, so nobody quotes it
+    assert format_decoding(figures)[-1].endswith(
+        "(identical ids) (on text that is 98% repetition: a loop, not a figure to quote)")
 
 
 def test_time_generate_decodes_as_generate_does_batch_by_batch(trained: MTPModel) -> None:
