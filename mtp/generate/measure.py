@@ -147,7 +147,8 @@ def format_decoding(figures: dict[str, Any]) -> list[str]:
     return lines + verdict(figures)
 
 
-LOOPING = 0.8  # repeated share of a loop (docs/better.md: next-byte models 0.37-0.73, loops 0.88-0.98)
+# The repeated share of a loop (docs/better.md: next-byte models 0.37-0.73, loops 0.88-0.98).
+LOOPING = 0.8
 
 
 def verdict(figures: dict[str, Any]) -> list[str]:
