@@ -18,6 +18,10 @@
   for any n); `added_heads` puts heads 1..n-1 on top; the presets pick with `from_depth`.
 - No loss, sampling or parallelism here. The cached forward takes a `KVCache` and a
   `CacheStep` (explicit positions, slots and mask): a decode step has fixed shapes.
+- Decoding on a CPU runs through `mtp.kernels` once `use_kernels` has marked the model:
+  projections, norms, SiLU and the cached attention, each computing a row the same way
+  whatever else its call holds (so a token's bits do not depend on its step or its batch).
+  Whatever needs gradients, and every other device, keeps torch's path.
 - Residual output projections start at std / sqrt(2 * depth) (GPT-2).
 
 Shapes in comments: B batch, T sequence, D model width, H query heads, K key/value heads,
@@ -36,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import mtp.kernels as kernels
 from mtp.rope import RopeScaling
 
 if TYPE_CHECKING:
@@ -192,6 +197,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        if _on_kernels(self, x, self.weight):
+            return kernels.rms_norm(x, self.weight, self.eps)
         return rms_normalise(x, self.eps) * self.weight
 
 
@@ -219,10 +226,103 @@ def project(x: Tensor, layer: nn.Linear) -> Tensor:
     (k, ..., in) as one batched product (see `Block`); biases (out,) or (k, out)."""
     weight, bias = layer.weight, layer.bias
     if weight.dim() == 2:
+        if _on_kernels(layer, x, weight):
+            return _packed(layer)(x)
         return F.linear(x, weight, bias)
     flat = x.flatten(1, -2)  # (k, N, in)
     out = flat @ weight.mT if bias is None else torch.baddbmm(bias[:, None], flat, weight.mT)
     return out.unflatten(1, x.shape[1:-1])  # (k, ..., out)
+
+
+_KERNEL_MARK = "_decodes_on_kernels"  # set on the modules `use_kernels` hands to the kernels
+_PACKED = "_packed_weight"  # an nn.Linear's PackedLinear and the weight it was packed from
+_KERNEL_CHOICE = "_kernel_choice"  # the model's: (kernels asked for, `use_kernels`' line)
+
+
+def _on_kernels(module: nn.Module, x: Tensor, weight: Tensor) -> bool:
+    """Whether this call of a marked module runs on the kernels: inference on a CPU (nothing
+    needs gradients), x and the weight in one dtype the kernels take; not while
+    torch.compile traces (a compiled step decodes through torch)."""
+    return (module.__dict__.get(_KERNEL_MARK, False) and x.device.type == "cpu"
+            and x.dtype == weight.dtype and x.dtype in kernels.DTYPES
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and not torch.compiler.is_compiling())  # the custom ops run eagerly
+
+
+def _packed(layer: nn.Linear) -> kernels.PackedLinear:
+    """The layer's packed weight, packed again when the weight changed since (an optimiser
+    step, `load_state_dict`, `.to(dtype)`)."""
+    weight = layer.weight
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor keeps no version: it cannot change in place
+        version = None
+    source = (weight.data_ptr(), weight.dtype, version)
+    entry = layer.__dict__.setdefault(_PACKED, _Packed())
+    if entry.packed is None or entry.source != source:
+        bias = None if layer.bias is None else layer.bias.detach()
+        entry.packed, entry.source = kernels.PackedLinear(weight.detach(), bias), source
+    return entry.packed
+
+
+class _Packed:
+    """Where an nn.Linear keeps its packed weight: derived state, which a copy or a pickle of
+    the model leaves behind (packed again on first use, from the copy's own weight)."""
+
+    def __init__(self) -> None:
+        self.packed: kernels.PackedLinear | None = None
+        self.source: tuple | None = None
+
+    def __reduce__(self) -> tuple:
+        return _Packed, ()
+
+
+def use_kernels(model: nn.Module, on: bool | None = None) -> str:
+    """Decode `model` through `mtp.kernels` (on) or torch (off); one line saying which.
+    None: as chosen before for this model, else on (what `generate` asks).
+
+    The kernels take inference on a CPU in float32 or bfloat16: every nn.Linear, RMSNorm,
+    feed-forward and cached attention of the model is marked and its weights packed. They
+    are off where `mtp.kernels.active()` is not (MTP_KERNELS=off, no compiler), on another
+    device or dtype; training and autograd never use them."""
+    chosen = model.__dict__.get(_KERNEL_CHOICE)
+    if on is None and chosen is not None and decodes_on_kernels(model) == chosen[1]:
+        return chosen[2]  # as chosen, and nothing moved since (a device, a dtype, the switch)
+    asked = on if on is not None else True if chosen is None else chosen[0]
+    why_not = _why_not_kernels(model, asked)
+    for module in model.modules():
+        if isinstance(module, _KERNEL_MODULES):
+            module.__dict__[_KERNEL_MARK] = why_not is None
+            if isinstance(module, nn.Linear) and why_not is None:
+                _packed(module)
+            else:
+                module.__dict__.pop(_PACKED, None)
+    summary = (f"decoding through torch: {why_not}" if why_not else
+               f"decoding through mtp.kernels ({kernels.status().isa}, "
+               f"{torch.get_num_threads()} threads)")
+    model.__dict__[_KERNEL_CHOICE] = (asked, why_not is None, summary)
+    return summary
+
+
+def _why_not_kernels(model: nn.Module, asked: bool) -> str | None:
+    """Why `model` cannot decode on the kernels (None: it can)."""
+    param = next(model.parameters())
+    if not asked:
+        return "kernels off as asked"
+    if param.device.type != "cpu":
+        return f"the kernels are for a CPU, the model is on {param.device.type}"
+    if param.dtype not in kernels.DTYPES:
+        return f"the kernels take float32 and bfloat16, the model is {param.dtype}"
+    return kernels.why_inactive()
+
+
+def decodes_on_kernels(model: nn.Module) -> bool:
+    """Whether every layer of `model` that decoding runs is on the kernels (`use_kernels`):
+    then a token's arithmetic is the same in any step and any batch."""
+    param = next(model.parameters())
+    return param.device.type == "cpu" and param.dtype in kernels.DTYPES and kernels.active() \
+        and all(module.__dict__.get(_KERNEL_MARK, False) for module in model.modules()
+                if isinstance(module, _KERNEL_MODULES))
 
 
 class Attention(nn.Module):
@@ -249,6 +349,9 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.write(self.block_index, step, k, v)  # (B, K, L, hd)
             mask = step.mask.expand(*q.shape[:-3], *step.mask.shape[1:])  # (B, 1, T, L)
+        if cache is not None and step.window is None and _on_kernels(self, x, q):
+            out = kernels.attention(q.transpose(1, 2), k, v, step.mask[:, 0])  # (B, T, H, hd)
+            return project(out.flatten(-2), self.wo)
         lead = q.shape[:-3]  # (B,), or (k, B) for stacked blocks: one batch for attention
         q, k, v, mask = (None if t is None else t.flatten(0, -4) for t in (q, k, v, mask))
         if step is not None and step.window is not None:  # decoding's exact mode
@@ -312,7 +415,15 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=bias)  # down
 
     def forward(self, x: Tensor) -> Tensor:
-        return project(F.silu(project(x, self.w1)) * project(x, self.w3), self.w2)
+        gate, up = project(x, self.w1), project(x, self.w3)
+        if _on_kernels(self, gate, up):
+            return project(kernels.silu_mul(gate, up), self.w2)
+        return project(F.silu(gate) * up, self.w2)
+
+
+# What `use_kernels` marks: every module whose arithmetic decoding runs (Block and the heads'
+# layers are made of these; attention-free heads only draft).
+_KERNEL_MODULES = (nn.Linear, RMSNorm, Attention, FeedForward)
 
 
 class Block(nn.Module):
@@ -549,8 +660,8 @@ class MTPModel(nn.Module):
         """Head `head`'s logits from its output: (..., D) -> (..., V), through the shared norm
         and unembedding (Medusa heads >= 1 are normed already: the unembedding alone)."""
         if head and self.config.head_type == "medusa":
-            return self.output(h)
-        return self.output(self.norm(h))
+            return project(h, self.output)
+        return project(self.norm(h), self.output)
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None,
                 step: CacheStep | None = None, heads: Sequence[int] | None = None) -> Tensor:

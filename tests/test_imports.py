@@ -116,3 +116,10 @@ def test_no_subpackage_imports_itself_back():
 def test_a_cycle_is_found():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_kernels_room_imports_nothing_else_of_mtp():
+    graph, _ = _graphs()
+    kernels = {name for name in graph if name.startswith("mtp.kernels")}
+    assert kernels >= {"mtp.kernels", "mtp.kernels.build"}
+    assert set().union(*(graph[name] for name in kernels)) <= kernels

@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from torch import Tensor
 
 from mtp.model import MTPConfig, MTPModel, apply_rope, rope_tables
 from mtp.rope import RopeScaling
@@ -182,3 +183,68 @@ def test_rope_scaling_frequencies_equal_transformers(rope):
     scaling = RopeScaling(type=rope["rope_type"], **fields)
     freqs = 1.0 / 5e5 ** (torch.arange(0, 128, 2).float() / 128)
     torch.testing.assert_close(scaling.frequencies(freqs), expected, rtol=1e-6, atol=0)
+
+
+def _kernels_or_skip():
+    from mtp import kernels
+
+    if not kernels.active():
+        pytest.skip(f"no compiled kernels here: {kernels.status().reason}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_on_the_kernels_a_cached_forward_agrees_with_torchs(tiny_config, dtype):
+    """The kernels' cached forward (prefill, then a step of 3 tokens) gives torch's logits
+    within the dtype's rounding; a training forward, which needs gradients, stays torch's."""
+    from mtp.kv_cache import KVCache, cache_step, causal
+    from mtp.model import decodes_on_kernels, use_kernels
+
+    _kernels_or_skip()
+    model = MTPModel(tiny_config).to(dtype)
+    tokens = torch.randint(0, tiny_config.vocab_size, (2, 12))
+
+    def cached(on: bool) -> Tensor:
+        use_kernels(model, on)
+        assert decodes_on_kernels(model) is on
+        cache = KVCache(tiny_config, 2, 32, dtype=dtype)
+        with torch.inference_mode():
+            first = model(tokens[:, :9], cache=cache, step=cache_step(
+                torch.zeros(2, dtype=torch.long), *causal(9), key_len=9))
+            then = model(tokens[:, 9:], cache=cache, step=cache_step(
+                torch.full((2,), 9), *causal(3), key_len=12))
+        return torch.cat([first, then], dim=1)
+
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else \
+        {"atol": 0.05, "rtol": 0.05}
+    torch.testing.assert_close(cached(True), cached(False), **tolerance)
+    use_kernels(model, True)
+    training = model(tokens)  # gradients wanted: torch's path, bit for bit
+    use_kernels(model, False)
+    assert torch.equal(training, model(tokens))
+    assert training.requires_grad
+
+
+def test_on_the_kernels_a_changed_weight_is_packed_again(tiny_config):
+    from mtp.model import use_kernels
+
+    _kernels_or_skip()
+    model = MTPModel(tiny_config)
+    use_kernels(model, True)
+    h = torch.randn(3, tiny_config.dim)
+    with torch.no_grad():
+        before = model.unembed(h)
+        model.output.weight.mul_(2)  # in place, as an optimiser step
+        torch.testing.assert_close(model.unembed(h), 2 * before, atol=1e-5, rtol=1e-5)
+        model.to(torch.bfloat16)  # new storage in another dtype
+        assert model.unembed(h.bfloat16()).dtype == torch.bfloat16
+
+
+def test_use_kernels_says_why_not(tiny_config, monkeypatch):
+    from mtp.model import decodes_on_kernels, use_kernels
+
+    model = MTPModel(tiny_config)
+    assert use_kernels(model, False) == "decoding through torch: kernels off as asked"
+    assert not decodes_on_kernels(model)
+    monkeypatch.setenv("MTP_KERNELS", "off")
+    assert use_kernels(model, True) == "decoding through torch: MTP_KERNELS=off"
+    assert "decoding through torch" in use_kernels(model.to(torch.float16), True)

@@ -27,13 +27,18 @@ the cache up to the longest row (`forward.key_width`) and a chain is cut to the 
 longest real proposal (`Engine.verified_tree`), so a step with nothing drafted costs an
 autoregressive step's.
 
-Exact mode (`exact=True`): every step of the call has one width W (the tree grown to W
+Exact mode (`exact=True`): greedy output is autoregressive decoding's bit for bit, and
+seeded sampling draws each position's token from its own uniform (`sampling.position_uniforms`)
+as `generate(drafter=None, exact=True)` does. On a CPU with `mtp.kernels` (the model marked by
+`model.use_kernels`, which `generate` asks for) that costs nothing: every kernel computes a
+row the same way whatever else its call holds, so the plain step is already exact, and its
+reference is plain width-1 autoregressive decoding, in any batch. Without them (a GPU, no
+compiler, MTP_KERNELS=off) a row's products depend on the rows beside it, and exact mode fixes
+the shapes instead (`windowed`): every step of the call has one width W (the tree grown to W
 nodes by padding drafts, `Tree.padded`), a fixed batch and a fixed key length (the whole
 cache); head 0 runs alone as in a one-head step (`StackedHeads(head0_alone)`) and attention
-sees each token's window in position order (`kv_cache.cache_step(window=W)`). A token's
-arithmetic is then the same whichever step computes it, so greedy output equals
-`generate(drafter=None, exact=True, width=W)` bit for bit, and sampling draws each
-position's token from its own uniform (`sampling.position_uniforms`), as that reference does.
+sees each token's window in position order (`kv_cache.cache_step(window=W)`). Its reference
+is then `generate(drafter=None, exact=True, width=W)`.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, posit
                                  probabilities, sample)
 from mtp.decode.tree import DynamicTree, Tree, TreeBuffers
 from mtp.kv_cache import KVCache, cache_step
-from mtp.model import MTPModel
+from mtp.model import MTPModel, decodes_on_kernels, use_kernels
 
 CONTEXT_BLOCK = 256  # compiled: cache lengths are rounded up to this, so calls share graphs
 MAX_SHAPES = 32  # compiled step shapes before compile=True refuses another
@@ -77,18 +82,18 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
                       active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
                       buffers: TreeBuffers, heads: int | StackedHeads,
                       sampling: SamplingConfig, rule: Rule, key_len: int,
-                      exact: bool = False,
+                      exact: bool = False, windowed: bool = False,
                       layers: tuple[int, ...] = ()) -> Verified:
     """One decode step on the device (module docstring): verify `drafts`, the nodes of `tree`
     (`buffers`: its, on the device). Updates the cache, `lengths` and `root` in place
-    (active rows only)."""
+    (active rows only). exact: exact mode's acceptance; windowed: its fixed-shape attention."""
     # verify: the root and the drafts, each at its place in the tree (its own, each row's, for
     # a tree chosen this step)
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
     if drafts.parents is not None:
         buffers = TreeBuffers.from_parents(drafts.parents, tree.depth, tree.branching)
     step = cache_step(lengths, buffers.depths, buffers.visible, key_len,
-                      model.config.max_seq_len, window=tree.n_nodes if exact else None,
+                      model.config.max_seq_len, window=tree.n_nodes if windowed else None,
                       ancestors=buffers.ancestors, dtype=cache.keys.dtype)
     hidden, features = hidden_states(model, pending, cache, step, heads, layers=layers)
     target = model.unembed(hidden[:, :, 0])  # (B, m, V); hidden (B, m, n, D)
@@ -114,11 +119,11 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
                     features=features, grows=grows)
 
 
-def rebuild_size(live: int, batch: int, compiled: bool, exact: bool = False) -> int | None:
+def rebuild_size(live: int, batch: int, compiled: bool, windowed: bool = False) -> int | None:
     """The batch to rebuild to when `live` of `batch` rows are decoding, or None to stay:
     eagerly, the live rows; compiled, the smaller power of two that holds them (few captured
-    shapes); in exact mode never (a row's products depend on the rows beside it)."""
-    if live == batch or exact:
+    shapes); in windowed exact mode never (a row's products depend on the rows beside it)."""
+    if live == batch or windowed:
         return None
     if not compiled:
         return live
@@ -131,23 +136,29 @@ class Engine:
 
     context: the most tokens any row holds; tree: the drafter's shape; k: the verify forward
     runs heads 0..k-1 (`Drafter.verify_heads`); layers: the trunk layers whose output it
-    keeps (`Drafter.verify_layers`); exact: every step `width` tokens wide (default: the
-    tree's), sampled tokens drawn from `seed`'s position uniforms.
+    keeps (`Drafter.verify_layers`); exact: exact mode, sampled tokens drawn from `seed`'s
+    position uniforms, and off the kernels every step `width` tokens wide (default: the
+    tree's).
     """
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
                  sampling: SamplingConfig, rule: Rule, compile: bool = False,
                  exact: bool = False, width: int | None = None, seed: int = 0,
                  layers: tuple[int, ...] = ()) -> None:
-        if exact:
+        use_kernels(model)  # as chosen for the model, else on where the kernels run
+        self.on_kernels = decodes_on_kernels(model) and not compile  # (the ops run eagerly)
+        self.windowed = exact and not self.on_kernels
+        if self.windowed:
             tree = tree.padded(width or tree.n_nodes)
         self.model, self.tree, self.sampling, self.rule = model, tree, sampling, rule
         self.compiled, self.exact, self.seed, self.layers = compile, exact, seed, layers
         param = next(model.parameters())
         self.device = param.device
         self.k = k  # in a compiled shape's key: a stack is a new object per k change
-        self.heads: int | StackedHeads = stacked_heads(model, k, head0_alone=exact) \
-            if STACK_HEADS and k > 1 else k
+        # On the kernels heads run one by one: each streams its weights once for all rows
+        # already, and head 0 then computes as a one-head forward does.
+        self.heads: int | StackedHeads = stacked_heads(model, k, head0_alone=self.windowed) \
+            if STACK_HEADS and k > 1 and not self.on_kernels else k
         if compile:  # calls of similar lengths share one cache length, hence one graph
             context = min(model.config.max_seq_len, -(-context // CONTEXT_BLOCK) * CONTEXT_BLOCK)
         # Slack for the last step's drafts past the context, and for finished rows' (ignored)
@@ -162,6 +173,7 @@ class Engine:
         self.active = torch.ones(batch, dtype=torch.bool, device=self.device)
         self.host_lengths = [0] * batch  # mirrors of lengths and active, kept from the reads
         self.host_active = [True] * batch
+        self.sequences = list(range(batch))  # each row's prompt: its position uniforms' key
         # Built once, outside any compiled step (a dynamic tree's come with each step's drafts)
         self.buffers = None if isinstance(tree, DynamicTree) else tree.buffers(self.device)
         self._cut_chains: dict[int, tuple[Tree, TreeBuffers]] = {}  # eager cuts, by width
@@ -207,12 +219,12 @@ class Engine:
         """Verify, accept and compact (`verify_and_accept`); then the step's one host read.
         Returns what was verified and kept (finished rows' `new_ids` empty) and each row's
         (real drafts, whether its kept node has children)."""
-        if self.exact:
+        if self.windowed:
             drafts = drafts.padded(self.tree.n_nodes - 1)
         draws = None
         if self.exact and not self.sampling.greedy:  # the uniform of each node's next token
             draws = Draws(position_uniforms(
-                self.seed, range(self.batch),
+                self.seed, self.sequences,
                 [[length + depth + 1 for depth in depths] for length, depths in
                  zip(self.host_lengths, self.node_depths(drafts))], self.device))
         elif not self.sampling.greedy:  # every node's, even when cut: one seed, one output
@@ -226,20 +238,20 @@ class Engine:
             if draws is not None:
                 draws = replace(draws, uniform=draws.uniform[:, :width])
         key_len = key_width(max(self.host_lengths) + tree.n_nodes, self.cache.max_len,
-                            self.compiled or self.exact)
+                            self.compiled or self.windowed)
         step = verify_and_accept
         if self._step is not None:
             param = next(self.model.parameters())
             self._step.note((self.model.config, param.dtype, self.batch, self.tree.paths,
                              key_len, self.k, self.sampling, self.rule, drafts.probs is None,
-                             self.exact, self.layers))
+                             self.exact, self.windowed, self.layers))
             step = self._step.function
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
             out = step(self.model, self.cache, self.lengths, self.root, self.active, drafts,
                        draws, tree, buffers, self.heads, self.sampling, self.rule, key_len,
-                       self.exact, self.layers)
+                       self.exact, self.windowed, self.layers)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
         host = torch.cat([out.kept[:, None], out.grows[:, None], *real, out.tokens],
@@ -266,7 +278,7 @@ class Engine:
         come with the drafts): the drafter's, or eagerly, for a chain with `Drafts.lengths`,
         the chain of the batch's longest real proposal."""
         tree, buffers = self.tree, self.buffers
-        if not (self.compiled or self.exact or not tree.is_chain or drafts.lengths is None):
+        if not (self.compiled or self.windowed or not tree.is_chain or drafts.lengths is None):
             longest = int(drafts.lengths.max())  # a host read: eager steps only
             if longest < drafts.count:
                 if longest not in self._cut_chains:  # each width's built once per engine
@@ -297,6 +309,7 @@ class Engine:
                                                 (self.lengths, self.root, self.active))
         self.host_lengths = [self.host_lengths[row] for row in rows]
         self.host_active = [self.host_active[row] for row in rows]
+        self.sequences = [self.sequences[row] for row in rows]
         self._mark_static()
 
     def _mark_static(self) -> None:

@@ -143,7 +143,7 @@ class _Batch:
         if finished:
             engine.finish(finished)
         live = [row for row, active in enumerate(engine.host_active) if active]
-        size = rebuild_size(len(live), engine.batch, engine.compiled, engine.exact)
+        size = rebuild_size(len(live), engine.batch, engine.compiled, engine.windowed)
         if live and size is not None:  # finished rows leave; padding rows (if any) stay masked
             kept = live + [row for row in range(engine.batch) if row not in live][:size - len(live)]
             engine.keep(kept)

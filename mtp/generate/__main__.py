@@ -22,12 +22,16 @@ threads: `mtp.tune` records) and each generation's statistics go to stderr.
   acceptance       exact (SpecInfer's rule, lossless), spectr (SpecTr's, lossless: for the
                    heads' siblings=iid), typical (Medusa's; not lossless when sampling)
   exact            auto (default): exact mode where it decodes within 5% of the plain step's
-                   speed (measured, cached); true: exact mode, every step one width, so the ids
-                   are bit for bit those of autoregressive decoding at that width, in any dtype
-                   (docs/decoding.md); width: that width (null: the drafter's widest step)
+                   speed (on the kernels: always); true: exact mode, the ids bit for bit those
+                   of autoregressive decoding, in any dtype (docs/decoding.md); off the kernels
+                   every step then has one width, and the reference is autoregressive decoding
+                   at that width; width: that width (null: the drafter's widest step)
   temperature      0 (greedy); top_k (null) and top_p (1.0) when sampling
   seed             null
   budget           the most seconds drafter=auto measures (30)
+  kernels          true (default): decode through mtp's compiled CPU kernels, where they
+                   build (each row's bits the same in any step and batch, so exact mode is
+                   free); false: through torch
 
 The drafters and their options (each option belongs to the drafters that have it; `auto` as
 a value measures it, e.g. k=auto):

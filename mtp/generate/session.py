@@ -30,14 +30,14 @@ import torch
 from mtp.checkpoint import load
 from mtp.cli import AUTO, dtype_name, parse_dtype
 from mtp.decode.acceptance import acceptance_rule
-from mtp.decode.drafters.base import Drafter, DrafterContext
+from mtp.decode.drafters.base import Drafter, DrafterContext, check_flag
 from mtp.decode.drafters.registry import DrafterSpec, drafter_types
 from mtp.decode.loop import check_exact, generate
 from mtp.decode.output import Generation, TextCallback
 from mtp.decode.sampling import SamplingConfig
 from mtp.generate.auto import Auto
 from mtp.generate.measure import plain_forward_seconds, step_width, time_generate
-from mtp.model import MTPModel
+from mtp.model import MTPModel, decodes_on_kernels, use_kernels
 from mtp.tokenizers import Tokenizer
 from mtp.tune import (Measurement, TuneCache, check_threads, choose_threads, cpu_has_bf16,
                       fingerprint, machine, report, tune, tune_key)
@@ -69,9 +69,11 @@ class DecodeSettings:
     top_p: float = 1.0
     seed: int | None = None
     budget: float = AUTO_SECONDS
+    kernels: bool = True  # decode through mtp.kernels on a CPU (False: through torch)
 
     def __post_init__(self) -> None:
         _ = self.spec, self.sampling  # parsed here so bad options fail before anything loads
+        check_flag("kernels", self.kernels)
         parse_dtype(self.dtype, auto=True)
         if isinstance(self.exact, str) and self.exact != AUTO:
             raise ValueError(f"exact must be true, false or auto, got {self.exact!r}")
@@ -171,6 +173,7 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
                              "tokenizer)")
         loaded = load(checkpoint, device=settings.device, dtype=settings.load_dtype)
     model, tokenizer = loaded
+    kernels = kernels_record(model, settings)  # before any measurement: they decode on them
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
     model_id = checkpoint_id(checkpoint) if checkpoint is not None else None
@@ -188,7 +191,8 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
                               batch=batch_size, cache=cache)
         return chosen
 
-    records = []
+    records = [kernels]
+    report(kernels)
     if measured:
         auto = Auto(spec=spec, context=context, compile=settings.compiled,
                     exact=settings.exact is True,
@@ -227,6 +231,9 @@ def choose_exact(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
     if acceptance_rule(settings.acceptance) is not None:
         return Measurement("exact", "off", "fixed", f"acceptance={settings.acceptance} is a "
                            f"rule of its own", value=False)
+    if decodes_on_kernels(model):  # the plain step is the exact step: nothing to measure
+        return Measurement("exact", "on", "fixed", "on the kernels every step is exact, at "
+                           "no cost", value=True)
     options = {"drafter": drafter, "compile": settings.compiled, "seed": 0}
     width = settings.width
 
@@ -252,6 +259,15 @@ def choose_exact(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
                    dtype=dtype_name(param.dtype), threads=torch.get_num_threads(),
                    compile=settings.compiled)
     return tune("exact", key, measure, cache=cache)
+
+
+def kernels_record(model: MTPModel, settings: DecodeSettings) -> Measurement:
+    """Mark `model` to decode through `mtp.kernels` or torch, as `settings.kernels` asks and
+    where they run (`model.use_kernels`); the record says which."""
+    line = use_kernels(model, settings.kernels)
+    on = decodes_on_kernels(model)
+    return Measurement("kernels", "on" if on else "off", "set" if not settings.kernels else
+                       "fixed", line, value=on)
 
 
 def checkpoint_id(path: str | Path) -> str:

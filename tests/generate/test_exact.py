@@ -1,7 +1,12 @@
-"""Exact mode: every drafter's greedy ids equal the exact reference's, `generate(drafter=None,
-exact=True, width=W)`, bit for bit, in float32 and bfloat16, alone and in ragged batches, on
-trained models and on a model whose every choice is a near tie; sampling with a seed gives
-the reference's draws; bad settings are refused before decoding."""
+"""Exact mode: every drafter's greedy ids equal the exact reference's bit for bit, in float32
+and bfloat16, alone and in ragged batches, on trained models and on a model whose every choice
+is a near tie; sampling with a seed gives the reference's draws; bad settings are refused
+before decoding.
+
+Every test runs twice: on the compiled kernels (`mtp.kernels`), where the reference is plain
+autoregressive decoding, `generate(drafter=None)`, and a prompt's ids do not depend on its
+batch; and through torch (MTP_KERNELS=off), where it is `generate(drafter=None, exact=True,
+width=W)`, the same batch's. Where the kernels do not build, the first run is skipped."""
 
 import copy
 
@@ -12,7 +17,8 @@ from mtp.decode.tree import DynamicTree, Tree
 from mtp.generate import (Combined, DecodeSettings, DraftModel, HeadsDrafter, LayerSkip,
                           Lookahead, PromptLookup, SamplingConfig, SequentialDrafter, generate,
                           open_decoder)
-from mtp.model import MTPModel
+from mtp import kernels
+from mtp.model import MTPModel, decodes_on_kernels
 from mtp.tokenizers import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
@@ -21,6 +27,27 @@ TOKENIZER = ByteTokenizer()
 PROMPTS = ["def add(", "print('h", "for i in range(10):\n    print(i)\nfor", "zz"]
 DTYPES = [torch.float32, torch.bfloat16]
 TREE = Tree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)), name="five")
+
+
+@pytest.fixture(autouse=True, params=["kernels", "torch"])
+def decode_path(request, monkeypatch):
+    """Each test on the kernels, and through torch."""
+    if request.param == "torch":
+        monkeypatch.setenv("MTP_KERNELS", "off")
+    elif not kernels.active():
+        pytest.skip(f"no compiled kernels here: {kernels.status().reason}")
+    return request.param
+
+
+def _reference_options(model: MTPModel, options: dict) -> dict:
+    """The reference of an exact call with `options`: on the kernels plain decoding (seeded
+    sampling: exact mode's draws, by position), else exact mode at the call's width."""
+    if not decodes_on_kernels(model):
+        return options
+    sampling = options.get("sampling")
+    exact = sampling is not None and not sampling.greedy
+    return {**{k: v for k, v in options.items() if k not in ("width", "exact")},
+            "exact": exact}
 
 
 def _ids(generations):
@@ -46,14 +73,18 @@ def _check(model: MTPModel, drafter, prompts=PROMPTS, *, width=None, **options):
     """The drafter's ids in exact mode, in a batch and alone, against the reference's."""
     width = width or drafter.tree.n_nodes
     kwargs = dict(max_new_tokens=40, stop=["print"], exact=True, width=width, **options)
-    reference = generate(model, TOKENIZER, prompts, **kwargs)
+    reference = generate(model, TOKENIZER, prompts, **_reference_options(model, kwargs))
     got = generate(model, TOKENIZER, prompts, drafter=drafter, **kwargs)
     assert _ids(got) == _ids(reference)
     assert [g.finish_reason for g in got] == [g.finish_reason for g in reference]
-    for prompt in prompts:  # alone: its own reference, a batch of 1
+    on_kernels = decodes_on_kernels(model)
+    for index, prompt in enumerate(prompts):  # alone: its own reference, a batch of 1
         [alone] = generate(model, TOKENIZER, [prompt], drafter=drafter, **kwargs)
-        [single] = generate(model, TOKENIZER, [prompt], **kwargs)
+        [single] = generate(model, TOKENIZER, [prompt], **_reference_options(model, kwargs))
         assert alone.token_ids == single.token_ids
+        if on_kernels and "seed" not in options:  # and what it was in the batch (greedy: a
+            # seed draws by a row's place in its call)
+            assert alone.token_ids == got[index].token_ids
     return got
 
 
@@ -103,11 +134,28 @@ def test_near_ties_keep_the_references_ids(trained, trained_draft, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
-def test_without_exact_mode_near_ties_part_from_width_1_decoding(trained, dtype):
+def test_on_the_kernels_every_step_is_exact_and_batch_blind(trained, dtype, decode_path):
+    """On the kernels a prompt's ids are the same decoded alone or among others (ragged, some
+    finishing early), and the plain speculative step, exact=False, gives them too."""
+    if decode_path == "torch":
+        pytest.skip("through torch a row's products round by how many rows its step has")
+    model = _near_ties(trained, dtype)
+    options = dict(max_new_tokens=40, stop=["print"])
+    batch = _ids(generate(model, TOKENIZER, PROMPTS, **options))
+    alone = [_ids(generate(model, TOKENIZER, [prompt], **options))[0] for prompt in PROMPTS]
+    assert alone == batch
+    for drafter in (HeadsDrafter(4), HeadsDrafter(4, TREE), PromptLookup(num_draft=5)):
+        assert _ids(generate(model, TOKENIZER, PROMPTS, drafter=drafter, **options)) == batch
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+def test_without_exact_mode_near_ties_part_from_width_1_decoding(trained, dtype, decode_path):
     """What the tests above guard against: on a CPU whose products round a row by how many
     rows its step has (float32 on the Intel and AMD CPUs of this project), the non-exact step
     parts from width-1 decoding at these near ties; where a CPU rounds every width alike
     (bfloat16 on an Intel Xeon with AVX512-BF16) there is nothing to show."""
+    if decode_path == "kernels":
+        pytest.skip("the kernels round a row alike at every step width (the test above)")
     model = _near_ties(trained, dtype)
     width_1 = _ids(generate(model, TOKENIZER, PROMPTS, max_new_tokens=40))
     parted = [_ids(generate(model, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter))
@@ -171,9 +219,11 @@ def test_decode_settings_check_exact_mode_once():
     assert auto.step_width(HeadsDrafter(4)) == 4 and not auto.generate_options(None)["exact"]
 
 
-def test_exact_auto_is_a_measured_choice_the_decoder_decodes_with(trained, tmp_path):
+def test_exact_auto_is_a_measured_choice_the_decoder_decodes_with(trained, tmp_path,
+                                                                   decode_path):
     """exact=auto (the command lines' default) times both steps, records the choice, caches
-    it, and the decoder decodes as chosen; a rule of its own keeps exact mode off."""
+    it, and the decoder decodes as chosen (on the kernels it is on, unmeasured: the steps
+    are the same); a rule of its own keeps exact mode off."""
     from mtp.tune import TuneCache
 
     cache = TuneCache(tmp_path / "tune.json")
@@ -181,11 +231,16 @@ def test_exact_auto_is_a_measured_choice_the_decoder_decodes_with(trained, tmp_p
     decoder = open_decoder(None, settings, loaded=(trained, TOKENIZER), prompts=PROMPTS[:1],
                            cache=cache)
     [record] = [r for r in decoder.records if r.step == "exact"]
-    assert record.how == "measured" and set(record.figures) == {"plain", "exact"}
+    [kernels_record] = [r for r in decoder.records if r.step == "kernels"]
+    assert kernels_record.value is (decode_path == "kernels")
     assert decoder.settings.exact is record.value
     again = open_decoder(None, settings, loaded=(trained, TOKENIZER), prompts=PROMPTS[:1],
                          cache=cache)
-    assert [r.how for r in again.records if r.step == "exact"] == ["cached"]
+    if decode_path == "kernels":
+        assert (record.how, record.value) == ("fixed", True)
+    else:
+        assert record.how == "measured" and set(record.figures) == {"plain", "exact"}
+        assert [r.how for r in again.records if r.step == "exact"] == ["cached"]
     [ids] = _ids(decoder.generate(PROMPTS[:1], max_new_tokens=20))
     width = {"width": 4} if record.value else {}
     assert ids == _ids(generate(trained, TOKENIZER, PROMPTS[:1], max_new_tokens=20,

@@ -25,10 +25,14 @@ def test_streams_the_same_text_as_generate(checkpoint, capsys):
     directory, model = checkpoint
     main([f"checkpoint={directory}", "prompt='def fib(n):'", "max_new_tokens=12", "k=3"])
     out, err = capsys.readouterr()
-    dtype, threads, exact, stats = err.splitlines()  # the choices first (the tests' thread: as set)
+    # the choices first (the tests' thread: as set)
+    kernels, dtype, threads, exact, stats = err.splitlines()
+    assert kernels.startswith(("kernels: on (fixed: decoding through mtp.kernels",
+                               "kernels: off (fixed: decoding through torch"))
     assert dtype == "dtype: float32 (fixed: as loaded)"
     assert threads == "threads: 1 (set: torch.set_num_threads before)"
-    assert exact.startswith(("exact: on (measured", "exact: off (measured"))  # exact=auto
+    # exact=auto: on the kernels, on without measuring
+    assert exact.startswith(("exact: on (measured", "exact: off (measured", "exact: on (fixed"))
     chosen = {"exact": True, "width": 3} if exact.startswith("exact: on") else {}
     [expected] = generate(model.eval(), ByteTokenizer(), ["def fib(n):"], max_new_tokens=12,
                           **chosen)

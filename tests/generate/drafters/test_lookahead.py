@@ -185,7 +185,7 @@ def test_command_lines(tiny_config, tmp_path, capsys):
     out, err = capsys.readouterr()
     [expected] = generate(model.eval(), TOKENIZER, ["def f(x):"], max_new_tokens=10)
     assert out == "def f(x):" + expected.text + "\n"
-    dtype, threads, exact, stats = err.splitlines()  # the choices first (threads: as set)
+    kernels, dtype, threads, exact, stats = err.splitlines()  # the choices first (threads: set)
     assert threads.startswith("threads: 1 (set: ")
     assert exact == "exact: off (set)"
     assert stats.startswith("[length] lookahead(window=3, ngram=3, guesses=2): 10 tokens in ")
