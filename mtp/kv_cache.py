@@ -149,6 +149,12 @@ class KVCache:
     def max_len(self) -> int:
         return self.keys.shape[3]
 
+    def store(self, block: int) -> tuple[Tensor, Tensor]:
+        """Block `block`'s whole stores, (B, K, max_len, hd) views each: for a kernel that
+        writes a step's keys and values itself (`mtp.kernels.rope_write`)."""
+        block -= self.first_block
+        return self.keys[block], self.values[block]
+
     def write(self, block: int | slice, step: CacheStep, keys: Tensor,
               values: Tensor) -> tuple[Tensor, Tensor]:
         """Write keys/values (B, K, T, hd) of `block` at the step's slots; return the block's

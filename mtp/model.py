@@ -343,15 +343,20 @@ class Attention(nn.Module):
         q = project(x, self.wq).unflatten(-1, (self.n_heads, self.head_dim))  # (B, T, H, hd)
         k = project(x, self.wk).unflatten(-1, (self.n_kv_heads, self.head_dim))
         v = project(x, self.wv).unflatten(-1, (self.n_kv_heads, self.head_dim))
+        if cache is not None and step.window is None and _on_kernels(self, x, q):
+            # Rotate, write the cache and attend in two kernel calls, not a few dozen ops.
+            keys, values = cache.store(self.block_index)  # (B, K, max_len, hd)
+            q = kernels.rope_write(q, k, v, cos, sin, keys, values, step.slots)
+            width = step.key_len
+            out = kernels.attention(q, keys[:, :, :width], values[:, :, :width],
+                                    step.mask[:, 0])  # (B, T, H, hd)
+            return project(out.flatten(-2), self.wo)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # (B, heads, T, hd)
         mask = None
         if cache is not None:
             k, v = cache.write(self.block_index, step, k, v)  # (B, K, L, hd)
             mask = step.mask.expand(*q.shape[:-3], *step.mask.shape[1:])  # (B, 1, T, L)
-        if cache is not None and step.window is None and _on_kernels(self, x, q):
-            out = kernels.attention(q.transpose(1, 2), k, v, step.mask[:, 0])  # (B, T, H, hd)
-            return project(out.flatten(-2), self.wo)
         lead = q.shape[:-3]  # (B,), or (k, B) for stacked blocks: one batch for attention
         q, k, v, mask = (None if t is None else t.flatten(0, -4) for t in (q, k, v, mask))
         if step is not None and step.window is not None:  # decoding's exact mode

@@ -235,8 +235,8 @@ class Engine:
             width = tree.n_nodes - 1
             drafts = replace(drafts, tokens=drafts.tokens[:, :width],
                              probs=None if drafts.probs is None else drafts.probs[:, :width])
-            if draws is not None:
-                draws = replace(draws, uniform=draws.uniform[:, :width])
+            if draws is not None:  # one per draft; exact mode's one per node
+                draws = replace(draws, uniform=draws.uniform[:, :width + self.exact])
         key_len = key_width(max(self.host_lengths) + tree.n_nodes, self.cache.max_len,
                             self.compiled or self.windowed)
         step = verify_and_accept

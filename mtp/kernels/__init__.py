@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["DTYPES", "ISAS", "PackedLinear", "Status", "active", "attention", "isas",
-           "rms_norm", "silu_mul", "status", "switched_off", "why_inactive"]
+           "rms_norm", "rope_write", "silu_mul", "status", "switched_off",
+           "why_inactive"]
 
 DTYPES = (torch.float32, torch.bfloat16)  # what the kernels take (activations and weights)
 # Instruction paths, best first; the position in the C++ numbering is the reverse.
@@ -212,3 +213,16 @@ def silu_mul(gate: Tensor, up: Tensor, isa: str | None = None) -> Tensor:
         raise ValueError(f"silu_mul: up {tuple(up.shape)} {up.dtype} does not match gate "
                          f"{tuple(gate.shape)} {gate.dtype}")
     return _ops.silu_mul(gate, up, _isa_code(isa))
+
+
+def rope_write(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, key_cache: Tensor,
+               value_cache: Tensor, slots: Tensor) -> Tensor:
+    """A decode step's rotary embedding and cache write in one call: q (B, T, H, hd), k, v
+    (B, T, KV, hd) as projected, cos and sin (B, T, hd / 2) float32; k rotated and v are
+    written to key_cache and value_cache (B, KV, max_len, hd) at `slots` (B, T); returns q
+    rotated. Rotates in torch's order and roundings (`mtp.model.apply_rope`)."""
+    for t, what in ((q, "q"), (k, "k"), (v, "v"), (key_cache, "key_cache"),
+                    (value_cache, "value_cache")):
+        _check_dtype(t, what)
+    _isa_code(None)  # the kernels are built
+    return _ops.rope_write(q, k, v, cos, sin, key_cache, value_cache, slots)

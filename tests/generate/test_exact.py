@@ -226,6 +226,7 @@ def test_exact_auto_is_a_measured_choice_the_decoder_decodes_with(trained, tmp_p
     are the same); a rule of its own keeps exact mode off."""
     from mtp.tune import TuneCache
 
+    trained = _in(trained, torch.float32)  # a dtype the kernels take
     cache = TuneCache(tmp_path / "tune.json")
     settings = DecodeSettings(drafter="heads", options={"k": 4}, exact="auto", threads=1)
     decoder = open_decoder(None, settings, loaded=(trained, TOKENIZER), prompts=PROMPTS[:1],

@@ -158,6 +158,31 @@ def test_silu_mul(isa, dtype, gen):
     assert torch.equal(kernels.silu_mul(g[4:5], u[4:5], isa=isa), y[4:5])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_write_rotates_as_torch_and_writes_the_cache(dtype, gen):
+    """q and k rotated bit for bit as `mtp.model.apply_rope` does; k and v land at the slots
+    (strided cache views), the other slots untouched."""
+    from mtp.model import apply_rope
+
+    B, T, H, KV, hd, L = 2, 3, 6, 2, 16, 10
+    q, k, v = (torch.randn(B, T, n, hd, generator=gen).to(dtype) for n in (H, KV, KV))
+    angles = torch.rand(B, T, hd // 2, generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    store = torch.full((3, B, KV, L, hd), 7.0, dtype=dtype)  # blocks: write block 1's
+    keys, values = store[1], store[1].clone()
+    slots = torch.tensor([[4, 5, 6], [0, 8, 2]])
+    rotated = kernels.rope_write(q, k, v, cos, sin, keys, values, slots)
+    assert torch.equal(rotated, apply_rope(q, cos, sin))
+    rows = torch.arange(B)[:, None]
+    assert torch.equal(keys[rows, :, slots], apply_rope(k, cos, sin))
+    assert torch.equal(values[rows, :, slots], v)
+    untouched = torch.ones(B, L, dtype=torch.bool)
+    untouched[rows, slots] = False
+    assert (keys.transpose(1, 2)[untouched] == 7).all() and (store[0] == 7).all()
+    with pytest.raises(ValueError, match="slot 10 is outside the 10 of the cache"):
+        kernels.rope_write(q, k, v, cos, sin, keys, values, slots + 6)
+
+
 def test_bad_inputs():
     lin = kernels.PackedLinear(torch.randn(8, 16))
     with pytest.raises(ValueError, match="float16"):

@@ -67,6 +67,14 @@ static uint16_t to_bf16_bits(float f) {
 
 static bool is_bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
 
+// A value of the kernels' storage types (float, or bf16 bits) as float, and back (bf16:
+// round to nearest even).
+static float as_float(float x) { return x; }
+static float as_float(uint16_t x) { return bf16_bits(x); }
+template <typename T> static T from_float(float x);
+template <> float from_float<float>(float x) { return x; }
+template <> uint16_t from_float<uint16_t>(float x) { return to_bf16_bits(x); }
+
 static void check_float(const at::Tensor& t, const char* what) {
   TORCH_CHECK_VALUE(t.device().is_cpu() && (t.scalar_type() == at::kFloat || is_bf16(t)),
                     what, " must be a CPU float32 or bfloat16 tensor, got ", t.scalar_type(),
@@ -248,6 +256,83 @@ static at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, int64_t
   return y.to(g.scalar_type());
 }
 
+// The rotary embedding of one (row, head) pair of x (hd values) into `out`, in torch's order
+// (model.apply_rope: even * cos - odd * sin, even * sin + odd * cos, each product and sum
+// rounded to float32, then once to the dtype), so the kernels rotate as torch does.
+template <typename T>
+static void rotate(const T* x, const float* cos, const float* sin, int64_t hd, T* out) {
+  for (int64_t i = 0; i < hd / 2; ++i) {
+    float even = as_float(x[2 * i]), odd = as_float(x[2 * i + 1]);
+    float a = even * cos[i], b = odd * sin[i], c = even * sin[i], d = odd * cos[i];
+    out[2 * i] = from_float<T>(a - b);
+    out[2 * i + 1] = from_float<T>(c + d);
+  }
+}
+
+// A decode step's keys and values into the cache and its queries rotated, in one call:
+// q (B, T, H, hd), k, v (B, T, KV, hd) as projected; cos, sin (B, T, hd / 2) float32;
+// key_cache, value_cache (B, KV, max_len, hd), written at `slots` (B, T) with k rotated and v.
+// Returns q rotated (B, T, H, hd). Elementwise: a row's bits are the same in any call.
+static at::Tensor rope_write(const at::Tensor& q_in, const at::Tensor& k_in,
+                             const at::Tensor& v_in, const at::Tensor& cos_in,
+                             const at::Tensor& sin_in, at::Tensor key_cache,
+                             at::Tensor value_cache, const at::Tensor& slots_in) {
+  check_float(q_in, "q");
+  auto dtype = q_in.scalar_type();
+  TORCH_CHECK_VALUE(k_in.scalar_type() == dtype && v_in.scalar_type() == dtype &&
+                        key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype,
+                    "rope_write: q, k, v and the caches must share one dtype, q is ", dtype);
+  TORCH_CHECK_VALUE(q_in.dim() == 4 && k_in.dim() == 4 && v_in.sizes() == k_in.sizes() &&
+                        key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes(),
+                    "rope_write: q ", q_in.sizes(), " k ", k_in.sizes(), " v ", v_in.sizes(),
+                    " caches ", key_cache.sizes(), " do not fit");
+  int64_t B = q_in.size(0), T = q_in.size(1), H = q_in.size(2), hd = q_in.size(3);
+  int64_t KV = k_in.size(2), L = key_cache.size(2);
+  TORCH_CHECK_VALUE(k_in.size(0) == B && k_in.size(1) == T && k_in.size(3) == hd &&
+                        key_cache.size(0) == B && key_cache.size(1) == KV &&
+                        key_cache.size(3) == hd && hd % 2 == 0,
+                    "rope_write: q ", q_in.sizes(), " k ", k_in.sizes(), " caches ",
+                    key_cache.sizes(), " do not fit");
+  TORCH_CHECK_VALUE(key_cache.stride(3) == 1 && value_cache.stride(3) == 1,
+                    "rope_write: the caches' last dim must be contiguous");
+  at::Tensor cos = cos_in.to(at::kFloat).contiguous(), sin = sin_in.to(at::kFloat).contiguous();
+  at::Tensor slots = slots_in.to(at::kLong).contiguous();
+  TORCH_CHECK_VALUE(cos.numel() == B * T * hd / 2 && sin.numel() == cos.numel() &&
+                        slots.numel() == B * T,
+                    "rope_write: cos ", cos.sizes(), " sin ", sin.sizes(), " slots ",
+                    slots.sizes(), " do not fit (B, T) = (", B, ", ", T, ")");
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < B * T; ++i)
+    TORCH_CHECK_VALUE(0 <= sl[i] && sl[i] < L, "rope_write: slot ", sl[i], " is outside the ",
+                      L, " of the cache");
+  at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  auto run = [&](auto zero) {
+    using T_ = decltype(zero);
+    const T_ *qp = static_cast<const T_*>(q.data_ptr()), *kp = static_cast<const T_*>(k.data_ptr()),
+             *vp = static_cast<const T_*>(v.data_ptr());
+    T_ *op = static_cast<T_*>(out.data_ptr()), *kc = static_cast<T_*>(key_cache.data_ptr()),
+       *vc = static_cast<T_*>(value_cache.data_ptr());
+    const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+    const int64_t* ks = key_cache.strides().data();
+    const int64_t* vs = value_cache.strides().data();
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      int64_t b = bt / T, slot = sl[bt];
+      const float *c = cp + bt * hd / 2, *s = sp + bt * hd / 2;
+      for (int64_t h = 0; h < H; ++h)
+        rotate(qp + (bt * H + h) * hd, c, s, hd, op + (bt * H + h) * hd);
+      for (int64_t h = 0; h < KV; ++h) {
+        rotate(kp + (bt * KV + h) * hd, c, s, hd, kc + b * ks[0] + h * ks[1] + slot * ks[2]);
+        std::memcpy(vc + b * vs[0] + h * vs[1] + slot * vs[2], vp + (bt * KV + h) * hd,
+                    hd * sizeof(T_));
+      }
+    }
+  };
+  if (is_bf16(q)) run(uint16_t{0});
+  else run(0.0f);
+  return out;
+}
+
 }  // namespace mtp_kernels
 
 TORCH_LIBRARY(mtp_kernels, m) {
@@ -258,6 +343,8 @@ TORCH_LIBRARY(mtp_kernels, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, int isa) -> Tensor",
         &mtp_kernels::rms_norm);
   m.def("silu_mul(Tensor gate, Tensor up, int isa) -> Tensor", &mtp_kernels::silu_mul);
+  m.def("rope_write(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) key_cache, "
+        "Tensor(b!) value_cache, Tensor slots) -> Tensor", &mtp_kernels::rope_write);
   m.def("cpu_isas() -> int[]", &mtp_kernels::cpu_isas);
   m.def("amx_ready() -> bool", &mtp_kernels::amx_ready);
   m.def("pack_amx(Tensor weight) -> Tensor", &mtp_kernels::pack_amx);
