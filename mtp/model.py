@@ -236,7 +236,7 @@ def project(x: Tensor, layer: nn.Linear) -> Tensor:
 
 _KERNEL_MARK = "_decodes_on_kernels"  # set on the modules `use_kernels` hands to the kernels
 _PACKED = "_packed_weight"  # an nn.Linear's PackedLinear and the weight it was packed from
-_KERNEL_CHOICE = "_kernel_choice"  # the model's: (kernels asked for, `use_kernels`' line)
+_KERNEL_CHOICE = "_kernel_choice"  # the model's: (whether the kernels were asked for,)
 
 
 def _on_kernels(module: nn.Module, x: Tensor, weight: Tensor) -> bool:
@@ -286,10 +286,14 @@ def use_kernels(model: nn.Module, on: bool | None = None) -> str:
     are off where `mtp.kernels.active()` is not (MTP_KERNELS=off, no compiler), on another
     device or dtype; training and autograd never use them."""
     chosen = model.__dict__.get(_KERNEL_CHOICE)
-    if on is None and chosen is not None and decodes_on_kernels(model) == chosen[1]:
-        return chosen[2]  # as chosen, and nothing moved since (a device, a dtype, the switch)
     asked = on if on is not None else True if chosen is None else chosen[0]
     why_not = _why_not_kernels(model, asked)
+    summary = (f"decoding through torch: {why_not}" if why_not else
+               f"decoding through mtp.kernels ({kernels.status().isa}, "
+               f"{torch.get_num_threads()} threads)")
+    if chosen is not None and chosen[0] == asked and decodes_on_kernels(model) == (
+            why_not is None):
+        return summary  # marked as it should be (a device, a dtype or the switch may move)
     for module in model.modules():
         if isinstance(module, _KERNEL_MODULES):
             module.__dict__[_KERNEL_MARK] = why_not is None
@@ -297,10 +301,7 @@ def use_kernels(model: nn.Module, on: bool | None = None) -> str:
                 _packed(module)
             else:
                 module.__dict__.pop(_PACKED, None)
-    summary = (f"decoding through torch: {why_not}" if why_not else
-               f"decoding through mtp.kernels ({kernels.status().isa}, "
-               f"{torch.get_num_threads()} threads)")
-    model.__dict__[_KERNEL_CHOICE] = (asked, why_not is None, summary)
+    model.__dict__[_KERNEL_CHOICE] = (asked,)
     return summary
 
 
@@ -664,9 +665,11 @@ class MTPModel(nn.Module):
     def unembed(self, h: Tensor, head: int = 0) -> Tensor:
         """Head `head`'s logits from its output: (..., D) -> (..., V), through the shared norm
         and unembedding (Medusa heads >= 1 are normed already: the unembedding alone)."""
-        if head and self.config.head_type == "medusa":
-            return project(h, self.output)
-        return project(self.norm(h), self.output)
+        if not (head and self.config.head_type == "medusa"):
+            h = self.norm(h)
+        if _on_kernels(self.output, h, self.output.weight):
+            return _packed(self.output)(h)
+        return self.output(h)  # the module's call: its hooks (FSDP's unsharding) run
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None,
                 step: CacheStep | None = None, heads: Sequence[int] | None = None) -> Tensor:

@@ -248,3 +248,21 @@ def test_use_kernels_says_why_not(tiny_config, monkeypatch):
     monkeypatch.setenv("MTP_KERNELS", "off")
     assert use_kernels(model, True) == "decoding through torch: MTP_KERNELS=off"
     assert "decoding through torch" in use_kernels(model.to(torch.float16), True)
+
+
+def test_a_model_moved_to_a_kernel_dtype_is_marked_again(tiny_config):
+    """A float64 model decodes through torch; its copy in float32 (as the tests' and
+    `open_decoder`'s dtype variants make) on the kernels, as `generate` asks."""
+    import copy
+
+    from mtp.model import decodes_on_kernels, use_kernels
+
+    _kernels_or_skip()
+    model = MTPModel(tiny_config).double()
+    assert "float64" in use_kernels(model) and not decodes_on_kernels(model)
+    moved = copy.deepcopy(model).float()
+    assert use_kernels(moved).startswith("decoding through mtp.kernels")
+    assert decodes_on_kernels(moved)
+    assert use_kernels(moved, False) and not decodes_on_kernels(moved)
+    # asked off, it stays off in a copy in another dtype
+    assert use_kernels(copy.deepcopy(moved).bfloat16()).startswith("decoding through torch")
