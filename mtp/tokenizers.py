@@ -9,6 +9,11 @@
 - Prompts (``encode_prompt``) start as the model saw every document start: after EOS for
   tokenizers mtp trains (it packs documents after EOS); for others as their own template
   (the post-processor transformers uses) says: Llama's BOS, SmolLM2's nothing.
+- Conversations (``encode_chat``): the model's own chat template (``chat_template``, read from
+  a GGUF, a ``tokenizer_config.json`` or mtp's header) rendered as transformers renders it
+  (``mtp.chat``); the special tokens the template writes become their ids, and text typed in
+  a message still never does. A prompt may be a text or a conversation (``encode_prompt``).
+  ``stop_ids``: EOS and the end-of-turn tokens the tokenizer's files name.
 """
 
 from __future__ import annotations
@@ -17,15 +22,22 @@ import codecs
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from mtp.chat import Conversation, is_conversation, render_chat
+
 META_FILE = "mtp_tokenizer.json"  # our small header, next to tokenizer.json for BPE
 BPE_FILE = "tokenizer.json"
+HF_CONFIG_FILE = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers >= 4.50 saves the template
+
+# A prompt: a text, or a conversation (a list of {"role", "content"} messages).
+Prompt = str | bytes | Conversation
 
 # Names tried, in order, when a tokenizer.json comes without our header.
 _SPECIAL_CANDIDATES = {
@@ -51,6 +63,12 @@ class Tokenizer(ABC):
     bos_id: int
     eos_id: int
     pad_id: int
+    # The model's Jinja chat template (None: the model has none), and the tokens it names.
+    chat_template: str | None = None
+    bos_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    stop_tokens: tuple[str, ...] = ()  # end-of-turn tokens besides EOS
 
     @abstractmethod
     def encode(self, text: str | bytes) -> list[int]:
@@ -77,14 +95,48 @@ class Tokenizer(ABC):
     def fingerprint(self) -> str:
         """Short string that changes whenever encoding would change (names caches)."""
 
-    def encode_prompt(self, text: str | bytes) -> list[int]:
+    def encode_prompt(self, text: Prompt) -> list[int]:
         """The ids of a prompt as the model is given it (see the module docstring): here
-        EOS, the token every document of mtp's training stream follows, then the text."""
+        EOS, the token every document of mtp's training stream follows, then the text; a
+        conversation as ``encode_chat`` encodes it."""
+        if is_conversation(text):
+            return self.encode_chat(text)
         return [self.eos_id, *self.encode(text)]
 
-    def encode_prompts(self, texts: Sequence[str | bytes]) -> list[list[int]]:
-        """``encode_prompt`` applied to each text."""
+    def encode_prompts(self, texts: Sequence[Prompt]) -> list[list[int]]:
+        """``encode_prompt`` applied to each prompt (text or conversation)."""
         return [self.encode_prompt(text) for text in texts]
+
+    def encode_chat(self, messages: Conversation, add_generation_prompt: bool = True,
+                    **variables: Any) -> list[int]:
+        """The ids of a conversation rendered by the model's chat template, as transformers'
+        ``apply_chat_template(messages, add_generation_prompt=..., tokenize=True)`` gives
+        them; special tokens only where the template wrote them, never from message text
+        (``mtp.chat.render_chat``). ``variables``: more template variables (e.g. tools)."""
+        if self.chat_template is None:
+            raise ValueError(f"the {self.name} tokenizer has no chat template: give prompts "
+                             f"as text, or use a model that has one")
+        specials = self.special_tokens
+        names = {"bos_token": self.bos_token, "eos_token": self.eos_token,
+                 "pad_token": self.pad_token}
+        pieces = render_chat(self.chat_template, messages, specials,
+                             add_generation_prompt=add_generation_prompt,
+                             **{k: v for k, v in names.items() if v is not None}, **variables)
+        ids: list[int] = []
+        for text, special in pieces:
+            ids += [specials[text]] if special else self.encode(text)
+        return ids
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """The special tokens a chat template may write, by their text."""
+        return {}
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """The ids that end a generation: EOS and any end-of-turn token (``stop_tokens``)."""
+        found = self.special_tokens
+        return frozenset((self.eos_id, *(found[t] for t in self.stop_tokens if t in found)))
 
     @property
     def document_start_id(self) -> int | None:
@@ -162,7 +214,8 @@ class BPETokenizer(Tokenizer):
 
     def __init__(self, tokenizer: tokenizers.Tokenizer, *, bos_token: str | None = None,
                  eos_token: str | None = None, pad_token: str | None = None,
-                 name: str = "bpe", document_start: str = "eos") -> None:
+                 name: str = "bpe", document_start: str = "eos",
+                 chat_template: str | None = None, stop_tokens: Sequence[str] = ()) -> None:
         if document_start not in DOCUMENT_STARTS:
             raise ValueError(f"document_start must be one of {DOCUMENT_STARTS}, got "
                              f"{document_start!r}")
@@ -180,6 +233,12 @@ class BPETokenizer(Tokenizer):
         self.bos_id = _token_id(tokenizer, self.bos_token)
         self.eos_id = _token_id(tokenizer, self.eos_token)
         self.pad_id = _token_id(tokenizer, self.pad_token)
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise ValueError(f"chat_template must be a string, got {chat_template!r:.80}")
+        self.chat_template = chat_template or None
+        self.stop_tokens = tuple(t for t in dict.fromkeys(stop_tokens) if t != self.eos_token)
+        for token in self.stop_tokens:
+            _token_id(tokenizer, token)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 32_000, *,
@@ -206,23 +265,27 @@ class BPETokenizer(Tokenizer):
         file = path / BPE_FILE if path.is_dir() else path
         if not file.is_file():
             raise FileNotFoundError(f"no tokenizer.json at {file}")
-        meta = (_read_json(file.parent / META_FILE)
-                or _hf_specials(file.parent / "tokenizer_config.json"))
+        tok = tokenizers.Tokenizer.from_file(str(file))
+        meta = _read_json(file.parent / META_FILE) or _hf_meta(file.parent, tok)
         # A foreign tokenizer.json (no header of ours): its own template starts prompts.
-        return cls(tokenizers.Tokenizer.from_file(str(file)), bos_token=meta.get("bos_token"),
+        return cls(tok, bos_token=meta.get("bos_token"),
                    eos_token=meta.get("eos_token"), pad_token=meta.get("pad_token"),
                    name=meta.get("name", "bpe"),
-                   document_start=meta.get("document_start", "tokenizer"))
+                   document_start=meta.get("document_start", "tokenizer"),
+                   chat_template=meta.get("chat_template"),
+                   stop_tokens=meta.get("stop_tokens", ()))
 
-    def encode_prompt(self, text: str | bytes) -> list[int]:
+    def encode_prompt(self, text: Prompt) -> list[int]:
+        if is_conversation(text):
+            return self.encode_chat(text)
         if self.document_start == "eos":
             return super().encode_prompt(text)
         if self.document_start == "bos":
             return [self.bos_id, *self.encode(text)]
         return self._tok.encode(self._text(text), add_special_tokens=True).ids
 
-    def encode_prompts(self, texts: Sequence[str | bytes]) -> list[list[int]]:
-        if self.document_start != "tokenizer":
+    def encode_prompts(self, texts: Sequence[Prompt]) -> list[list[int]]:
+        if self.document_start != "tokenizer" or any(map(is_conversation, texts)):
             return [self.encode_prompt(t) for t in texts]
         batch = self._tok.encode_batch([self._text(t) for t in texts], add_special_tokens=True)
         return [e.ids for e in batch]
@@ -256,7 +319,16 @@ class BPETokenizer(Tokenizer):
         self._tok.save(str(directory / BPE_FILE))
         _write_meta(directory, {"kind": "bpe", "name": self.name, "bos_token": self.bos_token,
                                 "eos_token": self.eos_token, "pad_token": self.pad_token,
-                                "document_start": self.document_start})
+                                "document_start": self.document_start,
+                                **({"chat_template": self.chat_template}
+                                   if self.chat_template else {}),
+                                **({"stop_tokens": list(self.stop_tokens)}
+                                   if self.stop_tokens else {})})
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()
+                if t.special}
 
     @property
     def backend(self) -> tokenizers.Tokenizer:
@@ -320,17 +392,36 @@ def _read_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _hf_specials(path: Path) -> dict:
-    """bos/eos/pad names from a Hugging Face ``tokenizer_config.json``, if there is one."""
-    config = _read_json(path) or {}
-    out = {}
+def _hf_meta(directory: Path, tok: tokenizers.Tokenizer) -> dict:
+    """What a Hugging Face directory says of its tokenizer: bos/eos/pad names
+    (``tokenizer_config.json``), the chat template (there or in ``chat_template.jinja``),
+    and end-of-turn tokens (``generation_config.json``'s list of eos_token_id)."""
+    config = _read_json(directory / HF_CONFIG_FILE) or {}
+    out: dict[str, Any] = {}
     for key in ("bos_token", "eos_token", "pad_token"):
         value = config.get(key)
         if isinstance(value, dict):  # {"content": "<s>", ...} in older configs
             value = value.get("content")
         if isinstance(value, str):
             out[key] = value
+    out["chat_template"] = hf_chat_template(config, directory)
+    eos = (_read_json(directory / "generation_config.json") or {}).get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [eos]
+    out["stop_tokens"] = [t for t in (tok.id_to_token(i) for i in ids if isinstance(i, int))
+                          if t is not None]
     return out
+
+
+def hf_chat_template(config: Mapping[str, Any], directory: Path | None = None) -> str | None:
+    """The chat template of a ``tokenizer_config.json`` (a string, or a list of {name,
+    template} of which "default" is taken), else of ``chat_template.jinja`` beside it."""
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if template is None and directory is not None and (directory / CHAT_TEMPLATE_FILE).is_file():
+        template = (directory / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    return template if isinstance(template, str) and template else None
 
 
 def _find_special(tok: tokenizers.Tokenizer, role: str, default: str | None = None) -> str:

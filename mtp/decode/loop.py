@@ -3,13 +3,15 @@
 
 - Prompts: training packs documents each followed by EOS, so a prompt is encoded as [EOS] +
   its tokens (imported models start a prompt as their own tokenizer does:
-  `Tokenizer.encode_prompt`). A prompt with no tokens, or no room in `max_seq_len`, is a
-  ValueError.
+  `Tokenizer.encode_prompt`). A prompt may also be a conversation, a list of {"role",
+  "content"} messages, encoded by the model's chat template (`Tokenizer.encode_chat`). A
+  prompt with no tokens, or no room in `max_seq_len`, is a ValueError.
 - Batches: prompts are right-padded and prefilled together; each row accepts its own number
   of tokens per step. A finished row stays in the batch, masked, until the batch is rebuilt
   smaller (`engine.rebuild_size`).
 - Stopping and streaming: each row's `SequenceOutput` takes a step's accepted tokens in order
-  and stops at the first of EOS (kept in `token_ids`, not in the text), a stop string (the
+  and stops at the first of EOS or an end-of-turn token (`Tokenizer.stop_ids`; kept in
+  `token_ids`, not in the text), a stop string (the
   text cut before it; `token_ids` end with the token that completed it), or the budget:
   `max_new_tokens` ("length") or the room left in the context ("context"). Text streams
   through the tokenizer's incremental decoder (no half UTF-8 characters), holding back what
@@ -30,11 +32,12 @@ from mtp.decode.engine import Engine, rebuild_size
 from mtp.decode.output import DecodeStats, FinishReason, Generation, TextCallback
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.drafters.registry import DrafterSpec, make_drafter
+from mtp.chat import check_conversation, is_conversation
 from mtp.model import MTPModel
-from mtp.tokenizers import Tokenizer
+from mtp.tokenizers import Prompt, Tokenizer
 
 
-def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
+def generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[Prompt], *,
              max_new_tokens: int = 256, drafter: Drafter | DrafterSpec | str | None = None,
              sampling: SamplingConfig = SamplingConfig(), stop: Sequence[str] | str = (),
              seed: int | None = None, on_text: TextCallback | None = None,
@@ -43,6 +46,8 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
     """Continue each prompt; one `Generation` per prompt, in order.
 
     Args:
+        prompts: texts, or conversations (lists of {"role", "content"} messages: the model's
+            chat template renders each, with the assistant's turn opened), or both.
         drafter: None (autoregressive decoding), a `Drafter` (`HeadsDrafter(k, tree)`,
             `PromptLookup`, ...), a `DrafterSpec` or a registered name ("heads": every head).
             `mtp.generate.open_decoder` (or `Auto`) chooses one by measurement.
@@ -162,7 +167,7 @@ class SequenceOutput:
         self.token_ids: list[int] = []
         self.text = ""
         self.finish_reason: FinishReason | None = None
-        self._eos = tokenizer.eos_id
+        self._stops = tokenizer.stop_ids  # EOS and end-of-turn tokens
         self._decoder = tokenizer.incremental_decoder()
         self._budget, self._budget_reason = budget, budget_reason
         self._stop = tuple(stop)
@@ -185,7 +190,7 @@ class SequenceOutput:
         """Take a step's accepted tokens in order, up to the first stop; True once finished."""
         for token in ids:
             self.token_ids.append(token)
-            if token == self._eos:
+            if token in self._stops:
                 self._finish("eos")
                 break
             self._append_text(self._decoder.push((token,)))
@@ -264,16 +269,22 @@ def check_exact(exact: bool, width: int | None, rule: Rule) -> None:
         check_positive("width", width)
 
 
-def _check_arguments(vocab_size: int, tokenizer: Tokenizer, prompts: list[str],
+def _check_arguments(vocab_size: int, tokenizer: Tokenizer, prompts: Sequence[Prompt],
                      max_new_tokens: int, sampling: SamplingConfig,
                      stop: tuple[str, ...]) -> None:
     if tokenizer.vocab_size != vocab_size:
         raise ValueError(f"the tokenizer ({tokenizer!r}) has {tokenizer.vocab_size} tokens but "
                          f"the model's vocab_size is {vocab_size}: they do not belong together")
     if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
-        raise ValueError(f"prompts must be a non-empty list of strings, got {prompts!r:.80}")
+        raise ValueError(f"prompts must be a non-empty list of strings or conversations, got "
+                         f"{prompts!r:.80}")
     for index, prompt in enumerate(prompts):
-        if not isinstance(prompt, str) or not prompt:
+        if is_conversation(prompt):
+            check_conversation(prompt, f"prompt {index}")
+            if tokenizer.chat_template is None:
+                raise ValueError(f"prompt {index} is a conversation but the {tokenizer.name} "
+                                 f"tokenizer has no chat template: give prompts as text")
+        elif not isinstance(prompt, str) or not prompt:
             raise ValueError(f"prompt {index} must be a non-empty string, got {prompt!r:.80}")
     check_positive("max_new_tokens", max_new_tokens)
     if not isinstance(sampling, SamplingConfig):

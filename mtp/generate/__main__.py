@@ -7,7 +7,12 @@ threads: `mtp.tune` records) and each generation's statistics go to stderr.
 
   checkpoint       anything mtp.load reads: an export, a Lightning .ckpt, a Hugging Face Llama
                    directory, a GGUF file, Meta's multi-token-prediction layout (required)
-  prompt           the prompt; or prompt_file=PATH (.jsonl: one prompt per line)
+  prompt           the prompt; or prompt_file=PATH (.jsonl: one prompt per line, a text or a
+                   conversation {"messages": [{"role": ..., "content": ...}, ...]})
+  chat             false; true: each text prompt is a user's message, rendered with the
+                   model's chat template (its assistant turn opened): chat=true prompt='Hi'
+  messages_file    PATH: JSON lines, each a conversation (a list of {role, content}, or
+                   {"messages": [...]}) rendered with the model's chat template
   max_new_tokens   256
   stop             list of stop strings, e.g. stop='["\\n\\n"]'
   drafter          auto (default: measures the candidates, keeps the fastest), autoregressive,
@@ -45,6 +50,8 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from mtp import cli
+from mtp.chat import is_conversation
+from mtp.checkpoint import load
 from mtp.cli import AUTO
 from mtp.decode.drafters.registry import option_owners, options_help
 from mtp.decode.output import DecodeStats
@@ -60,13 +67,19 @@ class GenerateArgs(DecodeSettings):
     exact: bool | str = AUTO
     prompt: str | None = None
     prompt_file: str | None = None
+    chat: bool = False
+    messages_file: str | None = None
     max_new_tokens: int = 256
     stop: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if (self.prompt is None) == (self.prompt_file is None):
-            raise ValueError("give exactly one of prompt=... and prompt_file=...")
+        given = [self.prompt, self.prompt_file, self.messages_file]
+        if sum(value is not None for value in given) != 1:
+            raise ValueError("give exactly one of prompt=..., prompt_file=... and "
+                             "messages_file=...")
+        if not isinstance(self.chat, bool):
+            raise ValueError(f"chat={self.chat!r} must be true or false")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be at least 1")
         for string in self.stop:
@@ -94,15 +107,35 @@ def describe(stats: DecodeStats, drafter: str) -> str:
     return line
 
 
+def read_args_prompts(args: GenerateArgs) -> list:
+    """The prompts the arguments name: texts, or conversations (`chat`: a text is one
+    user's message)."""
+    if args.messages_file is not None:
+        return read_prompts(args.messages_file, conversations=True)
+    prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
+    if args.chat:
+        prompts = [p if is_conversation(p) else [{"role": "user", "content": p}]
+                   for p in prompts]
+    return prompts
+
+
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
-    decoder = open_decoder(args.checkpoint, args, prompts=prompts[:1],
+    prompts = read_args_prompts(args)
+    loaded = load(args.checkpoint, device=args.device, dtype=args.load_dtype)
+    if loaded[1].chat_template is None and any(map(is_conversation, prompts)):
+        raise ValueError(f"the model has no chat template (checkpoint {args.checkpoint}); "
+                         f"give text prompts without chat=true, or a checkpoint whose "
+                         f"tokenizer has one (GGUF tokenizer.chat_template, Hugging Face "
+                         f"tokenizer_config.json chat_template)")
+    decoder = open_decoder(args.checkpoint, args, loaded=loaded, prompts=prompts[:1],
                            max_new_tokens=args.max_new_tokens)
     for index, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(f"\n### prompt {index}", flush=True)
-        print(prompt, end="", flush=True)
+        # a conversation: its last message, then the reply
+        shown = prompt[-1]["content"] + "\n" if is_conversation(prompt) else prompt
+        print(shown, end="", flush=True)
         [result] = decoder.generate([prompt], max_new_tokens=args.max_new_tokens,
                                     stop=args.stop,
                                     on_text=lambda _, text: print(text, end="", flush=True))

@@ -20,7 +20,7 @@ from mtp.decode.output import DecodeStats, Generation, repetition
 from mtp.decode.tree import resolve_tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
-from mtp.tokenizers import Tokenizer
+from mtp.tokenizers import Prompt, Tokenizer
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -59,22 +59,22 @@ def time_calls(decode: Callable[[int, list[T]], list[R]], items: Sequence[T], ba
     return seconds, results
 
 
-def time_generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str], *,
+def time_generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[Prompt], *,
                   max_new_tokens: int, batch_size: int = 1, seed: int | None = None,
                   seed_per_batch: bool = False, warmup_tokens: int = 0,
                   go_on: Callable[[float, list[Generation]], bool] | None = None,
                   **how: Any) -> Timed:
     """Decode `prompts` with `generate` (`how`: its options), `batch_size` at a time, and
-    time it. `seed` seeds every call (with `seed_per_batch`, batch i's gets `seed + i`);
-    `warmup_tokens` > 0 first decodes the first batch that far, untimed; `go_on` may end the
-    timing after any batch (`time_calls`)."""
+    time it (a prompt: a text or a conversation). `seed` seeds every call (with
+    `seed_per_batch`, batch i's gets `seed + i`); `warmup_tokens` > 0 first decodes the first
+    batch that far, untimed; `go_on` may end the timing after any batch (`time_calls`)."""
     if not prompts:
         raise ValueError("time_generate needs at least one prompt")
     if warmup_tokens > 0:
         generate(model, tokenizer, list(prompts[:batch_size]), max_new_tokens=warmup_tokens,
                  seed=seed, **how)
 
-    def decode(start: int, batch: list[str]) -> list[Generation]:
+    def decode(start: int, batch: list[Prompt]) -> list[Generation]:
         index = start // batch_size
         return generate(model, tokenizer, batch, max_new_tokens=max_new_tokens,
                         seed=seed + index if seed is not None and seed_per_batch else seed,

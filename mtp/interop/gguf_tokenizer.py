@@ -7,6 +7,8 @@
 As in transformers and llama.cpp, CONTROL tokens are special and USER_DEFINED ones matched
 whole; the template puts BOS/EOS around a prompt as `add_bos_token`/`add_eos_token` say
 (absent: BOS for `llama`, nothing for `gpt2`), so prompts encode as transformers encodes them.
+`tokenizer.chat_template` is the tokenizer's chat template; `tokenizer.ggml.eot_token_id` a
+stop token beside EOS.
 """
 
 from __future__ import annotations
@@ -69,9 +71,16 @@ def gguf_tokenizer(metadata: dict[str, Any], path: Path) -> BPETokenizer:
     tok.post_processor = _template(names["bos"] if add_bos else None,
                                    names["eos"] if metadata.get(
                                        "tokenizer.ggml.add_eos_token", False) else None, tok)
+    # llama.cpp stops at EOS and at the end-of-turn token (EOT) where the file names one.
+    eot = metadata.get("tokenizer.ggml.eot_token_id")
+    stops = [tokens[eot]] if isinstance(eot, int) and 0 <= eot < len(tokens) else []
+    template = metadata.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{path}: tokenizer.chat_template must be a string, got "
+                         f"{type(template).__name__}")
     return BPETokenizer(tok, bos_token=names["bos"], eos_token=names["eos"],
                         pad_token=names["pad"] or names["eos"], name=f"gguf-{kind}",
-                        document_start="tokenizer")
+                        document_start="tokenizer", chat_template=template, stop_tokens=stops)
 
 
 def _get(metadata: dict[str, Any], path: Path, key: str, kind: type) -> Any:

@@ -156,8 +156,10 @@ def write_configs(directory: Path, values: dict[str, Any], tokenizer: Tokenizer,
     """config.json (`values`), generation_config.json and the tokenizer's files."""
     write_json(directory / CONFIG_FILE, values)
     write_json(directory / "generation_config.json", {
-        "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
-        "pad_token_id": tokenizer.pad_id})
+        "bos_token_id": tokenizer.bos_id, "pad_token_id": tokenizer.pad_id,
+        # EOS, or EOS and the end-of-turn tokens: the list engines stop at
+        "eos_token_id": sorted(stops) if len(stops := tokenizer.stop_ids) > 1 else
+        tokenizer.eos_id})
     write_hf_tokenizer(tokenizer, directory, model_max_length=max_seq_len)
 
 

@@ -7,7 +7,8 @@
   but for text starting with whitespace, which gets no dummy-prefix "▁").
 mtp's header (`mtp_tokenizer.json`) goes beside them, so `mtp.load` gets the exported tokenizer
 back; the `tokenizer.json` template puts before a text what `encode_prompt` puts before a
-prompt, so transformers encodes prompts as mtp does.
+prompt, so transformers encodes prompts as mtp does. A chat template goes into
+`tokenizer_config.json` (`chat_template`), where transformers, vLLM and SGLang read it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
 from mtp.interop.fields import require, write_json
 from mtp.tokenizers import (BPE_FILE, META_FILE, BPETokenizer, ByteTokenizer, Tokenizer,
-                            load_tokenizer)
+                            hf_chat_template, load_tokenizer)
 
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
@@ -69,8 +70,14 @@ def write_hf_tokenizer(tokenizer: Tokenizer, directory: Path, *, model_max_lengt
               "pad_token": pad, "model_max_length": model_max_length,
               "add_bos_token": start is not None and start == tokenizer.bos_id,
               "add_eos_token": False, "clean_up_tokenization_spaces": False,
-              # mtp never makes a special token from text (see mtp.tokenizers); nor will this.
-              "split_special_tokens": True}
+              # mtp never makes a special token from text (see mtp.tokenizers); nor will this,
+              # unless the model has a chat template: then engines (transformers'
+              # apply_chat_template, vLLM, SGLang) render a prompt and tokenize it whole, and
+              # the specials the template wrote must become ids. mtp's own header beside it
+              # keeps typed text text when mtp loads the export (`encode_chat`).
+              "split_special_tokens": tokenizer.chat_template is None}
+    if tokenizer.chat_template is not None:
+        config["chat_template"] = tokenizer.chat_template
     write_json(directory / TOKENIZER_CONFIG_FILE, config)
 
 
@@ -97,4 +104,6 @@ def sentencepiece_tokenizer(directory: Path, *, bos: bool = False) -> BPETokeniz
     slow = transformers.LlamaTokenizer.from_pretrained(str(directory))
     return BPETokenizer(slow.backend_tokenizer, bos_token=slow.bos_token,
                         eos_token=slow.eos_token, name="sentencepiece",
-                        document_start="bos" if bos else "tokenizer")
+                        document_start="bos" if bos else "tokenizer",
+                        chat_template=hf_chat_template(
+                            {"chat_template": getattr(slow, "chat_template", None)}, directory))

@@ -53,7 +53,7 @@ def test_prompt_file_with_several_prompts(checkpoint, tmp_path, capsys):
 
 
 def test_argument_errors_are_clear(tmp_path):
-    with pytest.raises(ValueError, match="give exactly one of prompt=... and prompt_file=..."):
+    with pytest.raises(ValueError, match="give exactly one of prompt=..., prompt_file=... and "):
         parse_args(["checkpoint=x"])
     with pytest.raises(ValueError, match="k must be an integer >= 1, 'auto' or None .* 'many'"):
         parse_args(["checkpoint=x", "prompt=a", "k=many"])
