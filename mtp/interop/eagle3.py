@@ -33,6 +33,8 @@ model.safetensors (D width, N draft tokens, V target tokens, H/K query/key heads
   d2t (N,) int64: target id - draft id (vLLM and SGLang add arange(N) to it)
   t2d (V,) bool: whether each target token is in the draft vocabulary (both engines skip it;
       EAGLE's training code writes it)
+  (neither where N = V: the map is the identity, and vLLM 0.32 then has no parameter for
+  d2t and refuses the file: "no module or parameter named 'draft_id_to_target_id'")
   embed_tokens.weight (V, D): the target's embedding (both engines may use the target's own;
       the drafter's must equal it, and `read_eagle3` checks that it does)
 q and k rows are permuted from mtp's interleaved rotary pairs to transformers' halves
@@ -95,8 +97,10 @@ def write_eagle3(target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str, 
             tensor = hf.interleaved_to_rotate_half(tensor, rotary[ours])
         tensors[theirs] = tensor
     d2t = state["d2t"].cpu().long()
-    tensors["d2t"] = d2t - torch.arange(len(d2t))  # the engines add arange(N) back
-    tensors["t2d"] = torch.zeros(target.vocab_size, dtype=torch.bool).index_fill(0, d2t, True)
+    if len(d2t) < target.vocab_size:  # a full draft vocabulary is the identity: no map
+        tensors["d2t"] = d2t - torch.arange(len(d2t))  # the engines add arange(N) back
+        tensors["t2d"] = torch.zeros(target.vocab_size, dtype=torch.bool).index_fill(0, d2t,
+                                                                                      True)
     tensors[EMBEDDING] = embedding.detach().to("cpu", dtype)
     directory.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / hf.WEIGHTS_FILE),

@@ -4,6 +4,9 @@
 A Llama-architecture mtp model with sequential heads (`head_layers=1`) is exactly a MiMo
 checkpoint (Xiaomi MiMo-7B; vLLM `mimo_mtp`): a Qwen2 model (q/k/v biases: zero for a model
 without them) whose config.json says `num_nextn_predict_layers`, with, per module k = i + 1:
+(written with `architectures` ["MiMoForCausalLM"] and `model_type` "qwen2": MiMo's own
+"mimo" type is remote code that transformers lacks, which vLLM 0.32 refuses without
+trust_remote_code; read back, either type is MiMo's)
 
     model.mtp_layers.{i}.hidden_layernorm.weight  (D,)     mtp heads.{k}.hnorm
     model.mtp_layers.{i}.token_layernorm.weight   (D,)     mtp heads.{k}.enorm
@@ -60,7 +63,8 @@ DEEPSEEK_SHARED = {"shared_head.norm.weight": "model.norm.weight",
 def is_mtp_layers(directory: Path) -> bool:
     """Whether `directory`'s config.json is MiMo's or has DeepSeek's `NEXTN` field."""
     values = peek_json_object(directory / hf.CONFIG_FILE)
-    return values is not None and (NEXTN in values or values.get("model_type") == MIMO_TYPE)
+    return values is not None and (NEXTN in values or values.get("model_type") == MIMO_TYPE
+                                   or values.get("architectures") == [MIMO_ARCHITECTURE])
 
 
 def write_mimo(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
@@ -89,7 +93,11 @@ def write_mimo(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer
     save_file(tensors, str(directory / hf.WEIGHTS_FILE), metadata={"format": "pt"})
     base = dataclasses.replace(config, n_future=1, head_type="block")
     values = hf._llama_config(base, tokenizer, dtype)  # Qwen2's: q/k/v biases only
-    values.update(architectures=[MIMO_ARCHITECTURE], model_type=MIMO_TYPE,
+    # model_type qwen2, not MiMo's own "mimo": transformers has no "mimo" (MiMo's checkpoints
+    # bring it as remote code), so vLLM 0.32 refuses a "mimo" config without
+    # trust_remote_code and a configuration file; MiMo's config class is Qwen2's, and the
+    # engines pick MiMo's model by the architecture.
+    values.update(architectures=[MIMO_ARCHITECTURE], model_type="qwen2",
                   **{NEXTN: config.n_future - 1}, sliding_window=None, attention_dropout=0.0)
     hf.write_configs(directory, values, tokenizer, config.max_seq_len)
 
@@ -106,7 +114,7 @@ def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Toke
                          f"{', '.join(map(repr, LLAMA_LIKE))}): not from mixtures of experts or "
                          f"DeepSeek-V3's latent attention")
     modules = field(values, path, NEXTN, "int", 0)
-    mimo = model_type == MIMO_TYPE
+    mimo = model_type == MIMO_TYPE or values.get("architectures") == [MIMO_ARCHITECTURE]
     if modules < 0 or (not mimo and modules > 1):
         raise ValueError(f"{path}: field {NEXTN!r} must be 0 or 1 in DeepSeek's layout (vLLM "
                          f"chains a second module on the first one's un-normalised output, "

@@ -77,7 +77,7 @@ def test_to_mimo_is_a_qwen2_model_and_its_mtp_layers_are_the_modules(
     model = _model(gqa=gqa, tie=tie, qkv_bias=qkv_bias)
     export_mimo(model, ByteTokenizer(), tmp_path)
     values = json.loads((tmp_path / "config.json").read_text())
-    assert (values["model_type"], values["num_nextn_predict_layers"]) == ("mimo", 2)
+    assert (values["model_type"], values["num_nextn_predict_layers"]) == ("qwen2", 2)
     assert values["architectures"] == ["MiMoForCausalLM"]
     tokens = torch.randint(0, 262, (2, 20))
     with torch.no_grad():

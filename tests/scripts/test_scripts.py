@@ -28,7 +28,8 @@ TESTED_ELSEWHERE = {"bench_decode": "scripts/test_bench_decode.py",
                     "bench_exact": "scripts/test_bench_exact.py",
                     "bench_kernels": "scripts/test_bench_kernels.py",
                     "bench_acceptance": "scripts/test_bench_acceptance.py",
-                    "better_study": "scripts/test_better_study.py"}
+                    "better_study": "scripts/test_better_study.py",
+                    "bench_engines": "scripts/test_bench_engines.py"}
 
 
 def run_script(name: str, *args: str, cwd: Path) -> tuple[list[str], dict]:
