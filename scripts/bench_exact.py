@@ -52,7 +52,8 @@ from mtp.bench.prompts import humaneval_prompts
 from mtp.cli import AUTO
 from mtp.decode.drafters import Drafter, DrafterContext, DrafterSpec
 from mtp.decode.drafters.base import check_positive
-from mtp.decode.drafters.registry import AUTOREGRESSIVE, option_owners, options_help
+from mtp.decode.drafters.registry import (AUTOREGRESSIVE, entry_spec, option_owners,
+                                          options_help)
 from mtp.decode.output import repetition
 from mtp.generate.measure import Timed, step_width, time_generate
 from mtp.generate.prompts import read_prompts
@@ -91,14 +92,8 @@ class ExactArgs:
             self.spec(entry)  # each names a drafter, with options that size it
 
     def spec(self, entry: str) -> DrafterSpec:
-        """A `methods` entry as a spec: its drafter, the options that size it, its own last."""
-        name, *own = entry.split()
-        owners = option_owners()
-        given = {key: value for key, value in self.options.items() if name in owners[key]}
-        spec = DrafterSpec(name, **given, **cli.overrides(own))
-        if spec.measured:
-            raise ValueError(f"methods: {entry!r} is chosen by measurement; name one drafter")
-        return spec
+        """A `methods` entry as a spec (`registry.entry_spec`)."""
+        return entry_spec(entry, self.options, "methods")
 
     def settings(self) -> DecodeSettings:
         return DecodeSettings(drafter=AUTOREGRESSIVE, device=self.device, dtype=self.dtypes[0],

@@ -74,7 +74,7 @@ from mtp.bench.tables import kernels as render
 from mtp.checkpoint import load
 from mtp.decode.drafters import DrafterContext, DrafterSpec
 from mtp.decode.drafters.base import check_positive
-from mtp.decode.drafters.registry import option_owners, options_help
+from mtp.decode.drafters.registry import entry_spec, option_owners, options_help
 from mtp.decode.output import repetition
 from mtp.generate.measure import plain_forward_seconds, time_generate
 from mtp.generate.prompts import read_prompts
@@ -136,14 +136,8 @@ class KernelsArgs:
             self.spec(entry)  # each names a drafter, with options that size it
 
     def spec(self, entry: str) -> DrafterSpec:
-        """A `drafters` entry as a spec: its drafter, the options that size it, its own last."""
-        name, *own = entry.split()
-        owners = option_owners()
-        given = {key: value for key, value in self.options.items() if name in owners[key]}
-        spec = DrafterSpec(name, **given, **cli.overrides(own))
-        if spec.measured:
-            raise ValueError(f"drafters: {entry!r} is chosen by measurement; name one drafter")
-        return spec
+        """A `drafters` entry as a spec (`registry.entry_spec`)."""
+        return entry_spec(entry, self.options, "drafters")
 
     @property
     def megabytes(self) -> int:

@@ -24,6 +24,7 @@ import pkgutil
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from mtp.cli import overrides
 from mtp.decode.drafters.base import Autoregressive, Drafter, DrafterContext
 from mtp.model import MTPModel
 
@@ -198,3 +199,17 @@ def options_help() -> str:
 
 
 register(Autoregressive)  # defined with the seam, which cannot import this module
+
+
+def entry_spec(entry: str, options: Mapping[str, Any], key: str) -> DrafterSpec:
+    """One entry of a benchmark's list of drafters ("heads k=4") as a spec: its drafter, the
+    shared `options` that belong to it, then its own options; `key` names the list in the
+    error when the entry is left to measurement."""
+    name, *own = entry.split()
+    owners = option_owners()
+    given = {option: value for option, value in options.items()
+             if name in owners.get(option, ())}
+    spec = DrafterSpec(name, **given, **overrides(own))
+    if spec.measured:
+        raise ValueError(f"{key}: {entry!r} is chosen by measurement; name one drafter")
+    return spec
