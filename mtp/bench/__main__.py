@@ -6,11 +6,13 @@ docs' tables.
     python -m mtp.bench gpu budget=540                  # one CUDA device, a 15-minute lease
     python -m mtp.bench cpu only=[decode,hf]            # rerun parts, keep the others
     python -m mtp.bench kernels                         # mtp.kernels against torch
+    MTP_VLLM_PYTHON=../vllm-venv/bin/python python -m mtp.bench engines   # beside vLLM
     python -m mtp.bench cpu from_results=runs/bench/cpu/results.json   # only re-render
 
-The suite is the first word: smoke, cpu, gpu, smollm2 or kernels (`mtp.bench.suites`). All
-but smoke rewrite the generated blocks of docs/benchmarks.md (cpu: README.md's too; `docs`,
-`readme`; update_docs=false leaves them); smoke writes only where told. The other arguments are
+The suite is the first word: smoke, cpu, gpu, smollm2, kernels or engines
+(`mtp.bench.suites`). All but smoke rewrite the generated blocks of docs/benchmarks.md (cpu:
+README.md's too; `docs`, `readme`; update_docs=false leaves them); smoke writes only where
+told. The other arguments are
 key=value (`mtp.cli`'s grammar):
   out            the results' folder (null: runs/bench/SUITE of the checkout)
   only           [] parts to run again, keeping the others' records of an earlier run

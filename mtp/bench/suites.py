@@ -209,8 +209,15 @@ SMOLLM2 = (
         table="methods", needs=("smollm2_eagle",)),
 )
 
+# scripts/bench_engines.py: SmolLM2-135M-Instruct's exports decoded by vLLM's CPU build (its
+# environment's python in $MTP_VLLM_PYTHON: docs/serving.md) beside mtp's own drafters, on 24
+# chat prompts; about 25 minutes on 2 cores.
+ENGINES = Part(name="engines", command=script(
+    "bench_engines", "checkpoint={smollm2}", "max_new_tokens=64"), timeout=3600)
+
 SUITES: dict[str, tuple[Part, ...]] = {"smoke": SMOKE, "cpu": CPU, "gpu": GPU,
-                                        "smollm2": SMOLLM2, "kernels": (KERNELS,)}
+                                        "smollm2": SMOLLM2, "kernels": (KERNELS,),
+                                        "engines": (ENGINES,)}
 
 
 def suite(name: str) -> tuple[Part, ...]:

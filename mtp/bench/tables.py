@@ -183,6 +183,32 @@ def hf(r: dict[str, Any]) -> str:
     return head + "\n\n" + table(["method", "tokens/s", "vs transformers"], rows)
 
 
+def engines(r: dict[str, Any]) -> str:
+    """scripts/bench_engines.py: mtp's rows, then vLLM's decoding mtp's exports."""
+    rows, reference = [], r["methods"]["mtp"]["tokens_per_second"]
+    for name, m in r["methods"].items():
+        engine = "mtp" if name.startswith("mtp") else f"vLLM {m.get('vllm') or ''}".strip()
+        method = "autoregressive float32" if name == "mtp" else name.removeprefix("mtp ")
+        if not m.get("loaded"):
+            rows.append([engine, method, f"refused: {m.get('error')}", "", "", "", ""])
+            continue
+        gaps = [d["top2_gap"] for d in m.get("divergences", [])]
+        per_step = m.get("tokens_per_forward") or m.get("mean_acceptance_length")
+        rows.append([engine, method, _f(m["tokens_per_second"], ".1f"),
+                     x(m["tokens_per_second"] / reference), _f(per_step),
+                     f"{m.get('same_ids', 1.0):.0%}" + (f" (min gap {min(gaps):.3g})"
+                                                         if gaps else ""),
+                     f"{m['exact_ids']:.0%}" if "exact_ids" in m else ""])
+    best = (f"; fastest exact mtp row ({r['mtp_best']}) over fastest vLLM row "
+            f"({r['vllm_best']}): {x(r['speedup_vs_vllm'])}" if r.get("mtp_best") else "")
+    head = (f"{r['prompts']} prompts{' as chat' if r.get('chat') else ''} x <= "
+            f"{r['max_new_tokens']} new tokens, greedy, batch 1 (each prompt alone), k = "
+            f"{r['k']}; vLLM in {r['dtype']}{best}")
+    return head + "\n\n" + table(
+        ["engine", "method", "tokens/s", "vs mtp float32", "tokens per step",
+         "ids as mtp float32", "ids as its own autoregressive"], rows)
+
+
 def memory(r: dict[str, Any]) -> str:
     variants = [key.removesuffix("_step_bytes") for key in r if key.endswith("_step_bytes")]
     rows = []
@@ -273,6 +299,7 @@ def tests(r: dict[str, Any]) -> str:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "decode": decode, "methods": methods, "exact": exact, "dtype": dtype, "kernels": kernels,
+    "engines": engines,
     "acceptance": acceptance, "eagle": eagle, "hf": hf, "memory": memory, "train_step": train_step,
     "peak_flops": peak_flops, "fsdp_comms": fsdp_comms, "heads_cost": heads_cost,
     "sandbox": sandbox, "byte8": byte8, "eval": evaluation, "tests": tests}

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from mtp import cli
-from mtp.chat import is_conversation
+from mtp.chat import as_conversations, is_conversation
 from mtp.checkpoint import load
 from mtp.cli import AUTO
 from mtp.decode.drafters.registry import option_owners, options_help
@@ -113,10 +113,7 @@ def read_args_prompts(args: GenerateArgs) -> list:
     if args.messages_file is not None:
         return read_prompts(args.messages_file, conversations=True)
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompt_file)
-    if args.chat:
-        prompts = [p if is_conversation(p) else [{"role": "user", "content": p}]
-                   for p in prompts]
-    return prompts
+    return as_conversations(prompts) if args.chat else prompts
 
 
 def main(argv: list[str]) -> None:

@@ -140,10 +140,16 @@ def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
     directory.mkdir(parents=True, exist_ok=True)
     save_file(model_state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     write_configs(directory, hf_config, tokenizer, config.max_seq_len)
-    for stale in (HEADS_FILE, HEADS_LAYOUT_FILE):  # a directory written before, with heads
+    for stale in (HEADS_FILE, HEADS_LAYOUT_FILE, INDEX_FILE):  # written before, with heads
         (directory / stale).unlink(missing_ok=True)
     if config.n_future > 1:
         save_file(heads_state, str(directory / HEADS_FILE), metadata={"format": "pt"})
+        # Engines (vLLM) load every *.safetensors of a folder unless an index names the
+        # model's: list model.safetensors alone, so the heads file is ours to read.
+        write_json(directory / INDEX_FILE, {
+            "metadata": {"total_size": sum(t.numel() * t.element_size()
+                                           for t in model_state.values())},
+            "weight_map": dict.fromkeys(sorted(model_state), WEIGHTS_FILE)})
         write_json(directory / HEADS_LAYOUT_FILE, {
             "format": HEADS_FORMAT, "format_version": HEADS_FORMAT_VERSION,
             "layout": config.head_type,
@@ -329,9 +335,10 @@ def _rope(values: dict[str, Any], path: Path,
 
 
 def _read_safetensors(directory: Path) -> dict[str, Tensor]:
-    """Every tensor of model.safetensors, or of the shards its index names."""
+    """Every tensor of model.safetensors, else of the shards its index names (transformers'
+    order: `to_hf` writes both, the index for engines that would load the heads file too)."""
     index_path = directory / INDEX_FILE
-    if not index_path.is_file():
+    if (directory / WEIGHTS_FILE).is_file() or not index_path.is_file():
         return load_safetensors(directory / WEIGHTS_FILE)
     weight_map = field(read_json_object(index_path), index_path, "weight_map", "object")
     tensors: dict[str, Tensor] = {}

