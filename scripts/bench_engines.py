@@ -7,7 +7,7 @@ llama.cpp.
 
 The checkpoint (anything mtp.load reads) is exported with `python -m mtp.convert` as each
 method needs it, and vLLM decodes every prompt greedily from those files, one subprocess per
-method (mtp/bench/vllm_runner.py, run by path with the engine's python), from the very token
+method (mtp/bench/engine_runner.py, run by path with the engine's python), from the very token
 ids mtp encodes (a prompt file's conversations go through the model's chat template, as in
 `mtp.generate`), stopping where mtp stops (EOS and end-of-turn tokens):
   autoregressive  `to_hf` (its index lists model.safetensors alone: vLLM skips mtp's heads file)
@@ -18,7 +18,7 @@ ids mtp encodes (a prompt file's conversations go through the model's chat templ
 llama.cpp's rows (where the checkpoint is a GGUF and llama-cpp-python's environment is given:
 `llama_python=`, else $MTP_LLAMA_CPP_PYTHON): the GGUF as llama.cpp runs it (its own
 quantized arithmetic), autoregressive and with its prompt-lookup drafter
-(mtp/bench/llama_cpp_runner.py, run by path with that python), from the same token ids.
+(the same runner, run by path with that python), from the same token ids.
 mtp's own rows come from the same run: its float32 greedy decoding (the reference), then
 each of `drafters` in each of `mtp_dtypes` in exact mode (mtp.decode's `generate`, timed by
 mtp.generate.measure's harness), each also checked against mtp's own autoregressive
@@ -71,7 +71,7 @@ from typing import Any
 import torch
 
 from mtp import cli, convert
-from mtp.bench import vllm_runner
+from mtp.bench import engine_runner
 from mtp.bench.machine import commit, machine
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
 from mtp.chat import as_conversations
@@ -86,8 +86,7 @@ from mtp.generate.session import checkpoint_id, saved_choices
 METHODS = ("autoregressive", "ngram", "medusa", "mtp", "eagle3")
 MIXED_PROMPTS = CODE_PROMPTS.with_name("mixed.jsonl")
 CHAT_PROMPTS = CODE_PROMPTS.with_name("chat.jsonl")  # mixed.jsonl's requests as messages
-RUNNER = Path(vllm_runner.__file__)
-LLAMA_RUNNER = RUNNER.with_name("llama_cpp_runner.py")
+RUNNER = Path(engine_runner.__file__)
 ENGINE_ENV = "MTP_VLLM_PYTHON"
 LLAMA_ENV = "MTP_LLAMA_CPP_PYTHON"
 LLAMA_METHODS = {"llama.cpp autoregressive": None, "llama.cpp prompt_lookup": 3}
@@ -222,16 +221,15 @@ def root_cause(log: str) -> str | None:
     return causes[-1][:400] if causes else None
 
 
-def run_engine(python: str, job: dict, directory: Path, name: str, timeout: int,
-               runner: Path = RUNNER) -> dict:
-    """One engine subprocess (`runner`: vllm_runner or llama_cpp_runner) decoding `job`; its
+def run_engine(python: str, job: dict, directory: Path, name: str, timeout: int) -> dict:
+    """One engine subprocess (engine_runner.py, by the `engine` of `job`) decoding `job`; its
     log kept in `directory`."""
     job_file, result_file = directory / f"{name}.job.json", directory / f"{name}.result.json"
     log_file = directory / f"{name}.log"
     job_file.write_text(json.dumps(job))
     with log_file.open("w") as log:
         try:
-            done = subprocess.run([python, str(runner), str(job_file), str(result_file)],
+            done = subprocess.run([python, str(RUNNER), str(job_file), str(result_file)],
                                   stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
                                   cwd=directory)
         except subprocess.TimeoutExpired:
@@ -356,12 +354,12 @@ def llama_cpp_rows(args: EngineBenchArgs, checkpoint: str, work: Path,
         return {}
     rows = {}
     for name, lookup in LLAMA_METHODS.items():
-        job = {"model": checkpoint, "prompts": prompt_ids, "max_new_tokens": args.max_new_tokens,
+        job = {"engine": "llama_cpp", "model": checkpoint, "prompts": prompt_ids,
+               "max_new_tokens": args.max_new_tokens,
                "stop_token_ids": sorted(tokenizer.stop_ids), "prompt_lookup": lookup,
                "threads": torch.get_num_threads(),
                "n_ctx": min(model.config.max_seq_len, 4096)}
-        result = run_engine(python, job, work, name.replace(" ", "_"), args.timeout,
-                            LLAMA_RUNNER)
+        result = run_engine(python, job, work, name.replace(" ", "_"), args.timeout)
         if result.get("loaded"):
             result.update(compare(model, prompt_ids, reference, result["token_ids"]))
         rows[name] = {key: value for key, value in result.items() if key != "token_ids"}
@@ -395,7 +393,8 @@ def main(argv: list[str]) -> None:
         except ValueError as error:
             rows[method] = {"loaded": False, "error": f"export: {error}"}
             continue
-        job = {"model": str(directory), "dtype": args.dtype, "speculative_config": speculative,
+        job = {"engine": "vllm", "model": str(directory), "dtype": args.dtype,
+               "speculative_config": speculative,
                "max_new_tokens": args.max_new_tokens, "prompts": prompt_ids,
                "stop_token_ids": sorted(tokenizer.stop_ids),
                "max_model_len": min(model.config.max_seq_len, 4096)}

@@ -1,0 +1,162 @@
+"""Decode token-id prompts with another engine, offline, and write what happened as JSON: the
+runner that scripts/bench_engines.py starts, by path, with that engine's own python.
+
+    ENGINE_PYTHON mtp/bench/engine_runner.py JOB.json RESULT.json
+
+It imports only the engine and the standard library (it runs in the engine's environment, not
+mtp's). JOB.json holds `engine` ("vllm" or "llama_cpp"), `model` (vLLM: a directory;
+llama.cpp: a GGUF file), `max_new_tokens`, `prompts` (lists of token ids: every engine
+decodes the same input ids), `stop_token_ids` (where mtp stops), and
+- vLLM: `dtype`, `speculative_config` (its mapping, or null for autoregressive decoding),
+  optionally `max_model_len` (2048) and `kv_cache_bytes` (1 GiB);
+- llama.cpp: `threads`, `n_ctx` and `prompt_lookup` (null: autoregressive; else the tokens
+  llama-cpp-python's `LlamaPromptLookupDecoding` drafts per step).
+RESULT.json gets `loaded`, `error` (the engine's error in one line, or null), `token_ids` (per
+prompt, greedy, ending with the stop token where one came, as mtp's), `seconds` and
+`tokens_per_second` (each prompt decoded alone, batch 1, after one untimed warm-up prompt),
+the engine's version (`vllm`, `llama_cpp`) and
+- vLLM: `batched_tokens_per_second` (all prompts in one call) and `mean_acceptance_length`
+  (1 + accepted / drafts, from its spec-decode counters; null without drafts);
+- llama.cpp: `tokens_per_forward` (new tokens per evaluation after the prompt's).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".strip()
+
+
+def counters(llm) -> dict[str, int]:
+    """vLLM's spec-decode counters (drafts, draft tokens, accepted tokens), summed over
+    labels."""
+    totals: dict[str, int] = {}
+    for metric in llm.get_metrics():
+        name = metric.name.removesuffix("_total")
+        if name.startswith("vllm:spec_decode_num") and hasattr(metric, "value"):
+            totals[name] = totals.get(name, 0) + int(metric.value)
+    return totals
+
+
+def run_vllm(job: dict) -> dict:
+    """vLLM: load the model as `job` says and decode its prompts greedily."""
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    result: dict = {"loaded": False, "error": None, "vllm": vllm.__version__}
+    llm = LLM(model=job["model"], dtype=job["dtype"], enforce_eager=True, seed=0,
+              speculative_config=job.get("speculative_config"), disable_log_stats=False,
+              max_model_len=job.get("max_model_len", 2048), max_num_seqs=8,
+              # vLLM's CPU backend otherwise reserves 92% of the machine's memory
+              kv_cache_memory_bytes=job.get("kv_cache_bytes", 1 << 30))
+    result["loaded"] = True
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], detokenize=False,
+                            stop_token_ids=job.get("stop_token_ids"))
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
+    llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up
+    before = counters(llm)
+    token_ids, seconds = [], 0.0
+    for prompt in prompts:
+        began = time.perf_counter()
+        output = llm.generate([prompt], params, use_tqdm=False)[0]
+        seconds += time.perf_counter() - began
+        token_ids.append(list(output.outputs[0].token_ids))
+    after = counters(llm)
+    began = time.perf_counter()
+    batched = llm.generate(prompts, params, use_tqdm=False)
+    batched_seconds = time.perf_counter() - began
+    new_tokens = sum(map(len, token_ids))
+    drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get(
+        "vllm:spec_decode_num_drafts", 0)
+    accepted = after.get("vllm:spec_decode_num_accepted_tokens", 0) - before.get(
+        "vllm:spec_decode_num_accepted_tokens", 0)
+    result.update(
+        token_ids=token_ids, seconds=round(seconds, 3), new_tokens=new_tokens,
+        tokens_per_second=round(new_tokens / seconds, 2),
+        batched_tokens_per_second=round(
+            sum(len(o.outputs[0].token_ids) for o in batched) / batched_seconds, 2),
+        mean_acceptance_length=round(1 + accepted / drafts, 3) if drafts else None,
+        drafts=drafts, accepted_tokens=accepted)
+    return result
+
+
+def llama_cpp_decode(llm, prompt: list[int], max_new_tokens: int,
+                     stops: set[int]) -> tuple[list[int], int]:
+    """One prompt's greedy continuation and how many evaluations it took."""
+    calls = 0
+    evaluate = llm.eval
+
+    def counted(tokens):  # llama-cpp-python evaluates the prompt, then one step per call
+        nonlocal calls
+        calls += 1
+        return evaluate(tokens)
+
+    llm.eval = counted
+    out: list[int] = []
+    try:
+        for token in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                  repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if token in stops or len(out) == max_new_tokens:
+                break
+    finally:
+        llm.eval = evaluate
+    return out, calls - 1  # the prompt's evaluation is not a decode step
+
+
+def run_llama_cpp(job: dict) -> dict:
+    """llama.cpp: load the GGUF and decode its prompts greedily."""
+    import llama_cpp
+    from llama_cpp import Llama
+
+    result: dict = {"loaded": False, "error": None, "llama_cpp": llama_cpp.__version__}
+    draft = None
+    if job.get("prompt_lookup"):
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=job["prompt_lookup"])
+    llm = Llama(model_path=job["model"], n_ctx=job.get("n_ctx", 4096),
+                n_threads=job.get("threads"), seed=0, verbose=False, draft_model=draft)
+    result["loaded"] = True
+    stops, budget = set(job.get("stop_token_ids") or ()), job["max_new_tokens"]
+    llama_cpp_decode(llm, job["prompts"][0], budget, stops)  # warm-up
+    token_ids, seconds, steps = [], 0.0, 0
+    for prompt in job["prompts"]:
+        began = time.perf_counter()
+        out, calls = llama_cpp_decode(llm, prompt, budget, stops)
+        seconds += time.perf_counter() - began
+        token_ids.append(out)
+        steps += calls
+    new_tokens = sum(map(len, token_ids))
+    result.update(token_ids=token_ids, seconds=round(seconds, 3), new_tokens=new_tokens,
+                  tokens_per_second=round(new_tokens / seconds, 2),
+                  tokens_per_forward=round(new_tokens / max(steps, 1), 3))
+    return result
+
+
+RUNS = {"vllm": run_vllm, "llama_cpp": run_llama_cpp}
+
+
+def main(argv: list[str]) -> None:
+    job_path, result_path = argv
+    with open(job_path, encoding="utf-8") as file:
+        job = json.load(file)
+    try:
+        result = RUNS[job["engine"]](job)
+    except Exception as error:  # an engine refusing an export is a result, not a crash
+        traceback.print_exc()
+        result = {"loaded": False, "error": one_line(error)}
+    with open(result_path, "w", encoding="utf-8") as file:
+        json.dump(result, file)
+
+
+if __name__ == "__main__":  # vLLM starts its engine in a spawned process: the guard is needed
+    main(sys.argv[1:])
