@@ -64,7 +64,7 @@ from mtp.data.source_options import KEYS as SOURCE_KEYS
 from mtp.data.source_options import SourceOptions
 from mtp.decode.drafters.base import check_positive
 from mtp.generate.session import DecodeSettings, open_decoder
-from mtp.jsonl import read_jsonl
+from mtp.paths import read_jsonl
 
 PROMPTS_FROM = ("windows", "functions", "mbpp")
 

@@ -56,7 +56,7 @@ from mtp.eval import EvalConfig, evaluate
 from mtp.eval.passk import mean_pass_at_k
 from mtp.generate.session import DecodeSettings
 from mtp.interop.gguf import is_gguf
-from mtp.jsonl import read_jsonl
+from mtp.paths import read_jsonl
 
 
 @dataclass(frozen=True, kw_only=True)
