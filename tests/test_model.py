@@ -149,11 +149,11 @@ def test_llama_variants_are_fields_that_round_trip():
 
 
 @pytest.mark.parametrize("scaling, message", [
-    ({"type": "yarn", "factor": 2.0}, "rope_scaling.type must be one of"),
+    ({"type": "yarn", "factor": 2.0}, "rope_scaling.type='yarn' is not one of"),
     ({"type": "linear"}, "needs 'type' and 'factor'"),
     ({"type": "llama3", "factor": 8.0}, "rope_scaling.low_freq_factor is missing"),
     ({"type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, "is not a field of type 'linear'"),
-    ({"type": "linear", "factor": 0}, "rope_scaling.factor must be a number > 0"),
+    ({"type": "linear", "factor": 0}, "rope_scaling.factor=0.0 must be a number > 0"),
     ({"type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
       "original_max_seq_len": 8192}, "high_freq_factor=1.0 must exceed low_freq_factor=4.0"),
     ({"type": "linear", "factor": 2.0, "beta": 1},

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from mtp.cli import check_positive
+from mtp.cli import check_number, check_positive
 from mtp.model import BLOCK_HEAD_TYPES, MTPConfig
 
 # Dense bf16 tensor-core peaks from the vendors' data sheets (no sparsity), per device.
@@ -93,8 +93,7 @@ def check_peak_flops(peak: object) -> None:
             raise ValueError(f"trainer.peak_flops={peak!r} is not a number, 'cpu' or one of "
                              f"{sorted(PEAK_FLOPS)}")
         return
-    if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0:
-        raise ValueError(f"trainer.peak_flops={peak!r} must be > 0 FLOPs/s")
+    check_number("trainer.peak_flops", peak, lambda v: v > 0, "> 0 FLOPs/s")
 
 
 def resolve_peak_flops(peak: float | str | None, precision: str) -> float | None:
