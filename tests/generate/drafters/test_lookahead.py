@@ -197,8 +197,8 @@ def test_command_lines(tiny_config, tmp_path, capsys):
 
 @pytest.mark.parametrize("make, message", [
     (lambda: Lookahead(window=1), "window=1 must be an integer >= 2"),
-    (lambda: Lookahead(ngram=1), r"ngram \(the n-gram size N\) must be an integer >= 2: a "
-                                 r"1-gram has no continuation to propose, got 1"),
+    (lambda: Lookahead(ngram=1), r"ngram=1 must be an integer >= 2 \(the n-gram size N\): a "
+                                 r"1-gram has no continuation to propose"),
     (lambda: Lookahead(guesses=-1), "guesses=-1 must be an integer >= 0"),
     (lambda: Lookahead(window=2.5), "window=2.5 must be an integer >= 2"),
     (lambda: Combined(HeadsDrafter(2), Lookahead()), "not the candidate tree of lookahead"),
