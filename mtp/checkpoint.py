@@ -6,31 +6,42 @@ the tokenizer's files. `export_hf`, `export_mimo` and `export_medusa` write othe
 layouts instead (`mtp.interop`).
 
 `load` reads, without Lightning or Hydra, any layout in `LAYOUTS`: an export, a `mtp.train`
-checkpoint (a `.ckpt` file or `trainer=fsdp`'s sharded folder, `mtp.sharded`), and the
-layouts of `mtp.interop`. The model is built on the meta device around the loaded tensors
-(no second copy), strictly, in their stored dtype unless `dtype` is given.
+checkpoint (a `.ckpt` file or `trainer=fsdp`'s sharded folder), and the layouts of
+`mtp.interop`. The model is built on the meta device around the loaded tensors (no second
+copy), strictly, in their stored dtype unless `dtype` is given.
+
+A sharded folder is what Lightning's `ModelParallelStrategy` saves: torch.distributed.checkpoint
+(DCP) shards of the model and optimizer (`.metadata`, one `__<rank>_0.distcp` per rank) and
+`meta.pt`, the rest of the Lightning checkpoint. DCP keeps global shapes, so `ckpt_path=`
+resumes on any number of ranks and `read_sharded_checkpoint` gathers the full weights in one
+process.
 """
 
 from __future__ import annotations
 
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from mtp.interop import gguf, hf, medusa, meta, mimo
 from mtp.interop.fields import load_safetensors, load_torch, read_json_object, write_json
 from mtp.model import MTPConfig, MTPModel
-from mtp.sharded import DCP_METADATA_FILE, META_FILE, is_sharded_checkpoint, read_sharded_checkpoint
 from mtp.tokenizers import Tokenizer, load_tokenizer
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 _TIED = "output.weight"  # stored once, as tok_embeddings.weight, when embeddings are tied
+META_FILE = "meta.pt"  # lightning.fabric.utilities.load._METADATA_FILENAME
+DCP_METADATA_FILE = ".metadata"
+_MODEL_KEY = "state_dict"  # the model's entry in the DCP state (optimizers are optimizer_<i>)
 
 
 def check_vocab(config: MTPConfig, tokenizer: Tokenizer) -> None:
@@ -220,3 +231,38 @@ def _from_lightning(checkpoint: dict[str, Any],
              for name, tensor in checkpoint["state_dict"].items() if name.startswith("model.")}
     tokenizer = _tokenizer_from_files(checkpoint.get("tokenizer_files", {}), path)
     return MTPConfig.from_dict(dict(hparams["model"])), state, tokenizer
+
+
+# trainer=fsdp's sharded folders (see the module's docstring)
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a sharded checkpoint folder written by `ModelParallelStrategy`."""
+    path = Path(path)
+    return (path / META_FILE).is_file() and (path / DCP_METADATA_FILE).is_file()
+
+
+def read_sharded_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The Lightning checkpoint dict of a sharded folder, with the model's full `state_dict`
+    on CPU in its saved dtype (the optimizer's state is not read)."""
+    path = Path(path)
+    if not is_sharded_checkpoint(path):
+        raise FileNotFoundError(f"{path} is not a sharded checkpoint folder: it needs "
+                                f"{META_FILE} and {DCP_METADATA_FILE}")
+    try:
+        checkpoint: dict[str, Any] = torch.load(path / META_FILE, map_location="cpu",
+                                                weights_only=True)
+        reader = dcp.FileSystemReader(path)
+        metadata = reader.read_metadata()
+    except Exception as e:  # torch raises many kinds for a truncated or foreign file
+        raise ValueError(f"cannot read {path} as a sharded checkpoint: {e}") from e
+    prefix = f"{_MODEL_KEY}."
+    state = {key[len(prefix):]: torch.empty(meta.size, dtype=meta.properties.dtype)
+             for key, meta in metadata.state_dict_metadata.items()
+             if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
+    if not state:
+        raise ValueError(f"{path} holds no model weights (no '{prefix}*' tensors)")
+    # DCP flattens nested dicts with dots: {"state_dict": {name: t}} reads "state_dict.<name>".
+    with warnings.catch_warnings():  # DCP warns that it loads in a single process: it does
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({_MODEL_KEY: state}, storage_reader=reader, no_dist=True)
+    checkpoint[_MODEL_KEY] = state
+    return checkpoint

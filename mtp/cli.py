@@ -6,28 +6,35 @@ one-line error naming the key, before anything loads; `main` prints it as `error
 exits with status 1. `--help` prints the command's docstring. dtypes are named one way
 (`DTYPES`, `parse_dtype`; null: the checkpoint's own), and `auto` is the one spelling of
 "measured" (drafter=auto, k=auto, dtype=auto, threads=auto).
+
+The checks of a setting's value live here once (`check_positive`, `check_flag`,
+`check_number`, `check_numbers`, `check_choice`), for command lines, training settings,
+drafter options and `MTPConfig` alike: each returns the value or raises a one-line
+ValueError written as the user typed it, `key=value must be ...`. This module imports nothing
+of mtp (and Hydra only when it parses), so the model may import it.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import torch
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
-from omegaconf import OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 AUTO = "auto"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 Schema = TypeVar("Schema")
+Choice = TypeVar("Choice")
 
 
 def overrides(argv: list[str]) -> dict[str, Any]:
     """key=value arguments (Hydra's grammar) as a mapping of keys to Python values."""
+    # Hydra and OmegaConf load here, not at the top: the model imports the checks below
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
     try:
         parsed = OverridesParser.create().parse_overrides(list(argv))
     except HydraException as error:
@@ -44,6 +51,8 @@ def parse(argv: list[str], schema: type[Schema], *, extra: Collection[str] = (),
           extra_field: str | None = None) -> Schema:
     """The dataclass `schema` with its defaults overridden by `argv` (key=value), checked.
     Keys in `extra` (a drafter's options) go into the mapping field `extra_field`."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
     values = overrides(argv)
     collected = {key: values.pop(key) for key in list(values) if key in extra}
     if extra_field is not None:
@@ -71,6 +80,55 @@ def _fields(schema: type) -> list[str]:
 
 def _one_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def check_positive(key: str, value: object, least: int = 1, need: str = "") -> int:
+    """`value` if it is an integer >= `least` (a bool is not), else a ValueError naming `key`
+    (`need`: what it must be, when more than a bound)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        need = need or ("a positive integer" if least == 1 else f"an integer >= {least}")
+        raise ValueError(f"{key}={value!r} must be {need}")
+    return value
+
+
+def check_flag(key: str, value: object) -> bool:
+    """`value` if it is a bool, else a ValueError naming `key`."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}={value!r} must be true or false")
+    return value
+
+
+def check_number(key: str, value: object, ok: Callable[[float], bool] = lambda _: True,
+                 need: str = "a finite number") -> float:
+    """`value` as a float if it is a finite number (not a bool) and `ok`, else a ValueError
+    naming `key` and `need`."""
+    number = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    if number is None or not math.isfinite(number) or not ok(number):
+        raise ValueError(f"{key}={number if number is not None else repr(value)} must be {need}")
+    return number
+
+
+def check_numbers(key: str, values: object, ok: Callable[[float], bool], need: str,
+                  length: int | None = None) -> tuple[float, ...]:
+    """`values` as a tuple of floats: a list (of `length`) of `check_number`s that are `ok`."""
+    if isinstance(values, (list, tuple)) and (length is None or len(values) == length):
+        try:
+            return tuple(check_number(key, value, ok) for value in values)
+        except ValueError:
+            pass
+    shown = list(values) if isinstance(values, (list, tuple)) else repr(values)
+    raise ValueError(f"{key}={shown} must be {need}")
+
+
+def check_choice(key: str, value: Choice, choices: Collection[Any], also: str = "") -> Choice:
+    """`value` if it is one of `choices`, else a ValueError naming `key` (`also`: what else
+    the setting takes, e.g. "or null: none")."""
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not one of {tuple(choices)}"
+                         + (f" ({also})" if also else ""))
+    return value
 
 
 def parse_dtype(name: object, *, auto: bool = False) -> torch.dtype | str | None:

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import mtp.kernels as kernels
+from mtp.cli import check_choice, check_flag, check_number, check_positive
 from mtp.rope import RopeScaling
 
 if TYPE_CHECKING:
@@ -92,28 +93,19 @@ class MTPConfig:
                                      f"n_heads={self.n_heads} (or set head_dim)")
                 value = self.dim // self.n_heads
                 object.__setattr__(self, "head_dim", value)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"MTPConfig.{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.n_layers, int) or isinstance(self.n_layers, bool) \
-                or self.n_layers < 0:
-            raise ValueError(f"MTPConfig.n_layers must be an integer >= 0, got {self.n_layers!r}")
+            check_positive(f"MTPConfig.{name}", value)
+        check_positive("MTPConfig.n_layers", self.n_layers, least=0)
         if self.head_dim % 2:
             raise ValueError(f"MTPConfig.head_dim={self.head_dim} must be even for rotary "
                              f"embeddings (dim={self.dim}, n_heads={self.n_heads})")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"MTPConfig.n_heads={self.n_heads} must be divisible by "
                              f"n_kv_heads={self.n_kv_heads}")
-        if self.head_type not in HEAD_TYPES:
-            raise ValueError(f"MTPConfig.head_type must be one of {HEAD_TYPES}, "
-                             f"got {self.head_type!r}")
-        for name in ("rope_theta", "norm_eps", "init_std"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise ValueError(f"MTPConfig.{name} must be a number > 0, got {value!r}")
+        check_choice("MTPConfig.head_type", self.head_type, HEAD_TYPES)
+        for name in ("rope_theta", "norm_eps", "init_std"):  # checked, kept as given
+            check_number(f"MTPConfig.{name}", getattr(self, name), lambda v: v > 0, "a number > 0")
         for name in ("tie_embeddings", "qkv_bias", "out_bias", "mlp_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"MTPConfig.{name} must be true or false, got "
-                                 f"{getattr(self, name)!r}")
+            check_flag(f"MTPConfig.{name}", getattr(self, name))
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ValueError(f"MTPConfig.rope_scaling must be null or a mapping of "
                              f"{RopeScaling.field_names()}, got {self.rope_scaling!r}")
@@ -159,9 +151,8 @@ class MTPConfig:
         """The model presets' constructor (`conf/model/tiny.yaml`): `depth` blocks per token
         with the heads `matched` (`compute_matched`: taken off the trunk) or `added`
         (`added_heads`: on top of it)."""
-        if heads not in HEAD_DEPTHS:
-            raise ValueError(f"model.heads={heads!r} is not one of {HEAD_DEPTHS}: matched takes "
-                             f"the heads' blocks off the trunk, added puts them on top")
+        check_choice("model.heads", heads, HEAD_DEPTHS, "matched takes the heads' blocks off "
+                     "the trunk, added puts them on top")
         build = cls.compute_matched if heads == "matched" else cls.added_heads
         return build(depth=depth, **fields)
 

@@ -11,11 +11,9 @@ from typing import Any
 
 from torch import Tensor
 
+from mtp.cli import check_choice, check_number, check_positive
+
 ROPE_SCALINGS: tuple[str, ...] = ("linear", "llama3")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,9 +33,7 @@ class RopeScaling:
     original_max_seq_len: int | None = None  # llama3 only: the context pretraining used
 
     def __post_init__(self) -> None:
-        if self.type not in ROPE_SCALINGS:
-            raise ValueError(f"MTPConfig.rope_scaling.type must be one of {ROPE_SCALINGS}, "
-                             f"got {self.type!r}")
+        check_choice("MTPConfig.rope_scaling.type", self.type, ROPE_SCALINGS)
         llama3 = ("low_freq_factor", "high_freq_factor", "original_max_seq_len")
         for name in ("factor", *llama3):
             value = getattr(self, name)
@@ -47,13 +43,12 @@ class RopeScaling:
             if value is not None and self.type == "linear" and name != "factor":
                 raise ValueError(f"MTPConfig.rope_scaling.{name} is not a field of type "
                                  f"'linear', got {value!r}")
-            if value is not None and not (_is_number(value) and value > 0):
-                raise ValueError(f"MTPConfig.rope_scaling.{name} must be a number > 0, "
-                                 f"got {value!r}")
-        if self.original_max_seq_len is not None and not isinstance(self.original_max_seq_len,
-                                                                    int):
-            raise ValueError(f"MTPConfig.rope_scaling.original_max_seq_len must be an integer, "
-                             f"got {self.original_max_seq_len!r}")
+            if value is not None:
+                check_number(f"MTPConfig.rope_scaling.{name}", value, lambda v: v > 0,
+                             "a number > 0")
+        if self.original_max_seq_len is not None:
+            check_positive("MTPConfig.rope_scaling.original_max_seq_len",
+                           self.original_max_seq_len)
         if self.type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
             raise ValueError(f"MTPConfig.rope_scaling.high_freq_factor={self.high_freq_factor} "
                              f"must exceed low_freq_factor={self.low_freq_factor}")

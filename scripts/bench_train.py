@@ -74,18 +74,14 @@ class TrainArgs:
     overrides: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.n_future < 2:
-            raise ValueError(f"n_future={self.n_future}: the comparison needs n >= 2 heads")
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise ValueError(f"vocab_size={self.vocab_size} must be a positive integer")
-        if self.steps < 1 or self.warmup < 0:
-            raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={self.steps}, "
-                             f"warmup={self.warmup}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} is not one of "
-                             f"{', '.join(PRECISIONS)}")
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"device={self.device!r} is not one of cpu, cuda")
+        cli.check_positive("n_future", self.n_future, 2, "at least 2: the comparison needs "
+                           "the heads")
+        if self.vocab_size is not None:
+            cli.check_positive("vocab_size", self.vocab_size)
+        cli.check_positive("steps", self.steps)
+        cli.check_positive("warmup", self.warmup, least=0)
+        cli.check_choice("precision", self.precision, PRECISIONS)
+        cli.check_choice("device", self.device, ("cpu", "cuda"))
 
 
 def parse_args(argv: list[str]) -> TrainArgs:

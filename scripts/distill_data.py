@@ -62,9 +62,8 @@ from mtp.bench.decoding import Decoding
 from mtp.data import is_validation
 from mtp.data.source_options import KEYS as SOURCE_KEYS
 from mtp.data.source_options import SourceOptions
-from mtp.decode.drafters.base import check_positive
 from mtp.generate.session import DecodeSettings, open_decoder
-from mtp.jsonl import read_jsonl
+from mtp.paths import read_jsonl
 
 PROMPTS_FROM = ("windows", "functions", "mbpp")
 
@@ -92,7 +91,7 @@ class DistillArgs(SourceOptions, Decoding):
             raise ValueError(f"prompts_from={self.prompts_from!r} is not one of "
                              f"{', '.join(PROMPTS_FROM)}")
         for name in ("prompts", "prompt_chars", "max_new_tokens", "batch_size"):
-            check_positive(name, getattr(self, name) if name != "prompt_chars" else self.chars)
+            cli.check_positive(name, getattr(self, name) if name != "prompt_chars" else self.chars)
         self.decoding()  # the drafter, sampling, device, dtype and threads, checked
 
     @property

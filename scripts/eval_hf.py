@@ -51,12 +51,11 @@ from omegaconf import MISSING
 from mtp import cli
 from mtp.checkpoint import load
 from mtp.data.benchmarks import load_task
-from mtp.decode.drafters.base import check_positive
 from mtp.eval import EvalConfig, evaluate
 from mtp.eval.passk import mean_pass_at_k
 from mtp.generate.session import DecodeSettings
 from mtp.interop.gguf import is_gguf
-from mtp.jsonl import read_jsonl
+from mtp.paths import read_jsonl
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,12 +76,12 @@ class EvalHfArgs:
     def __post_init__(self) -> None:
         if self.task not in ("humaneval", "mbpp"):
             raise ValueError(f"task={self.task!r} is not one of humaneval, mbpp")
-        check_positive("max_new_tokens", self.max_new_tokens)
-        check_positive("few_shot", self.few_shot, least=0)
+        cli.check_positive("max_new_tokens", self.max_new_tokens)
+        cli.check_positive("few_shot", self.few_shot, least=0)
         if self.limit is not None:
-            check_positive("limit", self.limit)
+            cli.check_positive("limit", self.limit)
         if self.threads is not None:
-            check_positive("threads", self.threads)
+            cli.check_positive("threads", self.threads)
         cli.parse_dtype(self.dtype)
         self.load_dtype()
 

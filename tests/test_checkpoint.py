@@ -104,11 +104,11 @@ def test_tied_embeddings_load_as_one_parameter(tmp_path: Path, tiny_config: MTPC
     (lambda meta: {**meta, "model": {k: v for k, v in meta["model"].items()
                                      if k != "vocab_size"}}, r"field 'model'.*\['vocab_size'\]"),
     (lambda meta: {**meta, "model": {**meta["model"], "rope_theta": "10000"}},
-     r"rope_theta must be a number > 0, got '10000'"),
+     r"rope_theta='10000' must be a number > 0"),
     (lambda meta: {**meta, "model": {**meta["model"], "norm_eps": None}},
-     r"norm_eps must be a number > 0, got None"),
+     r"norm_eps=None must be a number > 0"),
     (lambda meta: {**meta, "model": {**meta["model"], "tie_embeddings": "false"}},
-     r"tie_embeddings must be true or false, got 'false'"),
+     r"tie_embeddings='false' must be true or false"),
 ])
 def test_malformed_config_json_is_a_value_error_naming_file_field_value(
         tmp_path: Path, tiny_config: MTPConfig, edit, message: str) -> None:

@@ -257,7 +257,7 @@ def test_unknown_experiment_is_hydras_error() -> None:
     (["trainer.max_steps=null"], "trainer.max_steps=None must be a positive step budget"),
     (["optim.lr=-1"], r"^optim\.lr=-1\.0 must be > 0$"),
     (["optim.betas=[0.9,1.5]"], r"optim\.betas=\[0\.9, 1\.5\] must be two numbers in \[0, 1\)"),
-    (["optim.accumulate=0"], "optim.accumulate=0 must be an integer >= 1"),
+    (["optim.accumulate=0"], "optim.accumulate=0 must be a positive integer"),
     (["optim.warmup_steps=2.5"], "optim.warmup_steps=2.5 must be an integer >= 0"),
     (["optim.min_lr_ratio=2"], r"optim\.min_lr_ratio=2\.0 must be in \[0, 1\]"),
     (["optim.cache_trunk=true"], "optim.cache_trunk=true keeps a frozen trunk's outputs"),

@@ -61,7 +61,7 @@ def test_the_missing_checkpoint_error_is_one_short_line(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("argument", "message"), [
-    ("max_new_tokens=-5", "max_new_tokens=-5 must be at least 1"),
+    ("max_new_tokens=-5", "max_new_tokens=-5 must be a positive integer"),
     ("temperature=-1", "temperature must be a finite number >= 0, got -1"),
     ("top_p=2", "top_p must be in \\(0, 1\\], got 2"),
     ("threads=0", "threads=0 must be a positive integer or auto"),
@@ -77,7 +77,7 @@ def test_generate_refuses_bad_arguments_before_loading(argument: str, message: s
 
 
 def test_eval_refuses_bad_arguments_before_loading(tmp_path: Path) -> None:
-    for bad, message in ((dict(max_new_tokens=-5), "max_new_tokens=-5 must be at least 1"),
+    for bad, message in ((dict(max_new_tokens=-5), "max_new_tokens=-5 must be a positive integer"),
                          (dict(threads=0), "threads=0 must be a positive integer or auto")):
         with pytest.raises(ValueError, match=message):
             EvalConfig(task="humaneval", output=str(tmp_path / "r.jsonl"),

@@ -123,3 +123,10 @@ def test_the_kernels_room_imports_nothing_else_of_mtp():
     kernels = {name for name in graph if name.startswith("mtp.kernels")}
     assert kernels >= {"mtp.kernels", "mtp.kernels.build"}
     assert set().union(*(graph[name] for name in kernels)) <= kernels
+
+
+def test_the_command_line_room_imports_nothing_else_of_mtp():
+    """mtp.cli holds the value checks that the model uses too: it stays below the model."""
+    graph, _ = _graphs()
+    assert "mtp.cli" in graph["mtp.model"]
+    assert graph["mtp.cli"] == set()

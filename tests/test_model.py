@@ -91,12 +91,12 @@ def test_added_heads_keep_head_0_at_the_whole_depth(head_type, blocks):
 @pytest.mark.parametrize("fields, message", [
     (dict(dim=30, n_heads=4), "dim=30 must be divisible by n_heads=4"),
     (dict(n_heads=4, n_kv_heads=3), "n_heads=4 must be divisible by n_kv_heads=3"),
-    (dict(n_future=0), "n_future must be a positive integer, got 0"),
-    (dict(head_layers=0), "head_layers must be a positive integer, got 0"),
-    (dict(vocab_size=-1), "vocab_size must be a positive integer, got -1"),
-    (dict(n_layers=-2), "n_layers must be an integer >= 0, got -2"),
+    (dict(n_future=0), "MTPConfig.n_future=0 must be a positive integer"),
+    (dict(head_layers=0), "MTPConfig.head_layers=0 must be a positive integer"),
+    (dict(vocab_size=-1), "MTPConfig.vocab_size=-1 must be a positive integer"),
+    (dict(n_layers=-2), "MTPConfig.n_layers=-2 must be an integer >= 0"),
     (dict(dim=24, n_heads=8), "must be even for rotary"),
-    (dict(norm_eps=0.0), "norm_eps must be a number > 0, got 0.0"),
+    (dict(norm_eps=0.0), "MTPConfig.norm_eps=0.0 must be a number > 0"),
 ])
 def test_invalid_configs_name_the_field_and_value(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -149,11 +149,11 @@ def test_llama_variants_are_fields_that_round_trip():
 
 
 @pytest.mark.parametrize("scaling, message", [
-    ({"type": "yarn", "factor": 2.0}, "rope_scaling.type must be one of"),
+    ({"type": "yarn", "factor": 2.0}, "rope_scaling.type='yarn' is not one of"),
     ({"type": "linear"}, "needs 'type' and 'factor'"),
     ({"type": "llama3", "factor": 8.0}, "rope_scaling.low_freq_factor is missing"),
     ({"type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, "is not a field of type 'linear'"),
-    ({"type": "linear", "factor": 0}, "rope_scaling.factor must be a number > 0"),
+    ({"type": "linear", "factor": 0}, "rope_scaling.factor=0.0 must be a number > 0"),
     ({"type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
       "original_max_seq_len": 8192}, "high_freq_factor=1.0 must exceed low_freq_factor=4.0"),
     ({"type": "linear", "factor": 2.0, "beta": 1},

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from mtp.checkpoint import load, tokenizer_files
+from mtp.checkpoint import (META_FILE, is_sharded_checkpoint, load, read_sharded_checkpoint,
+                            tokenizer_files)
 from mtp.model import MTPConfig, MTPModel
-from mtp.sharded import META_FILE, is_sharded_checkpoint, read_sharded_checkpoint
 from mtp.tokenizers import ByteTokenizer
 
 

@@ -191,7 +191,7 @@ def test_bad_arguments_are_one_line_errors():
     for extra, message in ((["precision=half"], "precision='half' is not one of"),
                            (["layers=[1,2]"], "three trunk layer indices"),
                            (["layers=[3,2,1]"], "must be in order"),
-                           (["unroll=0"], "unroll must be an integer >= 1"),
+                           (["unroll=0"], "unroll=0 must be a positive integer"),
                            (["minutes=0"], "minutes=0.0 must be > 0"),
                            (["data=[]"], "data=\\[...\\] must name")):
         with pytest.raises(ValueError, match=message):

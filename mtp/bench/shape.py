@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 
 KEYS = """
 The model's shape:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from mtp.jsonl import read_jsonl
+from mtp.paths import read_jsonl
 
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # Chen et al. 2021, section 3.1
 MBPP_STOP = ("[DONE]",)

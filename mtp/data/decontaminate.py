@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mtp.cli import check_positive
 from mtp.data.benchmarks import load_task
 from mtp.data.hub import check_hub_reachable
 
@@ -65,8 +66,7 @@ class References:
     @classmethod
     def from_texts(cls, texts: Iterable[tuple[str, str]], ngram: int = NGRAM) -> References:
         """References from (label, text) pairs; a label may repeat (a problem's two texts)."""
-        if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 1:
-            raise ValueError(f"decontamination ngram={ngram!r} must be a positive integer")
+        check_positive("decontamination ngram", ngram)
         vocab: dict[str, int] = {}
         labels, ids = [], []
         windows: dict[int, tuple[list, list]] = {}  # length -> (hashes, where) of each text

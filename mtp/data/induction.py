@@ -19,9 +19,9 @@ import string
 from collections import Counter
 from dataclasses import dataclass
 
+from mtp.cli import check_positive
 from mtp.data.sources import Corpus
-from mtp.data.synthetic import (check_positive, check_spelling,
-                                generated_corpus, in_fraction)
+from mtp.data.synthetic import check_spelling, generated_corpus, in_fraction
 from mtp.tokenizers import Tokenizer
 
 TEST_NAME_FRACTION = 0.25
@@ -141,8 +141,8 @@ class InductionSource:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_positive("documents", self.documents)
-        check_positive("events", self.events)
+        check_positive("data.source.documents", self.documents)
+        check_positive("data.source.events", self.events)
 
     def load(self) -> Corpus:
         return _load_induction(self)

@@ -22,6 +22,7 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, DistributedSampler
 
+from mtp.cli import check_positive
 from mtp.data.packing import PackedBlocks, check_block_args, pack_iter
 from mtp.data.pipeline import PreparedCorpus, check_split_args, is_validation, prepare
 from mtp.data.sources import Corpus, Source
@@ -107,8 +108,7 @@ class MTPDataModule(L.LightningDataModule):
         check_split_args(val_fraction, seed)
         if hasattr(source, "check_tokenizer"):  # a synthetic task: can the tokenizer spell it?
             source.check_tokenizer(tokenizer)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_positive("batch_size", batch_size)
         self.source, self.tokenizer = source, tokenizer
         self.seq_len, self.n_future, self.batch_size = seq_len, n_future, batch_size
         self.val_fraction, self.seed = val_fraction, seed

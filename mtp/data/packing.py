@@ -12,12 +12,12 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import torch
 
+from mtp.cli import check_positive
+
 
 def check_block_args(seq_len: int, n_future: int) -> None:
-    if not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
-    if not isinstance(n_future, int) or n_future < 1:
-        raise ValueError(f"n_future must be a positive integer, got {n_future!r}")
+    check_positive("seq_len", seq_len)
+    check_positive("n_future", n_future)
 
 
 def num_blocks(n_tokens: int, seq_len: int, n_future: int) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
+from mtp.cli import check_choice, check_number
 from mtp.data.packing import num_blocks
 from mtp.data.sources import Corpus, Source, data_dir
 from mtp.tokenizers import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer
@@ -40,8 +41,7 @@ def is_validation(text: str, seed: int, val_fraction: float) -> bool:
 
 
 def check_split_args(val_fraction: float, seed: int) -> None:
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
+    check_number("val_fraction", val_fraction, lambda v: 0 <= v < 1, "in [0, 1)")
     if not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
 
@@ -55,8 +55,7 @@ class PreparedCorpus:
 
     def stream(self, split: str) -> np.memmap:
         """The split's token stream, memory-mapped read-only."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        check_choice("split", split, SPLITS)
         path = self.directory / f"{split}.bin"
         if self.meta[split]["tokens"] == 0:
             return np.zeros(0, dtype=self.meta["dtype"])

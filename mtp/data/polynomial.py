@@ -17,9 +17,9 @@ import functools
 import random
 from dataclasses import dataclass
 
+from mtp.cli import check_positive
 from mtp.data.sources import Corpus
-from mtp.data.synthetic import (check_positive, check_spelling,
-                                generated_corpus, in_fraction)
+from mtp.data.synthetic import check_spelling, generated_corpus, in_fraction
 from mtp.tokenizers import Tokenizer
 
 P, DEGREE = 7, 5  # the field F7 and the truncation X^5
@@ -148,7 +148,7 @@ class PolynomialSource:
         check_ops(self.max_ops, "data.source.max_ops")
         if self.min_ops > self.max_ops:
             raise ValueError(f"data.source.min_ops={self.min_ops} exceeds max_ops={self.max_ops}")
-        check_positive("documents", self.documents)
+        check_positive("data.source.documents", self.documents)
 
     def load(self) -> Corpus:
         return _load_polynomial(self)

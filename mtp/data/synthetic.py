@@ -10,12 +10,6 @@ from mtp.data.sources import Corpus, _corpus
 from mtp.tokenizers import Tokenizer
 
 
-def check_positive(name: str, value: object) -> None:
-    """A source's count option (`data.source.<name>`) must be a positive integer."""
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"data.source.{name}={value!r} must be a positive integer")
-
-
 def generated_corpus(texts: list[str], task: str) -> Corpus:
     """A generator's documents as a `Corpus` (one per text, keyed by their content)."""
     return _corpus([str(i) for i in range(len(texts))], texts, Counter(), prefix=task,

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from mtp.jsonl import numbered_jsonl, parse_jsonl_line
+from mtp.paths import numbered_jsonl, parse_jsonl_line
 
 # A resumed run must be the same run: these record fields must match the existing file's.
 RUN_KEYS = ("task", "checkpoint", "decoding", "temperature", "top_p", "few_shot", "samples_file")

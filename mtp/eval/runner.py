@@ -19,7 +19,7 @@ from typing import Any, get_args
 from tqdm import tqdm
 
 import mtp.eval.synthetic as synthetic
-from mtp.cli import AUTO
+from mtp.cli import AUTO, check_positive
 from mtp.data.benchmarks import Problem, Task, load_task
 from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
@@ -76,10 +76,10 @@ class EvalConfig(DecodeSettings):
             raise ValueError(f"give exactly one of checkpoint= (generate) and samples= (score a "
                              f"file), got checkpoint={self.checkpoint!r}, samples={self.samples!r}")
         for name in ("samples_per_problem", "max_new_tokens", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit={self.limit} must be at least 1 (or null for all problems)")
+            check_positive(name, getattr(self, name))
+        if self.limit is not None:
+            check_positive("limit", self.limit, need="a positive integer (or null for all "
+                           "problems)")
         if self.checkpoint is not None:
             check_ks(self.pass_k, self.samples_per_problem)
             if self.temperature == 0 and self.samples_per_problem > 1:

@@ -78,10 +78,8 @@ class GenerateArgs(DecodeSettings):
         if sum(value is not None for value in given) != 1:
             raise ValueError("give exactly one of prompt=..., prompt_file=... and "
                              "messages_file=...")
-        if not isinstance(self.chat, bool):
-            raise ValueError(f"chat={self.chat!r} must be true or false")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be at least 1")
+        cli.check_flag("chat", self.chat)
+        cli.check_positive("max_new_tokens", self.max_new_tokens)
         for string in self.stop:
             if not string:
                 raise ValueError(f"stop={self.stop!r}: stop strings must be non-empty")

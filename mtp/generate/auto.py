@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mtp.decode.drafters.base import Drafter, DrafterContext, check_positive
+from mtp.cli import check_positive
+from mtp.decode.drafters.base import Drafter, DrafterContext
 from mtp.decode.drafters.registry import AUTO, AUTOREGRESSIVE, DrafterSpec
 from mtp.decode.output import Generation
 from mtp.decode.sampling import SamplingConfig

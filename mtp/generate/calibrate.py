@@ -31,7 +31,6 @@ from omegaconf import MISSING
 
 from mtp import cli
 from mtp.checkpoint import load
-from mtp.decode.drafters.base import check_positive
 from mtp.decode.loop import generate
 from mtp.decode.tree import Calibration, Tree
 from mtp.generate.prompts import read_prompts
@@ -58,7 +57,7 @@ class CheckpointCalibration:
 
     def __post_init__(self) -> None:
         cli.parse_dtype(self.dtype)
-        check_positive("max_new_tokens", self.max_new_tokens)
+        cli.check_positive("max_new_tokens", self.max_new_tokens)
 
     def load(self) -> tuple[MTPModel, Tokenizer]:
         return load(self.checkpoint, device=self.device, dtype=cli.parse_dtype(self.dtype))
@@ -71,8 +70,8 @@ class CalibrateArgs(CheckpointCalibration):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive("ranks", self.ranks)
-        check_positive("paths", self.paths)
+        cli.check_positive("ranks", self.ranks)
+        cli.check_positive("paths", self.paths)
 
 
 def greedy_texts(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],

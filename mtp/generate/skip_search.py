@@ -42,7 +42,6 @@ from mtp.decode.loop import generate
 from mtp.generate.calibrate import CheckpointCalibration, greedy_texts
 from mtp.generate.session import save_choice
 from mtp.tune import Measurement, machine
-from mtp.decode.drafters.base import check_positive
 from mtp.decode.drafters.layer_skip import SKIP_FILE, LayerSkip, SkipChoice
 from mtp.decode.output import DecodeStats
 from mtp.generate.prompts import read_prompts
@@ -61,8 +60,8 @@ class SearchArgs(CheckpointCalibration):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive("prompts", self.prompts)
-        check_positive("max_draft", self.max_draft)
+        cli.check_positive("prompts", self.prompts)
+        cli.check_positive("max_draft", self.max_draft)
         for name in ("step_cost", "verify_cost"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")

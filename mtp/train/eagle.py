@@ -67,7 +67,6 @@ from torch import Tensor
 from mtp import cli
 from mtp.checkpoint import load
 from mtp.data import LocalSource, MTPDataModule
-from mtp.decode.drafters.base import check_positive
 from mtp.decode.drafters.eagle import CONFIG_FILE, WEIGHTS_FILE, Eagle, EagleConfig, check_layers
 from mtp.generate.session import save_choice
 from mtp.model import Attention, MTPModel, apply_rope, project
@@ -105,10 +104,10 @@ class EagleArgs:
     def __post_init__(self) -> None:
         for name in ("draft_vocab", "unroll", "seq_len", "batch_size", "max_steps",
                      "log_every", "val_batches"):
-            check_positive(name, getattr(self, name))
-        check_positive("warmup_steps", self.warmup_steps, least=0)
+            cli.check_positive(name, getattr(self, name))
+        cli.check_positive("warmup_steps", self.warmup_steps, least=0)
         if self.threads is not None:
-            check_positive("threads", self.threads)
+            cli.check_positive("threads", self.threads)
         if not self.data:
             raise ValueError("data=[...] must name at least one file")
         if self.precision not in PRECISIONS:

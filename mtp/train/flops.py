@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from mtp.cli import check_number, check_positive
 from mtp.model import BLOCK_HEAD_TYPES, MTPConfig
 
 # Dense bf16 tensor-core peaks from the vendors' data sheets (no sparsity), per device.
@@ -39,8 +40,7 @@ def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True,
                     trains_base: bool = True) -> float:
     """Model FLOPs per input token of a training step (a forward when training=False) at
     context `seq_len`; `trains_base=False`: heads 1..n-1 train alone."""
-    if not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len={seq_len!r} must be a positive integer")
+    check_positive("seq_len", seq_len)
     D, hd, F, V = config.dim, config.head_dim, config.ffn_hidden, config.vocab_size
     H, K = config.n_heads, config.n_kv_heads
     projections = 2 * D * hd * (2 * H + 2 * K)
@@ -93,8 +93,7 @@ def check_peak_flops(peak: object) -> None:
             raise ValueError(f"trainer.peak_flops={peak!r} is not a number, 'cpu' or one of "
                              f"{sorted(PEAK_FLOPS)}")
         return
-    if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0:
-        raise ValueError(f"trainer.peak_flops={peak!r} must be > 0 FLOPs/s")
+    check_number("trainer.peak_flops", peak, lambda v: v > 0, "> 0 FLOPs/s")
 
 
 def resolve_peak_flops(peak: float | str | None, precision: str) -> float | None:

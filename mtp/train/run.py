@@ -26,12 +26,12 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from mtp.checkpoint import check_vocab, export, load, tokenizer_files
+from mtp.checkpoint import (META_FILE, check_vocab, export, is_sharded_checkpoint, load,
+                            tokenizer_files)
 from mtp.data import build_tokenizer
 from mtp.generate.measure import format_decoding
 from mtp.model import MTPConfig
 from mtp.paths import CONF_DIR, require_smollm2_gguf
-from mtp.sharded import META_FILE, is_sharded_checkpoint
 from mtp.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
 from mtp.train.finetune import grow_heads, grown_config
 from mtp.train.lit import MTPLitModule

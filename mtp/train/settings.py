@@ -9,13 +9,13 @@ need the architecture; an error is one line naming the key as typed (`optim.lr=-
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from mtp.cli import check_choice, check_flag, check_number, check_numbers, check_positive
 from mtp.train.finetune import NEW_HEADS
 from mtp.train.flops import check_peak_flops
 from mtp.train.parallel import check_options
@@ -24,47 +24,6 @@ from mtp.tune import check_threads
 
 LOSS_MODES: tuple[str, ...] = ("naive", "headwise", "chunked")
 START = Progress()  # a run's first step
-
-
-def _real(key: str, value: object, ok: Callable[[float], bool] = lambda _: True,
-          need: str = "a finite number") -> float:
-    """`value` as a float; a ValueError naming `key` unless it is finite and `ok`."""
-    number = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    if number is None or not math.isfinite(number) or not ok(number):
-        raise ValueError(f"{key}={number if number is not None else repr(value)} must be {need}")
-    return number
-
-
-def _reals(key: str, values: object, ok: Callable[[float], bool], need: str,
-           length: int | None = None) -> tuple[float, ...]:
-    """`values` as a tuple of floats (a list of `length`, each `_real` and `ok`)."""
-    if isinstance(values, (list, tuple)) and (length is None or len(values) == length):
-        try:
-            return tuple(_real(key, value, ok) for value in values)
-        except ValueError:
-            pass
-    shown = list(values) if isinstance(values, (list, tuple)) else repr(values)
-    raise ValueError(f"{key}={shown} must be {need}")
-
-
-def _integer(key: str, value: object, minimum: int, need: str = "") -> int:
-    """`value` if it is an integer >= `minimum`, else a ValueError naming `key`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{key}={value!r} must be {need or f'an integer >= {minimum}'}")
-    return value
-
-
-def _flag(key: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{key}={value!r} must be true or false")
-    return value
-
-
-def _choice(key: str, value: object, choices: tuple[Any, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{key}={value!r} is not one of {choices}")
 
 
 def _unit(value: float) -> bool:
@@ -82,7 +41,7 @@ def _set(settings: object, name: str, value: object) -> None:
 
 
 def _number(settings: object, key: str, check: Callable[..., Any], *args: Any, **kw: Any) -> None:
-    """Store `check(key, value, ...)` (`_real` or `_reals`) of the field `key` ends in."""
+    """Store `check(key, value, ...)` (`check_number(s)`) of the field `key` ends in."""
     name = key.rsplit(".", 1)[-1]
     _set(settings, name, check(key, getattr(settings, name), *args, **kw))
 
@@ -104,18 +63,19 @@ class LossSettings:
     chunk_size: int = 4096
 
     def __post_init__(self) -> None:
-        _choice("loss.mode", self.mode, LOSS_MODES)
+        check_choice("loss.mode", self.mode, LOSS_MODES)
         for name, what in (("weights", "one per head (or null: all 1)"),
                            ("ahead", "one per token beyond t + 1 (or null: none)")):
             if getattr(self, name) is not None:
-                _number(self, f"loss.{name}", _reals, _unit, f"a list of numbers in [0, 1], {what}")
-        _choice("loss.schedule", self.schedule, SCHEDULES)
+                _number(self, f"loss.{name}", check_numbers, _unit,
+                        f"a list of numbers in [0, 1], {what}")
+        check_choice("loss.schedule", self.schedule, SCHEDULES)
         self._check_schedule()
         if self.early_exit is not None:
-            _integer("loss.early_exit", self.early_exit, 1, "a trunk layer from 1 to "
-                     "n_layers - 1 (the exit reads the stream after layer early_exit - 1)")
-        _number(self, "loss.early_exit_weight", _real, lambda v: v >= 0, ">= 0")
-        _integer("chunk_size", self.chunk_size, 1, ">= 1")
+            check_positive("loss.early_exit", self.early_exit, 1, "a trunk layer from 1 to "
+                           "n_layers - 1 (the exit reads the stream after layer early_exit - 1)")
+        _number(self, "loss.early_exit_weight", check_number, lambda v: v >= 0, ">= 0")
+        check_positive("chunk_size", self.chunk_size, 1, ">= 1")
 
     def _check_schedule(self) -> None:
         """The schedule's points and factor (unused ones are not checked)."""
@@ -132,7 +92,7 @@ class LossSettings:
                 raise ValueError(f"loss.schedule=stepped needs loss.schedule_steps=[STEP] (the "
                                  f"switch) and loss.schedule_factor (in [0, 1]), got "
                                  f"{_shown(steps)} and {self.schedule_factor!r}")
-            _number(self, "loss.schedule_factor", _real, _unit, "in [0, 1]")
+            _number(self, "loss.schedule_factor", check_number, _unit, "in [0, 1]")
         elif schedule in ("anneal", "ramp") and steps is not None and (
                 len(steps) != 2 or not steps[0] < steps[1]):
             raise ValueError(f"loss.schedule={schedule} takes loss.schedule_steps=[START, END] "
@@ -216,20 +176,21 @@ class OptimSettings:
     heads_only_steps: int = 0
 
     def __post_init__(self) -> None:
-        _number(self, "optim.lr", _real, lambda v: v > 0, "> 0")
+        _number(self, "optim.lr", check_number, lambda v: v > 0, "> 0")
         for key in ("optim.weight_decay", "optim.grad_clip"):
-            _number(self, key, _real, lambda v: v >= 0, ">= 0")
-        _number(self, "optim.betas", _reals, lambda v: 0 <= v < 1, "two numbers in [0, 1)",
-                length=2)
-        _number(self, "optim.eps", _real, lambda v: v > 0, "> 0")
-        _integer("optim.warmup_steps", self.warmup_steps, 0)
-        _number(self, "optim.min_lr_ratio", _real, _unit, "in [0, 1]")
-        _integer("optim.accumulate", self.accumulate, 1)
-        _flag("optim.freeze_trunk", self.freeze_trunk)
-        _flag("optim.cache_trunk", self.cache_trunk)
+            _number(self, key, check_number, lambda v: v >= 0, ">= 0")
+        _number(self, "optim.betas", check_numbers, lambda v: 0 <= v < 1,
+                "two numbers in [0, 1)", length=2)
+        _number(self, "optim.eps", check_number, lambda v: v > 0, "> 0")
+        check_positive("optim.warmup_steps", self.warmup_steps, 0)
+        _number(self, "optim.min_lr_ratio", check_number, _unit, "in [0, 1]")
+        check_positive("optim.accumulate", self.accumulate)
+        check_flag("optim.freeze_trunk", self.freeze_trunk)
+        check_flag("optim.cache_trunk", self.cache_trunk)
         if self.trunk_lr_mult is not None:
-            _number(self, "optim.trunk_lr_mult", _real, lambda v: v >= 0, ">= 0 (or null: 1)")
-        _integer("optim.heads_only_steps", self.heads_only_steps, 0)
+            _number(self, "optim.trunk_lr_mult", check_number, lambda v: v >= 0,
+                    ">= 0 (or null: 1)")
+        check_positive("optim.heads_only_steps", self.heads_only_steps, 0)
         if self.freeze_trunk and (self.trunk_lr_mult is not None or self.heads_only_steps):
             raise ValueError(f"optim.freeze_trunk=true with optim.trunk_lr_mult="
                              f"{self.trunk_lr_mult} and optim.heads_only_steps="
@@ -261,11 +222,11 @@ class RunSettings:
     peak_flops: float | str | None = None
 
     def __post_init__(self) -> None:
-        _integer("seq_len", self.seq_len, 1)
-        _integer("trainer.max_steps", self.max_steps, 1,
-                 "a positive step budget: the learning-rate schedule is laid out over it")
+        check_positive("seq_len", self.seq_len)
+        check_positive("trainer.max_steps", self.max_steps, 1,
+                       "a positive step budget: the learning-rate schedule is laid out over it")
         _set(self, "threads", check_threads(self.threads))
-        _flag("compile", self.compile)
+        check_flag("compile", self.compile)
         check_options(activation_checkpointing=self.activation_checkpointing,
                       param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
         check_peak_flops(self.peak_flops)
@@ -282,10 +243,9 @@ class InitSettings:
     drop_heads: bool = False
 
     def __post_init__(self) -> None:
-        if self.new_heads is not None and self.new_heads not in NEW_HEADS:
-            raise ValueError(f"init.new_heads={self.new_heads!r} is not one of {NEW_HEADS} "
-                             f"(or null: add no heads)")
-        _flag("init.drop_heads", self.drop_heads)
+        if self.new_heads is not None:
+            check_choice("init.new_heads", self.new_heads, NEW_HEADS, "or null: add no heads")
+        check_flag("init.drop_heads", self.drop_heads)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from mtp.checkpoint import load
+from mtp.cli import check_positive
 from mtp.generate.measure import measure_decoding
 from mtp.generate.session import DecodeSettings
 from mtp.decode.tree import resolve_tree
@@ -30,9 +31,7 @@ def decode_prompts(decode: DictConfig, config: MTPConfig, tokenizer: Tokenizer) 
     if not decode.enabled:
         return []
     for key in ("prompts", "max_new_tokens", "batch_size"):
-        value = decode[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"decode.{key}={value!r} must be a positive integer")
+        check_positive(f"decode.{key}", decode[key])
     if decode.max_new_tokens >= config.max_seq_len:
         raise ValueError(f"decode.max_new_tokens={decode.max_new_tokens} leaves no room for a "
                          f"prompt in model.max_seq_len={config.max_seq_len}")

@@ -208,7 +208,7 @@ def test_statistics(trained):
     ({"drafter": DrafterSpec(drafter="heads", k=5)}, "k must be from 1 to n_future=4, got k=5"),
     ({"drafter": "auto"}, "chosen by measurement: use mtp.generate.auto"),
     ({"drafter": "fast"}, "unknown drafter 'fast'"),
-    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
+    ({"max_new_tokens": 0}, "max_new_tokens=0 must be a positive integer"),
     ({"stop": ["ok", ""]}, "stop strings must be non-empty strings, got ''"),
     ({"drafter": tree_drafter([[0], [0, 0]], k=2)}, r"path \[0, 0\] has depth 2, but heads 1..1"),
     ({"drafter": tree_drafter([[0], [300]])}, r"path \[300\] has rank 300, beyond the vocab"),

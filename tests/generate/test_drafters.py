@@ -186,11 +186,11 @@ def test_draft_model_with_another_tokenizer_is_refused_before_decoding(random_mo
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: PromptLookup(min_ngram=0), "min_ngram must be an integer >= 1, got 0"),
-    (lambda: PromptLookup(max_ngram=0), "max_ngram must be an integer >= 1, got 0"),
+    (lambda: PromptLookup(min_ngram=0), "min_ngram=0 must be a positive integer"),
+    (lambda: PromptLookup(max_ngram=0), "max_ngram=0 must be a positive integer"),
     (lambda: PromptLookup(max_ngram=2, min_ngram=3), "max_ngram=2 must be >= min_ngram=3"),
-    (lambda: PromptLookup(num_draft=0), "num_draft must be an integer >= 1, got 0"),
-    (lambda: HeadsDrafter(1), "k must be an integer >= 2, got 1"),
+    (lambda: PromptLookup(num_draft=0), "num_draft=0 must be a positive integer"),
+    (lambda: HeadsDrafter(1), "k=1 must be an integer >= 2"),
 ])
 def test_bad_drafter_sizes(make, message):
     with pytest.raises(ValueError, match=message):

@@ -197,8 +197,8 @@ def test_exact_sampling_draws_from_the_target_distribution():
     ({"exact": True, "width": 2, "drafter": HeadsDrafter(4)},
      r"width=2 is below heads\(k=4\)'s widest step of 4 tokens"),
     ({"exact": True, "acceptance": "typical"}, "acceptance=typical is a rule of its own"),
-    ({"exact": "yes"}, "exact must be true or false, got 'yes'"),
-    ({"exact": True, "width": 0}, "width must be an integer >= 1, got 0"),
+    ({"exact": "yes"}, "exact='yes' must be true or false"),
+    ({"exact": True, "width": 0}, "width=0 must be a positive integer"),
 ])
 def test_bad_exact_settings_are_refused_before_decoding(trained, kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -63,7 +63,7 @@ def test_bad_arguments_are_named(setup: tuple[Path, Path], tmp_path: Path):
     checkpoint, corpus = setup
     common = [f"checkpoint={checkpoint}", f"out={tmp_path / 'x.jsonl'}", "source=local",
               f"paths=[{corpus}]", "threads=1"]
-    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="batch_size=0 must be a positive integer"):
         distill_data.parse_args([*common, "batch_size=0"])
     with pytest.raises(ValueError, match="prompts_from='lines' is not one of"):
         distill_data.parse_args([*common, "prompts_from=lines"])

@@ -26,6 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+# mtp.cli is the checks' home; eagle.py, loop.py, generate/session.py and scripts/ still
+# import check_positive and check_flag from here
+from mtp.cli import check_flag, check_number, check_positive
 from mtp.decode.sampling import SamplingConfig, exponential, probabilities, sample
 from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
@@ -262,27 +265,10 @@ class Autoregressive(Drafter):
         return Drafts(self._none)
 
 
-def check_positive(name: str, value: object, least: int = 1) -> int:
-    """`value` as an int >= `least`, or a ValueError naming it."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-    return value
-
-
-def check_flag(name: str, value: object) -> bool:
-    """`value` as a bool, or a ValueError naming it."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return value
-
-
 def check_threshold(threshold: object) -> float:
     """A draft-exit threshold (a probability in [0, 1)), or a ValueError naming it."""
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
-            or not 0 <= threshold < 1:
-        raise ValueError(f"threshold must be a probability in [0, 1) (0: never stop early), "
-                         f"got {threshold!r}")
-    return float(threshold)
+    return check_number("threshold", threshold, lambda v: 0 <= v < 1,
+                        "a probability in [0, 1) (0: never stop early)")
 
 
 class DraftBudget:

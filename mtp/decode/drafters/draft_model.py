@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mtp.cli import check_flag, check_positive
 from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
-                                      check_flag, check_positive, check_threshold)
+                                      check_threshold)
 from mtp.decode.drafters.registry import register
 from mtp.decode.forward import cached_forward, key_width, prefill
 from mtp.decode.sampling import SamplingConfig

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtp.decode.drafters.base import (Drafter, DrafterContext, Drafts, Verified, check_flag,
-                                      check_positive)
+from mtp.cli import check_flag, check_positive
+from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified
 from mtp.decode.drafters.registry import AUTO, drafter_types, register
 from mtp.decode.sampling import SamplingConfig, exponential, probabilities
 from mtp.decode.tree import (Calibration, DynamicTree, Tree, TreeBuffers, best_paths,

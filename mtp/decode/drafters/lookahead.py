@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import (Drafter, DrafterContext, Drafts, Verified,
-                                      check_positive)
+from mtp.cli import check_positive
+from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified
 from mtp.decode.drafters.registry import register
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree
@@ -158,9 +158,8 @@ class LookaheadOptions:
 
     def __post_init__(self) -> None:
         check_positive("window", self.window, least=2)
-        if not isinstance(self.ngram, int) or isinstance(self.ngram, bool) or self.ngram < 2:
-            raise ValueError(f"ngram (the n-gram size N) must be an integer >= 2: a 1-gram has "
-                             f"no continuation to propose, got {self.ngram!r}")
+        check_positive("ngram", self.ngram, 2, "an integer >= 2 (the n-gram size N): a "
+                       "1-gram has no continuation to propose")
         check_positive("guesses", self.guesses, least=0)
 
 

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from mtp.decode.drafters.base import Verified, check_positive
+from mtp.cli import check_positive
+from mtp.decode.drafters.base import Verified
 from mtp.decode.drafters.heads import HeadsDrafter, HeadsOptions
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree

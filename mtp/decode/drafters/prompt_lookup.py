@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
-                                      check_flag, check_positive)
+from mtp.cli import check_flag, check_positive
+from mtp.decode.drafters.base import ChainDrafter, DrafterContext, Drafts, Verified
 from mtp.decode.drafters.registry import register
 from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import KVCache

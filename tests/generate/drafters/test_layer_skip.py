@@ -182,8 +182,8 @@ def test_bad_skip_sets_are_refused_before_decoding(deep, skip, message):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"drafter": "layer_skip", "threshold": 1.0}, "threshold must be a probability in"),
-    ({"drafter": "layer_skip", "threshold": -0.1}, "threshold must be a probability in"),
+    ({"drafter": "layer_skip", "threshold": 1.0}, "threshold=1.0 must be a probability in"),
+    ({"drafter": "layer_skip", "threshold": -0.1}, "threshold=-0.1 must be a probability in"),
     ({"drafter": "heads", "skip": [1]}, "sizes layer_skip, not drafter='heads'"),
     ({"drafter": "prompt_lookup", "threshold": 0.5}, "sizes draft_model or layer_skip"),
 ])
@@ -258,7 +258,7 @@ def test_adaptive_drafting_stops_proposing_rejected_drafts(trained, trained_draf
 
 
 def test_adaptive_is_a_flag():
-    with pytest.raises(ValueError, match="adaptive must be true or false, got 'yes'"):
+    with pytest.raises(ValueError, match="adaptive='yes' must be true or false"):
         PromptLookup(adaptive="yes")
     with pytest.raises(ValueError, match="adaptive=True sizes prompt_lookup"):
         DrafterSpec(drafter="heads", adaptive=True)

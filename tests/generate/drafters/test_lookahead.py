@@ -191,16 +191,16 @@ def test_command_lines(tiny_config, tmp_path, capsys):
     assert stats.startswith("[length] lookahead(window=3, ngram=3, guesses=2): 10 tokens in ")
     drafter = DrafterSpec(drafter="lookahead", ngram=2).build(model)
     assert (drafter.window, drafter.ngram, drafter.guesses) == (5, 2, 5)
-    with pytest.raises(ValueError, match="window must be an integer >= 2, got 1"):
+    with pytest.raises(ValueError, match="window=1 must be an integer >= 2"):
         main([f"checkpoint={directory}", "prompt=x", "drafter=lookahead", "window=1"])
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: Lookahead(window=1), "window must be an integer >= 2, got 1"),
-    (lambda: Lookahead(ngram=1), r"ngram \(the n-gram size N\) must be an integer >= 2: a "
-                                 r"1-gram has no continuation to propose, got 1"),
-    (lambda: Lookahead(guesses=-1), "guesses must be an integer >= 0, got -1"),
-    (lambda: Lookahead(window=2.5), "window must be an integer >= 2, got 2.5"),
+    (lambda: Lookahead(window=1), "window=1 must be an integer >= 2"),
+    (lambda: Lookahead(ngram=1), r"ngram=1 must be an integer >= 2 \(the n-gram size N\): a "
+                                 r"1-gram has no continuation to propose"),
+    (lambda: Lookahead(guesses=-1), "guesses=-1 must be an integer >= 0"),
+    (lambda: Lookahead(window=2.5), "window=2.5 must be an integer >= 2"),
     (lambda: Combined(HeadsDrafter(2), Lookahead()), "not the candidate tree of lookahead"),
 ])
 def test_bad_sizes(make, message):

@@ -65,7 +65,7 @@ def test_online_is_for_heads_that_can_learn() -> None:
     with pytest.raises(ValueError, match="online=True sizes heads, not "
                                          "drafter='prompt_lookup'"):
         DrafterSpec(drafter="prompt_lookup", online=True)
-    with pytest.raises(ValueError, match="online must be true or false, got 'yes'"):
+    with pytest.raises(ValueError, match="online='yes' must be true or false"):
         DrafterSpec(drafter="heads", online="yes")
     sequential = MTPModel(MTPConfig(vocab_size=262, dim=16, n_layers=1, n_heads=2,
                                     max_seq_len=32, n_future=3, head_type="sequential"))
