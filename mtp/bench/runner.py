@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -62,7 +64,9 @@ def written(part: Part, out: Path, repo: Path) -> str:
     (or as given), and each of the INPUTS as the variable a reader sets ($MTP_MBPP_FILE,
     $GGUF), not where this machine keeps it."""
     shown = str(out.relative_to(repo)) if out.is_relative_to(repo) else str(out)
-    text = " ".join(part.command).replace("{python}", "python").replace("{out}", shown)
+    # an argument with a space or a quote in it is quoted, so that the line runs as typed
+    text = " ".join(shlex.quote(a) if re.search(r"[\s'\"]", a) else a for a in part.command)
+    text = text.replace("{python}", "python").replace("{out}", shown)
     return text.replace("{mbpp}", f"${MBPP_ENV}").replace("{smollm2}", "$GGUF")
 
 

@@ -1,0 +1,100 @@
+"""The records the docs publish can be rerun: every generated block's recorded command parses
+under today's command line of what it runs, and no block names a path of the machine that
+measured it (a reader reruns a figure from the checkout, with $GGUF-style variables)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from script_modules import load_script  # tests/ is on the path
+
+from mtp.bench.markers import BLOCK
+from mtp.train.run import compose
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = ("README.md", "docs/benchmarks.md", "docs/better.md")
+# A block's command: the first `python ...` in backquotes on its first line.
+COMMAND = re.compile(r"`(python [^`]+)`")
+# An absolute path: a slash-rooted run of path parts after a space, `=`, `(` or a quote.
+ABSOLUTE = re.compile(r"(?:^|[\s=(`'\"\[,])(/(?:[\w.@+-]+/)+[\w.@+-]*)", re.MULTILINE)
+# Modules whose `parse_args(argv)` reads their command line (mtp.cli's grammar).
+MODULES = ("mtp.eval.__main__", "mtp.generate.__main__", "mtp.bench.__main__",
+           "mtp.train.eagle", "mtp.convert", "mtp.generate.skip_search", "mtp.bench.tiny")
+
+# Blocks recorded before the scripts took key=value arguments (the retired --flag grammar):
+# issue 45's regeneration at a landing commit replaces each; the set may only shrink.
+STALE = {
+    "docs/benchmarks.md": {
+        "train_step", "peak_flops", "memory", "heads_cost", "decode",
+        "decode_compiled", "methods", "hf", "gpu_peak_flops", "gpu_memory",
+        "gpu_train_step_1b", "gpu_train_step_1b_compiled", "gpu_decode_bf16", "gpu_hf",
+        "sandbox",
+        # recorded without their shell quoting (`methods=[eagle,"eagle tree=tree16"]` split
+        # at its space), before the runner quoted each argument
+        "smollm2_eagle_methods", "smollm2_eagle_exact", "smollm2_mixed"},
+}
+
+
+def _blocks() -> list[tuple[str, str, str]]:
+    """(page, block name, body) of every generated block."""
+    found = []
+    for page in PAGES:
+        path = REPO / page
+        if path.is_file():
+            found += [(page, m.group("name"), m.group("body"))
+                      for m in BLOCK.finditer(path.read_text())]
+    return found
+
+
+def _parses(command: str) -> str | None:
+    """None where `command` parses today; else why not (one line)."""
+    words = shlex.split(command.replace("$", ""))  # $GGUF: a value like any other
+    if words[:2] == ["python", "-m"] and words[2] == "pytest":
+        return None  # pytest's own command line
+    try:
+        if words[:3] == ["python", "-m", "mtp.train"]:
+            compose([w for w in words[3:] if not w.startswith("hydra.")] + ["run_dir=x"])
+        elif words[:2] == ["python", "-m"]:
+            name = words[2] if words[2] in MODULES else f"{words[2]}.__main__"
+            importlib.import_module(name).parse_args(words[3:])
+        elif words[1].startswith("scripts/"):
+            load_script(Path(words[1]).stem).parse_args(words[2:])
+        else:
+            return f"not a command this test knows: {command!r:.80}"
+    except (ValueError, SystemExit, Exception) as error:  # noqa: B014 (Hydra's own errors)
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return None
+
+
+def test_recorded_commands_parse_today() -> None:
+    stale: dict[str, set[str]] = {}
+    for page, name, body in _blocks():
+        first = body.strip().splitlines()[0] if body.strip() else ""
+        command = COMMAND.search(first)
+        if command and _parses(command.group(1)) is not None:
+            stale.setdefault(page, set()).add(name)
+    # a block that parses again must leave STALE; no other block may stop parsing
+    assert stale == STALE, {page: sorted(stale.get(page, set()) ^ STALE.get(page, set()))
+                            for page in set(stale) | set(STALE)}
+
+
+@pytest.mark.parametrize("command, ok", [
+    ("python scripts/bench_engines.py checkpoint=$GGUF max_new_tokens=64", True),
+    ("python scripts/bench_decode.py --checkpoint x --ks 2 4", False),
+    ("python -m mtp.eval task=humaneval checkpoint=x limit=4", True),
+    ("python -m mtp.train +experiment=byte8 logger=csv hydra.run.dir=runs/x", True),
+    ("python -m mtp.train +experiment=nope", False),
+    ("""python scripts/bench_exact.py checkpoint=x 'methods=[eagle,"eagle tree=dynamic:16"]'""",
+     True),
+])
+def test_a_stale_command_is_told_apart(command: str, ok: bool) -> None:
+    assert (_parses(command) is None) == ok
+
+
+def test_no_block_names_a_path_of_the_measuring_machine() -> None:
+    found = {(page, name): ABSOLUTE.findall(body) for page, name, body in _blocks()}
+    assert {key: paths for key, paths in found.items() if paths} == {}
