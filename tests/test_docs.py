@@ -355,3 +355,13 @@ def test_the_readme_is_a_front_page() -> None:
     assert len(text.splitlines()) <= 200
     begin, end = "<!-- mtp.bench:begin headline -->", "<!-- mtp.bench:end headline -->"
     assert text.count(begin) == 1 and text.count(end) == 1 and text.index(begin) < text.index(end)
+
+
+def test_the_readme_names_every_registered_drafter() -> None:
+    from mtp.decode.drafters.registry import AUTOREGRESSIVE, drafter_types
+
+    text = (REPO_ROOT / "README.md").read_text()
+    listed = re.search(r"\(`drafter=`:(.*?)\)\.", text, re.DOTALL)
+    assert listed, "the README's list of drafters (`drafter=`: ...) is gone"
+    named = set(re.findall(r"`([\w+]+)`", listed.group(1)))
+    assert named == set(drafter_types()) - {AUTOREGRESSIVE}
