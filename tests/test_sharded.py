@@ -1,7 +1,7 @@
 """mtp.load on sharded checkpoint folders (the layout Lightning's ModelParallelStrategy writes).
 
 The folder here is written in one process with torch.distributed.checkpoint; a real 2-rank
-trainer=fsdp folder is loaded in tests/test_train.py (slow).
+trainer=fsdp folder is loaded in tests/train/test_train.py (slow).
 """
 
 from pathlib import Path

@@ -9,7 +9,7 @@ step (every head calls it); the root, with `model.trunk` registered as a forward
 The headwise backward is n + 1 backward calls per micro-batch, and FSDP2 ends each by
 reduce-scattering every unit it did not reach: `gradient_sync` makes that one reduce-scatter
 per parameter per optimizer step (docs/benchmarks.md has the counts). Gradients equal the
-unsharded model's (tests/test_parallel.py).
+unsharded model's (tests/train/test_parallel.py).
 """
 
 from __future__ import annotations

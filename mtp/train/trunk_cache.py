@@ -6,7 +6,7 @@ their share of the unembedding. `TrunkCache` computes the output of the blocks a
 that it has not seen (one batched forward, no graph) and reads the others from memory, so
 from the second epoch on a step runs the heads alone. The loss is the same: `mtp_loss` takes
 the cached output as `trunk_out` and goes on from there, and the heads' gradients are those
-of a step through the trunk (tests/test_trunk_cache.py).
+of a step through the trunk (tests/train/test_trunk_cache.py).
 
 A block is known by its index in the training set (`PackedBlocks` hands it out as
 batch["index"]); a streamed corpus has none and is refused. The cache holds a (seq_len, dim)

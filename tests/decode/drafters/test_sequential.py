@@ -1,6 +1,6 @@
 """Sequential heads (DeepSeek-V3's modules) as the drafter: greedy output equals autoregressive,
 ragged batches, the static step, drafts equal to the teacher-forced modules', bad input.
-(Sampling exactness: tests/generate/test_speculative_sampling.py.)"""
+(Sampling exactness: tests/decode/test_speculative_sampling.py.)"""
 
 import pytest
 import torch
@@ -94,7 +94,7 @@ def test_drafts_are_the_teacher_forced_modules_predictions(trained_sequential, t
 
 @pytest.fixture
 def static(monkeypatch):
-    """compile=True runs the static step eagerly (as in tests/generate/test_engine.py)."""
+    """compile=True runs the static step eagerly (as in tests/decode/test_engine.py)."""
     monkeypatch.setattr(engine, "_compiled", {False: engine.CompiledStep(engine.verify_and_accept)})
 
 

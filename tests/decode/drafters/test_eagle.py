@@ -1,7 +1,7 @@
 """The EAGLE-3 drafter: greedy output equals autoregressive decoding (ragged batches, chains
 and trees, exact mode), its drafts are what training-time test trains, EAGLE-2's dynamic
 tree, its files, and bad input. (Lossless sampling: test_eagle_sampling.py; training:
-tests/test_train_eagle.py; the EAGLE-3 export: tests/interop/test_eagle3.py.)"""
+tests/train/test_eagle.py; the EAGLE-3 export: tests/interop/test_eagle3.py.)"""
 
 import pytest
 import torch
@@ -110,7 +110,7 @@ def test_exact_mode_gives_the_reference_of_its_width(target, trained_eagle, name
 
 
 def test_the_static_step_decodes_as_the_eager_one(target, trained_eagle, monkeypatch):
-    """compile=True runs the static step eagerly (as in tests/generate/test_engine.py)."""
+    """compile=True runs the static step eagerly (as in tests/decode/test_engine.py)."""
     monkeypatch.setattr(engine, "_compiled",
                         {False: engine.CompiledStep(engine.verify_and_accept)})
     reference = generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, stop=["print"])

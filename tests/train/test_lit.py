@@ -21,7 +21,7 @@ from mtp.train.lit import MTPLitModule, NonFiniteLossError
 from mtp.train.settings import LossSettings, OptimSettings, RunSettings, TrainSettings
 
 SEQ_LEN = 32
-CURVE = Path(__file__).parent / "fixtures" / "tiny_loss_curve.json"
+CURVE = Path(__file__).parents[1] / "fixtures" / "tiny_loss_curve.json"
 
 
 def _blocks(n_future: int) -> list[dict[str, torch.Tensor]]:
@@ -97,13 +97,13 @@ def _check_curve(losses: list[float], path: Path) -> None:
         path.write_text(json.dumps({"steps": len(losses), "losses": losses}, indent=1) + "\n")
     if not path.exists():
         pytest.fail(f"the reference loss curve {path} is missing; if that is intended, "
-                    f"regenerate it: MTP_WRITE_CURVE=1 pytest tests/test_lit.py")
+                    f"regenerate it: MTP_WRITE_CURVE=1 pytest tests/train/test_lit.py")
     stored = json.loads(path.read_text())["losses"]
     assert losses == pytest.approx(stored, rel=1e-3)
 
 
 def test_loss_curve_matches_the_stored_one(tiny_config: MTPConfig) -> None:
-    """Catches silent numerics changes. Regenerate: MTP_WRITE_CURVE=1 pytest tests/test_lit.py"""
+    """Catches silent numerics changes. Regenerate: MTP_WRITE_CURVE=1 pytest tests/train/test_lit.py"""
     _, losses = _fit(tiny_config, 10)
     _check_curve(losses, CURVE)
 

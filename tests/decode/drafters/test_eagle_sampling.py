@@ -1,5 +1,5 @@
 """The EAGLE drafter samples losslessly: 10,000 sampled generations of a 4-token model follow
-its exact autoregressive distribution (tests/generate/test_speculative_sampling.py's
+its exact autoregressive distribution (tests/decode/test_speculative_sampling.py's
 enumeration), with a chain, a tree whose siblings are drawn without replacement, a draft
 vocabulary that leaves a target token out (q is 0 there), and a dynamic tree's deterministic
 drafts (one-hot q)."""
@@ -7,7 +7,7 @@ drafts (one-hot q)."""
 import pytest
 import torch
 
-from generate.test_speculative_sampling import (
+from decode.test_speculative_sampling import (
     EOS,
     NUCLEUS,
     T1,

@@ -1,6 +1,6 @@
 """Layer skipping (Draft & Verify): greedy output equals autoregressive, the draft shares the
 target's cache, the draft-exit, the skip search and its saved choice, and bad input.
-(Sampling: tests/generate/test_speculative_sampling.py.)"""
+(Sampling: tests/decode/test_speculative_sampling.py.)"""
 
 import copy
 import json
