@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 import mtp
+from mtp.decode.drafters.base import Drafter
 from mtp.decode.tree import Tree
 from mtp.generate import HeadsDrafter, SamplingConfig, generate
 from mtp.model import MTPModel
@@ -15,10 +16,10 @@ from mtp.tokenizers import ByteTokenizer
 PACKAGE = Path(mtp.__file__).parent
 
 
-def _step_files(model: MTPModel, drafter: HeadsDrafter, step: int, **options) -> set[str]:
+def _step_files(model: MTPModel, drafter: Drafter, step: int, **options) -> set[str]:
     """The files of mtp/ that decode step `step` (counted from 1 by the drafter's proposals)
     enters, from its proposal up to the next one."""
-    propose = HeadsDrafter.propose.__code__
+    propose = type(drafter).propose.__code__
     proposals, files = 0, set()
 
     def profile(frame, event, arg):
@@ -66,3 +67,12 @@ def test_one_sampled_tree_step_enters_ten_files(tiny_config):
                         sampling=SamplingConfig(temperature=0.8), seed=0)
     assert files <= STEP | {"decode/sampling.py"}, sorted(files - STEP)
     assert len(files) <= 10
+
+
+def test_an_exact_mode_step_enters_no_more_files(tiny_config):
+    """Exact mode is the plain step (on the kernels) or its fixed-width window: no room of
+    its own, and none of the session's."""
+    torch.manual_seed(0)
+    files = _step_files(MTPModel(tiny_config).eval(), HeadsDrafter(4), step=3, exact=True)
+    assert files <= STEP, sorted(files - STEP)
+    assert len(files) <= 9
