@@ -19,7 +19,8 @@ llama.cpp's rows (where the checkpoint is a GGUF and llama-cpp-python's environm
 `llama_python=`, else $MTP_LLAMA_CPP_PYTHON): the GGUF as llama.cpp runs it (its own
 quantized arithmetic), autoregressive and with its prompt-lookup drafter
 (the same runner, run by path with that python), from the same token ids.
-mtp's own rows come from the same run: its float32 greedy decoding (the reference), then
+mtp's own rows come from the same run: its float32 greedy decoding (the reference, with
+`template_loops`: the replies that hold a special token before their end), then
 each of `drafters` in each of `mtp_dtypes` in exact mode (mtp.decode's `generate`, timed by
 mtp.generate.measure's harness), each also checked against mtp's own autoregressive
 decoding in its dtype (`exact_ids`: the share equal). The last JSON line names the fastest
@@ -288,6 +289,13 @@ def summary(rows: dict[str, dict]) -> list[str]:
     return lines
 
 
+def template_loops(replies: list[list[int]], tokenizer) -> int:
+    """How many replies hold a special token before their last: an instruct model that reads
+    its template's tokens as text answers with them, over and over."""
+    specials = tokenizer.special_ids
+    return sum(any(t in specials for t in reply[:-1]) for reply in replies)
+
+
 def mtp_rows(checkpoint: str, args: EngineBenchArgs, prompts: list, reference: list[list[int]],
              model, tokenizer, prompt_ids: list[list[int]]) -> dict[str, dict]:
     """mtp's own rows beyond the float32 reference: autoregressive decoding in each other
@@ -382,7 +390,8 @@ def main(argv: list[str]) -> None:
         timed = time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
                               warmup_tokens=8)
     rows: dict[str, dict] = {"mtp": {"loaded": True, "tokens_per_second": round(
-        timed.tokens_per_second, 2), "same_ids": 1.0, "new_tokens": timed.stats.new_tokens}}
+        timed.tokens_per_second, 2), "same_ids": 1.0, "new_tokens": timed.stats.new_tokens,
+        "template_loops": template_loops(timed.token_ids, tokenizer)}}
     rows |= mtp_rows(checkpoint, args, prompts, timed.token_ids, model, tokenizer, prompt_ids)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="mtp-engines-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ prompt, greedy, ending with the stop token where one came, as mtp's), `seconds` 
 the engine's version (`vllm`, `llama_cpp`) and
 - vLLM: `batched_tokens_per_second` (all prompts in one call) and `mean_acceptance_length`
   (1 + accepted / drafts, from its spec-decode counters; null without drafts);
-- llama.cpp: `tokens_per_forward` (new tokens per evaluation after the prompt's).
+- llama.cpp: `tokens_per_forward` (new tokens per evaluation, the prompt's included).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def llama_cpp_decode(llm, prompt: list[int], max_new_tokens: int,
                 break
     finally:
         llm.eval = evaluate
-    return out, calls - 1  # the prompt's evaluation is not a decode step
+    return out, calls  # the prompt's evaluation gives the first token, as mtp counts it
 
 
 def run_llama_cpp(job: dict) -> dict:

@@ -196,9 +196,13 @@ def engines(r: dict[str, Any]) -> str:
             rows.append([engine, method, f"refused: {m.get('error')}", "", "", "", ""])
             continue
         gaps = [d["top2_gap"] for d in m.get("divergences", [])]
-        per_step = m.get("tokens_per_forward") or m.get("mean_acceptance_length")
+        # vLLM counts accepted tokens over its drafting steps only (steps without an n-gram
+        # match draft nothing), so its figure is not tokens per forward
+        per_step = _f(m["tokens_per_forward"]) if m.get("tokens_per_forward") else \
+            f"{m['mean_acceptance_length']:.2f} per drafting step" \
+            if m.get("mean_acceptance_length") else ""
         rows.append([engine, method, _f(m["tokens_per_second"], ".1f"),
-                     x(m["tokens_per_second"] / reference), _f(per_step),
+                     x(m["tokens_per_second"] / reference), per_step,
                      f"{m.get('same_ids', 1.0):.0%}" + (f" (min gap {min(gaps):.3g})"
                                                          if gaps else ""),
                      f"{m['exact_ids']:.0%}" if "exact_ids" in m else ""])
@@ -206,11 +210,14 @@ def engines(r: dict[str, Any]) -> str:
                    f"({r[key + '_best']}): {x(r['speedup_vs_' + key])}"
                    for key, engine in (("vllm", "vLLM"), ("llama_cpp", "llama.cpp"))
                    if key + "_best" in r)
+    loops = r["methods"]["mtp"].get("template_loops")
     head = (f"{r['prompts']} prompts{' as chat' if r.get('chat') else ''} x <= "
             f"{r['max_new_tokens']} new tokens, greedy, batch 1 (each prompt alone), k = "
-            f"{r['k']}; vLLM in {r['dtype']}{best}")
+            f"{r['k']}; vLLM in {r['dtype']}, llama.cpp on the GGUF's own quantized weights"
+            + ("" if loops is None else f"; replies looping on template tokens: {loops}")
+            + best)
     return head + "\n\n" + table(
-        ["engine", "method", "tokens/s", "vs mtp float32", "tokens per step",
+        ["engine", "method", "tokens/s", "vs mtp float32", "tokens per forward",
          "ids as mtp float32", "ids as its own autoregressive"], rows)
 
 

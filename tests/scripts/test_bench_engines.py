@@ -200,7 +200,8 @@ def test_the_docs_table_names_each_row_and_the_best_ratio() -> None:
               "methods": rows, **bench.best(rows)}
     text = tables.engines(record)
     assert "| mtp | prompt_lookup float32 | 20.0 | 2.00x | 1.50 | 100% | 100% |" in text
-    assert "| vLLM 0.32.0 | ngram | 16.0 | 1.60x | 2.50 | 50% (min gap 0.01) |  |" in text
+    assert ("| vLLM 0.32.0 | ngram | 16.0 | 1.60x | 2.50 per drafting step | 50% (min gap 0.01) "
+            "|  |") in text
     assert "refused: ValueError: no" in text and "as chat" in text
     assert "over vLLM's fastest (ngram): 1.25x" in text
 
@@ -230,3 +231,12 @@ def test_llama_cpp_decodes_the_gguf_from_mtps_ids(tmp_path) -> None:
         assert row["loaded"], row["error"]
         assert 0 < row["new_tokens"] <= 16 and row["tokens_per_second"] > 0
         assert row["tokens_per_forward"] >= 1.0 and "same_ids" in row
+
+
+def test_a_reply_with_template_tokens_inside_is_a_loop() -> None:
+    from mtp.tokenizers import BPETokenizer
+
+    tokenizer = BPETokenizer.train(["hello world"] * 20, vocab_size=300)
+    bos, eos = tokenizer.special_tokens["<|bos|>"], tokenizer.special_tokens["<|eos|>"]
+    replies = [[5, 6, eos], [5, bos, 6, eos, bos], [7, 8]]
+    assert bench.template_loops(replies, tokenizer) == 1
