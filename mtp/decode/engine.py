@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mtp.decode.acceptance import Draws, Rule, accept
+from mtp.decode.acceptance import AcceptanceRule, Draws, accept
 from mtp.decode.drafters.base import Drafts, Verified
 from mtp.decode.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
                                   stacked_heads)
@@ -81,7 +81,7 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
 def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Tensor,
                       active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
                       buffers: TreeBuffers, heads: int | StackedHeads,
-                      sampling: SamplingConfig, rule: Rule, key_len: int,
+                      sampling: SamplingConfig, rule: AcceptanceRule, key_len: int,
                       exact: bool = False, windowed: bool = False,
                       layers: tuple[int, ...] = ()) -> Verified:
     """One decode step on the device (module docstring): verify `drafts`, the nodes of `tree`
@@ -142,7 +142,7 @@ class Engine:
     """
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
-                 sampling: SamplingConfig, rule: Rule, compile: bool = False,
+                 sampling: SamplingConfig, rule: AcceptanceRule, compile: bool = False,
                  exact: bool = False, width: int | None = None, seed: int = 0,
                  layers: tuple[int, ...] = ()) -> None:
         use_kernels(model)  # as chosen for the model, else on where the kernels run
