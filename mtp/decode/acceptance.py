@@ -194,6 +194,16 @@ def acceptance_rule(acceptance: Acceptance) -> AcceptanceRule:
 
 
 @dataclass(frozen=True)
+class AcceptanceSettings:
+    """How every step of a call accepts, chosen once: head 0's `sampling`, the `rule` when
+    sampling, and `exact` mode (module docstring)."""
+
+    sampling: SamplingConfig = SamplingConfig()
+    rule: AcceptanceRule = RecursiveRejection()
+    exact: bool = False
+
+
+@dataclass(frozen=True)
 class Draws:
     """The random numbers of one step's acceptance, drawn before the step: uniform
     (B, m - 1), one per draft node for its test u * q < p, and exponential (B, V), the race
@@ -221,12 +231,13 @@ class Accepted:
     tokens: Tensor  # (B, depth + 1)
 
 
-def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
-           draws: Draws | None = None, rule: AcceptanceRule = RecursiveRejection(), *,
-           buffers: TreeBuffers | None = None, exact: bool = False) -> Accepted:
+def accept(drafts: Drafts, target: Tensor, tree: Tree,
+           settings: AcceptanceSettings = AcceptanceSettings(), draws: Draws | None = None, *,
+           buffers: TreeBuffers | None = None) -> Accepted:
     """Verify `drafts` (the nodes of `tree`) against head 0's logits `target` (B, m, V) by
-    `rule`, or exact mode's (module docstring); `draws` when sampling. `buffers`: the
-    tree's on `target`'s device (default: looked up)."""
+    the settings' rule, or exact mode's (module docstring); `draws` when sampling.
+    `buffers`: the tree's on `target`'s device (default: looked up)."""
+    sampling, exact = settings.sampling, settings.exact
     batch = target.shape[0]
     if buffers is None:
         buffers = tree.buffers(target.device)
@@ -249,8 +260,8 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
                              buffers)
         next_token = predicted[rows, node]
     else:
-        node, next_token = rule.select(drafts, probabilities(target, sampling), tree, buffers,
-                                       real, draws)
+        node, next_token = settings.rule.select(drafts, probabilities(target, sampling), tree,
+                                                buffers, real, draws)
     path = buffers.ancestors[rows, node][:, 1:]  # (B, depth): the accepted nodes, then padding
     tokens = drafts.tokens.gather(1, (path - 1).clamp(min=0))
     tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, depth + 1)

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.decode.acceptance import Acceptance, AcceptanceRule, acceptance_rule
+from mtp.decode.acceptance import (Acceptance, AcceptanceRule, AcceptanceSettings,
+                                   acceptance_rule)
 from mtp.decode.drafters.base import (Autoregressive, Drafter, Verified, check_flag,
                                       check_positive)
 from mtp.decode.engine import Engine, rebuild_size
@@ -102,8 +103,9 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[Prompt], *
         seed = int(torch.randint(2 ** 62, ()))
     with torch.inference_mode():  # every tensor of the call alike (a compiled step's guards)
         engine = Engine(model, len(encoded), context, tree, drafter.verify_heads(model),
-                        sampling=sampling, rule=rule, compile=compile, exact=exact,
-                        width=width, seed=seed or 0, layers=drafter.verify_layers(model))
+                        acceptance=AcceptanceSettings(sampling, rule, exact),
+                        compile=compile, width=width, seed=seed or 0,
+                        layers=drafter.verify_layers(model))
         drafter.start(model, encoded, engine.cache, sampling, generator)
         _decode(engine, drafter, outputs, generator, tokenizer.pad_id, encoded)
     return [output.result() for output in outputs]

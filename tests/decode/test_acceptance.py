@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mtp.decode.acceptance import Draws
+from mtp.decode.acceptance import AcceptanceSettings, Draws
 from mtp.decode.acceptance import accept as accept_drafts
 from mtp.decode.drafters.base import Drafts
 from mtp.decode.sampling import SamplingConfig
@@ -18,7 +18,8 @@ def accept(drafts, target, generator=None):
     batch, nodes, vocab = target.shape
     draws = None if greedy else Draws.draw(batch, nodes, vocab, generator, "cpu")
     result = accept_drafts(drafts, target.log(), Tree.chain(drafts.count),
-                           SamplingConfig(temperature=0 if greedy else 1), draws)
+                           AcceptanceSettings(SamplingConfig(temperature=0 if greedy else 1)),
+                           draws)
     return result.n_accepted, result.tokens
 
 N = 40_000  # rows sampled at once; each a frequency's standard error is below 0.0025
