@@ -1,5 +1,6 @@
-"""Where the project's files live, in one place; and JSON-lines files (benchmarks, samples,
-results, distillation data) read with the file and line number in every error."""
+"""Where the project's files live, in one place; JSON-lines files (benchmarks, samples,
+results, distillation data) read with the file and line number in every error; and the JSON
+files of saved choices (a tree calibration, a layer-skip choice) with the file in every error."""
 
 from __future__ import annotations
 
@@ -78,3 +79,19 @@ def parse_jsonl_line(line: str, path: str | os.PathLike, number: int) -> dict[st
     if not isinstance(record, dict):
         raise ValueError(f"{path}:{number}: expected a JSON object, got {line.strip()[:80]!r}")
     return record
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """The JSON value in the file at `path`; a ValueError naming it and `what` it was read as
+    otherwise."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot read {path} as {what}: {error}") from error
+
+
+def write_json(path: str | os.PathLike, value: Any) -> Path:
+    """Write `value` to the file at `path` as indented JSON (one value, a final newline)."""
+    path = Path(path)
+    path.write_text(json.dumps(value, indent=1) + "\n")
+    return path

@@ -4,6 +4,8 @@ It does not know who drafted: it gets `Drafts` (the tokens of the tree's nodes 1
 q each was drawn from, none: one-hot), the tree, and head 0's logits at every node, which
 give the target p of the token after it. Padding drafts are never kept. Everything runs on
 the device with fixed shapes; random numbers come in as `Draws`, so a captured step replays.
+The rules, each one class registered by its name (`AcceptanceRule`, `register_rule`), and exact
+mode:
 
 - `exact` (default). Greedy: a draft is kept iff it is head 0's argmax after its parent; the
   deepest such path plus the argmax after it is autoregressive decoding's output. Sampling:
@@ -29,7 +31,9 @@ the device with fixed shapes; random numbers come in as `Draws`, so a captured s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -39,13 +43,82 @@ from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, proba
                                  sample)
 from mtp.decode.tree import Tree, TreeBuffers
 
-ACCEPTANCE = ("exact", "typical", "spectr")
+
+class AcceptanceRule:
+    """A rule that keeps a drafted path when sampling. Each carries what the rest of mtp asks
+    of it, so a new rule is one registered class (`register_rule`): its `name` (the value of
+    acceptance=), whether it keeps head 0's distribution (`lossless`), whether exact mode
+    refines it (`exact_mode`: exact mode keeps the target's own tokens, the deterministic
+    form of SpecInfer's rule, so only that rule's), and what it keeps (`select`). Greedy,
+    every rule is the greedy rule (`accept`). Rules are frozen dataclasses, each field with a
+    default: hashable (a compiled step's shape keys on the rule) and built from the name."""
+
+    name: ClassVar[str] = ""
+    lossless: ClassVar[bool] = False
+    exact_mode: ClassVar[bool] = False
+
+    def select(self, drafts: Drafts, p: Tensor, tree: Tree, buffers: TreeBuffers,
+               real: Tensor | None, draws: Draws) -> tuple[Tensor, Tensor]:
+        """Sampling, given the target p (B, m, V) after every node and `real` (B, m - 1),
+        which drafts are not padding (None: all): the last kept node (B,) and the token after
+        it (B,)."""
+        raise NotImplementedError
 
 
+RULES: dict[str, type[AcceptanceRule]] = {}
+
+
+def register_rule(cls: type[AcceptanceRule]) -> type[AcceptanceRule]:
+    """Class decorator: make `cls` the rule acceptance=`cls.name` names."""
+    if not cls.name or RULES.get(cls.name, cls) is not cls:
+        raise ValueError(f"an acceptance rule needs a name of its own, got {cls.__name__} "
+                         f"with name={cls.name!r}")
+    RULES[cls.name] = cls
+    return cls
+
+
+@register_rule
+@dataclass(frozen=True)
+class RecursiveRejection(AcceptanceRule):
+    """SpecInfer's multi-candidate rule (module docstring), the default."""
+
+    name: ClassVar[str] = "exact"
+    lossless: ClassVar[bool] = True
+    exact_mode: ClassVar[bool] = True
+
+    def select(self, drafts: Drafts, p: Tensor, tree: Tree, buffers: TreeBuffers,
+               real: Tensor | None, draws: Draws) -> tuple[Tensor, Tensor]:
+        return _descend(drafts, p, tree, buffers, real, draws, self.choose)
+
+    def choose(self, drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
+               real: Tensor | None, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        """At one node per row: the kept child (-1: none) and the target after."""
+        rows = torch.arange(p.shape[0], device=p.device)
+        chosen = torch.full_like(rows, -1)
+        for rank in range(children.shape[1]):
+            child = children[:, rank]
+            index = (child - 1).clamp(min=0)
+            token = drafts.tokens[rows, index]  # (B,)
+            q = _proposal(drafts, rows, index, p)  # (B, V)
+            q_token, p_token = q[rows, token], p[rows, token]
+            uniform = uniforms[rows, index].to(p.dtype)
+            # A draft its own proposal could not have drawn (e.g. a rank past top_k) was never
+            # proposed: skip it without touching the target.
+            trying = descending & (child >= 0) & (chosen < 0) & (q_token > 0)
+            if real is not None:
+                trying &= real[rows, index]
+            kept = trying & (uniform * q_token < p_token)  # probability min(1, p / q)
+            chosen = torch.where(kept, child, chosen)
+            p = torch.where((trying & ~kept)[:, None], _residual(p, q), p)
+        return chosen, p
+
+
+@register_rule
 @dataclass(frozen=True, kw_only=True)
-class TypicalAcceptance:
+class TypicalAcceptance(AcceptanceRule):
     """Medusa's thresholds: keep a draft while p(draft) > min(epsilon, alpha * exp(-H(p)))."""
 
+    name: ClassVar[str] = "typical"
     epsilon: float = 0.09
     alpha: float = 0.3
 
@@ -54,28 +127,80 @@ class TypicalAcceptance:
             raise ValueError(f"typical acceptance needs 0 < epsilon, alpha <= 1, got "
                              f"epsilon={self.epsilon!r}, alpha={self.alpha!r}")
 
+    def select(self, drafts: Drafts, p: Tensor, tree: Tree, buffers: TreeBuffers,
+               real: Tensor | None, draws: Draws) -> tuple[Tensor, Tensor]:
+        entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, m)
+        threshold = torch.minimum(self.alpha * torch.exp(-entropy),
+                                  torch.full_like(entropy, self.epsilon))
+        parents = buffers.parents[..., None].expand(-1, -1, p.shape[-1])  # (B, m - 1, V)
+        p_draft = p.gather(1, parents).gather(-1, drafts.tokens[..., None]).squeeze(-1)
+        node = _deepest_kept(_and(p_draft > threshold.gather(1, buffers.parents), real),
+                             buffers)
+        rows = torch.arange(p.shape[0], device=p.device)
+        return node, sample(p[rows, node], draws.exponential)
 
+
+@register_rule
 @dataclass(frozen=True)
-class KSequential:
+class KSequential(AcceptanceRule):
     """SpecTr's k-sequential selection of one of a node's i.i.d. drafts (module docstring):
     `iterations` of bisection for rho."""
 
+    name: ClassVar[str] = "spectr"
+    lossless: ClassVar[bool] = True
     iterations: int = 40
 
+    def select(self, drafts: Drafts, p: Tensor, tree: Tree, buffers: TreeBuffers,
+               real: Tensor | None, draws: Draws) -> tuple[Tensor, Tensor]:
+        return _descend(drafts, p, tree, buffers, real, draws, self.choose)
 
-# "exact" (SpecInfer's rule), "typical" (Medusa's thresholds), "spectr", or a rule's object
-Acceptance = str | TypicalAcceptance | KSequential
-Rule = TypicalAcceptance | KSequential | None  # None: the default, SpecInfer's rule
+    def choose(self, drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
+               real: Tensor | None, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        """At one node per row, whose children are k i.i.d. drafts from one q: the kept child
+        (-1: none) and the target after."""
+        rows = torch.arange(p.shape[0], device=p.device)
+        index = (children - 1).clamp(min=0)
+        valid = (children >= 0) & descending[:, None]
+        if real is not None:
+            valid &= real.gather(1, index)
+        k = valid.sum(-1)  # (B,) the node's drafts
+        q = _proposal(drafts, rows, index[:, 0], p)  # i.i.d. siblings share one q
+        rho, share = _rho(p, q, k, self.iterations)  # (B,) each
+        chosen = torch.full_like(rows, -1)
+        for rank in range(children.shape[1]):
+            token = drafts.tokens.gather(1, index[:, rank:rank + 1])[:, 0]  # (B,)
+            q_token, p_token = q[rows, token], p[rows, token]
+            uniform = uniforms.gather(1, index[:, rank:rank + 1])[:, 0].to(p.dtype)
+            trying = valid[:, rank] & (chosen < 0) & (q_token > 0)
+            kept = trying & (uniform * rho * q_token < p_token)  # min(1, p / (rho q))
+            chosen = torch.where(kept, children[:, rank], chosen)
+        # None kept: the residual p - c min(q, p / rho), c = share; a leaf keeps p itself.
+        residual = _residual(p, share[:, None] * torch.minimum(q, p / rho[:, None]))
+        return chosen, torch.where(((chosen < 0) & (k > 0))[:, None], residual, p)
 
 
-def acceptance_rule(acceptance: Acceptance) -> Rule:
-    """The rule `acceptance` names: None for "exact" (SpecInfer's recursive rejection)."""
-    if isinstance(acceptance, (TypicalAcceptance, KSequential)):
+# A rule's name (acceptance=exact, typical, spectr) or the rule itself
+Acceptance = str | AcceptanceRule
+
+
+def acceptance_rule(acceptance: Acceptance) -> AcceptanceRule:
+    """The rule `acceptance` names (`RULES`), or `acceptance` when it is one."""
+    if isinstance(acceptance, AcceptanceRule):
         return acceptance
-    if acceptance not in ACCEPTANCE:
-        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, a TypicalAcceptance or a "
-                         f"KSequential, got {acceptance!r}")
-    return {"exact": None, "typical": TypicalAcceptance(), "spectr": KSequential()}[acceptance]
+    if acceptance not in RULES:
+        raise ValueError(f"acceptance must be one of {tuple(RULES)} or an AcceptanceRule, "
+                         f"got {acceptance!r}")
+    return RULES[acceptance]()
+
+
+@dataclass(frozen=True)
+class AcceptanceSettings:
+    """How every step of a call accepts, chosen once: head 0's `sampling`, the `rule` when
+    sampling, and `exact` mode (module docstring)."""
+
+    sampling: SamplingConfig = SamplingConfig()
+    rule: AcceptanceRule = RecursiveRejection()
+    exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,12 +231,13 @@ class Accepted:
     tokens: Tensor  # (B, depth + 1)
 
 
-def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
-           draws: Draws | None = None, rule: Rule = None, *,
-           buffers: TreeBuffers | None = None, exact: bool = False) -> Accepted:
+def accept(drafts: Drafts, target: Tensor, tree: Tree,
+           settings: AcceptanceSettings = AcceptanceSettings(), draws: Draws | None = None, *,
+           buffers: TreeBuffers | None = None) -> Accepted:
     """Verify `drafts` (the nodes of `tree`) against head 0's logits `target` (B, m, V) by
-    `rule` (`acceptance_rule`), or exact mode's (module docstring); `draws` when sampling.
+    the settings' rule, or exact mode's (module docstring); `draws` when sampling.
     `buffers`: the tree's on `target`'s device (default: looked up)."""
+    sampling, exact = settings.sampling, settings.exact
     batch = target.shape[0]
     if buffers is None:
         buffers = tree.buffers(target.device)
@@ -133,20 +259,9 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree, sampling: SamplingConfig,
         node = _deepest_kept(_and(drafts.tokens == predicted.gather(1, buffers.parents), real),
                              buffers)
         next_token = predicted[rows, node]
-    elif isinstance(rule, TypicalAcceptance):
-        p = probabilities(target, sampling)  # (B, m, V)
-        entropy = -torch.special.xlogy(p, p).sum(-1)  # (B, m)
-        threshold = torch.minimum(rule.alpha * torch.exp(-entropy),
-                                  torch.full_like(entropy, rule.epsilon))
-        parents = buffers.parents[..., None].expand(-1, -1, p.shape[-1])  # (B, m - 1, V)
-        p_draft = p.gather(1, parents).gather(-1, drafts.tokens[..., None]).squeeze(-1)
-        node = _deepest_kept(_and(p_draft > threshold.gather(1, buffers.parents), real),
-                             buffers)
-        next_token = sample(p[rows, node], draws.exponential)
     else:
-        node, residual = _descend(drafts, probabilities(target, sampling), tree, buffers, real,
-                                  draws.uniform, rule)
-        next_token = sample(residual, draws.exponential)
+        node, next_token = settings.rule.select(drafts, probabilities(target, sampling), tree,
+                                                buffers, real, draws)
     path = buffers.ancestors[rows, node][:, 1:]  # (B, depth): the accepted nodes, then padding
     tokens = drafts.tokens.gather(1, (path - 1).clamp(min=0))
     tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, depth + 1)
@@ -170,23 +285,24 @@ def _deepest_kept(kept: Tensor, buffers: TreeBuffers) -> Tensor:
 
 
 def _descend(drafts: Drafts, p_all: Tensor, tree: Tree, buffers: TreeBuffers,
-             real: Tensor | None, uniforms: Tensor, rule: Rule) -> tuple[Tensor, Tensor]:
-    """SpecInfer's or SpecTr's rule (module docstring): the last accepted node (B,) and the
-    distribution (B, V) after it. uniforms (B, m - 1): node i's test draws uniforms[:, i - 1]."""
+             real: Tensor | None, draws: Draws, choose: Callable[..., tuple[Tensor, Tensor]]
+             ) -> tuple[Tensor, Tensor]:
+    """SpecInfer's or SpecTr's walk down the tree (module docstring), `choose` (the rule's)
+    picking at each node: the last accepted node (B,) and the token drawn after it (B,).
+    Node i's test draws draws.uniform[:, i - 1]."""
     batch = p_all.shape[0]
     rows = torch.arange(batch, device=p_all.device)
     node = torch.zeros(batch, dtype=torch.long, device=p_all.device)
     p = p_all[:, 0]  # (B, V) the current target
     descending = torch.ones(batch, dtype=torch.bool, device=p_all.device)
-    select = _k_sequential if isinstance(rule, KSequential) else _recursive_rejection
     for width in tree.widths:  # the most children of any node at each depth
         children = buffers.children[rows, node, :width]  # (B, width), -1 padded
-        chosen, p = select(drafts, p, children, descending, real, uniforms, rule)
+        chosen, p = choose(drafts, p, children, descending, real, draws.uniform)
         moved = chosen >= 0
         node = torch.where(moved, chosen, node)
         p = torch.where(moved[:, None], p_all[rows, node], p)
         descending &= moved
-    return node, p
+    return node, sample(p, draws.exponential)
 
 
 def _proposal(drafts: Drafts, rows: Tensor, index: Tensor, p: Tensor) -> Tensor:
@@ -202,56 +318,6 @@ def _residual(p: Tensor, removed: Tensor) -> Tensor:
     residual = (p - removed).clamp(min=0)
     total = residual.sum(-1, keepdim=True)
     return torch.where(total > 0, residual / total.clamp(min=1e-30), p)
-
-
-def _recursive_rejection(drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
-                         real: Tensor | None, uniforms: Tensor,
-                         rule: None = None) -> tuple[Tensor, Tensor]:
-    """SpecInfer's rule at one node per row: the kept child (-1: none) and the target after."""
-    rows = torch.arange(p.shape[0], device=p.device)
-    chosen = torch.full_like(rows, -1)
-    for rank in range(children.shape[1]):
-        child = children[:, rank]
-        index = (child - 1).clamp(min=0)
-        token = drafts.tokens[rows, index]  # (B,)
-        q = _proposal(drafts, rows, index, p)  # (B, V)
-        q_token, p_token = q[rows, token], p[rows, token]
-        uniform = uniforms[rows, index].to(p.dtype)
-        # A draft its own proposal could not have drawn (e.g. a rank past top_k) was never
-        # proposed: skip it without touching the target.
-        trying = descending & (child >= 0) & (chosen < 0) & (q_token > 0)
-        if real is not None:
-            trying &= real[rows, index]
-        kept = trying & (uniform * q_token < p_token)  # probability min(1, p / q)
-        chosen = torch.where(kept, child, chosen)
-        p = torch.where((trying & ~kept)[:, None], _residual(p, q), p)
-    return chosen, p
-
-
-def _k_sequential(drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
-                  real: Tensor | None, uniforms: Tensor,
-                  rule: KSequential) -> tuple[Tensor, Tensor]:
-    """SpecTr's rule at one node per row, whose children are k i.i.d. drafts from one q: the
-    kept child (-1: none) and the target after."""
-    rows = torch.arange(p.shape[0], device=p.device)
-    index = (children - 1).clamp(min=0)
-    valid = (children >= 0) & descending[:, None]
-    if real is not None:
-        valid &= real.gather(1, index)
-    k = valid.sum(-1)  # (B,) the node's drafts
-    q = _proposal(drafts, rows, index[:, 0], p)  # i.i.d. siblings share one q
-    rho, share = _rho(p, q, k, rule.iterations)  # (B,) each
-    chosen = torch.full_like(rows, -1)
-    for rank in range(children.shape[1]):
-        token = drafts.tokens.gather(1, index[:, rank:rank + 1])[:, 0]  # (B,)
-        q_token, p_token = q[rows, token], p[rows, token]
-        uniform = uniforms.gather(1, index[:, rank:rank + 1])[:, 0].to(p.dtype)
-        trying = valid[:, rank] & (chosen < 0) & (q_token > 0)
-        kept = trying & (uniform * rho * q_token < p_token)  # min(1, p / (rho q))
-        chosen = torch.where(kept, children[:, rank], chosen)
-    # None kept: the residual p - c min(q, p / rho), c = share; a leaf keeps p itself.
-    residual = _residual(p, share[:, None] * torch.minimum(q, p / rho[:, None]))
-    return chosen, torch.where(((chosen < 0) & (k > 0))[:, None], residual, p)
 
 
 def _rho(p: Tensor, q: Tensor, k: Tensor, iterations: int) -> tuple[Tensor, Tensor]:

@@ -51,12 +51,12 @@ import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mtp.decode.acceptance import Draws, Rule, accept
+from mtp.decode.acceptance import AcceptanceSettings, Draws, accept
 from mtp.decode.drafters.base import Drafts, Verified
 from mtp.decode.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
                                   stacked_heads)
-from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, position_uniforms,
-                                 probabilities, sample)
+from mtp.decode.sampling import (exponential, inverse_cdf, position_uniforms, probabilities,
+                                 sample)
 from mtp.decode.tree import DynamicTree, Tree, TreeBuffers
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel, decodes_on_kernels, use_kernels
@@ -81,12 +81,11 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
 def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Tensor,
                       active: Tensor, drafts: Drafts, draws: Draws | None, tree: Tree,
                       buffers: TreeBuffers, heads: int | StackedHeads,
-                      sampling: SamplingConfig, rule: Rule, key_len: int,
-                      exact: bool = False, windowed: bool = False,
+                      acceptance: AcceptanceSettings, key_len: int, windowed: bool = False,
                       layers: tuple[int, ...] = ()) -> Verified:
     """One decode step on the device (module docstring): verify `drafts`, the nodes of `tree`
     (`buffers`: its, on the device). Updates the cache, `lengths` and `root` in place
-    (active rows only). exact: exact mode's acceptance; windowed: its fixed-shape attention."""
+    (active rows only). windowed: exact mode's fixed-shape attention."""
     # verify: the root and the drafts, each at its place in the tree (its own, each row's, for
     # a tree chosen this step)
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
@@ -98,8 +97,7 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     hidden, features = hidden_states(model, pending, cache, step, heads, layers=layers)
     target = model.unembed(hidden[:, :, 0])  # (B, m, V); hidden (B, m, n, D)
     # accept: a path, and the token after it
-    accepted = accept(drafts, target, tree, sampling, draws, rule, buffers=buffers,
-                      exact=exact)
+    accepted = accept(drafts, target, tree, acceptance, draws, buffers=buffers)
     rows = torch.arange(pending.shape[0], device=pending.device)
     path = buffers.ancestors[rows, accepted.node]  # (B, depth + 1), padded with the node
     # compact: the kept path's keys and values follow the prefix (a chain's are in place)
@@ -136,22 +134,23 @@ class Engine:
 
     context: the most tokens any row holds; tree: the drafter's shape; k: the verify forward
     runs heads 0..k-1 (`Drafter.verify_heads`); layers: the trunk layers whose output it
-    keeps (`Drafter.verify_layers`); exact: exact mode, sampled tokens drawn from `seed`'s
-    position uniforms, and off the kernels every step `width` tokens wide (default: the
-    tree's).
+    keeps (`Drafter.verify_layers`); acceptance: how steps accept, exact mode's sampled
+    tokens drawn from `seed`'s position uniforms and, off the kernels, every step `width`
+    tokens wide (default: the tree's).
     """
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
-                 sampling: SamplingConfig, rule: Rule, compile: bool = False,
-                 exact: bool = False, width: int | None = None, seed: int = 0,
-                 layers: tuple[int, ...] = ()) -> None:
+                 acceptance: AcceptanceSettings, compile: bool = False,
+                 width: int | None = None, seed: int = 0, layers: tuple[int, ...] = ()) -> None:
         use_kernels(model)  # as chosen for the model, else on where the kernels run
         self.on_kernels = decodes_on_kernels(model) and not compile  # (the ops run eagerly)
-        self.windowed = exact and not self.on_kernels
+        self.acceptance = acceptance  # and short names for the host's reads of it:
+        self.sampling, self.exact = acceptance.sampling, acceptance.exact
+        self.windowed = self.exact and not self.on_kernels
         if self.windowed:
             tree = tree.padded(width or tree.n_nodes)
-        self.model, self.tree, self.sampling, self.rule = model, tree, sampling, rule
-        self.compiled, self.exact, self.seed, self.layers = compile, exact, seed, layers
+        self.model, self.tree = model, tree
+        self.compiled, self.seed, self.layers = compile, seed, layers
         param = next(model.parameters())
         self.device = param.device
         self.k = k  # in a compiled shape's key: a stack is a new object per k change
@@ -243,15 +242,15 @@ class Engine:
         if self._step is not None:
             param = next(self.model.parameters())
             self._step.note((self.model.config, param.dtype, self.batch, self.tree.paths,
-                             key_len, self.k, self.sampling, self.rule, drafts.probs is None,
-                             self.exact, self.windowed, self.layers))
+                             key_len, self.k, self.acceptance, drafts.probs is None,
+                             self.windowed, self.layers))
             step = self._step.function
             if self.device.type == "cuda":  # the last step's outputs may now be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
         with attention_kernels(self.device):
             out = step(self.model, self.cache, self.lengths, self.root, self.active, drafts,
-                       draws, tree, buffers, self.heads, self.sampling, self.rule, key_len,
-                       self.exact, self.windowed, self.layers)
+                       draws, tree, buffers, self.heads, self.acceptance, key_len,
+                       self.windowed, self.layers)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
         real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
         host = torch.cat([out.kept[:, None], out.grows[:, None], *real, out.tokens],

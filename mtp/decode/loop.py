@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp.decode.acceptance import Acceptance, Rule, TypicalAcceptance, acceptance_rule
+from mtp.decode.acceptance import (Acceptance, AcceptanceRule, AcceptanceSettings,
+                                   acceptance_rule)
 from mtp.decode.drafters.base import (Autoregressive, Drafter, Verified, check_flag,
                                       check_positive)
 from mtp.decode.engine import Engine, rebuild_size
@@ -53,7 +54,8 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[Prompt], *
             `mtp.generate.open_decoder` (or `Auto`) chooses one by measurement.
         sampling: temperature (0: greedy), top-k and top-p of head 0's distribution.
         acceptance: "exact" (SpecInfer's rule, lossless), "spectr" (SpecTr's, lossless),
-            "typical" (Medusa's, not lossless), or a `TypicalAcceptance` (`acceptance.py`).
+            "typical" (Medusa's, not lossless), or a rule (`TypicalAcceptance(...)`,
+            `acceptance.py`).
         stop: strings that end a generation; the returned text stops before them.
         seed: seeds this call's random draws (None: torch's global generator).
         on_text: called as on_text(prompt_index, text) with each new piece of text.
@@ -101,8 +103,9 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[Prompt], *
         seed = int(torch.randint(2 ** 62, ()))
     with torch.inference_mode():  # every tensor of the call alike (a compiled step's guards)
         engine = Engine(model, len(encoded), context, tree, drafter.verify_heads(model),
-                        sampling=sampling, rule=rule, compile=compile, exact=exact,
-                        width=width, seed=seed or 0, layers=drafter.verify_layers(model))
+                        acceptance=AcceptanceSettings(sampling, rule, exact),
+                        compile=compile, width=width, seed=seed or 0,
+                        layers=drafter.verify_layers(model))
         drafter.start(model, encoded, engine.cache, sampling, generator)
         _decode(engine, drafter, outputs, generator, tokenizer.pad_id, encoded)
     return [output.result() for output in outputs]
@@ -256,13 +259,13 @@ class SequenceOutput:
                     if self.text.endswith(s[:n])), default=0)
 
 
-def check_exact(exact: bool, width: int | None, rule: Rule) -> None:
-    """Exact mode's settings, before anything loads or decodes (one-line errors)."""
+def check_exact(exact: bool, width: int | None, rule: AcceptanceRule | None) -> None:
+    """Exact mode's settings, before anything loads or decodes (one-line errors); `rule`
+    None: not chosen yet."""
     check_flag("exact", exact)
-    if exact and rule is not None:
-        name = "typical" if isinstance(rule, TypicalAcceptance) else "spectr"
-        raise ValueError(f"acceptance={name} is a rule of its own: exact mode keeps a draft "
-                         f"when it is the target's own token (acceptance=exact)")
+    if exact and rule is not None and not rule.exact_mode:
+        raise ValueError(f"acceptance={rule.name} is a rule of its own: exact mode keeps a "
+                         f"draft when it is the target's own token (acceptance=exact)")
     if width is not None and not exact:
         raise ValueError(f"width={width} sizes exact mode's steps: give exact=True with it")
     if width is not None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -36,6 +35,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from mtp.paths import read_json, write_json
 
 TREE_FILE = "tree.json"
 FIXED_SIZES = (8, 16, 32, 64)
@@ -324,18 +325,13 @@ class Calibration:
                 "trees": {str(n): self.tree(n).to_json() for n in FIXED_SIZES}}
 
     def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / TREE_FILE
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        return path
+        return write_json(Path(directory) / TREE_FILE, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path, *, n_future: int, vocab_size: int) -> Calibration:
         """Read `path` (a tree.json) and check that it belongs to a model of that shape."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path} is not a tree calibration file: {e}") from e
-        return cls.from_json(data, n_future=n_future, vocab_size=vocab_size, source=str(path))
+        return cls.from_json(read_json(path, "a tree calibration"), n_future=n_future,
+                             vocab_size=vocab_size, source=str(path))
 
     @classmethod
     def from_json(cls, data: Any, *, n_future: int, vocab_size: int,
@@ -448,10 +444,7 @@ def _named_tree(spec: str, k: int, calibration: Calibration | None) -> Tree:
     if path.suffix == ".json":
         if not path.is_file():
             raise ValueError(f"tree={spec!r}: no such file")
-        try:
-            paths = json.loads(path.read_text())
-        except ValueError as e:
-            raise ValueError(f"tree file {path} is not JSON: {e}") from e
+        paths = read_json(path, "a tree file")
         if isinstance(paths, dict) and "rates" in paths:
             raise ValueError(f"{path} is a calibration file: use tree=auto:N with its checkpoint")
         if not isinstance(paths, list) or not paths:

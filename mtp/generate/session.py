@@ -228,7 +228,7 @@ def choose_exact(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
     if settings.exact != AUTO:
         return Measurement("exact", "on" if settings.exact else "off", "set",
                            value=settings.exact)
-    if acceptance_rule(settings.acceptance) is not None:
+    if not acceptance_rule(settings.acceptance).exact_mode:
         return Measurement("exact", "off", "fixed", f"acceptance={settings.acceptance} is a "
                            f"rule of its own", value=False)
     if decodes_on_kernels(model):  # the plain step is the exact step: nothing to measure

@@ -1,8 +1,9 @@
 """The acceptance rule on stub distributions: agreeing, disagreeing, and exact in distribution."""
 
+import pytest
 import torch
 
-from mtp.decode.acceptance import Draws
+from mtp.decode.acceptance import AcceptanceSettings, Draws
 from mtp.decode.acceptance import accept as accept_drafts
 from mtp.decode.drafters.base import Drafts
 from mtp.decode.sampling import SamplingConfig
@@ -17,7 +18,8 @@ def accept(drafts, target, generator=None):
     batch, nodes, vocab = target.shape
     draws = None if greedy else Draws.draw(batch, nodes, vocab, generator, "cpu")
     result = accept_drafts(drafts, target.log(), Tree.chain(drafts.count),
-                           SamplingConfig(temperature=0 if greedy else 1), draws)
+                           AcceptanceSettings(SamplingConfig(temperature=0 if greedy else 1)),
+                           draws)
     return result.n_accepted, result.tokens
 
 N = 40_000  # rows sampled at once; each a frequency's standard error is below 0.0025
@@ -86,3 +88,39 @@ def test_identical_proposal_and_target_accept_everything():
     drafts = Drafts(torch.multinomial(p, 1000, replacement=True)[:, None], p.expand(1000, 1, 3))
     n_accepted, _ = accept(drafts, p.expand(1000, 2, 3))
     assert n_accepted.eq(1).all()
+
+
+def test_a_new_rule_is_one_registered_class(monkeypatch, tiny_config):
+    """A rule registered by name is acceptance=<name> end to end, and says for itself that
+    exact mode does not refine it; nothing else in mtp names it."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    import mtp.decode.acceptance as acceptance
+    from mtp.decode.sampling import sample
+    from mtp.generate import HeadsDrafter, generate
+    from mtp.model import MTPModel
+    from mtp.tokenizers import ByteTokenizer
+
+    monkeypatch.setattr(acceptance, "RULES", dict(acceptance.RULES))
+
+    @acceptance.register_rule
+    @dataclass(frozen=True)
+    class RootOnly(acceptance.AcceptanceRule):
+        """Keeps no draft: the token after the root, drawn from p (lossless, and useless)."""
+
+        name: ClassVar[str] = "root_only"
+        lossless: ClassVar[bool] = True
+
+        def select(self, drafts, p, tree, buffers, real, draws):
+            node = torch.zeros(p.shape[0], dtype=torch.long)
+            return node, sample(p[:, 0], draws.exponential)
+
+    assert isinstance(acceptance.acceptance_rule("root_only"), RootOnly)
+    model = MTPModel(tiny_config).eval()
+    sampled = dict(drafter=HeadsDrafter(4), sampling=SamplingConfig(temperature=1.0), seed=0)
+    [g] = generate(model, ByteTokenizer(), ["def f("], max_new_tokens=6,
+                   acceptance="root_only", **sampled)
+    assert g.stats.forward_passes == len(g.token_ids)  # one token per step: no draft kept
+    with pytest.raises(ValueError, match="acceptance=root_only is a rule of its own"):
+        generate(model, ByteTokenizer(), ["def f("], acceptance="root_only", exact=True)

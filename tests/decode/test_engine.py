@@ -32,10 +32,10 @@ def static(monkeypatch):
     shapes = []
 
     def step(model, cache, lengths, root, active, drafts, draws, tree, buffers, heads,
-             sampling, typical, key_len, *rest):
+             acceptance, key_len, *rest):
         shapes.append((lengths.shape[0], drafts.count + 1, key_len, cache.max_len))
         return engine.verify_and_accept(model, cache, lengths, root, active, drafts, draws,
-                                        tree, buffers, heads, sampling, typical, key_len, *rest)
+                                        tree, buffers, heads, acceptance, key_len, *rest)
 
     monkeypatch.setattr(engine, "_compiled", {False: engine.CompiledStep(step)})
     return shapes

@@ -15,6 +15,7 @@ import torch
 from mtp.generate import (Combined, DecodeStats, DraftModel, HeadsDrafter, LayerSkip,
                           Lookahead, OnlineHeads, PromptLookup, SamplingConfig,
                           SequentialDrafter, generate)
+from mtp.decode.acceptance import RULES
 from mtp.decode.sampling import probabilities
 from mtp.decode.tree import DynamicTree, Tree
 from mtp.model import MTPConfig, MTPModel
@@ -201,10 +202,11 @@ def test_heads_that_learn_between_calls_draft_losslessly(model):
     _assert_distribution(generations, exact)
 
 
-@pytest.mark.parametrize("acceptance", ["exact", "spectr"])
-def test_spectr_and_specinfer_keep_head_0s_distribution_on_iid_siblings(model, acceptance):
-    """Three i.i.d. sibling drafts at each depth (siblings=iid): SpecInfer's recursive
-    rejection and SpecTr's k-sequential selection alike give head 0's distribution."""
+@pytest.mark.parametrize("acceptance", [name for name, rule in RULES.items() if rule.lossless])
+def test_every_lossless_rule_keeps_head_0s_distribution_on_iid_siblings(model, acceptance):
+    """Three i.i.d. sibling drafts at each depth (siblings=iid): every rule that says it is
+    lossless (SpecInfer's recursive rejection, SpecTr's k-sequential selection) gives head 0's
+    distribution."""
     exact = _exact(model, [EOS, 0, 1], NUCLEUS, depth=3)
     drafter = HeadsDrafter(3, Tree(TREE), siblings="iid")
     generations = generate(model, DigitTokenizer(), ["01"] * N, max_new_tokens=3,

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from mtp.decode.acceptance import Draws, TypicalAcceptance, accept
+from mtp.decode.acceptance import AcceptanceSettings, Draws, TypicalAcceptance, accept
 from mtp.decode.drafters.base import Drafts
 from mtp.decode.drafters.heads import draft
 from mtp.decode.sampling import SamplingConfig, exponential
@@ -125,10 +125,10 @@ def test_greedy_acceptance_takes_the_path_head_0_agrees_with():
     target = torch.full((1, 6, 10), -1.0, dtype=torch.float64)
     target[0, torch.arange(6), torch.tensor(predicted)] = 0.0
     drafts = Drafts(torch.tensor([[5, 7, 3, 2, 3]]))  # node 2 (7), then 5 (3) agree
-    result = accept(drafts, target, tree, SamplingConfig())
+    result = accept(drafts, target, tree)
     assert result.node.tolist() == [5] and result.n_accepted.tolist() == [2]
     assert result.tokens[0, :3].tolist() == [7, 3, 1]  # the path, then head 0 after node 5
-    nothing = accept(Drafts(torch.tensor([[0, 0, 0, 0, 0]])), target, tree, SamplingConfig())
+    nothing = accept(Drafts(torch.tensor([[0, 0, 0, 0, 0]])), target, tree)
     assert nothing.node.tolist() == [0] and nothing.tokens[0, 0].item() == 7
 
 
@@ -141,10 +141,10 @@ def test_typical_acceptance_keeps_likely_drafts_and_is_greedy_at_temperature_0()
     draws = Draws.draw(1, 3, 3, None, "cpu")
     for tokens, node in (([0, 1], 1), ([2, 1], 2), ([2, 2], 0)):
         result = accept(Drafts(torch.tensor([tokens])), target, tree,
-                        SamplingConfig(temperature=1.0), draws, typical)
+                        AcceptanceSettings(SamplingConfig(temperature=1.0), typical), draws)
         assert result.node.tolist() == [node]
-    greedy = accept(Drafts(torch.tensor([[1, 0]])), target, tree, SamplingConfig(),
-                    rule=TypicalAcceptance())
+    greedy = accept(Drafts(torch.tensor([[1, 0]])), target, tree,
+                    AcceptanceSettings(rule=TypicalAcceptance()))
     assert greedy.node.tolist() == [2]  # only head 0's argmax (token 0, node 2) is kept
 
 
@@ -157,10 +157,11 @@ def test_sibling_candidates_keep_head_0s_distribution():
     generator = torch.Generator().manual_seed(0)
     head_logits = q.log().expand(n, 1, vocab)
     sampling = SamplingConfig(temperature=1.0)
+    sampled = AcceptanceSettings(sampling)
     drafts = draft(head_logits, tree, sampling, exponential(head_logits.shape, generator, "cpu"))
     assert (drafts.tokens[:, 0] != drafts.tokens[:, 1]).all()  # without replacement
     target = p.log().expand(n, 4, vocab)  # after each sibling: p again (a stationary source)
-    result = accept(drafts, target, tree, sampling, Draws.draw(n, 4, vocab, generator, "cpu"))
+    result = accept(drafts, target, tree, sampled, Draws.draw(n, 4, vocab, generator, "cpu"))
     first = torch.bincount(result.tokens[:, 0], minlength=vocab).double() / n
     torch.testing.assert_close(first, p, atol=0.01, rtol=0)
     # The test has power: accepting each sibling with p(x)/q(x) but resampling from p
@@ -169,7 +170,7 @@ def test_sibling_candidates_keep_head_0s_distribution():
     assert accepted > torch.minimum(p, q).sum() + 0.1
     # Deterministic (one-hot) siblings, as the greedy top-k would give: also exact.
     fixed = Drafts(torch.tensor([[4, 3, 0]]).expand(n, 3))
-    result = accept(fixed, target, tree, sampling, Draws.draw(n, 4, vocab, generator, "cpu"))
+    result = accept(fixed, target, tree, sampled, Draws.draw(n, 4, vocab, generator, "cpu"))
     first = torch.bincount(result.tokens[:, 0], minlength=vocab).double() / n
     torch.testing.assert_close(first, p, atol=0.01, rtol=0)
     assert (result.n_accepted == 1).double().mean() == pytest.approx(0.4 + 0.25 + 0.05,

@@ -11,7 +11,6 @@ skipped model's distribution, so acceptance stays exact.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from mtp.decode.forward import cached_forward, key_width
 from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
+from mtp.paths import read_json, write_json
 from mtp.tokenizers import Tokenizer
 
 SKIP_FILE = "layer_skip.json"
@@ -65,18 +65,13 @@ class SkipChoice:
     def save(self, path: str | Path) -> Path:
         """Write the choice to `path` (a file, or a directory for its SKIP_FILE)."""
         path = Path(path)
-        path = path / SKIP_FILE if path.is_dir() else path
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        return path
+        return write_json(path / SKIP_FILE if path.is_dir() else path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path, *, n_layers: int, vocab_size: int) -> SkipChoice:
         """Read a saved choice, refusing one made for another model's shape."""
-        try:
-            values = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as error:
-            raise ValueError(f"cannot read {path} as a layer-skip choice: {error}") from error
-        return cls.from_json(values, n_layers=n_layers, vocab_size=vocab_size, source=str(path))
+        return cls.from_json(read_json(path, "a layer-skip choice"), n_layers=n_layers,
+                             vocab_size=vocab_size, source=str(path))
 
     @classmethod
     def from_json(cls, values: Any, *, n_layers: int, vocab_size: int,

@@ -132,7 +132,7 @@ def test_the_pool_collects_each_columns_ngram(random_model):
     prefix, drafter, drafts, pending, target, hidden = _full_step(random_model, window, ngram,
                                                                   guesses=8)
     old = [list(r) for r in drafter._rows[0].window]
-    result = accept(drafts, target, drafter.tree, SamplingConfig())
+    result = accept(drafts, target, drafter.tree)
     n = int(result.n_accepted[0])
     new_ids = [result.tokens[0, :n + 1].tolist()]
     path = drafter.tree.buffers("cpu").ancestors[result.node]
