@@ -39,7 +39,7 @@ from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
 from mtp.cli import AUTO
 from mtp.decode.drafters import DrafterSpec
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 from mtp.decode.drafters.registry import AUTOREGRESSIVE, option_owners
 from mtp.decode.sampling import SamplingConfig
 from mtp.generate.measure import time_generate

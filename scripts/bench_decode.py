@@ -67,7 +67,7 @@ from mtp import cli
 from mtp.bench.decoding import KEYS, Decoding, saved_context
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
 from mtp.decode import engine
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.output import repetition
 from mtp.generate import generate

@@ -35,7 +35,7 @@ from omegaconf import MISSING
 from mtp import cli
 from mtp.bench.machine import machine
 from mtp.checkpoint import load
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 from mtp.generate.measure import plain_forward_seconds
 
 

@@ -77,7 +77,7 @@ from mtp.bench.machine import commit, machine
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
 from mtp.chat import as_conversations
 from mtp.checkpoint import load
-from mtp.decode.drafters.base import DrafterContext, check_positive
+from mtp.decode.drafters.base import DrafterContext
 from mtp.decode.drafters.eagle import EagleDrafter, EagleOptions
 from mtp.decode.drafters.registry import entry_spec
 from mtp.generate.measure import time_generate
@@ -113,7 +113,7 @@ class EngineBenchArgs:
 
     def __post_init__(self) -> None:
         for key in ("max_new_tokens", "k", "timeout"):
-            check_positive(key, getattr(self, key))
+            cli.check_positive(key, getattr(self, key))
         if self.humaneval < 0:
             raise ValueError(f"humaneval={self.humaneval} must be >= 0")
         for dtype in (self.dtype, *self.mtp_dtypes):

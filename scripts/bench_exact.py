@@ -51,7 +51,7 @@ from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
 from mtp.cli import AUTO
 from mtp.decode.drafters import Drafter, DrafterContext, DrafterSpec
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 from mtp.decode.drafters.registry import (AUTOREGRESSIVE, entry_spec, option_owners,
                                           options_help)
 from mtp.decode.output import repetition

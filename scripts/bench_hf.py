@@ -54,7 +54,7 @@ from mtp import cli
 from mtp.bench.decoding import KEYS, Decoding
 from mtp.bench.hf import hf_model, static_compiled, time_hf
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts

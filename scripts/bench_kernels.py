@@ -73,7 +73,7 @@ from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
 from mtp.bench.tables import kernels as render
 from mtp.checkpoint import load
 from mtp.decode.drafters import DrafterContext, DrafterSpec
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 from mtp.decode.drafters.registry import entry_spec, option_owners, options_help
 from mtp.decode.output import repetition
 from mtp.generate.measure import plain_forward_seconds, time_generate

@@ -38,7 +38,7 @@ from mtp import cli
 from mtp.bench.decoding import KEYS, Decoding, saved_context
 from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 from mtp.decode.drafters.layer_skip import LayerSkip, SkipChoice
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.output import repetition

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from mtp import cli
 from mtp.bench.shape import KEYS, Shape
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 
 VARIANTS = ("ntp", "naive", "headwise", "chunked", "sequential")
 MODES = {"ntp": "naive", "sequential": "headwise"}  # a variant's loss mode, if not its name

@@ -81,7 +81,7 @@ from mtp.bench.decoding import saved_context
 from mtp.bench.machine import machine
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts, spread
 from mtp.decode.drafters import Drafter, DrafterContext, DrafterSpec, drafter_types
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 from mtp.decode.drafters.registry import AUTO, AUTOREGRESSIVE, option_owners, options_help
 from mtp.decode.output import repetition
 from mtp.decode.sampling import SamplingConfig

@@ -40,7 +40,7 @@ from mtp.bench.decoding import KEYS, Decoding
 from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
 from mtp.decode.drafters import Drafter, OnlineHeads
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 from mtp.decode.output import Generation, repetition
 from mtp.generate import generate
 from mtp.generate.measure import time_calls

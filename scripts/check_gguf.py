@@ -40,7 +40,7 @@ import torch
 
 from mtp import cli
 from mtp.data.benchmarks import load_task
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 from mtp.generate.session import DecodeSettings, open_decoder
 from mtp.paths import require_smollm2_gguf
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from mtp import cli
 from mtp.data import build_tokenizer, prepare
 from mtp.data.source_options import KEYS, SourceOptions
-from mtp.decode.drafters.base import check_positive
+from mtp.cli import check_positive
 
 
 @dataclass(frozen=True, kw_only=True)

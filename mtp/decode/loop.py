@@ -27,8 +27,8 @@ import torch
 
 from mtp.decode.acceptance import (Acceptance, AcceptanceRule, AcceptanceSettings,
                                    acceptance_rule)
-from mtp.decode.drafters.base import (Autoregressive, Drafter, Verified, check_flag,
-                                      check_positive)
+from mtp.cli import check_flag, check_positive
+from mtp.decode.drafters.base import Autoregressive, Drafter, Verified
 from mtp.decode.engine import Engine, rebuild_size
 from mtp.decode.output import DecodeStats, FinishReason, Generation, TextCallback
 from mtp.decode.sampling import SamplingConfig

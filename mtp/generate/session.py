@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from mtp.checkpoint import load
-from mtp.cli import AUTO, dtype_name, parse_dtype
+from mtp.cli import AUTO, check_flag, dtype_name, parse_dtype
 from mtp.decode.acceptance import acceptance_rule
-from mtp.decode.drafters.base import Drafter, DrafterContext, check_flag
+from mtp.decode.drafters.base import Drafter, DrafterContext
 from mtp.decode.drafters.registry import DrafterSpec, drafter_types
 from mtp.decode.loop import check_exact, generate
 from mtp.decode.output import Generation, TextCallback

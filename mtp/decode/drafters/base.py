@@ -26,8 +26,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# mtp.cli is the checks' home; eagle.py, loop.py, generate/session.py and scripts/ still
-# import check_positive and check_flag from here
 from mtp.cli import check_flag, check_number, check_positive
 from mtp.decode.sampling import SamplingConfig, exponential, probabilities, sample
 from mtp.decode.tree import Tree

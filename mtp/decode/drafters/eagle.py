@@ -57,7 +57,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified, check_positive
+from mtp.cli import check_positive
+from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified
 from mtp.decode.drafters.heads import ranked
 from mtp.decode.drafters.registry import register
 from mtp.decode.drafters.sequential import TreePlan
