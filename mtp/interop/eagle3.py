@@ -1,6 +1,6 @@
 """EAGLE-3 drafters out to vLLM's `eagle3` and SGLang's `EAGLE3` speculative methods, and back.
 
-An mtp EAGLE drafter (`mtp.decode.drafters.eagle.Eagle`) is EAGLE-3's layout exactly: `fc`
+An mtp EAGLE drafter (`mtp.decode.drafters.eagle_model.Eagle`) is EAGLE-3's layout exactly: `fc`
 fuses three target layers' residual streams [low; middle; high] (3D -> D); one decoder layer
 whose q/k/v read [input_layernorm(embedding); hidden_norm(fused feature)] (2D) with the fused
 feature as the residual; a final norm; an lm_head over the draft vocabulary, mapped to the

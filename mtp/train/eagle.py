@@ -67,7 +67,8 @@ from torch import Tensor
 from mtp import cli
 from mtp.checkpoint import load
 from mtp.data import LocalSource, MTPDataModule
-from mtp.decode.drafters.eagle import CONFIG_FILE, WEIGHTS_FILE, Eagle, EagleConfig, check_layers
+from mtp.decode.drafters.eagle_model import (CONFIG_FILE, WEIGHTS_FILE, Eagle, EagleConfig,
+                                            check_layers)
 from mtp.generate.session import save_choice
 from mtp.model import Attention, MTPModel, apply_rope, project
 from mtp.train.optim import lr_factor

@@ -8,9 +8,11 @@ import torch
 
 import mtp
 from mtp.decode.drafters.base import Drafter
+from mtp.decode.drafters.eagle import EagleDrafter
+from mtp.decode.drafters.eagle_model import Eagle, EagleConfig
 from mtp.decode.tree import Tree
 from mtp.generate import HeadsDrafter, SamplingConfig, generate
-from mtp.model import MTPModel
+from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 
 PACKAGE = Path(mtp.__file__).parent
@@ -76,3 +78,19 @@ def test_an_exact_mode_step_enters_no_more_files(tiny_config):
     files = _step_files(MTPModel(tiny_config).eval(), HeadsDrafter(4), step=3, exact=True)
     assert files <= STEP, sorted(files - STEP)
     assert len(files) <= 9
+
+
+def test_an_eagle_step_enters_its_drafter_and_layer_in_place_of_the_heads():
+    """EAGLE's step: the target's step without the heads, plus the drafter, its layer and the
+    cached attention the layer shares with the model (the drafter's own tree is built
+    before the first step)."""
+    torch.manual_seed(0)
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=3, n_heads=4, n_kv_heads=2,
+                       max_seq_len=96)
+    model = MTPModel(config).eval()
+    drafter = EagleDrafter(Eagle(EagleConfig.for_target(config, 262)).eval(), 4)
+    files = _step_files(model, drafter, step=3)
+    eagle_step = (STEP - {"decode/drafters/heads.py"}) | {
+        "decode/drafters/eagle.py", "decode/drafters/eagle_model.py", "decode/drafters/base.py"}
+    assert files <= eagle_step, sorted(files - eagle_step)
+    assert {"decode/drafters/eagle.py", "decode/drafters/eagle_model.py"} <= files

@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from mtp.checkpoint import export
 from mtp.convert import main, parse_args
-from mtp.decode.drafters.eagle import Eagle, EagleConfig, EagleDrafter, engine_layers
+from mtp.decode.drafters.eagle import EagleDrafter
+from mtp.decode.drafters.eagle_model import Eagle, EagleConfig, engine_layers
 from mtp.decode.loop import generate
 from mtp.interop.eagle3 import read_eagle3, write_eagle3
 from mtp.model import MTPConfig, MTPModel

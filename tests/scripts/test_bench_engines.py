@@ -15,7 +15,7 @@ from script_modules import load_script  # tests/ is on the path
 
 from mtp.checkpoint import export
 from mtp.decode import generate
-from mtp.decode.drafters.eagle import Eagle, EagleConfig
+from mtp.decode.drafters.eagle_model import Eagle, EagleConfig
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 

@@ -14,7 +14,7 @@ from conftest import DOCS, recite_docs
 from mtp.bench import tables
 from mtp.checkpoint import export, load
 from mtp.decode.drafters.base import DrafterContext
-from mtp.decode.drafters.eagle import Eagle, EagleConfig
+from mtp.decode.drafters.eagle_model import Eagle, EagleConfig
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.loop import generate
 from mtp.generate.session import checkpoint_id, saved_choices

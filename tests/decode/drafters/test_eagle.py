@@ -10,14 +10,8 @@ from safetensors.torch import save_file
 
 import mtp.decode.engine as engine
 from mtp.decode.drafters.base import DrafterContext, Drafts
-from mtp.decode.drafters.eagle import (
-    Eagle,
-    EagleConfig,
-    EagleDrafter,
-    check_map,
-    default_layers,
-    dynamic_tree,
-)
+from mtp.decode.drafters.eagle import EagleDrafter, dynamic_tree
+from mtp.decode.drafters.eagle_model import Eagle, EagleConfig, check_map, default_layers
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.loop import generate
 from mtp.decode.tree import DynamicTree, Tree

@@ -16,7 +16,8 @@ from decode.test_speculative_sampling import (
     _assert_distribution,  # tests/ on path
     _exact,
 )
-from mtp.decode.drafters.eagle import Eagle, EagleConfig, EagleDrafter
+from mtp.decode.drafters.eagle import EagleDrafter
+from mtp.decode.drafters.eagle_model import Eagle, EagleConfig
 from mtp.decode.loop import generate
 from mtp.decode.output import DecodeStats
 from mtp.decode.tree import DynamicTree, Tree
