@@ -118,8 +118,16 @@ class TuneCache:
     def put(self, key: str, record: Measurement) -> None:
         table = self._table()
         table[key] = record.to_json()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(table, indent=1) + "\n")
+        write_json(self.path, table)
+
+
+def write_json(path: str | Path, value: Any) -> Path:
+    """Write `value` as indented JSON at `path` (its directory made): every file a tuning step
+    writes, the cache and a saved choice's file alike."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=1) + "\n")
+    return path
 
 
 def fingerprint(value: Any) -> str:
