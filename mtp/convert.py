@@ -32,7 +32,7 @@ from mtp import cli
 from mtp.checkpoint import export, export_hf, export_medusa, export_mimo, load
 from mtp.decode.drafters.base import DrafterContext
 from mtp.decode.drafters.eagle import EagleDrafter, EagleOptions
-from mtp.generate.session import checkpoint_id, saved_choices
+from mtp.generate.saved import saved_choices
 from mtp.interop.eagle3 import write_eagle3
 
 EAGLE3 = "to_eagle3"
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> None:
     model, tokenizer = load(args.checkpoint, dtype=dtype)
     if command == EAGLE3:  # the drafter named, else the one saved for the checkpoint
         path = Path(args.checkpoint)
-        context = DrafterContext(saved=saved_choices(path, checkpoint_id(path)))
+        context = DrafterContext(saved=saved_choices(path))
         module = EagleDrafter.found(EagleOptions(eagle=args.eagle), context)
         if module is None:
             raise ValueError(f"no EAGLE drafter for {args.checkpoint}: give eagle=DIR, or "

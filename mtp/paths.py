@@ -90,8 +90,10 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
         raise ValueError(f"cannot read {path} as {what}: {error}") from error
 
 
-def write_json(path: str | os.PathLike, value: Any) -> Path:
-    """Write `value` to the file at `path` as indented JSON (one value, a final newline)."""
+def write_json(path: str | os.PathLike, value: Any, indent: int = 1) -> Path:
+    """Write `value` to the file at `path` (its directory made) as indented JSON: one value,
+    a final newline. Every JSON file mtp writes goes through here."""
     path = Path(path)
-    path.write_text(json.dumps(value, indent=1) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=indent) + "\n")
     return path

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mtp.paths import cache_dir
+from mtp.paths import cache_dir, write_json
 
 CACHE_FILE = "tune.json"
 HOW = ("measured", "cached", "set", "fixed")
@@ -118,8 +118,7 @@ class TuneCache:
     def put(self, key: str, record: Measurement) -> None:
         table = self._table()
         table[key] = record.to_json()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(table, indent=1) + "\n")
+        write_json(self.path, table)
 
 
 def fingerprint(value: Any) -> str:

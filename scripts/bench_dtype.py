@@ -1,5 +1,5 @@
 """float32 against bfloat16 for decode steps of each width on a CPU: the measurement that
-`dtype=auto` makes for one width (`mtp.generate.session.DtypeVariants`), over many.
+`dtype=auto` makes for one width (`mtp.generate.choices.DtypeVariants`), over many.
 
     python scripts/bench_dtype.py checkpoint=model.gguf widths=[1,2,4,8,16] threads=2
 

@@ -82,7 +82,7 @@ from mtp.decode.drafters.eagle import EagleDrafter, EagleOptions
 from mtp.decode.drafters.registry import entry_spec
 from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
-from mtp.generate.session import checkpoint_id, saved_choices
+from mtp.generate.saved import checkpoint_id, saved_choices
 
 METHODS = ("autoregressive", "ngram", "medusa", "mtp", "eagle3")
 MIXED_PROMPTS = CODE_PROMPTS.with_name("mixed.jsonl")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mtp.tune as tune
-from mtp.generate.session import choose_decode_threads
+from mtp.generate.choices import choose_decode_threads
 from mtp.model import MTPModel
 from mtp.paths import REPO_ROOT
 from mtp.tokenizers import ByteTokenizer

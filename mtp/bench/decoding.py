@@ -12,7 +12,8 @@ from typing import Any
 from mtp.cli import AUTO
 from mtp.decode.drafters.base import DrafterContext
 from mtp.decode.drafters.registry import AUTOREGRESSIVE
-from mtp.generate.session import DecodeSettings, checkpoint_id, saved_choices
+from mtp.generate.saved import saved_choices
+from mtp.generate.settings import DecodeSettings
 
 KEYS = """
 How it decodes (the keys of python -m mtp.generate):
@@ -43,6 +44,4 @@ class Decoding:
 
 def saved_context(checkpoint: str | Path | None) -> DrafterContext:
     """The choices saved for `checkpoint` that drafters read, as `open_decoder` finds them."""
-    if checkpoint is None:
-        return DrafterContext()
-    return DrafterContext(saved=saved_choices(Path(checkpoint), checkpoint_id(checkpoint)))
+    return DrafterContext(saved=saved_choices(checkpoint))

@@ -1,7 +1,8 @@
-"""Decoding on this machine: `open_decoder` (`session.py`; every choice measured on the
-model that will decode, the drafter by `auto.py`), the timing harness (`measure.py`), the
-tuning steps saved for a checkpoint (`calibrate.py`, `skip_search.py`) and `python -m
-mtp.generate`; with `mtp.decode`'s public names, so one import serves a user.
+"""Decoding on this machine: `open_decoder` (`session.py`; its settings `settings.py`, every
+choice measured on the model that will decode `choices.py`, the drafter by `auto.py`), the
+timing harness (`measure.py`), the tuning steps saved for a checkpoint (`calibrate.py`,
+`skip_search.py`; the one store of their choices, `saved.py`) and `python -m mtp.generate`;
+with `mtp.decode`'s public names, so one import serves a user.
 """
 
 from mtp.decode import (Combined, DecodeStats, DraftModel, Drafter, DrafterContext, DrafterSpec,
@@ -9,7 +10,8 @@ from mtp.decode import (Combined, DecodeStats, DraftModel, Drafter, DrafterConte
                         OnlineHeads, PromptLookup, SamplingConfig, SequentialDrafter,
                         TypicalAcceptance, drafter_types, generate)
 from mtp.generate.auto import Auto
-from mtp.generate.session import DecodeSettings, Decoder, open_decoder
+from mtp.generate.session import Decoder, open_decoder
+from mtp.generate.settings import DecodeSettings
 
 __all__ = ["Auto", "Combined", "DecodeSettings", "DecodeStats", "Decoder", "DraftModel",
            "Drafter", "DrafterContext", "DrafterSpec", "Drafts", "EagleDrafter", "Generation",

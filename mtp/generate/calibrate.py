@@ -34,7 +34,7 @@ from mtp.checkpoint import load
 from mtp.decode.loop import generate
 from mtp.decode.tree import Calibration, Tree
 from mtp.generate.prompts import read_prompts
-from mtp.generate.session import save_choice
+from mtp.generate.saved import save_choice
 from mtp.model import MTPModel
 from mtp.paths import REPO_ROOT
 from mtp.tokenizers import Tokenizer
@@ -190,7 +190,7 @@ def main(argv: list[str]) -> None:
         print(f"auto:{size}: depth {tree.depth}, {calibration.expected_length(tree):.2f} tokens "
               f"per forward on these positions (the rates' independent-heads tree: "
               f"{calibration.expected_length(medusa):.2f})")
-    for where in save_choice(args.checkpoint, record, "tree.json", args.output):
+    for where in save_choice(args.checkpoint, record, args.output):
         print(f"saved: {where}")
 
 

@@ -40,9 +40,9 @@ import torch
 from mtp import cli
 from mtp.decode.loop import generate
 from mtp.generate.calibrate import CheckpointCalibration, greedy_texts
-from mtp.generate.session import save_choice
+from mtp.generate.saved import save_choice
 from mtp.tune import Measurement, machine
-from mtp.decode.drafters.layer_skip import SKIP_FILE, LayerSkip, SkipChoice
+from mtp.decode.drafters.layer_skip import LayerSkip, SkipChoice
 from mtp.decode.output import DecodeStats
 from mtp.generate.prompts import read_prompts
 from mtp.model import MTPModel
@@ -201,7 +201,7 @@ def main(argv: list[str]) -> None:
         f"{best.kept[0]:.3f} of steps keep a draft",
         figures={f"{len(c.skip)} layers": c.speedup for c in candidates},
         unit="modeled speed-up", seconds=seconds, machine=machine(), value=choice.to_json())
-    for where in save_choice(args.checkpoint, record, SKIP_FILE, args.output):
+    for where in save_choice(args.checkpoint, record, args.output):
         print(f"saved: {where}")
 
 

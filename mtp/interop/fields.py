@@ -14,6 +14,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from mtp import paths
+
 _REQUIRED = object()
 _KINDS = {
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -68,7 +70,8 @@ def field(values: dict[str, Any], path: Path, name: str, kind: str,
 
 
 def write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")
+    """A Hugging Face layout's JSON file, indented as transformers writes them."""
+    paths.write_json(path, value, indent=2)
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:

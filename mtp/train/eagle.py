@@ -26,7 +26,7 @@ The recipe (EAGLE-3, Li et al. 2025, as SafeAILab's `traineagle3` trains it):
   CPU multiplies bf16 natively (`precision=auto`).
 
 Writes `out/eagle.json` and `out/eagle.safetensors` and saves the drafter as the checkpoint's
-choice (`mtp.generate.session.save_choice`: the tuner's cache, and with `output=` an
+choice (`mtp.generate.saved.save_choice`: the tuner's cache, and with `output=` an
 eagle.json there), so `python -m mtp.generate checkpoint=<target> drafter=eagle` uses it;
 `eagle=out` names it explicitly. Prints the validation loss and accuracy per unrolled step.
 
@@ -67,9 +67,8 @@ from torch import Tensor
 from mtp import cli
 from mtp.checkpoint import load
 from mtp.data import LocalSource, MTPDataModule
-from mtp.decode.drafters.eagle_model import (CONFIG_FILE, WEIGHTS_FILE, Eagle, EagleConfig,
-                                            check_layers)
-from mtp.generate.session import save_choice
+from mtp.decode.drafters.eagle_model import WEIGHTS_FILE, Eagle, EagleConfig, check_layers
+from mtp.generate.saved import save_choice
 from mtp.model import Attention, MTPModel, apply_rope, project
 from mtp.train.optim import lr_factor
 from mtp.train.trunk_cache import TrunkCache
@@ -337,7 +336,7 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
                          f"trained by python -m mtp.train.eagle ({step} steps)",
                          seconds=seconds, value=module.describe(weights, details))
     report(f"saved: {path}")
-    for where in save_choice(args.checkpoint, record, CONFIG_FILE, args.output):
+    for where in save_choice(args.checkpoint, record, args.output):
         report(f"saved: {where}")
     return module, details
 

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from mtp.checkpoint import load
 from mtp.cli import check_positive
 from mtp.generate.measure import measure_decoding
-from mtp.generate.session import DecodeSettings
+from mtp.generate.settings import DecodeSettings
 from mtp.decode.tree import resolve_tree
 from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer

@@ -11,7 +11,7 @@ import mtp.generate.measure as measure_module
 from mtp.checkpoint import export
 from mtp.eval.runner import EvalConfig, evaluate
 from mtp.generate import Auto, SamplingConfig
-from mtp.generate.session import AUTO_SECONDS
+from mtp.generate.settings import AUTO_SECONDS
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 

@@ -10,7 +10,7 @@ from mtp.decode.tree import TREE_FILE, Calibration, Tree
 from mtp.generate import Auto, DrafterContext, DrafterSpec, generate
 from mtp.generate.__main__ import main as generate_main
 from mtp.generate.calibrate import acceptance_rates, main, path_frequencies, truth_ranks
-from mtp.generate.session import checkpoint_id, saved_choices
+from mtp.generate.saved import saved_choices
 from mtp.model import MTPModel
 from mtp.tokenizers import ByteTokenizer
 
@@ -77,7 +77,7 @@ def test_calibrate_saves_a_calibration_that_generate_and_auto_read(tiny_config, 
           "ranks=4", f"output={tmp_path}"])
     out = capsys.readouterr().out
     assert "auto:16: depth" in out and "saved: trees: heads 1..3 at ranks < 4 (measured" in out
-    [saved] = saved_choices(directory, checkpoint_id(directory)).values()
+    [saved] = saved_choices(directory).values()
     calibration = Calibration.from_json(saved, n_future=4, vocab_size=262)
     assert len(calibration.rates) == 3 and all(len(row) == 4 for row in calibration.rates)
     assert 0 < calibration.details["positions"] <= 2 * (20 - 3)  # runs of one token left out

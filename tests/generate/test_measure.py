@@ -135,7 +135,7 @@ def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch, tmp_path
     import torch
 
     import mtp.generate.measure as measure
-    import mtp.generate.session as session
+    import mtp.generate.choices as choices
     from mtp.tune import TuneCache
 
     model = MTPModel(MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=64,
@@ -149,10 +149,10 @@ def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch, tmp_path
         faster = bf16_faster_from <= width
         return 1.0 if (next(at.parameters()).dtype == torch.bfloat16) == faster else 2.0
 
-    monkeypatch.setattr(session, "plain_forward_seconds", timed)
-    monkeypatch.setattr(session, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(choices, "plain_forward_seconds", timed)
+    monkeypatch.setattr(choices, "cpu_has_bf16", lambda: True)
     bf16_faster_from = 8
-    variants = session.DtypeVariants(model, measure=True, cache=TuneCache(tmp_path / "t.json"))
+    variants = choices.DtypeVariants(model, measure=True, cache=TuneCache(tmp_path / "t.json"))
     one = variants.choose(1, 1)
     assert one.value == "float32" and widths == [1, 1]
     assert all(torch.equal(p, weights[n]) for n, p in model.state_dict().items())  # untouched
@@ -162,11 +162,11 @@ def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch, tmp_path
     assert wide.value == "bfloat16" and widths == [1, 1, 9, 9]
     assert next(variants.keep("bfloat16").parameters()).dtype == torch.bfloat16
     assert variants.choose(9, 1).how == "cached" and widths == [1, 1, 9, 9]
-    monkeypatch.setattr(session, "cpu_has_bf16", lambda: False)  # bf16 emulated: float32
-    plain = session.DtypeVariants(MTPModel(model.config).eval(), measure=True, cache=None)
+    monkeypatch.setattr(choices, "cpu_has_bf16", lambda: False)  # bf16 emulated: float32
+    plain = choices.DtypeVariants(MTPModel(model.config).eval(), measure=True, cache=None)
     assert plain.choose(9, 1).describe() == "dtype: float32 (fixed: this CPU has no bf16 " \
                                             "arithmetic)"
-    named = session.DtypeVariants(model, measure=False, cache=None)
+    named = choices.DtypeVariants(model, measure=False, cache=None)
     assert named.choose(9, 1).how == "fixed" and widths == [1, 1, 9, 9]
 
 

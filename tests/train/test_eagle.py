@@ -17,7 +17,7 @@ from mtp.decode.drafters.base import DrafterContext
 from mtp.decode.drafters.eagle_model import Eagle, EagleConfig
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.loop import generate
-from mtp.generate.session import checkpoint_id, saved_choices
+from mtp.generate.saved import saved_choices
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 from mtp.train.eagle import (
@@ -175,7 +175,7 @@ def test_the_command_trains_saves_and_is_found(recited, capsys):
     shipped = json.loads((root / "shipped.json").read_text())  # the saved choice, as a file
     assert Path(shipped["weights"]).is_absolute()
     model, tokenizer = load(root / "target")
-    saved = saved_choices(root / "target", checkpoint_id(root / "target"))
+    saved = saved_choices(root / "target")
     assert saved["eagle"]["config"] == module.config.to_dict()
     drafter = DrafterSpec("eagle").build(model, DrafterContext(saved=saved))
     prompts = ["def add(", "print('h"]

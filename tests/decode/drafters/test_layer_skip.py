@@ -12,7 +12,7 @@ from mtp.checkpoint import export
 from mtp.generate import DraftModel, DrafterSpec, LayerSkip, PromptLookup, generate
 from mtp.generate.__main__ import main as generate_main
 from mtp.decode.drafters.layer_skip import SKIP_FILE, SkipChoice
-from mtp.generate.session import saved_file
+from mtp.generate.saved import saved_file
 from mtp.generate.skip_search import (best_step, draft_share, kept_shares, nested_counts,
                                      search)
 from mtp.generate.skip_search import main as search_main
