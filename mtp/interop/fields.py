@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from mtp import paths
+from mtp.paths import write_json as write_any_json
 
 _REQUIRED = object()
 _KINDS = {
@@ -71,7 +71,7 @@ def field(values: dict[str, Any], path: Path, name: str, kind: str,
 
 def write_json(path: Path, value: Any) -> None:
     """A Hugging Face layout's JSON file, indented as transformers writes them."""
-    paths.write_json(path, value, indent=2)
+    write_any_json(path, value, indent=2)
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:

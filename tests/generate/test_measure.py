@@ -177,7 +177,7 @@ def test_bfloat16_decodes_as_its_autoregressive_output_up_to_near_ties(trained) 
 
     import torch
 
-    from generate.test_engine import _part_at_near_ties
+    from decode.test_engine import _part_at_near_ties
     from mtp.generate import PromptLookup
 
     model = copy.deepcopy(trained).to(torch.bfloat16)
