@@ -312,11 +312,12 @@ def train(cfg: DictConfig) -> Path:
             **OmegaConf.to_container(cfg.tokenizer, resolve=True), source=source,
             val_fraction=cfg.data.val_fraction, seed=cfg.data.seed, cache_dir=cfg.data.cache_dir)
         config, init_state = model_config(cfg, tokenizer), None
-    prompts = decode_prompts(cfg.decode, config, tokenizer)
-    if cfg.decode.enabled and not prompts:
+    prompts = decode_prompts(settings.decode, config, tokenizer)
+    if settings.decode.enabled and not prompts:
         rank_zero_warn(f"no HumanEval prompt leaves decode.max_new_tokens="
-                       f"{cfg.decode.max_new_tokens} in model.max_seq_len={config.max_seq_len}: "
-                       f"this run will not measure decoding (decode.enabled=false silences this)")
+                       f"{settings.decode.max_new_tokens} in model.max_seq_len="
+                       f"{config.max_seq_len}: this run will not measure decoding "
+                       f"(decode.enabled=false silences this)")
     check_device_memory(cfg, settings, config)
     lit = MTPLitModule(config, settings, tokenizer_files=tokenizer_files(tokenizer),
                        init_state=init_state)
@@ -344,7 +345,8 @@ def train(cfg: DictConfig) -> Path:
     if trainer.is_global_zero:
         write_plots(history.history, plots)
         if prompts:  # one process decodes; the others wait at the barrier below
-            decode = decode_export(export_dir, trainer.strategy.root_device, cfg.decode, prompts)
+            decode = decode_export(export_dir, trainer.strategy.root_device, settings.decode,
+                                   prompts)
             if logger:
                 logger.log_metrics(decode_metrics(decode), step=trainer.global_step)
                 logger.save()

@@ -249,6 +249,28 @@ class InitSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DecodeCheckSettings:
+    """`decode.*`: greedy decoding measured on the export after training
+    (`mtp.train.summary`): whether (`enabled`), on how many held-out HumanEval prompts, how
+    many new tokens each, how many prompts together, and which tree presets beside the chain
+    (checked against the model, and the prompts chosen, by `summary.decode_prompts`)."""
+
+    enabled: bool = True
+    prompts: int = 4
+    max_new_tokens: int = 64
+    batch_size: int = 1
+    trees: tuple[str, ...] = ("tree16",)
+
+    def __post_init__(self) -> None:
+        check_flag("decode.enabled", self.enabled)
+        for key in ("prompts", "max_new_tokens", "batch_size"):
+            check_positive(f"decode.{key}", getattr(self, key))
+        if isinstance(self.trees, str) or not all(isinstance(t, str) for t in self.trees):
+            raise ValueError(f"decode.trees={self.trees!r} must be a list of tree names")
+        _set(self, "trees", tuple(self.trees))
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainSettings:
     """Every setting of a training run, checked together."""
 
@@ -256,6 +278,7 @@ class TrainSettings:
     loss: LossSettings = field(default_factory=LossSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     init: InitSettings = field(default_factory=InitSettings)
+    decode: DecodeCheckSettings = field(default_factory=DecodeCheckSettings)
 
     def __post_init__(self) -> None:
         optim = self.optim
@@ -295,7 +318,7 @@ class TrainSettings:
     def from_dict(cls, values: Mapping[str, Mapping[str, Any]]) -> TrainSettings:
         """The settings `to_dict` gave (e.g. read back from a checkpoint)."""
         parts = {"run": RunSettings, "loss": LossSettings, "optim": OptimSettings,
-                 "init": InitSettings}
+                 "init": InitSettings, "decode": DecodeCheckSettings}
         return cls(**{name: _section(parts[name], values[name], name) for name in values})
 
 
@@ -326,6 +349,7 @@ def check_settings(cfg: DictConfig) -> TrainSettings:
         loss=_section(LossSettings, section("loss"), "loss"),
         optim=_section(OptimSettings, section("optim"), "optim"),
         init=_section(InitSettings, {"init_from": cfg.init_from or None, **section("init")},
-                      "init"))
+                      "init"),
+        decode=_section(DecodeCheckSettings, section("decode"), "decode"))
     settings.check_model(n_future=cfg.model.n_future, max_seq_len=cfg.model.max_seq_len)
     return settings

@@ -13,34 +13,32 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
-
 from mtp.checkpoint import load
-from mtp.cli import check_positive
 from mtp.generate.measure import measure_decoding
 from mtp.generate.settings import DecodeSettings
 from mtp.decode.tree import resolve_tree
 from mtp.model import MTPConfig
+from mtp.train.settings import DecodeCheckSettings
 from mtp.tokenizers import Tokenizer
 
 SUMMARY_FILE = "summary.json"
 
 
-def decode_prompts(decode: DictConfig, config: MTPConfig, tokenizer: Tokenizer) -> list[str]:
-    """The held-out prompts the run will decode, after checking `decode.*` (before training)."""
+def decode_prompts(decode: DecodeCheckSettings, config: MTPConfig,
+                   tokenizer: Tokenizer) -> list[str]:
+    """The held-out prompts the run will decode, after checking `decode.*` against the model
+    (before training)."""
     if not decode.enabled:
         return []
-    for key in ("prompts", "max_new_tokens", "batch_size"):
-        check_positive(f"decode.{key}", decode[key])
     if decode.max_new_tokens >= config.max_seq_len:
         raise ValueError(f"decode.max_new_tokens={decode.max_new_tokens} leaves no room for a "
                          f"prompt in model.max_seq_len={config.max_seq_len}")
     if config.n_future > 1:  # a one-head model has no drafts: its trees are not measured
         for name in decode.trees:
-            if str(name).startswith("auto:"):
+            if name.startswith("auto:"):
                 raise ValueError(f"decode.trees: {name!r} needs a calibration, which a run "
                                  f"has not made yet; use the presets (tree8 ... tree64)")
-            resolve_tree(str(name), k=config.n_future, vocab_size=config.vocab_size)
+            resolve_tree(name, k=config.n_future, vocab_size=config.vocab_size)
     return held_out_prompts(tokenizer, decode.prompts, max_seq_len=config.max_seq_len,
                             max_new_tokens=decode.max_new_tokens)
 
@@ -65,13 +63,13 @@ def val_figures(metrics: list[dict[str, float]], n_future: int) -> dict[str, Any
             "acc_head": [metrics[0][f"val/acc_head{i}"] for i in heads]}
 
 
-def decode_export(export_dir: Path, device: torch.device, decode: DictConfig,
+def decode_export(export_dir: Path, device: torch.device, decode: DecodeCheckSettings,
                   prompts: list[str]) -> dict[str, Any]:
     """`measure_decoding` of the exported model on `device`, with `decode.*`'s settings."""
     settings = DecodeSettings(device=str(device))  # the checkpoint's dtype; bf16 on a GPU
     model, tokenizer = load(export_dir, device=device, dtype=settings.load_dtype)
     return measure_decoding(model, tokenizer, prompts, max_new_tokens=decode.max_new_tokens,
-                            trees=[str(t) for t in decode.trees], batch_size=decode.batch_size)
+                            trees=list(decode.trees), batch_size=decode.batch_size)
 
 
 def decode_metrics(figures: dict[str, Any]) -> dict[str, float]:

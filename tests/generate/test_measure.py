@@ -9,6 +9,7 @@ from mtp.model import MTPConfig, MTPModel
 from mtp.train.summary import decode_prompts, held_out_prompts
 from mtp.tokenizers import ByteTokenizer
 from mtp.train.run import compose, model_config
+from mtp.train.settings import check_settings
 from conftest import DOCS  # tests/ is on the path
 
 
@@ -106,17 +107,27 @@ def test_decode_settings_that_cannot_work_are_named_before_training(override: st
     cfg = compose(["+experiment=byte8", "model=tiny", "run_dir=/tmp/unused", override])
     config = model_config(cfg, ByteTokenizer())
     with pytest.raises(ValueError, match=message):
-        decode_prompts(cfg.decode, config, ByteTokenizer())
+        decode_prompts(check_settings(cfg).decode, config, ByteTokenizer())
 
 
 def test_the_run_decodes_the_prompts_that_fit_or_none() -> None:
     cfg = compose(["+experiment=byte8", "model=tiny", "run_dir=/tmp/unused"])
     config = model_config(cfg, ByteTokenizer())  # a context of 512 bytes
-    assert len(decode_prompts(cfg.decode, config, ByteTokenizer())) == cfg.decode.prompts
+    decode = check_settings(cfg).decode
+    assert len(decode_prompts(decode, config, ByteTokenizer())) == cfg.decode.prompts
     small = MTPConfig(vocab_size=262, dim=32, n_layers=1, n_heads=4, max_seq_len=128)
-    assert decode_prompts(cfg.decode, small, ByteTokenizer()) == []
-    assert decode_prompts(compose(["decode.enabled=false", "run_dir=/x"]).decode, config,
-                          ByteTokenizer()) == []
+    assert decode_prompts(decode, small, ByteTokenizer()) == []
+    off = check_settings(compose(["decode.enabled=false", "run_dir=/x"])).decode
+    assert decode_prompts(off, config, ByteTokenizer()) == []
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("decode.trees=tree8", r"decode\.trees='tree8' must be a list"),
+    ("+decode.k=4", r"decode\.k is not a setting"),
+])
+def test_decode_settings_are_typed(override: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_settings(compose(["+experiment=byte8", "model=tiny", "run_dir=/x", override]))
 
 
 def test_held_out_prompts_are_humaneval_prompts_that_leave_room() -> None:
