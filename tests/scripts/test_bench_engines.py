@@ -181,8 +181,11 @@ def test_vllm_decodes_the_exports_as_mtp_does(exports, kind, tmp_path) -> None:
         assert row["tokens_per_second"] > 0
         # equal ids, or a divergence only where mtp's own top two are a near-tie
         assert all(d["top2_gap"] < NEAR_TIE for d in row["divergences"]), row["divergences"]
-        if method != "autoregressive":
-            assert row["mean_acceptance_length"] >= 1.0
+        accept = row["mean_acceptance_length"]
+        if method == "ngram":  # no n-gram of the context may match: then nothing is drafted
+            assert accept is None or accept >= 1.0, row
+        elif method != "autoregressive":
+            assert accept is not None and accept >= 1.0, row
 
 
 def test_the_docs_table_names_each_row_and_the_best_ratio() -> None:
