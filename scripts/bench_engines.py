@@ -75,6 +75,7 @@ from mtp import cli, convert
 from mtp.bench import engine_runner
 from mtp.bench.machine import commit, machine
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
+from mtp.bench.tables import engine_of
 from mtp.chat import as_conversations
 from mtp.checkpoint import load
 from mtp.decode.drafters.base import DrafterContext
@@ -326,12 +327,6 @@ def mtp_rows(checkpoint: str, args: EngineBenchArgs, prompts: list, reference: l
                                      / len(prompts), 3)
             rows[name] = row
     return rows
-
-
-def engine_of(name: str) -> str:
-    """A row's engine: "mtp", "llama_cpp" or "vllm" (vLLM's rows are named by method)."""
-    return "mtp" if name.startswith("mtp") else \
-        "llama_cpp" if name.startswith("llama.cpp") else "vllm"
 
 
 def best(rows: dict[str, dict]) -> dict:

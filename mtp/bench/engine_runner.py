@@ -34,6 +34,21 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".strip()
 
 
+def time_prompts(decode, prompts: list[list[int]]) -> dict:
+    """Each prompt decoded alone by `decode(prompt) -> (new ids, evaluations)` (the caller has
+    warmed it up): the ids, seconds, new tokens, tokens per second and evaluations."""
+    token_ids, seconds, evaluations = [], 0.0, 0
+    for prompt in prompts:
+        began = time.perf_counter()
+        out, calls = decode(prompt)
+        seconds += time.perf_counter() - began
+        token_ids.append(out)
+        evaluations += calls
+    new_tokens = sum(map(len, token_ids))
+    return {"token_ids": token_ids, "seconds": round(seconds, 3), "new_tokens": new_tokens,
+            "tokens_per_second": round(new_tokens / seconds, 2), "evaluations": evaluations}
+
+
 def counters(llm) -> dict[str, int]:
     """vLLM's spec-decode counters (drafts, draft tokens, accepted tokens), summed over
     labels."""
@@ -61,27 +76,25 @@ def run_vllm(job: dict) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], detokenize=False,
                             stop_token_ids=job.get("stop_token_ids"))
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
-    llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up
-    before = counters(llm)
-    token_ids, seconds = [], 0.0
-    for prompt in prompts:
-        began = time.perf_counter()
+
+    def decode(prompt) -> tuple[list[int], int]:
         output = llm.generate([prompt], params, use_tqdm=False)[0]
-        seconds += time.perf_counter() - began
-        token_ids.append(list(output.outputs[0].token_ids))
+        return list(output.outputs[0].token_ids), 0  # vLLM's steps: its spec-decode counters
+
+    decode(prompts[0])  # warm-up
+    before = counters(llm)
+    timed = time_prompts(decode, prompts)
     after = counters(llm)
     began = time.perf_counter()
     batched = llm.generate(prompts, params, use_tqdm=False)
     batched_seconds = time.perf_counter() - began
-    new_tokens = sum(map(len, token_ids))
     drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get(
         "vllm:spec_decode_num_drafts", 0)
     accepted = after.get("vllm:spec_decode_num_accepted_tokens", 0) - before.get(
         "vllm:spec_decode_num_accepted_tokens", 0)
+    del timed["evaluations"]
     result.update(
-        token_ids=token_ids, seconds=round(seconds, 3), new_tokens=new_tokens,
-        tokens_per_second=round(new_tokens / seconds, 2),
-        batched_tokens_per_second=round(
+        **timed, batched_tokens_per_second=round(
             sum(len(o.outputs[0].token_ids) for o in batched) / batched_seconds, 2),
         mean_acceptance_length=round(1 + accepted / drafts, 3) if drafts else None,
         drafts=drafts, accepted_tokens=accepted)
@@ -127,18 +140,14 @@ def run_llama_cpp(job: dict) -> dict:
                 n_threads=job.get("threads"), seed=0, verbose=False, draft_model=draft)
     result["loaded"] = True
     stops, budget = set(job.get("stop_token_ids") or ()), job["max_new_tokens"]
-    llama_cpp_decode(llm, job["prompts"][0], budget, stops)  # warm-up
-    token_ids, seconds, steps = [], 0.0, 0
-    for prompt in job["prompts"]:
-        began = time.perf_counter()
-        out, calls = llama_cpp_decode(llm, prompt, budget, stops)
-        seconds += time.perf_counter() - began
-        token_ids.append(out)
-        steps += calls
-    new_tokens = sum(map(len, token_ids))
-    result.update(token_ids=token_ids, seconds=round(seconds, 3), new_tokens=new_tokens,
-                  tokens_per_second=round(new_tokens / seconds, 2),
-                  tokens_per_forward=round(new_tokens / max(steps, 1), 3))
+    def decode(prompt: list[int]) -> tuple[list[int], int]:
+        return llama_cpp_decode(llm, prompt, budget, stops)
+
+    decode(job["prompts"][0])  # warm-up
+    timed = time_prompts(decode, job["prompts"])
+    evaluations = timed.pop("evaluations")
+    result.update(**timed,
+                  tokens_per_forward=round(timed["new_tokens"] / max(evaluations, 1), 3))
     return result
 
 

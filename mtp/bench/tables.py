@@ -183,13 +183,22 @@ def hf(r: dict[str, Any]) -> str:
     return head + "\n\n" + table(["method", "tokens/s", "vs transformers"], rows)
 
 
+ENGINES = {"mtp": "mtp", "vllm": "vLLM", "llama_cpp": "llama.cpp"}
+
+
+def engine_of(name: str) -> str:
+    """A bench_engines row's engine, by the row's name: "mtp", "llama_cpp" or "vllm" (vLLM's
+    rows are named by method alone)."""
+    return "mtp" if name.startswith("mtp") else \
+        "llama_cpp" if name.startswith("llama.cpp") else "vllm"
+
+
 def engines(r: dict[str, Any]) -> str:
     """scripts/bench_engines.py: mtp's rows, then vLLM's decoding mtp's exports."""
     rows, reference = [], r["methods"]["mtp"]["tokens_per_second"]
     for name, m in r["methods"].items():
-        engine = "mtp" if name.startswith("mtp") else \
-            f"llama.cpp {m.get('llama_cpp') or ''}".strip() if name.startswith("llama.cpp") \
-            else f"vLLM {m.get('vllm') or ''}".strip()
+        key = engine_of(name)  # with the engine's version where it ran: "vLLM 0.32.0"
+        engine = f"{ENGINES[key]} {m.get(key) or ''}".strip() if key != "mtp" else "mtp"
         method = "autoregressive float32" if name == "mtp" else \
             name.removeprefix("mtp ").removeprefix("llama.cpp ")
         if not m.get("loaded"):

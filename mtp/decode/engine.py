@@ -55,8 +55,8 @@ from mtp.decode.acceptance import AcceptanceSettings, Draws, accept
 from mtp.decode.drafters.base import Drafts, Verified
 from mtp.decode.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
                                   stacked_heads)
-from mtp.decode.sampling import (exponential, inverse_cdf, position_uniforms, probabilities,
-                                 sample)
+from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, position_uniforms,
+                                 probabilities, sample)
 from mtp.decode.tree import DynamicTree, Tree, TreeBuffers
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel, decodes_on_kernels, use_kernels
@@ -144,8 +144,7 @@ class Engine:
                  width: int | None = None, seed: int = 0, layers: tuple[int, ...] = ()) -> None:
         use_kernels(model)  # as chosen for the model, else on where the kernels run
         self.on_kernels = decodes_on_kernels(model) and not compile  # (the ops run eagerly)
-        self.acceptance = acceptance  # and short names for the host's reads of it:
-        self.sampling, self.exact = acceptance.sampling, acceptance.exact
+        self.acceptance = acceptance
         self.windowed = self.exact and not self.on_kernels
         if self.windowed:
             tree = tree.padded(width or tree.n_nodes)
@@ -180,6 +179,14 @@ class Engine:
         self._host_depths: list[int] | None = None
         self._step = compiled_step(self.device.type == "cuda") if compile else None
         self._mark_static()
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self.acceptance.sampling
+
+    @property
+    def exact(self) -> bool:
+        return self.acceptance.exact
 
     @property
     def batch(self) -> int:

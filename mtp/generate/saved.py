@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp.decode.drafters.registry import drafter_types
-from mtp.paths import write_json
+from mtp.paths import read_json, write_json
 from mtp.tune import Measurement, TuneCache, tune_key
 
 
@@ -84,9 +84,6 @@ def saved_choices(checkpoint: str | Path | None, model_id: str | None = None,
         if record is not None:
             found[step] = record.value
         elif path.is_file():
-            try:
-                found[step] = json.loads(path.read_text())
-            except ValueError as error:
-                raise ValueError(f"{path} is not JSON ({error}): delete it, or save the choice "
-                                 f"again") from None
+            found[step] = read_json(path, f"a saved {step} choice (delete it, or save the "
+                                          f"choice again)")
     return found
