@@ -88,7 +88,8 @@ def main(argv: list[str]) -> dict:
         print(f"[mtp.bench] {path}: regenerated {', '.join(update(path, generated)) or 'nothing'}")
     failed = [part for part, record in results["parts"].items() if record.get("result") is None]
     print(json.dumps({"suite": results["suite"], "commit": results["commit"],
-                      "parts": len(results["parts"]), "failed": failed}))
+                      "parts": len(results["parts"]), "failed": failed,
+                      "seconds": results.get("seconds")}))
     return results
 
 

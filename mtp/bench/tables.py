@@ -351,46 +351,77 @@ def run_block(results: Record) -> str:
             f"has its own command, commit, time and load.")
 
 
-def headline(results: Record) -> str:
-    """The README's small table: one figure per claim, from whichever parts succeeded."""
-    parts = {name: record.get("result") for name, record in results["parts"].items()}
+def _headline_rows(parts: dict[str, Any]) -> list[list[str]]:
+    """One row per claim, from whichever parts succeeded: what, figure, its command."""
     rows = []
-    if parts.get("decode"):
-        d = parts["decode"]
-        trained = parts.get("byte8") or {}
-        model = f"byte8, {trained['steps']} steps" if "steps" in trained else "byte8"
-        rows.append([f"greedy speed-up, heads' chain ({model}, CPU, batch 1)",
-                     f"{d['speedup']:.2f}x at k = {d['k']} ({d['tokens_per_forward']:.2f} "
-                     f"tokens per forward)", f"{'identical' if d['identical'] else 'differing'} "
-                     f"output, {d['repeated']:.0%} of it repeating an earlier 8-gram"])
-        if "tree_tokens_per_forward" in d:
-            rows.append([f"tokens per forward, tree {d['tree']}",
-                         f"{d['tree_tokens_per_forward']:.2f}", f"{d['tree_speedup']:.2f}x"])
-    if parts.get("memory"):
-        m = parts["memory"]
-        naive = f"naive {m['naive_over_ntp']:.2f}" if "naive_over_ntp" in m else ""
-        rows.append([f"training step memory over next-token (n = {m['n_future']}, vocab "
-                     f"{m['vocab_size']})", f"headwise {m['headwise_over_ntp']:.2f}", naive])
-    if parts.get("train_step"):
-        t = parts["train_step"]
-        rows.append([f"step time n = {t['n_future']} / n = 1, compute-matched",
-                     f"{t['time_ratio_compute_matched']:.2f}",
-                     f"MFU {t['mfu']:.1%} ({t['precision']})"])
-    if parts.get("hf"):
-        h = parts["hf"]
-        static = (f", {h['mtp_ar_over_hf_static']:.2f}x its compiled static cache"
-                  if h.get("mtp_ar_over_hf_static") else "")
-        rows.append(["autoregressive decoding against transformers' generate",
-                     f"{h['mtp_ar_over_hf']:.2f}x{static}",
-                     f"speculative: {h['mtp_spec_over_hf']:.2f}x"])
+    if trained := parts.get("byte8"):
+        accs = (trained.get("val") or {}).get("acc_head", [])
+        if accs:
+            rows.append([f"`+experiment=byte8`: {trained['parameters'] / 1e6:.1f}M parameters, "
+                         f"{len(accs)} heads, {trained['steps']} steps",
+                         f"next-byte accuracy **{accs[0]:.3f}**, last head {accs[-1]:.3f}",
+                         "`python -m mtp.train`"])
+    if d := parts.get("decode"):
+        rows.append([f"greedy decoding with the heads, {d['prompts']} prompts, "
+                     f"batch 1", f"**{x(d['speedup'])}** at k = {d['k']} "
+                     f"({d['tokens_per_forward']:.2f} tokens per forward), ids "
+                     f"{'identical' if d['identical'] else 'DIFFERING'}; {d['repeated']:.0%} "
+                     f"repeats an earlier 8-gram", "`scripts/bench_decode.py`"])
+    if m := parts.get("methods"):
+        name, best = max(m["methods"].items(), key=lambda item: item[1]["speedup"])
+        rows.append([f"every drafter, {m['prompts']} prompts, the fastest",
+                     f"{name}: **{x(best['speedup'])}** ({best['tokens_per_forward']:.2f} "
+                     f"tokens per forward)", "`scripts/bench_methods.py`"])
+    if k := parts.get("kernels"):
+        matrices = (k.get("matrices") or {}).get("rows", {})
+        ours, torch = matrices.get("kernels bfloat16"), matrices.get("torch float32")
+        if ours and torch and ours["m8_over_m1"] and torch["m8_over_m1"]:
+            rows.append([f"one pass over the {k['matrices']['count']} matrices of a "
+                         f"{k['matrices']['params'] / 1e6:.0f}M model, 8 rows against 1",
+                         f"mtp's kernels bfloat16 **{ours['m8_over_m1']:.2f}x** (torch float32 "
+                         f"{torch['m8_over_m1']:.2f}x)", "`scripts/bench_kernels.py`"])
+        if smollm2 := k.get("smollm2"):
+            name, best = max(smollm2["rows"].items(), key=lambda item: item[1]["speedup"] or 0)
+            rows.append([f"SmolLM2-135M, {smollm2['prompts']} prompts, greedy, on the kernels",
+                         f"{name}: **{x(best['speedup'])}** float32 torch autoregressive "
+                         f"({smollm2['baseline']:.1f} "
+                         f"tokens/s); ids its dtype's autoregressive ids on "
+                         f"{best['identical']:.0%} of prompts", "`scripts/bench_kernels.py`"])
+    if m := parts.get("memory"):
+        rows.append([f"training step peak memory over next-token (n = {m['n_future']}, vocab "
+                     f"{m['vocab_size']})", f"head by head **{m['headwise_over_ntp']:.2f}x**"
+                     + (f", all heads at once {m['naive_over_ntp']:.2f}x"
+                        if "naive_over_ntp" in m else ""), "`scripts/bench_memory.py`"])
+    if t := parts.get("train_step"):
+        rows.append([f"training step time n = {t['n_future']} over n = 1, compute-matched",
+                     f"{t['time_ratio_compute_matched']:.2f}x, MFU {t['mfu']:.1%} "
+                     f"({t['precision']})", "`scripts/bench_train.py`"])
+    if h := parts.get("hf"):
+        rows.append(["autoregressive decoding against transformers' `generate`",
+                     f"{x(h['mtp_ar_over_hf'])}; speculative {x(h['mtp_spec_over_hf'])}",
+                     "`scripts/bench_hf.py`"])
+    return rows
+
+
+def headline(results: Record) -> str:
+    """The README's small table, every figure from this run, and where it ran."""
+    parts = {name: record.get("result") for name, record in results["parts"].items()}
+    rows = _headline_rows(parts)
     if not rows:
         return "No headline figures: the run measured none."
     loads = [load[0] for record in results["parts"].values()
              for load in (record.get("load_before"), record.get("load_after")) if load]
-    return table(["figure", "value", ""], rows) + (
-        f"\n\n{results['machine']['device_name']}, commit {results['commit']}, load average "
-        f"{min(loads):.1f}-{max(loads):.1f} (timed figures move with it); "
-        f"[how each is measured](docs/benchmarks.md)")
+    m = results["machine"]
+    commits = sorted({p["commit"] for p in results["parts"].values() if p.get("commit")})
+    run = (f"one `python -m mtp.bench {results['suite']}` run of "
+           f"{results['seconds'] / 60:.0f} minutes" if "seconds" in results else
+           f"`python -m mtp.bench {results['suite']}`")
+    return table(["what", "figure", "command"], rows) + (
+        f"\n\nAll from {run} at commit {', '.join(commits or [results['commit']])} on "
+        f"{m['device_name']} ({m['cpus']} cores, flags "
+        f"{' '.join(m['cpu_flags'])}; torch {m['torch']}), load average {min(loads):.1f}-"
+        f"{max(loads):.1f} (timed figures move with it); each figure's command, table and "
+        f"caveats: [docs/benchmarks.md](docs/benchmarks.md).")
 
 
 def blocks(results: Record, renderers: dict[str, str]) -> dict[str, str]:
