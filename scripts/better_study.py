@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp import cli
+from mtp.bench import tables
 from mtp.bench.machine import commit, machine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -437,33 +438,6 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path,
     return path
 
 
-def _cell(figure: dict[str, Any] | None, digits: int = 3) -> str:
-    if figure is None:
-        return "-"
-    return f"{figure['mean']:.{digits}f}" + (f"+-{figure['std']:.{digits}f}"
-                                              if len(figure["seeds"]) > 1 else "")
-
-
-def print_table(summary: dict[str, Any]) -> None:
-    print(f"{'regime':<6} {'recipe':<8} {'steps':>11} {'next-byte acc':>13} {'val loss':>13} "
-          f"{'k=2':>5} {'k=4':>11} {'k=8':>5} {'tree':>5} {'rep':>4} {'step':>6}  targets "
-          f"(acc, drafting, step)")
-    for regime, table in summary.items():
-        for name, cell in table.items():
-            steps = f"{min(cell['steps'])}-{max(cell['steps'])}"
-            targets = " ".join({True: "yes", False: "no", None: "-"}[cell["targets"][key]]
-                               for key in ("accuracy", "drafting", "step"))
-            ratio, repeated = cell["step_ratio"], _mean(cell["repeated"])
-            print(f"{regime:<6} {name:<8} {steps:>11} {_cell(cell['val_acc_head0']):>13} "
-                  f"{_cell(cell['val_loss_head0']):>13} "
-                  f"{_cell(cell['tokens_per_forward_k2'], 2):>5} "
-                  f"{_cell(cell['tokens_per_forward_k4'], 2):>11} "
-                  f"{_cell(cell['tokens_per_forward_k8'], 2):>5} "
-                  f"{_cell(cell['tree_tokens_per_forward'], 2):>5} "
-                  f"{'-' if repeated is None else f'{repeated:.2f}':>4} "
-                  f"{'-' if ratio is None else f'{ratio:.2f}x':>6}  {targets}")
-
-
 # -- the command -------------------------------------------------------------------------------
 
 def parse_args(argv: list[str]) -> StudyArgs:
@@ -486,7 +460,6 @@ def main(argv: list[str]) -> dict[str, Any]:
     size = SIZES[args.size]
     title = f"size={args.size}, {len(args.seeds)} seed(s)"
     figure = plot(results, summary, Path(args.figures or out) / "better_study.png", title)
-    print_table(summary)
     report = {"benchmark": "better_study", "size": args.size, "commit": commit(REPO),
               "seconds": round(time.perf_counter() - began), "jobs": args.jobs,
               "machine": {"before": before, "after": machine()},
@@ -501,6 +474,7 @@ def main(argv: list[str]) -> dict[str, Any]:
               "runs": {f"{r['regime']}/{r['recipe']}/seed{r['seed']}": r for r in results}}
     report = json.loads(json.dumps(report))  # what the file and the last line hold
     (out / "better_study.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(tables.better_study(report))
     print(json.dumps(report), flush=True)
     return report
 

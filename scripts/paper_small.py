@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp import cli
+from mtp.bench import tables
 from mtp.bench.machine import machine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -462,26 +463,6 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], figures: Path,
             plot_curves(results, figures / "paper_small_curves.png")]
 
 
-def print_table(summary: dict[str, Any]) -> None:
-    for task in TASKS:
-        for size, cells in summary.get(task, {}).items():
-            for key, cell in cells.items():
-                s = cell[HEADLINE[task]]
-                extra = (f"first {cell['accuracy_first']['mean']:.3f}" if task == "induction"
-                         else "m1..10 " + " ".join(f"{cell['accuracy_m'][m]['mean']:.2f}"
-                                                   for m in MS))
-                print(f"{task:<10} {size:>5} {key:<9} params {cell['parameters']:>9,}  "
-                      f"steps {min(cell['steps'])}-{max(cell['steps'])}  val loss "
-                      f"{cell['val_loss_head0']['mean']:.3f}  "
-                      f"{HEADLINE[task]} {s['mean']:.3f} +- {s['std']:.3f}  {extra}")
-    gap = summary.get("induction_gap_smallest", {})
-    for key, g in gap.items():
-        if key != "size":
-            interval = g.get("interval90")
-            ci = f"  90% interval [{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else ""
-            print(f"induction {key} at {gap['size']}: {g['mean']:+.3f} +- {g['std']:.3f}{ci}")
-
-
 def main(argv: list[str]) -> dict[str, Any]:
     args = parse_args(argv)
     if args.run:
@@ -506,7 +487,6 @@ def main(argv: list[str]) -> dict[str, Any]:
     summary = summarize(results, LADDERS[args.budget])
     title = f"budget={args.budget}, {len(LADDERS[args.budget]['seeds'])} seeds"
     figures = plot(results, summary, args.figures or out, title)
-    print_table(summary)
     report = {"benchmark": "paper_small", "budget": args.budget, "device": device,
               "jobs": jobs, "seconds": round(time.perf_counter() - began),
               "machine": {"before": before, "after": after, "threads_per_run": 1
@@ -517,6 +497,7 @@ def main(argv: list[str]) -> dict[str, Any]:
                        for r in results}}
     report = json.loads(json.dumps(report))  # what the file and the last line hold
     (out / "paper_small.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(tables.paper_small(report))
     print(json.dumps(report), flush=True)
     return report
 

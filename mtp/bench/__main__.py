@@ -6,18 +6,20 @@ docs' tables.
     python -m mtp.bench gpu budget=540                  # one CUDA device, a 15-minute lease
     python -m mtp.bench cpu only=[decode,hf]            # rerun parts, keep the others
     python -m mtp.bench kernels                         # mtp.kernels against torch
+    python -m mtp.bench studies                         # dtype, threads, layer skipping
+    python -m mtp.bench better                          # docs/better.md's studies, hours
     MTP_VLLM_PYTHON=../vllm-venv/bin/python python -m mtp.bench engines   # beside vLLM
     python -m mtp.bench cpu from_results=runs/bench/cpu/results.json   # only re-render
 
-The suite is the first word: smoke, cpu, gpu, smollm2, kernels or engines
-(`mtp.bench.suites`). All but smoke rewrite the generated blocks of docs/benchmarks.md (cpu:
-README.md's too; `docs`, `readme`; update_docs=false leaves them); smoke writes only where
-told. The other arguments are
-key=value (`mtp.cli`'s grammar):
+The suite is the first word: smoke, cpu, gpu, smollm2, kernels, engines, studies or better
+(`mtp.bench.suites`). All but smoke rewrite the generated blocks of docs/benchmarks.md
+(better: docs/better.md; cpu: README.md's headline too; `docs`, `readme`; update_docs=false
+leaves them); smoke writes only where told. The other arguments are key=value (`mtp.cli`'s
+grammar):
   out            the results' folder (null: runs/bench/SUITE of the checkout)
   only           [] parts to run again, keeping the others' records of an earlier run
   from_results   render this results.json, run nothing
-  docs           the page of generated tables (null: docs/benchmarks.md but for smoke)
+  docs           the page of generated tables (null: as above; smoke: none)
   readme         the front page's headline (null: README.md for cpu)
   update_docs    true; false writes results.json only
   budget         seconds: stop starting parts after this long (a GPU lease); each part's
@@ -82,7 +84,8 @@ def main(argv: list[str]) -> dict:
     generated = blocks(results, {p.name: p.renderer for p in parts})
     targets = [args.docs, args.readme]
     if name != "smoke":
-        targets = [args.docs or REPO / "docs" / "benchmarks.md",
+        page = "better.md" if name == "better" else "benchmarks.md"
+        targets = [args.docs or REPO / "docs" / page,
                    args.readme or (REPO / "README.md" if name == "cpu" else None)]
     for path in [t for t in targets if t is not None] if args.update_docs else []:
         print(f"[mtp.bench] {path}: regenerated {', '.join(update(path, generated)) or 'nothing'}")

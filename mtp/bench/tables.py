@@ -32,13 +32,16 @@ def x(value: float) -> str:
 
 def decode(r: dict[str, Any]) -> str:
     compiled = "eager_tokens_per_second" in r["per_k"][0]
-    headers = ["decoding", "nodes", "tokens/s", "speed-up", "tok/fwd", "fwd cost", "identical"]
+    plain = "plain_cost" in r["per_k"][0]  # a plain forward over the step's tokens
+    headers = ["decoding", "nodes", "tokens/s", "speed-up", "tok/fwd", "fwd cost",
+               *(["plain cost"] if plain else []), "identical"]
     headers += ["eager tokens/s", "compiled / eager"] if compiled else []
     rows = []
     for row in r["per_k"] + r.get("per_tree", []):
         cells = [f"k={row['k']}" if "k" in row else row["tree"], row["nodes"],
                  row["tokens_per_second"], x(row["speedup"]), f"{row['tokens_per_forward']:.2f}",
-                 x(row["forward_cost"]), row["identical"]]
+                 x(row["forward_cost"]), *([x(row["plain_cost"])] if plain else []),
+                 row["identical"]]
         if compiled:
             cells += [row["eager_tokens_per_second"], x(row["compile_speedup"])]
         rows.append(cells)
@@ -314,6 +317,102 @@ def evaluation(r: dict[str, Any]) -> str:
     return table(["", ""], rows)
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    if isinstance(value, list):
+        return " ".join(map(_cell, value))
+    return "" if value is None else str(value)
+
+
+def rows(r: dict[str, Any]) -> str:
+    """A script's `rows` as they are (a list of records, or records by name), its other
+    plain figures above them: for studies whose JSON already names every column."""
+    records = r["rows"]
+    named = isinstance(records, dict)
+    records = [{"": name, **row} for name, row in records.items()] if named else records
+    headers = list(dict.fromkeys(key for row in records for key in row))
+    head = ", ".join(f"{key} {_cell(value)}" for key, value in r.items()
+                     if key != "rows" and not isinstance(value, (dict, list)))
+    body = table(headers, [[_cell(row.get(key)) for key in headers] for row in records])
+    return (head + "\n\n" if head else "") + body
+
+
+def online(r: dict[str, Any]) -> str:
+    """scripts/bench_online.py: the heads frozen and learning online over one stream."""
+    rows = [[arm, f"{a['tokens_per_forward']:.3f}", f"{a['first_window']:.3f}",
+             f"{a['last_window']:.3f}", a["tokens_per_second"], a["tokens_per_second_decoding"],
+             f"{a['learning_seconds']:.0f} s ({a['optimizer_steps']} steps)"
+             if a["optimizer_steps"] else ""]
+            for arm, a in (("frozen", r["frozen"]), ("online", r["online"]))]
+    head = (f"{r['prompts']} prompts from offset {r['offset']} x {r['max_new_tokens']} new "
+            f"tokens, greedy, k = {r['k']}, lr {r['lr']}, {r['steps']} step(s) a prompt; ids "
+            f"{'identical' if r['identical'] else 'DIFFERING'} in both arms; {r['repeated']:.0%} "
+            f"of the output repeats an earlier 16-gram")
+    return head + "\n\n" + table(
+        ["heads", "tok/fwd", f"first {r['window']} prompts", f"last {r['window']} prompts",
+         "tokens/s", "tokens/s without learning", "learning"], rows)
+
+
+def _spread(figure: dict[str, Any] | None, digits: int = 3) -> str:
+    """A figure over seeds: its mean, +- its standard deviation where there are several."""
+    if figure is None:
+        return "-"
+    return f"{figure['mean']:.{digits}f}" + (f" +- {figure['std']:.{digits}f}"
+                                              if len(figure["seeds"]) > 1 else "")
+
+
+def _steps(steps: list[int]) -> str:
+    return f"{min(steps)}" if min(steps) == max(steps) else f"{min(steps)}-{max(steps)}"
+
+
+def paper_small(r: dict[str, Any]) -> str:
+    """scripts/paper_small.py: each task, size and head count over seeds; induction's gaps."""
+    rows = []
+    for task in ("induction", "polynomial"):
+        for size, cells in r["summary"].get(task, {}).items():
+            for heads, cell in cells.items():
+                detail = (_spread(cell["accuracy_first"]) if "accuracy_first" in cell else
+                          " ".join(f"{m['mean']:.2f}" for m in cell["accuracy_m"].values()))
+                rows.append([task, size, heads, f"{cell['parameters']:,}", _steps(cell["steps"]),
+                             _spread(cell["val_loss_head0"]),
+                             _spread(cell.get("accuracy_repeated") or cell["accuracy"]),
+                             detail])
+    out = [f"budget {r['budget']}, {r['device']}, {len(r['ladder']['seeds'])} seed(s), "
+           f"{r['seconds'] / 60:.0f} minutes",
+           table(["task", "size", "heads", "parameters", "steps", "val loss (head 0)",
+                  "accuracy: repeated names (induction), exact match (polynomial)",
+                  "induction: first occurrences (control); polynomial: exact match m = 1..10"],
+                 rows)]
+    gaps = dict(r["summary"].get("induction_gap_smallest", {}))
+    if gaps:
+        size = gaps.pop("size")
+        out.append(table(
+            [f"induction gap at {size}", "per seed", "mean", "90% interval"],
+            [[name, " ".join(f"{v:+.3f}" for v in g["seeds"]), f"{g['mean']:+.3f}",
+              "-" if "interval90" not in g else
+              f"[{g['interval90'][0]:+.3f}, {g['interval90'][1]:+.3f}]"]
+             for name, g in gaps.items()]))
+    return "\n\n".join(out)
+
+
+def better_study(r: dict[str, Any]) -> str:
+    """scripts/better_study.py: every recipe under each regime, over seeds, and its targets."""
+    yes = {True: "yes", False: "no", None: "-"}
+    rows = [[regime, name, _steps(cell["steps"]), _spread(cell["val_acc_head0"]),
+             _spread(cell["val_loss_head0"]), _spread(cell["tokens_per_forward_k2"], 2),
+             _spread(cell["tokens_per_forward_k4"], 2), _spread(cell["tokens_per_forward_k8"], 2),
+             _spread(cell["tree_tokens_per_forward"], 2), _spread(cell["repeated"], 2),
+             "-" if cell["step_ratio"] is None else x(cell["step_ratio"]),
+             " ".join(yes[cell["targets"][key]] for key in ("accuracy", "drafting", "step"))]
+            for regime, recipes in r["summary"].items() for name, cell in recipes.items()]
+    head = f"size {r['size']}, {r['seconds'] / 60:.0f} minutes, commit {r['commit']}"
+    return head + "\n\n" + table(
+        ["regime", "recipe", "steps", "next-byte acc", "val loss (head 0)", "tok/fwd k=2",
+         "k=4", "k=8", "tree", "repeated", "step vs byte1", "targets: acc, drafting, step"],
+        rows)
+
+
 def tests(r: dict[str, Any]) -> str:
     return f"`{r['last_line']}` (exit {r['returncode']})"
 
@@ -323,7 +422,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "engines": engines,
     "acceptance": acceptance, "eagle": eagle, "hf": hf, "memory": memory, "train_step": train_step,
     "peak_flops": peak_flops, "fsdp_comms": fsdp_comms, "heads_cost": heads_cost,
-    "sandbox": sandbox, "byte8": byte8, "eval": evaluation, "tests": tests}
+    "sandbox": sandbox, "byte8": byte8, "eval": evaluation, "tests": tests, "rows": rows,
+    "paper_small": paper_small, "better_study": better_study, "online": online}
 
 
 def part_block(record: Record, renderer: str) -> str | None:

@@ -30,12 +30,7 @@ MODULES = ("mtp.eval.__main__", "mtp.generate.__main__", "mtp.bench.__main__",
 STALE = {
     "docs/benchmarks.md": {
         "train_step", "peak_flops", "memory", "heads_cost", "decode",
-        "decode_compiled", "methods", "hf", "gpu_peak_flops", "gpu_memory",
-        "gpu_train_step_1b", "gpu_train_step_1b_compiled", "gpu_decode_bf16", "gpu_hf",
-        "sandbox",
-        # recorded without their shell quoting (`methods=[eagle,"eagle tree=tree16"]` split
-        # at its space), before the runner quoted each argument
-        "smollm2_eagle_methods", "smollm2_eagle_exact", "smollm2_mixed"},
+        "decode_compiled", "methods", "hf", "sandbox"},
 }
 
 

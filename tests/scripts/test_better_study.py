@@ -46,7 +46,9 @@ def test_a_tiny_study_writes_its_json_and_figure(study, corpus, tmp_path, capsys
     printed = capsys.readouterr().out.strip().splitlines()
     assert json.loads(printed[-1]) == report
     assert json.loads((out / "better_study.json").read_text()) == report
-    assert any(line.startswith("regime recipe") for line in printed)  # the table
+    # the table: what docs/better.md's generated block shows (mtp.bench.tables)
+    assert any(line.startswith("| regime | recipe | steps |") for line in printed)
+    assert sum(line.startswith("| flops | ") for line in printed) == 3
     figure = out / "better_study.png"
     assert figure.stat().st_size > 10_000 and report["figure"] == str(figure)
     assert report["runs"].keys() == {"flops/byte1/seed0", "flops/byte8/seed0",

@@ -16,7 +16,14 @@ def test_tiny_sweep_writes_the_json_and_both_figures(paper_small, tmp_path, caps
                                                      monkeypatch) -> None:
     monkeypatch.setenv("MTP_DATA_DIR", str(tmp_path / "data"))
     report = paper_small.main(["budget=smoke", "jobs=0", f"out={tmp_path}"])
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == report
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(printed[-1]) == report
+    # the tables docs/better.md's generated blocks show (mtp.bench.tables): a row per task,
+    # size and head count, and induction's gaps to n = 1
+    rows = [line for line in printed if line.startswith(("| induction |", "| polynomial |"))]
+    assert len(rows) == sum(len(cells) for task in ("induction", "polynomial")
+                            for cells in report["summary"][task].values())
+    assert any(line.startswith("| n=2 - n=1 | ") for line in printed)
     assert json.loads((tmp_path / "paper_small.json").read_text()) == report
     for name in ("induction", "polynomial", "curves"):
         figure = tmp_path / f"paper_small_{name}.png"
