@@ -499,9 +499,11 @@ def _headline_rows(parts: dict[str, Any]) -> list[list[str]]:
                      f"{t['time_ratio_compute_matched']:.2f}x, MFU {t['mfu']:.1%} "
                      f"({t['precision']})", "`scripts/bench_train.py`"])
     if h := parts.get("hf"):
+        static = h.get("mtp_ar_over_hf_static")
         rows.append(["autoregressive decoding against transformers' `generate`",
-                     f"{x(h['mtp_ar_over_hf'])}; speculative {x(h['mtp_spec_over_hf'])}",
-                     "`scripts/bench_hf.py`"])
+                     f"eager {x(h['mtp_ar_over_hf'])}" + (
+                         f", {x(static)} its compiled static cache" if static else "")
+                     + f"; speculative {x(h['mtp_spec_over_hf'])}", "`scripts/bench_hf.py`"])
     return rows
 
 

@@ -29,6 +29,7 @@ from torch.distributed.fsdp import (FSDPModule, MixedPrecisionPolicy, fully_shar
                                     register_fsdp_forward_method)
 from torch.utils.checkpoint import checkpoint
 
+from mtp.cli import DTYPES
 from mtp.model import MTPModel
 
 ACTIVATION_CHECKPOINTING = ("none", "trunk", "all")
@@ -78,7 +79,7 @@ def mixed_precision(precision: str, *, param_dtype: str = "auto",
                     reduce_dtype: str = "float32") -> MixedPrecisionPolicy:
     """FSDP2's policy: gather and compute in `param_dtype` ("auto": bfloat16 under a bf16
     Lightning precision, else float32), reduce gradients in `reduce_dtype`."""
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    dtypes = {name: DTYPES[name] for name in ("float32", "bfloat16")}  # what FSDP2 gathers in
     if param_dtype == "auto":
         param_dtype = "bfloat16" if str(precision).startswith("bf16") else "float32"
     for name, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):

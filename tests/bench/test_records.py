@@ -25,15 +25,6 @@ ABSOLUTE = re.compile(r"(?:^|[\s=(`'\"\[,])(/(?:[\w.@+-]+/)+[\w.@+-]*)", re.MULT
 MODULES = ("mtp.eval.__main__", "mtp.generate.__main__", "mtp.bench.__main__",
            "mtp.train.eagle", "mtp.convert", "mtp.generate.skip_search", "mtp.bench.tiny")
 
-# Blocks recorded before the scripts took key=value arguments (the retired --flag grammar):
-# issue 45's regeneration at a landing commit replaces each; the set may only shrink.
-STALE = {
-    "docs/benchmarks.md": {
-        "train_step", "peak_flops", "memory", "heads_cost", "decode",
-        "decode_compiled", "methods", "hf", "sandbox"},
-}
-
-
 def _blocks() -> list[tuple[str, str, str]]:
     """(page, block name, body) of every generated block."""
     found = []
@@ -66,15 +57,13 @@ def _parses(command: str) -> str | None:
 
 
 def test_recorded_commands_parse_today() -> None:
-    stale: dict[str, set[str]] = {}
+    stale = {}
     for page, name, body in _blocks():
         first = body.strip().splitlines()[0] if body.strip() else ""
         command = COMMAND.search(first)
-        if command and _parses(command.group(1)) is not None:
-            stale.setdefault(page, set()).add(name)
-    # a block that parses again must leave STALE; no other block may stop parsing
-    assert stale == STALE, {page: sorted(stale.get(page, set()) ^ STALE.get(page, set()))
-                            for page in set(stale) | set(STALE)}
+        if command and (why := _parses(command.group(1))) is not None:
+            stale[f"{page}: {name}"] = why
+    assert stale == {}
 
 
 @pytest.mark.parametrize("command, ok", [
