@@ -108,6 +108,8 @@ def run_part(part: Part, out: Path, repo: Path, revision: str | None,
             result = json.loads(path.read_text()) if path.is_file() else None
         else:
             result = last_json(stdout)
+        if result is None and part.renderer == "none":
+            result = {"returncode": 0}  # a step with no table (a search): its exit is its result
     record["result"] = result
     if result is None:
         record["output_tail"] = (stdout + stderr)[-TAIL:]

@@ -29,6 +29,10 @@ def test_a_failure_or_a_hang_costs_one_part(tmp_path: Path) -> None:
              timeout=30),
         Part(name="hang", command=(PY, "-c", "import time; time.sleep(30)"), timeout=1),
         Part(name="after_bad", command=(PY, "-c", "print('{}')"), timeout=30, needs=("bad",)),
+        # a step with no table (a search whose output a later part reads): its exit decides
+        Part(name="search", command=(PY, "-c", "print('saved')"), timeout=30, table="none"),
+        Part(name="after_search", command=(PY, "-c", "print('{}')"), timeout=30,
+             needs=("search",)),
         Part(name="file", command=(PY, "-c", "import json, sys; open(sys.argv[1], 'w')"
                                    ".write(json.dumps({'y': 1}))", "{out}/y.json"), timeout=30,
              result_file="y.json"),
@@ -47,6 +51,8 @@ def test_a_failure_or_a_hang_costs_one_part(tmp_path: Path) -> None:
     assert results["parts"]["hang"]["seconds"] < 10
     assert "bad" in results["parts"]["after_bad"]["skipped"]
     assert results["parts"]["file"]["result"] == {"y": 1}
+    assert results["parts"]["search"]["result"] == {"returncode": 0}
+    assert results["parts"]["after_search"]["result"] == {}
     assert (tmp_path / "logs" / "bad.log").read_text().startswith("$ python -c")
 
     # --only: rerun one part, keep the others' records
@@ -56,7 +62,8 @@ def test_a_failure_or_a_hang_costs_one_part(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no part \\['nope'\\]"):
         run_suite("test", parts, tmp_path, REPO, only=["nope"])
 
-    rendered = blocks(again, {"good": "eval", "bad": "eval", "file": "none"})
+    rendered = blocks(again, {"good": "eval", "bad": "eval", "file": "none", "search": "none",
+                              "after_search": "eval"})
     assert "Failed (exit 3)" in rendered["bad"] and "file" not in rendered
     assert "skipped" in rendered["after_bad"] and "| x | 2 |" in rendered["good"]
     assert "python -m mtp.bench test" in rendered["run_test"]
