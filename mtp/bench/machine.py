@@ -30,14 +30,17 @@ def load_average() -> list[float]:
 
 
 def commit(repo: Path) -> str | None:
-    """The checkout's commit, "-dirty" appended when tracked files differ (None outside git)."""
+    """The checkout's commit, "-dirty" appended when tracked files differ (None outside git);
+    the Markdown pages the runner regenerates do not count, so a second suite run in the same
+    checkout is not marked dirty by the first one's tables."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
                               check=True).stdout.strip()
 
     try:
         head = git("rev-parse", "--short=12", "HEAD")
-        return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!*.md")
+        return head + ("-dirty" if changed else "")
     except (OSError, subprocess.CalledProcessError):
         return None
 

@@ -2,11 +2,13 @@
 results.json records each figure's conditions."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from mtp.bench import runner
+from mtp.bench.machine import commit
 from mtp.bench.runner import last_json, run_suite
 from mtp.bench.suites import Part
 from mtp.bench.tables import blocks
@@ -97,3 +99,20 @@ def test_a_part_that_needs_mbpp_is_refused_in_one_line_without_it(tmp_path: Path
     mbpp = tmp_path / "mbpp.jsonl"
     monkeypatch.setattr(runner, "mbpp_file", lambda: mbpp)
     assert runner.fill("mbpp_file={mbpp}", tmp_path) == f"mbpp_file={mbpp}"
+
+
+def test_the_commit_is_dirty_for_code_not_for_regenerated_pages(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "page.md").write_text("table\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    clean = commit(tmp_path)
+    assert clean and not clean.endswith("-dirty")
+    (tmp_path / "page.md").write_text("a regenerated table\n")
+    assert commit(tmp_path) == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert commit(tmp_path) == clean + "-dirty"
