@@ -332,8 +332,10 @@ def rows(r: dict[str, Any]) -> str:
     named = isinstance(records, dict)
     records = [{"": name, **row} for name, row in records.items()] if named else records
     headers = list(dict.fromkeys(key for row in records for key in row))
+    # a path of the measuring machine is left out: the block's command names the inputs
     head = ", ".join(f"{key} {_cell(value)}" for key, value in r.items()
-                     if key != "rows" and not isinstance(value, (dict, list)))
+                     if key != "rows" and not isinstance(value, (dict, list))
+                     and not str(value).startswith("/"))
     body = table(headers, [[_cell(row.get(key)) for key in headers] for row in records])
     return (head + "\n\n" if head else "") + body
 

@@ -13,7 +13,7 @@ def test_rows_shows_a_scripts_records_as_they_are() -> None:
     named = rows({"rows": {"autoregressive": {"tokens_per_second": 17.4, "acceptance": None},
                            "skip 2 of 29": {"tokens_per_second": 14.1, "acceptance": 0.9,
                                             "skipped": [3, 7]}},
-                  "prompts": 12, "load": [1.0, 0.5, 0.2]})
+                  "prompts": 12, "load": [1.0, 0.5, 0.2], "checkpoint": "/home/x/model.gguf"})
     assert named.splitlines() == [
         "prompts 12", "",
         "|  | tokens_per_second | acceptance | skipped |", "| --- | --- | --- | --- |",
