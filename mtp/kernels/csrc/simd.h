@@ -8,14 +8,28 @@
 // Tails go through `load_n`, which zero-fills the missing lanes: the same vector code runs on
 // them as on full chunks (no scalar remainder loop with different rounding).
 
+#if MTP_ISA != MTP_PORTABLE
+// Fixed tree: halves, then quarters, ... (the same shuffle sequence on every call).
+inline float hsum256(__m256 v) {
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+#endif
+
 #if MTP_ISA == MTP_AVX512
+// The width's intrinsics: MTP_PS(add) = _mm512_add_ps, MTP_SI(add) = _mm512_add_epi32.
+#define MTP_PS(OP) _mm512_##OP##_ps
+#define MTP_SI(OP) _mm512_##OP##_epi32
+#define MTP_SI_AS_PS _mm512_castsi512_ps
 
 struct V {
   static constexpr int W = 16;
   __m512 v;
-  static V zero() { return {_mm512_setzero_ps()}; }
-  static V set1(float a) { return {_mm512_set1_ps(a)}; }
-  static V load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static V zero() { return {MTP_PS(setzero)()}; }
+  static V set1(float a) { return {MTP_PS(set1)(a)}; }
+  static V load(const float* p) { return {MTP_PS(loadu)(p)}; }
   static V load(const uint16_t* p) {
     // bf16 -> f32 is exact: the 16 bits become the top half of the float.
     __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -27,43 +41,30 @@ struct V {
     __m256i h = _mm256_maskz_loadu_epi16(mask(n), p);
     return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
   }
-  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store(float* p) const { MTP_PS(storeu)(p, v); }
   void store_n(float* p, int n) const { _mm512_mask_storeu_ps(p, mask(n), v); }
   float hsum() const {
-    // Fixed tree: halves, then quarters, ... (the same shuffle sequence on every call).
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    b = _mm_add_ss(b, _mm_movehdup_ps(b));
-    return _mm_cvtss_f32(b);
+    return hsum256(a);
   }
 };
 
-inline V fma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-inline V operator+(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
-inline V operator-(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
-inline V operator*(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
-inline V operator/(V a, V b) { return {_mm512_div_ps(a.v, b.v)}; }
-inline V vmax(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }
-inline V vmin(V a, V b) { return {_mm512_min_ps(a.v, b.v)}; }
 inline V vround(V a) {
   return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
 }
-// 2^n for integral n in [-126, 127], built in the exponent field.
-inline V pow2i(V n) {
-  __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
-}
 
 #elif MTP_ISA == MTP_AVX2
+#define MTP_PS(OP) _mm256_##OP##_ps
+#define MTP_SI(OP) _mm256_##OP##_epi32
+#define MTP_SI_AS_PS _mm256_castsi256_ps
 
 struct V {
   static constexpr int W = 8;
   __m256 v;
-  static V zero() { return {_mm256_setzero_ps()}; }
-  static V set1(float a) { return {_mm256_set1_ps(a)}; }
-  static V load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  static V zero() { return {MTP_PS(setzero)()}; }
+  static V set1(float a) { return {MTP_PS(set1)(a)}; }
+  static V load(const float* p) { return {MTP_PS(loadu)(p)}; }
   static V load(const uint16_t* p) {
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))};
@@ -73,33 +74,17 @@ struct V {
     std::memcpy(buf, p, sizeof(T) * n);
     return load(buf);
   }
-  void store(float* p) const { _mm256_storeu_ps(p, v); }
+  void store(float* p) const { MTP_PS(storeu)(p, v); }
   void store_n(float* p, int n) const {
     float buf[W];
     store(buf);
     std::memcpy(p, buf, sizeof(float) * n);
   }
-  float hsum() const {
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    b = _mm_add_ss(b, _mm_movehdup_ps(b));
-    return _mm_cvtss_f32(b);
-  }
+  float hsum() const { return hsum256(v); }
 };
 
-inline V fma(V a, V b, V c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
-inline V operator+(V a, V b) { return {_mm256_add_ps(a.v, b.v)}; }
-inline V operator-(V a, V b) { return {_mm256_sub_ps(a.v, b.v)}; }
-inline V operator*(V a, V b) { return {_mm256_mul_ps(a.v, b.v)}; }
-inline V operator/(V a, V b) { return {_mm256_div_ps(a.v, b.v)}; }
-inline V vmax(V a, V b) { return {_mm256_max_ps(a.v, b.v)}; }
-inline V vmin(V a, V b) { return {_mm256_min_ps(a.v, b.v)}; }
 inline V vround(V a) {
   return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
-}
-inline V pow2i(V n) {
-  __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127));
-  return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};
 }
 
 #else  // portable: plain loops over 8 lanes that the compiler vectorises (any CPU, ARM too)
@@ -174,6 +159,25 @@ inline V pow2i(V n) {
   return r;
 }
 
+#endif
+
+#if MTP_ISA == MTP_AVX512 || MTP_ISA == MTP_AVX2
+// The lane-wise operations, written once for both x86 widths.
+inline V fma(V a, V b, V c) { return {MTP_PS(fmadd)(a.v, b.v, c.v)}; }
+inline V operator+(V a, V b) { return {MTP_PS(add)(a.v, b.v)}; }
+inline V operator-(V a, V b) { return {MTP_PS(sub)(a.v, b.v)}; }
+inline V operator*(V a, V b) { return {MTP_PS(mul)(a.v, b.v)}; }
+inline V operator/(V a, V b) { return {MTP_PS(div)(a.v, b.v)}; }
+inline V vmax(V a, V b) { return {MTP_PS(max)(a.v, b.v)}; }
+inline V vmin(V a, V b) { return {MTP_PS(min)(a.v, b.v)}; }
+// 2^n for integral n in [-126, 127], built in the exponent field.
+inline V pow2i(V n) {
+  auto e = MTP_SI(add)(MTP_SI(cvtps)(n.v), MTP_SI(set1)(127));
+  return {MTP_SI_AS_PS(MTP_SI(slli)(e, 23))};
+}
+#undef MTP_PS  // simd.h is included once per path in one file
+#undef MTP_SI
+#undef MTP_SI_AS_PS
 #endif
 
 // exp(x) for every lane by the same code: Cody-Waite range reduction and a degree-6
