@@ -90,10 +90,14 @@ def build_and_load() -> tuple[float, Path]:
     # One builder at a time per key (two pytest processes); the second one finds it built.
     with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        # Holding the flock, no other builder runs here: a `lock` file of torch's builder is
+        # then a killed build's (a timeout, ^C), and torch would wait on it forever.
+        (folder / "lock").unlink(missing_ok=True)
         try:
             cpp_extension.load(name=f"mtp_kernels_{folder.name}",
                                sources=[str(CSRC / s) for s in SOURCES],
-                               extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
+                               # copies: torch appends its libraries to the list it gets
+                               extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
                                extra_include_paths=[str(CSRC)], build_directory=str(folder),
                                is_python_module=False, verbose=False)
         finally:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from mtp import kernels
+from mtp.kernels import build
 
 _status = kernels.status()
 pytestmark = pytest.mark.skipif(not _status.available, reason=_status.reason)
@@ -226,3 +227,15 @@ def test_no_compiler_means_unavailable(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("False False [] no C++ compiler")
     assert run.stderr.count("mtp: compiled kernels unavailable") == 1
+
+
+def test_a_killed_build_s_lock_does_not_stall_the_next_load():
+    """torch's builder waits while its `lock` file exists: one left by a killed build (a
+    timeout, ^C) is removed under mtp's own lock instead of stalling every later load."""
+    folder = build.cache_root() / build.build_key()
+    (folder / "lock").touch()
+    code = "from mtp.kernels import build; build.build_and_load(); print('loaded')"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert run.stdout.strip() == "loaded", run.stderr
+    assert not (folder / "lock").exists()
