@@ -1,11 +1,9 @@
 """Acceptance: which drafted path of a tree one verify pass keeps, and the token after it.
 
-It does not know who drafted: it gets `Drafts` (the tokens of the tree's nodes 1..m-1 and the
-q each was drawn from, none: one-hot), the tree, and head 0's logits at every node, which
-give the target p of the token after it. Padding drafts are never kept. Everything runs on
-the device with fixed shapes; random numbers come in as `Draws`, so a captured step replays.
-The rules, each one class registered by its name (`AcceptanceRule`, `register_rule`), and exact
-mode:
+It gets `Drafts` (the tokens of the tree's nodes 1..m-1 and the q each was drawn from; none:
+one-hot), the tree, and head 0's logits at every node (the target p of the token after it).
+Padding drafts are never kept. Everything runs on the device with fixed shapes; random
+numbers come in as `Draws`, so a captured step replays. The rules (`register_rule`):
 
 - `exact` (default). Greedy: a draft is kept iff it is head 0's argmax after its parent; the
   deepest such path plus the argmax after it is autoregressive decoding's output. Sampling:
@@ -45,13 +43,11 @@ from mtp.decode.tree import Tree, TreeBuffers
 
 
 class AcceptanceRule:
-    """A rule that keeps a drafted path when sampling. Each carries what the rest of mtp asks
-    of it, so a new rule is one registered class (`register_rule`): its `name` (the value of
-    acceptance=), whether it keeps head 0's distribution (`lossless`), whether exact mode
-    refines it (`exact_mode`: exact mode keeps the target's own tokens, the deterministic
-    form of SpecInfer's rule, so only that rule's), and what it keeps (`select`). Greedy,
-    every rule is the greedy rule (`accept`). Rules are frozen dataclasses, each field with a
-    default: hashable (a compiled step's shape keys on the rule) and built from the name."""
+    """A rule that keeps a drafted path when sampling (greedy, every rule is the greedy one):
+    its `name` (acceptance=), whether it keeps head 0's distribution (`lossless`), whether
+    exact mode, the deterministic form of SpecInfer's rule, refines it (`exact_mode`). Rules
+    are frozen dataclasses with defaults: hashable (a compiled step's shape keys on the rule)
+    and built from the name."""
 
     name: ClassVar[str] = ""
     lossless: ClassVar[bool] = False
@@ -59,9 +55,21 @@ class AcceptanceRule:
 
     def select(self, drafts: Drafts, p: Tensor, tree: Tree, buffers: TreeBuffers,
                real: Tensor | None, draws: Draws) -> tuple[Tensor, Tensor]:
-        """Sampling, given the target p (B, m, V) after every node and `real` (B, m - 1),
-        which drafts are not padding (None: all): the last kept node (B,) and the token after
-        it (B,)."""
+        """Sampling, given the target p (B, m, V) after every node and which drafts are `real`
+        (B, m - 1; None: all): the last kept node (B,) and the token after it (B,)."""
+        raise NotImplementedError
+
+
+class _Descending(AcceptanceRule):
+    """A rule that walks down the tree (`_descend`), its `choose` picking at each node."""
+
+    def select(self, drafts: Drafts, p: Tensor, tree: Tree, buffers: TreeBuffers,
+               real: Tensor | None, draws: Draws) -> tuple[Tensor, Tensor]:
+        return _descend(drafts, p, tree, buffers, real, draws, self.choose)
+
+    def choose(self, drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
+               real: Tensor | None, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        """At one node per row: the kept child (-1: none) and the target after."""
         raise NotImplementedError
 
 
@@ -79,20 +87,15 @@ def register_rule(cls: type[AcceptanceRule]) -> type[AcceptanceRule]:
 
 @register_rule
 @dataclass(frozen=True)
-class RecursiveRejection(AcceptanceRule):
+class RecursiveRejection(_Descending):
     """SpecInfer's multi-candidate rule (module docstring), the default."""
 
     name: ClassVar[str] = "exact"
     lossless: ClassVar[bool] = True
     exact_mode: ClassVar[bool] = True
 
-    def select(self, drafts: Drafts, p: Tensor, tree: Tree, buffers: TreeBuffers,
-               real: Tensor | None, draws: Draws) -> tuple[Tensor, Tensor]:
-        return _descend(drafts, p, tree, buffers, real, draws, self.choose)
-
     def choose(self, drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
                real: Tensor | None, uniforms: Tensor) -> tuple[Tensor, Tensor]:
-        """At one node per row: the kept child (-1: none) and the target after."""
         rows = torch.arange(p.shape[0], device=p.device)
         chosen = torch.full_like(rows, -1)
         for rank in range(children.shape[1]):
@@ -142,7 +145,7 @@ class TypicalAcceptance(AcceptanceRule):
 
 @register_rule
 @dataclass(frozen=True)
-class KSequential(AcceptanceRule):
+class KSequential(_Descending):
     """SpecTr's k-sequential selection of one of a node's i.i.d. drafts (module docstring):
     `iterations` of bisection for rho."""
 
@@ -150,14 +153,9 @@ class KSequential(AcceptanceRule):
     lossless: ClassVar[bool] = True
     iterations: int = 40
 
-    def select(self, drafts: Drafts, p: Tensor, tree: Tree, buffers: TreeBuffers,
-               real: Tensor | None, draws: Draws) -> tuple[Tensor, Tensor]:
-        return _descend(drafts, p, tree, buffers, real, draws, self.choose)
-
     def choose(self, drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
                real: Tensor | None, uniforms: Tensor) -> tuple[Tensor, Tensor]:
-        """At one node per row, whose children are k i.i.d. drafts from one q: the kept child
-        (-1: none) and the target after."""
+        # A node's children are k i.i.d. drafts from one q.
         rows = torch.arange(p.shape[0], device=p.device)
         index = (children - 1).clamp(min=0)
         valid = (children >= 0) & descending[:, None]
@@ -205,10 +203,9 @@ class AcceptanceSettings:
 
 @dataclass(frozen=True)
 class Draws:
-    """The random numbers of one step's acceptance, drawn before the step: uniform
-    (B, m - 1), one per draft node for its test u * q < p, and exponential (B, V), the race
-    that draws the correction or bonus token (`sampling.sample`); exact mode: uniform (B, m),
-    one per node for the token after it (`sampling.position_uniforms`), no exponential."""
+    """One step's random numbers, drawn before it: uniform (B, m - 1), one per draft for its
+    test u * q < p, and exponential (B, V), the race for the next token (`sampling.sample`);
+    exact mode: uniform (B, m), one per node for the token after it, no exponential."""
 
     uniform: Tensor
     exponential: Tensor | None = None
@@ -222,9 +219,8 @@ class Draws:
 
 @dataclass(frozen=True)
 class Accepted:
-    """Per sequence: the last accepted node, its depth, and the new tokens (B, depth + 1):
-    the kept drafts along the path, then at index n_accepted the next root (later entries
-    are not output)."""
+    """Per sequence: the last accepted node, its depth, and the new tokens (B, depth + 1): the
+    kept drafts along the path, then at index n_accepted the next root (later ones unused)."""
 
     node: Tensor  # (B,)
     n_accepted: Tensor  # (B,)
@@ -234,9 +230,8 @@ class Accepted:
 def accept(drafts: Drafts, target: Tensor, tree: Tree,
            settings: AcceptanceSettings = AcceptanceSettings(), draws: Draws | None = None, *,
            buffers: TreeBuffers | None = None) -> Accepted:
-    """Verify `drafts` (the nodes of `tree`) against head 0's logits `target` (B, m, V) by
-    the settings' rule, or exact mode's (module docstring); `draws` when sampling.
-    `buffers`: the tree's on `target`'s device (default: looked up)."""
+    """Verify `drafts` (the nodes of `tree`) against head 0's logits `target` (B, m, V) by the
+    settings' rule, or exact mode's; `draws` when sampling; `buffers`: the tree's, on device."""
     sampling, exact = settings.sampling, settings.exact
     batch = target.shape[0]
     if buffers is None:
@@ -287,9 +282,8 @@ def _deepest_kept(kept: Tensor, buffers: TreeBuffers) -> Tensor:
 def _descend(drafts: Drafts, p_all: Tensor, tree: Tree, buffers: TreeBuffers,
              real: Tensor | None, draws: Draws, choose: Callable[..., tuple[Tensor, Tensor]]
              ) -> tuple[Tensor, Tensor]:
-    """SpecInfer's or SpecTr's walk down the tree (module docstring), `choose` (the rule's)
-    picking at each node: the last accepted node (B,) and the token drawn after it (B,).
-    Node i's test draws draws.uniform[:, i - 1]."""
+    """SpecInfer's or SpecTr's walk down the tree, `choose` picking at each node: the last
+    accepted node (B,) and the token drawn after it (B,); node i's test draws uniform[:, i - 1]."""
     batch = p_all.shape[0]
     rows = torch.arange(batch, device=p_all.device)
     node = torch.zeros(batch, dtype=torch.long, device=p_all.device)

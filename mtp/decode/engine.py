@@ -1,44 +1,28 @@
 """The decode step: verify the drafts of every row, accept a path, compact the cache.
 
-One `Engine` serves one `generate` call. Its state lives on the device: the KV cache,
-preallocated for the call; `lengths` (B,), the tokens each row has cached (every accepted
-token but the last); `root` (B,), each row's last accepted token; `active` (B,), the rows
-still decoding. A step (`verify_and_accept`) takes the drafter's `Drafts` and runs:
+One `Engine` serves one `generate` call. Its state lives on the device: the KV cache;
+`lengths` (B,), the tokens each row has cached (every accepted token but the last); `root`
+(B,), each row's last accepted token; `active` (B,), the rows still decoding. A step
+(`verify_and_accept`) runs one forward pass over pending = [root, drafts] (m tokens), each
+token at its place in the tree (`kv_cache.cache_step`); the shared rule
+(`acceptance.accept`) keeps a path and draws the next token; a tree's kept path moves to the
+slots after the prefix. Then one small host read serves streaming and stopping.
 
-1. verify: one forward pass over pending = [root, drafts] (m tokens) through the trunk and
-   the heads the drafter needs, each token at its place in the tree (`kv_cache.cache_step`);
-2. accept: the shared rule (`acceptance.accept`) keeps a path and draws the next token;
-3. compact: a tree's accepted path moves to the slots after the prefix; the lengths and
-   roots of active rows advance.
+Example, a chain of three drafts: the cache holds x_0..x_8, pending is [x_9, d_1, d_2, d_3]
+at positions 9..12. If d_1, d_2 are kept and d_3 rejected, the new tokens are d_1, d_2 and
+the correction c drawn at pending 2; lengths becomes 12, the root c, and the heads at
+pending 2 (the kept node) propose the next drafts.
 
-Then one small host read serves streaming and stopping. A finished row stays in the batch,
-masked, until the batch is rebuilt (`rebuild_size`).
+Compiled, the step is captured once per shape (a CUDA graph on a GPU), so it verifies the
+whole tree, padding included, with its random numbers drawn before it (`acceptance.Draws`).
+Eagerly, the reference, attention spans the cache up to the longest row and a chain is cut
+to the batch's longest real proposal (`Engine.verified_tree`).
 
-Example, a chain of three drafts: the cache holds x_0..x_8, the root is x_9, pending is
-[x_9, d_1, d_2, d_3] at positions 9..12; head 0 at pending i verifies d_{i+1}. If d_1, d_2
-are kept and d_3 rejected, the new tokens are d_1, d_2 and the correction c drawn at pending
-2; the cache keeps slots 9..11 (d_3's is stale, masked), lengths becomes 12, the root c, and
-the heads at pending 2 (the kept node) propose the next drafts.
-
-Compiled (`compile=True`), the step is captured once per shape (a CUDA graph on a GPU), so
-it verifies the whole tree, padding included, with its random numbers drawn before it
-(`acceptance.Draws`). Eagerly, the reference, it computes only what is real: attention spans
-the cache up to the longest row (`forward.key_width`) and a chain is cut to the batch's
-longest real proposal (`Engine.verified_tree`), so a step with nothing drafted costs an
-autoregressive step's.
-
-Exact mode (`exact=True`): greedy output is autoregressive decoding's bit for bit, and
-seeded sampling draws each position's token from its own uniform (`sampling.position_uniforms`)
-as `generate(drafter=None, exact=True)` does. On a CPU with `mtp.kernels` (the model marked by
-`model.use_kernels`, which `generate` asks for) that costs nothing: every kernel computes a
-row the same way whatever else its call holds, so the plain step is already exact, and its
-reference is plain width-1 autoregressive decoding, in any batch. Without them (a GPU, no
-compiler, MTP_KERNELS=off) a row's products depend on the rows beside it, and exact mode fixes
-the shapes instead (`windowed`): every step of the call has one width W (the tree grown to W
-nodes by padding drafts, `Tree.padded`), a fixed batch and a fixed key length (the whole
-cache); head 0 runs alone as in a one-head step (`StackedHeads(head0_alone)`) and attention
-sees each token's window in position order (`kv_cache.cache_step(window=W)`). Its reference
-is then `generate(drafter=None, exact=True, width=W)`.
+Exact mode (`exact=True`, docs/decoding.md): on the CPU kernels the plain step is already
+exact. Off them it fixes the shapes (`windowed`): every step `width` tokens wide (the tree
+padded, `Tree.padded`), a fixed batch and key length, head 0 run alone
+(`StackedHeads(head0_alone)`), attention over each token's window in position order; the
+reference is then `generate(drafter=None, exact=True, width=W)`.
 """
 
 from __future__ import annotations
@@ -83,11 +67,9 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
                       buffers: TreeBuffers, heads: int | StackedHeads,
                       acceptance: AcceptanceSettings, key_len: int, windowed: bool = False,
                       layers: tuple[int, ...] = ()) -> Verified:
-    """One decode step on the device (module docstring): verify `drafts`, the nodes of `tree`
-    (`buffers`: its, on the device). Updates the cache, `lengths` and `root` in place
-    (active rows only). windowed: exact mode's fixed-shape attention."""
-    # verify: the root and the drafts, each at its place in the tree (its own, each row's, for
-    # a tree chosen this step)
+    """One decode step on the device (module docstring): verify `drafts`, the nodes of `tree`;
+    updates the cache, `lengths` and `root` in place (active rows only)."""
+    # verify: each token at its place in the tree (each row's own for a dynamic tree)
     pending = torch.cat([root[:, None], drafts.tokens], dim=1)  # (B, m)
     if drafts.parents is not None:
         buffers = TreeBuffers.from_parents(drafts.parents, tree.depth, tree.branching)
@@ -112,9 +94,8 @@ def verify_and_accept(model: MTPModel, cache: KVCache, lengths: Tensor, root: Te
     if drafts.lengths is not None:  # real ones only: padding drafts are never verified
         children &= torch.arange(children.shape[1],
                                  device=children.device) < drafts.lengths[:, None]
-    grows = children.any(-1)
     return Verified(pending, hidden, target.argmax(-1), path, kept, accepted.tokens, last=last,
-                    features=features, grows=grows)
+                    features=features, grows=children.any(-1))
 
 
 def rebuild_size(live: int, batch: int, compiled: bool, windowed: bool = False) -> int | None:
@@ -130,14 +111,10 @@ def rebuild_size(live: int, batch: int, compiled: bool, windowed: bool = False) 
 
 
 class Engine:
-    """The cache, device state and step of one `generate` call (module docstring).
-
-    context: the most tokens any row holds; tree: the drafter's shape; k: the verify forward
-    runs heads 0..k-1 (`Drafter.verify_heads`); layers: the trunk layers whose output it
-    keeps (`Drafter.verify_layers`); acceptance: how steps accept, exact mode's sampled
-    tokens drawn from `seed`'s position uniforms and, off the kernels, every step `width`
-    tokens wide (default: the tree's).
-    """
+    """The cache, device state and step of one `generate` call (module docstring): rows of
+    at most `context` tokens; the verify forward runs heads 0..k-1 and keeps the output of
+    trunk `layers`; exact mode draws from `seed`'s position uniforms and, off the kernels,
+    makes every step `width` tokens wide (default: the tree's)."""
 
     def __init__(self, model: MTPModel, batch: int, context: int, tree: Tree, k: int, *,
                  acceptance: AcceptanceSettings, compile: bool = False,
@@ -222,9 +199,8 @@ class Engine:
 
     def verify_and_accept(self, drafts: Drafts, generator: torch.Generator | None
                           ) -> tuple[Verified, list[tuple[int, int]]]:
-        """Verify, accept and compact (`verify_and_accept`); then the step's one host read.
-        Returns what was verified and kept (finished rows' `new_ids` empty) and each row's
-        (real drafts, whether its kept node has children)."""
+        """Verify, accept and compact (`verify_and_accept`), then the step's one host read: what
+        was kept, and each row's (real drafts, whether its kept node has children)."""
         if self.windowed:
             drafts = drafts.padded(self.tree.n_nodes - 1)
         draws = None
@@ -280,9 +256,8 @@ class Engine:
         return TreeBuffers.from_parents(drafts.parents, self.tree.depth, 1).depths.tolist()
 
     def verified_tree(self, drafts: Drafts) -> tuple[Tree, TreeBuffers | None]:
-        """The tree a step verifies, with its buffers per row (None: a dynamic tree's, which
-        come with the drafts): the drafter's, or eagerly, for a chain with `Drafts.lengths`,
-        the chain of the batch's longest real proposal."""
+        """The tree a step verifies, with its buffers per row (None: a dynamic tree's): the
+        drafter's, or eagerly, for a padded chain, the batch's longest real proposal's."""
         tree, buffers = self.tree, self.buffers
         if not (self.compiled or self.windowed or not tree.is_chain or drafts.lengths is None):
             longest = int(drafts.lengths.max())  # a host read: eager steps only

@@ -1,20 +1,17 @@
 """Cached forward passes for decoding: the trunk and heads 0..n-1 over new tokens that a
-`CacheStep` places (`mtp.kv_cache`), for the verify pass, the prefill and a draft model; and
-the heads stacked into one batched block per head layer (`StackedHeads`).
+`CacheStep` places, for the verify pass, the prefill and a draft model; and the heads stacked
+into one batched block per head layer (`StackedHeads`).
 
 Heads' outputs are returned before the shared norm and unembedding, which callers apply only
 where they need logits (the costliest layer of a large-vocabulary model). Eagerly, attention
 spans the cache up to the longest row, rounded up to `KEY_BLOCK`; compiled, all of it.
 
-Stacked heads: every head reads the same trunk output, so layer j of the k heads runs as one
-`Block` (model.py) with the k heads' parameters stacked (`stack_blocks`; copies, kept on the
-model by `stacked_heads`): one batched matmul per projection, one attention call, which at
-batch 1 saves k - 1 times a block's dispatch overhead. Head i's layer j caches in block
-n_layers + i * head_layers + j, so layer j of all heads is one strided slice of the cache.
-Attention-free heads (resblock, linear) past head 0 run as one batched matmul per layer;
-Medusa heads read head 0's normed output, not the trunk's.
-
-Shapes: k heads, B batch, T new positions, D width.
+Stacked heads: layer j of the k heads runs as one `Block` with their parameters stacked
+(`stack_blocks`): one batched matmul per projection and one attention call, which at batch 1
+saves k - 1 times a block's dispatch overhead. Head i's layer j caches in block n_layers +
+i * head_layers + j, so layer j of all heads is one strided slice of the cache.
+Attention-free heads past head 0 run as one batched matmul per layer; Medusa heads read head
+0's normed output. Shapes: k heads, B batch, T new positions, D width.
 """
 
 from __future__ import annotations
@@ -33,11 +30,9 @@ KEY_BLOCK = 64  # eager attention spans the cache in blocks of this many slots
 def hidden_states(model: MTPModel, tokens: Tensor, cache: KVCache, step: CacheStep,
                   heads: int | StackedHeads, skip: Collection[int] = (),
                   layers: Sequence[int] = ()) -> tuple[Tensor, Tensor | None]:
-    """Trunk and heads 0..n-1 over `tokens` (B, T) placed by `step`: (B, T, n, D) before the
-    shared norm, and the trunk's residual stream after each of `layers`, (B, T, len(layers),
-    D) (None without). `heads`: n, run one by one, or a `StackedHeads` of n heads; `skip`:
-    trunk layers left out (`MTPModel.trunk`).
-    """
+    """Trunk and heads 0..n-1 (`heads`: n, or a `StackedHeads`) over `tokens` (B, T) placed
+    by `step`: (B, T, n, D) before the shared norm, and the trunk's output after each of
+    `layers` (B, T, len(layers), D; None without); `skip`: trunk layers left out."""
     trunk, features = model.trunk_states(tokens, cache=cache, step=step, skip=skip,
                                          keep=layers)  # (B, T, D)
     if isinstance(heads, StackedHeads):
@@ -104,12 +99,9 @@ def stack_blocks(config: MTPConfig, blocks: list[Block], slot: slice) -> Block:
 
 
 class StackedHeads:
-    """Heads 0..k-1 of `model` as one batched block per head layer (inference only):
-    `StackedHeads(model, k)(trunk_out, cache=cache, step=step)` equals
-    `torch.stack([model.head(trunk_out, i, cache=cache, step=step) for i in range(k)], dim=2)`.
-    With `head0_alone` (exact mode), head 0 runs on its own as a one-head forward does (a
-    batched product rounds unlike a single one), and the stack holds heads 1..k-1.
-    """
+    """Heads 0..k-1 of `model` as one batched block per head layer (inference only), equal
+    to stacking `model.head(trunk_out, i, ...)`. With `head0_alone` (exact mode), head 0 runs
+    on its own as a one-head forward does (a batched product rounds unlike a single one)."""
 
     def __init__(self, model: MTPModel, k: int, *, head0_alone: bool = False) -> None:
         config = model.config
@@ -164,10 +156,8 @@ class StackedHeads:
 
 def stacked_heads(model: MTPModel, k: int, *, head0_alone: bool = False) -> StackedHeads:
     """`StackedHeads(model, k, head0_alone=...)`, kept on the model and reused while heads
-    0..k-1 are unchanged: the same tensors, with the same version counters (an optimiser
-    step or `load_state_dict` moves them) and data (`model.to(...)`). Parameters made under
-    `torch.inference_mode` have no version counter: those heads are rebuilt every time.
-    """
+    0..k-1 keep their tensors, version counters (an optimiser step moves them) and data.
+    Parameters made under `torch.inference_mode` have no version counter: rebuilt each time."""
     params = [p for i in range(min(k, len(model.heads))) for p in model.heads[i].parameters()]
     if any(p.is_inference() for p in params):
         return StackedHeads(model, k, head0_alone=head0_alone)

@@ -1,21 +1,14 @@
 """`generate`: prompts in, continuations out; the decode loop reads draft -> verify -> accept
 -> commit (`_decode`), autoregressive decoding being the same loop with no drafts.
 
-- Prompts: training packs documents each followed by EOS, so a prompt is encoded as [EOS] +
-  its tokens (imported models start a prompt as their own tokenizer does:
-  `Tokenizer.encode_prompt`). A prompt may also be a conversation, a list of {"role",
-  "content"} messages, encoded by the model's chat template (`Tokenizer.encode_chat`). A
-  prompt with no tokens, or no room in `max_seq_len`, is a ValueError.
-- Batches: prompts are right-padded and prefilled together; each row accepts its own number
-  of tokens per step. A finished row stays in the batch, masked, until the batch is rebuilt
-  smaller (`engine.rebuild_size`).
-- Stopping and streaming: each row's `SequenceOutput` takes a step's accepted tokens in order
-  and stops at the first of EOS or an end-of-turn token (`Tokenizer.stop_ids`; kept in
-  `token_ids`, not in the text), a stop string (the
-  text cut before it; `token_ids` end with the token that completed it), or the budget:
-  `max_new_tokens` ("length") or the room left in the context ("context"). Text streams
-  through the tokenizer's incremental decoder (no half UTF-8 characters), holding back what
-  could still start a stop string.
+A prompt is encoded as [EOS] + its tokens (training packs documents each followed by EOS;
+imported models start a prompt as their own tokenizer does), or, as a conversation, by the
+chat template. Prompts are right-padded and prefilled together; each row accepts its own
+number of tokens per step, and a finished row stays in the batch, masked, until the batch is
+rebuilt smaller (`engine.rebuild_size`). A row stops at EOS or an end-of-turn token (kept in
+`token_ids`, not in the text), a stop string (the text cut before it) or its budget
+("length", or "context": the room left in `max_seq_len`). Text streams through the
+tokenizer's incremental decoder, holding back what could still start a stop string.
 """
 
 from __future__ import annotations
@@ -95,10 +88,9 @@ def generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[Prompt], *
             budget_reason="length" if max_new_tokens <= room else "context", stop=stop,
             positions=tree.depth + 1, on_text=on_text, started=started))
     context = min(config.max_seq_len, max(map(len, encoded)) + max_new_tokens)
-    param = next(model.parameters())
     generator = None
     if seed is not None:
-        generator = torch.Generator(device=param.device).manual_seed(seed)
+        generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     elif exact and not sampling.greedy:  # a seed of torch's global generator: reproducible
         seed = int(torch.randint(2 ** 62, ()))
     with torch.inference_mode():  # every tensor of the call alike (a compiled step's guards)
@@ -131,10 +123,9 @@ class _Batch:
         self.rows = list(range(engine.batch))  # the output of each batch row
 
     def commit(self, verified: Verified, drafted: list[tuple[int, int]], nodes: int) -> bool:
-        """The drafter hears what was kept, each row's output takes its new tokens; finished
-        rows are masked, and leave when the batch is rebuilt. Whether any row decodes on.
-        `drafted`: each row's (real drafts, whether its kept node has children); `nodes`: the
-        tokens the forward verified per row."""
+        """The drafter hears what was kept, each row's output takes its new tokens, finished
+        rows are masked (and leave when the batch is rebuilt); whether any row decodes on.
+        `drafted`: each row's (real drafts, whether its kept node has children)."""
         engine, tree = self.engine, self.drafter.tree
         self.drafter.update(verified)
         finished = []
@@ -173,17 +164,11 @@ class SequenceOutput:
         self._stops = tokenizer.stop_ids  # EOS and end-of-turn tokens
         self._decoder = tokenizer.incremental_decoder()
         self._budget, self._budget_reason = budget, budget_reason
-        self._stop = tuple(stop)
-        self._on_text = on_text
+        self._stop, self._on_text, self._started = tuple(stop), on_text, started
         self._emitted = 0  # characters of `text` already given to on_text
-        self._started = started
-        self._seconds = 0.0
-        self._forwards = 0
+        self._seconds, self._forwards, self._nodes = 0.0, 0, 0
         # Per draft position 0..positions-1: drafts verified, accepted; forwards by accepted.
-        self._verified = [0] * positions
-        self._accepted = [0] * positions
-        self._depths = [0] * positions
-        self._nodes = 0
+        self._verified, self._accepted, self._depths = ([0] * positions for _ in range(3))
 
     @property
     def finished(self) -> bool:
@@ -211,22 +196,15 @@ class SequenceOutput:
         self._forwards += 1
         self._nodes += nodes
         self._depths[accepted_drafts] += 1
-        self._verified[0] += 1
-        self._accepted[0] += 1
-        for head in range(1, verified_drafts + 1):
+        for head in range(verified_drafts + 1):  # head 0's token: always verified and kept
             self._verified[head] += 1
             self._accepted[head] += head <= accepted_drafts
 
     def result(self) -> Generation:
         if self.finish_reason is None:
             raise RuntimeError(f"sequence {self.index} has not finished")
-        new = len(self.token_ids)
-        stats = DecodeStats(
-            forward_passes=self._forwards, new_tokens=new,
-            tokens_per_forward=new / max(self._forwards, 1),
-            head_acceptance=[a / v if v else 0.0 for a, v in zip(self._accepted, self._verified)],
-            seconds=self._seconds, head_verified=list(self._verified),
-            accepted_depths=list(self._depths), nodes_verified=self._nodes)
+        stats = DecodeStats.counted(self._forwards, len(self.token_ids), self._accepted,
+                                    self._verified, self._seconds, self._depths, self._nodes)
         return Generation(self.text, list(self.token_ids), self.finish_reason, stats)
 
     def _append_text(self, piece: str) -> None:

@@ -14,13 +14,11 @@ TextCallback = Callable[[int, str], None]
 
 @dataclass(frozen=True)
 class DecodeStats:
-    """How a sequence was decoded. "Head j" is draft position j of a step (depth j in a tree).
-
+    """How a sequence was decoded; "head j" is draft position j of a step (depth j in a tree).
     `head_verified[j]`: the steps where a draft of head j reached verification (the drafts
-    before it were kept); `head_acceptance[j]`: the share of those that kept one (head 0's
-    token: always, 1.0). `accepted_depths[d]`: the forward passes that kept d drafts (the
-    prefill kept none); `nodes_verified`: the tokens of every forward pass.
-    """
+    before it kept); `head_acceptance[j]`: the share of those that kept it (head 0: 1.0).
+    `accepted_depths[d]`: the forward passes that kept d drafts (the prefill kept none);
+    `nodes_verified`: the tokens of every forward pass."""
 
     forward_passes: int
     new_tokens: int
@@ -42,20 +40,26 @@ class DecodeStats:
         """One summary of many sequences: totals, and rates weighted by what they count."""
         if not stats:
             raise ValueError("pooled() needs at least one DecodeStats")
-        forwards = sum(s.forward_passes for s in stats)
-        tokens = sum(s.new_tokens for s in stats)
+
         def totals(rows: Iterable[Sequence[float]]) -> list:  # by index, over the stats
             return [sum(column) for column in zip_longest(*rows, fillvalue=0)]
 
-        verified = totals(s.head_verified for s in stats)
-        accepted = totals([a * v for a, v in zip(s.head_acceptance, s.head_verified)]
-                          for s in stats)
-        depths = totals(s.accepted_depths for s in stats)
+        return cls.counted(
+            sum(s.forward_passes for s in stats), sum(s.new_tokens for s in stats),
+            totals([a * v for a, v in zip(s.head_acceptance, s.head_verified)] for s in stats),
+            totals(s.head_verified for s in stats), max(s.seconds for s in stats),
+            totals(s.accepted_depths for s in stats), sum(s.nodes_verified for s in stats))
+
+    @classmethod
+    def counted(cls, forwards: int, tokens: int, accepted: Sequence[float],
+                verified: Sequence[int], seconds: float, depths: Sequence[int],
+                nodes: int) -> DecodeStats:
+        """The stats of these counts: drafts `accepted` and `verified` per head."""
         return cls(forward_passes=forwards, new_tokens=tokens,
                    tokens_per_forward=tokens / max(forwards, 1),
                    head_acceptance=[a / v if v else 0.0 for a, v in zip(accepted, verified)],
-                   seconds=max(s.seconds for s in stats), head_verified=verified,
-                   accepted_depths=depths, nodes_verified=sum(s.nodes_verified for s in stats))
+                   seconds=seconds, head_verified=list(verified), accepted_depths=list(depths),
+                   nodes_verified=nodes)
 
 
 def repeated_share(ids: Sequence[int], n: int) -> float:

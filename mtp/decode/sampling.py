@@ -64,11 +64,9 @@ def exponential(shape: tuple[int, ...], generator: torch.Generator | None,
 
 
 def sample(probs: Tensor, noise: Tensor) -> Tensor:
-    """One token per row of `probs` (..., V): (...), given Exp(1) `noise` of the same shape.
-    An exponential race, argmax(p / E), is a draw from p (in proportion to unnormalised
-    weights; one-hot rows give their token) with no cumulative sums and no host read; the
-    noise is drawn before a step, so a captured step replays exactly.
-    """
+    """One token per row of `probs` (..., V) given Exp(1) `noise` of that shape: argmax(p / E)
+    is a draw from p (unnormalised too) with no cumulative sums and no host read, and noise
+    drawn before a step lets a captured step replay exactly."""
     return (probs / noise).argmax(-1)
 
 

@@ -1,25 +1,18 @@
 """Candidate trees for tree verification (Medusa, SpecInfer, EAGLE-2): rank paths and their
-buffers.
+buffers (`TreeBuffers`, Medusa's `generate_medusa_buffers`).
 
-A tree is a list of rank paths, as Medusa's `medusa_choices`: `[0]` is head 1's top-1 token,
-`[0, 1]` head 1's top-1 followed by head 2's top-2, and so on; every prefix of a path is in
-the tree too. Node 0, the root, is the last accepted token. Nodes are numbered root first,
-then by depth, then by rank path, so a parent comes before its children; the chain of k - 1
-drafts is the tree `[0], [0, 0], ...` of k nodes.
+A tree is a list of rank paths, as Medusa's `medusa_choices`: `[0, 1]` is head 1's top-1
+followed by head 2's top-2; every prefix of a path is in the tree too. Node 0, the root, is
+the last accepted token; nodes are numbered by depth, then rank path, so a parent comes
+before its children. The chain of k - 1 drafts is the tree `[0], [0, 0], ...` of k nodes.
 
-- `chain`; `tree8` .. `tree64`: fixed trees built from a model-independent prior
-  (`fixed_prior`) by Medusa's construction (`Tree.from_rates`: the most probable paths,
-  heads taken as independent);
-- `auto:N`: the N - 1 rank paths most often accepted on calibration prompts
-  (`Calibration`, `mtp.generate.calibrate`): a path is never accepted more often than its
-  parent, so they are prefix-closed, and they beat Medusa's construction, since heads are
-  not independent;
+- `chain`; `tree8` .. `tree64`: fixed trees, Medusa's construction (`Tree.from_rates`, heads
+  taken as independent) on a model-independent prior (`fixed_prior`);
+- `auto:N`: the N - 1 rank paths most often accepted on calibration prompts (`Calibration`):
+  prefix-closed, as a path is never accepted more often than its parent, and better than
+  Medusa's construction, since heads are not independent;
 - `dynamic:N` (EAGLE-2, `DynamicTree`): the drafter chooses each row's tree at every step
-  within a fixed size (nodes, depth, branching) and gives each draft's parent
-  (`Drafts.parents`); the step builds that step's buffers per row (`TreeBuffers.from_parents`).
-
-`TreeBuffers` holds what one step needs, computed once per tree and device (Medusa's
-`generate_medusa_buffers`).
+  within a fixed size and gives each draft's parent (`Drafts.parents`).
 """
 
 from __future__ import annotations
@@ -92,12 +85,9 @@ class TreeBuffers:
 
 @dataclass(frozen=True)
 class Tree:
-    """A candidate tree: its rank paths, validated, and the bookkeeping derived from them.
-
-    Plain attributes, computed once (every step reads them): n_nodes, the tokens verified per
-    step (the root included); depth, the deepest node's; n_ranks, the heads' top-k needed to
-    draft every node; is_chain, one path of rank-0 drafts (no tree mask or compaction).
-    """
+    """A candidate tree: its rank paths, validated. Plain attributes, computed once (every
+    step reads them): n_nodes (the root included); depth; n_ranks, the heads' top-k needed;
+    is_chain, one path of rank-0 drafts (no tree mask or compaction)."""
 
     paths: tuple[tuple[int, ...], ...]
     name: str = "custom"
@@ -271,12 +261,10 @@ def fixed_prior(k: int) -> list[list[float]]:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Acceptance measured on calibration prompts for one model, as `tree.json` stores it
-    (`mtp.generate.calibrate`): `rates[d][r]`, how often head d + 1's rank-r token was greedy
-    decoding's, where heads 1..d were right within their top ranks; `paths`, the most
-    frequent rank paths, each with the share of positions that would accept its node (empty
-    in older files); `details`, how they were measured.
-    """
+    """Acceptance measured on calibration prompts for one model (`tree.json`,
+    `mtp.generate.calibrate`): `rates[d][r]`, how often head d + 1's rank-r token was greedy
+    decoding's, heads 1..d being right; `paths`, the most frequent rank paths, each with the
+    share of positions that would accept its node (empty in older files)."""
 
     rates: list[list[float]]
     n_future: int
@@ -362,11 +350,9 @@ class Calibration:
 
 def resolve_tree(spec: Tree | str | Sequence[Sequence[int]], *, k: int, vocab_size: int,
                  calibration: Calibration | None = None) -> Tree:
-    """The tree that `spec` names, checked against a model using heads 0..k-1.
-
-    `spec`: a `Tree`; a list of rank paths; "chain"; "tree8", "tree16", "tree32", "tree64";
-    "auto:N" (needs `calibration`); or the path of a JSON file holding a list of rank paths.
-    """
+    """The tree that `spec` names (a `Tree`, a list of rank paths, "chain", "tree8" ..
+    "tree64", "auto:N" with `calibration`, "dynamic:N", or a JSON file of rank paths), checked
+    against a model using heads 0..k-1."""
     if isinstance(spec, Tree):
         tree = spec
     elif isinstance(spec, str):
@@ -384,13 +370,11 @@ DYNAMIC_BRANCHING = 8  # a dynamic tree's most children of a node: the heads' to
 
 
 def best_paths(scores: Tensor, n_nodes: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Each row's `n_nodes` - 1 rank paths of the largest cumulative score (EAGLE-2's dynamic
-    tree, for depths that draft independently, as the heads do): scores (B, D, R), the
-    log-probability of depth d + 1's rank-r candidate. Returns each chosen node's depth
-    (1-based) and rank (B, n_nodes - 1), and its parent (0: the root), parents first. A path
-    scores no more than its parent, so a beam of n_nodes - 1 per depth holds them all; ties
-    go to the shallower path.
-    """
+    """Each row's `n_nodes` - 1 rank paths of the largest cumulative score (EAGLE-2's tree,
+    for depths that draft independently, as the heads do), from scores (B, D, R), depth
+    d + 1's rank-r log-probability: each node's depth (1-based), rank and parent (0: the
+    root), (B, n_nodes - 1) each, parents first. A path scores no more than its parent, so
+    a beam of n_nodes - 1 per depth holds them all; ties go to the shallower path."""
     batch, depth, ranks = scores.shape
     budget = n_nodes - 1
     device = scores.device

@@ -169,13 +169,19 @@ def test_auto_measures_in_the_callers_batches_and_times_the_leaders_twice(random
     assert len(runs) == len(auto.record.figures)
 
 
-def test_k_auto_measures_the_heads_only(random_model):
+def check_k_auto_measures_the_heads_only(model, kind):
+    """k=auto measures the chains of heads alone and picks one (a `kind`) or none; also asked
+    of sequential modules (tests/decode/drafters/test_sequential.py)."""
     auto = Auto(spec=DrafterSpec(k="auto"), tokens=4)
-    drafter = auto.choose(random_model, TOKENIZER, PROMPTS[:1], sampling=SamplingConfig(),
+    drafter = auto.choose(model, TOKENIZER, PROMPTS[:1], sampling=SamplingConfig(),
                           max_new_tokens=4)
     assert set(auto.record.figures) == {"autoregressive", "heads(k=2)", "heads(k=3)",
                                         "heads(k=4)"}
-    assert drafter is None or isinstance(drafter, HeadsDrafter)
+    assert drafter is None or isinstance(drafter, kind)
+
+
+def test_k_auto_measures_the_heads_only(random_model):
+    check_k_auto_measures_the_heads_only(random_model, HeadsDrafter)
 
 
 def test_draft_model_with_another_tokenizer_is_refused_before_decoding(random_model,

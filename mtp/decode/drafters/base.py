@@ -1,11 +1,8 @@
 """The drafter seam: who proposes tokens, apart from who verifies them (vLLM's
-proposer/scorer split, transformers' `CandidateGenerator`).
-
-A drafter proposes exactly `max_drafts` drafts per row at every step, the nodes of its fixed
-`tree` (padding marked by `Drafts.lengths`), with the distributions q it drew them from (none:
-deterministic, one-hot q), so a compiled verify step has one shape. The step verifies and
-accepts without knowing who drafted, then hands the drafter what it verified and kept
-(`Verified`: facts of verification only; a drafter takes what it needs and adds no field).
+proposer/scorer split). A drafter proposes exactly `max_drafts` drafts per row at every step,
+the nodes of its fixed `tree` (padding marked by `Drafts.lengths`), with the q it drew them
+from (none: one-hot), so a compiled verify step has one shape; the step hands it back what it
+verified and kept (`Verified`: facts of verification only).
 
     drafter.start(model, prompts, cache, ...)    once, before the target's prefill
     drafter.update(verified)                     the prefill: the prompts, the first token
@@ -64,9 +61,8 @@ class Drafts:
 
     def proposal(self, vocab_size: int) -> Tensor:
         """q (B, n, V) with padding rows zero: one-hot where the drafter gave none."""
-        if self.probs is not None:
-            probs = self.probs
-        else:
+        probs = self.probs
+        if probs is None:
             probs = torch.zeros(*self.tokens.shape, vocab_size, device=self.tokens.device)
             probs.scatter_(-1, self.tokens[..., None], 1.0)
         if self.lengths is not None:
@@ -90,28 +86,23 @@ class Drafts:
 
 @dataclass(frozen=True)
 class Verified:
-    """What one forward pass of the target verified and kept, for every row (B rows); the
-    engine fills every field, a drafter reads the ones it needs.
+    """What one forward pass of the target verified and kept, for every row (B rows).
 
-    pending (B, m): the tokens the forward ran on: the last accepted token (the tree's root),
-        then the drafts; after the prefill, the prompts (right-padded).
-    hidden (B, m, n, D): heads 0..n-1's hidden states at every pending token, before the
-        shared norm (n: the drafter's `verify_heads`).
+    pending (B, m): the last accepted token (the tree's root), then the drafts; after the
+        prefill, the prompts (right-padded).
+    hidden (B, m, n, D): heads 0..n-1 at every pending token, before the shared norm (n: the
+        drafter's `verify_heads`).
     predicted (B, m): head 0's argmax after every pending token; None after the prefill.
-    path (B, P): the pending indices that stay in the cache, in order: the kept root-to-node
-        path; after the prefill, the whole prompt.
-    kept (B,): how many leading entries of `path` are real; 0 for a row that had finished.
-    tokens (B, P): the token after each path entry: the kept drafts, then the new root (the
-        correction or bonus token) at index kept - 1; after the prefill, the prompt after
-        its first token, then the first new token.
-    new_ids: each row's new tokens on the host (the kept drafts and the new root); [] for a
-        row that had finished before this step.
-    last (B,): the pending index of each row's last kept token, whose heads predict the
-        tokens after the new root (the root for a finished row).
-    features (B, m, L, D): the trunk's residual stream after each layer the drafter's
-        `verify_layers` names, at every pending token; None when it names none.
-    grows (B,): whether each row's kept node has children in the step's tree; None after
-        the prefill.
+    path (B, P): the pending indices that stay in the cache, in order (the kept root-to-node
+        path; after the prefill, the whole prompt); kept (B,): how many of them are real (0:
+        a finished row).
+    tokens (B, P): the token after each path entry: the kept drafts, then the new root at
+        kept - 1; after the prefill, the prompt after its first token, then the first new one.
+    new_ids: each row's new tokens on the host; [] for a row that had finished.
+    last (B,): the pending index of each row's last kept token (the root for a finished row).
+    features (B, m, L, D): the trunk's output after each of the drafter's `verify_layers`;
+        None when it names none.
+    grows (B,): whether each row's kept node has children; None after the prefill.
     """
 
     pending: Tensor
@@ -140,9 +131,8 @@ class Verified:
 
 @dataclass(frozen=True)
 class DrafterContext:
-    """What building a drafter may need besides the model: the saved choices of tuning steps
-    for its checkpoint, by step (`saved`: "trees", the heads' calibration; "layer_skip", the
-    searched layers), as the JSON each step saves."""
+    """What building a drafter may need besides the model: the JSON that tuning steps saved
+    for its checkpoint, by step (`saved`: "trees", the heads' calibration; "layer_skip", ...)."""
 
     saved: Mapping[str, Any] = field(default_factory=dict)
 
@@ -270,12 +260,10 @@ def check_threshold(threshold: object) -> float:
 
 
 class DraftBudget:
-    """How many drafts each row proposes next, from its recent acceptance (transformers'
-    assistant-model schedule): a step that kept every draft the row proposed raises its count
-    by two, one that rejected a draft lowers it by one, between 1 and `most` (the start); a
-    step that proposed nothing changes nothing. Fewer likely-rejected drafts cost less to
-    verify and to draft. The drafter sets `proposed`, each row's real drafts, when it
-    proposes; `update` reads it with what the step kept."""
+    """How many drafts each row proposes next (transformers' assistant-model schedule): +2
+    after a step that kept every draft the row proposed, -1 after a rejection, between 1 and
+    `most` (the start). The drafter sets `proposed`, each row's real drafts, when it proposes;
+    fewer likely-rejected drafts cost less to verify and to draft."""
 
     def __init__(self, most: int, rows: int) -> None:
         self.most = most
@@ -303,9 +291,7 @@ class DraftBudget:
 
 class ChainDrafter(Drafter):
     """A drafter of a chain of `num_draft` drafts whose rows may draft fewer: `adaptive`
-    (each row's count follows its acceptance, `DraftBudget`) and, for one that drafts a
-    position at a time, `threshold` (`DraftSequence`). Its repr shows the attributes `shown`,
-    then the threshold and adaptive when set."""
+    (`DraftBudget`) and `threshold` (`DraftSequence`). Its repr shows the attributes `shown`."""
 
     num_draft: int
     threshold: float = 0.0
@@ -348,10 +334,9 @@ class ChainDrafter(Drafter):
 
 
 class DraftSequence:
-    """The drafts of a drafter that drafts one position at a time (a draft model, layer
-    skipping), each drawn by the target's sampling rule (`draw`). A row stops drafting once
-    its draft's top probability falls below `threshold` (Draft & Verify's draft-exit) or it
-    has drafted its `budget` count; its later drafts are padding (`Drafts.lengths`). Threshold
+    """The drafts of a drafter that drafts one position at a time, each drawn by the target's
+    sampling rule. A row stops once its draft's top probability falls below `threshold`
+    (Draft & Verify's draft-exit) or at its `budget` count; later drafts are padding. Threshold
     0 and no budget never stop: every draft is real, with no host read."""
 
     def __init__(self, count: int, sampling: SamplingConfig, generator: torch.Generator | None,
@@ -364,9 +349,8 @@ class DraftSequence:
         self._alive: Tensor | None = None
 
     def draw(self, logits: Tensor) -> Tensor | None:
-        """The next draft (B, 1) from the drafter's `logits` (B, V), drawn from q = the
-        sampling rule's distribution (greedy: its argmax); None once no row drafts on.
-        Confidence is the top probability of the logits' softmax, whatever the sampling."""
+        """The next draft (B, 1) drawn from the sampling rule's q of `logits` (B, V); None once
+        no row drafts on. Confidence: the top softmax probability, whatever the sampling."""
         probs = probabilities(logits, self.sampling)
         tokens = (probs.argmax(-1) if self.sampling.greedy else sample(
             probs, exponential(probs.shape, self.generator, logits.device)))[:, None]
@@ -380,10 +364,9 @@ class DraftSequence:
         return tokens if bool(self._alive.any()) else None  # a host read: with a threshold
 
     def run(self, logits: Callable[[Tensor, int], Tensor], first: Tensor) -> Drafts:
-        """Draft position by position: `logits(fed, index)` runs the drafter on the tokens
-        `fed` (first `first`, then each draft (B, 1)) and returns its logits (B, V) for
-        position `index`; stops at `count` (the budget's longest row) or once no row drafts
-        on. The drafts are padded to `count` per row; the budget hears what was proposed."""
+        """Draft position by position: `logits(fed, index)` runs the drafter on `fed` (`first`,
+        then each draft (B, 1)) and gives its logits (B, V) at position `index`. The drafts
+        come padded to `count` per row; the budget hears what was proposed."""
         fed: Tensor | None = first
         for index in range(self.budget.longest if self.budget else self.count):
             fed = self.draw(logits(fed, index))

@@ -1,13 +1,10 @@
-"""A separate, smaller draft model proposes γ tokens per step (Leviathan et al. 2023, Chen et
-al. 2023; transformers' `assistant_model=`): any model `mtp.load` reads that shares the
-target's tokenizer (its head 0 drafts), each draft drawn from its distribution under the
-target's sampling rule, so acceptance keeps the target's distribution exactly.
+"""A separate, smaller draft model proposes γ tokens per step (Leviathan et al. 2023;
+transformers' `assistant_model=`): any model `mtp.load` reads that shares the target's
+tokenizer, each draft drawn under the target's sampling rule, so acceptance stays exact.
 
-It keeps its own preallocated KV cache in step with the accepted tokens: at `propose` the
-cache holds every accepted token but the last two, which the first draft forward feeds
-together (T = 2): after a step that kept every draft, the last draft (never fed) and the bonus
-token; otherwise the cache's lengths step back over the rejected drafts. Its forwards have
-two shapes, (B, 2) and (B, 1).
+Its own KV cache holds every accepted token but the last two, which the first draft forward
+feeds together (after a step that kept every draft, the last draft was never fed); its
+forwards have two shapes, (B, 2) and (B, 1).
 """
 
 from __future__ import annotations

@@ -1,29 +1,20 @@
-"""EAGLE-3 as the drafter (Li et al. 2024, 2025): one decoder layer that reads the target's own
-features and drafts one token after another, at feature level.
+"""EAGLE-3 as the drafter (Li et al. 2024, 2025): one decoder layer (`eagle_model.py`) that
+reads the target's own features and drafts one token after another, at feature level.
 
-The module, its configuration and files are `eagle_model.py`'s.
+Position t of the drafter's cache holds the layer's entry for (the target's features at
+x_t, the token x_{t + 1}), at rotary position t, as in training. The verify pass keeps the
+three layers' features (`verify_layers`), so `update` holds the commit: the features at the
+kept path's tokens and the token after each. `propose` runs the layer once over the commit,
+whose last output drafts the root's children, then once per depth over the tree's nodes of
+the depth before: node u at depth d reads its parent's output and its own token, at position
+p - 1 + d, and sees the committed entries and its ancestors. The nodes sit in slots after the
+committed ones, which the next commit overwrites (as in `sequential.py`). Greedy drafts are
+the drafter's top ranks; sampled ones are drawn from q (the sampling rule on the draft
+logits, 0 outside the draft vocabulary) with that q returned, so acceptance stays lossless.
 
-The drafter (`EagleDrafter`). Position t of the drafter's cache holds the layer's entry for
-the pair (the target's features at token x_t, the token x_{t + 1}), at rotary position t, as
-in training. The verify pass keeps the three layers' features (`verify_layers`), so after
-each step `update` holds the commit: the features at the kept path's tokens and the token
-after each (the kept drafts, then the new root x_p; after the prefill, the prompt). `propose`
-runs the layer once over the commit (entries p'..p - 1), whose last output drafts the
-root's children, then once per depth over the tree's nodes of the depth before: node u at
-depth d reads its parent's output and its own token, at position p - 1 + d, sees the
-committed entries and its ancestors, and its output drafts u's children. A chain of n drafts
-costs n small forwards, a tree one per depth. The nodes sit in slots after the committed
-ones, which the next commit overwrites (the target's rule; `sequential.py` keeps its modules'
-caches the same way). Shapes are fixed per step (the commit is the path's width, the prefill
-the prompts'), finished rows draft on harmlessly, and greedy drafts are the drafter's top
-ranks, sampled ones drawn from q (the sampling rule on the draft logits, every token outside
-the draft vocabulary at probability 0) with that q returned, so acceptance stays lossless.
-
-EAGLE-2's dynamic tree (`dynamic_tree`): from the drafter's own confidence, expand the
-`top_k` nodes of highest cumulative draft probability at each depth, then keep the best
-`nodes` of everything drafted; `EagleDrafter.dynamic` runs it on the layer. A dynamic tree's
-drafts are the drafter's top ranks (deterministic), so its q is one-hot whatever the
-sampling: recursive rejection of deterministic siblings is lossless.
+EAGLE-2's dynamic tree (`dynamic_tree`): expand the `top_k` nodes of highest cumulative draft
+probability at each depth, then keep the best `nodes`; its drafts are the drafter's top ranks
+(one-hot q whatever the sampling: recursive rejection of deterministic siblings is lossless).
 """
 
 from __future__ import annotations
@@ -159,8 +150,7 @@ class EagleDrafter(Drafter):
         self._plan = None if self._dynamic else TreePlan(self.tree, param.device)
 
     def _on(self, device: torch.device, dtype: torch.dtype) -> Eagle:
-        """The module on `device` in `dtype` (a copy, kept, when it is not there already: the
-        module itself is never rounded)."""
+        """The module on `device` in `dtype` (a kept copy if elsewhere: it is never rounded)."""
         param = next(self.module.parameters())
         if (param.device, param.dtype) == (device, dtype):
             return self.module
@@ -170,7 +160,7 @@ class EagleDrafter(Drafter):
 
     def update(self, step: Verified) -> None:
         # The commit: the features at the kept path's tokens (B, P, 3, D), the token after
-        # each (B, P) and how many are real (B,); after the prefill, the whole prompts.
+        # each (B, P) and how many are real (B,).
         rows = torch.arange(step.path.shape[0], device=step.path.device)[:, None]
         self._commit = (step.features[rows, step.path], step.tokens, step.kept)
         self._accepted = [n + len(ids) for n, ids in zip(self._accepted, step.new_ids)]
@@ -183,9 +173,8 @@ class EagleDrafter(Drafter):
         self._accepted = [self._accepted[row] for row in rows]
 
     def _run_commit(self) -> tuple[Tensor, Tensor, int]:
-        """The layer over the commit (entries p'..p - 1): the output at each row's last
-        entry (B, D), which drafts the root's children; the new committed lengths (B,); the
-        attention width of this step."""
+        """The layer over the commit: the output at each row's last entry (B, D), which drafts
+        the root's children; the new committed lengths (B,); this step's attention width."""
         features, tokens, counts = self._commit
         width = tokens.shape[1]
         old, new = self._held, self._held + counts
@@ -243,9 +232,8 @@ class EagleDrafter(Drafter):
         return ranked(logits, ranks, self._sampling, noise)
 
     def dynamic(self, *, depth: int, top_k: int, nodes: int) -> tuple[Tensor, Tensor, None]:
-        """EAGLE-2's dynamic tree after the commit (`dynamic_tree` on this layer): the
-        drafts (B, nodes) as target ids, each node's parent (B, nodes; 0: the root, j: node
-        j), and q (None: the drafts are the layer's top ranks)."""
+        """EAGLE-2's dynamic tree after the commit (`dynamic_tree` on this layer), its drafts
+        as target ids."""
         root, new, length = self._run_commit()
         batch, device = root.shape[0], root.device
         outputs, seen = [root[:, None]], [torch.ones(batch, 1, 1, dtype=torch.bool,
@@ -290,21 +278,16 @@ class EagleDrafter(Drafter):
 
 def dynamic_tree(first: Tensor, expand: Callable[[Tensor, Tensor, int], Tensor], *,
                  depth: int, top_k: int, nodes: int) -> tuple[Tensor, Tensor, None]:
-    """EAGLE-2's dynamic draft tree for every row (Li et al. 2024), from the drafter's own
-    confidence: a node's score is the sum of its path's draft log-probabilities.
+    """EAGLE-2's dynamic draft tree for every row (Li et al. 2024); a node's score is the sum
+    of its path's draft log-probabilities, `first` (B, N) those of the root's children.
 
-    first (B, N): log-probabilities of the root's children. The root's `top_k` best children
-    are depth 1; at each depth d < `depth` the `top_k` best-scoring nodes of depth d are fed
-    to the drafter, `expand(tokens (B, k), parents (B, k), d)` -> log-probabilities (B, k, N)
-    of their children, where a parent is a fed node's number (0: the root, j: the j-th node
-    fed, in feeding order); each fed node's `top_k` best children are candidates of depth
-    d + 1. Then every candidate is reranked by score and the best `nodes` kept: a child never
-    scores above its parent (ties go to the parent), so the kept nodes form a tree.
-
-    Returns the kept nodes' tokens (B, nodes), their parents (B, nodes: 0 the root, j the
-    j-th kept node, parents before children, nodes in depth order), and q: None, the drafts
-    being the drafter's top ranks (deterministic: one-hot q, whatever the sampling).
-    """
+    The root's `top_k` best children are depth 1; at each depth d < `depth` the `top_k` best
+    nodes of depth d are fed to `expand(tokens (B, k), parents (B, k), d)` -> their children's
+    log-probabilities (B, k, N), a parent being a fed node's number (0: the root, j: the j-th
+    fed); each one's `top_k` best children are candidates of depth d + 1. The best `nodes`
+    candidates form a tree (a child never scores above its parent; ties go to the parent).
+    Returns their tokens, their parents (0: the root, j: the j-th kept node), (B, nodes) each
+    in depth order, and q: None (the top ranks are deterministic drafts)."""
     batch, vocab = first.shape
     check_positive("depth", depth)
     check_positive("top_k", top_k)

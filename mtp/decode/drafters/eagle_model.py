@@ -1,24 +1,17 @@
-"""EAGLE-3's drafter model (Li et al. 2024, 2025): one decoder layer that reads the target's own
-features and drafts one token after another, at feature level; the drafter that runs it is
-`eagle.py`.
+"""EAGLE-3's drafter model (Li et al. 2024, 2025); the drafter that runs it is `eagle.py`.
 
-The module (`Eagle`): the target's residual stream after three trunk layers (a low, a middle
-and a high one: `EagleConfig.layers`) is fused to the model's width by `fc` (3D -> D); the
-embedding of the token after it (the target's own embedding, frozen) and that fused feature,
-each normalised, are concatenated [embedding; feature] (2D) and read by the queries, keys and
-values of one attention; the feature is the residual; then a feed-forward block, a final norm
-and an unembedding over a reduced draft vocabulary (`lm_head`, N rows), whose draft id i is
-the target's token `d2t[i]` (the N most frequent target tokens of the training data). Its
-output before the final norm is the feature of the next draft step: from the second step on
-the drafter reads its own feature instead of the target's (EAGLE-3's training-time test trains
-it so, `mtp.train.eagle`). The layout is EAGLE-3's, so `mtp.interop.eagle3` writes it for
-vLLM's and SGLang's `eagle3` drafters.
+The module (`Eagle`): the target's residual stream after three trunk layers (low, middle,
+high: `EagleConfig.layers`) is fused to the model's width by `fc` (3D -> D); the embedding of
+the token after it and that feature, each normalised, are concatenated (2D) and read by one
+attention's queries, keys and values, the feature being the residual; then a feed-forward
+block, a final norm and an unembedding over a reduced draft vocabulary (`lm_head`, N rows),
+draft id i being the target's token `d2t[i]`. Its output before the final norm is the next
+step's feature (EAGLE-3's training-time test, `mtp.train.eagle`). The layout is EAGLE-3's,
+so `mtp.interop.eagle3` writes it for vLLM's and SGLang's `eagle3` drafters.
 
 Files: a drafter directory holds `eagle.json` (the format, the `EagleConfig`, what training
-measured, and "weights", the safetensors file of the module and its map, relative to the
-directory) and `eagle.safetensors`. `python -m mtp.train.eagle` writes one and saves its
-choice for the checkpoint (the same JSON with an absolute "weights"), where `drafter=eagle`
-finds it; `eagle=DIR` names one.
+measured, and "weights", relative to the directory) and `eagle.safetensors`. The choice saved
+for a checkpoint is the same JSON with an absolute "weights".
 """
 
 from __future__ import annotations
@@ -75,9 +68,8 @@ def check_layers(layers: object, n_layers: int) -> tuple[int, ...]:
 
 
 def check_map(d2t: Tensor, vocab_size: int) -> Tensor:
-    """The draft vocabulary's map (N,), draft id -> target id, checked: integers within the
-    target's vocabulary, each target token at most once; a ValueError naming the first bad
-    entry."""
+    """The draft vocabulary's map (N,), draft id -> target id, checked (integers within the
+    target's vocabulary, each at most once); a ValueError naming the first bad entry."""
     if d2t.dim() != 1 or d2t.numel() == 0 or d2t.dtype.is_floating_point or d2t.dtype == \
             torch.bool:
         raise ValueError(f"the draft vocabulary map must be a non-empty 1-d integer tensor, "
@@ -178,9 +170,8 @@ class FusedAttention(Attention):
 
 
 class Eagle(nn.Module):
-    """The drafter's layer (module docstring): fc, the fused attention, the feed-forward block,
-    the final norm and the draft vocabulary's unembedding, with the map `d2t`. Shapes: D the
-    target's width, N the draft vocabulary, B batch, T tokens."""
+    """The drafter's layer (module docstring), with the draft vocabulary's map `d2t`. Shapes:
+    D the target's width, N the draft vocabulary, B batch, T tokens."""
 
     def __init__(self, config: EagleConfig, d2t: Tensor | None = None) -> None:
         super().__init__()

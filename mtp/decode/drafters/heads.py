@@ -29,12 +29,9 @@ from mtp.tokenizers import Tokenizer
 def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
            noise: Tensor | None = None, iid: bool = False) -> tuple[Tensor, Tensor | None]:
     """The first `ranks` candidates of each distribution in `logits` (..., V): their tokens
-    (..., ranks) in rank order, and the distribution each was drawn from (..., ranks, V), None
-    when greedy (the r-th most likely token). Sampling, the r-th draw without replacement
-    from q (the order of q / E, `noise` E ~ Exp(1) like the logits), drawn from q without the
-    earlier draws, renormalised; with `iid`, independent draws from q itself (`noise`
-    (..., ranks, V): one race each), as SpecTr's rule takes them.
-    """
+    (..., ranks), and the q each was drawn from (..., ranks, V; None when greedy: the top
+    ranks). Sampling, the r-th draw without replacement (the order of q / E, `noise` E ~ Exp(1)),
+    drawn from q without the earlier draws; with `iid`, independent races from q (SpecTr)."""
     if config.greedy:
         return logits.topk(ranks, dim=-1).indices, None
     q = probabilities(logits, config)  # (..., V)
@@ -63,10 +60,8 @@ def race(logits: Tensor, ranks: int, sampling: SamplingConfig,
 def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
           noise: Tensor | None = None, *, buffers: TreeBuffers | None = None,
           iid: bool = False) -> Drafts:
-    """The heads' proposal for `tree`'s nodes 1..m-1, from the logits (B, depth, V) of heads
-    1..depth at the last accepted position: the node at depth d and rank r gets head d's
-    r-th candidate (`ranked`; `noise` when sampling). `buffers`: the tree's, when held.
-    """
+    """The heads' proposal for `tree`'s nodes 1..m-1 from heads 1..depth's logits (B, depth,
+    V): the node at depth d and rank r gets head d's r-th candidate (`ranked`)."""
     if buffers is None:
         buffers = tree.buffers(head_logits.device)
     index = buffers.draft_index  # (m - 1,)
@@ -113,11 +108,8 @@ class HeadsOptions:
 @register
 class OwnHeads(Drafter):
     """The model's own heads draft: k tokens per forward pass at most (2 <= k <= n_future),
-    heads 1..k-1 drafting a chain, or the nodes of `tree` (`tree.resolve_tree`).
-
-    The registry's entry and the size checks of every heads drafter; the one that drafts is
-    the variant that `serves` the model: `HeadsDrafter`, `OnlineHeads` or
-    `SequentialDrafter`."""
+    heads 1..k-1 drafting a chain, or the nodes of `tree` (`tree.resolve_tree`). The variant
+    that drafts is the one that `serves` the model (`HeadsDrafter`, `OnlineHeads`, ...)."""
 
     name = "heads"
     Options = HeadsOptions
@@ -211,10 +203,7 @@ def calibration(model: MTPModel, context: DrafterContext) -> Calibration | None:
 
 
 def _subclasses(cls: type) -> list[type]:
-    found = []
-    for sub in cls.__subclasses__():
-        found += [sub, *_subclasses(sub)]
-    return found
+    return [found for sub in cls.__subclasses__() for found in (sub, *_subclasses(sub))]
 
 
 class HeadsDrafter(OwnHeads):
@@ -259,9 +248,8 @@ class HeadsDrafter(OwnHeads):
 
 
 def dynamic_draft(head_logits: Tensor, tree: DynamicTree) -> Drafts:
-    """The heads' dynamic tree (EAGLE-2): each row's `tree.n_nodes` - 1 candidates of the
-    largest cumulative log-probability among the top `tree.branching` tokens of heads
-    1..depth (B, depth, V); deterministic drafts (one-hot q)."""
+    """The heads' dynamic tree (EAGLE-2, `best_paths`) over their top `tree.branching`
+    tokens; deterministic drafts (one-hot q)."""
     top = head_logits.float().log_softmax(-1).topk(tree.branching, dim=-1)  # (B, depth, R)
     depth, rank, parents = best_paths(top.values, tree.n_nodes)  # (B, m - 1) each
     rows = torch.arange(depth.shape[0], device=depth.device)[:, None]

@@ -1,11 +1,10 @@
 """Layer-skipping self-speculation (Draft & Verify, Zhang et al. 2023): the target drafts with
 some of its trunk layers skipped, then verifies the drafts with all of them.
 
-No second model and no training. The draft pass runs on the target's own KV cache: at every
-verified position the layers it runs read what the full model wrote, and it writes its own
-keys and values only past each row's committed tokens, in slots the verify pass overwrites.
-Which layers to skip is a search (`mtp.generate.skip_search`), saved for the checkpoint
-(`SkipChoice`, `layer_skip.json`). Drafts are drawn by the target's sampling rule from the
+The draft pass runs on the target's own KV cache, writing only past each row's committed
+tokens, in slots the verify pass overwrites. Which layers to skip is a search
+(`mtp.generate.skip_search`), saved for the checkpoint (`SkipChoice`, `layer_skip.json`).
+No second model and no training; drafts are drawn by the target's sampling rule from the
 skipped model's distribution, so acceptance stays exact.
 """
 
@@ -134,8 +133,7 @@ class LayerSkip(ChainDrafter):
     @classmethod
     def from_options(cls, model: MTPModel, options: LayerSkipOptions,
                      context: DrafterContext) -> LayerSkip:
-        """Layer skipping with `skip`, or the choice saved in its file, or the checkpoint's
-        searched choice."""
+        """Layer skipping with `skip`, or the choice in its file, or the checkpoint's."""
         chosen = _choice(model, options, context)
         if chosen is None:
             raise ValueError("drafter=layer_skip needs skip=[layers] or a searched choice: "
@@ -189,19 +187,15 @@ class LayerSkip(ChainDrafter):
 def _choice(model: MTPModel, options: LayerSkipOptions,
             context: DrafterContext) -> tuple[Sequence[int], int] | None:
     """The layers to skip and the drafts per step: given, from a file, or saved; or None."""
-    config = model.config
+    shape = {"n_layers": model.config.n_layers, "vocab_size": model.config.vocab_size}
     if options.skip is None:
         saved = context.saved.get(LayerSkip.saved)
-        if saved is None:
-            return None
-        choice = SkipChoice.from_json(saved, n_layers=config.n_layers,
-                                      vocab_size=config.vocab_size)
-        return choice.skip, choice.num_draft
-    if isinstance(options.skip, str):
+        choice = None if saved is None else SkipChoice.from_json(saved, **shape)
+    elif isinstance(options.skip, str):
         if not Path(options.skip).is_file():
             raise ValueError(f"skip={options.skip!r} is neither a list of trunk layers nor a "
                              f"layer_skip.json file")
-        choice = SkipChoice.load(options.skip, n_layers=config.n_layers,
-                                 vocab_size=config.vocab_size)
-        return choice.skip, choice.num_draft
-    return options.skip, 4  # checked against the model by LayerSkip.check
+        choice = SkipChoice.load(options.skip, **shape)
+    else:
+        return options.skip, 4  # checked against the model by LayerSkip.check
+    return None if choice is None else (choice.skip, choice.num_draft)

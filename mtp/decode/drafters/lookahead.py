@@ -10,18 +10,13 @@ text:
     R_1            b_0   b_1   b_2   b_3
     R_2                  c_0   c_1   c_2   c_3
 
-One forward pass verifies it as one tree (lookahead decoding's mask: R_0[c]'s parent is
-R_0[c - 1], R_l[c]'s is R_{l-1}[c]), with up to G pooled guesses (n-grams that start with
-the root token) as chains under the root, tried first. Head 0's token after R_{N-2}[c] is
-the next Jacobi iterate new[c]; column c yields the n-gram R_0[c], ..., R_{N-2}[c], new[c]
-for the pool (at most G per first token, least recent dropped), as do the context's own
-n-grams. After the step the window moves on by one position, however many tokens were
-accepted (lade's default; keeping positions gave fewer tokens per forward on byte8: 2.84
-against 3.08): the rows move up, new is the last row, the new root replaces R'_0[0]. All
-N - 1 rows start drawn from the context, so every step verifies the same tree.
-
-Every node is a deterministic draft (one-hot q): greedy output is autoregressive decoding's
-and sampling stays lossless, whatever the window holds.
+One forward pass verifies it as one tree (R_0[c]'s parent is R_0[c - 1], R_l[c]'s is
+R_{l-1}[c]), with up to G pooled guesses as chains under the root, tried first. Head 0's
+token after R_{N-2}[c] is the next Jacobi iterate new[c], and column c's n-gram R_0[c], ...,
+new[c] goes to the pool (at most G per first token), as do the context's own n-grams. After
+a step the window moves on by one position, however many tokens were accepted (lade's
+default; keeping positions gave 2.84 tokens per forward on byte8 against 3.08). Every node
+is a deterministic draft (one-hot q), so decoding stays exact.
 """
 
 from __future__ import annotations
@@ -85,9 +80,7 @@ def layout(window: int, rows: int, guesses: int, length: int) -> Layout:
     guess g is the chain (g, 0, 0, ...); R_0[c] is (guesses, 0, ..., 0) with c entries;
     R_l[c] extends R_0[c] with rank 1 (rank guesses + 1 below the root), then 0s."""
     chain = [()] + [(guesses,) + (0,) * (c - 1) for c in range(1, window)]  # R_0[c]
-    flat = {}  # rank path -> index into the flat tokens
-    for c in range(1, window):
-        flat[chain[c]] = c
+    flat = {chain[c]: c for c in range(1, window)}  # rank path -> index into the flat tokens
     for row in range(1, rows):
         for c in range(window):
             down = (1,) if c else (guesses + 1,)

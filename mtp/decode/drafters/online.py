@@ -1,16 +1,10 @@
 """Heads that keep learning while they draft: online speculative decoding (Liu et al. 2023).
 
-`OnlineHeads` drafts as `HeadsDrafter` does and keeps each sequence it drafted for; at the
-start of the next `generate` call it takes `steps` optimizer steps on heads 1..depth,
-distilling from the target over those sequences:
-
-    loss = sum over heads i = 1..depth of mean_t KL(p_{t+i} || q_i,t)
-
-p_{t+i} being head 0's distribution at t + i (the target's for the token head i predicts at
-t) and q_i,t head i's at t. The trunk, head 0, the norm and the unembedding get no gradient,
-so what verifies never changes: greedy output stays the target's and sampling lossless. It
-learns between calls, never inside one. Parallel heads only: sequential modules read the
-tokens ahead, a chain this loss does not train.
+`OnlineHeads` drafts as `HeadsDrafter` does; at the start of the next `generate` call it
+takes `steps` optimizer steps on heads 1..depth over the sequences it drafted for, minimising
+sum over heads i of mean_t KL(p_{t+i} || q_i,t) (head 0's distribution at t + i against head
+i's at t). Nothing that verifies gets a gradient, so greedy output stays the target's and
+sampling lossless. Parallel heads only: sequential modules read the tokens ahead.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Drafters by name: each drafter module registers its class (`@register`), and the class
-says everything the rest of mtp needs to know about it (`Drafter`'s class attributes: name,
-Options, from_options, candidates, check_named, selects, after, saved, saved_file). Every
-module of this package is imported when the registry is first read (`drafter_types`), so a
-new drafter is one module here and one test.
+"""Drafters by name: each drafter module registers its class (`@register`), whose class
+attributes tell the rest of mtp everything about it (`Drafter`); every module of this package
+is imported when the registry is first read (`drafter_types`).
 
 `DrafterSpec` names a drafter with options, as the command lines do (`drafter=heads k=4`).
 Options are one flat namespace, each key belonging to the drafters whose `Options` has it
@@ -12,7 +10,6 @@ the drafter named before anything loads. "auto", as the drafter or an option's v
 
     DrafterSpec()                                         the model's heads, every one
     DrafterSpec("heads", k=4, tree="tree16")              heads 1..3 draft a 16-node tree
-    DrafterSpec("draft_model", draft_model="runs/small/export", num_draft=4)
     DrafterSpec("auto")                                   measured
 """
 
@@ -84,9 +81,8 @@ def option_owners() -> dict[str, list[str]]:
 
 
 class DrafterSpec:
-    """A drafter by name ("auto": measured), with the options that size it (module
-    docstring), checked here; what needs the model (k within its heads, a tree within k) is
-    checked when the drafter is built."""
+    """A drafter by name ("auto": measured), with the options that size it, checked here;
+    what needs the model (k within its heads) is checked when the drafter is built."""
 
     def __init__(self, drafter: str = "heads", **options: Any) -> None:
         options = {key: value for key, value in options.items() if value is not None}
@@ -137,9 +133,8 @@ class DrafterSpec:
 
     @property
     def measured_drafters(self) -> list[str]:
-        """The drafters whose candidates a measured spec measures, in order: the one named;
-        for drafter=auto with an option set to auto (k=auto), the drafter that option selects;
-        else every drafter."""
+        """The drafters a measured spec measures, in order: the one named, else those an option
+        set to auto (k=auto) selects, else every drafter."""
         if self.drafter != AUTO:
             return [self.drafter]
         automatic = [key for key, value in self.options.items() if value == AUTO]
@@ -202,9 +197,8 @@ register(Autoregressive)  # defined with the seam, which cannot import this modu
 
 
 def entry_spec(entry: str, options: Mapping[str, Any], key: str) -> DrafterSpec:
-    """One entry of a benchmark's list of drafters ("heads k=4") as a spec: its drafter, the
-    shared `options` that belong to it, then its own options; `key` names the list in the
-    error when the entry is left to measurement."""
+    """One entry of a benchmark's list of drafters ("heads k=4") as a spec, with the shared
+    `options` that belong to it; `key` names the list in the error for a measured entry."""
     name, *own = entry.split()
     owners = option_owners()
     given = {option: value for option, value in options.items()

@@ -2,10 +2,8 @@
 EAGLE drafts, for chains and trees.
 
 Module k at position t reads depth k - 1's state there and the token t + k, and predicts
-token t + k + 1 (`MTPModel.mtp_module`): module k *reads token j at position j - k*. As in
-training (teacher-forced), after each step module k's own KV cache holds the positions whose
-token is accepted, 0..p - k (x_p, the root, is the last accepted token). Slot = position.
-
+token t + k + 1 (`MTPModel.mtp_module`). As in training, after each step module k's own KV
+cache holds the positions whose token is accepted, 0..p - k (x_p: the root). Slot = position.
 Each step, `propose` runs module k = 1..depth once, over
 - the commit: the tokens accepted since the last step, x_{p'+1}..x_p, at positions
   p'+1-k..p-k, each fed by depth k - 1's state at the token before it (head 0's from the
@@ -23,8 +21,7 @@ Example, a chain of depth 3 after a step that kept one draft (p' = 9, p = 11):
                9, d_2 at 10                          fed by module 2 at x_11, d_1 -> d_3 at 10
 
 Tokens j < k (short prompts) have no position in module k: they go to a trash slot no query
-sees. Shapes are fixed (the commit padded to the tree's depth + 1), and sampled drafts come
-with their distributions (`heads.ranked`), so the shared acceptance stays lossless.
+sees. Shapes are fixed (the commit padded to the tree's depth + 1).
 """
 
 from __future__ import annotations
@@ -84,9 +81,8 @@ class SequentialDrafter(OwnHeads):
         self._plan = TreePlan(self.tree, param.device)
 
     def update(self, step: Verified) -> None:
-        # The commit: the tokens accepted since the last step (the kept drafts and the root;
-        # after the prefill, the prompt after its first token and the root; none for a row
-        # that had finished), and head 0's states at the tokens before them (B, C, D).
+        # The commit: the tokens accepted since the last step, and head 0's states at the
+        # tokens before them (B, C, D).
         self._commit = (step.tokens, step.path_hidden()[:, :, 0], step.kept)
 
     def keep(self, rows: list[int]) -> None:
@@ -136,9 +132,8 @@ class SequentialDrafter(OwnHeads):
 
     def _step(self, k: int, old: Tensor, counts: Tensor, new: Tensor, n: int,
               length: int) -> CacheStep:
-        """Positions, slots and mask of module k's commit (C tokens) and the tree's nodes
-        1..n (module docstring): (B, C + n) each, the mask (B, 1, C + n, L) over `length`
-        slots."""
+        """Positions, slots (B, C + n) and mask (B, 1, C + n, L) of module k's commit (C
+        tokens) and the tree's nodes 1..n, over `length` slots."""
         tokens = self._commit[0]
         width, device = tokens.shape[1], tokens.device
         holds = (new + 1 - k).clamp(min=0)  # positions module k holds after the commit
@@ -166,9 +161,9 @@ class SequentialDrafter(OwnHeads):
 
 
 class TreePlan:
-    """A tree's bookkeeping per module k (1..depth), computed once: the nodes it runs over
-    (1..nodes[k]), their parents, the depth k - 1 nodes it draws children for (`groups`), the
-    ranks it needs, and where each child's candidate sits among them (`picks`)."""
+    """A tree's bookkeeping per depth k, computed once: the nodes 1..nodes[k] run, their
+    parents, the depth k - 1 nodes that draw children (`groups`), the ranks they need, and
+    where each child's candidate sits among them (`picks`)."""
 
     def __init__(self, tree, device: torch.device) -> None:
         buffers = tree.buffers(device)

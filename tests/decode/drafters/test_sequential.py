@@ -4,10 +4,10 @@ ragged batches, the static step, drafts equal to the teacher-forced modules', ba
 
 import pytest
 import torch
+from decode.test_drafters import check_k_auto_measures_the_heads_only  # tests/ is on the path
 
 import mtp.decode.engine as engine
 from mtp.generate import DrafterSpec, HeadsDrafter, SequentialDrafter, generate
-from mtp.generate.auto import Auto
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.forward import StackedHeads
 from mtp.decode.tree import Tree
@@ -117,12 +117,7 @@ def test_the_static_step_decodes_as_the_eager_one(trained_sequential, static, dr
 
 
 def test_auto_measures_the_modules(random_sequential):
-    auto = Auto(spec=DrafterSpec(k="auto"), tokens=4)
-    drafter = auto.choose(random_sequential, TOKENIZER, PROMPTS[:1], sampling=SamplingConfig(),
-                          max_new_tokens=4)
-    assert set(auto.record.figures) == {"autoregressive", "heads(k=2)", "heads(k=3)",
-                                        "heads(k=4)"}
-    assert drafter is None or isinstance(drafter, SequentialDrafter)
+    check_k_auto_measures_the_heads_only(random_sequential, SequentialDrafter)
 
 
 def test_a_cache_holding_some_blocks_takes_the_models_block_indices(random_sequential):
