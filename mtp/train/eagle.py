@@ -3,32 +3,25 @@ drafter (`mtp.decode.drafters.eagle`) on a frozen target, and save it where `dra
 finds it.
 
 The recipe (EAGLE-3, Li et al. 2025, as SafeAILab's `traineagle3` trains it):
-- The target is frozen. For each training block it runs once, on the block's first visit:
-  its residual stream after the drafter's three trunk layers (B, T, 3, D) and its own next
-  token (head 0's argmax) at every position are kept in memory (`TrunkCache` with this
-  module's `target_outputs`), so from the second epoch on a step runs the drafter alone.
-- The draft vocabulary: the `draft_vocab` most frequent tokens of the training data, in
-  target id order (`draft_vocabulary`); the loss reads its inverse, and a position whose
-  target token is outside it is left out (EAGLE-3's mask). The drafter's unembedding and final
-  norm start as the target's own rows of them.
+- The target is frozen and runs once per training block: its residual stream after the
+  drafter's three trunk layers and its own next token (head 0's argmax) are kept in memory
+  (`TrunkCache`, `target_outputs`), so from the second epoch on a step runs the drafter alone.
+- The draft vocabulary is the `draft_vocab` most frequent tokens of the training data; a
+  position whose target token is outside it is left out of the loss (EAGLE-3's mask). The
+  drafter's unembedding and final norm start as the target's own rows of them.
 - Training-time test (`unrolled`): the drafter is unrolled `unroll` steps over the block, as
-  it runs when drafting. Step 0 at position t reads the target's features at t and the token
-  x_{t+1}; step j >= 1 reads its own output of step j - 1 at t (its feature) and the token
-  x_{t+1+j}, at rotary position t + j, and attends to step 0's entries at positions <= t and
-  its own entries of steps 1..j at t: exactly what a chain drafted from the root x_{t+1}
-  sees. Each step predicts the target's next token after x_{t+1+j} (cross-entropy over the
-  draft vocabulary), and the steps' losses are summed with weights `decay` ** j. The token a
-  step reads is the data's, not the drafter's own draft: a draft that differs from the
-  target's token is rejected, so the only path whose later drafts count is the target's
-  own, which the data (the target's continuations, `scripts/distill_data.py`) is.
+  it runs when drafting; step j >= 1 reads its own output of step j - 1 and the data's token
+  x_{t+1+j}, not its own draft: a draft that differs from the target's token is rejected, so
+  only the target's own path (the data, `scripts/distill_data.py`) counts. The steps'
+  losses are summed with weights `decay` ** j.
 - AdamW, linear warm-up then cosine decay ending at `max_steps` or `minutes`, whichever
   comes first (`mtp.train.optim.lr_factor`), gradients clipped; bfloat16 autocast where the
   CPU multiplies bf16 natively (`precision=auto`).
 
 Writes `out/eagle.json` and `out/eagle.safetensors` and saves the drafter as the checkpoint's
-choice (`mtp.generate.saved.save_choice`: the tuner's cache, and with `output=` an
-eagle.json there), so `python -m mtp.generate checkpoint=<target> drafter=eagle` uses it;
-`eagle=out` names it explicitly. Prints the validation loss and accuracy per unrolled step.
+choice (`mtp.generate.saved.save_choice`), so `python -m mtp.generate checkpoint=<target>
+drafter=eagle` uses it; `eagle=out` names it explicitly. Prints the validation loss and
+accuracy per unrolled step.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint     the target: anything mtp.load reads (required)
@@ -49,6 +42,7 @@ Arguments are key=value (`mtp.cli`'s grammar):
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -110,9 +104,7 @@ class EagleArgs:
             cli.check_positive("threads", self.threads)
         if not self.data:
             raise ValueError("data=[...] must name at least one file")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} is not one of "
-                             f"{', '.join(PRECISIONS)}")
+        cli.check_choice("precision", self.precision, PRECISIONS)
         for name in ("lr", "decay", "grad_clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
@@ -146,9 +138,8 @@ def inverse_map(d2t: Tensor, vocab_size: int) -> Tensor:
 
 def target_outputs(layers: tuple[int, ...], seq_len: int
                    ) -> Callable[[MTPModel, Tensor], tuple[Tensor, Tensor]]:
-    """What the cache keeps of a block's inputs (B, seq_len + unroll): the target's features
-    after `layers` at the first `seq_len` positions (B, seq_len, 3, D), and its own next
-    token after every input (B, seq_len + unroll), head 0's argmax."""
+    """What the cache keeps of a block (B, seq_len + unroll): the target's features after
+    `layers` (B, seq_len, 3, D) and its own next token after every input, head 0's argmax."""
 
     def compute(model: MTPModel, inputs: Tensor) -> tuple[Tensor, Tensor]:
         trunk, features = model.trunk_states(inputs, keep=layers)
@@ -163,8 +154,7 @@ def target_outputs(layers: tuple[int, ...], seq_len: int
 def unrolled(module: Eagle, model: MTPModel, features: Tensor, tokens: Tensor,
              steps: int) -> list[Tensor]:
     """Training-time test (module docstring): the draft logits (B, T, N) of each of `steps`
-    unrolled steps over a block. features (B, T, 3, D): the target's at positions 0..T-1;
-    tokens (B, >= T + steps): the block's tokens."""
+    unrolled steps; features (B, T, 3, D) the target's, tokens (B, >= T + steps) the block's."""
     T = features.shape[1]
     if T + steps > model.config.max_seq_len:
         raise ValueError(f"seq_len + unroll = {T + steps} exceeds the target's max_seq_len="
@@ -189,9 +179,8 @@ def unrolled(module: Eagle, model: MTPModel, features: Tensor, tokens: Tensor,
 
 def _attend(attention: Attention, cos: Tensor, sin: Tensor, mask: Tensor, keys: list[Tensor],
             values: list[Tensor], x: Tensor) -> Tensor:
-    """The drafter's attention at one unrolled step over x (B, T, 2D): its keys and values
-    join those of the steps before (`keys`, `values`), and each position sees what `mask`
-    (T, all keys) allows."""
+    """The drafter's attention at one unrolled step: its keys and values join the earlier
+    steps' (`keys`, `values`); `mask` (T, all keys) says what each position sees."""
     q, k, v = (project(x, w).unflatten(-1, (-1, attention.head_dim))
                for w in (attention.wq, attention.wk, attention.wv))
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -207,23 +196,19 @@ def _attend(attention: Attention, cos: Tensor, sin: Tensor, mask: Tensor, keys: 
 @dataclass(frozen=True)
 class UnrolledLoss:
     """The weighted loss, and each step's loss and top-1 accuracy (over the positions whose
-    target token is in the draft vocabulary), and the share of positions that are."""
+    target token is in the draft vocabulary)."""
 
     loss: Tensor
     step_losses: list[float]
     step_accuracy: list[float]
-    covered: float
 
 
 def unrolled_loss(module: Eagle, model: MTPModel, features: Tensor, tokens: Tensor,
                   targets: Tensor, t2d: Tensor, steps: int, decay: float = 0.8) -> UnrolledLoss:
-    """Training-time test's loss: step j at position t predicts the target's own next token
-    after x_{t+1+j}, `targets`[:, t + 1 + j] (targets (B, T + steps): the target's token
-    after each of the block's tokens), over the draft vocabulary (`t2d`, -1 outside: left
-    out); step j's cross-entropy weighted decay ** j."""
+    """Training-time test's loss: step j at t predicts `targets`[:, t + 1 + j] (the target's
+    token after x_{t+1+j}) over the draft vocabulary (`t2d`, -1: left out), weighted decay ** j."""
     T = features.shape[1]
     total, losses, accuracy = features.new_zeros(()), [], []
-    labels = None
     for j, logits in enumerate(unrolled(module, model, features, tokens, steps)):
         labels = t2d[targets[:, 1 + j:1 + j + T]]  # (B, T)
         wide = logits.float() if logits.element_size() < 4 else logits  # bf16: in float32
@@ -233,7 +218,7 @@ def unrolled_loss(module: Eagle, model: MTPModel, features: Tensor, tokens: Tens
         losses.append(float(loss.detach()))
         accuracy.append(float((logits.argmax(-1) == labels)[real].float().mean())
                         if real.any() else 0.0)
-    return UnrolledLoss(total, losses, accuracy, float((labels >= 0).float().mean()))
+    return UnrolledLoss(total, losses, accuracy)
 
 
 def parse_args(argv: list[str]) -> EagleArgs:
@@ -242,11 +227,9 @@ def parse_args(argv: list[str]) -> EagleArgs:
 
 def _batches(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, Tensor]]:
     """The loader's batches, epoch after epoch (each reshuffled)."""
-    epoch = 0
-    while True:
+    for epoch in itertools.count():
         loader.sampler.set_epoch(epoch)
         yield from loader
-        epoch += 1
 
 
 def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple[Eagle, dict]:
@@ -277,8 +260,7 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
            f"{len(d2t)} tokens, {coverage:.1%} of the training tokens; "
            f"{len(data.train_set)} training blocks of {args.seq_len} + {args.unroll}")
 
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.bfloat16
-                else nullcontext())
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.bfloat16 else nullcontext()
     cache = TrunkCache(target_outputs(config.layers, args.seq_len))
     optimizer = torch.optim.AdamW(module.parameters(), lr=args.lr, betas=(0.9, 0.95),
                                   weight_decay=0.0)
@@ -311,9 +293,8 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
         optimizer.zero_grad(set_to_none=True)
         window.append(out)
         if step % args.log_every == 0 or step == args.max_steps:
-            loss = round(float(np.mean([o.step_losses[0] for o in window])), 4)
-            accuracy = [round(float(np.mean([o.step_accuracy[j] for o in window])), 4)
-                        for j in range(args.unroll)]
+            loss = _step_means([o.step_losses for o in window])[0]
+            accuracy = _step_means([o.step_accuracy for o in window])
             history.append((step, loss, accuracy))
             report(f"step {step}: loss {loss:.3f}, accuracy per step "
                    + " ".join(f"{a:.3f}" for a in accuracy)
@@ -356,10 +337,13 @@ def validate(module: Eagle, model: MTPModel, data: MTPDataModule, t2d: Tensor,
             features, targets = compute(model, batch["tokens"])
             results.append(unrolled_loss(module, model, features, batch["tokens"], targets,
                                          t2d, args.unroll, args.decay))
-    return ([round(float(np.mean([r.step_losses[j] for r in results])), 4)
-             for j in range(args.unroll)],
-            [round(float(np.mean([r.step_accuracy[j] for r in results])), 4)
-             for j in range(args.unroll)])
+    return (_step_means([r.step_losses for r in results]),
+            _step_means([r.step_accuracy for r in results]))
+
+
+def _step_means(values: list[list[float]]) -> list[float]:
+    """Each unrolled step's mean over `values` (one list per batch), to 4 places."""
+    return [round(float(np.mean(column)), 4) for column in zip(*values)]
 
 
 def main(argv: list[str]) -> None:

@@ -1,12 +1,10 @@
 """Heads for a trained model: start from a checkpoint, keep its trunk and heads, add heads
 (Medusa; Gloeckle et al. 2024's finetuning).
 
-`grown_config` is the checkpoint's architecture with `n_future` heads of `head_type`;
-`grow_heads` its initial weights: the base model and any heads the checkpoint has, as they
-are, and each new head at random or, with `copy`: a block head copies head 0's blocks; a
-resblock or linear head starts as the identity (as Medusa zero-initialises its ResBlock); a
-sequential module copies the checkpoint's last module (as MiMo grows its MTP layer), else
-its blocks copy head 0's and its input fusion starts as in pretraining.
+A new head starts at random or, with `copy`: a block head copies head 0's blocks; a resblock
+or linear head starts as the identity (as Medusa zero-initialises its ResBlock); a sequential
+module copies the checkpoint's last module (as MiMo grows its MTP layer), else its blocks copy
+head 0's and its input fusion starts as in pretraining.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ NEW_HEADS: tuple[str, ...] = ("copy", "random")
 
 def grown_config(base: MTPConfig, *, n_future: int, head_type: str,
                  drop_heads: bool = False, new_heads: str | None = "copy") -> MTPConfig:
-    """`base` with `n_future` heads of `head_type`: more heads than its need `new_heads`,
-    fewer `drop_heads`."""
+    """`base` with `n_future` heads of `head_type` (more need `new_heads`, fewer `drop_heads`)."""
     if n_future < base.n_future and not drop_heads:
         raise ValueError(f"model.n_future={n_future} is below the checkpoint's "
                          f"{base.n_future} heads: set init.drop_heads=true to keep only heads "
@@ -65,8 +62,7 @@ def grow_heads(base: MTPModel, config: MTPConfig, *, new_heads: str | None = "co
 
 def _copied(state: dict[str, Tensor], name: str, prefix: str, head_type: str,
             kept: int) -> Tensor:
-    """The `copy` initialisation of a new head's parameter `name`; heads 0..kept-1 are the
-    checkpoint's."""
+    """The `copy` initialisation of a new head's parameter `name`."""
     sub = name[len(prefix):]
     if head_type == "sequential" and kept > 1:
         return state[f"heads.{kept - 1}.{sub}"].clone()

@@ -38,15 +38,12 @@ PEAK_FLOPS: dict[str, float] = {
 
 def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True,
                     trains_base: bool = True) -> float:
-    """Model FLOPs per input token of a training step (a forward when training=False) at
-    context `seq_len`; `trains_base=False`: heads 1..n-1 train alone."""
+    """Model FLOPs per input token of a training step (a forward when training=False);
+    `trains_base=False`: heads 1..n-1 train alone."""
     check_positive("seq_len", seq_len)
     D, hd, F, V = config.dim, config.head_dim, config.ffn_hidden, config.vocab_size
     H, K = config.n_heads, config.n_kv_heads
-    projections = 2 * D * hd * (2 * H + 2 * K)
-    feed_forward = 2 * 3 * D * F
-    attention = 2 * 2 * seq_len * H * hd
-    block = projections + feed_forward + attention
+    block = 2 * D * hd * (2 * H + 2 * K) + 2 * 3 * D * F + 2 * 2 * seq_len * H * hd
     unembedding = 2 * D * V
     extra_layer = block if config.head_type in BLOCK_HEAD_TYPES else 2 * D * D
     extra = (config.n_future - 1) * config.head_layers * extra_layer  # heads 1..n-1
@@ -66,26 +63,24 @@ def flops_per_token(config: MTPConfig, seq_len: int, *, training: bool = True,
 
 def measure_peak_flops(dtype: torch.dtype = torch.float32, *, device: str = "cpu",
                        size: int = 1024, seconds: float = 0.5) -> float:
-    """Measured matrix-product peak in `dtype`: FLOPs/s of the best of repeated (size x size)
-    products, the ceiling for MFU where no data sheet applies."""
+    """Measured matrix-product FLOPs/s in `dtype` (best of repeated products): the MFU
+    ceiling where no data sheet applies."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     torch.mm(a, b)  # warm-up: kernel selection, page faults
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     best, deadline = float("inf"), time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        if device != "cpu":
-            torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         torch.mm(a, b)
-        if device != "cpu":
-            torch.cuda.synchronize()
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * size ** 3 / best
 
 
 def check_peak_flops(peak: object) -> None:
-    """A ValueError naming `trainer.peak_flops` unless it is a number > 0, a `PEAK_FLOPS`
-    preset, "cpu" or None (what `resolve_peak_flops` takes)."""
+    """A ValueError naming `trainer.peak_flops` unless `resolve_peak_flops` takes it."""
     if peak is None or peak == "cpu":
         return
     if isinstance(peak, str):

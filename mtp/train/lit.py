@@ -1,10 +1,9 @@
 """The LightningModule: manual optimisation around `mtp.train.loss.mtp_loss`, whose headwise
 modes run their own backward passes (one per head, then the trunk's) via `manual_backward`.
 
-One optimizer step is `accumulate` micro-batches, each weighted 1/accumulate; `global_step`,
-`trainer.max_steps` and the schedules count optimizer steps. The learning rate and the loss
-weights' schedules also end by `trainer.max_time` (Lightning's `Timer`, which checkpoints
-restore). Under FSDP2 the model is built on the meta device, sharded, then initialised.
+One optimizer step is `accumulate` micro-batches, each weighted 1/accumulate; the schedules
+count optimizer steps and also end by `trainer.max_time` (Lightning's `Timer`, which
+checkpoints restore). Under FSDP2 the model is built on the meta device, sharded, initialised.
 """
 
 from __future__ import annotations
@@ -46,14 +45,9 @@ class NonFiniteLossError(RuntimeError):
 
 
 class MTPLitModule(L.LightningModule):
-    """Trains an `MTPModel` with the multi-token loss.
-
-    Args:
-        model: the model's `MTPConfig` (or its `to_dict()`, as a checkpoint stores it).
-        settings: the run's `TrainSettings` (or its `to_dict()`), checked against the model.
-        tokenizer_files: the tokenizer's files (name -> text), kept in every checkpoint.
-        init_state: initial weights (a full state dict, e.g. `finetune.grow_heads`).
-    """
+    """Trains an `MTPModel` of `model` with the multi-token loss; `model` and `settings` may
+    be their `to_dict()`s (as a checkpoint stores them), `tokenizer_files` (name -> text) go
+    into every checkpoint, `init_state` is a full state dict (e.g. `finetune.grow_heads`)."""
 
     def __init__(self, model: MTPConfig | Mapping[str, Any],
                  settings: TrainSettings | Mapping[str, Any], *,
@@ -136,7 +130,6 @@ class MTPLitModule(L.LightningModule):
                         elapsed=elapsed, time_budget=timer and elapsed + timer.time_remaining())
 
     def _update_schedule_clock(self) -> None:
-        """Give the LR schedule the training time so far."""
         progress = self._progress()
         if progress.time_budget is None:
             return
@@ -144,7 +137,6 @@ class MTPLitModule(L.LightningModule):
             schedule.elapsed, schedule.time_budget = progress.elapsed, progress.time_budget
 
     def _loss_settings(self, train: bool) -> LossSettings:
-        """The loss with this step's weights (a training micro-batch's 1 / accumulate)."""
         scale = 1.0 / self.settings.optim.accumulate if train else 1.0
         self._weights_at = self._progress()
         return self.settings.loss.resolved(self.config.n_future, self._weights_at, scale)
@@ -165,11 +157,10 @@ class MTPLitModule(L.LightningModule):
         blocks for `cache_trunk`'s cache."""
         seq_len = self.settings.run.seq_len
         lookahead = self.settings.loss.lookahead(self.config.n_future)
-        expected = seq_len + lookahead
-        if tokens.ndim != 2 or tokens.shape[1] != expected:
+        if tokens.ndim != 2 or tokens.shape[1] != seq_len + lookahead:
             raise ValueError(f"batch['tokens'] has shape {tuple(tokens.shape)}; expected "
                              f"(batch, seq_len + look-ahead = {seq_len} + {lookahead} = "
-                             f"{expected}: n_future heads, or 1 + len(loss.ahead))")
+                             f"{seq_len + lookahead}: n_future heads, or 1 + len(loss.ahead))")
         trunk_out = None
         if train and self.trunk_cache is not None:
             if index is None:
@@ -181,7 +172,6 @@ class MTPLitModule(L.LightningModule):
                         train_trunk=self._trains_trunk(), trunk_out=trunk_out)
 
     def _trains_trunk(self) -> bool:
-        """Whether this step backpropagates through the trunk (not frozen, not warming up)."""
         optim = self.settings.optim
         return not optim.freeze_trunk and self.global_step >= optim.heads_only_steps
 
@@ -275,8 +265,7 @@ def _metrics(out: LossOutput) -> dict[str, torch.Tensor]:
     for i, (loss, accuracy) in enumerate(zip(out.head_losses, out.head_accuracy)):
         metrics[f"loss_head{i}"], metrics[f"acc_head{i}"] = loss, accuracy
     if out.ahead_losses is not None:
-        for d, (loss, accuracy) in enumerate(zip(out.ahead_losses, out.ahead_accuracy),
-                                             start=1):
+        for d, (loss, accuracy) in enumerate(zip(out.ahead_losses, out.ahead_accuracy), 1):
             metrics[f"loss_ahead{d}"], metrics[f"acc_ahead{d}"] = loss, accuracy
     if out.exit_loss is not None:
         metrics["loss_exit"] = out.exit_loss

@@ -4,29 +4,21 @@ Every mode gives the same loss (the weighted sum of each head's mean cross-entro
 same gradients; they differ in which logits are alive at once:
 
 - `naive`: every head's logits (B, T, n, V) at once, one backward (tests, comparison).
-- `headwise` (Gloeckle et al. 2024, section 2): the trunk runs once and its output is
-  detached; each head runs forward and backward in turn into that copy's gradient, freeing
-  its logits; one backward through the trunk ends the step. Memory O(V + d) per token, not
-  O(nV + d).
-- `chunked`: headwise, with each head's unembedding and cross-entropy over chunks of
-  `chunk_size` tokens: not even one head's (B, T, V) logits exist.
+- `headwise` (Gloeckle et al. 2024, section 2): each head runs forward and backward in turn
+  on the detached trunk output, freeing its logits; one backward through the trunk ends the
+  step. Memory O(V + d) per token, not O(nV + d).
+- `chunked`: headwise, each head's unembedding and cross-entropy over `chunk_size` tokens at
+  a time: not even one head's (B, T, V) logits exist.
 
-Sequential heads (DeepSeek-V3's modules) form a chain: module k reads module k - 1's output
-and the token t + k (`model.tokens_ahead`). Headwise, each module's output is detached and its
-head's loss backpropagated at once; then, last module first, each module's backward adds its
-share into the previous output's gradient (`_sequential_backward`).
+Sequential heads (DeepSeek-V3's modules) form a chain, module k reading module k - 1's output
+and token t + k; headwise, each module's output is detached, then the modules run backward
+last first (`_sequential_backward`). An early exit (`early_exit=e`, LayerSkip: the path
+`drafter=layer_skip` runs) adds head 0's loss on the stream after layer e - 1, weighted
+`early_exit_weight`; the trunk then runs in two segments. A look-ahead term (`ahead=[a_1, ...]`,
+modded-nanogpt) scores head 0 against tokens t + 2, t + 3, ... too.
 
-An early exit (`early_exit=e`, LayerSkip) adds head 0's next-token loss on the stream after
-trunk layer e - 1, weighted `early_exit_weight`: the path `drafter=layer_skip` runs. The trunk
-then runs in two segments, the second on a detached copy of the first's output.
-
-A look-ahead term (`ahead=[a_1, ...]`, modded-nanogpt) scores head 0's logits at t against
-tokens t + 2, t + 3, ... too (head 0's targets become a list of `Target`s); blocks then carry
-1 + len(ahead) look-ahead tokens (`LossSettings.lookahead`).
-
-Frozen parameters (Medusa-1) cost no backward: with a frozen embedding and trunk the trunk's
-backward never runs. `train_trunk=False` detaches the trunk output for a step (Medusa-2's
-heads-only warm-up).
+Frozen parameters (Medusa-1) cost no backward; `train_trunk=False` detaches the trunk output
+for a step (Medusa-2's heads-only warm-up).
 """
 
 from __future__ import annotations
@@ -53,6 +45,7 @@ class BackwardFn(Protocol):
 
 
 def autograd_backward(tensor: Tensor, gradient: Tensor | None = None) -> None:
+    """The plain `BackwardFn`, outside Lightning."""
     tensor.backward(gradient)
 
 
@@ -102,7 +95,6 @@ class LossOutput:
 
 
 def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tensor, Tensor]:
-    """Summed cross-entropy over (N, V) logits divided by `denominator`, and top-1 hits."""
     wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
     loss = F.cross_entropy(wide, targets, ignore_index=IGNORE_INDEX, reduction="sum")
     correct = ((logits.argmax(-1) == targets) & (targets != IGNORE_INDEX)).sum()
@@ -111,8 +103,7 @@ def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tenso
 
 @dataclass(frozen=True)
 class Target:
-    """Tokens a head's logits are scored against (its own, or head 0's look-ahead), and the
-    term's weight."""
+    """Tokens a head's logits are scored against (its own, or head 0's look-ahead)."""
 
     tokens: Tensor  # (B*T,) ids, ignore_index where none
     denominator: int  # targets that count, at least 1: the term's mean divides by it
@@ -134,19 +125,12 @@ def mtp_loss(model: MTPModel, tokens: Tensor, settings: LossSettings | None = No
              seq_len: int | None = None, backward: BackwardFn | None = None,
              train_trunk: bool = True, trunk_out: Tensor | None = None,
              **options: Any) -> LossOutput:
-    """Loss of every head on a block of tokens, and (with `backward`) its gradients.
-
-    Args:
-        tokens: (B, L) ids; inputs are the first `seq_len` (default: L less the look-ahead).
-        settings: a `LossSettings` (a schedule's weights read at the run's start: a training
-            step passes `settings.resolved(...)`), or its fields as `options`:
-            `mtp_loss(model, tokens, mode="naive", weights=[1, 0.5])`.
-        backward: backpropagates a tensor (Lightning's `manual_backward`, or
-            `autograd_backward`); None computes the loss only.
-        train_trunk: False backpropagates into the heads only.
-        trunk_out: a frozen trunk's output (B, seq_len, D) for these tokens, computed before
-            (`mtp.train.trunk_cache`): the trunk does not run.
-    """
+    """Loss of every head on `tokens` (B, L), and with `backward` (`manual_backward`,
+    `autograd_backward`) its gradients; the inputs are the first `seq_len` (default: L less
+    the look-ahead). `settings` reads a schedule's weights at the run's start (a training step
+    passes `settings.resolved(...)`); its fields may come as `options` instead
+    (`mode="naive", weights=[1, 0.5]`). `trunk_out`: a frozen trunk's output, computed before
+    (`mtp.train.trunk_cache`), so the trunk does not run."""
     if settings is None:
         settings = LossSettings(**options)
     elif options:
@@ -179,11 +163,8 @@ class TrunkPass:
 def run_trunk(model: MTPModel, inputs: Tensor, *, early_exit: int | None = None,
               train: bool = True, detach_exit: bool = True,
               trunk_out: Tensor | None = None) -> TrunkPass:
-    """The trunk on `inputs` (B, T), or `trunk_out`, a frozen trunk's output computed before.
-
-    With an `early_exit`, in two segments, the second on the first's output (detached when
-    `detach_exit`). `train=False` keeps no graph.
-    """
+    """The trunk on `inputs` (B, T), or `trunk_out`; with an `early_exit`, in two segments,
+    the second on the first's output (detached when `detach_exit`). `train=False`: no graph."""
     if trunk_out is not None:
         if early_exit is not None or trunk_out.requires_grad \
                 or trunk_out.shape[:2] != inputs.shape:
@@ -203,8 +184,7 @@ def run_trunk(model: MTPModel, inputs: Tensor, *, early_exit: int | None = None,
 
 @dataclass(frozen=True)
 class _Heads:
-    """Each head's targets (head 0's look-ahead terms after its own), the counts, and the
-    backward."""
+    """Each head's targets (head 0's look-ahead terms after its own), counts and backward."""
 
     targets: list[list[Target]]  # per head: its own next tokens first
     counts: Tensor  # (lookahead,) targets that count at each distance t+1, t+2, ...
@@ -249,7 +229,6 @@ class _Heads:
 
 
 def _naive_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads) -> LossOutput:
-    """Every head's logits at once (B, T, n, V) and one backward of the weighted sum."""
     n = len(heads.targets)
     logits = torch.stack([model.unembed(state, i) for i, state in
                           enumerate(model.head_states(trunk.out, tokens, n))],
@@ -306,7 +285,6 @@ def _headwise_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _He
 
 def _whole_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Sequence[Target],
                      backward: BackwardFn | None) -> tuple[Tensor, Tensor]:
-    """Head `head`'s losses over all its logits (B*T, V) at once."""
     total, losses, hits = _scored(model.unembed(head_out, head).flatten(0, 1), targets)
     if backward is not None and total.requires_grad:
         backward(total)
@@ -322,10 +300,8 @@ def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
     losses, correct = [], []
     state = trunk_out
     for k in range(model.config.n_future):
-        if k == 0:
-            out = model.head(trunk_out, 0)  # (B, T, D)
-        else:
-            out = model.mtp_module(state, tokens_ahead(tokens, k, trunk_out.shape[1]), k)
+        out = model.head(trunk_out, 0) if k == 0 else \
+            model.mtp_module(state, tokens_ahead(tokens, k, trunk_out.shape[1]), k)  # (B, T, D)
         state = out.detach().requires_grad_(out.requires_grad)
         loss, hits = head_loss(k, state)
         losses.append(loss)
@@ -341,7 +317,6 @@ def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
 def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor,
                        targets: Sequence[Target], backward: BackwardFn | None, *,
                        chunk_size: int) -> tuple[Tensor, Tensor]:
-    """Head `head`'s losses over chunks of `chunk_size` tokens of `head_out` (B, T, D)."""
     flat = head_out.flatten(0, 1)  # (B*T, D)
     # Chunks backpropagate into this detached copy; the head's blocks run backward once.
     detached = flat.detach().requires_grad_(flat.requires_grad)

@@ -9,9 +9,9 @@ Per rank, in bytes (D width, V vocabulary, B x T tokens per micro-batch, P param
     logits        4 B T V per head alive at once: one (headwise), every head (naive), none
                   (chunked)
 
-32 bytes per token and width is a floor (an eager bf16 block saves about 57, tests/
-test_memory.py); fragmentation, gathered FSDP units and the CUDA context are ignored: a run
-this lets through may still run out of memory, one it refuses cannot fit.
+32 bytes per token and width is a floor (an eager bf16 block saves about 57); fragmentation,
+gathered FSDP units and the CUDA context are ignored: a run this lets through may still run
+out of memory, one it refuses cannot fit.
 """
 
 from __future__ import annotations
@@ -71,12 +71,11 @@ def step_memory(config: MTPConfig, *, batch: int, seq_len: int, loss_mode: str =
 
 def check_fits(memory: StepMemory, *, capacity: int, device: str, what: str) -> None:
     """ValueError naming `what` (the model, batch and sequence) unless `memory` fits."""
-    if memory.total <= capacity:
-        return
-    raise ValueError(
-        f"{what} needs at least {memory.total / GIB:.1f} GiB per device (parameters, "
-        f"gradients and AdamW state {memory.states / GIB:.1f} GiB, activations "
-        f"{memory.activations / GIB:.1f} GiB, logits {memory.logits / GIB:.1f} GiB), more "
-        f"than {device}'s {capacity / GIB:.1f} GiB: lower data.batch_size or seq_len, set "
-        f"activation_checkpointing=trunk or loss.mode=chunked, choose a smaller model, or "
-        f"shard it with trainer=fsdp over more GPUs")
+    if memory.total > capacity:
+        raise ValueError(
+            f"{what} needs at least {memory.total / GIB:.1f} GiB per device (parameters, "
+            f"gradients and AdamW state {memory.states / GIB:.1f} GiB, activations "
+            f"{memory.activations / GIB:.1f} GiB, logits {memory.logits / GIB:.1f} GiB), more "
+            f"than {device}'s {capacity / GIB:.1f} GiB: lower data.batch_size or seq_len, set "
+            f"activation_checkpointing=trunk or loss.mode=chunked, choose a smaller model, or "
+            f"shard it with trainer=fsdp over more GPUs")

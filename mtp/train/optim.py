@@ -22,8 +22,8 @@ from mtp.train.settings import OptimSettings
 
 def param_groups(model: nn.Module, weight_decay: float, *,
                  trunk_lr_mult: float = 1.0) -> list[dict]:
-    """AdamW groups of the trainable parameters, each with its `name` ("heads",
-    "heads_no_decay", "base", "base_no_decay") and `lr_mult`; empty groups are left out."""
+    """AdamW groups of the trainable parameters, each with its `name` and `lr_mult`; empty
+    groups are left out."""
     groups: dict[str, list] = {"heads": [], "heads_no_decay": [], "base": [],
                                "base_no_decay": []}
     for name, param in model.named_parameters():
@@ -49,13 +49,10 @@ def build_optimizer(model: nn.Module, optim: OptimSettings, *,
 
 def lr_factor(step: int, elapsed: float = 0.0, *, warmup_steps: int, total_steps: int,
               time_budget: float | None = None, min_lr_ratio: float = 0.1) -> float:
-    """Learning-rate multiplier at optimizer step `step`, `elapsed` seconds into training.
-
-    Linear warm-up to 1 over `warmup_steps`, then a half cosine down to `min_lr_ratio` at the
-    end of the budget, flat after. Progress is max(step / total_steps, elapsed / time_budget):
-    a machine too slow for the steps still decays fully by the deadline; one fast enough
-    follows the step schedule exactly.
-    """
+    """Learning-rate multiplier at optimizer step `step`, `elapsed` seconds into training:
+    linear warm-up, then a half cosine down to `min_lr_ratio` at the end of the budget. By
+    max(step / total_steps, elapsed / time_budget), a machine too slow for the steps still
+    decays fully by the deadline; one fast enough follows the step schedule exactly."""
     progress = run_progress(step, total_steps, elapsed, time_budget)
     start = warmup_steps / total_steps  # the cosine starts where the warm-up ends
     decay = min(1.0, max(0.0, (progress - start) / max(1e-12, 1.0 - start)))
@@ -67,9 +64,8 @@ def lr_factor(step: int, elapsed: float = 0.0, *, warmup_steps: int, total_steps
 
 @dataclass
 class LRSchedule:
-    """`lr_factor` as a `LambdaLR` multiplier, with the clock the trainer sets (`elapsed`,
-    `time_budget`) before each `scheduler.step()`; an object, not a closure, so that
-    `LambdaLR.state_dict()` saves its fields."""
+    """`lr_factor` as a `LambdaLR` multiplier with the clock the trainer sets; an object, not
+    a closure, so that `LambdaLR.state_dict()` saves its fields."""
 
     warmup_steps: int
     total_steps: int
@@ -101,8 +97,8 @@ class LRSchedule:
 def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
                     min_lr_ratio: float = 0.1, heads_only_steps: int = 0,
                     time_budget: float | None = None) -> torch.optim.lr_scheduler.LambdaLR:
-    """A `LambdaLR` with an `LRSchedule` per group, stepped once per optimizer step; the base
-    groups stay at 0 for `heads_only_steps`, then warm up and decay over the rest."""
+    """A `LambdaLR` with an `LRSchedule` per group; the base groups stay at 0 for
+    `heads_only_steps`, then warm up and decay over the rest."""
     heads = LRSchedule(warmup_steps=warmup_steps, total_steps=total_steps,
                        min_lr_ratio=min_lr_ratio, time_budget=time_budget)
     base = replace(heads, delay_steps=heads_only_steps)

@@ -2,12 +2,10 @@
 when the time budget cannot carry the planned steps.
 
 `ThreadSearch` times the first steps of training itself: one warm-up step at one thread, then
-one at each count from 1 to the cores. The choice (`mtp.tune.thread_record`) is cached
-(`mtp.tune.TuneCache`, keyed by the model's shape, batch and machine) and printed in one line
-through tqdm's writer; `threads=N`, OMP_NUM_THREADS or an earlier `torch.set_num_threads` win.
-
-`PaceCheck` then compares the measured step time with `trainer.max_time`: when the budget
-reaches fewer than STARVED of `trainer.max_steps`, it says so at once, with the likely cause.
+one at each count from 1 to the cores; the choice is cached (`mtp.tune.TuneCache`, keyed by
+the model's shape, batch and machine) and printed in one line. `threads=N`, OMP_NUM_THREADS
+or an earlier `torch.set_num_threads` win. `PaceCheck` then warns at once, with the likely
+cause, when `trainer.max_time` reaches fewer than STARVED of `trainer.max_steps`.
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ class ThreadSearch(Callback):
         self._started = time.perf_counter()
 
     def _cached(self) -> Measurement | None:
-        """The cached choice for this key, set; None when there is none that can run (the
-        machine's cores may be fewer now)."""
+        """The cached choice, set; None when none can run (the cores may be fewer now)."""
         found = self.cache.get(self.key)
         if found is None or found.step != "threads" or not isinstance(found.value, int) \
                 or not 1 <= found.value <= cores():
@@ -126,10 +123,8 @@ class PaceCheck(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._checked:
-            return
         seconds = time.perf_counter() - self._began
-        if self.search is not None and not self.search.done:
+        if self._checked or self.search is not None and not self.search.done:
             return
         rate = self.search.measured_rate() if self.search is not None else None
         if rate is not None:  # the chosen count's batch, timed already
@@ -147,7 +142,7 @@ class PaceCheck(Callback):
 
     def check(self, trainer: L.Trainer, per_batch: float, tokens: int) -> str | None:
         """The warning for a measured `per_batch` seconds (of `tokens` tokens), printed; None
-        when the budget carries at least STARVED of the planned steps, or there is none."""
+        when the budget carries STARVED of the planned steps, or there is none."""
         timer = max_time_timer(trainer)
         if timer is None:
             return None

@@ -1,15 +1,12 @@
 """FSDP2 sharding, mixed precision and activation checkpointing of an `MTPModel`, kept apart
 from the model (torchtitan's `parallelize`).
 
-FSDP units, innermost first (each gathered before it runs, reduce-scattered after its
-backward): every trunk block; every head (the headwise loss runs one head at a time); the
-shared final norm and unembedding, with the tied input embedding, never resharded within a
-step (every head calls it); the root, with `model.trunk` registered as a forward method.
-
-The headwise backward is n + 1 backward calls per micro-batch, and FSDP2 ends each by
+FSDP units, innermost first: every trunk block; every head (the headwise loss runs one head at
+a time); the shared final norm and unembedding (with a tied input embedding), never resharded
+within a step since every head calls it; the root, with `model.trunk` as a forward method.
+The headwise backward is n + 1 backward calls per micro-batch, each of which FSDP2 ends by
 reduce-scattering every unit it did not reach: `gradient_sync` makes that one reduce-scatter
-per parameter per optimizer step (docs/benchmarks.md has the counts). Gradients equal the
-unsharded model's (tests/train/test_parallel.py).
+per parameter per optimizer step (docs/benchmarks.md). Gradients equal the unsharded model's.
 """
 
 from __future__ import annotations
@@ -39,8 +36,8 @@ _HEADS_GATHERED: weakref.WeakSet = weakref.WeakSet()  # models whose heads were 
 def parallelize(model: MTPModel, mesh: DeviceMesh, *,
                 mp_policy: MixedPrecisionPolicy | None = None,
                 reshard_after_forward: bool = True) -> MTPModel:
-    """Shard `model` in place over the 1-D data-parallel `mesh`, on the meta device (then
-    `to_empty` and `init_weights()`) or not; `reshard_after_forward`: the blocks' and heads'."""
+    """Shard `model` in place over the 1-D data-parallel `mesh` (on the meta device or not);
+    `reshard_after_forward`: the blocks' and heads'."""
     if mesh.ndim != 1:
         raise ValueError(f"parallelize needs a 1-D data-parallel mesh, got {mesh.ndim} dims "
                          f"({mesh.mesh_dim_names})")
@@ -92,8 +89,7 @@ def mixed_precision(precision: str, *, param_dtype: str = "auto",
 
 def apply_activation_checkpointing(model: MTPModel, mode: str) -> None:
     """Recompute blocks in backward instead of keeping their activations: "trunk" the trunk's
-    blocks, "all" the heads' too ("none": neither). Each block keeps its input and recomputes
-    just before its own backward; its `forward` is wrapped, so parameter names stay."""
+    blocks, "all" the heads' too; `forward` is wrapped, so parameter names stay."""
     check_options(activation_checkpointing=mode)
     blocks = [] if mode == "none" else list(model.layers)
     if mode == "all":
@@ -109,10 +105,9 @@ def gradient_sync(model: nn.Module, *, sync: bool, headwise: bool) -> Iterator[N
     """Around one micro-batch's loss and backward: reduce-scatter each parameter once per step.
 
     `sync`: the step's last micro-batch. `headwise`: n + 1 backward calls ending with the
-    trunk's (False: one backward, FSDP's own `set_requires_gradient_sync`). Headwise, each
-    unit's sync stays off until its last backward of the step: a head's at the start of its
-    own, the trunk's, root's and shared unit's when the gradient reaches the trunk output; the
-    root and the shared unit stay gathered meanwhile. A no-op without FSDP.
+    trunk's; each unit's sync stays off until its last backward of the step (a head's own,
+    the trunk's, root's and shared unit's when the gradient reaches the trunk output), the
+    root and shared unit gathered meanwhile. A no-op without FSDP.
     """
     if not isinstance(model, FSDPModule):
         yield
@@ -171,9 +166,8 @@ def _on_output_grad(module: nn.Module, fn: Any) -> torch.utils.hooks.RemovableHa
 
 
 def end_spawned_rank() -> NoReturn:
-    """End a finished `torch.multiprocessing.spawn` worker: barrier, tear the process group
-    down, and `os._exit(0)`, skipping the finalization where gloo (torch 2.13, CPU) aborts
-    about one run in twenty. What the rank hands back must already be written."""
+    """End a finished spawned worker with `os._exit(0)`: gloo's finalization (torch 2.13, CPU)
+    aborts about one run in twenty. What the rank hands back must already be written."""
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)

@@ -1,9 +1,6 @@
-"""A run's metric history and its end-of-run plots: per-head loss and accuracy curves.
-
-`MetricsHistory` keeps the metrics the plots need, whatever the logger, and saves them in
-checkpoints. `write_plots` writes `<run>/plots/`: `metrics.csv`, `loss.png`, `accuracy.png`,
-`lr.png` and, under a `loss.schedule`, `weights.png`. From a metrics CSV (this one, or a
-CSVLogger's): `python -m mtp.train.plots METRICS_CSV OUT_DIR`.
+"""A run's metric history (`MetricsHistory`, whatever the logger, kept in checkpoints) and its
+end-of-run plots (`write_plots`). From a metrics CSV (a run's, or a CSVLogger's):
+`python -m mtp.train.plots METRICS_CSV OUT_DIR`.
 """
 
 from __future__ import annotations
@@ -11,6 +8,7 @@ from __future__ import annotations
 import argparse
 import csv
 import re
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +101,8 @@ def _heads(history: History, split: str, kind: str) -> dict[int, list[tuple[int,
 
 def _smooth(values: list[float], weight: float) -> list[float]:
     """Exponential moving average (TensorBoard's smoothing): one batch's metrics are noisy."""
-    out, average = [], values[0]
-    for value in values:
-        average = weight * average + (1 - weight) * value
-        out.append(average)
-    return out
+    return list(accumulate(values, lambda mean, value: weight * mean + (1 - weight) * value,
+                           initial=values[0]))[1:]
 
 
 def _plot_pair(history: History, kind: str, label: str, path: Path) -> Path:
@@ -131,7 +126,6 @@ def _plot_pair(history: History, kind: str, label: str, path: Path) -> Path:
 
 
 def _finish(ax: Any, title: str, legend: bool) -> None:
-    """An axes' title, step axis, grid and (`legend`) legend."""
     ax.set_title(title)
     ax.set_xlabel("optimizer step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -142,7 +136,6 @@ def _finish(ax: Any, title: str, legend: bool) -> None:
 
 def _plot_over_steps(curves: dict[str, list[tuple[int, float]]], title: str,
                      path: Path) -> Path:
-    """One small figure of `curves` (label -> points) against the optimizer step."""
     figure = Figure(figsize=(5.5, 3.5), layout="constrained")
     ax = figure.subplots()
     for index, (label, points) in enumerate(curves.items()):
@@ -168,7 +161,7 @@ def _weight_curves(history: History) -> dict[str, list[tuple[int, float]]]:
 
 def write_plots(history: History, out_dir: Path) -> list[Path]:
     """Write `metrics.csv`, `loss.png`, `accuracy.png` and (when logged) `lr.png` and
-    `weights.png` to `out_dir`."""
+    `weights.png` (a `loss.schedule`'s) to `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [write_metrics_csv(history, out_dir / "metrics.csv"),

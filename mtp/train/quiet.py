@@ -1,9 +1,7 @@
 """What a training run does not print: third-party advertisements and warnings about code
-that is not the user's, each silenced by its own message so anything else still shows:
-Lightning's `litlogger` tip, its model summary's remark on bf16-mixed sizes and its warning
-that manual optimisation checkpoints hold the post-step state (what resuming wants); torch's
-`LeafSpec` deprecation (Lightning's call); wandb's console lines (`WANDB_SILENT` unless set)
-and its `anonymous` warning (`quiet_logger`).
+that is not the user's, each silenced by its own message so anything else still shows
+(`_WARNINGS`, `_LOG_LINES`; the manual-optimisation checkpoint warning describes what resuming
+wants); wandb's console lines (`WANDB_SILENT` unless set) and `anonymous` warning.
 """
 
 from __future__ import annotations
@@ -24,14 +22,12 @@ _LOG_LINES = ("💡 Tip: For seamless cloud logging",)
 
 
 class _DropLines(logging.Filter):
-    """Drops the log records whose message starts with one of `_LOG_LINES`."""
-
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(_LOG_LINES)
 
 
 def quiet_third_party() -> None:
-    """Silence the lines of the module docstring (idempotent)."""
+    """Silence the module docstring's lines (idempotent)."""
     for message, category in _WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
     # The logger Lightning's rank_zero_info writes to (its modules share lightning_utilities').

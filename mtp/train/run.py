@@ -1,10 +1,8 @@
 """`python -m mtp.train +experiment=byte8`: compose the config, train, export, summarise.
 
-`train(cfg)` is the whole job: the settings are checked before anything heavy runs
-(`mtp.train.settings`), then the files they name and whether a GPU step fits
-(`mtp.train.memory`); then the tokenizer is built, the data prepared, the model trained with
-Lightning, validated, exported (`mtp.load`), its curves plotted to `<run>/plots/`, its greedy
-decoding measured (`decode.*`) and the summary printed and written (`mtp.train.summary`).
+`train(cfg)` checks the settings, the files they name and whether a GPU step fits before
+anything heavy runs; then it trains with Lightning, validates, exports (`mtp.load`), plots
+`<run>/plots/`, measures greedy decoding (`decode.*`) and writes the summary.
 """
 
 from __future__ import annotations
@@ -166,8 +164,7 @@ def grown_model(cfg: DictConfig, init: InitSettings
 
 
 def check_device_memory(cfg: DictConfig, settings: TrainSettings, config: MTPConfig) -> None:
-    """Refuse, before any data or training, a GPU run whose step cannot fit the GPU's memory
-    (`mtp.train.memory`'s lower bound)."""
+    """Refuse, before any data, a GPU run whose step cannot fit (`mtp.train.memory`)."""
     if cfg.trainer.get("accelerator") not in ("gpu", "cuda", "auto") or \
             not torch.cuda.is_available():
         return
@@ -188,8 +185,7 @@ def check_device_memory(cfg: DictConfig, settings: TrainSettings, config: MTPCon
 
 def check_resumable(ckpt_path: str | None) -> None:
     """Refuse, before anything is built, a `ckpt_path` that is not a Lightning checkpoint of
-    `mtp.train` (a file, or a sharded checkpoint's folder). It is read as Lightning resumes it,
-    `weights_only=True` (no code runs), memory-mapped (its tensors are not read)."""
+    `mtp.train`; read `weights_only=True` (no code runs) and memory-mapped."""
     if not ckpt_path:
         return
     path = Path(ckpt_path)
@@ -279,10 +275,9 @@ def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: P
                    last_ckpt: str, stopped: str | None, plots: Path,
                    decode: dict[str, Any] | None, summary: Path) -> None:
     if metrics:
-        lines = ["", "head  predicts  val loss  val acc"]
-        for i in range(n_future):
-            lines.append(f"{i:>4}  t+{i + 1:<7} {metrics[0][f'val/loss_head{i}']:>8.4f}  "
-                         f"{metrics[0][f'val/acc_head{i}']:>7.4f}")
+        lines = ["", "head  predicts  val loss  val acc",
+                 *(f"{i:>4}  t+{i + 1:<7} {metrics[0][f'val/loss_head{i}']:>8.4f}  "
+                   f"{metrics[0][f'val/acc_head{i}']:>7.4f}" for i in range(n_future))]
     else:
         lines = ["", "no validation data (raise data.val_fraction for a per-head summary)"]
     if decode:

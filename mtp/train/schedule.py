@@ -12,10 +12,9 @@ progress in [0, 1]:
     ramp      the mirror image: from 0 to 1, the nearest term first (distance d rises in
               slice d - 1)
 
-Progress is the learning rate's (`mtp.train.optim.lr_factor`): max(step / max_steps,
-elapsed / time_budget); `loss.schedule_steps` are optimizer steps of `trainer.max_steps`.
-E.g. anneal over 400 steps, K = 2: at step 100, m_2 = 0.5, m_1 = 1; at step 300, m_2 = 0,
-m_1 = 0.5.
+Progress is the learning rate's (`mtp.train.optim.lr_factor`); `loss.schedule_steps` are
+optimizer steps. E.g. anneal over 400 steps, K = 2: at step 100, m_2 = 0.5, m_1 = 1; at step
+300, m_2 = 0, m_1 = 0.5.
 """
 
 from __future__ import annotations
@@ -28,16 +27,15 @@ SCHEDULES: tuple[str, ...] = ("constant", "stepped", "anneal", "ramp")
 def run_progress(step: int, total_steps: int, elapsed: float = 0.0,
                  time_budget: float | None = None) -> float:
     """max(step / total_steps, elapsed / time_budget), not clipped to 1."""
-    progress = step / total_steps
-    if time_budget is not None:
-        progress = max(progress, elapsed / time_budget)
-    return progress
+    if time_budget is None:
+        return step / total_steps
+    return max(step / total_steps, elapsed / time_budget)
 
 
 @dataclass(frozen=True)
 class Progress:
     """Where a run is: optimizer step `step` of `max_steps`, `elapsed` seconds of its
-    `time_budget` (None: no time budget). The default is a run's start."""
+    `time_budget` (None: none). The default is a run's start."""
 
     step: int = 0
     max_steps: int = 1

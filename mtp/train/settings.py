@@ -1,9 +1,8 @@
-"""A training run's settings: typed, frozen objects built once from the composed config.
-
-`check_settings(cfg)` builds them before any data or model work. Each object checks its own
-fields in `__post_init__`, `TrainSettings` the checks across objects, `check_model` those that
-need the architecture; an error is one line naming the key as typed (`optim.lr=-1.0 must be
-> 0`). Checkpoints store them as plain dicts (`to_dict`), read with `weights_only=True`.
+"""A training run's settings: typed, frozen objects built once from the composed config by
+`check_settings(cfg)`, before any data or model work. Each checks its own fields,
+`TrainSettings` those across objects, `check_model` those that need the architecture; an error
+is one line naming the key as typed (`optim.lr=-1.0 must be > 0`). Checkpoints store them as
+plain dicts (`to_dict`), read with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -48,9 +47,8 @@ def _number(settings: object, key: str, check: Callable[..., Any], *args: Any, *
 
 @dataclass(frozen=True, kw_only=True)
 class LossSettings:
-    """The multi-token loss (`mtp.train.loss`): `loss.*` of conf/config.yaml, which documents
-    each key. `head_weights` and `ahead_weights` read the weights at a `Progress`; a training
-    step takes `resolved(...)`, the step's weights fixed."""
+    """`loss.*` of conf/config.yaml (`mtp.train.loss`); the weights are read at a `Progress`,
+    and a training step takes `resolved(...)`, the step's weights fixed."""
 
     mode: str = "headwise"
     weights: tuple[float, ...] | None = None
@@ -77,8 +75,7 @@ class LossSettings:
         _number(self, "loss.early_exit_weight", check_number, lambda v: v >= 0, ">= 0")
         check_positive("chunk_size", self.chunk_size, 1, ">= 1")
 
-    def _check_schedule(self) -> None:
-        """The schedule's points and factor (unused ones are not checked)."""
+    def _check_schedule(self) -> None:  # unused points and factor are not checked
         steps, schedule = self.schedule_steps, self.schedule
         if steps is not None:
             if not isinstance(steps, (list, tuple)) or not all(
@@ -146,8 +143,7 @@ class LossSettings:
             early_exit_weight=self.early_exit_weight * scale)
 
     def check_model(self, *, n_future: int, n_layers: int | None = None) -> None:
-        """A ValueError naming the setting unless these fit the model (n_layers None:
-        unknown)."""
+        """A ValueError naming the setting unless these fit the model (n_layers None: unknown)."""
         self.head_weights(n_future)
         if self.early_exit is not None and n_layers is not None \
                 and self.early_exit >= n_layers:
@@ -158,9 +154,8 @@ class LossSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimSettings:
-    """AdamW, its learning-rate schedule (`mtp.train.optim`), accumulation and what trains
-    (Medusa-1's frozen trunk, Medusa-2's lower rate and warm-up): `optim.*` of
-    conf/config.yaml, which documents each key."""
+    """`optim.*` of conf/config.yaml: AdamW, its schedule (`mtp.train.optim`), accumulation
+    and what trains (Medusa-1's frozen trunk, Medusa-2's lower rate and warm-up)."""
 
     lr: float = 3e-3
     weight_decay: float = 0.1
@@ -209,8 +204,7 @@ class OptimSettings:
 @dataclass(frozen=True, kw_only=True)
 class RunSettings:
     """The run's shape and machinery: `seq_len`, `trainer.max_steps` (the schedule's span),
-    `threads`, `compile`, `activation_checkpointing`, `fsdp.*` and `trainer.peak_flops` (the
-    MFU denominator, `mtp.train.flops`), as conf/config.yaml documents them."""
+    `threads`, `compile`, `activation_checkpointing`, `fsdp.*`, `trainer.peak_flops`."""
 
     seq_len: int
     max_steps: int
@@ -235,8 +229,7 @@ class RunSettings:
 @dataclass(frozen=True, kw_only=True)
 class InitSettings:
     """Where the weights start (`init_from`, `init.*`; `mtp.train.finetune`): a checkpoint
-    (None: random), how heads it lacks start (`new_heads`: copy, random or None: add none), and
-    whether fewer heads than its are allowed (`drop_heads`)."""
+    (None: random), how heads it lacks start (`new_heads`), whether to drop heads."""
 
     init_from: str | None = None
     new_heads: str | None = None
@@ -251,9 +244,7 @@ class InitSettings:
 @dataclass(frozen=True, kw_only=True)
 class DecodeCheckSettings:
     """`decode.*`: greedy decoding measured on the export after training
-    (`mtp.train.summary`): whether (`enabled`), on how many held-out HumanEval prompts, how
-    many new tokens each, how many prompts together, and which tree presets beside the chain
-    (checked against the model, and the prompts chosen, by `summary.decode_prompts`)."""
+    (`mtp.train.summary`; checked against the model by `summary.decode_prompts`)."""
 
     enabled: bool = True
     prompts: int = 4
@@ -300,8 +291,8 @@ class TrainSettings:
 
     def check_model(self, *, n_future: int, max_seq_len: int,
                     n_layers: int | None = None) -> None:
-        """A ValueError naming the setting unless these fit the model (n_layers None:
-        unknown, as in a config whose trunk is `model.depth` less the heads' blocks)."""
+        """`LossSettings.check_model` and the checks across sections (n_layers None: unknown,
+        as in a config whose trunk is `model.depth` less the heads' blocks)."""
         if self.run.seq_len > max_seq_len:
             raise ValueError(f"seq_len={self.run.seq_len} must be an integer in "
                              f"[1, model.max_seq_len={max_seq_len}]")

@@ -1,14 +1,10 @@
-"""What a finished run reports: `<run>/summary.json`, and decoding measured on its export.
-
-`summary.json` says where the export, checkpoint and plots are, how far the run trained,
-the validation figures (`val`: `loss`, `loss_head`, `acc_head`) and, unless
-`decode.enabled=false`, `decode`: greedy decoding of held-out HumanEval prompts by the export
-on the training device (`mtp.generate.measure.measure_decoding`), also logged as `decode/*`.
+"""What a finished run reports: `<run>/summary.json` (where the export, checkpoint and plots
+are, how far the run trained, `val` figures) and, unless `decode.enabled=false`, greedy
+decoding of held-out HumanEval prompts by the export (`measure_decoding`), logged as `decode/*`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +14,7 @@ from mtp.generate.measure import measure_decoding
 from mtp.generate.settings import DecodeSettings
 from mtp.decode.tree import resolve_tree
 from mtp.model import MTPConfig
+from mtp.paths import write_json
 from mtp.train.settings import DecodeCheckSettings
 from mtp.tokenizers import Tokenizer
 
@@ -26,8 +23,7 @@ SUMMARY_FILE = "summary.json"
 
 def decode_prompts(decode: DecodeCheckSettings, config: MTPConfig,
                    tokenizer: Tokenizer) -> list[str]:
-    """The held-out prompts the run will decode, after checking `decode.*` against the model
-    (before training)."""
+    """The held-out prompts the run will decode, `decode.*` checked against the model."""
     if not decode.enabled:
         return []
     if decode.max_new_tokens >= config.max_seq_len:
@@ -86,8 +82,5 @@ def decode_metrics(figures: dict[str, Any]) -> dict[str, float]:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
-    """Write `summary` as `<run_dir>/summary.json`; return its path."""
-    path = Path(run_dir) / SUMMARY_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=2) + "\n")
-    return path
+    """Write `<run_dir>/summary.json`; return its path."""
+    return write_json(Path(run_dir) / SUMMARY_FILE, summary, indent=2)

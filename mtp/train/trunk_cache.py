@@ -1,21 +1,15 @@
 """Medusa-1's frozen trunk, run once: its output for each training block, kept for every epoch.
 
 With the base model frozen (`optim.freeze_trunk`), a block's trunk output never changes, and
-on a CPU it is most of a step: SmolLM2-135M's 30 blocks against three heads' resblocks and
-their share of the unembedding. `TrunkCache` computes the output of the blocks a batch brings
-that it has not seen (one batched forward, no graph) and reads the others from memory, so
-from the second epoch on a step runs the heads alone. The loss is the same: `mtp_loss` takes
-the cached output as `trunk_out` and goes on from there, and the heads' gradients are those
-of a step through the trunk (tests/train/test_trunk_cache.py).
+on a CPU it is most of a step (SmolLM2-135M's 30 blocks against three heads). `TrunkCache`
+runs the trunk on the blocks a batch brings that it has not seen and reads the others from
+memory, so from the second epoch on a step runs the heads alone, with the same loss and
+gradients (`mtp_loss`'s `trunk_out`; tests/train/test_trunk_cache.py).
 
-A block is known by its index in the training set (`PackedBlocks` hands it out as
-batch["index"]); a streamed corpus has none and is refused. The cache holds a (seq_len, dim)
-tensor per block in the trunk's output dtype (float32 under bf16-mixed too: the residual
-stream stays float32): 0.23 GB per 100,000 tokens at SmolLM2's width 576.
-
-What is kept per block is the trunk's output unless `compute` says otherwise: an EAGLE
-drafter trained on a frozen target keeps three layers' features and the target's own next
-tokens (`mtp.train.eagle`), a tuple of tensors per block, read back as a tuple.
+Blocks are known by their index in the training set (batch["index"]); a streamed corpus has
+none and is refused. A block's output stays float32 under bf16-mixed too (the residual
+stream): 0.23 GB per 100,000 tokens at SmolLM2's width 576. `compute` may keep something else
+per block: `mtp.train.eagle` keeps a tuple (the target's features and next tokens).
 """
 
 from __future__ import annotations
@@ -37,7 +31,7 @@ def trunk_output(model: MTPModel, inputs: Tensor) -> Tensor:
 
 class TrunkCache:
     """The frozen trunk's outputs by training-block index: `compute(model, inputs)`'s, a
-    tensor or a tuple of tensors (B, ...) (default: the trunk's output)."""
+    tensor or a tuple of tensors (B, ...)."""
 
     def __init__(self, compute: Callable[[MTPModel, Tensor], Outputs] = trunk_output) -> None:
         self._compute = compute
@@ -53,9 +47,8 @@ class TrunkCache:
 
     @torch.no_grad()
     def trunk_out(self, model: MTPModel, inputs: Tensor, indices: Tensor) -> Outputs:
-        """The trunk's output (B, T, D) for `inputs` (B, T), the blocks `indices` (B,): the
-        ones not seen before run through the trunk together, the others come from memory.
-        With a `compute` of its own, what it returns for them (a tuple stays a tuple)."""
+        """`compute`'s output for `inputs` (B, T), the blocks `indices` (B,): the ones not seen
+        before run together, the others come from memory."""
         if indices.shape != inputs.shape[:1]:
             raise ValueError(f"one index per block: indices of shape {tuple(indices.shape)} "
                              f"for inputs of shape {tuple(inputs.shape)}")
