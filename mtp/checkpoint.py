@@ -1,20 +1,15 @@
 """Portable checkpoints: export a trained model for inference, and load it back.
 
 An export holds `model.safetensors` (full weights; a tied output weight stored once),
-`config.json` (`{"format_version", "model": MTPConfig.to_dict(), "tokenizer": {...}}`) and
-the tokenizer's files. `export_hf`, `export_mimo` and `export_medusa` write other libraries'
-layouts instead (`mtp.interop`).
+`config.json` (`{"format_version", "model": MTPConfig.to_dict(), "tokenizer": {...}}`) and the
+tokenizer's files; `export_hf`, `export_mimo` and `export_medusa` write `mtp.interop`'s layouts.
+`load` reads any layout in `LAYOUTS` without Lightning or Hydra, building the model on the meta
+device around the loaded tensors (no second copy), strictly, in their stored dtype or `dtype`.
 
-`load` reads, without Lightning or Hydra, any layout in `LAYOUTS`: an export, a `mtp.train`
-checkpoint (a `.ckpt` file or `trainer=fsdp`'s sharded folder), and the layouts of
-`mtp.interop`. The model is built on the meta device around the loaded tensors (no second
-copy), strictly, in their stored dtype unless `dtype` is given.
-
-A sharded folder is what Lightning's `ModelParallelStrategy` saves: torch.distributed.checkpoint
-(DCP) shards of the model and optimizer (`.metadata`, one `__<rank>_0.distcp` per rank) and
-`meta.pt`, the rest of the Lightning checkpoint. DCP keeps global shapes, so `ckpt_path=`
-resumes on any number of ranks and `read_sharded_checkpoint` gathers the full weights in one
-process.
+`trainer=fsdp` saves a folder (Lightning's `ModelParallelStrategy`): torch.distributed.checkpoint
+(DCP) shards of model and optimizer (`.metadata`, `__<rank>_0.distcp` per rank) and `meta.pt`,
+the rest of the checkpoint. DCP keeps global shapes, so `ckpt_path=` resumes on any number of
+ranks and `read_sharded_checkpoint` gathers the full weights in one process.
 """
 
 from __future__ import annotations
@@ -99,29 +94,25 @@ def _write_export(config: MTPConfig, state: dict[str, torch.Tensor], tokenizer: 
 
 
 def export_hf(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """Write a Hugging Face `LlamaForCausalLM` directory (trunk + head 0), heads 1..n-1 in
-    mtp's heads file beside it, and tokenizer files `AutoTokenizer` loads."""
+    """Write a Hugging Face `LlamaForCausalLM` directory and mtp's heads file (`mtp.interop.hf`)."""
     return _write_layout(hf.write_hf, model, tokenizer, directory)
 
 
 def export_mimo(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """Write MiMo's layout (`mtp.interop.mimo`): a Qwen2 model whose sequential heads are its
-    MTP layers, as vLLM and SGLang serve them."""
+    """Write MiMo's layout (`mtp.interop.mimo`): sequential heads as a Qwen2's MTP layers."""
     return _write_layout(mimo.write_mimo, model, tokenizer, directory)
 
 
 def export_medusa(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """Write the base model as a Hugging Face Llama in `base/` and heads 1..n-1 as Medusa heads
-    in `vllm/` and `medusa/` (FasterDecoding's). Only `medusa` heads map onto Medusa's: others
-    are refused, with the reason, before anything is written (`mtp.interop.medusa`)."""
+    """Write the base model (`base/`) and heads 1..n-1 as vLLM's and FasterDecoding's Medusa heads
+    (`mtp.interop.medusa`); other head types are refused, with the reason, before any write."""
     medusa.check_medusa(model.config)
     return _write_layout(medusa.write_medusa, model, tokenizer, directory)
 
 
 def _write_layout(write: Callable[[MTPConfig, dict[str, torch.Tensor], Tokenizer, Path], None],
                   model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """`write(config, state, tokenizer, directory)` on rank 0, the full state gathered on every
-    rank; return the directory."""
+    """`write(config, state, tokenizer, directory)` on rank 0, the state gathered on every rank."""
     check_vocab(model.config, tokenizer)
     state = full_state_dict(model)
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:

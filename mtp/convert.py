@@ -68,8 +68,7 @@ def main(argv: list[str]) -> None:
     dtype = cli.parse_dtype(args.dtype)
     model, tokenizer = load(args.checkpoint, dtype=dtype)
     if command == EAGLE3:  # the drafter named, else the one saved for the checkpoint
-        path = Path(args.checkpoint)
-        context = DrafterContext(saved=saved_choices(path))
+        context = DrafterContext(saved=saved_choices(Path(args.checkpoint)))
         module = EagleDrafter.found(EagleOptions(eagle=args.eagle), context)
         if module is None:
             raise ValueError(f"no EAGLE drafter for {args.checkpoint}: give eagle=DIR, or "

@@ -1,53 +1,18 @@
 """EAGLE-3 drafters out to vLLM's `eagle3` and SGLang's `EAGLE3` speculative methods, and back.
 
-An mtp EAGLE drafter (`mtp.decode.drafters.eagle_model.Eagle`) is EAGLE-3's layout exactly: `fc`
-fuses three target layers' residual streams [low; middle; high] (3D -> D); one decoder layer
-whose q/k/v read [input_layernorm(embedding); hidden_norm(fused feature)] (2D) with the fused
-feature as the residual; a final norm; an lm_head over the draft vocabulary, mapped to the
-target's ids. `write_eagle3` writes the directory both engines load
-(`LlamaForCausalLMEagle3`, as SafeAILab's released EAGLE-3 checkpoints name it), and
-`read_eagle3` reads one back for a target model. Both translate plain values, the drafter's
-config fields and state dict (mtp's names; `d2t` the target ids), as the rest of interop
-does: `Eagle.from_state` builds the drafter, and checks it.
+An mtp EAGLE drafter (`mtp.decode.drafters.eagle_model.Eagle`) is EAGLE-3's layout exactly:
+`fc` fuses three target layers' residual streams [low; middle; high] (3D -> D) for one
+decoder layer whose q/k/v read [input_layernorm(embedding); hidden_norm(fused)] (2D), then a
+final norm and an lm_head over the draft vocabulary. `write_eagle3` writes the directory both
+engines load (`LlamaForCausalLMEagle3`, as SafeAILab's EAGLE-3 checkpoints name it);
+`read_eagle3` reads one back for a target model. Both translate plain values (the drafter's
+config fields; its state dict in mtp's names, `d2t` the target ids) for `Eagle.from_state`.
+docs/serving.md ("EAGLE-3 drafters") lists every key and the engine sources they come from.
 
-config.json: a Llama config of one layer (`num_hidden_layers` 1) with the target's width,
-heads, head width, feed-forward width, norm epsilon and rotary settings, and
-  architectures          ["LlamaForCausalLMEagle3"]  (vLLM's registry and SGLang's EntryClass)
-  vocab_size             the target's V;  draft_vocab_size N (the lm_head's rows)
-  target_hidden_size     the target's width (the fc reads 3 x it)
-  tie_word_embeddings    false (SGLang would make the lm_head the embedding)
-  eagle_config           {"eagle_aux_hidden_state_layer_ids": [i, j, k], "use_aux_hidden_state":
-                         true}: SGLang's field; it captures the output of layer id (it adds 1
-                         and captures that layer's input), which is mtp's trunk layer index
-  eagle_aux_hidden_state_layer_ids  [i + 1, j + 1, k + 1]: vLLM's field, read at the top
-                         level; it captures the input of layer id
-mtp's default layers are both engines' own default, (2, L // 2, L - 3) as layer inputs, so an
-engine version that reads neither field captures the same features.
-
-model.safetensors (D width, N draft tokens, V target tokens, H/K query/key heads, hd):
-  fc.weight (D, 3D); norm.weight (D,); lm_head.weight (N, D)
-  midlayer.input_layernorm.weight (D,)         on the token's embedding
-  midlayer.hidden_norm.weight (D,)             on the fused feature
-  midlayer.self_attn.{q,k,v}_proj.weight (H*hd | K*hd, 2D); o_proj (D, H*hd)
-  midlayer.post_attention_layernorm.weight (D,); midlayer.mlp.{gate,up,down}_proj.weight
-  d2t (N,) int64: target id - draft id (vLLM and SGLang add arange(N) to it)
-  t2d (V,) bool: whether each target token is in the draft vocabulary (both engines skip it;
-      EAGLE's training code writes it)
-  (neither where N = V: the map is the identity, and vLLM 0.32 then has no parameter for
-  d2t and refuses the file: "no module or parameter named 'draft_id_to_target_id'")
-  embed_tokens.weight (V, D): the target's embedding (both engines may use the target's own;
-      the drafter's must equal it, and `read_eagle3` checks that it does)
-q and k rows are permuted from mtp's interleaved rotary pairs to transformers' halves
-(`hf.interleaved_to_rotate_half`), as for every Llama layer mtp writes.
-
-Where the names come from: vLLM's `model_executor/models/llama_eagle3.py` (its load_weights
-renames `midlayer.` to `layers.0.`, `d2t` to `draft_id_to_target_id`, skips `t2d`; its
-config reads draft_vocab_size, target_hidden_size and eagle_config.use_aux_hidden_state) and
-`v1/worker/gpu/spec_decode/eagle/eagle3_utils.py` (eagle_aux_hidden_state_layer_ids); SGLang's
-`srt/models/llama_eagle3.py` (midlayer, hot tokens = d2t + arange) and its model runner
-(eagle_config.eagle_aux_hidden_state_layer_ids, + 1 in `set_eagle3_layers_to_capture`);
-SafeAILab/EAGLE's `eagle/traineagle3/cnets.py` (the layer's math, d2t and t2d). No engine was
-run on the files here; the tests read them back with a reader written from those sources.
+Traps: SGLang's `eagle_config.eagle_aux_hidden_state_layer_ids` count layer outputs, vLLM's
+top-level field layer inputs (one more); mtp's default layers are both engines' default.
+Where N = V (a full draft vocabulary) `d2t` and `t2d` are left out: vLLM 0.32 then has no
+`draft_id_to_target_id` parameter and refuses the file. No engine was run on the files here.
 """
 
 from __future__ import annotations
@@ -85,17 +50,13 @@ def _rotary(drafter: Mapping[str, Any]) -> dict[str, int]:
 def write_eagle3(target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str, Any],
                  state: Mapping[str, Tensor], embedding: Tensor, directory: Path,
                  dtype: torch.dtype | None = None) -> Path:
-    """Write an EAGLE-3 directory (module docstring) of the drafter whose config fields
-    (`EagleConfig.to_dict()`) and state (mtp's names, `d2t` target ids) are given, for the
-    model of `target` whose token embedding is `embedding`; in `dtype` (None: the state's)."""
+    """Write the EAGLE-3 directory of a drafter (`EagleConfig.to_dict()` and state) for the
+    model of `target` and its token `embedding`, in `dtype` (None: the state's)."""
     dtype = dtype or state["fc.weight"].dtype
     rotary = _rotary(drafter)
-    tensors = {}
-    for ours, theirs in KEYS.items():
-        tensor = state[ours].detach().to("cpu", dtype)
-        if ours in rotary:
-            tensor = hf.interleaved_to_rotate_half(tensor, rotary[ours])
-        tensors[theirs] = tensor
+    tensors = {theirs: hf.interleaved_to_rotate_half(state[ours].detach().to("cpu", dtype),
+                                                     rotary.get(ours))
+               for ours, theirs in KEYS.items()}
     d2t = state["d2t"].cpu().long()
     if len(d2t) < target.vocab_size:  # a full draft vocabulary is the identity: no map
         tensors["d2t"] = d2t - torch.arange(len(d2t))  # the engines add arange(N) back
@@ -129,11 +90,9 @@ def eagle3_config(target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str,
 
 def read_eagle3(directory: Path, target: MTPConfig, embedding: Tensor,
                 default_layers: Sequence[int]) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """An EAGLE-3 directory (vLLM's and SGLang's layout) read as a drafter for the model of
-    `target`, whose token embedding is `embedding`: the drafter's config fields and state
-    (mtp's names, `d2t` the target ids), for `Eagle.from_state`. `default_layers`: the trunk
-    layers when the config names none (the engines' default: `eagle.engine_layers`). A
-    ValueError names the file and the field that does not fit."""
+    """The drafter's config fields and state (for `Eagle.from_state`) of an EAGLE-3 directory,
+    read for the model of `target` and its token `embedding`; `default_layers` where the
+    config names none (`eagle.engine_layers`)."""
     path = directory / hf.CONFIG_FILE
     values = read_json_object(path)
     architectures = field(values, path, "architectures", "list", [])
@@ -164,9 +123,7 @@ def read_eagle3(directory: Path, target: MTPConfig, embedding: Tensor,
     for ours, theirs in KEYS.items():
         if theirs not in tensors:
             raise ValueError(f"{weights} has no {theirs}")
-        tensor = tensors[theirs]
-        state[ours] = hf.rotate_half_to_interleaved(tensor, rotary[ours]) if ours in rotary \
-            else tensor
+        state[ours] = hf.rotate_half_to_interleaved(tensors[theirs], rotary.get(ours))
     offsets = tensors.get("d2t")
     state["d2t"] = torch.arange(drafter["draft_vocab_size"]) + (0 if offsets is None
                                                                  else offsets.long())
@@ -186,6 +143,3 @@ def _layers(values: dict[str, Any], path: Path, default: Sequence[int]) -> list[
         return list(eagle["eagle_aux_hidden_state_layer_ids"])
     ids = field(values, path, "eagle_aux_hidden_state_layer_ids", "list", None)
     return [int(i) - 1 for i in ids] if ids else list(default)
-
-
-__all__ = ["ARCHITECTURE", "KEYS", "eagle3_config", "read_eagle3", "write_eagle3"]

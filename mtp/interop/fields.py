@@ -40,15 +40,11 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 
 def peek_json_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object in `path`, or None where there is none (no file, not JSON, not an
-    object): what recognising a layout needs, before anything is read for real."""
-    if not path.is_file():
-        return None
+    """The JSON object in `path`, or None where there is none: for recognising a layout."""
     try:
-        value = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return read_json_object(path) if path.is_file() else None
+    except ValueError:
         return None
-    return value if isinstance(value, dict) else None
 
 
 def field(values: dict[str, Any], path: Path, name: str, kind: str,

@@ -1,18 +1,14 @@
 """GGUF files (llama.cpp's format) of Llama-architecture models, import only.
 
-A GGUF holds typed metadata (`general.architecture`, `llama.*`, `tokenizer.ggml.*`) and a
-table of tensors, each F32, F16, BF16 or block-quantized (Q8_0, Q4_K, IQ*, ...).
-- The header is parsed here with `struct` over a memory map (the `gguf` package's
-  `GGUFReader` takes seconds on a 49k vocabulary); its constants and
-  `gguf.quants.dequantize` are used as they are.
-- Weights are dequantized one tensor at a time and cast to the requested dtype; the file
-  stays mapped, and `mtp.load` builds the model around these tensors: one copy in memory.
-- Names: `BLOCK_TENSORS`, `TOP_TENSORS`; the last block is head 0. llama.cpp's converter
-  permutes query/key rows back to Meta's interleaved pairs, mtp's layout: nothing to undo.
-- Llama 3.1 rope scaling is a `rope_freqs` tensor of divisors: its `llama3` parameters are
-  recovered (`llama3_scaling`) and checked against every divisor; linear scaling maps too.
-Anything else mtp cannot honour (another architecture, experts, partial rotary, an unknown
-`llama.*` field or tensor) is refused by name.
+The header (typed metadata: `general.*`, `llama.*`, `tokenizer.ggml.*`, and the tensor table)
+is parsed here with `struct` over a memory map: the `gguf` package's `GGUFReader` takes seconds
+on a 49k vocabulary; its constants and `gguf.quants.dequantize` are used as they are. Tensors
+(F32, F16, BF16 or block-quantized) are dequantized one at a time to the requested dtype: with
+`mtp.load` building the model around them, one copy in memory. The last block is head 0;
+llama.cpp's converter already permutes query/key rows to mtp's interleaved pairs. Linear rope
+scaling maps, and Llama 3.1's `rope_freqs` divisors give back their `llama3` parameters
+(`llama3_scaling`). Anything else mtp cannot honour (another architecture, experts, partial
+rotary, an unknown `llama.*` field or tensor) is refused by name.
 """
 
 from __future__ import annotations
@@ -104,16 +100,14 @@ def read_gguf(path: Path, dtype: torch.dtype | None = None,
     names = _tensor_names(config)
     check_keys((t.name for t in tensors), names, f"{path}: tensors do not fit its llama.* "
                f"metadata", allowed=[ROPE_FREQS])
-    dtype = dtype or torch.float32
-    state = {names[t.name]: _dequantize(blob, t, dtype, gguf, path)
+    state = {names[t.name]: _dequantize(blob, t, dtype or torch.float32, gguf, path)
              for t in tensors if t.name != ROPE_FREQS}
     return config, state, tokenizer
 
 
 def read_header(blob: mmap.mmap, path: Path, gguf: Any) -> tuple[dict[str, Any],
                                                                  list[TensorInfo]]:
-    """The metadata and tensor table; a ValueError naming the file for anything malformed,
-    truncated, or of a tensor type the `gguf` package does not know."""
+    """The metadata and tensor table; a ValueError naming the file for anything malformed."""
     if blob[:4] != MAGIC:
         raise ValueError(f"{path} is not a GGUF file (it does not start with {MAGIC!r})")
     reader = _Reader(blob, path)
@@ -182,8 +176,7 @@ class _Reader:
         if kind == _ARRAY:
             item, count = self.unpack("<IQ")
             if item in _SCALARS:
-                fmt = _SCALARS[item]
-                return list(self.unpack(f"<{count}{fmt[1]}"))
+                return list(self.unpack(f"<{count}{_SCALARS[item][1]}"))
             return [self.value(item, key) for _ in range(count)]
         raise ValueError(f"{self.path}: metadata {key!r} has value type {kind}, which is not "
                          f"a GGUF type")
@@ -191,8 +184,7 @@ class _Reader:
 
 def gguf_config(metadata: dict[str, Any], tensors: list[TensorInfo], path: Path,
                 rope_freqs: Tensor | None = None) -> MTPConfig:
-    """The MTPConfig of a llama GGUF (one head: the last block is head 0); `rope_freqs` is
-    the file's rope_freqs tensor if it has one."""
+    """The MTPConfig of a llama GGUF (one head: the last block is head 0)."""
     prefix = f"{ARCHITECTURE}."
     unknown = sorted(k for k in metadata if k.startswith(prefix)
                      and k[len(prefix):] not in KNOWN_FIELDS)
@@ -266,13 +258,11 @@ def _rope_scaling(get: Any, rope_freqs: Tensor | None, head_dim: int,
 
 
 def llama3_scaling(divisors: Tensor, theta: float, head_dim: int, path: Path) -> RopeScaling:
-    """The `llama3` RopeScaling whose frequencies are the base ones divided by `divisors`
-    (the rope_freqs tensor llama.cpp's converter writes from a Llama 3.1 config).
-
+    """The `llama3` RopeScaling whose frequencies are the base ones over `divisors` (the
+    rope_freqs tensor llama.cpp writes from a Llama 3.1 config), checked against every divisor.
     Divisors are 1, `factor`, and 1 / ((1 - s) / factor + s) between, with
     s = (old / wavelength - low) / (high - low) linear in 1 / wavelength: its slope and
-    intercept fix (old, low, high) up to a scale, with low = 1 (every Llama 3.x has it).
-    """
+    intercept fix (old, low, high) up to a scale, with low = 1 (every Llama 3.x has it)."""
     base = 1.0 / theta ** (torch.arange(0, head_dim, 2).double() / head_dim)
     divisors = divisors.double()
     if divisors.shape != base.shape:

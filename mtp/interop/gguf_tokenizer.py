@@ -1,14 +1,12 @@
 """The tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata, rebuilt as a
-`tokenizers` pipeline. Two kinds load:
-- `gpt2`: byte-level BPE; `tokenizer.ggml.pre` names the split regex, grouped as llama.cpp's
-  llama-vocab.cpp groups the names (`PRE_TOKENIZERS`; others are refused).
-- `llama`: SentencePiece BPE, merges rebuilt from the scores as transformers'
-  `generate_merges` orders them, byte fallback, and the "▁" prefix `add_space_prefix` asks for.
-As in transformers and llama.cpp, CONTROL tokens are special and USER_DEFINED ones matched
-whole; the template puts BOS/EOS around a prompt as `add_bos_token`/`add_eos_token` say
-(absent: BOS for `llama`, nothing for `gpt2`), so prompts encode as transformers encodes them.
-`tokenizer.chat_template` is the tokenizer's chat template; `tokenizer.ggml.eot_token_id` a
-stop token beside EOS.
+`tokenizers` pipeline: `gpt2` (byte-level BPE; `tokenizer.ggml.pre` names the split regex,
+grouped as llama.cpp's llama-vocab.cpp groups the names: `PRE_TOKENIZERS`) or `llama`
+(SentencePiece BPE: merges rebuilt from the scores as transformers' `generate_merges` orders
+them, byte fallback, the "▁" prefix `add_space_prefix` asks for). As in transformers and
+llama.cpp, CONTROL tokens are special and USER_DEFINED ones matched whole; BOS/EOS go around a
+prompt as `add_bos_token`/`add_eos_token` say (absent: BOS for `llama`, nothing for `gpt2`),
+so prompts encode as transformers encodes them. `tokenizer.ggml.eot_token_id` is a stop token
+beside EOS.
 """
 
 from __future__ import annotations
@@ -101,8 +99,8 @@ def _byte_level(metadata: dict[str, Any], path: Path, tokens: list[str],
     if group is None:
         raise ValueError(f"{path}: tokenizer.ggml.pre {pre!r} is not a pre-tokenizer mtp "
                          f"knows; known: {sorted(PRE_TOKENIZERS)}")
-    alphabet = set(byte_to_unicode().values())
     spelling = byte_to_unicode()
+    alphabet = set(spelling.values())
     # A token outside the byte alphabet (a control token written plainly) is respelled
     # byte by byte, as transformers does, so the BPE model can hold it.
     vocab = {t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode()): i
@@ -122,10 +120,7 @@ def _byte_level(metadata: dict[str, Any], path: Path, tokens: list[str],
     else:
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
-    # A control token spelled outside the byte alphabet is a mislabel (transformers skips it).
-    specials = [AddedToken(t, special=True, normalized=False)
-                for t, kind in zip(tokens, types) if kind == CONTROL and set(t) <= alphabet]
-    return tok, specials + _user_defined(tokens, types, vocab)
+    return tok, _added(tokens, types, vocab, alphabet)
 
 
 def _sentencepiece(metadata: dict[str, Any], path: Path, tokens: list[str],
@@ -145,17 +140,18 @@ def _sentencepiece(metadata: dict[str, Any], path: Path, tokens: list[str],
         replacement="▁", prepend_scheme="first" if prefix else "never", split=False)
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
-    specials = [AddedToken(t, special=True, normalized=False)
-                for t, kind in zip(tokens, types) if kind == CONTROL]
-    return tok, specials + _user_defined(tokens, types, vocab)
+    return tok, _added(tokens, types, vocab)
 
 
-def _user_defined(tokens: list[str], types: list[int],
-                  vocab: dict[str, int]) -> list[AddedToken]:
-    """USER_DEFINED tokens, matched whole in text (as transformers: those the vocabulary
-    spells as they are, so none becomes a new id)."""
-    return [AddedToken(t, special=False, normalized=False)
-            for t, kind in zip(tokens, types) if kind == USER_DEFINED and t in vocab]
+def _added(tokens: list[str], types: list[int], vocab: dict[str, int],
+           alphabet: set[str] | None = None) -> list[AddedToken]:
+    """CONTROL tokens as specials (one spelled outside a byte-level `alphabet` is a mislabel,
+    which transformers skips), then USER_DEFINED ones, matched whole in text (as transformers:
+    those the vocabulary spells as they are, so none becomes a new id)."""
+    specials = [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types)
+                if kind == CONTROL and (alphabet is None or set(t) <= alphabet)]
+    return specials + [AddedToken(t, special=False, normalized=False)
+                       for t, kind in zip(tokens, types) if kind == USER_DEFINED and t in vocab]
 
 
 def _merges_by_score(vocab: dict[str, int],

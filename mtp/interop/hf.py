@@ -1,16 +1,12 @@
 """Hugging Face transformers' Llama layout (`LlamaForCausalLM`, and `Qwen2ForCausalLM`), both ways.
 
-Trunk + head 0 is a Llama model (head 0's blocks are its last `head_layers` layers). Heads
-1..n-1 go beside it in `mtp_heads.safetensors` (keys `heads.{i}.{j}.<Llama layer sub-key>`,
-Llama's names and rotary layout) with `mtp_heads.json` naming the layout: transformers sees an
-ordinary next-token model, `mtp.load` every head.
-
-Rotary embeddings: mtp (like Meta's code) rotates interleaved pairs, transformers halves;
-permuting each head's query and key rows (weights and biases) converts one to the other.
-
-Variants: Llama's `head_dim`, `attention_bias`, `mlp_bias` and `linear`/`llama3` rope scaling;
-Qwen2 is a Llama with q/k/v biases, written as `Qwen2ForCausalLM` when those are a model's only
-biases. Anything else (other rope types, sliding windows, partial rotary) is refused by name.
+Trunk + head 0 is a Llama model (head 0's blocks are its last `head_layers` layers); heads
+1..n-1 go beside it in `mtp_heads.safetensors` (keys `heads.{i}.{j}.<Llama layer sub-key>`),
+described by `mtp_heads.json`: transformers sees an ordinary next-token model, `mtp.load` every
+head. mtp (like Meta's code) rotates interleaved pairs, transformers halves: each head's query
+and key rows (weights and biases) are permuted. Llama's `head_dim`, biases and `linear`/`llama3`
+rope scaling map, and Qwen2 is a Llama with only q/k/v biases; anything else (other rope
+types, sliding windows, partial rotary) is refused by name.
 """
 
 from __future__ import annotations
@@ -41,7 +37,6 @@ HEADS_LAYOUT_FILE = "mtp_heads.json"
 # `.eh_proj` (D, 2D) over [hidden; embedding].
 HEADS_FORMAT = "mtp-heads"
 HEADS_FORMAT_VERSION = 1
-HEADS_LAYOUTS = HEAD_TYPES
 
 # A block's parameters: mtp name -> transformers' Llama name.
 BLOCK_KEYS = {
@@ -95,11 +90,8 @@ def rotate_half_to_interleaved(weight: Tensor, n_heads: int | None) -> Tensor:
 
 def block_keys(config: MTPConfig) -> dict[str, str]:
     """A block's parameters, biases included: mtp sub-name -> transformers' sub-name."""
-    keys = dict(BLOCK_KEYS)
-    for flag, biases in BIAS_KEYS.items():
-        if getattr(config, flag):
-            keys.update(biases)
-    return keys
+    biases = [keys for flag, keys in BIAS_KEYS.items() if getattr(config, flag)]
+    return BLOCK_KEYS | {ours: theirs for keys in biases for ours, theirs in keys.items()}
 
 
 def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
@@ -251,7 +243,7 @@ def _read_heads_layout(directory: Path) -> tuple[int, int, str]:
     field(layout, path, "format_version", "int", choices=(HEADS_FORMAT_VERSION,))
     field(layout, path, "weights", "str", HEADS_FILE, choices=(HEADS_FILE,))
     return (field(layout, path, "n_future", "int"), field(layout, path, "head_layers", "int"),
-            field(layout, path, "layout", "str", choices=HEADS_LAYOUTS))
+            field(layout, path, "layout", "str", choices=HEAD_TYPES))
 
 
 def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,

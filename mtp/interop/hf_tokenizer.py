@@ -1,14 +1,12 @@
 """Tokenizer files that transformers' `AutoTokenizer` loads, and SentencePiece conversion.
 
-- BPE: mtp's `tokenizer.json`, with a `tokenizer_config.json` naming the special tokens.
-- Bytes: a merge-less BPE over the 256 byte-level symbols in byte order, plus the six
-  specials, encodes any text to exactly `ByteTokenizer`'s ids.
-- A SentencePiece `tokenizer.model` converts through transformers (ids are SentencePiece's
-  but for text starting with whitespace, which gets no dummy-prefix "▁").
-mtp's header (`mtp_tokenizer.json`) goes beside them, so `mtp.load` gets the exported tokenizer
-back; the `tokenizer.json` template puts before a text what `encode_prompt` puts before a
-prompt, so transformers encodes prompts as mtp does. A chat template goes into
-`tokenizer_config.json` (`chat_template`), where transformers, vLLM and SGLang read it.
+A BPE tokenizer is written as mtp's `tokenizer.json`; `ByteTokenizer` as a merge-less BPE over
+the 256 byte-level symbols in byte order plus the six specials, which gives its ids for any
+text. `tokenizer_config.json` names the special tokens and holds the chat template (where
+transformers, vLLM and SGLang read it); mtp's header goes beside them for `mtp.load`. The
+template puts before a text what `encode_prompt` puts before a prompt. A SentencePiece
+`tokenizer.model` converts through transformers (SentencePiece's ids, but text starting with
+whitespace gets no dummy-prefix "▁").
 """
 
 from __future__ import annotations
@@ -70,11 +68,9 @@ def write_hf_tokenizer(tokenizer: Tokenizer, directory: Path, *, model_max_lengt
               "pad_token": pad, "model_max_length": model_max_length,
               "add_bos_token": start is not None and start == tokenizer.bos_id,
               "add_eos_token": False, "clean_up_tokenization_spaces": False,
-              # mtp never makes a special token from text (see mtp.tokenizers); nor will this,
-              # unless the model has a chat template: then engines (transformers'
-              # apply_chat_template, vLLM, SGLang) render a prompt and tokenize it whole, and
-              # the specials the template wrote must become ids. mtp's own header beside it
-              # keeps typed text text when mtp loads the export (`encode_chat`).
+              # mtp never makes a special token from text (mtp.tokenizers), nor will this unless
+              # there is a chat template: engines render it and tokenize the prompt whole, so its
+              # specials must become ids (in mtp, its own header keeps typed text text).
               "split_special_tokens": tokenizer.chat_template is None}
     if tokenizer.chat_template is not None:
         config["chat_template"] = tokenizer.chat_template
@@ -92,9 +88,8 @@ def read_hf_tokenizer(directory: Path) -> Tokenizer:
 
 
 def sentencepiece_tokenizer(directory: Path, *, bos: bool = False) -> BPETokenizer:
-    """The `tokenizer.model` in `directory`, converted as transformers converts Llama's.
-    Prompts start as transformers starts them, or with BOS whatever the template when `bos`
-    is set (as Meta's Llama code does)."""
+    """The `tokenizer.model` in `directory`, converted as transformers converts Llama's; `bos`:
+    prompts start with BOS whatever the template (as Meta's Llama code does)."""
     purpose = f"converting the SentencePiece {directory / SENTENCEPIECE_FILE}"
     require("sentencepiece", purpose)
     require("google.protobuf", purpose, package="protobuf")

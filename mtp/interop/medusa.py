@@ -1,18 +1,12 @@
 """Medusa heads out to serving engines, and back: vLLM's and FasterDecoding's layouts.
 
-Medusa (Cai et al. 2024; FasterDecoding/Medusa, vLLM, TensorRT-LLM) puts its heads on the base
-model's final hidden state after the final norm: head h's logits are
+Medusa (Cai et al. 2024) puts head h on the base model's normed final hidden state z:
 `lm_head_h(ResBlock_L(...ResBlock_1(z)))`, ResBlock(x) = x + SiLU(W x + b), no norm before
 `lm_head_h`. mtp's `medusa` heads are exactly that with b = 0 and one shared lm_head; no other
-head type is (`_REFUSED` says why), nor is a single head.
-
-`write_medusa` writes `base/` (trunk + head 0 as a Hugging Face Llama), `vllm/` (vLLM's
-Medusa draft model, `vllm_heads`) and `medusa/` (FasterDecoding's, which TensorRT-LLM's
-conversion reads, `fasterdecoding_heads`). Medusa's head h is mtp's head h + 1; its W is
-nn.Linear's (out, in), transposed from mtp's (in, out).
-
-`read_medusa` reads it back (vLLM's heads if present); heads with their own lm_heads, non-zero
-biases or a truncated vocabulary have no mtp form and are refused naming the tensor or field.
+head type is (`_REFUSED` says why). Medusa's head h is mtp's head h + 1; its W is nn.Linear's
+(out, in), transposed from mtp's (in, out). `write_medusa` writes `base/` (a Hugging Face
+Llama), `vllm/` and `medusa/` (FasterDecoding's, which TensorRT-LLM reads); `read_medusa`
+refuses heads with their own lm_heads, non-zero biases or a truncated vocabulary by name.
 """
 
 from __future__ import annotations
@@ -67,8 +61,7 @@ def _head_weights(config: MTPConfig, state: dict[str, Tensor]) -> list[list[Tens
 
 def vllm_heads(config: MTPConfig, state: dict[str, Tensor]) -> tuple[dict[str, Any],
                                                                      dict[str, Tensor]]:
-    """vLLM's Medusa config.json and weights (`models/medusa.py`'s names) for heads 1..n-1:
-    `blocks.{h}.layers.{l}.weight` (D, D), `lm_heads.{h}.weight` (V, D)."""
+    """vLLM's Medusa config.json and weights (`models/medusa.py`'s names) for heads 1..n-1."""
     check_medusa(config)
     num_heads = config.n_future - 1
     tensors = {f"blocks.{h}.layers.{l}.weight": weight
@@ -87,9 +80,8 @@ def vllm_heads(config: MTPConfig, state: dict[str, Tensor]) -> tuple[dict[str, A
 
 def fasterdecoding_heads(config: MTPConfig, state: dict[str, Tensor],
                          base_model: str) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """FasterDecoding's Medusa config.json and `medusa_lm_head.pt`, the state dict of
-    `MedusaModel.medusa_head`: `{h}.{l}.linear.weight` (D, D), `{h}.{l}.linear.bias` (D,)
-    zeros, `{h}.{L}.weight` (V, D) shared by every head."""
+    """FasterDecoding's Medusa config.json and `medusa_lm_head.pt` (`MedusaModel.medusa_head`'s
+    state dict; zero biases, one lm_head shared by every head)."""
     check_medusa(config)
     L = config.head_layers
     zeros = state["output.weight"].new_zeros(config.dim)  # Medusa's ResBlock has a bias
@@ -132,8 +124,7 @@ def write_medusa(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokeniz
 
 @dataclasses.dataclass(frozen=True)
 class MedusaHeads:
-    """Medusa heads as the engines hold them: weights[h][l] (out, in), biases[h][l] or None,
-    lm_heads[h] (V, D)."""
+    """Medusa heads as the engines hold them: [h][l] (out, in) weights and biases (or None)."""
 
     weights: list[list[Tensor]]
     biases: list[list[Tensor | None]]

@@ -1,10 +1,9 @@
 """Meta's multi-token-prediction release: params.json + consolidated.pth + tokenizer.model.
 
 facebook/multi-token-prediction is Llama code with `n_future_tokens`: `layers[:-1]` is the
-trunk, `layers[-1]` head 0 and `extra_heads.{j}` head j + 1, all reading the trunk output,
-then the shared `norm` and `output`. Block sub-keys and rotary layout are mtp's own; the
-feed-forward width is derived as Meta's code does (`ffn_hidden`). Only single-file
-(model-parallel size 1) checkpoints load; the 7B release is one.
+trunk, `layers[-1]` head 0 and `extra_heads.{j}` head j + 1, all reading the trunk output, then
+the shared `norm` and `output`; block sub-keys and rotary layout are mtp's own. Only
+single-file (model-parallel size 1) checkpoints load; the 7B release is one.
 """
 
 from __future__ import annotations
@@ -87,16 +86,12 @@ def meta_names(config: MTPConfig) -> dict[str, str]:
     """Meta's name of every mtp parameter: {mtp name: Meta name}."""
     with torch.device("meta"):
         ours = list(MTPModel(config).state_dict())
-    trunk = config.n_layers
-    names = {}
+    names = dict(zip(ours, ours))
     for name in ours:
         if name.startswith("heads."):
             _, head, _, sub = name.split(".", 3)  # heads.{i}.0.{sub}: one block per head
-            name_there = f"layers.{trunk}.{sub}" if head == "0" else \
+            names[name] = f"layers.{config.n_layers}.{sub}" if head == "0" else \
                 f"extra_heads.{int(head) - 1}.{sub}"
-        else:
-            name_there = name
-        names[name] = name_there
     return names
 
 

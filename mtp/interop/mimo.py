@@ -3,10 +3,8 @@
 
 A Llama-architecture mtp model with sequential heads (`head_layers=1`) is exactly a MiMo
 checkpoint (Xiaomi MiMo-7B; vLLM `mimo_mtp`): a Qwen2 model (q/k/v biases: zero for a model
-without them) whose config.json says `num_nextn_predict_layers`, with, per module k = i + 1:
-(written with `architectures` ["MiMoForCausalLM"] and `model_type` "qwen2": MiMo's own
-"mimo" type is remote code that transformers lacks, which vLLM 0.32 refuses without
-trust_remote_code; read back, either type is MiMo's)
+without them, dropped when read back) whose config.json says `num_nextn_predict_layers`, with,
+per module k = i + 1 (vLLM's loader inserts `mtp_block.` before the block's keys):
 
     model.mtp_layers.{i}.hidden_layernorm.weight  (D,)     mtp heads.{k}.hnorm
     model.mtp_layers.{i}.token_layernorm.weight   (D,)     mtp heads.{k}.enorm
@@ -14,9 +12,6 @@ trust_remote_code; read back, either type is MiMo's)
                                                   [hidden_layernorm(h); token_layernorm(e)]
     model.mtp_layers.{i}.final_layernorm.weight   (D,)     mtp's shared norm (a copy)
     model.mtp_layers.{i}.<Qwen2 decoder layer>             mtp heads.{k}.0 (the block)
-
-(vLLM's loader inserts `mtp_block.` before the block's keys.) Read back, all-zero biases are
-dropped (the model is a Llama again).
 
 DeepSeek-V3's layout (vLLM `deepseek_mtp`, SGLang `deepseek_nextn`), import only and of one
 module (vLLM chains a second on the first one's un-normalised output, which mtp does not
@@ -93,10 +88,8 @@ def write_mimo(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer
     save_file(tensors, str(directory / hf.WEIGHTS_FILE), metadata={"format": "pt"})
     base = dataclasses.replace(config, n_future=1, head_type="block")
     values = hf._llama_config(base, tokenizer, dtype)  # Qwen2's: q/k/v biases only
-    # model_type qwen2, not MiMo's own "mimo": transformers has no "mimo" (MiMo's checkpoints
-    # bring it as remote code), so vLLM 0.32 refuses a "mimo" config without
-    # trust_remote_code and a configuration file; MiMo's config class is Qwen2's, and the
-    # engines pick MiMo's model by the architecture.
+    # model_type qwen2, not MiMo's own "mimo": transformers has no "mimo" (remote code), which
+    # vLLM 0.32 refuses without trust_remote_code; the engines pick MiMo by the architecture.
     values.update(architectures=[MIMO_ARCHITECTURE], model_type="qwen2",
                   **{NEXTN: config.n_future - 1}, sliding_window=None, attention_dropout=0.0)
     hf.write_configs(directory, values, tokenizer, config.max_seq_len)
