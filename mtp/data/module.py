@@ -1,14 +1,12 @@
 """``MTPDataModule``: batches ``{"tokens": LongTensor (B, seq_len + n_future)}``.
 
-Map-style sources are prepared once (``pipeline.prepare``) and served as blocks of
-memory-mapped token streams. ``ResumableSampler`` (a ``DistributedSampler``, so Lightning
-keeps it) gives each rank a disjoint slice of a permutation seeded by ``seed + epoch``;
-``ResumableDataLoader``'s ``state_dict()`` holds the epoch and the batches handed out, which
-Lightning checkpoints, so a resumed run continues with the very next batch.
-
-Streaming Hub sources are tokenised and packed on the fly (``StreamingBlocks``), sharded
-across ranks and dataloader workers; a streamed epoch restarts from its beginning when
-resumed.
+Map-style sources are prepared once (``pipeline.prepare``) into memory-mapped token streams.
+``ResumableSampler`` (a ``DistributedSampler``, so Lightning keeps it) gives each rank a
+disjoint slice of a permutation seeded by ``seed + epoch``; Lightning checkpoints
+``ResumableDataLoader``'s ``state_dict()`` (the epoch and the batches handed out), so a resumed
+run continues with the very next batch. Streaming Hub sources are tokenised and packed on the
+fly (``StreamingBlocks``), sharded across ranks and dataloader workers; a resumed streamed
+epoch restarts from its beginning.
 """
 
 from __future__ import annotations
@@ -90,8 +88,7 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
         want_val = self.split == "val"
         texts = (t for t in (row["text"] for row in self.documents)
                  if t and t.strip() and is_validation(t, self.seed, self.val_fraction) == want_val)
-        eos = self.tokenizer.eos_id
-        ids = (self.tokenizer.encode(t) + [eos] for t in texts)
+        ids = (self.tokenizer.encode(t) + [self.tokenizer.eos_id] for t in texts)
         for block in pack_iter(ids, self.seq_len, self.n_future):
             yield {"tokens": block}
 

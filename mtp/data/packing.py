@@ -41,8 +41,7 @@ class PackedBlocks(torch.utils.data.Dataset):
         start = j * self.seq_len
         end = start + self.seq_len + self.n_future
         block = np.asarray(self.stream[start:end], dtype=np.int64)
-        # The index names the block for a cache of its frozen trunk output
-        # (`mtp.train.trunk_cache`).
+        # The index names the block for `mtp.train.trunk_cache`'s cache of its trunk output.
         return {"tokens": torch.from_numpy(block), "index": torch.tensor(j)}  # (T + n_future,)
 
 

@@ -56,10 +56,9 @@ class PreparedCorpus:
     def stream(self, split: str) -> np.memmap:
         """The split's token stream, memory-mapped read-only."""
         check_choice("split", split, SPLITS)
-        path = self.directory / f"{split}.bin"
         if self.meta[split]["tokens"] == 0:
             return np.zeros(0, dtype=self.meta["dtype"])
-        return np.memmap(path, dtype=self.meta["dtype"], mode="r")
+        return np.memmap(self.directory / f"{split}.bin", dtype=self.meta["dtype"], mode="r")
 
     def stats(self, seq_len: int, n_future: int) -> dict:
         """Figures per split; ``tokens == blocks * seq_len + remainder_tokens`` always."""
@@ -84,7 +83,8 @@ def prepare(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float = 0.01,
     directory = _split_dir(corpus, cache_dir, f"{tokenizer.fingerprint}", val_fraction, seed)
     directory.mkdir(parents=True, exist_ok=True)
     tokenised = corpus.documents.map(
-        _Tokenise(tokenizer, seed, val_fraction), batched=True,
+        _tokenise, batched=True,
+        fn_kwargs={"tokenizer": tokenizer, "seed": seed, "val_fraction": val_fraction},
         remove_columns=corpus.documents.column_names,
         cache_file_name=str(directory / "tokens.arrow"),
         new_fingerprint=f"{directory.parent.name}-{directory.name}"[-64:], num_proc=num_proc,
@@ -125,23 +125,17 @@ def build_tokenizer(kind: str = "byte", *, vocab_size: int = 32_000, path: str |
     return load_tokenizer(directory)
 
 
-class _Tokenise:
+def _tokenise(batch: dict[str, list], tokenizer: Tokenizer, seed: int,
+              val_fraction: float) -> dict[str, list]:
     """The ``datasets.map`` function: ids with EOS appended, UTF-8 bytes, split."""
-
-    def __init__(self, tokenizer: Tokenizer, seed: int, val_fraction: float) -> None:
-        self.tokenizer, self.seed, self.val_fraction = tokenizer, seed, val_fraction
-
-    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        texts = batch["text"]
-        eos = self.tokenizer.eos_id
-        return {"ids": [ids + [eos] for ids in self.tokenizer.encode_batch(texts)],
-                "n_bytes": [len(t.encode("utf-8")) for t in texts],
-                "is_val": [is_validation(t, self.seed, self.val_fraction) for t in texts]}
+    texts = batch["text"]
+    return {"ids": [ids + [tokenizer.eos_id] for ids in tokenizer.encode_batch(texts)],
+            "n_bytes": [len(t.encode("utf-8")) for t in texts],
+            "is_val": [is_validation(t, seed, val_fraction) for t in texts]}
 
 
 def _write_streams(tokenised, directory: Path, tokenizer: Tokenizer) -> dict:
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    meta: dict = {"dtype": np.dtype(dtype).name}
     # Per-process temporary names: runs started together (a sweep's parallel jobs) each write
     # whole streams and the last atomic replace wins with identical bytes.
     tmp = {split: directory / f"{split}.bin.{os.getpid()}.tmp" for split in SPLITS}
@@ -159,8 +153,7 @@ def _write_streams(tokenised, directory: Path, tokenizer: Tokenizer) -> dict:
     for split, f in files.items():
         f.close()
         os.replace(tmp[split], directory / f"{split}.bin")
-    meta.update(counts)
-    return meta
+    return {"dtype": np.dtype(dtype).name, **counts}
 
 
 def _split_dir(corpus: Corpus, cache_dir: str | Path | None, name: str, val_fraction: float,

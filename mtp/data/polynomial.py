@@ -1,14 +1,12 @@
 """Arithmetic in the ring F7[X]/(X^5): the paper's algorithmic-reasoning task (Gloeckle et al.
 2024, section 4.2 and appendix K), generated from a seed, no download.
 
-An element is its 5 coefficients in F7, lowest degree first: `30215` is
-3 + 0X + 2X^2 + X^3 + 5X^4. A problem is a start element and `m` operations applied left to
-right, each uniform: `-` negation, `+ q` addition, `* q` multiplication mod X^5, `o q`
-composition r(q(X)) mod X^5. The text is the problem, ` = ` and the result
-(`10230 + 00611 - o 21005 = 31402`); a model is asked the 5 digits after `= `.
-
-A problem (its text before ` = `) is a test problem when a keyed hash of it falls below
-`TEST_FRACTION`: no seed, count or m of a training source can reach one.
+An element is its 5 coefficients in F7, lowest degree first: `30215` is 3 + 0X + 2X^2 + X^3 +
+5X^4. A problem is a start element and `m` operations applied left to right, each uniform: `-`
+negation, `+ q` addition, `* q` multiplication mod X^5, `o q` composition r(q(X)) mod X^5. The
+text is the problem, ` = ` and the result (`10230 + 00611 - o 21005 = 31402`); a model is asked
+the 5 digits after `= `. A problem (its text before ` = `) is a test problem when a keyed hash
+of it falls below `TEST_FRACTION`: no seed, count or m of a training source can reach one.
 """
 
 from __future__ import annotations
@@ -154,8 +152,7 @@ class PolynomialSource:
         return _load_polynomial(self)
 
     def check_tokenizer(self, tokenizer: Tokenizer) -> None:
-        """Fail unless `tokenizer` spells problems one token per character (the answer's 5
-        digits are scored as 5 tokens)."""
+        """Fail unless `tokenizer` spells problems one token per character (answers: 5 tokens)."""
         check_spelling(tokenizer, "polynomial", ALPHABET, test_set(1, (3,))[0].text)
 
 

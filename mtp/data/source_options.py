@@ -58,8 +58,7 @@ class SourceOptions:
             raise ValueError("source=hub needs name=... (the dataset)")
 
     def mbpp(self) -> Path | None:
-        """MBPP's mbpp.jsonl: `mbpp_file`, else where this machine has it
-        (`mtp.paths.mbpp_file`: $MTP_MBPP_FILE); None without either."""
+        """MBPP's mbpp.jsonl: `mbpp_file`, else `mtp.paths.mbpp_file()`'s; None without either."""
         return Path(self.mbpp_file) if self.mbpp_file is not None else mbpp_file()
 
     def make_source(self, cache_dir: str | None = None) -> Source:
@@ -68,8 +67,7 @@ class SourceOptions:
             return StdlibSource()
         if self.source == "installed":
             mbpp = self.mbpp()
-            paths = None if self.paths is None else tuple(self.paths)
-            return InstalledSource(paths=paths, decontaminate=tuple(self.decontaminate),
+            return InstalledSource(paths=self.paths, decontaminate=tuple(self.decontaminate),
                                    humaneval_file=self.humaneval_file,
                                    mbpp_file=None if mbpp is None else str(mbpp),
                                    ngram=self.ngram, cache_dir=cache_dir)

@@ -1,9 +1,7 @@
-"""Where documents come from: the embedded stdlib corpus, all installed Python, local files,
-or the Hub. Each source is a frozen dataclass (Hydra builds it from `conf/data/*.yaml`) whose
-``load()`` returns a ``Corpus``.
-
-Every source skips, and counts, the same files whatever the tokenizer: ``binary`` (a NUL
-byte), ``not UTF-8`` and ``empty`` (whitespace only).
+"""Where documents come from: the standard library, all installed Python, local files or the
+Hub, each a frozen dataclass (Hydra builds it from `conf/data/*.yaml`) whose ``load()`` returns
+a ``Corpus``. Every source skips, and counts, the same files whatever the tokenizer:
+``binary`` (a NUL byte), ``not UTF-8`` and ``empty`` (whitespace only).
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import os
 import sys
 import sysconfig
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from mtp.data.decontaminate import BENCHMARKS, NGRAM, References, load_reference
 from mtp.data.hub import check_hub_reachable, offline_message
 
 TEXT_SUFFIXES_STRUCTURED = (".jsonl", ".json", ".parquet")
+_PYTHON = f"py{sys.version_info.major}{sys.version_info.minor}"
 
 
 def data_dir() -> Path:
@@ -58,23 +58,20 @@ class StdlibSource:
         if not files:
             raise FileNotFoundError(f"no .py files under the standard library at {root}")
         ids, texts, skipped = _read_text_files(files, root)
-        version = f"py{sys.version_info.major}{sys.version_info.minor}"
-        return _corpus(ids, texts, skipped, prefix=f"stdlib-{version}", searched=[str(root)])
+        return _corpus(ids, texts, skipped, prefix=f"stdlib-{_PYTHON}", searched=[str(root)])
 
 
 @dataclass(frozen=True)
 class LocalSource:
     """Local files: text files (one document each), JSON lines or Parquet (one per record).
-
-    ``paths`` holds files, folders (recursively, hidden entries skipped) or globs; each must
-    match a file when the source is made, so that a typo fails before any work.
-    """
+    ``paths``: files, folders (recursively, hidden entries skipped) or globs, each of which must
+    match a file when the source is made, so that a typo fails before any work."""
 
     paths: list[str] | str
     text_field: str = "text"
 
     def __post_init__(self) -> None:
-        paths = self._paths()
+        paths = _listed(self.paths)
         if not paths:
             raise ValueError("LocalSource.paths is empty: name at least one file, folder or glob")
         missing = [path for path in paths if not _expand([path])]
@@ -83,11 +80,8 @@ class LocalSource:
                                     f"match{'es' if len(missing) == 1 else ''} no file "
                                     f"(cwd {Path.cwd()})")
 
-    def _paths(self) -> list[str]:
-        return [self.paths] if isinstance(self.paths, str) else list(self.paths)
-
     def load(self) -> Corpus:
-        paths = self._paths()
+        paths = _listed(self.paths)
         files = sorted(set(_expand(paths)))
         plain = [f for f in files if f.suffix not in TEXT_SUFFIXES_STRUCTURED]
         structured = [f for f in files if f.suffix in TEXT_SUFFIXES_STRUCTURED]
@@ -142,12 +136,11 @@ class InstalledSource:
     """All Python source installed for this interpreter, deduplicated and decontaminated.
 
     ``paths``: the folders to read (None: ``sys.path``'s, less the script's folder and the
-    working directory). Each ``.py`` file is read once; one reached twice, or with the bytes of
-    one read before, is skipped as ``duplicate``. ``decontaminate``: the benchmarks no kept file
-    may share an n-gram of ``ngram`` words with (``mtp.data.decontaminate``); such files are
-    skipped as ``contaminated`` and listed in ``Corpus.contaminated``. ``humaneval_file`` and
-    ``mbpp_file`` replace the packaged and Hub copies. Verdicts are cached by file content
-    under ``cache_dir`` (default: ``data_dir()``).
+    working directory). A ``.py`` file reached twice, or with the bytes of one read before, is
+    skipped as ``duplicate``; one sharing an n-gram of ``ngram`` words with a benchmark in
+    ``decontaminate`` (``mtp.data.decontaminate``) as ``contaminated``, listed in
+    ``Corpus.contaminated``. ``humaneval_file`` and ``mbpp_file`` replace the packaged and Hub
+    copies. Verdicts are cached by file content under ``cache_dir`` (default: ``data_dir()``).
     """
 
     paths: tuple[str, ...] | None = None
@@ -160,10 +153,8 @@ class InstalledSource:
     def __post_init__(self) -> None:
         # Hydra passes lists; tuples keep the source hashable (load() is memoised by it).
         if self.paths is not None:
-            paths = [self.paths] if isinstance(self.paths, str) else self.paths
-            object.__setattr__(self, "paths", tuple(str(p) for p in paths))
-        names = [self.decontaminate] if isinstance(self.decontaminate, str) else self.decontaminate
-        object.__setattr__(self, "decontaminate", tuple(names or ()))
+            object.__setattr__(self, "paths", tuple(map(str, _listed(self.paths))))
+        object.__setattr__(self, "decontaminate", tuple(_listed(self.decontaminate or ())))
         for name in self.decontaminate:
             if name not in BENCHMARKS:
                 raise ValueError(f"data.source.decontaminate: {name!r} is not one of {BENCHMARKS}")
@@ -188,6 +179,10 @@ class InstalledSource:
 
 
 Source = StdlibSource | InstalledSource | LocalSource | HubSource
+
+
+def _listed(value: str | Iterable) -> list:
+    return [value] if isinstance(value, str) else list(value)
 
 
 def _nonempty(texts: list[str]) -> list[bool]:
@@ -238,17 +233,13 @@ def _read_records(path: Path, text_field: str) -> list[str]:
             raise ValueError(f"{path} has no column {text_field!r}; columns: {table.column_names}")
         return [t or "" for t in table.column(text_field).to_pylist()]
     content = path.read_text(encoding="utf-8")
-    if content.lstrip().startswith("["):  # a .json array rather than JSON lines
-        records = json.loads(content)
-    else:
-        records = [json.loads(line) for line in content.splitlines() if line.strip()]
-    texts = []
+    records = (json.loads(content) if content.lstrip().startswith("[")  # a .json array
+               else [json.loads(line) for line in content.splitlines() if line.strip()])
     for n, record in enumerate(records):
         if text_field not in record:
             raise ValueError(f"{path} record {n} has no field {text_field!r}; fields: "
                              f"{sorted(record)} (set text_field)")
-        texts.append(record[text_field] or "")
-    return texts
+    return [record[text_field] or "" for record in records]
 
 
 @functools.lru_cache(maxsize=2)
@@ -262,11 +253,10 @@ def _load_installed(source: InstalledSource) -> Corpus:
     if not files:
         raise ValueError(f"no .py files in {[str(r) for r in roots]} (data=installed)")
     ids, texts, skipped = _read_text_files(files, root=None)
-    digests = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-               for t in texts]
     first: dict[str, int] = {}  # content hash -> the first file with that content
-    for i, digest in enumerate(digests):
-        first.setdefault(digest, i)
+    for i, text in enumerate(texts):
+        first.setdefault(hashlib.blake2b(text.encode("utf-8", "surrogatepass"),
+                                         digest_size=16).hexdigest(), i)
     skipped["duplicate"] = len(found) - len(files) + len(texts) - len(first)
     contaminated = {}
     if source.decontaminate:
@@ -278,15 +268,13 @@ def _load_installed(source: InstalledSource) -> Corpus:
         verdicts.save()
         skipped["contaminated"] = len(contaminated)
     kept = [i for i in first.values() if ids[i] not in contaminated]
-    version = f"py{sys.version_info.major}{sys.version_info.minor}"
     corpus = _corpus([ids[i] for i in kept], [texts[i] for i in kept], skipped,
-                     prefix=f"installed-{version}", searched=[str(r) for r in roots])
+                     prefix=f"installed-{_PYTHON}", searched=[str(r) for r in roots])
     return Corpus(corpus.documents, corpus.key, corpus.skipped, contaminated)
 
 
 def _python_files(root: Path) -> list[Path]:
-    """The ``.py`` files under ``root``, sorted; hidden and symlinked folders and broken links
-    are skipped."""
+    """Sorted ``.py`` files under ``root``; hidden and symlinked folders, broken links skipped."""
     found = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))

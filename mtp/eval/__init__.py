@@ -1,7 +1,6 @@
 """Evaluation: HumanEval and MBPP pass@k, with generated code run in a sandbox.
 
-`python -m mtp.eval task=mbpp checkpoint=DIR` (options: `python -m mtp.eval --help`), or from
-Python:
+`python -m mtp.eval task=mbpp checkpoint=DIR` (options: `--help`), or from Python:
 `evaluate(EvalConfig(task="mbpp", checkpoint=DIR, output="results.jsonl"))`.
 """
 

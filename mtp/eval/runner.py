@@ -233,10 +233,9 @@ def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[
     mine = [r for r in records if str(r["task_id"]) in keys]
     if not mine:
         raise ValueError(f"{config.output}: no executed samples to score")
-    counts: dict[str, tuple[int, int]] = {}
-    for r in mine:
-        n, c = counts.get(str(r["task_id"]), (0, 0))
-        counts[str(r["task_id"])] = (n + 1, c + r["passed"])
+    samples = Counter(str(r["task_id"]) for r in mine)
+    passed = Counter(str(r["task_id"]) for r in mine if r["passed"])
+    counts = {key: (n, passed[key]) for key, n in samples.items()}
     summary: dict[str, Any] = {"task": config.task}
     summary.update({f"pass@{k}": v for k, v in mean_pass_at_k(counts, config.pass_k).items()})
     summary.update(problems=len(counts), samples=len(mine))

@@ -2,16 +2,15 @@
 (docs/evaluation.md).
 
 Each program gets a fresh working directory (also HOME and TMPDIR), a new session (its whole
-process group is killed at the end), a disposable launcher process between it and the
-evaluator (`launcher.py`), resource limits and a wall-clock timeout, and bounded output. A
-pass needs exit status 0 *and* a random sentinel printed after the tests, so a program that
-exits early fails.
+process group is killed at the end), a disposable launcher process between it and the evaluator
+(`launcher.py`), resource limits, a wall-clock timeout and bounded output. A pass needs exit
+status 0 *and* a random sentinel printed after the tests, so a program that exits early fails.
 
-Isolation: "namespaces" runs each program in new network, PID, mount, IPC and UTS
-namespaces, on a read-only file system but for a private tmpfs /tmp, as a uid of its own
-with no capabilities; "none" has only the limits (the launcher still kills what the program
-left behind); "auto" is "namespaces" where they work, else "none" with a warning.
-Not prevented: programs that game their tests, and reading world-readable files.
+Isolation: "namespaces" runs each program in new network, PID, mount, IPC and UTS namespaces,
+on a read-only file system but for a private tmpfs /tmp, as a uid of its own with no
+capabilities; "none" has only the limits (the launcher still kills what the program left
+behind); "auto" is "namespaces" where they work, else "none" with a warning. Not prevented:
+programs that game their tests, and reading world-readable files.
 """
 
 from __future__ import annotations
@@ -159,16 +158,9 @@ def _namespaces_missing() -> str | None:
 
 
 class Sandbox:
-    """Runs programs in parallel worker threads (one process each); results come as they finish.
-    `self.isolation` is the level ("namespaces" or "none") every program runs at.
-
-    ```
-    with Sandbox(Limits(timeout=3)) as sandbox:
-        sandbox.submit("a", "assert 1 + 1 == 2")
-        for key, result in sandbox.finished(wait=True):
-            ...
-    ```
-    """
+    """Runs programs in parallel worker threads (one process each), every one at
+    `self.isolation` ("namespaces" or "none"): `submit(key, program)` them, and `finished()`
+    yields `(key, result)` as they finish. A context manager."""
 
     def __init__(self, limits: Limits = Limits(), workers: int | None = None,
                  isolation: Isolation = "auto"):

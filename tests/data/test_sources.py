@@ -59,25 +59,20 @@ def test_missing_text_field(tmp_path):
         LocalSource(paths=[str(tmp_path / "d.jsonl")]).load()
 
 
-def test_hub_without_network_fails_fast(monkeypatch):
+@pytest.mark.parametrize("offline, name, match, seconds", [
+    (False, "someone/some-code-corpus", "local source", 2),  # no network: fails fast
+    (True, "someone/not-cached", "someone/not-cached", 10),  # offline mode, not in the cache
+])
+def test_hub_unreachable_fails_clearly(monkeypatch, tmp_path, offline, name, match, seconds):
     def unreachable(*args, **kwargs):
         raise urllib.error.URLError("no route to host")
 
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    # HF_HUB_OFFLINE=1 is read at import; set the flags it sets
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
     monkeypatch.setattr(urllib.request, "urlopen", unreachable)
     start = time.perf_counter()
-    with pytest.raises(ConnectionError, match="local source"):
-        HubSource(name="someone/some-code-corpus").load()
-    assert time.perf_counter() - start < 2
-
-
-def test_hub_offline_mode_uncached_dataset_fails_clearly(monkeypatch, tmp_path):
-    # HF_HUB_OFFLINE=1 is read at import; set the flags it sets
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
-    start = time.perf_counter()
-    with pytest.raises(ConnectionError, match="someone/not-cached"):
-        HubSource(name="someone/not-cached").load()
-    assert time.perf_counter() - start < 10
+    with pytest.raises(ConnectionError, match=match):
+        HubSource(name=name).load()
+    assert time.perf_counter() - start < seconds
