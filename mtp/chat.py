@@ -1,18 +1,15 @@
 """Chat templates: a model's own Jinja template rendered as transformers renders it, and the
 rendered prompt cut where the template (never a message) wrote a special token.
 
-- Rendering follows `transformers.utils.chat_template_utils`: a sandboxed, immutable Jinja
-  environment with trim_blocks and lstrip_blocks, `raise_exception`, `strftime_now`, a
-  `tojson` that does not escape HTML, loop controls; the variables `messages`,
-  `add_generation_prompt` and the tokenizer's special tokens (`bos_token`, `eos_token`, ...).
-  transformers is not imported.
-- What a user typed stays text (`render_chat`): the template is rendered twice, once with
-  the messages and once with each message's text replaced by a placeholder. The second
-  rendering is the template's own text, placeholders marking where message text goes; the
-  first must be that text with each placeholder filled (by the message's text, or that text
-  stripped, as `| trim` writes it). Special tokens are then looked for only in the template's
-  own text, so `<|im_start|>` typed in a message is never made a special token, wherever it
-  stands. A template that rewrites message text any other way is refused, not guessed at.
+- Rendering follows `transformers.utils.chat_template_utils` (not imported): a sandboxed,
+  immutable Jinja environment with trim_blocks and lstrip_blocks, `raise_exception`,
+  `strftime_now`, a `tojson` that does not escape HTML, loop controls.
+- What a user typed stays text (`render_chat`): the template is rendered twice, with the
+  messages and with each message's text replaced by a placeholder (the template's own text).
+  The first must be the second with each placeholder filled (by the text, or the text
+  stripped, as `| trim` writes it); special tokens are looked for only in the template's own
+  text, so `<|im_start|>` typed in a message never becomes one. A template that rewrites
+  message text any other way is refused, not guessed at.
 """
 
 from __future__ import annotations
@@ -49,8 +46,7 @@ def as_conversations(prompts: Sequence[object]) -> list:
 
 
 def check_conversation(messages: object, where: str = "the conversation") -> list[dict[str, str]]:
-    """`messages` as a list of plain dicts; a ValueError naming the first message that is not
-    a mapping of string fields with a "role" and a "content"."""
+    """`messages` as a list of plain dicts; a ValueError naming the first bad message."""
     if not is_conversation(messages) or not messages:
         raise ValueError(f"{where} must be a non-empty list of {{role, content}} messages, got "
                          f"{messages!r:.80}")
@@ -67,8 +63,7 @@ def check_conversation(messages: object, where: str = "the conversation") -> lis
 
 @lru_cache(maxsize=16)
 def compile_template(template: str) -> jinja2.Template:
-    """The template compiled in transformers' environment; a ValueError with Jinja's message
-    and line when it does not parse."""
+    """The template compiled in transformers' environment; a ValueError when it does not parse."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson

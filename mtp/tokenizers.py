@@ -7,12 +7,11 @@
 - BPE is byte-level (any text encodes), trained with ``tokenizers``, saved as
   ``tokenizer.json``; any ``tokenizer.json`` (Llama, GPT-2, ...) loads, specials found by name.
 - Prompts (``encode_prompt``) start as the model saw every document start: after EOS for
-  tokenizers mtp trains (it packs documents after EOS); for others as their own template
-  (the post-processor transformers uses) says: Llama's BOS, SmolLM2's nothing.
-- Conversations (``encode_chat``): the model's own chat template (``chat_template``, read from
-  a GGUF, a ``tokenizer_config.json`` or mtp's header) rendered as transformers renders it
-  (``mtp.chat``); the special tokens the template writes become their ids, and text typed in
-  a message still never does. A prompt may be a text or a conversation (``encode_prompt``).
+  tokenizers mtp trains; for others as their own template (transformers' post-processor)
+  says: Llama's BOS, SmolLM2's nothing.
+- Conversations (``encode_chat``): the model's own chat template (from a GGUF, a
+  ``tokenizer_config.json`` or mtp's header) rendered as transformers does (``mtp.chat``); the
+  special tokens the template writes become their ids, text typed in a message never does.
   ``stop_ids``: EOS and the end-of-turn tokens the tokenizer's files name.
 """
 
@@ -96,9 +95,8 @@ class Tokenizer(ABC):
         """Short string that changes whenever encoding would change (names caches)."""
 
     def encode_prompt(self, text: Prompt) -> list[int]:
-        """The ids of a prompt as the model is given it (see the module docstring): here
-        EOS, the token every document of mtp's training stream follows, then the text; a
-        conversation as ``encode_chat`` encodes it."""
+        """The ids of a prompt as the model is given it (module docstring): here EOS, then the
+        text; a conversation as ``encode_chat`` encodes it."""
         if is_conversation(text):
             return self.encode_chat(text)
         return [self.eos_id, *self.encode(text)]
@@ -109,23 +107,19 @@ class Tokenizer(ABC):
 
     def encode_chat(self, messages: Conversation, add_generation_prompt: bool = True,
                     **variables: Any) -> list[int]:
-        """The ids of a conversation rendered by the model's chat template, as transformers'
-        ``apply_chat_template(messages, add_generation_prompt=..., tokenize=True)`` gives
-        them; special tokens only where the template wrote them, never from message text
+        """The ids of a conversation as transformers' ``apply_chat_template(messages,
+        tokenize=True)`` gives them; special tokens only where the template wrote them
         (``mtp.chat.render_chat``). ``variables``: more template variables (e.g. tools)."""
         if self.chat_template is None:
             raise ValueError(f"the {self.name} tokenizer has no chat template: give prompts "
                              f"as text, or use a model that has one")
         specials = self.special_tokens
-        names = {"bos_token": self.bos_token, "eos_token": self.eos_token,
-                 "pad_token": self.pad_token}
+        names = {name: getattr(self, name) for name in ("bos_token", "eos_token", "pad_token")}
         pieces = render_chat(self.chat_template, messages, specials,
                              add_generation_prompt=add_generation_prompt,
                              **{k: v for k, v in names.items() if v is not None}, **variables)
-        ids: list[int] = []
-        for text, special in pieces:
-            ids += [specials[text]] if special else self.encode(text)
-        return ids
+        return [i for text, special in pieces
+                for i in ([specials[text]] if special else self.encode(text))]
 
     @property
     def special_tokens(self) -> dict[str, int]:
@@ -140,8 +134,7 @@ class Tokenizer(ABC):
 
     @property
     def document_start_id(self) -> int | None:
-        """The token a prompt starts with, or None when the tokenizer puts none before it
-        (``encode_prompt`` is the whole rule)."""
+        """The token a prompt starts with (``encode_prompt``'s), or None when there is none."""
         ids, text = self.encode_prompt("a"), self.encode("a")
         return ids[0] if ids[:len(text)] != text else None
 
@@ -161,8 +154,7 @@ class ByteTokenizer(Tokenizer):
     pad_id, bos_id, eos_id = 256, 257, 258
 
     def encode(self, text: str | bytes) -> list[int]:
-        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-        return list(data)
+        return list(text.encode("utf-8") if isinstance(text, str) else bytes(text))
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """The exact bytes behind ``ids`` (special tokens skipped)."""
@@ -230,9 +222,8 @@ class BPETokenizer(Tokenizer):
         # Many released tokenizers (Llama) have no pad token; EOS is the usual stand-in,
         # and pads never reach a loss here anyway.
         self.pad_token = pad_token or _find_special(tokenizer, "pad", default=self.eos_token)
-        self.bos_id = _token_id(tokenizer, self.bos_token)
-        self.eos_id = _token_id(tokenizer, self.eos_token)
-        self.pad_id = _token_id(tokenizer, self.pad_token)
+        self.bos_id, self.eos_id, self.pad_id = (
+            _token_id(tokenizer, t) for t in (self.bos_token, self.eos_token, self.pad_token))
         if chat_template is not None and not isinstance(chat_template, str):
             raise ValueError(f"chat_template must be a string, got {chat_template!r:.80}")
         self.chat_template = chat_template or None
@@ -268,17 +259,13 @@ class BPETokenizer(Tokenizer):
         tok = tokenizers.Tokenizer.from_file(str(file))
         meta = _read_json(file.parent / META_FILE) or _hf_meta(file.parent, tok)
         # A foreign tokenizer.json (no header of ours): its own template starts prompts.
-        return cls(tok, bos_token=meta.get("bos_token"),
-                   eos_token=meta.get("eos_token"), pad_token=meta.get("pad_token"),
-                   name=meta.get("name", "bpe"),
-                   document_start=meta.get("document_start", "tokenizer"),
-                   chat_template=meta.get("chat_template"),
-                   stop_tokens=meta.get("stop_tokens", ()))
+        return cls(tok, **{k: meta.get(k) for k in ("bos_token", "eos_token", "pad_token",
+                                                     "chat_template")},
+                   name=meta.get("name", "bpe"), stop_tokens=meta.get("stop_tokens", ()),
+                   document_start=meta.get("document_start", "tokenizer"))
 
     def encode_prompt(self, text: Prompt) -> list[int]:
-        if is_conversation(text):
-            return self.encode_chat(text)
-        if self.document_start == "eos":
+        if is_conversation(text) or self.document_start == "eos":
             return super().encode_prompt(text)
         if self.document_start == "bos":
             return [self.bos_id, *self.encode(text)]
@@ -314,16 +301,13 @@ class BPETokenizer(Tokenizer):
         return _TextIncrementalDecoder(self)
 
     def save(self, directory: str | Path) -> None:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = _write_meta(directory, {
+            "kind": "bpe", "name": self.name, "bos_token": self.bos_token,
+            "eos_token": self.eos_token, "pad_token": self.pad_token,
+            "document_start": self.document_start,
+            **({"chat_template": self.chat_template} if self.chat_template else {}),
+            **({"stop_tokens": list(self.stop_tokens)} if self.stop_tokens else {})})
         self._tok.save(str(directory / BPE_FILE))
-        _write_meta(directory, {"kind": "bpe", "name": self.name, "bos_token": self.bos_token,
-                                "eos_token": self.eos_token, "pad_token": self.pad_token,
-                                "document_start": self.document_start,
-                                **({"chat_template": self.chat_template}
-                                   if self.chat_template else {}),
-                                **({"stop_tokens": list(self.stop_tokens)}
-                                   if self.stop_tokens else {})})
 
     @property
     def special_tokens(self) -> dict[str, int]:
@@ -382,10 +366,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
                             f"'byte') and {path / BPE_FILE}")
 
 
-def _write_meta(directory: str | Path, meta: dict) -> None:
+def _write_meta(directory: str | Path, meta: dict) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / META_FILE).write_text(json.dumps({"format_version": 1, **meta}, indent=2) + "\n")
+    return directory
 
 
 def _read_json(path: Path) -> dict | None:
@@ -397,14 +382,13 @@ def _hf_meta(directory: Path, tok: tokenizers.Tokenizer) -> dict:
     (``tokenizer_config.json``), the chat template (there or in ``chat_template.jinja``),
     and end-of-turn tokens (``generation_config.json``'s list of eos_token_id)."""
     config = _read_json(directory / HF_CONFIG_FILE) or {}
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"chat_template": hf_chat_template(config, directory)}
     for key in ("bos_token", "eos_token", "pad_token"):
         value = config.get(key)
         if isinstance(value, dict):  # {"content": "<s>", ...} in older configs
             value = value.get("content")
         if isinstance(value, str):
             out[key] = value
-    out["chat_template"] = hf_chat_template(config, directory)
     eos = (_read_json(directory / "generation_config.json") or {}).get("eos_token_id")
     ids = eos if isinstance(eos, list) else [eos]
     out["stop_tokens"] = [t for t in (tok.id_to_token(i) for i in ids if isinstance(i, int))
@@ -425,11 +409,10 @@ def hf_chat_template(config: Mapping[str, Any], directory: Path | None = None) -
 
 
 def _find_special(tok: tokenizers.Tokenizer, role: str, default: str | None = None) -> str:
-    for candidate in _SPECIAL_CANDIDATES[role]:
-        if tok.token_to_id(candidate) is not None:
-            return candidate
-    if default is not None:
-        return default
+    found = next((c for c in _SPECIAL_CANDIDATES[role] if tok.token_to_id(c) is not None),
+                 default)
+    if found is not None:
+        return found
     raise ValueError(f"cannot find a {role} token: tried {list(_SPECIAL_CANDIDATES[role])}; "
                      f"pass {role}_token=... to BPETokenizer")
 

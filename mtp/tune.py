@@ -2,16 +2,14 @@
 
 What runs fastest (threads, dtype, drafter, trees, layer_skip) depends on the machine, its
 load, the model and the step, so each such tuning *step* measures its candidates:
-- `Measurement`: the one record: each candidate's figure, the winner, how it was chosen
-  (`measured`, `cached`, `set` by the user, or `fixed`), why, the time and budget, what the
-  budget left out, the machine; `describe()` is its printed line.
+- `Measurement`: the record (figures, winner, how chosen, why, time, budget, machine).
 - `TuneCache`: `$MTP_CACHE/tune.json` (`mtp.paths.cache_dir`), records by key.
 - `tune_key`: the step, what the choice depends on, and for a timed step the machine and its
   load in whole cores (a choice made idle is not reused under load).
 - `tune`: the user's setting wins; else the cache; else measure, and store.
 
-Thread counts are measured here (`choose_threads`) unless set: `threads=N`, `OMP_NUM_THREADS`,
-or `torch.set_num_threads` called before (`explicit_threads`).
+Thread counts are measured (`choose_threads`) unless set: `threads=N`, `OMP_NUM_THREADS`, or
+`torch.set_num_threads` called before (`explicit_threads`).
 """
 
 from __future__ import annotations
@@ -40,9 +38,9 @@ _ours: int | None = None  # the thread count this module set last (not the user'
 
 @dataclass(frozen=True)
 class Measurement:
-    """One tuning step's result (module docstring). figures: each candidate's, in `unit`
-    (higher is better unless `lower_is_better`); value: the choice as the step reads it back
-    (JSON), when `choice`, the label, is not enough."""
+    """One tuning step's result, chosen how: `measured`, `cached`, `set` by the user or
+    `fixed`. figures: each candidate's, in `unit` (higher is better unless `lower_is_better`);
+    value: the choice as the step reads it back (JSON), when `choice`, the label, is not enough."""
 
     step: str
     choice: str
@@ -116,9 +114,7 @@ class TuneCache:
             return None
 
     def put(self, key: str, record: Measurement) -> None:
-        table = self._table()
-        table[key] = record.to_json()
-        write_json(self.path, table)
+        write_json(self.path, {**self._table(), key: record.to_json()})
 
 
 def fingerprint(value: Any) -> str:
@@ -239,8 +235,7 @@ def check_threads(threads: object) -> int | None:
 def given_threads(requested: int | None) -> Measurement | None:
     """The thread count that needs no measurement (requested, explicit, or one core), set;
     None when it must be measured."""
-    requested = check_threads(requested)
-    if requested is not None:
+    if (requested := check_threads(requested)) is not None:
         set_threads(requested)
     explicit = explicit_threads() if requested is None else (requested, f"threads={requested}")
     if explicit is not None:
