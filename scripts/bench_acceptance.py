@@ -34,24 +34,23 @@ from typing import Any
 from omegaconf import MISSING
 
 from mtp import cli
-from mtp.bench.decoding import saved_context
+from mtp.bench.decoding import Decoding, saved_context
 from mtp.bench.machine import machine
-from mtp.bench.prompts import humaneval_prompts
-from mtp.cli import AUTO
+from mtp.bench.prompts import humaneval_selected
 from mtp.decode.drafters import DrafterSpec
 from mtp.cli import check_positive
-from mtp.decode.drafters.registry import AUTOREGRESSIVE, option_owners
+from mtp.decode.drafters.registry import option_owners
 from mtp.decode.sampling import SamplingConfig
 from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
-from mtp.generate.session import DecodeSettings, open_decoder
+from mtp.generate.session import open_decoder
 
 ROWS = {"specinfer distinct": ("exact", "distinct"), "specinfer iid": ("exact", "iid"),
         "spectr iid": ("spectr", "iid")}
 
 
 @dataclass(frozen=True, kw_only=True)
-class AcceptanceArgs:
+class AcceptanceArgs(Decoding):
     checkpoint: str = MISSING
     options: dict[str, Any] = field(default_factory=dict)  # the heads' (tree, k)
     temperature: float = 0.8
@@ -61,11 +60,9 @@ class AcceptanceArgs:
         default_factory=lambda: [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45])
     prompt_file: Path | None = None
     max_new_tokens: int = 80
-    device: str = "cpu"
-    dtype: str | None = None
-    threads: int | str | None = AUTO
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_positive("max_new_tokens", self.max_new_tokens)
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature} must be > 0: the rules differ "
@@ -89,15 +86,12 @@ def parse_args(argv: list[str]) -> AcceptanceArgs:
 
 def main(argv: list[str]) -> dict:
     args = parse_args(argv)
-    settings = DecodeSettings(drafter=AUTOREGRESSIVE, device=args.device, dtype=args.dtype,
-                              threads=args.threads)
-    decoder = open_decoder(args.checkpoint, settings, max_new_tokens=args.max_new_tokens)
+    decoder = open_decoder(args.checkpoint, args.settings(), max_new_tokens=args.max_new_tokens)
     model, tokenizer = decoder.model, decoder.tokenizer
     if args.prompt_file is not None:
         prompts = read_prompts(args.prompt_file)
     else:
-        pool = humaneval_prompts(max(args.humaneval_select) + 1)
-        prompts = [pool[i] for i in args.humaneval_select]
+        prompts = humaneval_selected(args.humaneval_select)
     context = saved_context(args.checkpoint)
     rules = {}
     for name, (rule, siblings) in ROWS.items():
@@ -116,9 +110,9 @@ def main(argv: list[str]) -> dict:
     print(f"{'rule':<20} {'tok/fwd':>8} {'tokens/s':>9}")
     for name, row in rules.items():
         print(f"{name:<20} {row['tokens_per_forward']:>8.3f} {row['tokens_per_second']:>9.1f}")
-    result = {"rules": rules, "tree": tree,
-              "temperature": args.temperature, "prompts": len(prompts),
-              "max_new_tokens": args.max_new_tokens, "checkpoint": str(args.checkpoint), **info}
+    result = {"rules": rules, "tree": tree, "temperature": args.temperature,
+              "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "checkpoint": str(args.checkpoint), **info}
     print(json.dumps(result))
     return result
 

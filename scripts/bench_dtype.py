@@ -4,13 +4,12 @@
     python scripts/bench_dtype.py checkpoint=model.gguf widths=[1,2,4,8,16] threads=2
 
 A decode step is a cached forward of `width` new tokens per row after `context` cached ones
-(the trunk, head 0 and the unembedding: what a verify pass computes,
-`plain_forward_seconds`), timed as the median of `repeats` in each dtype; the bf16 copy is
-the float32 weights rounded. On a CPU with bf16 arithmetic (AVX512-BF16, AMX) the wide steps
-of speculative decoding gain more from bf16 than the one-token steps of autoregressive
-decoding, which read half the bytes but multiply no faster. Rounds alternate the dtypes so a
-change of load hits both. Prints a table, then one JSON line: {"widths": {"<w>": {"float32",
-"bfloat16", "speedup"}}, "threads", "load", "cpu_flags", ...}.
+(trunk, head 0, unembedding: a verify pass, `plain_forward_seconds`), the median of `repeats`
+in each dtype; bf16 is the float32 weights rounded. With bf16 arithmetic (AVX512-BF16, AMX)
+speculative decoding's wide steps gain more from bf16 than autoregressive one-token steps,
+which read half the bytes but multiply no faster. Rounds alternate the dtypes. Prints a
+table, then one JSON line: {"widths": {"<w>": {"float32", "bfloat16", "speedup"}}, "threads",
+"load", "cpu_flags", ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint       anything mtp.load reads (required)

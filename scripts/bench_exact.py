@@ -6,10 +6,9 @@ dtype, and whether its ids are the exact reference's.
         dtypes=[float32,bfloat16] threads=2
 
 In every dtype: autoregressive decoding at width 1 (the plain step; float32's is every
-speed-up's baseline) and at width W in exact mode (the reference, once per width W); then
-each method plain and in exact mode at its widest step W. The plain and the exact run of a
-method alternate `repeats` times and each keeps its best, so a shared machine's changing
-load reaches both alike. A row per method and dtype:
+speed-up's baseline) and at width W in exact mode (the reference, once per W); then each
+method plain and in exact mode at its widest step W, alternating `repeats` times (best kept)
+so a shared machine's load reaches both alike. A row per method and dtype:
   plain, exact    tokens/s
   cost            plain tokens/s over exact's: 1.05 is exact mode 5% slower
   speedup         exact mode's tokens/s over float32 width-1 autoregressive decoding's
@@ -48,7 +47,7 @@ from omegaconf import MISSING
 from mtp import cli
 from mtp.bench.decoding import saved_context
 from mtp.bench.machine import machine
-from mtp.bench.prompts import humaneval_prompts
+from mtp.bench.prompts import humaneval_selected
 from mtp.cli import AUTO
 from mtp.decode.drafters import Drafter, DrafterContext, DrafterSpec
 from mtp.cli import check_positive
@@ -82,7 +81,7 @@ class ExactArgs:
     def __post_init__(self) -> None:
         for key in ("max_new_tokens", "repeats", "repeated_ngram"):
             check_positive(key, getattr(self, key))
-        if not self.dtypes or not self.methods or not self.humaneval_select:
+        if not (self.dtypes and self.methods and self.humaneval_select):
             raise ValueError(f"dtypes={self.dtypes}, methods={self.methods} and "
                              f"humaneval_select={self.humaneval_select} each need an entry")
         for name in self.dtypes:
@@ -92,7 +91,6 @@ class ExactArgs:
             self.spec(entry)  # each names a drafter, with options that size it
 
     def spec(self, entry: str) -> DrafterSpec:
-        """A `methods` entry as a spec (`registry.entry_spec`)."""
         return entry_spec(entry, self.options, "methods")
 
     def settings(self) -> DecodeSettings:
@@ -176,8 +174,7 @@ def main(argv: list[str]) -> None:
     if args.prompt_file is not None:
         prompts, source = read_prompts(args.prompt_file), args.prompt_file.name
     else:
-        pool = humaneval_prompts(max(args.humaneval_select) + 1)
-        prompts, source = [pool[i] for i in args.humaneval_select], "HumanEval"
+        prompts, source = humaneval_selected(args.humaneval_select), "HumanEval"
     bench = Bench(args, decoder.model, decoder.tokenizer, prompts,
                   saved_context(args.checkpoint))
     for dtype in args.dtypes:

@@ -49,12 +49,9 @@ class CommsArgs(Shape):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.accumulate < 1:
-            raise ValueError(f"accumulate={self.accumulate} must be >= 1 micro-batch")
-        for key, allowed in (("mode", ("headwise", "chunked")), ("device", ("cpu", "cuda"))):
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"{key}={getattr(self, key)!r} is not one of "
-                                 f"{', '.join(allowed)}")
+        cli.check_positive("accumulate", self.accumulate, need=">= 1 micro-batch")
+        cli.check_choice("mode", self.mode, ("headwise", "chunked"))
+        cli.check_choice("device", self.device, ("cpu", "cuda"))
         if self.ranks is not None and self.ranks < 2:
             raise ValueError(f"ranks={self.ranks}: sharding needs at least 2 ranks")
 
@@ -74,7 +71,7 @@ def fsdp_default(model: MTPModel, *, sync: bool, headwise: bool):
 
 
 def _count(calls: Counter, nbytes: Counter) -> None:
-    """Wrap torch.distributed's collectives that FSDP2 calls, counting calls and bytes."""
+    """Wrap the torch.distributed collectives FSDP2 calls, counting calls and bytes."""
     for name, short in COLLECTIVES.items():
         original = getattr(dist, name)
 
@@ -123,7 +120,6 @@ def main(argv: list[str]) -> None:
     world = args.world
     if world < 2:
         raise ValueError(f"need at least 2 ranks to shard, got {world} (device={args.device})")
-
     results = mp.Manager().dict()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

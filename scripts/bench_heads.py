@@ -1,29 +1,24 @@
 """Parallel heads against sequential modules: one trunk, one training budget, n = 4 and n = 8.
 
-For each n of `n_future` and each head type (`block`: the paper's parallel heads, every one on
-the trunk output; `sequential`: DeepSeek-V3's modules, a chain) it trains the byte8 recipe's
-shape (`+experiment=byte8`: bytes, compute-matched `model=small`, width 256, 12 blocks per
-token, so a (12 - n)-block trunk and n one-block heads of either type; batch 16 x 256, bf16
-autocast where the CPU has it), shortened to `steps` steps (one value, or one per n), with
-the repo's trainer; then measures, per run:
+For each n of `n_future` and each head type (`block`: the paper's parallel heads, all on the
+trunk output; `sequential`: DeepSeek-V3's modules, a chain) it trains the byte8 recipe's shape
+(`+experiment=byte8`: bytes, compute-matched `model=small`, 12 blocks per token: a
+(12 - n)-block trunk and n one-block heads; batch 16 x 256), shortened to `steps` steps (one
+value, or one per n), with the repo's trainer; then measures, per run:
 
-- head accuracies: `val/acc_head{i}` after the last step (16 validation batches). A
-  sequential module is teacher-forced: module k reads the true byte t + k, so its accuracy
-  is that of the next byte after a correct draft, not of byte t + k + 1 from position t as a
-  parallel head's is; the tokens per forward compare the two as drafters;
-- tokens per forward: decoding the first `humaneval` HumanEval prompts (`max_new_tokens`
-  each) with the chain of every head (k = n) and with the `tree` candidate tree, greedily and
-  sampled at temperature 0.8 (lossless: the same acceptance rule), and how repetitive the
-  output is (`repeated`: the share of tokens inside an earlier 16-byte n-gram). A briefly
-  trained small model's greedy output loops, and then every drafter looks perfect: the
-  sampled figures are the ones that compare drafting;
-- memory: one training step's peak memory above what the process held before it (RSS; each
-  in a fresh process, `scripts/bench_memory.py`'s measurement), float32;
+- head accuracies: `val/acc_head{i}` after the last step. A sequential module is
+  teacher-forced (module k reads the true byte t + k), so its accuracy is the next byte's
+  after a correct draft; the tokens per forward compare the two as drafters;
+- tokens per forward: the first `humaneval` HumanEval prompts (`max_new_tokens` each) with
+  the chain of every head (k = n) and with the `tree`, greedy and at temperature 0.8, and
+  `repeated` (the share of tokens inside an earlier 16-byte n-gram): a briefly trained
+  model's greedy output loops, so the sampled figures are the ones that compare drafting;
+- memory: one training step's peak memory above what the process held before it (RSS, in a
+  fresh process: `scripts/bench_memory.py`'s measurement), float32;
 - step time: one optimizer step (loss, backward, clipping, AdamW), float32, best of
   `time_steps` after a warm-up.
-
-Memory and step time depend on the architecture, not the weights: they are measured on the
-recipe's model freshly initialised, and cost_only=true measures them without training.
+Memory and step time depend on the architecture, not the weights: they are measured on a
+fresh model, and cost_only=true measures them without training.
 
 Runs that exist in `out` are reused. Speed figures belong under the machine's lock, training
 does not: train and measure first, then time alone under the lock:
@@ -51,6 +46,7 @@ model=tiny for a smaller shape:
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -65,6 +61,7 @@ from mtp import cli
 from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
 from mtp.bench.recipe import KEYS, split_overrides
+from mtp.bench.shape import Shape
 from mtp.checkpoint import load
 from mtp.decode.output import repeated_share
 from mtp.generate import DrafterSpec, SamplingConfig
@@ -118,14 +115,10 @@ def run_name(head_type: str, n_future: int) -> str:
     return f"{head_type} n={n_future}"
 
 
-def run_dir(out: Path, head_type: str, n_future: int) -> Path:
-    return out / f"{head_type}{n_future}"
-
-
 def train(out: Path, head_type: str, n_future: int, steps: int, warmup: int,
           overrides: list[str]) -> Path:
     """Train one run with `python -m mtp.train` unless its export exists; its directory."""
-    run = run_dir(out, head_type, n_future)
+    run = out / f"{head_type}{n_future}"
     if (run / "export" / "config.json").is_file():
         return run
     command = [sys.executable, "-m", "mtp.train", "+experiment=byte8",
@@ -140,27 +133,15 @@ def train(out: Path, head_type: str, n_future: int, steps: int, warmup: int,
     return run
 
 
-def metrics(run: Path) -> list[dict[str, str]]:
-    """The run's metrics history (one row per logged step)."""
-    import csv
-
+def trained_figures(run: Path, n_future: int) -> dict:
+    """From the run's metrics history: its last logged step (a reused run may predate
+    `steps`) and each head's last validation accuracy."""
     with open(run / "plots" / "metrics.csv") as f:
-        return list(csv.DictReader(f))
-
-
-def val_accuracies(run: Path, n_future: int) -> list[float]:
-    """Each head's last validation accuracy from the run's metrics history."""
-    last = {}
-    for row in metrics(run):
-        for i in range(n_future):
-            if row.get(f"val/acc_head{i}"):
-                last[i] = float(row[f"val/acc_head{i}"])
-    return [last[i] for i in range(n_future)]
-
-
-def trained_steps(run: Path) -> int:
-    """The run's last logged step: its training budget (a reused run may predate `steps`)."""
-    return max(int(row["step"]) for row in metrics(run))
+        history = list(csv.DictReader(f))
+    last = {i: float(row[f"val/acc_head{i}"]) for row in history for i in range(n_future)
+            if row.get(f"val/acc_head{i}")}
+    return {"steps": max(int(row["step"]) for row in history),
+            "val_acc": [last[i] for i in range(n_future)]}
 
 
 def tokens_per_forward(run: Path, prompts: list[str], tree: str,
@@ -193,11 +174,11 @@ def recipe_config(head_type: str, n_future: int, overrides: list[str]) -> MTPCon
 def step_bytes(c: MTPConfig, batch: int, seq_len: int) -> int:
     """One training step's memory (bench_memory.py's measurement, in a fresh process)."""
     variant = "sequential" if c.head_type == "sequential" else "headwise"
-    child = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_memory.py"), f"vocab_size={c.vocab_size}",
-         f"dim={c.dim}", f"n_layers={c.n_layers}", f"n_heads={c.n_heads}",
-         f"n_future={c.n_future}", f"batch={batch}", f"seq_len={seq_len}", "threads=2",
-         f"variant={variant}"], capture_output=True, text=True, check=True)
+    shape = Shape(vocab_size=c.vocab_size, dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads,
+                  n_future=c.n_future, batch=batch, seq_len=seq_len)
+    child = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_memory.py"),
+                            *shape.arguments(), "threads=2", f"variant={variant}"],
+                           capture_output=True, text=True, check=True)
     return json.loads(child.stdout.strip().splitlines()[-1])["step_bytes"]
 
 
@@ -279,7 +260,7 @@ def main(argv: list[str]) -> None:
             config = recipe_config(head_type, n, args.overrides)
             if not args.cost_only:
                 run = train(args.out, head_type, n, steps[n], args.warmup, args.overrides)
-                row.update(steps=trained_steps(run), val_acc=val_accuracies(run, n),
+                row.update(**trained_figures(run, n),
                            **tokens_per_forward(run, prompts, args.tree, args.max_new_tokens))
             row["step_bytes"] = step_bytes(config, args.batch, args.seq_len)
             if args.time:

@@ -6,25 +6,16 @@
     python scripts/bench_hf.py checkpoint=DIR device=cuda dtype=bfloat16 compile=true
     python scripts/bench_hf.py checkpoint=DIR humaneval=10 static=false   # no compiling
 
-The model is exported with `mtp.export_hf` to a temporary directory and loaded back with
-transformers' `AutoModelForCausalLM` in the same dtype. Each prompt is decoded alone (batch 1,
-greedy) by
-- transformers' `generate`,
-- transformers' `generate` with its static cache, compiled (`cache_implementation="static"`,
-  which transformers compiles itself on a GPU, with CUDA graphs; on a CPU the script asks it
-  to), the fastest way transformers decodes (`static=false` leaves it out: compiling a large
-  model on a CPU takes minutes),
-- transformers' prompt-lookup assisted generation (`prompt_lookup_num_tokens`),
-- mtp with k = 1 (autoregressive) and with every k from 2 to n_future (self-speculative),
-  its decode step compiled with `compile=true` (`compiled` in the JSON line).
-mtp encodes a prompt with `tokenizer.encode_prompt` (EOS first for models mtp trained, see
-mtp/decode/loop.py); transformers gets exactly the same input ids, and both stop at EOS or
-after `max_new_tokens`. After a warm-up, repeats run every method in turn (slow drifts of
-the machine hit all alike); figures are medians over repeats of new tokens per second over
-all prompts. The compiled methods first decode every prompt once, untimed, so that each
-shape they meet is compiled before the timing. `identical` says whether every method
-produced the same token ids for every prompt. `distinct_4grams` (distinct / total 4-grams of
-the outputs) says how repetitive the text is: speculative speed-ups on looping text are not
+The model is exported with `mtp.export_hf` and loaded back with transformers'
+`AutoModelForCausalLM` in the same dtype. Each prompt is decoded alone (batch 1, greedy) by
+transformers' `generate`, by it with its compiled static cache (`static=false` leaves it out:
+compiling a large model on a CPU takes minutes), by its prompt lookup
+(`prompt_lookup_num_tokens`), and by mtp at k = 1 (autoregressive) and every k up to n_future
+(`compile=true`: mtp's step compiled). mtp and transformers get the same input ids
+(`encode_prompt`) and stop at EOS or after `max_new_tokens`. Repeats run every method in turn
+after a warm-up (compiled methods first decode every prompt untimed); figures are medians of
+new tokens/s. `identical`: every method produced the same ids; `distinct_4grams` (distinct /
+total 4-grams) says how repetitive the text is: speed-ups on looping text are not
 representative.
 Prints a table, then one JSON line.
 
@@ -82,8 +73,7 @@ class HfBenchArgs(Decoding):
             raise ValueError("give checkpoint=... or random_bpe_model=true (one of them)")
         for key in ("max_new_tokens", "prompt_lookup_tokens", "repeats"):
             check_positive(key, getattr(self, key))
-        if self.humaneval < 0:
-            raise ValueError(f"humaneval={self.humaneval} must be >= 0")
+        check_positive("humaneval", self.humaneval, least=0)
 
 
 def parse_args(argv: list[str]) -> HfBenchArgs:
@@ -108,7 +98,6 @@ def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
 
 def time_mtp(model, tokenizer, prompts: list[str], max_new_tokens: int, k: int,
              compile: bool) -> tuple[float, list[list[int]], float]:
-    """Seconds over all prompts, new ids, and tokens per forward pass of mtp's `generate`."""
     timed = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                           drafter=DrafterSpec("heads", k=k).build(model), compile=compile)
     return timed.seconds, timed.token_ids, timed.stats.tokens_per_forward
@@ -136,7 +125,7 @@ def main(argv: list[str]) -> None:
         checkpoint = str(args.checkpoint)
         decoder = open_decoder(args.checkpoint, settings, prompts=prompts[:1])
     model, tokenizer = decoder.model, decoder.tokenizer
-    dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype_name = cli.dtype_name(next(model.parameters()).dtype)
     inputs = tokenizer.encode_prompts(prompts)  # as mtp's generate
     hf = hf_model(model, tokenizer)
 

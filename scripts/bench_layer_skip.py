@@ -4,15 +4,14 @@ trunk layers skipped, beside autoregressive decoding.
     python -m mtp.generate.skip_search checkpoint=CKPT       # keeps the skip choice
     python scripts/bench_layer_skip.py checkpoint=CKPT skipped=[1,2,4,8] num_draft=3
 
-The skipped sets are the search's nested ones (the choice's `order`, least harmful first):
-for each count m of `skipped`, the first m layers of that order, plus the search's own
-choice. Prompts: HumanEval's (`humaneval`, by index; held out from the search's MBPP
-calibration prompts), each decoded alone (batch 1), greedily, for `max_new_tokens` tokens.
-Each row: tokens/s, speed-up, tokens per forward, the first draft's acceptance, the draft's
-share of a token's weights, identical greedy ids and the repeated share of the text. Prints
-a table and ends with one JSON line: {"rows": {"<name>": {"skipped", "tokens_per_second",
-"speedup", "tokens_per_forward", "acceptance", "draft_share", "identical", "repeated"}},
-...}.
+The skipped sets are the search's nested ones: for each count m of `skipped`, the first m
+layers of the choice's `order` (least harmful first), plus the search's own choice. Prompts:
+HumanEval's (by index; held out from the search's MBPP prompts), each decoded alone (batch
+1), greedily. Each row: tokens/s, speed-up, tokens per forward, the first draft's acceptance,
+the draft's share of a token's weights, identical greedy ids and the repeated share of the
+text. Prints a table and ends with one JSON line: {"rows": {"<name>": {"skipped",
+"tokens_per_second", "speedup", "tokens_per_forward", "acceptance", "draft_share",
+"identical", "repeated"}}, ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
 below.
@@ -37,7 +36,7 @@ from omegaconf import MISSING
 from mtp import cli
 from mtp.bench.decoding import KEYS, Decoding, saved_context
 from mtp.bench.machine import machine
-from mtp.bench.prompts import humaneval_prompts
+from mtp.bench.prompts import humaneval_selected
 from mtp.cli import check_positive
 from mtp.decode.drafters.layer_skip import LayerSkip, SkipChoice
 from mtp.decode.drafters.registry import DrafterSpec
@@ -90,11 +89,7 @@ def skip_choice(args: LayerSkipArgs, config: MTPConfig) -> SkipChoice:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if args.prompt:
-        prompts = list(args.prompt)
-    else:
-        pool = humaneval_prompts(max(args.humaneval) + 1)
-        prompts = [pool[i] for i in args.humaneval]
+    prompts = list(args.prompt or ()) or humaneval_selected(args.humaneval)
     decoder = open_decoder(args.checkpoint, args.settings(), prompts=prompts[:1],
                            max_new_tokens=args.max_new_tokens)
     model, tokenizer = decoder.model, decoder.tokenizer
@@ -120,7 +115,7 @@ def main(argv: list[str]) -> None:
         timed = time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
                               drafter=drafter, warmup_tokens=8)
         stats, ids = timed.stats, timed.token_ids
-        if drafter is None:
+        if drafter is None:  # autoregressive decoding comes first
             reference, base = ids, timed.tokens_per_second
         rows[name] = {
             "skipped": list(skip), "tokens_per_second": round(timed.tokens_per_second, 1),

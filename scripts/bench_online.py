@@ -3,16 +3,14 @@
     python scripts/bench_online.py checkpoint=runs/smollm2_medusa1/export humaneval=100 \
         max_new_tokens=48 k=4 threads=2
 
-Each prompt is decoded alone (batch 1, greedy), one `generate` call after another, as a
-server meets them: once by the heads drafter (k) with the checkpoint's heads as they are,
-once by `OnlineHeads(k)` (`drafter=heads online=true`), which takes `steps` optimizer steps
-on heads 1..k-1 after each call, distilling from the target's distributions over what it
-served (mtp/decode/drafters/online.py). Both start from the same weights; greedy output
-must be identical between them (and is checked). Reported: tokens per forward over the
-stream and over its first and last `window` prompts, tokens/s with and without the
-learning's time, and the share of the output repeating an earlier 16-gram. Calls are timed
-by the one timing harness (`mtp.generate.measure.time_calls`). Prints a table, then one
-JSON line: {"frozen": {...}, "online": {...}, "identical", "prompts", ...}.
+Each prompt is decoded alone (batch 1, greedy), one `generate` call after another as a server
+meets them: by the heads drafter (k) with the checkpoint's heads, and by `OnlineHeads(k)`
+(`drafter=heads online=true`), which takes `steps` optimizer steps on heads 1..k-1 after each
+call, distilling from the target's distributions over what it served. Both start from the
+same weights; their greedy output must be identical (checked). Reported: tokens per forward
+over the stream and its first and last `window` prompts, tokens/s with and without the
+learning's time, and the share of the output repeating an earlier 16-gram. Prints a table,
+then one JSON line: {"frozen": {...}, "online": {...}, "identical", "prompts", ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
 below.
@@ -70,8 +68,7 @@ class OnlineArgs(Decoding):
             check_positive(key, getattr(self, key), least=0)
         if self.k is not None:
             check_positive("k", self.k, least=2)
-        if not self.lr > 0:
-            raise ValueError(f"lr={self.lr!r} must be > 0")
+        cli.check_number("lr", self.lr, lambda v: v > 0, "> 0")
 
 
 def parse_args(argv: list[str]) -> OnlineArgs:
@@ -80,16 +77,15 @@ def parse_args(argv: list[str]) -> OnlineArgs:
 
 def stream(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], drafter: Drafter,
            max_new_tokens: int, window: int) -> tuple[dict, list[list[int]]]:
-    """Decode `prompts` one call each with `drafter`; its figures and every output's ids."""
+    """Decode `prompts` one call each (`time_calls`): the figures and every output's ids."""
     def decode(_: int, batch: list[str]) -> list[Generation]:
         return generate(model, tokenizer, batch, max_new_tokens=max_new_tokens, drafter=drafter)
 
     seconds, done = time_calls(decode, prompts, 1, cuda=next(model.parameters()).is_cuda)
     passes = [g.stats.forward_passes for g in done]
     tokens = [g.stats.new_tokens for g in done]
-    learning, learnt = 0.0, 0
-    if isinstance(drafter, OnlineHeads):
-        learning, learnt = drafter.seconds, drafter.learnt
+    online = isinstance(drafter, OnlineHeads)
+    learning, learnt = (drafter.seconds, drafter.learnt) if online else (0.0, 0)
 
     def per_forward(part: slice) -> float:
         return round(sum(tokens[part]) / max(sum(passes[part]), 1), 3)

@@ -37,17 +37,15 @@ class PeakArgs:
     def __post_init__(self) -> None:
         if not self.sizes or min(self.sizes) < 1:
             raise ValueError(f"sizes={self.sizes} must be positive sizes")
-        if not self.seconds > 0:
-            raise ValueError(f"seconds={self.seconds!r} must be > 0")
+        cli.check_number("seconds", self.seconds, lambda v: v > 0, "> 0")
         for name in self.dtypes:
             try:
                 cli.parse_dtype(name)
             except ValueError as error:
                 raise ValueError(f"dtypes: {error}") from None
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads={self.threads} must be >= 1")
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"device={self.device!r} is not one of cpu, cuda")
+        if self.threads is not None:
+            cli.check_positive("threads", self.threads)
+        cli.check_choice("device", self.device, ("cpu", "cuda"))
 
 
 def parse_args(argv: list[str]) -> PeakArgs:

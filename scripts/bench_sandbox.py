@@ -41,9 +41,8 @@ class SandboxArgs:
 
     def __post_init__(self) -> None:
         for key in ("rounds", "workers", "problems"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ValueError(f"{key}={value} must be >= 1")
+            if getattr(self, key) is not None:
+                cli.check_positive(key, getattr(self, key))
         for level in self.levels:
             if level not in LEVELS:
                 raise ValueError(f"levels: {level!r} is not one of {', '.join(LEVELS)}")

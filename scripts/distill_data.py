@@ -10,23 +10,18 @@
         data=local 'data.source.paths=[data/distill/byte1.jsonl]'
 
 When the base model's training data is unknown (or to teach the heads what the model will
-actually say rather than what the corpus says), Medusa trains its heads on the model's own
-outputs. The prompts (`prompts_from`), chosen with `seed`, never from the validation
-split of the corpus as the data pipeline computes it:
+say rather than what the corpus says), Medusa trains its heads on the model's own outputs.
+The prompts (`prompts_from`, chosen with `seed`) never come from the corpus's validation split:
 - `windows`: `prompt_chars` characters starting at a line of a training-split document;
 - `functions`: HumanEval-style prompts, a top-level function's `def` line(s) and docstring
-  (and nothing of its body) from the corpus's Python documents, up to `prompt_chars`
-  characters (the stdlib has about 2,200 of them);
-- `mbpp`: MBPP's train split (task ids 601-974 of `mbpp_file`, the full `mbpp.jsonl`, or
-  $MTP_MBPP_FILE's) in the same form: the reference solution's signature, the task's text
-  as the docstring. Never the test split (11-510) that `mtp.eval task=mbpp` scores, nor the
-  validation split (511-600) that data/prompts/calibration.jsonl calibrates trees on.
-Neither corpus holds a HumanEval problem. Each prompt is continued for `max_new_tokens`
-tokens in batches of `batch_size`, greedily or sampled (`temperature`, `top_k`, `top_p`),
-with the model's heads drafting when it has several (same output distribution). Every
-record of the JSON lines file is {"text": prompt + continuation, "prompt", "continuation",
-"source", "finish_reason"}: `data=local` reads its "text". Prints a table, then one JSON
-line.
+  from the corpus's Python documents, up to `prompt_chars` (the stdlib has about 2,200);
+- `mbpp`: MBPP's train split (task ids 601-974 of `mbpp_file` or $MTP_MBPP_FILE, the full
+  mbpp.jsonl) in the same form, the task's text as the docstring: never the test split
+  (11-510, `mtp.eval task=mbpp`) nor validation (511-600, data/prompts/calibration.jsonl).
+Each prompt is continued for `max_new_tokens` tokens in batches of `batch_size`, greedily or
+sampled, the model's heads drafting when it has several (same output distribution). Each
+record is {"text": prompt + continuation, "prompt", "continuation", "source",
+"finish_reason"}: `data=local` reads its "text". Prints a table, then one JSON line.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint       the base model: anything mtp.load reads (required)
@@ -47,7 +42,6 @@ from __future__ import annotations
 import ast
 import json
 import random
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +56,7 @@ from mtp.bench.decoding import Decoding
 from mtp.data import is_validation
 from mtp.data.source_options import KEYS as SOURCE_KEYS
 from mtp.data.source_options import SourceOptions
+from mtp.generate.measure import time_calls
 from mtp.generate.session import DecodeSettings, open_decoder
 from mtp.paths import read_jsonl
 
@@ -194,32 +189,31 @@ def main(argv: list[str]) -> dict:
                            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    started, new_tokens, forwards, reasons = time.perf_counter(), 0, 0, Counter()
     with out.open("w") as f, tqdm(total=len(prompts), desc="distilling",
-                                       unit="prompt") as progress:
-        for first in range(0, len(prompts), args.batch_size):
-            batch = prompts[first:first + args.batch_size]
-            outputs = decoder.generate([prompt for _, prompt in batch],
-                                       max_new_tokens=args.max_new_tokens,
-                                       seed=args.seed + first)
-            for (source, prompt), out in zip(batch, outputs):
-                f.write(json.dumps({"text": prompt + out.text, "prompt": prompt,
-                                    "continuation": out.text, "source": source,
-                                    "finish_reason": out.finish_reason}) + "\n")
-                new_tokens += out.stats.new_tokens
-                forwards += out.stats.forward_passes
-                reasons[out.finish_reason] += 1
-            progress.update(len(batch))
-    seconds = time.perf_counter() - started
+                                  unit="prompt") as progress:
 
+        def distil(first: int, batch: list[tuple[str, str]]) -> list:
+            outputs = decoder.generate([prompt for _, prompt in batch],
+                                       max_new_tokens=args.max_new_tokens, seed=args.seed + first)
+            for (source, prompt), output in zip(batch, outputs):
+                f.write(json.dumps({"text": prompt + output.text, "prompt": prompt,
+                                    "continuation": output.text, "source": source,
+                                    "finish_reason": output.finish_reason}) + "\n")
+            progress.update(len(batch))
+            return outputs
+
+        seconds, outputs = time_calls(distil, prompts, args.batch_size)
+    new_tokens = sum(output.stats.new_tokens for output in outputs)
+    forwards = sum(output.stats.forward_passes for output in outputs)
     stats = {"out": str(out), "checkpoint": str(args.checkpoint),
              "prompts_from": args.prompts_from, "documents": documents,
              "prompts": len(prompts), "new_tokens": new_tokens,
              "tokens_per_second": round(new_tokens / seconds, 1),
              "tokens_per_forward": round(new_tokens / max(forwards, 1), 3),
-             "finish_reasons": dict(reasons), "temperature": args.temperature,
-             "top_k": args.top_k, "top_p": args.top_p, "seconds": round(seconds, 1),
-             "device": args.device, "threads": torch.get_num_threads()}
+             "finish_reasons": dict(Counter(output.finish_reason for output in outputs)),
+             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+             "seconds": round(seconds, 1), "device": args.device,
+             "threads": torch.get_num_threads()}
     print(f"checkpoint {args.checkpoint}  ->  {args.out}")
     for key in ("documents", "prompts", "new_tokens", "tokens_per_second",
                 "tokens_per_forward", "finish_reasons", "seconds"):

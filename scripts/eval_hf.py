@@ -5,18 +5,15 @@
     python scripts/eval_hf.py checkpoint=... task=mbpp data_file=mbpp.jsonl few_shot=3 \\
         limit=40 out=runs/hf_mbpp.jsonl compare=outputs/eval/mbpp/<run>/results.jsonl
 
-An independent greedy run of the same problems: transformers' model
-(`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)` for a GGUF file, or a Hugging
-Face directory as it is), batch 1, float32 on a CPU, `do_sample=False`. What is shared with
-`mtp.eval`, on purpose, is what defines the benchmark, not the decoding:
-- the task's prompts (`mtp.eval.load_task`; task, data_file and few_shot are mtp.eval's
-  task=, data_file= and few_shot=) and their ids: mtp's `encode_prompt` of each
-  prompt (for SmolLM2's "smollm" pre-tokenizer transformers' GGUF tokenizer splits digits
-  otherwise, on 2 of the first 8 HumanEval prompts; docs/benchmarks.md, GGUF import);
-- the stop rule: generation ends at the model's EOS (transformers' generation config),
-  after `max_new_tokens` tokens, or once the new text (decoded by transformers' tokenizer)
-  contains one of the task's stop strings (`mtp.data.benchmarks`: HumanEval's, MBPP's
-  `[DONE]`), and the completion is the new text cut before the first of them;
+An independent greedy run of the same problems: transformers' model (a GGUF file through
+`from_pretrained(dir, gguf_file=...)`, or a Hugging Face directory), batch 1,
+`do_sample=False`. Shared with `mtp.eval`, on purpose, is what defines the benchmark, not the
+decoding:
+- the task's prompts (`load_task`: task, data_file, few_shot as mtp.eval's) and their ids,
+  mtp's `encode_prompt` (for SmolLM2's "smollm" pre-tokenizer transformers' GGUF tokenizer
+  splits digits otherwise: docs/benchmarks.md, GGUF import);
+- the stop rule: the model's EOS, `max_new_tokens`, or a task's stop string (HumanEval's,
+  MBPP's `[DONE]`) in the new text, the completion cut before the first of them;
 - the scoring: the completions go to `mtp.eval` as a samples file (its sandbox and pass@k).
 
 Each completion is appended to `out` as it is made (a rerun resumes). With `compare` (an
@@ -76,12 +73,10 @@ class EvalHfArgs:
     def __post_init__(self) -> None:
         if self.task not in ("humaneval", "mbpp"):
             raise ValueError(f"task={self.task!r} is not one of humaneval, mbpp")
-        cli.check_positive("max_new_tokens", self.max_new_tokens)
         cli.check_positive("few_shot", self.few_shot, least=0)
-        if self.limit is not None:
-            cli.check_positive("limit", self.limit)
-        if self.threads is not None:
-            cli.check_positive("threads", self.threads)
+        for key in ("max_new_tokens", "limit", "threads"):  # limit and threads may be null
+            if getattr(self, key) is not None:
+                cli.check_positive(key, getattr(self, key))
         cli.parse_dtype(self.dtype)
         self.load_dtype()
 
@@ -148,10 +143,8 @@ def generate_one(model, tokenizer, ids: list[int], stop: tuple[str, ...],
 
 def compare(ours: dict[str, dict], theirs_file: Path) -> dict:
     """Problem-by-problem comparison with an `mtp.eval` results file (first sample each)."""
-    theirs = {}
-    for record in read_jsonl(theirs_file):
-        if record.get("sample", 0) == 0:
-            theirs[str(record["task_id"])] = record
+    theirs = {str(record["task_id"]): record for record in read_jsonl(theirs_file)
+              if record.get("sample", 0) == 0}
     common = [key for key in ours if key in theirs]
     if not common:
         raise ValueError(f"{theirs_file} has none of the {len(ours)} problems")
@@ -181,9 +174,7 @@ def main(argv: list[str]) -> dict:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with args.out.open("a") as f, torch.inference_mode():
-        for problem in problems:
-            if str(problem.task_id) in done:
-                continue
+        for problem in (p for p in problems if str(p.task_id) not in done):  # a rerun resumes
             ids = tokenizer.encode_prompt(problem.prompt)
             began = time.perf_counter()
             completion, new = generate_one(model, their_tokenizer, ids, task.stop,
@@ -210,7 +201,7 @@ def main(argv: list[str]) -> dict:
              "seconds_this_run": round(generated, 1), "checkpoint": str(args.checkpoint),
              "samples": str(args.out), "results": str(results),
              "transformers": transformers.__version__, "torch": torch.__version__,
-             "device": args.device, "dtype": str(dtype).removeprefix("torch."),
+             "device": args.device, "dtype": cli.dtype_name(dtype),
              "threads": torch.get_num_threads()}
     if args.compare:
         stats.update(compare(ours, args.compare))

@@ -2,22 +2,18 @@
 arithmetic, n in {1, 2, 4} heads at equal compute, over a size ladder and several seeds.
 
 Gloeckle et al. 2024 (arXiv 2404.19737) section 4.1 (induction, Fig. 7) and 4.2 (arithmetic
-in F7[X]/(X^5), Fig. 8). Every run is `python -m mtp.train`'s `train(cfg)` on `data=induction`
-or `data=polynomial` with the byte tokenizer and `model=tiny`'s compute-matched shape
-(`model.depth` blocks per token whatever n: n heads come off the trunk, as byte1 vs byte8),
-checkpointed every `eval_every` steps of its ladder; each checkpoint is scored on the task's
-fixed test set (`mtp.eval.synthetic`, the metric of `python -m mtp.eval task=...`) for the
-learning curves, and the final model on a larger one. Runs are separate processes (one
-torch thread each, `jobs` at a time); a run whose result exists in `out` is reused.
+in F7[X]/(X^5), Fig. 8). Every run is `mtp.train` on `data=induction` or `data=polynomial`,
+byte tokenizer, `model=tiny`'s compute-matched shape (`model.depth` blocks per token whatever
+n), checkpointed every `eval_every` steps; each checkpoint is scored on the task's fixed test
+set (`mtp.eval.synthetic`) for the learning curves, the final model on a larger one. Runs are
+separate processes (one torch thread each, `jobs` at a time); a finished run in `out` is reused.
 
     python scripts/paper_small.py budget=cpu out=runs/paper_small      # ~1 h on 2 cores
     python scripts/paper_small.py budget=gpu out=runs/paper_small_gpu  # the paper's sizes
 
-Writes OUT/paper_small.json and the figures (`figures`, default `out`):
-paper_small_induction.png (accuracy on repeated names' second token against model size, n = 1
-and n = 2, every seed shown), paper_small_polynomial.png (exact match against m for each n
-at two sizes) and paper_small_curves.png (task accuracy against step). Prints a table and
-ends with one JSON line: {"benchmark", "budget", "machine", "ladder", "runs", "summary"}.
+Writes OUT/paper_small.json and, in `figures`, paper_small_induction.png (Fig. 7),
+paper_small_polynomial.png (Fig. 8) and paper_small_curves.png (accuracy against step).
+Prints a table, then one JSON line: {"benchmark", "budget", "machine", "ladder", "runs", ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   budget           cpu (default), paper_cpu (the paper's 1M and 3M induction models, 5
@@ -34,6 +30,7 @@ Arguments are key=value (`mtp.cli`'s grammar):
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -49,6 +46,7 @@ from typing import Any
 from mtp import cli
 from mtp.bench import tables
 from mtp.bench.machine import machine
+from mtp.paths import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,9 +87,8 @@ LADDERS: dict[str, dict[str, Any]] = {
     "smoke": {  # seconds: the tests' sweep
         "seeds": [0],
         "induction": {"sizes": [("a", 16, 2, 2), ("b", 32, 2, 4)], "n": [1, 2], "added": [2],
-                      "steps": 4,
-                      "batch": 2, "seq_len": 64, "lr": 3e-3, "warmup": 1, "eval_every": 2,
-                      "curve_size": 4, "final_size": 4, "documents": 200},
+                      "steps": 4, "batch": 2, "seq_len": 64, "lr": 3e-3, "warmup": 1,
+                      "eval_every": 2, "curve_size": 4, "final_size": 4, "documents": 200},
         "polynomial": {"sizes": [("a", 16, 5, 2), ("b", 32, 5, 4)], "n": [1, 4], "steps": 4,
                        "batch": 2, "seq_len": 64, "lr": 3e-3, "warmup": 1, "eval_every": 2,
                        "curve_size": 2, "final_size": 2, "documents": 200},
@@ -114,8 +111,7 @@ class PaperArgs:
     run: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.budget not in LADDERS:
-            raise ValueError(f"budget={self.budget!r} is not one of {', '.join(LADDERS)}")
+        cli.check_choice("budget", self.budget, LADDERS)
         unknown = [t for t in self.tasks or [] if t not in TASKS]
         if unknown:
             raise ValueError(f"tasks: unknown task {unknown[0]!r}; expected one of {TASKS}")
@@ -125,10 +121,9 @@ class PaperArgs:
             wrong = next((s for s in self.sizes if s not in known), "none")
             raise ValueError(f"sizes: {wrong!r} is not a size of budget={self.budget} "
                              f"({', '.join(sorted(known))})")
-        if self.jobs is not None and self.jobs < 0:
-            raise ValueError(f"jobs={self.jobs} must be >= 0 (0: one at a time, in process)")
-        if self.device not in (None, "cpu", "cuda"):
-            raise ValueError(f"device={self.device!r} is not one of cpu, cuda")
+        if self.jobs is not None:
+            cli.check_positive("jobs", self.jobs, 0, ">= 0 (0: one at a time, in process)")
+        cli.check_choice("device", self.device, (None, "cpu", "cuda"))
 
 
 def parse_args(argv: list[str]) -> PaperArgs:
@@ -178,18 +173,15 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     began = time.perf_counter()
     export = train(compose(spec["overrides"]))
     trained = time.perf_counter() - began
-    device = spec["device"]
     kwargs = {"ms": MS} if spec["task"] == "polynomial" else {}
-    curve = []
-    checkpoints = sorted((run_dir / "checkpoints").glob("step*.ckpt"))
-    for path in checkpoints:
-        model, tokenizer = load(path, device=device)
-        figures, _ = score(spec["task"], model, tokenizer, size=spec["curve_size"],
-                           batch_size=64, **kwargs)
-        curve.append({"step": int(path.stem[4:]), **figures})
-    model, tokenizer = load(export, device=device)
-    final, _ = score(spec["task"], model, tokenizer, size=spec["final_size"], batch_size=64,
-                     **kwargs)
+
+    def scored(path: Path, size: int) -> dict[str, Any]:
+        model, tokenizer = load(path, device=spec["device"])
+        return score(spec["task"], model, tokenizer, size=size, batch_size=64, **kwargs)[0]
+
+    curve = [{"step": int(path.stem[4:]), **scored(path, spec["curve_size"])}
+             for path in sorted((run_dir / "checkpoints").glob("step*.ckpt"))]
+    final = scored(export, spec["final_size"])
     summary = json.loads((run_dir / "summary.json").read_text())
     for path in (run_dir / "checkpoints").glob("*.ckpt"):
         path.unlink()  # optimizer state of every checkpoint: the scores are what is kept
@@ -201,7 +193,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
               "train_seconds": round(trained, 1),
               "eval_seconds": round(time.perf_counter() - began - trained, 1),
               "threads": torch.get_num_threads(), "final": final, "curve": curve}
-    (run_dir / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(run_dir / "result.json", result)
     return result
 
 
@@ -216,21 +208,16 @@ def plan(budget: str, out: Path, device: str, tasks: tuple[str, ...],
             raise ValueError(f"tasks: budget={budget} has no {task} ladder "
                              f"(it has {', '.join(t for t in TASKS if t in ladder)})")
         heads = [(n, False) for n in config["n"]] + [(n, True) for n in config.get("added", [])]
-        for size in config["sizes"]:
-            if sizes is not None and size[0] not in sizes:
-                continue
-            for seed in ladder["seeds"]:
-                for n, added in heads:
-                    heads_dir = f"n{n}" + ("added" if added else "")
-                    run_dir = out / task / size[0] / heads_dir / f"seed{seed}"
-                    specs.append({
-                        "task": task, "size": size[0], "n": n, "added": added, "seed": seed,
-                        "dim": size[1], "depth": size[2], "heads": size[3],
-                        "run_dir": str(run_dir), "device": device,
-                        "curve_size": config["curve_size"], "final_size": config["final_size"],
-                        "tokens_per_step": config["batch"] * config["seq_len"],
-                        "overrides": overrides(task, config, size, n, seed, run_dir, device,
-                                               added)})
+        chosen = [size for size in config["sizes"] if sizes is None or size[0] in sizes]
+        for size, seed, (n, added) in itertools.product(chosen, ladder["seeds"], heads):
+            run_dir = out / task / size[0] / (f"n{n}" + ("added" if added else "")) / f"seed{seed}"
+            specs.append({
+                "task": task, "size": size[0], "n": n, "added": added, "seed": seed,
+                "dim": size[1], "depth": size[2], "heads": size[3], "run_dir": str(run_dir),
+                "device": device, "curve_size": config["curve_size"],
+                "final_size": config["final_size"],
+                "tokens_per_step": config["batch"] * config["seq_len"],
+                "overrides": overrides(task, config, size, n, seed, run_dir, device, added)})
     return sorted(specs, key=lambda s: -s["dim"] ** 2 * s["depth"] * s["tokens_per_step"])
 
 
@@ -262,33 +249,27 @@ def prepare(specs: list[dict[str, Any]]) -> None:
     from mtp.tokenizers import ByteTokenizer
     from mtp.train.run import compose
 
-    done = set()
-    for spec in specs:
-        if spec["task"] in done:
-            continue
+    for spec in {spec["task"]: spec for spec in specs}.values():  # a task's specs share data
         cfg = compose(spec["overrides"])
         instantiate(cfg.data, tokenizer=ByteTokenizer(), seq_len=cfg.seq_len,
                     n_future=1).prepare_data()
-        done.add(spec["task"])
 
 
 def launch(spec: dict[str, Any], log: Path, in_process: bool = False) -> dict[str, Any]:
     """Run `spec` (in its own process, or this one) unless its result exists; its result."""
-    result = Path(spec["run_dir"]) / "result.json"
-    if not result.is_file() and in_process:
+    run_dir = Path(spec["run_dir"])
+    if not (run_dir / "result.json").is_file() and in_process:
         run_one(spec)
-    elif not result.is_file():
-        run_dir = Path(spec["run_dir"])
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
+    elif not (run_dir / "result.json").is_file():
+        write_json(run_dir / "spec.json", spec)
         with open(run_dir / "run.log", "w") as f:
             subprocess.run([sys.executable, __file__, f"run={run_dir / 'spec.json'}"],
                            check=True, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
     with open(log, "a") as f:
         key = run_key(spec["task"], spec["size"], spec["n"], spec["seed"], spec["added"])
         f.write(f"{time.strftime('%H:%M:%S')} done {key}\n")
-    val = json.loads((Path(spec["run_dir"]) / "summary.json").read_text())["val"]
-    return {**json.loads(result.read_text()), "val": val}  # the trainer's per-head figures
+    val = json.loads((run_dir / "summary.json").read_text())["val"]  # the trainer's, per head
+    return {**json.loads((run_dir / "result.json").read_text()), "val": val}
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -329,7 +310,7 @@ def _variant_of(result: dict[str, Any]) -> tuple[int, bool]:
     return result["n"], result.get("added", False)  # runs from before added heads: matched
 
 
-def summarize(results: list[dict[str, Any]], ladder: dict[str, Any]) -> dict[str, Any]:
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean and spread over seeds per (task, size, heads); the induction gaps to n = 1 at the
     smallest size, per seed, with their 90% interval."""
     out: dict[str, Any] = {}
@@ -338,23 +319,22 @@ def summarize(results: list[dict[str, Any]], ladder: dict[str, Any]) -> dict[str
         if not mine:
             continue
         table: dict[str, Any] = {}
-        for size in dict.fromkeys(r["size"] for r in sorted(mine, key=lambda r: r["parameters"])):
-            for heads in sorted({_variant_of(r) for r in mine}):
-                runs = sorted((r for r in mine if r["size"] == size and _variant_of(r) == heads),
-                              key=lambda r: r["seed"])
-                if not runs:
-                    continue
-                cell = {"parameters": runs[0]["parameters"],
-                        "steps": [r["steps"] for r in runs],
-                        "val_loss_head0": spread([r["val"]["loss_head"][0] if r["val"]
-                                                  else math.nan for r in runs]),
-                        HEADLINE[task]: spread([r["final"][HEADLINE[task]] for r in runs])}
-                if task == "induction":
-                    cell["accuracy_first"] = spread([r["final"]["accuracy_first"] for r in runs])
-                else:
-                    cell["accuracy_m"] = {m: spread([r["final"][f"accuracy_m{m}"] for r in runs])
-                                          for m in MS}
-                table.setdefault(size, {})[variant(*heads)] = cell
+        sizes = dict.fromkeys(r["size"] for r in sorted(mine, key=lambda r: r["parameters"]))
+        for size, heads in itertools.product(sizes, sorted({_variant_of(r) for r in mine})):
+            runs = sorted((r for r in mine if r["size"] == size and _variant_of(r) == heads),
+                          key=lambda r: r["seed"])
+            if not runs:
+                continue
+            cell = {"parameters": runs[0]["parameters"], "steps": [r["steps"] for r in runs],
+                    "val_loss_head0": spread([r["val"]["loss_head"][0] if r["val"]
+                                              else math.nan for r in runs]),
+                    HEADLINE[task]: spread([r["final"][HEADLINE[task]] for r in runs])}
+            if task == "induction":
+                cell["accuracy_first"] = spread([r["final"]["accuracy_first"] for r in runs])
+            else:
+                cell["accuracy_m"] = {m: spread([r["final"][f"accuracy_m{m}"] for r in runs])
+                                      for m in MS}
+            table.setdefault(size, {})[variant(*heads)] = cell
         out[task] = table
     if "induction" in out:
         smallest = next(iter(out["induction"]))
@@ -389,9 +369,7 @@ COLOUR = {"n=1": "tab:blue", "n=2": "tab:orange", "n=4": "tab:green", "n=2 added
 
 
 def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     ax.legend()
 
@@ -484,7 +462,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         with ThreadPoolExecutor(jobs) as pool:
             results = list(pool.map(lambda s: launch(s, log), specs))
     after = machine()
-    summary = summarize(results, LADDERS[args.budget])
+    summary = summarize(results)
     title = f"budget={args.budget}, {len(LADDERS[args.budget]['seeds'])} seeds"
     figures = plot(results, summary, args.figures or out, title)
     report = {"benchmark": "paper_small", "budget": args.budget, "device": device,
@@ -495,11 +473,7 @@ def main(argv: list[str]) -> dict[str, Any]:
               "figures": [str(p) for p in figures],
               "runs": {run_key(r["task"], r["size"], r["n"], r["seed"], r.get("added", False)): r
                        for r in results}}
-    report = json.loads(json.dumps(report))  # what the file and the last line hold
-    (out / "paper_small.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(tables.paper_small(report))
-    print(json.dumps(report), flush=True)
-    return report
+    return tables.publish(report, tables.paper_small, out / "paper_small.json")
 
 
 if __name__ == "__main__":

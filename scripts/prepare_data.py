@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from mtp import cli
 from mtp.data import build_tokenizer, prepare
 from mtp.data.source_options import KEYS, SourceOptions
-from mtp.cli import check_positive
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +45,7 @@ class PrepareArgs(SourceOptions):
         if self.tokenizer not in ("byte", "bpe"):
             raise ValueError(f"tokenizer={self.tokenizer!r} is not one of byte, bpe")
         for name in ("vocab_size", "seq_len", "n_future"):
-            check_positive(name, getattr(self, name))
+            cli.check_positive(name, getattr(self, name))
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"val_fraction={self.val_fraction!r} must be in [0, 1)")
 

@@ -1,7 +1,5 @@
 """What the decoding scripts share: the keys of `DecodeSettings` they take (device, dtype,
-threads, as `python -m mtp.generate`) and the saved choices of a checkpoint (its calibrated
-trees, a layer-skip search) that its drafters are built with.
-"""
+threads) and the saved choices of a checkpoint that its drafters are built with."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Decode token-id prompts with another engine, offline, and write what happened as JSON: the
-runner that scripts/bench_engines.py starts, by path, with that engine's own python.
+runner that scripts/bench_engines.py starts, by path, with that engine's own python (so it
+imports only the engine and the standard library).
 
     ENGINE_PYTHON mtp/bench/engine_runner.py JOB.json RESULT.json
 
-It imports only the engine and the standard library (it runs in the engine's environment, not
-mtp's). JOB.json holds `engine` ("vllm" or "llama_cpp"), `model` (vLLM: a directory;
+JOB.json holds `engine` ("vllm" or "llama_cpp"), `model` (vLLM: a directory;
 llama.cpp: a GGUF file), `max_new_tokens`, `prompts` (lists of token ids: every engine
 decodes the same input ids), `stop_token_ids` (where mtp stops), and
 - vLLM: `dtype`, `speculative_config` (its mapping, or null for autoregressive decoding),
@@ -22,6 +22,7 @@ the engine's version (`vllm`, `llama_cpp`) and
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -88,10 +89,8 @@ def run_vllm(job: dict) -> dict:
     began = time.perf_counter()
     batched = llm.generate(prompts, params, use_tqdm=False)
     batched_seconds = time.perf_counter() - began
-    drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get(
-        "vllm:spec_decode_num_drafts", 0)
-    accepted = after.get("vllm:spec_decode_num_accepted_tokens", 0) - before.get(
-        "vllm:spec_decode_num_accepted_tokens", 0)
+    drafts, accepted = (after.get(key, 0) - before.get(key, 0) for key in (
+        "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens"))
     del timed["evaluations"]
     result.update(
         **timed, batched_tokens_per_second=round(
@@ -139,10 +138,8 @@ def run_llama_cpp(job: dict) -> dict:
     llm = Llama(model_path=job["model"], n_ctx=job.get("n_ctx", 4096),
                 n_threads=job.get("threads"), seed=0, verbose=False, draft_model=draft)
     result["loaded"] = True
-    stops, budget = set(job.get("stop_token_ids") or ()), job["max_new_tokens"]
-    def decode(prompt: list[int]) -> tuple[list[int], int]:
-        return llama_cpp_decode(llm, prompt, budget, stops)
-
+    decode = functools.partial(llama_cpp_decode, llm, max_new_tokens=job["max_new_tokens"],
+                               stops=set(job.get("stop_token_ids") or ()))
     decode(job["prompts"][0])  # warm-up
     timed = time_prompts(decode, job["prompts"])
     evaluations = timed.pop("evaluations")

@@ -30,9 +30,8 @@ def load_average() -> list[float]:
 
 
 def commit(repo: Path) -> str | None:
-    """The checkout's commit, "-dirty" appended when tracked files differ (None outside git);
-    the Markdown pages the runner regenerates do not count, so a second suite run in the same
-    checkout is not marked dirty by the first one's tables."""
+    """The checkout's commit, "-dirty" when tracked files differ (None outside git); Markdown
+    does not count, so a suite run is not marked dirty by an earlier run's tables."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -18,9 +18,8 @@ def replace_blocks(text: str, blocks: dict[str, str]) -> str:
     """`text` with the body of each block named in `blocks` replaced (the markers stay; a
     block with no new body keeps its old one)."""
     def body(match: re.Match) -> str:
-        name = match.group("name")
-        if name not in blocks:
-            return match.group(0)
-        return match.group(1) + blocks[name].rstrip("\n") + "\n" + match.group(4)
+        if match["name"] not in blocks:
+            return match[0]
+        return match[1] + blocks[match["name"]].rstrip("\n") + "\n" + match[4]
 
     return BLOCK.sub(body, text)

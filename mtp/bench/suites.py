@@ -279,6 +279,3 @@ def suite(name: str) -> tuple[Part, ...]:
             raise ValueError(f"suite {name}: part {part.name!r} needs {missing}, not run before it")
         seen.add(part.name)
     return parts
-
-
-__all__ = ["Part", "SUITES", "suite"]

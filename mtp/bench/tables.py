@@ -4,8 +4,12 @@ renderer's table), a run block and the headline, by block name (`blocks`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+from mtp.paths import write_json
 
 Record = dict[str, Any]
 MIB = 2**20
@@ -36,15 +40,11 @@ def decode(r: dict[str, Any]) -> str:
     headers = ["decoding", "nodes", "tokens/s", "speed-up", "tok/fwd", "fwd cost",
                *(["plain cost"] if plain else []), "identical"]
     headers += ["eager tokens/s", "compiled / eager"] if compiled else []
-    rows = []
-    for row in r["per_k"] + r.get("per_tree", []):
-        cells = [f"k={row['k']}" if "k" in row else row["tree"], row["nodes"],
-                 row["tokens_per_second"], x(row["speedup"]), f"{row['tokens_per_forward']:.2f}",
-                 x(row["forward_cost"]), *([x(row["plain_cost"])] if plain else []),
-                 row["identical"]]
-        if compiled:
-            cells += [row["eager_tokens_per_second"], x(row["compile_speedup"])]
-        rows.append(cells)
+    rows = [[f"k={row['k']}" if "k" in row else row["tree"], row["nodes"],
+             row["tokens_per_second"], x(row["speedup"]), f"{row['tokens_per_forward']:.2f}",
+             x(row["forward_cost"]), *([x(row["plain_cost"])] if plain else []), row["identical"],
+             *([row["eager_tokens_per_second"], x(row["compile_speedup"])] if compiled else [])]
+            for row in r["per_k"] + r.get("per_tree", [])]
     head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch "
             f"{r['batch_size']}, greedy, {r['dtype']}, "
             f"{'compiled step' if r['compiled'] else 'eager step'}, {r['threads']} threads; "
@@ -71,9 +71,8 @@ def exact(r: dict[str, Any]) -> str:
     head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, greedy, "
             f"{r['threads']} threads; speed-ups against float32 width-1 autoregressive "
             f"decoding ({r['baseline']} tokens/s)")
-    return head + "\n\n" + table(["method", "width", "plain tokens/s", "exact tokens/s",
-                                  "cost", "speed-up", "tok/fwd", "identical",
-                                  "plain identical"], rows)
+    return head + "\n\n" + table(["method", "width", "plain tokens/s", "exact tokens/s", "cost",
+                                  "speed-up", "tok/fwd", "identical", "plain identical"], rows)
 
 
 def acceptance(r: dict[str, Any]) -> str:
@@ -190,8 +189,8 @@ ENGINES = {"mtp": "mtp", "vllm": "vLLM", "llama_cpp": "llama.cpp"}
 
 
 def engine_of(name: str) -> str:
-    """A bench_engines row's engine, by the row's name: "mtp", "llama_cpp" or "vllm" (vLLM's
-    rows are named by method alone)."""
+    """A bench_engines row's engine by its name: "mtp", "llama_cpp" or "vllm" (named by method
+    alone)."""
     return "mtp" if name.startswith("mtp") else \
         "llama_cpp" if name.startswith("llama.cpp") else "vllm"
 
@@ -235,13 +234,10 @@ def engines(r: dict[str, Any]) -> str:
 
 def memory(r: dict[str, Any]) -> str:
     variants = [key.removesuffix("_step_bytes") for key in r if key.endswith("_step_bytes")]
-    rows = []
-    for v in variants:
-        n = 1 if v.startswith("ntp") else r["n_future"]
-        rows.append([v.replace("_ac_", "+ac="), n, f"{r[v + '_peak_bytes'] / MIB:,.0f} MiB",
-                     f"{r[v + '_step_bytes'] / MIB:,.0f} MiB",
-                     f"{r.get(v + '_over_ntp', float('nan')):.2f}", f"{r[v + '_seconds']:.2f} s",
-                     f"{r.get(v + '_time_over_ntp', float('nan')):.2f}"])
+    rows = [[v.replace("_ac_", "+ac="), 1 if v.startswith("ntp") else r["n_future"],
+             f"{r[v + '_peak_bytes'] / MIB:,.0f} MiB", f"{r[v + '_step_bytes'] / MIB:,.0f} MiB",
+             f"{r.get(v + '_over_ntp', float('nan')):.2f}", f"{r[v + '_seconds']:.2f} s",
+             f"{r.get(v + '_time_over_ntp', float('nan')):.2f}"] for v in variants]
     head = (f"one training step, vocabulary {r['vocab_size']}, batch {r['batch']} x "
             f"{r['seq_len']}, {r['device']}")
     return head + "\n\n" + table(["variant", "n", "peak", "step", "step / next-token", "time",
@@ -313,8 +309,8 @@ def byte8(r: dict[str, Any]) -> str:
 
 
 def evaluation(r: dict[str, Any]) -> str:
-    rows = [[key, value] for key, value in r.items() if not isinstance(value, (dict, list))]
-    return table(["", ""], rows)
+    return table(["", ""], [[key, value] for key, value in r.items()
+                            if not isinstance(value, (dict, list))])
 
 
 def _cell(value: Any) -> str:
@@ -421,11 +417,11 @@ def tests(r: dict[str, Any]) -> str:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "decode": decode, "methods": methods, "exact": exact, "dtype": dtype, "kernels": kernels,
-    "engines": engines,
-    "acceptance": acceptance, "eagle": eagle, "hf": hf, "memory": memory, "train_step": train_step,
-    "peak_flops": peak_flops, "fsdp_comms": fsdp_comms, "heads_cost": heads_cost,
-    "sandbox": sandbox, "byte8": byte8, "eval": evaluation, "tests": tests, "rows": rows,
-    "paper_small": paper_small, "better_study": better_study, "online": online}
+    "engines": engines, "acceptance": acceptance, "eagle": eagle, "hf": hf, "memory": memory,
+    "train_step": train_step, "peak_flops": peak_flops, "fsdp_comms": fsdp_comms,
+    "heads_cost": heads_cost, "sandbox": sandbox, "byte8": byte8, "eval": evaluation,
+    "tests": tests, "rows": rows, "paper_small": paper_small, "better_study": better_study,
+    "online": online}
 
 
 def part_block(record: Record, renderer: str) -> str | None:
@@ -497,9 +493,9 @@ def _headline_rows(parts: dict[str, Any]) -> list[list[str]]:
             name, best = max(smollm2["rows"].items(), key=lambda item: item[1]["speedup"] or 0)
             rows.append([f"SmolLM2-135M, {smollm2['prompts']} prompts, greedy, on the kernels",
                          f"{name}: **{x(best['speedup'])}** float32 torch autoregressive "
-                         f"({smollm2['baseline']:.1f} tokens/s); ids its dtype's "
-                         f"autoregressive ids on "
-                         f"{best['identical']:.0%} of prompts", "`scripts/bench_kernels.py`"])
+                         f"({smollm2['baseline']:.1f} tokens/s); ids its dtype's autoregressive "
+                         f"ids on {best['identical']:.0%} of prompts",
+                         "`scripts/bench_kernels.py`"])
     if m := parts.get("memory"):
         rows.append([f"training step peak memory over next-token (n = {m['n_future']}, vocab "
                      f"{m['vocab_size']})", f"head by head **{m['headwise_over_ntp']:.2f}x**"
@@ -531,9 +527,8 @@ def headline(results: Record) -> str:
            f"`python -m mtp.bench {results['suite']}`")
     return table(["what", "figure", "command"], rows) + (
         f"\n\nAll from {run} at commit {_commits(results)} on {_machine(results)}, load "
-        f"average {min(loads):.1f}-"
-        f"{max(loads):.1f} (timed figures move with it); each figure's command, table and "
-        f"caveats: [docs/benchmarks.md](docs/benchmarks.md).")
+        f"average {min(loads):.1f}-{max(loads):.1f} (timed figures move with it); each figure's "
+        f"command, table and caveats: [docs/benchmarks.md](docs/benchmarks.md).")
 
 
 def blocks(results: Record, renderers: dict[str, str]) -> dict[str, str]:
@@ -545,3 +540,14 @@ def blocks(results: Record, renderers: dict[str, str]) -> dict[str, str]:
         if text is not None:
             out[name] = text
     return out
+
+
+def publish(report: Record, render: Callable[[Record], str], path: Path) -> Record:
+    """A study script's ending: `report` written to `path`, printed as `render`'s table, then
+    as the last-line JSON the runner reads; the report as the file holds it."""
+    report = json.loads(json.dumps(report))  # what the file and the last line hold
+    write_json(path, report)
+    print(render(report))
+    print(json.dumps(report), flush=True)
+    return report
+

@@ -1,8 +1,6 @@
-"""Decoding on this machine: `open_decoder` (`session.py`; its settings `settings.py`, every
-choice measured on the model that will decode `choices.py`, the drafter by `auto.py`), the
-timing harness (`measure.py`), the tuning steps saved for a checkpoint (`calibrate.py`,
-`skip_search.py`; the one store of their choices, `saved.py`) and `python -m mtp.generate`;
-with `mtp.decode`'s public names, so one import serves a user.
+"""Decoding on this machine: `open_decoder` (`session.py`), the timing harness (`measure.py`),
+the tuning steps saved for a checkpoint (`calibrate.py`, `skip_search.py`, `saved.py`) and
+`python -m mtp.generate`; with `mtp.decode`'s public names, so one import serves a user.
 """
 
 from mtp.decode import (Combined, DecodeStats, DraftModel, Drafter, DrafterContext, DrafterSpec,

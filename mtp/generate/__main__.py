@@ -74,15 +74,13 @@ class GenerateArgs(DecodeSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        given = [self.prompt, self.prompt_file, self.messages_file]
-        if sum(value is not None for value in given) != 1:
+        if sum(v is not None for v in (self.prompt, self.prompt_file, self.messages_file)) != 1:
             raise ValueError("give exactly one of prompt=..., prompt_file=... and "
                              "messages_file=...")
         cli.check_flag("chat", self.chat)
         cli.check_positive("max_new_tokens", self.max_new_tokens)
-        for string in self.stop:
-            if not string:
-                raise ValueError(f"stop={self.stop!r}: stop strings must be non-empty")
+        if not all(self.stop):
+            raise ValueError(f"stop={self.stop!r}: stop strings must be non-empty")
 
 
 def parse_args(argv: list[str]) -> GenerateArgs:
@@ -131,8 +129,7 @@ def main(argv: list[str]) -> None:
         # a conversation: its last message, then the reply
         shown = prompt[-1]["content"] + "\n" if is_conversation(prompt) else prompt
         print(shown, end="", flush=True)
-        [result] = decoder.generate([prompt], max_new_tokens=args.max_new_tokens,
-                                    stop=args.stop,
+        [result] = decoder.generate([prompt], max_new_tokens=args.max_new_tokens, stop=args.stop,
                                     on_text=lambda _, text: print(text, end="", flush=True))
         print(flush=True)
         print(f"[{result.finish_reason}] {describe(result.stats, decoder.label)}",

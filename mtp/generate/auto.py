@@ -1,16 +1,13 @@
 """`drafter=auto` / `k=auto`: measure candidate drafters on the first prompts, keep the fastest.
 
-Which drafter pays depends on the model, the text, the batch, sampling and the machine, so it
-is measured: each candidate (`Drafter.candidates`, in the registry's order; `k=auto`: the
-heads' chains alone) decodes the call's prompts, in batches of its size, for `tokens` new
-tokens on the model as it will decode with it (`prepare`: its dtype and threads), and the
-leaders decode them again, their better tokens/s counting. Autoregressive decoding is always
-a candidate and another must beat it by `margin`.
-
-A budget bounds the measurement: at most `share` of the run's autoregressive decoding time
-(`planned_tokens`) and `budget` seconds; a compiled step's warm-up is not counted; what it
-left out is part of the record, so a run that plans more tokens measures again. The record
-(a `mtp.tune.Measurement`) is cached under everything the choice depends on.
+Which drafter pays depends on the model, the text, the batch, sampling and the machine, so
+each candidate (`Drafter.candidates`; `k=auto`: the heads' chains) decodes the call's prompts
+for `tokens` new tokens on the model as it will decode (`prepare`: its dtype and threads);
+the leaders decode again, the better tokens/s counting. Another drafter must beat
+autoregressive decoding by `margin`. The measurement takes at most `share` of the run's
+autoregressive time (`planned_tokens`) and `budget` seconds, a compiled warm-up not counted;
+what it left out is recorded, so a run that plans more tokens measures again. The record (a
+`mtp.tune.Measurement`) is cached under everything the choice depends on.
 """
 
 from __future__ import annotations
@@ -78,8 +75,7 @@ class Auto:
                     found.setdefault(repr(drafter), drafter)
         return found
 
-    def _fits(self, drafter: Drafter) -> bool:
-        """Whether `drafter`'s steps fit an exact step of the width asked for."""
+    def _fits(self, drafter: Drafter) -> bool:  # its steps fit an exact step of `width`
         return self.width is None or drafter.tree.n_nodes <= self.width
 
     def choose(self, model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
@@ -108,7 +104,6 @@ class Auto:
         return found.choice == AUTOREGRESSIVE or found.choice in self._rebuild(model, found)
 
     def _rebuild(self, model: MTPModel, record: Measurement) -> dict[str, Drafter | None]:
-        """The candidates as they were when `record` was measured."""
         return self.candidates(model, dict(record.figures))
 
     def _measure(self, model: MTPModel, tokenizer: Tokenizer, batches: list[list[str]],

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from omegaconf import MISSING
@@ -46,8 +46,9 @@ CALIBRATION_PROMPTS = REPO_ROOT / "data/prompts/calibration.jsonl"
 @dataclass(frozen=True, kw_only=True)
 class CheckpointCalibration:
     """The command line of a calibration of a checkpoint on held-out prompts (this module's,
-    and `skip_search`'s)."""
+    and `skip_search`'s); `positive`: a subclass's keys that must be positive integers."""
 
+    positive: ClassVar[tuple[str, ...]] = ()
     checkpoint: str = MISSING
     prompt_file: str = str(CALIBRATION_PROMPTS)
     output: str | None = None
@@ -57,7 +58,8 @@ class CheckpointCalibration:
 
     def __post_init__(self) -> None:
         cli.parse_dtype(self.dtype)
-        cli.check_positive("max_new_tokens", self.max_new_tokens)
+        for name in ("max_new_tokens", *self.positive):
+            cli.check_positive(name, getattr(self, name))
 
     def load(self) -> tuple[MTPModel, Tokenizer]:
         return load(self.checkpoint, device=self.device, dtype=cli.parse_dtype(self.dtype))
@@ -65,13 +67,9 @@ class CheckpointCalibration:
 
 @dataclass(frozen=True, kw_only=True)
 class CalibrateArgs(CheckpointCalibration):
+    positive = ("ranks", "paths")
     ranks: int = 8
     paths: int = 1024
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        cli.check_positive("ranks", self.ranks)
-        cli.check_positive("paths", self.paths)
 
 
 def greedy_texts(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -27,8 +28,7 @@ EXACT_TOKENS = 24  # tokens each of exact=auto's timed calls decodes
 def kernels_record(model: MTPModel, settings: DecodeSettings) -> Measurement:
     """Mark `model` to decode through `mtp.kernels` or torch, as `settings.kernels` asks and
     where they run (`model.use_kernels`); the record says which."""
-    line = use_kernels(model, settings.kernels)
-    on = decodes_on_kernels(model)
+    line, on = use_kernels(model, settings.kernels), decodes_on_kernels(model)
     return Measurement("kernels", "on" if on else "off", "set" if not settings.kernels else
                        "fixed", line, value=on)
 
@@ -93,12 +93,9 @@ def choose_decode_threads(model: MTPModel, tokenizer: Tokenizer, prompt: str,
     key = tune_key("threads", kind="decode", model=fingerprint(model.config.to_dict()),
                    width=settings.step_width(drafter), batch=batch,
                    dtype=dtype_name(param.dtype), device=param.device.type)
-    prompts = [prompt[:64]] * batch
     options = settings.generate_options(drafter) | {"compile": False}  # the step, not a graph
-
-    def step() -> None:
-        generate(model, tokenizer, prompts, max_new_tokens=8, **options)
-
+    step = functools.partial(generate, model, tokenizer, [prompt[:64]] * batch, max_new_tokens=8,
+                             **options)
     return choose_threads(step, key, requested=requested, unit="calls/s", cache=cache)
 
 

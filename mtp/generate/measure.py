@@ -28,8 +28,7 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Timed:
-    """What `time_generate` measured: new tokens per second, seconds, the pooled statistics
-    and each prompt's new token ids, in order."""
+    """What `time_generate` measured; `token_ids`: each prompt's new ids, in order."""
 
     tokens_per_second: float
     seconds: float
@@ -42,8 +41,7 @@ def time_calls(decode: Callable[[int, list[T]], list[R]], items: Sequence[T], ba
                go_on: Callable[[float, list[R]], bool] | None = None) -> tuple[float, list[R]]:
     """Call `decode(start, batch)` on `items`, `batch_size` at a time: the seconds the calls
     took (synchronised when `cuda`) and their results, concatenated; the one timing loop of
-    mtp's benchmarks and another library's (scripts/bench_hf.py). `go_on(seconds, results)`,
-    asked after each call, stops the loop when it says False."""
+    mtp's benchmarks and another library's. `go_on(seconds, results)` False stops it."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be at least 1")
     results: list[R] = []
@@ -64,10 +62,9 @@ def time_generate(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[Promp
                   seed_per_batch: bool = False, warmup_tokens: int = 0,
                   go_on: Callable[[float, list[Generation]], bool] | None = None,
                   **how: Any) -> Timed:
-    """Decode `prompts` with `generate` (`how`: its options), `batch_size` at a time, and
-    time it (a prompt: a text or a conversation). `seed` seeds every call (with
-    `seed_per_batch`, batch i's gets `seed + i`); `warmup_tokens` > 0 first decodes the first
-    batch that far, untimed; `go_on` may end the timing after any batch (`time_calls`)."""
+    """Decode and time `prompts` (texts or conversations) with `generate` (`how`: its options),
+    `batch_size` at a time. `seed` seeds every call (`seed_per_batch`: batch i's `seed + i`);
+    `warmup_tokens` > 0 first decodes the first batch that far, untimed; `go_on`: `time_calls`'."""
     if not prompts:
         raise ValueError("time_generate needs at least one prompt")
     if warmup_tokens > 0:
@@ -90,10 +87,9 @@ def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], 
                      max_new_tokens: int, trees: Sequence[str] = (),
                      batch_size: int = 1) -> dict[str, Any]:
     """Greedy decoding of `prompts` autoregressively (k = 1), by the heads' chain at every
-    k = 2..n_future and by each tree in `trees`: tokens per forward and speed-up per k and
-    per tree ("tree": the one of the most tokens per forward, None with one head), how
-    repetitive the output is (`repeated`), whether every output was the autoregressive one
-    (`identical`), and how it was measured."""
+    k = 2..n_future and by each tree in `trees`: tokens per forward and speed-up per k and per
+    tree ("tree": the one of most tokens per forward, None with one head), how repetitive the
+    output is (`repeated`), whether every output was autoregressive's (`identical`), the setup."""
     if not prompts:
         raise ValueError("measure_decoding needs at least one prompt")
     began = time.perf_counter()
@@ -119,17 +115,15 @@ def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], 
     return {
         "tokens_per_forward": {k: round(stats[k].tokens_per_forward, 3) for k in chain},
         "speedup": {k: round(rates[k] / ar, 3) for k in chain},
-        "tokens_per_second_ar": round(ar, 1),
-        "tree": best,
+        "tokens_per_second_ar": round(ar, 1), "tree": best,
         "tree_tokens_per_forward": best and round(stats[best].tokens_per_forward, 3),
         "tree_speedup": best and round(rates[best] / ar, 3),
         "trees": {name: round(stats[name].tokens_per_forward, 3) for name in tree_names},
         "repeated": round(repetition(outputs[1]), 3),
         "identical": all(ids == outputs[1] for ids in outputs.values()),
-        "device": str(next(model.parameters()).device),
-        "prompts": len(prompts), "max_new_tokens": max_new_tokens, "batch_size": batch_size,
-        "seconds": round(time.perf_counter() - began, 1),
-    }
+        "device": str(next(model.parameters()).device), "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+        "seconds": round(time.perf_counter() - began, 1)}
 
 
 def format_decoding(figures: dict[str, Any]) -> list[str]:

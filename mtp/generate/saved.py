@@ -1,13 +1,10 @@
-"""Choices saved for a checkpoint: what a tuning step that takes minutes chose for a model
-rather than a machine (the heads' calibrated trees, `calibrate.py`; a layer-skip search,
-`skip_search.py`; a trained EAGLE drafter, `mtp.train.eagle`).
+"""Choices saved for a checkpoint: what a tuning step of minutes chose for a model rather than
+a machine (`calibrate.py`'s trees, `skip_search.py`'s layers, `mtp.train.eagle`'s drafter).
 
-One store, one save, one load: `save_choice` keeps the step's `mtp.tune.Measurement` in the
-tuner's cache under the checkpoint's identity; `saved_choices` reads every step a drafter
-reads back (`DrafterContext.saved`). The record's `value` is the one format: the JSON the
-drafter reads. `output=` also writes that value as a file to ship with the checkpoint, named
-by the drafter that reads it (`Drafter.saved_file`: tree.json, layer_skip.json, eagle.json),
-and such a file beside a checkpoint is read where the cache has no record for it.
+`save_choice` keeps the step's `mtp.tune.Measurement` in the tuner's cache under the
+checkpoint's identity, its `value` the JSON the drafter reads; `output=` also writes that
+value as the drafter's file (`Drafter.saved_file`) to ship with the checkpoint, read where the
+cache has no record. `saved_choices` reads them back (`DrafterContext.saved`).
 """
 
 from __future__ import annotations
@@ -79,8 +76,7 @@ def saved_choices(checkpoint: str | Path | None, model_id: str | None = None,
     cache = cache or TuneCache()
     found: dict[str, Any] = {}
     for step, name in saved_files().items():
-        record = cache.get(saved_key(step, model_id))
-        path = saved_file(checkpoint, name)
+        record, path = cache.get(saved_key(step, model_id)), saved_file(checkpoint, name)
         if record is not None:
             found[step] = record.value
         elif path.is_file():

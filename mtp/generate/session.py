@@ -1,19 +1,14 @@
-"""Opening a checkpoint for decoding: the one function every command uses (the generate
-command line, eval, the benchmark scripts), with every choice measured on the model that
-will decode.
+"""Opening a checkpoint for decoding: the one function every command uses (generate, eval,
+the benchmark scripts), with every choice measured on the model that will decode.
 
     settings = DecodeSettings(drafter="auto", dtype="auto")
     decoder = open_decoder("runs/x/export", settings, prompts=["def f(x):"])
     [result] = decoder.generate(["def f(x):"], max_new_tokens=64)
 
-`open_decoder` makes its choices in this order, each a `mtp.tune.Measurement` reported and
-cached: load the checkpoint (float32 when the dtype is measured) and the choices saved for
-it; the drafter (drafter=auto, k=auto: each candidate decoding as it would, in its dtype
-with its threads); the dtype (dtype=auto on a CPU: float32 or bfloat16, whichever runs a
-forward of the drafter's step width faster); the threads (a few decode steps); exact mode
-(exact=auto: on where its steps decode within 5% of the plain steps' speed, `choose_exact`);
-compile (as asked, else on a GPU). The settings are `settings.py`'s, the choices measured
-here `choices.py`'s (the drafter `auto.py`'s), the choices saved for a checkpoint `saved.py`'s.
+`open_decoder` chooses, in order, each choice a `mtp.tune.Measurement` reported and cached:
+the checkpoint (float32 when the dtype is measured) and its saved choices (`saved.py`); the
+drafter (`auto.py`: each candidate decoding as it would, in its dtype with its threads); the
+dtype, the threads and exact mode (`choices.py`); compile (as asked, else on a GPU).
 """
 
 from __future__ import annotations
@@ -62,10 +57,9 @@ class Decoder:
                  on_text: TextCallback | None = None) -> list[Generation]:
         """`mtp.decode.generate` with this decoder's drafter and settings (`seed` overrides
         the settings' seed for this call)."""
-        settings = self.settings
         return generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens,
-                        **settings.generate_options(self.drafter), stop=stop,
-                        seed=settings.seed if seed is None else seed, on_text=on_text)
+                        **self.settings.generate_options(self.drafter), stop=stop,
+                        seed=self.settings.seed if seed is None else seed, on_text=on_text)
 
 
 def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
@@ -73,13 +67,10 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
                  batch_size: int = 1, max_new_tokens: int = 64,
                  planned_tokens: int | None = None, report: Report | None = report,
                  cache: TuneCache | None = None) -> Decoder:
-    """`checkpoint` opened for decoding with `settings` (module docstring).
-
-    `loaded`: the model and tokenizer, loaded in `settings.load_dtype` (then `checkpoint` may
-    be None: no saved choices, nothing cached). `prompts`, `batch_size`, `max_new_tokens`:
-    what measured choices are measured on; `planned_tokens`: the tokens the run will decode,
-    of which `drafter=auto` spends at most a tenth of the time measuring.
-    """
+    """`checkpoint` opened for decoding with `settings` (module docstring). `loaded`: the
+    model and tokenizer in `settings.load_dtype` (then `checkpoint` may be None: no saved
+    choices, nothing cached); `planned_tokens`: the run's tokens, of which `drafter=auto`
+    spends at most a tenth of the time measuring."""
     report = report or (lambda record: None)
     if loaded is None:
         if checkpoint is None:
@@ -88,14 +79,11 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
         loaded = load(checkpoint, device=settings.device, dtype=settings.load_dtype)
     model, tokenizer = loaded
     kernels = kernels_record(model, settings)  # before any measurement: they decode on them
-    if checkpoint is not None:
-        checkpoint = Path(checkpoint)
     model_id = checkpoint_id(checkpoint) if checkpoint is not None else None
     context = DrafterContext(saved=saved_choices(checkpoint, model_id, cache))
     variants = DtypeVariants(model, measure=settings.dtype == AUTO, cache=cache)
     prompts = list(prompts) or ["def main():\n"]
-    spec = settings.spec
-    measured = spec.measured
+    spec, measured = settings.spec, settings.spec.measured
 
     def prepare(drafter: Drafter | None) -> MTPModel:
         """The model in the dtype and with the threads a step of this drafter wants."""

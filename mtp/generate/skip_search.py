@@ -51,6 +51,7 @@ from mtp.tokenizers import Tokenizer
 
 @dataclass(frozen=True, kw_only=True)
 class SearchArgs(CheckpointCalibration):
+    positive = ("prompts", "max_draft")
     prompts: int = 8
     seed: int = 0
     max_new_tokens: int = 64
@@ -60,8 +61,6 @@ class SearchArgs(CheckpointCalibration):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        cli.check_positive("prompts", self.prompts)
-        cli.check_positive("max_draft", self.max_draft)
         for name in ("step_cost", "verify_cost"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -148,9 +147,8 @@ def search(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *, max_dra
     if n_layers < 2:
         raise ValueError(f"the model's trunk has {n_layers} layer: layer skipping needs a "
                          f"layer to keep and one to skip")
-    texts = [(ids, start) for ids, start in greedy_texts(model, tokenizer, prompts,
-                                                         max_new_tokens)
-             if ids.shape[1] > start]  # continued by at least one token
+    texts = [text for text in greedy_texts(model, tokenizer, prompts, max_new_tokens)
+             if text[0].shape[1] > text[1]]  # continued by at least one token
     if not texts:
         raise ValueError("the model continued no calibration prompt: nothing to measure on")
     order = harm_order(model, texts)
@@ -159,9 +157,8 @@ def search(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *, max_dra
         skip = tuple(sorted(order[:m]))
         kept = kept_shares(model, tokenizer, prompts, skip, max_draft, max_new_tokens)
         share = draft_share(model, skip)
-        candidates.append(Candidate(skip, kept, round(share, 4),
-                                    *best_step(kept, share, step_cost=step_cost,
-                                               verify_cost=verify_cost)))
+        step = best_step(kept, share, step_cost=step_cost, verify_cost=verify_cost)
+        candidates.append(Candidate(skip, kept, round(share, 4), *step))
     return sorted(candidates, key=lambda c: (-c.speedup, -len(c.skip))), order
 
 
@@ -188,11 +185,10 @@ def main(argv: list[str]) -> None:
     best = candidates[0]
     details = {"kept": list(best.kept), "draft_share": best.share,
                "modeled_speedup": round(best.speedup, 3), "step_cost": args.step_cost,
-               "verify_cost": args.verify_cost,
-               "prompt_file": args.prompt_file, "prompts": len(prompts), "seed": args.seed,
-               "max_draft": args.max_draft, "max_new_tokens": args.max_new_tokens,
-               "dtype": args.dtype, "seconds": round(seconds, 1),
-               "order": order}  # least harmful first: the nested sets
+               "verify_cost": args.verify_cost, "prompt_file": args.prompt_file,
+               "prompts": len(prompts), "seed": args.seed, "max_draft": args.max_draft,
+               "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
+               "seconds": round(seconds, 1), "order": order}  # least harmful first: nested sets
     choice = SkipChoice(best.skip, best.num_draft, model.config.n_layers,
                         model.config.vocab_size, details)
     record = Measurement(
