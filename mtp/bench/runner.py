@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from mtp import kernels
 from mtp.bench.machine import commit, cpu_flags, device_name, load_average, machine
 from mtp.bench.suites import Part
 from mtp.paths import MBPP_ENV, SMOLLM2_INSTALL, mbpp_file, smollm2_gguf
@@ -133,6 +134,12 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
     results: dict[str, Any] = {
         "suite": name, "commit": revision, "started": now(), "machine": machine(),
         "load_before": load_average(), "parts": dict(previous.get("parts", {}))}
+    if any(p.device == "cpu" for p in chosen):
+        # Built here, untimed: a cold build under load takes minutes, and a part's timeout
+        # would count it against the part (and kill it half-built).
+        start = time.perf_counter()
+        print(f"[mtp.bench] {kernels.status().reason} ({time.perf_counter() - start:.0f} s)",
+              flush=True)
     began = time.perf_counter()
     for part in chosen:
         left = None if budget is None else budget - (time.perf_counter() - began)
