@@ -73,6 +73,11 @@ def update(path: Path, generated: dict[str, str]) -> list[str]:
     return [name for name in block_names(text) if name in generated]
 
 
+def page(suite_name: str) -> Path:
+    """The page a suite's blocks live in (the cpu suite's headline: README.md too)."""
+    return REPO / "docs" / ("better.md" if suite_name == "better" else "benchmarks.md")
+
+
 def main(argv: list[str]) -> dict:
     name, args = parse_args(argv)
     parts = suite(name)
@@ -84,8 +89,7 @@ def main(argv: list[str]) -> dict:
     generated = blocks(results, {p.name: p.renderer for p in parts})
     targets = [args.docs, args.readme]
     if name != "smoke":
-        page = "better.md" if name == "better" else "benchmarks.md"
-        targets = [args.docs or REPO / "docs" / page,
+        targets = [args.docs or page(name),
                    args.readme or (REPO / "README.md" if name == "cpu" else None)]
     for path in [t for t in targets if t is not None] if args.update_docs else []:
         print(f"[mtp.bench] {path}: regenerated {', '.join(update(path, generated)) or 'nothing'}")

@@ -11,7 +11,7 @@ import pytest
 from script_modules import load_script  # tests/ is on the path
 
 from bench.test_markers import marked
-from mtp.bench.__main__ import parse_args
+from mtp.bench.__main__ import page, parse_args
 from mtp.bench.markers import block_names
 from mtp.bench.runner import fill
 from mtp.bench.suites import SUITES, Part, suite
@@ -26,6 +26,14 @@ def test_suites_are_well_formed() -> None:
         suite("tpu")
     with pytest.raises(ValueError, match="timeout=0"):
         Part(name="x", command=("true",), timeout=0)
+
+
+@pytest.mark.parametrize("name", [n for n in SUITES if n != "smoke"])
+def test_every_table_has_a_block_in_its_page(name: str) -> None:
+    """The runner writes a part's table only where its page has the block: one without it
+    would be measured and then shown nowhere."""
+    wanted = {f"run_{name}"} | {p.name for p in suite(name) if p.renderer != "none"}
+    assert wanted - set(block_names(page(name).read_text())) == set()
 
 
 @pytest.mark.parametrize("name", list(SUITES))
