@@ -96,7 +96,8 @@ def choose_decode_threads(model: MTPModel, tokenizer: Tokenizer, prompt: str,
     options = settings.generate_options(drafter) | {"compile": False}  # the step, not a graph
     step = functools.partial(generate, model, tokenizer, [prompt[:64]] * batch, max_new_tokens=8,
                              **options)
-    return choose_threads(step, key, requested=requested, unit="calls/s", cache=cache)
+    return choose_threads(step, key, requested=requested, budget=budget, unit="calls/s",
+                          cache=cache)
 
 
 def choose_exact(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
