@@ -203,8 +203,9 @@ class SequenceOutput:
     def result(self) -> Generation:
         if self.finish_reason is None:
             raise RuntimeError(f"sequence {self.index} has not finished")
-        stats = DecodeStats.counted(self._forwards, len(self.token_ids), self._accepted,
-                                    self._verified, self._seconds, self._depths, self._nodes)
+        stats = DecodeStats.counted(
+            forwards=self._forwards, tokens=len(self.token_ids), accepted=self._accepted,
+            verified=self._verified, seconds=self._seconds, depths=self._depths, nodes=self._nodes)
         return Generation(self.text, list(self.token_ids), self.finish_reason, stats)
 
     def _append_text(self, piece: str) -> None:

@@ -45,13 +45,15 @@ class DecodeStats:
             return [sum(column) for column in zip_longest(*rows, fillvalue=0)]
 
         return cls.counted(
-            sum(s.forward_passes for s in stats), sum(s.new_tokens for s in stats),
-            totals([a * v for a, v in zip(s.head_acceptance, s.head_verified)] for s in stats),
-            totals(s.head_verified for s in stats), max(s.seconds for s in stats),
-            totals(s.accepted_depths for s in stats), sum(s.nodes_verified for s in stats))
+            forwards=sum(s.forward_passes for s in stats), tokens=sum(s.new_tokens for s in stats),
+            accepted=totals([a * v for a, v in zip(s.head_acceptance, s.head_verified)]
+                            for s in stats),
+            verified=totals(s.head_verified for s in stats), seconds=max(s.seconds for s in stats),
+            depths=totals(s.accepted_depths for s in stats),
+            nodes=sum(s.nodes_verified for s in stats))
 
     @classmethod
-    def counted(cls, forwards: int, tokens: int, accepted: Sequence[float],
+    def counted(cls, *, forwards: int, tokens: int, accepted: Sequence[float],
                 verified: Sequence[int], seconds: float, depths: Sequence[int],
                 nodes: int) -> DecodeStats:
         """The stats of these counts: drafts `accepted` and `verified` per head."""
