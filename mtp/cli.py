@@ -89,6 +89,15 @@ def check_positive(key: str, value: object, least: int = 1, need: str = "") -> i
     return value
 
 
+def check_positives(owner: object, *keys: str, least: int = 1, optional: bool = False) -> None:
+    """`check_positive` on each of `owner`'s attributes named in `keys` (`optional`: a None
+    passes, for settings whose null means "all" or "the default")."""
+    for key in keys:
+        value = getattr(owner, key)
+        if not (optional and value is None):
+            check_positive(key, value, least)
+
+
 def check_flag(key: str, value: object) -> bool:
     """`value` if it is a bool, else a ValueError naming `key`."""
     if not isinstance(value, bool):

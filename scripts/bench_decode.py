@@ -91,8 +91,7 @@ class DecodeBenchArgs(Decoding):
             raise ValueError("give checkpoint=... or random_model=true, not both")
         if self.compile not in COMPILE:
             raise ValueError(f"compile={self.compile!r} is not one of true, false, both")
-        for key in ("max_new_tokens", "repeats", "batch_size"):
-            check_positive(key, getattr(self, key))
+        cli.check_positives(self, "max_new_tokens", "repeats", "batch_size")
         check_positive("humaneval", self.humaneval, least=0)
         if self.ks is not None and (not self.ks or min(self.ks) < 2):
             raise ValueError(f"ks={self.ks}: each k must be >= 2 (k=1 is autoregressive, "

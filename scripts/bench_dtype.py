@@ -51,8 +51,7 @@ class DtypeArgs:
     def __post_init__(self) -> None:
         if not self.widths or min(self.widths) < 1:
             raise ValueError(f"widths={self.widths} must be >= 1")
-        for key in ("batch", "context", "repeats", "rounds"):
-            check_positive(key, getattr(self, key))
+        cli.check_positives(self, "batch", "context", "repeats", "rounds")
         if self.threads is not None:
             check_positive("threads", self.threads)
 

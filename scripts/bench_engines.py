@@ -108,8 +108,7 @@ class EngineBenchArgs:
     work: str | None = None
 
     def __post_init__(self) -> None:
-        for key in ("max_new_tokens", "k", "timeout"):
-            cli.check_positive(key, getattr(self, key))
+        cli.check_positives(self, "max_new_tokens", "k", "timeout")
         if self.humaneval < 0:
             raise ValueError(f"humaneval={self.humaneval} must be >= 0")
         for dtype in (self.dtype, *self.mtp_dtypes):

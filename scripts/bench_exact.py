@@ -50,7 +50,6 @@ from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_selected
 from mtp.cli import AUTO
 from mtp.decode.drafters import Drafter, DrafterContext, DrafterSpec
-from mtp.cli import check_positive
 from mtp.decode.drafters.registry import (AUTOREGRESSIVE, entry_spec, option_owners,
                                           options_help)
 from mtp.decode.output import repetition
@@ -79,8 +78,7 @@ class ExactArgs:
     threads: int | str | None = AUTO
 
     def __post_init__(self) -> None:
-        for key in ("max_new_tokens", "repeats", "repeated_ngram"):
-            check_positive(key, getattr(self, key))
+        cli.check_positives(self, "max_new_tokens", "repeats", "repeated_ngram")
         if not (self.dtypes and self.methods and self.humaneval_select):
             raise ValueError(f"dtypes={self.dtypes}, methods={self.methods} and "
                              f"humaneval_select={self.humaneval_select} each need an entry")

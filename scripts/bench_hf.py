@@ -71,8 +71,7 @@ class HfBenchArgs(Decoding):
         super().__post_init__()
         if (self.checkpoint is None) == (not self.random_bpe_model):
             raise ValueError("give checkpoint=... or random_bpe_model=true (one of them)")
-        for key in ("max_new_tokens", "prompt_lookup_tokens", "repeats"):
-            check_positive(key, getattr(self, key))
+        cli.check_positives(self, "max_new_tokens", "prompt_lookup_tokens", "repeats")
         check_positive("humaneval", self.humaneval, least=0)
 
 

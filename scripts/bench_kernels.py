@@ -115,10 +115,8 @@ class KernelsArgs:
             raise ValueError(f"scale={self.scale!r}: one of {', '.join(SCALES)}")
         if not self.ms or min(self.ms) < 1:
             raise ValueError(f"ms={self.ms} must be rows >= 1")
-        for key in ("repeats", "threads", "context", "max_new_tokens", "bandwidth_mb",
-                    "prompts_limit"):  # the last two may be null
-            if getattr(self, key) is not None:
-                cli.check_positive(key, getattr(self, key))
+        cli.check_positives(self, "repeats", "threads", "context", "max_new_tokens")
+        cli.check_positives(self, "bandwidth_mb", "prompts_limit", optional=True)
         if min(self.humaneval_select, default=0) < 0:
             raise ValueError(f"humaneval_select={self.humaneval_select}: indices are >= 0")
         if not set(self.drafter_dtypes) <= set(DTYPES):

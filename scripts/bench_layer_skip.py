@@ -37,7 +37,6 @@ from mtp import cli
 from mtp.bench.decoding import KEYS, Decoding, saved_context
 from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_selected
-from mtp.cli import check_positive
 from mtp.decode.drafters.layer_skip import LayerSkip, SkipChoice
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.output import repetition
@@ -63,8 +62,7 @@ class LayerSkipArgs(Decoding):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("num_draft", "max_new_tokens", "repeated_ngram"):
-            check_positive(key, getattr(self, key))
+        cli.check_positives(self, "num_draft", "max_new_tokens", "repeated_ngram")
         if not (self.prompt or self.humaneval) or min(self.humaneval or [0]) < 0:
             raise ValueError(f"humaneval={self.humaneval}: give prompt indices >= 0 (or "
                              f"prompt=[...])")

@@ -129,8 +129,7 @@ class MethodsArgs:
     threads: int | str | None = AUTO
 
     def __post_init__(self) -> None:
-        for key in ("max_new_tokens", "auto_prompts", "repeated_ngram"):
-            check_positive(key, getattr(self, key))
+        cli.check_positives(self, "max_new_tokens", "auto_prompts", "repeated_ngram")
         check_positive("humaneval", self.humaneval, least=0)
         for name in self.dtypes or [None]:
             try:

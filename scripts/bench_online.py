@@ -62,10 +62,8 @@ class OnlineArgs(Decoding):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("max_new_tokens", "steps", "window"):
-            check_positive(key, getattr(self, key))
-        for key in ("humaneval", "offset"):
-            check_positive(key, getattr(self, key), least=0)
+        cli.check_positives(self, "max_new_tokens", "steps", "window")
+        cli.check_positives(self, "humaneval", "offset", least=0)
         if self.k is not None:
             check_positive("k", self.k, least=2)
         cli.check_number("lr", self.lr, lambda v: v > 0, "> 0")

@@ -40,9 +40,8 @@ class SandboxArgs:
     problems: int | None = None
 
     def __post_init__(self) -> None:
-        for key in ("rounds", "workers", "problems"):
-            if getattr(self, key) is not None:
-                cli.check_positive(key, getattr(self, key))
+        cli.check_positive("rounds", self.rounds)
+        cli.check_positives(self, "workers", "problems", optional=True)
         for level in self.levels:
             if level not in LEVELS:
                 raise ValueError(f"levels: {level!r} is not one of {', '.join(LEVELS)}")

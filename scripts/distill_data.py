@@ -85,8 +85,8 @@ class DistillArgs(SourceOptions, Decoding):
         if self.prompts_from not in PROMPTS_FROM:
             raise ValueError(f"prompts_from={self.prompts_from!r} is not one of "
                              f"{', '.join(PROMPTS_FROM)}")
-        for name in ("prompts", "prompt_chars", "max_new_tokens", "batch_size"):
-            cli.check_positive(name, getattr(self, name) if name != "prompt_chars" else self.chars)
+        cli.check_positives(self, "prompts", "max_new_tokens", "batch_size")
+        cli.check_positive("prompt_chars", self.chars)
         self.decoding()  # the drafter, sampling, device, dtype and threads, checked
 
     @property

@@ -74,9 +74,8 @@ class EvalHfArgs:
         if self.task not in ("humaneval", "mbpp"):
             raise ValueError(f"task={self.task!r} is not one of humaneval, mbpp")
         cli.check_positive("few_shot", self.few_shot, least=0)
-        for key in ("max_new_tokens", "limit", "threads"):  # limit and threads may be null
-            if getattr(self, key) is not None:
-                cli.check_positive(key, getattr(self, key))
+        cli.check_positive("max_new_tokens", self.max_new_tokens)
+        cli.check_positives(self, "limit", "threads", optional=True)
         cli.parse_dtype(self.dtype)
         self.load_dtype()
 

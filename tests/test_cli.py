@@ -7,7 +7,15 @@ import re
 
 import pytest
 
-from mtp.cli import check_choice, check_flag, check_number, check_numbers, check_positive
+from mtp.cli import (check_choice, check_flag, check_number, check_numbers, check_positive,
+                     check_positives)
+
+
+class _Keys:
+    """Settings as attributes, as a script's dataclass holds them."""
+
+    def __init__(self, **values: object) -> None:
+        self.__dict__.update(values)
 
 
 def test_good_values_come_back_in_their_type() -> None:
@@ -17,6 +25,8 @@ def test_good_values_come_back_in_their_type() -> None:
     assert number == 2.0 and isinstance(number, float)
     assert check_numbers("betas", [0.9, 0.95], lambda v: 0 <= v < 1, "two", length=2) == (0.9, 0.95)
     assert check_choice("mode", "naive", ("naive", "headwise")) == "naive"
+    check_positives(_Keys(k=2, limit=None, offset=0), "k", "limit", optional=True)
+    check_positives(_Keys(offset=0), "offset", least=0)
 
 
 @pytest.mark.parametrize(("check", "message"), [
@@ -25,6 +35,11 @@ def test_good_values_come_back_in_their_type() -> None:
     (lambda: check_positive("width", 2.0), "width=2.0 must be a positive integer"),
     (lambda: check_positive("window", 1, least=2), "window=1 must be an integer >= 2"),
     (lambda: check_positive("steps", -1, 0, "a step count"), "steps=-1 must be a step count"),
+    (lambda: check_positives(_Keys(steps=2, window=0), "steps", "window"),
+     "window=0 must be a positive integer"),
+    (lambda: check_positives(_Keys(limit=None), "limit"), "limit=None must be a positive integer"),
+    (lambda: check_positives(_Keys(offset=-1), "offset", least=0, optional=True),
+     "offset=-1 must be an integer >= 0"),
     (lambda: check_flag("chat", "yes"), "chat='yes' must be true or false"),
     (lambda: check_flag("chat", 1), "chat=1 must be true or false"),
     (lambda: check_number("lr", -1, lambda v: v > 0, "> 0"), "lr=-1.0 must be > 0"),

@@ -58,8 +58,7 @@ class CheckpointCalibration:
 
     def __post_init__(self) -> None:
         cli.parse_dtype(self.dtype)
-        for name in ("max_new_tokens", *self.positive):
-            cli.check_positive(name, getattr(self, name))
+        cli.check_positives(self, "max_new_tokens", *self.positive)
 
     def load(self) -> tuple[MTPModel, Tokenizer]:
         return load(self.checkpoint, device=self.device, dtype=cli.parse_dtype(self.dtype))

@@ -96,9 +96,8 @@ class EagleArgs:
     output: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("draft_vocab", "unroll", "seq_len", "batch_size", "max_steps",
-                     "log_every", "val_batches"):
-            cli.check_positive(name, getattr(self, name))
+        cli.check_positives(self, "draft_vocab", "unroll", "seq_len", "batch_size", "max_steps",
+                            "log_every", "val_batches")
         cli.check_positive("warmup_steps", self.warmup_steps, least=0)
         if self.threads is not None:
             cli.check_positive("threads", self.threads)
