@@ -100,15 +100,17 @@ def parse_args(argv: list[str]) -> ExactArgs:
     return cli.parse(argv, ExactArgs, extra=option_owners(), extra_field="options")
 
 
+@dataclass
 class Bench:
     """Times plain and exact decoding of the prompts in one dtype at a time."""
 
-    def __init__(self, args: ExactArgs, model: MTPModel, tokenizer: Tokenizer,
-                 prompts: list[str], context: DrafterContext) -> None:
-        self.args, self.model, self.tokenizer, self.prompts = args, model, tokenizer, prompts
-        self.context = context
-        self.rows: dict[str, dict] = {}
-        self.baseline = 0.0  # float32 (the first dtype) width-1 autoregressive tokens/s
+    args: ExactArgs
+    model: MTPModel
+    tokenizer: Tokenizer
+    prompts: list[str]
+    context: DrafterContext
+    rows: dict[str, dict] = field(default_factory=dict)
+    baseline: float = 0.0  # float32 (the first dtype) width-1 autoregressive tokens/s
 
     def run(self, drafter: Drafter | None, **how: Any) -> Timed:
         return time_generate(self.model, self.tokenizer, self.prompts,

@@ -196,18 +196,20 @@ def row(speed: float, tokens_per_forward: float | None, autoregressive: float | 
             "repeated": round(repeated, 3)}
 
 
+@dataclass
 class Bench:
     """Measures the methods of `args` on one model and prompt set, row by row."""
 
-    def __init__(self, args: MethodsArgs, model: MTPModel, tokenizer: Tokenizer,
-                 prompts: list[str], context: DrafterContext) -> None:
-        self.args, self.model, self.tokenizer, self.prompts = args, model, tokenizer, prompts
-        self.context = context
-        self.rows: dict[str, dict] = {}
-        self.auto_seconds: dict[str, float] = {}
-        self.baseline: dict[float, float] = {}  # the first dtype's autoregressive tokens/s
-        self.reference: list[list[int]] = []  # this dtype's greedy autoregressive ids
-        self.ar = 0.0  # this dtype's and temperature's autoregressive tokens/s
+    args: MethodsArgs
+    model: MTPModel
+    tokenizer: Tokenizer
+    prompts: list[str]
+    context: DrafterContext
+    rows: dict[str, dict] = field(default_factory=dict)
+    auto_seconds: dict[str, float] = field(default_factory=dict)
+    baseline: dict[float, float] = field(default_factory=dict)  # the first dtype's AR tokens/s
+    reference: list[list[int]] = field(default_factory=list)  # this dtype's greedy AR ids
+    ar: float = 0.0  # this dtype's and temperature's autoregressive tokens/s
 
     def dtype(self, dtype: str) -> None:
         """Every method at every temperature in `dtype` (the model converted to it)."""
