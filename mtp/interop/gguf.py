@@ -116,11 +116,11 @@ def read_header(blob: mmap.mmap, path: Path, gguf: Any) -> tuple[dict[str, Any],
         raise ValueError(f"{path} is GGUF version {version}; mtp reads versions {VERSIONS}")
     metadata = {}
     for _ in range(n_fields):
-        key = reader.string()
+        key = reader.string("a metadata key")
         metadata[key] = reader.value(reader.unpack("<I")[0], key)
     table = []
     for _ in range(n_tensors):
-        name = reader.string()
+        name = reader.string("a tensor name")
         dims = reader.unpack(f"<{reader.unpack('<I')[0]}Q")
         ggml_type, offset = reader.unpack("<IQ")
         table.append((name, tuple(reversed(dims)), ggml_type, offset))
@@ -161,18 +161,18 @@ class _Reader:
         self.pos += struct.calcsize(fmt)
         return values
 
-    def string(self, key: str = "a tensor name") -> str:
+    def string(self, what: str) -> str:
         (raw,) = self.unpack(f"{self.unpack('<Q')[0]}s")
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{self.path}: {key} holds invalid UTF-8 ({e})") from None
+            raise ValueError(f"{self.path}: {what} holds invalid UTF-8 ({e})") from None
 
     def value(self, kind: int, key: str) -> Any:
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])[0]
         if kind == _STRING:
-            return self.string(key)
+            return self.string(f"metadata {key!r}")
         if kind == _ARRAY:
             item, count = self.unpack("<IQ")
             if item in _SCALARS:

@@ -255,6 +255,20 @@ def test_truncated_or_foreign_files_are_named_and_nothing_is_written(tmp_path: P
     (tmp_path / "type.gguf").write_bytes(data[:at] + struct.pack("<I", 99) + data[at + 4:])
     with pytest.raises(ValueError, match="'token_embd.weight' has ggml type 99"):
         load(tmp_path / "type.gguf")
+    # A byte that is not UTF-8 in a tensor's name, then in a metadata key and a value.
+    at = data.index(name)
+    (tmp_path / "name.gguf").write_bytes(data[:at] + b"\xff" + data[at + 1:])
+    with pytest.raises(ValueError, match="name.gguf: a tensor name holds invalid UTF-8"):
+        load(tmp_path / "name.gguf")
+    at = data.index(b"general.architecture")
+    (tmp_path / "key.gguf").write_bytes(data[:at] + b"\xff" + data[at + 1:])
+    with pytest.raises(ValueError, match="key.gguf: a metadata key holds invalid UTF-8"):
+        load(tmp_path / "key.gguf")
+    at = data.index(b"llama", at + len(b"general.architecture"))
+    (tmp_path / "value.gguf").write_bytes(data[:at] + b"\xff" + data[at + 1:])
+    with pytest.raises(ValueError, match="value.gguf: metadata 'general.architecture' holds "
+                                         "invalid UTF-8"):
+        load(tmp_path / "value.gguf")
     out = tmp_path / "out"
     with pytest.raises(ValueError, match="cut.gguf is truncated"):
         convert(["to_mtp", f"checkpoint={tmp_path / 'cut.gguf'}", f"output={out}"])
