@@ -53,15 +53,18 @@ def decode(r: dict[str, Any]) -> str:
 
 
 def methods(r: dict[str, Any]) -> str:
-    rows = [[name, m["tokens_per_second"], x(m["speedup"]), f"{m['tokens_per_forward']:.2f}",
+    # transformers' rows count no forwards: their tokens per forward and forward cost are blank
+    rows = [[name, m["tokens_per_second"], x(m["speedup"]),
+             "" if m["tokens_per_forward"] is None else f"{m['tokens_per_forward']:.2f}",
+             "" if m.get("forward_cost") is None else f"{m['forward_cost']:.2f}",
              "" if m["identical"] is None else m["identical"], f"{m['repeated']:.2f}"]
             for name, m in r["methods"].items()]
     auto = ", ".join(f"{kind.strip()} {seconds:.1f} s"
                      for kind, seconds in r["auto_calibration_seconds"].items())
     head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, "
             f"{r['threads']} threads" + (f"; auto's measuring: {auto}" if auto else ""))
-    return head + "\n\n" + table(["method", "tokens/s", "speed-up", "tok/fwd", "identical",
-                                  "repeated"], rows)
+    return head + "\n\n" + table(["method", "tokens/s", "speed-up", "tok/fwd", "fwd cost",
+                                  "identical", "repeated"], rows)
 
 
 def exact(r: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """mtp.bench.tables: Markdown tables of the results."""
 
-from mtp.bench.tables import headline, rows, table
+from mtp.bench.tables import headline, methods, rows, table
 
 
 def test_table() -> None:
@@ -20,6 +20,18 @@ def test_rows_shows_a_scripts_records_as_they_are() -> None:
         "| autoregressive | 17.4 |  |  |", "| skip 2 of 29 | 14.1 | 0.9 | 3 7 |"]
     listed = rows({"rows": [{"model": "byte8", "loaded_over_idle": 0.45123}]})
     assert listed.splitlines()[-1] == "| byte8 | 0.451 |"
+
+
+def test_methods_leaves_blank_what_a_row_does_not_count() -> None:
+    """bench_methods' transformers rows (hf=true) count no forwards: blank cells, not a crash."""
+    mtp_row = {"tokens_per_second": 18.4, "speedup": 1.102, "tokens_per_forward": 1.489,
+               "forward_cost": 1.351, "identical": True, "repeated": 0.112}
+    hf_row = {**mtp_row, "tokens_per_forward": None, "forward_cost": None}
+    text = methods({"methods": {"heads(k=4)": mtp_row, "transformers": hf_row},
+                    "prompts": 12, "max_new_tokens": 80, "threads": 2,
+                    "auto_calibration_seconds": {}})
+    assert text.splitlines()[-2:] == ["| heads(k=4) | 18.4 | 1.10x | 1.49 | 1.35 | True | 0.11 |",
+                                      "| transformers | 18.4 | 1.10x |  |  | True | 0.11 |"]
 
 
 def test_the_headline_says_which_run_its_figures_come_from() -> None:
