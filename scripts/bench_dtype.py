@@ -34,7 +34,6 @@ from omegaconf import MISSING
 from mtp import cli
 from mtp.bench.machine import machine
 from mtp.checkpoint import load
-from mtp.cli import check_positive
 from mtp.generate.measure import plain_forward_seconds
 
 
@@ -52,8 +51,7 @@ class DtypeArgs:
         if not self.widths or min(self.widths) < 1:
             raise ValueError(f"widths={self.widths} must be >= 1")
         cli.check_positives(self, "batch", "context", "repeats", "rounds")
-        if self.threads is not None:
-            check_positive("threads", self.threads)
+        cli.check_positives(self, "threads", optional=True)
 
 
 def parse_args(argv: list[str]) -> DtypeArgs:

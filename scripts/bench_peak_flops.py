@@ -43,8 +43,7 @@ class PeakArgs:
                 cli.parse_dtype(name)
             except ValueError as error:
                 raise ValueError(f"dtypes: {error}") from None
-        if self.threads is not None:
-            cli.check_positive("threads", self.threads)
+        cli.check_positives(self, "threads", optional=True)
         cli.check_choice("device", self.device, ("cpu", "cuda"))
 
 

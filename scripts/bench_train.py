@@ -75,8 +75,7 @@ class TrainArgs:
     def __post_init__(self) -> None:
         cli.check_positive("n_future", self.n_future, 2, "at least 2: the comparison needs "
                            "the heads")
-        if self.vocab_size is not None:
-            cli.check_positive("vocab_size", self.vocab_size)
+        cli.check_positives(self, "vocab_size", optional=True)
         cli.check_positive("steps", self.steps)
         cli.check_positive("warmup", self.warmup, least=0)
         cli.check_choice("precision", self.precision, PRECISIONS)

@@ -4,18 +4,12 @@
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace as _Keys  # settings as attributes, as a dataclass holds them
 
 import pytest
 
 from mtp.cli import (check_choice, check_flag, check_number, check_numbers, check_positive,
                      check_positives)
-
-
-class _Keys:
-    """Settings as attributes, as a script's dataclass holds them."""
-
-    def __init__(self, **values: object) -> None:
-        self.__dict__.update(values)
 
 
 def test_good_values_come_back_in_their_type() -> None:

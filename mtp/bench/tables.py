@@ -56,7 +56,7 @@ def methods(r: dict[str, Any]) -> str:
     # transformers' rows count no forwards: their tokens per forward and forward cost are blank
     rows = [[name, m["tokens_per_second"], x(m["speedup"]),
              "" if m["tokens_per_forward"] is None else f"{m['tokens_per_forward']:.2f}",
-             "" if m.get("forward_cost") is None else f"{m['forward_cost']:.2f}",
+             "" if m["forward_cost"] is None else f"{m['forward_cost']:.2f}",
              "" if m["identical"] is None else m["identical"], f"{m['repeated']:.2f}"]
             for name, m in r["methods"].items()]
     auto = ", ".join(f"{kind.strip()} {seconds:.1f} s"

@@ -19,8 +19,7 @@ from typing import Any, get_args
 from tqdm import tqdm
 
 import mtp.eval.synthetic as synthetic
-from mtp import cli
-from mtp.cli import AUTO, check_positive
+from mtp.cli import AUTO, check_positive, check_positives
 from mtp.data.benchmarks import Problem, Task, load_task
 from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
@@ -76,7 +75,7 @@ class EvalConfig(DecodeSettings):
         if (self.checkpoint is None) == (self.samples is None):
             raise ValueError(f"give exactly one of checkpoint= (generate) and samples= (score a "
                              f"file), got checkpoint={self.checkpoint!r}, samples={self.samples!r}")
-        cli.check_positives(self, "samples_per_problem", "max_new_tokens", "batch_size")
+        check_positives(self, "samples_per_problem", "max_new_tokens", "batch_size")
         if self.limit is not None:
             check_positive("limit", self.limit, need="a positive integer (or null for all "
                            "problems)")

@@ -99,8 +99,7 @@ class EagleArgs:
         cli.check_positives(self, "draft_vocab", "unroll", "seq_len", "batch_size", "max_steps",
                             "log_every", "val_batches")
         cli.check_positive("warmup_steps", self.warmup_steps, least=0)
-        if self.threads is not None:
-            cli.check_positive("threads", self.threads)
+        cli.check_positives(self, "threads", optional=True)
         if not self.data:
             raise ValueError("data=[...] must name at least one file")
         cli.check_choice("precision", self.precision, PRECISIONS)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from mtp.cli import check_flag, check_positive
+from mtp.cli import check_flag, check_positives
 from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
                                       check_threshold)
 from mtp.decode.drafters.registry import register
@@ -103,8 +103,7 @@ class LayerSkipOptions:
     adaptive: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_draft is not None:
-            check_positive("num_draft", self.num_draft)
+        check_positives(self, "num_draft", optional=True)
         check_threshold(self.threshold)
         check_flag("adaptive", self.adaptive)
         skip = self.skip
