@@ -132,9 +132,25 @@ def check_choice(key: str, value: Choice, choices: Collection[Any], also: str = 
     """`value` if it is one of `choices`, else a ValueError naming `key` (`also`: what else
     the setting takes, e.g. "or null: none")."""
     if value not in choices:
-        raise ValueError(f"{key}={value!r} is not one of {tuple(choices)}"
+        raise ValueError(f"{key}={value!r} is not one of {_spelled(choices)}"
                          + (f" ({also})" if also else ""))
     return value
+
+
+def check_choices(key: str, values: Collection[Choice], choices: Collection[Any]
+                  ) -> Collection[Choice]:
+    """`values` if each is one of `choices`, else a ValueError naming `key` and the first
+    that is not (a list setting: recipes=[...], levels=[...])."""
+    for value in values:
+        if value not in choices:
+            raise ValueError(f"{key}: {value!r} is not one of {_spelled(choices)}")
+    return values
+
+
+def _spelled(choices: Collection[Any]) -> str:
+    """The choices as a command line spells them: a, b, true, null."""
+    words = {True: "true", False: "false", None: "null"}
+    return ", ".join(words[c] if c is None or isinstance(c, bool) else str(c) for c in choices)
 
 
 def parse_dtype(name: object, *, auto: bool = False) -> torch.dtype | str | None:

@@ -8,7 +8,7 @@ import gzip
 import importlib.util
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,14 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as error:
         raise ValueError(f"cannot read {path} as {what}: {error}") from error
+
+
+def read_saved(source: str | os.PathLike | Mapping[str, Any], noun: str) -> tuple[Any, str]:
+    """A saved choice's JSON and the name its errors call it by: `source` itself where it is
+    the JSON already (a choice kept with a checkpoint), else the file at `source`, read."""
+    if isinstance(source, Mapping):
+        return source, f"the saved {noun}"
+    return read_json(source, f"a {noun}"), str(source)
 
 
 def write_json(path: str | os.PathLike, value: Any, indent: int = 1) -> Path:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from mtp.cli import check_choice
 from mtp.paths import cache_dir, write_json
 
 CACHE_FILE = "tune.json"
@@ -56,8 +57,7 @@ class Measurement:
     value: Any = None
 
     def __post_init__(self) -> None:
-        if self.how not in HOW:
-            raise ValueError(f"Measurement.how={self.how!r} is not one of {HOW}")
+        check_choice("Measurement.how", self.how, HOW)
 
     def describe(self) -> str:
         """One line: the step, its choice, how it was made and what was measured, e.g.

@@ -89,8 +89,7 @@ class DecodeBenchArgs(Decoding):
         super().__post_init__()
         if self.checkpoint is not None and self.random_model:
             raise ValueError("give checkpoint=... or random_model=true, not both")
-        if self.compile not in COMPILE:
-            raise ValueError(f"compile={self.compile!r} is not one of true, false, both")
+        cli.check_choice("compile", self.compile, COMPILE)
         cli.check_positives(self, "max_new_tokens", "repeats", "batch_size")
         check_positive("humaneval", self.humaneval, least=0)
         if self.ks is not None and (not self.ks or min(self.ks) < 2):

@@ -82,7 +82,7 @@ def skip_choice(args: LayerSkipArgs, config: MTPConfig) -> SkipChoice:
     if saved is None:
         raise ValueError(f"{args.checkpoint} has no layer-skip choice: python -m "
                          f"mtp.generate.skip_search checkpoint=... (or give choice=FILE)")
-    return SkipChoice.from_json(saved, **shape)
+    return SkipChoice.load(saved, **shape)
 
 
 def main(argv: list[str]) -> None:

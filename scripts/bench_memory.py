@@ -66,9 +66,7 @@ class MemoryArgs(Shape):
         for key, allowed in (("variants", VARIANTS), ("activation_checkpointing", CHECKPOINTING),
                              ("variant", VARIANTS), ("ac", CHECKPOINTING)):
             given = getattr(self, key)
-            for value in [given] if isinstance(given, str) else given or []:
-                if value not in allowed:
-                    raise ValueError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+            cli.check_choices(key, [given] if isinstance(given, str) else given or [], allowed)
 
 
 def parse_args(argv: list[str]) -> MemoryArgs:

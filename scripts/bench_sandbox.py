@@ -42,9 +42,7 @@ class SandboxArgs:
     def __post_init__(self) -> None:
         cli.check_positive("rounds", self.rounds)
         cli.check_positives(self, "workers", "problems", optional=True)
-        for level in self.levels:
-            if level not in LEVELS:
-                raise ValueError(f"levels: {level!r} is not one of {', '.join(LEVELS)}")
+        cli.check_choices("levels", self.levels, LEVELS)
 
 
 def parse_args(argv: list[str]) -> SandboxArgs:

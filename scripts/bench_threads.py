@@ -53,9 +53,8 @@ class ThreadsArgs:
     new_tokens: int = 64
 
     def __post_init__(self) -> None:
-        for name in [*self.models, *([self.worker] if self.worker else [])]:
-            if name not in MODELS:
-                raise ValueError(f"models: {name!r} is not one of {', '.join(MODELS)}")
+        cli.check_choices("models", [*self.models, *([self.worker] if self.worker else [])],
+                          MODELS)
         cli.check_choice("worker_threads", self.worker_threads, ("default", "measured"))
         cli.check_number("seconds", self.seconds, lambda v: v > 0, "> 0")
 

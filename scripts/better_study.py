@@ -134,16 +134,14 @@ class StudyArgs:
     def __post_init__(self) -> None:
         for key, values, known in (("recipes", self.recipes, RECIPES),
                                    ("regimes", self.regimes, REGIMES)):
-            unknown = [v for v in values if v not in known]
-            if unknown or not values:
-                raise ValueError(f"{key}={values}: {unknown[0] if unknown else 'none'} is not "
-                                 f"one of {', '.join(known)}")
-        if self.size not in SIZES:
-            raise ValueError(f"size={self.size!r} is not one of {', '.join(SIZES)}")
+            if not values:
+                raise ValueError(f"{key}=[] names none of {', '.join(known)}")
+            cli.check_choices(key, values, known)
+        cli.check_choice("size", self.size, SIZES)
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds={self.seeds} must be distinct, at least one")
-        if self.jobs < 0 or (self.threads is not None and self.threads < 1):
-            raise ValueError(f"jobs={self.jobs} must be >= 0 and threads={self.threads} >= 1")
+        cli.check_positives(self, "jobs", least=0)
+        cli.check_positives(self, "threads", optional=True)
 
 
 # -- planning ----------------------------------------------------------------------------------

@@ -82,9 +82,7 @@ class DistillArgs(SourceOptions, Decoding):
 
     def __post_init__(self) -> None:
         SourceOptions.__post_init__(self)
-        if self.prompts_from not in PROMPTS_FROM:
-            raise ValueError(f"prompts_from={self.prompts_from!r} is not one of "
-                             f"{', '.join(PROMPTS_FROM)}")
+        cli.check_choice("prompts_from", self.prompts_from, PROMPTS_FROM)
         cli.check_positives(self, "prompts", "max_new_tokens", "batch_size")
         cli.check_positive("prompt_chars", self.chars)
         self.decoding()  # the drafter, sampling, device, dtype and threads, checked

@@ -71,8 +71,7 @@ class EvalHfArgs:
     isolation: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.task not in ("humaneval", "mbpp"):
-            raise ValueError(f"task={self.task!r} is not one of humaneval, mbpp")
+        cli.check_choice("task", self.task, ("humaneval", "mbpp"))
         cli.check_positive("few_shot", self.few_shot, least=0)
         cli.check_positive("max_new_tokens", self.max_new_tokens)
         cli.check_positives(self, "limit", "threads", optional=True)

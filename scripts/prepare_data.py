@@ -42,8 +42,7 @@ class PrepareArgs(SourceOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.tokenizer not in ("byte", "bpe"):
-            raise ValueError(f"tokenizer={self.tokenizer!r} is not one of byte, bpe")
+        cli.check_choice("tokenizer", self.tokenizer, ("byte", "bpe"))
         cli.check_positives(self, "vocab_size", "seq_len", "n_future")
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"val_fraction={self.val_fraction!r} must be in [0, 1)")

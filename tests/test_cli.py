@@ -8,7 +8,7 @@ from types import SimpleNamespace as _Keys  # settings as attributes, as a datac
 
 import pytest
 
-from mtp.cli import (check_choice, check_flag, check_number, check_numbers, check_positive,
+from mtp.cli import (check_choice, check_choices, check_flag, check_number, check_numbers, check_positive,
                      check_positives)
 
 
@@ -45,7 +45,11 @@ def test_good_values_come_back_in_their_type() -> None:
     (lambda: check_numbers("betas", [0.9], lambda v: v < 1, "two numbers", length=2),
      "betas=[0.9] must be two numbers"),
     (lambda: check_choice("mode", "fast", ("naive", "headwise"), "or null"),
-     "mode='fast' is not one of ('naive', 'headwise') (or null)"),
+     "mode='fast' is not one of naive, headwise (or null)"),
+    (lambda: check_choice("compile", "often", (False, True, "both")),
+     "compile='often' is not one of false, true, both"),
+    (lambda: check_choices("levels", ["cpu", "gvisor"], ("cpu", "process")),
+     "levels: 'gvisor' is not one of cpu, process"),
 ])
 def test_a_bad_value_is_one_line_naming_key_and_value(check, message: str) -> None:
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):

@@ -11,6 +11,7 @@ from pathlib import Path
 from mtp.data import HubSource, InstalledSource, LocalSource, StdlibSource
 from mtp.data.decontaminate import BENCHMARKS, NGRAM
 from mtp.data.sources import Source
+from mtp.cli import check_choice, check_choices
 from mtp.paths import mbpp_file
 
 SOURCES = ("stdlib", "installed", "local", "hub")
@@ -46,12 +47,8 @@ class SourceOptions:
     text_field: str = "text"
 
     def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ValueError(f"source={self.source!r} is not one of {', '.join(SOURCES)}")
-        unknown = [name for name in self.decontaminate if name not in BENCHMARKS]
-        if unknown:
-            raise ValueError(f"decontaminate={self.decontaminate}: {unknown[0]!r} is not one "
-                             f"of {', '.join(BENCHMARKS)}")
+        check_choice("source", self.source, SOURCES)
+        check_choices("decontaminate", self.decontaminate, BENCHMARKS)
         if self.source == "local" and not self.paths:
             raise ValueError("source=local needs paths=[...] (files, folders or globs)")
         if self.source == "hub" and not self.name:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import datasets
 
+from mtp.cli import check_choices
 from mtp.data.decontaminate import BENCHMARKS, NGRAM, References, load_references
 from mtp.data.hub import check_hub_reachable, offline_message
 
@@ -155,9 +156,7 @@ class InstalledSource:
         if self.paths is not None:
             object.__setattr__(self, "paths", tuple(map(str, _listed(self.paths))))
         object.__setattr__(self, "decontaminate", tuple(_listed(self.decontaminate or ())))
-        for name in self.decontaminate:
-            if name not in BENCHMARKS:
-                raise ValueError(f"data.source.decontaminate: {name!r} is not one of {BENCHMARKS}")
+        check_choices("data.source.decontaminate", self.decontaminate, BENCHMARKS)
 
     def roots(self) -> list[Path]:
         """The folders read, in order: ``paths``, or ``sys.path``'s (see the class docstring)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtp.paths import read_json, write_json
+from mtp.paths import read_json, read_saved, write_json
 
 TREE_FILE = "tree.json"
 FIXED_SIZES = (8, 16, 32, 64)
@@ -316,15 +316,11 @@ class Calibration:
         return write_json(Path(directory) / TREE_FILE, self.to_json())
 
     @classmethod
-    def load(cls, path: str | Path, *, n_future: int, vocab_size: int) -> Calibration:
-        """Read `path` (a tree.json) and check that it belongs to a model of that shape."""
-        return cls.from_json(read_json(path, "a tree calibration"), n_future=n_future,
-                             vocab_size=vocab_size, source=str(path))
-
-    @classmethod
-    def from_json(cls, data: Any, *, n_future: int, vocab_size: int,
-                  source: str = "the saved calibration") -> Calibration:
-        """A calibration from `to_json`'s form, checked against a model of that shape."""
+    def load(cls, source: str | Path | Mapping[str, Any], *, n_future: int,
+             vocab_size: int) -> Calibration:
+        """A calibration from its tree.json or `to_json`'s form, checked against a model of
+        that shape."""
+        data, source = read_saved(source, "tree calibration")
         try:
             rates = [[float(p) for p in row] for row in data["rates"]]
             paths = [(tuple(int(r) for r in p.split(",")), float(f))

@@ -19,7 +19,7 @@ from typing import Any, get_args
 from tqdm import tqdm
 
 import mtp.eval.synthetic as synthetic
-from mtp.cli import AUTO, check_positive, check_positives
+from mtp.cli import AUTO, check_choice, check_positive, check_positives
 from mtp.data.benchmarks import Problem, Task, load_task
 from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
@@ -62,11 +62,8 @@ class EvalConfig(DecodeSettings):
             raise ValueError(f"k={list(k)}: k is the heads' tokens per forward pass (as in "
                              f"mtp.generate); pass@k's list is pass_k={list(k)}")
         super().__post_init__()  # how it decodes
-        if self.task not in TASKS:
-            raise ValueError(f"task={self.task!r} is not one of {', '.join(TASKS)}")
-        if self.isolation not in get_args(Isolation):
-            raise ValueError(f"isolation={self.isolation!r} is not one of "
-                             f"{', '.join(get_args(Isolation))}")
+        check_choice("task", self.task, TASKS)
+        check_choice("isolation", self.isolation, get_args(Isolation))
         if self.output is None:  # a fresh directory per run, as Hydra's runs have
             run = time.strftime("%Y-%m-%d_%H-%M-%S")
             object.__setattr__(self, "output", f"outputs/eval/{self.task}/{run}/results.jsonl")

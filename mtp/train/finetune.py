@@ -14,6 +14,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from mtp.cli import check_choice
 from mtp.model import MTPConfig, MTPModel
 
 NEW_HEADS: tuple[str, ...] = ("copy", "random")
@@ -45,7 +46,7 @@ def grow_heads(base: MTPModel, config: MTPConfig, *, new_heads: str | None = "co
     """Initial weights (a state dict) of `MTPModel(config)` grown from the `base` model."""
     if new_heads not in NEW_HEADS and not (new_heads is None
                                            and config.n_future <= base.config.n_future):
-        raise ValueError(f"init.new_heads={new_heads!r} is not one of {NEW_HEADS}")
+        check_choice("init.new_heads", new_heads, NEW_HEADS)
     model = MTPModel(config)  # random weights for whatever the base does not provide
     state = model.state_dict()
     kept = min(config.n_future, base.config.n_future)

@@ -26,7 +26,7 @@ from torch.distributed.fsdp import (FSDPModule, MixedPrecisionPolicy, fully_shar
                                     register_fsdp_forward_method)
 from torch.utils.checkpoint import checkpoint
 
-from mtp.cli import DTYPES
+from mtp.cli import DTYPES, check_choice
 from mtp.model import MTPModel
 
 ACTIVATION_CHECKPOINTING = ("none", "trunk", "all")
@@ -66,9 +66,7 @@ def parallelize(model: MTPModel, mesh: DeviceMesh, *,
 def check_options(*, activation_checkpointing: str = "none", param_dtype: str = "auto",
                   reduce_dtype: str = "float32") -> None:
     """Fail early, naming the value, on an unknown activation checkpointing mode or dtype."""
-    if activation_checkpointing not in ACTIVATION_CHECKPOINTING:
-        raise ValueError(f"activation_checkpointing={activation_checkpointing!r} is not one of "
-                         f"{ACTIVATION_CHECKPOINTING}")
+    check_choice("activation_checkpointing", activation_checkpointing, ACTIVATION_CHECKPOINTING)
     mixed_precision("32-true", param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
@@ -80,9 +78,8 @@ def mixed_precision(precision: str, *, param_dtype: str = "auto",
     if param_dtype == "auto":
         param_dtype = "bfloat16" if str(precision).startswith("bf16") else "float32"
     for name, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
-        if value not in dtypes:
-            raise ValueError(f"fsdp.{name}={value!r} is not one of {sorted(dtypes)}"
-                             f"{' or auto' if name == 'param_dtype' else ''}")
+        check_choice(f"fsdp.{name}", value, sorted(dtypes),
+                     "or auto" if name == "param_dtype" else "")
     return MixedPrecisionPolicy(param_dtype=dtypes[param_dtype],
                                 reduce_dtype=dtypes[reduce_dtype])
 

@@ -24,6 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from mtp.cli import check_choice
 from mtp.checkpoint import (META_FILE, check_vocab, export, is_sharded_checkpoint, load,
                             tokenizer_files)
 from mtp.data import build_tokenizer
@@ -80,9 +81,7 @@ CONTEXT = {"byte": 5120, "bpe": 2048}
 
 def context(tokenizer_kind: str) -> int:
     """`model.max_seq_len` of the model presets 50m..400m for `tokenizer.kind`."""
-    if tokenizer_kind not in CONTEXT:
-        raise ValueError(f"tokenizer.kind={tokenizer_kind!r} is not one of {sorted(CONTEXT)}")
-    return CONTEXT[tokenizer_kind]
+    return CONTEXT[check_choice("tokenizer.kind", tokenizer_kind, sorted(CONTEXT))]
 
 
 def lr_for_width(dim: int) -> float:

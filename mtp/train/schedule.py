@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mtp.cli import check_choice
+
 SCHEDULES: tuple[str, ...] = ("constant", "stepped", "anneal", "ramp")
 
 
@@ -60,8 +62,7 @@ def distance_factors(schedule: str, levels: int, progress: float, *,
         return (1.0,) * levels
     if schedule == "stepped":
         return (1.0 if progress < window[0] else factor,) * levels
-    if schedule not in ("anneal", "ramp"):
-        raise ValueError(f"loss.schedule={schedule!r} is not one of {SCHEDULES}")
+    check_choice("loss.schedule", schedule, SCHEDULES)
     start, end = window
     width = (end - start) / levels
     factors = []

@@ -78,7 +78,7 @@ def test_calibrate_saves_a_calibration_that_generate_and_auto_read(tiny_config, 
     out = capsys.readouterr().out
     assert "auto:16: depth" in out and "saved: trees: heads 1..3 at ranks < 4 (measured" in out
     [saved] = saved_choices(directory).values()
-    calibration = Calibration.from_json(saved, n_future=4, vocab_size=262)
+    calibration = Calibration.load(saved, n_future=4, vocab_size=262)
     assert len(calibration.rates) == 3 and all(len(row) == 4 for row in calibration.rates)
     assert 0 < calibration.details["positions"] <= 2 * (20 - 3)  # runs of one token left out
     data = json.loads((tmp_path / TREE_FILE).read_text())  # output= writes the file too

@@ -44,7 +44,7 @@ def test_bad_arguments_are_one_line_errors_naming_the_key(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), "compile=sometimes"],
                             capture_output=True, text=True)
     assert result.returncode == 1
-    assert result.stderr.strip() == "error: compile='sometimes' is not one of true, false, both"
+    assert result.stderr.strip() == "error: compile='sometimes' is not one of false, true, both"
     result = subprocess.run([sys.executable, str(SCRIPT), "--ks", "2"], capture_output=True,
                             text=True)
     assert result.returncode == 1 and result.stderr.startswith("error: ")

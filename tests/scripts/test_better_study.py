@@ -90,8 +90,10 @@ def test_the_time_regime_splits_the_budget_with_the_finish(study, tmp_path) -> N
 
 
 @pytest.mark.parametrize("argument, message", [
-    ("recipes=[byte1,byte9]", "recipes=['byte1', 'byte9']: byte9 is not one of byte1, "),
-    ("regimes=[speed]", "regimes=['speed']: speed is not one of time, flops"),
+    ("recipes=[byte1,byte9]", "recipes: 'byte9' is not one of byte1, "),
+    ("regimes=[speed]", "regimes: 'speed' is not one of time, flops"),
+    ("regimes=[]", "regimes=[] names none of time, flops"),
+    ("jobs=-1", "jobs=-1 must be an integer >= 0"),
     ("size=huge", "size='huge' is not one of cpu, short, tiny"),
     ("seeds=[0,0]", "seeds=[0, 0] must be distinct"),
     ("extra=['loss.schedule=cosine']", "loss.schedule='cosine' is not one of"),

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtp.cli import check_flag, check_positive
+from mtp.cli import check_choice, check_flag, check_positive
 from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified
 from mtp.decode.drafters.registry import AUTO, drafter_types, register
 from mtp.decode.sampling import SamplingConfig, exponential, probabilities
@@ -101,8 +101,7 @@ class HeadsOptions:
             raise ValueError("tree= gives the heads one candidate tree; k='auto' measures "
                              "chains: choose one")
         check_flag("online", self.online)
-        if self.siblings not in SIBLINGS:
-            raise ValueError(f"siblings={self.siblings!r} is not one of {', '.join(SIBLINGS)}")
+        check_choice("siblings", self.siblings, SIBLINGS)
 
 
 @register
@@ -198,8 +197,8 @@ def calibration(model: MTPModel, context: DrafterContext) -> Calibration | None:
     saved = context.saved.get(OwnHeads.saved)
     if saved is None:
         return None
-    return Calibration.from_json(saved, n_future=model.config.n_future,
-                                 vocab_size=model.config.vocab_size)
+    return Calibration.load(saved, n_future=model.config.n_future,
+                            vocab_size=model.config.vocab_size)
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -25,7 +25,7 @@ from mtp.decode.forward import cached_forward, key_width
 from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
-from mtp.paths import read_json, write_json
+from mtp.paths import read_saved, write_json
 from mtp.tokenizers import Tokenizer
 
 SKIP_FILE = "layer_skip.json"
@@ -67,15 +67,11 @@ class SkipChoice:
         return write_json(path / SKIP_FILE if path.is_dir() else path, self.to_json())
 
     @classmethod
-    def load(cls, path: str | Path, *, n_layers: int, vocab_size: int) -> SkipChoice:
-        """Read a saved choice, refusing one made for another model's shape."""
-        return cls.from_json(read_json(path, "a layer-skip choice"), n_layers=n_layers,
-                             vocab_size=vocab_size, source=str(path))
-
-    @classmethod
-    def from_json(cls, values: Any, *, n_layers: int, vocab_size: int,
-                  source: str = "the saved layer-skip choice") -> SkipChoice:
-        """A choice from `to_json`'s form, refusing one made for another model's shape."""
+    def load(cls, source: str | Path | Mapping[str, Any], *, n_layers: int,
+             vocab_size: int) -> SkipChoice:
+        """A choice from its file or `to_json`'s form, refusing one made for another model's
+        shape."""
+        values, source = read_saved(source, "layer-skip choice")
         try:
             choice = cls(tuple(values["skip"]), int(values["num_draft"]),
                          int(values["n_layers"]), int(values["vocab_size"]),
@@ -189,7 +185,7 @@ def _choice(model: MTPModel, options: LayerSkipOptions,
     shape = {"n_layers": model.config.n_layers, "vocab_size": model.config.vocab_size}
     if options.skip is None:
         saved = context.saved.get(LayerSkip.saved)
-        choice = None if saved is None else SkipChoice.from_json(saved, **shape)
+        choice = None if saved is None else SkipChoice.load(saved, **shape)
     elif isinstance(options.skip, str):
         if not Path(options.skip).is_file():
             raise ValueError(f"skip={options.skip!r} is neither a list of trunk layers nor a "

@@ -112,6 +112,10 @@ def test_the_search_is_deterministic_and_its_choice_reloads(deep, tmp_path):
     assert SkipChoice.load(path, n_layers=4, vocab_size=262) == choice
     with pytest.raises(ValueError, match="searched for a model of 4 layers"):
         SkipChoice.load(path, n_layers=6, vocab_size=262)
+    # A choice kept with a checkpoint arrives as its JSON, and its errors say so.
+    assert SkipChoice.load(choice.to_json(), n_layers=4, vocab_size=262) == choice
+    with pytest.raises(ValueError, match="^the saved layer-skip choice was searched"):
+        SkipChoice.load(choice.to_json(), n_layers=6, vocab_size=262)
 
 
 def test_the_kept_shares_count_steps_not_prefills(deep):
