@@ -8,8 +8,8 @@ from types import SimpleNamespace as _Keys  # settings as attributes, as a datac
 
 import pytest
 
-from mtp.cli import (check_choice, check_choices, check_flag, check_number, check_numbers, check_positive,
-                     check_positives)
+from mtp.cli import (check_choice, check_choices, check_flag, check_number, check_numbers,
+                     check_positive, check_positives)
 
 
 def test_good_values_come_back_in_their_type() -> None:

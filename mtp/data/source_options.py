@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtp.cli import check_choice, check_choices
 from mtp.data import HubSource, InstalledSource, LocalSource, StdlibSource
 from mtp.data.decontaminate import BENCHMARKS, NGRAM
 from mtp.data.sources import Source
-from mtp.cli import check_choice, check_choices
 from mtp.paths import mbpp_file
 
 SOURCES = ("stdlib", "installed", "local", "hub")

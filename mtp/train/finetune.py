@@ -44,8 +44,7 @@ def grown_config(base: MTPConfig, *, n_future: int, head_type: str,
 def grow_heads(base: MTPModel, config: MTPConfig, *, new_heads: str | None = "copy",
                ) -> dict[str, Tensor]:
     """Initial weights (a state dict) of `MTPModel(config)` grown from the `base` model."""
-    if new_heads not in NEW_HEADS and not (new_heads is None
-                                           and config.n_future <= base.config.n_future):
+    if not (new_heads is None and config.n_future <= base.config.n_future):  # none to grow
         check_choice("init.new_heads", new_heads, NEW_HEADS)
     model = MTPModel(config)  # random weights for whatever the base does not provide
     state = model.state_dict()

@@ -24,9 +24,9 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from mtp.cli import check_choice
 from mtp.checkpoint import (META_FILE, check_vocab, export, is_sharded_checkpoint, load,
                             tokenizer_files)
+from mtp.cli import check_choice
 from mtp.data import build_tokenizer
 from mtp.generate.measure import format_decoding
 from mtp.model import MTPConfig
