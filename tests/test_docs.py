@@ -6,7 +6,9 @@ minutes is preceded by `<!-- not tested: REASON -->`), and every `python -m mtp.
 config with the line's overrides, and every other command (`mtp.eval`, `mtp.generate`,
 `mtp.convert`, `mtp.bench`, the scripts, ...) takes the line's arguments through its
 `parse_args`, the one command-line grammar (`mtp.cli`). Nothing trains, loads or decodes
-beyond what a Python block does itself.
+beyond what a Python block does itself. Tables of computed figures that no benchmark block
+generates (the model presets' sizes; better_study's recipes, in tests/scripts) are held to
+what the code builds, at the precision the page writes them.
 """
 
 from __future__ import annotations
@@ -365,3 +367,57 @@ def test_the_readme_names_every_registered_drafter() -> None:
     assert listed, "the README's list of drafters (`drafter=`: ...) is gone"
     named = set(re.findall(r"`([\w+]+)`", listed.group(1)))
     assert named == set(drafter_types()) - {AUTOREGRESSIVE}
+
+
+def table_rows(page: Path, header: str) -> list[list[str]]:
+    """The cells of each row of the table whose header row starts with `header`."""
+    lines = page.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def stated(figure: str) -> tuple[float, float]:
+    """A figure as a page writes it ('9.8M', '1.23B', '0.39x', '5,120') and half its last
+    digit's unit: the figure holds a computed value within that."""
+    match = re.fullmatch(r"([\d,]+)(?:\.(\d+))?([MBx]?)", figure)
+    assert match, f"{figure!r} is not a figure"
+    whole, decimals, unit = match.groups()
+    scale = {"M": 1e6, "B": 1e9}.get(unit, 1.0)
+    value = float(whole.replace(",", "") + "." + (decimals or "0")) * scale
+    return value, 0.5 * 10.0 ** -len(decimals or "") * scale
+
+
+def test_the_model_presets_table_is_what_the_presets_build() -> None:
+    """docs/training.md's table of `model=` presets: width, blocks per token, parameters at
+    the byte and the 32k BPE vocabulary, and context, as the presets compose and build."""
+    import torch
+    from hydra.utils import instantiate
+
+    from mtp.model import MTPModel
+    from mtp.train.run import compose
+
+    rows = table_rows(REPO_ROOT / "docs" / "training.md", "| `model=` |")
+    assert len(rows) == len(list((REPO_ROOT / "conf" / "model").glob("*.yaml")))
+    for preset, width, depth, parameters, context in rows:
+        name = re.match(r"`(\w+)`", preset).group(1)
+        built = {}
+        for kind, vocab in (("byte", 262), ("bpe", 32_000)):
+            cfg = compose([f"model={name}", f"tokenizer.kind={kind}", "run_dir=/unused"])
+            fields = OmegaConf.to_container(cfg.model, resolve=True) | {"vocab_size": vocab}
+            config = instantiate(fields)
+            with torch.device("meta"):  # counts a 7B model without its memory
+                built[kind] = (MTPModel(config).num_params(), config.max_seq_len)
+        assert (stated(width)[0], stated(depth)[0]) == (config.dim, cfg.model.depth), preset
+        if parameters:
+            for figure, (count, _) in zip(parameters.split(" / "), built.values(), strict=True):
+                value, slack = stated(figure)
+                assert abs(count - value) <= slack, f"{preset}: {figure} for {count:,}"
+        contexts = [stated(c)[0] for c in context.split(" / ")]
+        assert contexts in ([built["byte"][1], built["bpe"][1]], [built["byte"][1]]), preset
+        if len(contexts) == 1:
+            assert built["byte"][1] == built["bpe"][1], preset

@@ -3,6 +3,7 @@ budgets are planned as documented; bad input is one line before any training."""
 
 import importlib.util
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -87,6 +88,50 @@ def test_the_time_regime_splits_the_budget_with_the_finish(study, tmp_path) -> N
     assert "trainer.max_steps=100000" in specs["stepped"]["overrides"]
     assert "loss.schedule_steps=[67500]" in specs["stepped"]["overrides"]  # 270 of 400
     assert specs["byte1"]["finish"] is None
+
+
+def test_the_recipes_table_is_what_the_recipes_build(study, tmp_path) -> None:
+    """docs/better.md's recipes table: each recipe's parameters (after its finish, where that
+    grows the model) and FLOPs per token against byte1's, as the study plans and builds them."""
+    import dataclasses
+
+    import torch
+    from test_docs import stated, table_rows
+
+    from mtp.model import MTPModel
+
+    def parameters(config) -> int:
+        with torch.device("meta"):
+            return MTPModel(config).num_params()
+
+    specs = {spec["recipe"]: spec for spec in study.plan(
+        study.parse_args(["regimes=[time]", "seeds=[0]"]), tmp_path)}
+    page = REPO_ROOT / "docs" / "better.md"
+    byte1 = specs["byte1"]["flops_per_token"]
+    value, slack = stated(re.search(r"byte1's ([\d.]+) GFLOP", page.read_text()).group(1))
+    assert abs(byte1 / 1e9 - value) <= slack
+    rows = table_rows(page, "| study name |")
+    assert [row[0].strip("`") for row in rows] == list(study.RECIPES)
+    for name, _, _, counts, flops in rows:
+        spec = specs[name.strip("`")]
+        config = study._model(study._compose(spec["overrides"]))
+        built = [parameters(config)]
+        if spec["finish"]:
+            grown = study._compose(spec["finish"][:-1]).model
+            built.append(parameters(dataclasses.replace(
+                config, n_future=grown.n_future, head_type=grown.head_type)))
+        figures = [f for f in re.fullmatch(r"([\d.]+M)(?: \(([\d.]+M) after\))?",
+                                           counts).groups() if f]
+        ratios = [spec["flops_per_token"] / byte1] + (
+            [spec["finish_flops_per_token"] / byte1] if spec["finish"] else [])
+        stated_ratios = [f for f in re.fullmatch(r"([\d.]+x)(?:; finish ([\d.]+x))?",
+                                                 flops).groups() if f]
+        for figure, count in zip(figures, sorted(set(built), key=built.index), strict=True):
+            value, slack = stated(figure)
+            assert abs(count - value) <= slack, f"{name}: {figure} for {count:,}"
+        for figure, ratio in zip(stated_ratios, ratios, strict=True):
+            value, slack = stated(figure)
+            assert abs(ratio - value) <= slack, f"{name}: {figure} for {ratio:.3f}x"
 
 
 @pytest.mark.parametrize("argument, message", [
