@@ -67,7 +67,7 @@ SMOKE = (
 )
 
 # Every CPU figure of docs/benchmarks.md and the README's headline, sized for <= 60 minutes on
-# 2 idle cores (about 35): the byte8 recipe's 400 steps (the README's first command, 14 minutes
+# 2 idle cores (about 45): the byte8 recipe's 400 steps (the README's first command, 14 minutes
 # at most) and its decoding on HumanEval prompts beside the 8 code prompts.
 CPU = (
     Part(name="peak_flops", command=script(
@@ -89,13 +89,24 @@ CPU = (
         "bench_decode", f"checkpoint={BYTE8_CPU}", "humaneval=16", "ks=[2,4,8]",
         "trees=[tree16]", "repeats=2", "threads=2"), timeout=900, needs=("byte8",),
         repeats=2),
+    # The heads' chains against candidate trees up to 128 nodes: tree=auto:N reads the heads'
+    # measured rank paths, which the calibration writes beside the export (tree.json).
+    Part(name="calibrate", command=(
+        PY, "-m", "mtp.generate.calibrate", f"checkpoint={BYTE8_CPU}", f"output={BYTE8_CPU}"),
+        timeout=600, table="none", needs=("byte8",)),
+    Part(name="trees", command=script(
+        "bench_decode", f"checkpoint={BYTE8_CPU}", "humaneval=40", "ks=[5,8]",
+        "trees=[tree16,tree64,auto:8,auto:16,auto:32,auto:64,auto:128]", "repeats=1",
+        "threads=2", "plot={out}/tree_decode.png"), timeout=1200, table="decode",
+        needs=("calibrate",)),
     Part(name="decode_compiled", command=script(
         "bench_decode", f"checkpoint={BYTE8_CPU}", "ks=[4,8]", "max_new_tokens=64",
         "compile=both", "repeats=2", "threads=2"), timeout=900, table="decode",
         needs=("byte8",), repeats=2),
     Part(name="methods", command=script(
         "bench_methods", f"checkpoint={BYTE8_CPU}", "humaneval=8", "max_new_tokens=96",
-        "auto_prompts=2", "threads=2"), timeout=900, needs=("byte8",)),
+        "auto_prompts=2", "threads=2", "plot={out}/bench_methods_byte8.png"), timeout=900,
+        needs=("byte8",)),
     Part(name="hf", command=script(
         "bench_hf", f"checkpoint={BYTE8_CPU}", "humaneval=8", "max_new_tokens=96", "repeats=2",
         "threads=2"), timeout=900, needs=("byte8",), repeats=2),
