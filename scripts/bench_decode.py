@@ -262,7 +262,8 @@ def main(argv: list[str]) -> None:
                     "tree": top["tree"], "fastest_tree": fastest["tree"],
                     "fastest_tree_speedup": fastest["speedup"]}
     if args.plot and tree_rows:
-        plot(tree_rows, rows[1:], args.plot, f"{checkpoint}: {len(prompts)} prompts x "
+        name = checkpoint if args.random_model else Path(checkpoint).parent.name  # the run's
+        plot(tree_rows, rows[1:], args.plot, f"{name}: {len(prompts)} prompts x "
              f"{args.max_new_tokens} bytes, greedy, batch 1, {args.device}, "
              f"{torch.get_num_threads()} threads")
     print(json.dumps(summary | {
