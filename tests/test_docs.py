@@ -399,6 +399,7 @@ def test_the_model_presets_table_is_what_the_presets_build() -> None:
     from hydra.utils import instantiate
 
     from mtp.model import MTPModel
+    from mtp.tokenizers import ByteTokenizer
     from mtp.train.run import compose
 
     rows = table_rows(REPO_ROOT / "docs" / "training.md", "| `model=` |")
@@ -406,7 +407,7 @@ def test_the_model_presets_table_is_what_the_presets_build() -> None:
     for preset, width, depth, parameters, context in rows:
         name = re.match(r"`(\w+)`", preset).group(1)
         built = {}
-        for kind, vocab in (("byte", 262), ("bpe", 32_000)):
+        for kind, vocab in (("byte", ByteTokenizer().vocab_size), ("bpe", 32_000)):
             cfg = compose([f"model={name}", f"tokenizer.kind={kind}", "run_dir=/unused"])
             fields = OmegaConf.to_container(cfg.model, resolve=True) | {"vocab_size": vocab}
             config = instantiate(fields)
