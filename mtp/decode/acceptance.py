@@ -56,15 +56,8 @@ class AcceptanceRule:
     def select(self, drafts: Drafts, p: Tensor, tree: Tree, buffers: TreeBuffers,
                real: Tensor | None, draws: Draws) -> tuple[Tensor, Tensor]:
         """Sampling, given the target p (B, m, V) after every node and which drafts are `real`
-        (B, m - 1; None: all): the last kept node (B,) and the token after it (B,)."""
-        raise NotImplementedError
-
-
-class _Descending(AcceptanceRule):
-    """A rule that walks down the tree (`_descend`), its `choose` picking at each node."""
-
-    def select(self, drafts: Drafts, p: Tensor, tree: Tree, buffers: TreeBuffers,
-               real: Tensor | None, draws: Draws) -> tuple[Tensor, Tensor]:
+        (B, m - 1; None: all): the last kept node (B,) and the token after it (B,). By
+        default a walk down the tree (`_descend`), `choose` picking at each node."""
         return _descend(drafts, p, tree, buffers, real, draws, self.choose)
 
     def choose(self, drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
@@ -87,7 +80,7 @@ def register_rule(cls: type[AcceptanceRule]) -> type[AcceptanceRule]:
 
 @register_rule
 @dataclass(frozen=True)
-class RecursiveRejection(_Descending):
+class RecursiveRejection(AcceptanceRule):
     """SpecInfer's multi-candidate rule (module docstring), the default."""
 
     name: ClassVar[str] = "exact"
@@ -145,7 +138,7 @@ class TypicalAcceptance(AcceptanceRule):
 
 @register_rule
 @dataclass(frozen=True)
-class KSequential(_Descending):
+class KSequential(AcceptanceRule):
     """SpecTr's k-sequential selection of one of a node's i.i.d. drafts (module docstring):
     `iterations` of bisection for rho."""
 
@@ -236,12 +229,11 @@ def accept(drafts: Drafts, target: Tensor, tree: Tree,
     batch = target.shape[0]
     if buffers is None:
         buffers = tree.buffers(target.device)
-    if buffers.depths.dim() == 1:  # one tree for every row
+    if buffers.depths.dim() == 1:  # one tree for every row (a step reads no tree.py)
         buffers = buffers.rows(batch)
     rows = torch.arange(batch, device=target.device)
-    real = None  # (B, m - 1): which drafts are not padding
-    if drafts.lengths is not None:
-        real = torch.arange(drafts.tokens.shape[1], device=target.device) < drafts.lengths[:, None]
+    real = None if drafts.lengths is None else (  # (B, m - 1): which drafts are not padding
+        torch.arange(drafts.tokens.shape[1], device=target.device) < drafts.lengths[:, None])
     if tree.n_nodes == 1:  # no drafts: an autoregressive step
         node = torch.zeros(batch, dtype=torch.long, device=target.device)
         target0 = target[:, 0]

@@ -39,8 +39,8 @@ from mtp.decode.acceptance import AcceptanceSettings, Draws, accept
 from mtp.decode.drafters.base import Drafts, Verified
 from mtp.decode.forward import (StackedHeads, hidden_states, key_width, padded, prefill,
                                   stacked_heads)
-from mtp.decode.sampling import (SamplingConfig, exponential, inverse_cdf, position_uniforms,
-                                 probabilities, sample)
+from mtp.decode.sampling import (exponential, inverse_cdf, position_uniforms, probabilities,
+                                 sample)
 from mtp.decode.tree import DynamicTree, Tree, TreeBuffers
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel, decodes_on_kernels, use_kernels
@@ -122,6 +122,7 @@ class Engine:
         use_kernels(model)  # as chosen for the model, else on where the kernels run
         self.on_kernels = decodes_on_kernels(model) and not compile  # (the ops run eagerly)
         self.acceptance = acceptance
+        self.sampling, self.exact = acceptance.sampling, acceptance.exact
         self.windowed = self.exact and not self.on_kernels
         if self.windowed:
             tree = tree.padded(width or tree.n_nodes)
@@ -153,17 +154,9 @@ class Engine:
         self.buffers = None if isinstance(tree, DynamicTree) else tree.buffers(self.device)
         self._cut_chains: dict[int, tuple[Tree, TreeBuffers]] = {}  # eager cuts, by width
         self._rows: dict[tuple[int, int], TreeBuffers] = {}  # per row, by (nodes, batch)
-        self._host_depths: list[int] | None = None
+        self._host_depths = None if self.buffers is None else self.buffers.depths.tolist()
         self._step = compiled_step(self.device.type == "cuda") if compile else None
         self._mark_static()
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return self.acceptance.sampling
-
-    @property
-    def exact(self) -> bool:
-        return self.acceptance.exact
 
     @property
     def batch(self) -> int:
@@ -250,8 +243,6 @@ class Engine:
         """Each row's nodes' depths, on the host: the tree's, or the step's own (a dynamic
         tree's, from `drafts.parents`)."""
         if drafts.parents is None:
-            if self._host_depths is None:
-                self._host_depths = self.buffers.depths.tolist()
             return [self._host_depths] * self.batch
         return TreeBuffers.from_parents(drafts.parents, self.tree.depth, 1).depths.tolist()
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import functools
 import heapq
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -54,9 +54,11 @@ class TreeBuffers:
         views (one tree for every row), a dynamic tree's as they are."""
         if self.depths.dim() == 2:
             return self
-        return TreeBuffers(*(t.expand(batch, *t.shape) for t in (
-            self.depths, self.visible, self.parents, self.draft_index, self.ancestors,
-            self.children)))
+        return self.map(lambda t: t.expand(batch, *t.shape))
+
+    def map(self, function: Callable[[Tensor], Tensor]) -> TreeBuffers:
+        """`function` applied to every buffer."""
+        return TreeBuffers(*(function(getattr(self, f.name)) for f in fields(self)))
 
     @staticmethod
     def from_parents(parents: Tensor, depth: int, branching: int) -> TreeBuffers:
@@ -119,9 +121,11 @@ class Tree:
         object.__setattr__(self, "is_chain", all(p == (0,) * len(p) for p in paths))
 
     @classmethod
+    @functools.cache
     def chain(cls, depth: int) -> Tree:
-        """The rank-0 chain of `depth` drafts: blockwise speculative decoding's k = depth + 1."""
-        return _chain(depth)
+        """The rank-0 chain of `depth` drafts: blockwise speculative decoding's k = depth + 1.
+        One instance per depth: its buffers are then built once for every decode step."""
+        return Tree(tuple((0,) * d for d in range(1, depth + 1)), name="chain")
 
     def padded(self, n_nodes: int) -> Tree:
         """This tree grown to `n_nodes` >= its own by a chain below its last node (a chain: a
@@ -168,12 +172,6 @@ class Tree:
         return paths
 
     @cached_property
-    def has_children(self) -> list[bool]:
-        """Whether each node has children (a leaf's path cannot be extended)."""
-        parents = set(self.parents)
-        return [node in parents for node in range(self.n_nodes)]
-
-    @cached_property
     def widths(self) -> list[int]:
         """The most children of any node at depth 0, 1, ..., depth - 1."""
         counts: dict[tuple[int, ...], int] = {}
@@ -197,17 +195,13 @@ class Tree:
         """This tree's tensors on `device`, built once."""
         key = str(device)
         if key not in self._buffers:
-            self._buffers[key] = self._build(device)
+            parents = torch.tensor([self.parents[1:]], dtype=torch.long, device=device)
+            one = TreeBuffers.from_parents(parents, self.depth, max(self.widths, default=0))
+            ranks = max(self.n_ranks, 1)  # siblings in rank order, then each node's topk index
+            index = [(len(p) - 1) * ranks + p[-1] for p in self.paths]
+            self._buffers[key] = replace(one.map(lambda t: t[0]), draft_index=torch.tensor(
+                index, dtype=torch.long, device=device))
         return self._buffers[key]
-
-    def _build(self, device: torch.device | str) -> TreeBuffers:
-        ranks, width = max(self.n_ranks, 1), max(self.widths, default=0)
-        parents = torch.tensor([self.parents[1:]], dtype=torch.long, device=device)
-        rows = TreeBuffers.from_parents(parents, self.depth, width)  # siblings in rank order
-        one = {f.name: getattr(rows, f.name)[0] for f in fields(TreeBuffers)}
-        one["draft_index"] = torch.tensor([(len(p) - 1) * ranks + p[-1] for p in self.paths],
-                                          dtype=torch.long, device=device)
-        return TreeBuffers(**one)
 
     def to_json(self) -> list[list[int]]:
         return [list(p) for p in self.paths]
@@ -245,12 +239,6 @@ class DynamicTree(Tree):
     def buffers(self, device: torch.device | str) -> TreeBuffers:
         raise ValueError(f"tree {self.name} is chosen at every step: its buffers come with "
                          f"each step's drafts (TreeBuffers.from_parents)")
-
-
-@functools.cache
-def _chain(depth: int) -> Tree:
-    # One instance per depth: its buffers are then built once for every decode step.
-    return Tree(tuple((0,) * d for d in range(1, depth + 1)), name="chain")
 
 
 def fixed_prior(k: int) -> list[list[float]]:

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from decode.common import TOKENIZER, ids_of
 
 from mtp.generate import DecodeStats, DrafterSpec, HeadsDrafter, SamplingConfig, generate
 from mtp.decode.forward import prefill
@@ -9,18 +10,6 @@ from mtp.decode.loop import SequenceOutput
 from mtp.decode.tree import Calibration, resolve_tree
 from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel
-from mtp.tokenizers import ByteTokenizer
-
-TOKENIZER = ByteTokenizer()
-
-
-@pytest.fixture
-def random_model(tiny_config):
-    return MTPModel(tiny_config).double().eval()
-
-
-def _ids(generations):
-    return [g.token_ids for g in generations]
 
 
 def heads(k):
@@ -50,7 +39,7 @@ def test_greedy_speculative_equals_autoregressive_on_a_random_model(random_model
     for k in range(2, random_model.config.n_future + 1):
         generations = generate(random_model, TOKENIZER, prompts, max_new_tokens=24,
                                drafter=heads(k))
-        assert _ids(generations) == _ids(reference), f"k={k}"
+        assert ids_of(generations) == ids_of(reference), f"k={k}"
         assert [g.text for g in generations] == [g.text for g in reference]
         for g in generations:
             assert 1 <= g.stats.tokens_per_forward <= k
@@ -64,7 +53,7 @@ def test_greedy_speculative_equals_autoregressive_on_a_trained_model(trained):
     for k in range(2, 5):
         generations = generate(trained, TOKENIZER, prompts, max_new_tokens=48,
                                drafter=heads(k))
-        assert _ids(generations) == _ids(reference), f"k={k}"
+        assert ids_of(generations) == ids_of(reference), f"k={k}"
     # The heads have learnt the documents: most drafts are kept.
     assert generations[0].stats.tokens_per_forward > 2.5
     assert min(generations[0].stats.head_acceptance) > 0.5
@@ -82,7 +71,7 @@ def test_greedy_tree_equals_autoregressive(random_model, trained, tree):
         reference = generate(model, TOKENIZER, prompts, max_new_tokens=48)
         generations = generate(model, TOKENIZER, prompts, max_new_tokens=48,
                                drafter=tree_drafter(tree))
-        assert _ids(generations) == _ids(reference), tree
+        assert ids_of(generations) == ids_of(reference), tree
         [alone] = generate(model, TOKENIZER, prompts[:1], max_new_tokens=48,
                                drafter=tree_drafter(tree))
         assert alone.token_ids == reference[0].token_ids
@@ -99,12 +88,12 @@ def test_auto_tree_from_a_calibration_and_typical_greedy(trained):
                         calibration=Calibration(rates, n_future=4, vocab_size=262))
     prompts = ["for i in range(", "d"]
     reference = generate(trained, TOKENIZER, prompts, max_new_tokens=40)
-    assert _ids(generate(trained, TOKENIZER, prompts, max_new_tokens=40,
+    assert ids_of(generate(trained, TOKENIZER, prompts, max_new_tokens=40,
                          drafter=HeadsDrafter(4, tree))) \
-        == _ids(reference)
+        == ids_of(reference)
     typical = generate(trained, TOKENIZER, prompts, max_new_tokens=40,
                        drafter=HeadsDrafter(4, tree), acceptance="typical")
-    assert _ids(typical) == _ids(reference)  # at temperature 0 typical acceptance is greedy
+    assert ids_of(typical) == ids_of(reference)  # at temperature 0 typical acceptance is greedy
     sampled = generate(trained, TOKENIZER, prompts, max_new_tokens=40,
                        drafter=HeadsDrafter(4, tree), seed=0, acceptance="typical",
                        sampling=SamplingConfig(temperature=0.8))
@@ -131,7 +120,7 @@ def test_ragged_batch_equals_one_by_one(trained, k):
     prompts = ["for i in range(", "d", "print('héllo", "qq"]
     together = generate(trained, TOKENIZER, prompts, max_new_tokens=30, drafter=heads(k))
     alone = [generate(trained, TOKENIZER, [p], max_new_tokens=30, drafter=heads(k))[0] for p in prompts]
-    assert _ids(together) == _ids(alone)
+    assert ids_of(together) == ids_of(alone)
     assert [g.finish_reason for g in together] == [g.finish_reason for g in alone]
 
 

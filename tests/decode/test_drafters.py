@@ -5,6 +5,7 @@ import json
 import random
 
 import pytest
+from decode.common import PROMPTS, TOKENIZER, check_greedy, ids_of
 
 from mtp.generate import (Auto, Combined, DraftModel, DrafterSpec, HeadsDrafter, PromptLookup,
                           SamplingConfig, generate)
@@ -12,19 +13,7 @@ from mtp.tune import TuneCache
 from mtp.decode.drafters.prompt_lookup import NgramIndex
 from mtp.kv_cache import KVCache
 from mtp.model import MTPConfig, MTPModel
-from mtp.tokenizers import BPETokenizer, ByteTokenizer
-
-TOKENIZER = ByteTokenizer()
-PROMPTS = ["def add(", "print('h", "for i", "zzz", "for i in range(10):\n    print(i)\nfor"]
-
-
-def _ids(generations):
-    return [g.token_ids for g in generations]
-
-
-@pytest.fixture
-def random_model(tiny_config):
-    return MTPModel(tiny_config).double().eval()
+from mtp.tokenizers import BPETokenizer
 
 
 @pytest.fixture
@@ -45,13 +34,7 @@ def _drafters(draft_model):
 @pytest.mark.parametrize("name", ["prompt_lookup", "draft_model", "heads+prompt_lookup",
                                   "heads+draft_model"])
 def test_greedy_equals_autoregressive_on_a_random_model(random_model, random_draft, name):
-    reference = generate(random_model, TOKENIZER, PROMPTS[:3], max_new_tokens=24)
-    drafter = _drafters(random_draft)[name]
-    together = generate(random_model, TOKENIZER, PROMPTS[:3], max_new_tokens=24, drafter=drafter)
-    assert _ids(together) == _ids(reference)
-    alone = [generate(random_model, TOKENIZER, [p], max_new_tokens=24, drafter=drafter)[0]
-             for p in PROMPTS[:3]]
-    assert _ids(alone) == _ids(reference)
+    check_greedy(random_model, _drafters(random_draft)[name], PROMPTS[:3], 24, alone=3)
 
 
 @pytest.mark.parametrize("name", ["prompt_lookup", "draft_model", "heads+prompt_lookup",
@@ -60,7 +43,7 @@ def test_greedy_equals_autoregressive_on_a_trained_model(trained, trained_draft,
     reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40)
     drafter = _drafters(trained_draft)[name]
     generations = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)
-    assert _ids(generations) == _ids(reference)
+    assert ids_of(generations) == ids_of(reference)
     assert [g.finish_reason for g in generations] == [g.finish_reason for g in reference]
     # Drafts are accepted: the trained draft model agrees often; prompt lookup finds the
     # prompt's own n-grams in the recited loop body now and then.
@@ -75,7 +58,7 @@ def test_stop_strings_and_budget_with_a_draft_model(trained, trained_draft):
     for kwargs in ({"stop": ["return"]}, {"max_new_tokens": 5}):
         expected = generate(trained, TOKENIZER, ["def add("], **kwargs)
         got = generate(trained, TOKENIZER, ["def add("], drafter=drafter, **kwargs)
-        assert _ids(got) == _ids(expected) and got[0].text == expected[0].text
+        assert ids_of(got) == ids_of(expected) and got[0].text == expected[0].text
 
 
 def _plain_lookup(ids, num_draft, min_ngram, max_ngram):
@@ -121,7 +104,7 @@ def test_auto_keeps_the_fastest_and_caches_it(random_model, tmp_path):
     chosen = auto.choose(random_model, TOKENIZER, PROMPTS[:2], sampling=SamplingConfig(),
                          max_new_tokens=12)
     got = generate(random_model, TOKENIZER, PROMPTS[:2], max_new_tokens=12, drafter=chosen)
-    assert _ids(got) == _ids(reference)
+    assert ids_of(got) == ids_of(reference)
     measured = auto.record.figures
     assert auto.choice in measured and auto.record.unit == "tokens/s"
     assert measured["autoregressive"] > 0 and "heads(k=4)" in measured

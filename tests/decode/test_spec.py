@@ -4,12 +4,6 @@ drafter it names."""
 import pytest
 
 from mtp.generate import DrafterSpec
-from mtp.model import MTPModel
-
-
-@pytest.fixture
-def random_model(tiny_config):
-    return MTPModel(tiny_config).double().eval()
 
 
 @pytest.mark.parametrize("options, message", [
@@ -55,6 +49,7 @@ def test_drafter_specs_build_the_drafter_they_name(random_model):
     ("prompt_lookup", {"guesses": 3}, "guesses=3 sizes lookahead"),
     ("jacobi", {}, "unknown drafter 'jacobi': choose one of .*, lookahead"),
 ])
+
 def test_bad_options(name, options, message):
     with pytest.raises(ValueError, match=message):
         DrafterSpec(drafter=name, **options)

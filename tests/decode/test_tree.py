@@ -8,7 +8,7 @@ import torch
 from mtp.decode.acceptance import AcceptanceSettings, Draws, TypicalAcceptance, accept
 from mtp.decode.drafters.base import Drafts
 from mtp.decode.drafters.heads import draft
-from mtp.decode.sampling import SamplingConfig, exponential
+from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import (TREE_FILE, Calibration, DynamicTree, Tree, TreeBuffers,
                              best_paths, resolve_tree)
 
@@ -22,7 +22,6 @@ def test_nodes_are_ordered_by_depth_then_rank_with_parent_links():
     assert tree.ancestors[7] == [0, 1, 4, 7]
     assert tree.n_nodes == 8 and tree.depth == 3 and tree.n_ranks == 3
     assert tree.widths == [3, 2, 1]
-    assert tree.has_children == [True, True, True, False, True, False, False, False]
     buffers = tree.buffers("cpu")
     assert buffers.depths.tolist() == [0, 1, 1, 1, 2, 2, 2, 3]
     assert buffers.visible[7].nonzero().flatten().tolist() == [0, 1, 4, 7]
@@ -158,7 +157,7 @@ def test_sibling_candidates_keep_head_0s_distribution():
     head_logits = q.log().expand(n, 1, vocab)
     sampling = SamplingConfig(temperature=1.0)
     sampled = AcceptanceSettings(sampling)
-    drafts = draft(head_logits, tree, sampling, exponential(head_logits.shape, generator, "cpu"))
+    drafts = draft(head_logits, tree, sampling, generator)
     assert (drafts.tokens[:, 0] != drafts.tokens[:, 1]).all()  # without replacement
     target = p.log().expand(n, 4, vocab)  # after each sibling: p again (a stationary source)
     result = accept(drafts, target, tree, sampled, Draws.draw(n, 4, vocab, generator, "cpu"))

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from mtp.cli import check_flag, check_number, check_positive
+from mtp.decode.forward import cached_forward, key_width
 from mtp.decode.sampling import SamplingConfig, exponential, probabilities, sample
 from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
@@ -33,19 +34,15 @@ from mtp.tokenizers import Tokenizer
 
 @dataclass(frozen=True)
 class Drafts:
-    """Draft tokens (B, n): the nodes 1..n of the drafter's tree, for every row.
-
-    probs: the proposal distributions q (B, n, V), or None for a deterministic drafter (q is
-        then one-hot on each draft). For siblings of a tree: q given the earlier siblings.
-    lengths: how many leading drafts of each row are real (B,), or None when all n are; the
-        rest are padding, never accepted.
-    parents: each draft's parent node (B, n) (0: the root; parents before children), for a
-        drafter that chooses each row's tree at every step (`tree.DynamicTree`); else None.
-    """
+    """Draft tokens (B, n): the nodes 1..n of the drafter's tree, for every row."""
 
     tokens: Tensor
+    # The proposals q (B, n, V) (a tree's siblings: given the earlier ones); None: one-hot.
     probs: Tensor | None = None
+    # How many leading drafts of each row are real (B,), the rest padding; None: all n.
     lengths: Tensor | None = None
+    # Each draft's parent node (B, n) (0: the root; parents first) for a drafter choosing each
+    # row's tree at every step (`tree.DynamicTree`); None: the drafter's fixed tree.
     parents: Tensor | None = None
 
     @property
@@ -86,35 +83,20 @@ class Drafts:
 
 @dataclass(frozen=True)
 class Verified:
-    """What one forward pass of the target verified and kept, for every row (B rows).
+    """What one forward pass of the target verified and kept, for every row (B rows). After
+    the prefill: pending is the prompts (right-padded), path the whole prompt, tokens the
+    prompt after its first token then the first new one; predicted and grows are None."""
 
-    pending (B, m): the last accepted token (the tree's root), then the drafts; after the
-        prefill, the prompts (right-padded).
-    hidden (B, m, n, D): heads 0..n-1 at every pending token, before the shared norm (n: the
-        drafter's `verify_heads`).
-    predicted (B, m): head 0's argmax after every pending token; None after the prefill.
-    path (B, P): the pending indices that stay in the cache, in order (the kept root-to-node
-        path; after the prefill, the whole prompt); kept (B,): how many of them are real (0:
-        a finished row).
-    tokens (B, P): the token after each path entry: the kept drafts, then the new root at
-        kept - 1; after the prefill, the prompt after its first token, then the first new one.
-    new_ids: each row's new tokens on the host; [] for a row that had finished.
-    last (B,): the pending index of each row's last kept token (the root for a finished row).
-    features (B, m, L, D): the trunk's output after each of the drafter's `verify_layers`;
-        None when it names none.
-    grows (B,): whether each row's kept node has children; None after the prefill.
-    """
-
-    pending: Tensor
-    hidden: Tensor
-    predicted: Tensor | None
-    path: Tensor
-    kept: Tensor
-    tokens: Tensor
-    new_ids: list[list[int]] | None = None
-    last: Tensor | None = None
-    features: Tensor | None = None
-    grows: Tensor | None = None
+    pending: Tensor  # (B, m): the last accepted token (the tree's root), then the drafts
+    hidden: Tensor  # (B, m, n, D): heads 0..n-1 (`verify_heads`), before the shared norm
+    predicted: Tensor | None  # (B, m): head 0's argmax after every pending token
+    path: Tensor  # (B, P): the pending indices kept in the cache, in order (root to node)
+    kept: Tensor  # (B,): how many of path's are real (0: a finished row)
+    tokens: Tensor  # (B, P): the token after each path entry (the new root at kept - 1)
+    new_ids: list[list[int]] | None = None  # each row's new tokens on the host ([]: finished)
+    last: Tensor | None = None  # (B,): the pending index of the last kept token (or the root)
+    features: Tensor | None = None  # (B, m, L, D): the trunk after each `verify_layers`
+    grows: Tensor | None = None  # (B,): whether each row's kept node has children
 
     def last_two(self) -> Tensor:
         """The last two accepted tokens of each row (B, 2): the one before the newest, and it."""
@@ -312,12 +294,15 @@ class ChainDrafter(Drafter):
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         self._sampling, self._generator = sampling, generator
         self._budget = DraftBudget(self.num_draft, len(prompts)) if self.adaptive else None
+        self._accepted = [len(ids) for ids in prompts]  # each row's accepted tokens, on the host
 
     def update(self, step: Verified) -> None:
+        self._accepted = [n + len(ids) for n, ids in zip(self._accepted, step.new_ids)]
         if self._budget is not None:
             self._budget.update(step)
 
     def keep(self, rows: list[int]) -> None:
+        self._accepted = [self._accepted[row] for row in rows]
         if self._budget is not None:
             self._budget.keep(rows)
 
@@ -325,6 +310,22 @@ class ChainDrafter(Drafter):
         """This step's drafts, drawn one position at a time."""
         return DraftSequence(self.num_draft, self._sampling, self._generator, self.threshold,
                              self._budget)
+
+    def forward_drafts(self, model: MTPModel, cache: KVCache, first: Tensor,
+                       skip: Sequence[int] = ()) -> Drafts:
+        """This step's drafts by `model`'s cached forward (trunk layers `skip` left out) on
+        `cache`, which holds every accepted token but the last T, `first` (B, T): they are fed
+        at once, then each draft. Positions past the model's context (only rows about to stop)
+        are clamped, their drafts merely wrong."""
+        lengths = torch.tensor(self._accepted, device=first.device) - first.shape[1]
+        width = key_width(max(self._accepted) + self.num_draft, cache.max_len)
+
+        def logits(fed: Tensor, index: int) -> Tensor:  # fed: `first`, then a draft (B, 1)
+            after = lengths + (index + first.shape[1] - 1 if index else 0)
+            hidden = cached_forward(model, cache, fed, after, width, skip=skip)  # (B, T, 1, D)
+            return model.unembed(hidden[:, -1, 0])
+
+        return self.sequence().run(logits, first)
 
     def __repr__(self) -> str:
         values = [(name, getattr(self, name)) for name in self.shown]

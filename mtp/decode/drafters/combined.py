@@ -83,7 +83,6 @@ class Combined(Drafter):
         return "+".join(map(repr, self.drafters))
 
 
-
 CHAIN = re.compile(r"heads\(k=(\d+)\)")  # a chain of heads, as the heads' candidates say
 
 

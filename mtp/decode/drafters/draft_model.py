@@ -18,7 +18,7 @@ from mtp.cli import check_flag, check_positive
 from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
                                       check_threshold)
 from mtp.decode.drafters.registry import register
-from mtp.decode.forward import cached_forward, key_width, prefill
+from mtp.decode.forward import prefill
 from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
@@ -108,30 +108,17 @@ class DraftModel(ChainDrafter):
         # Every prompt token but the last: `propose` feeds it with the first new token.
         prefill(self.model, self._cache, [ids[:-1] for ids in prompts], 1,
                 pad_id=self.tokenizer.pad_id)
-        self._accepted = [len(ids) for ids in prompts]  # accepted tokens, on the host
         self._tail: torch.Tensor | None = None  # (B, 2): the last two accepted tokens
 
     def update(self, step: Verified) -> None:
         self._tail = step.last_two()
-        self._accepted = [n + len(ids) for n, ids in zip(self._accepted, step.new_ids)]
         super().update(step)
 
     def keep(self, rows: list[int]) -> None:
         index = torch.tensor(rows, device=self._tail.device)
         self._cache.keep(index)
         self._tail = self._tail[index]
-        self._accepted = [self._accepted[row] for row in rows]
         super().keep(rows)
 
     def propose(self) -> Drafts:
-        device = self._tail.device
-        # The draft model's context ends where its max_seq_len does: positions past it (only
-        # rows about to stop) are clamped, their drafts merely wrong.
-        lengths = torch.tensor(self._accepted, device=device) - 2
-        width = key_width(max(self._accepted) + self.num_draft, self._cache.max_len)
-        def logits(fed: torch.Tensor, index: int) -> torch.Tensor:  # fed: (B, 2), then (B, 1)
-            after = lengths + (index + 1 if index else 0)  # the two tail tokens, then a draft each
-            hidden = cached_forward(self.model, self._cache, fed, after, width)  # (B, T, 1, D)
-            return self.model.unembed(hidden[:, -1, 0])
-
-        return self.sequence().run(logits, self._tail)
+        return self.forward_drafts(self.model, self._cache, self._tail)

@@ -34,7 +34,7 @@ from mtp.decode.drafters.heads import ranked
 from mtp.decode.drafters.registry import register
 from mtp.decode.drafters.sequential import TreePlan
 from mtp.decode.forward import key_width
-from mtp.decode.sampling import SamplingConfig, exponential
+from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import DynamicTree, Tree, resolve_tree
 from mtp.kv_cache import CacheStep, KVCache, cache_step, causal
 from mtp.model import MTPModel
@@ -64,7 +64,7 @@ class EagleOptions:
 @register
 class EagleDrafter(Drafter):
     """An EAGLE-3 layer on the target's features drafts a chain of `num_draft` tokens, or the
-    nodes of `tree` (a `Tree` of its ranks)."""
+    nodes of `tree` (a tree of its ranks, `tree.resolve_tree`)."""
 
     name = "eagle"
     Options = EagleOptions
@@ -72,13 +72,14 @@ class EagleDrafter(Drafter):
     after = ("heads",)
     saved, saved_file = "eagle", CONFIG_FILE
 
-    def __init__(self, module: Eagle, num_draft: int = 5, tree: Tree | None = None) -> None:
+    def __init__(self, module: Eagle, num_draft: int = 5, tree: Any = None) -> None:
         if not isinstance(module, Eagle):
             raise ValueError(f"the EAGLE drafter needs an Eagle module (Eagle.load), got "
                              f"{type(module).__name__}")
         self.module = module.eval()
         self.num_draft = check_positive("num_draft", num_draft)
-        self._tree = Tree.chain(num_draft) if tree is None else tree
+        self._tree = Tree.chain(num_draft) if tree is None else resolve_tree(
+            tree, k=num_draft + 1, vocab_size=module.config.draft_vocab_size)
         self._copies: dict[tuple[torch.device, torch.dtype], Eagle] = {}
 
     @classmethod
@@ -105,11 +106,7 @@ class EagleDrafter(Drafter):
             raise ValueError("drafter=eagle needs a trained drafter: eagle=DIR, or train one "
                              "for the checkpoint (python -m mtp.train.eagle checkpoint=...)")
         module.config.check_target(model.config, options.eagle or "the saved EAGLE drafter")
-        tree = None
-        if options.tree is not None:
-            tree = resolve_tree(options.tree, k=options.num_draft + 1,
-                                vocab_size=module.config.draft_vocab_size)
-        return cls(module, options.num_draft, tree)
+        return cls(module, options.num_draft, options.tree)
 
     @classmethod
     def candidates(cls, model: MTPModel, options: EagleOptions, context: DrafterContext,
@@ -121,8 +118,7 @@ class EagleDrafter(Drafter):
         module.config.check_target(model.config)
         trees = [options.tree] if options.tree is not None else [None, *CANDIDATE_TREES]
         for tree in trees:
-            yield cls(module, options.num_draft, None if tree is None else resolve_tree(
-                tree, k=options.num_draft + 1, vocab_size=module.config.draft_vocab_size))
+            yield cls(module, options.num_draft, tree)
 
     @property
     def tree(self) -> Tree:
@@ -133,7 +129,6 @@ class EagleDrafter(Drafter):
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         self.module.config.check_target(model.config)
-        self.tree.check(self.tree.depth + 1, self.module.config.draft_vocab_size)
 
     def start(self, model: MTPModel, prompts: Sequence[Sequence[int]], cache: KVCache,
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
@@ -227,9 +222,7 @@ class EagleDrafter(Drafter):
         the distributions they were drawn from when sampling (`heads.ranked`)."""
         if self._sampling.greedy:  # the top ranks of the draft vocabulary, then their ids
             return self._layer.d2t[self._layer.logits(at).topk(ranks, dim=-1).indices], None
-        logits = self._layer.target_logits(at)  # (B, G, V)
-        noise = exponential(logits.shape, self._generator, logits.device)
-        return ranked(logits, ranks, self._sampling, noise)
+        return ranked(self._layer.target_logits(at), ranks, self._sampling, self._generator)
 
     def dynamic(self, *, depth: int, top_k: int, nodes: int) -> tuple[Tensor, Tensor, None]:
         """EAGLE-2's dynamic tree after the commit (`dynamic_tree` on this layer), its drafts

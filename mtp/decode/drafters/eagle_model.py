@@ -16,7 +16,6 @@ for a checkpoint is the same JSON with an absolute "weights".
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -31,6 +30,7 @@ from torch import Tensor, nn
 from mtp.cli import check_positive
 from mtp.kv_cache import CacheStep, KVCache
 from mtp.model import Attention, FeedForward, MTPConfig, RMSNorm
+from mtp.paths import read_json, write_json
 
 CONFIG_FILE, WEIGHTS_FILE = "eagle.json", "eagle.safetensors"
 FORMAT, FORMAT_VERSION = "mtp-eagle", 1
@@ -233,9 +233,7 @@ class Eagle(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         state = {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()}
         save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-        path = directory / CONFIG_FILE
-        path.write_text(json.dumps(self.describe(WEIGHTS_FILE, details), indent=1) + "\n")
-        return path
+        return write_json(directory / CONFIG_FILE, self.describe(WEIGHTS_FILE, details))
 
     def describe(self, weights: str, details: Mapping[str, Any] | None = None
                  ) -> dict[str, Any]:
@@ -257,10 +255,7 @@ class Eagle(nn.Module):
             if not path.is_file():
                 raise ValueError(f"eagle={source}: no EAGLE drafter there (no {CONFIG_FILE}; "
                                  f"python -m mtp.train.eagle writes one)")
-            try:
-                values = json.loads(path.read_text())
-            except ValueError as error:
-                raise ValueError(f"{path} is not JSON: {error}") from None
+            values = read_json(path, "an EAGLE drafter's file")
             base, name = path.parent, str(path)
         if not isinstance(values, Mapping) or values.get("format") != FORMAT:
             raise ValueError(f"{name} is not an EAGLE drafter's file (format {FORMAT!r})")

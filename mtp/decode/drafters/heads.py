@@ -27,13 +27,16 @@ from mtp.tokenizers import Tokenizer
 
 
 def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
-           noise: Tensor | None = None, iid: bool = False) -> tuple[Tensor, Tensor | None]:
+           generator: torch.Generator | None = None, iid: bool = False
+           ) -> tuple[Tensor, Tensor | None]:
     """The first `ranks` candidates of each distribution in `logits` (..., V): their tokens
     (..., ranks), and the q each was drawn from (..., ranks, V; None when greedy: the top
-    ranks). Sampling, the r-th draw without replacement (the order of q / E, `noise` E ~ Exp(1)),
-    drawn from q without the earlier draws; with `iid`, independent races from q (SpecTr)."""
+    ranks). Sampling, the r-th draw without replacement (the order of q / E, E ~ Exp(1) from
+    `generator`), drawn from q without the earlier draws; with `iid`, independent races (SpecTr)."""
     if config.greedy:
         return logits.topk(ranks, dim=-1).indices, None
+    shape = (*logits.shape[:-1], ranks, logits.shape[-1]) if iid else logits.shape
+    noise = exponential(shape, generator, logits.device)
     q = probabilities(logits, config)  # (..., V)
     if iid:
         candidates = (q[..., None, :] / noise).argmax(-1)  # (..., ranks) independent races
@@ -47,25 +50,15 @@ def ranked(logits: Tensor, ranks: int, config: SamplingConfig,
     return candidates, remaining / remaining.sum(-1, keepdim=True).clamp(min=1e-30)
 
 
-def race(logits: Tensor, ranks: int, sampling: SamplingConfig,
-         generator: torch.Generator | None, iid: bool) -> Tensor | None:
-    """The Exp(1) noise `ranked` draws from `logits` with (None: greedy): like the logits, or
-    with `iid`, a race of its own for each of the `ranks` siblings."""
-    if sampling.greedy:
-        return None
-    shape = (*logits.shape[:-1], ranks, logits.shape[-1]) if iid else logits.shape
-    return exponential(shape, generator, logits.device)
-
-
 def draft(head_logits: Tensor, tree: Tree, config: SamplingConfig,
-          noise: Tensor | None = None, *, buffers: TreeBuffers | None = None,
+          generator: torch.Generator | None = None, *, buffers: TreeBuffers | None = None,
           iid: bool = False) -> Drafts:
     """The heads' proposal for `tree`'s nodes 1..m-1 from heads 1..depth's logits (B, depth,
     V): the node at depth d and rank r gets head d's r-th candidate (`ranked`)."""
     if buffers is None:
         buffers = tree.buffers(head_logits.device)
     index = buffers.draft_index  # (m - 1,)
-    candidates, q = ranked(head_logits, max(tree.n_ranks, 1), config, noise, iid)
+    candidates, q = ranked(head_logits, max(tree.n_ranks, 1), config, generator, iid)
     return Drafts(candidates.flatten(1)[:, index],  # (B, depth, ranks) -> nodes
                   None if q is None else q.flatten(1, 2)[:, index])
 
@@ -241,8 +234,7 @@ class HeadsDrafter(OwnHeads):
         logits = self._model.unembed(self._last, head=1)  # (B, depth, V): heads 1..depth
         if self._dynamic:
             return dynamic_draft(logits, self.tree)
-        noise = race(logits, self.tree.n_ranks, self._sampling, self._generator, self.iid)
-        return draft(logits, self.tree, self._sampling, noise, buffers=self._buffers,
+        return draft(logits, self.tree, self._sampling, self._generator, buffers=self._buffers,
                      iid=self.iid)
 
 

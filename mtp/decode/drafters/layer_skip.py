@@ -21,7 +21,6 @@ from mtp.cli import check_flag, check_positives
 from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
                                       check_threshold)
 from mtp.decode.drafters.registry import register
-from mtp.decode.forward import cached_forward, key_width
 from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import KVCache
 from mtp.model import MTPModel
@@ -150,33 +149,19 @@ class LayerSkip(ChainDrafter):
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         super().start(model, prompts, cache, sampling, generator)
         self._model, self._cache = model, cache  # self.skip was checked by `check`
-        self._lengths: torch.Tensor | None = None  # (B,) what the target's cache holds
-        self._host = [len(ids) for ids in prompts]  # the same, on the host
         self._root: torch.Tensor | None = None  # (B,) the last accepted token
 
     def update(self, step: Verified) -> None:
-        if self._lengths is None:  # the prefill: the prompts are cached (kept), not the root
-            self._lengths = step.kept.clone()
-        else:  # a step caches the old root and the kept drafts
-            self._lengths = self._lengths + step.kept
-            self._host = [n + len(ids) for n, ids in zip(self._host, step.new_ids)]
         self._root = step.last_two()[:, 1]
         super().update(step)
 
     def keep(self, rows: list[int]) -> None:
-        index = torch.tensor(rows, device=self._root.device)
-        self._lengths, self._root = self._lengths[index], self._root[index]
-        self._host = [self._host[row] for row in rows]
+        self._root = self._root[torch.tensor(rows, device=self._root.device)]
         super().keep(rows)
 
     def propose(self) -> Drafts:
-        width = key_width(max(self._host) + self.num_draft + 1, self._cache.max_len)
-        def logits(fed: torch.Tensor, index: int) -> torch.Tensor:  # fed: the root, a draft
-            hidden = cached_forward(self._model, self._cache, fed, self._lengths + index, width,
-                                    skip=self.skip)  # (B, 1, 1, D)
-            return self._model.unembed(hidden[:, -1, 0])
-
-        return self.sequence().run(logits, self._root[:, None])
+        # The target's cache holds every accepted token but the root.
+        return self.forward_drafts(self._model, self._cache, self._root[:, None], self.skip)
 
 
 def _choice(model: MTPModel, options: LayerSkipOptions,

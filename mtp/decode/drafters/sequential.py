@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from mtp.decode.drafters.base import Drafts, Verified
-from mtp.decode.drafters.heads import HeadsOptions, OwnHeads, race, ranked
+from mtp.decode.drafters.heads import HeadsOptions, OwnHeads, ranked
 from mtp.decode.tree import DynamicTree
 from mtp.decode.forward import key_width
 from mtp.decode.sampling import SamplingConfig
@@ -121,8 +121,8 @@ class SequentialDrafter(OwnHeads):
             # The depth k - 1 nodes' children, from module k's distributions there.
             at = self._last[0][:, None] if k == 1 else nodes_out[:, plan.groups[k]]  # (B, G, D)
             logits = model.unembed(at)  # (B, G, V)
-            noise = race(logits, plan.ranks[k], self._sampling, self._generator, self.iid)
-            candidates, q = ranked(logits, plan.ranks[k], self._sampling, noise, self.iid)
+            candidates, q = ranked(logits, plan.ranks[k], self._sampling, self._generator,
+                                   self.iid)
             children = plan.children[k]  # (c,) node indices, in order
             drafts[:, children - 1] = candidates.flatten(1)[:, plan.picks[k]]
             if q is not None:

@@ -7,6 +7,8 @@ import pytest
 import torch
 from conftest import DOCS, recite_docs
 from safetensors.torch import save_file
+from decode import common
+from decode.common import SMALL_TREE, TOKENIZER, check_greedy, ids_of
 
 import mtp.decode.engine as engine
 from mtp.decode.drafters.base import DrafterContext, Drafts
@@ -16,16 +18,9 @@ from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.loop import generate
 from mtp.decode.tree import DynamicTree, Tree
 from mtp.model import MTPConfig, MTPModel
-from mtp.tokenizers import ByteTokenizer
 from mtp.train.eagle import draft_vocabulary, inverse_map, target_outputs, unrolled, unrolled_loss
 
-TOKENIZER = ByteTokenizer()
-PROMPTS = ["def add(", "print('h", "for i", "zzz", "for i in range(10):\n    print(i)\nfor", "x"]
-SMALL_TREE = Tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
-
-
-def _ids(generations):
-    return [g.token_ids for g in generations]
+PROMPTS = [*common.PROMPTS, "x"]
 
 
 def train_eagle(model: MTPModel, steps: int, unroll: int = 3, draft_vocab: int = 48) -> Eagle:
@@ -81,13 +76,7 @@ def _drafters(module):
 def test_greedy_equals_autoregressive_in_ragged_batches(target, trained_eagle, random_pair,
                                                         name):
     for model, module in ((target, trained_eagle), random_pair):
-        drafter = _drafters(module)[name]
-        reference = generate(model, TOKENIZER, PROMPTS, max_new_tokens=40)
-        together = generate(model, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)
-        assert _ids(together) == _ids(reference)
-        alone = [generate(model, TOKENIZER, [p], max_new_tokens=40, drafter=drafter)[0]
-                 for p in PROMPTS[:3]]
-        assert _ids(alone) == _ids(reference[:3])
+        together = check_greedy(model, _drafters(module)[name], PROMPTS, 40, alone=3)
         if model is target:  # the trained drafter drafts what the target recites
             assert min(g.stats.tokens_per_forward for g in together[:3]) > 1.5
 
@@ -100,7 +89,7 @@ def test_exact_mode_gives_the_reference_of_its_width(target, trained_eagle, name
                              width=width)
         ours = generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=drafter,
                         exact=True, width=width)
-        assert _ids(ours) == _ids(reference)
+        assert ids_of(ours) == ids_of(reference)
 
 
 def test_the_static_step_decodes_as_the_eager_one(target, trained_eagle, monkeypatch):
@@ -111,7 +100,7 @@ def test_the_static_step_decodes_as_the_eager_one(target, trained_eagle, monkeyp
     for drafter in _drafters(trained_eagle).values():
         static = generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=drafter,
                           compile=True, stop=["print"])
-        assert _ids(static) == _ids(reference)
+        assert ids_of(static) == ids_of(reference)
 
 
 class Recorder(EagleDrafter):
@@ -223,7 +212,7 @@ def test_a_dynamic_tree_of_one_branch_is_the_chain(target, trained_eagle):
     chain, dynamic = Recorder(trained_eagle, 4), Dynamic(trained_eagle, 4)
     outputs = [generate(target, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=d)
                for d in (chain, dynamic)]
-    assert _ids(outputs[0]) == _ids(outputs[1])
+    assert ids_of(outputs[0]) == ids_of(outputs[1])
     assert [drafts for _, drafts in chain.seen] == dynamic.seen
     assert len(dynamic.parents) > 10
     assert all(p == [[0, 1, 2, 3]] * len(p) for p in dynamic.parents)
@@ -281,8 +270,8 @@ def test_a_drafter_is_saved_and_found(tmp_path, target, trained_eagle):
     found = DrafterSpec("eagle", tree="tree16").build(target, context)
     assert (repr(named), repr(found)) == ("eagle(num_draft=3)", "eagle(tree=tree16)")
     for drafter in (named, found):
-        assert _ids(generate(target, TOKENIZER, PROMPTS, max_new_tokens=20,
-                             drafter=drafter)) == _ids(reference)
+        assert ids_of(generate(target, TOKENIZER, PROMPTS, max_new_tokens=20,
+                             drafter=drafter)) == ids_of(reference)
     spec = DrafterSpec("auto")
     assert [repr(d) for d in spec.candidates(target, context, {}, "eagle")] == [
         "eagle(num_draft=5)", "eagle(tree=tree16)", "eagle(tree=tree32)",

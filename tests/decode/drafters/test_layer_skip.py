@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from decode.common import PROMPTS, TOKENIZER, ids_of
 
 from mtp.checkpoint import export
 from mtp.generate import DraftModel, DrafterSpec, LayerSkip, PromptLookup, generate
@@ -17,14 +18,6 @@ from mtp.generate.skip_search import (best_step, draft_share, kept_shares, neste
                                      search)
 from mtp.generate.skip_search import main as search_main
 from mtp.model import MTPConfig, MTPModel
-from mtp.tokenizers import ByteTokenizer
-
-TOKENIZER = ByteTokenizer()
-PROMPTS = ["def add(", "print('h", "for i", "zzz", "for i in range(10):\n    print(i)\nfor"]
-
-
-def _ids(generations):
-    return [g.token_ids for g in generations]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +33,8 @@ def deep():
                                      LayerSkip([3], 4, threshold=0.005)],
                          ids=["middle", "first", "exit"])
 def test_greedy_equals_autoregressive(deep, drafter):
-    reference = _ids(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=40))
-    assert _ids(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)) \
+    reference = ids_of(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=40))
+    assert ids_of(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)) \
         == reference
     alone = [generate(deep, TOKENIZER, [p], max_new_tokens=40, drafter=drafter)[0].token_ids
              for p in PROMPTS]
@@ -51,7 +44,7 @@ def test_greedy_equals_autoregressive(deep, drafter):
 def test_greedy_equals_autoregressive_on_a_trained_model(trained):
     reference = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40)
     got = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=LayerSkip([1], 4))
-    assert _ids(got) == _ids(reference)
+    assert ids_of(got) == ids_of(reference)
     assert [g.finish_reason for g in got] == [g.finish_reason for g in reference]
 
 
@@ -70,11 +63,11 @@ def test_the_draft_exit_stops_drafting_below_the_threshold(deep):
     # Bounds every CPU's rounding keeps: a draft's top probability is at least 1/262 (above
     # 1e-6: never an exit) and, for this random model, far below 0.99 (always an exit, after
     # the first draft, which is then not verified).
-    reference = _ids(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30))
+    reference = ids_of(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30))
     for threshold, nodes in ((1e-6, 7), (0.99, 1)):
         got = generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30,
                        drafter=LayerSkip([1], 6, threshold=threshold))
-        assert _ids(got) == reference
+        assert ids_of(got) == reference
         for generation in got:  # the prefill verifies the prompt: one node, as an exit
             steps = generation.stats.forward_passes - 1
             assert generation.stats.nodes_verified - 1 <= nodes * steps
@@ -82,11 +75,11 @@ def test_the_draft_exit_stops_drafting_below_the_threshold(deep):
 
 
 def test_a_draft_model_takes_the_draft_exit_too(deep, trained_draft):
-    reference = _ids(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30))
+    reference = ids_of(generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30))
     for threshold in (0.5, 1 - 1e-9):  # the second: no draft is sure enough (as a bound)
         drafter = DraftModel(trained_draft, TOKENIZER, num_draft=5, threshold=threshold)
         got = generate(deep, TOKENIZER, PROMPTS, max_new_tokens=30, drafter=drafter)
-        assert _ids(got) == reference
+        assert ids_of(got) == reference
     for generation in got:  # every step verified the last token alone
         assert generation.stats.nodes_verified == generation.stats.forward_passes
 
@@ -238,7 +231,7 @@ def test_adaptive_drafting_keeps_greedy_identity(trained, trained_draft, make):
     full = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48, drafter=fixed)
     adaptive = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=48,
                         drafter=make(trained_draft))
-    assert _ids(adaptive) == _ids(full) == _ids(reference)
+    assert ids_of(adaptive) == ids_of(full) == ids_of(reference)
 
 
 def test_adaptive_drafting_stops_proposing_rejected_drafts(trained, trained_draft):

@@ -3,6 +3,7 @@ the n-gram pool against plain loops, the command lines, and bad input."""
 
 import pytest
 import torch
+from decode.common import PROMPTS, TOKENIZER, check_greedy, ids_of
 
 from mtp.checkpoint import export
 from mtp.generate import Combined, DrafterSpec, HeadsDrafter, Lookahead, generate
@@ -14,33 +15,14 @@ from mtp.decode.drafters.lookahead import NgramPool, layout
 from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import KVCache, cache_step
 from mtp.model import MTPModel
-from mtp.tokenizers import ByteTokenizer
 
-TOKENIZER = ByteTokenizer()
-PROMPTS = ["def add(", "print('h", "for i", "zzz", "for i in range(10):\n    print(i)\nfor"]
 SIZES = [(5, 4, 5), (2, 2, 0), (3, 3, 2), (4, 5, 1), (3, 2, 3)]  # (W, N, G)
-
-
-def _ids(generations):
-    return [g.token_ids for g in generations]
-
-
-@pytest.fixture
-def random_model(tiny_config):
-    return MTPModel(tiny_config).double().eval()
 
 
 @pytest.mark.parametrize("window, ngram, guesses", SIZES)
 def test_greedy_equals_autoregressive_on_a_random_model(random_model, window, ngram, guesses):
     # 60 new tokens run past the context of 64: every sequence ends with "context".
-    reference = generate(random_model, TOKENIZER, PROMPTS[:4], max_new_tokens=60)
-    drafter = Lookahead(window, ngram, guesses)
-    together = generate(random_model, TOKENIZER, PROMPTS[:4], max_new_tokens=60, drafter=drafter)
-    assert _ids(together) == _ids(reference)
-    assert [g.finish_reason for g in together] == [g.finish_reason for g in reference]
-    alone = [generate(random_model, TOKENIZER, [p], max_new_tokens=60, drafter=drafter)[0]
-             for p in PROMPTS[:2]]
-    assert _ids(alone) == _ids(reference[:2])
+    check_greedy(random_model, Lookahead(window, ngram, guesses), PROMPTS[:4], 60, alone=2)
 
 
 def test_greedy_equals_autoregressive_on_a_trained_model(trained):
@@ -48,7 +30,7 @@ def test_greedy_equals_autoregressive_on_a_trained_model(trained):
     for window, ngram, guesses in SIZES[:3]:
         drafter = Lookahead(window, ngram, guesses)
         generations = generate(trained, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)
-        assert _ids(generations) == _ids(reference)
+        assert ids_of(generations) == ids_of(reference)
         assert [g.finish_reason for g in generations] == [g.finish_reason for g in reference]
         for g in generations:
             assert g.stats.forward_passes <= g.stats.new_tokens
@@ -171,7 +153,7 @@ def test_near_the_cache_end_and_after_finished_rows(trained):
     reference = generate(trained, TOKENIZER, prompts, max_new_tokens=90, stop=["print"])
     got = generate(trained, TOKENIZER, prompts, max_new_tokens=90, drafter=Lookahead(6, 5, 4),
                    stop=["print"])
-    assert _ids(got) == _ids(reference)
+    assert ids_of(got) == ids_of(reference)
     reasons = [g.finish_reason for g in reference]
     assert {"stop", "context"} <= set(reasons)  # some rows finished early, one ran to the end
     assert [g.finish_reason for g in got] == reasons

@@ -4,25 +4,19 @@ ragged batches, the static step, drafts equal to the teacher-forced modules', ba
 
 import pytest
 import torch
+from decode import common
+from decode.common import SMALL_TREE, TOKENIZER, check_greedy, ids_of
 from decode.test_drafters import check_k_auto_measures_the_heads_only  # tests/ is on the path
 
 import mtp.decode.engine as engine
 from mtp.generate import DrafterSpec, HeadsDrafter, SequentialDrafter, generate
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.forward import StackedHeads
-from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache, cache_step, causal
 from mtp.model import MTPConfig, MTPModel
-from mtp.tokenizers import ByteTokenizer
 
-TOKENIZER = ByteTokenizer()
 # Ragged; "x" is shorter (2 tokens with the document start) than module 3's first token.
-PROMPTS = ["def add(", "print('h", "for i", "zzz", "for i in range(10):\n    print(i)\nfor", "x"]
-SMALL_TREE = Tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
-
-
-def _ids(generations):
-    return [g.token_ids for g in generations]
+PROMPTS = [*common.PROMPTS, "x"]
 
 
 @pytest.fixture
@@ -42,13 +36,7 @@ def _drafters(model):
 def test_greedy_equals_autoregressive_in_ragged_batches(trained_sequential, random_sequential,
                                                         name):
     for model in (trained_sequential, random_sequential):
-        reference = generate(model, TOKENIZER, PROMPTS, max_new_tokens=40)
-        drafter = _drafters(model)[name]
-        together = generate(model, TOKENIZER, PROMPTS, max_new_tokens=40, drafter=drafter)
-        assert _ids(together) == _ids(reference)
-        alone = [generate(model, TOKENIZER, [p], max_new_tokens=40, drafter=drafter)[0]
-                 for p in PROMPTS[:3]]
-        assert _ids(alone) == _ids(reference[:3])
+        together = check_greedy(model, _drafters(model)[name], PROMPTS, 40, alone=3)
         if model is trained_sequential:
             assert max(g.stats.tokens_per_forward for g in together) > 1.8
 
@@ -109,11 +97,11 @@ def test_the_static_step_decodes_as_the_eager_one(trained_sequential, static, dr
     runs = [generate(trained_sequential, TOKENIZER, prompts, max_new_tokens=30, seed=3,
                      drafter=drafter, sampling=sampling, compile=compile, stop=["print"])
             for compile in (False, True)]
-    assert _ids(runs[0]) == _ids(runs[1])
+    assert ids_of(runs[0]) == ids_of(runs[1])
     if temperature == 0:
         reference = generate(trained_sequential, TOKENIZER, PROMPTS, max_new_tokens=30,
                              stop=["print"])
-        assert _ids(runs[1]) == _ids(reference)
+        assert ids_of(runs[1]) == ids_of(reference)
 
 
 def test_auto_measures_the_modules(random_sequential):
