@@ -1,10 +1,8 @@
 """mtp: multi-token prediction pretraining and self-speculative decoding.
 
-Importing mtp first sets `OMP_WAIT_POLICY=PASSIVE` (before torch loads libgomp, which reads it
-once), unless the user set it or GOMP_SPINCOUNT. By default a thread done with its share of a
-parallel region spins at the barrier, burning its core while another process holds the core
-it waits for; passive threads sleep at once. On a 2-core machine at load 6, byte8 decoding
-ran 14-20 tokens/s spinning and 226-575 passive (docs/benchmarks.md, "Threads on a shared CPU").
+Importing mtp first sets `OMP_WAIT_POLICY=PASSIVE` (before torch loads libgomp), unless the
+user set it or GOMP_SPINCOUNT: spinning threads burn cores another process needs; on a busy
+2-core machine byte8 decoding ran 14-20 tokens/s spinning, 226-575 passive (docs/benchmarks.md).
 """
 
 import os as _os

@@ -1,15 +1,12 @@
 """Chat templates: a model's own Jinja template rendered as transformers renders it, and the
 rendered prompt cut where the template (never a message) wrote a special token.
 
-- Rendering follows `transformers.utils.chat_template_utils` (not imported): a sandboxed,
-  immutable Jinja environment with trim_blocks and lstrip_blocks, `raise_exception`,
-  `strftime_now`, a `tojson` that does not escape HTML, loop controls.
+- Rendering follows `transformers.utils.chat_template_utils` (not imported).
 - What a user typed stays text (`render_chat`): the template is rendered twice, with the
-  messages and with each message's text replaced by a placeholder (the template's own text).
-  The first must be the second with each placeholder filled (by the text, or the text
-  stripped, as `| trim` writes it); special tokens are looked for only in the template's own
-  text, so `<|im_start|>` typed in a message never becomes one. A template that rewrites
-  message text any other way is refused, not guessed at.
+  messages and with each message's text replaced by a placeholder. The first must be the
+  second with each placeholder filled (by the text, or the text stripped, as `| trim` writes
+  it); special tokens are looked for only in the template's own text, so `<|im_start|>` typed
+  in a message never becomes one. A template that rewrites text any other way is refused.
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ def is_conversation(prompt: object) -> bool:
 
 
 def as_conversations(prompts: Sequence[object]) -> list:
-    """Each text prompt as one user's message (conversations are kept): what `chat=true`
-    asks of a command's prompts."""
+    """Each text prompt as one user's message (conversations are kept): `chat=true`."""
     return [p if is_conversation(p) else [{"role": "user", "content": p}] for p in prompts]
 
 
@@ -101,23 +97,20 @@ def render(template: str, messages: Conversation, *, add_generation_prompt: bool
 def render_chat(template: str, messages: Conversation, specials: Iterable[str], *,
                 add_generation_prompt: bool = True,
                 **variables: Any) -> list[tuple[str, bool]]:
-    """The rendered conversation as pieces (text, is_special), specials and the text between
-    them alternating: a piece is special only where the template's own text wrote one of
-    `specials` (see the module docstring); joined, the pieces are `render(...)`."""
+    """The rendered conversation as pieces (text, is_special): special only where the
+    template's own text wrote one of `specials`; joined, the pieces are `render(...)`."""
     messages = check_conversation(messages)
     rendered = render(template, messages, add_generation_prompt=add_generation_prompt,
                       **variables)
     fields: list[str] = []  # the text of each placeholder
-    masked = []
-    for message in messages:
-        copy = {}
-        for key, value in message.items():
-            if key == "role" or not value:  # the template compares roles; "" hides nothing
-                copy[key] = value
-            else:
-                copy[key] = f"{_OPEN}{len(fields)}{_CLOSE}"
-                fields.append(value)
-        masked.append(copy)
+
+    def placeholder(key: str, value: str) -> str:
+        if key == "role" or not value:  # the template compares roles; "" hides nothing
+            return value
+        fields.append(value)
+        return f"{_OPEN}{len(fields) - 1}{_CLOSE}"
+
+    masked = [{key: placeholder(key, value) for key, value in m.items()} for m in messages]
     skeleton = render(template, masked, add_generation_prompt=add_generation_prompt,
                       **variables)
     parts = _PLACEHOLDER.split(skeleton)  # template text, field number, template text, ...
@@ -151,8 +144,7 @@ def render_chat(template: str, messages: Conversation, specials: Iterable[str], 
 
 
 def _fill(rendered: str, template_text: list[str], fields: list[str]) -> list[str] | None:
-    """The text each placeholder became in `rendered`: the field as it is, or stripped (the
-    first that makes the template text line up); None when neither does."""
+    """The text each placeholder became in `rendered`: the field as it is, or stripped."""
     if "".join(t + f for t, f in zip(template_text, [*fields, ""])) == rendered:
         return fields
     choices = ["|".join(re.escape(v) for v in dict.fromkeys((f, f.strip(), f.lstrip(),

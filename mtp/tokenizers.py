@@ -3,16 +3,11 @@
 - ``encode`` never adds special tokens nor makes one from text (``<|eos|>`` in a document
   stays text); the data pipeline places EOS. ``decode`` skips special tokens.
 - Byte ids: 0..255 the raw bytes, pad=256, bos=257, eos=258, reserved 259..261 (vocab 262).
-  ``decode`` replaces invalid UTF-8; ``decode_bytes`` is the exact inverse of ``encode``.
-- BPE is byte-level (any text encodes), trained with ``tokenizers``, saved as
-  ``tokenizer.json``; any ``tokenizer.json`` (Llama, GPT-2, ...) loads, specials found by name.
+- BPE is byte-level, trained with ``tokenizers``; any ``tokenizer.json`` loads.
 - Prompts (``encode_prompt``) start as the model saw every document start: after EOS for
-  tokenizers mtp trains; for others as their own template (transformers' post-processor)
-  says: Llama's BOS, SmolLM2's nothing.
-- Conversations (``encode_chat``): the model's own chat template (from a GGUF, a
-  ``tokenizer_config.json`` or mtp's header) rendered as transformers does (``mtp.chat``); the
-  special tokens the template writes become their ids, text typed in a message never does.
-  ``stop_ids``: EOS and the end-of-turn tokens the tokenizer's files name.
+  tokenizers mtp trains, else as their own template says (Llama's BOS, SmolLM2's nothing).
+- Conversations (``encode_chat``): the model's chat template rendered as transformers does
+  (``mtp.chat``); only the special tokens the template writes become their ids.
 """
 
 from __future__ import annotations
@@ -29,6 +24,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from mtp.chat import Conversation, is_conversation, render_chat
+from mtp.paths import write_json
 
 META_FILE = "mtp_tokenizer.json"  # our small header, next to tokenizer.json for BPE
 BPE_FILE = "tokenizer.json"
@@ -95,8 +91,7 @@ class Tokenizer(ABC):
         """Short string that changes whenever encoding would change (names caches)."""
 
     def encode_prompt(self, text: Prompt) -> list[int]:
-        """The ids of a prompt as the model is given it (module docstring): here EOS, then the
-        text; a conversation as ``encode_chat`` encodes it."""
+        """The ids of a prompt as the model is given it: here EOS, then the text."""
         if is_conversation(text):
             return self.encode_chat(text)
         return [self.eos_id, *self.encode(text)]
@@ -108,8 +103,7 @@ class Tokenizer(ABC):
     def encode_chat(self, messages: Conversation, add_generation_prompt: bool = True,
                     **variables: Any) -> list[int]:
         """The ids of a conversation as transformers' ``apply_chat_template(messages,
-        tokenize=True)`` gives them; special tokens only where the template wrote them
-        (``mtp.chat.render_chat``). ``variables``: more template variables (e.g. tools)."""
+        tokenize=True)`` gives them; ``variables``: more template variables (e.g. tools)."""
         if self.chat_template is None:
             raise ValueError(f"the {self.name} tokenizer has no chat template: give prompts "
                              f"as text, or use a model that has one")
@@ -200,9 +194,8 @@ DOCUMENT_STARTS = ("eos", "bos", "tokenizer")
 
 
 class BPETokenizer(Tokenizer):
-    """A Hugging Face ``tokenizers.Tokenizer`` (byte-level BPE when we train it).
-    ``document_start``, what starts a prompt: "eos" (tokenizers mtp trains), "tokenizer" (its
-    own template's special tokens), or "bos" whatever the template."""
+    """A Hugging Face ``tokenizers.Tokenizer``. ``document_start``, what starts a prompt:
+    "eos" (tokenizers mtp trains), "tokenizer" (its own template), or "bos"."""
 
     def __init__(self, tokenizer: tokenizers.Tokenizer, *, bos_token: str | None = None,
                  eos_token: str | None = None, pad_token: str | None = None,
@@ -325,9 +318,8 @@ class BPETokenizer(Tokenizer):
 
 
 class _TextIncrementalDecoder:
-    """Streaming decode: re-decode a window starting one emission back (context-dependent
-    decoders, Llama's leading space, stay right); a trailing U+FFFD means a character is
-    cut, so wait."""
+    """Streaming decode: re-decode from one emission back (context-dependent decoders stay
+    right); a trailing U+FFFD means a character is cut, so wait."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
@@ -367,10 +359,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 
 def _write_meta(directory: str | Path, meta: dict) -> Path:
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / META_FILE).write_text(json.dumps({"format_version": 1, **meta}, indent=2) + "\n")
-    return directory
+    return write_json(Path(directory) / META_FILE, {"format_version": 1, **meta}, indent=2).parent
 
 
 def _read_json(path: Path) -> dict | None:
@@ -378,9 +367,8 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _hf_meta(directory: Path, tok: tokenizers.Tokenizer) -> dict:
-    """What a Hugging Face directory says of its tokenizer: bos/eos/pad names
-    (``tokenizer_config.json``), the chat template (there or in ``chat_template.jinja``),
-    and end-of-turn tokens (``generation_config.json``'s list of eos_token_id)."""
+    """A Hugging Face directory's special token names, chat template and end-of-turn tokens
+    (``generation_config.json``'s list of eos_token_id)."""
     config = _read_json(directory / HF_CONFIG_FILE) or {}
     out: dict[str, Any] = {"chat_template": hf_chat_template(config, directory)}
     for key in ("bos_token", "eos_token", "pad_token"):

@@ -1,15 +1,10 @@
-"""Choices made by measurement: one record, one cache, one key.
+"""Choices made by measurement: one record (`Measurement`), one cache (`TuneCache`,
+`$MTP_CACHE/tune.json`), one key (`tune_key`).
 
 What runs fastest (threads, dtype, drafter, trees, layer_skip) depends on the machine, its
-load, the model and the step, so each such tuning *step* measures its candidates:
-- `Measurement`: the record (figures, winner, how chosen, why, time, budget, machine).
-- `TuneCache`: `$MTP_CACHE/tune.json` (`mtp.paths.cache_dir`), records by key.
-- `tune_key`: the step, what the choice depends on, and for a timed step the machine and its
-  load in whole cores (a choice made idle is not reused under load).
-- `tune`: the user's setting wins; else the cache; else measure, and store.
-
-Thread counts are measured (`choose_threads`) unless set: `threads=N`, `OMP_NUM_THREADS`, or
-`torch.set_num_threads` called before (`explicit_threads`).
+load, the model and the step, so each tuning step measures its candidates (`tune`: the user's
+setting wins; else the cache; else measure, and store). A timed step's key holds the machine
+and its load in whole cores: a choice made idle is not reused under load.
 """
 
 from __future__ import annotations
@@ -39,9 +34,8 @@ _ours: int | None = None  # the thread count this module set last (not the user'
 
 @dataclass(frozen=True)
 class Measurement:
-    """One tuning step's result, chosen how: `measured`, `cached`, `set` by the user or
-    `fixed`. figures: each candidate's, in `unit` (higher is better unless `lower_is_better`);
-    value: the choice as the step reads it back (JSON), when `choice`, the label, is not enough."""
+    """One tuning step's result, chosen how (`HOW`). figures: each candidate's, in `unit`;
+    value: the choice as the step reads it back (JSON), when the label is not enough."""
 
     step: str
     choice: str
@@ -60,8 +54,7 @@ class Measurement:
         check_choice("Measurement.how", self.how, HOW)
 
     def describe(self) -> str:
-        """One line: the step, its choice, how it was made and what was measured, e.g.
-        `threads: 2 (measured in 1.0 s, of 2 cores; calls/s: 2 41.3, 1 30.2)`."""
+        """One line, e.g. `threads: 2 (measured in 1.0 s, of 2 cores; calls/s: 2 41.3, 1 30.2)`."""
         how = "cached, measured" if self.how == "cached" else self.how
         if self.seconds and self.figures:
             how += f" in {self.seconds:.1f} s"
@@ -124,8 +117,7 @@ def fingerprint(value: Any) -> str:
 
 
 def tune_key(step: str, *, timed: bool = True, **what: Any) -> str:
-    """The cache key of a tuning step: the step, what it depends on (`what`, in order), and
-    for a `timed` step the machine and its load."""
+    """The cache key of a step: the step, what it depends on, and if `timed` the machine."""
     parts = [step, *(f"{name}={value}" for name, value in what.items())]
     if timed:
         parts += [machine(), f"load={load_bucket()}"]
@@ -176,15 +168,13 @@ def _cpuinfo() -> str:
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); elsewhere bf16 is
-    emulated and slower than float32. False where /proc/cpuinfo cannot be read."""
+    """Whether this CPU multiplies bfloat16 natively (elsewhere it is slower than float32)."""
     flags = _cpuinfo()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def machine() -> str:
-    """What a timed choice depends on besides the model: the CPU, its cores, the OpenMP wait
-    policy and torch; the GPU where there is one."""
+    """What a timed choice depends on besides the model: CPU, cores, OpenMP wait, torch, GPU."""
     name = next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines()
                  if line.startswith("model name")), "unknown cpu")
     policy = os.environ.get("OMP_WAIT_POLICY", "default").lower()
@@ -233,8 +223,7 @@ def check_threads(threads: object) -> int | None:
 
 
 def given_threads(requested: int | None) -> Measurement | None:
-    """The thread count that needs no measurement (requested, explicit, or one core), set;
-    None when it must be measured."""
+    """The thread count that needs no measurement (requested, explicit, one core), set."""
     if (requested := check_threads(requested)) is not None:
         set_threads(requested)
     explicit = explicit_threads() if requested is None else (requested, f"threads={requested}")
@@ -247,8 +236,7 @@ def given_threads(requested: int | None) -> Measurement | None:
 
 
 def thread_record(rates: dict[int, float], unit: str, seconds: float = 0.0) -> Measurement:
-    """The record of measured `rates` (per thread count): the fewest threads within
-    NEAR_BEST of the best rate win (noise, and cores left to others)."""
+    """The record of measured `rates`: the fewest threads within NEAR_BEST of the best win."""
     best = max(rates.values())
     count = min(n for n, rate in rates.items() if rate >= NEAR_BEST * best)
     return Measurement("threads", str(count), "measured", f"of {cores()} cores",
@@ -258,9 +246,8 @@ def thread_record(rates: dict[int, float], unit: str, seconds: float = 0.0) -> M
 
 def measure_rates(step: Callable[[], object], counts: list[int], budget: float,
                   rounds: int = ROUNDS) -> dict[int, float]:
-    """Steps per second at each thread count, after a warm-up: `rounds` rounds of every count
-    in turn, budget / (rounds * len(counts)) seconds each (at least one step), so a change in
-    the machine's load falls on every count alike."""
+    """Steps per second at each thread count, after a warm-up: every count in turn `rounds`
+    times (at least one step each), so a change in the machine's load falls on all alike."""
     step()
     share = budget / (rounds * len(counts))
     runs, seconds = dict.fromkeys(counts, 0), dict.fromkeys(counts, 0.0)
@@ -280,7 +267,7 @@ def measure_rates(step: Callable[[], object], counts: list[int], budget: float,
 def choose_threads(step: Callable[[], object], key: str, *, requested: int | None = None,
                    budget: float = 1.0, unit: str = "steps/s",
                    cache: TuneCache | None = None) -> Measurement:
-    """Set the intra-op thread count for `step` (see the module docstring); its record."""
+    """Set the intra-op thread count for `step` (measured unless given); its record."""
     def measure() -> Measurement:  # `tune` times it
         return thread_record(measure_rates(step, list(range(1, cores() + 1)), budget), unit)
 

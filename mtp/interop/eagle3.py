@@ -1,18 +1,12 @@
 """EAGLE-3 drafters out to vLLM's `eagle3` and SGLang's `EAGLE3` speculative methods, and back.
 
-An mtp EAGLE drafter (`mtp.decode.drafters.eagle_model.Eagle`) is EAGLE-3's layout exactly:
-`fc` fuses three target layers' residual streams [low; middle; high] (3D -> D) for one
-decoder layer whose q/k/v read [input_layernorm(embedding); hidden_norm(fused)] (2D), then a
-final norm and an lm_head over the draft vocabulary. `write_eagle3` writes the directory both
-engines load (`LlamaForCausalLMEagle3`, as SafeAILab's EAGLE-3 checkpoints name it);
-`read_eagle3` reads one back for a target model. Both translate plain values (the drafter's
-config fields; its state dict in mtp's names, `d2t` the target ids) for `Eagle.from_state`.
+An mtp EAGLE drafter (`mtp.decode.drafters.eagle_model.Eagle`) is EAGLE-3's layout exactly;
+`write_eagle3` writes the directory both engines load (`LlamaForCausalLMEagle3`) and
+`read_eagle3` reads one back for a target model, as plain values for `Eagle.from_state`.
 docs/serving.md ("EAGLE-3 drafters") lists every key and the engine sources they come from.
-
 Traps: SGLang's `eagle_config.eagle_aux_hidden_state_layer_ids` count layer outputs, vLLM's
-top-level field layer inputs (one more); mtp's default layers are both engines' default.
-Where N = V (a full draft vocabulary) `d2t` and `t2d` are left out: vLLM 0.32 then has no
-`draft_id_to_target_id` parameter and refuses the file. No engine was run on the files here.
+top-level field layer inputs (one more); a full draft vocabulary leaves out `d2t` and `t2d`
+(vLLM 0.32 then has no `draft_id_to_target_id` and refuses the file).
 """
 
 from __future__ import annotations
@@ -50,8 +44,8 @@ def _rotary(drafter: Mapping[str, Any]) -> dict[str, int]:
 def write_eagle3(target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str, Any],
                  state: Mapping[str, Tensor], embedding: Tensor, directory: Path,
                  dtype: torch.dtype | None = None) -> Path:
-    """Write the EAGLE-3 directory of a drafter (`EagleConfig.to_dict()` and state) for the
-    model of `target` and its token `embedding`, in `dtype` (None: the state's)."""
+    """Write the EAGLE-3 directory of a drafter (`EagleConfig.to_dict()` and state) for
+    `target` and its token `embedding`, in `dtype` (None: the state's)."""
     dtype = dtype or state["fc.weight"].dtype
     rotary = _rotary(drafter)
     tensors = {theirs: hf.interleaved_to_rotate_half(state[ours].detach().to("cpu", dtype),
@@ -90,9 +84,8 @@ def eagle3_config(target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str,
 
 def read_eagle3(directory: Path, target: MTPConfig, embedding: Tensor,
                 default_layers: Sequence[int]) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """The drafter's config fields and state (for `Eagle.from_state`) of an EAGLE-3 directory,
-    read for the model of `target` and its token `embedding`; `default_layers` where the
-    config names none (`eagle.engine_layers`)."""
+    """The drafter's config fields and state (for `Eagle.from_state`) of an EAGLE-3 directory
+    for `target` and its token `embedding`; `default_layers` where the config names none."""
     path = directory / hf.CONFIG_FILE
     values = read_json_object(path)
     architectures = field(values, path, "architectures", "list", [])
@@ -136,8 +129,7 @@ def read_eagle3(directory: Path, target: MTPConfig, embedding: Tensor,
 
 
 def _layers(values: dict[str, Any], path: Path, default: Sequence[int]) -> list[int]:
-    """The trunk layers the drafter reads: SGLang's field (layer outputs), else vLLM's (layer
-    inputs, one more), else `default`."""
+    """The trunk layers the drafter reads: SGLang's field, else vLLM's (one more), or default."""
     eagle = field(values, path, "eagle_config", "object", {})
     if eagle.get("eagle_aux_hidden_state_layer_ids"):
         return list(eagle["eagle_aux_hidden_state_layer_ids"])

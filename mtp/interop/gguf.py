@@ -1,14 +1,10 @@
 """GGUF files (llama.cpp's format) of Llama-architecture models, import only.
 
-The header (typed metadata: `general.*`, `llama.*`, `tokenizer.ggml.*`, and the tensor table)
-is parsed here with `struct` over a memory map: the `gguf` package's `GGUFReader` takes seconds
-on a 49k vocabulary; its constants and `gguf.quants.dequantize` are used as they are. Tensors
-(F32, F16, BF16 or block-quantized) are dequantized one at a time to the requested dtype: with
-`mtp.load` building the model around them, one copy in memory. The last block is head 0;
-llama.cpp's converter already permutes query/key rows to mtp's interleaved pairs. Linear rope
-scaling maps, and Llama 3.1's `rope_freqs` divisors give back their `llama3` parameters
-(`llama3_scaling`). Anything else mtp cannot honour (another architecture, experts, partial
-rotary, an unknown `llama.*` field or tensor) is refused by name.
+The header is parsed here with `struct` over a memory map (the `gguf` package's `GGUFReader`
+takes seconds on a 49k vocabulary); tensors are dequantized one at a time to the requested
+dtype, so `mtp.load` holds one copy. The last block is head 0; llama.cpp's converter already
+permutes query/key rows to mtp's interleaved pairs. Anything mtp cannot honour (another
+architecture, experts, partial rotary, an unknown `llama.*` field or tensor) is refused.
 """
 
 from __future__ import annotations
@@ -258,11 +254,10 @@ def _rope_scaling(get: Any, rope_freqs: Tensor | None, head_dim: int,
 
 
 def llama3_scaling(divisors: Tensor, theta: float, head_dim: int, path: Path) -> RopeScaling:
-    """The `llama3` RopeScaling whose frequencies are the base ones over `divisors` (the
-    rope_freqs tensor llama.cpp writes from a Llama 3.1 config), checked against every divisor.
-    Divisors are 1, `factor`, and 1 / ((1 - s) / factor + s) between, with
+    """The `llama3` RopeScaling whose frequencies are the base ones over `divisors` (Llama
+    3.1's rope_freqs tensor). Between 1 and `factor` they are 1 / ((1 - s) / factor + s),
     s = (old / wavelength - low) / (high - low) linear in 1 / wavelength: its slope and
-    intercept fix (old, low, high) up to a scale, with low = 1 (every Llama 3.x has it)."""
+    intercept fix (old, low, high) given low = 1 (every Llama 3.x has it)."""
     base = 1.0 / theta ** (torch.arange(0, head_dim, 2).double() / head_dim)
     divisors = divisors.double()
     if divisors.shape != base.shape:
@@ -305,7 +300,7 @@ def _tensor_names(config: MTPConfig) -> dict[str, str]:
 
 def _dequantize(blob: mmap.mmap, info: TensorInfo, dtype: torch.dtype, gguf: Any,
                 path: Path) -> Tensor:
-    """One tensor, dequantized and cast to `dtype` (no float32 detour for F16/BF16)."""
+    """One tensor, dequantized and cast to `dtype`."""
     qtype = gguf.GGMLQuantizationType(info.ggml_type)
     raw = np.frombuffer(blob, dtype=np.uint8, count=info.nbytes, offset=info.start)
     if qtype.name in ("F32", "F16", "BF16"):

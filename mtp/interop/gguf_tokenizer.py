@@ -1,12 +1,9 @@
-"""The tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata, rebuilt as a
-`tokenizers` pipeline: `gpt2` (byte-level BPE; `tokenizer.ggml.pre` names the split regex,
-grouped as llama.cpp's llama-vocab.cpp groups the names: `PRE_TOKENIZERS`) or `llama`
-(SentencePiece BPE: merges rebuilt from the scores as transformers' `generate_merges` orders
-them, byte fallback, the "▁" prefix `add_space_prefix` asks for). As in transformers and
-llama.cpp, CONTROL tokens are special and USER_DEFINED ones matched whole; BOS/EOS go around a
-prompt as `add_bos_token`/`add_eos_token` say (absent: BOS for `llama`, nothing for `gpt2`),
-so prompts encode as transformers encodes them. `tokenizer.ggml.eot_token_id` is a stop token
-beside EOS.
+"""The tokenizer of a GGUF file's `tokenizer.ggml.*` metadata, rebuilt as a `tokenizers`
+pipeline: `gpt2` (byte-level BPE, the split regex grouped by `tokenizer.ggml.pre` as
+llama.cpp's llama-vocab.cpp groups it) or `llama` (SentencePiece BPE, merges rebuilt from the
+scores as transformers' `generate_merges` orders them). As in transformers and llama.cpp,
+CONTROL tokens are special, USER_DEFINED ones matched whole, BOS/EOS placed as
+`add_bos_token`/`add_eos_token` say, and `eot_token_id` is a stop token beside EOS.
 """
 
 from __future__ import annotations
@@ -46,16 +43,13 @@ def gguf_tokenizer(metadata: dict[str, Any], path: Path) -> BPETokenizer:
     if len(types) != len(tokens):
         raise ValueError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for "
                          f"{len(tokens)} tokens")
-    if kind == "gpt2":
-        tok, specials = _byte_level(metadata, path, tokens, types)
-        add_bos = metadata.get("tokenizer.ggml.add_bos_token", False)
-    elif kind == "llama":
-        tok, specials = _sentencepiece(metadata, path, tokens, types)
-        add_bos = metadata.get("tokenizer.ggml.add_bos_token", True)
-    else:
+    if kind not in ("gpt2", "llama"):
         raise ValueError(f"{path}: tokenizer.ggml.model {kind!r} is not one mtp rebuilds "
                          f"('gpt2': byte-level BPE, 'llama': SentencePiece)")
+    build = _byte_level if kind == "gpt2" else _sentencepiece
+    tok, specials = build(metadata, path, tokens, types)
     tok.add_special_tokens(specials)
+    add_bos = metadata.get("tokenizer.ggml.add_bos_token", kind == "llama")
     names = {}
     for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
                       ("pad", "padding_token_id")):
@@ -72,13 +66,10 @@ def gguf_tokenizer(metadata: dict[str, Any], path: Path) -> BPETokenizer:
     # llama.cpp stops at EOS and at the end-of-turn token (EOT) where the file names one.
     eot = metadata.get("tokenizer.ggml.eot_token_id")
     stops = [tokens[eot]] if isinstance(eot, int) and 0 <= eot < len(tokens) else []
-    template = metadata.get("tokenizer.chat_template")
-    if template is not None and not isinstance(template, str):
-        raise ValueError(f"{path}: tokenizer.chat_template must be a string, got "
-                         f"{type(template).__name__}")
     return BPETokenizer(tok, bos_token=names["bos"], eos_token=names["eos"],
                         pad_token=names["pad"] or names["eos"], name=f"gguf-{kind}",
-                        document_start="tokenizer", chat_template=template, stop_tokens=stops)
+                        document_start="tokenizer", stop_tokens=stops,
+                        chat_template=metadata.get("tokenizer.chat_template"))
 
 
 def _get(metadata: dict[str, Any], path: Path, key: str, kind: type) -> Any:
@@ -145,9 +136,8 @@ def _sentencepiece(metadata: dict[str, Any], path: Path, tokens: list[str],
 
 def _added(tokens: list[str], types: list[int], vocab: dict[str, int],
            alphabet: set[str] | None = None) -> list[AddedToken]:
-    """CONTROL tokens as specials (one spelled outside a byte-level `alphabet` is a mislabel,
-    which transformers skips), then USER_DEFINED ones, matched whole in text (as transformers:
-    those the vocabulary spells as they are, so none becomes a new id)."""
+    """CONTROL tokens as specials (but for mislabels spelled outside a byte-level `alphabet`,
+    as transformers), then USER_DEFINED ones the vocabulary holds, matched whole in text."""
     specials = [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types)
                 if kind == CONTROL and (alphabet is None or set(t) <= alphabet)]
     return specials + [AddedToken(t, special=False, normalized=False)
@@ -156,8 +146,8 @@ def _added(tokens: list[str], types: list[int], vocab: dict[str, int],
 
 def _merges_by_score(vocab: dict[str, int],
                      scores: dict[str, float]) -> list[tuple[str, str]]:
-    """SentencePiece BPE merges: every split of a token into two tokens, the merged token's
-    score first (higher merges earlier), ties as transformers' `generate_merges` breaks them."""
+    """SentencePiece BPE merges: every split of a token into two tokens, by the merged
+    token's score, ties as transformers' `generate_merges` breaks them."""
     merges = []
     for token, score in scores.items():
         pairs = [(token[:i], token[i:], score) for i in range(1, len(token))

@@ -1,12 +1,11 @@
 """Hugging Face transformers' Llama layout (`LlamaForCausalLM`, and `Qwen2ForCausalLM`), both ways.
 
 Trunk + head 0 is a Llama model (head 0's blocks are its last `head_layers` layers); heads
-1..n-1 go beside it in `mtp_heads.safetensors` (keys `heads.{i}.{j}.<Llama layer sub-key>`),
-described by `mtp_heads.json`: transformers sees an ordinary next-token model, `mtp.load` every
-head. mtp (like Meta's code) rotates interleaved pairs, transformers halves: each head's query
-and key rows (weights and biases) are permuted. Llama's `head_dim`, biases and `linear`/`llama3`
-rope scaling map, and Qwen2 is a Llama with only q/k/v biases; anything else (other rope
-types, sliding windows, partial rotary) is refused by name.
+1..n-1 go beside it in `mtp_heads.safetensors`, described by `mtp_heads.json`: transformers
+sees an ordinary next-token model, `mtp.load` every head. mtp (like Meta's code) rotates
+interleaved pairs, transformers halves: query and key rows are permuted. Qwen2 is a Llama
+with only q/k/v biases; what mtp cannot compute (other rope types, sliding windows, partial
+rotary) is refused by name.
 """
 
 from __future__ import annotations
@@ -30,11 +29,9 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 HEADS_FILE = "mtp_heads.safetensors"
 HEADS_LAYOUT_FILE = "mtp_heads.json"
-# The heads file's layout JSON: {"format": HEADS_FORMAT, "format_version": 1, "layout",
-# "n_future", "head_layers", "weights"}; layout: heads 1..n-1's MTPConfig.head_type. Block
-# layers are stored as Llama decoder layers; an attention-free layer's W (in, out) as
-# `heads.{i}.{j}.weight`; a sequential head's fusion as `heads.{i}.hnorm`, `.enorm` (D,) and
-# `.eh_proj` (D, 2D) over [hidden; embedding].
+# The heads file's layout JSON: {"format", "format_version", "layout" (heads 1..n-1's
+# head_type), "n_future", "head_layers", "weights"}; its keys `heads.{i}.{j}.<Llama sub-key>`,
+# an attention-free layer's W (in, out) `heads.{i}.{j}.weight`, a fusion's `heads.{i}.hnorm`.
 HEADS_FORMAT = "mtp-heads"
 HEADS_FORMAT_VERSION = 1
 
@@ -50,16 +47,10 @@ BLOCK_KEYS = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
-# Biases, present when the MTPConfig field that keys them is true.
-BIAS_KEYS = {
-    "qkv_bias": {"attention.wq.bias": "self_attn.q_proj.bias",
-                 "attention.wk.bias": "self_attn.k_proj.bias",
-                 "attention.wv.bias": "self_attn.v_proj.bias"},
-    "out_bias": {"attention.wo.bias": "self_attn.o_proj.bias"},
-    "mlp_bias": {"feed_forward.w1.bias": "mlp.gate_proj.bias",
-                 "feed_forward.w3.bias": "mlp.up_proj.bias",
-                 "feed_forward.w2.bias": "mlp.down_proj.bias"},
-}
+# The projections with biases when the MTPConfig field that keys them is true.
+BIAS_KEYS = {"qkv_bias": ("attention.wq", "attention.wk", "attention.wv"),
+             "out_bias": ("attention.wo",),
+             "mlp_bias": ("feed_forward.w1", "feed_forward.w3", "feed_forward.w2")}
 # The architectures read, by model_type.
 ARCHITECTURES = {"llama": ("LlamaForCausalLM", "LlamaModel"),
                  "qwen2": ("Qwen2ForCausalLM", "Qwen2Model")}
@@ -90,13 +81,15 @@ def rotate_half_to_interleaved(weight: Tensor, n_heads: int | None) -> Tensor:
 
 def block_keys(config: MTPConfig) -> dict[str, str]:
     """A block's parameters, biases included: mtp sub-name -> transformers' sub-name."""
-    biases = [keys for flag, keys in BIAS_KEYS.items() if getattr(config, flag)]
-    return BLOCK_KEYS | {ours: theirs for keys in biases for ours, theirs in keys.items()}
+    biased = [layer for flag, layers in BIAS_KEYS.items() if getattr(config, flag)
+              for layer in layers]
+    return BLOCK_KEYS | {f"{layer}.bias": BLOCK_KEYS[f"{layer}.weight"].removesuffix("weight")
+                         + "bias" for layer in biased}
 
 
 def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
-    """Every mtp parameter name -> (its transformers/heads-file name, rotary heads: n_heads or
-    n_kv_heads for query and key projections, else None); a tied output weight is left out."""
+    """Every mtp parameter name -> (its transformers/heads-file name, its rotary heads for
+    query and key projections, else None); a tied output weight is left out."""
     names: dict[str, tuple[str, int | None]] = {"tok_embeddings.weight": (_EMBEDDINGS, None),
                                                 "norm.weight": ("model.norm.weight", None)}
     if not config.tie_embeddings:
@@ -248,8 +241,7 @@ def _read_heads_layout(directory: Path) -> tuple[int, int, str]:
 
 def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
                 values: dict[str, Any] | None = None) -> MTPConfig:
-    """An MTPConfig from a transformers Llama or Qwen2 config.json (or its `values`, read
-    from `path` already); other variants refused."""
+    """An MTPConfig from a transformers Llama or Qwen2 config.json (or its `values`)."""
     values = read_json_object(path) if values is None else values
     model_type = field(values, path, "model_type", "str", "llama")
     architectures = field(values, path, "architectures", "list",
@@ -294,8 +286,7 @@ def _mtp_config(path: Path, n_future: int, head_layers: int, head_type: str,
 
 def _rope(values: dict[str, Any], path: Path,
           max_seq_len: int) -> tuple[float, RopeScaling | None]:
-    """rope theta and scaling from transformers >= 5's rope_parameters or the older top-level
-    rope_theta and rope_scaling; rope types other than ROPE_TYPES are refused."""
+    """rope theta and scaling from transformers >= 5's rope_parameters or the older fields."""
     name = "rope_parameters" if values.get("rope_parameters") is not None else "rope_scaling"
     rope = field(values, path, name, "object", {})
     theta = field(rope, path, "rope_theta", "number", None) \
@@ -327,8 +318,7 @@ def _rope(values: dict[str, Any], path: Path,
 
 
 def _read_safetensors(directory: Path) -> dict[str, Tensor]:
-    """Every tensor of model.safetensors, else of the shards its index names (transformers'
-    order: `to_hf` writes both, the index for engines that would load the heads file too)."""
+    """Every tensor of model.safetensors, else of the shards its index names."""
     index_path = directory / INDEX_FILE
     if (directory / WEIGHTS_FILE).is_file() or not index_path.is_file():
         return load_safetensors(directory / WEIGHTS_FILE)
@@ -336,9 +326,5 @@ def _read_safetensors(directory: Path) -> dict[str, Tensor]:
     tensors: dict[str, Tensor] = {}
     for shard in sorted(set(weight_map.values())):
         tensors.update(load_safetensors(directory / shard))
-    listed, found = set(weight_map), set(tensors)
-    if listed != found:
-        raise ValueError(f"{index_path} does not match its shards: listed but absent "
-                         f"{sorted(listed - found)[:8]}, present but unlisted "
-                         f"{sorted(found - listed)[:8]}")
+    check_keys(tensors, weight_map, f"{index_path} does not match its shards")
     return tensors

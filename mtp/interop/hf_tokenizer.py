@@ -1,12 +1,9 @@
 """Tokenizer files that transformers' `AutoTokenizer` loads, and SentencePiece conversion.
 
-A BPE tokenizer is written as mtp's `tokenizer.json`; `ByteTokenizer` as a merge-less BPE over
-the 256 byte-level symbols in byte order plus the six specials, which gives its ids for any
-text. `tokenizer_config.json` names the special tokens and holds the chat template (where
-transformers, vLLM and SGLang read it); mtp's header goes beside them for `mtp.load`. The
-template puts before a text what `encode_prompt` puts before a prompt. A SentencePiece
-`tokenizer.model` converts through transformers (SentencePiece's ids, but text starting with
-whitespace gets no dummy-prefix "▁").
+`ByteTokenizer` is written as a merge-less BPE over the 256 byte-level symbols in byte order
+plus the six specials, which gives its ids for any text; the template puts before a text what
+`encode_prompt` puts before a prompt. A SentencePiece `tokenizer.model` converts through
+transformers (SentencePiece's ids, but text starting with whitespace gets no "▁" prefix).
 """
 
 from __future__ import annotations

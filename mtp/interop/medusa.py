@@ -2,17 +2,16 @@
 
 Medusa (Cai et al. 2024) puts head h on the base model's normed final hidden state z:
 `lm_head_h(ResBlock_L(...ResBlock_1(z)))`, ResBlock(x) = x + SiLU(W x + b), no norm before
-`lm_head_h`. mtp's `medusa` heads are exactly that with b = 0 and one shared lm_head; no other
-head type is (`_REFUSED` says why). Medusa's head h is mtp's head h + 1; its W is nn.Linear's
-(out, in), transposed from mtp's (in, out). `write_medusa` writes `base/` (a Hugging Face
-Llama), `vllm/` and `medusa/` (FasterDecoding's, which TensorRT-LLM reads); `read_medusa`
-refuses heads with their own lm_heads, non-zero biases or a truncated vocabulary by name.
+`lm_head_h`. mtp's `medusa` heads are exactly that with b = 0 and one shared lm_head, as
+head h + 1, W transposed. `write_medusa` writes `base/` (a Hugging Face Llama), `vllm/` and
+`medusa/` (FasterDecoding's, which TensorRT-LLM reads).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -166,23 +165,12 @@ def read_vllm_heads(directory: Path) -> MedusaHeads:
     shared = field(values, path, "original_lm_head", "bool", False)
     tensors = load_safetensors(directory / VLLM_WEIGHTS)
     tensors = {name.removeprefix("medusa_heads."): t for name, t in tensors.items()}
-    layers = [(h, l) for h in range(num_heads) for l in range(num_layers)]
-    expected = {f"blocks.{h}.layers.{l}.{kind}" for h, l in layers
-                for kind in (("weight", "bias") if bias else ("weight",))}
-    expected |= {"lm_heads.0.weight"} if shared else {f"lm_heads.{h}.weight"
-                                                        for h in range(num_heads)}
     # vLLM ignores other heads' lm_heads when original_lm_head is set
-    extra = {f"lm_heads.{h}.weight" for h in range(1, num_heads)} if shared else set()
-    check_keys(tensors, expected, f"{directory / VLLM_WEIGHTS} does not fit its {CONFIG_FILE}",
-               extra)
-    return MedusaHeads(
-        weights=[[tensors[f"blocks.{h}.layers.{l}.weight"] for l in range(num_layers)]
-                 for h in range(num_heads)],
-        biases=[[tensors.get(f"blocks.{h}.layers.{l}.bias") for l in range(num_layers)]
-                for h in range(num_heads)],
-        lm_heads=[tensors["lm_heads.0.weight" if shared else f"lm_heads.{h}.weight"]
-                  for h in range(num_heads)],
-        source=directory / VLLM_WEIGHTS)
+    others = {f"lm_heads.{h}.weight" for h in range(1, num_heads)} if shared else set()
+    return _heads(tensors, num_heads, num_layers, "blocks.{h}.layers.{l}.weight",
+                  "blocks.{h}.layers.{l}.bias" if bias else None,
+                  "lm_heads.0.weight" if shared else "lm_heads.{h}.weight",
+                  directory / VLLM_WEIGHTS, others)
 
 
 def read_fasterdecoding_heads(directory: Path) -> MedusaHeads:
@@ -201,17 +189,26 @@ def read_fasterdecoding_heads(directory: Path) -> MedusaHeads:
         tensors = load_torch(weights, "a PyTorch state dict")
         if not isinstance(tensors, dict):
             raise ValueError(f"{weights} holds a {type(tensors).__name__}, not a state dict")
-    layers = [(h, l) for h in range(num_heads) for l in range(num_layers)]
-    expected = {f"{h}.{l}.linear.{kind}" for h, l in layers for kind in ("weight", "bias")}
-    expected |= {f"{h}.{num_layers}.weight" for h in range(num_heads)}
-    check_keys(tensors, expected, f"{weights} does not fit its {CONFIG_FILE}")
+    # The lm_head follows a head's layers: "{h}.{num_layers}.weight".
+    return _heads(tensors, num_heads, num_layers, "{h}.{l}.linear.weight",
+                  "{h}.{l}.linear.bias", "{h}.{l}.weight", weights)
+
+
+def _heads(tensors: dict[str, Tensor], num_heads: int, num_layers: int, weight: str,
+           bias: str | None, lm_head: str, source: Path, others: Iterable[str] = ()
+           ) -> MedusaHeads:
+    """The heads in `tensors`, which must hold exactly (but for `others`) the tensors named by
+    `weight`, `bias` (None: none) and `lm_head` formatted with each head h and layer l."""
+    at = [[{"h": h, "l": l} for l in range(num_layers)] for h in range(num_heads)]
+    names = {name.format(**where) for head in at for where in head for name in (weight, bias)
+             if name is not None}
+    lm_heads = [lm_head.format(h=h, l=num_layers) for h in range(num_heads)]
+    check_keys(tensors, names | set(lm_heads), f"{source} does not fit its {CONFIG_FILE}", others)
     return MedusaHeads(
-        weights=[[tensors[f"{h}.{l}.linear.weight"] for l in range(num_layers)]
-                 for h in range(num_heads)],
-        biases=[[tensors[f"{h}.{l}.linear.bias"] for l in range(num_layers)]
-                for h in range(num_heads)],
-        lm_heads=[tensors[f"{h}.{num_layers}.weight"] for h in range(num_heads)],
-        source=weights)
+        weights=[[tensors[weight.format(**where)] for where in head] for head in at],
+        biases=[[None if bias is None else tensors[bias.format(**where)] for where in head]
+                for head in at],
+        lm_heads=[tensors[name] for name in lm_heads], source=source)
 
 
 def medusa_model(base: MTPConfig, state: dict[str, Tensor],

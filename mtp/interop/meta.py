@@ -1,9 +1,8 @@
 """Meta's multi-token-prediction release: params.json + consolidated.pth + tokenizer.model.
 
 facebook/multi-token-prediction is Llama code with `n_future_tokens`: `layers[:-1]` is the
-trunk, `layers[-1]` head 0 and `extra_heads.{j}` head j + 1, all reading the trunk output, then
-the shared `norm` and `output`; block sub-keys and rotary layout are mtp's own. Only
-single-file (model-parallel size 1) checkpoints load; the 7B release is one.
+trunk, `layers[-1]` head 0 and `extra_heads.{j}` head j + 1; block sub-keys and rotary layout
+are mtp's own. Only single-file checkpoints load (the 7B release is one).
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 (import), for dense Llama-like models.
 
 A Llama-architecture mtp model with sequential heads (`head_layers=1`) is exactly a MiMo
-checkpoint (Xiaomi MiMo-7B; vLLM `mimo_mtp`): a Qwen2 model (q/k/v biases: zero for a model
-without them, dropped when read back) whose config.json says `num_nextn_predict_layers`, with,
-per module k = i + 1 (vLLM's loader inserts `mtp_block.` before the block's keys):
+checkpoint (vLLM `mimo_mtp`): a Qwen2 model (zero q/k/v biases for a model without them)
+whose config.json says `num_nextn_predict_layers`, with, per module k = i + 1:
 
     model.mtp_layers.{i}.hidden_layernorm.weight  (D,)     mtp heads.{k}.hnorm
     model.mtp_layers.{i}.token_layernorm.weight   (D,)     mtp heads.{k}.enorm
@@ -13,16 +12,12 @@ per module k = i + 1 (vLLM's loader inserts `mtp_block.` before the block's keys
     model.mtp_layers.{i}.final_layernorm.weight   (D,)     mtp's shared norm (a copy)
     model.mtp_layers.{i}.<Qwen2 decoder layer>             mtp heads.{k}.0 (the block)
 
-DeepSeek-V3's layout (vLLM `deepseek_mtp`, SGLang `deepseek_nextn`), import only and of one
-module (vLLM chains a second on the first one's un-normalised output, which mtp does not
-compute), puts module k = i + 1 at `model.layers.{num_hidden_layers + i}.`, its `eh_proj`
-over [enorm(e); hnorm(h)] (embedding first), with `shared_head.norm`, `shared_head.head` and
-optionally `embed_tokens`: copies, which must equal the main model's (as MiMo's
-`final_layernorm` must).
-
-Names, shapes and orders agree with SGLang 0.5.23's loaders; no engine was run on the files.
-SGLang's MiMo layer zeroes the token embedding at position 0, which mtp does not: a draft may
-differ there, the verified output does not.
+DeepSeek-V3's layout (vLLM `deepseek_mtp`), import only and of one module, puts module
+k = i + 1 at `model.layers.{num_hidden_layers + i}.`, its `eh_proj` over [enorm(e); hnorm(h)]
+(embedding first), with copies of the main model's norm, head and embedding that must equal
+them (as MiMo's `final_layernorm` must). Names, shapes and orders agree with SGLang 0.5.23's
+loaders; no engine was run on the files. SGLang's MiMo layer zeroes the token embedding at
+position 0 and mtp does not: a draft may differ there, the verified output does not.
 """
 
 from __future__ import annotations
@@ -96,8 +91,7 @@ def write_mimo(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer
 
 
 def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
-    """Config, weights (mtp names, stored dtype) and tokenizer of a MiMo or DeepSeek-style
-    directory of a dense Llama-like model (module docstring)."""
+    """Config, weights (mtp names) and tokenizer of a MiMo or DeepSeek-style directory."""
     path = directory / hf.CONFIG_FILE
     values = read_json_object(path)
     model_type = field(values, path, "model_type", "str")
@@ -148,8 +142,7 @@ def _prefix(config: MTPConfig, i: int, mimo: bool) -> str:
 
 
 def _names(config: MTPConfig, mimo: bool) -> dict[str, tuple[str, int | None]]:
-    """`hf.key_map`, with the modules' keys (`heads.{k}.0.<block key>`, `heads.{k}.<fusion>`)
-    in MiMo's or DeepSeek's layout."""
+    """`hf.key_map`, with the modules' keys in MiMo's or DeepSeek's layout."""
     fusion = MIMO_FUSION if mimo else DEEPSEEK_FUSION
     names = {}
     for ours, (theirs, n_rotary) in hf.key_map(config).items():
