@@ -10,9 +10,7 @@ from mtp.data.pipeline import PreparedCorpus, build_tokenizer, is_validation, pr
 from mtp.data.sources import (Corpus, HubSource, InstalledSource, LocalSource, Source,
                               StdlibSource, data_dir)
 
-__all__ = [
-    "Corpus", "HubSource", "InductionSource", "InstalledSource", "LocalSource", "MTPDataModule",
-    "PackedBlocks", "PolynomialSource", "PreparedCorpus", "ResumableDataLoader",
-    "ResumableSampler", "Source", "StdlibSource", "StreamingBlocks", "build_tokenizer",
-    "data_dir", "is_validation", "num_blocks", "pack_iter", "prepare",
-]
+__all__ = ["Corpus", "HubSource", "InductionSource", "InstalledSource", "LocalSource",
+           "MTPDataModule", "PackedBlocks", "PolynomialSource", "PreparedCorpus",
+           "ResumableDataLoader", "ResumableSampler", "Source", "StdlibSource", "StreamingBlocks",
+           "build_tokenizer", "data_dir", "is_validation", "num_blocks", "pack_iter", "prepare"]

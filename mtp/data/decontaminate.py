@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mtp.cli import check_choice, check_positive
+from mtp.cli import check_choice, check_choices, check_positive
 from mtp.data.benchmarks import load_task
 from mtp.data.hub import check_hub_reachable
 
@@ -144,9 +144,8 @@ def benchmark_texts(name: str, data_file: str | None = None) -> list[tuple[str, 
 
 def load_references(benchmarks: Iterable[str], files: Mapping[str, str | None],
                     ngram: int = NGRAM) -> References:
-    """The references of the named benchmarks, `files[name]` replacing a default copy."""
-    names = list(benchmarks)
-    for name in names:  # all checked before any is read
-        check_choice("decontamination reference", name, BENCHMARKS)
+    """The references of the named benchmarks (all checked before any is read), `files[name]`
+    replacing a default copy."""
+    names = check_choices("decontamination references", list(benchmarks), BENCHMARKS)
     texts = [pair for name in names for pair in benchmark_texts(name, files.get(name))]
     return References.from_texts(texts, ngram)

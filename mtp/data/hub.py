@@ -26,9 +26,7 @@ def check_hub_reachable(name: str, timeout: float = 3.0) -> None:
 
 def offline_message(name: str, reason: str) -> str:
     """Why Hub dataset `name` cannot be loaded, and what to do instead."""
-    return (
-        f"cannot load Hub dataset {name!r} ({reason}). Without network, download it "
-        "elsewhere and use a local source instead, e.g. "
-        "`data=local data.source.paths=[/path/to/files]`; "
-        "if it is already in your Hugging Face cache, set HF_HUB_OFFLINE=1."
-    )
+    return (f"cannot load Hub dataset {name!r} ({reason}). Without network, download it "
+            "elsewhere and use a local source instead, e.g. `data=local data.source.paths="
+            "[/path/to/files]`; if it is already in your Hugging Face cache, set "
+            "HF_HUB_OFFLINE=1.")

@@ -127,8 +127,7 @@ def stories(seed: int, count: int, *, test: bool, events: int = 5) -> list[Story
 
 def test_set(count: int) -> list[Story]:
     """The fixed test set: `count` stories with test names (a larger count extends a smaller)."""
-    if count < 1:
-        raise ValueError(f"count={count} must be at least 1")
+    check_positive("count", count)
     return stories(0, count, test=True)
 
 

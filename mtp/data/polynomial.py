@@ -126,8 +126,7 @@ def problems(seed: int, count: int, ms: tuple[int, ...], *, test: bool) -> list[
 def test_set(per_m: int, ms: tuple[int, ...] = tuple(range(1, 11))) -> list[Problem]:
     """The fixed test set: `per_m` problems for each m, the same for every checkpoint (each m
     has its own stream, so a larger `per_m` extends a smaller one)."""
-    if per_m < 1:
-        raise ValueError(f"per_m={per_m} must be at least 1")
+    check_positive("per_m", per_m)
     return [p for m in ms for p in problems(m, per_m, (m,), test=True)]
 
 

@@ -9,7 +9,5 @@ from mtp.eval.runner import EvalConfig, evaluate
 from mtp.eval.sandbox import ExecResult, Limits, Sandbox, resolve_isolation, run_program
 from mtp.data.benchmarks import Problem, Task, load_task
 
-__all__ = [
-    "EvalConfig", "ExecResult", "Limits", "Problem", "Sandbox", "Task",
-    "evaluate", "load_task", "pass_at_k", "resolve_isolation", "run_program",
-]
+__all__ = ["EvalConfig", "ExecResult", "Limits", "Problem", "Sandbox", "Task", "evaluate",
+           "load_task", "pass_at_k", "resolve_isolation", "run_program"]

@@ -14,6 +14,7 @@ the limits, runs the program and reaps every orphan; when the program exits the 
 everything left in the namespace.
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -83,10 +84,8 @@ def run_unisolated(config: dict) -> None:
     while True:
         found = children_of(os.getpid())
         for child in found:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for _ in found:
             os.waitpid(-1, 0)
         if not found:
@@ -100,23 +99,18 @@ def run_unisolated(config: dict) -> None:
 def tasks_of(uid: int) -> int:
     count = 0
     for p in os.listdir("/proc"):
-        try:
+        with contextlib.suppress(OSError):  # gone already
             if p.isdigit() and os.stat(f"/proc/{p}").st_uid == uid:
                 count += len(os.listdir(f"/proc/{p}/task"))
-        except OSError:
-            pass  # gone already
     return count
 
 
 def children_of(parent: int) -> list[int]:
     found = []
-    for p in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[1] == str(parent):
-                    found.append(int(p))
-        except (OSError, IndexError):
-            pass  # not a process, or it is already gone
+    for p in os.listdir("/proc"):  # not a process, or one already gone: passed over
+        with contextlib.suppress(OSError, IndexError), open(f"/proc/{p}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[1] == str(parent):
+                found.append(int(p))
     return found
 
 

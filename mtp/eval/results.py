@@ -54,7 +54,7 @@ class ResultsFile:
         self._file = open(self.path, "a", encoding="utf-8")
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *_: object) -> None:
         self._file.close()
 
     def _load(self) -> list[dict[str, Any]]:

@@ -136,9 +136,8 @@ def _score_samples(path: str, k: Sequence[int], task: Task, problems: list[Probl
         if task_id in chosen and (task_id, index) not in done:
             problem = task.problems[task_id]
             sandbox.submit((problem, index, completion, {}), problem.program(completion))
-    progress = tqdm(total=len(sandbox), desc=task.name)
-    _record(sandbox.finished(wait=True), results, progress)
-    progress.close()
+    with tqdm(total=len(sandbox), desc=task.name) as progress:
+        _record(sandbox.finished(wait=True), results, progress)
     return [p for p in problems if str(p.task_id) in per_task]
 
 

@@ -15,6 +15,7 @@ programs that game their tests, and reading world-readable files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -30,12 +31,12 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Status = Literal["passed", "failed", "timed out"]
 
 Isolation = Literal["auto", "namespaces", "none"]
-ISOLATION_LEVELS = ("auto", "namespaces", "none")
+ISOLATION_LEVELS = get_args(Isolation)
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
 # Each isolated program runs as a uid and gid of its own, drawn from these (owned by no one),
 # so RLIMIT_NPROC counts its processes alone, not those of programs running beside it.
@@ -87,10 +88,8 @@ def run_program(program: str, limits: Limits = Limits(),
                 isolation: Isolation = "auto") -> ExecResult:
     """Run `program` in a fresh process and directory under `limits`; never raises for its
     faults ("namespaces" where they do not work fails the program with the reason)."""
-    if isolation == "auto":
-        isolation = resolve_isolation("auto")
-    elif isolation not in ISOLATION_LEVELS:
-        raise ValueError(f"isolation={isolation!r}: expected one of {ISOLATION_LEVELS}")
+    if isolation != "namespaces":  # resolving "namespaces" runs this very function
+        isolation = resolve_isolation(isolation)
     sentinel = f"__mtp_sandbox_done_{secrets.token_hex(8)}__"
     workdir = tempfile.mkdtemp(prefix="mtp-sandbox-")
     start = time.perf_counter()
@@ -189,7 +188,7 @@ class Sandbox:
     def __enter__(self) -> Sandbox:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *_: object) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -224,10 +223,8 @@ def _collect(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bool, bool]
 
 def _kill_group(proc: subprocess.Popen) -> None:
     """Kill the launcher's whole process group (the program and anything it forked)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
     proc.stdout.close()
 
@@ -243,9 +240,7 @@ def _failure_reason(output: str, returncode: int) -> str:
 
 def _make_writable_and_retry(function, path, _exc_info) -> None:
     """`shutil.rmtree` error handler: a program may have removed permissions from its files."""
-    try:
+    with contextlib.suppress(OSError):
         os.chmod(os.path.dirname(path), 0o700)
         os.chmod(path, 0o700)
         function(path)
-    except OSError:
-        pass

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mtp.cli import check_positive
+from mtp.cli import check_number, check_positive
 from mtp.decode.drafters.base import Drafter, DrafterContext
 from mtp.decode.drafters.registry import AUTO, AUTOREGRESSIVE, DrafterSpec
 from mtp.decode.output import Generation
@@ -51,12 +51,10 @@ class Auto:
     def __post_init__(self) -> None:
         check_positive("tokens", self.tokens)
         check_positive("finalists", self.finalists)
-        if not self.margin >= 1:
-            raise ValueError(f"margin must be >= 1, got {self.margin!r}")
-        if self.budget is not None and not self.budget > 0:
-            raise ValueError(f"budget must be > 0 seconds (or None), got {self.budget!r}")
-        if not 0 < self.share <= 1:
-            raise ValueError(f"share must be in (0, 1], got {self.share!r}")
+        check_number("margin", self.margin, lambda v: v >= 1, ">= 1")
+        if self.budget is not None:
+            check_number("budget", self.budget, lambda v: v > 0, "> 0 seconds (or None)")
+        check_number("share", self.share, lambda v: 0 < v <= 1, "in (0, 1]")
         if not self.spec.measured:
             raise ValueError(f"{self.spec} names a drafter: nothing to measure")
 

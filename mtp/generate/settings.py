@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from mtp.cli import AUTO, check_flag, parse_dtype
+from mtp.cli import AUTO, check_flag, check_number, parse_dtype
 from mtp.decode.acceptance import acceptance_rule
 from mtp.decode.drafters.base import Drafter
 from mtp.decode.drafters.registry import DrafterSpec
@@ -58,8 +58,7 @@ class DecodeSettings:
             torch.device(self.device)
         except RuntimeError as error:
             raise ValueError(f"device={self.device!r}: {error}") from None
-        if not self.budget > 0:
-            raise ValueError(f"budget={self.budget!r} must be > 0 seconds")
+        check_number("budget", self.budget, lambda v: v > 0, "> 0 seconds")
 
     @property
     def spec(self) -> DrafterSpec:

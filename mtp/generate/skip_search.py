@@ -62,8 +62,7 @@ class SearchArgs(CheckpointCalibration):
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("step_cost", "verify_cost"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+            cli.check_number(name, getattr(self, name), lambda v: v >= 0, ">= 0")
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,8 @@ from mtp.train.flops import flops_per_token, mfu, resolve_peak_flops
 from mtp.train.loss import LossOutput, LossSettings, mtp_loss
 from mtp.train.optim import LRSchedule, build_optimizer, build_scheduler, schedules
 from mtp.train.pace import max_time_timer
-from mtp.train.parallel import (
-    apply_activation_checkpointing,
-    gradient_sync,
-    mixed_precision,
-    parallelize,
-)
+from mtp.train.parallel import (apply_activation_checkpointing, gradient_sync, mixed_precision,
+                                parallelize)
 from mtp.train.schedule import Progress
 from mtp.train.settings import TrainSettings
 from mtp.train.trunk_cache import TrunkCache

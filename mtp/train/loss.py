@@ -211,12 +211,13 @@ class _Heads:
 
     def output(self, losses: Sequence[Tensor], correct: Sequence[Tensor],
                exit_loss: Tensor | None = None, exit_hits: Tensor | None = None) -> LossOutput:
-        """The detached `LossOutput` of the heads' losses and hits (k,) each, and the exit's."""
+        """The detached `LossOutput` of the heads' losses and hits (k,) each, and the exit's
+        (1,)."""
         losses = [loss.detach() for loss in losses]
         total = sum(t.weight * loss for targets, head in zip(self.targets, losses)
                     for t, loss in zip(targets, head))
         if exit_loss is not None:
-            exit_loss = exit_loss.detach()
+            exit_loss, exit_hits = exit_loss.detach()[0], exit_hits[0]
             total = total + self.exit_weight * exit_loss
         ahead = len(self.targets[0]) - 1
         return LossOutput(loss=total, head_losses=torch.stack([loss[0] for loss in losses]),
@@ -240,7 +241,6 @@ def _naive_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads
         exit_total, exit_loss, exit_hits = _scored(
             model.unembed(model.head(trunk.exit_in, 0)).flatten(0, 1), heads.exit_targets())
         total = total + exit_total
-        exit_loss, exit_hits = exit_loss[0], exit_hits[0]
     if heads.backward is not None and total.requires_grad:
         heads.backward(total)
     _, losses, correct = zip(*results)
@@ -277,7 +277,6 @@ def _headwise_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _He
     if trunk.exit_in is not None:
         exit_loss, exit_hits = per_head(model, 0, model.head(trunk.exit_in, 0),
                                         heads.exit_targets(), backward)
-        exit_loss, exit_hits = exit_loss[0], exit_hits[0]
         if backward is not None and trunk.exit_in.grad is not None:
             backward(trunk.exit_state, trunk.exit_in.grad)
     return heads.output(losses, correct, exit_loss, exit_hits)

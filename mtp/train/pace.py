@@ -52,7 +52,7 @@ class ThreadSearch(Callback):
     def done(self) -> bool:
         return self.record is not None
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, *_: Any) -> None:
         self.record = given_threads(self.requested) or self._cached()
         if self.record is not None:
             say(self.record.describe())
@@ -70,16 +70,14 @@ class ThreadSearch(Callback):
         set_threads(found.value)
         return found.cached()
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                             batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, *_: Any) -> None:
         if self.done:
             return
         if self._batch >= 1:  # after the warm-up, one batch per count
             set_threads(self.counts[self._batch - 1])
         self._began = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                           outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, *_: Any) -> None:
         if self.done:
             return
         if self._batch >= 1:
@@ -88,7 +86,7 @@ class ThreadSearch(Callback):
         if self._batch > len(self.counts):
             self._finish()
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_end(self, *_: Any) -> None:
         if not self.done and self.rates:  # a run shorter than the search: what it measured
             self._finish()
 
@@ -117,12 +115,11 @@ class PaceCheck(Callback):
         self.warning: str | None = None
         self._checked, self._began, self._seen = False, 0.0, 0
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                             batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, *_: Any) -> None:
         self._began = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                           outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, _module: Any, _outputs: Any,
+                           batch: Any, *_: Any) -> None:
         seconds = time.perf_counter() - self._began
         if self._checked or self.search is not None and not self.search.done:
             return

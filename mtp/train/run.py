@@ -39,14 +39,8 @@ from mtp.train.pace import PaceCheck, ThreadSearch, max_time_timer
 from mtp.train.plots import MetricsHistory, write_plots
 from mtp.train.quiet import quiet_logger, quiet_third_party
 from mtp.train.settings import InitSettings, TrainSettings, check_settings
-from mtp.train.summary import (
-    SUMMARY_FILE,
-    decode_export,
-    decode_metrics,
-    decode_prompts,
-    val_figures,
-    write_summary,
-)
+from mtp.train.summary import (SUMMARY_FILE, decode_export, decode_metrics, decode_prompts,
+                               val_figures, write_summary)
 from mtp.tune import cpu_has_bf16, fingerprint, set_threads, tune_key
 
 
@@ -93,13 +87,11 @@ def lr_for_width(dim: int) -> float:
 # The errors a user's input raises: the command prints them in one line.
 USER_ERRORS = (ValueError, FileNotFoundError)
 
-OmegaConf.register_new_resolver("mtp.world_size", _world_size, replace=True)
-OmegaConf.register_new_resolver("mtp.decaying_weights", decaying_weights, replace=True)
-OmegaConf.register_new_resolver("mtp.split_weight", split_weight, replace=True)
-OmegaConf.register_new_resolver("mtp.cpu_precision", cpu_precision, replace=True)
-OmegaConf.register_new_resolver("mtp.context", context, replace=True)
-OmegaConf.register_new_resolver("mtp.lr_for_width", lr_for_width, replace=True)
-OmegaConf.register_new_resolver("mtp.smollm2_gguf", require_smollm2_gguf, replace=True)
+for _name, _resolver in {"world_size": _world_size, "decaying_weights": decaying_weights,
+                         "split_weight": split_weight, "cpu_precision": cpu_precision,
+                         "context": context, "lr_for_width": lr_for_width,
+                         "smollm2_gguf": require_smollm2_gguf}.items():
+    OmegaConf.register_new_resolver(f"mtp.{_name}", _resolver, replace=True)
 
 
 def compose(overrides: list[str] = ()) -> DictConfig:

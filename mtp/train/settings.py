@@ -326,10 +326,10 @@ def _section(kind: type, values: Mapping[str, Any], key: str) -> Any:
 def check_settings(cfg: DictConfig) -> TrainSettings:
     """The settings of a composed `conf/config.yaml`, built and checked against `cfg.model`
     (the `init_from` checkpoint's trunk is checked later, by `MTPLitModule`)."""
-    def section(key: str) -> dict[str, Any]:
-        return OmegaConf.to_container(cfg[key], resolve=True)
+    def section(kind: type, key: str, **given: Any) -> Any:
+        return _section(kind, {**given, **OmegaConf.to_container(cfg[key], resolve=True)}, key)
 
-    trainer, fsdp = cfg.trainer, section("fsdp")
+    trainer, fsdp = cfg.trainer, OmegaConf.to_container(cfg.fsdp, resolve=True)
     settings = TrainSettings(
         run=RunSettings(seq_len=cfg.seq_len, max_steps=trainer.get("max_steps"),
                         threads=cfg.threads, compile=cfg.compile,
@@ -337,10 +337,8 @@ def check_settings(cfg: DictConfig) -> TrainSettings:
                         param_dtype=fsdp.get("param_dtype", "auto"),
                         reduce_dtype=fsdp.get("reduce_dtype", "float32"),
                         peak_flops=trainer.get("peak_flops")),
-        loss=_section(LossSettings, section("loss"), "loss"),
-        optim=_section(OptimSettings, section("optim"), "optim"),
-        init=_section(InitSettings, {"init_from": cfg.init_from or None, **section("init")},
-                      "init"),
-        decode=_section(DecodeCheckSettings, section("decode"), "decode"))
+        loss=section(LossSettings, "loss"), optim=section(OptimSettings, "optim"),
+        init=section(InitSettings, "init", init_from=cfg.init_from or None),
+        decode=section(DecodeCheckSettings, "decode"))
     settings.check_model(n_future=cfg.model.n_future, max_seq_len=cfg.model.max_seq_len)
     return settings

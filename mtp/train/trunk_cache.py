@@ -24,17 +24,12 @@ from mtp.model import MTPModel
 Outputs = Tensor | tuple[Tensor, ...]  # what is kept of a batch: (B, ...) each
 
 
-def trunk_output(model: MTPModel, inputs: Tensor) -> Tensor:
-    """The trunk's output (B, T, D): what the cache keeps by default."""
-    return model.trunk(inputs)
-
-
 class TrunkCache:
-    """The frozen trunk's outputs by training-block index: `compute(model, inputs)`'s, a
-    tensor or a tuple of tensors (B, ...)."""
+    """The frozen trunk's outputs by training-block index: `compute(model, inputs)`'s (by
+    default the trunk's), a tensor or a tuple of tensors (B, ...)."""
 
-    def __init__(self, compute: Callable[[MTPModel, Tensor], Outputs] = trunk_output) -> None:
-        self._compute = compute
+    def __init__(self, compute: Callable[[MTPModel, Tensor], Outputs] | None = None) -> None:
+        self._compute = compute or (lambda model, inputs: model.trunk(inputs))  # (B, T, D)
         self._outputs: dict[int, tuple[Tensor, ...]] = {}
         self._tuple = False  # whether `compute` returns a tuple
 
@@ -64,5 +59,3 @@ class TrunkCache:
                         for part in zip(*(self._outputs[key] for key in keys)))
         return stacked if self._tuple else stacked[0]
 
-
-__all__ = ["TrunkCache"]
