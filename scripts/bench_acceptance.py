@@ -4,15 +4,11 @@ and tokens/s of the heads' tree under each rule.
     python scripts/bench_acceptance.py checkpoint=runs/smollm2_heads/export tree=tree16 \
         temperature=0.8
 
-Rows (every one lossless; the tests check the distributions):
-  specinfer distinct  siblings drawn without replacement, SpecInfer's recursive rejection
-                      (the default pairing)
-  specinfer iid       siblings drawn independently, SpecInfer's rule
-  spectr iid          the same i.i.d. siblings, SpecTr's k-sequential selection
-Each row decodes every prompt alone with the same seeds, so the two iid rows start from the
-same drafts. Prompts: HumanEval's `humaneval_select` (held out), or a `prompt_file`'s.
-Prints a table, then one JSON line: {"rules": {"<row>": {"tokens_per_forward",
-"tokens_per_second", "accepted_per_depth"}}, "temperature", ...}.
+Rows (all lossless): `specinfer distinct` (siblings drawn without replacement, SpecInfer's
+recursive rejection: the default), `specinfer iid` (siblings drawn independently) and
+`spectr iid` (the same drafts, SpecTr's k-sequential selection). Every prompt is decoded
+alone with the same seeds. Prompts: HumanEval's `humaneval_select` (held out), or a
+`prompt_file`'s. Prints a table, then one JSON line: {"rules": {"<row>": {...}}, ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint       anything mtp.load reads (required)
@@ -36,13 +32,11 @@ from omegaconf import MISSING
 from mtp import cli
 from mtp.bench.decoding import Decoding, saved_context
 from mtp.bench.machine import machine
-from mtp.bench.prompts import humaneval_selected
+from mtp.bench.prompts import HELD_OUT, file_or_selected
 from mtp.decode.drafters import DrafterSpec
-from mtp.cli import check_positive
 from mtp.decode.drafters.registry import option_owners
 from mtp.decode.sampling import SamplingConfig
 from mtp.generate.measure import time_generate
-from mtp.generate.prompts import read_prompts
 from mtp.generate.session import open_decoder
 
 ROWS = {"specinfer distinct": ("exact", "distinct"), "specinfer iid": ("exact", "iid"),
@@ -56,14 +50,13 @@ class AcceptanceArgs(Decoding):
     temperature: float = 0.8
     top_k: int | None = None
     top_p: float = 1.0
-    humaneval_select: list[int] = field(
-        default_factory=lambda: [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45])
+    humaneval_select: list[int] = field(default_factory=lambda: list(HELD_OUT))
     prompt_file: Path | None = None
     max_new_tokens: int = 80
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive("max_new_tokens", self.max_new_tokens)
+        cli.check_positive("max_new_tokens", self.max_new_tokens)
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature} must be > 0: the rules differ "
                              f"only when sampling")
@@ -88,10 +81,7 @@ def main(argv: list[str]) -> dict:
     args = parse_args(argv)
     decoder = open_decoder(args.checkpoint, args.settings(), max_new_tokens=args.max_new_tokens)
     model, tokenizer = decoder.model, decoder.tokenizer
-    if args.prompt_file is not None:
-        prompts = read_prompts(args.prompt_file)
-    else:
-        prompts = humaneval_selected(args.humaneval_select)
+    prompts = file_or_selected(args.prompt_file, args.humaneval_select)
     context = saved_context(args.checkpoint)
     rules = {}
     for name, (rule, siblings) in ROWS.items():

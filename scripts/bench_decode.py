@@ -8,27 +8,22 @@
     python scripts/bench_decode.py device=cuda dtype=bfloat16 compile=true   # captured steps
 
 Each prompt (data/prompts/code.jsonl, plus the first `humaneval` HumanEval prompts) is
-decoded alone (batch 1, greedy), as in the paper's latency measurements. After a warm-up, every
-repeat runs autoregressive decoding (k = 1), each k (a chain of k - 1 drafts), then each tree
-(`trees`); figures are medians over repeats of tokens/s over all prompts. `compile=true` runs
-the compiled decode step (CUDA graphs on a GPU) after an untimed pass that compiles every
-shape; `compile=both` alternates the eager and the compiled step in the same repeats and adds
-the eager tokens/s and `compile_speedup`.
-Prints a table, then one JSON line (`compiled` says which step ran): the best k's figures, a
-per-k list and, with trees, a per-tree list and the best tree's (`tree_*`: most tokens per
-forward). `identical`: every greedy speculative output equalled the autoregressive one of the
-same step, token for token. `forward_cost`: a speculative step's time over an autoregressive
-step's, also the break-even tokens per forward (speedup = tok/fwd / cost). `plain_cost`: a
-plain cached forward over as many tokens (trunk, head 0, unembedding) against one over a
-single token, timed apart: the arithmetic of the step's width; what `forward_cost` adds is the
-engine's overhead (drafting, the heads, acceptance, the host read). `repeated`: the share of
-output tokens inside an 8-gram the same output already produced (degenerate text).
+decoded alone (batch 1, greedy). After a warm-up, every repeat runs autoregressive decoding
+(k = 1), each k, then each tree; figures are medians over repeats. `compile=true` times the
+compiled decode step after an untimed pass that compiles every shape; `compile=both`
+alternates eager and compiled steps and adds the eager tokens/s and `compile_speedup`.
+Prints a table, then one JSON line: the best k's figures, `per_k` and `per_tree` lists, the
+best tree's (`tree_*`: most tokens per forward). `identical`: every greedy speculative output
+equalled the autoregressive one of the same step. `forward_cost`: a speculative step's time
+over an autoregressive step's (speedup = tok/fwd / cost); `plain_cost`: a plain cached forward
+over as many tokens against one over a single token (the width's arithmetic alone, the rest
+of `forward_cost` being the engine's overhead). `repeated`: the share of output tokens inside
+an 8-gram the same output already produced.
 
 Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
 below.
   checkpoint       an export dir or .ckpt (null: the newest byte8 export under
                    ./outputs/train); or random_model=true: an untrained byte8-shaped model
-                   (tokens/forward ~1)
   prompts          data/prompts/code.jsonl; humaneval: also the first N HumanEval prompts (0)
   max_new_tokens   128
   ks               the heads' k (null: 2..n_future)
@@ -36,12 +31,9 @@ below.
                    checkpoint's calibration), .json files of rank paths
   plot             write a plot of the trees and chains here (null: none)
   repeats          3
-  batch_size       1 prompt decoded at a time (tokens/forward and identical do not depend on
-                   it; tokens/s does)
-  compile          false (default), true (the compiled decode step: CUDA graphs on a GPU) or
-                   both (eager and compiled, alternating)
-  unstacked_heads  false; true runs the heads one by one, not as one batched block per layer
-                   (engine.STACK_HEADS): what stacking buys
+  batch_size       1 prompt decoded at a time
+  compile          false, true (the compiled step: CUDA graphs on a GPU) or both (alternating)
+  unstacked_heads  false; true runs the heads one by one (engine.STACK_HEADS): what stacking buys
 """
 
 from __future__ import annotations
@@ -57,10 +49,8 @@ from mtp import cli
 from mtp.bench.decoding import KEYS, Decoding, saved_context
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
 from mtp.decode import engine
-from mtp.cli import check_positive
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.output import repetition
-from mtp.generate import generate
 from mtp.generate.measure import plain_forward_seconds, time_generate
 from mtp.generate.prompts import read_prompts
 from mtp.generate.session import open_decoder
@@ -91,7 +81,7 @@ class DecodeBenchArgs(Decoding):
             raise ValueError("give checkpoint=... or random_model=true, not both")
         cli.check_choice("compile", self.compile, COMPILE)
         cli.check_positives(self, "max_new_tokens", "repeats", "batch_size")
-        check_positive("humaneval", self.humaneval, least=0)
+        cli.check_positive("humaneval", self.humaneval, least=0)
         if self.ks is not None and (not self.ks or min(self.ks) < 2):
             raise ValueError(f"ks={self.ks}: each k must be >= 2 (k=1 is autoregressive, "
                              f"always measured)")
@@ -174,12 +164,10 @@ def main(argv: list[str]) -> None:
     compiled = args.compile is not False  # the step the main figures come from
     modes = {False: [False], True: [True], "both": [False, True]}[args.compile]
     for drafter in configs.values():  # warm-up: allocator, kernels, caches; compiled shapes
-        for mode in modes:
-            if mode:
-                time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
-                              batch_size=args.batch_size, drafter=drafter, compile=True)
-            else:
-                generate(model, tokenizer, prompts[:1], max_new_tokens=16, drafter=drafter)
+        for mode in modes:  # the compiled step meets every shape it will be timed on
+            time_generate(model, tokenizer, prompts if mode else prompts[:1],
+                          max_new_tokens=args.max_new_tokens if mode else 16,
+                          batch_size=args.batch_size, drafter=drafter, compile=mode)
     speed = {(name, mode): [] for name in configs for mode in modes}
     # Each step (eager, compiled) is checked against its own autoregressive output: in bfloat16
     # the compiled step's fused kernels round differently from the eager step's, and greedy

@@ -6,30 +6,24 @@ dtype, and whether its ids are the exact reference's.
         dtypes=[float32,bfloat16] threads=2
 
 In every dtype: autoregressive decoding at width 1 (the plain step; float32's is every
-speed-up's baseline) and at width W in exact mode (the reference, once per W); then each
-method plain and in exact mode at its widest step W, alternating `repeats` times (best kept)
-so a shared machine's load reaches both alike. A row per method and dtype:
-  plain, exact    tokens/s
-  cost            plain tokens/s over exact's: 1.05 is exact mode 5% slower
-  speedup         exact mode's tokens/s over float32 width-1 autoregressive decoding's
-  identical       the exact ids equal the exact reference's (the guarantee, measured)
-  plain_identical the plain ids equal width-1 autoregressive decoding's in that dtype
-  tokens_per_forward (exact mode's), width, repeated (the share of tokens inside an n-gram
-                  of `repeated_ngram` tokens seen earlier in the same output)
-Prompts: HumanEval's (held out from every training set here), `humaneval_select`, or a
-`prompt_file`'s, each decoded alone (batch 1), greedy. Prints a table, then one JSON line:
-{"rows": {"<method> <dtype>": {"plain", "exact", "cost", "speedup", "identical", "plain_identical",
-"tokens_per_forward", "width", "repeated"}}, "baseline": <float32 width-1 tokens/s>, ...}.
+speed-up's baseline) and in exact mode at each width W (the reference); then each method plain
+and in exact mode at its widest step W, alternating `repeats` times (best kept). Per row:
+tokens/s `plain` and `exact`, `cost` (plain over exact: 1.05 is exact mode 5% slower),
+`speedup` (exact over the baseline), `identical` (exact ids equal the exact reference's),
+`plain_identical` (plain ids equal width-1 autoregressive decoding's), `tokens_per_forward`,
+`width`, `repeated` (the share of tokens inside an earlier `repeated_ngram`-gram).
+Prompts: HumanEval's `humaneval_select` (held out), or a `prompt_file`'s, each decoded alone
+(batch 1), greedy. Prints a table, then one JSON line: {"rows": {"<method> <dtype>": {...}},
+"baseline": <float32 width-1 tokens/s>, ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar); the drafters' options (num_draft=8,
 draft_model=..., skip=...) size every method they belong to, as on generate's command line.
   checkpoint       anything mtp.load reads (required)
-  methods          ["heads k=4",prompt_lookup]: drafters by name, each with its own options
-                   quoted with it ("heads tree=tree16")
+  methods          ["heads k=4",prompt_lookup]: drafters by name, options quoted with them
   dtypes           [float32,bfloat16]
   humaneval_select [0,1,2,3,4,5,40,41,42,43,44,45]: HumanEval prompts by index
   max_new_tokens   80
-  repeats          2 alternating runs of plain and exact mode per method (best kept)
+  repeats          2 alternating runs of plain and exact mode (best kept)
   repeated_ngram   16
   device, threads  cpu; auto (measured) or a count, as python -m mtp.generate takes them
 """
@@ -45,55 +39,42 @@ from typing import Any
 from omegaconf import MISSING
 
 from mtp import cli
-from mtp.bench.decoding import saved_context
+from mtp.bench.decoding import SHORT, Dtypes, machine_line, print_table, saved_context
 from mtp.bench.machine import machine
-from mtp.bench.prompts import humaneval_selected
-from mtp.cli import AUTO
+from mtp.bench.prompts import HELD_OUT, file_or_selected
 from mtp.decode.drafters import Drafter, DrafterContext, DrafterSpec
 from mtp.decode.drafters.registry import (AUTOREGRESSIVE, entry_spec, option_owners,
                                           options_help)
 from mtp.decode.output import repetition
 from mtp.generate.measure import Timed, step_width, time_generate
-from mtp.generate.prompts import read_prompts
-from mtp.generate.session import DecodeSettings, open_decoder
+from mtp.generate.session import open_decoder
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
 
 @dataclass(frozen=True, kw_only=True)
-class ExactArgs:
+class ExactArgs(Dtypes):
     checkpoint: str = MISSING
     methods: list[str] = field(default_factory=lambda: ["heads k=4", "prompt_lookup"])
     options: dict[str, Any] = field(default_factory=dict)
     dtypes: list[str] = field(default_factory=lambda: ["float32", "bfloat16"])
-    humaneval_select: list[int] = field(
-        default_factory=lambda: [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45])
+    humaneval_select: list[int] = field(default_factory=lambda: list(HELD_OUT))
     prompt_file: Path | None = None
     max_new_tokens: int = 80
     repeats: int = 2
     repeated_ngram: int = 16
-    device: str = "cpu"
-    threads: int | str | None = AUTO
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         cli.check_positives(self, "max_new_tokens", "repeats", "repeated_ngram")
-        if not (self.dtypes and self.methods and self.humaneval_select):
-            raise ValueError(f"dtypes={self.dtypes}, methods={self.methods} and "
-                             f"humaneval_select={self.humaneval_select} each need an entry")
-        for name in self.dtypes:
-            if cli.parse_dtype(name) is None:
-                raise ValueError(f"dtypes={self.dtypes}: name float32, bfloat16 or float16")
+        if not (self.methods and self.humaneval_select):
+            raise ValueError(f"methods={self.methods} and humaneval_select="
+                             f"{self.humaneval_select} each need an entry")
         for entry in self.methods:
             self.spec(entry)  # each names a drafter, with options that size it
 
     def spec(self, entry: str) -> DrafterSpec:
         return entry_spec(entry, self.options, "methods")
-
-    def settings(self) -> DecodeSettings:
-        return DecodeSettings(drafter=AUTOREGRESSIVE, device=self.device, dtype=self.dtypes[0],
-                              threads=self.threads)
 
 
 def parse_args(argv: list[str]) -> ExactArgs:
@@ -158,33 +139,26 @@ class Bench:
               f"{exact.tokens_per_second:.1f} tokens/s", file=sys.stderr)
 
 
-def print_table(rows: dict[str, dict]) -> None:
-    width = max(map(len, rows))
-    print(f"{'method':<{width}} {'plain':>7} {'exact':>7} {'cost':>6} {'speedup':>8} "
-          f"{'tok/fwd':>7} {'identical':>9} {'plain_id':>8} {'repeated':>8}")
-    for name, r in rows.items():
-        print(f"{name:<{width}} {r['plain']:>7.1f} {r['exact']:>7.1f} {r['cost']:>6.3f} "
-              f"{r['speedup']:>7.2f}x {r['tokens_per_forward']:>7.2f} {str(r['identical']):>9} "
-              f"{str(r['plain_identical']):>8} {r['repeated']:>8.2f}")
+COLUMNS = [("plain", "plain", 7, "{:.1f}"), ("exact", "exact", 7, "{:.1f}"),
+           ("cost", "cost", 6, "{:.3f}"), ("speedup", "speedup", 8, "{:.2f}x"),
+           ("tok/fwd", "tokens_per_forward", 7, "{:.2f}"), ("identical", "identical", 9, None),
+           ("plain_id", "plain_identical", 8, None), ("repeated", "repeated", 8, "{:.2f}")]
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     decoder = open_decoder(args.checkpoint, args.settings(), max_new_tokens=args.max_new_tokens)
-    if args.prompt_file is not None:
-        prompts, source = read_prompts(args.prompt_file), args.prompt_file.name
-    else:
-        prompts, source = humaneval_selected(args.humaneval_select), "HumanEval"
+    prompts = file_or_selected(args.prompt_file, args.humaneval_select)
+    source = "HumanEval" if args.prompt_file is None else args.prompt_file.name
     bench = Bench(args, decoder.model, decoder.tokenizer, prompts,
                   saved_context(args.checkpoint))
     for dtype in args.dtypes:
         bench.dtype(dtype)
     info = machine(args.device)
-    print(f"checkpoint {args.checkpoint}  device {args.device}  threads {info['threads']}  "
-          f"load {' '.join(map(str, info['load']))}  flags {' '.join(info['cpu_flags'])}")
+    print(f"checkpoint {args.checkpoint}  device {args.device}  {machine_line(info)}")
     print(f"prompts: {len(prompts)} {source} x {args.max_new_tokens} new tokens, batch 1, "
           f"greedy; float32 width-1 autoregressive {bench.baseline:.1f} tokens/s")
-    print_table(bench.rows)
+    print_table(bench.rows, COLUMNS)
     print(json.dumps({"rows": bench.rows, "baseline": round(bench.baseline, 2),
                       "checkpoint": str(args.checkpoint), "prompts": len(prompts),
                       "max_new_tokens": args.max_new_tokens, **info}))

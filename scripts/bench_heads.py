@@ -1,24 +1,14 @@
 """Parallel heads against sequential modules: one trunk, one training budget, n = 4 and n = 8.
 
-For each n of `n_future` and each head type (`block`: the paper's parallel heads, all on the
-trunk output; `sequential`: DeepSeek-V3's modules, a chain) it trains the byte8 recipe's shape
-(`+experiment=byte8`: bytes, compute-matched `model=small`, 12 blocks per token: a
-(12 - n)-block trunk and n one-block heads; batch 16 x 256), shortened to `steps` steps (one
-value, or one per n), with the repo's trainer; then measures, per run:
-
-- head accuracies: `val/acc_head{i}` after the last step. A sequential module is
-  teacher-forced (module k reads the true byte t + k), so its accuracy is the next byte's
-  after a correct draft; the tokens per forward compare the two as drafters;
-- tokens per forward: the first `humaneval` HumanEval prompts (`max_new_tokens` each) with
-  the chain of every head (k = n) and with the `tree`, greedy and at temperature 0.8, and
-  `repeated` (the share of tokens inside an earlier 16-byte n-gram): a briefly trained
-  model's greedy output loops, so the sampled figures are the ones that compare drafting;
-- memory: one training step's peak memory above what the process held before it (RSS, in a
-  fresh process: `scripts/bench_memory.py`'s measurement), float32;
-- step time: one optimizer step (loss, backward, clipping, AdamW), float32, best of
-  `time_steps` after a warm-up.
-Memory and step time depend on the architecture, not the weights: they are measured on a
-fresh model, and cost_only=true measures them without training.
+For each n of `n_future` and each head type (`block`: the paper's parallel heads on the trunk
+output; `sequential`: DeepSeek-V3's chained modules) it trains the byte8 recipe's shape
+(`+experiment=byte8`) for `steps` steps (one value, or one per n) with the repo's trainer, then
+measures per run: the heads' last `val/acc_head{i}` (a sequential module is teacher-forced);
+tokens per forward and `repeated` (the share inside an earlier 16-byte n-gram) on the first
+`humaneval` HumanEval prompts with every head's chain and with `tree`, greedy and at T = 0.8
+(a briefly trained model's greedy output loops); one training step's peak memory
+(`scripts/bench_memory.py`'s measurement, in a fresh process) and its time (best of
+`time_steps`), float32, on a fresh model (cost_only=true: those alone, no training).
 
 Runs that exist in `out` are reused. Speed figures belong under the machine's lock, training
 does not: train and measure first, then time alone under the lock:
@@ -26,9 +16,8 @@ does not: train and measure first, then time alone under the lock:
     python scripts/bench_heads.py out=runs/heads time=false
     flock "$LOCK" nice -n -5 python scripts/bench_heads.py out=runs/heads cost_only=true
 
-Prints a table, writes `plot`, and ends with one JSON line: {"runs": {"<type> n=<n>":
-{"head_type", "n_future", "steps", "val_acc": [...], "tokens_per_forward_{chain,tree}[_t08]",
-"repeated_{chain,tree}[_t08]", "step_bytes", "step_seconds"}}, "tree", ...}.
+Prints a table, writes `plot`, and ends with one JSON line: {"runs": {"<type> n=<n>": {...}},
+"tree", ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar), and the recipe's overrides (below), e.g.
 model=tiny for a smaller shape:

@@ -7,17 +7,12 @@
     python scripts/bench_hf.py checkpoint=DIR humaneval=10 static=false   # no compiling
 
 The model is exported with `mtp.export_hf` and loaded back with transformers'
-`AutoModelForCausalLM` in the same dtype. Each prompt is decoded alone (batch 1, greedy) by
-transformers' `generate`, by it with its compiled static cache (`static=false` leaves it out:
-compiling a large model on a CPU takes minutes), by its prompt lookup
-(`prompt_lookup_num_tokens`), and by mtp at k = 1 (autoregressive) and every k up to n_future
-(`compile=true`: mtp's step compiled). mtp and transformers get the same input ids
-(`encode_prompt`) and stop at EOS or after `max_new_tokens`. Repeats run every method in turn
-after a warm-up (compiled methods first decode every prompt untimed); figures are medians of
-new tokens/s. `identical`: every method produced the same ids; `distinct_4grams` (distinct /
-total 4-grams) says how repetitive the text is: speed-ups on looping text are not
-representative.
-Prints a table, then one JSON line.
+`AutoModelForCausalLM` in the same dtype. Each prompt is decoded alone (batch 1, greedy), from
+the same input ids to EOS or `max_new_tokens`, by transformers' `generate`, by it with its
+compiled static cache, by its prompt lookup, and by mtp at every k up to n_future. Repeats run
+every method in turn after a warm-up; figures are medians of new tokens/s. `identical`: every
+method produced the same ids; `distinct_4grams` (distinct / total 4-grams): speed-ups on
+looping text are not representative. Prints a table, then one JSON line.
 
 Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
 below.
@@ -28,7 +23,8 @@ below.
   prompt_lookup_tokens   10: transformers' prompt_lookup_num_tokens
   repeats          3
   compile          false: mtp's compiled decode step (CUDA graphs on a GPU) with true
-  static           true: transformers' compiled static-cache generate (false leaves it out)
+  static           true: transformers' compiled static-cache generate (false leaves it out:
+                   compiling a large model on a CPU takes minutes)
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ from mtp import cli
 from mtp.bench.decoding import KEYS, Decoding
 from mtp.bench.hf import hf_model, static_compiled, time_hf
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
-from mtp.cli import check_positive
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
@@ -72,7 +67,7 @@ class HfBenchArgs(Decoding):
         if (self.checkpoint is None) == (not self.random_bpe_model):
             raise ValueError("give checkpoint=... or random_bpe_model=true (one of them)")
         cli.check_positives(self, "max_new_tokens", "prompt_lookup_tokens", "repeats")
-        check_positive("humaneval", self.humaneval, least=0)
+        cli.check_positive("humaneval", self.humaneval, least=0)
 
 
 def parse_args(argv: list[str]) -> HfBenchArgs:
@@ -95,13 +90,6 @@ def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
     return MTPModel(config).eval(), tokenizer
 
 
-def time_mtp(model, tokenizer, prompts: list[str], max_new_tokens: int, k: int,
-             compile: bool) -> tuple[float, list[list[int]], float]:
-    timed = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                          drafter=DrafterSpec("heads", k=k).build(model), compile=compile)
-    return timed.seconds, timed.token_ids, timed.stats.tokens_per_forward
-
-
 def distinct_4grams(outputs: list[list[int]]) -> float:
     grams = [tuple(ids[i:i + 4]) for ids in outputs for i in range(len(ids) - 3)]
     return len(set(grams)) / max(len(grams), 1)
@@ -111,7 +99,6 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     import transformers
 
-    transformers.logging.set_verbosity_error()
     device = torch.device(args.device)
     prompts = humaneval_prompts(args.humaneval) if args.humaneval else read_prompts(args.prompts)
     settings = args.settings()
@@ -129,28 +116,28 @@ def main(argv: list[str]) -> None:
     hf = hf_model(model, tokenizer)
 
     ks = list(range(2, model.config.n_future + 1))
-    methods = {
-        "hf": lambda n, tokens: time_hf(hf, inputs[:n], tokens, tokenizer),
-        "hf_static": lambda n, tokens: time_hf(hf, inputs[:n], tokens, tokenizer,
-                                               **static_compiled(device)),
-        "hf_prompt_lookup": lambda n, tokens: time_hf(
-            hf, inputs[:n], tokens, tokenizer, prompt_lookup_num_tokens=args.prompt_lookup_tokens),
-        **{f"mtp_k{k}": (lambda n, tokens, k=k: time_mtp(model, tokenizer, prompts[:n], tokens,
-                                                        k, args.compile))
-           for k in [1, *ks]},
-    }
-    if not args.static:
-        del methods["hf_static"]
-    compiled = {"hf_static"} | ({f"mtp_k{k}" for k in [1, *ks]} if args.compile else set())
+    hf_options = {"hf": {}, **({"hf_static": static_compiled(device)} if args.static else {}),
+                  "hf_prompt_lookup": {"prompt_lookup_num_tokens": args.prompt_lookup_tokens}}
+    drafters = {f"mtp_k{k}": DrafterSpec("heads", k=k).build(model) for k in [1, *ks]}
+    methods = [*hf_options, *drafters]
+
+    def run(name: str, n: int, tokens: int) -> tuple[float, list[list[int]], float | None]:
+        if name in hf_options:
+            return time_hf(hf, inputs[:n], tokens, tokenizer, **hf_options[name])
+        timed = time_generate(model, tokenizer, prompts[:n], max_new_tokens=tokens,
+                              drafter=drafters[name], compile=args.compile)
+        return timed.seconds, timed.token_ids, timed.stats.tokens_per_forward
+
+    compiled = {"hf_static", *(drafters if args.compile else ())}
     with torch.inference_mode():
-        for name, method in methods.items():  # warm-up: allocator, kernels, compiled shapes
-            method(len(prompts), args.max_new_tokens) if name in compiled else method(1, 16)
+        for name in methods:  # warm-up: allocator, kernels, compiled shapes
+            run(name, len(prompts), args.max_new_tokens) if name in compiled else run(name, 1, 16)
         speed = {name: [] for name in methods}
         outputs, tokens_per_forward = {}, {}
         for _ in range(args.repeats):
-            for name, method in methods.items():
-                seconds, outputs[name], tokens_per_forward[name] = method(len(prompts),
-                                                                          args.max_new_tokens)
+            for name in methods:
+                seconds, outputs[name], tokens_per_forward[name] = run(name, len(prompts),
+                                                                       args.max_new_tokens)
                 speed[name].append(sum(map(len, outputs[name])) / seconds)
     median = {name: statistics.median(values) for name, values in speed.items()}
     static = median.get("hf_static")  # None with static=false

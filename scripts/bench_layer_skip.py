@@ -4,14 +4,11 @@ trunk layers skipped, beside autoregressive decoding.
     python -m mtp.generate.skip_search checkpoint=CKPT       # keeps the skip choice
     python scripts/bench_layer_skip.py checkpoint=CKPT skipped=[1,2,4,8] num_draft=3
 
-The skipped sets are the search's nested ones: for each count m of `skipped`, the first m
-layers of the choice's `order` (least harmful first), plus the search's own choice. Prompts:
-HumanEval's (by index; held out from the search's MBPP prompts), each decoded alone (batch
-1), greedily. Each row: tokens/s, speed-up, tokens per forward, the first draft's acceptance,
-the draft's share of a token's weights, identical greedy ids and the repeated share of the
-text. Prints a table and ends with one JSON line: {"rows": {"<name>": {"skipped",
-"tokens_per_second", "speedup", "tokens_per_forward", "acceptance", "draft_share",
-"identical", "repeated"}}, ...}.
+The skipped sets: for each count m of `skipped`, the first m layers of the choice's `order`
+(least harmful first), plus the search's own choice. Prompts: HumanEval's by index (held
+out), each decoded alone (batch 1), greedily. A row also gives the first draft's acceptance
+and the draft's share of a token's weights. Prints a table and ends with one JSON line:
+{"rows": {"<name>": {...}}, ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
 below.
@@ -34,9 +31,9 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from mtp import cli
-from mtp.bench.decoding import KEYS, Decoding, saved_context
+from mtp.bench.decoding import KEYS, Decoding, machine_line, print_table, saved_context
 from mtp.bench.machine import machine
-from mtp.bench.prompts import humaneval_selected
+from mtp.bench.prompts import HELD_OUT, humaneval_selected
 from mtp.decode.drafters.layer_skip import LayerSkip, SkipChoice
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.output import repetition
@@ -45,7 +42,10 @@ from mtp.generate.session import open_decoder
 from mtp.generate.skip_search import draft_share
 from mtp.model import MTPConfig
 
-DEFAULT_PROMPTS = [0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45]
+COLUMNS = [("tokens/s", "tokens_per_second", 9, "{:.1f}"), ("speedup", "speedup", 8, "{:.2f}x"),
+           ("tok/fwd", "tokens_per_forward", 8, "{:.2f}"), ("accept", "acceptance", 7, "{:.2f}"),
+           ("share", "draft_share", 6, "{:.2f}"), ("identical", "identical", 9, None),
+           ("repeated", "repeated", 8, "{:.2f}")]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +55,7 @@ class LayerSkipArgs(Decoding):
     skipped: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     num_draft: int = 3
     threshold: float = 0.0
-    humaneval: list[int] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
+    humaneval: list[int] = field(default_factory=lambda: list(HELD_OUT))
     prompt: list[str] | None = None
     max_new_tokens: int = 80
     repeated_ngram: int = 16
@@ -75,14 +75,11 @@ def parse_args(argv: list[str]) -> LayerSkipArgs:
 
 def skip_choice(args: LayerSkipArgs, config: MTPConfig) -> SkipChoice:
     """The search's choice: `choice`'s file, or the checkpoint's kept one."""
-    shape = {"n_layers": config.n_layers, "vocab_size": config.vocab_size}
-    if args.choice is not None:
-        return SkipChoice.load(args.choice, **shape)
-    saved = saved_context(args.checkpoint).saved.get(LayerSkip.saved)
+    saved = args.choice or saved_context(args.checkpoint).saved.get(LayerSkip.saved)
     if saved is None:
         raise ValueError(f"{args.checkpoint} has no layer-skip choice: python -m "
                          f"mtp.generate.skip_search checkpoint=... (or give choice=FILE)")
-    return SkipChoice.load(saved, **shape)
+    return SkipChoice.load(saved, n_layers=config.n_layers, vocab_size=config.vocab_size)
 
 
 def main(argv: list[str]) -> None:
@@ -97,12 +94,12 @@ def main(argv: list[str]) -> None:
     if order is None:
         raise ValueError("the choice has no search order: search again with "
                          "python -m mtp.generate.skip_search")
-    sets = {f"skip {m} of {n_layers}": tuple(sorted(order[:m]))
+    sets = {f"skip {m} of {n_layers}": (tuple(sorted(order[:m])), args.num_draft)
             for m in args.skipped if 0 < m < n_layers}
-    sets[f"search's choice ({len(choice.skip)}), k={choice.num_draft}"] = choice.skip
+    sets[f"search's choice ({len(choice.skip)}), k={choice.num_draft}"] = (choice.skip,
+                                                                             choice.num_draft)
     methods: dict[str, tuple[tuple[int, ...], LayerSkip | None]] = {"autoregressive": ((), None)}
-    for name, skip in sets.items():
-        k = choice.num_draft if skip == choice.skip and "choice" in name else args.num_draft
+    for name, (skip, k) in sets.items():
         methods[name] = (skip, DrafterSpec("layer_skip", skip=list(skip), num_draft=k,
                                            threshold=args.threshold).build(model))
 
@@ -125,19 +122,10 @@ def main(argv: list[str]) -> None:
             "repeated": round(repetition(ids, args.repeated_ngram), 3)}
 
     info = machine("cpu")
-    print(f"checkpoint {args.checkpoint}  threads {info['threads']}  load "
-          f"{' '.join(map(str, info['load']))}  flags {' '.join(info['cpu_flags'])}")
+    print(f"checkpoint {args.checkpoint}  {machine_line(info)}")
     print(f"{len(prompts)} prompts x {args.max_new_tokens} new tokens, batch 1, greedy; "
           f"num_draft {args.num_draft}, threshold {args.threshold}")
-    width = max(map(len, rows))
-    print(f"{'method':<{width}} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} {'accept':>7} "
-          f"{'share':>6} {'identical':>9} {'repeated':>8}")
-    for name, row in rows.items():
-        accept = "" if row["acceptance"] is None else f"{row['acceptance']:.2f}"
-        share = "" if row["draft_share"] is None else f"{row['draft_share']:.2f}"
-        print(f"{name:<{width}} {row['tokens_per_second']:>9.1f} {row['speedup']:>7.2f}x "
-              f"{row['tokens_per_forward']:>8.2f} {accept:>7} {share:>6} "
-              f"{str(row['identical']):>9} {row['repeated']:>8.2f}")
+    print_table(rows, COLUMNS)
     print(json.dumps({"rows": rows, "checkpoint": str(args.checkpoint), "prompts": len(prompts),
                       "max_new_tokens": args.max_new_tokens, "num_draft": args.num_draft,
                       "threshold": args.threshold, **info}))

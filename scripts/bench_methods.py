@@ -4,41 +4,22 @@ forward, identical greedy output, and how repetitive the output is.
     python scripts/bench_methods.py checkpoint=runs/byte8/export \
         draft_model=runs/draft_small/export humaneval=24 max_new_tokens=128
 
-Methods (`methods`, in order; autoregressive decoding always comes first): drafters by their
-registered names (as `python -m mtp.generate drafter=NAME`), and `auto`. A name alone measures
-what `drafter=auto` measures of that drafter (its `candidates`: the heads at every k and a
-calibrated checkpoint's auto trees, prompt lookup, the fastest heads chain with prompt
-lookup, the draft model with draft_model=, layer skipping with a searched choice or skip=);
-a drafter auto does not measure (lookahead) runs as named. A quoted name with options
-("heads k=4", "heads tree=tree16", "prompt_lookup adaptive=true") measures that one drafter.
-The drafters' options given as keys (num_draft=8 draft_model=... window=5 ...) size every
-method they belong to; an entry's own options override them (k and tree make "heads" that
-one drafter). `auto` measures every drafter's candidates on `auto_prompts` prompts spread
-over the set and keeps the fastest (its measuring time is reported apart; `budget` bounds
-it).
+Methods (after autoregressive decoding): drafters by their registered names, and `auto`. A
+name alone measures what `drafter=auto` measures of that drafter (lookahead, which auto does
+not measure, runs as named); a quoted name with options ("heads tree=tree16") measures that one
+drafter. Drafter options given as keys (num_draft=8 draft_model=...) size every method they
+belong to. `auto` keeps the fastest of its candidates (its time reported apart). Each prompt
+is decoded alone (batch 1), greedily and at each `temperatures` value > 0 (seeded; rows
+"<name> T=<t>", identical null); `dtypes` adds rows "<name> bf16".
 
-`dtypes=[float32,bfloat16]` measures every method again in bfloat16 (rows "<name> bf16":
-speed-ups against float32 autoregressive decoding, `identical` against bfloat16's own);
-`hf=true` adds transformers' `generate` and its prompt lookup on the same weights, in the
-first dtype (and `assistant_early_exit` with hf_early_exit=LAYER). Prompts: code.jsonl
-(unless code_prompts=false) plus the first `humaneval` HumanEval prompts (or
-`humaneval_select`'s), each decoded alone (batch 1) for `max_new_tokens` tokens, without stop
-strings, greedily and at each `temperatures` value > 0 (seeded).
-
-Speed-ups from degenerate text mean nothing: a model that loops makes every drafter look
-perfect. `repeated` is the share of generated tokens inside an n-gram (`repeated_ngram`)
-already generated in the same output; the script warns above 0.5. Prints a table, writes a
-plot (`plot`), and ends with one JSON line: {"methods": {"<name>": {"tokens_per_second",
-"speedup", "tokens_per_forward", "forward_cost", "identical", "repeated"}, ...}, ...};
-sampled rows are "<name> T=<t>" with identical null. `forward_cost`: a step's time in
-autoregressive steps of the same dtype (tokens per forward over the speed-up); transformers'
-rows have neither.
+`repeated`: the share of generated tokens inside an n-gram already generated in the same
+output (a looping model makes every drafter look perfect; warned above 0.5). `forward_cost`:
+a step's time in autoregressive steps of the same dtype. Prints a table, writes `plot`, and
+ends with one JSON line: {"methods": {"<name>": {...}}, ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar); the drafters' options are below.
   checkpoint       anything mtp.load reads (required)
-  methods          [heads,prompt_lookup,heads+prompt_lookup,draft_model,layer_skip,lookahead,
-                   auto] (default: every drafter, and auto); e.g. 'methods=[heads,"heads
-                   tree=tree16",prompt_lookup,"prompt_lookup adaptive=true"]'
+  methods          every drafter, and auto; e.g. 'methods=[heads,"heads tree=tree16",auto]'
   prompts          data/prompts/code.jsonl; code_prompts=false leaves it out
   humaneval        24 HumanEval prompts (0: none); humaneval_select: these indices instead
   max_new_tokens   128
@@ -46,10 +27,9 @@ Arguments are key=value (`mtp.cli`'s grammar); the drafters' options are below.
   auto_prompts     4 prompts (evenly spaced) auto measures its candidates on
   budget           the most seconds auto measures (null: no limit)
   repeated_ngram   16: the n-gram size of `repeated`
-  dtypes           [float32] (float32, bfloat16, float16): decode in each (speed-ups against
-                   the first one's autoregressive decoding; identical against its own)
-  hf               false: with true, transformers' generate and its prompt lookup (greedy) on
-                   the same weights; hf_early_exit=LAYER adds its assistant_early_exit
+  dtypes           [float32] (float32, bfloat16, float16): decode in each
+  hf               false: true adds transformers' greedy generate and its prompt lookup, in the
+                   first dtype; hf_early_exit=LAYER adds its assistant_early_exit
   plot             write a bar chart (.png) here (null: none)
   device, threads  cpu; auto (measured) or a count, as python -m mtp.generate takes them
 
@@ -74,23 +54,21 @@ import torch
 from omegaconf import MISSING
 
 from mtp import cli
-from mtp.bench.decoding import saved_context
+from mtp.bench.decoding import SHORT, Dtypes, machine_line, print_table, saved_context
 from mtp.bench.machine import machine
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts, humaneval_selected, spread
 from mtp.decode.drafters import Drafter, DrafterContext, DrafterSpec, drafter_types
-from mtp.cli import check_positive
 from mtp.decode.drafters.registry import AUTO, AUTOREGRESSIVE, option_owners, options_help
 from mtp.decode.output import repetition
 from mtp.decode.sampling import SamplingConfig
 from mtp.generate.auto import Auto
 from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
-from mtp.generate.session import DecodeSettings, open_decoder
+from mtp.generate.session import open_decoder
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
 DRAFT_MODEL_COMMAND = " ".join(__doc__.rsplit("\n\n", 1)[1].replace("\\\n", "").split())
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 OPTIONS = re.compile(r"(?<!heads)\([^()]*\)")  # a drafter's options in its repr, the heads' kept
 
 
@@ -98,17 +76,8 @@ def default_methods() -> list[str]:
     return [name for name in drafter_types() if name != AUTOREGRESSIVE] + [AUTO]
 
 
-def method(entry: str) -> tuple[str, dict[str, Any]]:
-    """A `methods` entry: the drafter's name (or auto) and its own options (key=value)."""
-    name, *options = entry.split()
-    if name != AUTO and name not in drafter_types():
-        raise ValueError(f"methods: unknown drafter {name!r}; choose from "
-                         f"{', '.join(default_methods())}")
-    return name, cli.overrides(options)
-
-
 @dataclass(frozen=True, kw_only=True)
-class MethodsArgs:
+class MethodsArgs(Dtypes):
     checkpoint: str = MISSING
     methods: list[str] = field(default_factory=default_methods)
     options: dict[str, Any] = field(default_factory=dict)
@@ -121,22 +90,14 @@ class MethodsArgs:
     auto_prompts: int = 4
     budget: float | None = None
     repeated_ngram: int = 16
-    dtypes: list[str] = field(default_factory=lambda: ["float32"])
     hf: bool = False
     hf_early_exit: int | None = None
     plot: Path | None = None
-    device: str = "cpu"
-    threads: int | str | None = AUTO
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         cli.check_positives(self, "max_new_tokens", "auto_prompts", "repeated_ngram")
-        check_positive("humaneval", self.humaneval, least=0)
-        for name in self.dtypes or [None]:
-            try:
-                if cli.parse_dtype(name) is None:
-                    raise ValueError("name one or more of float32, bfloat16, float16")
-            except ValueError as error:
-                raise ValueError(f"dtypes={self.dtypes}: {error}") from None
+        cli.check_positive("humaneval", self.humaneval, least=0)
         if self.hf and 0.0 not in self.temperatures:
             raise ValueError(f"hf=true compares greedy decoding: temperatures="
                              f"{self.temperatures} must include 0")
@@ -145,20 +106,18 @@ class MethodsArgs:
             name, spec, _ = self.method(entry)
             if name == AUTO:
                 Auto(spec=spec, budget=self.budget)  # it measures something
-        self.settings()
-
-    def settings(self) -> DecodeSettings:
-        """The model opens in the first dtype."""
-        return DecodeSettings(drafter=AUTOREGRESSIVE, device=self.device,
-                              dtype=self.dtypes[0], threads=self.threads)
 
     def method(self, entry: str) -> tuple[str, DrafterSpec, bool]:
         """A `methods` entry: its name, its spec (the options that size it, the entry's own
         last), and whether it names one drafter: its own options, the options that select it
         (k=4: the heads) or a drafter auto does not measure (lookahead); else it stands for
         what `drafter=auto` measures of it."""
-        name, own = method(entry)
+        name, *words = entry.split()
         owners, types = option_owners(), drafter_types()
+        if name != AUTO and name not in types:
+            raise ValueError(f"methods: unknown drafter {name!r}; choose from "
+                             f"{', '.join(default_methods())}")
+        own = cli.overrides(words)
         if name == AUTO:  # what auto measures: not the keys that name one drafter (k=4)
             selects = {key for cls in types.values() for key in cls.selects}
             given = {key: value for key, value in self.options.items() if key not in selects}
@@ -287,10 +246,8 @@ class Bench:
 
 def choose_prompts(args: MethodsArgs, tokenizer: Tokenizer, room: int) -> tuple[list[str], int]:
     """The prompt set (those that fit `room` tokens), and how many are HumanEval's."""
-    if args.humaneval_select:
-        chosen = humaneval_selected(args.humaneval_select)
-    else:
-        chosen = humaneval_prompts(args.humaneval)
+    chosen = (humaneval_selected(args.humaneval_select) if args.humaneval_select
+              else humaneval_prompts(args.humaneval))
     prompts = (read_prompts(args.prompts) if args.code_prompts else []) + chosen
     return [p for p in prompts if len(tokenizer.encode(p)) < room], len(chosen)
 
@@ -321,16 +278,10 @@ def plot(rows: dict[str, dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def print_table(rows: dict[str, dict]) -> None:
-    width = max(map(len, rows))
-    print(f"{'method':<{width}} {'tokens/s':>9} {'speedup':>8} {'tok/fwd':>8} "
-          f"{'fwd_cost':>8} {'identical':>9} {'repeated':>8}")
-    for name, figures in rows.items():
-        per_forward, cost = (f"{figures[key]:>8.2f}" if figures[key] is not None else f"{'':>8}"
-                             for key in ("tokens_per_forward", "forward_cost"))
-        print(f"{name:<{width}} {figures['tokens_per_second']:>9.1f} "
-              f"{figures['speedup']:>7.2f}x {per_forward} {cost} "
-              f"{str(figures['identical']):>9} {figures['repeated']:>8.2f}")
+COLUMNS = [("tokens/s", "tokens_per_second", 9, "{:.1f}"), ("speedup", "speedup", 8, "{:.2f}x"),
+           ("tok/fwd", "tokens_per_forward", 8, "{:.2f}"),
+           ("fwd_cost", "forward_cost", 8, "{:.2f}"), ("identical", "identical", 9, None),
+           ("repeated", "repeated", 8, "{:.2f}")]
 
 
 def main(argv: list[str]) -> None:
@@ -350,13 +301,12 @@ def main(argv: list[str]) -> None:
             bench.transformers("")
     rows, info = bench.rows, machine(args.device)
     print(f"checkpoint {args.checkpoint}  draft model {draft_model}  device {args.device}  "
-          f"threads {info['threads']}  load {' '.join(map(str, info['load']))}  "
-          f"flags {' '.join(info['cpu_flags'])}")
+          f"{machine_line(info)}")
     code = f"{args.prompts.name} + " if args.code_prompts else ""
     print(f"prompts: {len(prompts)} ({code}{humaneval} HumanEval) x {args.max_new_tokens} new "
           f"tokens, batch 1; auto calibration "
           + ", ".join(f"{k} {v:.1f} s" for k, v in bench.auto_seconds.items()))
-    print_table(rows)
+    print_table(rows, COLUMNS)
     degenerate = [name for name, figures in rows.items() if figures["repeated"] > 0.5]
     if degenerate:
         print(f"warning: degenerate output (over half the tokens repeat an earlier "

@@ -4,13 +4,11 @@
         max_new_tokens=48 k=4 threads=2
 
 Each prompt is decoded alone (batch 1, greedy), one `generate` call after another as a server
-meets them: by the heads drafter (k) with the checkpoint's heads, and by `OnlineHeads(k)`
-(`drafter=heads online=true`), which takes `steps` optimizer steps on heads 1..k-1 after each
-call, distilling from the target's distributions over what it served. Both start from the
-same weights; their greedy output must be identical (checked). Reported: tokens per forward
-over the stream and its first and last `window` prompts, tokens/s with and without the
-learning's time, and the share of the output repeating an earlier 16-gram. Prints a table,
-then one JSON line: {"frozen": {...}, "online": {...}, "identical", "prompts", ...}.
+meets them: by the checkpoint's heads (k), and by `OnlineHeads(k)` (`drafter=heads
+online=true`), which takes `steps` optimizer steps on heads 1..k-1 after each call. Both
+start from the same weights; their greedy output must be identical (checked). Prints a table
+(tokens per forward over the stream and its first and last `window` prompts, tokens/s with
+and without the learning), then one JSON line: {"frozen": {...}, "online": {...}, ...}.
 
 Arguments are key=value (`mtp.cli`'s grammar); how it decodes (device, dtype, threads) is
 below.
@@ -38,7 +36,6 @@ from mtp.bench.decoding import KEYS, Decoding
 from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
 from mtp.decode.drafters import Drafter, OnlineHeads
-from mtp.cli import check_positive
 from mtp.decode.output import Generation, repetition
 from mtp.generate import generate
 from mtp.generate.measure import time_calls
@@ -65,7 +62,7 @@ class OnlineArgs(Decoding):
         cli.check_positives(self, "max_new_tokens", "steps", "window")
         cli.check_positives(self, "humaneval", "offset", least=0)
         if self.k is not None:
-            check_positive("k", self.k, least=2)
+            cli.check_positive("k", self.k, least=2)
         cli.check_number("lr", self.lr, lambda v: v > 0, "> 0")
 
 

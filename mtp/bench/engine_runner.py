@@ -4,20 +4,18 @@ imports only the engine and the standard library).
 
     ENGINE_PYTHON mtp/bench/engine_runner.py JOB.json RESULT.json
 
-JOB.json holds `engine` ("vllm" or "llama_cpp"), `model` (vLLM: a directory;
-llama.cpp: a GGUF file), `max_new_tokens`, `prompts` (lists of token ids: every engine
-decodes the same input ids), `stop_token_ids` (where mtp stops), and
-- vLLM: `dtype`, `speculative_config` (its mapping, or null for autoregressive decoding),
-  optionally `max_model_len` (2048) and `kv_cache_bytes` (1 GiB);
-- llama.cpp: `threads`, `n_ctx` and `prompt_lookup` (null: autoregressive; else the tokens
-  llama-cpp-python's `LlamaPromptLookupDecoding` drafts per step).
-RESULT.json gets `loaded`, `error` (the engine's error in one line, or null), `token_ids` (per
+JOB.json: `engine` ("vllm" or "llama_cpp"), `model` (vLLM: a directory; llama.cpp: a GGUF
+file), `max_new_tokens`, `prompts` (lists of token ids: every engine decodes the same ids),
+`stop_token_ids` (where mtp stops); vLLM's `dtype`, `speculative_config` (null:
+autoregressive) and optional `max_model_len`, `kv_cache_bytes`; llama.cpp's `threads`, `n_ctx`
+and `prompt_lookup` (null: autoregressive; else the tokens llama-cpp-python's
+`LlamaPromptLookupDecoding` drafts per step).
+RESULT.json: `loaded`, `error` (the engine's error in one line, or null), `token_ids` (per
 prompt, greedy, ending with the stop token where one came, as mtp's), `seconds` and
-`tokens_per_second` (each prompt decoded alone, batch 1, after one untimed warm-up prompt),
-the engine's version (`vllm`, `llama_cpp`) and
-- vLLM: `batched_tokens_per_second` (all prompts in one call) and `mean_acceptance_length`
-  (1 + accepted / drafts, from its spec-decode counters; null without drafts);
-- llama.cpp: `tokens_per_forward` (new tokens per evaluation, the prompt's included).
+`tokens_per_second` (each prompt alone, batch 1, after an untimed warm-up prompt), the engine's
+version (`vllm`, `llama_cpp`), and vLLM's `batched_tokens_per_second` (all prompts in one call)
+and `mean_acceptance_length` (1 + accepted / drafts; null without drafts) or llama.cpp's
+`tokens_per_forward` (new tokens per evaluation, the prompt's included).
 """
 
 from __future__ import annotations
@@ -67,13 +65,11 @@ def run_vllm(job: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    result: dict = {"loaded": False, "error": None, "vllm": vllm.__version__}
     llm = LLM(model=job["model"], dtype=job["dtype"], enforce_eager=True, seed=0,
               speculative_config=job.get("speculative_config"), disable_log_stats=False,
               max_model_len=job.get("max_model_len", 2048), max_num_seqs=8,
               # vLLM's CPU backend otherwise reserves 92% of the machine's memory
               kv_cache_memory_bytes=job.get("kv_cache_bytes", 1 << 30))
-    result["loaded"] = True
     params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], detokenize=False,
                             stop_token_ids=job.get("stop_token_ids"))
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
@@ -92,12 +88,11 @@ def run_vllm(job: dict) -> dict:
     drafts, accepted = (after.get(key, 0) - before.get(key, 0) for key in (
         "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens"))
     del timed["evaluations"]
-    result.update(
-        **timed, batched_tokens_per_second=round(
-            sum(len(o.outputs[0].token_ids) for o in batched) / batched_seconds, 2),
-        mean_acceptance_length=round(1 + accepted / drafts, 3) if drafts else None,
-        drafts=drafts, accepted_tokens=accepted)
-    return result
+    new_tokens = sum(len(o.outputs[0].token_ids) for o in batched)
+    return {"loaded": True, "error": None, "vllm": vllm.__version__, **timed,
+            "batched_tokens_per_second": round(new_tokens / batched_seconds, 2),
+            "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
+            "drafts": drafts, "accepted_tokens": accepted}
 
 
 def llama_cpp_decode(llm, prompt: list[int], max_new_tokens: int,
@@ -129,7 +124,6 @@ def run_llama_cpp(job: dict) -> dict:
     import llama_cpp
     from llama_cpp import Llama
 
-    result: dict = {"loaded": False, "error": None, "llama_cpp": llama_cpp.__version__}
     draft = None
     if job.get("prompt_lookup"):
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -137,15 +131,13 @@ def run_llama_cpp(job: dict) -> dict:
         draft = LlamaPromptLookupDecoding(num_pred_tokens=job["prompt_lookup"])
     llm = Llama(model_path=job["model"], n_ctx=job.get("n_ctx", 4096),
                 n_threads=job.get("threads"), seed=0, verbose=False, draft_model=draft)
-    result["loaded"] = True
     decode = functools.partial(llama_cpp_decode, llm, max_new_tokens=job["max_new_tokens"],
                                stops=set(job.get("stop_token_ids") or ()))
     decode(job["prompts"][0])  # warm-up
     timed = time_prompts(decode, job["prompts"])
     evaluations = timed.pop("evaluations")
-    result.update(**timed,
-                  tokens_per_forward=round(timed["new_tokens"] / max(evaluations, 1), 3))
-    return result
+    return {"loaded": True, "error": None, "llama_cpp": llama_cpp.__version__, **timed,
+            "tokens_per_forward": round(timed["new_tokens"] / max(evaluations, 1), 3)}
 
 
 RUNS = {"vllm": run_vllm, "llama_cpp": run_llama_cpp}

@@ -6,7 +6,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from mtp.generate.prompts import read_prompts
+
 T = TypeVar("T")
+
+# HumanEval's prompts held out from every training set here (the default selection)
+HELD_OUT = (0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45)
 
 # data/prompts/code.jsonl of a checkout (the scripts' default prompt file)
 CODE_PROMPTS = Path(__file__).resolve().parents[2] / "data" / "prompts" / "code.jsonl"
@@ -27,6 +32,11 @@ def humaneval_selected(indices: Sequence[int]) -> list[str]:
     """HumanEval's prompts at `indices` (a held-out selection), in that order."""
     pool = humaneval_prompts(max(indices) + 1) if indices else []
     return [pool[i] for i in indices]
+
+
+def file_or_selected(prompt_file: Path | None, indices: Sequence[int]) -> list[str]:
+    """A `prompt_file`'s prompts, else HumanEval's at `indices`."""
+    return humaneval_selected(indices) if prompt_file is None else read_prompts(prompt_file)
 
 
 def spread(items: list[T], count: int) -> list[T]:

@@ -26,10 +26,8 @@ def groups() -> set[str]:
 def is_override(argument: str) -> bool:
     """Whether `argument` is the recipe's."""
     match = KEY.match(argument)
-    if match is None:
-        return False
-    key = match["key"]
-    return argument[0] in "+~" or "." in key or key in groups()
+    return match is not None and (argument[0] in "+~" or "." in match["key"]
+                                  or match["key"] in groups())
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:

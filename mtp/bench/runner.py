@@ -156,9 +156,7 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
         path.write_text(json.dumps(results, indent=1) + "\n")  # a killed run keeps its parts
     seconds = round(time.perf_counter() - began, 1)
     results |= {"finished": now(), "load_after": load_average()}
-    if only:  # the whole suite's wall time; a rerun of some parts has none
-        results.pop("seconds", None)
-    else:
+    if not only:  # the whole suite's wall time; a rerun of some parts has none
         results["seconds"] = seconds
     print(f"[mtp.bench] {name}: ran {len(only) or len(parts)} parts in {seconds / 60:.1f} "
           f"minutes", flush=True)

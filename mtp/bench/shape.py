@@ -8,26 +8,16 @@ from dataclasses import dataclass, fields
 
 from mtp.cli import check_positive
 
-KEYS = """
-The model's shape:
-  vocab_size       32000
-  dim              the width
-  n_layers         4 trunk layers
-  n_heads          8 attention heads
-  n_future         4 heads
-  batch, seq_len   the batch of random token ids
-"""
-
 
 @dataclass(frozen=True, kw_only=True)
 class Shape:
-    """A random model's shape and the batch it is fed."""
+    """A random model's shape and the batch of random token ids it is fed."""
 
     vocab_size: int = 32_000
-    dim: int = 256
-    n_layers: int = 4
-    n_heads: int = 8
-    n_future: int = 4
+    dim: int = 256  # the width
+    n_layers: int = 4  # trunk layers
+    n_heads: int = 8  # attention heads
+    n_future: int = 4  # the MTP heads
     batch: int = 1
     seq_len: int = 128
 
@@ -38,3 +28,7 @@ class Shape:
     def arguments(self) -> list[str]:
         """The shape as key=value arguments (a child process's command line)."""
         return [f"{field.name}={getattr(self, field.name)}" for field in fields(Shape)]
+
+
+KEYS = "\nThe model's shape (defaults, unless set above):\n" + "".join(
+    f"  {field.name:<16} {field.default}\n" for field in fields(Shape))

@@ -41,6 +41,8 @@ def script(name: str, *args: str) -> tuple[str, ...]:
     return (PY, f"scripts/{name}.py", *args)
 
 
+SKIP_SEARCH = (PY, "-m", "mtp.generate.skip_search", "checkpoint={smollm2}",
+               "output={out}/layer_skip.json")
 BYTE8_CPU = "{out}/byte8/export"
 BYTE8_GPU = "{out}/byte8_gpu/export"
 
@@ -177,9 +179,7 @@ SMOLLM2 = (
         "data.source.paths=[{out}/distill/functions.jsonl]", "logger=csv",
         "trainer.enable_progress_bar=false", "hydra.run.dir={out}/heads"), timeout=6000,
         table="byte8", result_file="heads/summary.json", needs=("smollm2_data",)),
-    Part(name="smollm2_skip", command=(
-        PY, "-m", "mtp.generate.skip_search", "checkpoint={smollm2}",
-        "output={out}/layer_skip.json"), timeout=1800, table="none"),
+    Part(name="smollm2_skip", command=SKIP_SEARCH, timeout=1800, table="none"),
     Part(name="smollm2_methods", command=script(
         "bench_methods", f"checkpoint={SMOLLM2_HEADS}", HELD_OUT, "code_prompts=false",
         "max_new_tokens=80", 'methods=["heads k=4","heads tree=tree16","heads '
@@ -244,9 +244,7 @@ STUDIES = (
         timeout=900, table="dtype"),
     Part(name="threads", command=script("bench_threads", "seconds=3"), timeout=1800,
          table="rows"),
-    Part(name="layer_skip_search", command=(
-        PY, "-m", "mtp.generate.skip_search", "checkpoint={smollm2}",
-        "output={out}/layer_skip.json"), timeout=1800, table="none"),
+    Part(name="layer_skip_search", command=SKIP_SEARCH, timeout=1800, table="none"),
     Part(name="layer_skip", command=script(
         "bench_layer_skip", "checkpoint={smollm2}", "choice={out}/layer_skip.json",
         "skipped=[1,2,4,8]", "num_draft=3", "threads=2"), timeout=1800, table="rows",

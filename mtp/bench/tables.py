@@ -15,23 +15,30 @@ Record = dict[str, Any]
 MIB = 2**20
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table."""
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], head: str = "") -> str:
+    """A Markdown table, under the paragraph `head` if one is given."""
     lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return (head + "\n\n" if head else "") + "\n".join(lines)
 
 
 def provenance(record: Record) -> str:
     """The line above a table: the command and the conditions it ran in."""
-    load = "-".join(f"{value:.1f}" for value in (record["load_before"][0],
-                                                 record["load_after"][0]))
-    return (f"`{record['command']}`: {record['seconds']:.0f} s, load {load}, "
+    return (f"`{record['command']}`: {record['seconds']:.0f} s, load "
+            f"{record['load_before'][0]:.1f}-{record['load_after'][0]:.1f}, "
             f"{record['device_name']}, commit {record['commit']}, {record['started']}")
 
 
 def x(value: float) -> str:
     return f"{value:.2f}x"
+
+
+def _f(value: float | None, form: str = ".2f", suffix: str = "") -> str:
+    return "" if value is None else f"{value:{form}}{suffix}"
+
+
+def _joined(values: Sequence[float], form: str = ".3f") -> str:
+    return " ".join(f"{value:{form}}" for value in values)
 
 
 def decode(r: dict[str, Any]) -> str:
@@ -49,22 +56,20 @@ def decode(r: dict[str, Any]) -> str:
             f"{r['batch_size']}, greedy, {r['dtype']}, "
             f"{'compiled step' if r['compiled'] else 'eager step'}, {r['threads']} threads; "
             f"{r['repeated']:.0%} of the output repeats an earlier 8-gram")
-    return head + "\n\n" + table(headers, rows)
+    return table(headers, rows, head)
 
 
 def methods(r: dict[str, Any]) -> str:
     # transformers' rows count no forwards: their tokens per forward and forward cost are blank
-    rows = [[name, m["tokens_per_second"], x(m["speedup"]),
-             "" if m["tokens_per_forward"] is None else f"{m['tokens_per_forward']:.2f}",
-             "" if m["forward_cost"] is None else f"{m['forward_cost']:.2f}",
-             "" if m["identical"] is None else m["identical"], f"{m['repeated']:.2f}"]
+    rows = [[name, m["tokens_per_second"], x(m["speedup"]), _f(m["tokens_per_forward"]),
+             _f(m["forward_cost"]), _f(m["identical"], ""), f"{m['repeated']:.2f}"]
             for name, m in r["methods"].items()]
     auto = ", ".join(f"{kind.strip()} {seconds:.1f} s"
                      for kind, seconds in r["auto_calibration_seconds"].items())
     head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, "
             f"{r['threads']} threads" + (f"; auto's measuring: {auto}" if auto else ""))
-    return head + "\n\n" + table(["method", "tokens/s", "speed-up", "tok/fwd", "fwd cost",
-                                  "identical", "repeated"], rows)
+    return table(["method", "tokens/s", "speed-up", "tok/fwd", "fwd cost", "identical",
+                  "repeated"], rows, head)
 
 
 def exact(r: dict[str, Any]) -> str:
@@ -74,30 +79,27 @@ def exact(r: dict[str, Any]) -> str:
     head = (f"{r['prompts']} prompts x {r['max_new_tokens']} new tokens, batch 1, greedy, "
             f"{r['threads']} threads; speed-ups against float32 width-1 autoregressive "
             f"decoding ({r['baseline']} tokens/s)")
-    return head + "\n\n" + table(["method", "width", "plain tokens/s", "exact tokens/s", "cost",
-                                  "speed-up", "tok/fwd", "identical", "plain identical"], rows)
+    return table(["method", "width", "plain tokens/s", "exact tokens/s", "cost", "speed-up",
+                  "tok/fwd", "identical", "plain identical"], rows, head)
 
 
 def acceptance(r: dict[str, Any]) -> str:
     rows = [[name, f"{row['tokens_per_forward']:.3f}", row["tokens_per_second"],
-             " ".join(f"{a:.2f}" for a in row["accepted_per_depth"])]
-            for name, row in r["rules"].items()]
+             _joined(row["accepted_per_depth"], ".2f")] for name, row in r["rules"].items()]
     head = (f"the heads' {r['tree']}, T = {r['temperature']}, {r['prompts']} prompts x "
             f"{r['max_new_tokens']} new tokens, batch 1, {r['threads']} threads")
-    return head + "\n\n" + table(["rule", "tok/fwd", "tokens/s", "accepted per depth"], rows)
+    return table(["rule", "tok/fwd", "tokens/s", "accepted per depth"], rows, head)
 
 
 def eagle(r: dict[str, Any]) -> str:
     steps = " ".join(str(j) for j in range(r["unroll"]))
     rows = [["steps, seconds", f"{r['steps']}, {r['seconds']:.0f}"],
             ["training tokens in the draft vocabulary", f"{r['coverage']:.1%}"],
-            [f"val loss, unrolled steps {steps}", " ".join(f"{v:.3f}" for v in r["val_loss"])],
-            [f"val accuracy, unrolled steps {steps}",
-             " ".join(f"{v:.3f}" for v in r["val_accuracy"])]]
+            [f"val loss, unrolled steps {steps}", _joined(r["val_loss"])],
+            [f"val accuracy, unrolled steps {steps}", _joined(r["val_accuracy"])]]
     history = r["history"][::-1][::max(1, len(r["history"]) // 8)][::-1]  # ~8, the last kept
     rows += [[f"step {step}: train loss, accuracy per unrolled step",
-              f"{loss:.3f}, " + " ".join(f"{a:.3f}" for a in accuracy)]
-             for step, loss, accuracy in history]
+              f"{loss:.3f}, {_joined(accuracy)}"] for step, loss, accuracy in history]
     return table(["", ""], rows)
 
 
@@ -106,11 +108,7 @@ def dtype(r: dict[str, Any]) -> str:
             for width, w in r["widths"].items()]
     head = (f"a cached forward of `width` new tokens after {r['context']} cached ones, batch "
             f"{r['batch']}, {r['threads']} threads, flags {' '.join(r['cpu_flags'])}")
-    return head + "\n\n" + table(["width", "float32", "bfloat16", "bf16 speed-up"], rows)
-
-
-def _f(value: float | None, form: str = ".2f", suffix: str = "") -> str:
-    return "" if value is None else f"{value:{form}}{suffix}"
+    return table(["width", "float32", "bfloat16", "bf16 speed-up"], rows, head)
 
 
 def _skipped(r: dict[str, Any], part: str) -> list[str]:
@@ -140,11 +138,11 @@ def kernels(r: dict[str, Any]) -> str:
                  _f(row["m8_over_m1"], suffix="x"), _f(row["gb_per_s_m1"], ".1f"),
                  _f(row["floor_ms"]), _f(row["m1_over_floor"], suffix="x")]
                 for name, row in m["rows"].items()]
-        out += [f"one pass over the model's {m['count']} matrices ({m['params'] / 1e6:.1f}M "
-                f"weights, distinct random tensors) for M rows, ms, median of {m['repeats']}",
-                table(["arithmetic", "MB", *(f"M={n}" for n in ms), "M=8 / M=1",
-                       "GB/s at M=1", "floor ms", "M=1 / floor"], rows),
-                *_skipped(r, "matrices")]
+        out += [table(["arithmetic", "MB", *(f"M={n}" for n in ms), "M=8 / M=1", "GB/s at M=1",
+                       "floor ms", "M=1 / floor"], rows,
+                      f"one pass over the model's {m['count']} matrices ({m['params'] / 1e6:.1f}M "
+                      f"weights, distinct random tensors) for M rows, ms, median of "
+                      f"{m['repeats']}"), *_skipped(r, "matrices")]
     if r["step"]:
         s = r["step"]
         rows = [[name, *(cell for w in map(str, s["widths"]) for cell in (
@@ -153,25 +151,23 @@ def kernels(r: dict[str, Any]) -> str:
                 for name, row in s["rows"].items()]
         headers = [h for w in s["widths"] for h in (
             f"step({w}) ms", f"matrices M={w} ms", f"step({w}) / matrices")]
-        out += [f"a decode step: {' and '.join(map(str, s['widths']))} new tokens after "
-                f"{s['context']} cached ones, batch 1, "
-                f"{'random weights' if not s['checkpoint'] else s['checkpoint']}; median of "
-                f"{s['repeats']} cached forwards (with the unembedding and argmax) against a "
-                f"pass over its bare matrices",
-                table(["arithmetic", *headers, "step(8) / step(1)"], rows),
-                *_skipped(r, "step")]
+        out += [table(["arithmetic", *headers, "step(8) / step(1)"], rows,
+                      f"a decode step: {' and '.join(map(str, s['widths']))} new tokens after "
+                      f"{s['context']} cached ones, batch 1, "
+                      f"{s['checkpoint'] or 'random weights'}; median of {s['repeats']} cached "
+                      f"forwards (with the unembedding and argmax) against a pass over its bare "
+                      f"matrices"), *_skipped(r, "step")]
     if r["smollm2"]:
         e = r["smollm2"]
         sets = ", ".join(f"{n} {name}" for name, n in e["prompt_sets"].items())
         rows = [[name, f"{row['tokens_per_second']:.1f}", _f(row["speedup"], suffix="x"),
                  f"{row['tokens_per_forward']:.2f}", f"{row['repeated']:.2f}",
                  f"{row['identical']:.0%}"] for name, row in e["rows"].items()]
-        out += [f"SmolLM2-135M-Instruct end to end: {e['prompts']} prompts ({sets}) x "
-                f"{e['max_new_tokens']} new tokens, greedy, batch 1; speed-up against float32 "
-                f"torch autoregressive; identical: the share of prompts whose ids are the same "
-                f"dtype's kernels autoregressive ids",
-                table(["decoding", "tokens/s", "speed-up", "tok/fwd", "repeated",
-                       "identical"], rows), *_skipped(r, "smollm2")]
+        out += [table(["decoding", "tokens/s", "speed-up", "tok/fwd", "repeated", "identical"],
+                      rows, f"SmolLM2-135M-Instruct end to end: {e['prompts']} prompts ({sets}) "
+                      f"x {e['max_new_tokens']} new tokens, greedy, batch 1; speed-up against "
+                      f"float32 torch autoregressive; identical: the share of prompts whose ids "
+                      f"are the same dtype's kernels autoregressive ids"), *_skipped(r, "smollm2")]
     elif "smollm2" in r["skipped"]:
         out.append(f"SmolLM2-135M end to end: not measured ({r['skipped']['smollm2']})")
     return "\n\n".join(out)
@@ -185,7 +181,7 @@ def hf(r: dict[str, Any]) -> str:
             f"{'compiled' if r['compiled'] else 'eager'}, {r['threads']} threads, transformers "
             f"{r['transformers']}; every method the same ids: {r['identical']}; mtp k = "
             f"{r['mtp_spec_k']}: {r['mtp_spec_tokens_per_forward']:.2f} tokens per forward")
-    return head + "\n\n" + table(["method", "tokens/s", "vs transformers"], rows)
+    return table(["method", "tokens/s", "vs transformers"], rows, head)
 
 
 ENGINES = {"mtp": "mtp", "vllm": "vLLM", "llama_cpp": "llama.cpp"}
@@ -230,9 +226,8 @@ def engines(r: dict[str, Any]) -> str:
             f"{r['k']}; vLLM in {r['dtype']}, llama.cpp on the GGUF's own quantized weights"
             + ("" if loops is None else f"; replies looping on template tokens: {loops}")
             + best)
-    return head + "\n\n" + table(
-        ["engine", "method", "tokens/s", "vs mtp float32", "tokens per forward",
-         "ids as mtp float32", "ids as its own autoregressive"], rows)
+    return table(["engine", "method", "tokens/s", "vs mtp float32", "tokens per forward",
+                  "ids as mtp float32", "ids as its own autoregressive"], rows, head)
 
 
 def memory(r: dict[str, Any]) -> str:
@@ -243,8 +238,8 @@ def memory(r: dict[str, Any]) -> str:
              f"{r.get(v + '_time_over_ntp', float('nan')):.2f}"] for v in variants]
     head = (f"one training step, vocabulary {r['vocab_size']}, batch {r['batch']} x "
             f"{r['seq_len']}, {r['device']}")
-    return head + "\n\n" + table(["variant", "n", "peak", "step", "step / next-token", "time",
-                                  "time / next-token"], rows)
+    return table(["variant", "n", "peak", "step", "step / next-token", "time",
+                  "time / next-token"], rows, head)
 
 
 def train_step(r: dict[str, Any]) -> str:
@@ -257,13 +252,13 @@ def train_step(r: dict[str, Any]) -> str:
         f"peak {r['peak_flops'] / 1e9:,.1f} GFLOP/s ({r['peak_source']})"])
     head = (f"{step}; step time n = {r['n_future']} / n = 1: {r['time_ratio_same_trunk']:.3f} "
             f"(same trunk), {r['time_ratio_compute_matched']:.3f} (compute-matched)")
-    return head + "\n\n" + table(["variant", "tokens/s", "MFU"], rows)
+    return table(["variant", "tokens/s", "MFU"], rows, head)
 
 
 def peak_flops(r: dict[str, Any]) -> str:
     rows = [[dtype, f"{value / 1e9:,.1f}"] for dtype, value in r["peak_flops"].items()]
-    return (f"{r['device']}, {r['threads']} threads\n\n"
-            + table(["dtype", "GFLOP/s (best matrix product)"], rows))
+    return table(["dtype", "GFLOP/s (best matrix product)"], rows,
+                 f"{r['device']}, {r['threads']} threads")
 
 
 def fsdp_comms(r: dict[str, Any]) -> str:
@@ -273,36 +268,33 @@ def fsdp_comms(r: dict[str, Any]) -> str:
              f"{r[f'{name}_reduce_scatter_bytes'] / MIB:.1f}"] for name in names]
     head = (f"{r['world_size']} ranks, n = {r['n_future']}, {r['mode']}, accumulate "
             f"{r['accumulate']}, {r['fsdp_units']} FSDP units")
-    return head + "\n\n" + table(["", "all-gathers", "MiB", "reduce-scatters", "MiB"], rows)
+    return table(["", "all-gathers", "MiB", "reduce-scatters", "MiB"], rows, head)
 
 
 def heads_cost(r: dict[str, Any]) -> str:
     rows = [[name.replace("block", "parallel"), f"{run['step_bytes'] / MIB:,.0f}",
-             f"{run['step_seconds']:.2f}" if "step_seconds" in run else ""]
-            for name, run in r["runs"].items()]
-    head = f"byte8 shape, batch {r['batch']} x {r['seq_len']}, float32"
-    return head + "\n\n" + table(["heads", "step memory MiB", "step s"], rows)
+             _f(run.get("step_seconds"))] for name, run in r["runs"].items()]
+    return table(["heads", "step memory MiB", "step s"], rows,
+                 f"byte8 shape, batch {r['batch']} x {r['seq_len']}, float32")
 
 
 def sandbox(r: dict[str, Any]) -> str:
     rows = [[row["task"], row["programs"], row["isolation"], row["seconds"],
              row["ms_per_program"]] for row in r["results"]]
-    return (f"{r['workers']} workers\n\n"
-            + table(["task", "programs", "isolation", "seconds", "ms / program"], rows))
+    return table(["task", "programs", "isolation", "seconds", "ms / program"], rows,
+                 f"{r['workers']} workers")
 
 
 def byte8(r: dict[str, Any]) -> str:
     val, dec = r["val"] or {}, r["decode"]
-    accs = " ".join(f"{a:.3f}" for a in val.get("acc_head", []))
     rows = [["steps", f"{r['steps']} (stopped: {r['stopped_early'] or 'max_steps'})"],
             ["parameters", f"{r['parameters'] / 1e6:.1f}M"],
             ["val loss, summed over the heads", f"{val.get('loss', float('nan')):.3f}"],
-            ["val accuracy, head 0 ... n-1", accs]]
+            ["val accuracy, head 0 ... n-1", _joined(val.get("acc_head", []))]]
     if dec:
-        rows += [["tokens per forward, k = 1 ... n", " ".join(
-            f"{v:.2f}" for v in dec["tokens_per_forward"].values())],
-                 ["speed-up, k = 1 ... n", " ".join(
-                     f"{v:.2f}" for v in dec["speedup"].values())],
+        rows += [["tokens per forward, k = 1 ... n",
+                  _joined(dec["tokens_per_forward"].values(), ".2f")],
+                 ["speed-up, k = 1 ... n", _joined(dec["speedup"].values(), ".2f")],
                  [f"tree {dec['tree']}: tokens per forward, speed-up",
                   f"{dec['tree_tokens_per_forward']}, {dec['tree_speedup']}"],
                  ["autoregressive tokens/s", dec["tokens_per_second_ar"]],
@@ -335,8 +327,7 @@ def rows(r: dict[str, Any]) -> str:
     head = ", ".join(f"{key} {_cell(value)}" for key, value in r.items()
                      if key != "rows" and not isinstance(value, (dict, list))
                      and not str(value).startswith("/"))
-    body = table(headers, [[_cell(row.get(key)) for key in headers] for row in records])
-    return (head + "\n\n" if head else "") + body
+    return table(headers, [[_cell(row.get(key)) for key in headers] for row in records], head)
 
 
 def online(r: dict[str, Any]) -> str:
@@ -350,9 +341,9 @@ def online(r: dict[str, Any]) -> str:
             f"tokens, greedy, k = {r['k']}, lr {r['lr']}, {r['steps']} step(s) a prompt; ids "
             f"{'identical' if r['identical'] else 'DIFFERING'} in both arms; {r['repeated']:.0%} "
             f"of the output repeats an earlier 16-gram")
-    return head + "\n\n" + table(
-        ["heads", "tok/fwd", f"first {r['window']} prompts", f"last {r['window']} prompts",
-         "tokens/s", "tokens/s without learning", "learning"], rows)
+    return table(["heads", "tok/fwd", f"first {r['window']} prompts",
+                  f"last {r['window']} prompts", "tokens/s", "tokens/s without learning",
+                  "learning"], rows, head)
 
 
 def _spread(figure: dict[str, Any] | None, digits: int = 3) -> str:
@@ -374,23 +365,22 @@ def paper_small(r: dict[str, Any]) -> str:
         for size, cells in r["summary"].get(task, {}).items():
             for heads, cell in cells.items():
                 detail = (_spread(cell["accuracy_first"]) if "accuracy_first" in cell else
-                          " ".join(f"{m['mean']:.2f}" for m in cell["accuracy_m"].values()))
+                          _joined([m["mean"] for m in cell["accuracy_m"].values()], ".2f"))
                 rows.append([task, size, heads, f"{cell['parameters']:,}", _steps(cell["steps"]),
                              _spread(cell["val_loss_head0"]),
                              _spread(cell.get("accuracy_repeated") or cell["accuracy"]),
                              detail])
-    out = [f"budget {r['budget']}, {r['device']}, {len(r['ladder']['seeds'])} seed(s), "
-           f"{r['seconds'] / 60:.0f} minutes",
-           table(["task", "size", "heads", "parameters", "steps", "val loss (head 0)",
+    out = [table(["task", "size", "heads", "parameters", "steps", "val loss (head 0)",
                   "accuracy: repeated names (induction), exact match (polynomial)",
                   "induction: first occurrences (control); polynomial: exact match m = 1..10"],
-                 rows)]
+                 rows, f"budget {r['budget']}, {r['device']}, {len(r['ladder']['seeds'])} "
+                 f"seed(s), {r['seconds'] / 60:.0f} minutes")]
     gaps = dict(r["summary"].get("induction_gap_smallest", {}))
     if gaps:
         size = gaps.pop("size")
         out.append(table(
             [f"induction gap at {size}", "per seed", "mean", "90% interval"],
-            [[name, " ".join(f"{v:+.3f}" for v in g["seeds"]), f"{g['mean']:+.3f}",
+            [[name, _joined(g["seeds"], "+.3f"), f"{g['mean']:+.3f}",
               "-" if "interval90" not in g else
               f"[{g['interval90'][0]:+.3f}, {g['interval90'][1]:+.3f}]"]
              for name, g in gaps.items()]))
@@ -407,11 +397,10 @@ def better_study(r: dict[str, Any]) -> str:
              "-" if cell["step_ratio"] is None else x(cell["step_ratio"]),
              " ".join(yes[cell["targets"][key]] for key in ("accuracy", "drafting", "step"))]
             for regime, recipes in r["summary"].items() for name, cell in recipes.items()]
-    head = f"size {r['size']}, {r['seconds'] / 60:.0f} minutes, commit {r['commit']}"
-    return head + "\n\n" + table(
-        ["regime", "recipe", "steps", "next-byte acc", "val loss (head 0)", "tok/fwd k=2",
-         "k=4", "k=8", "tree", "repeated", "step vs byte1", "targets: acc, drafting, step"],
-        rows)
+    return table(["regime", "recipe", "steps", "next-byte acc", "val loss (head 0)",
+                  "tok/fwd k=2", "k=4", "k=8", "tree", "repeated", "step vs byte1",
+                  "targets: acc, drafting, step"], rows,
+                 f"size {r['size']}, {r['seconds'] / 60:.0f} minutes, commit {r['commit']}")
 
 
 def tests(r: dict[str, Any]) -> str:
@@ -427,10 +416,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "online": online}
 
 
-def part_block(record: Record, renderer: str) -> str | None:
-    """A part's block: its provenance line and table; None for a part with no table."""
-    if renderer == "none":
-        return None
+def part_block(record: Record, renderer: str) -> str:
+    """A part's block: its provenance line and table."""
     if "skipped" in record:
         return f"Not measured: `{record['command']}` was skipped ({record['skipped']})."
     if record["result"] is None:
@@ -453,8 +440,8 @@ def _machine(results: Record) -> str:
 
 def run_block(results: Record) -> str:
     """Which run the tables come from: suite, commits, machine, time, load."""
-    parts = [p for p in results["parts"].values() if "started" in p]
-    started = min([p["started"] for p in parts] or [results["started"]])
+    started = min([p["started"] for p in results["parts"].values() if "started" in p]
+                  or [results["started"]])
     wall = f" ({results['seconds'] / 60:.0f} minutes)" if "seconds" in results else ""
     return (f"Generated by `python -m mtp.bench {results['suite']}` at commit "
             f"{_commits(results)}, {started} to {results.get('finished', '?')}{wall}, on "
@@ -539,9 +526,9 @@ def blocks(results: Record, renderers: dict[str, str]) -> dict[str, str]:
     renderer's name), plus `run_SUITE` (which run the tables come from) and `headline`."""
     out = {f"run_{results['suite']}": run_block(results), "headline": headline(results)}
     for name, record in results["parts"].items():
-        text = part_block(record, renderers.get(name, name))
-        if text is not None:
-            out[name] = text
+        renderer = renderers.get(name, name)
+        if renderer != "none":  # a step with no table (a search)
+            out[name] = part_block(record, renderer)
     return out
 
 
