@@ -8,8 +8,7 @@ A decode step is a cached forward of `width` new tokens per row after `context` 
 in each dtype; bf16 is the float32 weights rounded. With bf16 arithmetic (AVX512-BF16, AMX)
 speculative decoding's wide steps gain more from bf16 than autoregressive one-token steps,
 which read half the bytes but multiply no faster. Rounds alternate the dtypes. Prints a
-table, then one JSON line: {"widths": {"<w>": {"float32", "bfloat16", "speedup"}}, "threads",
-"load", "cpu_flags", ...}.
+table, then one JSON line.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint       anything mtp.load reads (required)
@@ -27,6 +26,7 @@ import copy
 import json
 import statistics
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from omegaconf import MISSING
@@ -54,11 +54,10 @@ class DtypeArgs:
         cli.check_positives(self, "threads", optional=True)
 
 
-def parse_args(argv: list[str]) -> DtypeArgs:
-    return cli.parse(argv, DtypeArgs)
+parse_args = partial(cli.parse, schema=DtypeArgs)
 
 
-def main(argv: list[str]) -> dict:
+def main(argv: list[str]) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -88,7 +87,6 @@ def main(argv: list[str]) -> dict:
     result = {"checkpoint": str(args.checkpoint), "batch": args.batch, "context": args.context,
               "widths": widths, **info}
     print(json.dumps(result))
-    return result
 
 
 if __name__ == "__main__":

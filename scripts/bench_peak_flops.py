@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -38,17 +39,12 @@ class PeakArgs:
         if not self.sizes or min(self.sizes) < 1:
             raise ValueError(f"sizes={self.sizes} must be positive sizes")
         cli.check_number("seconds", self.seconds, lambda v: v > 0, "> 0")
-        for name in self.dtypes:
-            try:
-                cli.parse_dtype(name)
-            except ValueError as error:
-                raise ValueError(f"dtypes: {error}") from None
+        cli.check_choices("dtypes", self.dtypes, cli.DTYPES)
         cli.check_positives(self, "threads", optional=True)
         cli.check_choice("device", self.device, ("cpu", "cuda"))
 
 
-def parse_args(argv: list[str]) -> PeakArgs:
-    return cli.parse(argv, PeakArgs)
+parse_args = partial(cli.parse, schema=PeakArgs)
 
 
 def main(argv: list[str]) -> None:

@@ -23,6 +23,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from mtp import cli
 from mtp.data.benchmarks import load_task
@@ -45,8 +46,7 @@ class SandboxArgs:
         cli.check_choices("levels", self.levels, LEVELS)
 
 
-def parse_args(argv: list[str]) -> SandboxArgs:
-    return cli.parse(argv, SandboxArgs)
+parse_args = partial(cli.parse, schema=SandboxArgs)
 
 
 def time_references(task, isolation: str, workers: int | None) -> float:

@@ -31,9 +31,10 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from functools import partial
 
 from mtp import cli
+from mtp.bench.machine import cpu_flags
 
 SETTINGS = {  # name -> (environment, threads: "default" or "measured")
     "spin, torch's threads": ({"GOMP_SPINCOUNT": "300000"}, "default"),
@@ -59,8 +60,7 @@ class ThreadsArgs:
         cli.check_number("seconds", self.seconds, lambda v: v > 0, "> 0")
 
 
-def parse_args(argv: list[str]) -> ThreadsArgs:
-    return cli.parse(argv, ThreadsArgs)
+parse_args = partial(cli.parse, schema=ThreadsArgs)
 
 
 def worker(model_name: str, threads: str, seconds: float, new_tokens: int) -> dict:
@@ -113,9 +113,7 @@ def run_setting(model_name: str, setting: str, args: ThreadsArgs) -> dict:
 
 
 def machine() -> dict:
-    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
-    return {"cores": len(os.sched_getaffinity(0)),
-            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags],
+    return {"cores": len(os.sched_getaffinity(0)), "cpu_flags": cpu_flags(),
             "load": " ".join(f"{x:.2f}" for x in os.getloadavg())}
 
 

@@ -89,11 +89,6 @@ def parse_args(argv: list[str]) -> TrainArgs:
     return replace(args, overrides=[*args.overrides, *recipe])
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def stepper(config: MTPConfig, mode: str, *, batch: int, seq_len: int, precision: str,
             compile: bool, device: str) -> Callable[[], float]:
     """A fresh model and optimizer; each call times one optimizer step on a fixed batch."""
@@ -106,16 +101,17 @@ def stepper(config: MTPConfig, mode: str, *, batch: int, seq_len: int, precision
                            device=device)
     autocast = (torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed"
                 else contextlib.nullcontext())
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def step() -> float:
-        _sync(device)
+        sync()
         start = time.perf_counter()
         with autocast:  # as Lightning's bf16-mixed: forward and backward under autocast
             mtp_loss(model, tokens, mode=mode, backward=autograd_backward)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        _sync(device)
+        sync()
         return time.perf_counter() - start
 
     return step
@@ -128,21 +124,16 @@ def seconds_per_step(makers: dict[str, Callable[[], Callable[[], float]]], *, st
     all alike; otherwise one after the other (a GPU holds one 1B model's optimizer state,
     not five)."""
     times: dict[str, list[float]] = {name: [] for name in makers}
-    if interleave:
-        steppers = {name: make() for name, make in makers.items()}
+    groups = [makers] if interleave else [{name: make} for name, make in makers.items()]
+    for group in groups:
+        steppers = {name: make() for name, make in group.items()}
         for step in steppers.values():
             for _ in range(warmup):
                 step()
         for _ in range(steps):
             for name, step in steppers.items():
                 times[name].append(step())
-    else:
-        for name, make in makers.items():
-            step = make()
-            for _ in range(warmup):
-                step()
-            times[name] = [step() for _ in range(steps)]
-            del step
+        del steppers, step  # the next group's models are built without these
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 

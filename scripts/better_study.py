@@ -1,9 +1,8 @@
 """`python scripts/better_study.py`: which multi-token recipe is at least as good as next-token
 training and drafts well, measured on the default corpus at bytes, in one command.
 
-Every recipe of RECIPES (byte1, byte8 and the recipes whose heads take nothing from head 0's
-depth: docs/better.md) trains for each seed under each regime, as `python -m mtp.train`
-processes one after the other (each with the machine's cores):
+Every recipe of RECIPES (docs/better.md) trains for each seed under each regime, as
+`python -m mtp.train` processes (`jobs` at a time, each with the machine's cores):
 - `time`: equal wall-clock: the same `trainer.max_time` and a step ceiling never reached, so the
   schedules end by the clock; a heads-only finish (+experiment=heads_finish) takes its share.
 - `flops`: equal FLOPs: byte1's FLOPs per token (`mtp.train.flops`) times its steps is every
@@ -38,7 +37,6 @@ ends with one JSON line, the report that better_study.json holds.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -48,7 +46,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +203,7 @@ def plan(args: StudyArgs, out: Path) -> list[dict[str, Any]]:
         if recipe.finish:  # the first run's model, its heads as the finish grows them
             finish = ["+experiment=heads_finish", *base, f"init_from={run_dir / 'export'}"]
             grown = _compose(finish[:-1]).model
-            finish_fpt = flops_per_token(dataclasses.replace(
+            finish_fpt = flops_per_token(replace(
                 config, n_future=grown.n_future, head_type=grown.head_type),
                 cfg.seq_len, trains_base=False)
             first.append("decode.enabled=false")  # the finish's export decodes
@@ -271,9 +269,7 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
     run_dir = Path(spec["run_dir"])
     done = run_dir / "result.json"
     if done.is_file():
-        result = json.loads(done.read_text())
-        return {**result, "tokens_per_forward": {int(k): v for k, v in
-                                                 result["tokens_per_forward"].items()}}
+        return json.loads(done.read_text())
     seconds = train_run(spec["overrides"], run_dir, in_process)
     first = json.loads((run_dir / "summary.json").read_text())
     final, finish_steps = first, None
@@ -290,7 +286,8 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
                              f"for data.val_fraction (extra=['data.val_fraction=0.3'])")
     decode = final["decode"] or {}
     per_k = decode.get("tokens_per_forward", {"1": 1.0})
-    n_future = len(final["val"]["acc_head"])
+    # no drafts (one head): a token per forward; a chain longer than the heads: none
+    undrafted = 1.0 if len(final["val"]["acc_head"]) == 1 else None
     result = {
         "regime": spec["regime"], "recipe": spec["recipe"], "seed": spec["seed"],
         "steps": first["steps"], "max_steps": first["max_steps"], "finish_steps": finish_steps,
@@ -301,11 +298,9 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
         "val_loss_head0": first["val"]["loss_head"][0],
         "val_acc_head0": first["val"]["acc_head"][0],
         "acc_head": final["val"]["acc_head"],
-        # no drafts (one head): a token per forward; a chain longer than the heads: none
-        "tokens_per_forward": {k: per_k.get(str(k), 1.0 if n_future == 1 else None)
-                               for k in KS},
-        "tree": decode.get("tree"), "tree_tokens_per_forward": decode.get(
-            "tree_tokens_per_forward") or (1.0 if n_future == 1 else None),
+        "tokens_per_forward": {str(k): per_k.get(str(k), undrafted) for k in KS},
+        "tree": decode.get("tree"),
+        "tree_tokens_per_forward": decode.get("tree_tokens_per_forward") or undrafted,
         "decode_prompts": decode.get("prompts"),
         # the share of decoded text that repeats an earlier 8-gram: drafts of repeated text
         # are easy, so tokens per forward is read beside it
@@ -339,17 +334,14 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
                           key=lambda r: r["seed"])
             if not runs:
                 continue
-            heads = len(runs[0]["acc_head"])
             table[name] = {
                 "steps": [r["steps"] for r in runs], "parameters": runs[0]["parameters"],
                 "val_acc_head0": spread([r["val_acc_head0"] for r in runs]),
                 "val_loss_head0": spread([r["val_loss_head0"] for r in runs]),
-                "acc_head": [statistics.fmean(r["acc_head"][i] for r in runs)
-                             for i in range(heads)],
-                **{f"tokens_per_forward_k{k}": spread([r["tokens_per_forward"][k]
+                "acc_head": [statistics.fmean(h) for h in zip(*[r["acc_head"] for r in runs])],
+                **{f"tokens_per_forward_k{k}": spread([r["tokens_per_forward"][str(k)]
                                                        for r in runs]) for k in KS},
-                "tree_tokens_per_forward": spread([r["tree_tokens_per_forward"]
-                                                   for r in runs]),
+                "tree_tokens_per_forward": spread([r["tree_tokens_per_forward"] for r in runs]),
                 "repeated": spread([r.get("repeated") for r in runs]),
                 "step_seconds": spread([r["step_seconds"] for r in runs]),
             }
@@ -388,22 +380,21 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path,
          title: str) -> Path:
     """Next-byte accuracy against tokens per forward at k = 4, one point per recipe and
     seed, a regime per panel; the targets as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
     regimes = list(summary) or ["time"]
-    fig, axes = plt.subplots(1, len(regimes), figsize=(6.5 * len(regimes), 4.8), squeeze=False)
-    colours = plt.get_cmap("tab10")
+    fig = Figure(figsize=(6.5 * len(regimes), 4.8))
+    axes = fig.subplots(1, len(regimes), squeeze=False)
+    colours = colormaps["tab10"]
     for ax, regime in zip(axes[0], regimes):
         table = summary.get(regime, {})
         for index, name in enumerate(RECIPES):
             runs = [r for r in results if r["regime"] == regime and r["recipe"] == name
-                    and r["tokens_per_forward"][4] is not None]
+                    and r["tokens_per_forward"]["4"] is not None]
             if not runs:
                 continue
-            xs = [r["tokens_per_forward"][4] for r in runs]
+            xs = [r["tokens_per_forward"]["4"] for r in runs]
             ys = [r["val_acc_head0"] for r in runs]
             ax.scatter(xs, ys, color=colours(index), alpha=0.45, s=18)
             ax.scatter([statistics.fmean(xs)], [statistics.fmean(ys)], color=colours(index),
@@ -422,7 +413,6 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path,
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)  # figures= may be a new folder
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -454,10 +444,7 @@ def main(argv: list[str]) -> dict[str, Any]:
               "budget": {"time_seconds": size.seconds, "flops_steps_of_byte1": size.flops_steps,
                          "finish_steps": size.finish_steps,
                          "finish_seconds": size.finish_seconds},
-              "recipes": {name: {"experiment": RECIPES[name].experiment,
-                                 "overrides": list(RECIPES[name].overrides),
-                                 "finish": RECIPES[name].finish, "about": RECIPES[name].about}
-                          for name in args.recipes},
+              "recipes": {name: asdict(RECIPES[name]) for name in args.recipes},
               "summary": summary, "figure": str(figure),
               "runs": {f"{r['regime']}/{r['recipe']}/seed{r['seed']}": r for r in results}}
     return tables.publish(report, tables.better_study, out / "better_study.json")

@@ -121,8 +121,7 @@ class PaperArgs:
             wrong = next((s for s in self.sizes if s not in known), "none")
             raise ValueError(f"sizes: {wrong!r} is not a size of budget={self.budget} "
                              f"({', '.join(sorted(known))})")
-        if self.jobs is not None:
-            cli.check_positive("jobs", self.jobs, 0, ">= 0 (0: one at a time, in process)")
+        cli.check_positives(self, "jobs", least=0, optional=True)
         cli.check_choice("device", self.device, (None, "cpu", "cuda"))
 
 
@@ -348,20 +347,15 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _panels(count: int):
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(1, max(1, count), figsize=(5.5 * max(1, count), 4), squeeze=False)
+    fig = Figure(figsize=(5.5 * max(1, count), 4))
+    return fig, fig.subplots(1, max(1, count), squeeze=False)
 
 
 def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

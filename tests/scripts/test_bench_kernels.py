@@ -13,6 +13,7 @@ from script_modules import load_script, prompt_file, tiny_export  # tests/ is on
 
 from mtp.bench import tables
 from mtp.bench.suites import KERNELS_SMOKE
+from mtp.decode.drafters.registry import entry_spec
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_kernels.py"
 ROWS = ["torch float32", "torch bfloat16", "kernels float32", "kernels bfloat16"]
@@ -66,7 +67,8 @@ def test_bench_kernels_without_the_kernels(tmp_path: Path) -> None:
 def test_bench_kernels_arguments() -> None:
     parse = load_script("bench_kernels").parse_args
     args = parse(["parts=[step]", "drafters=[\"heads k=4\",prompt_lookup]", "num_draft=4"])
-    assert args.parts == ["step"] and args.spec("prompt_lookup").options["num_draft"] == 4
+    spec = entry_spec("prompt_lookup", args.options, "drafters")
+    assert args.parts == ["step"] and spec.options["num_draft"] == 4
     for bad, match in (("parts=[gpu]", "parts="), ("scale=huge", "scale="), ("ms=[0]", "ms="),
                        ("drafter_dtypes=[float16]", "drafter_dtypes")):
         with pytest.raises(ValueError, match=match):

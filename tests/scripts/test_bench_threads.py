@@ -11,20 +11,17 @@ import torch
 from script_modules import load_script  # tests/ is on the path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_threads.py"
-
-
-def _script():
-    return load_script("bench_threads")
+bench = load_script("bench_threads")
 
 
 def test_the_worker_decodes_the_byte8_shape(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("MTP_CACHE", str(tmp_path))
-    model, _ = _script().build("byte8")
+    model, _ = bench.build("byte8")
     assert (model.config.n_future, model.config.dim, model.config.vocab_size) == (8, 256, 262)
-    result = _script().worker("byte8", "default", 0.05, 4)
+    result = bench.worker("byte8", "default", 0.05, 4)
     assert result["tokens_per_second"] > 0 and result["threads"] == torch.get_num_threads()
     with pytest.raises(ValueError, match="models: 'gpt2'"):
-        _script().parse_args(["models=[byte8,gpt2]"])
+        bench.parse_args(["models=[byte8,gpt2]"])
 
 
 @pytest.mark.slow

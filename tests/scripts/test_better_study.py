@@ -1,28 +1,20 @@
 """scripts/better_study.py: a tiny study (seconds) writes its JSON and figure; the regimes'
 budgets are planned as documented; bad input is one line before any training."""
 
-import importlib.util
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_script  # tests/ is on the path
 
 from mtp.paths import REPO_ROOT
-
-SCRIPT = REPO_ROOT / "scripts" / "better_study.py"
 
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("better_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    return load_script("better_study")
 
 
 @pytest.fixture
