@@ -103,9 +103,10 @@ class EagleArgs:
         if not self.data:
             raise ValueError("data=[...] must name at least one file")
         cli.check_choice("precision", self.precision, PRECISIONS)
-        for name in ("lr", "decay", "grad_clip", "minutes"):  # minutes=null: no time budget
-            if getattr(self, name) is not None:
-                cli.check_number(name, getattr(self, name), lambda v: v > 0, "> 0")
+        for name in ("lr", "decay", "grad_clip"):
+            cli.check_number(name, getattr(self, name), lambda v: v > 0, "> 0")
+        if self.minutes is not None:
+            cli.check_number("minutes", self.minutes, lambda v: v > 0, "> 0 (null: no budget)")
         if self.layers is not None:
             check_layers(self.layers, n_layers=1 << 30)  # three, in order; range: the model's
 
