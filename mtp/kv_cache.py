@@ -103,7 +103,8 @@ def causal(new: int, device: torch.device | str | None = None) -> tuple[Tensor, 
 
 class KVCache:
     """Keys and values of all blocks, (n_blocks, B, K, max_len, hd) each, written by index
-    tensors, never a view (`torch.compile` then updates the store in place). `blocks`: the
+    tensors, never a view: `torch.compile` then updates the store in place (a write into a
+    view compiles to a copy of the whole store). `blocks`: the
     model's blocks held, when not all; `write` still takes the model's index."""
 
     def __init__(self, config: CacheShape, batch_size: int, max_len: int, *,

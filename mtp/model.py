@@ -291,7 +291,8 @@ def _why_not_kernels(model: nn.Module, asked: bool) -> str | None:
 
 
 def decodes_on_kernels(model: nn.Module) -> bool:
-    """Whether every layer of `model` that decoding runs is on the kernels (`use_kernels`)."""
+    """Whether every layer of `model` that decoding runs is on the kernels (`use_kernels`):
+    then a token's arithmetic is the same in any step and any batch."""
     return _why_not_kernels(model, True) is None and all(
         module.__dict__.get(_KERNEL_MARK, False) for module in model.modules()
         if isinstance(module, _KERNEL_MODULES))
