@@ -42,20 +42,16 @@ import json
 import math
 import os
 import statistics
-import subprocess
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from mtp import cli
-from mtp.bench import tables
-from mtp.bench.machine import commit, machine
-from mtp.paths import write_json
+from mtp.bench import study, tables
+from mtp.bench.machine import commit
+from mtp.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
 REGIMES = ("time", "flops")
 KS = (2, 4, 8)  # the chain lengths reported
 
@@ -151,15 +147,11 @@ def _compose(overrides: list[str]) -> Any:
 
 
 def _model(cfg: Any) -> Any:
-    from hydra.errors import InstantiationException
-
     from mtp.tokenizers import ByteTokenizer
     from mtp.train.run import model_config
 
-    try:
+    with study.one_line():
         return model_config(cfg, ByteTokenizer())
-    except InstantiationException as error:  # Hydra wraps the config's own ValueError
-        raise ValueError(str(error.__cause__ or error).splitlines()[-1]) from None
 
 
 def _rescaled(cfg: Any, max_steps: int) -> list[str]:
@@ -225,6 +217,7 @@ def plan(args: StudyArgs, out: Path) -> list[dict[str, Any]]:
             finish += finish_limits
             check_settings(_compose(finish))
         specs.append({"regime": regime, "recipe": name, "seed": seed, "run_dir": str(run_dir),
+                      "key": f"{regime}/{name}/seed{seed}",
                       "overrides": first, "finish": finish,
                       "tokens_per_step": cfg.data.batch_size * cfg.seq_len,
                       "flops_per_token": fpt, "finish_flops_per_token": finish_fpt})
@@ -238,17 +231,13 @@ def train_run(overrides: list[str], run_dir: Path, in_process: bool) -> float:
     seconds it took (0 when reused)."""
     if (run_dir / "summary.json").is_file():  # a study stopped after this run: go on
         return 0.0
-    run_dir.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     if in_process:
         from mtp.train.run import compose, train
 
         train(compose([*overrides, f"run_dir={run_dir}"]))
     else:
-        with open(run_dir / "run.log", "w") as log:
-            subprocess.run([sys.executable, "-m", "mtp.train", *overrides,
-                            f"hydra.run.dir={run_dir}"], check=True, cwd=REPO, stdout=log,
-                           stderr=subprocess.STDOUT)
+        study.python(["-m", "mtp.train", *overrides, f"hydra.run.dir={run_dir}"], run_dir)
     return time.perf_counter() - began
 
 
@@ -263,13 +252,9 @@ def step_seconds(run_dir: Path, tokens_per_step: int) -> float | None:
     return tokens_per_step / statistics.median(rates) if rates else None
 
 
-def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
-    """Train a spec's runs (the first, then its finish) unless done; its result, also kept
-    as `<run_dir>/result.json` (a later study reuses it)."""
+def launch(spec: dict[str, Any], in_process: bool) -> dict[str, Any]:
+    """Train a spec's runs, the first, then its finish; its result."""
     run_dir = Path(spec["run_dir"])
-    done = run_dir / "result.json"
-    if done.is_file():
-        return json.loads(done.read_text())
     seconds = train_run(spec["overrides"], run_dir, in_process)
     first = json.loads((run_dir / "summary.json").read_text())
     final, finish_steps = first, None
@@ -277,9 +262,6 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
         seconds += train_run(spec["finish"], run_dir / "finish", in_process)
         final = json.loads((run_dir / "finish" / "summary.json").read_text())
         finish_steps = final["steps"]
-    with open(log, "a") as f:
-        f.write(f"{time.strftime('%H:%M:%S')} done {spec['regime']}/{spec['recipe']}/"
-                f"seed{spec['seed']} ({seconds:.0f} s)\n")
     for summary, where in ((first, run_dir), (final, run_dir / "finish")):
         if summary["val"] is None:
             raise ValueError(f"{where} has no validation figures: its corpus is too small "
@@ -288,7 +270,7 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
     per_k = decode.get("tokens_per_forward", {"1": 1.0})
     # no drafts (one head): a token per forward; a chain longer than the heads: none
     undrafted = 1.0 if len(final["val"]["acc_head"]) == 1 else None
-    result = {
+    return {
         "regime": spec["regime"], "recipe": spec["recipe"], "seed": spec["seed"],
         "steps": first["steps"], "max_steps": first["max_steps"], "finish_steps": finish_steps,
         "stopped_early": first["stopped_early"], "parameters": final["parameters"],
@@ -308,20 +290,9 @@ def launch(spec: dict[str, Any], in_process: bool, log: Path) -> dict[str, Any]:
         "step_seconds": step_seconds(run_dir, spec["tokens_per_step"]),
         "seconds": round(seconds, 1),
     }
-    write_json(done, result)
-    return result
 
 
 # -- the summary -------------------------------------------------------------------------------
-
-def spread(values: list[float | None]) -> dict[str, Any] | None:
-    """Mean, standard deviation, min and max over seeds (None where a value is missing)."""
-    if not values or any(v is None for v in values):
-        return None
-    return {"mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values), "seeds": values}
-
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per regime and recipe: spreads over seeds, the step time against byte1's, and the
@@ -336,19 +307,16 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
                 continue
             table[name] = {
                 "steps": [r["steps"] for r in runs], "parameters": runs[0]["parameters"],
-                "val_acc_head0": spread([r["val_acc_head0"] for r in runs]),
-                "val_loss_head0": spread([r["val_loss_head0"] for r in runs]),
                 "acc_head": [statistics.fmean(h) for h in zip(*[r["acc_head"] for r in runs])],
-                **{f"tokens_per_forward_k{k}": spread([r["tokens_per_forward"][str(k)]
-                                                       for r in runs]) for k in KS},
-                "tree_tokens_per_forward": spread([r["tree_tokens_per_forward"] for r in runs]),
-                "repeated": spread([r.get("repeated") for r in runs]),
-                "step_seconds": spread([r["step_seconds"] for r in runs]),
-            }
+                **{key: study.spread([r.get(key) for r in runs]) for key in (
+                    "val_acc_head0", "val_loss_head0", "tree_tokens_per_forward", "repeated",
+                    "step_seconds")},
+                **{f"tokens_per_forward_k{k}": study.spread(
+                    [r["tokens_per_forward"][str(k)] for r in runs]) for k in KS}}
+        byte1 = table.get("byte1")
         for cell in table.values():
-            cell["step_ratio"] = _ratio(cell["step_seconds"], table.get("byte1", {}).get(
-                "step_seconds"))
-            cell["targets"] = _targets(cell, table.get("byte1"), table.get("byte8"))
+            cell["step_ratio"] = _ratio(cell["step_seconds"], byte1 and byte1["step_seconds"])
+            cell["targets"] = _targets(cell, byte1, table.get("byte8"))
         if table:
             out[regime] = table
     return out
@@ -381,13 +349,11 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path,
     """Next-byte accuracy against tokens per forward at k = 4, one point per recipe and
     seed, a regime per panel; the targets as lines."""
     from matplotlib import colormaps
-    from matplotlib.figure import Figure
 
     regimes = list(summary) or ["time"]
-    fig = Figure(figsize=(6.5 * len(regimes), 4.8))
-    axes = fig.subplots(1, len(regimes), squeeze=False)
+    fig, axes = study.panels(len(regimes), 6.5, 4.8)
     colours = colormaps["tab10"]
-    for ax, regime in zip(axes[0], regimes):
+    for ax, regime in zip(axes, regimes):
         table = summary.get(regime, {})
         for index, name in enumerate(RECIPES):
             runs = [r for r in results if r["regime"] == regime and r["recipe"] == name
@@ -405,15 +371,11 @@ def plot(results: list[dict[str, Any]], summary: dict[str, Any], path: Path,
         if "byte8" in table and table["byte8"]["tokens_per_forward_k4"]:
             ax.axvline(0.9 * table["byte8"]["tokens_per_forward_k4"]["mean"], color="grey",
                        ls=":", lw=1, label="90% of byte8's tokens per forward")
-        ax.set(xlabel="tokens per forward, heads k = 4 (greedy, held-out HumanEval)",
-               ylabel="next-byte validation accuracy (head 0)",
-               title=f"equal {'wall-clock' if regime == 'time' else 'FLOPs'} ({title})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", ncol=2)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)  # figures= may be a new folder
-    fig.savefig(path, dpi=110)
-    return path
+        study.label(ax, "tokens per forward, heads k = 4 (greedy, held-out HumanEval)",
+                    "next-byte validation accuracy (head 0)",
+                    f"equal {'wall-clock' if regime == 'time' else 'FLOPs'} ({title})",
+                    fontsize="small", ncol=2)
+    return study.save(fig, path)
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -426,27 +388,19 @@ def main(argv: list[str]) -> dict[str, Any]:
     args = parse_args(argv)
     out = Path(args.out).resolve()
     specs = plan(args, out)  # every run checked: one-line errors before any training
-    out.mkdir(parents=True, exist_ok=True)
-    began, before = time.perf_counter(), machine()
-    log = out / "progress.log"
-    if args.jobs == 0:
-        results = [launch(spec, True, log) for spec in specs]
-    else:
-        with ThreadPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(lambda spec: launch(spec, False, log), specs))
+    runs, measured = study.run(specs, launch, args.jobs, out)
+    results = list(runs.values())
     summary = summarize(results)
     size = SIZES[args.size]
     title = f"size={args.size}, {len(args.seeds)} seed(s)"
     figure = plot(results, summary, Path(args.figures or out) / "better_study.png", title)
-    report = {"benchmark": "better_study", "size": args.size, "commit": commit(REPO),
-              "seconds": round(time.perf_counter() - began), "jobs": args.jobs,
-              "machine": {"before": before, "after": machine()},
+    report = {"benchmark": "better_study", "size": args.size, "commit": commit(REPO_ROOT),
+              "jobs": args.jobs, **measured,
               "budget": {"time_seconds": size.seconds, "flops_steps_of_byte1": size.flops_steps,
                          "finish_steps": size.finish_steps,
                          "finish_seconds": size.finish_seconds},
               "recipes": {name: asdict(RECIPES[name]) for name in args.recipes},
-              "summary": summary, "figure": str(figure),
-              "runs": {f"{r['regime']}/{r['recipe']}/seed{r['seed']}": r for r in results}}
+              "summary": summary, "figure": str(figure), "runs": runs}
     return tables.publish(report, tables.better_study, out / "better_study.json")
 
 

@@ -34,21 +34,15 @@ import itertools
 import json
 import math
 import os
-import statistics
-import subprocess
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mtp import cli
-from mtp.bench import tables
-from mtp.bench.machine import machine
-from mtp.paths import write_json
-
-REPO = Path(__file__).resolve().parents[1]
+from mtp.bench import study, tables
+from mtp.bench.study import spread
+from mtp.paths import REPO_ROOT, write_json
 
 # (name, width, blocks per token, attention heads); the paper's sizes are in the gpu ladder.
 LADDERS: dict[str, dict[str, Any]] = {
@@ -102,7 +96,7 @@ MS = tuple(range(1, 11))
 @dataclass(frozen=True, kw_only=True)
 class PaperArgs:
     budget: str = "cpu"
-    out: Path = REPO / "runs" / "paper_small"
+    out: Path = REPO_ROOT / "runs" / "paper_small"
     figures: Path | None = None
     tasks: list[str] | None = None
     sizes: list[str] | None = None
@@ -133,10 +127,6 @@ def variant(n: int, added: bool = False) -> str:
     """A run's heads: "n=2" compute-matched (its heads' blocks come off the trunk), "n=2 added"
     (head 0 keeps the full depth, the other heads come on top)."""
     return f"n={n}" + (" added" if added else "")
-
-
-def run_key(task: str, size: str, n: int, seed: int, added: bool = False) -> str:
-    return f"{task}/{size}/{variant(n, added)}/seed{seed}"
 
 
 def overrides(task: str, ladder: dict[str, Any], size: tuple, n: int, seed: int,
@@ -212,6 +202,7 @@ def plan(budget: str, out: Path, device: str, tasks: tuple[str, ...],
             run_dir = out / task / size[0] / (f"n{n}" + ("added" if added else "")) / f"seed{seed}"
             specs.append({
                 "task": task, "size": size[0], "n": n, "added": added, "seed": seed,
+                "key": f"{task}/{size[0]}/{variant(n, added)}/seed{seed}",
                 "dim": size[1], "depth": size[2], "heads": size[3], "run_dir": str(run_dir),
                 "device": device, "curve_size": config["curve_size"],
                 "final_size": config["final_size"],
@@ -220,61 +211,33 @@ def plan(budget: str, out: Path, device: str, tasks: tuple[str, ...],
     return sorted(specs, key=lambda s: -s["dim"] ** 2 * s["depth"] * s["tokens_per_step"])
 
 
-def check_plan(specs: list[dict[str, Any]]) -> None:
-    """Every run's config composes and its tokenizer spells its task: one-line errors, before
-    any training."""
-    from hydra.errors import InstantiationException
+def check_plan(specs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every run's config composes, its model and its data module build (the source's own
+    checks, the tokenizer spells its task): one-line errors, before any training. Each task's
+    data module (its specs share data), to tokenise once before runs in parallel race to."""
     from hydra.utils import instantiate
 
-    from mtp.eval.synthetic import check_task
     from mtp.tokenizers import ByteTokenizer
     from mtp.train.run import check_settings, compose, model_config
 
+    data = {}
     for spec in specs:
         cfg = compose(spec["overrides"])
         check_settings(cfg)
-        check_task(spec["task"], ByteTokenizer())
-        try:
+        with study.one_line():
             model_config(cfg, ByteTokenizer())  # the compute-matched shape exists (depth >= n)
-            instantiate(cfg.data.source)  # the source's own checks (documents, m range)
-        except InstantiationException as error:  # Hydra wraps the config's own ValueError
-            raise ValueError(str(error.__cause__ or error).splitlines()[-1]) from None
+            data[spec["task"]] = instantiate(cfg.data, tokenizer=ByteTokenizer(),
+                                             seq_len=cfg.seq_len, n_future=1)
+    return data
 
 
-def prepare(specs: list[dict[str, Any]]) -> None:
-    """Tokenise each task's corpus once, before runs in parallel would race to."""
-    from hydra.utils import instantiate
-
-    from mtp.tokenizers import ByteTokenizer
-    from mtp.train.run import compose
-
-    for spec in {spec["task"]: spec for spec in specs}.values():  # a task's specs share data
-        cfg = compose(spec["overrides"])
-        instantiate(cfg.data, tokenizer=ByteTokenizer(), seq_len=cfg.seq_len,
-                    n_future=1).prepare_data()
-
-
-def launch(spec: dict[str, Any], log: Path, in_process: bool = False) -> dict[str, Any]:
-    """Run `spec` (in its own process, or this one) unless its result exists; its result."""
-    run_dir = Path(spec["run_dir"])
-    if not (run_dir / "result.json").is_file() and in_process:
-        run_one(spec)
-    elif not (run_dir / "result.json").is_file():
-        write_json(run_dir / "spec.json", spec)
-        with open(run_dir / "run.log", "w") as f:
-            subprocess.run([sys.executable, __file__, f"run={run_dir / 'spec.json'}"],
-                           check=True, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
-    with open(log, "a") as f:
-        key = run_key(spec["task"], spec["size"], spec["n"], spec["seed"], spec["added"])
-        f.write(f"{time.strftime('%H:%M:%S')} done {key}\n")
-    val = json.loads((run_dir / "summary.json").read_text())["val"]  # the trainer's, per head
-    return {**json.loads((run_dir / "result.json").read_text()), "val": val}
-
-
-def spread(values: list[float]) -> dict[str, Any]:
-    return {"mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values), "seeds": values}
+def launch(spec: dict[str, Any], in_process: bool) -> dict[str, Any]:
+    """Train and score `spec` in this process or its own; its result."""
+    if in_process:
+        return run_one(spec)
+    path = write_json(Path(spec["run_dir"]) / "spec.json", spec)
+    study.python([__file__, f"run={path}"], path.parent)
+    return json.loads((path.parent / "result.json").read_text())
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -346,32 +309,13 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _panels(count: int):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5.5 * max(1, count), 4))
-    return fig, fig.subplots(1, max(1, count), squeeze=False)
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
-
-
 COLOUR = {"n=1": "tab:blue", "n=2": "tab:orange", "n=4": "tab:green", "n=2 added": "tab:red"}
-
-
-def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.grid(alpha=0.3)
-    ax.legend()
 
 
 def plot_induction(summary: dict[str, Any], path: Path, title: str) -> Path:
     """Fig. 7: accuracy on repeated names' second token against parameters, n = 1 and 2."""
-    fig, axes = _panels(1)
-    ax, table = axes[0][0], summary.get("induction", {})
+    fig, (ax,) = study.panels(1, 5.5, 4)
+    table = summary.get("induction", {})
     for key in dict.fromkeys(k for cells in table.values() for k in cells):
         # x: n = 1's parameters, so the variants of a size share a column (added heads
         # have more parameters, not more depth for head 0)
@@ -385,16 +329,16 @@ def plot_induction(summary: dict[str, Any], path: Path, title: str) -> Path:
         ax.plot([x for x, _ in points], [c["accuracy_first"]["mean"] for _, c in points], "x--",
                 color=COLOUR.get(key), alpha=0.6, label=f"{key}, first occurrences (control)")
     ax.set_xscale("log")
-    _label(ax, "parameters", "accuracy, 2nd token of repeated names", f"induction ({title})")
-    return _save(fig, path)
+    study.label(ax, "parameters", "accuracy, 2nd token of repeated names", f"induction ({title})")
+    return study.save(fig, path)
 
 
 def plot_polynomial(summary: dict[str, Any], path: Path, title: str) -> Path:
     """Fig. 8: exact match against m for each n, at the two largest sizes, seeds as dots."""
     table = summary.get("polynomial", {})
     sizes = list(table)[-2:]
-    fig, axes = _panels(len(sizes))
-    for ax, size in zip(axes[0], sizes):
+    fig, axes = study.panels(len(sizes), 5.5, 4)
+    for ax, size in zip(axes, sizes):
         for i, (key, cell) in enumerate(table[size].items()):
             ax.plot(MS, [cell["accuracy_m"][m]["mean"] for m in MS], "o-", color=COLOUR.get(key),
                     label=f"{key} (mean)")
@@ -404,16 +348,16 @@ def plot_polynomial(summary: dict[str, Any], path: Path, title: str) -> Path:
                            alpha=0.35, s=12)
         ax.axvspan(5.5, 10.5, color="grey", alpha=0.08)
         ax.set_xticks(MS)
-        _label(ax, "operations m (shaded: out of domain)", "exact match",
-               f"F7[X]/(X^5), {size} ({title})")
-    return _save(fig, path)
+        study.label(ax, "operations m (shaded: out of domain)", "exact match",
+                    f"F7[X]/(X^5), {size} ({title})")
+    return study.save(fig, path)
 
 
 def plot_curves(results: list[dict[str, Any]], path: Path) -> Path:
     """Each task's accuracy against step at its smallest size, every run."""
     present = [t for t in TASKS if any(r["task"] == t for r in results)]
-    fig, axes = _panels(len(present))
-    for ax, task in zip(axes[0], present):
+    fig, axes = study.panels(len(present), 5.5, 4)
+    for ax, task in zip(axes, present):
         mine = [r for r in results if r["task"] == task]
         size = min(mine, key=lambda r: r["parameters"])["size"]  # the smallest: n matters most
         first_seed = min(r["seed"] for r in mine)
@@ -422,14 +366,14 @@ def plot_curves(results: list[dict[str, Any]], path: Path) -> Path:
             ax.plot([p["step"] for p in r["curve"]], [p[HEADLINE[task]] for p in r["curve"]],
                     color=COLOUR.get(key), alpha=0.7,
                     label=key if r["seed"] == first_seed else None)
-        _label(ax, "optimizer step", HEADLINE[task], f"{task}, {size}: learning curves, every seed")
-    return _save(fig, path)
+        study.label(ax, "optimizer step", HEADLINE[task],
+                    f"{task}, {size}: learning curves, every seed")
+    return study.save(fig, path)
 
 
 def plot(results: list[dict[str, Any]], summary: dict[str, Any], figures: Path,
          title: str) -> list[Path]:
     """The paper's two figures, and the learning curves."""
-    figures.mkdir(parents=True, exist_ok=True)
     return [plot_induction(summary, figures / "paper_small_induction.png", title),
             plot_polynomial(summary, figures / "paper_small_polynomial.png", title),
             plot_curves(results, figures / "paper_small_curves.png")]
@@ -444,29 +388,19 @@ def main(argv: list[str]) -> dict[str, Any]:
     out = args.out.resolve()
     tasks = args.tasks or [t for t in TASKS if t in LADDERS[args.budget]]
     specs = plan(args.budget, out, device, tuple(tasks), args.sizes)
-    check_plan(specs)  # a ValueError in one line, before any training
+    data = check_plan(specs)  # a ValueError in one line, before any training
     os.environ.setdefault("MTP_DATA_DIR", str(out / "data"))
-    out.mkdir(parents=True, exist_ok=True)
-    began, before = time.perf_counter(), machine()
-    prepare(specs)
-    log = out / "progress.log"
-    if jobs == 0:
-        results = [launch(s, log, in_process=True) for s in specs]
-    else:
-        with ThreadPoolExecutor(jobs) as pool:
-            results = list(pool.map(lambda s: launch(s, log), specs))
-    after = machine()
+    runs, measured = study.run(specs, launch, jobs, out, [d.prepare_data for d in data.values()])
+    for spec, result in zip(specs, runs.values()):  # the trainer's val figures, per head
+        result["val"] = json.loads((Path(spec["run_dir"]) / "summary.json").read_text())["val"]
+    results = list(runs.values())
+    measured["machine"]["threads_per_run"] = 1 if device == "cpu" else None
     summary = summarize(results)
     title = f"budget={args.budget}, {len(LADDERS[args.budget]['seeds'])} seeds"
     figures = plot(results, summary, args.figures or out, title)
     report = {"benchmark": "paper_small", "budget": args.budget, "device": device,
-              "jobs": jobs, "seconds": round(time.perf_counter() - began),
-              "machine": {"before": before, "after": after, "threads_per_run": 1
-                          if device == "cpu" else None},
-              "ladder": LADDERS[args.budget], "summary": summary,
-              "figures": [str(p) for p in figures],
-              "runs": {run_key(r["task"], r["size"], r["n"], r["seed"], r.get("added", False)): r
-                       for r in results}}
+              "jobs": jobs, **measured, "ladder": LADDERS[args.budget], "summary": summary,
+              "figures": [str(p) for p in figures], "runs": runs}
     return tables.publish(report, tables.paper_small, out / "paper_small.json")
 
 

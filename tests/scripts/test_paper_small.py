@@ -29,7 +29,7 @@ def test_tiny_sweep_writes_the_json_and_both_figures(paper_small, tmp_path, caps
         figure = tmp_path / f"paper_small_{name}.png"
         assert figure.stat().st_size > 10_000 and str(figure) in report["figures"]
     ladder = paper_small.LADDERS["smoke"]
-    expected = {paper_small.run_key(task, size[0], n, seed, added)
+    expected = {f"{task}/{size[0]}/{paper_small.variant(n, added)}/seed{seed}"
                 for task in ("induction", "polynomial") for size in ladder[task]["sizes"]
                 for n, added in [(n, False) for n in ladder[task]["n"]]
                 + [(n, True) for n in ladder[task].get("added", [])]
