@@ -32,6 +32,7 @@ import torch
 from omegaconf import MISSING
 
 from mtp import cli
+from mtp.bench.decoding import take_turns
 from mtp.bench.machine import machine
 from mtp.checkpoint import load
 from mtp.generate.measure import plain_forward_seconds
@@ -63,13 +64,11 @@ def main(argv: list[str]) -> None:
         torch.set_num_threads(args.threads)
     fp32, _ = load(args.checkpoint, dtype=torch.float32)
     models = {"float32": fp32, "bfloat16": copy.deepcopy(fp32).to(torch.bfloat16)}
-    seconds: dict[tuple[int, str], list[float]] = {}
     with torch.inference_mode():
-        for _ in range(args.rounds):
-            for width in args.widths:
-                for name, model in models.items():
-                    seconds.setdefault((width, name), []).append(plain_forward_seconds(
-                        model, width, args.batch, args.context, args.repeats))
+        seconds = take_turns({(width, name): partial(plain_forward_seconds, model, width,
+                                                     args.batch, args.context, args.repeats)
+                              for width in args.widths for name, model in models.items()},
+                             args.rounds)
     widths = {}
     for width in args.widths:
         f32, bf16 = (statistics.median(seconds[width, name]) for name in models)

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import json
 import resource
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
 
 from mtp import cli
+from mtp.bench.decoding import child_json
 from mtp.bench.shape import KEYS, Shape
 
 VARIANTS = ("ntp", "naive", "headwise", "chunked", "sequential")
@@ -138,11 +138,8 @@ def main(argv: list[str]) -> None:
     for variant in args.variants:
         for ac in args.activation_checkpointing:
             name = variant if ac == "none" else f"{variant}+ac={ac}"
-            child = subprocess.run([sys.executable, __file__, *shape, f"variant={variant}",
-                                    f"ac={ac}"], capture_output=True, text=True)
-            if child.returncode != 0:
-                sys.exit(f"variant {name} failed:\n{child.stderr}")
-            results[name] = json.loads(child.stdout.strip().splitlines()[-1])
+            results[name] = child_json([sys.executable, __file__, *shape, f"variant={variant}",
+                                        f"ac={ac}"], f"variant {name} failed")
 
     unit = "allocated" if args.device.startswith("cuda") else "RSS"
     print(f"one training step: vocab {args.vocab_size}, dim {args.dim}, trunk {args.n_layers} "
@@ -169,4 +166,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    cli.main(main, __doc__ + KEYS)
+    cli.main(main, __doc__ + KEYS, errors=(ValueError, FileNotFoundError, RuntimeError))

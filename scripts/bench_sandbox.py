@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from mtp import cli
+from mtp.bench.decoding import take_turns
 from mtp.data.benchmarks import load_task
 from mtp.eval.sandbox import Limits, Sandbox, resolve_isolation
 
@@ -71,12 +72,9 @@ def main(argv: list[str]) -> None:
     if args.problems is not None:
         tasks = [replace(t, problems=dict(list(t.problems.items())[:args.problems]))
                  for t in tasks]
-    seconds: dict[tuple[str, str], list[float]] = {}
-    for _ in range(args.rounds):
-        for task in tasks:
-            for level in args.levels:
-                seconds.setdefault((task.name, level), []).append(
-                    time_references(task, level, args.workers))
+    seconds = take_turns({(task.name, level): partial(time_references, task, level,
+                                                      args.workers)
+                          for task in tasks for level in args.levels}, args.rounds)
     rows = []
     print(f"{'task':<10} {'programs':>8} {'isolation':<10} {'seconds':>8} {'ms/program':>10}  "
           f"rounds")

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from mtp import cli
+from mtp.bench.decoding import child_json
 from mtp.bench.machine import cpu_flags
 
 SETTINGS = {  # name -> (environment, threads: "default" or "measured")
@@ -103,13 +104,10 @@ def run_setting(model_name: str, setting: str, args: ThreadsArgs) -> dict:
     clean = {k: v for k, v in os.environ.items()
              if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     with tempfile.TemporaryDirectory() as cache:
-        done = subprocess.run(
-            [sys.executable, __file__, f"worker={model_name}", f"worker_threads={threads}",
-             f"seconds={args.seconds}", f"new_tokens={MODELS[model_name]}"],
-            env={**clean, **env, "MTP_CACHE": cache}, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{model_name}, {setting}: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
+        return child_json([sys.executable, __file__, f"worker={model_name}",
+                           f"worker_threads={threads}", f"seconds={args.seconds}",
+                           f"new_tokens={MODELS[model_name]}"], f"{model_name}, {setting}",
+                          env={**clean, **env, "MTP_CACHE": cache})
 
 
 def machine() -> dict:

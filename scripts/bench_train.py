@@ -44,6 +44,7 @@ from functools import partial
 import torch
 
 from mtp import cli
+from mtp.bench.decoding import take_turns
 from mtp.bench.recipe import KEYS, split_overrides
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
@@ -123,16 +124,14 @@ def seconds_per_step(makers: dict[str, Callable[[], Callable[[], float]]], *, st
     `interleave` (a CPU) keeps every model at once and goes round them, so load changes hit
     all alike; otherwise one after the other (a GPU holds one 1B model's optimizer state,
     not five)."""
-    times: dict[str, list[float]] = {name: [] for name in makers}
+    times: dict[str, list[float]] = {}
     groups = [makers] if interleave else [{name: make} for name, make in makers.items()]
     for group in groups:
         steppers = {name: make() for name, make in group.items()}
         for step in steppers.values():
             for _ in range(warmup):
                 step()
-        for _ in range(steps):
-            for name, step in steppers.items():
-                times[name].append(step())
+        times.update(take_turns(steppers, steps))
         del steppers, step  # the next group's models are built without these
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 

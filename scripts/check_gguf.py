@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from mtp import cli
+from mtp.bench.decoding import child_json
 from mtp.data.benchmarks import load_task
 from mtp.generate.session import DecodeSettings, open_decoder
 from mtp.paths import require_smollm2_gguf
@@ -67,14 +68,11 @@ class GgufArgs:
         return DecodeSettings(drafter="autoregressive", threads=self.threads)
 
 
-def parse_args(argv: list[str]) -> GgufArgs:
-    return cli.parse(argv, GgufArgs)
+parse_args = partial(cli.parse, schema=GgufArgs)
 
 
 def measure_load(path: Path) -> dict:
-    run = subprocess.run([sys.executable, "-c", _LOAD.format(path=str(path))],
-                         capture_output=True, text=True, check=True)
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return child_json([sys.executable, "-c", _LOAD.format(path=str(path))], "loading the file")
 
 
 def llama_cpp_ids(path: Path, prompts: list[str]) -> list[list[int]] | None:

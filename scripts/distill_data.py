@@ -42,6 +42,7 @@ import json
 import random
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -99,8 +100,7 @@ class DistillArgs(SourceOptions, Decoding):
                              top_k=self.top_k, top_p=self.top_p, seed=self.seed)
 
 
-def parse_args(argv: list[str]) -> DistillArgs:
-    return cli.parse(argv, DistillArgs)
+parse_args = partial(cli.parse, schema=DistillArgs)
 
 
 def pick_prompts(texts: list[tuple[str, str]], n: int, chars: int, seed: int

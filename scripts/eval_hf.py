@@ -34,6 +34,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -78,8 +79,7 @@ class EvalHfArgs:
         return settings.load_dtype or torch.float32
 
 
-def parse_args(argv: list[str]) -> EvalHfArgs:
-    return cli.parse(argv, EvalHfArgs)
+parse_args = partial(cli.parse, schema=EvalHfArgs)
 
 
 def load_hf(path: Path, dtype: torch.dtype, device: str):

@@ -1,9 +1,13 @@
-"""What the decoding scripts share: the keys of `DecodeSettings` they take (device, dtype,
-threads, or dtypes), the saved choices of a checkpoint that its drafters are built with, and
-the printing of a table of rows and of the machine."""
+"""What the benchmark scripts share: the keys of `DecodeSettings` the decoding ones take
+(device, dtype, threads, or dtypes), the saved choices of a checkpoint that its drafters are
+built with, rounds of measurements taking turns, a child process's JSON line, and the printing
+of a table of rows and of the machine."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +78,25 @@ def machine_line(info: dict[str, Any]) -> str:
     """`mtp.bench.machine.machine`'s threads, load and CPU flags, as a table's header says them."""
     return (f"threads {info['threads']}  load {' '.join(map(str, info['load']))}  "
             f"flags {' '.join(info['cpu_flags'])}")
+
+
+def take_turns(calls: dict[Any, Callable[[], float]], rounds: int) -> dict[Any, list[float]]:
+    """Each call's figures over `rounds` rounds, the calls taking turns in each round, so a
+    change in the machine's load hits them all alike."""
+    figures: dict[Any, list[float]] = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, call in calls.items():
+            figures[key].append(call())
+    return figures
+
+
+def child_json(command: list[str], what: str, **run: Any) -> dict:
+    """The JSON object a command (a fresh process, `subprocess.run`'s `run` keywords) prints
+    last; a RuntimeError naming `what`, with the end of its stderr, if it fails."""
+    done = subprocess.run(command, capture_output=True, text=True, **run)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what}: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def print_table(rows: dict[str, dict], columns: list[tuple[str, str, int, str | None]]) -> None:
