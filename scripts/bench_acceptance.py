@@ -77,7 +77,7 @@ def parse_args(argv: list[str]) -> AcceptanceArgs:
     return cli.parse(argv, AcceptanceArgs, extra=option_owners(), extra_field="options")
 
 
-def main(argv: list[str]) -> dict:
+def main(argv: list[str]) -> None:
     args = parse_args(argv)
     decoder = open_decoder(args.checkpoint, args.settings(), max_new_tokens=args.max_new_tokens)
     model, tokenizer = decoder.model, decoder.tokenizer
@@ -100,11 +100,9 @@ def main(argv: list[str]) -> dict:
     print(f"{'rule':<20} {'tok/fwd':>8} {'tokens/s':>9}")
     for name, row in rules.items():
         print(f"{name:<20} {row['tokens_per_forward']:>8.3f} {row['tokens_per_second']:>9.1f}")
-    result = {"rules": rules, "tree": tree, "temperature": args.temperature,
-              "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-              "checkpoint": str(args.checkpoint), **info}
-    print(json.dumps(result))
-    return result
+    print(json.dumps({"rules": rules, "tree": tree, "temperature": args.temperature,
+                      "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                      "checkpoint": str(args.checkpoint), **info}))
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
 from mtp.decode import engine
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.output import repetition
-from mtp.generate.measure import plain_forward_seconds, time_generate
+from mtp.generate.measure import Timed, plain_forward_seconds, step_width, time_generate
 from mtp.generate.prompts import read_prompts
 from mtp.generate.session import open_decoder
 from mtp.model import MTPConfig, MTPModel
@@ -112,12 +112,10 @@ def random_model(device: str, dtype: torch.dtype | None) -> tuple[MTPModel, Byte
 
 
 def plot(rows: list[dict], chain_rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no display, no global state
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    axes = fig.subplots(1, 2)
     series = {"chain (k nodes)": chain_rows}
     for row in rows:
         series.setdefault("auto:N trees" if row["tree"].startswith("auto:") else "fixed trees",
@@ -144,78 +142,74 @@ def main(argv: list[str]) -> None:
     engine.STACK_HEADS = not args.unstacked_heads
     prompts = read_prompts(args.prompts) + humaneval_prompts(args.humaneval)
     settings = args.settings()
-    how = {"prompts": prompts[:1], "batch_size": args.batch_size,
-           "max_new_tokens": args.max_new_tokens}
-    if args.random_model:
-        checkpoint = "random"
-        decoder = open_decoder(None, settings, **how,
-                               loaded=random_model(args.device, settings.load_dtype))
-    else:
-        checkpoint = args.checkpoint or newest_byte8_export(Path("outputs/train"))
-        decoder = open_decoder(checkpoint, settings, **how)
+    loaded = random_model(args.device, settings.load_dtype) if args.random_model else None
+    path = None if loaded else (args.checkpoint or newest_byte8_export(Path("outputs/train")))
+    decoder = open_decoder(path, settings, loaded=loaded, prompts=prompts[:1],
+                           batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
+    checkpoint = path or "random"
     model, tokenizer = decoder.model, decoder.tokenizer
     ks = args.ks or list(range(2, model.config.n_future + 1))
-    context = saved_context(None if args.random_model else checkpoint)
-    trees = {spec: DrafterSpec("heads", tree=spec).build(model, context) for spec in args.trees}
-    configs = {1: None} | {k: DrafterSpec("heads", k=k).build(model, context) for k in ks} | trees
-    trees = {spec: drafter.tree for spec, drafter in trees.items()}
+    context = saved_context(path)
+    specs = {k: DrafterSpec("heads", k=k) for k in ks}
+    specs |= {tree: DrafterSpec("heads", tree=tree) for tree in args.trees}
+    drafters = {1: None} | {name: spec.build(model, context) for name, spec in specs.items()}
     dtype_name = cli.dtype_name(next(model.parameters()).dtype)
 
     compiled = args.compile is not False  # the step the main figures come from
     modes = {False: [False], True: [True], "both": [False, True]}[args.compile]
-    for drafter in configs.values():  # warm-up: allocator, kernels, caches; compiled shapes
+
+    def run(drafter, mode: bool, texts: list[str] = prompts,
+            tokens: int = args.max_new_tokens) -> Timed:
+        return time_generate(model, tokenizer, texts, max_new_tokens=tokens,
+                             batch_size=args.batch_size, drafter=drafter, compile=mode)
+
+    for drafter in drafters.values():  # warm-up: allocator, kernels, caches; compiled shapes
         for mode in modes:  # the compiled step meets every shape it will be timed on
-            time_generate(model, tokenizer, prompts if mode else prompts[:1],
-                          max_new_tokens=args.max_new_tokens if mode else 16,
-                          batch_size=args.batch_size, drafter=drafter, compile=mode)
-    speed = {(name, mode): [] for name in configs for mode in modes}
+            run(drafter, mode, prompts if mode else prompts[:1],
+                args.max_new_tokens if mode else 16)
+    speed = {(name, mode): [] for name in drafters for mode in modes}
     # Each step (eager, compiled) is checked against its own autoregressive output: in bfloat16
     # the compiled step's fused kernels round differently from the eager step's, and greedy
     # picks between near-tied logits follow the rounding, not the speculation.
     stats, identical, ar_ids = {}, {}, {}
     with torch.inference_mode():
         for _ in range(args.repeats):
-            for name, drafter in configs.items():
+            for name, drafter in drafters.items():
                 for mode in modes:
-                    timed = time_generate(model, tokenizer, prompts,
-                                          max_new_tokens=args.max_new_tokens,
-                                          batch_size=args.batch_size, drafter=drafter,
-                                          compile=mode)
+                    timed = run(drafter, mode)
                     stats[name], ids = timed.stats, timed.token_ids
                     speed[name, mode].append(timed.tokens_per_second)
-                    if name == 1:
-                        ar_ids.setdefault(mode, ids)
+                    ar_ids.setdefault(mode, ids)  # autoregressive decoding runs first
                     identical[name] = identical.get(name, True) and ids == ar_ids[mode]
 
     def rate(name, mode: bool = compiled) -> float:  # the median over repeats
         return statistics.median(speed[name, mode])
 
-    widths = {1: 1} | {k: k for k in ks} | {spec: tree.n_nodes for spec, tree in trees.items()}
+    widths = {name: step_width(drafter) for name, drafter in drafters.items()}
     seconds = {width: plain_forward_seconds(model, width, args.batch_size)
                for width in sorted(set(widths.values()))}
-    plain = {name: seconds[width] / seconds[1] for name, width in widths.items()}
-
     ar = rate(1)
-    cost = {name: ar / stats[1].tokens_per_forward * stats[name].tokens_per_forward
-            / rate(name) for name in configs}  # seconds per forward over autoregressive's
 
     def row(name) -> dict:
         both = {} if len(modes) == 1 else {
             "eager_tokens_per_second": round(rate(name, False), 1),
             "compile_speedup": round(rate(name, True) / rate(name, False), 3)}
+        tokens_per_forward = stats[name].tokens_per_forward
         return {"tokens_per_second": round(rate(name), 1),
                 "speedup": round(rate(name) / ar, 3),
-                "tokens_per_forward": round(stats[name].tokens_per_forward, 3),
-                "forward_cost": round(cost[name], 3),
-                "plain_cost": round(plain[name], 3),
+                "tokens_per_forward": round(tokens_per_forward, 3),
+                # seconds per forward over autoregressive's
+                "forward_cost": round(ar / stats[1].tokens_per_forward * tokens_per_forward
+                                      / rate(name), 3),
+                "plain_cost": round(seconds[widths[name]] / seconds[1], 3),
                 "nodes_per_forward": round(stats[name].nodes_per_forward, 2),
                 "head_acceptance": [round(a, 3) for a in stats[name].head_acceptance],
                 "accepted_depths": stats[name].accepted_depths,
                 "identical": identical[name]} | both
 
     rows = [{"k": k, "nodes": k} | row(k) for k in [1, *ks]]
-    tree_rows = [{"tree": spec, "nodes": tree.n_nodes, "depth": tree.depth} | row(spec)
-                 for spec, tree in trees.items()]
+    tree_rows = [{"tree": tree, "nodes": widths[tree], "depth": drafters[tree].tree.depth}
+                 | row(tree) for tree in dict.fromkeys(args.trees)]
     repeated = round(repetition(ar_ids[compiled], 8), 3)
     print(f"checkpoint {checkpoint}  device {args.device} {dtype_name}  "
           f"{'compiled' if compiled else 'eager'}{' (and eager)' if len(modes) > 1 else ''}"
@@ -250,7 +244,7 @@ def main(argv: list[str]) -> None:
                     "tree": top["tree"], "fastest_tree": fastest["tree"],
                     "fastest_tree_speedup": fastest["speedup"]}
     if args.plot and tree_rows:
-        name = checkpoint if args.random_model else Path(checkpoint).parent.name  # the run's
+        name = Path(path).parent.name if path else checkpoint  # the run's
         plot(tree_rows, rows[1:], args.plot, f"{name}: {len(prompts)} prompts x "
              f"{args.max_new_tokens} bytes, greedy, batch 1, {args.device}, "
              f"{torch.get_num_threads()} threads")

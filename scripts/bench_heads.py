@@ -192,12 +192,10 @@ def step_seconds(config: MTPConfig, repeats: int, batch: int, seq_len: int) -> f
 
 
 def plot(runs: dict[str, dict], path: Path, title: str) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no display, no global state
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    left, right = fig.subplots(1, 2)
     colors = {4: "#37a", 8: "#c63"}
     for r in runs.values():
         style = "-" if r["head_type"] == "block" else "--"

@@ -74,7 +74,8 @@ def parse_args(argv: list[str]) -> HfBenchArgs:
     return cli.parse(argv, HfBenchArgs)
 
 
-def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
+def random_bpe_model(corpus_mb: float, device: torch.device,
+                     dtype: torch.dtype | None) -> tuple[MTPModel, BPETokenizer]:
     """An untrained ~65M-parameter model (4 heads) with a 32k BPE trained on Python's stdlib."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts, size = [], 0
@@ -87,7 +88,7 @@ def random_bpe_model(corpus_mb: float) -> tuple[MTPModel, BPETokenizer]:
     torch.manual_seed(0)
     config = MTPConfig(vocab_size=tokenizer.vocab_size, dim=512, n_layers=6, n_heads=8,
                        n_kv_heads=8, n_future=4, max_seq_len=2048)
-    return MTPModel(config).eval(), tokenizer
+    return MTPModel(config).to(device=device, dtype=dtype).eval(), tokenizer
 
 
 def distinct_4grams(outputs: list[list[int]]) -> float:
@@ -102,14 +103,10 @@ def main(argv: list[str]) -> None:
     device = torch.device(args.device)
     prompts = humaneval_prompts(args.humaneval) if args.humaneval else read_prompts(args.prompts)
     settings = args.settings()
-    if args.random_bpe_model:
-        checkpoint = "random-bpe"
-        model, tokenizer = random_bpe_model(args.bpe_corpus_mb)
-        loaded = model.to(device=device, dtype=settings.load_dtype), tokenizer
-        decoder = open_decoder(None, settings, loaded=loaded, prompts=prompts[:1])
-    else:
-        checkpoint = str(args.checkpoint)
-        decoder = open_decoder(args.checkpoint, settings, prompts=prompts[:1])
+    loaded = random_bpe_model(args.bpe_corpus_mb, device, settings.load_dtype) \
+        if args.random_bpe_model else None
+    decoder = open_decoder(args.checkpoint, settings, loaded=loaded, prompts=prompts[:1])
+    checkpoint = str(args.checkpoint or "random-bpe")
     model, tokenizer = decoder.model, decoder.tokenizer
     dtype_name = cli.dtype_name(next(model.parameters()).dtype)
     inputs = tokenizer.encode_prompts(prompts)  # as mtp's generate
@@ -123,7 +120,7 @@ def main(argv: list[str]) -> None:
 
     def run(name: str, n: int, tokens: int) -> tuple[float, list[list[int]], float | None]:
         if name in hf_options:
-            return time_hf(hf, inputs[:n], tokens, tokenizer, **hf_options[name])
+            return *time_hf(hf, inputs[:n], tokens, tokenizer, **hf_options[name]), None
         timed = time_generate(model, tokenizer, prompts[:n], max_new_tokens=tokens,
                               drafter=drafters[name], compile=args.compile)
         return timed.seconds, timed.token_ids, timed.stats.tokens_per_forward

@@ -94,19 +94,17 @@ def main(argv: list[str]) -> None:
     if order is None:
         raise ValueError("the choice has no search order: search again with "
                          "python -m mtp.generate.skip_search")
-    sets = {f"skip {m} of {n_layers}": (tuple(sorted(order[:m])), args.num_draft)
-            for m in args.skipped if 0 < m < n_layers}
+    sets = {"autoregressive": ((), 0)}  # (layers skipped, drafts per step)
+    sets |= {f"skip {m} of {n_layers}": (tuple(sorted(order[:m])), args.num_draft)
+             for m in args.skipped if 0 < m < n_layers}
     sets[f"search's choice ({len(choice.skip)}), k={choice.num_draft}"] = (choice.skip,
                                                                              choice.num_draft)
-    methods: dict[str, tuple[tuple[int, ...], LayerSkip | None]] = {"autoregressive": ((), None)}
-    for name, (skip, k) in sets.items():
-        methods[name] = (skip, DrafterSpec("layer_skip", skip=list(skip), num_draft=k,
-                                           threshold=args.threshold).build(model))
-
     rows: dict[str, dict] = {}
     reference: list[list[int]] = []
     base = 0.0
-    for name, (skip, drafter) in methods.items():
+    for name, (skip, k) in sets.items():
+        drafter = None if k == 0 else DrafterSpec("layer_skip", skip=list(skip), num_draft=k,
+                                                  threshold=args.threshold).build(model)
         timed = time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
                               drafter=drafter, warmup_tokens=8)
         stats, ids = timed.stats, timed.token_ids

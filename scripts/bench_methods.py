@@ -142,19 +142,6 @@ def label(drafter: Drafter | None) -> str:
                                              else "")
 
 
-def row(speed: float, tokens_per_forward: float | None, autoregressive: float | None,
-        baseline: float, identical: bool | None, repeated: float) -> dict:
-    """A method's figures: `speedup` against `baseline` (the first dtype's autoregressive
-    tokens/s), `forward_cost` a step's time in autoregressive steps of the same dtype
-    (tokens per forward over the speed-up against `autoregressive`; None without either)."""
-    cost = None if tokens_per_forward is None or autoregressive is None else \
-        round(tokens_per_forward * autoregressive / speed, 3)
-    return {"tokens_per_second": round(speed, 1), "speedup": round(speed / baseline, 3),
-            "tokens_per_forward": None if tokens_per_forward is None else
-            round(tokens_per_forward, 3), "forward_cost": cost, "identical": identical,
-            "repeated": round(repeated, 3)}
-
-
 @dataclass
 class Bench:
     """Measures the methods of `args` on one model and prompt set, row by row."""
@@ -211,12 +198,24 @@ class Bench:
             self.ar = timed.tokens_per_second
             if sampling.greedy:
                 self.reference = timed.token_ids
-        base = self.baseline.setdefault(sampling.temperature, self.ar)
-        self.rows[name] = row(timed.tokens_per_second, timed.stats.tokens_per_forward, self.ar,
-                              base, timed.token_ids == self.reference if sampling.greedy
-                              else None, repetition(timed.token_ids, self.args.repeated_ngram))
-        print(f"  measured {name}: {timed.tokens_per_second:.1f} tokens/s", file=sys.stderr)
+        self.add(name, timed.tokens_per_second, timed.token_ids, sampling,
+                 timed.stats.tokens_per_forward)
         return timed.tokens_per_second
+
+    def add(self, name: str, speed: float, ids: list[list[int]], sampling: SamplingConfig,
+            tokens_per_forward: float | None = None) -> None:
+        """A method's row: `speedup` against the first dtype's autoregressive tokens/s at this
+        temperature, `forward_cost` a step's time in autoregressive steps of this dtype (tokens
+        per forward over the speed-up against it; None without tokens per forward)."""
+        base = self.baseline.setdefault(sampling.temperature, self.ar)
+        known = tokens_per_forward is not None
+        self.rows[name] = {
+            "tokens_per_second": round(speed, 1), "speedup": round(speed / base, 3),
+            "tokens_per_forward": round(tokens_per_forward, 3) if known else None,
+            "forward_cost": round(tokens_per_forward * self.ar / speed, 3) if known else None,
+            "identical": ids == self.reference if sampling.greedy else None,
+            "repeated": round(repetition(ids, self.args.repeated_ngram), 3)}
+        print(f"  measured {name}: {speed:.1f} tokens/s", file=sys.stderr)
 
     def transformers(self, tag: str) -> None:
         """transformers' greedy `generate` on the model's weights (its dtype): plain, with
@@ -235,13 +234,9 @@ class Bench:
         with torch.inference_mode():
             for name, options in methods.items():
                 time_hf(hf, inputs[:1], 8, self.tokenizer, **options)  # warm-up
-                seconds, ids, _ = time_hf(hf, inputs, self.args.max_new_tokens, self.tokenizer,
-                                          **options)
-                speed = sum(map(len, ids)) / seconds
-                self.rows[name + tag] = row(speed, None, None, self.baseline[0.0],
-                                            ids == self.reference,
-                                            repetition(ids, self.args.repeated_ngram))
-                print(f"  measured {name + tag}: {speed:.1f} tokens/s", file=sys.stderr)
+                seconds, ids = time_hf(hf, inputs, self.args.max_new_tokens, self.tokenizer,
+                                       **options)
+                self.add(name + tag, sum(map(len, ids)) / seconds, ids, SamplingConfig())
 
 
 def choose_prompts(args: MethodsArgs, tokenizer: Tokenizer, room: int) -> tuple[list[str], int]:
@@ -253,13 +248,11 @@ def choose_prompts(args: MethodsArgs, tokenizer: Tokenizer, room: int) -> tuple[
 
 
 def plot(rows: dict[str, dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no display, no global state
 
     names = list(rows)
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.2))
+    fig = Figure(figsize=(8, 0.35 * len(names) + 1.2))
+    ax = fig.subplots()
     speedups = [rows[n]["speedup"] for n in names]
     colors = ["#888" if n.startswith("autoregressive") else
               "#a70" if n.startswith("transformers") else

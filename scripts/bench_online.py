@@ -94,7 +94,7 @@ def stream(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], drafter: D
         [g.token_ids for g in done]
 
 
-def main(argv: list[str]) -> dict:
+def main(argv: list[str]) -> None:
     args = parse_args(argv)
     prompts = read_prompts(args.prompts) if args.prompts else \
         humaneval_prompts(args.offset + args.humaneval)[args.offset:]
@@ -128,13 +128,12 @@ def main(argv: list[str]) -> dict:
         print(f"{name:<7} {row['tokens_per_forward']:>8.2f} {row['first_window']:>9.2f} "
               f"{row['last_window']:>8.2f} {row['tokens_per_second']:>9.1f} "
               f"{row['tokens_per_second_decoding']:>9.1f} {row['learning_seconds']:>11.1f}")
-    result = {"frozen": frozen, "online": online, "identical": frozen_ids == online_ids,
-              "prompts": len(prompts), "prompt_source": str(source), "offset": args.offset,
-              "k": k, "lr": args.lr, "steps": args.steps, "window": window,
-              "max_new_tokens": args.max_new_tokens, "repeated": round(repeated, 3),
-              "checkpoint": str(args.checkpoint), **info}
-    print(json.dumps(result))
-    return result
+    print(json.dumps({"frozen": frozen, "online": online, "identical": frozen_ids == online_ids,
+                      "prompts": len(prompts), "prompt_source": str(source),
+                      "offset": args.offset, "k": k, "lr": args.lr, "steps": args.steps,
+                      "window": window, "max_new_tokens": args.max_new_tokens,
+                      "repeated": round(repeated, 3), "checkpoint": str(args.checkpoint),
+                      **info}))
 
 
 if __name__ == "__main__":

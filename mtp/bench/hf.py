@@ -28,7 +28,7 @@ def hf_model(model: MTPModel, tokenizer: Tokenizer) -> Any:
 
 
 def time_hf(model, inputs: list[list[int]], max_new_tokens: int, tokenizer: Tokenizer,
-            **options) -> tuple[float, list[list[int]], None]:
+            **options) -> tuple[float, list[list[int]]]:
     """Seconds over all prompts and the new ids of transformers' greedy `generate`."""
     def decode(_: int, batch: list[list[int]]) -> list[list[int]]:
         [ids] = batch
@@ -38,8 +38,7 @@ def time_hf(model, inputs: list[list[int]], max_new_tokens: int, tokenizer: Toke
                              pad_token_id=tokenizer.pad_id, **options)
         return [out[0, len(ids):].tolist()]  # waits for the device
 
-    seconds, outputs = time_calls(decode, inputs, 1)
-    return seconds, outputs, None
+    return time_calls(decode, inputs, 1)
 
 
 def static_compiled(device: torch.device) -> dict:
