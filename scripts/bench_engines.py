@@ -82,6 +82,14 @@ METHODS = ("autoregressive", "ngram", "medusa", "mtp", "eagle3")
 MIXED_PROMPTS = CODE_PROMPTS.with_name("mixed.jsonl")
 CHAT_PROMPTS = CODE_PROMPTS.with_name("chat.jsonl")  # mixed.jsonl's requests as messages
 RUNNER = Path(engine_runner.__file__)
+
+
+def vllm_row(method: str) -> str:
+    """vLLM's row for `method`: its own name, but "vllm mtp" for the MiMo method, whose name
+    is the key of mtp's own reference row."""
+    return "vllm mtp" if method == "mtp" else method
+
+
 ENGINE_ENV = "MTP_VLLM_PYTHON"
 LLAMA_ENV = "MTP_LLAMA_CPP_PYTHON"
 LLAMA_METHODS = {"llama.cpp autoregressive": None, "llama.cpp prompt_lookup": 3}
@@ -170,24 +178,22 @@ def export(method: str, checkpoint: str, work: Path, args: EngineBenchArgs, n_fu
     """Export what `method` needs under `work`: the model directory vLLM loads and its
     speculative_config (None: autoregressive)."""
     k = min(args.k, n_future - 1) if method in ("medusa", "mtp") else args.k
+    speculative = {"method": method, "num_speculative_tokens": k}
     hf_dir = work / "hf"
     if method in ("autoregressive", "ngram", "eagle3") and not hf_dir.exists():
         _convert("to_hf", checkpoint, hf_dir, args.dtype)
     if method == "autoregressive":
         return hf_dir, None
     if method == "ngram":
-        return hf_dir, {"method": "ngram", "num_speculative_tokens": k,
-                        "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        return hf_dir, speculative | {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
     if method == "medusa":
         out = _convert("to_medusa", checkpoint, work / "medusa", args.dtype)
-        return out / "base", {"method": "medusa", "model": str(out / "vllm"),
-                              "num_speculative_tokens": k}
+        return out / "base", speculative | {"model": str(out / "vllm")}
     if method == "mtp":
-        out = _convert("to_mimo", checkpoint, work / "mimo", args.dtype)
-        return out, {"method": "mtp", "num_speculative_tokens": k}
+        return _convert("to_mimo", checkpoint, work / "mimo", args.dtype), speculative
     extra = {} if eagle in (None, "saved") else {"eagle": eagle}
     out = _convert("to_eagle3", checkpoint, work / "eagle3", args.dtype, **extra)
-    return hf_dir, {"method": "eagle3", "model": str(out), "num_speculative_tokens": k}
+    return hf_dir, speculative | {"model": str(out)}
 
 
 ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)$")
@@ -373,22 +379,23 @@ def main(argv: list[str]) -> None:
             directory, speculative = export(method, checkpoint, work, args,
                                             model.config.n_future, eagle)
         except ValueError as error:
-            rows[method] = {"loaded": False, "error": f"export: {error}"}
+            rows[vllm_row(method)] = {"loaded": False, "error": f"export: {error}"}
             continue
         job = {"engine": "vllm", "model": str(directory), "dtype": args.dtype,
                "speculative_config": speculative,
                "max_new_tokens": args.max_new_tokens, "prompts": prompt_ids,
                "stop_token_ids": sorted(tokenizer.stop_ids),
                "max_model_len": min(model.config.max_seq_len, 4096)}
-        rows[method] = run_engine(python, job, work, method, args.timeout, model,
-                                  timed.token_ids)
+        rows[vllm_row(method)] = run_engine(python, job, work, method, args.timeout, model,
+                                            timed.token_ids)
     rows |= llama_cpp_rows(args, checkpoint, work, prompt_ids, tokenizer, model, timed.token_ids)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     facts = machine()
+    vllm = rows.get(vllm_row(methods[0]), {}).get("vllm")
     print(f"checkpoint {checkpoint}  {len(prompts)} prompts{' (chat)' if chat else ''} x <= "
           f"{args.max_new_tokens} new tokens  vLLM in {args.dtype}  greedy, batch 1  vLLM "
-          f"{rows.get(methods[0], {}).get('vllm')}  {facts['device_name']}  load {facts['load']}")
+          f"{vllm}  {facts['device_name']}  load {facts['load']}")
     print("\n".join(summary(rows)))
     print(json.dumps({"checkpoint": checkpoint, "prompts": len(prompts), "chat": chat,
                       "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "k": args.k,

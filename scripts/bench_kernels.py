@@ -52,7 +52,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,11 @@ def parse_args(argv: list[str]) -> KernelsArgs:
 
 def log(text: str) -> None:
     print(f"  {text}", file=sys.stderr, flush=True)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b to 3 places; None where either is missing (or b is 0)."""
+    return round(a / b, 3) if a is not None and b else None
 
 
 def kernels_state() -> tuple[str | None, dict[str, Any]]:
@@ -233,44 +238,50 @@ def matrices(shapes: list[tuple[int, int]], ms: list[int], repeats: int, off: st
         floor_ms = None if floor is None else round(nbytes / floor * 1e3, 3)
         rows[row] = {
             "path": row.split()[0], "dtype": row.split()[1], "mb": round(nbytes / 1e6, 1),
-            "ms": ms_of,
-            "m8_over_m1": round(ms_of["8"] / one, 3) if one and "8" in ms_of else None,
+            "ms": ms_of, "m8_over_m1": ratio(ms_of.get("8"), one),
             "gb_per_s_m1": round(nbytes / one / 1e6, 2) if one else None,
-            "floor_ms": floor_ms,
-            "m1_over_floor": round(one / floor_ms, 3) if one and floor_ms else None,
-            "load": loads[row]}
+            "floor_ms": floor_ms, "m1_over_floor": ratio(one, floor_ms), "load": loads[row]}
         log(f"matrices {row}: {ms_of} ms")
     return {"count": len(shapes), "params": params, "repeats": repeats, "rows": rows}
 
 
 # --- the step ---------------------------------------------------------------------------------
 
+def on_paths(model: MTPModel, part: str, row: str, off: str | None,
+             skipped: dict[str, str]) -> Iterator[tuple[str, str, str, MTPModel, str]]:
+    """`model` in float32 and a bfloat16 copy, each decoding by torch, then by the kernels: per
+    case its row (`row` formatted with path and dtype), dtype, path, model and summary. Where
+    the kernels are off or cannot decode it, the reason goes in `skipped` as "<part> <row>"."""
+    models = {"float32": model.to(torch.float32)}
+    models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
+    for path in PATHS:
+        for name, here in models.items():
+            key = row.format(path=path, dtype=name)
+            summary = use_kernels(here, path == "kernels")
+            if path == "kernels" and (off or not decodes_on_kernels(here)):
+                skipped[f"{part} {key}"] = off or summary
+            else:
+                yield key, name, path, here, summary
+    use_kernels(model, False)
+
+
 def step(model: MTPModel, context: int, repeats: int, off: str | None,
          bare: dict[str, Any] | None, skipped: dict[str, str]) -> dict[str, Any]:
     """Rows "<path> <dtype>": the cached forward's ms at 1 and 8 new tokens, over the bare
     matrices' at the same M (`bare`: the matrices part's rows)."""
-    models = {"float32": model.to(torch.float32)}
-    models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
     rows = {}
-    for path in PATHS:
-        for name, dtype_model in models.items():
-            row = f"{path} {name}"
-            summary = use_kernels(dtype_model, path == "kernels")
-            if path == "kernels" and (off or not decodes_on_kernels(dtype_model)):
-                skipped[f"step {row}"] = off or summary
-                continue
-            ms_of = {str(w): round(plain_forward_seconds(
-                dtype_model, w, 1, context, repeats) * 1e3, 3) for w in STEP_WIDTHS}
-            matrices_ms = (bare or {}).get(row, {}).get("ms", {})
-            rows[row] = {
-                "path": path, "dtype": name, "ms": ms_of,
-                "matrices_ms": {w: matrices_ms.get(w) for w in ms_of},
-                "over_matrices": {w: round(ms_of[w] / matrices_ms[w], 3) if matrices_ms.get(w)
-                                  else None for w in ms_of},
-                "step8_over_step1": round(ms_of["8"] / ms_of["1"], 3),
-                "summary": summary, "load": load_average()}
-            log(f"step {row}: {ms_of} ms ({summary})")
-    use_kernels(models["float32"], False)
+    for row, name, path, here, summary in on_paths(model, "step", "{path} {dtype}", off,
+                                                   skipped):
+        ms_of = {str(w): round(plain_forward_seconds(here, w, 1, context, repeats) * 1e3, 3)
+                 for w in STEP_WIDTHS}
+        matrices_ms = (bare or {}).get(row, {}).get("ms", {})
+        rows[row] = {
+            "path": path, "dtype": name, "ms": ms_of,
+            "matrices_ms": {w: matrices_ms.get(w) for w in ms_of},
+            "over_matrices": {w: ratio(ms_of[w], matrices_ms.get(w)) for w in ms_of},
+            "step8_over_step1": ratio(ms_of["8"], ms_of["1"]),
+            "summary": summary, "load": load_average()}
+        log(f"step {row}: {ms_of} ms ({summary})")
     return {"context": context, "batch": 1, "widths": list(STEP_WIDTHS), "repeats": repeats,
             "timed": "plain_forward_seconds: cached_forward of the trunk and head 0, the "
                      "unembedding and the argmax on the host, median", "rows": rows}
@@ -290,7 +301,8 @@ def prompt_sets(args: KernelsArgs) -> dict[str, list[str]]:
 
 def smollm2(args: KernelsArgs, model: MTPModel, tokenizer: Tokenizer, off: str | None,
             checkpoint: str, skipped: dict[str, str]) -> dict[str, Any]:
-    """Autoregressive rows per dtype and path, then the drafters' exact rows."""
+    """Autoregressive rows per path and dtype, then the drafters' exact rows per dtype (on the
+    kernels where its autoregressive row is)."""
     sets = prompt_sets(args)
     prompts = [p for prompts in sets.values() for p in prompts]
     if not prompts:
@@ -298,8 +310,9 @@ def smollm2(args: KernelsArgs, model: MTPModel, tokenizer: Tokenizer, off: str |
     rows: dict[str, dict[str, Any]] = {}
     ids: dict[str, list[list[int]]] = {}
 
-    def run(row: str, name: str, path: str, method: str | None, **how: Any) -> None:
-        timed = time_generate(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+    def run(row: str, here: MTPModel, name: str, path: str, method: str | None,
+            **how: Any) -> None:
+        timed = time_generate(here, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
                               warmup_tokens=8, **how)
         ids[row] = timed.token_ids
         rows[row] = {
@@ -311,46 +324,35 @@ def smollm2(args: KernelsArgs, model: MTPModel, tokenizer: Tokenizer, off: str |
             "load": load_average()}
         log(f"smollm2 {row}: {timed.tokens_per_second:.1f} tokens/s")
 
+    models = {}
     with torch.inference_mode():
-        for name, dtype in DTYPES.items():
-            model.to(dtype)
-            for path in PATHS:
-                row = f"{name} {path} autoregressive"
-                summary = use_kernels(model, path == "kernels")
-                if path == "kernels" and (off or not decodes_on_kernels(model)):
-                    skipped[f"smollm2 {row}"] = off or summary
-                    continue
-                run(row, name, path, None)
-            if name in args.drafter_dtypes:
-                path = "kernels" if f"{name} kernels autoregressive" in rows else "torch"
-                use_kernels(model, path == "kernels")
-                for entry in args.drafters:
-                    drafter = entry_spec(entry, args.options, "drafters").build(
-                        model, DrafterContext())
-                    run(f"{name} {path} {entry} exact", name, path, entry, drafter=drafter,
-                        exact=True)
-    model.to(torch.float32)
+        for row, name, path, here, _ in on_paths(model, "smollm2", "{dtype} {path} autoregressive",
+                                                 off, skipped):
+            models[name] = here
+            run(row, here, name, path, None)
+        for name, here in models.items():
+            if name not in args.drafter_dtypes:
+                continue
+            path = "kernels" if f"{name} kernels autoregressive" in rows else "torch"
+            use_kernels(here, path == "kernels")
+            for entry in args.drafters:
+                drafter = entry_spec(entry, args.options, "drafters").build(here, DrafterContext())
+                run(f"{name} {path} {entry} exact", here, name, path, entry, drafter=drafter,
+                    exact=True)
     base = rows.get("float32 torch autoregressive", {}).get("tokens_per_second")
     for key, row in rows.items():
         reference = ids.get(f"{row['dtype']} kernels autoregressive") or \
             ids[f"{row['dtype']} torch autoregressive"]
-        mine = ids[key]
-        row["speedup"] = round(row["tokens_per_second"] / base, 3) if base else None
-        row["identical"] = round(sum(a == b for a, b in zip(mine, reference)) / len(prompts), 3)
-
-    def order(row: str) -> tuple:  # autoregressive torch, then kernels, then the drafters
-        r = rows[row]
-        return (r["drafter"] != "autoregressive", PATHS.index(r["path"]),
-                list(DTYPES).index(r["dtype"]))
-
+        same = sum(a == b for a, b in zip(ids[key], reference))
+        row["speedup"] = ratio(row["tokens_per_second"], base)
+        row["identical"] = round(same / len(prompts), 3)
     return {"checkpoint": checkpoint, "prompts": len(prompts),
             "prompt_sets": {name: len(p) for name, p in sets.items()},
             "max_new_tokens": args.max_new_tokens, "batch": 1, "greedy": True,
             "baseline": base, "repeated_ngram": REPEATED_NGRAM,
             "timed": "time_generate: one timed run per row after an 8-token warm-up",
             "identical_to": "the same dtype's kernels autoregressive ids (torch's without "
-                            "the kernels)",
-            "rows": {row: rows[row] for row in sorted(rows, key=order)}}
+                            "the kernels)", "rows": rows}
 
 
 def main(argv: list[str]) -> None:

@@ -33,9 +33,9 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".strip()
 
 
-def time_prompts(decode, prompts: list[list[int]]) -> dict:
+def time_prompts(decode, prompts: list[list[int]]) -> tuple[dict, int]:
     """Each prompt decoded alone by `decode(prompt) -> (new ids, evaluations)` (the caller has
-    warmed it up): the ids, seconds, new tokens, tokens per second and evaluations."""
+    warmed it up): the ids, seconds, new tokens and tokens per second; the evaluations."""
     token_ids, seconds, evaluations = [], 0.0, 0
     for prompt in prompts:
         began = time.perf_counter()
@@ -45,7 +45,7 @@ def time_prompts(decode, prompts: list[list[int]]) -> dict:
         evaluations += calls
     new_tokens = sum(map(len, token_ids))
     return {"token_ids": token_ids, "seconds": round(seconds, 3), "new_tokens": new_tokens,
-            "tokens_per_second": round(new_tokens / seconds, 2), "evaluations": evaluations}
+            "tokens_per_second": round(new_tokens / seconds, 2)}, evaluations
 
 
 def counters(llm) -> dict[str, int]:
@@ -80,16 +80,15 @@ def run_vllm(job: dict) -> dict:
 
     decode(prompts[0])  # warm-up
     before = counters(llm)
-    timed = time_prompts(decode, prompts)
+    timed, _ = time_prompts(decode, prompts)
     after = counters(llm)
     began = time.perf_counter()
     batched = llm.generate(prompts, params, use_tqdm=False)
     batched_seconds = time.perf_counter() - began
     drafts, accepted = (after.get(key, 0) - before.get(key, 0) for key in (
         "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens"))
-    del timed["evaluations"]
     new_tokens = sum(len(o.outputs[0].token_ids) for o in batched)
-    return {"loaded": True, "error": None, "vllm": vllm.__version__, **timed,
+    return {"vllm": vllm.__version__, **timed,
             "batched_tokens_per_second": round(new_tokens / batched_seconds, 2),
             "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
             "drafts": drafts, "accepted_tokens": accepted}
@@ -134,9 +133,8 @@ def run_llama_cpp(job: dict) -> dict:
     decode = functools.partial(llama_cpp_decode, llm, max_new_tokens=job["max_new_tokens"],
                                stops=set(job.get("stop_token_ids") or ()))
     decode(job["prompts"][0])  # warm-up
-    timed = time_prompts(decode, job["prompts"])
-    evaluations = timed.pop("evaluations")
-    return {"loaded": True, "error": None, "llama_cpp": llama_cpp.__version__, **timed,
+    timed, evaluations = time_prompts(decode, job["prompts"])
+    return {"llama_cpp": llama_cpp.__version__, **timed,
             "tokens_per_forward": round(timed["new_tokens"] / max(evaluations, 1), 3)}
 
 
@@ -148,7 +146,7 @@ def main(argv: list[str]) -> None:
     with open(job_path, encoding="utf-8") as file:
         job = json.load(file)
     try:
-        result = RUNS[job["engine"]](job)
+        result = {"loaded": True, "error": None, **RUNS[job["engine"]](job)}
     except Exception as error:  # an engine refusing an export is a result, not a crash
         traceback.print_exc()
         result = {"loaded": False, "error": one_line(error)}

@@ -189,7 +189,7 @@ ENGINES = {"mtp": "mtp", "vllm": "vLLM", "llama_cpp": "llama.cpp"}
 
 def engine_of(name: str) -> str:
     """A bench_engines row's engine by its name: "mtp", "llama_cpp" or "vllm" (named by method
-    alone)."""
+    alone, or "vllm mtp")."""
     return "mtp" if name.startswith("mtp") else \
         "llama_cpp" if name.startswith("llama.cpp") else "vllm"
 
@@ -201,7 +201,7 @@ def engines(r: dict[str, Any]) -> str:
         key = engine_of(name)  # with the engine's version where it ran: "vLLM 0.32.0"
         engine = f"{ENGINES[key]} {m.get(key) or ''}".strip() if key != "mtp" else "mtp"
         method = "autoregressive float32" if name == "mtp" else \
-            name.removeprefix("mtp ").removeprefix("llama.cpp ")
+            name.removeprefix("mtp ").removeprefix("llama.cpp ").removeprefix("vllm ")
         if not m.get("loaded"):
             rows.append([engine, method, f"refused: {m.get('error')}", "", "", "", ""])
             continue

@@ -176,7 +176,7 @@ def test_vllm_decodes_the_exports_as_mtp_does(exports, kind, tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])["methods"]
     for method in methods:
-        row = rows[method]
+        row = rows[bench.vllm_row(method)]  # vLLM's "mtp" is not mtp's own reference row
         assert row["loaded"], row["error"]
         assert row["tokens_per_second"] > 0
         # equal ids, or a divergence only where mtp's own top two are a near-tie
@@ -198,7 +198,10 @@ def test_the_docs_table_names_each_row_and_the_best_ratio() -> None:
             "ngram": {"loaded": True, "vllm": "0.32.0", "tokens_per_second": 16.0,
                       "mean_acceptance_length": 2.5, "same_ids": 0.5,
                       "divergences": [{"position": 3, "top2_gap": 0.01}]},
-            "medusa": {"loaded": False, "error": "ValueError: no"}}
+            "medusa": {"loaded": False, "error": "ValueError: no"},
+            bench.vllm_row("mtp"): {"loaded": True, "vllm": "0.32.0", "tokens_per_second": 12.0,
+                                    "mean_acceptance_length": 1.5, "same_ids": 1.0,
+                                    "divergences": []}}
     record = {"prompts": 2, "chat": True, "max_new_tokens": 8, "dtype": "float32", "k": 3,
               "methods": rows, **bench.best(rows)}
     text = tables.engines(record)
@@ -207,6 +210,9 @@ def test_the_docs_table_names_each_row_and_the_best_ratio() -> None:
             "|  |") in text
     assert "refused: ValueError: no" in text and "as chat" in text
     assert "over vLLM's fastest (ngram): 1.25x" in text
+    # vLLM's MiMo method is its own row: mtp's reference row keeps its figures
+    assert "| vLLM 0.32.0 | mtp | 12.0 | 1.20x | 1.50 per drafting step | 100% |  |" in text
+    assert "| mtp | autoregressive float32 | 10.0 | 1.00x |" in text
 
 
 def _gguf() -> str | None:

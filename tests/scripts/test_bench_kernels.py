@@ -19,8 +19,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_kernels.py"
 ROWS = ["torch float32", "torch bfloat16", "kernels float32", "kernels bfloat16"]
 
 
-def run(tmp_path: Path, **env: str) -> tuple[str, dict]:
-    done = subprocess.run([sys.executable, str(SCRIPT), *KERNELS_SMOKE], cwd=tmp_path,
+def run(tmp_path: Path, *args: str, **env: str) -> tuple[str, dict]:
+    """The script with `args` (none: the smoke configuration): its tables and its JSON."""
+    done = subprocess.run([sys.executable, str(SCRIPT), *(args or KERNELS_SMOKE)], cwd=tmp_path,
                           env=dict(os.environ, **env), capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -78,13 +79,9 @@ def test_bench_kernels_arguments() -> None:
 def test_bench_kernels_end_to_end_on_a_tiny_export(tmp_path: Path) -> None:
     """The smollm2 part's rows, on a tiny random export in place of SmolLM2's GGUF."""
     directory, prompts = tiny_export(tmp_path), prompt_file(tmp_path)
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "parts=[smollm2]", f"checkpoint={directory}",
-         "humaneval_select=[]", f"prompt_file={prompts}", "max_new_tokens=6", "threads=1",
-         'drafters=[prompt_lookup,"heads k=3"]', "drafter_dtypes=[float32,bfloat16]"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    _, figures = run(tmp_path, "parts=[smollm2]", f"checkpoint={directory}", "humaneval_select=[]",
+                     f"prompt_file={prompts}", "max_new_tokens=6", "threads=1",
+                     'drafters=[prompt_lookup,"heads k=3"]', "drafter_dtypes=[float32,bfloat16]")
     e2e = figures["smollm2"]
     on = figures["kernels"]["active"]
     paths = ["torch", "kernels"] if on else ["torch"]
