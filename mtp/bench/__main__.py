@@ -87,11 +87,9 @@ def main(argv: list[str]) -> dict:
         out = args.out or REPO / "runs" / "bench" / name
         results = run_suite(name, parts, out.resolve(), REPO, args.only, args.budget)
     generated = blocks(results, {p.name: p.renderer for p in parts})
-    targets = [args.docs, args.readme]
-    if name != "smoke":
-        targets = [args.docs or page(name),
-                   args.readme or (REPO / "README.md" if name == "cpu" else None)]
-    for path in [t for t in targets if t is not None] if args.update_docs else []:
+    targets = [args.docs or (None if name == "smoke" else page(name)),
+               args.readme or (REPO / "README.md" if name == "cpu" else None)]
+    for path in filter(None, targets) if args.update_docs else []:
         print(f"[mtp.bench] {path}: regenerated {', '.join(update(path, generated)) or 'nothing'}")
     failed = [part for part, record in results["parts"].items() if record.get("result") is None]
     print(json.dumps({"suite": results["suite"], "commit": results["commit"],

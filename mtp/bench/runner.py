@@ -16,7 +16,7 @@ from typing import Any
 from mtp import kernels
 from mtp.bench.machine import commit, cpu_flags, device_name, load_average, machine
 from mtp.bench.suites import Part
-from mtp.paths import MBPP_ENV, SMOLLM2_INSTALL, mbpp_file, smollm2_gguf
+from mtp.paths import MBPP_ENV, SMOLLM2_INSTALL, mbpp_file, smollm2_gguf, write_json
 
 RESULTS_FILE = "results.json"
 TAIL = 2000  # characters of a failed part's output kept in results.json
@@ -127,7 +127,6 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
                          f"{', '.join(p.name for p in parts)}")
     chosen = [p for p in parts if not only or p.name in only]
     check_inputs(chosen)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS_FILE
     previous = json.loads(path.read_text()) if only and path.is_file() else {}
     revision = commit(repo)
@@ -153,12 +152,12 @@ def run_suite(name: str, parts: Sequence[Part], out: Path, repo: Path,
             skipped = f"needs {', '.join(failed)}, which failed"
         results["parts"][part.name] = run_part(part, out, repo, revision, left) if not skipped \
             else {"command": written(part, out, repo), "skipped": skipped, "result": None}
-        path.write_text(json.dumps(results, indent=1) + "\n")  # a killed run keeps its parts
+        write_json(path, results)  # a killed run keeps its parts
     seconds = round(time.perf_counter() - began, 1)
     results |= {"finished": now(), "load_after": load_average()}
     if not only:  # the whole suite's wall time; a rerun of some parts has none
         results["seconds"] = seconds
     print(f"[mtp.bench] {name}: ran {len(only) or len(parts)} parts in {seconds / 60:.1f} "
           f"minutes", flush=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    write_json(path, results)
     return results

@@ -9,7 +9,7 @@ runs only if that one succeeded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PY = "{python}"
 
@@ -116,51 +116,50 @@ CPU = (
 
 # Sized for one lent GPU (15 minutes, about 9 of them one command): `budget=540` runs the
 # parts in this order, most wanted first, and skips what the lease has no time left for.
-GPU = (
+GPU = tuple(replace(part, device="cuda") for part in (
     Part(name="gpu_byte8", command=(
         PY, "-m", "mtp.train", "+experiment=byte8", "trainer=gpu", "data=stdlib", "logger=csv",
         "trainer.max_time=00:00:02:30", "trainer.enable_progress_bar=false", "decode.prompts=8",
         "decode.trees=[tree64]", "hydra.run.dir={out}/byte8_gpu"), timeout=300, table="byte8",
-        result_file="byte8_gpu/summary.json", device="cuda"),
+        result_file="byte8_gpu/summary.json"),
     Part(name="gpu_decode_bf16", command=script(
         "bench_decode", f"checkpoint={BYTE8_GPU}", "humaneval=8", "device=cuda",
         "dtype=bfloat16", "compile=both", "ks=[8]", "trees=[tree64]", "repeats=1"),
-        timeout=200, table="decode", needs=("gpu_byte8",), device="cuda"),
+        timeout=200, table="decode", needs=("gpu_byte8",)),
     Part(name="gpu_hf", command=script(
         "bench_hf", f"checkpoint={BYTE8_GPU}", "humaneval=8", "device=cuda", "dtype=bfloat16",
-        "compile=true", "repeats=1"), timeout=240, table="hf", needs=("gpu_byte8",),
-        device="cuda"),
+        "compile=true", "repeats=1"), timeout=240, table="hf", needs=("gpu_byte8",)),
     Part(name="gpu_tests", command=(PY, "-m", "pytest", "-q", "-m", "gpu", "tests"),
-         timeout=150, table="tests", text=True, device="cuda"),
+         timeout=150, table="tests", text=True),
     Part(name="gpu_train_step_1b_compiled", command=script(
         "bench_train", "device=cuda", "precision=bf16-mixed", "compile=true", "batch=8",
         "seq_len=2048", "vocab_size=32000", "n_future=4", "steps=3", "warmup=1", "model=1b"),
-        timeout=180, table="train_step", device="cuda", repeats=3),
+        timeout=180, table="train_step", repeats=3),
     Part(name="gpu_decode_batch8", command=script(
         "bench_decode", f"checkpoint={BYTE8_GPU}", "humaneval=16", "device=cuda",
         "dtype=bfloat16", "compile=true", "batch_size=8", "ks=[8]", "trees=[tree16]",
-        "repeats=1"), timeout=240, table="decode", needs=("gpu_byte8",), device="cuda"),
+        "repeats=1"), timeout=240, table="decode", needs=("gpu_byte8",)),
     Part(name="gpu_eval", command=(
         PY, "-m", "mtp.eval", "task=humaneval", f"checkpoint={BYTE8_GPU}", "device=cuda",
         "compile=true", "limit=40", "max_new_tokens=256"), timeout=120, table="eval",
-        needs=("gpu_byte8",), device="cuda"),
+        needs=("gpu_byte8",)),
     Part(name="gpu_fsdp", command=(
         PY, "-m", "mtp.train", "+experiment=byte8", "trainer=fsdp", "trainer.devices=1",
         "data=stdlib", "logger=csv", "trainer.max_time=00:00:01:00",
         "trainer.enable_progress_bar=false", "decode.enabled=false",
         "hydra.run.dir={out}/fsdp_gpu"), timeout=150, table="byte8",
-        result_file="fsdp_gpu/summary.json", device="cuda"),
+        result_file="fsdp_gpu/summary.json"),
     Part(name="gpu_train_step_1b", command=script(
         "bench_train", "device=cuda", "precision=bf16-mixed", "batch=4", "seq_len=2048",
         "vocab_size=32000", "n_future=4", "steps=3", "warmup=1", "model=1b"), timeout=150,
-        table="train_step", device="cuda", repeats=3),
+        table="train_step", repeats=3),
     Part(name="gpu_peak_flops", command=script(
         "bench_peak_flops", "device=cuda", "sizes=[4096,8192]", "seconds=1"), timeout=60,
-        table="peak_flops", device="cuda"),
+        table="peak_flops"),
     Part(name="gpu_memory", command=script(
         "bench_memory", "device=cuda", "n_future=4", "dim=1024", "n_layers=8", "batch=4",
-        "seq_len=2048"), timeout=120, table="memory", device="cuda"),
-)
+        "seq_len=2048"), timeout=120, table="memory"),
+))
 
 # A real model on the CPU (about 5 hours on 2 cores): SmolLM2-135M-Instruct, three heads
 # added by `+experiment=smollm2_medusa1` and an EAGLE-3 drafter trained on its own

@@ -4,13 +4,12 @@ measured it (a reader reruns a figure from the checkout, with $GGUF-style variab
 
 from __future__ import annotations
 
-import importlib
 import re
 import shlex
 from pathlib import Path
 
 import pytest
-from script_modules import load_script  # tests/ is on the path
+from test_docs import parse_args_of  # tests/ is on the path
 
 from mtp.bench.markers import BLOCK
 from mtp.train.run import compose
@@ -21,9 +20,7 @@ PAGES = ("README.md", "docs/benchmarks.md", "docs/better.md")
 COMMAND = re.compile(r"`(python [^`]+)`")
 # An absolute path: a slash-rooted run of path parts after a space, `=`, `(` or a quote.
 ABSOLUTE = re.compile(r"(?:^|[\s=(`'\"\[,])(/(?:[\w.@+-]+/)+[\w.@+-]*)", re.MULTILINE)
-# Modules whose `parse_args(argv)` reads their command line (mtp.cli's grammar).
-MODULES = ("mtp.eval.__main__", "mtp.generate.__main__", "mtp.bench.__main__",
-           "mtp.train.eagle", "mtp.convert", "mtp.generate.skip_search", "mtp.bench.tiny")
+
 
 def _blocks() -> list[tuple[str, str, str]]:
     """(page, block name, body) of every generated block."""
@@ -45,10 +42,9 @@ def _parses(command: str) -> str | None:
         if words[:3] == ["python", "-m", "mtp.train"]:
             compose([w for w in words[3:] if not w.startswith("hydra.")] + ["run_dir=x"])
         elif words[:2] == ["python", "-m"]:
-            name = words[2] if words[2] in MODULES else f"{words[2]}.__main__"
-            importlib.import_module(name).parse_args(words[3:])
+            parse_args_of(words[2])(words[3:])
         elif words[1].startswith("scripts/"):
-            load_script(Path(words[1]).stem).parse_args(words[2:])
+            parse_args_of(words[1])(words[2:])
         else:
             return f"not a command this test knows: {command!r:.80}"
     except (ValueError, SystemExit, Exception) as error:  # noqa: B014 (Hydra's own errors)

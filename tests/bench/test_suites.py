@@ -1,19 +1,18 @@
 """mtp.bench.suites: the suites are well formed, and the smoke suite (`python -m mtp.bench
 smoke`, what CI runs) writes results.json and regenerates the docs' blocks."""
 
-import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from script_modules import load_script  # tests/ is on the path
 
 from bench.test_markers import marked
+from bench.test_records import REPO, _parses
 from mtp.bench.__main__ import page, parse_args
 from mtp.bench.markers import block_names
-from mtp.bench.runner import fill
+from mtp.bench.runner import fill, written
 from mtp.bench.suites import SUITES, Part, suite
 
 
@@ -38,19 +37,12 @@ def test_every_table_has_a_block_in_its_page(name: str) -> None:
 
 @pytest.mark.parametrize("name", list(SUITES))
 def test_every_part_s_command_parses(name: str, tmp_path: Path) -> None:
-    """Each part's arguments, {out} filled in, are what its command's parse_args takes
-    (key=value, mtp.cli's grammar); `python -m mtp.train`'s are Hydra's, tested with it."""
+    """Each part's command as results.json records it parses today (test_records' check:
+    `python -m mtp.train`'s overrides compose, every other command's parse_args takes its
+    key=value arguments, mtp.cli's grammar); {python} is this interpreter."""
     for part in suite(name):
-        python, *command = [fill(argument, tmp_path) for argument in part.command]
-        assert python == sys.executable
-        if command[0].startswith("scripts/"):
-            parse = load_script(Path(command[0]).stem).parse_args
-        elif command[:2] == ["-m", "mtp.train"] or command[:2] == ["-m", "pytest"]:
-            continue
-        else:
-            parse = importlib.import_module(command[1] + ".__main__" if command[1] in (
-                "mtp.eval", "mtp.bench") else command[1]).parse_args
-        parse(command[1:] if command[0].startswith("scripts/") else command[2:])
+        assert fill(part.command[0], tmp_path) == sys.executable
+        assert _parses(written(part, tmp_path, REPO)) is None, part.name
 
 
 def test_the_command_line_takes_the_suite_first() -> None:
