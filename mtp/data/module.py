@@ -49,9 +49,9 @@ class ResumableDataLoader(DataLoader):
     sampler: ResumableSampler
 
     def __init__(self, dataset: PackedBlocks, *, sampler: ResumableSampler, batch_size: int,
-                 num_workers: int = 0, pin_memory: bool = False) -> None:
+                 num_workers: int = 0) -> None:
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                         pin_memory=pin_memory, drop_last=True, persistent_workers=num_workers > 0)
+                         drop_last=True, persistent_workers=num_workers > 0)
         self._batches = 0  # batches handed out in the current epoch
 
     def __iter__(self) -> Iterator[Any]:
@@ -99,7 +99,7 @@ class MTPDataModule(L.LightningDataModule):
     def __init__(self, source: Source, tokenizer: Tokenizer, seq_len: int, n_future: int,
                  batch_size: int = 8, val_fraction: float = 0.01, seed: int = 0,
                  num_workers: int = 0, cache_dir: str | Path | None = None,
-                 num_proc: int | None = None, pin_memory: bool = False) -> None:
+                 num_proc: int | None = None) -> None:
         super().__init__()
         check_block_args(seq_len, n_future)
         check_split_args(val_fraction, seed)
@@ -109,8 +109,7 @@ class MTPDataModule(L.LightningDataModule):
         self.source, self.tokenizer = source, tokenizer
         self.seq_len, self.n_future, self.batch_size = seq_len, n_future, batch_size
         self.val_fraction, self.seed = val_fraction, seed
-        self.num_workers, self.cache_dir, self.num_proc, self.pin_memory = (
-            num_workers, cache_dir, num_proc, pin_memory)
+        self.num_workers, self.cache_dir, self.num_proc = num_workers, cache_dir, num_proc
         self.prepared: PreparedCorpus | None = None
         self.train_set: torch.utils.data.Dataset | None = None
         self.val_set: torch.utils.data.Dataset | None = None
@@ -155,7 +154,7 @@ class MTPDataModule(L.LightningDataModule):
         sampler = ResumableSampler(self.train_set, num_replicas=world_size, rank=rank,
                                    seed=self.seed)
         return ResumableDataLoader(self.train_set, sampler=sampler, batch_size=self.batch_size,
-                                   num_workers=self.num_workers, pin_memory=self.pin_memory)
+                                   num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader | list:
         if isinstance(self.val_set, StreamingBlocks):
@@ -169,7 +168,7 @@ class MTPDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: torch.utils.data.Dataset, **kwargs: Any) -> DataLoader:
         return DataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
-                          pin_memory=self.pin_memory, **kwargs)
+                          **kwargs)
 
     def _prepare(self, corpus: Corpus) -> PreparedCorpus:
         return prepare(corpus, self.tokenizer, val_fraction=self.val_fraction, seed=self.seed,

@@ -5,7 +5,7 @@ scripts/distill_data.py (whose schemas extend `SourceOptions`), mirroring conf/d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from mtp.cli import check_choice, check_choices
@@ -14,7 +14,8 @@ from mtp.data.decontaminate import BENCHMARKS, NGRAM
 from mtp.data.sources import Source
 from mtp.paths import mbpp_file
 
-SOURCES = ("stdlib", "installed", "local", "hub")
+SOURCES = {"stdlib": StdlibSource, "installed": InstalledSource, "local": LocalSource,
+           "hub": HubSource}
 KEYS = """
 The corpus (mtp.data.source_options):
   source           stdlib (default), installed, local or hub
@@ -59,17 +60,11 @@ class SourceOptions:
         return Path(self.mbpp_file) if self.mbpp_file is not None else mbpp_file()
 
     def make_source(self, cache_dir: str | None = None) -> Source:
-        """The source these options name."""
-        if self.source == "stdlib":
-            return StdlibSource()
-        if self.source == "installed":
+        """The source these options name, given those of its fields that they have."""
+        kind, ours = SOURCES[self.source], {f.name for f in fields(SourceOptions)}
+        values = {f.name: getattr(self, f.name) for f in fields(kind) if f.name in ours}
+        if kind is InstalledSource:
             mbpp = self.mbpp()
-            return InstalledSource(paths=self.paths, decontaminate=tuple(self.decontaminate),
-                                   humaneval_file=self.humaneval_file,
-                                   mbpp_file=None if mbpp is None else str(mbpp),
-                                   ngram=self.ngram, cache_dir=cache_dir)
-        if self.source == "local":
-            return LocalSource(paths=list(self.paths), text_field=self.text_field)
-        return HubSource(name=self.name, config=self.config, split=self.split,
-                         text_field=self.text_field, revision=self.revision)
+            values.update(mbpp_file=None if mbpp is None else str(mbpp), cache_dir=cache_dir)
+        return kind(**values)
 

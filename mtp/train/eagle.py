@@ -218,8 +218,7 @@ def unrolled_loss(module: Eagle, model: MTPModel, features: Tensor, tokens: Tens
     return UnrolledLoss(total, losses, accuracy)
 
 
-def parse_args(argv: list[str]) -> EagleArgs:
-    return cli.parse(argv, EagleArgs)
+parse_args = partial(cli.parse, schema=EagleArgs)
 
 
 def _batches(loader: torch.utils.data.DataLoader) -> Iterator[dict[str, Tensor]]:
@@ -290,10 +289,9 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
         optimizer.zero_grad(set_to_none=True)
         window.append(out)
         if step % args.log_every == 0 or step == args.max_steps:
-            loss = _step_means([o.step_losses for o in window])[0]
-            accuracy = _step_means([o.step_accuracy for o in window])
-            history.append((step, loss, accuracy))
-            report(f"step {step}: loss {loss:.3f}, accuracy per step "
+            losses, accuracy = _step_means(window)
+            history.append((step, losses[0], accuracy))
+            report(f"step {step}: loss {losses[0]:.3f}, accuracy per step "
                    + " ".join(f"{a:.3f}" for a in accuracy)
                    + f", {time.perf_counter() - started:.0f} s, "
                    f"{cache.nbytes() / 1e9:.2f} GB cached")
@@ -334,13 +332,15 @@ def validate(module: Eagle, model: MTPModel, data: MTPDataModule, t2d: Tensor,
             features, targets = compute(model, batch["tokens"])
             results.append(unrolled_loss(module, model, features, batch["tokens"], targets,
                                          t2d, args.unroll, args.decay))
-    return (_step_means([r.step_losses for r in results]),
-            _step_means([r.step_accuracy for r in results]))
+    return _step_means(results)
 
 
-def _step_means(values: list[list[float]]) -> list[float]:
-    """Each unrolled step's mean over `values` (one list per batch), to 4 places."""
-    return [round(float(np.mean(column)), 4) for column in zip(*values)]
+def _step_means(outputs: list[UnrolledLoss]) -> tuple[list[float], list[float]]:
+    """Each unrolled step's mean loss and accuracy over `outputs` (batches), to 4 places."""
+    def means(rows: list[list[float]]) -> list[float]:
+        return [round(float(np.mean(column)), 4) for column in zip(*rows)]
+
+    return means([o.step_losses for o in outputs]), means([o.step_accuracy for o in outputs])
 
 
 def main(argv: list[str]) -> None:

@@ -106,13 +106,12 @@ class MTPLitModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         optim = self.settings.optim
         optimizer = build_optimizer(self.model, optim)
-        timer = max_time_timer(self.trainer)
         # The whole budget (elapsed + remaining): a resumed run's Timer may be restored already.
-        budget = timer and timer.time_elapsed() + timer.time_remaining()
         scheduler = build_scheduler(optimizer, warmup_steps=optim.warmup_steps,
                                     total_steps=self.settings.run.max_steps,
                                     min_lr_ratio=optim.min_lr_ratio,
-                                    heads_only_steps=optim.heads_only_steps, time_budget=budget)
+                                    heads_only_steps=optim.heads_only_steps,
+                                    time_budget=self._progress().time_budget)
         self._schedules = schedules(scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler,
                                                          "interval": "step"}}

@@ -23,7 +23,6 @@ for a step (Medusa-2's heads-only warm-up).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -94,7 +93,7 @@ class LossOutput:
             self.ahead_correct / self.ahead_count.clamp(min=1)
 
 
-def _head_loss(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tensor, Tensor]:
+def _cross_entropy(logits: Tensor, targets: Tensor, denominator: int) -> tuple[Tensor, Tensor]:
     wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
     loss = F.cross_entropy(wide, targets, ignore_index=IGNORE_INDEX, reduction="sum")
     correct = ((logits.argmax(-1) == targets) & (targets != IGNORE_INDEX)).sum()
@@ -116,7 +115,7 @@ class Target:
 def _scored(logits: Tensor, targets: Sequence[Target]) -> tuple[Tensor, Tensor, Tensor]:
     """(N, V) logits scored against each target: the weighted sum (what backpropagates), each
     term's mean cross-entropy (k,) and its top-1 hits (k,)."""
-    losses, hits = zip(*(_head_loss(logits, t.tokens, t.denominator) for t in targets))
+    losses, hits = zip(*(_cross_entropy(logits, t.tokens, t.denominator) for t in targets))
     total = sum(target.weight * loss for target, loss in zip(targets, losses))
     return total, torch.stack(losses), torch.stack(hits)
 
@@ -145,9 +144,8 @@ def mtp_loss(model: MTPModel, tokens: Tensor, settings: LossSettings | None = No
     heads = _Heads.of(targets, settings, config.n_future, backward)
     if settings.mode == "naive":
         return _naive_loss(model, tokens, trunk, heads)
-    per_head = _whole_head_loss if settings.mode == "headwise" else \
-        functools.partial(_chunked_head_loss, chunk_size=settings.chunk_size)
-    return _headwise_loss(model, tokens, trunk, heads, per_head)
+    chunk_size = settings.chunk_size if settings.mode == "chunked" else None
+    return _headwise_loss(model, tokens, trunk, heads, chunk_size)
 
 
 @dataclass(frozen=True)
@@ -247,24 +245,16 @@ def _naive_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads
     return heads.output(losses, correct, exit_loss, exit_hits)
 
 
-class HeadLossFn(Protocol):
-    """One head's losses and hits (k,) on its output (B, T, D), backpropagated into it."""
-
-    def __call__(self, model: MTPModel, head: int, head_out: Tensor,
-                 targets: Sequence[Target],
-                 backward: BackwardFn | None) -> tuple[Tensor, Tensor]: ...
-
-
 def _headwise_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _Heads,
-                   per_head: HeadLossFn) -> LossOutput:
-    """One head at a time on the detached trunk output, then one backward through the trunk
-    (then the early exit's loss and the trunk's first segment)."""
+                   chunk_size: int | None) -> LossOutput:
+    """One head at a time on the detached trunk output (`_head_loss`), then one backward
+    through the trunk (then the early exit's loss and the trunk's first segment)."""
     backward = heads.backward
     # Heads backpropagate into this detached copy; the trunk's backward runs once at the end.
     detached = trunk.out.detach().requires_grad_(trunk.out.requires_grad)
 
     def head_loss(i: int, head_out: Tensor) -> tuple[Tensor, Tensor]:
-        return per_head(model, i, head_out, heads.targets[i], backward)
+        return _head_loss(model, i, head_out, heads.targets[i], backward, chunk_size)
 
     if model.config.head_type == "sequential":
         losses, correct = _sequential_backward(model, detached, tokens, head_loss, backward)
@@ -275,16 +265,35 @@ def _headwise_loss(model: MTPModel, tokens: Tensor, trunk: TrunkPass, heads: _He
         backward(trunk.out, detached.grad)  # into exit_in.grad, with an early exit
     exit_loss = exit_hits = None
     if trunk.exit_in is not None:
-        exit_loss, exit_hits = per_head(model, 0, model.head(trunk.exit_in, 0),
-                                        heads.exit_targets(), backward)
+        exit_loss, exit_hits = _head_loss(model, 0, model.head(trunk.exit_in, 0),
+                                          heads.exit_targets(), backward, chunk_size)
         if backward is not None and trunk.exit_in.grad is not None:
             backward(trunk.exit_state, trunk.exit_in.grad)
     return heads.output(losses, correct, exit_loss, exit_hits)
 
 
-def _whole_head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Sequence[Target],
-                     backward: BackwardFn | None) -> tuple[Tensor, Tensor]:
-    total, losses, hits = _scored(model.unembed(head_out, head).flatten(0, 1), targets)
+def _head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Sequence[Target],
+               backward: BackwardFn | None, chunk_size: int | None) -> tuple[Tensor, Tensor]:
+    """One head's losses and hits (k,) on its output (B, T, D), backpropagated into it; with
+    `chunk_size` (`chunked`), unembedded and scored that many tokens at a time."""
+    if chunk_size is None:
+        return _backpropagated(model.unembed(head_out, head).flatten(0, 1), targets, backward)
+    flat = head_out.flatten(0, 1)  # (B*T, D)
+    # Chunks backpropagate into this detached copy; the head's blocks run backward once.
+    detached = flat.detach().requires_grad_(flat.requires_grad)
+    losses, hits = zip(*(_backpropagated(model.unembed(detached[start:start + chunk_size], head),
+                                         [t.chunk(start, start + chunk_size) for t in targets],
+                                         backward)
+                         for start in range(0, len(flat), chunk_size)))
+    if backward is not None and detached.grad is not None:
+        backward(flat, detached.grad)
+    return torch.stack(losses).sum(0), torch.stack(hits).sum(0)
+
+
+def _backpropagated(logits: Tensor, targets: Sequence[Target],
+                    backward: BackwardFn | None) -> tuple[Tensor, Tensor]:
+    """`_scored`'s losses and hits (k,) of `logits` (N, V), their weighted sum backpropagated."""
+    total, losses, hits = _scored(logits, targets)
     if backward is not None and total.requires_grad:
         backward(total)
     return losses.detach(), hits
@@ -311,23 +320,3 @@ def _sequential_backward(model: MTPModel, trunk_out: Tensor, tokens: Tensor,
         if backward is not None and state.grad is not None:
             backward(out, state.grad)
     return losses, correct
-
-
-def _chunked_head_loss(model: MTPModel, head: int, head_out: Tensor,
-                       targets: Sequence[Target], backward: BackwardFn | None, *,
-                       chunk_size: int) -> tuple[Tensor, Tensor]:
-    flat = head_out.flatten(0, 1)  # (B*T, D)
-    # Chunks backpropagate into this detached copy; the head's blocks run backward once.
-    detached = flat.detach().requires_grad_(flat.requires_grad)
-    losses, hits = [], []
-    for start in range(0, detached.shape[0], chunk_size):
-        end = start + chunk_size
-        total, chunk_losses, chunk_hits = _scored(model.unembed(detached[start:end], head),
-                                                  [t.chunk(start, end) for t in targets])
-        if backward is not None and total.requires_grad:
-            backward(total)
-        losses.append(chunk_losses.detach())
-        hits.append(chunk_hits)
-    if backward is not None and detached.grad is not None:
-        backward(flat, detached.grad)
-    return torch.stack(losses).sum(0), torch.stack(hits).sum(0)

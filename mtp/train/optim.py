@@ -36,15 +36,14 @@ def param_groups(model: nn.Module, weight_decay: float, *,
             for name, params in groups.items() if params]
 
 
-def build_optimizer(model: nn.Module, optim: OptimSettings, *,
-                    fused: bool | None = None) -> torch.optim.AdamW:
-    """AdamW over `param_groups(model)` with `optim`'s settings (`fused` None: torch's)."""
+def build_optimizer(model: nn.Module, optim: OptimSettings) -> torch.optim.AdamW:
+    """AdamW over `param_groups(model)` with `optim`'s settings."""
     groups = param_groups(model, optim.weight_decay, trunk_lr_mult=optim.base_lr_mult)
     if not groups:
         raise ValueError("no trainable parameters: every parameter is frozen")
     for group in groups:
         group["lr"] = optim.lr * group["lr_mult"]
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps, fused=fused)
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
 
 
 def lr_factor(step: int, elapsed: float = 0.0, *, warmup_steps: int, total_steps: int,
@@ -74,15 +73,7 @@ class LRSchedule:
     time_budget: float | None = None  # seconds; None: steps only
     elapsed: float = 0.0  # seconds of training so far
 
-    def __post_init__(self) -> None:
-        if self.warmup_steps < 0 or self.total_steps < 1:
-            raise ValueError(f"need warmup_steps >= 0 and total_steps >= 1, got "
-                             f"warmup_steps={self.warmup_steps}, total_steps={self.total_steps}")
-        if not 0 <= self.delay_steps < self.total_steps:
-            raise ValueError(f"optim.heads_only_steps={self.delay_steps} must be in "
-                             f"[0, total_steps={self.total_steps})")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+    def __post_init__(self) -> None:  # the steps and ratio: checked as settings (`OptimSettings`)
         if self.time_budget is not None and not self.time_budget > 0:
             raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget!r}")
 

@@ -34,19 +34,17 @@ _HEADS_GATHERED: weakref.WeakSet = weakref.WeakSet()  # models whose heads were 
 
 
 def parallelize(model: MTPModel, mesh: DeviceMesh, *,
-                mp_policy: MixedPrecisionPolicy | None = None,
-                reshard_after_forward: bool = True) -> MTPModel:
-    """Shard `model` in place over the 1-D data-parallel `mesh` (on the meta device or not);
-    `reshard_after_forward`: the blocks' and heads'."""
+                mp_policy: MixedPrecisionPolicy | None = None) -> MTPModel:
+    """Shard `model` in place over the 1-D data-parallel `mesh` (on the meta device or not)."""
     if mesh.ndim != 1:
         raise ValueError(f"parallelize needs a 1-D data-parallel mesh, got {mesh.ndim} dims "
                          f"({mesh.mesh_dim_names})")
     kwargs = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
     for block in model.layers:
-        fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
+        fully_shard(block, reshard_after_forward=True, **kwargs)
     for head in model.heads:
         # A head's ModuleList is never called itself: shard its blocks together as one unit.
-        fully_shard(list(head), reshard_after_forward=reshard_after_forward, **kwargs)
+        fully_shard(list(head), reshard_after_forward=True, **kwargs)
     shared = [model.norm, model.output]
     if model.config.tie_embeddings:
         # A tied output weight is the embedding's: both modules gather it from one unit.
