@@ -52,6 +52,8 @@ class Measurement:
 
     def __post_init__(self) -> None:
         check_choice("Measurement.how", self.how, HOW)
+        if self.how == "measured" and not self.machine:  # a measured choice names its machine
+            object.__setattr__(self, "machine", machine())
 
     def describe(self) -> str:
         """One line, e.g. `threads: 2 (measured in 1.0 s, of 2 cores; calls/s: 2 41.3, 1 30.2)`."""
@@ -199,20 +201,6 @@ def set_threads(count: int) -> None:
     _ours = count
 
 
-def explicit_threads() -> tuple[int, str] | None:
-    """The user's thread count and where it comes from, or None when nothing was set."""
-    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if env:
-        if not env.isdigit() or int(env) < 1:
-            raise ValueError(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']!r} must be a "
-                             f"positive integer")
-        return int(env), f"OMP_NUM_THREADS={env}"
-    now = torch.get_num_threads()
-    if now not in (cores(), _ours):
-        return now, "torch.set_num_threads before"
-    return None
-
-
 def check_threads(threads: object) -> int | None:
     """A `threads=` setting: a positive integer, or None/"auto" (measured)."""
     if threads is None or threads == "auto":
@@ -223,16 +211,24 @@ def check_threads(threads: object) -> int | None:
 
 
 def given_threads(requested: int | None) -> Measurement | None:
-    """The thread count that needs no measurement (requested, explicit, one core), set."""
-    if (requested := check_threads(requested)) is not None:
-        set_threads(requested)
-    explicit = explicit_threads() if requested is None else (requested, f"threads={requested}")
-    if explicit is not None:
-        return Measurement("threads", str(explicit[0]), "set", explicit[1],
-                           machine=machine(), value=explicit[0])
-    if cores() == 1:
+    """The thread count that needs no measurement, set: `requested`, else OMP_NUM_THREADS,
+    else the user's own torch.set_num_threads, else one on one core; None: measure it."""
+    count, why = check_threads(requested), f"threads={requested}"
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if count is not None:
+        set_threads(count)
+    elif env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']!r} must be a "
+                             f"positive integer")
+        count, why = int(env), f"OMP_NUM_THREADS={env}"
+    elif torch.get_num_threads() not in (cores(), _ours):
+        count, why = torch.get_num_threads(), "torch.set_num_threads before"
+    elif cores() == 1:
         return Measurement("threads", "1", "fixed", "one core", value=1)
-    return None
+    else:
+        return None
+    return Measurement("threads", str(count), "set", why, machine=machine(), value=count)
 
 
 def thread_record(rates: dict[int, float], unit: str, seconds: float = 0.0) -> Measurement:
@@ -241,7 +237,7 @@ def thread_record(rates: dict[int, float], unit: str, seconds: float = 0.0) -> M
     count = min(n for n, rate in rates.items() if rate >= NEAR_BEST * best)
     return Measurement("threads", str(count), "measured", f"of {cores()} cores",
                        figures={str(n): rate for n, rate in rates.items()}, unit=unit,
-                       seconds=seconds, machine=machine(), value=count)
+                       seconds=seconds, value=count)
 
 
 def measure_rates(step: Callable[[], object], counts: list[int], budget: float,

@@ -19,6 +19,7 @@ from typing import Any, get_args
 from tqdm import tqdm
 
 import mtp.eval.synthetic as synthetic
+from mtp.checkpoint import load
 from mtp.cli import AUTO, check_choice, check_positive, check_positives
 from mtp.data.benchmarks import Problem, Task, load_task
 from mtp.eval.passk import check_ks, mean_pass_at_k
@@ -145,8 +146,6 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
                         results: ResultsFile, sandbox: Sandbox) -> str:
     """Generate the missing samples in batches of `batch_size` and execute them; returns the
     decoding used (the checkpoint opened once: drafter=auto measures on the first prompts)."""
-    from mtp.checkpoint import load
-
     done = results.done()
     todo = [(p, [i for i in range(config.samples_per_problem) if (str(p.task_id), i) not in done])
             for p in problems]
@@ -284,8 +283,6 @@ def check_synthetic(config: EvalConfig) -> None:
 def evaluate_synthetic(config: EvalConfig) -> dict[str, Any]:
     """`task=polynomial|induction`: score the checkpoint, write one record per problem (or
     story) to `config.output`, print a table and a final JSON line."""
-    from mtp.checkpoint import load
-
     model, tokenizer = load(config.checkpoint, device=config.device, dtype=config.load_dtype)
     began = time.perf_counter()
     figures, records = synthetic.score(config.task, model, tokenizer, size=config.limit,

@@ -13,7 +13,7 @@ what it left out is recorded, so a run that plans more tokens measures again. Th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from mtp.cli import check_number, check_positive
@@ -24,7 +24,7 @@ from mtp.decode.sampling import SamplingConfig
 from mtp.generate.measure import time_generate
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
-from mtp.tune import Measurement, TuneCache, fingerprint, machine, tune, tune_key
+from mtp.tune import Measurement, TuneCache, fingerprint, tune, tune_key
 
 Prepare = Callable[[Drafter | None], MTPModel]
 
@@ -65,16 +65,21 @@ class Auto:
     def candidates(self, model: MTPModel,
                    measured: dict[str, float]) -> dict[str, Drafter | None]:
         """Label -> drafter (None: autoregressive): every candidate the spec measures, in
-        order; a drafter's own may depend on those `measured` before it."""
-        found: dict[str, Drafter | None] = {AUTOREGRESSIVE: None}
+        order."""
+        return {AUTOREGRESSIVE: None, **dict(self._candidates(model, measured))}
+
+    def _candidates(self, model: MTPModel,
+                    measured: dict[str, float]) -> Iterator[tuple[str, Drafter]]:
+        """Each candidate once, by label, that fits an exact step of `width`; a drafter's own
+        may depend on those `measured` before it (read when the iteration reaches it)."""
+        seen = {AUTOREGRESSIVE}
         for name in self.spec.measured_drafters:
             for drafter in self.spec.candidates(model, self.context, measured, name):
-                if self._fits(drafter):
-                    found.setdefault(repr(drafter), drafter)
-        return found
-
-    def _fits(self, drafter: Drafter) -> bool:  # its steps fit an exact step of `width`
-        return self.width is None or drafter.tree.n_nodes <= self.width
+                label = repr(drafter)
+                if label not in seen and (self.width is None
+                                          or drafter.tree.n_nodes <= self.width):
+                    seen.add(label)
+                    yield label, drafter
 
     def choose(self, model: MTPModel, tokenizer: Tokenizer, prompts: list[str], *,
                sampling: SamplingConfig, max_new_tokens: int, batch_size: int | None = None,
@@ -85,10 +90,9 @@ class Auto:
         batch_size = len(prompts) if batch_size is None else check_positive(
             "batch_size", batch_size)
         prepare = prepare or (lambda drafter: model)
-        batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
         key = self._key(model, batch_size, sampling)
         self.record = tune("drafter", key, lambda: self._measure(
-            model, tokenizer, batches, sampling, max_new_tokens, prepare),
+            model, tokenizer, prompts, batch_size, sampling, max_new_tokens, prepare),
             cache=self.cache, usable=lambda found: self._usable(model, found))
         label = self.record.choice
         return None if label == AUTOREGRESSIVE else self._rebuild(model, self.record)[label]
@@ -104,8 +108,8 @@ class Auto:
     def _rebuild(self, model: MTPModel, record: Measurement) -> dict[str, Drafter | None]:
         return self.candidates(model, dict(record.figures))
 
-    def _measure(self, model: MTPModel, tokenizer: Tokenizer, batches: list[list[str]],
-                 sampling: SamplingConfig, max_new_tokens: int,
+    def _measure(self, model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
+                 batch_size: int, sampling: SamplingConfig, max_new_tokens: int,
                  prepare: Prepare) -> Measurement:
         tokens = min(self.tokens, max_new_tokens)
         began, limit = time.perf_counter(), self.budget
@@ -117,7 +121,6 @@ class Auto:
             return limit is None or time.perf_counter() - began - compiling < limit
 
         def speed(drafter: Drafter | None, first: bool = False) -> float:
-            nonlocal compiling, limit
             called, compiled_before = time.perf_counter(), compiling
 
             def go_on(seconds: float, done: list[Generation]) -> bool:
@@ -131,23 +134,19 @@ class Auto:
                 return time_left()  # one batch at least
 
             return time_generate(
-                prepare(drafter), tokenizer, [p for batch in batches for p in batch],
-                max_new_tokens=tokens, batch_size=len(batches[0]), seed=0, warmup_tokens=2,
-                go_on=go_on, drafter=drafter, sampling=sampling, compile=self.compile,
-                exact=self.exact, width=self.width).tokens_per_second
+                prepare(drafter), tokenizer, prompts, max_new_tokens=tokens,
+                batch_size=batch_size, seed=0, warmup_tokens=2, go_on=go_on, drafter=drafter,
+                sampling=sampling, compile=self.compile, exact=self.exact,
+                width=self.width).tokens_per_second
 
         measured = {AUTOREGRESSIVE: speed(None, first=True)}
         candidates, left_out = {AUTOREGRESSIVE: None}, []
-        for name in self.spec.measured_drafters:
-            for drafter in self.spec.candidates(model, self.context, measured, name):
-                label = repr(drafter)
-                if label in measured or label in left_out or not self._fits(drafter):
-                    continue
-                candidates[label] = drafter
-                if time_left():
-                    measured[label] = speed(drafter)
-                else:
-                    left_out.append(label)
+        for label, drafter in self._candidates(model, measured):
+            candidates[label] = drafter
+            if time_left():
+                measured[label] = speed(drafter)
+            else:
+                left_out.append(label)
         # A second round for the leaders, best of two: noise only ever slows a run down.
         leaders = sorted(measured, key=measured.get, reverse=True)[:self.finalists]
         for label in dict.fromkeys([AUTOREGRESSIVE, *leaders]):  # in order, once each
@@ -158,8 +157,7 @@ class Auto:
             best = AUTOREGRESSIVE
         return Measurement("drafter", best, "measured", figures=measured, unit="tokens/s",
                            seconds=time.perf_counter() - began, budget=limit,
-                           left_out=tuple(left_out), machine=machine(),
-                           value={"planned_tokens": self.planned_tokens})
+                           left_out=tuple(left_out), value={"planned_tokens": self.planned_tokens})
 
     def _key(self, model: MTPModel, batch: int, sampling: SamplingConfig) -> str | None:
         if self.model_id is None:  # a model without a checkpoint: measured every time

@@ -38,7 +38,7 @@ from mtp.generate.saved import save_choice
 from mtp.model import MTPModel
 from mtp.paths import REPO_ROOT
 from mtp.tokenizers import Tokenizer
-from mtp.tune import Measurement, machine
+from mtp.tune import Measurement
 
 CALIBRATION_PROMPTS = REPO_ROOT / "data/prompts/calibration.jsonl"
 
@@ -164,7 +164,7 @@ def calibrate(args: CalibrateArgs) -> tuple[Calibration, Measurement]:
     record = Measurement("trees", f"heads 1..{config.n_future - 1} at ranks < {args.ranks}",
                          "measured", f"{ranks.shape[0]} positions of {len(prompts)} prompts",
                          figures=lengths, unit="tokens per forward on these positions",
-                         seconds=seconds, machine=machine(), value=calibration.to_json())
+                         seconds=seconds, value=calibration.to_json())
     return calibration, record
 
 

@@ -19,7 +19,7 @@ from mtp.generate.settings import DecodeSettings
 from mtp.model import MTPModel, decodes_on_kernels, use_kernels
 from mtp.tokenizers import Tokenizer
 from mtp.tune import (Measurement, TuneCache, check_threads, choose_threads, cpu_has_bf16,
-                      fingerprint, machine, tune, tune_key)
+                      fingerprint, tune, tune_key)
 
 EXACT_COST = 1.05  # exact=auto keeps exact mode where it decodes at least 1/1.05 as fast
 EXACT_TOKENS = 24  # tokens each of exact=auto's timed calls decodes
@@ -69,8 +69,7 @@ class DtypeVariants:
                        for name in ("float32", "bfloat16")}
             best = min(seconds, key=seconds.get)
             return Measurement("dtype", best, "measured", f"a forward of {width} tokens",
-                               figures=seconds, unit="ms", lower_is_better=True,
-                               machine=machine(), value=best)
+                               figures=seconds, unit="ms", lower_is_better=True, value=best)
 
         key = tune_key("dtype", model=fingerprint(self.base.config.to_dict()), width=width,
                        batch=batch)
@@ -115,28 +114,26 @@ def choose_exact(model: MTPModel, tokenizer: Tokenizer, prompts: Sequence[str],
     if decodes_on_kernels(model):  # the plain step is the exact step: nothing to measure
         return Measurement("exact", "on", "fixed", "on the kernels every step is exact, at "
                            "no cost", value=True)
-    options = {"drafter": drafter, "compile": settings.compiled, "seed": 0}
-    width = settings.width
+    modes = {"plain": {}, "exact": {"exact": True, "width": settings.width}}
 
     def measure() -> Measurement:
-        rates: dict[str, list[float]] = {"plain": [], "exact": []}
+        figures = dict.fromkeys(modes, 0.0)
         for round_ in range(2):
-            for mode in rates:
-                exact = {"exact": True, "width": width} if mode == "exact" else {}
-                rates[mode].append(time_generate(
-                    model, tokenizer, prompts, max_new_tokens=EXACT_TOKENS,
-                    batch_size=len(prompts), warmup_tokens=4 if round_ == 0 else 0,
-                    **options, **exact).tokens_per_second)
-        figures = {mode: max(values) for mode, values in rates.items()}
+            for mode, exact in modes.items():
+                timed = time_generate(model, tokenizer, prompts, max_new_tokens=EXACT_TOKENS,
+                                      batch_size=len(prompts), seed=0, drafter=drafter,
+                                      warmup_tokens=4 if round_ == 0 else 0,
+                                      compile=settings.compiled, **exact)
+                figures[mode] = max(figures[mode], timed.tokens_per_second)
         on = figures["exact"] * EXACT_COST >= figures["plain"]
         why = (f"exact mode within {EXACT_COST - 1:.0%} of the plain step's speed" if on else
                f"exact mode more than {EXACT_COST - 1:.0%} slower than the plain step")
         return Measurement("exact", "on" if on else "off", "measured", why, figures=figures,
-                           unit="tokens/s", machine=machine(), value=on)
+                           unit="tokens/s", value=on)
 
     param = next(model.parameters())
     key = tune_key("exact", model=model_id or fingerprint(model.config.to_dict()),
-                   drafter=repr(drafter), width=width, batch=len(prompts),
+                   drafter=repr(drafter), width=settings.width, batch=len(prompts),
                    dtype=dtype_name(param.dtype), threads=torch.get_num_threads(),
                    compile=settings.compiled)
     return tune("exact", key, measure, cache=cache)

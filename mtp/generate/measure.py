@@ -99,28 +99,25 @@ def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], 
     if config.n_future > 1:
         drafters |= {name: OwnHeads.variant(model, config.n_future, resolve_tree(
             name, k=config.n_future, vocab_size=config.vocab_size)) for name in trees}
-    rates, stats, outputs = {}, {}, {}
-    with torch.inference_mode():
-        for name, drafter in drafters.items():
-            # Warm-up: the first call of a shape pays allocation and kernel selection.
-            generate(model, tokenizer, prompts[:1], max_new_tokens=8, drafter=drafter)
-            timed = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                                  batch_size=batch_size, drafter=drafter)
-            rates[name], stats[name], outputs[name] = (timed.tokens_per_second, timed.stats,
-                                                       timed.token_ids)
-    ar = rates[1]
+    with torch.inference_mode():  # each warmed up: a shape's first call pays allocation
+        timed = {name: time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                     batch_size=batch_size, warmup_tokens=8, drafter=drafter)
+                 for name, drafter in drafters.items()}
+    per_forward = {name: round(t.stats.tokens_per_forward, 3) for name, t in timed.items()}
+    speedup = {name: round(t.tokens_per_second / timed[1].tokens_per_second, 3)
+               for name, t in timed.items()}
     chain = [k for k in drafters if isinstance(k, int)]
     tree_names = [name for name in drafters if isinstance(name, str)]
-    best = max(tree_names, key=lambda name: stats[name].tokens_per_forward, default=None)
+    best = max(tree_names, key=lambda name: timed[name].stats.tokens_per_forward, default=None)
     return {
-        "tokens_per_forward": {k: round(stats[k].tokens_per_forward, 3) for k in chain},
-        "speedup": {k: round(rates[k] / ar, 3) for k in chain},
-        "tokens_per_second_ar": round(ar, 1), "tree": best,
-        "tree_tokens_per_forward": best and round(stats[best].tokens_per_forward, 3),
-        "tree_speedup": best and round(rates[best] / ar, 3),
-        "trees": {name: round(stats[name].tokens_per_forward, 3) for name in tree_names},
-        "repeated": round(repetition(outputs[1]), 3),
-        "identical": all(ids == outputs[1] for ids in outputs.values()),
+        "tokens_per_forward": {k: per_forward[k] for k in chain},
+        "speedup": {k: speedup[k] for k in chain},
+        "tokens_per_second_ar": round(timed[1].tokens_per_second, 1), "tree": best,
+        "tree_tokens_per_forward": best and per_forward[best],
+        "tree_speedup": best and speedup[best],
+        "trees": {name: per_forward[name] for name in tree_names},
+        "repeated": round(repetition(timed[1].token_ids), 3),
+        "identical": all(t.token_ids == timed[1].token_ids for t in timed.values()),
         "device": str(next(model.parameters()).device), "prompts": len(prompts),
         "max_new_tokens": max_new_tokens, "batch_size": batch_size,
         "seconds": round(time.perf_counter() - began, 1)}

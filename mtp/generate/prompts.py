@@ -40,8 +40,8 @@ def read_prompts(path: str | Path, *, conversations: bool = False) -> list[Promp
             prompts.append(item)
         else:
             wanted = ("a conversation: a list of {role, content} messages, or an object with "
-                      "'messages'") if conversations else (
-                "a JSON string or an object with a string 'prompt' (or a conversation: a "
-                "list of {role, content} messages, or an object with 'messages')")
+                      "'messages'")
+            if not conversations:
+                wanted = f"a JSON string or an object with a string 'prompt' (or {wanted})"
             raise ValueError(f"{path}:{number} must be {wanted}, got {line.strip()[:80]!r}")
     return prompts

@@ -78,7 +78,14 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
                              "tokenizer)")
         loaded = load(checkpoint, device=settings.device, dtype=settings.load_dtype)
     model, tokenizer = loaded
-    kernels = kernels_record(model, settings)  # before any measurement: they decode on them
+    records: list[Measurement] = []
+
+    def made(record: Measurement) -> Measurement:  # each choice reported as it is made
+        records.append(record)
+        report(record)
+        return record
+
+    made(kernels_record(model, settings))  # before any measurement: they decode on them
     model_id = checkpoint_id(checkpoint) if checkpoint is not None else None
     context = DrafterContext(saved=saved_choices(checkpoint, model_id, cache))
     variants = DtypeVariants(model, measure=settings.dtype == AUTO, cache=cache)
@@ -93,8 +100,6 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
                               batch=batch_size, cache=cache)
         return chosen
 
-    records = [kernels]
-    report(kernels)
     if measured:
         auto = Auto(spec=spec, context=context, compile=settings.compiled,
                     exact=settings.exact is True,
@@ -104,18 +109,13 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
         drafter = auto.choose(model, tokenizer, prompts[:max(AUTO_PROMPTS, batch_size)],
                               sampling=settings.sampling, max_new_tokens=max_new_tokens,
                               batch_size=batch_size, prepare=prepare)
-        records.append(auto.record)
-        report(auto.record)
+        made(auto.record)
     else:
         drafter = spec.build(model, context)
-    dtype = variants.choose(settings.step_width(drafter), batch_size)
-    model = variants.keep(dtype.value)
-    threads = choose_decode_threads(model, tokenizer, prompts[0], settings, drafter=drafter,
-                                    batch=batch_size, cache=cache)
-    exact = choose_exact(model, tokenizer, prompts[:batch_size], settings, drafter,
-                         model_id=model_id, cache=cache)
-    for record in (dtype, threads, exact):
-        records.append(record)
-        report(record)
+    model = variants.keep(made(variants.choose(settings.step_width(drafter), batch_size)).value)
+    made(choose_decode_threads(model, tokenizer, prompts[0], settings, drafter=drafter,
+                               batch=batch_size, cache=cache))
+    exact = made(choose_exact(model, tokenizer, prompts[:batch_size], settings, drafter,
+                              model_id=model_id, cache=cache))
     settings = replace(settings, exact=exact.value)
     return Decoder(model, tokenizer, drafter, settings, records, measured_drafter=measured)

@@ -41,7 +41,7 @@ from mtp import cli
 from mtp.decode.loop import generate
 from mtp.generate.calibrate import CheckpointCalibration, greedy_texts
 from mtp.generate.saved import save_choice
-from mtp.tune import Measurement, machine
+from mtp.tune import Measurement
 from mtp.decode.drafters.layer_skip import LayerSkip, SkipChoice
 from mtp.decode.output import DecodeStats
 from mtp.generate.prompts import read_prompts
@@ -195,7 +195,7 @@ def main(argv: list[str]) -> None:
         "below 1: layer skipping does not pay for this model" if best.speedup <= 1 else
         f"{best.kept[0]:.3f} of steps keep a draft",
         figures={f"{len(c.skip)} layers": c.speedup for c in candidates},
-        unit="modeled speed-up", seconds=seconds, machine=machine(), value=choice.to_json())
+        unit="modeled speed-up", seconds=seconds, value=choice.to_json())
     for where in save_choice(args.checkpoint, record, args.output):
         print(f"saved: {where}")
 

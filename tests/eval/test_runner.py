@@ -124,13 +124,16 @@ def _config(**settings) -> EvalConfig:
     return EvalConfig(**settings, options=options)
 
 
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m mtp.eval ARGS` from the repository's root."""
+    return subprocess.run([sys.executable, "-m", "mtp.eval", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
 def test_cli_scores_a_samples_file(tmp_path: Path) -> None:
     samples = write_samples(tmp_path / "s.jsonl", SAMPLES[4:])
-    run = subprocess.run(
-        [sys.executable, "-m", "mtp.eval", "task=humaneval", f"samples={samples}", "pass_k=[1,4]",
-         f"output={tmp_path / 'r.jsonl'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    run = run_cli("task=humaneval", f"samples={samples}", "pass_k=[1,4]",
+                  f"output={tmp_path / 'r.jsonl'}")
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout.splitlines()[-1])
     assert summary["pass@1"] == pytest.approx(0.75) and summary["pass@4"] == 1.0
@@ -152,11 +155,7 @@ def test_summary_states_the_weakest_isolation_any_sample_ran_in(tmp_path: Path) 
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     malformed = tmp_path / "bad.jsonl"
     malformed.write_text('{"task_id": \n')
-    run = subprocess.run(
-        [sys.executable, "-m", "mtp.eval", "task=humaneval", f"samples={malformed}",
-         f"output={tmp_path / 'r.jsonl'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    run = run_cli("task=humaneval", f"samples={malformed}", f"output={tmp_path / 'r.jsonl'}")
     assert run.returncode == 1
     assert run.stderr == f"error: {malformed}:1: not valid JSON (Expecting value): " \
                          f"'{{\"task_id\":'\n"
@@ -226,13 +225,10 @@ def test_prompts_longer_than_the_context_count_as_failed(tmp_path: Path, tiny_ch
 @needs_mbpp
 def test_cli_end_to_end_with_a_tiny_model(tmp_path: Path, tiny_checkpoint: str) -> None:
     output = tmp_path / "r.jsonl"
-    run = subprocess.run(
-        [sys.executable, "-m", "mtp.eval", "task=mbpp", f"checkpoint={tiny_checkpoint}",
-         f"data_file={MBPP_FILE}", "limit=2", "samples_per_problem=2", "temperature=0.8",
-         "pass_k=[1,2]", "max_new_tokens=8", f"output={output}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "MTP_CACHE": str(tmp_path / "cache")},
-    )
+    run = run_cli("task=mbpp", f"checkpoint={tiny_checkpoint}", f"data_file={MBPP_FILE}",
+                  "limit=2", "samples_per_problem=2", "temperature=0.8", "pass_k=[1,2]",
+                  "max_new_tokens=8", f"output={output}",
+                  env={**os.environ, "OMP_NUM_THREADS": "1", "MTP_CACHE": str(tmp_path / "cache")})
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout.splitlines()[-1])
     assert {k: summary[k] for k in ("task", "problems", "samples", "pass@1", "pass@2")} == {
