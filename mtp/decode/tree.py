@@ -361,29 +361,34 @@ def best_paths(scores: Tensor, n_nodes: int) -> tuple[Tensor, Tensor, Tensor]:
     a beam of n_nodes - 1 per depth holds them all; ties go to the shallower path."""
     batch, depth, ranks = scores.shape
     budget = n_nodes - 1
-    device = scores.device
     kept_scores, kept_parent, kept_rank, levels = [], [], [], []
-    total = torch.zeros(batch, 1, dtype=scores.dtype, device=device)  # the root
+    total = torch.zeros(batch, 1, dtype=scores.dtype, device=scores.device)  # the root
+    numbers = torch.zeros(batch, 1, dtype=torch.long, device=scores.device)  # in the pool
+    pooled = 0
     for d in range(depth):
         candidates = (total[:, :, None] + scores[:, d, None, :]).flatten(1)  # (B, K * R)
         best, index = candidates.topk(min(budget, candidates.shape[1]), dim=1)
         kept_scores.append(best)
-        kept_parent.append(index // ranks)  # the parent's place among the depth above
+        kept_parent.append(numbers.gather(1, index // ranks))  # the parent's pool number
         kept_rank.append(index % ranks)
         levels.append(torch.full_like(index, d + 1))
+        numbers = pooled + 1 + torch.arange(index.shape[1], device=scores.device).expand_as(index)
+        pooled += index.shape[1]
         total = best
-    pooled = torch.cat(kept_scores, 1)  # (B, P), depth by depth
-    order = pooled.sort(dim=1, descending=True, stable=True).indices[:, :budget]
-    order = order.sort(dim=1).values  # back to depth order: parents before children
-    chosen = torch.zeros_like(pooled, dtype=torch.long).scatter_(  # pool place -> node
-        1, order, torch.arange(1, budget + 1, device=device).expand(batch, budget))
-    sizes = [k.shape[1] for k in kept_scores]
-    starts = [0] + torch.tensor(sizes).cumsum(0).tolist()[:-1]
-    parent_place = torch.cat([torch.zeros_like(kept_parent[0]) - 1] + [
-        kept_parent[d] + starts[d - 1] for d in range(1, depth)], 1)  # (B, P); -1: the root
-    parents = torch.where(parent_place >= 0, chosen.gather(1, parent_place.clamp(min=0)), 0)
-    return (torch.cat(levels, 1).gather(1, order), torch.cat(kept_rank, 1).gather(1, order),
-            parents.gather(1, order))
+    kept, parents = keep_best(torch.cat(kept_scores, 1), torch.cat(kept_parent, 1), budget)
+    return torch.cat(levels, 1).gather(1, kept), torch.cat(kept_rank, 1).gather(1, kept), parents
+
+
+def keep_best(scores: Tensor, parents: Tensor, nodes: int) -> tuple[Tensor, Tensor]:
+    """The `nodes` best candidates of each row (ties: the earlier), a tree as none scores above
+    its parent, from scores (B, P) and each one's parent `parents` (B, P; j: the j-th, 0: the
+    root): their pool indices in pool order (B, nodes), and their parents among them."""
+    batch = scores.shape[0]
+    kept = scores.sort(dim=1, descending=True, stable=True).indices[:, :nodes].sort(dim=1).values
+    node = torch.zeros(batch, scores.shape[1] + 1, dtype=torch.long, device=scores.device)
+    node.scatter_(1, kept + 1, torch.arange(1, nodes + 1, device=scores.device).expand(
+        batch, nodes))  # pool number -> kept node
+    return kept, node.gather(1, parents.gather(1, kept))
 
 
 def _named_tree(spec: str, k: int, calibration: Calibration | None) -> Tree:

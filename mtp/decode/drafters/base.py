@@ -279,6 +279,8 @@ class ChainDrafter(Drafter):
     threshold: float = 0.0
     adaptive: bool = False
     shown: tuple[str, ...] = ("num_draft",)
+    #: How many of the last accepted tokens (1 or 2) `forward_drafts` feeds first (0: none).
+    feeds: int = 0
 
     def size(self, num_draft: int, threshold: float = 0.0, adaptive: bool = False) -> None:
         """Set (and check) the drafts per step, the draft-exit threshold and adaptivity."""
@@ -295,14 +297,19 @@ class ChainDrafter(Drafter):
         self._sampling, self._generator = sampling, generator
         self._budget = DraftBudget(self.num_draft, len(prompts)) if self.adaptive else None
         self._accepted = [len(ids) for ids in prompts]  # each row's accepted tokens, on the host
+        self._tail: Tensor | None = None  # (B, feeds): the last accepted tokens
 
     def update(self, step: Verified) -> None:
         self._accepted = [n + len(ids) for n, ids in zip(self._accepted, step.new_ids)]
+        if self.feeds:
+            self._tail = step.last_two()[:, 2 - self.feeds:]
         if self._budget is not None:
             self._budget.update(step)
 
     def keep(self, rows: list[int]) -> None:
         self._accepted = [self._accepted[row] for row in rows]
+        if self._tail is not None:
+            self._tail = self._tail[torch.tensor(rows, device=self._tail.device)]
         if self._budget is not None:
             self._budget.keep(rows)
 
@@ -311,12 +318,13 @@ class ChainDrafter(Drafter):
         return DraftSequence(self.num_draft, self._sampling, self._generator, self.threshold,
                              self._budget)
 
-    def forward_drafts(self, model: MTPModel, cache: KVCache, first: Tensor,
-                       skip: Sequence[int] = ()) -> Drafts:
+    def forward_drafts(self, model: MTPModel, cache: KVCache, skip: Sequence[int] = ()
+                       ) -> Drafts:
         """This step's drafts by `model`'s cached forward (trunk layers `skip` left out) on
-        `cache`, which holds every accepted token but the last T, `first` (B, T): they are fed
-        at once, then each draft. Positions past the model's context (only rows about to stop)
-        are clamped, their drafts merely wrong."""
+        `cache`, which holds every accepted token but the last `feeds`: they are fed at once,
+        then each draft. Positions past the model's context (only rows about to stop) are
+        clamped, their drafts merely wrong."""
+        first = self._tail  # (B, T)
         lengths = torch.tensor(self._accepted, device=first.device) - first.shape[1]
         width = key_width(max(self._accepted) + self.num_draft, cache.max_len)
 

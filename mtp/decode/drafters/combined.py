@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -126,7 +126,6 @@ class HeadsAndLookup(Combined):
         chains = {int(match[1]): rate for label, rate in measured.items()
                   if (match := CHAIN.fullmatch(label))}
         if chains:
-            k = max(chains, key=chains.get)
-            yield cls(OwnHeads.variant(model, k),
-                      PromptLookup.from_options(model, options, context))
+            yield cls.from_options(model, replace(options, k=max(chains, key=chains.get)),
+                                   context)
 

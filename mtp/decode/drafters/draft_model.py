@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from mtp.cli import check_flag, check_positive
-from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
-                                      check_threshold)
+from mtp.decode.drafters.base import ChainDrafter, DrafterContext, Drafts, check_threshold
 from mtp.decode.drafters.registry import register
 from mtp.decode.forward import prefill
 from mtp.decode.sampling import SamplingConfig
@@ -48,6 +47,7 @@ class DraftModel(ChainDrafter):
 
     name = "draft_model"
     Options = DraftModelOptions
+    feeds = 2  # the last two accepted tokens (module docstring)
 
     def __init__(self, model: MTPModel, tokenizer: Tokenizer, num_draft: int = 4,
                  threshold: float = 0.0, adaptive: bool = False) -> None:
@@ -108,17 +108,10 @@ class DraftModel(ChainDrafter):
         # Every prompt token but the last: `propose` feeds it with the first new token.
         prefill(self.model, self._cache, [ids[:-1] for ids in prompts], 1,
                 pad_id=self.tokenizer.pad_id)
-        self._tail: torch.Tensor | None = None  # (B, 2): the last two accepted tokens
-
-    def update(self, step: Verified) -> None:
-        self._tail = step.last_two()
-        super().update(step)
 
     def keep(self, rows: list[int]) -> None:
-        index = torch.tensor(rows, device=self._tail.device)
-        self._cache.keep(index)
-        self._tail = self._tail[index]
+        self._cache.keep(torch.tensor(rows, device=self._cache.keys.device))
         super().keep(rows)
 
     def propose(self) -> Drafts:
-        return self.forward_drafts(self.model, self._cache, self._tail)
+        return self.forward_drafts(self.model, self._cache)

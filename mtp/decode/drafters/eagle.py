@@ -35,7 +35,7 @@ from mtp.decode.drafters.registry import register
 from mtp.decode.drafters.sequential import TreePlan
 from mtp.decode.forward import key_width
 from mtp.decode.sampling import SamplingConfig
-from mtp.decode.tree import DynamicTree, Tree, resolve_tree
+from mtp.decode.tree import DynamicTree, Tree, keep_best, resolve_tree
 from mtp.kv_cache import CacheStep, KVCache, cache_step, causal
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
@@ -203,11 +203,8 @@ class EagleDrafter(Drafter):
             if k > 1:  # feed the nodes of depth k - 1, each with its parent's output
                 first, last = plan.nodes[k - 1], plan.nodes[k]  # they are nodes first+1..last
                 parents = torch.cat([root[:, None], outputs], dim=1)[:, plan.parents[k][first:]]
-                full = cache_step(new, plan.depths[1:last + 1] - 1,
-                                  plan.visible[1:last + 1, 1:last + 1], length,
-                                  self._model.config.max_seq_len)
-                step = CacheStep(full.positions[:, first:], full.slots[:, first:],
-                                 full.mask[:, :, first:])
+                step = self._scratch_step(new, plan.depths[1:last + 1] - 1,
+                                          plan.visible[1:last + 1, 1:last + 1], length, first)
                 outputs = torch.cat([outputs, self._layer_step(
                     parents, drafts[:, first:last], step)], dim=1)
             at = root[:, None] if k == 1 else outputs[:, plan.groups[k]]  # (B, G, D)
@@ -224,40 +221,38 @@ class EagleDrafter(Drafter):
             return self._layer.d2t[self._layer.logits(at).topk(ranks, dim=-1).indices], None
         return ranked(self._layer.target_logits(at), ranks, self._sampling, self._generator)
 
+    def _scratch_step(self, new: Tensor, offsets: Tensor, visible: Tensor, length: int,
+                      first: int) -> CacheStep:
+        """The step of the scratch nodes `first`.. of the nodes fed after the committed `new`
+        (B,): node j at slot new + j and position new + offsets[j], seeing the committed
+        entries and the nodes `visible` says."""
+        full = cache_step(new, offsets, visible, length, self._model.config.max_seq_len)
+        return CacheStep(full.positions[:, first:], full.slots[:, first:],
+                         full.mask[:, :, first:])
+
     def dynamic(self, *, depth: int, top_k: int, nodes: int) -> tuple[Tensor, Tensor, None]:
         """EAGLE-2's dynamic tree after the commit (`dynamic_tree` on this layer), its drafts
         as target ids."""
         root, new, length = self._run_commit()
         batch, device = root.shape[0], root.device
-        outputs, seen = [root[:, None]], [torch.ones(batch, 1, 1, dtype=torch.bool,
-                                                     device=device)]
-        fed = 0  # nodes fed to the layer so far, at slots new .. new + fed - 1
+        rows = torch.arange(batch, device=device)[:, None]
+        outputs = [root[:, None]]
+        # Which of the root (0) and the fed nodes (1..) each of those sees: its ancestors.
+        seen = torch.ones(batch, 1, 1, dtype=torch.bool, device=device)
 
         def expand(tokens: Tensor, parents: Tensor, at_depth: int) -> Tensor:
-            nonlocal fed
-            k = tokens.shape[1]
-            states, ancestry = torch.cat(outputs, dim=1), torch.cat(seen, dim=1)
-            rows = torch.arange(batch, device=device)[:, None]
-            # Which fed nodes (and the root, column 0) each new node sees: its parent's
-            # ancestors, and itself.
-            sees = torch.cat([ancestry[rows, parents], torch.eye(k, dtype=torch.bool,
-                                                                 device=device).expand(
-                batch, k, k)], dim=2)  # (B, k, 1 + fed + k)
-            relative = torch.arange(length, device=device) - new[:, None]  # (B, L)
-            column = (relative + 1).clamp(0, fed + k)  # slot new + j holds fed node j + 1
-            among = sees.gather(2, column[:, None, :].expand(-1, k, -1))
-            among &= ((relative >= 0) & (relative < fed + k))[:, None, :]
-            mask = (relative < 0)[:, None, :] | among  # the committed entries, or the path
-            positions = (new - 1 + at_depth)[:, None].expand(batch, k).clamp(
-                max=self._model.config.max_seq_len - 1)
-            slots = new[:, None] + fed + torch.arange(k, device=device)
-            out = self._layer_step(states[rows, parents], self._layer.d2t[tokens],
-                                   CacheStep(positions, slots, mask[:, None]))
+            nonlocal seen
+            fed, k = seen.shape[1] - 1, tokens.shape[1]  # fed node j sits at slot new + j - 1
+            sees = torch.cat([seen[rows, parents], torch.eye(k, dtype=torch.bool,
+                                                             device=device).expand(
+                batch, k, k)], dim=2)  # (B, k, 1 + fed + k): its parent's ancestors, itself
+            seen = torch.cat([torch.cat([seen, seen.new_zeros(batch, 1 + fed, k)], dim=2),
+                              sees], dim=1)
+            step = self._scratch_step(new, torch.full((fed + k,), at_depth - 1, device=device),
+                                      seen[:, 1:, 1:], length, fed)
+            out = self._layer_step(torch.cat(outputs, dim=1)[rows, parents],
+                                   self._layer.d2t[tokens], step)
             outputs.append(out)
-            grown = torch.cat([ancestry, torch.zeros(batch, 1 + fed, k, dtype=torch.bool,
-                                                     device=device)], dim=2)
-            seen[:] = [torch.cat([grown, sees], dim=1)]
-            fed += k
             return torch.log_softmax(self._layer.logits(out).float(), dim=-1)
 
         first = torch.log_softmax(self._layer.logits(root).float(), dim=-1)
@@ -309,13 +304,9 @@ def dynamic_tree(first: Tensor, expand: Callable[[Tensor, Tensor, int], Tensor],
         fed_parents = fed + 1 + best // top_k  # the fed numbers of their parents
         layer = size + 1 + best
         size, fed = size + top_k * top_k, fed + top_k
-    scores, tokens = torch.cat(all_scores, dim=1), torch.cat(all_tokens, dim=1)  # (B, pool)
-    parents = torch.cat(all_parents, dim=1)  # pool numbers, 0: the root
-    order = scores.sort(dim=1, descending=True, stable=True).indices  # ties: earlier first
-    kept = order[:, :nodes].sort(dim=1).values  # pool order: depth order, parents first
-    where = torch.zeros(batch, pool + 1, dtype=torch.long, device=device)  # pool -> kept
-    where.scatter_(1, kept + 1, torch.arange(1, nodes + 1, device=device).expand(batch, nodes))
-    return tokens.gather(1, kept), where.gather(1, parents.gather(1, kept)), None
+    kept, parents = keep_best(torch.cat(all_scores, dim=1), torch.cat(all_parents, dim=1),
+                              nodes)  # pool order: depth order, parents first
+    return torch.cat(all_tokens, dim=1).gather(1, kept), parents, None
 
 
 __all__ = ["EagleDrafter", "EagleOptions", "dynamic_tree"]

@@ -101,12 +101,15 @@ class HeadsOptions:
 class OwnHeads(Drafter):
     """The model's own heads draft: k tokens per forward pass at most (2 <= k <= n_future),
     heads 1..k-1 drafting a chain, or the nodes of `tree` (`tree.resolve_tree`). The variant
-    that drafts is the one that `serves` the model (`HeadsDrafter`, `OnlineHeads`, ...)."""
+    that drafts is the one made for the model's heads and online learning (`variant`)."""
 
     name = "heads"
     Options = HeadsOptions
     selects = ("k", "tree")
     saved, saved_file = "trees", "tree.json"  # `python -m mtp.generate.calibrate`
+    #: Which variant this is: for sequential modules (or parallel heads), learning online.
+    sequential: bool = False
+    online: bool = False
 
     def __init__(self, k: int, tree: Tree | None = None, siblings: str = "distinct") -> None:
         self.k = check_positive("k", k, least=2)
@@ -117,21 +120,18 @@ class OwnHeads(Drafter):
                              f"heads draft depths 1..{k - 1}")
 
     @classmethod
-    def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
-        """Whether this variant drafts for `model` with `options`."""
-        return False
-
-    @classmethod
     def variant(cls, model: MTPModel, k: int, tree: Tree | None = None, *,
                 online: bool = False, siblings: str = "distinct") -> OwnHeads:
         """The heads drafter that serves `model`: k heads, `tree` (None: the chain)."""
+        HeadsOptions(k=k, online=online, siblings=siblings)  # checked
+        sequential = model.config.head_type == "sequential"
+        if sequential and online:
+            raise ValueError("online=true trains parallel heads; model.head_type='sequential' "
+                             "modules draft a chain that cannot learn online here")
         drafter_types()  # every variant's module imported
-        options = HeadsOptions(k=k, online=online, siblings=siblings)
-        for variant in _subclasses(OwnHeads):
-            if variant.serves(model, options):
-                return variant(k, tree, siblings)
-        raise ValueError(f"no heads drafter serves model.head_type="
-                         f"{model.config.head_type!r} with online={online}")
+        variant = next(v for v in _subclasses(OwnHeads)
+                       if (v.sequential, v.online) == (sequential, online))
+        return variant(k, tree, siblings)
 
     @classmethod
     def from_options(cls, model: MTPModel, options: HeadsOptions,
@@ -201,10 +201,6 @@ def _subclasses(cls: type) -> list[type]:
 class HeadsDrafter(OwnHeads):
     """Parallel heads 1..k-1 draft at the last accepted position, from the hidden states the
     verify pass computed there (it runs heads 0..depth)."""
-
-    @classmethod
-    def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
-        return model.config.head_type != "sequential" and not options.online
 
     def verify_heads(self, model: MTPModel) -> int:
         return self.tree.depth + 1

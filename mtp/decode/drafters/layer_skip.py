@@ -18,8 +18,7 @@ from typing import Any
 import torch
 
 from mtp.cli import check_flag, check_positives
-from mtp.decode.drafters.base import (ChainDrafter, DrafterContext, Drafts, Verified,
-                                      check_threshold)
+from mtp.decode.drafters.base import ChainDrafter, DrafterContext, Drafts, check_threshold
 from mtp.decode.drafters.registry import register
 from mtp.decode.sampling import SamplingConfig
 from mtp.kv_cache import KVCache
@@ -116,6 +115,7 @@ class LayerSkip(ChainDrafter):
     Options = LayerSkipOptions
     saved, saved_file = "layer_skip", SKIP_FILE  # python -m mtp.generate.skip_search
     shown = ("skip", "num_draft")
+    feeds = 1  # the root: the target's cache holds every accepted token but it
 
     def __init__(self, skip: Sequence[int], num_draft: int = 4, threshold: float = 0.0,
                  adaptive: bool = False) -> None:
@@ -149,19 +149,9 @@ class LayerSkip(ChainDrafter):
               sampling: SamplingConfig, generator: torch.Generator | None) -> None:
         super().start(model, prompts, cache, sampling, generator)
         self._model, self._cache = model, cache  # self.skip was checked by `check`
-        self._root: torch.Tensor | None = None  # (B,) the last accepted token
-
-    def update(self, step: Verified) -> None:
-        self._root = step.last_two()[:, 1]
-        super().update(step)
-
-    def keep(self, rows: list[int]) -> None:
-        self._root = self._root[torch.tensor(rows, device=self._root.device)]
-        super().keep(rows)
 
     def propose(self) -> Drafts:
-        # The target's cache holds every accepted token but the root.
-        return self.forward_drafts(self._model, self._cache, self._root[:, None], self.skip)
+        return self.forward_drafts(self._model, self._cache, self.skip)
 
 
 def _choice(model: MTPModel, options: LayerSkipOptions,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from mtp.cli import check_positive
 from mtp.decode.drafters.base import Verified
-from mtp.decode.drafters.heads import HeadsDrafter, HeadsOptions
+from mtp.decode.drafters.heads import HeadsDrafter
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree
 from mtp.kv_cache import KVCache
@@ -28,9 +28,7 @@ class OnlineHeads(HeadsDrafter):
     """`HeadsDrafter` whose heads 1..depth learn from each call's finished sequences, at the
     start of the next call (`lr`: AdamW's learning rate; `steps`: optimizer steps each time)."""
 
-    @classmethod
-    def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
-        return model.config.head_type != "sequential" and options.online
+    online = True
 
     def __init__(self, k: int, tree: Tree | None = None, siblings: str = "distinct", *,
                  lr: float = 1e-4, steps: int = 1) -> None:

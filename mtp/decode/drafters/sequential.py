@@ -32,11 +32,11 @@ import torch
 from torch import Tensor
 
 from mtp.decode.drafters.base import Drafts, Verified
-from mtp.decode.drafters.heads import HeadsOptions, OwnHeads, ranked
+from mtp.decode.drafters.heads import OwnHeads, ranked
 from mtp.decode.tree import DynamicTree
 from mtp.decode.forward import key_width
 from mtp.decode.sampling import SamplingConfig
-from mtp.kv_cache import CacheStep, KVCache
+from mtp.kv_cache import CacheStep, KVCache, cache_step
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -45,14 +45,7 @@ class SequentialDrafter(OwnHeads):
     """The modules 1..k-1 of a `head_type="sequential"` model draft a chain of k - 1 tokens, or
     the nodes of `tree`; the verify pass runs head 0 alone (the default `verify_heads`)."""
 
-    @classmethod
-    def serves(cls, model: MTPModel, options: HeadsOptions) -> bool:
-        if model.config.head_type != "sequential":
-            return False
-        if options.online:
-            raise ValueError("online=true trains parallel heads; model.head_type='sequential' "
-                             "modules draft a chain that cannot learn online here")
-        return True
+    sequential = True
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         if model.config.head_type != "sequential":
@@ -145,19 +138,15 @@ class SequentialDrafter(OwnHeads):
         commit_mask = torch.where(valid[..., None], slots <= position[..., None],
                                   slots == trash[:, None, None])  # (B, C, L)
         node_position = new[:, None] + self._plan.depths[1:n + 1] - k  # (B, n)
-        node_slot = holds[:, None] + torch.arange(n, device=device)
         # Node u sees its ancestors and itself, but no node before position 0 but itself.
         seen = self._plan.visible[1:n + 1, 1:n + 1] & ((node_position >= 0)[:, None, :]
                                                        | torch.eye(n, dtype=torch.bool,
                                                                    device=device))
-        relative = slots - holds[:, None]  # (B, L)
-        among = seen.gather(2, relative.clamp(0, max(n - 1, 0))[:, None, :].expand(-1, n, -1))
-        among &= ((relative >= 0) & (relative < n))[:, None, :]
-        node_mask = (relative < 0)[:, None, :] | among  # the committed slots, or the path
+        nodes = cache_step(holds, node_position - holds[:, None], seen, length)  # at slots holds..
         limit = self._model.config.max_seq_len - 1  # past the context: rows about to stop
-        positions = torch.cat([position, node_position], dim=1).clamp(0, limit)
-        return CacheStep(positions, torch.cat([commit_slot, node_slot], dim=1),
-                         torch.cat([commit_mask, node_mask], dim=1)[:, None])
+        positions = torch.cat([position, nodes.positions], dim=1).clamp(0, limit)
+        return CacheStep(positions, torch.cat([commit_slot, nodes.slots], dim=1),
+                         torch.cat([commit_mask[:, None], nodes.mask], dim=2))
 
 
 class TreePlan:
