@@ -277,23 +277,28 @@ def _head_loss(model: MTPModel, head: int, head_out: Tensor, targets: Sequence[T
     """One head's losses and hits (k,) on its output (B, T, D), backpropagated into it; with
     `chunk_size` (`chunked`), unembedded and scored that many tokens at a time."""
     if chunk_size is None:
-        return _backpropagated(model.unembed(head_out, head).flatten(0, 1), targets, backward)
+        return _backpropagated(_scored(model.unembed(head_out, head).flatten(0, 1), targets),
+                               backward)
     flat = head_out.flatten(0, 1)  # (B*T, D)
     # Chunks backpropagate into this detached copy; the head's blocks run backward once.
     detached = flat.detach().requires_grad_(flat.requires_grad)
-    losses, hits = zip(*(_backpropagated(model.unembed(detached[start:start + chunk_size], head),
-                                         [t.chunk(start, start + chunk_size) for t in targets],
-                                         backward)
-                         for start in range(0, len(flat), chunk_size)))
+    scored = []
+    for start in range(0, len(flat), chunk_size):
+        end = start + chunk_size
+        scored.append(_backpropagated(_scored(model.unembed(detached[start:end], head),
+                                              [t.chunk(start, end) for t in targets]), backward))
+    losses, hits = zip(*scored)
     if backward is not None and detached.grad is not None:
         backward(flat, detached.grad)
     return torch.stack(losses).sum(0), torch.stack(hits).sum(0)
 
 
-def _backpropagated(logits: Tensor, targets: Sequence[Target],
+def _backpropagated(scored: tuple[Tensor, Tensor, Tensor],
                     backward: BackwardFn | None) -> tuple[Tensor, Tensor]:
-    """`_scored`'s losses and hits (k,) of `logits` (N, V), their weighted sum backpropagated."""
-    total, losses, hits = _scored(logits, targets)
+    """`_scored`'s losses and hits (k,), their weighted sum backpropagated. It takes the scores,
+    not the logits: a name holding the (N, V) logits would keep them alive through the
+    backward, beside their gradient (the memory head by head saves)."""
+    total, losses, hits = scored
     if backward is not None and total.requires_grad:
         backward(total)
     return losses.detach(), hits

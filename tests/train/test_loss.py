@@ -1,3 +1,5 @@
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,6 +57,32 @@ def test_naive_headwise_and_chunked_give_equal_losses_and_gradients(n_future, he
             torch.testing.assert_close(grad, naive_grads[name], rtol=1e-10, atol=1e-12,
                                        msg=f"{mode}: gradient of {name}")
     assert all(g.abs().sum() > 0 for g in naive_grads.values())
+
+
+@pytest.mark.parametrize("mode", ["headwise", "chunked"])
+@pytest.mark.parametrize("head_type", ["block", "sequential"])
+def test_a_heads_logits_are_freed_before_its_backward(mode, head_type, monkeypatch):
+    """What keeps a step's memory O(V + d): no (N, V) logits outlive their scoring, so a
+    head's backward never holds them beside their gradient."""
+    config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                       max_seq_len=64, n_future=3, head_type=head_type)
+    model = MTPModel(config)
+    logits: list[weakref.ref] = []
+    unembed = model.unembed
+
+    def recorded(*args, **kwargs):
+        out = unembed(*args, **kwargs)
+        logits.append(weakref.ref(out))
+        return out
+
+    def backward(tensor, grad=None):
+        assert all(ref() is None for ref in logits), "logits alive during a backward"
+        autograd_backward(tensor, grad)
+
+    monkeypatch.setattr(model, "unembed", recorded)
+    mtp_loss(model, torch.randint(0, 262, (2, 12 + 3)), mode=mode, chunk_size=5,
+             backward=backward)
+    assert len(logits) >= 3
 
 
 def test_one_head_is_the_plain_language_model_loss():
