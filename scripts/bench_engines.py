@@ -67,7 +67,7 @@ from mtp import cli, convert
 from mtp.bench import engine_runner
 from mtp.bench.machine import commit, machine
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
-from mtp.bench.tables import engine_of
+from mtp.bench.tables import engine_of, engines
 from mtp.chat import as_conversations
 from mtp.checkpoint import load
 from mtp.decode.drafters.base import DrafterContext
@@ -255,28 +255,6 @@ def compare(model, prompt_ids: list[list[int]], ours: list[list[int]],
             "divergences": [dict(d, prompt=i) for i, d in enumerate(found) if d is not None]}
 
 
-def summary(rows: dict[str, dict]) -> list[str]:
-    """The printed table's lines."""
-    lines = [f"{'method':<15} {'loaded':>6} {'tok/s':>7} {'batched':>8} {'accept':>7} "
-             f"{'same ids':>8}  first divergence (min top-2 gap)"]
-    for name, row in rows.items():
-        if not row.get("loaded"):
-            lines.append(f"{name:<15} {'no':>6}  {row.get('error')}")
-            continue
-        accept = row.get("mean_acceptance_length")
-        gaps = [d["top2_gap"] for d in row.get("divergences", [])]
-        first = min((d["position"] for d in row.get("divergences", [])), default=None)
-        note = "" if first is None else f"position {first} (gap {min(gaps):.4g})"
-        if "exact_ids" in row:  # mtp's rows: equal to its own autoregressive decoding
-            note = f"{note}{'; ' if note else ''}ids as its autoregressive: {row['exact_ids']}"
-        batched = row.get("batched_tokens_per_second")
-        lines.append(f"{name:<15} {'yes':>6} {row['tokens_per_second']:>7.1f} "
-                     f"{batched if batched is not None else '':>8} "
-                     f"{accept if accept is not None else '':>7} "
-                     f"{row.get('same_ids', ''):>8}  {note}")
-    return lines
-
-
 def template_loops(replies: list[list[int]], tokenizer) -> int:
     """How many replies hold a special token before their last: an instruct model that reads
     its template's tokens as text answers with them, over and over."""
@@ -391,17 +369,13 @@ def main(argv: list[str]) -> None:
     rows |= llama_cpp_rows(args, checkpoint, work, prompt_ids, tokenizer, model, timed.token_ids)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
-    facts = machine()
-    vllm = rows.get(vllm_row(methods[0]), {}).get("vllm")
-    print(f"checkpoint {checkpoint}  {len(prompts)} prompts{' (chat)' if chat else ''} x <= "
-          f"{args.max_new_tokens} new tokens  vLLM in {args.dtype}  greedy, batch 1  vLLM "
-          f"{vllm}  {facts['device_name']}  load {facts['load']}")
-    print("\n".join(summary(rows)))
-    print(json.dumps({"checkpoint": checkpoint, "prompts": len(prompts), "chat": chat,
-                      "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "k": args.k,
-                      "methods": rows, **best(rows), "machine": facts,
-                      "vllm_reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
-                      "commit": commit(Path(__file__).resolve().parents[1])}))
+    result = {"checkpoint": checkpoint, "prompts": len(prompts), "chat": chat,
+              "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "k": args.k,
+              "methods": rows, **best(rows), "machine": machine(),
+              "vllm_reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
+              "commit": commit(Path(__file__).resolve().parents[1])}
+    print(engines(result))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -119,12 +119,6 @@ def test_divergence_names_the_position_and_the_gap(tiny_config) -> None:
     assert figures["same_ids"] == 0.5 and figures["divergences"][0]["prompt"] == 1
 
 
-def test_the_table_shows_refusals_in_one_line() -> None:
-    lines = bench.summary({"mtp": {"loaded": True, "tokens_per_second": 10.0, "same_ids": 1.0},
-                           "medusa": {"loaded": False, "error": "ValueError: no"}})
-    assert "ValueError: no" in lines[-1] and len(lines) == 3
-
-
 def _engine_python() -> str | None:
     if os.environ.get(bench.ENGINE_ENV):
         return os.environ[bench.ENGINE_ENV]
