@@ -11,9 +11,10 @@ Four parts (`parts`), each row recording the load it ran under:
              (SmolLM2-135M: 211, so each pass reads them from memory), by torch's F.linear and
              kernels.PackedLinear in float32 and bfloat16; median of `repeats` rounds, a round
              timing every row and M in turn so a change of load reaches all alike
-  step       the cached forward of 1 and 8 (a verify step) new tokens after `context` cached
-             ones, batch 1, to the argmax (`plain_forward_seconds`, median of `repeats`), of
-             random weights or `checkpoint`, against its bare matrices at the same M
+  step       the cached forward of each of `widths` new tokens (1: a decode step, 8: a verify
+             step) after `context` cached ones, batch 1, to the argmax (`plain_forward_seconds`,
+             median of `repeats`: what `dtype=auto` times at a drafter's width), of random
+             weights or `checkpoint`, against its bare matrices at the same M
   smollm2    SmolLM2-135M-Instruct's GGUF (or `checkpoint`) decoding the prompts greedily,
              batch 1 (`time_generate`): autoregressive in float32 and bfloat16 by torch and the
              kernels, then each of `drafters` in exact mode in `drafter_dtypes`; tokens/s
@@ -29,6 +30,7 @@ size every drafter they belong to, as on generate's command line.
   parts            [bandwidth,matrices,step,smollm2]
   scale            smollm2 (SmolLM2-135M's shapes) or tiny (a few MB: the smoke test's)
   ms               [1,2,4,8,16,36] rows per pass over the matrices
+  widths           [1,8] new tokens per step
   repeats          5 timed rounds (bandwidth: passes; step: forwards) per cell
   threads          2
   context          256 cached tokens before a step
@@ -83,7 +85,6 @@ SCALES = {  # SmolLM2-135M: 30 blocks, the last of them head 0's
                          ffn_hidden=1536, tie_embeddings=True, max_seq_len=2048, n_future=1),
     "tiny": MTPConfig(vocab_size=2048, dim=128, n_layers=2, n_heads=4, n_kv_heads=2,
                       ffn_hidden=384, tie_embeddings=True, max_seq_len=512, n_future=1)}
-STEP_WIDTHS = (1, 8)  # a decode step and a verify step of 8 tokens
 REPEATED_NGRAM = 8
 
 
@@ -92,6 +93,7 @@ class KernelsArgs:
     parts: list[str] = field(default_factory=lambda: list(PARTS))
     scale: str = "smollm2"
     ms: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 36])
+    widths: list[int] = field(default_factory=lambda: [1, 8])
     repeats: int = 5
     threads: int = 2
     context: int = 256
@@ -111,8 +113,9 @@ class KernelsArgs:
         if not self.parts or unknown:
             raise ValueError(f"parts={self.parts}: name some of {', '.join(PARTS)}")
         cli.check_choice("scale", self.scale, SCALES)
-        if not self.ms or min(self.ms) < 1:
-            raise ValueError(f"ms={self.ms} must be rows >= 1")
+        for name in ("ms", "widths"):
+            if not getattr(self, name) or min(getattr(self, name)) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         cli.check_positives(self, "repeats", "threads", "context", "max_new_tokens")
         cli.check_positives(self, "bandwidth_mb", "prompts_limit", optional=True)
         if min(self.humaneval_select, default=0) < 0:
@@ -265,24 +268,24 @@ def on_paths(model: MTPModel, part: str, row: str, off: str | None,
     use_kernels(model, False)
 
 
-def step(model: MTPModel, context: int, repeats: int, off: str | None,
+def step(model: MTPModel, widths: list[int], context: int, repeats: int, off: str | None,
          bare: dict[str, Any] | None, skipped: dict[str, str]) -> dict[str, Any]:
-    """Rows "<path> <dtype>": the cached forward's ms at 1 and 8 new tokens, over the bare
-    matrices' at the same M (`bare`: the matrices part's rows)."""
+    """Rows "<path> <dtype>": the cached forward's ms at each width, over the bare matrices'
+    at the same M (`bare`: the matrices part's rows)."""
     rows = {}
     for row, name, path, here, summary in on_paths(model, "step", "{path} {dtype}", off,
                                                    skipped):
         ms_of = {str(w): round(plain_forward_seconds(here, w, 1, context, repeats) * 1e3, 3)
-                 for w in STEP_WIDTHS}
+                 for w in widths}
         matrices_ms = (bare or {}).get(row, {}).get("ms", {})
         rows[row] = {
             "path": path, "dtype": name, "ms": ms_of,
             "matrices_ms": {w: matrices_ms.get(w) for w in ms_of},
             "over_matrices": {w: ratio(ms_of[w], matrices_ms.get(w)) for w in ms_of},
-            "step8_over_step1": ratio(ms_of["8"], ms_of["1"]),
+            "step8_over_step1": ratio(ms_of.get("8"), ms_of.get("1")),
             "summary": summary, "load": load_average()}
         log(f"step {row}: {ms_of} ms ({summary})")
-    return {"context": context, "batch": 1, "widths": list(STEP_WIDTHS), "repeats": repeats,
+    return {"context": context, "batch": 1, "widths": widths, "repeats": repeats,
             "timed": "plain_forward_seconds: cached_forward of the trunk and head 0, the "
                      "unembedding and the argmax on the host, median", "rows": rows}
 
@@ -381,8 +384,9 @@ def main(argv: list[str]) -> None:
     if "step" in args.parts:
         model = loaded[0] if loaded else MTPModel(config).eval()
         bare = result["matrices"]["rows"] if result["matrices"] else None
-        result["step"] = step(model, min(args.context, config.max_seq_len - 8), args.repeats,
-                              off, bare, skipped)
+        result["step"] = step(model, args.widths, min(args.context,
+                              config.max_seq_len - max(args.widths)),
+                              args.repeats, off, bare, skipped)
         result["step"]["checkpoint"] = args.checkpoint
     if "smollm2" in args.parts:
         if gguf is None:
@@ -390,7 +394,8 @@ def main(argv: list[str]) -> None:
         else:
             model, tokenizer = loaded or load(gguf, dtype=torch.float32)
             result["smollm2"] = smollm2(args, model, tokenizer, off, gguf, skipped)
-    result |= {"skipped": skipped, "parts": args.parts, "scale": args.scale, "kernels": state,
+    result |= {"skipped": skipped, "parts": args.parts, "scale": args.scale,
+               "checkpoint": args.checkpoint, "kernels": state,
                "seconds": round(time.perf_counter() - began, 1), **machine("cpu")}
     print(render(result))
     print(json.dumps(result))

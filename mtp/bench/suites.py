@@ -239,8 +239,8 @@ STUDIES = (
         "activation_checkpointing=[none,trunk,all]", "threads=2"), timeout=1200,
         table="memory"),
     Part(name="smollm2_dtype", command=script(
-        "bench_dtype", "checkpoint={smollm2}", "widths=[1,2,4,8,16]", "threads=2"),
-        timeout=900, table="dtype"),
+        "bench_kernels", "parts=[step]", "checkpoint={smollm2}", "widths=[1,2,4,8,16]",
+        "context=128", "repeats=15", "threads=2"), timeout=900, table="kernels"),
     Part(name="threads", command=script("bench_threads", "seconds=3"), timeout=1800,
          table="rows"),
     Part(name="layer_skip_search", command=SKIP_SEARCH, timeout=1800, table="none"),

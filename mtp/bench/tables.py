@@ -103,14 +103,6 @@ def eagle(r: dict[str, Any]) -> str:
     return table(["", ""], rows)
 
 
-def dtype(r: dict[str, Any]) -> str:
-    rows = [[width, f"{w['float32']:.1f} ms", f"{w['bfloat16']:.1f} ms", x(w["speedup"])]
-            for width, w in r["widths"].items()]
-    head = (f"a cached forward of `width` new tokens after {r['context']} cached ones, batch "
-            f"{r['batch']}, {r['threads']} threads, flags {' '.join(r['cpu_flags'])}")
-    return table(["width", "float32", "bfloat16", "bf16 speed-up"], rows, head)
-
-
 def _skipped(r: dict[str, Any], part: str) -> list[str]:
     """One line naming a part's rows that were not measured, by reason ([] if none)."""
     reasons: dict[str, list[str]] = {}
@@ -129,7 +121,9 @@ def kernels(r: dict[str, Any]) -> str:
     bw = r["bandwidth"]
     floor = (f"; memory read {bw['gb_per_s']:.1f} GB/s (best of {bw['passes']} torch.sum over "
              f"{bw['bytes'] / 1e9:.2f} GB), the floor: bytes / that rate") if bw else ""
-    out = [f"{r['scale']} shapes, {r['threads']} threads, load {r['load'][0]:.1f}, flags "
+    # a checkpoint by its file name: the block's command names where it was found
+    shapes = Path(r["checkpoint"]).name if r.get("checkpoint") else f"{r['scale']} shapes"
+    out = [f"{shapes}, {r['threads']} threads, load {r['load'][0]:.1f}, flags "
            f"{' '.join(r['cpu_flags'])}, {isa}{floor}"]
     if r["matrices"]:
         m = r["matrices"]
@@ -145,18 +139,24 @@ def kernels(r: dict[str, Any]) -> str:
                       f"{m['repeats']}"), *_skipped(r, "matrices")]
     if r["step"]:
         s = r["step"]
-        rows = [[name, *(cell for w in map(str, s["widths"]) for cell in (
-            f"{row['ms'][w]:.2f}", _f(row["matrices_ms"][w]),
-            _f(row["over_matrices"][w], suffix="x"))), x(row["step8_over_step1"])]
+        widths = list(map(str, s["widths"]))
+        # the bare matrices' columns where that part ran; step(8) / step(1) where both were timed
+        bare = any(v is not None for row in s["rows"].values() for v in row["matrices_ms"].values())
+        ratio = {"1", "8"} <= set(widths)
+        rows = [[name, *(cell for w in widths for cell in (
+            f"{row['ms'][w]:.2f}", *([_f(row["matrices_ms"][w]),
+                                      _f(row["over_matrices"][w], suffix="x")] if bare else []))),
+                 *([x(row["step8_over_step1"])] if ratio else [])]
                 for name, row in s["rows"].items()]
-        headers = [h for w in s["widths"] for h in (
-            f"step({w}) ms", f"matrices M={w} ms", f"step({w}) / matrices")]
-        out += [table(["arithmetic", *headers, "step(8) / step(1)"], rows,
-                      f"a decode step: {' and '.join(map(str, s['widths']))} new tokens after "
+        headers = [h for w in widths for h in (
+            f"step({w}) ms", *([f"matrices M={w} ms", f"step({w}) / matrices"] if bare else []))]
+        out += [table(["arithmetic", *headers, *(["step(8) / step(1)"] if ratio else [])], rows,
+                      f"a decode step: {', '.join(widths)} new tokens after "
                       f"{s['context']} cached ones, batch 1, "
-                      f"{s['checkpoint'] or 'random weights'}; median of {s['repeats']} cached "
-                      f"forwards (with the unembedding and argmax) against a pass over its bare "
-                      f"matrices"), *_skipped(r, "step")]
+                      f"{'its weights' if s['checkpoint'] else 'random weights'}; median of "
+                      f"{s['repeats']} cached forwards (with the unembedding and argmax)"
+                      + (" against a pass over its bare matrices" if bare else "")),
+                *_skipped(r, "step")]
     if r["smollm2"]:
         e = r["smollm2"]
         sets = ", ".join(f"{n} {name}" for name, n in e["prompt_sets"].items())
@@ -408,7 +408,7 @@ def tests(r: dict[str, Any]) -> str:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "decode": decode, "methods": methods, "exact": exact, "dtype": dtype, "kernels": kernels,
+    "decode": decode, "methods": methods, "exact": exact, "kernels": kernels,
     "engines": engines, "acceptance": acceptance, "eagle": eagle, "hf": hf, "memory": memory,
     "train_step": train_step, "peak_flops": peak_flops, "fsdp_comms": fsdp_comms,
     "heads_cost": heads_cost, "sandbox": sandbox, "byte8": byte8, "eval": evaluation,

@@ -71,9 +71,25 @@ def test_bench_kernels_arguments() -> None:
     spec = entry_spec("prompt_lookup", args.options, "drafters")
     assert args.parts == ["step"] and spec.options["num_draft"] == 4
     for bad, match in (("parts=[gpu]", "parts="), ("scale=huge", "scale="), ("ms=[0]", "ms="),
+                       ("widths=[]", "widths="),
                        ("drafter_dtypes=[float16]", "drafter_dtypes")):
         with pytest.raises(ValueError, match=match):
             parse([bad])
+
+
+def test_bench_kernels_steps_of_an_export_by_width(tmp_path: Path) -> None:
+    """The step part alone at the widths asked (the studies' dtypes by width): no bare matrices
+    were timed, so the table has no columns for them, nor step(8) / step(1) without 8."""
+    directory = tiny_export(tmp_path)
+    printed, figures = run(tmp_path, "parts=[step]", f"checkpoint={directory}", "widths=[1,2,4]",
+                           "context=8", "repeats=2", "threads=1")
+    step = figures["step"]
+    assert step["widths"] == [1, 2, 4] and step["checkpoint"] == str(directory)
+    assert {"torch float32", "torch bfloat16"} <= set(step["rows"])
+    for row in step["rows"].values():
+        assert list(row["ms"]) == ["1", "2", "4"] and min(row["ms"].values()) > 0
+        assert row["step8_over_step1"] is None
+    assert "| arithmetic | step(1) ms | step(2) ms | step(4) ms |\n" in printed
 
 
 def test_bench_kernels_end_to_end_on_a_tiny_export(tmp_path: Path) -> None:

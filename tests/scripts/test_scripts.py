@@ -98,16 +98,6 @@ def test_bench_online(tiny, tmp_path) -> None:
     assert out["frozen"]["optimizer_steps"] == 0 and out["online"]["optimizer_steps"] == 2
 
 
-def test_bench_dtype(tiny, tmp_path) -> None:
-    checkpoint, _ = tiny
-    table, out = run_script("bench_dtype", f"checkpoint={checkpoint}", "widths=[1,4]",
-                            "context=8", "repeats=2", "rounds=1", cwd=tmp_path)
-    assert list(out["widths"]) == ["1", "4"] and len(table) == 2 + 2
-    for row in out["widths"].values():
-        assert row["float32"] > 0 and row["bfloat16"] > 0
-        assert row["speedup"] == pytest.approx(row["float32"] / row["bfloat16"], rel=0.01)
-
-
 @pytest.mark.slow
 def test_bench_heads_cost_only(tmp_path) -> None:
     table, out = run_script("bench_heads", f"out={tmp_path / 'heads'}", "cost_only=true",
