@@ -237,7 +237,6 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
     source = LocalSource(paths=list(args.data))  # its files exist: before anything loads
     model, tokenizer = load(args.checkpoint)
     model.eval().requires_grad_(False)
-    layers = tuple(args.layers) if args.layers is not None else None
     data = MTPDataModule(source, tokenizer, args.seq_len,
                          n_future=args.unroll, batch_size=args.batch_size,
                          val_fraction=args.val_fraction, seed=args.seed)
@@ -246,7 +245,7 @@ def train_eagle(args: EagleArgs, report: Callable[[str], None] = print) -> tuple
     counts = torch.from_numpy(np.bincount(stream, minlength=model.config.vocab_size))
     d2t = draft_vocabulary(counts, args.draft_vocab)
     coverage = float(counts[d2t].sum() / counts.sum())
-    config = EagleConfig.for_target(model.config, len(d2t), layers)
+    config = EagleConfig.for_target(model.config, len(d2t), args.layers)
     module = Eagle(config, d2t)
     with torch.no_grad():  # the unembedding and final norm start as the target's own
         module.lm_head.weight.copy_(model.output.weight[d2t])

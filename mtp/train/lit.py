@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 
 from mtp.model import MTPConfig, MTPModel
 from mtp.train.flops import flops_per_token, mfu, resolve_peak_flops
-from mtp.train.loss import LossOutput, LossSettings, mtp_loss
+from mtp.train.loss import LossOutput, mtp_loss
 from mtp.train.optim import LRSchedule, build_optimizer, build_scheduler, schedules
 from mtp.train.pace import max_time_timer
 from mtp.train.parallel import (apply_activation_checkpointing, gradient_sync, mixed_precision,
@@ -124,18 +124,6 @@ class MTPLitModule(L.LightningModule):
         return Progress(step=self.global_step, max_steps=self.settings.run.max_steps,
                         elapsed=elapsed, time_budget=timer and elapsed + timer.time_remaining())
 
-    def _update_schedule_clock(self) -> None:
-        progress = self._progress()
-        if progress.time_budget is None:
-            return
-        for schedule in self._schedules:
-            schedule.elapsed, schedule.time_budget = progress.elapsed, progress.time_budget
-
-    def _loss_settings(self, train: bool) -> LossSettings:
-        scale = 1.0 / self.settings.optim.accumulate if train else 1.0
-        self._weights_at = self._progress()
-        return self.settings.loss.resolved(self.config.n_future, self._weights_at, scale)
-
     def on_fit_start(self) -> None:
         if "16-mixed" == str(self.trainer.precision):
             raise ValueError("precision=16-mixed needs a gradient scaler, which manual "
@@ -162,7 +150,10 @@ class MTPLitModule(L.LightningModule):
                 raise ValueError("cache_trunk needs each training block's index (batch['index'],"
                                  " from a map-style corpus; a streamed one has none)")
             trunk_out = self.trunk_cache.trunk_out(self.model, tokens[:, :seq_len], index)
-        return mtp_loss(self.model, tokens, self._loss_settings(train), seq_len=seq_len,
+        scale = 1.0 / self.settings.optim.accumulate if train else 1.0
+        self._weights_at = self._progress()
+        settings = self.settings.loss.resolved(self.config.n_future, self._weights_at, scale)
+        return mtp_loss(self.model, tokens, settings, seq_len=seq_len,
                         backward=self.manual_backward if train else None,
                         train_trunk=self._trains_trunk(), trunk_out=trunk_out)
 
@@ -173,23 +164,20 @@ class MTPLitModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         optim = self.settings.optim
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        first = batch_idx % optim.accumulate == 0
         last = (batch_idx + 1) % optim.accumulate == 0
-        if first:
+        if batch_idx % optim.accumulate == 0:  # a step's first micro-batch
             self._step_started = time.perf_counter()
         # Under FSDP, one reduce-scatter per parameter per step; without a trunk backward
         # (frozen, warming up) every unit syncs in each of its backwards, FSDP's plain rule.
         headwise = self.settings.loss.mode != "naive" and self._trains_trunk()
         with gradient_sync(self.model, sync=last, headwise=headwise):
             out = self._loss(batch["tokens"], train=True, index=batch.get("index"))
-        loss = out.loss * optim.accumulate  # undo the 1/accumulate weighting for the log
-        self._check_finite("loss", loss, out)
+        metrics = _metrics(out, loss_scale=optim.accumulate)  # undo 1/accumulate for the log
+        self._check_finite("loss", metrics["loss"], out)
         # The whole batch's losses and accuracies, not rank 0's share: one all-reduce over ranks.
-        loss, *metrics = self.trainer.strategy.reduce(
-            torch.stack([loss, *_metrics(out).values()]), reduce_op="mean")
-        self.log("train/loss", loss, prog_bar=True)
-        for name, value in zip(_metrics(out), metrics):
-            self.log(f"train/{name}", value)
+        values = self.trainer.strategy.reduce(torch.stack(list(metrics.values())),
+                                              reduce_op="mean")
+        self._log_metrics("train", dict(zip(metrics, values)))
         if self.settings.loss.schedule != "constant":
             self._log_weights()
         if not last:
@@ -207,7 +195,10 @@ class MTPLitModule(L.LightningModule):
             self.log("train/lr_trunk", lrs["base"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        self._update_schedule_clock()
+        progress = self._progress()
+        if progress.time_budget is not None:  # the schedules' clock
+            for schedule in self._schedules:
+                schedule.elapsed, schedule.time_budget = progress.elapsed, progress.time_budget
         scheduler.step()
 
         seconds = time.perf_counter() - (self._step_started or time.perf_counter())
@@ -240,10 +231,12 @@ class MTPLitModule(L.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         out = self._loss(batch["tokens"], train=False)
-        size = batch["tokens"].shape[0]
-        self.log("val/loss", out.loss, prog_bar=True, sync_dist=True, batch_size=size)
-        for name, value in _metrics(out).items():
-            self.log(f"val/{name}", value, sync_dist=True, batch_size=size)
+        self._log_metrics("val", _metrics(out), sync_dist=True,
+                          batch_size=batch["tokens"].shape[0])
+
+    def _log_metrics(self, split: str, metrics: dict[str, torch.Tensor], **kwargs: Any) -> None:
+        for name, value in metrics.items():
+            self.log(f"{split}/{name}", value, prog_bar=name == "loss", **kwargs)
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -254,9 +247,9 @@ class MTPLitModule(L.LightningModule):
         self.tokenizer_files = checkpoint.get("tokenizer_files", self.tokenizer_files)
 
 
-def _metrics(out: LossOutput) -> dict[str, torch.Tensor]:
-    """A loss's logged figures by name (after "train/" or "val/")."""
-    metrics = {}
+def _metrics(out: LossOutput, loss_scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """A loss's logged figures by name (after "train/" or "val/"), the total `loss` first."""
+    metrics = {"loss": out.loss * loss_scale}
     for i, (loss, accuracy) in enumerate(zip(out.head_losses, out.head_accuracy)):
         metrics[f"loss_head{i}"], metrics[f"acc_head{i}"] = loss, accuracy
     if out.ahead_losses is not None:

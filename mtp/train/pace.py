@@ -107,13 +107,12 @@ class ThreadSearch(Callback):
 class PaceCheck(Callback):
     """Warns, once and early, when `trainer.max_time` cannot carry `trainer.max_steps`."""
 
-    def __init__(self, max_steps: int, seq_len: int, accumulate: int = 1,
-                 search: ThreadSearch | None = None) -> None:
+    def __init__(self, max_steps: int, seq_len: int, accumulate: int,
+                 search: ThreadSearch) -> None:
         self.max_steps, self.seq_len, self.accumulate = max_steps, seq_len, accumulate
         self.search = search
         self.batch_seconds: list[float] = []
-        self.warning: str | None = None
-        self._checked, self._began, self._seen = False, 0.0, 0
+        self._checked, self._began = False, 0.0
 
     def on_train_batch_start(self, *_: Any) -> None:
         self._began = time.perf_counter()
@@ -121,42 +120,37 @@ class PaceCheck(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, _module: Any, _outputs: Any,
                            batch: Any, *_: Any) -> None:
         seconds = time.perf_counter() - self._began
-        if self._checked or self.search is not None and not self.search.done:
+        if self._checked or not self.search.done:
             return
-        rate = self.search.measured_rate() if self.search is not None else None
+        rate = self.search.measured_rate()
         if rate is not None:  # the chosen count's batch, timed already
             per_batch = 1 / rate
         else:
-            self._seen += 1
-            if self._seen == 1:
-                return  # the first batch of a run pays for allocation: not its pace
             self.batch_seconds.append(seconds)
-            if len(self.batch_seconds) < PACE_BATCHES:
+            if len(self.batch_seconds) <= PACE_BATCHES:
                 return
-            per_batch = median(self.batch_seconds)
+            # The first batch of a run pays for allocation: not its pace.
+            per_batch = median(self.batch_seconds[1:])
         self._checked = True
         self.check(trainer, per_batch, tokens=batch["tokens"].shape[0] * self.seq_len)
 
-    def check(self, trainer: L.Trainer, per_batch: float, tokens: int) -> str | None:
-        """The warning for a measured `per_batch` seconds (of `tokens` tokens), printed; None
-        when the budget carries STARVED of the planned steps, or there is none."""
+    def check(self, trainer: L.Trainer, per_batch: float, tokens: int) -> None:
+        """Warn for a measured `per_batch` seconds (of `tokens` tokens), unless the budget
+        carries STARVED of the planned steps, or there is none."""
         timer = max_time_timer(trainer)
         if timer is None:
-            return None
+            return
         remaining = timer.time_remaining()
         per_step = per_batch * self.accumulate
         reached = min(self.max_steps, trainer.global_step + int(remaining / per_step))
         if reached >= STARVED * self.max_steps:
-            return None
+            return
         budget = timer.time_elapsed() + remaining
         rate = tokens * trainer.world_size / per_batch
-        self.warning = (f"warning: training runs at {rate:,.0f} tokens/s ({per_step:.2f} s per "
-                        f"step): the trainer.max_time budget of {timedelta(seconds=round(budget))}"
-                        f" reaches about step {reached} of trainer.max_steps={self.max_steps} "
-                        f"({reached / self.max_steps:.0%}), and the model will be undertrained; "
-                        f"likely cause: {likely_cause()}")
-        say(self.warning)
-        return self.warning
+        say(f"warning: training runs at {rate:,.0f} tokens/s ({per_step:.2f} s per step): the "
+            f"trainer.max_time budget of {timedelta(seconds=round(budget))} reaches about step "
+            f"{reached} of trainer.max_steps={self.max_steps} ({reached / self.max_steps:.0%}), "
+            f"and the model will be undertrained; likely cause: {likely_cause()}")
 
 
 def max_time_timer(trainer: L.Trainer) -> Timer | None:

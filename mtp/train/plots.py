@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 History = dict[str, list[tuple[int, float]]]  # metric name -> (optimizer step, value) points
-_HEAD_METRIC = re.compile(r"(train|val)/(loss|acc)_head(\d+)$")
-_WEIGHT_METRIC = re.compile(r"train/loss_weight_(head|ahead)(\d+)$")
 
 
 class MetricsHistory(Callback):
@@ -90,42 +87,27 @@ def read_metrics_csv(path: Path) -> History:
     return history
 
 
-def _heads(history: History, split: str, kind: str) -> dict[int, list[tuple[int, float]]]:
-    found = {}
-    for name, points in history.items():
-        match = _HEAD_METRIC.match(name)
-        if match and match[1] == split and match[2] == kind and points:
-            found[int(match[3])] = points
+def _numbered(history: History, prefix: str) -> dict[int, list[tuple[int, float]]]:
+    """The logged curves named `prefix` and a number (`train/loss_head3`), by that number."""
+    found = {int(name[len(prefix):]): points for name, points in history.items()
+             if name.startswith(prefix) and name[len(prefix):].isdigit() and points}
     return dict(sorted(found.items()))
 
 
-def _smooth(values: list[float], weight: float) -> list[float]:
+def _smooth(points: list[tuple[int, float]], weight: float) -> list[tuple[int, float]]:
     """Exponential moving average (TensorBoard's smoothing): one batch's metrics are noisy."""
-    return list(accumulate(values, lambda mean, value: weight * mean + (1 - weight) * value,
-                           initial=values[0]))[1:]
+    steps, values = zip(*points)
+    means = accumulate(values, lambda mean, value: weight * mean + (1 - weight) * value,
+                       initial=values[0])
+    return list(zip(steps, list(means)[1:]))
 
 
-def _plot_pair(history: History, kind: str, label: str, path: Path) -> Path:
-    figure = Figure(figsize=(11, 4), layout="constrained")
-    for ax, split in zip(figure.subplots(1, 2), ("train", "val")):
-        heads = _heads(history, split, kind)
-        n = max(heads, default=0) + 1
-        for head, points in heads.items():
-            steps, values = zip(*points)
-            if split == "train":
-                values = _smooth(list(values), 0.6)
-            colour = colormaps["viridis"](head / max(1, n - 1) * 0.9)
-            ax.plot(steps, values, color=colour, marker="o" if split == "val" else None,
-                    markersize=3, label=f"head {head} (t+{head + 1})")
-        title = ("training (EMA-smoothed, weight 0.6)" if split == "train" else "validation")
-        _finish(ax, f"{label}, {title}" if heads else f"{label}, {split}: not logged",
-                legend=bool(heads))
-        ax.set_ylabel(label)
-    figure.savefig(path, dpi=110)
-    return path
-
-
-def _finish(ax: Any, title: str, legend: bool) -> None:
+def _draw(ax: Any, curves: dict[str, list[tuple[int, float]]], title: str, legend: bool,
+          **style: Any) -> None:
+    """Each curve in its own viridis colour, on axes titled, labelled and gridded alike."""
+    for index, (label, points) in enumerate(curves.items()):
+        colour = colormaps["viridis"](index / max(1, len(curves) - 1) * 0.9)
+        ax.plot(*zip(*points), color=colour, label=label, **style)
     ax.set_title(title)
     ax.set_xlabel("optimizer step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -134,29 +116,35 @@ def _finish(ax: Any, title: str, legend: bool) -> None:
         ax.legend(fontsize="small", ncol=2)
 
 
+def _plot_pair(history: History, kind: str, label: str, path: Path) -> Path:
+    figure = Figure(figsize=(11, 4), layout="constrained")
+    for ax, split in zip(figure.subplots(1, 2), ("train", "val")):
+        curves = {f"head {head} (t+{head + 1})": points
+                  for head, points in _numbered(history, f"{split}/{kind}_head").items()}
+        if split == "train":
+            curves = {name: _smooth(points, 0.6) for name, points in curves.items()}
+        title = ("training (EMA-smoothed, weight 0.6)" if split == "train" else "validation")
+        _draw(ax, curves, f"{label}, {title}" if curves else f"{label}, {split}: not logged",
+              legend=bool(curves), marker="o" if split == "val" else None, markersize=3)
+        ax.set_ylabel(label)
+    figure.savefig(path, dpi=110)
+    return path
+
+
 def _plot_over_steps(curves: dict[str, list[tuple[int, float]]], title: str,
                      path: Path) -> Path:
     figure = Figure(figsize=(5.5, 3.5), layout="constrained")
-    ax = figure.subplots()
-    for index, (label, points) in enumerate(curves.items()):
-        colour = colormaps["viridis"](index / max(1, len(curves) - 1) * 0.9)
-        ax.plot(*zip(*points), color=colour, label=label if len(curves) > 1 else None)
-    _finish(ax, title, legend=len(curves) > 1)
+    _draw(figure.subplots(), curves, title, legend=len(curves) > 1)
     figure.savefig(path, dpi=110)
     return path
 
 
 def _weight_curves(history: History) -> dict[str, list[tuple[int, float]]]:
     """The scheduled loss weights' curves: heads 1..n-1, then head 0's look-ahead terms."""
-    found = {}
-    for name, points in history.items():
-        match = _WEIGHT_METRIC.match(name)
-        if match and points:
-            term, index = match[1], int(match[2])
-            label = (f"head {index} (t+{index + 1})" if term == "head"
-                     else f"head 0 on t+{index + 1}")
-            found[(term == "ahead", index)] = (label, points)
-    return dict(found[key] for key in sorted(found))
+    heads = _numbered(history, "train/loss_weight_head")
+    ahead = _numbered(history, "train/loss_weight_ahead")
+    return ({f"head {i} (t+{i + 1})": points for i, points in heads.items()}
+            | {f"head 0 on t+{d + 1}": points for d, points in ahead.items()})
 
 
 def write_plots(history: History, out_dir: Path) -> list[Path]:

@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
@@ -39,8 +39,8 @@ from mtp.train.pace import PaceCheck, ThreadSearch, max_time_timer
 from mtp.train.plots import MetricsHistory, write_plots
 from mtp.train.quiet import quiet_logger, quiet_third_party
 from mtp.train.settings import InitSettings, TrainSettings, check_settings
-from mtp.train.summary import (SUMMARY_FILE, decode_export, decode_metrics, decode_prompts,
-                               val_figures, write_summary)
+from mtp.train.summary import (decode_export, decode_metrics, decode_prompts, val_figures,
+                               write_summary)
 from mtp.tune import cpu_has_bf16, fingerprint, set_threads, tune_key
 
 
@@ -103,14 +103,18 @@ def compose(overrides: list[str] = ()) -> DictConfig:
 def model_config(cfg: DictConfig, tokenizer: Tokenizer) -> MTPConfig:
     """The model's `MTPConfig` from `cfg.model`, its vocabulary the tokenizer's."""
     fields = OmegaConf.to_container(cfg.model, resolve=True)
-    if fields.get("vocab_size") is not None and fields["vocab_size"] != tokenizer.vocab_size:
-        raise ValueError(f"model.vocab_size={fields['vocab_size']} does not match "
-                         f"tokenizer={tokenizer.name}'s vocab_size={tokenizer.vocab_size}; "
-                         f"leave model.vocab_size=null to take the tokenizer's")
+    _check_model_vocab(fields.get("vocab_size"), tokenizer, f"tokenizer={tokenizer.name}")
     fields["vocab_size"] = tokenizer.vocab_size
     config = instantiate(fields)
     check_vocab(config, tokenizer)
     return config
+
+
+def _check_model_vocab(vocab_size: int | None, tokenizer: Tokenizer, whose: str) -> None:
+    if vocab_size is not None and vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"model.vocab_size={vocab_size} does not match {whose}'s vocab_size="
+                         f"{tokenizer.vocab_size}; leave model.vocab_size=null to take the "
+                         f"tokenizer's")
 
 
 def check_init_tokenizer(cfg: DictConfig, tokenizer: Tokenizer) -> None:
@@ -130,10 +134,7 @@ def check_init_tokenizer(cfg: DictConfig, tokenizer: Tokenizer) -> None:
         elif cfg.tokenizer.vocab_size not in (None, tokenizer.vocab_size):  # None: the checkpoint's
             raise ValueError(f"{source} has a BPE vocabulary of {tokenizer.vocab_size} tokens "
                              f"but tokenizer.vocab_size={cfg.tokenizer.vocab_size} is configured")
-    vocab_size = cfg.model.get("vocab_size")
-    if vocab_size is not None and vocab_size != tokenizer.vocab_size:
-        raise ValueError(f"model.vocab_size={vocab_size} does not match {source}'s vocab_size="
-                         f"{tokenizer.vocab_size}")
+    _check_model_vocab(cfg.model.get("vocab_size"), tokenizer, source)
 
 
 def grown_model(cfg: DictConfig, init: InitSettings
@@ -246,38 +247,30 @@ def early_stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
     return "a callback asked the trainer to stop"
 
 
-def _stop_line(trainer: L.Trainer, max_steps: int) -> str | None:
-    reason = early_stop_reason(trainer, max_steps)
-    if reason is None:
-        return None
-    scheduler = trainer.lr_scheduler_configs[0].scheduler
-    lr, peak = scheduler.get_last_lr()[0], scheduler.base_lrs[0]
-    line = (f"stopped early at step {trainer.global_step} of trainer.max_steps={max_steps}:\n"
-            f"  {reason};\n  the learning rate had come down to {lr:.3g} ({lr / peak:.0%} of "
-            f"its peak): the schedule ends by the time budget too")
-    if reason.startswith("the trainer.max_time guard"):
-        line += (f"\n  the model is undertrained: {trainer.global_step / max_steps:.0%} of the "
-                 f"recipe ran ({trainer.global_step} of {max_steps} steps)")
-    return line
-
-
-@rank_zero_only
-def _print_summary(metrics: list[dict[str, float]], n_future: int, export_dir: Path,
-                   last_ckpt: str, stopped: str | None, plots: Path,
-                   decode: dict[str, Any] | None, summary: Path) -> None:
-    if metrics:
+def _print_summary(trainer: L.Trainer, result: dict[str, Any], path: Path) -> None:
+    """The run's end in the terminal: `result` (summary.json's) as tables and paths."""
+    val = result["val"]
+    if val:
         lines = ["", "head  predicts  val loss  val acc",
-                 *(f"{i:>4}  t+{i + 1:<7} {metrics[0][f'val/loss_head{i}']:>8.4f}  "
-                   f"{metrics[0][f'val/acc_head{i}']:>7.4f}" for i in range(n_future))]
+                 *(f"{i:>4}  t+{i + 1:<7} {loss:>8.4f}  {accuracy:>7.4f}"
+                   for i, (loss, accuracy) in enumerate(zip(val["loss_head"], val["acc_head"])))]
     else:
         lines = ["", "no validation data (raise data.val_fraction for a per-head summary)"]
-    if decode:
-        lines += ["", *format_decoding(decode)]
+    if result["decode"]:
+        lines += ["", *format_decoding(result["decode"])]
+    stopped, steps, max_steps = result["stopped_early"], result["steps"], result["max_steps"]
     if stopped:
-        lines += ["", stopped]
-    lines += ["", f"resume:   ckpt_path={last_ckpt}", f"exported: {export_dir}",
-              f"   load:  mtp.load({str(export_dir)!r})", f"plots:    {plots}",
-              f"summary:  {summary}"]
+        scheduler = trainer.lr_scheduler_configs[0].scheduler
+        lr, peak = scheduler.get_last_lr()[0], scheduler.base_lrs[0]
+        lines += ["", f"stopped early at step {steps} of trainer.max_steps={max_steps}:",
+                  f"  {stopped};", f"  the learning rate had come down to {lr:.3g} "
+                  f"({lr / peak:.0%} of its peak): the schedule ends by the time budget too"]
+        if stopped.startswith("the trainer.max_time guard"):
+            lines.append(f"  the model is undertrained: {steps / max_steps:.0%} of the recipe "
+                         f"ran ({steps} of {max_steps} steps)")
+    lines += ["", f"resume:   ckpt_path={result['checkpoint']}", f"exported: {result['export']}",
+              f"   load:  mtp.load({result['export']!r})", f"plots:    {result['plots']}",
+              f"summary:  {path}"]
     print("\n".join(lines), flush=True)
 
 
@@ -326,8 +319,7 @@ def train(cfg: DictConfig) -> Path:
     metrics = trainer.validate(lit, datamodule=datamodule, verbose=False)
 
     export_dir = export(lit.model, tokenizer, run_dir / "export")
-    max_steps = settings.run.max_steps
-    plots, decode, summary = run_dir / "plots", None, run_dir / SUMMARY_FILE
+    max_steps, plots, result, decode = settings.run.max_steps, run_dir / "plots", None, None
     if trainer.is_global_zero:
         write_plots(history.history, plots)
         if prompts:  # one process decodes; the others wait at the barrier below
@@ -336,7 +328,7 @@ def train(cfg: DictConfig) -> Path:
             if logger:
                 logger.log_metrics(decode_metrics(decode), step=trainer.global_step)
                 logger.save()
-        write_summary(run_dir, {
+        result = {
             "run_dir": str(run_dir), "export": str(export_dir),
             "checkpoint": checkpointing.last_model_path, "plots": str(plots),
             "steps": trainer.global_step, "max_steps": max_steps,
@@ -344,10 +336,11 @@ def train(cfg: DictConfig) -> Path:
             "recipe_fraction": round(trainer.global_step / max_steps, 3),
             "threads": torch.get_num_threads(),
             "parameters": count_parameters(config)[0],
-            "val": val_figures(metrics, config.n_future), "decode": decode})
+            "val": val_figures(metrics, config.n_future), "decode": decode}
+        path = write_summary(run_dir, result)
     trainer.strategy.barrier()
-    _print_summary(metrics, config.n_future, export_dir, checkpointing.last_model_path,
-                   _stop_line(trainer, max_steps), plots, decode, summary)
+    if result is not None:  # rank zero's
+        _print_summary(trainer, result, path)
     return export_dir
 
 

@@ -73,17 +73,15 @@ class LossSettings:
             check_positive("loss.early_exit", self.early_exit, 1, "a trunk layer from 1 to "
                            "n_layers - 1 (the exit reads the stream after layer early_exit - 1)")
         _number(self, "loss.early_exit_weight", check_number, lambda v: v >= 0, ">= 0")
-        check_positive("chunk_size", self.chunk_size, 1, ">= 1")
+        check_positive("loss.chunk_size", self.chunk_size, 1, ">= 1")
 
     def _check_schedule(self) -> None:  # unused points and factor are not checked
+        if self.schedule_steps is not None:
+            steps = check_numbers("loss.schedule_steps", self.schedule_steps,
+                                  lambda v: v >= 0 and v.is_integer(),
+                                  "a list of optimizer steps >= 0 (or null)")
+            _set(self, "schedule_steps", tuple(map(int, steps)))
         steps, schedule = self.schedule_steps, self.schedule
-        if steps is not None:
-            if not isinstance(steps, (list, tuple)) or not all(
-                    isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
-                raise ValueError(f"loss.schedule_steps={steps!r} must be a list of optimizer "
-                                 f"steps >= 0 (or null)")
-            _set(self, "schedule_steps", tuple(steps))
-            steps = self.schedule_steps
         if schedule == "stepped":
             if steps is None or len(steps) != 1 or self.schedule_factor is None:
                 raise ValueError(f"loss.schedule=stepped needs loss.schedule_steps=[STEP] (the "

@@ -70,15 +70,12 @@ def decode_export(export_dir: Path, device: torch.device, decode: DecodeCheckSet
 
 def decode_metrics(figures: dict[str, Any]) -> dict[str, float]:
     """The logger's `decode/*` metrics of `measure_decoding`'s figures."""
-    metrics = {f"decode/tokens_per_forward_k{k}": v
-               for k, v in figures["tokens_per_forward"].items()}
-    metrics |= {f"decode/speedup_k{k}": v for k, v in figures["speedup"].items()}
-    metrics |= {"decode/repeated": figures["repeated"],
-                "decode/tokens_per_second_ar": figures["tokens_per_second_ar"]}
+    metrics = {f"decode/{name}_k{k}": v for name in ("tokens_per_forward", "speedup")
+               for k, v in figures[name].items()}
+    names = ["repeated", "tokens_per_second_ar"]
     if figures["tree"]:
-        metrics |= {"decode/tree_tokens_per_forward": figures["tree_tokens_per_forward"],
-                    "decode/tree_speedup": figures["tree_speedup"]}
-    return metrics
+        names += ["tree_tokens_per_forward", "tree_speedup"]
+    return metrics | {f"decode/{name}": figures[name] for name in names}
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:

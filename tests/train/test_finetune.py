@@ -83,8 +83,8 @@ def _blocks(n_future: int) -> list[dict[str, torch.Tensor]]:
     return [{"tokens": stream[i:i + width]} for i in range(0, len(stream) - width, SEQ_LEN)]
 
 
-def _fit(lit: MTPLitModule, steps: int) -> L.Trainer:
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False,
+def _fit(lit: MTPLitModule, steps: int, callbacks: list[L.Callback] = ()) -> L.Trainer:
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, callbacks=list(callbacks),
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     trainer.fit(lit, DataLoader(_blocks(lit.config.n_future), batch_size=4))
@@ -159,10 +159,7 @@ def test_medusa2_trains_the_base_at_its_multiplier_after_the_heads_only_warm_up(
                 after_warm_up.update({n: p.detach().clone()
                                       for n, p in lit.model.named_parameters()})
 
-    trainer = L.Trainer(max_steps=6, accelerator="cpu", logger=False, callbacks=[Record()],
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
-    trainer.fit(lit, DataLoader(_blocks(3), batch_size=4))
+    _fit(lit, 6, callbacks=[Record()])
     # Warm-up: the base's rate stays 0 and nothing changes it; then it trains at 0.25x.
     assert [lr["base"] for lr in lrs[:2]] == [0.0, 0.0] and lrs[0]["heads"] > 0
     assert all(lr["base"] > 0 for lr in lrs[2:])

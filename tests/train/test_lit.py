@@ -55,16 +55,20 @@ def _settings(max_steps: int, *, loss: LossSettings | None = None, compile: bool
                          optim=OptimSettings(**{"lr": 1e-2, "warmup_steps": 2, **optim}))
 
 
+def _trainer(steps: int, **kwargs: object) -> L.Trainer:
+    """A quiet CPU trainer of `steps` optimizer steps (`kwargs`: the test's own options)."""
+    return L.Trainer(**{"max_steps": steps, "accelerator": "cpu", "logger": False,
+                        "enable_checkpointing": False, "enable_progress_bar": False,
+                        "enable_model_summary": False, **kwargs})
+
+
 def _fit(config: MTPConfig, steps: int, *, batch_size: int = 4,
          callbacks: list[Callback] = (), precision: str = "32-true", **settings: object
          ) -> tuple[MTPLitModule, list[float]]:
     L.seed_everything(0, verbose=False)
     lit = MTPLitModule(config, _settings(steps, **settings))
     losses = _Losses()
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False,
-                        callbacks=[losses, *callbacks], precision=precision,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = _trainer(steps, callbacks=[losses, *callbacks], precision=precision)
     loader = DataLoader(_blocks(lit.settings.loss.lookahead(config.n_future)),
                         batch_size=batch_size, shuffle=False)
     trainer.fit(lit, loader)
@@ -164,8 +168,7 @@ def test_non_finite_loss_stops_the_run(tiny_config: MTPConfig) -> None:
                     lit.model.output.weight.fill_(float("nan"))
 
     lit = MTPLitModule(tiny_config, _settings(10, lr=3e-3, warmup_steps=1))
-    trainer = L.Trainer(max_steps=10, accelerator="cpu", logger=False, callbacks=[Poison()],
-                        enable_checkpointing=False, enable_progress_bar=False)
+    trainer = _trainer(10, callbacks=[Poison()])
     with pytest.raises(NonFiniteLossError, match="non-finite loss .* at step 3"):
         trainer.fit(lit, DataLoader(_blocks(4), batch_size=4))
     assert trainer.global_step == 3  # the bad step was never applied
@@ -238,9 +241,7 @@ def _fit_slowly(config: MTPConfig, steps: int, seconds: int, ckpt_path: Path | N
     L.seed_everything(0, verbose=False)
     lit = MTPLitModule(config, _settings(10_000, warmup_steps=1))  # steps alone barely decay
     recorded = _SlowAndRecorded()
-    trainer = L.Trainer(max_steps=steps, max_time={"seconds": seconds}, accelerator="cpu",
-                        logger=False, callbacks=[recorded], enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = _trainer(steps, max_time={"seconds": seconds}, callbacks=[recorded])
     trainer.fit(lit, DataLoader(_blocks(4), batch_size=4), ckpt_path=ckpt_path)
     return trainer, recorded.lrs
 
@@ -275,8 +276,7 @@ def test_checkpoints_hold_plain_settings_that_load_back(tiny_config: MTPConfig,
     config and settings."""
     settings = _settings(1, loss=LossSettings(weights=[1, 0.5, 0.5, 0.5]), trunk_lr_mult=0.5)
     lit = MTPLitModule(tiny_config, settings, tokenizer_files=tokenizer_files(ByteTokenizer()))
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = _trainer(1)
     trainer.fit(lit, DataLoader(_blocks(4), batch_size=4))
     trainer.save_checkpoint(tmp_path / "one.ckpt")
     stored = torch.load(tmp_path / "one.ckpt", weights_only=True)["hyper_parameters"]
