@@ -60,9 +60,11 @@ class AcceptanceRule:
         default a walk down the tree (`_descend`), `choose` picking at each node."""
         return _descend(drafts, p, tree, buffers, real, draws, self.choose)
 
-    def choose(self, drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
-               real: Tensor | None, uniforms: Tensor) -> tuple[Tensor, Tensor]:
-        """At one node per row: the kept child (-1: none) and the target after."""
+    def choose(self, drafts: Drafts, p: Tensor, index: Tensor, valid: Tensor,
+               uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        """At one node per row, target p (B, V), its children's draft `index` (B, w) in rank
+        order, which are `valid` to try and their uniforms (B, w): the kept child (-1: none)
+        and the target after."""
         raise NotImplementedError
 
 
@@ -87,24 +89,19 @@ class RecursiveRejection(AcceptanceRule):
     lossless: ClassVar[bool] = True
     exact_mode: ClassVar[bool] = True
 
-    def choose(self, drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
-               real: Tensor | None, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+    def choose(self, drafts: Drafts, p: Tensor, index: Tensor, valid: Tensor,
+               uniforms: Tensor) -> tuple[Tensor, Tensor]:
         rows = torch.arange(p.shape[0], device=p.device)
         chosen = torch.full_like(rows, -1)
-        for rank in range(children.shape[1]):
-            child = children[:, rank]
-            index = (child - 1).clamp(min=0)
-            token = drafts.tokens[rows, index]  # (B,)
-            q = _proposal(drafts, rows, index, p)  # (B, V)
+        for rank in range(index.shape[1]):
+            token = drafts.tokens[rows, index[:, rank]]  # (B,)
+            q = _proposal(drafts, rows, index[:, rank], p)  # (B, V)
             q_token, p_token = q[rows, token], p[rows, token]
-            uniform = uniforms[rows, index].to(p.dtype)
             # A draft its own proposal could not have drawn (e.g. a rank past top_k) was never
             # proposed: skip it without touching the target.
-            trying = descending & (child >= 0) & (chosen < 0) & (q_token > 0)
-            if real is not None:
-                trying &= real[rows, index]
-            kept = trying & (uniform * q_token < p_token)  # probability min(1, p / q)
-            chosen = torch.where(kept, child, chosen)
+            trying = valid[:, rank] & (chosen < 0) & (q_token > 0)
+            kept = trying & (uniforms[:, rank] * q_token < p_token)  # probability min(1, p / q)
+            chosen = torch.where(kept, index[:, rank] + 1, chosen)
             p = torch.where((trying & ~kept)[:, None], _residual(p, q), p)
         return chosen, p
 
@@ -146,25 +143,20 @@ class KSequential(AcceptanceRule):
     lossless: ClassVar[bool] = True
     iterations: int = 40
 
-    def choose(self, drafts: Drafts, p: Tensor, children: Tensor, descending: Tensor,
-               real: Tensor | None, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+    def choose(self, drafts: Drafts, p: Tensor, index: Tensor, valid: Tensor,
+               uniforms: Tensor) -> tuple[Tensor, Tensor]:
         # A node's children are k i.i.d. drafts from one q.
         rows = torch.arange(p.shape[0], device=p.device)
-        index = (children - 1).clamp(min=0)
-        valid = (children >= 0) & descending[:, None]
-        if real is not None:
-            valid &= real.gather(1, index)
         k = valid.sum(-1)  # (B,) the node's drafts
         q = _proposal(drafts, rows, index[:, 0], p)  # i.i.d. siblings share one q
         rho, share = _rho(p, q, k, self.iterations)  # (B,) each
         chosen = torch.full_like(rows, -1)
-        for rank in range(children.shape[1]):
-            token = drafts.tokens.gather(1, index[:, rank:rank + 1])[:, 0]  # (B,)
+        for rank in range(index.shape[1]):
+            token = drafts.tokens[rows, index[:, rank]]  # (B,)
             q_token, p_token = q[rows, token], p[rows, token]
-            uniform = uniforms.gather(1, index[:, rank:rank + 1])[:, 0].to(p.dtype)
             trying = valid[:, rank] & (chosen < 0) & (q_token > 0)
-            kept = trying & (uniform * rho * q_token < p_token)  # min(1, p / (rho q))
-            chosen = torch.where(kept, children[:, rank], chosen)
+            kept = trying & (uniforms[:, rank] * rho * q_token < p_token)  # min(1, p / (rho q))
+            chosen = torch.where(kept, index[:, rank] + 1, chosen)
         # None kept: the residual p - c min(q, p / rho), c = share; a leaf keeps p itself.
         residual = _residual(p, share[:, None] * torch.minimum(q, p / rho[:, None]))
         return chosen, torch.where(((chosen < 0) & (k > 0))[:, None], residual, p)
@@ -283,7 +275,12 @@ def _descend(drafts: Drafts, p_all: Tensor, tree: Tree, buffers: TreeBuffers,
     descending = torch.ones(batch, dtype=torch.bool, device=p_all.device)
     for width in tree.widths:  # the most children of any node at each depth
         children = buffers.children[rows, node, :width]  # (B, width), -1 padded
-        chosen, p = choose(drafts, p, children, descending, real, draws.uniform)
+        index = (children - 1).clamp(min=0)  # their drafts
+        valid = (children >= 0) & descending[:, None]  # (B, width): the drafts to try
+        if real is not None:
+            valid &= real.gather(1, index)
+        uniforms = draws.uniform.gather(1, index).to(p.dtype)
+        chosen, p = choose(drafts, p, index, valid, uniforms)
         moved = chosen >= 0
         node = torch.where(moved, chosen, node)
         p = torch.where(moved[:, None], p_all[rows, node], p)

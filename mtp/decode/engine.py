@@ -48,7 +48,7 @@ from mtp.model import MTPModel, decodes_on_kernels, use_kernels
 CONTEXT_BLOCK = 256  # compiled: cache lengths are rounded up to this, so calls share graphs
 MAX_SHAPES = 32  # compiled step shapes before compile=True refuses another
 # Run the verify forward's heads as one batched block per head layer (`StackedHeads`) rather
-# than one by one; scripts/bench_decode.py --unstacked-heads measures what it buys.
+# than one by one; scripts/bench_decode.py unstacked_heads=true measures what it buys.
 STACK_HEADS = True
 # Attention kernels for decoding on a GPU. A decode step's boolean mask rules out flash
 # attention; memory-efficient attention takes it at any key length without planning, whereas
@@ -150,11 +150,7 @@ class Engine:
         self.host_lengths = [0] * batch  # mirrors of lengths and active, kept from the reads
         self.host_active = [True] * batch
         self.sequences = list(range(batch))  # each row's prompt: its position uniforms' key
-        # Built once, outside any compiled step (a dynamic tree's come with each step's drafts)
-        self.buffers = None if isinstance(tree, DynamicTree) else tree.buffers(self.device)
-        self._cut_chains: dict[int, tuple[Tree, TreeBuffers]] = {}  # eager cuts, by width
-        self._rows: dict[tuple[int, int], TreeBuffers] = {}  # per row, by (nodes, batch)
-        self._host_depths = None if self.buffers is None else self.buffers.depths.tolist()
+        self._rows: dict[tuple[int, int], TreeBuffers] = {}  # trees' buffers, by (nodes, batch)
         self._step = compiled_step(self.device.type == "cuda") if compile else None
         self._mark_static()
 
@@ -216,8 +212,7 @@ class Engine:
                             self.compiled or self.windowed)
         step = verify_and_accept
         if self._step is not None:
-            param = next(self.model.parameters())
-            self._step.note((self.model.config, param.dtype, self.batch, self.tree.paths,
+            self._step.note((self.model.config, self.cache.keys.dtype, self.batch, self.tree.paths,
                              key_len, self.k, self.acceptance, drafts.probs is None,
                              self.windowed, self.layers))
             step = self._step.function
@@ -228,12 +223,12 @@ class Engine:
                        draws, tree, buffers, self.heads, self.acceptance, key_len,
                        self.windowed, self.layers)
         # Every draft is real unless the drafter says how many of each row's are (`lengths`).
-        real = [] if drafts.lengths is None else [drafts.lengths[:, None]]
-        host = torch.cat([out.kept[:, None], out.grows[:, None], *real, out.tokens],
-                         dim=1).tolist()  # the one synchronisation (eagerly, with
-        new_ids, drafted = [], []  # `verified_tree`)
-        for row, (kept, grows, *rest) in enumerate(host):
-            n_real, tokens = (rest[0], rest[1:]) if real else (drafts.tokens.shape[1], rest)
+        real = out.kept.new_full(out.kept.shape, drafts.tokens.shape[1]) \
+            if drafts.lengths is None else drafts.lengths
+        host = torch.cat([out.kept[:, None], out.grows[:, None], real[:, None], out.tokens],
+                         dim=1).tolist()  # the one synchronisation (eagerly, with `verified_tree`)
+        new_ids, drafted = [], []
+        for row, (kept, grows, n_real, *tokens) in enumerate(host):
             new_ids.append(tokens[:kept])  # none for a finished row
             drafted.append((n_real, bool(grows)))
             self.host_lengths[row] += kept
@@ -243,28 +238,25 @@ class Engine:
         """Each row's nodes' depths, on the host: the tree's, or the step's own (a dynamic
         tree's, from `drafts.parents`)."""
         if drafts.parents is None:
-            return [self._host_depths] * self.batch
+            return [[0] + [len(path) for path in self.tree.paths]] * self.batch
         return TreeBuffers.from_parents(drafts.parents, self.tree.depth, 1).depths.tolist()
 
     def verified_tree(self, drafts: Drafts) -> tuple[Tree, TreeBuffers | None]:
         """The tree a step verifies, with its buffers per row (None: a dynamic tree's): the
         drafter's, or eagerly, for a padded chain, the batch's longest real proposal's."""
-        tree, buffers = self.tree, self.buffers
-        if not (self.compiled or self.windowed or not tree.is_chain or drafts.lengths is None):
-            longest = int(drafts.lengths.max())  # a host read: eager steps only
-            if longest < drafts.count:
-                if longest not in self._cut_chains:  # each width's built once per engine
-                    chain = Tree.chain(longest)
-                    self._cut_chains[longest] = chain, chain.buffers(self.device)
-                tree, buffers = self._cut_chains[longest]
-        if buffers is None:
+        tree = self.tree
+        if isinstance(tree, DynamicTree):
             if drafts.parents is None:
                 raise ValueError(f"{tree.name}: a dynamic tree's drafter must give each "
                                  f"draft's parent (Drafts.parents)")
             return tree, None
+        if not (self.compiled or self.windowed or not tree.is_chain or drafts.lengths is None):
+            longest = int(drafts.lengths.max())  # a host read: eager steps only
+            if longest < drafts.count:
+                tree = Tree.chain(longest)  # one instance per width
         key = (tree.n_nodes, self.batch)
-        if key not in self._rows:  # a view per batch size, made once
-            self._rows[key] = buffers.rows(self.batch)
+        if key not in self._rows:  # built once, outside any compiled step: a view per batch
+            self._rows[key] = tree.buffers(self.device).rows(self.batch)
         return tree, self._rows[key]
 
     def finish(self, rows: list[int]) -> None:
