@@ -16,7 +16,7 @@ verified and kept (`Verified`: facts of verification only).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,12 +140,15 @@ class Drafter(ABC):
     #: that holds that choice beside a checkpoint (`mtp.generate` finds both).
     saved: str | None = None
     saved_file: str | None = None
+    #: Its state of one entry per row, which `keep` cuts to the rows kept (`kept`).
+    rowwise: tuple[str, ...] = ()
 
     @classmethod
     def from_options(cls, model: MTPModel, options: Any,
                      context: DrafterContext) -> Drafter | None:
-        """The drafter `options` describe for `model` (None: autoregressive decoding)."""
-        raise NotImplementedError(f"{cls.__name__} is not built by name")
+        """The drafter `options` describe for `model` (None: autoregressive decoding); by
+        default, the options' fields are the constructor's keywords."""
+        return cls(**vars(options))
 
     @classmethod
     def candidates(cls, model: MTPModel, options: Any, context: DrafterContext,
@@ -194,9 +197,10 @@ class Drafter(ABC):
     def update(self, step: Verified) -> None:
         """Learn what the target verified and kept in its last forward pass (every row)."""
 
-    @abstractmethod
     def keep(self, rows: list[int]) -> None:
-        """Keep only the sequences at batch `rows`, in that order."""
+        """Keep only the sequences at batch `rows`, in that order (its `rowwise` state)."""
+        for name in self.rowwise:
+            setattr(self, name, kept(getattr(self, name), rows))
 
     @abstractmethod
     def propose(self) -> Drafts:
@@ -206,11 +210,28 @@ class Drafter(ABC):
         return self.name
 
 
+def kept(state: Any, rows: list[int]) -> Any:
+    """Per-row `state` at batch `rows`: a tensor (rows first), a host list, a tuple of such,
+    None, or an object cut in place by its own `keep` (a KV cache, a `DraftBudget`)."""
+    if isinstance(state, tuple):
+        return tuple(kept(part, rows) for part in state)
+    if isinstance(state, list):
+        return [state[row] for row in rows]
+    if isinstance(state, Tensor):
+        return state[torch.tensor(rows, device=state.device)]
+    if isinstance(state, KVCache):
+        state.keep(torch.tensor(rows, device=state.keys.device))
+    elif state is not None:
+        state.keep(rows)
+    return state
+
+
 class Autoregressive(Drafter):
     """No drafts: one token per forward pass, the baseline every speed-up is measured
     against (`generate` with drafter=None)."""
 
     name = "autoregressive"
+    rowwise = ("_none",)
 
     @classmethod
     def from_options(cls, model: MTPModel, options: Any, context: DrafterContext) -> None:
@@ -227,9 +248,6 @@ class Autoregressive(Drafter):
 
     def update(self, step: Verified) -> None:
         pass
-
-    def keep(self, rows: list[int]) -> None:
-        self._none = self._none[:len(rows)]
 
     def propose(self) -> Drafts:
         return Drafts(self._none)
@@ -273,7 +291,7 @@ class DraftBudget:
 
 class ChainDrafter(Drafter):
     """A drafter of a chain of `num_draft` drafts whose rows may draft fewer: `adaptive`
-    (`DraftBudget`) and `threshold` (`DraftSequence`). Its repr shows the attributes `shown`."""
+    (`DraftBudget`) and `threshold` (`forward_drafts`). Its repr shows the attributes `shown`."""
 
     num_draft: int
     threshold: float = 0.0
@@ -281,6 +299,7 @@ class ChainDrafter(Drafter):
     shown: tuple[str, ...] = ("num_draft",)
     #: How many of the last accepted tokens (1 or 2) `forward_drafts` feeds first (0: none).
     feeds: int = 0
+    rowwise = ("_accepted", "_tail", "_budget")
 
     def size(self, num_draft: int, threshold: float = 0.0, adaptive: bool = False) -> None:
         """Set (and check) the drafts per step, the draft-exit threshold and adaptivity."""
@@ -306,34 +325,42 @@ class ChainDrafter(Drafter):
         if self._budget is not None:
             self._budget.update(step)
 
-    def keep(self, rows: list[int]) -> None:
-        self._accepted = [self._accepted[row] for row in rows]
-        if self._tail is not None:
-            self._tail = self._tail[torch.tensor(rows, device=self._tail.device)]
-        if self._budget is not None:
-            self._budget.keep(rows)
-
-    def sequence(self) -> DraftSequence:
-        """This step's drafts, drawn one position at a time."""
-        return DraftSequence(self.num_draft, self._sampling, self._generator, self.threshold,
-                             self._budget)
-
     def forward_drafts(self, model: MTPModel, cache: KVCache, skip: Sequence[int] = ()
                        ) -> Drafts:
         """This step's drafts by `model`'s cached forward (trunk layers `skip` left out) on
         `cache`, which holds every accepted token but the last `feeds`: they are fed at once,
-        then each draft. Positions past the model's context (only rows about to stop) are
-        clamped, their drafts merely wrong."""
-        first = self._tail  # (B, T)
-        lengths = torch.tensor(self._accepted, device=first.device) - first.shape[1]
+        then each draft, drawn by the target's sampling rule. A row stops once its draft's
+        top probability falls below `threshold` (Draft & Verify's draft-exit) or at its
+        budget's count; later drafts are padding. Threshold 0 and no budget never stop: every
+        draft is real, with no host read. Positions past the model's context (only rows about
+        to stop) are clamped, their drafts merely wrong."""
+        fed = self._tail  # (B, feeds), then each draft (B, 1)
+        feeds, budget, sampling = fed.shape[1], self._budget, self._sampling
+        lengths = torch.tensor(self._accepted, device=fed.device) - feeds
         width = key_width(max(self._accepted) + self.num_draft, cache.max_len)
-
-        def logits(fed: Tensor, index: int) -> Tensor:  # fed: `first`, then a draft (B, 1)
-            after = lengths + (index + first.shape[1] - 1 if index else 0)
+        tokens, probs = [], []
+        alive = real = None  # with a threshold: rows still sure; their leading sure drafts
+        for index in range(budget.longest if budget else self.num_draft):
+            after = lengths + (index + feeds - 1 if index else 0)
             hidden = cached_forward(model, cache, fed, after, width, skip=skip)  # (B, T, 1, D)
-            return model.unembed(hidden[:, -1, 0])
-
-        return self.sequence().run(logits, first)
+            logits = model.unembed(hidden[:, -1, 0])
+            q = probabilities(logits, sampling)
+            fed = (q.argmax(-1) if sampling.greedy else sample(
+                q, exponential(q.shape, self._generator, logits.device)))[:, None]
+            tokens.append(fed)
+            probs.append(q)
+            if self.threshold:  # confidence: the top softmax probability, whatever the sampling
+                sure = torch.softmax(logits.float(), dim=-1).amax(-1) >= self.threshold
+                alive = sure if alive is None else alive & sure
+                real = alive.long() if real is None else real + alive
+                if not bool(alive.any()):  # a host read: with a threshold
+                    break
+        if budget is not None:
+            limits = torch.tensor(budget.counts, device=fed.device)
+            real = limits.clamp(max=len(tokens)) if real is None else real.minimum(limits)
+            budget.proposed = real.tolist()
+        return Drafts(torch.cat(tokens, dim=1), torch.stack(probs, dim=1),
+                      real).padded(self.num_draft)
 
     def __repr__(self) -> str:
         values = [(name, getattr(self, name)) for name in self.shown]
@@ -341,50 +368,3 @@ class ChainDrafter(Drafter):
         shown += [f"threshold={self.threshold}"] * bool(self.threshold)
         return f"{self.name}({', '.join(shown + ['adaptive'] * self.adaptive)})"
 
-
-class DraftSequence:
-    """The drafts of a drafter that drafts one position at a time, each drawn by the target's
-    sampling rule. A row stops once its draft's top probability falls below `threshold`
-    (Draft & Verify's draft-exit) or at its `budget` count; later drafts are padding. Threshold
-    0 and no budget never stop: every draft is real, with no host read."""
-
-    def __init__(self, count: int, sampling: SamplingConfig, generator: torch.Generator | None,
-                 threshold: float = 0.0, budget: DraftBudget | None = None) -> None:
-        self.count, self.sampling, self.generator = count, sampling, generator
-        self.threshold, self.budget = threshold, budget
-        self._tokens: list[Tensor] = []
-        self._probs: list[Tensor] = []
-        self._real: Tensor | None = None  # (B,) leading confident drafts, with a threshold
-        self._alive: Tensor | None = None
-
-    def draw(self, logits: Tensor) -> Tensor | None:
-        """The next draft (B, 1) drawn from the sampling rule's q of `logits` (B, V); None once
-        no row drafts on. Confidence: the top softmax probability, whatever the sampling."""
-        probs = probabilities(logits, self.sampling)
-        tokens = (probs.argmax(-1) if self.sampling.greedy else sample(
-            probs, exponential(probs.shape, self.generator, logits.device)))[:, None]
-        self._tokens.append(tokens)
-        self._probs.append(probs)
-        if not self.threshold:
-            return tokens
-        sure = torch.softmax(logits.float(), dim=-1).amax(-1) >= self.threshold
-        self._alive = sure if self._alive is None else self._alive & sure
-        self._real = self._alive.long() if self._real is None else self._real + self._alive
-        return tokens if bool(self._alive.any()) else None  # a host read: with a threshold
-
-    def run(self, logits: Callable[[Tensor, int], Tensor], first: Tensor) -> Drafts:
-        """Draft position by position: `logits(fed, index)` runs the drafter on `fed` (`first`,
-        then each draft (B, 1)) and gives its logits (B, V) at position `index`. The drafts
-        come padded to `count` per row; the budget hears what was proposed."""
-        fed: Tensor | None = first
-        for index in range(self.budget.longest if self.budget else self.count):
-            fed = self.draw(logits(fed, index))
-            if fed is None:
-                break
-        real = self._real
-        if self.budget is not None:
-            limits = torch.tensor(self.budget.counts, device=first.device)
-            real = limits.clamp(max=len(self._tokens)) if real is None else real.minimum(limits)
-            self.budget.proposed = real.tolist()
-        return Drafts(torch.cat(self._tokens, dim=1), torch.stack(self._probs, dim=1),
-                      real).padded(self.count)

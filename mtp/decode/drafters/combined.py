@@ -117,7 +117,8 @@ class HeadsAndLookup(Combined):
             raise ValueError("drafter=heads+prompt_lookup needs the heads, but the model has "
                              "one (n_future=1): use drafter=prompt_lookup")
         k = n_future if options.k is None else options.k
-        return cls(OwnHeads.variant(model, k), PromptLookup.from_options(model, options, context))
+        return cls(OwnHeads.variant(model, k), PromptLookup(
+            options.num_draft, options.max_ngram, options.min_ngram, options.adaptive))
 
     @classmethod
     def candidates(cls, model: MTPModel, options: HeadsLookupOptions, context: DrafterContext,

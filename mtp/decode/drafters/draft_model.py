@@ -37,7 +37,7 @@ class DraftModelOptions:
 
     def __post_init__(self) -> None:
         check_positive("num_draft", self.num_draft)
-        check_threshold(self.threshold)  # draft-exit: see base.DraftSequence
+        check_threshold(self.threshold)  # draft-exit: see ChainDrafter.forward_drafts
         check_flag("adaptive", self.adaptive)  # DraftBudget: from acceptance
 
 
@@ -48,6 +48,7 @@ class DraftModel(ChainDrafter):
     name = "draft_model"
     Options = DraftModelOptions
     feeds = 2  # the last two accepted tokens (module docstring)
+    rowwise = (*ChainDrafter.rowwise, "_cache")
 
     def __init__(self, model: MTPModel, tokenizer: Tokenizer, num_draft: int = 4,
                  threshold: float = 0.0, adaptive: bool = False) -> None:
@@ -108,10 +109,6 @@ class DraftModel(ChainDrafter):
         # Every prompt token but the last: `propose` feeds it with the first new token.
         prefill(self.model, self._cache, [ids[:-1] for ids in prompts], 1,
                 pad_id=self.tokenizer.pad_id)
-
-    def keep(self, rows: list[int]) -> None:
-        self._cache.keep(torch.tensor(rows, device=self._cache.keys.device))
-        super().keep(rows)
 
     def propose(self) -> Drafts:
         return self.forward_drafts(self.model, self._cache)

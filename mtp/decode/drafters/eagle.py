@@ -71,6 +71,7 @@ class EagleDrafter(Drafter):
     selects = ("eagle",)
     after = ("heads",)
     saved, saved_file = "eagle", CONFIG_FILE
+    rowwise = ("_cache", "_held", "_commit", "_accepted")
 
     def __init__(self, module: Eagle, num_draft: int = 5, tree: Any = None) -> None:
         if not isinstance(module, Eagle):
@@ -93,10 +94,8 @@ class EagleDrafter(Drafter):
     @classmethod
     def found(cls, options: EagleOptions, context: DrafterContext) -> Eagle | None:
         """The module `eagle=` names, else the one saved for the checkpoint, else None."""
-        if options.eagle is not None:
-            return Eagle.load(options.eagle)
-        saved = context.saved.get(cls.saved)
-        return None if saved is None else Eagle.load(saved)
+        source = context.saved.get(cls.saved) if options.eagle is None else options.eagle
+        return None if source is None else Eagle.load(source)
 
     @classmethod
     def from_options(cls, model: MTPModel, options: EagleOptions,
@@ -160,27 +159,44 @@ class EagleDrafter(Drafter):
         self._commit = (step.features[rows, step.path], step.tokens, step.kept)
         self._accepted = [n + len(ids) for n, ids in zip(self._accepted, step.new_ids)]
 
-    def keep(self, rows: list[int]) -> None:
-        index = torch.tensor(rows, device=self._held.device)
-        self._cache.keep(index)
-        self._held = self._held[index]
-        self._commit = tuple(t[index] for t in self._commit)
-        self._accepted = [self._accepted[row] for row in rows]
-
-    def _run_commit(self) -> tuple[Tensor, Tensor, int]:
-        """The layer over the commit: the output at each row's last entry (B, D), which drafts
-        the root's children; the new committed lengths (B,); this step's attention width."""
+    def _grow(self) -> tuple[Tensor, Callable[[Tensor, Tensor, int], Tensor]]:
+        """Run the layer over the commit: its output at each row's last entry (B, D), which
+        drafts the root's children, and `feed(tokens, parents, depth)`, the layer on k nodes
+        of one depth (B, k; target ids), each reading its parent's output ((B, k) or (k,); 0:
+        the root, j: the j-th node fed) at position p - 1 + depth and seeing the committed
+        entries and its ancestors: their outputs (B, k, D). Fed node j sits at slot new + j - 1."""
         features, tokens, counts = self._commit
-        width = tokens.shape[1]
+        width, device = tokens.shape[1], tokens.device
         old, new = self._held, self._held + counts
         length = key_width(max(self._accepted) + max(width, self.tree.n_nodes) + 1,
                            self._cache.max_len)
-        step = cache_step(old, *causal(width, old.device), length,
-                          self._model.config.max_seq_len)
-        out = self._layer_step(self._layer.fuse(features), tokens, step)
-        rows = torch.arange(tokens.shape[0], device=old.device)
+        limit = self._model.config.max_seq_len
+        out = self._layer_step(self._layer.fuse(features), tokens,
+                               cache_step(old, *causal(width, device), length, limit))
         self._held = new
-        return out[rows, (counts - 1).clamp(min=0)], new, length
+        batch = tokens.shape[0]
+        rows = torch.arange(batch, device=device)[:, None]
+        root = out[rows[:, 0], (counts - 1).clamp(min=0)]  # (B, D)
+        outputs = [root[:, None]]
+        # Which of the root (0) and the fed nodes (1..) each of those sees: its ancestors.
+        seen = torch.ones(batch, 1, 1, dtype=torch.bool, device=device)
+
+        def feed(tokens: Tensor, parents: Tensor, depth: int) -> Tensor:
+            nonlocal seen
+            fed, k = seen.shape[1] - 1, tokens.shape[1]
+            sees = torch.cat([seen[rows, parents], torch.eye(k, dtype=torch.bool,
+                                                             device=device).expand(
+                batch, k, k)], dim=2)  # (B, k, 1 + fed + k): its parent's ancestors, itself
+            seen = torch.cat([torch.cat([seen, seen.new_zeros(batch, 1 + fed, k)], dim=2),
+                              sees], dim=1)
+            full = cache_step(new, torch.full((fed + k,), depth - 1, device=device),
+                              seen[:, 1:, 1:], length, limit)
+            step = CacheStep(full.positions[:, fed:], full.slots[:, fed:], full.mask[:, :, fed:])
+            outputs.append(self._layer_step(torch.cat(outputs, dim=1)[rows, parents], tokens,
+                                            step))
+            return outputs[-1]
+
+        return root, feed
 
     def _layer_step(self, hidden: Tensor, tokens: Tensor, step: CacheStep) -> Tensor:
         model = self._model
@@ -194,21 +210,18 @@ class EagleDrafter(Drafter):
                                               nodes=tree.n_nodes - 1)
             return Drafts(tokens, None, parents=parents)  # top ranks: one-hot q, lossless
         plan, tree = self._plan, self.tree
-        root, new, length = self._run_commit()
-        batch = root.shape[0]
-        drafts = torch.zeros(batch, tree.n_nodes - 1, dtype=torch.long, device=root.device)
-        outputs = root[:, None, :][:, :0]  # (B, nodes, D): the output at the nodes so far
+        root, feed = self._grow()
+        drafts = torch.zeros(root.shape[0], tree.n_nodes - 1, dtype=torch.long,
+                             device=root.device)
+        outputs = root[:, None]  # (B, 1 + nodes, D): the root's output, then the nodes' so far
         probs = []
         for k in range(1, tree.depth + 1):
-            if k > 1:  # feed the nodes of depth k - 1, each with its parent's output
-                first, last = plan.nodes[k - 1], plan.nodes[k]  # they are nodes first+1..last
-                parents = torch.cat([root[:, None], outputs], dim=1)[:, plan.parents[k][first:]]
-                step = self._scratch_step(new, plan.depths[1:last + 1] - 1,
-                                          plan.visible[1:last + 1, 1:last + 1], length, first)
-                outputs = torch.cat([outputs, self._layer_step(
-                    parents, drafts[:, first:last], step)], dim=1)
-            at = root[:, None] if k == 1 else outputs[:, plan.groups[k]]  # (B, G, D)
-            candidates, q = self._ranked(at, plan.ranks[k])
+            if k > 1:  # feed the nodes of depth k - 1 (nodes first+1..last, fed in order)
+                first, last = plan.nodes[k - 1], plan.nodes[k]
+                outputs = torch.cat([outputs, feed(drafts[:, first:last],
+                                                   plan.parents[k][first:], k - 1)], dim=1)
+            # The depth k - 1 nodes' children, from the layer's outputs there (B, G, D).
+            candidates, q = self._ranked(outputs[:, plan.groups[k] + 1], plan.ranks[k])
             drafts[:, plan.children[k] - 1] = candidates.flatten(1)[:, plan.picks[k]]
             if q is not None:
                 probs.append(q.flatten(1, 2)[:, plan.picks[k]])  # (B, c, V)
@@ -221,43 +234,21 @@ class EagleDrafter(Drafter):
             return self._layer.d2t[self._layer.logits(at).topk(ranks, dim=-1).indices], None
         return ranked(self._layer.target_logits(at), ranks, self._sampling, self._generator)
 
-    def _scratch_step(self, new: Tensor, offsets: Tensor, visible: Tensor, length: int,
-                      first: int) -> CacheStep:
-        """The step of the scratch nodes `first`.. of the nodes fed after the committed `new`
-        (B,): node j at slot new + j and position new + offsets[j], seeing the committed
-        entries and the nodes `visible` says."""
-        full = cache_step(new, offsets, visible, length, self._model.config.max_seq_len)
-        return CacheStep(full.positions[:, first:], full.slots[:, first:],
-                         full.mask[:, :, first:])
-
     def dynamic(self, *, depth: int, top_k: int, nodes: int) -> tuple[Tensor, Tensor, None]:
         """EAGLE-2's dynamic tree after the commit (`dynamic_tree` on this layer), its drafts
         as target ids."""
-        root, new, length = self._run_commit()
-        batch, device = root.shape[0], root.device
-        rows = torch.arange(batch, device=device)[:, None]
-        outputs = [root[:, None]]
-        # Which of the root (0) and the fed nodes (1..) each of those sees: its ancestors.
-        seen = torch.ones(batch, 1, 1, dtype=torch.bool, device=device)
+        root, feed = self._grow()
+        d2t = self._layer.d2t
 
-        def expand(tokens: Tensor, parents: Tensor, at_depth: int) -> Tensor:
-            nonlocal seen
-            fed, k = seen.shape[1] - 1, tokens.shape[1]  # fed node j sits at slot new + j - 1
-            sees = torch.cat([seen[rows, parents], torch.eye(k, dtype=torch.bool,
-                                                             device=device).expand(
-                batch, k, k)], dim=2)  # (B, k, 1 + fed + k): its parent's ancestors, itself
-            seen = torch.cat([torch.cat([seen, seen.new_zeros(batch, 1 + fed, k)], dim=2),
-                              sees], dim=1)
-            step = self._scratch_step(new, torch.full((fed + k,), at_depth - 1, device=device),
-                                      seen[:, 1:, 1:], length, fed)
-            out = self._layer_step(torch.cat(outputs, dim=1)[rows, parents],
-                                   self._layer.d2t[tokens], step)
-            outputs.append(out)
+        def log_probs(out: Tensor) -> Tensor:
             return torch.log_softmax(self._layer.logits(out).float(), dim=-1)
 
-        first = torch.log_softmax(self._layer.logits(root).float(), dim=-1)
-        tokens, parents, q = dynamic_tree(first, expand, depth=depth, top_k=top_k, nodes=nodes)
-        return self._layer.d2t[tokens], parents, q
+        def expand(tokens: Tensor, parents: Tensor, at_depth: int) -> Tensor:
+            return log_probs(feed(d2t[tokens], parents, at_depth))
+
+        tokens, parents, q = dynamic_tree(log_probs(root), expand, depth=depth, top_k=top_k,
+                                          nodes=nodes)
+        return d2t[tokens], parents, q
 
     def __repr__(self) -> str:
         return (f"eagle(num_draft={self.num_draft})" if self.tree.is_chain

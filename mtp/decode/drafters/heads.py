@@ -158,15 +158,13 @@ class OwnHeads(Drafter):
             yield cls.variant(model, k)
         if options.k == AUTO or n_future < 3:
             return
-        if model.config.head_type != "sequential":
-            for size in DYNAMIC_SIZES:
-                yield cls.variant(model, n_future, resolve_tree(
-                    f"dynamic:{size}", k=n_future, vocab_size=vocab))
         found = calibration(model, context)
-        if found is not None:
-            for size in AUTO_TREE_SIZES:
-                yield cls.variant(model, n_future, resolve_tree(
-                    f"auto:{size}", k=n_future, vocab_size=vocab, calibration=found))
+        trees = [f"dynamic:{size}" for size in DYNAMIC_SIZES
+                 if model.config.head_type != "sequential"]
+        trees += [f"auto:{size}" for size in AUTO_TREE_SIZES if found is not None]
+        for tree in trees:
+            yield cls.variant(model, n_future, resolve_tree(tree, k=n_future, vocab_size=vocab,
+                                                            calibration=found))
 
     @property
     def tree(self) -> Tree:
@@ -202,6 +200,8 @@ class HeadsDrafter(OwnHeads):
     """Parallel heads 1..k-1 draft at the last accepted position, from the hidden states the
     verify pass computed there (it runs heads 0..depth)."""
 
+    rowwise = ("_last",)
+
     def verify_heads(self, model: MTPModel) -> int:
         return self.tree.depth + 1
 
@@ -222,9 +222,6 @@ class HeadsDrafter(OwnHeads):
     def update(self, step: Verified) -> None:
         rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
         self._last = step.hidden[rows, step.last, 1:self.tree.depth + 1]  # (B, depth, D)
-
-    def keep(self, rows: list[int]) -> None:
-        self._last = self._last[torch.tensor(rows, device=self._last.device)]
 
     def propose(self) -> Drafts:
         logits = self._model.unembed(self._last, head=1)  # (B, depth, V): heads 1..depth

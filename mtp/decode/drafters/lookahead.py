@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from mtp.cli import check_positive
-from mtp.decode.drafters.base import Drafter, DrafterContext, Drafts, Verified
+from mtp.decode.drafters.base import Drafter, Drafts, Verified
 from mtp.decode.drafters.registry import register
 from mtp.decode.sampling import SamplingConfig
 from mtp.decode.tree import Tree
@@ -165,6 +165,7 @@ class Lookahead(Drafter):
 
     name = "lookahead"
     Options = LookaheadOptions
+    rowwise = ("_rows",)
 
     def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 5, seed: int = 0) -> None:
         LookaheadOptions(window=window, ngram=ngram, guesses=guesses)
@@ -172,11 +173,6 @@ class Lookahead(Drafter):
         # Every step's tree: (W - 1) + (N - 2) W + G (N - 1) drafts.
         self._plan = layout(window, ngram - 1, guesses, ngram - 1)
         self._rows: list[_Sequence] = []
-
-    @classmethod
-    def from_options(cls, model: MTPModel, options: LookaheadOptions,
-                     context: DrafterContext) -> Lookahead:
-        return cls(options.window, options.ngram, options.guesses)
 
     @property
     def tree(self) -> Tree:
@@ -197,9 +193,6 @@ class Lookahead(Drafter):
             # new[c]: head 0's token after R_{N-2}[c], the next Jacobi iterate of column c.
             new = None if predicted is None else [predicted[b][node] for node in self._plan.top]
             row.advance(ids, new, self.ngram)
-
-    def keep(self, rows: list[int]) -> None:
-        self._rows = [self._rows[row] for row in rows]
 
     def propose(self) -> Drafts:
         flats = [row.flat(self.guesses, self.ngram - 1) for row in self._rows]

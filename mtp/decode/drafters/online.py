@@ -29,6 +29,7 @@ class OnlineHeads(HeadsDrafter):
     start of the next call (`lr`: AdamW's learning rate; `steps`: optimizer steps each time)."""
 
     online = True
+    rowwise = (*HeadsDrafter.rowwise, "_rows")  # `_rows`: the sequence of each batch row
 
     def __init__(self, k: int, tree: Tree | None = None, siblings: str = "distinct", *,
                  lr: float = 1e-4, steps: int = 1) -> None:
@@ -57,10 +58,6 @@ class OnlineHeads(HeadsDrafter):
         for row, ids in enumerate(step.new_ids or []):
             self._texts[self._rows[row]].extend(ids)
         super().update(step)
-
-    def keep(self, rows: list[int]) -> None:
-        self._rows = [self._rows[row] for row in rows]
-        super().keep(rows)
 
     def learn(self, model: MTPModel, texts: list[list[int]]) -> float:
         """`steps` optimizer steps of heads 1..depth on `texts` (token ids); the last step's

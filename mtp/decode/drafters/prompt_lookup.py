@@ -76,6 +76,7 @@ class PromptLookup(ChainDrafter):
     name = "prompt_lookup"
     Options = PromptLookupOptions
     shown = ("num_draft", "max_ngram", "min_ngram")
+    rowwise = (*ChainDrafter.rowwise, "_rows")
 
     def __init__(self, num_draft: int = 8, max_ngram: int = 4, min_ngram: int = 2,
                  adaptive: bool = False) -> None:
@@ -84,11 +85,6 @@ class PromptLookup(ChainDrafter):
         self.size(num_draft, adaptive=adaptive)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._rows: list[NgramIndex] = []
-
-    @classmethod
-    def from_options(cls, model: MTPModel, options: PromptLookupOptions,
-                     context: DrafterContext) -> PromptLookup:
-        return cls(options.num_draft, options.max_ngram, options.min_ngram, options.adaptive)
 
     @classmethod
     def candidates(cls, model: MTPModel, options: PromptLookupOptions, context: DrafterContext,
@@ -105,10 +101,6 @@ class PromptLookup(ChainDrafter):
         for row, ids in zip(self._rows, step.new_ids):
             row.extend(ids)
         super().update(step)
-
-    def keep(self, rows: list[int]) -> None:
-        self._rows = [self._rows[row] for row in rows]
-        super().keep(rows)
 
     def propose(self) -> Drafts:
         limits = self._budget.counts if self._budget else [self.num_draft] * len(self._rows)

@@ -121,10 +121,8 @@ class DrafterSpec:
             return AUTO
         if self.drafter != AUTO:
             return self.drafter
-        for name, cls in drafter_types().items():
-            if any(key in self.options for key in cls.selects):
-                return name
-        return AUTO
+        return next((name for name, cls in drafter_types().items()
+                     if any(key in self.options for key in cls.selects)), AUTO)
 
     @property
     def measured(self) -> bool:
@@ -188,7 +186,7 @@ def options_help() -> str:
     for name, cls in drafter_types().items():
         shown = " ".join(f"{f.name}={'null' if f.default is None else f.default}"
                          for f in option_fields(cls).values())
-        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        summary = cls.__doc__.strip().splitlines()[0] if cls.__doc__ else ""
         lines.append(f"  {name:<20} {shown or '(no options)'}\n  {'':<20} {summary}")
     return "\n".join(lines)
 

@@ -46,6 +46,7 @@ class SequentialDrafter(OwnHeads):
     the nodes of `tree`; the verify pass runs head 0 alone (the default `verify_heads`)."""
 
     sequential = True
+    rowwise = ("_cache", "_root", "_last", "_commit")
 
     def check(self, model: MTPModel, tokenizer: Tokenizer) -> None:
         if model.config.head_type != "sequential":
@@ -67,9 +68,9 @@ class SequentialDrafter(OwnHeads):
                               device=param.device, dtype=param.dtype,
                               blocks=range(first, first + depth * config.head_layers))
         self._root = torch.zeros(len(prompts), dtype=torch.long, device=param.device)  # p
-        # Module k's state at the root token (k = 1..depth): what feeds module k + 1 next.
-        self._last = [torch.zeros(len(prompts), config.dim, dtype=param.dtype,
-                                  device=param.device) for _ in range(depth)]
+        # Module k's state at the root token (B, depth, D): what feeds module k + 1 next.
+        self._last = torch.zeros(len(prompts), depth, config.dim, dtype=param.dtype,
+                                 device=param.device)
         self._commit: tuple[Tensor, Tensor, Tensor] | None = None
         self._plan = TreePlan(self.tree, param.device)
 
@@ -77,13 +78,6 @@ class SequentialDrafter(OwnHeads):
         # The commit: the tokens accepted since the last step, and head 0's states at the
         # tokens before them (B, C, D).
         self._commit = (step.tokens, step.path_hidden()[:, :, 0], step.kept)
-
-    def keep(self, rows: list[int]) -> None:
-        index = torch.tensor(rows, device=self._root.device)
-        self._cache.keep(index)
-        self._root = self._root[index]
-        self._last = [state[index] for state in self._last]
-        self._commit = tuple(t[index] for t in self._commit)
 
     def propose(self) -> Drafts:
         model, plan = self._model, self._plan
@@ -98,7 +92,7 @@ class SequentialDrafter(OwnHeads):
         nodes_out = fed[:, :0]  # depth k - 1's states at the tree's nodes (none for head 0)
         for k in range(1, self.tree.depth + 1):
             n = plan.nodes[k]  # the tree's nodes 1..n have depths 1..k-1
-            parents = torch.cat([self._last[k - 2][:, None] if k > 1 else fed[:, :0],
+            parents = torch.cat([self._last[:, k - 2, None] if k > 1 else fed[:, :0],
                                  nodes_out], dim=1)  # (B, 1 + nodes, D): root, then nodes
             node_fed = parents[:, plan.parents[k]]  # (B, n, D)
             step = self._step(k, old, counts, new, n, length)
@@ -108,16 +102,15 @@ class SequentialDrafter(OwnHeads):
             committed, nodes_out = out[:, :width], out[:, width:]
             # Module k at the tokens before the next commit's: its state at the old root, then
             # its commit's; then its state at the new root (unchanged for a finished row).
-            fed = torch.cat([self._last[k - 1][:, None], committed[:, :width - 1]], dim=1)
+            fed = torch.cat([self._last[:, k - 1, None], committed[:, :width - 1]], dim=1)
             root_state = committed[rows, (counts - 1).clamp(min=0)]
-            self._last[k - 1] = torch.where(counts[:, None] > 0, root_state, self._last[k - 1])
+            self._last[:, k - 1] = torch.where(counts[:, None] > 0, root_state,
+                                               self._last[:, k - 1])
             # The depth k - 1 nodes' children, from module k's distributions there.
-            at = self._last[0][:, None] if k == 1 else nodes_out[:, plan.groups[k]]  # (B, G, D)
-            logits = model.unembed(at)  # (B, G, V)
-            candidates, q = ranked(logits, plan.ranks[k], self._sampling, self._generator,
-                                   self.iid)
-            children = plan.children[k]  # (c,) node indices, in order
-            drafts[:, children - 1] = candidates.flatten(1)[:, plan.picks[k]]
+            at = self._last[:, 0, None] if k == 1 else nodes_out[:, plan.groups[k]]  # (B, G, D)
+            candidates, q = ranked(model.unembed(at), plan.ranks[k], self._sampling,
+                                   self._generator, self.iid)
+            drafts[:, plan.children[k] - 1] = candidates.flatten(1)[:, plan.picks[k]]
             if q is not None:
                 probs.append(q.flatten(1, 2)[:, plan.picks[k]])  # (B, c, V)
         self._root = new
