@@ -2,9 +2,9 @@
 `$MTP_CACHE/tune.json`), one key (`tune_key`).
 
 What runs fastest (threads, dtype, drafter, trees, layer_skip) depends on the machine, its
-load, the model and the step, so each tuning step measures its candidates (`tune`: the user's
-setting wins; else the cache; else measure, and store). A timed step's key holds the machine
-and its load in whole cores: a choice made idle is not reused under load.
+load, the model and the step, so each tuning step measures its candidates (the user's
+setting wins; else `tune`: the cache, else measure, and store). A timed step's key holds the
+machine and its load in whole cores: a choice made idle is not reused under load.
 """
 
 from __future__ import annotations
@@ -112,10 +112,10 @@ class TuneCache:
         write_json(self.path, {**self._table(), key: record.to_json()})
 
 
-def fingerprint(value: Any) -> str:
+def fingerprint(value: Any, length: int = 12) -> str:
     """A short stable hash of a JSON-able value (a model config, a list of options)."""
     text = json.dumps(value, sort_keys=True, default=str)
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
+    return hashlib.sha1(text.encode()).hexdigest()[:length]
 
 
 def tune_key(step: str, *, timed: bool = True, **what: Any) -> str:
@@ -127,12 +127,10 @@ def tune_key(step: str, *, timed: bool = True, **what: Any) -> str:
 
 
 def tune(step: str, key: str | None, measure: Callable[[], Measurement], *,
-         given: Measurement | None = None, cache: TuneCache | None = None,
+         cache: TuneCache | None = None,
          usable: Callable[[Measurement], bool] = lambda record: True) -> Measurement:
-    """The record of `step`: `given` (the user's own setting) wins; else the cached record
-    for `key` (None: never cached) when `usable`; else `measure()`, stored under `key`."""
-    if given is not None:
-        return given
+    """The record of `step`: the cached record for `key` (None: never cached) when `usable`;
+    else `measure()`, stored under `key`. A user's own setting is its caller's to return."""
     cache = cache or TuneCache()
     if key is not None:
         found = cache.get(key)
@@ -267,9 +265,9 @@ def choose_threads(step: Callable[[], object], key: str, *, requested: int | Non
     def measure() -> Measurement:  # `tune` times it
         return thread_record(measure_rates(step, list(range(1, cores() + 1)), budget), unit)
 
-    record = tune("threads", key, measure, given=given_threads(requested), cache=cache,
-                  usable=lambda found: isinstance(found.value, int)
-                  and 1 <= found.value <= cores())
+    record = given_threads(requested) or tune(
+        "threads", key, measure, cache=cache,
+        usable=lambda found: isinstance(found.value, int) and 1 <= found.value <= cores())
     if record.how in ("measured", "cached"):  # a setting is in force already
         set_threads(record.value)
     return record

@@ -4,7 +4,7 @@ Which drafter pays depends on the model, the text, the batch, sampling and the m
 each candidate (`Drafter.candidates`; `k=auto`: the heads' chains) decodes the call's prompts
 for `tokens` new tokens on the model as it will decode (`prepare`: its dtype and threads);
 the leaders decode again, the better tokens/s counting. Another drafter must beat
-autoregressive decoding by `margin`. The measurement takes at most `share` of the run's
+autoregressive decoding by `margin`. The measurement takes at most `SHARE` of the run's
 autoregressive time (`planned_tokens`) and `budget` seconds, a compiled warm-up not counted;
 what it left out is recorded, so a run that plans more tokens measures again. The record (a
 `mtp.tune.Measurement`) is cached under everything the choice depends on.
@@ -27,6 +27,7 @@ from mtp.tokenizers import Tokenizer
 from mtp.tune import Measurement, TuneCache, fingerprint, tune, tune_key
 
 Prepare = Callable[[Drafter | None], MTPModel]
+SHARE = 0.1  # of the planned tokens' autoregressive time, the most the measurement takes
 
 
 @dataclass
@@ -43,7 +44,6 @@ class Auto:
     finalists: int = 3  # candidates measured a second time (with autoregressive decoding)
     budget: float | None = None  # seconds the measurement may take at most (None: no limit)
     planned_tokens: int | None = None  # new tokens the run will decode (bounds the budget)
-    share: float = 0.1  # of those tokens' autoregressive time, the most the measurement takes
     model_id: str | None = None  # the checkpoint's identity: None caches nothing
     cache: TuneCache | None = None
     record: Measurement | None = None  # the last choice's
@@ -54,7 +54,6 @@ class Auto:
         check_number("margin", self.margin, lambda v: v >= 1, ">= 1")
         if self.budget is not None:
             check_number("budget", self.budget, lambda v: v > 0, "> 0 seconds (or None)")
-        check_number("share", self.share, lambda v: 0 < v <= 1, "in (0, 1]")
         if not self.spec.measured:
             raise ValueError(f"{self.spec} names a drafter: nothing to measure")
 
@@ -94,8 +93,8 @@ class Auto:
         self.record = tune("drafter", key, lambda: self._measure(
             model, tokenizer, prompts, batch_size, sampling, max_new_tokens, prepare),
             cache=self.cache, usable=lambda found: self._usable(model, found))
-        label = self.record.choice
-        return None if label == AUTOREGRESSIVE else self._rebuild(model, self.record)[label]
+        label, figures = self.record.choice, self.record.figures
+        return None if label == AUTOREGRESSIVE else self.candidates(model, figures)[label]
 
     def _usable(self, model: MTPModel, found: Measurement) -> bool:
         """Whether a cached choice serves: not cut short by a budget for a run that plans
@@ -103,10 +102,8 @@ class Auto:
         planned = (found.value or {}).get("planned_tokens") or 0
         if found.left_out and (self.planned_tokens or 0) > planned:
             return False
-        return found.choice == AUTOREGRESSIVE or found.choice in self._rebuild(model, found)
-
-    def _rebuild(self, model: MTPModel, record: Measurement) -> dict[str, Drafter | None]:
-        return self.candidates(model, dict(record.figures))
+        label = found.choice
+        return label == AUTOREGRESSIVE or label in self.candidates(model, found.figures)
 
     def _measure(self, model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
                  batch_size: int, sampling: SamplingConfig, max_new_tokens: int,
@@ -127,9 +124,9 @@ class Auto:
                 nonlocal compiling, limit
                 if self.compile:  # all but the timed `seconds` of this call was its warm-up
                     compiling = compiled_before + time.perf_counter() - called - seconds
-                if first and self.planned_tokens is not None:  # at most `share` of the run
+                if first and self.planned_tokens is not None:  # at most SHARE of the run
                     rate = sum(g.stats.new_tokens for g in done) / seconds
-                    share = self.share * self.planned_tokens / rate
+                    share = SHARE * self.planned_tokens / rate
                     limit = share if self.budget is None else min(self.budget, share)
                 return time_left()  # one batch at least
 

@@ -45,12 +45,6 @@ class DtypeVariants:
             self.models[dtype] = copy.deepcopy(self.base).to(parse_dtype(dtype))
         return self.models[dtype]
 
-    def keep(self, dtype: str) -> MTPModel:
-        """The model in `dtype`, the others released."""
-        model = self.model(dtype)
-        self.models = {dtype: model}
-        return model
-
     def choose(self, width: int, batch: int) -> Measurement:
         """float32 or bfloat16 for `width` tokens a step on a CPU, whichever runs a forward
         faster; as loaded on a CPU without bf16 arithmetic, on a GPU, in another dtype, or

@@ -93,12 +93,11 @@ def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], 
     if not prompts:
         raise ValueError("measure_decoding needs at least one prompt")
     began = time.perf_counter()
-    config = model.config
-    drafters: dict[Any, OwnHeads | None] = {1: None}
-    drafters |= {k: OwnHeads.variant(model, k) for k in range(2, config.n_future + 1)}
-    if config.n_future > 1:
-        drafters |= {name: OwnHeads.variant(model, config.n_future, resolve_tree(
-            name, k=config.n_future, vocab_size=config.vocab_size)) for name in trees}
+    n = model.config.n_future
+    chain = {k: OwnHeads.variant(model, k) if k > 1 else None for k in range(1, n + 1)}
+    tree_names = list(trees) if n > 1 else []
+    drafters = chain | {name: OwnHeads.variant(model, n, resolve_tree(
+        name, k=n, vocab_size=model.config.vocab_size)) for name in tree_names}
     with torch.inference_mode():  # each warmed up: a shape's first call pays allocation
         timed = {name: time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                      batch_size=batch_size, warmup_tokens=8, drafter=drafter)
@@ -106,8 +105,6 @@ def measure_decoding(model: MTPModel, tokenizer: Tokenizer, prompts: list[str], 
     per_forward = {name: round(t.stats.tokens_per_forward, 3) for name, t in timed.items()}
     speedup = {name: round(t.tokens_per_second / timed[1].tokens_per_second, 3)
                for name, t in timed.items()}
-    chain = [k for k in drafters if isinstance(k, int)]
-    tree_names = [name for name in drafters if isinstance(name, str)]
     best = max(tree_names, key=lambda name: timed[name].stats.tokens_per_forward, default=None)
     return {
         "tokens_per_forward": {k: per_forward[k] for k in chain},

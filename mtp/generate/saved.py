@@ -9,14 +9,12 @@ cache has no record. `saved_choices` reads them back (`DrafterContext.saved`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from mtp.decode.drafters.registry import drafter_types
 from mtp.paths import read_json, write_json
-from mtp.tune import Measurement, TuneCache, tune_key
+from mtp.tune import Measurement, TuneCache, fingerprint, tune_key
 
 
 def saved_files() -> dict[str, str]:
@@ -33,7 +31,7 @@ def checkpoint_id(path: str | Path) -> str:
     files = sorted(p for p in path.iterdir() if p.is_file() and p.name not in saved) \
         if path.is_dir() else [path]
     stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.exists()]
-    return hashlib.sha1(json.dumps([str(path), stats]).encode()).hexdigest()[:16]
+    return fingerprint([str(path), stats], length=16)
 
 
 def saved_key(step: str, model_id: str) -> str:

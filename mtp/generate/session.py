@@ -92,12 +92,14 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
     prompts = list(prompts) or ["def main():\n"]
     spec, measured = settings.spec, settings.spec.measured
 
-    def prepare(drafter: Drafter | None) -> MTPModel:
-        """The model in the dtype and with the threads a step of this drafter wants."""
-        chosen = variants.model(variants.choose(settings.step_width(drafter),
-                                                batch_size).value)
-        choose_decode_threads(chosen, tokenizer, prompts[0], settings, drafter=drafter,
-                              batch=batch_size, cache=cache)
+    def prepare(drafter: Drafter | None, made: Report = lambda record: None) -> MTPModel:
+        """The model in the dtype and with the threads a step of this drafter wants; `made`
+        reports the choices (the final drafter's)."""
+        record = variants.choose(settings.step_width(drafter), batch_size)
+        made(record)
+        chosen = variants.model(record.value)
+        made(choose_decode_threads(chosen, tokenizer, prompts[0], settings, drafter=drafter,
+                                   batch=batch_size, cache=cache))
         return chosen
 
     if measured:
@@ -112,9 +114,7 @@ def open_decoder(checkpoint: str | Path | None, settings: DecodeSettings, *,
         made(auto.record)
     else:
         drafter = spec.build(model, context)
-    model = variants.keep(made(variants.choose(settings.step_width(drafter), batch_size)).value)
-    made(choose_decode_threads(model, tokenizer, prompts[0], settings, drafter=drafter,
-                               batch=batch_size, cache=cache))
+    model = prepare(drafter, made)
     exact = made(choose_exact(model, tokenizer, prompts[:batch_size], settings, drafter,
                               model_id=model_id, cache=cache))
     settings = replace(settings, exact=exact.value)

@@ -38,15 +38,14 @@ from dataclasses import dataclass
 import torch
 
 from mtp import cli
-from mtp.decode.loop import generate
-from mtp.generate.calibrate import CheckpointCalibration, greedy_texts
-from mtp.generate.saved import save_choice
-from mtp.tune import Measurement
 from mtp.decode.drafters.layer_skip import LayerSkip, SkipChoice
-from mtp.decode.output import DecodeStats
+from mtp.generate.calibrate import CheckpointCalibration, greedy_texts
+from mtp.generate.measure import time_generate
 from mtp.generate.prompts import read_prompts
+from mtp.generate.saved import save_choice
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
+from mtp.tune import Measurement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,11 +99,11 @@ def kept_shares(model: MTPModel, tokenizer: Tokenizer, prompts: list[str],
                 skip: tuple[int, ...], max_draft: int, max_new_tokens: int) -> tuple[float, ...]:
     """P(A >= i), i = 1..max_draft: the share of decode steps (prefills aside) that kept at
     least i drafts, decoding `prompts` greedily with `skip` drafting `max_draft`."""
-    generations = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                           drafter=LayerSkip(list(skip), max_draft))
-    depths = DecodeStats.pooled([g.stats for g in generations]).accepted_depths
+    depths = time_generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                           batch_size=len(prompts),
+                           drafter=LayerSkip(list(skip), max_draft)).stats.accepted_depths
     depths = depths + [0] * (max_draft + 1 - len(depths))
-    depths[0] -= len(generations)  # each prefill counts as a forward that kept nothing
+    depths[0] -= len(prompts)  # each prefill counts as a forward that kept nothing
     steps = max(sum(depths), 1)
     return tuple(round(sum(depths[i:]) / steps, 4) for i in range(1, max_draft + 1))
 

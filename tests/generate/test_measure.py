@@ -101,6 +101,8 @@ def test_a_one_head_model_measures_autoregressive_decoding_only() -> None:
     ("decode.max_new_tokens=512", r"decode\.max_new_tokens=512 leaves no room .*=512"),
     ("decode.trees=[auto:16]", r"'auto:16' needs a calibration"),
     ("decode.trees=[tree9]", r"tree9"),
+    ("decode.trees=tree8", r"decode\.trees='tree8' must be a list"),  # typed
+    ("+decode.k=4", r"decode\.k is not a setting"),
 ])
 def test_decode_settings_that_cannot_work_are_named_before_training(override: str,
                                                                     message: str) -> None:
@@ -119,15 +121,6 @@ def test_the_run_decodes_the_prompts_that_fit_or_none() -> None:
     assert decode_prompts(decode, small, ByteTokenizer()) == []
     off = check_settings(compose(["decode.enabled=false", "run_dir=/x"])).decode
     assert decode_prompts(off, config, ByteTokenizer()) == []
-
-
-@pytest.mark.parametrize(("override", "message"), [
-    ("decode.trees=tree8", r"decode\.trees='tree8' must be a list"),
-    ("+decode.k=4", r"decode\.k is not a setting"),
-])
-def test_decode_settings_are_typed(override: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        check_settings(compose(["+experiment=byte8", "model=tiny", "run_dir=/x", override]))
 
 
 def test_held_out_prompts_are_humaneval_prompts_that_leave_room() -> None:
@@ -171,7 +164,7 @@ def test_the_decode_dtype_is_the_faster_at_the_steps_width(monkeypatch, tmp_path
                               f"1 tokens; ms: float32 1000, bfloat16 2000)")
     wide = variants.choose(9, 1)
     assert wide.value == "bfloat16" and widths == [1, 1, 9, 9]
-    assert next(variants.keep("bfloat16").parameters()).dtype == torch.bfloat16
+    assert next(variants.model("bfloat16").parameters()).dtype == torch.bfloat16
     assert variants.choose(9, 1).how == "cached" and widths == [1, 1, 9, 9]
     monkeypatch.setattr(choices, "cpu_has_bf16", lambda: False)  # bf16 emulated: float32
     plain = choices.DtypeVariants(MTPModel(model.config).eval(), measure=True, cache=None)
