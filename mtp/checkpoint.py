@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from mtp.interop import gguf, hf, medusa, meta, mimo
-from mtp.interop.fields import load_safetensors, load_torch, read_json_object, write_json
+from mtp.interop.fields import (load_safetensors, load_torch, read_json_object, save_safetensors,
+                                write_json)
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer, load_tokenizer
 
@@ -83,8 +83,7 @@ def _write_export(config: MTPConfig, state: dict[str, torch.Tensor], tokenizer: 
                   directory: Path) -> None:
     if config.tie_embeddings:
         del state[_TIED]
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_safetensors(state, directory / WEIGHTS_FILE)
     meta = {"format_version": FORMAT_VERSION, "model": config.to_dict(),
             "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size}}
     write_json(directory / CONFIG_FILE, meta)

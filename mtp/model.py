@@ -117,36 +117,32 @@ class MTPConfig:
         return self.n_layers + self.block_heads * self.head_layers
 
     @classmethod
-    def compute_matched(cls, *, depth: int, n_future: int = 1, head_layers: int = 1,
-                        head_type: str = "block", **fields: Any) -> MTPConfig:
+    def compute_matched(cls, *, depth: int, **fields: Any) -> MTPConfig:
         """The paper's fair comparison: `depth` blocks per token in all, the block heads'
         taken off the trunk (`depth=8, n_future=4`: a 4-layer trunk and 4 one-layer heads)."""
-        block_heads = n_future if head_type in BLOCK_HEAD_TYPES else 1
-        n_layers = depth - block_heads * head_layers
-        if n_layers < 0:
-            raise ValueError(f"depth={depth} is too shallow for {block_heads} block head(s) of "
-                             f"head_layers={head_layers} block(s): the trunk would have "
-                             f"{n_layers} layers")
-        return cls(n_layers=n_layers, n_future=n_future, head_layers=head_layers,
-                   head_type=head_type, **fields)
+        return cls.from_depth(depth=depth, heads="matched", **fields)
 
     @classmethod
-    def added_heads(cls, *, depth: int, head_layers: int = 1, **fields: Any) -> MTPConfig:
+    def added_heads(cls, *, depth: int, **fields: Any) -> MTPConfig:
         """Trunk + head 0 keep all `depth` blocks (the next-token model); heads 1..n-1 come
         on top (`depth=12, n_future=8`: an 11-layer trunk, head 0's block, 7 more heads)."""
-        n_layers = depth - head_layers
-        if n_layers < 0:
-            raise ValueError(f"depth={depth} is too shallow for head 0's head_layers="
-                             f"{head_layers} block(s)")
-        return cls(n_layers=n_layers, head_layers=head_layers, **fields)
+        return cls.from_depth(depth=depth, heads="added", **fields)
 
     @classmethod
-    def from_depth(cls, *, depth: int, heads: str = "matched", **fields: Any) -> MTPConfig:
+    def from_depth(cls, *, depth: int, heads: str = "matched", n_future: int = 1,
+                   head_layers: int = 1, head_type: str = "block", **fields: Any) -> MTPConfig:
         """`depth` blocks per token, the heads `matched` (`compute_matched`) or `added`."""
         check_choice("model.heads", heads, HEAD_DEPTHS, "matched takes the heads' blocks off "
                      "the trunk, added puts them on top")
-        build = cls.compute_matched if heads == "matched" else cls.added_heads
-        return build(depth=depth, **fields)
+        matched = heads == "matched" and head_type in BLOCK_HEAD_TYPES
+        off_trunk = n_future if matched else 1  # the heads whose blocks count in `depth`
+        n_layers = depth - off_trunk * head_layers
+        if n_layers < 0:
+            which = f"{off_trunk} block heads'" if off_trunk > 1 else "head 0's"
+            raise ValueError(f"depth={depth} is too shallow for {which} head_layers="
+                             f"{head_layers} block(s): the trunk would have {n_layers} layers")
+        return cls(n_layers=n_layers, n_future=n_future, head_layers=head_layers,
+                   head_type=head_type, **fields)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -216,7 +212,7 @@ def project(x: Tensor, layer: nn.Linear) -> Tensor:
 
 _KERNEL_MARK = "_decodes_on_kernels"  # set on the modules `use_kernels` hands to the kernels
 _PACKED = "_packed_weight"  # an nn.Linear's PackedLinear and the weight it was packed from
-_KERNEL_CHOICE = "_kernel_choice"  # the model's: (whether the kernels were asked for,)
+_KERNEL_CHOICE = "_kernel_choice"  # the model's: whether the kernels were asked for
 
 
 def _on_kernels(module: nn.Module, x: Tensor, weight: Tensor) -> bool:
@@ -258,14 +254,13 @@ def use_kernels(model: nn.Module, on: bool | None = None) -> str:
     """Decode `model` through `mtp.kernels` (on) or torch (off; None: as chosen before, else
     on); one line saying which. The kernels stay off where `mtp.kernels.active()` is not,
     on another device or dtype, and under autograd."""
-    chosen = model.__dict__.get(_KERNEL_CHOICE)
-    asked = on if on is not None else True if chosen is None else chosen[0]
+    chosen = model.__dict__.get(_KERNEL_CHOICE)  # None: never chosen
+    asked = on if on is not None else chosen is not False
     why_not = _why_not_kernels(model, asked)
     summary = (f"decoding through torch: {why_not}" if why_not else
                f"decoding through mtp.kernels ({kernels.status().isa}, "
                f"{torch.get_num_threads()} threads)")
-    if chosen is not None and chosen[0] == asked and decodes_on_kernels(model) == (
-            why_not is None):
+    if chosen == asked and decodes_on_kernels(model) == (why_not is None):
         return summary  # marked as it should be (a device, a dtype or the switch may move)
     for module in model.modules():
         if isinstance(module, _KERNEL_MODULES):
@@ -274,7 +269,7 @@ def use_kernels(model: nn.Module, on: bool | None = None) -> str:
                 _packed(module)
             else:
                 module.__dict__.pop(_PACKED, None)
-    model.__dict__[_KERNEL_CHOICE] = (asked,)
+    model.__dict__[_KERNEL_CHOICE] = asked
     return summary
 
 
@@ -567,40 +562,38 @@ class MTPModel(nn.Module):
     def resume_trunk(self, h: Tensor, start: int) -> Tensor:
         """Trunk layers start.. on h (B, T, D), uncached: the rest of a `trunk` that skipped
         them (the loss's LayerSkip exit)."""
-        cos, sin = self.rope(h.shape[1])
-        for block in self.layers[start:]:
-            h = block(h, cos, sin, None, None)
+        return self._run(self.layers[start:], h, None, None)
+
+    def _run(self, blocks: nn.ModuleList, h: Tensor, cache: KVCache | None,
+             step: CacheStep | None) -> Tensor:
+        """`blocks` in turn on h (B, T, D), at positions from 0 or at the step's."""
+        _check_cached(cache, step)
+        cos, sin = self.rope(h.shape[1], step)
+        for block in blocks:
+            h = block(h, cos, sin, cache, step)
         return h
 
     def head(self, trunk_out: Tensor, index: int, *, cache: KVCache | None = None,
              step: CacheStep | None = None) -> Tensor:
         """Head `index`'s layers on the trunk output: (B, T, D), for `unembed(h, index)`."""
-        _check_cached(cache, step)
         if isinstance(self.heads[index], SequentialHead):
             raise ValueError(f"head {index} is a sequential module: it reads the previous "
                              f"depth's state and the tokens ahead (MTPModel.mtp_module)")
-        cos, sin = self.rope(trunk_out.shape[1], step)
         h = trunk_out
         if index and self.config.head_type == "medusa":
             h = self.norm(self.head(trunk_out, 0, cache=cache, step=step))
-        for block in self.heads[index]:
-            h = block(h, cos, sin, cache, step)
-        return h
+        return self._run(self.heads[index], h, cache, step)
 
     def mtp_module(self, previous: Tensor, tokens: Tensor, index: int, *,
                    cache: KVCache | None = None, step: CacheStep | None = None) -> Tensor:
         """Sequential head `index` >= 1: (B, T, D), before the shared norm. previous: head
         index - 1's output (B, T, D); tokens (B, T): at position t the token t + index."""
-        _check_cached(cache, step)
         head = self.heads[index]
         if not isinstance(head, SequentialHead):
             raise ValueError(f"head {index} is not a sequential module (model.head_type="
                              f"{self.config.head_type!r})")
-        cos, sin = self.rope(previous.shape[1], step)
         h = head.fuse(self.norm(previous), self.tok_embeddings(tokens))  # (B, T, D)
-        for block in head:
-            h = block(h, cos, sin, cache, step)
-        return h
+        return self._run(head, h, cache, step)
 
     def head_states(self, trunk_out: Tensor, tokens: Tensor, n: int) -> list[Tensor]:
         """Heads 0..n-1's outputs (B, T, D) on the trunk output of tokens[:, :T]; sequential

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from mtp.interop import hf
-from mtp.interop.fields import field, load_safetensors, read_json_object, write_json
+from mtp.interop.fields import (field, load_safetensors, read_json_object, save_safetensors,
+                                write_json)
 from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer
 
@@ -30,15 +30,16 @@ KEYS = {"fc.weight": "fc.weight", "norm.weight": "norm.weight",
         "lm_head.weight": "lm_head.weight",
         "input_norm.weight": "midlayer.input_layernorm.weight",
         "hidden_norm.weight": "midlayer.hidden_norm.weight",
-        **{ours: f"midlayer.{theirs}" for ours, theirs in hf.BLOCK_KEYS.items()
-           if ours != "attention_norm.weight"}}
+        **{f"{ours}.weight": f"midlayer.{theirs}.weight" for ours, theirs in hf.BLOCK_KEYS.items()
+           if ours != "attention_norm"}}
 EMBEDDING = "embed_tokens.weight"
 
 
-def _rotary(drafter: Mapping[str, Any]) -> dict[str, int]:
-    """The query and key projections, whose rows the two rotary layouts order differently."""
-    return {"attention.wq.weight": drafter["n_heads"],
-            "attention.wk.weight": drafter["n_kv_heads"]}
+def _names(drafter: Mapping[str, Any]) -> hf.Names:
+    """`KEYS`, with the query and key projections' heads (`hf.key_map`'s form)."""
+    rotary = {"attention.wq.weight": drafter["n_heads"],
+              "attention.wk.weight": drafter["n_kv_heads"]}
+    return {ours: (theirs, rotary.get(ours)) for ours, theirs in KEYS.items()}
 
 
 def write_eagle3(target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str, Any],
@@ -47,19 +48,15 @@ def write_eagle3(target: MTPConfig, tokenizer: Tokenizer, drafter: Mapping[str, 
     """Write the EAGLE-3 directory of a drafter (`EagleConfig.to_dict()` and state) for
     `target` and its token `embedding`, in `dtype` (None: the state's)."""
     dtype = dtype or state["fc.weight"].dtype
-    rotary = _rotary(drafter)
-    tensors = {theirs: hf.interleaved_to_rotate_half(state[ours].detach().to("cpu", dtype),
-                                                     rotary.get(ours))
-               for ours, theirs in KEYS.items()}
+    tensors = hf.to_theirs({k: state[k].detach().to("cpu", dtype) for k in KEYS}, _names(drafter))
     d2t = state["d2t"].cpu().long()
     if len(d2t) < target.vocab_size:  # a full draft vocabulary is the identity: no map
         tensors["d2t"] = d2t - torch.arange(len(d2t))  # the engines add arange(N) back
         tensors["t2d"] = torch.zeros(target.vocab_size, dtype=torch.bool).index_fill(0, d2t,
                                                                                       True)
     tensors[EMBEDDING] = embedding.detach().to("cpu", dtype)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / hf.WEIGHTS_FILE),
-              metadata={"format": "pt"})
+    save_safetensors({k: v.contiguous() for k, v in tensors.items()},
+                     directory / hf.WEIGHTS_FILE)
     write_json(directory / hf.CONFIG_FILE, eagle3_config(target, tokenizer, drafter, dtype))
     return directory
 
@@ -112,11 +109,7 @@ def read_eagle3(directory: Path, target: MTPConfig, embedding: Tensor,
                "norm_eps": field(values, path, "rms_norm_eps", "number")}
     weights = directory / hf.WEIGHTS_FILE
     tensors = load_safetensors(weights)
-    rotary, state = _rotary(drafter), {}
-    for ours, theirs in KEYS.items():
-        if theirs not in tensors:
-            raise ValueError(f"{weights} has no {theirs}")
-        state[ours] = hf.rotate_half_to_interleaved(tensors[theirs], rotary.get(ours))
+    state = hf.to_ours(tensors, _names(drafter), drafter["head_dim"], weights)
     offsets = tensors.get("d2t")
     state["d2t"] = torch.arange(drafter["draft_vocab_size"]) + (0 if offsets is None
                                                                  else offsets.long())

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from mtp.paths import write_json as write_any_json
 
@@ -77,6 +77,12 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except SafetensorError as e:
         raise ValueError(f"corrupt weights file {path}: {e}") from e
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write `tensors` to `path` (its folder made if need be), as transformers saves them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def load_torch(path: Path, what: str, **options: Any) -> Any:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from mtp.interop.fields import check_keys, require
 from mtp.interop.gguf_tokenizer import gguf_tokenizer
-from mtp.interop.hf import block_keys
+from mtp.interop.hf import key_map
 from mtp.model import MTPConfig
 from mtp.rope import RopeScaling
 from mtp.tokenizers import Tokenizer
@@ -42,13 +42,14 @@ KNOWN_FIELDS = {
     "rope.scaling.original_context_length", "rope.scaling.finetuned", "expert_count",
     "expert_used_count",
 }
-# GGUF tensor sub-names of a block -> mtp's; biases are looked up with the same stems.
-BLOCK_TENSORS = {"attn_q": "attention.wq", "attn_k": "attention.wk", "attn_v": "attention.wv",
-                 "attn_output": "attention.wo", "ffn_gate": "feed_forward.w1",
-                 "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
-                 "attn_norm": "attention_norm", "ffn_norm": "ffn_norm"}
-TOP_TENSORS = {"token_embd.weight": "tok_embeddings.weight", "output_norm.weight": "norm.weight",
-               "output.weight": "output.weight"}
+# transformers' Llama tensor stems (`hf.key_map`'s) -> GGUF's, as llama.cpp's converter names
+# them; a block's `model.layers.{i}.<stem>` is `blk.{i}.<GGUF stem>`.
+TOP_TENSORS = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
+               "lm_head": "output"}
+BLOCK_TENSORS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+                 "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
 ROPE_FREQS = "rope_freqs.weight"
 # Scalar metadata value types (gguf.GGUFValueType): struct format; 8 is a string, 9 an array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
@@ -285,16 +286,16 @@ def llama3_scaling(divisors: Tensor, theta: float, head_dim: int, path: Path) ->
 
 
 def _tensor_names(config: MTPConfig) -> dict[str, str]:
-    """Every GGUF tensor name the config implies -> its mtp name."""
-    names = {k: v for k, v in TOP_TENSORS.items()
-             if k != "output.weight" or not config.tie_embeddings}
-    params = block_keys(config)  # biases included where the config has them
-    for layer in range(config.n_layers + 1):  # the last block is head 0
-        ours = f"layers.{layer}" if layer < config.n_layers else "heads.0.0"
-        for stem, sub in BLOCK_TENSORS.items():
-            for kind in ("weight", "bias"):
-                if f"{sub}.{kind}" in params:
-                    names[f"blk.{layer}.{stem}.{kind}"] = f"{ours}.{sub}.{kind}"
+    """Every GGUF tensor name the config implies -> its mtp name (GGUF's query and key rows
+    are mtp's already)."""
+    names = {}
+    for ours, (theirs, _) in key_map(config).items():
+        stem, kind = theirs.rsplit(".", 1)
+        if stem.startswith("model.layers."):
+            _, _, layer, sub = stem.split(".", 3)
+            names[f"blk.{layer}.{BLOCK_TENSORS[sub]}.{kind}"] = ours
+        else:
+            names[f"{TOP_TENSORS[stem]}.{kind}"] = ours
     return names
 
 

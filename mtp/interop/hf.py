@@ -10,17 +10,18 @@ rotary) is refused by name.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from mtp.interop.fields import (check_keys, field, load_safetensors, peek_json_object,
-                                read_json_object, write_json)
+                                read_json_object, save_safetensors, write_json)
 from mtp.interop.hf_tokenizer import read_hf_tokenizer, write_hf_tokenizer
-from mtp.model import HEAD_TYPES, MTPConfig, SequentialHead
+from mtp.model import HEAD_TYPES, MTPConfig, MTPModel
 from mtp.rope import RopeScaling
 from mtp.tokenizers import Tokenizer
 
@@ -35,27 +36,24 @@ HEADS_LAYOUT_FILE = "mtp_heads.json"
 HEADS_FORMAT = "mtp-heads"
 HEADS_FORMAT_VERSION = 1
 
-# A block's parameters: mtp name -> transformers' Llama name.
+# A block's layers: mtp name -> transformers' Llama name (of the `.weight` and any `.bias`).
 BLOCK_KEYS = {
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-    "attention_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
+    "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
+    "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
+    "feed_forward.w2": "mlp.down_proj", "attention_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
 }
-# The projections with biases when the MTPConfig field that keys them is true.
-BIAS_KEYS = {"qkv_bias": ("attention.wq", "attention.wk", "attention.wv"),
-             "out_bias": ("attention.wo",),
-             "mlp_bias": ("feed_forward.w1", "feed_forward.w3", "feed_forward.w2")}
 # The architectures read, by model_type.
 ARCHITECTURES = {"llama": ("LlamaForCausalLM", "LlamaModel"),
                  "qwen2": ("Qwen2ForCausalLM", "Qwen2Model")}
 ROPE_TYPES = ("default", "linear", "llama3")
 _EMBEDDINGS, _OUTPUT = "model.embed_tokens.weight", "lm_head.weight"
+# A block's parameter: its block (a trunk layer, or head i's layer j), BLOCK_KEYS stem, kind.
+_BLOCK_PARAMETER = re.compile(r"(layers\.\d+|heads\.\d+\.\d+)\.(.+)\.(weight|bias)")
+_TOP_KEYS = {"tok_embeddings.weight": _EMBEDDINGS, "norm.weight": "model.norm.weight",
+             "output.weight": _OUTPUT}
+Names = dict[str, tuple[str, int | None]]  # mtp name -> (theirs, rotary heads of a query/key)
 
 
 def is_hf_llama(directory: Path) -> bool:
@@ -79,38 +77,55 @@ def rotate_half_to_interleaved(weight: Tensor, n_heads: int | None) -> Tensor:
     return weight.unflatten(0, (n_heads, 2, -1)).transpose(1, 2).reshape(weight.shape)
 
 
-def block_keys(config: MTPConfig) -> dict[str, str]:
-    """A block's parameters, biases included: mtp sub-name -> transformers' sub-name."""
-    biased = [layer for flag, layers in BIAS_KEYS.items() if getattr(config, flag)
-              for layer in layers]
-    return BLOCK_KEYS | {f"{layer}.bias": BLOCK_KEYS[f"{layer}.weight"].removesuffix("weight")
-                         + "bias" for layer in biased}
+def parameter_names(config: MTPConfig) -> list[str]:
+    """The names of an `MTPModel`'s parameters, tied ones included (from the meta device)."""
+    with torch.device("meta"):
+        return list(MTPModel(config).state_dict())
 
 
-def key_map(config: MTPConfig) -> dict[str, tuple[str, int | None]]:
+def key_map(config: MTPConfig) -> Names:
     """Every mtp parameter name -> (its transformers/heads-file name, its rotary heads for
-    query and key projections, else None); a tied output weight is left out."""
-    names: dict[str, tuple[str, int | None]] = {"tok_embeddings.weight": (_EMBEDDINGS, None),
-                                                "norm.weight": ("model.norm.weight", None)}
-    if not config.tie_embeddings:
-        names["output.weight"] = (_OUTPUT, None)
+    query and key projections, else None); a tied output weight is left out. Trunk and head 0
+    are the Llama's layers; heads 1..n-1 keep mtp's names, with Llama's within a block."""
     rotary = {"attention.wq": config.n_heads, "attention.wk": config.n_kv_heads}
-    blocks = [(f"layers.{l}", f"model.layers.{l}") for l in range(config.n_layers)]
-    for i in range(config.n_future):
-        for j in range(config.head_layers):
-            theirs = f"model.layers.{config.n_layers + j}" if i == 0 else f"heads.{i}.{j}"
-            if i < config.block_heads:
-                blocks.append((f"heads.{i}.{j}", theirs))
-            else:  # an attention-free layer: one weight, stored as it is
-                names[f"{theirs}.weight"] = (f"{theirs}.weight", None)
-    for ours, theirs in blocks:
-        for sub, hf_sub in block_keys(config).items():
-            names[f"{ours}.{sub}"] = (f"{theirs}.{hf_sub}", rotary.get(sub.rsplit(".", 1)[0]))
-    if config.head_type == "sequential":
-        for i in range(1, config.n_future):
-            for name in SequentialHead.FUSION:
-                names[f"heads.{i}.{name}"] = (f"heads.{i}.{name}", None)
+    names: Names = {}
+    for ours in parameter_names(config):
+        if ours == "output.weight" and config.tie_embeddings:
+            continue
+        block = _BLOCK_PARAMETER.fullmatch(ours)
+        if block is None:  # not a block's: attention-free layers and fusions keep theirs
+            names[ours] = (_TOP_KEYS.get(ours, ours), None)
+            continue
+        prefix, stem, kind = block.groups()
+        if prefix.startswith("heads.0."):  # head 0's blocks follow the trunk's
+            prefix = f"layers.{config.n_layers + int(prefix.removeprefix('heads.0.'))}"
+        prefix = "model." + prefix if prefix.startswith("layers.") else prefix
+        names[ours] = (f"{prefix}.{BLOCK_KEYS[stem]}.{kind}", rotary.get(stem))
     return names
+
+
+def to_theirs(state: Mapping[str, Tensor], names: Names) -> dict[str, Tensor]:
+    """`state`'s tensors under their `names`, query/key rows permuted to halves."""
+    return {theirs: interleaved_to_rotate_half(state[ours], n_rotary).contiguous()
+            for ours, (theirs, n_rotary) in names.items()}
+
+
+def to_ours(tensors: dict[str, Tensor], names: Names, head_dim: int,
+            source: Path) -> dict[str, Tensor]:
+    """The state in mtp's `names`, taken out of `tensors` (one copy in memory), query/key rows
+    permuted to interleaved pairs; a missing weight, or rows that are not whole heads, named."""
+    state = {}
+    for ours, (name, n_rotary) in names.items():
+        if name not in tensors:
+            raise ValueError(f"{source}: weight {name} is missing")
+        tensor = tensors.pop(name)
+        if n_rotary is not None:
+            if len(tensor) != n_rotary * head_dim:
+                raise ValueError(f"{source}: {name} has shape {tuple(tensor.shape)}, the "
+                                 f"config says {n_rotary} heads of {head_dim} rows")
+            tensor = rotate_half_to_interleaved(tensor, n_rotary)
+        state[ours] = tensor
+    return state
 
 
 def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
@@ -118,17 +133,14 @@ def write_hf(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
     """Write a `LlamaForCausalLM` directory (and the heads file when n_future > 1)."""
     dtype = state["tok_embeddings.weight"].dtype
     hf_config = _llama_config(config, tokenizer, dtype)  # refuses what transformers lacks
-    model_state, heads_state = {}, {}
-    for ours, (theirs, n_rotary) in key_map(config).items():
-        tensor = interleaved_to_rotate_half(state[ours], n_rotary).contiguous()
-        (heads_state if theirs.startswith("heads.") else model_state)[theirs] = tensor
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(model_state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    model_state = to_theirs(state, key_map(config))
+    heads_state = {k: model_state.pop(k) for k in list(model_state) if k.startswith("heads.")}
+    save_safetensors(model_state, directory / WEIGHTS_FILE)
     write_configs(directory, hf_config, tokenizer, config.max_seq_len)
     for stale in (HEADS_FILE, HEADS_LAYOUT_FILE, INDEX_FILE):  # written before, with heads
         (directory / stale).unlink(missing_ok=True)
     if config.n_future > 1:
-        save_file(heads_state, str(directory / HEADS_FILE), metadata={"format": "pt"})
+        save_safetensors(heads_state, directory / HEADS_FILE)
         # Engines (vLLM) load every *.safetensors of a folder unless an index names the
         # model's: list model.safetensors alone, so the heads file is ours to read.
         write_json(directory / INDEX_FILE, {
@@ -205,16 +217,7 @@ def read_hf(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Tokenizer]:
     names = key_map(config)
     check_keys(theirs, (name for name, _ in names.values()),
                f"weights in {directory} do not fit its config.json (and {HEADS_LAYOUT_FILE})")
-    state = {}
-    for ours, (name, n_rotary) in names.items():
-        tensor = theirs.pop(name)  # drop our reference as we go: one copy in memory
-        if n_rotary is not None:
-            expected = (n_rotary * config.head_dim, config.dim)[:tensor.ndim]
-            if tuple(tensor.shape) != expected:
-                raise ValueError(f"{directory}: {name} has shape {tuple(tensor.shape)}, the "
-                                 f"config says {expected}")
-            tensor = rotate_half_to_interleaved(tensor, n_rotary)
-        state[ours] = tensor
+    state = to_ours(theirs, names, config.head_dim, directory)
     return config, state, read_hf_tokenizer(directory)
 
 

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from mtp.interop import hf
 from mtp.interop.fields import (check_keys, field, load_safetensors, load_torch,
-                                read_json_object, write_json)
+                                read_json_object, save_safetensors, write_json)
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import Tokenizer
 
@@ -30,6 +27,10 @@ CONFIG_FILE = "config.json"
 VLLM_WEIGHTS = "model.safetensors"
 MEDUSA_WEIGHTS = "medusa_lm_head.pt"
 MEDUSA_SAFETENSORS = "medusa_lm_head.safetensors"  # read too: later Medusa training saves it
+# Each layout's (weight, bias, lm_head) names of head h's layer l; an lm_head's l is the layer
+# count (FasterDecoding's lm_head follows a head's layers).
+VLLM_KEYS = ("blocks.{h}.layers.{l}.weight", "blocks.{h}.layers.{l}.bias", "lm_heads.{h}.weight")
+MEDUSA_KEYS = ("{h}.{l}.linear.weight", "{h}.{l}.linear.bias", "{h}.{l}.weight")
 
 _REFUSED = {
     "resblock": "resblock heads read the trunk output and end in the shared final norm, "
@@ -52,70 +53,56 @@ def check_medusa(config: MTPConfig) -> None:
                          + _REFUSED[config.head_type])
 
 
-def _head_weights(config: MTPConfig, state: dict[str, Tensor]) -> list[list[Tensor]]:
-    """W of head h + 1's layer l as nn.Linear's (out, in): [h][l], for Medusa's head h."""
-    return [[state[f"heads.{h + 1}.{l}.weight"].T.contiguous() for l in range(config.head_layers)]
-            for h in range(config.n_future - 1)]
-
-
-def vllm_heads(config: MTPConfig, state: dict[str, Tensor]) -> tuple[dict[str, Any],
-                                                                     dict[str, Tensor]]:
-    """vLLM's Medusa config.json and weights (`models/medusa.py`'s names) for heads 1..n-1."""
-    check_medusa(config)
-    num_heads = config.n_future - 1
-    tensors = {f"blocks.{h}.layers.{l}.weight": weight
-               for h, layers in enumerate(_head_weights(config, state))
-               for l, weight in enumerate(layers)}
-    for h in range(num_heads):  # safetensors stores no shared tensors: one copy per head
-        tensors[f"lm_heads.{h}.weight"] = state["output.weight"].clone()
-    values = {"architectures": ["MedusaModel"], "model_type": "medusa",
-              "hidden_size": config.dim, "vocab_size": config.vocab_size,
-              "num_heads": num_heads, "num_hidden_layers": config.head_layers,
-              "truncated_vocab_size": config.vocab_size, "medusa_fc_bias": False,
-              "original_lm_head": True,
-              "torch_dtype": str(state["output.weight"].dtype).removeprefix("torch.")}
-    return values, tensors
-
-
-def fasterdecoding_heads(config: MTPConfig, state: dict[str, Tensor],
-                         base_model: str) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """FasterDecoding's Medusa config.json and `medusa_lm_head.pt` (`MedusaModel.medusa_head`'s
-    state dict; zero biases, one lm_head shared by every head)."""
-    check_medusa(config)
-    L = config.head_layers
-    zeros = state["output.weight"].new_zeros(config.dim)  # Medusa's ResBlock has a bias
+def _head_tensors(config: MTPConfig, state: dict[str, Tensor], keys: tuple[str, str, str], *,
+                  bias: bool, copies: bool) -> dict[str, Tensor]:
+    """Heads 1..n-1 as Medusa's heads 0..n-2 under a layout's `keys`: W as nn.Linear's (out,
+    in), zero biases if `bias` (Medusa's ResBlock has one), the shared lm_head (`copies`: a
+    copy per head)."""
+    weight, bias_key, lm_head = keys
+    L, output = config.head_layers, state["output.weight"]
+    zeros = output.new_zeros(config.dim)
     tensors = {}
-    for h, layers in enumerate(_head_weights(config, state)):
-        for l, weight in enumerate(layers):
-            tensors[f"{h}.{l}.linear.weight"] = weight
-            tensors[f"{h}.{l}.linear.bias"] = zeros
-        tensors[f"{h}.{L}.weight"] = state["output.weight"]  # torch.save keeps one copy
-    values = {"medusa_num_heads": config.n_future - 1, "medusa_num_layers": L,
-              "base_model_name_or_path": base_model}
-    return values, tensors
+    for h in range(config.n_future - 1):
+        for l in range(L):
+            tensors[weight.format(h=h, l=l)] = state[f"heads.{h + 1}.{l}.weight"].T.contiguous()
+            if bias:
+                tensors[bias_key.format(h=h, l=l)] = zeros
+        tensors[lm_head.format(h=h, l=L)] = output.clone() if copies else output
+    return tensors
 
 
 def write_medusa(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer,
                  directory: Path) -> None:
     """Write `base/`, `vllm/` and `medusa/` (module docstring) into `directory`."""
     check_medusa(config)
-    base = directory / BASE_DIR
-    vllm_config, vllm_tensors = vllm_heads(config, state)
-    medusa_config, medusa_tensors = fasterdecoding_heads(config, state, str(base.resolve()))
     if config.head_layers > 1:
         warnings.warn(f"head_layers={config.head_layers}: FasterDecoding's own MedusaModel "
                       f"repeats one ResBlock module per head ([ResBlock] * medusa_num_layers), "
                       f"so it runs every layer of a head with the last layer's weights; vLLM "
                       f"(and, as far as we know, TensorRT-LLM) reads each layer", stacklevel=2)
+    base = directory / BASE_DIR
     base_config = dataclasses.replace(config, n_future=1, head_type="block")
     base_state = {name: t for name, t in state.items() if MTPModel.is_base_parameter(name)}
     hf.write_hf(base_config, base_state, tokenizer, base)
-    for sub, values in ((VLLM_DIR, vllm_config), (MEDUSA_DIR, medusa_config)):
+    num_heads, num_layers = config.n_future - 1, config.head_layers
+    # vLLM's `models/medusa.py`; FasterDecoding's `MedusaModel.medusa_head`.
+    vllm = {"architectures": ["MedusaModel"], "model_type": "medusa",
+            "hidden_size": config.dim, "vocab_size": config.vocab_size,
+            "num_heads": num_heads, "num_hidden_layers": num_layers,
+            "truncated_vocab_size": config.vocab_size, "medusa_fc_bias": False,
+            "original_lm_head": True,
+            "torch_dtype": str(state["output.weight"].dtype).removeprefix("torch.")}
+    medusa = {"medusa_num_heads": num_heads, "medusa_num_layers": num_layers,
+              "base_model_name_or_path": str(base.resolve())}
+    for sub, values in ((VLLM_DIR, vllm), (MEDUSA_DIR, medusa)):
         (directory / sub).mkdir(parents=True, exist_ok=True)
         write_json(directory / sub / CONFIG_FILE, values)
-    save_file(vllm_tensors, str(directory / VLLM_DIR / VLLM_WEIGHTS), metadata={"format": "pt"})
+    # safetensors stores no shared tensors (an lm_head per head); torch.save keeps one copy.
+    save_safetensors(_head_tensors(config, state, VLLM_KEYS, bias=False, copies=True),
+                     directory / VLLM_DIR / VLLM_WEIGHTS)
     (directory / MEDUSA_DIR / MEDUSA_SAFETENSORS).unlink(missing_ok=True)  # an older export's
-    torch.save(medusa_tensors, directory / MEDUSA_DIR / MEDUSA_WEIGHTS)
+    torch.save(_head_tensors(config, state, MEDUSA_KEYS, bias=True, copies=False),
+               directory / MEDUSA_DIR / MEDUSA_WEIGHTS)
 
 
 # -- reading back ----------------------------------------------------------------------------
@@ -165,12 +152,8 @@ def read_vllm_heads(directory: Path) -> MedusaHeads:
     shared = field(values, path, "original_lm_head", "bool", False)
     tensors = load_safetensors(directory / VLLM_WEIGHTS)
     tensors = {name.removeprefix("medusa_heads."): t for name, t in tensors.items()}
-    # vLLM ignores other heads' lm_heads when original_lm_head is set
-    others = {f"lm_heads.{h}.weight" for h in range(1, num_heads)} if shared else set()
-    return _heads(tensors, num_heads, num_layers, "blocks.{h}.layers.{l}.weight",
-                  "blocks.{h}.layers.{l}.bias" if bias else None,
-                  "lm_heads.0.weight" if shared else "lm_heads.{h}.weight",
-                  directory / VLLM_WEIGHTS, others)
+    return _heads(tensors, num_heads, num_layers, VLLM_KEYS, directory / VLLM_WEIGHTS,
+                  bias=bias, shared=shared)
 
 
 def read_fasterdecoding_heads(directory: Path) -> MedusaHeads:
@@ -189,24 +172,25 @@ def read_fasterdecoding_heads(directory: Path) -> MedusaHeads:
         tensors = load_torch(weights, "a PyTorch state dict")
         if not isinstance(tensors, dict):
             raise ValueError(f"{weights} holds a {type(tensors).__name__}, not a state dict")
-    # The lm_head follows a head's layers: "{h}.{num_layers}.weight".
-    return _heads(tensors, num_heads, num_layers, "{h}.{l}.linear.weight",
-                  "{h}.{l}.linear.bias", "{h}.{l}.weight", weights)
+    return _heads(tensors, num_heads, num_layers, MEDUSA_KEYS, weights)
 
 
-def _heads(tensors: dict[str, Tensor], num_heads: int, num_layers: int, weight: str,
-           bias: str | None, lm_head: str, source: Path, others: Iterable[str] = ()
-           ) -> MedusaHeads:
-    """The heads in `tensors`, which must hold exactly (but for `others`) the tensors named by
-    `weight`, `bias` (None: none) and `lm_head` formatted with each head h and layer l."""
+def _heads(tensors: dict[str, Tensor], num_heads: int, num_layers: int,
+           keys: tuple[str, str, str], source: Path, *, bias: bool = True,
+           shared: bool = False) -> MedusaHeads:
+    """The heads in `tensors`, which must hold exactly the tensors a layout's `keys` name for
+    each head h and layer l: biases only if `bias`; head 0's lm_head for all if `shared`
+    (the other heads' are then ignored, as vLLM ignores them)."""
+    weight, bias_key, lm_head = keys
     at = [[{"h": h, "l": l} for l in range(num_layers)] for h in range(num_heads)]
-    names = {name.format(**where) for head in at for where in head for name in (weight, bias)
-             if name is not None}
-    lm_heads = [lm_head.format(h=h, l=num_layers) for h in range(num_heads)]
+    names = {name.format(**where) for head in at for where in head
+             for name in ((weight, bias_key) if bias else (weight,))}
+    lm_heads = [lm_head.format(h=0 if shared else h, l=num_layers) for h in range(num_heads)]
+    others = {lm_head.format(h=h, l=num_layers) for h in range(1, num_heads)} if shared else ()
     check_keys(tensors, names | set(lm_heads), f"{source} does not fit its {CONFIG_FILE}", others)
     return MedusaHeads(
         weights=[[tensors[weight.format(**where)] for where in head] for head in at],
-        biases=[[None if bias is None else tensors[bias.format(**where)] for where in head]
+        biases=[[tensors[bias_key.format(**where)] if bias else None for where in head]
                 for head in at],
         lm_heads=[tensors[name] for name in lm_heads], source=source)
 

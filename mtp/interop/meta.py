@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from mtp.interop.fields import check_keys, field, load_torch, read_json_object
+from mtp.interop.hf import parameter_names
 from mtp.interop.hf_tokenizer import SENTENCEPIECE_FILE, sentencepiece_tokenizer
-from mtp.model import MTPConfig, MTPModel
+from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer
 
 PARAMS_FILE = "params.json"
@@ -83,8 +83,7 @@ def meta_config(path: Path, tokenizer: Tokenizer | None = None) -> MTPConfig:
 
 def meta_names(config: MTPConfig) -> dict[str, str]:
     """Meta's name of every mtp parameter: {mtp name: Meta name}."""
-    with torch.device("meta"):
-        ours = list(MTPModel(config).state_dict())
+    ours = parameter_names(config)
     names = dict(zip(ours, ours))
     for name in ours:
         if name.startswith("heads."):

@@ -26,11 +26,10 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from mtp.interop import hf
-from mtp.interop.fields import field, peek_json_object, read_json_object
+from mtp.interop.fields import field, peek_json_object, read_json_object, save_safetensors
 from mtp.interop.hf_tokenizer import read_hf_tokenizer
 from mtp.model import MTPConfig
 from mtp.tokenizers import Tokenizer
@@ -71,16 +70,13 @@ def write_mimo(config: MTPConfig, state: dict[str, Tensor], tokenizer: Tokenizer
                          f"{config.out_bias}, mlp_bias={config.mlp_bias}")
     dtype = state["tok_embeddings.weight"].dtype
     config = dataclasses.replace(config, qkv_bias=True)  # zero biases: Llama's block exactly
-    tensors = {}
-    for ours, (theirs, n_rotary) in _names(config, mimo=True).items():
-        tensor = state.get(ours)
-        if tensor is None:  # a q/k/v bias of a model without them
-            tensor = torch.zeros(len(state[ours.removesuffix("bias") + "weight"]), dtype=dtype)
-        tensors[theirs] = hf.interleaved_to_rotate_half(tensor, n_rotary).contiguous()
+    names = _names(config, mimo=True)
+    zeros = {ours: torch.zeros(len(state[ours.removesuffix("bias") + "weight"]), dtype=dtype)
+             for ours in names if ours not in state}  # q/k/v biases of a model without them
+    tensors = hf.to_theirs(state | zeros, names)
     for i in range(config.n_future - 1):
         tensors[f"model.mtp_layers.{i}.final_layernorm.weight"] = state["norm.weight"].clone()
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(directory / hf.WEIGHTS_FILE), metadata={"format": "pt"})
+    save_safetensors(tensors, directory / hf.WEIGHTS_FILE)
     base = dataclasses.replace(config, n_future=1, head_type="block")
     values = hf._llama_config(base, tokenizer, dtype)  # Qwen2's: q/k/v biases only
     # model_type qwen2, not MiMo's own "mimo": transformers has no "mimo" (remote code), which
@@ -115,8 +111,7 @@ def read_mtp_layers(directory: Path) -> tuple[MTPConfig, dict[str, Tensor], Toke
         config = dataclasses.replace(config, qkv_bias=False)
     hf.drop_tied_output(config, theirs, directory)
     names = _names(config, mimo)
-    state = {ours: hf.rotate_half_to_interleaved(_take(theirs, name, directory), n_rotary)
-             for ours, (name, n_rotary) in names.items()}
+    state = hf.to_ours(theirs, names, config.head_dim, directory)
     if not mimo and modules:  # DeepSeek's eh_proj reads [embedding; hidden], mtp's the other
         embedding, hidden = state["heads.1.eh_proj"].chunk(2, dim=1)
         state["heads.1.eh_proj"] = torch.cat([hidden, embedding], dim=1)
@@ -141,7 +136,7 @@ def _prefix(config: MTPConfig, i: int, mimo: bool) -> str:
     return f"model.mtp_layers.{i}." if mimo else f"model.layers.{config.n_layers + 1 + i}."
 
 
-def _names(config: MTPConfig, mimo: bool) -> dict[str, tuple[str, int | None]]:
+def _names(config: MTPConfig, mimo: bool) -> hf.Names:
     """`hf.key_map`, with the modules' keys in MiMo's or DeepSeek's layout."""
     fusion = MIMO_FUSION if mimo else DEEPSEEK_FUSION
     names = {}

@@ -166,7 +166,7 @@ def _edit(directory: Path, config: dict | None = None, weights: dict | None = No
     ("mimo", None, {"model.mtp_layers.0.extra.weight": torch.ones(2)},
      r"unexpected weights \['model.mtp_layers.0.extra.weight'\]"),
     ("mimo", {"num_nextn_predict_layers": 3}, None,
-     "weight model.mtp_layers.2.self_attn.q_proj.weight is missing"),
+     "weight model.mtp_layers.2.hidden_layernorm.weight is missing"),
     ("deepseek", {"num_nextn_predict_layers": 2}, None,
      "field 'num_nextn_predict_layers' must be 0 or 1 in DeepSeek's layout"),
     ("deepseek", None, {"model.layers.3.shared_head.head.weight": torch.zeros(262, 32)},
