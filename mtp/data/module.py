@@ -77,17 +77,13 @@ class StreamingBlocks(torch.utils.data.IterableDataset):
         documents = split_dataset_by_node(corpus.documents, rank=rank, world_size=world_size)
         if split == "train":
             documents = documents.shuffle(seed=seed, buffer_size=_SHUFFLE_BUFFER)
-        self.documents, self.tokenizer, self.split = documents, tokenizer, split
+        self.documents, self.tokenizer, self.val = documents, tokenizer, split == "val"
         self.seq_len, self.n_future = seq_len, n_future
         self.val_fraction, self.seed = val_fraction, seed
 
-    def set_epoch(self, epoch: int) -> None:
-        self.documents.set_epoch(epoch)
-
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        want_val = self.split == "val"
         texts = (t for t in (row["text"] for row in self.documents)
-                 if t and t.strip() and is_validation(t, self.seed, self.val_fraction) == want_val)
+                 if t and t.strip() and is_validation(t, self.seed, self.val_fraction) == self.val)
         ids = (self.tokenizer.encode(t) + [self.tokenizer.eos_id] for t in texts)
         for block in pack_iter(ids, self.seq_len, self.n_future):
             yield {"tokens": block}
@@ -140,12 +136,6 @@ class MTPDataModule(L.LightningDataModule):
                 f"corpus {corpus.key} has {tokens} training tokens: {len(self.train_set)} blocks "
                 f"of seq_len {self.seq_len} + n_future {self.n_future}, fewer than one batch of "
                 f"{self.batch_size} per rank on {world_size} rank(s)")
-
-    def stats(self) -> dict:
-        """Corpus figures for this module's block shape (after ``setup``)."""
-        if self.prepared is None:
-            raise RuntimeError("stats() needs setup() first (and a map-style source)")
-        return self.prepared.stats(self.seq_len, self.n_future)
 
     def train_dataloader(self) -> DataLoader:
         if isinstance(self.train_set, StreamingBlocks):

@@ -80,7 +80,7 @@ def prepare(corpus: Corpus, tokenizer: Tokenizer, *, val_fraction: float = 0.01,
     if corpus.streaming:
         raise ValueError("a streaming corpus is tokenised on the fly; prepare() needs a "
                          "map-style one")
-    directory = _split_dir(corpus, cache_dir, f"{tokenizer.fingerprint}", val_fraction, seed)
+    directory = _split_dir(corpus, cache_dir, tokenizer.fingerprint, val_fraction, seed)
     directory.mkdir(parents=True, exist_ok=True)
     tokenised = corpus.documents.map(
         _tokenise, batched=True,

@@ -23,6 +23,7 @@ from mtp.tokenizers import Tokenizer
 P, DEGREE = 7, 5  # the field F7 and the truncation X^5
 OPERATORS = ("-", "+", "*", "o")
 MAX_OPS = 20  # the longest problem any source or test set writes (the paper tests m <= 10)
+TEST_MS = tuple(range(1, 11))  # the paper's in-domain 1..5 and out-of-domain 6..10
 TEST_FRACTION = 0.1  # share of all problems reserved for testing
 ALPHABET = "0123456" + "".join(OPERATORS) + " ="
 Poly = tuple[int, ...]  # DEGREE coefficients in [0, P), lowest degree first
@@ -90,7 +91,6 @@ class Problem:
 
 def random_problem(rng: random.Random, m: int) -> Problem:
     """A problem of `m` operations, every choice uniform."""
-    check_ops(m)
 
     def element() -> Poly:
         return tuple(rng.randrange(P) for _ in range(DEGREE))
@@ -123,7 +123,7 @@ def problems(seed: int, count: int, ms: tuple[int, ...], *, test: bool) -> list[
     return out
 
 
-def test_set(per_m: int, ms: tuple[int, ...] = tuple(range(1, 11))) -> list[Problem]:
+def test_set(per_m: int, ms: tuple[int, ...] = TEST_MS) -> list[Problem]:
     """The fixed test set: `per_m` problems for each m, the same for every checkpoint (each m
     has its own stream, so a larger `per_m` extends a smaller one)."""
     check_positive("per_m", per_m)

@@ -6,6 +6,7 @@ a ``Corpus``. Every source skips, and counts, the same files whatever the tokeni
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob
 import hashlib
@@ -21,7 +22,7 @@ from pathlib import Path
 import datasets
 
 from mtp.cli import check_choices
-from mtp.data.decontaminate import BENCHMARKS, NGRAM, References, load_references
+from mtp.data.decontaminate import BENCHMARKS, NGRAM, load_references
 from mtp.data.hub import check_hub_reachable, offline_message
 
 TEXT_SUFFIXES_STRUCTURED = (".jsonl", ".json", ".parquet")
@@ -259,17 +260,24 @@ def _load_installed(source: InstalledSource) -> Corpus:
     skipped["duplicate"] = len(found) - len(files) + len(texts) - len(first)
     contaminated = {}
     if source.decontaminate:
-        verdicts = _DecontaminationCache(references, source.cache_dir)
-        for digest, i in first.items():
-            problems = verdicts.matches(digest, texts[i])
-            if problems:
-                contaminated[ids[i]] = problems
-        verdicts.save()
+        # Verdicts (the problems a content matched) are cached by content hash, per references.
+        root = Path(source.cache_dir) if source.cache_dir is not None else data_dir()
+        path = root / "decontamination" / f"{references.key}-n{references.ngram}.json"
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        new = {digest: sorted(references.matches(texts[i])) for digest, i in first.items()
+               if digest not in known}
+        known.update(new)
+        contaminated = {ids[i]: known[digest] for digest, i in first.items() if known[digest]}
+        if new:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known))
+            os.replace(tmp, path)  # whole or absent, whichever process writes last
         skipped["contaminated"] = len(contaminated)
     kept = [i for i in first.values() if ids[i] not in contaminated]
     corpus = _corpus([ids[i] for i in kept], [texts[i] for i in kept], skipped,
                      prefix=f"installed-{_PYTHON}", searched=[str(r) for r in roots])
-    return Corpus(corpus.documents, corpus.key, corpus.skipped, contaminated)
+    return dataclasses.replace(corpus, contaminated=contaminated)
 
 
 def _python_files(root: Path) -> list[Path]:
@@ -280,33 +288,6 @@ def _python_files(root: Path) -> list[Path]:
         found += [p for p in (Path(folder, n) for n in sorted(names) if n.endswith(".py"))
                   if p.is_file()]
     return found
-
-
-class _DecontaminationCache:
-    """The problems each file content matched, kept in a JSON file per set of references."""
-
-    def __init__(self, references: References, cache_dir: str | None) -> None:
-        self.references = references
-        root = Path(cache_dir) if cache_dir is not None else data_dir()
-        self.path = root / "decontamination" / f"{references.key}-n{references.ngram}.json"
-        self.known: dict[str, list[str]] = (json.loads(self.path.read_text())
-                                            if self.path.is_file() else {})
-        self.new = 0
-
-    def matches(self, digest: str, text: str) -> list[str]:
-        """The problems `text` (whose content hash is `digest`) shares an n-gram with."""
-        if digest not in self.known:
-            self.known[digest] = sorted(self.references.matches(text))
-            self.new += 1
-        return self.known[digest]
-
-    def save(self) -> None:
-        if not self.new:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.known))
-        os.replace(tmp, self.path)  # whole or absent, whichever process writes last
 
 
 def _corpus(ids: list[str], texts: list[str], skipped: Counter, prefix: str,

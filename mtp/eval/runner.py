@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from tqdm import tqdm
 
@@ -22,13 +22,13 @@ import mtp.eval.synthetic as synthetic
 from mtp.checkpoint import load
 from mtp.cli import AUTO, check_choice, check_positive, check_positives
 from mtp.data.benchmarks import Problem, Task, load_task
+from mtp.data.decontaminate import BENCHMARKS
 from mtp.eval.passk import check_ks, mean_pass_at_k
 from mtp.eval.results import ResultsFile, read_samples
-from mtp.eval.sandbox import ExecResult, Isolation, Limits, Sandbox
+from mtp.eval.sandbox import ISOLATION_LEVELS, ExecResult, Limits, Sandbox
 from mtp.generate.session import Decoder, DecodeSettings, open_decoder
 
-
-TASKS = ("humaneval", "mbpp", "polynomial", "induction")
+TASKS = BENCHMARKS + synthetic.TASKS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +64,7 @@ class EvalConfig(DecodeSettings):
                              f"mtp.generate); pass@k's list is pass_k={list(k)}")
         super().__post_init__()  # how it decodes
         check_choice("task", self.task, TASKS)
-        check_choice("isolation", self.isolation, get_args(Isolation))
+        check_choice("isolation", self.isolation, ISOLATION_LEVELS)
         if self.output is None:  # a fresh directory per run, as Hydra's runs have
             run = time.strftime("%Y-%m-%d_%H-%M-%S")
             object.__setattr__(self, "output", f"outputs/eval/{self.task}/{run}/results.jsonl")
@@ -106,8 +106,7 @@ def evaluate(config: EvalConfig) -> dict[str, Any]:
                         {**config.run_fields(), "isolation": sandbox.isolation}) as results:
         decoding = None
         if config.samples is not None:
-            problems = _score_samples(config.samples, config.pass_k, task, problems, results,
-                                      sandbox)
+            problems = _score_samples(config, task, problems, results, sandbox)
         else:
             decoding = _generate_and_score(config, task, problems, results, sandbox)
     summary = summarize(config, results.records, problems, decoding)
@@ -115,15 +114,16 @@ def evaluate(config: EvalConfig) -> dict[str, Any]:
     return summary
 
 
-def _score_samples(path: str, k: Sequence[int], task: Task, problems: list[Problem],
+def _score_samples(config: EvalConfig, task: Task, problems: list[Problem],
                    results: ResultsFile, sandbox: Sandbox) -> list[Problem]:
-    """Execute a samples file's completions; return the problems it attempts."""
+    """Execute the samples file's completions; return the problems it attempts."""
+    path = config.samples
     samples = read_samples(path)
     unknown = sorted({task_id for task_id, _ in samples} - task.problems.keys())
     if unknown:
         raise ValueError(f"{path}: task ids not in {task.name}: {_listing(unknown)}")
     per_task = Counter(task_id for task_id, _ in samples)
-    check_ks(k, min(per_task.values()))
+    check_ks(config.pass_k, min(per_task.values()))
     chosen = {str(p.task_id) for p in problems}
     missing = [key for key in task.problems if key in chosen and key not in per_task]
     if missing:
@@ -158,12 +158,11 @@ def _generate_and_score(config: EvalConfig, task: Task, problems: list[Problem],
         prompt_tokens = len(tokenizer.encode_prompt(problem.prompt))
         if indices and prompt_tokens >= context:
             too_long.append(str(problem.task_id))
-            reason = (f"failed: prompt of {prompt_tokens} tokens leaves no room in "
-                      f"max_seq_len={context}")
-            for index in indices:
-                _append(results, progress, problem, index, "", False, reason, {
-                    "finish_reason": "context", "new_tokens": 0, "forward_passes": 0,
-                    "tokens_per_forward": 0.0, "seconds": 0.0})
+            reason = f"prompt of {prompt_tokens} tokens leaves no room in max_seq_len={context}"
+            outcome = ExecResult("failed", reason, "")
+            stats = {"finish_reason": "context", "new_tokens": 0, "forward_passes": 0,
+                     "tokens_per_forward": 0.0, "seconds": 0.0}
+            _record((((problem, i, "", stats), outcome) for i in indices), results, progress)
             continue
         items += [(problem, index) for index in indices]
     decoder = None  # with no sample left to generate, a measured drafter is not measured
@@ -208,19 +207,13 @@ def _record(finished: Iterator[tuple[Any, ExecResult]], results: ResultsFile,
             progress: tqdm) -> None:
     """Append each executed sample to the results file as it arrives."""
     for (problem, index, completion, stats), outcome in finished:
-        _append(results, progress, problem, index, completion, outcome.passed,
-                outcome.describe(), stats)
-
-
-def _append(results: ResultsFile, progress: tqdm, problem: Problem, index: int, completion: str,
-            passed: bool, result: str, stats: dict[str, Any]) -> None:
-    results.append({"task_id": problem.task_id, "sample": index, "completion": completion,
-                    "passed": passed, "result": result, **stats})
-    progress.update()
+        results.append({"task_id": problem.task_id, "sample": index, "completion": completion,
+                        "passed": outcome.passed, "result": outcome.describe(), **stats})
+        progress.update()
 
 
 def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[Problem],
-              decoding: str | None = None) -> dict[str, Any]:
+              decoding: str | None) -> dict[str, Any]:
     """pass@k over `problems` from their records, with counts and decoding speed (`decoding`:
     the drafter that generated them)."""
     keys = {str(p.task_id) for p in problems}
@@ -241,7 +234,7 @@ def summarize(config: EvalConfig, records: list[dict[str, Any]], problems: list[
         tokens = sum(r["new_tokens"] for r in mine)
         seconds = sum(r["seconds"] for r in mine)
         forwards = sum(r["forward_passes"] for r in mine)
-        summary.update(decoding=decoding or config.drafter,
+        summary.update(decoding=decoding,
                        tokens_per_second=tokens / seconds if seconds else None,
                        tokens_per_forward=tokens / forwards if forwards else None)
     summary["output"] = str(config.output)

@@ -73,7 +73,6 @@ class ExecResult:
     status: Status
     reason: str
     output: str
-    seconds: float
 
     @property
     def passed(self) -> bool:
@@ -92,7 +91,6 @@ def run_program(program: str, limits: Limits = Limits(),
         isolation = resolve_isolation(isolation)
     sentinel = f"__mtp_sandbox_done_{secrets.token_hex(8)}__"
     workdir = tempfile.mkdtemp(prefix="mtp-sandbox-")
-    start = time.perf_counter()
     try:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as f:
             f.write(f"{program}\n\nprint({sentinel!r}, flush=True)\n")
@@ -109,16 +107,14 @@ def run_program(program: str, limits: Limits = Limits(),
             output, overflow, timed_out = _collect(proc, limits)
         finally:
             _kill_group(proc)
-        seconds = time.perf_counter() - start
         text = output.decode("utf-8", errors="replace")
         if timed_out:
-            return ExecResult("timed out", "", text, seconds)
+            return ExecResult("timed out", "", text)
         if overflow:
-            reason = f"output exceeded {limits.max_output_bytes} bytes"
-            return ExecResult("failed", reason, text, seconds)
+            return ExecResult("failed", f"output exceeded {limits.max_output_bytes} bytes", text)
         if proc.returncode == 0 and sentinel in text:
-            return ExecResult("passed", "", text.replace(sentinel, "").rstrip("\n"), seconds)
-        return ExecResult("failed", _failure_reason(text, proc.returncode), text, seconds)
+            return ExecResult("passed", "", text.replace(sentinel, "").rstrip("\n"))
+        return ExecResult("failed", _failure_reason(text, proc.returncode), text)
     finally:
         shutil.rmtree(workdir, onerror=_make_writable_and_retry)
 

@@ -10,6 +10,7 @@ does: the top guess for a name's second letter, given the story so far and its f
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import fmean
 from typing import Any
 
 import torch
@@ -18,8 +19,9 @@ from mtp.data import induction, polynomial
 from mtp.model import MTPModel
 from mtp.tokenizers import Tokenizer
 
-TASKS = ("polynomial", "induction")
-DEFAULT_MS = tuple(range(1, 11))  # the paper's in-domain 1..5 and out-of-domain 6..10
+SOURCES = {"polynomial": polynomial.PolynomialSource, "induction": induction.InductionSource}
+TASKS = tuple(SOURCES)
+DEFAULT_MS = polynomial.TEST_MS
 DEFAULT_SIZE = {"polynomial": 2000, "induction": 1000}  # problems per m (the paper's) | stories
 
 
@@ -27,8 +29,7 @@ def check_task(task: str, tokenizer: Tokenizer) -> None:
     """Fail unless `task` is a synthetic task `tokenizer` can spell (one line)."""
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}; expected one of {TASKS}")
-    source = {"polynomial": polynomial.PolynomialSource, "induction": induction.InductionSource}
-    source[task]().check_tokenizer(tokenizer)
+    SOURCES[task]().check_tokenizer(tokenizer)
 
 
 def check_ms(ms: Sequence[int]) -> tuple[int, ...]:
@@ -95,15 +96,6 @@ def induction_counts(story: induction.Story, tokens: Sequence[int], guesses: tor
     return counts
 
 
-def induction_records(model: MTPModel, tokenizer: Tokenizer, stories: Sequence[induction.Story],
-                      batch_size: int = 64) -> list[dict[str, int]]:
-    """`induction_counts` of every story."""
-    offset = len(tokenizer.encode_prompt(""))
-    sequences = [tokenizer.encode_prompt(s.text) for s in stories]
-    guesses = greedy_predictions(model, sequences, tokenizer.pad_id, batch_size)
-    return [induction_counts(s, q, g, offset) for s, q, g in zip(stories, sequences, guesses)]
-
-
 def score(task: str, model: MTPModel, tokenizer: Tokenizer, *, size: int | None = None,
           ms: Sequence[int] = DEFAULT_MS, batch_size: int = 64
           ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -117,20 +109,19 @@ def score(task: str, model: MTPModel, tokenizer: Tokenizer, *, size: int | None 
         records = [{"task_id": f"m{p.m}/{i % size}", "m": p.m, "prompt": p.prompt,
                     "answer": p.answer, "completion": written, "passed": right}
                    for i, (p, (right, written)) in enumerate(zip(problems, results))]
-        summary = {"accuracy": _mean([r["passed"] for r in records])}
+        summary = {"accuracy": fmean(r["passed"] for r in records)}
         for m in dict.fromkeys(p.m for p in problems):
-            summary[f"accuracy_m{m}"] = _mean([r["passed"] for r in records if r["m"] == m])
+            summary[f"accuracy_m{m}"] = fmean(r["passed"] for r in records if r["m"] == m)
         summary["problems"] = len(records)
         return summary, records
     stories = induction.test_set(size)
-    counts = induction_records(model, tokenizer, stories, batch_size)
+    offset = len(tokenizer.encode_prompt(""))
+    sequences = [tokenizer.encode_prompt(s.text) for s in stories]
+    guesses = greedy_predictions(model, sequences, tokenizer.pad_id, batch_size)
+    counts = [induction_counts(s, q, g, offset) for s, q, g in zip(stories, sequences, guesses)]
     records = [{"task_id": str(i), **c} for i, c in enumerate(counts)]
     totals = {key: sum(c[key] for c in counts) for key in counts[0]}
     summary = {"accuracy_repeated": totals["repeated_correct"] / totals["repeated"],
                "accuracy_first": totals["first_correct"] / totals["first"],
                "repeated": totals["repeated"], "first": totals["first"], "stories": len(stories)}
     return summary, records
-
-
-def _mean(values: list[bool]) -> float:
-    return sum(values) / len(values) if values else 0.0

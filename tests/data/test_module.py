@@ -41,8 +41,7 @@ def test_batches_have_the_contract_shape(corpus_dir, tmp_path):
     assert batch["tokens"].shape == (4, SEQ + N) and batch["tokens"].dtype == torch.long
     val = next(iter(dm.val_dataloader()))
     assert val["tokens"].shape[1] == SEQ + N
-    stats = dm.stats()
-    assert stats["train"]["blocks"] == len(dm.train_set)
+    assert dm.prepared.stats(SEQ, N)["train"]["blocks"] == len(dm.train_set)
 
 
 def test_one_epoch_visits_every_block_once(corpus_dir, tmp_path):
