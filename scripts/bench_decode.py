@@ -48,6 +48,7 @@ import torch
 from mtp import cli
 from mtp.bench.decoding import KEYS, Decoding, saved_context
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
+from mtp.bench.study import panels, save
 from mtp.decode import engine
 from mtp.decode.drafters.registry import DrafterSpec
 from mtp.decode.output import repetition
@@ -57,7 +58,7 @@ from mtp.generate.session import open_decoder
 from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 
-COMPILE = (False, True, "both")
+MODES = {False: [False], True: [True], "both": [False, True]}  # compile=: the steps timed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +80,7 @@ class DecodeBenchArgs(Decoding):
         super().__post_init__()
         if self.checkpoint is not None and self.random_model:
             raise ValueError("give checkpoint=... or random_model=true, not both")
-        cli.check_choice("compile", self.compile, COMPILE)
+        cli.check_choice("compile", self.compile, MODES)
         cli.check_positives(self, "max_new_tokens", "repeats", "batch_size")
         cli.check_positive("humaneval", self.humaneval, least=0)
         if self.ks is not None and (not self.ks or min(self.ks) < 2):
@@ -112,10 +113,7 @@ def random_model(device: str, dtype: torch.dtype | None) -> tuple[MTPModel, Byte
 
 
 def plot(rows: list[dict], chain_rows: list[dict], path: Path, title: str) -> None:
-    from matplotlib.figure import Figure  # no pyplot: no display, no global state
-
-    fig = Figure(figsize=(10, 4))
-    axes = fig.subplots(1, 2)
+    fig, axes = panels(2, 5, 4)
     series = {"chain (k nodes)": chain_rows}
     for row in rows:
         series.setdefault("auto:N trees" if row["tree"].startswith("auto:") else "fixed trees",
@@ -132,9 +130,7 @@ def plot(rows: list[dict], chain_rows: list[dict], path: Path, title: str) -> No
     axes[1].axhline(1.0, color="grey", lw=0.8)
     axes[0].legend()
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 def main(argv: list[str]) -> None:
@@ -156,7 +152,7 @@ def main(argv: list[str]) -> None:
     dtype_name = cli.dtype_name(next(model.parameters()).dtype)
 
     compiled = args.compile is not False  # the step the main figures come from
-    modes = {False: [False], True: [True], "both": [False, True]}[args.compile]
+    modes = MODES[args.compile]
 
     def run(drafter, mode: bool, texts: list[str] = prompts,
             tokens: int = args.max_new_tokens) -> Timed:

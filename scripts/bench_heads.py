@@ -47,10 +47,12 @@ import torch
 from omegaconf import MISSING
 
 from mtp import cli
+from mtp.bench.decoding import child_json
 from mtp.bench.machine import machine
 from mtp.bench.prompts import humaneval_prompts
 from mtp.bench.recipe import KEYS, split_overrides
 from mtp.bench.shape import Shape
+from mtp.bench.study import panels, save
 from mtp.checkpoint import load
 from mtp.decode.output import repeated_share
 from mtp.generate import DrafterSpec, SamplingConfig
@@ -64,14 +66,13 @@ from mtp.train.settings import OptimSettings
 
 REPO = Path(__file__).resolve().parents[1]
 HEAD_TYPES = ("block", "sequential")
-BATCH, SEQ_LEN = 16, 256  # the byte8 recipe's
 
 
 @dataclass(frozen=True, kw_only=True)
 class HeadsArgs:
     out: Path = MISSING
-    batch: int = BATCH
-    seq_len: int = SEQ_LEN
+    batch: int = 16  # the byte8 recipe's batch and sequence length
+    seq_len: int = 256
     n_future: list[int] = field(default_factory=lambda: [4, 8])
     steps: list[int] = field(default_factory=lambda: [150])
     warmup: int = 20
@@ -165,10 +166,9 @@ def step_bytes(c: MTPConfig, batch: int, seq_len: int) -> int:
     variant = "sequential" if c.head_type == "sequential" else "headwise"
     shape = Shape(vocab_size=c.vocab_size, dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads,
                   n_future=c.n_future, batch=batch, seq_len=seq_len)
-    child = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_memory.py"),
-                            *shape.arguments(), "threads=2", f"variant={variant}"],
-                           capture_output=True, text=True, check=True)
-    return json.loads(child.stdout.strip().splitlines()[-1])["step_bytes"]
+    return child_json([sys.executable, str(REPO / "scripts" / "bench_memory.py"),
+                       *shape.arguments(), "threads=2", f"variant={variant}"],
+                      f"bench_memory.py variant={variant}")["step_bytes"]
 
 
 def step_seconds(config: MTPConfig, repeats: int, batch: int, seq_len: int) -> float:
@@ -192,10 +192,7 @@ def step_seconds(config: MTPConfig, repeats: int, batch: int, seq_len: int) -> f
 
 
 def plot(runs: dict[str, dict], path: Path, title: str) -> None:
-    from matplotlib.figure import Figure  # no pyplot: no display, no global state
-
-    fig = Figure(figsize=(11, 4))
-    left, right = fig.subplots(1, 2)
+    fig, (left, right) = panels(2, 5.5, 4)
     colors = {4: "#37a", 8: "#c63"}
     for r in runs.values():
         style = "-" if r["head_type"] == "block" else "--"
@@ -226,8 +223,7 @@ def plot(runs: dict[str, dict], path: Path, title: str) -> None:
     right.set_ylabel("tokens per forward (HumanEval prompts)")
     right.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 def main(argv: list[str]) -> None:

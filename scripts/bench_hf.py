@@ -33,12 +33,13 @@ import json
 import statistics
 import sysconfig
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from mtp import cli
-from mtp.bench.decoding import KEYS, Decoding
+from mtp.bench.decoding import KEYS, Decoding, take_turns
 from mtp.bench.hf import hf_model, static_compiled, time_hf
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts
 from mtp.decode.drafters.registry import DrafterSpec
@@ -70,8 +71,7 @@ class HfBenchArgs(Decoding):
         cli.check_positive("humaneval", self.humaneval, least=0)
 
 
-def parse_args(argv: list[str]) -> HfBenchArgs:
-    return cli.parse(argv, HfBenchArgs)
+parse_args = partial(cli.parse, schema=HfBenchArgs)
 
 
 def random_bpe_model(corpus_mb: float, device: torch.device,
@@ -118,24 +118,24 @@ def main(argv: list[str]) -> None:
     drafters = {f"mtp_k{k}": DrafterSpec("heads", k=k).build(model) for k in [1, *ks]}
     methods = [*hf_options, *drafters]
 
-    def run(name: str, n: int, tokens: int) -> tuple[float, list[list[int]], float | None]:
+    outputs, tokens_per_forward = {}, {}  # each method's last new ids; mtp's tokens per forward
+
+    def run(name: str, n: int = len(prompts), tokens: int = args.max_new_tokens) -> float:
+        """New tokens/s of method `name` on the first `n` prompts."""
         if name in hf_options:
-            return *time_hf(hf, inputs[:n], tokens, tokenizer, **hf_options[name]), None
-        timed = time_generate(model, tokenizer, prompts[:n], max_new_tokens=tokens,
-                              drafter=drafters[name], compile=args.compile)
-        return timed.seconds, timed.token_ids, timed.stats.tokens_per_forward
+            seconds, outputs[name] = time_hf(hf, inputs[:n], tokens, tokenizer, **hf_options[name])
+        else:
+            timed = time_generate(model, tokenizer, prompts[:n], max_new_tokens=tokens,
+                                  drafter=drafters[name], compile=args.compile)
+            seconds, outputs[name] = timed.seconds, timed.token_ids
+            tokens_per_forward[name] = timed.stats.tokens_per_forward
+        return sum(map(len, outputs[name])) / seconds
 
     compiled = {"hf_static", *(drafters if args.compile else ())}
     with torch.inference_mode():
         for name in methods:  # warm-up: allocator, kernels, compiled shapes
-            run(name, len(prompts), args.max_new_tokens) if name in compiled else run(name, 1, 16)
-        speed = {name: [] for name in methods}
-        outputs, tokens_per_forward = {}, {}
-        for _ in range(args.repeats):
-            for name in methods:
-                seconds, outputs[name], tokens_per_forward[name] = run(name, len(prompts),
-                                                                       args.max_new_tokens)
-                speed[name].append(sum(map(len, outputs[name])) / seconds)
+            run(name) if name in compiled else run(name, 1, 16)
+        speed = take_turns({name: partial(run, name) for name in methods}, args.repeats)
     median = {name: statistics.median(values) for name, values in speed.items()}
     static = median.get("hf_static")  # None with static=false
     reference = outputs["hf"]
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> None:
           f"{args.repeats}  transformers {transformers.__version__}  torch {torch.__version__}")
     print(f"{'method':<20} {'tokens/s':>9} {'vs hf':>7} {'tok/fwd':>8} {'same ids':>9}")
     for name in methods:
-        tpf = f"{tokens_per_forward[name]:.2f}" if tokens_per_forward[name] else ""
+        tpf = f"{tokens_per_forward[name]:.2f}" if name in tokens_per_forward else ""
         print(f"{name:<20} {median[name]:>9.1f} {median[name] / median['hf']:>6.2f}x {tpf:>8} "
               f"{str(same[name]):>9}")
     print(json.dumps({

@@ -57,6 +57,7 @@ from mtp import cli
 from mtp.bench.decoding import SHORT, Dtypes, machine_line, print_table, saved_context
 from mtp.bench.machine import machine
 from mtp.bench.prompts import CODE_PROMPTS, humaneval_prompts, humaneval_selected, spread
+from mtp.bench.study import panels, save
 from mtp.decode.drafters import Drafter, DrafterContext, DrafterSpec, drafter_types
 from mtp.decode.drafters.registry import AUTO, AUTOREGRESSIVE, option_owners, options_help
 from mtp.decode.output import repetition
@@ -217,7 +218,7 @@ class Bench:
             "repeated": round(repetition(ids, self.args.repeated_ngram), 3)}
         print(f"  measured {name}: {speed:.1f} tokens/s", file=sys.stderr)
 
-    def transformers(self, tag: str) -> None:
+    def transformers(self) -> None:
         """transformers' greedy `generate` on the model's weights (its dtype): plain, with
         prompt lookup (prompt lookup's num_draft), and with hf_early_exit."""
         from mtp.bench.hf import hf_model, time_hf
@@ -236,7 +237,7 @@ class Bench:
                 time_hf(hf, inputs[:1], 8, self.tokenizer, **options)  # warm-up
                 seconds, ids = time_hf(hf, inputs, self.args.max_new_tokens, self.tokenizer,
                                        **options)
-                self.add(name + tag, sum(map(len, ids)) / seconds, ids, SamplingConfig())
+                self.add(name, sum(map(len, ids)) / seconds, ids, SamplingConfig())
 
 
 def choose_prompts(args: MethodsArgs, tokenizer: Tokenizer, room: int) -> tuple[list[str], int]:
@@ -248,11 +249,8 @@ def choose_prompts(args: MethodsArgs, tokenizer: Tokenizer, room: int) -> tuple[
 
 
 def plot(rows: dict[str, dict], path: Path, title: str) -> None:
-    from matplotlib.figure import Figure  # no pyplot: no display, no global state
-
     names = list(rows)
-    fig = Figure(figsize=(8, 0.35 * len(names) + 1.2))
-    ax = fig.subplots()
+    fig, [ax] = panels(1, 8, 0.35 * len(names) + 1.2)
     speedups = [rows[n]["speedup"] for n in names]
     colors = ["#888" if n.startswith("autoregressive") else
               "#a70" if n.startswith("transformers") else
@@ -267,8 +265,7 @@ def plot(rows: dict[str, dict], path: Path, title: str) -> None:
     ax.set_xlabel("speed-up over autoregressive decoding (tokens/s)")
     ax.set_title(title, fontsize=9)
     ax.set_xlim(0, max(speedups) * 1.45)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 COLUMNS = [("tokens/s", "tokens_per_second", 9, "{:.1f}"), ("speedup", "speedup", 8, "{:.2f}x"),
@@ -291,7 +288,7 @@ def main(argv: list[str]) -> None:
     for dtype in args.dtypes:
         bench.dtype(dtype)
         if args.hf and dtype == args.dtypes[0]:  # transformers' baseline, in the first dtype
-            bench.transformers("")
+            bench.transformers()
     rows, info = bench.rows, machine(args.device)
     print(f"checkpoint {args.checkpoint}  draft model {draft_model}  device {args.device}  "
           f"{machine_line(info)}")

@@ -31,6 +31,7 @@ import torch
 
 from mtp import cli
 from mtp.bench.decoding import child_json
+from mtp.bench.hf import time_hf
 from mtp.data.benchmarks import load_task
 from mtp.generate.session import DecodeSettings, open_decoder
 from mtp.paths import require_smollm2_gguf
@@ -71,10 +72,6 @@ class GgufArgs:
 parse_args = partial(cli.parse, schema=GgufArgs)
 
 
-def measure_load(path: Path) -> dict:
-    return child_json([sys.executable, "-c", _LOAD.format(path=str(path))], "loading the file")
-
-
 def llama_cpp_ids(path: Path, prompts: list[str]) -> list[list[int]] | None:
     if importlib.util.find_spec("llama_cpp") is None:
         return None
@@ -99,7 +96,8 @@ def main(argv: list[str]) -> None:
         raise ValueError(f"no gguf=FILE given, and {error}") from None
     import transformers
 
-    ours_load = measure_load(path)
+    ours_load = child_json([sys.executable, "-c", _LOAD.format(path=str(path))],
+                           "loading the file")
     decoder = open_decoder(path, args.settings())
     model, tokenizer = decoder.model, decoder.tokenizer
     start = time.perf_counter()
@@ -121,10 +119,7 @@ def main(argv: list[str]) -> None:
             difference = (model(tokens)[0, :, 0] - theirs(tokens).logits[0]).abs().max().item()
             logits_diff = max(logits_diff, difference)
             [ours] = decoder.generate([prompt], max_new_tokens=args.max_new_tokens)
-            greedy = theirs.generate(tokens, attention_mask=torch.ones_like(tokens),
-                                     max_new_tokens=args.max_new_tokens, do_sample=False,
-                                     eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
-            theirs_ids = greedy[0, tokens.shape[1]:].tolist()
+            _, [theirs_ids] = time_hf(theirs, [prompt_ids], args.max_new_tokens, tokenizer)
             at = first_divergence(ours.token_ids, theirs_ids)
             margin = None
             if at is not None:  # how close to a tie the two libraries' argmax was there

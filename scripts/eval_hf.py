@@ -41,17 +41,17 @@ import torch
 from omegaconf import MISSING
 
 from mtp import cli
+from mtp.bench.decoding import Decoding
 from mtp.checkpoint import load
 from mtp.data.benchmarks import load_task
 from mtp.eval import EvalConfig, evaluate
 from mtp.eval.passk import mean_pass_at_k
-from mtp.generate.session import DecodeSettings
 from mtp.interop.gguf import is_gguf
 from mtp.paths import read_jsonl
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalHfArgs:
+class EvalHfArgs(Decoding):
     checkpoint: Path = MISSING
     out: Path = MISSING
     compare: Path | None = None
@@ -60,9 +60,7 @@ class EvalHfArgs:
     few_shot: int = 0
     limit: int | None = None
     max_new_tokens: int = 512
-    device: str = "cpu"
-    dtype: str | None = None
-    threads: int | None = None
+    threads: int | None = None  # torch's
     isolation: str = "auto"
 
     def __post_init__(self) -> None:
@@ -70,13 +68,12 @@ class EvalHfArgs:
         cli.check_positive("few_shot", self.few_shot, least=0)
         cli.check_positive("max_new_tokens", self.max_new_tokens)
         cli.check_positives(self, "limit", "threads", optional=True)
-        cli.parse_dtype(self.dtype)
-        self.load_dtype()
+        cli.parse_dtype(self.dtype)  # a dtype by name: not auto
+        super().__post_init__()
 
     def load_dtype(self) -> torch.dtype:
         """The dtype mtp.eval would decode in on `device` (float32 for the checkpoint's own)."""
-        settings = DecodeSettings(drafter="autoregressive", device=self.device, dtype=self.dtype)
-        return settings.load_dtype or torch.float32
+        return self.settings().load_dtype or torch.float32
 
 
 parse_args = partial(cli.parse, schema=EvalHfArgs)

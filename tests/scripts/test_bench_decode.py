@@ -5,17 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mtp.checkpoint import export
-from mtp.model import MTPModel
-from mtp.tokenizers import ByteTokenizer
+from script_modules import prompt_file, tiny_export  # tests/ is on the path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_decode.py"
 
 
-def test_bench_prints_a_table_and_a_json_line(tiny_config, tmp_path):
-    directory = export(MTPModel(tiny_config), ByteTokenizer(), tmp_path / "export")
-    prompts = tmp_path / "prompts.jsonl"  # short enough for the tiny context of 64
-    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n" + json.dumps("import os") + "\n")
+def test_bench_prints_a_table_and_a_json_line(tmp_path):
+    directory, prompts = tiny_export(tmp_path), prompt_file(tmp_path)
     result = subprocess.run(
         [sys.executable, str(SCRIPT), f"checkpoint={directory}", f"prompts={prompts}",
          "max_new_tokens=6", "ks=[2,4]", "trees=[tree8]", f"plot={tmp_path / 'trees.png'}",

@@ -9,27 +9,30 @@ import pytest
 from script_modules import prompt_file  # tests/ is on the path
 
 from mtp.checkpoint import export
-from mtp.model import MTPModel
+from mtp.model import MTPConfig, MTPModel
 from mtp.tokenizers import ByteTokenizer
 
 METHODS = Path(__file__).resolve().parents[2] / "scripts" / "bench_methods.py"
 
 
+def run_methods(tmp_path: Path, directory: Path, *args: str) -> dict:
+    """bench_methods.py on `directory`'s export and the test prompts, a few tokens each, on one
+    CPU thread: the rows of its last (JSON) line."""
+    result = subprocess.run(
+        [sys.executable, str(METHODS), f"checkpoint={directory}",
+         f"prompts={prompt_file(tmp_path)}", "humaneval=0", "max_new_tokens=6", "threads=1",
+         "device=cpu", *args], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])["methods"]
+
+
 @pytest.mark.slow  # ~15 s: two subprocess-free loads, every method, auto calibration
 def test_bench_methods_table_plot_and_json(tiny_config, tmp_path):
-    from mtp.model import MTPConfig
-
     directory = export(MTPModel(tiny_config), ByteTokenizer(), tmp_path / "export")
     draft = MTPModel(MTPConfig(vocab_size=262, dim=16, n_layers=1, n_heads=2, max_seq_len=64))
     draft_dir = export(draft, ByteTokenizer(), tmp_path / "draft")
-    prompts = prompt_file(tmp_path)
-    result = subprocess.run(
-        [sys.executable, str(METHODS), f"checkpoint={directory}", f"draft_model={draft_dir}",
-         f"prompts={prompts}", "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu",
-         f"plot={tmp_path / 'plot.png'}"], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    *table, last = result.stdout.strip().splitlines()
-    methods = json.loads(last)["methods"]
+    methods = run_methods(tmp_path, directory, f"draft_model={draft_dir}",
+                          f"plot={tmp_path / 'plot.png'}")
     # every drafter's candidates, as drafter=auto measures them: the heads at every k
     for name in ("autoregressive", "heads(k=2)", "heads(k=3)", "heads(k=4)", "prompt_lookup",
                  "draft_model", "lookahead", "autoregressive T=0.8"):
@@ -45,19 +48,12 @@ def test_bench_methods_table_plot_and_json(tiny_config, tmp_path):
 
 def test_bench_methods_subset_with_layer_skipping_and_adaptive_drafts(tmp_path):
     from mtp.decode.drafters.layer_skip import SkipChoice
-    from mtp.model import MTPConfig
-
     config = MTPConfig(vocab_size=262, dim=32, n_layers=3, n_heads=4, max_seq_len=64)
     directory = export(MTPModel(config), ByteTokenizer(), tmp_path / "export")
     choice = SkipChoice((1,), 3, 3, 262).save(tmp_path / "layer_skip.json")
-    prompts = prompt_file(tmp_path)
-    result = subprocess.run(
-        [sys.executable, str(METHODS), f"checkpoint={directory}", f"prompts={prompts}",
-         "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu",
-         'methods=[prompt_lookup,"prompt_lookup adaptive=true",layer_skip,'
-         '"layer_skip adaptive=true"]', f"skip={choice}", "temperatures=[0]"],
-        capture_output=True, text=True, check=True)
-    methods = json.loads(result.stdout.strip().splitlines()[-1])["methods"]
+    methods = run_methods(tmp_path, directory, 'methods=[prompt_lookup,"prompt_lookup '
+                          'adaptive=true",layer_skip,"layer_skip adaptive=true"]',
+                          f"skip={choice}", "temperatures=[0]")
     assert list(methods) == ["autoregressive", "prompt_lookup", "prompt_lookup adaptive",
                              "layer_skip", "layer_skip adaptive"]
     assert all(row["identical"] for row in methods.values())
@@ -67,17 +63,10 @@ def test_bench_methods_in_both_dtypes_beside_transformers(tmp_path):
     """dtypes=[float32,bfloat16] hf=true: every method again in bfloat16, and transformers' rows in
     float32 (no tokens per forward, so no forward cost); speed-ups against float32
     autoregressive."""
-    from mtp.model import MTPConfig
-
     config = MTPConfig(vocab_size=262, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
     directory = export(MTPModel(config), ByteTokenizer(), tmp_path / "export")
-    prompts = prompt_file(tmp_path)
-    result = subprocess.run(
-        [sys.executable, str(METHODS), f"checkpoint={directory}", f"prompts={prompts}",
-         "humaneval=0", "max_new_tokens=6", "threads=1", "device=cpu", "methods=[prompt_lookup]",
-         "temperatures=[0]", "dtypes=[float32,bfloat16]", "hf=true"],
-        capture_output=True, text=True, check=True)
-    methods = json.loads(result.stdout.strip().splitlines()[-1])["methods"]
+    methods = run_methods(tmp_path, directory, "methods=[prompt_lookup]", "temperatures=[0]",
+                          "dtypes=[float32,bfloat16]", "hf=true")
     assert list(methods) == ["autoregressive", "prompt_lookup", "transformers",
                              "transformers prompt_lookup", "autoregressive bf16",
                              "prompt_lookup bf16"]
