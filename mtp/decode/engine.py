@@ -238,7 +238,7 @@ class Engine:
         """Each row's nodes' depths, on the host: the tree's, or the step's own (a dynamic
         tree's, from `drafts.parents`)."""
         if drafts.parents is None:
-            return [[0] + [len(path) for path in self.tree.paths]] * self.batch
+            return [self.tree.depths] * self.batch
         return TreeBuffers.from_parents(drafts.parents, self.tree.depth, 1).depths.tolist()
 
     def verified_tree(self, drafts: Drafts) -> tuple[Tree, TreeBuffers | None]:

@@ -158,6 +158,11 @@ class Tree:
         return cls(tuple(chosen), name=name or f"rates:{n_nodes}")
 
     @cached_property
+    def depths(self) -> list[int]:
+        """The depth of every node on the host (the root's is 0)."""
+        return [0] + [len(path) for path in self.paths]
+
+    @cached_property
     def parents(self) -> list[int]:
         """The parent of every node (the root's is -1)."""
         index = {(): 0} | {path: i + 1 for i, path in enumerate(self.paths)}

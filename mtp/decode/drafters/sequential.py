@@ -149,7 +149,7 @@ class TreePlan:
 
     def __init__(self, tree, device: torch.device) -> None:
         buffers = tree.buffers(device)
-        depths = [0] + [len(path) for path in tree.paths]
+        depths = tree.depths
         self.depths, self.visible = buffers.depths, buffers.visible
         self.nodes, self.parents, self.groups, self.ranks = {}, {}, {}, {}
         self.children, self.picks = {}, {}
